@@ -1,0 +1,247 @@
+#include "core/data/gpt2_tokenizer.h"
+
+#include <algorithm>
+#include <climits>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+#include "core/data/unicode.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+namespace megabatch::data {
+
+namespace gpt2_detail {
+Class classify(std::string_view s, size_t i, size_t& len) {
+  const auto b = static_cast<uint8_t>(s[i]);
+  if (b < 0x80) {
+    len = 1;
+    static constexpr auto table = [] {
+      std::array<Class, 128> t{};
+      for (int c = 0; c < 128; ++c) {
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) t[c] = kLetter;
+        else if (c >= '0' && c <= '9') t[c] = kNumber;
+        else if (c == ' ' || (c >= 9 && c <= 13)) t[c] = kSpace;
+        else t[c] = kOther;
+      }
+      return t;
+    }();
+    return table[b];
+  }
+  const char32_t c = unicode::decode_utf8(s, i, len);
+  if (c == unicode::kInvalid) return kOther;
+  if (unicode::is_letter(c)) return kLetter;
+  if (unicode::is_number(c)) return kNumber;
+  if (unicode::is_js_space(c)) return kSpace;
+  return kOther;
+}
+}  // namespace gpt2_detail
+
+namespace {
+
+// GPT-2's reversible map from bytes to printable code points: printable Latin-1 bytes map
+// to themselves, the other 68 bytes to U+0100 onwards in byte order.
+std::array<char32_t, 256> bytes_to_unicode() {
+  std::array<char32_t, 256> map{};
+  std::array<bool, 256> direct{};
+  for (int b = '!'; b <= '~'; ++b) direct[b] = true;
+  for (int b = 0xA1; b <= 0xAC; ++b) direct[b] = true;
+  for (int b = 0xAE; b <= 0xFF; ++b) direct[b] = true;
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) map[b] = direct[b] ? static_cast<char32_t>(b) : next++;
+  return map;
+}
+
+}  // namespace
+
+Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
+                             const std::filesystem::path& merges_path, int extra_ids) {
+  const auto b2u = bytes_to_unicode();
+  std::unordered_map<char32_t, uint8_t> u2b;
+  for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
+
+  // ---- encoder.json: {"token": id, ...}, ids dense from 0
+  const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(encoder_json.string(), ": not valid JSON at byte ", e.byte,
+         "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
+  }
+  if (!j.is_object() || j.empty())
+    fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
+  id_bytes_.assign(j.size(), std::string());
+  std::vector<bool> seen(j.size(), false);
+  std::unordered_map<std::string, int32_t> token_id;  // raw bytes -> id
+  token_id.reserve(j.size());
+  for (const auto& [tok, val] : j.items()) {
+    if (!val.is_number_integer() || val.get<int64_t>() < 0 ||
+        val.get<int64_t>() >= static_cast<int64_t>(j.size()) || seen[val.get<size_t>()])
+      fail(encoder_json.string(), ": token \"", tok, "\" has id ", val.dump(),
+           "; ids must be distinct integers in [0, ", j.size(), ")");
+    const auto id = val.get<int32_t>();
+    seen[static_cast<size_t>(id)] = true;
+    std::string raw;
+    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
+      const char32_t c = unicode::decode_utf8(tok, i, len);
+      auto it = u2b.find(c);
+      if (it == u2b.end())
+        fail(encoder_json.string(), ": token \"", tok, "\" (id ", id,
+             ") holds a character outside GPT-2's byte alphabet");
+      raw.push_back(static_cast<char>(it->second));
+    }
+    if (tok == "<|endoftext|>") raw = tok, special_.eod = id;
+    token_id.emplace(raw, id);
+    id_bytes_[static_cast<size_t>(id)] = std::move(raw);
+  }
+  for (int b = 0; b < 256; ++b) {
+    auto it = token_id.find(std::string(1, static_cast<char>(b)));
+    if (it == token_id.end())
+      fail(encoder_json.string(), ": no token for byte ", b, "; not a byte-level BPE vocabulary");
+    byte_id_[b] = it->second;
+  }
+  if (special_.eod < 0)
+    fail(encoder_json.string(), ": no <|endoftext|> token; GPT-2's vocabulary has it as id 50256");
+
+  // ---- vocab.bpe: "#version: 0.2" then one merge "a b" per line, by priority
+  const std::string merges_text = read_file(merges_path, "GPT-2 merges (vocab.bpe)");
+  size_t pos = 0, line_no = 0;
+  uint32_t rank = 0;
+  merges_.reserve(60000);
+  auto to_raw = [&](std::string_view tok, size_t line) {
+    std::string raw;
+    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
+      const char32_t c = unicode::decode_utf8(tok, i, len);
+      auto it = u2b.find(c);
+      if (it == u2b.end())
+        fail(merges_path.string(), ":", line, ": \"", tok, "\" holds a character outside GPT-2's byte alphabet");
+      raw.push_back(static_cast<char>(it->second));
+    }
+    auto id = token_id.find(raw);
+    if (id == token_id.end())
+      fail(merges_path.string(), ":", line, ": \"", tok, "\" is not in ", encoder_json.string(),
+           "; the merges file does not belong to this vocabulary");
+    return id->second;
+  };
+  while (pos < merges_text.size()) {
+    size_t eol = merges_text.find('\n', pos);
+    if (eol == std::string::npos) eol = merges_text.size();
+    std::string_view line(merges_text.data() + pos, eol - pos);
+    pos = eol + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+    const size_t sp = line.find(' ');
+    if (sp == std::string_view::npos || sp == 0 || sp + 1 >= line.size() ||
+        line.find(' ', sp + 1) != std::string_view::npos)
+      fail(merges_path.string(), ":", line_no, ": expected two tokens separated by one space, got \"",
+           line, "\"");
+    const std::string_view a = line.substr(0, sp), b = line.substr(sp + 1);
+    const int32_t ia = to_raw(a, line_no), ib = to_raw(b, line_no);
+    auto merged = token_id.find(id_bytes_[static_cast<size_t>(ia)] + id_bytes_[static_cast<size_t>(ib)]);
+    if (merged == token_id.end())
+      fail(merges_path.string(), ":", line_no, ": the merge of \"", a, "\" and \"", b,
+           "\" is not in the vocabulary");
+    const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) | static_cast<uint32_t>(ib);
+    merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(merged->second));
+    ++rank;
+  }
+  if (rank == 0) fail(merges_path.string(), ": no merges found; expected GPT-2's vocab.bpe");
+
+  if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);
+  if (extra_ids > 0) {
+    special_.first_sentinel = static_cast<int32_t>(id_bytes_.size());
+    special_.num_sentinels = extra_ids;
+    for (int i = 0; i < extra_ids; ++i) id_bytes_.push_back("<extra_id_" + std::to_string(i) + ">");
+  }
+}
+
+void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  int32_t small[64];
+  std::vector<int32_t> big;
+  int32_t* w = small;
+  if (piece.size() > 64) {
+    big.resize(piece.size());
+    w = big.data();
+  }
+  size_t n = piece.size();
+  for (size_t i = 0; i < n; ++i) w[i] = byte_id_[static_cast<uint8_t>(piece[i])];
+  while (n > 1) {
+    // The lowest-ranked adjacent pair...
+    uint64_t best = std::numeric_limits<uint64_t>::max();
+    for (size_t i = 0; i + 1 < n; ++i) {
+      auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(w[i])) << 32) |
+                             static_cast<uint32_t>(w[i + 1]));
+      if (it != merges_.end() && it->second < best) best = it->second;
+    }
+    if (best == std::numeric_limits<uint64_t>::max()) break;
+    // ...is merged at every occurrence, left to right, before ranks are looked at again.
+    const auto merged = static_cast<int32_t>(best & 0xFFFFFFFFu);
+    size_t o = 0;
+    for (size_t i = 0; i < n;) {
+      if (i + 1 < n) {
+        auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(w[i])) << 32) |
+                               static_cast<uint32_t>(w[i + 1]));
+        if (it != merges_.end() && it->second == best) {
+          w[o++] = merged;
+          i += 2;
+          continue;
+        }
+      }
+      w[o++] = w[i++];
+    }
+    n = o;
+  }
+  out.insert(out.end(), w, w + n);
+}
+
+namespace {
+struct StringHash {
+  using is_transparent = void;
+  size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
+};
+struct PieceCache {
+  const void* owner = nullptr;
+  std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
+};
+}  // namespace
+
+void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  // Per-thread cache of pre-token -> ids: words repeat, so most pieces are a lookup.
+  thread_local PieceCache cache;
+  if (cache.owner != this || cache.map.size() > (1u << 20)) {
+    cache.map.clear();
+    cache.owner = this;
+  }
+  pretokenize(text, [&](std::string_view piece) {
+    if (piece.size() == 1) {
+      out.push_back(byte_id_[static_cast<uint8_t>(piece[0])]);
+      return;
+    }
+    auto it = cache.map.find(piece);
+    if (it == cache.map.end()) {
+      std::vector<int32_t> ids;
+      bpe(piece, ids);
+      it = cache.map.emplace(std::string(piece), std::move(ids)).first;
+    }
+    out.insert(out.end(), it->second.begin(), it->second.end());
+  });
+}
+
+std::string Gpt2Tokenizer::decode(std::span<const int32_t> ids) const {
+  std::string out;
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= vocab_size())
+      fail("GPT-2 decode: token id ", id, " is outside the vocabulary [0, ", vocab_size(), ")");
+    out += id_bytes_[static_cast<size_t>(id)];
+  }
+  return out;
+}
+
+std::string Gpt2Tokenizer::token_text(int32_t id) const {
+  if (id < 0 || id >= vocab_size()) fail("GPT-2: token id ", id, " is outside the vocabulary");
+  return id_bytes_[static_cast<size_t>(id)];
+}
+
+}  // namespace megabatch::data

@@ -1,0 +1,26 @@
+#include "core/data/tokenizer.h"
+
+#include "core/data/gpt2_tokenizer.h"
+#include "core/data/wordpiece_tokenizer.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+namespace megabatch::data {
+
+std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
+  if (o.type == "GPT2BPETokenizer") {
+    const auto vocab = o.vocab_file.empty() ? asset_path("gpt2/encoder.json") : o.vocab_file;
+    const auto merges = o.merge_file.empty() ? asset_path("gpt2/vocab.bpe") : o.merge_file;
+    return std::make_unique<Gpt2Tokenizer>(vocab, merges, o.extra_ids);
+  }
+  if (o.type == "BertWordPieceLowerCase" || o.type == "BertWordPieceCase") {
+    const auto vocab = o.vocab_file.empty() ? asset_path("bert/vocab.txt") : o.vocab_file;
+    return std::make_unique<WordPieceTokenizer>(vocab, o.type == "BertWordPieceLowerCase", o.extra_ids);
+  }
+  fail("unknown tokenizer type '", o.type,
+       "'; expected GPT2BPETokenizer, BertWordPieceLowerCase or BertWordPieceCase");
+}
+
+bool fits_uint16(int64_t vocab_size) { return vocab_size < 65500; }
+
+}  // namespace megabatch::data

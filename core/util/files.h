@@ -1,0 +1,64 @@
+// File helpers: read-only memory maps, whole-file reads, atomic writes, the asset cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+namespace megabatch {
+
+// A read-only memory map of a whole file. Move-only; unmaps on destruction.
+class MappedFile {
+ public:
+  MappedFile() = default;
+  explicit MappedFile(const std::filesystem::path& path);  // throws Error naming the path
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  ~MappedFile();
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  void reset();
+  std::filesystem::path path_;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// The whole file as bytes; throws Error naming the path when it cannot be read.
+std::string read_file(const std::filesystem::path& path, std::string_view what = "file");
+
+// Writes to PATH.tmp, flushes it to disk and renames it over PATH, so a reader (or a
+// crash) only ever sees the old or the complete new file.
+class AtomicFile {
+ public:
+  explicit AtomicFile(std::filesystem::path path);
+  AtomicFile(const AtomicFile&) = delete;
+  AtomicFile& operator=(const AtomicFile&) = delete;
+  ~AtomicFile();  // removes the temporary file unless commit() ran
+
+  void write(const void* data, size_t n);
+  void commit();  // fsync + rename; throws Error on failure (disk full names the path)
+  const std::filesystem::path& path() const { return path_; }
+  uint64_t bytes_written() const { return written_; }
+
+ private:
+  std::filesystem::path path_, tmp_;
+  int fd_ = -1;
+  uint64_t written_ = 0;
+  bool committed_ = false;
+};
+
+// The asset cache that setup.sh fills: $MEGABATCH_ASSETS, else
+// ${XDG_CACHE_HOME:-$HOME/.cache}/megabatch.
+std::filesystem::path asset_dir();
+// asset_dir() / relative, or an Error that says to run ./setup.sh when it is missing.
+std::filesystem::path asset_path(std::string_view relative);
+
+}  // namespace megabatch

@@ -1,0 +1,152 @@
+// GPT-2 byte-level BPE against the reference: the gpt-3-encoder package's JavaScript
+// encoder run under Node.js on the same texts; every id must agree.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "core/data/brown.h"
+#include "core/data/gpt2_tokenizer.h"
+#include "core/util/error.h"
+#include "tests/unit/test_util.h"
+
+namespace megabatch::data {
+namespace {
+
+using megabatch::testing::run_command;
+using megabatch::testing::TempDir;
+using megabatch::testing::write_text;
+
+const Gpt2Tokenizer& tokenizer() {
+  static const Gpt2Tokenizer tok(asset_dir() / "gpt2/encoder.json", asset_dir() / "gpt2/vocab.bpe");
+  return tok;
+}
+
+// Texts that stress the pre-tokenizer and the byte fallback.
+std::vector<std::string> edge_texts() {
+  return {
+      "Hello world", "Hello  world", "  leading and trailing  ", "tabs\tand\t\tmore\t",
+      "line\nbreaks\n\n\nand\r\nCRLF\r\n", " \n \n x", "     ", "\n", "a \u00a0b\u3000c\u2028d\u2029e\ufeff f",
+      "I'm you're we've they'll he'd it's can't", "'s 't 're 've 'm 'll 'd", "'S 'T 'RE YOU'LL",
+      "rock'n'roll ''quoted'' '' ' 'x", "don''t", "12345 3.14159 1,000,000 -42 +7 1e10",
+      "\u0661\u0662\u0663 \u00bd \u2167 \u00b2 \u2460", "numbers123mixed456", "café naïve résumé Ångström",
+      "Ελληνικά κείμενα, Русский текст, עברית, العربية", "中文字符测试，日本語のテキスト。한국어 텍스트",
+      "हिन्दी देवनागरी ਪੰਜਾਬੀ தமிழ்", "emoji 😀😃😄 👍🏽 👨‍👩‍👧‍👦 🇺🇸🇩🇪 ❤️‍🔥", "math ∑∫√∞ ≠ ≤ ≥ → ⇒",
+      "URL https://example.com/path?q=1&r=2#frag", "email someone@example.org", "C++ std::vector<int> x{1,2};",
+      "<|endoftext|> is text here", "!!!??? ... --- ___ *** ###", "\"quoted\" (paren) [bracket] {brace}",
+      "ＦＵＬＬＷＩＤＴＨ ｌｅｔｔｅｒｓ １２３", "a\u0301 e\u0308 combining", "\u200b\u200c\u200d zero width",
+      "mixed\u00a0\u00a0nbsp  runs \t \n end", "x" + std::string(300, 'y') + " long", std::string(50, ' ') + "z",
+  };
+}
+
+TEST(Gpt2Tokenizer, KnownIdsOfThePublishedVocabulary) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  const auto& tok = tokenizer();
+  EXPECT_EQ(tok.vocab_size(), 50257);
+  EXPECT_EQ(tok.special().eod, 50256);
+  // "Hello world" is [15496, 995] in GPT-2 (a widely published example).
+  EXPECT_EQ(tok.encode("Hello world"), (std::vector<int32_t>{15496, 995}));
+}
+
+TEST(Gpt2Tokenizer, MatchesJavaScriptReferenceOnBrownCorpusAndEdgeCases) {
+  MB_REQUIRE_ASSET("gpt-3-encoder/Encoder.js");
+  MB_REQUIRE_ASSET("brown/ca01");
+  std::vector<std::string> texts = edge_texts();
+  // The whole de-tagged Brown corpus, in records of up to 4 sentences joined by newlines
+  // (the reference encoder is quadratic in the length of one call).
+  size_t brown_bytes = 0;
+  for (const auto& doc : read_brown(asset_dir() / "brown")) {
+    for (size_t i = 0; i < doc.sentences.size(); i += 4) {
+      std::string rec;
+      for (size_t k = i; k < std::min(i + 4, doc.sentences.size()); ++k) rec += doc.sentences[k] + "\n";
+      brown_bytes += rec.size();
+      texts.push_back(std::move(rec));
+    }
+  }
+  ASSERT_GT(brown_bytes, 5'000'000u) << "the de-tagged Brown corpus should be over 5 MB";
+  TempDir dir;
+  std::string input;
+  for (const auto& t : texts) input += nlohmann::json(t).dump() + "\n";
+  write_text(dir / "in.jsonl", input);
+  const auto r = run_command("node " + megabatch::testing::source_dir() + "/tests/reference/gpt2_encode.js " +
+                             (asset_dir() / "gpt-3-encoder").string() + " " + (dir / "in.jsonl").string() +
+                             " " + (dir / "out.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir / "out.jsonl");
+  std::string line;
+  size_t n = 0, mismatches = 0, ids = 0;
+  while (std::getline(in, line)) {
+    ASSERT_LT(n, texts.size());
+    const auto expected = nlohmann::json::parse(line).get<std::vector<int32_t>>();
+    const auto got = tokenizer().encode(texts[n]);
+    ids += expected.size();
+    if (got != expected && ++mismatches <= 5)
+      ADD_FAILURE() << "record " << n << " differs from the reference: " << nlohmann::json(texts[n]).dump()
+                    << "\n  reference: " << nlohmann::json(expected).dump() << "\n  ours:      "
+                    << nlohmann::json(got).dump();
+    ++n;
+  }
+  EXPECT_EQ(n, texts.size());
+  EXPECT_EQ(mismatches, 0u) << "of " << n << " records";
+  EXPECT_GT(ids, 1'000'000u);
+}
+
+TEST(Gpt2Tokenizer, DecodeInvertsEncodeForArbitraryBytes) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  const auto& tok = tokenizer();
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::string s(rng() % 64, '\0');
+    const int mode = trial % 3;  // raw bytes, ASCII-ish, UTF-8 fragments
+    for (auto& ch : s) {
+      const auto r = rng();
+      ch = static_cast<char>(mode == 0 ? r : mode == 1 ? " \n\ta'b1.Z"[r % 9] : "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80 x"[r % 12]);
+    }
+    const auto ids = tok.encode(s);
+    ASSERT_EQ(tok.decode(ids), s) << "trial " << trial;
+    for (const int32_t id : ids) ASSERT_LT(id, tok.vocab_size());
+  }
+  for (const auto& t : edge_texts()) EXPECT_EQ(tok.decode(tok.encode(t)), t);
+}
+
+TEST(Gpt2Tokenizer, PretokenizerPiecesConcatenateToInput) {
+  std::vector<std::string> pieces;
+  Gpt2Tokenizer::pretokenize("Hello  world's 42\n\n x", [&](std::string_view p) { pieces.emplace_back(p); });
+  EXPECT_EQ(pieces, (std::vector<std::string>{"Hello", " ", " world", "'s", " 42", "\n\n", " x"}));
+}
+
+TEST(Gpt2Tokenizer, SentinelsAreAppendedAfterTheVocabulary) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  const Gpt2Tokenizer tok(asset_dir() / "gpt2/encoder.json", asset_dir() / "gpt2/vocab.bpe", 100);
+  EXPECT_EQ(tok.vocab_size(), 50357);
+  EXPECT_EQ(tok.special().first_sentinel, 50257);
+  EXPECT_EQ(tok.token_text(tok.special().sentinel(99)), "<extra_id_99>");
+}
+
+TEST(Gpt2Tokenizer, BadVocabularyFilesNameTheFileAndLine) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  TempDir dir;
+  auto expect_error = [](auto&& fn, const std::string& needle) {
+    try {
+      fn();
+      ADD_FAILURE() << "expected an error containing " << needle;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const auto good_vocab = asset_dir() / "gpt2/encoder.json";
+  const auto good_merges = asset_dir() / "gpt2/vocab.bpe";
+  expect_error([&] { Gpt2Tokenizer(dir / "missing.json", good_merges); }, "missing.json: cannot open");
+  write_text(dir / "bad.json", "{\"a\": 0,");
+  expect_error([&] { Gpt2Tokenizer(dir / "bad.json", good_merges); }, "bad.json: not valid JSON");
+  write_text(dir / "list.json", "[1,2]");
+  expect_error([&] { Gpt2Tokenizer(dir / "list.json", good_merges); }, "expected a JSON object");
+  write_text(dir / "merges.bpe", "#version: 0.2\nĠ t\nthree tokens here\n");
+  expect_error([&] { Gpt2Tokenizer(good_vocab, dir / "merges.bpe"); }, "merges.bpe:3: expected two tokens");
+  write_text(dir / "merges2.bpe", "#version: 0.2\nĠ t\nqqqqq zzzzzz\n");
+  expect_error([&] { Gpt2Tokenizer(good_vocab, dir / "merges2.bpe"); }, "merges2.bpe:3: \"qqqqq\" is not in");
+  expect_error([&] { (void)tokenizer().decode(std::vector<int32_t>{50257}); }, "outside the vocabulary");
+}
+
+}  // namespace
+}  // namespace megabatch::data

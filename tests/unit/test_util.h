@@ -1,0 +1,72 @@
+// Helpers shared by the test programs: temporary directories, subprocesses, assets.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+
+#include "core/util/files.h"
+
+namespace megabatch::testing {
+
+// A fresh directory under the system temp dir, removed with the object.
+class TempDir {
+ public:
+  TempDir() {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "megabatch-test-XXXXXX").string();
+    if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+    path_ = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+// Runs a shell command, capturing stdout+stderr.
+inline CommandResult run_command(const std::string& cmd) {
+  CommandResult r;
+  FILE* p = ::popen((cmd + " 2>&1").c_str(), "r");
+  if (p == nullptr) return r;
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) r.output.append(buf.data(), n);
+  const int status = ::pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline void write_text(const std::filesystem::path& p, const std::string& s) {
+  std::ofstream out(p, std::ios::binary);
+  out << s;
+}
+
+inline std::string source_dir() { return MEGABATCH_SOURCE_DIR; }
+inline std::string bin_dir() { return MEGABATCH_BIN_DIR; }
+
+// Fails the test (with the remedy) when setup.sh has not installed the assets.
+#define MB_REQUIRE_ASSET(rel)                                                               \
+  do {                                                                                      \
+    if (!std::filesystem::exists(::megabatch::asset_dir() / (rel)))                         \
+      FAIL() << "asset " << (::megabatch::asset_dir() / (rel)).string()                     \
+             << " is missing: run ./setup.sh (the test command in README.md does)";         \
+  } while (0)
+
+}  // namespace megabatch::testing

@@ -1,0 +1,140 @@
+// BERT WordPiece against an independent Python reference (tests/reference/bert_wordpiece.py,
+// Python's unicodedata) on the Brown corpus and edge cases, plus published ids.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/data/brown.h"
+#include "core/data/tokenizer.h"
+#include "core/data/wordpiece_tokenizer.h"
+#include "core/util/error.h"
+#include "tests/unit/test_util.h"
+
+namespace megabatch::data {
+namespace {
+
+using megabatch::testing::run_command;
+using megabatch::testing::TempDir;
+using megabatch::testing::write_text;
+
+const WordPieceTokenizer& uncased() {
+  static const WordPieceTokenizer tok(asset_dir() / "bert/vocab.txt", true);
+  return tok;
+}
+
+TEST(WordPiece, PublishedIdsOfBertBaseUncased) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  const auto& tok = uncased();
+  EXPECT_EQ(tok.special().pad, 0);
+  EXPECT_EQ(tok.special().unk, 100);
+  EXPECT_EQ(tok.special().cls, 101);
+  EXPECT_EQ(tok.special().sep, 102);
+  EXPECT_EQ(tok.special().mask, 103);
+  // "Hello, world!" -> hello , world ! = 7592 1010 2088 999 in bert-base-uncased.
+  EXPECT_EQ(tok.encode("Hello, world!"), (std::vector<int32_t>{7592, 1010, 2088, 999}));
+  // Accents are stripped when lower-casing: "Héllo" is "hello".
+  EXPECT_EQ(tok.encode("H\u00e9llo"), (std::vector<int32_t>{7592}));
+}
+
+TEST(WordPiece, SubwordsUnknownsAndLongWords) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  const auto& tok = uncased();
+  const auto ids = tok.encode("unaffable");
+  ASSERT_GT(ids.size(), 1u);
+  for (size_t i = 1; i < ids.size(); ++i) EXPECT_TRUE(tok.token_text(ids[i]).starts_with("##"));
+  EXPECT_EQ(tok.decode(ids), "unaffable");
+  EXPECT_EQ(tok.encode(std::string(101, 'a')), (std::vector<int32_t>{tok.special().unk}));
+  EXPECT_NE(tok.encode(std::string(100, 'a')), (std::vector<int32_t>{tok.special().unk}));
+  EXPECT_EQ(tok.encode("\u2603\u2603\U0001F600"), (std::vector<int32_t>{tok.special().unk}));  // no pieces
+  EXPECT_EQ(tok.basic_tokenize("Hi,there!\tCaf\u00c9 \u4e2d\u6587"),
+            (std::vector<std::string>{"hi", ",", "there", "!", "cafe", "\u4e2d", "\u6587"}));
+}
+
+TEST(WordPiece, SpecialTokensFollowMegatron) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  const WordPieceTokenizer tok(asset_dir() / "bert/vocab.txt", true, 100);
+  EXPECT_EQ(tok.special().bos, 30522);
+  EXPECT_EQ(tok.special().eos, 30523);
+  EXPECT_EQ(tok.special().first_sentinel, 30524);
+  EXPECT_EQ(tok.vocab_size(), 30624);
+  EXPECT_EQ(tok.token_text(30524 + 7), "<extra_id_7>");
+  EXPECT_EQ(tok.special().eod, tok.special().sep);
+}
+
+TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  MB_REQUIRE_ASSET("brown/ca01");
+  std::vector<std::string> texts = {
+      "The quick brown fox.", "UNwant\u00e9d,running", "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00c5ngstr\u00f6m",
+      "\u00c6sir \u0152uvre stra\u00dfe \u0130stanbul", "tabs\tnew\nlines\r\nand  spaces", "ctrl\x01\x7f chars\u200b",
+      "\u4e2d\u6587\u5b57\u7b26 \u65e5\u672c\u8a9e\u306e\u30c6\u30ad\u30b9\u30c8 \ud55c\uad6d\uc5b4",
+      "\u0395\u03bb\u03bb\u03b7\u03bd\u03b9\u03ba\u03ac \u0420\u0443\u0441\u0441\u043a\u0438\u0439",
+      "$100 + 5% = <html> ~tilde^ `tick` |pipe|", "\u00ab\u00bb \u201cquotes\u201d \u2014dash\u2013 \u2026",
+      "don't can't it's", "x" + std::string(120, 'b') + " tail", "\u00a0nbsp\u3000ideo\u2028ls",
+      "emoji \U0001F600 \U0001F44D\U0001F3FD", "numbers 3.14 1,000 \u0661\u0662 \u00bd",
+  };
+  for (const auto& doc : read_brown(asset_dir() / "brown"))
+    for (size_t i = 0; i < doc.sentences.size(); i += 8) {
+      std::string rec;
+      for (size_t k = i; k < std::min(i + 8, doc.sentences.size()); ++k) rec += doc.sentences[k] + " ";
+      texts.push_back(std::move(rec));
+    }
+  TempDir dir;
+  std::string input;
+  for (const auto& t : texts) input += nlohmann::json(t).dump() + "\n";
+  write_text(dir / "in.jsonl", input);
+  const auto r = run_command("/usr/bin/python3 " + megabatch::testing::source_dir() +
+                             "/tests/reference/bert_wordpiece.py " + (asset_dir() / "bert/vocab.txt").string() +
+                             " lower " + (dir / "in.jsonl").string() + " " + (dir / "out.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir / "out.jsonl");
+  std::string line;
+  size_t n = 0, mismatches = 0;
+  while (std::getline(in, line)) {
+    ASSERT_LT(n, texts.size());
+    const auto expected = nlohmann::json::parse(line).get<std::vector<int32_t>>();
+    const auto got = uncased().encode(texts[n]);
+    if (got != expected && ++mismatches <= 5)
+      ADD_FAILURE() << "record " << n << ": " << nlohmann::json(texts[n]).dump() << "\n  reference: "
+                    << nlohmann::json(expected).dump() << "\n  ours:      " << nlohmann::json(got).dump();
+    ++n;
+  }
+  EXPECT_EQ(n, texts.size());
+  EXPECT_EQ(mismatches, 0u) << "of " << n << " records";
+}
+
+TEST(WordPiece, BadVocabularyNamesFileAndLine) {
+  TempDir dir;
+  write_text(dir / "v.txt", "[PAD]\n[UNK]\nhello\n\nworld\n");
+  try {
+    WordPieceTokenizer tok(dir / "v.txt", true);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v.txt:4: empty token"), std::string::npos) << e.what();
+  }
+  write_text(dir / "v2.txt", "[PAD]\n[UNK]\nhello\nhello\n");
+  try {
+    WordPieceTokenizer tok(dir / "v2.txt", true);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("v2.txt:4: token \"hello\" appears twice"), std::string::npos) << e.what();
+  }
+  write_text(dir / "v3.txt", "[PAD]\n[UNK]\nhello\n");
+  try {
+    WordPieceTokenizer tok(dir / "v3.txt", true);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has no [CLS]"), std::string::npos) << e.what();
+  }
+  try {
+    TokenizerOptions o;
+    o.type = "SentencePiece";
+    (void)make_tokenizer(o);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown tokenizer type 'SentencePiece'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace megabatch::data
