@@ -64,7 +64,8 @@ class PhiloxStream {
     if (n <= 1) return 0;
     for (;;) {
       const uint64_t x = next_u64();
-      const unsigned __int128 m = static_cast<unsigned __int128>(x) * n;
+      __extension__ using u128 = unsigned __int128;
+      const u128 m = static_cast<u128>(x) * n;
       const uint64_t low = static_cast<uint64_t>(m);
       if (low >= n || low >= (0 - n) % n) return static_cast<uint64_t>(m >> 64);
     }
@@ -73,7 +74,7 @@ class PhiloxStream {
 
  private:
   uint64_t key_, stream_, counter_ = 0;
-  Block block_{};
+  Philox4x32::Block block_{};
   int used_ = 4;
 };
 

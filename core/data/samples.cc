@@ -1,0 +1,355 @@
+#include "core/data/samples.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/util/error.h"
+#include "core/util/philox.h"
+
+namespace megabatch::data {
+
+namespace {
+
+// Stream tags: one Philox key per purpose, so no two purposes share numbers.
+constexpr uint64_t kGptDocs = 0x6770742d646f6373ull, kGptSamples = 0x6770742d736d706cull;
+constexpr uint64_t kChunkTargets = 0x6368756e6b2d7467ull, kChunkOrder = 0x6368756e6b2d6f72ull;
+constexpr uint64_t kBertSample = 0x626572742d736d70ull, kT5Sample = 0x74352d73616d706cull;
+
+void check_range(const IndexedDataset& ds, const DocumentRange& docs) {
+  if (docs.begin > docs.end || docs.end > ds.num_documents())
+    fail(ds.prefix().string(), ": document range [", docs.begin, ", ", docs.end, ") is outside the dataset's ",
+         ds.num_documents(), " documents");
+}
+
+// Copies `count` tokens of document d starting at token `offset` (across its sequences).
+void read_document(const IndexedDataset& ds, size_t d, uint64_t offset, uint64_t count, int32_t* out,
+                   int64_t vocab) {
+  auto s = static_cast<size_t>(ds.document_index(d));
+  const auto end = static_cast<size_t>(ds.document_index(d + 1));
+  for (; s < end && count > 0; ++s) {
+    const auto len = static_cast<uint64_t>(ds.sequence_length(s));
+    if (offset >= len) {
+      offset -= len;
+      continue;
+    }
+    const uint64_t take = std::min(len - offset, count);
+    ds.read(s, offset, take, out, vocab);
+    out += take;
+    count -= take;
+    offset = 0;
+  }
+  if (count > 0) fail(ds.prefix().string(), ": internal: read past the end of document ", d);
+}
+
+// Per-epoch permutation of [0, n), cached for the last epoch asked.
+std::vector<uint32_t> epoch_permutation(uint64_t n, uint64_t seed, uint64_t tag, uint64_t epoch) {
+  std::vector<uint32_t> p(n);
+  std::iota(p.begin(), p.end(), 0u);
+  PhiloxStream rng(mix_key(seed, tag), epoch);
+  philox_shuffle(p.data(), n, rng);
+  return p;
+}
+
+// The chunk at position `index` of the epoch-shuffled chunk order (the permutation of
+// the last epoch asked is kept per thread and owner).
+uint32_t chunk_order(const void* owner, uint64_t n, uint64_t seed, uint64_t index) {
+  thread_local const void* cached_owner = nullptr;
+  thread_local uint64_t cached_epoch = ~uint64_t{0}, cached_seed = 0;
+  thread_local std::vector<uint32_t> perm;
+  const uint64_t e = index / n;
+  if (cached_owner != owner || cached_epoch != e || cached_seed != seed || perm.size() != n) {
+    perm = epoch_permutation(n, seed, kChunkOrder, e);
+    cached_owner = owner;
+    cached_epoch = e;
+    cached_seed = seed;
+  }
+  return perm[index % n];
+}
+
+struct SentenceChunk {
+  uint32_t first, end, target;
+};
+
+// Megatron's grouping of a document's sentences into chunks of about `max_target`
+// tokens (shorter with probability short_prob); documents with fewer than min_sentences
+// sentences are skipped.
+std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange docs, uint32_t max_target,
+                                        double short_prob, uint32_t min_sentences, uint64_t seed) {
+  std::vector<SentenceChunk> out;
+  for (size_t d = docs.begin; d < docs.end; ++d) {
+    const auto first = static_cast<uint32_t>(ds.document_index(d));
+    const auto end = static_cast<uint32_t>(ds.document_index(d + 1));
+    if (end - first < min_sentences) continue;
+    PhiloxStream rng(mix_key(seed, kChunkTargets), d);
+    auto target = [&] {
+      return (short_prob > 0 && rng.uniform() < short_prob && max_target > 2)
+                 ? static_cast<uint32_t>(2 + rng.below(max_target - 1))
+                 : max_target;
+    };
+    uint32_t start = first, nsent = 0, t = target();
+    uint64_t len = 0;
+    for (uint32_t s = first; s < end; ++s) {
+      len += static_cast<uint64_t>(ds.sequence_length(s));
+      ++nsent;
+      const uint32_t remaining = end - s - 1;
+      if ((len >= t && remaining > 1 && nsent >= min_sentences) || remaining == 0) {
+        if (nsent >= min_sentences && len > 0) out.push_back({start, s + 1, t});
+        start = s + 1;
+        len = 0;
+        nsent = 0;
+        t = target();
+      }
+    }
+  }
+  return out;
+}
+
+void read_sentences(const IndexedDataset& ds, uint32_t first, uint32_t end, int64_t vocab,
+                    std::vector<std::vector<int32_t>>& out) {
+  out.resize(end - first);
+  for (uint32_t s = first; s < end; ++s) out[s - first] = ds.sequence(s, vocab);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- GPT
+
+GptSamples::GptSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, int seq_length, uint64_t seed,
+                       int64_t vocab_size)
+    : ds_(std::move(ds)), docs_(docs), seq_length_(seq_length), seed_(seed), vocab_size_(vocab_size) {
+  check_range(*ds_, docs_);
+  if (seq_length_ < 1) fail("GPT samples: seq_length must be positive, got ", seq_length_);
+  uint64_t total = 0;
+  for (size_t d = docs_.begin; d < docs_.end; ++d) {
+    uint64_t n = 0;
+    for (auto s = static_cast<size_t>(ds_->document_index(d)); s < static_cast<size_t>(ds_->document_index(d + 1)); ++s)
+      n += static_cast<uint64_t>(ds_->sequence_length(s));
+    doc_tokens_.push_back(n);
+    total += n;
+  }
+  if (total < static_cast<uint64_t>(seq_length_) + 1)
+    fail(ds_->prefix().string(), ": the selected ", docs_.end - docs_.begin, " documents hold ", total,
+         " tokens; one GPT sample of sequence length ", seq_length_, " needs ", seq_length_ + 1,
+         ". Use a shorter --seq-length or a larger dataset (or split)");
+  samples_per_epoch_ = (total - 1) / static_cast<uint64_t>(seq_length_);
+  if (samples_per_epoch_ > UINT32_MAX) fail(ds_->prefix().string(), ": more than 2^32 samples per epoch");
+}
+
+const GptSamples::Epoch& GptSamples::epoch(uint64_t e) const {
+  if (cached_.number == e) return cached_;
+  Epoch ep;
+  ep.number = e;
+  ep.doc_order = epoch_permutation(doc_tokens_.size(), seed_, kGptDocs, e);
+  ep.doc_start.resize(ep.doc_order.size() + 1);
+  uint64_t off = 0;
+  for (size_t i = 0; i < ep.doc_order.size(); ++i) {
+    ep.doc_start[i] = off;
+    off += doc_tokens_[ep.doc_order[i]];
+  }
+  ep.doc_start.back() = off;
+  ep.sample_order = epoch_permutation(samples_per_epoch_, seed_, kGptSamples, e);
+  cached_ = std::move(ep);
+  return cached_;
+}
+
+void GptSamples::get(uint64_t index, int32_t* tokens) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Epoch& ep = epoch(index / samples_per_epoch_);
+  uint64_t pos = static_cast<uint64_t>(ep.sample_order[index % samples_per_epoch_]) * static_cast<uint64_t>(seq_length_);
+  uint64_t need = static_cast<uint64_t>(seq_length_) + 1;
+  // First document whose span contains pos.
+  size_t i = static_cast<size_t>(std::upper_bound(ep.doc_start.begin(), ep.doc_start.end(), pos) - ep.doc_start.begin()) - 1;
+  while (need > 0) {
+    if (i >= ep.doc_order.size()) fail(ds_->prefix().string(), ": internal: GPT sample ", index, " runs past the data");
+    const uint64_t in_doc = pos - ep.doc_start[i];
+    const uint64_t take = std::min(need, doc_tokens_[ep.doc_order[i]] - in_doc);
+    read_document(*ds_, docs_.begin + ep.doc_order[i], in_doc, take, tokens, vocab_size_);
+    tokens += take;
+    need -= take;
+    pos += take;
+    ++i;
+  }
+}
+
+// ---------------------------------------------------------------- BERT
+
+BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& o,
+                         const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
+    : ds_(std::move(ds)), opt_(o), special_(special), vocab_size_(vocab_size), seed_(seed) {
+  check_range(*ds_, docs);
+  if (o.seq_length < 5) fail("BERT samples: seq_length must be at least 5, got ", o.seq_length);
+  if (special.cls < 0 || special.sep < 0 || special.mask < 0 || special.pad < 0)
+    fail("BERT samples need [CLS], [SEP], [MASK] and [PAD]; use a WordPiece tokenizer (BertWordPieceLowerCase)");
+  for (const auto& c : build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob,
+                                    o.binary_head ? 2 : 1, seed))
+    chunks_.push_back({c.first, c.end, c.target});
+  if (chunks_.empty())
+    fail(ds_->prefix().string(), ": no BERT sample can be built from the selected ", docs.end - docs.begin,
+         " documents (each needs ", o.binary_head ? "at least 2 sentences" : "a sentence",
+         "); build the dataset with --split-sentences, or use more data");
+}
+
+void BertSamples::get(uint64_t index, BertSample& out) const {
+  const Chunk& c = chunks_[chunk_order(this, chunks_.size(), seed_, index)];
+  PhiloxStream rng(mix_key(seed_, kBertSample), index);
+
+  std::vector<std::vector<int32_t>> sent;
+  read_sentences(*ds_, c.first_sentence, c.end_sentence, vocab_size_, sent);
+  const size_t ns = sent.size();
+  size_t a_end = 1;
+  if (ns >= 3) a_end = 1 + static_cast<size_t>(rng.below(ns - 1));
+  std::vector<int32_t> a, b;
+  for (size_t i = 0; i < ns; ++i) (i < a_end ? a : b).insert((i < a_end ? a : b).end(), sent[i].begin(), sent[i].end());
+  out.is_random = 0;
+  if (opt_.binary_head && rng.uniform() < 0.5) {
+    std::swap(a, b);
+    out.is_random = 1;
+  }
+  // Truncate the longer segment, from the front or the back at random, to the target.
+  const size_t target = c.target_length;
+  size_t a0 = 0, a1 = a.size(), b0 = 0, b1 = b.size();
+  while ((a1 - a0) + (b1 - b0) > target) {
+    const bool cut_a = (a1 - a0) > (b1 - b0);
+    const bool front = rng.uniform() < 0.5;
+    if (cut_a) (front ? ++a0 : --a1);
+    else (front ? ++b0 : --b1);
+  }
+  const auto seq = static_cast<size_t>(opt_.seq_length);
+  out.tokens.assign(seq, special_.pad);
+  out.token_types.assign(seq, 0);
+  out.labels.assign(seq, -1);
+  out.loss_mask.assign(seq, 0);
+  out.padding_mask.assign(seq, 0);
+  std::vector<uint32_t> candidates;
+  size_t p = 0;
+  out.tokens[p++] = special_.cls;
+  for (size_t i = a0; i < a1; ++i) candidates.push_back(static_cast<uint32_t>(p)), out.tokens[p++] = a[i];
+  out.tokens[p++] = special_.sep;
+  if (b1 > b0 || opt_.binary_head) {
+    const size_t b_start = p;
+    for (size_t i = b0; i < b1; ++i) candidates.push_back(static_cast<uint32_t>(p)), out.tokens[p++] = b[i];
+    out.tokens[p++] = special_.sep;
+    for (size_t i = b_start; i < p; ++i) out.token_types[i] = 1;
+  }
+  for (size_t i = 0; i < p; ++i) out.padding_mask[i] = 1;
+  // Mask round(15%) of the real tokens: 80% [MASK], 10% random token, 10% unchanged.
+  const auto k = std::min<size_t>(candidates.size(), std::max<size_t>(1, static_cast<size_t>(std::lround(
+                                                                            static_cast<double>(candidates.size()) * opt_.masked_lm_prob))));
+  for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the first k are the chosen
+    const size_t j = i + static_cast<size_t>(rng.below(candidates.size() - i));
+    std::swap(candidates[i], candidates[j]);
+    const uint32_t pos = candidates[i];
+    out.labels[pos] = out.tokens[pos];
+    out.loss_mask[pos] = 1;
+    const double r = rng.uniform();
+    if (r < 0.8) out.tokens[pos] = special_.mask;
+    else if (r >= 0.9) out.tokens[pos] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
+  }
+}
+
+// ---------------------------------------------------------------- T5
+
+std::vector<int32_t> random_segmentation(int32_t n, int32_t k, PhiloxStream& rng) {
+  // Choose k-1 distinct cut points among the n-1 gaps between items.
+  std::vector<int32_t> gaps(static_cast<size_t>(n - 1));
+  std::iota(gaps.begin(), gaps.end(), 1);
+  for (int32_t i = 0; i < k - 1; ++i) {
+    const auto j = static_cast<size_t>(i) + static_cast<size_t>(rng.below(static_cast<uint64_t>(n - 1 - i)));
+    std::swap(gaps[static_cast<size_t>(i)], gaps[j]);
+  }
+  std::vector<int32_t> cuts(gaps.begin(), gaps.begin() + (k - 1));
+  std::sort(cuts.begin(), cuts.end());
+  std::vector<int32_t> lengths;
+  int32_t prev = 0;
+  for (const int32_t c : cuts) lengths.push_back(c - prev), prev = c;
+  lengths.push_back(n - prev);
+  return lengths;
+}
+
+namespace {
+void t5_counts(int32_t n, const T5Options& o, int32_t& noise, int32_t& spans) {
+  noise = static_cast<int32_t>(std::lround(static_cast<double>(n) * o.noise_density));
+  noise = std::clamp(noise, 1, std::max(1, n - 1));
+  spans = std::max(1, static_cast<int32_t>(std::lround(static_cast<double>(noise) / o.mean_span_length)));
+  spans = std::min({spans, noise, std::max(1, n - noise)});
+}
+}  // namespace
+
+T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const T5Options& o,
+                     const SpecialTokens& special, uint64_t seed, int64_t vocab_size)
+    : ds_(std::move(ds)), opt_(o), special_(special), seed_(seed), vocab_size_(vocab_size) {
+  check_range(*ds_, docs);
+  if (special.bos < 0 || special.eos < 0 || special.pad < 0 || special.num_sentinels < 1)
+    fail("T5 samples need [BOS], [EOS], [PAD] and sentinel tokens; use a WordPiece tokenizer with "
+         "--vocab-extra-ids 100");
+  // Longest raw length whose corrupted encoder input and decoder sequences fit.
+  for (int32_t n = 2; n <= 4 * o.encoder_seq_length; ++n) {
+    int32_t noise, spans;
+    t5_counts(n, o, noise, spans);
+    if (n - noise + spans <= o.encoder_seq_length && noise + spans + 1 <= o.decoder_seq_length &&
+        spans <= special.num_sentinels)
+      max_raw_ = n;
+  }
+  if (max_raw_ < 2)
+    fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
+         " leave no room for a corrupted span; increase --decoder-seq-length");
+  for (const auto& c : build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed))
+    chunks_.push_back({c.first, c.end, c.target});
+  if (chunks_.empty())
+    fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,
+         " documents (all empty); use more data");
+}
+
+void T5Samples::get(uint64_t index, T5Sample& out) const {
+  const Chunk& c = chunks_[chunk_order(this, chunks_.size(), seed_, index)];
+  PhiloxStream rng(mix_key(seed_, kT5Sample), index);
+  std::vector<std::vector<int32_t>> sent;
+  read_sentences(*ds_, c.first_sentence, c.end_sentence, vocab_size_, sent);
+  std::vector<int32_t> tokens;
+  for (const auto& s : sent) tokens.insert(tokens.end(), s.begin(), s.end());
+  tokens.resize(std::min<size_t>(tokens.size(), std::min<size_t>(c.target_length, static_cast<size_t>(max_raw_))));
+  const auto len = static_cast<int32_t>(tokens.size());
+
+  const auto enc = static_cast<size_t>(opt_.encoder_seq_length), dec = static_cast<size_t>(opt_.decoder_seq_length);
+  out.encoder_tokens.assign(enc, special_.pad);
+  out.decoder_input.assign(dec, special_.pad);
+  out.decoder_target.assign(dec, special_.pad);
+  out.encoder_mask.assign(enc, 0);
+  out.decoder_mask.assign(dec, 0);
+  out.loss_mask.assign(dec, 0);
+  out.raw_length = len;
+  std::vector<int32_t> e, t;
+  if (len >= 2) {
+    int32_t noise, spans;
+    t5_counts(len, opt_, noise, spans);
+    const auto noise_len = random_segmentation(noise, spans, rng);
+    const auto keep_len = random_segmentation(len - noise, spans, rng);
+    size_t pos = 0;
+    for (int32_t k = 0; k < spans; ++k) {
+      e.insert(e.end(), tokens.begin() + static_cast<ptrdiff_t>(pos), tokens.begin() + static_cast<ptrdiff_t>(pos) + keep_len[static_cast<size_t>(k)]);
+      pos += static_cast<size_t>(keep_len[static_cast<size_t>(k)]);
+      e.push_back(special_.sentinel(k));
+      t.push_back(special_.sentinel(k));
+      t.insert(t.end(), tokens.begin() + static_cast<ptrdiff_t>(pos), tokens.begin() + static_cast<ptrdiff_t>(pos) + noise_len[static_cast<size_t>(k)]);
+      pos += static_cast<size_t>(noise_len[static_cast<size_t>(k)]);
+    }
+    out.num_spans = spans;
+    out.num_noise_tokens = noise;
+  } else {  // a one-token chunk: nothing to corrupt
+    e = tokens;
+    out.num_spans = 0;
+    out.num_noise_tokens = 0;
+  }
+  t.push_back(special_.eos);
+  if (e.size() > enc || t.size() > dec) fail("internal: T5 sample ", index, " exceeds the sequence lengths");
+  std::copy(e.begin(), e.end(), out.encoder_tokens.begin());
+  std::fill(out.encoder_mask.begin(), out.encoder_mask.begin() + static_cast<ptrdiff_t>(e.size()), 1);
+  out.decoder_input[0] = special_.bos;
+  std::copy(t.begin(), t.end() - 1, out.decoder_input.begin() + 1);
+  std::copy(t.begin(), t.end(), out.decoder_target.begin());
+  std::fill(out.decoder_mask.begin(), out.decoder_mask.begin() + static_cast<ptrdiff_t>(t.size()), 1);
+  std::fill(out.loss_mask.begin(), out.loss_mask.begin() + static_cast<ptrdiff_t>(t.size()), 1);
+}
+
+}  // namespace megabatch::data

@@ -1,0 +1,126 @@
+#include "core/util/args.h"
+
+#include <charconv>
+#include <iostream>
+#include <sstream>
+
+#include "core/util/error.h"
+
+namespace megabatch {
+
+void ArgParser::flag(const std::string& name, const std::string& help) {
+  order_.push_back(name);
+  specs_[name] = Spec{"", help, Spec::kFlag, {}, false};
+}
+
+void ArgParser::option(const std::string& name, const std::string& metavar, const std::string& help,
+                       std::optional<std::string> default_value) {
+  order_.push_back(name);
+  Spec s{metavar, help, Spec::kValue, {}, default_value.has_value()};
+  if (default_value) s.defaults = {*default_value};
+  specs_[name] = std::move(s);
+}
+
+void ArgParser::list(const std::string& name, const std::string& metavar, const std::string& help,
+                     std::vector<std::string> default_values) {
+  order_.push_back(name);
+  const bool has_default = !default_values.empty();
+  specs_[name] = Spec{metavar, help, Spec::kList, std::move(default_values), has_default};
+}
+
+std::string ArgParser::help_text() const {
+  std::ostringstream os;
+  os << usage_ << "\n\noptions:\n";
+  for (const auto& name : order_) {
+    const Spec& s = specs_.at(name);
+    std::string left = "  --" + name + (s.metavar.empty() ? "" : " " + s.metavar);
+    if (s.kind == Spec::kList) left += " ...";
+    os << left;
+    if (left.size() < 30) os << std::string(30 - left.size(), ' ');
+    else os << "\n" << std::string(30, ' ');
+    os << s.help;
+    if (s.has_default && s.kind != Spec::kFlag) {
+      os << " (default:";
+      for (const auto& d : s.defaults) os << ' ' << d;
+      os << ')';
+    }
+    os << '\n';
+  }
+  os << "  --help                      show this help\n";
+  return os.str();
+}
+
+bool ArgParser::parse(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << help_text();
+      return false;
+    }
+    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
+      positional_.push_back(arg);
+      continue;
+    }
+    std::string name = arg.substr(2), inline_value;
+    bool has_inline = false;
+    if (const auto eq = name.find('='); eq != std::string::npos) {
+      inline_value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_inline = true;
+    }
+    // Megatron spells flags with dashes; accept underscores too.
+    for (auto& ch : name) ch = ch == '_' ? '-' : ch;
+    auto it = specs_.find(name);
+    if (it == specs_.end()) fail(program_, ": unknown option --", name, "\n", usage_, "\n(see ", program_, " --help)");
+    const Spec& s = it->second;
+    auto& vals = values_[name];
+    vals.clear();
+    if (s.kind == Spec::kFlag) {
+      if (has_inline) fail(program_, ": --", name, " takes no value");
+      vals.push_back("1");
+    } else if (has_inline) {
+      vals.push_back(inline_value);
+    } else if (s.kind == Spec::kValue) {
+      if (i + 1 >= argc) fail(program_, ": --", name, " needs a value (", s.metavar, ")");
+      vals.push_back(argv[++i]);
+    } else {
+      while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) vals.push_back(argv[++i]);
+      if (vals.empty()) fail(program_, ": --", name, " needs at least one value (", s.metavar, ")");
+    }
+  }
+  return true;
+}
+
+bool ArgParser::has(const std::string& name) const { return values_.count(name) != 0; }
+
+std::vector<std::string> ArgParser::get_list(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it != values_.end()) return it->second;
+  const Spec& s = specs_.at(name);
+  if (!s.has_default) fail(program_, ": --", name, " is required (", s.help, ")");
+  return s.defaults;
+}
+
+std::string ArgParser::get(const std::string& name) const { return get_list(name).front(); }
+
+int64_t ArgParser::get_int(const std::string& name) const {
+  const std::string v = get(name);
+  int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size())
+    fail(program_, ": --", name, " expects an integer, got '", v, "'");
+  return out;
+}
+
+double ArgParser::get_double(const std::string& name) const {
+  const std::string v = get(name);
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (const std::exception&) {
+  }
+  fail(program_, ": --", name, " expects a number, got '", v, "'");
+}
+
+}  // namespace megabatch

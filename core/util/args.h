@@ -1,0 +1,50 @@
+// A small command-line parser for Megatron-style flags: "--name value", "--name=value",
+// boolean "--flag", and lists ("--json-keys text title"). Unknown flags, missing values
+// and malformed numbers are Errors that name the flag and show the usage line.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace megabatch {
+
+class ArgParser {
+ public:
+  ArgParser(std::string program, std::string usage) : program_(std::move(program)), usage_(std::move(usage)) {}
+
+  // Declares options; `help` is shown by --help. A list option takes one or more values.
+  void flag(const std::string& name, const std::string& help);
+  void option(const std::string& name, const std::string& metavar, const std::string& help,
+              std::optional<std::string> default_value = std::nullopt);
+  void list(const std::string& name, const std::string& metavar, const std::string& help,
+            std::vector<std::string> default_values = {});
+
+  // Parses argv[first..argc). Returns false when --help was given (help already printed).
+  bool parse(int argc, char** argv, int first = 1);
+
+  bool has(const std::string& name) const;  // given on the command line (or a flag set)
+  std::string get(const std::string& name) const;  // value or default; Error if neither
+  std::vector<std::string> get_list(const std::string& name) const;
+  int64_t get_int(const std::string& name) const;  // Error naming the flag if not an integer
+  double get_double(const std::string& name) const;
+  const std::vector<std::string>& positional() const { return positional_; }
+  std::string help_text() const;
+
+ private:
+  struct Spec {
+    std::string metavar, help;
+    enum Kind { kFlag, kValue, kList } kind;
+    std::vector<std::string> defaults;
+    bool has_default = false;
+  };
+  std::string program_, usage_;
+  std::vector<std::string> order_;
+  std::map<std::string, Spec> specs_;
+  std::map<std::string, std::vector<std::string>> values_;
+  std::vector<std::string> positional_;
+};
+
+}  // namespace megabatch

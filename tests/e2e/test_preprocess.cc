@@ -1,0 +1,118 @@
+// The `preprocess` program end to end: Megatron's flags and output names, workers,
+// bad input, inspect, and the default dataset.
+#include <gtest/gtest.h>
+
+#include "core/data/indexed_dataset.h"
+#include "core/data/tokenizer.h"
+#include "tests/unit/test_util.h"
+
+namespace megabatch::data {
+namespace {
+
+using megabatch::testing::run_command;
+using megabatch::testing::TempDir;
+using megabatch::testing::write_text;
+
+std::string preprocess() { return megabatch::testing::bin_dir() + "/preprocess"; }
+
+TEST(Preprocess, JsonlWithSeveralKeysSentencesAndEod) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  TempDir dir;
+  write_text(dir / "in.jsonl",
+             "{\"text\": \"The cat sat. Then it left! Mr. Smith stayed.\", \"title\": \"Cats\"}\n"
+             "\n"
+             "{\"text\": \"One more document here.\", \"title\": \"More\"}\n");
+  const auto r = run_command(preprocess() + " --input " + (dir / "in.jsonl").string() + " --output-prefix " +
+                             (dir / "out").string() +
+                             " --json-keys text title --split-sentences --tokenizer-type BertWordPieceLowerCase "
+                             "--append-eod --workers 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("docs/s"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MB/s"), std::string::npos);
+  const IndexedDataset text(dir / "out_text_sentence"), title(dir / "out_title_sentence");
+  EXPECT_EQ(text.num_documents(), 2u);
+  EXPECT_EQ(text.num_sequences(), 4u) << "3 sentences (Mr. is an abbreviation) + 1";
+  EXPECT_EQ(title.num_sequences(), 2u);
+  TokenizerOptions o;
+  o.type = "BertWordPieceLowerCase";
+  const auto tok = make_tokenizer(o);
+  EXPECT_EQ(tok->decode(text.sequence(1)), "then it left !");
+  EXPECT_EQ(text.sequence(2).back(), tok->special().eod) << "EOD closes the document's last sentence";
+}
+
+TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
+  MB_REQUIRE_ASSET("brown/ca01");
+  TempDir dir;
+  const auto b = run_command(preprocess() + " brown --output-dir " + dir.path().string());
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  for (int w : {1, 2}) {
+    const auto r = run_command(preprocess() + " --input " + (dir / "brown.jsonl").string() + " --output-prefix " +
+                               (dir / ("w" + std::to_string(w))).string() +
+                               " --tokenizer-type GPT2BPETokenizer --append-eod --log-interval 100 --workers " +
+                               std::to_string(w));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  for (const char* ext : {".bin", ".idx"}) {
+    const std::string w1 = read_file(dir / (std::string("w1_text_document") + ext));
+    EXPECT_EQ(w1, read_file(dir / (std::string("w2_text_document") + ext))) << ext;
+    EXPECT_EQ(w1, read_file(dir / (std::string("brown_gpt2_text_document") + ext)))
+        << "preprocess of brown.jsonl equals the default dataset, " << ext;
+  }
+  const auto again = run_command(preprocess() + " brown --output-dir " + dir.path().string());
+  EXPECT_NE(again.output.find("up to date"), std::string::npos) << again.output;
+  const auto ins = run_command(preprocess() + " inspect " + (dir / "brown_gpt2_text_document").string() +
+                               " --tokenizer-type GPT2BPETokenizer --documents 1");
+  ASSERT_EQ(ins.exit_code, 0) << ins.output;
+  EXPECT_NE(ins.output.find("documents    500"), std::string::npos) << ins.output;
+  EXPECT_NE(ins.output.find("The Fulton County Grand Jury said Friday"), std::string::npos);
+  // A GPT-2 dataset inspected with the BERT vocabulary has ids past its end.
+  const auto wrong = run_command(preprocess() + " inspect " + (dir / "brown_gpt2_text_document").string() +
+                                 " --tokenizer-type BertWordPieceLowerCase");
+  EXPECT_NE(wrong.exit_code, 0);
+  EXPECT_NE(wrong.output.find("is outside the vocabulary of BertWordPieceLowerCase"), std::string::npos) << wrong.output;
+}
+
+TEST(Preprocess, BadLinesNameFileAndLineAndCanBeSkipped) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  TempDir dir;
+  write_text(dir / "bad.jsonl", "{\"text\": \"fine\"}\n{\"text\": \"broken\n{\"other\": 1}\n{\"text\": 5}\n{\"text\": \"ok\"}\n");
+  const std::string base = preprocess() + " --input " + (dir / "bad.jsonl").string() + " --output-prefix " +
+                           (dir / "o").string() + " --tokenizer-type GPT2BPETokenizer";
+  const auto r = run_command(base);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("bad.jsonl:2: not valid JSON"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--skip-bad-lines"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir / "o_text_document.idx")) << "no partial dataset";
+  const auto s = run_command(base + " --skip-bad-lines");
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_NE(s.output.find("Skipped 3 bad line(s); the first: " + (dir / "bad.jsonl").string() + ":2"), std::string::npos)
+      << s.output;
+  EXPECT_EQ(IndexedDataset(dir / "o_text_document").num_documents(), 2u);
+  const auto k = run_command(preprocess() + " --input " + (dir / "bad.jsonl").string() + " --output-prefix " +
+                             (dir / "o").string() + " --tokenizer-type GPT2BPETokenizer --json-keys body --skip-bad-lines");
+  EXPECT_NE(k.output.find("no documents found"), std::string::npos) << k.output;
+}
+
+TEST(Preprocess, PlainTextAndFlagErrors) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  TempDir dir;
+  write_text(dir / "in.txt", "First sentence of doc one.\nSecond sentence.\n\n\nDoc two only line.\n");
+  const auto r = run_command(preprocess() + " --input " + (dir / "in.txt").string() + " --output-prefix " +
+                             (dir / "t").string() + " --tokenizer-type BertWordPieceLowerCase --split-sentences");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const IndexedDataset ds(dir / "t_text_sentence");
+  EXPECT_EQ(ds.num_documents(), 2u);
+  EXPECT_EQ(ds.num_sequences(), 3u);
+  const auto u = run_command(preprocess() + " --input x --output-prefix y --tokenizer-type GPT2BPETokenizer --bogus");
+  EXPECT_NE(u.output.find("unknown option --bogus"), std::string::npos) << u.output;
+  const auto m = run_command(preprocess() + " --input " + (dir / "in.txt").string() + " --output-prefix " +
+                             (dir / "t").string() + " --tokenizer-type GPT2BPETokenizer --vocab-file " +
+                             (dir / "none.json").string());
+  EXPECT_NE(m.output.find("none.json: cannot open GPT-2 vocabulary"), std::string::npos) << m.output;
+  const auto h = run_command(preprocess() + " --help");
+  EXPECT_EQ(h.exit_code, 0);
+  EXPECT_NE(h.output.find("examples:"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace megabatch::data
