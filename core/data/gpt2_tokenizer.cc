@@ -1,6 +1,7 @@
 #include "core/data/gpt2_tokenizer.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -56,6 +57,8 @@ std::array<char32_t, 256> bytes_to_unicode() {
 
 Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
                              const std::filesystem::path& merges_path, int extra_ids) {
+  static std::atomic<uint64_t> instances{0};
+  instance_ = ++instances;
   const auto b2u = bytes_to_unicode();
   std::unordered_map<char32_t, uint8_t> u2b;
   for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
@@ -202,7 +205,7 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 struct PieceCache {
-  const void* owner = nullptr;
+  uint64_t owner = 0;
   std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
 };
 }  // namespace
@@ -210,9 +213,9 @@ struct PieceCache {
 void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
   // Per-thread cache of pre-token -> ids: words repeat, so most pieces are a lookup.
   thread_local PieceCache cache;
-  if (cache.owner != this || cache.map.size() > (1u << 20)) {
+  if (cache.owner != instance_ || cache.map.size() > (1u << 20)) {
     cache.map.clear();
-    cache.owner = this;
+    cache.owner = instance_;
   }
   pretokenize(text, [&](std::string_view piece) {
     if (piece.size() == 1) {

@@ -42,6 +42,7 @@ class Gpt2Tokenizer final : public Tokenizer {
   std::vector<std::string> id_bytes_;                        // id -> raw bytes
   std::unordered_map<uint64_t, uint64_t, PairHash> merges_;  // (a<<32|b) -> (rank<<32|merged)
   int32_t byte_id_[256];                                     // byte -> single-byte token id
+  uint64_t instance_;  // distinct per object: keys the per-thread word cache
 };
 
 // ---- implementation of the pre-tokenizer (header: the benchmark and tests use it) ----

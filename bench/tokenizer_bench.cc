@@ -1,0 +1,156 @@
+// Tokenizer and preprocess throughput on the de-tagged Brown corpus, with the reference
+// GPT-2 encoder (gpt-3-encoder under Node.js) timed in the same run.
+//
+//   build/bin/tokenizer_bench            (after ./setup.sh and a build)
+//
+// Prints one table; numbers are wall-clock on this machine, best of --repeat runs.
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/data/brown.h"
+#include "core/data/gpt2_tokenizer.h"
+#include "core/data/preprocess.h"
+#include "core/data/wordpiece_tokenizer.h"
+#include "core/util/args.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+using namespace megabatch;
+using namespace megabatch::data;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct Row {
+  std::string what, threads;
+  double mb_s, tokens_m;
+  std::string note;
+};
+
+std::string shell(const std::string& cmd) {
+  std::string out;
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (p == nullptr) return out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  ::pclose(p);
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    ArgParser a("tokenizer_bench", "usage: tokenizer_bench [--repeat N] [--bin-dir DIR]\n\n"
+                                   "GPT-2 BPE and WordPiece encode throughput (one core) and preprocess end to end\n"
+                                   "on the de-tagged Brown corpus, next to the reference JavaScript encoder.");
+    a.option("repeat", "N", "runs per measurement (best is reported)", "3");
+    a.option("bin-dir", "DIR", "where the preprocess binary is", "");
+    if (!a.parse(argc, argv)) return 0;
+    const int repeat = static_cast<int>(a.get_int("repeat"));
+    std::string bin_dir = a.get("bin-dir");
+    if (bin_dir.empty()) bin_dir = std::filesystem::canonical("/proc/self/exe").parent_path().string();
+
+    const auto docs = read_brown(asset_path("brown"));
+    std::vector<std::string> records;  // the same records for every encoder
+    size_t bytes = 0;
+    for (const auto& d : docs)
+      for (size_t i = 0; i < d.sentences.size(); i += 4) {
+        std::string rec;
+        for (size_t k = i; k < std::min(i + 4, d.sentences.size()); ++k) rec += d.sentences[k] + "\n";
+        bytes += rec.size();
+        records.push_back(std::move(rec));
+      }
+    const double mb = static_cast<double>(bytes) / 1e6;
+    std::vector<Row> rows;
+
+    auto time_encoder = [&](const Tokenizer& tok, bool fresh_each_run, const std::string& name,
+                            const std::string& note) {
+      double best = 1e30;
+      size_t tokens = 0;
+      for (int r = 0; r < repeat; ++r) {
+        std::unique_ptr<Tokenizer> fresh;
+        const Tokenizer* t = &tok;
+        if (fresh_each_run) {  // a new tokenizer starts with an empty word cache
+          fresh = std::make_unique<Gpt2Tokenizer>(asset_path("gpt2/encoder.json"), asset_path("gpt2/vocab.bpe"));
+          t = fresh.get();
+        }
+        std::vector<int32_t> ids;
+        tokens = 0;
+        const auto t0 = Clock::now();
+        for (const auto& rec : records) {
+          ids.clear();
+          t->encode(rec, ids);
+          tokens += ids.size();
+        }
+        best = std::min(best, seconds_since(t0));
+      }
+      rows.push_back({name, "1", mb / best, static_cast<double>(tokens) / 1e6, note});
+    };
+    const Gpt2Tokenizer gpt2(asset_path("gpt2/encoder.json"), asset_path("gpt2/vocab.bpe"));
+    time_encoder(gpt2, true, "megabatch GPT-2 BPE", "cold word cache");
+    time_encoder(gpt2, false, "megabatch GPT-2 BPE", "warm word cache");
+    const WordPieceTokenizer wp(asset_path("bert/vocab.txt"), true);
+    time_encoder(wp, false, "megabatch WordPiece (uncased)", "");
+
+    // Reference: gpt-3-encoder's JavaScript encoder on the same records.
+    const auto tmp = std::filesystem::temp_directory_path() / ("mb-bench-" + std::to_string(::getpid()));
+    std::filesystem::create_directories(tmp);
+    {
+      std::ofstream out(tmp / "records.jsonl");
+      for (const auto& rec : records) out << nlohmann::json(rec).dump() << "\n";
+    }
+    const std::string src = std::filesystem::path(__FILE__).parent_path().string();
+    double best_js = 1e30, js_tokens = 0;
+    for (int r = 0; r < repeat; ++r) {
+      std::istringstream res(shell("node " + src + "/gpt2_reference_bench.js " + (asset_dir() / "gpt-3-encoder").string() +
+                                   " " + (tmp / "records.jsonl").string()));
+      double b = 0, s = 0, t = 0;
+      if (!(res >> b >> s >> t)) fail("the reference encoder did not run (is node installed? run ./setup.sh)");
+      best_js = std::min(best_js, s);
+      js_tokens = t;
+    }
+    rows.push_back({"reference gpt-3-encoder (Node.js)", "1", mb / best_js, js_tokens / 1e6, "same records"});
+
+    // preprocess end to end: brown.jsonl -> GPT-2 dataset, 1 and 2 workers.
+    std::ostringstream quiet;
+    build_brown(tmp, 2, true, quiet);
+    const double jsonl_mb = static_cast<double>(std::filesystem::file_size(tmp / "brown.jsonl")) / 1e6;
+    for (int w : {1, 2}) {
+      double best = 1e30;
+      for (int r = 0; r < repeat; ++r) {
+        const auto t0 = Clock::now();
+        const std::string out = shell(bin_dir + "/preprocess --input " + (tmp / "brown.jsonl").string() +
+                                      " --output-prefix " + (tmp / "bench").string() +
+                                      " --tokenizer-type GPT2BPETokenizer --append-eod --log-interval 0 --workers " +
+                                      std::to_string(w) + " 2>&1");
+        best = std::min(best, seconds_since(t0));
+        if (out.find("Done:") == std::string::npos) fail("preprocess failed: ", out);
+      }
+      rows.push_back({"preprocess end to end (GPT-2)", std::to_string(w), jsonl_mb / best, 0,
+                      "process start, JSON parse, write .bin/.idx"});
+    }
+    std::filesystem::remove_all(tmp);
+
+    std::printf("corpus: de-tagged Brown, %zu records, %.2f MB; %u hardware threads; best of %d\n\n", records.size(),
+                mb, std::thread::hardware_concurrency(), repeat);
+    std::printf("%-36s %7s %9s %9s  %s\n", "encoder", "threads", "MB/s", "Mtokens", "note");
+    for (const auto& r : rows)
+      std::printf("%-36s %7s %9.2f %9s  %s\n", r.what.c_str(), r.threads.c_str(), r.mb_s,
+                  r.tokens_m > 0 ? std::to_string(r.tokens_m).substr(0, 5).c_str() : "-", r.note.c_str());
+    return 0;
+  } catch (const Error& e) {
+    std::cerr << "error: " << e.what() << std::endl;
+    return 2;
+  }
+}
