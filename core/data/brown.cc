@@ -41,15 +41,10 @@ std::vector<BrownDocument> read_brown(const fs::path& dir) {
   std::map<std::string, std::string> categories;
   if (fs::exists(dir / "cats.txt")) {
     const std::string cats = read_file(dir / "cats.txt", "Brown categories");
-    size_t pos = 0;
-    while (pos < cats.size()) {
-      size_t eol = cats.find('\n', pos);
-      if (eol == std::string::npos) eol = cats.size();
-      std::string_view line(cats.data() + pos, eol - pos);
-      pos = eol + 1;
+    for_each_line(cats, [&](std::string_view line, size_t) {
       const size_t sp = line.find(' ');
       if (sp != std::string_view::npos) categories[std::string(line.substr(0, sp))] = std::string(line.substr(sp + 1));
-    }
+    });
   }
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir)) {
@@ -68,19 +63,13 @@ std::vector<BrownDocument> read_brown(const fs::path& dir) {
     auto cat = categories.find(doc.id);
     doc.category = cat == categories.end() ? "" : cat->second;
     const std::string text = read_file(f, "Brown corpus file");
-    size_t pos = 0, line_no = 0;
-    while (pos < text.size()) {
-      size_t eol = text.find('\n', pos);
-      if (eol == std::string::npos) eol = text.size();
-      std::string_view line(text.data() + pos, eol - pos);
-      pos = eol + 1;
-      ++line_no;
-      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    for_each_line(text, [&](std::string_view line, size_t line_no) {
+      if (line.find_first_not_of(" \t") == std::string_view::npos) return;
       if (line.find('/') == std::string_view::npos)
         fail(f.string(), ":", line_no, ": expected tagged words (word/tag), got \"", line.substr(0, 60), "\"");
       std::string s = detag_sentence(line);
       if (!s.empty()) doc.sentences.push_back(std::move(s));
-    }
+    });
     if (doc.sentences.empty()) fail(f.string(), ": no sentences; the corpus file is empty or damaged");
     docs.push_back(std::move(doc));
   }

@@ -109,7 +109,6 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
 
   // ---- vocab.bpe: "#version: 0.2" then one merge "a b" per line, by priority
   const std::string merges_text = read_file(merges_path, "GPT-2 merges (vocab.bpe)");
-  size_t pos = 0, line_no = 0;
   uint32_t rank = 0;
   merges_.reserve(60000);
   auto to_raw = [&](std::string_view tok, size_t line) {
@@ -127,14 +126,8 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
            "; the merges file does not belong to this vocabulary");
     return id->second;
   };
-  while (pos < merges_text.size()) {
-    size_t eol = merges_text.find('\n', pos);
-    if (eol == std::string::npos) eol = merges_text.size();
-    std::string_view line(merges_text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line_no;
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) continue;
+  for_each_line(merges_text, [&](std::string_view line, size_t line_no) {
+    if (line.empty() || (line_no == 1 && line.starts_with("#version"))) return;
     const size_t sp = line.find(' ');
     if (sp == std::string_view::npos || sp == 0 || sp + 1 >= line.size() ||
         line.find(' ', sp + 1) != std::string_view::npos)
@@ -149,7 +142,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
     const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(ia)) << 32) | static_cast<uint32_t>(ib);
     merges_.emplace(key, (static_cast<uint64_t>(rank) << 32) | static_cast<uint32_t>(merged->second));
     ++rank;
-  }
+  });
   if (rank == 0) fail(merges_path.string(), ": no merges found; expected GPT-2's vocab.bpe");
 
   if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);

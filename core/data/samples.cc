@@ -51,25 +51,19 @@ std::vector<uint32_t> epoch_permutation(uint64_t n, uint64_t seed, uint64_t tag,
   return p;
 }
 
-// The chunk at position `index` of the epoch-shuffled chunk order (the permutation of
-// the last epoch asked is kept per thread and owner).
-uint32_t chunk_order(const void* owner, uint64_t n, uint64_t seed, uint64_t index) {
-  thread_local const void* cached_owner = nullptr;
+// Position `index` of the epoch-shuffled chunk order. The permutation is a function of
+// (n, seed, epoch); the last one asked is kept per thread.
+uint32_t chunk_order(uint64_t seed, uint64_t n, uint64_t index) {
   thread_local uint64_t cached_epoch = ~uint64_t{0}, cached_seed = 0;
   thread_local std::vector<uint32_t> perm;
   const uint64_t e = index / n;
-  if (cached_owner != owner || cached_epoch != e || cached_seed != seed || perm.size() != n) {
+  if (cached_epoch != e || cached_seed != seed || perm.size() != n) {
     perm = epoch_permutation(n, seed, kChunkOrder, e);
-    cached_owner = owner;
     cached_epoch = e;
     cached_seed = seed;
   }
   return perm[index % n];
 }
-
-struct SentenceChunk {
-  uint32_t first, end, target;
-};
 
 // Megatron's grouping of a document's sentences into chunks of about `max_target`
 // tokens (shorter with probability short_prob); documents with fewer than min_sentences
@@ -105,10 +99,14 @@ std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange 
   return out;
 }
 
-void read_sentences(const IndexedDataset& ds, uint32_t first, uint32_t end, int64_t vocab,
-                    std::vector<std::vector<int32_t>>& out) {
-  out.resize(end - first);
-  for (uint32_t s = first; s < end; ++s) out[s - first] = ds.sequence(s, vocab);
+// The chunk at `index` of the epoch-shuffled order, with its sentences read into `out`.
+const SentenceChunk& chunk_sentences(const IndexedDataset& ds, const std::vector<SentenceChunk>& chunks,
+                                     uint64_t seed, uint64_t index, int64_t vocab,
+                                     std::vector<std::vector<int32_t>>& out) {
+  const SentenceChunk& c = chunks[chunk_order(seed, chunks.size(), index)];
+  out.resize(c.end - c.first);
+  for (uint32_t s = c.first; s < c.end; ++s) out[s - c.first] = ds.sequence(s, vocab);
+  return c;
 }
 
 }  // namespace
@@ -181,9 +179,8 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange
   if (o.seq_length < 5) fail("BERT samples: seq_length must be at least 5, got ", o.seq_length);
   if (special.cls < 0 || special.sep < 0 || special.mask < 0 || special.pad < 0)
     fail("BERT samples need [CLS], [SEP], [MASK] and [PAD]; use a WordPiece tokenizer (BertWordPieceLowerCase)");
-  for (const auto& c : build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob,
-                                    o.binary_head ? 2 : 1, seed))
-    chunks_.push_back({c.first, c.end, c.target});
+  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob,
+                         o.binary_head ? 2 : 1, seed);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no BERT sample can be built from the selected ", docs.end - docs.begin,
          " documents (each needs ", o.binary_head ? "at least 2 sentences" : "a sentence",
@@ -191,11 +188,9 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange
 }
 
 void BertSamples::get(uint64_t index, BertSample& out) const {
-  const Chunk& c = chunks_[chunk_order(this, chunks_.size(), seed_, index)];
-  PhiloxStream rng(mix_key(seed_, kBertSample), index);
-
   std::vector<std::vector<int32_t>> sent;
-  read_sentences(*ds_, c.first_sentence, c.end_sentence, vocab_size_, sent);
+  const SentenceChunk& c = chunk_sentences(*ds_, chunks_, seed_, index, vocab_size_, sent);
+  PhiloxStream rng(mix_key(seed_, kBertSample), index);
   const size_t ns = sent.size();
   size_t a_end = 1;
   if (ns >= 3) a_end = 1 + static_cast<size_t>(rng.below(ns - 1));
@@ -207,7 +202,7 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
     out.is_random = 1;
   }
   // Truncate the longer segment, from the front or the back at random, to the target.
-  const size_t target = c.target_length;
+  const size_t target = c.target;
   size_t a0 = 0, a1 = a.size(), b0 = 0, b1 = b.size();
   while ((a1 - a0) + (b1 - b0) > target) {
     const bool cut_a = (a1 - a0) > (b1 - b0);
@@ -294,21 +289,19 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
   if (max_raw_ < 2)
     fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
          " leave no room for a corrupted span; increase --decoder-seq-length");
-  for (const auto& c : build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed))
-    chunks_.push_back({c.first, c.end, c.target});
+  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,
          " documents (all empty); use more data");
 }
 
 void T5Samples::get(uint64_t index, T5Sample& out) const {
-  const Chunk& c = chunks_[chunk_order(this, chunks_.size(), seed_, index)];
-  PhiloxStream rng(mix_key(seed_, kT5Sample), index);
   std::vector<std::vector<int32_t>> sent;
-  read_sentences(*ds_, c.first_sentence, c.end_sentence, vocab_size_, sent);
+  const SentenceChunk& c = chunk_sentences(*ds_, chunks_, seed_, index, vocab_size_, sent);
+  PhiloxStream rng(mix_key(seed_, kT5Sample), index);
   std::vector<int32_t> tokens;
   for (const auto& s : sent) tokens.insert(tokens.end(), s.begin(), s.end());
-  tokens.resize(std::min<size_t>(tokens.size(), std::min<size_t>(c.target_length, static_cast<size_t>(max_raw_))));
+  tokens.resize(std::min<size_t>(tokens.size(), std::min<size_t>(c.target, static_cast<size_t>(max_raw_))));
   const auto len = static_cast<int32_t>(tokens.size());
 
   const auto enc = static_cast<size_t>(opt_.encoder_seq_length), dec = static_cast<size_t>(opt_.decoder_seq_length);

@@ -59,6 +59,12 @@ class GptSamples {
   mutable Epoch cached_;
 };
 
+// Consecutive sentences [first, end) of one document, grouped for one BERT or T5 sample
+// with the target length drawn for it.
+struct SentenceChunk {
+  uint32_t first, end, target;
+};
+
 // ---------------------------------------------------------------- BERT
 
 struct BertOptions {
@@ -90,15 +96,12 @@ class BertSamples {
   void get(uint64_t index, BertSample& out) const;
 
  private:
-  struct Chunk {
-    uint32_t first_sentence, end_sentence, target_length;
-  };
   std::shared_ptr<const IndexedDataset> ds_;
   BertOptions opt_;
   SpecialTokens special_;
   int64_t vocab_size_;
   uint64_t seed_;
-  std::vector<Chunk> chunks_;
+  std::vector<SentenceChunk> chunks_;
 };
 
 // ---------------------------------------------------------------- T5
@@ -136,16 +139,13 @@ class T5Samples {
   void get(uint64_t index, T5Sample& out) const;
 
  private:
-  struct Chunk {
-    uint32_t first_sentence, end_sentence, target_length;
-  };
   std::shared_ptr<const IndexedDataset> ds_;
   T5Options opt_;
   SpecialTokens special_;
   uint64_t seed_;
   int64_t vocab_size_;
   int max_raw_ = 0;
-  std::vector<Chunk> chunks_;
+  std::vector<SentenceChunk> chunks_;
 };
 
 // Splits n items into k non-empty segments uniformly at random (T5's random

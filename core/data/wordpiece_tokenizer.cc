@@ -33,15 +33,9 @@ WordPieceTokenizer::WordPieceTokenizer(const std::filesystem::path& vocab_txt, b
                                        int extra_ids)
     : lower_case_(lower_case) {
   const std::string text = read_file(vocab_txt, "WordPiece vocabulary (vocab.txt)");
-  size_t pos = 0, line = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string::npos) eol = text.size();
-    std::string_view tok(text.data() + pos, eol - pos);
-    pos = eol + 1;
-    ++line;
+  for_each_line(text, [&](std::string_view tok, size_t line) {
     // BERT's loader strips surrounding whitespace of each line.
-    while (!tok.empty() && (tok.back() == '\r' || tok.back() == ' ' || tok.back() == '\t')) tok.remove_suffix(1);
+    while (!tok.empty() && (tok.back() == ' ' || tok.back() == '\t')) tok.remove_suffix(1);
     while (!tok.empty() && (tok.front() == ' ' || tok.front() == '\t')) tok.remove_prefix(1);
     if (tok.empty())
       fail(vocab_txt.string(), ":", line, ": empty token; vocab.txt holds one token per line (line n is id n-1)");
@@ -52,7 +46,7 @@ WordPieceTokenizer::WordPieceTokenizer(const std::filesystem::path& vocab_txt, b
       fail(vocab_txt.string(), ":", line, ": token \"", tok, "\" appears twice (first at line ",
            ids_.find(tok)->second + 1, ")");
     tokens_.emplace_back(tok);
-  }
+  });
   if (tokens_.empty()) fail(vocab_txt.string(), ": empty vocabulary; expected one token per line");
   special_.unk = require(vocab_txt, "[UNK]");
   special_.cls = require(vocab_txt, "[CLS]");

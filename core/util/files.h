@@ -55,6 +55,21 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// Calls fn(line, line_number) for each line of text (numbered from 1, without the '\n'
+// and a trailing '\r'); a final line without '\n' counts, an empty text has no lines.
+template <typename Fn>
+void for_each_line(std::string_view text, Fn&& fn) {
+  size_t pos = 0, line_no = 0;
+  while (pos < text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string_view::npos) eol = text.size();
+    std::string_view line = text.substr(pos, eol - pos);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    pos = eol + 1;
+    fn(line, ++line_no);
+  }
+}
+
 // The asset cache that setup.sh fills: $MEGABATCH_ASSETS, else
 // ${XDG_CACHE_HOME:-$HOME/.cache}/megabatch.
 std::filesystem::path asset_dir();

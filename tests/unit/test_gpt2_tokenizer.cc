@@ -126,14 +126,7 @@ TEST(Gpt2Tokenizer, SentinelsAreAppendedAfterTheVocabulary) {
 TEST(Gpt2Tokenizer, BadVocabularyFilesNameTheFileAndLine) {
   MB_REQUIRE_ASSET("gpt2/encoder.json");
   TempDir dir;
-  auto expect_error = [](auto&& fn, const std::string& needle) {
-    try {
-      fn();
-      ADD_FAILURE() << "expected an error containing " << needle;
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-    }
-  };
+  using megabatch::testing::expect_error;
   const auto good_vocab = asset_dir() / "gpt2/encoder.json";
   const auto good_merges = asset_dir() / "gpt2/vocab.bpe";
   expect_error([&] { Gpt2Tokenizer(dir / "missing.json", good_merges); }, "missing.json: cannot open");

@@ -90,6 +90,23 @@ TEST(GptSamples, TooSmallDatasetIsAClearError) {
   }
 }
 
+TEST(BertAndT5Samples, DatasetsWithoutUsableDocumentsAreClearErrors) {
+  using megabatch::testing::expect_error;
+  Synthetic one_sentence_docs(6, 1, 10, 5);  // BERT's sentence-order task needs 2 sentences
+  expect_error([&] { BertSamples(one_sentence_docs.ds, DocumentRange::all(*one_sentence_docs.ds), BertOptions{},
+                                 bert_specials(), 1 << 30, 1); },
+               "no BERT sample can be built from the selected 6 documents (each needs at least 2 sentences)");
+  expect_error([&] { BertSamples(one_sentence_docs.ds, DocumentRange{2, 9}, BertOptions{}, bert_specials(), 1 << 30, 1); },
+               "document range [2, 9) is outside the dataset's 6 documents");
+  expect_error([&] { T5Samples(one_sentence_docs.ds, DocumentRange{3, 3}, T5Options{}, bert_specials(), 1, 1 << 30); },
+               "no T5 sample can be built from the selected 0 documents");
+  SpecialTokens gpt2_like;
+  gpt2_like.eod = 50256;
+  expect_error([&] { BertSamples(one_sentence_docs.ds, DocumentRange::all(*one_sentence_docs.ds), BertOptions{},
+                                 gpt2_like, 1 << 30, 1); },
+               "BERT samples need [CLS], [SEP], [MASK] and [PAD]");
+}
+
 TEST(GptSamples, TokenOutsideVocabularyIsAClearError) {
   Synthetic syn(5, 2, 10, 3);
   GptSamples g(syn.ds, DocumentRange::all(*syn.ds), 4, 1, /*vocab_size=*/1001);

@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 
+#include "core/util/error.h"
 #include "core/util/files.h"
 
 namespace megabatch::testing {
@@ -56,6 +57,17 @@ inline CommandResult run_command(const std::string& cmd) {
 inline void write_text(const std::filesystem::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
   out << s;
+}
+
+// fn() must throw megabatch::Error with `needle` in its message.
+template <typename Fn>
+void expect_error(Fn&& fn, const std::string& needle) {
+  try {
+    fn();
+    ADD_FAILURE() << "expected an error containing: " << needle;
+  } catch (const ::megabatch::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 inline std::string source_dir() { return MEGABATCH_SOURCE_DIR; }

@@ -104,36 +104,17 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
 }
 
 TEST(WordPiece, BadVocabularyNamesFileAndLine) {
+  using megabatch::testing::expect_error;
   TempDir dir;
   write_text(dir / "v.txt", "[PAD]\n[UNK]\nhello\n\nworld\n");
-  try {
-    WordPieceTokenizer tok(dir / "v.txt", true);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v.txt:4: empty token"), std::string::npos) << e.what();
-  }
+  expect_error([&] { WordPieceTokenizer(dir / "v.txt", true); }, "v.txt:4: empty token");
   write_text(dir / "v2.txt", "[PAD]\n[UNK]\nhello\nhello\n");
-  try {
-    WordPieceTokenizer tok(dir / "v2.txt", true);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("v2.txt:4: token \"hello\" appears twice"), std::string::npos) << e.what();
-  }
+  expect_error([&] { WordPieceTokenizer(dir / "v2.txt", true); }, "v2.txt:4: token \"hello\" appears twice");
   write_text(dir / "v3.txt", "[PAD]\n[UNK]\nhello\n");
-  try {
-    WordPieceTokenizer tok(dir / "v3.txt", true);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("has no [CLS]"), std::string::npos) << e.what();
-  }
-  try {
-    TokenizerOptions o;
-    o.type = "SentencePiece";
-    (void)make_tokenizer(o);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("unknown tokenizer type 'SentencePiece'"), std::string::npos);
-  }
+  expect_error([&] { WordPieceTokenizer(dir / "v3.txt", true); }, "has no [CLS]");
+  TokenizerOptions o;
+  o.type = "SentencePiece";
+  expect_error([&] { (void)make_tokenizer(o); }, "unknown tokenizer type 'SentencePiece'");
 }
 
 }  // namespace
