@@ -163,29 +163,29 @@ void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const
   }
   size_t n = piece.size();
   for (size_t i = 0; i < n; ++i) w[i] = byte_id_[static_cast<uint8_t>(piece[i])];
+  auto rank_of = [&](int32_t a, int32_t b) {
+    auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b));
+    return it == merges_.end() ? std::numeric_limits<uint64_t>::max() : it->second;
+  };
   while (n > 1) {
-    // The lowest-ranked adjacent pair...
+    // The lowest-ranked adjacent pair (a, b)...
     uint64_t best = std::numeric_limits<uint64_t>::max();
+    int32_t a = 0, b = 0;
     for (size_t i = 0; i + 1 < n; ++i) {
-      auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(w[i])) << 32) |
-                             static_cast<uint32_t>(w[i + 1]));
-      if (it != merges_.end() && it->second < best) best = it->second;
+      const uint64_t r = rank_of(w[i], w[i + 1]);
+      if (r < best) best = r, a = w[i], b = w[i + 1];
     }
     if (best == std::numeric_limits<uint64_t>::max()) break;
     // ...is merged at every occurrence, left to right, before ranks are looked at again.
     const auto merged = static_cast<int32_t>(best & 0xFFFFFFFFu);
     size_t o = 0;
     for (size_t i = 0; i < n;) {
-      if (i + 1 < n) {
-        auto it = merges_.find((static_cast<uint64_t>(static_cast<uint32_t>(w[i])) << 32) |
-                               static_cast<uint32_t>(w[i + 1]));
-        if (it != merges_.end() && it->second == best) {
-          w[o++] = merged;
-          i += 2;
-          continue;
-        }
+      if (i + 1 < n && w[i] == a && w[i + 1] == b) {
+        w[o++] = merged;
+        i += 2;
+      } else {
+        w[o++] = w[i++];
       }
-      w[o++] = w[i++];
     }
     n = o;
   }
