@@ -7,6 +7,7 @@
 
 #include "core/data/brown.h"
 #include "core/data/gpt2_tokenizer.h"
+#include "core/data/unicode.h"
 #include "core/util/error.h"
 #include "tests/unit/test_util.h"
 
@@ -89,6 +90,46 @@ TEST(Gpt2Tokenizer, MatchesJavaScriptReferenceOnBrownCorpusAndEdgeCases) {
   EXPECT_EQ(n, texts.size());
   EXPECT_EQ(mismatches, 0u) << "of " << n << " records";
   EXPECT_GT(ids, 1'000'000u);
+}
+
+// With GPT-2's own merges, merging every occurrence of the best pair per round and merging
+// one occurrence at a time give the same ids (a pair that involves a new token always
+// ranks after the merge that made it). A synthetic merge list where "ab a" outranks
+// "a b" tells the two apart: the reference, run on that list, merges "abab" to [ab, ab].
+TEST(Gpt2Tokenizer, MergesEveryOccurrenceOfTheBestPairLikeTheReference) {
+  MB_REQUIRE_ASSET("gpt-3-encoder/Encoder.js");
+  TempDir dir;
+  // GPT-2's byte alphabet: printable Latin-1 bytes as themselves, the rest from U+0100 up.
+  nlohmann::json enc = nlohmann::json::object();
+  int next = 256, id = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool direct = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE);
+    std::string u;
+    unicode::append_utf8(u, static_cast<char32_t>(direct ? b : next++));
+    enc[u] = id++;
+  }
+  enc["ab"] = id++;
+  enc["aba"] = id++;
+  enc["<|endoftext|>"] = id++;
+  write_text(dir / "encoder.json", enc.dump());
+  write_text(dir / "vocab.bpe", "#version: 0.2\nab a\na b\n");
+  std::filesystem::copy_file(asset_dir() / "gpt-3-encoder/Encoder.js", dir / "Encoder.js");
+  const std::vector<std::string> texts = {"abab", "ababab", "aab", "abba", "baba", "ab ab"};
+  std::string input;
+  for (const auto& t : texts) input += nlohmann::json(t).dump() + "\n";
+  write_text(dir / "in.jsonl", input);
+  const auto r = run_command("node " + megabatch::testing::source_dir() + "/tests/reference/gpt2_encode.js " +
+                             dir.path().string() + " " + (dir / "in.jsonl").string() + " " + (dir / "out.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Gpt2Tokenizer tok(dir / "encoder.json", dir / "vocab.bpe");
+  std::ifstream in(dir / "out.jsonl");
+  std::string line;
+  for (const auto& t : texts) {
+    ASSERT_TRUE(std::getline(in, line));
+    EXPECT_EQ(tok.encode(t), nlohmann::json::parse(line).get<std::vector<int32_t>>()) << t;
+  }
+  const int32_t ab = enc["ab"].get<int32_t>();
+  EXPECT_EQ(tok.encode("abab"), (std::vector<int32_t>{ab, ab}));
 }
 
 TEST(Gpt2Tokenizer, DecodeInvertsEncodeForArbitraryBytes) {

@@ -143,6 +143,7 @@ TEST(IndexedDataset, InterruptedBuildLeavesNoDataset) {
   }
   EXPECT_FALSE(std::filesystem::exists(dir / "partial.idx"));
   EXPECT_FALSE(std::filesystem::exists(dir / "partial.bin"));
+  EXPECT_FALSE(std::filesystem::exists(dir / "partial.bin.tmp")) << "an abandoned build removes its temporary";
   IndexedDatasetBuilder b(dir / "u16", DType::kU16);
   try {
     b.add_sequence(std::vector<int32_t>{70000});

@@ -2,6 +2,7 @@
 // determinism and exact resume.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -147,6 +148,74 @@ TEST(Loader, ResumedCursorYieldsTheSameBatches) {
   SampleCursor resumed;
   resumed.seek(saved);
   for (int b = 5; b < 12; ++b) EXPECT_EQ(batch(resumed, 7), expected[static_cast<size_t>(b)]) << "batch " << b;
+}
+
+// The order of samples is shuffled per epoch and by seed, and reproducible.
+TEST(SampleOrder, ShuffledPerEpochAndSeedAndReproducible) {
+  Synthetic syn(60, 5, 8, 6);
+  const BertOptions bo{32, 0.0, 0.15, true};
+  auto bert_order = [&](uint64_t seed, uint64_t epoch) {
+    BertSamples b(syn.ds, DocumentRange::all(*syn.ds), bo, bert_specials(), 1 << 30, seed);
+    std::vector<int> docs;  // the document of each sample's first A token
+    BertSample s;
+    for (uint64_t i = 0; i < b.samples_per_epoch(); ++i) {
+      b.get(epoch * b.samples_per_epoch() + i, s);
+      const int32_t t = s.loss_mask[1] ? s.labels[1] : s.tokens[1];
+      docs.push_back(std::get<0>(syn.where.at(t)));
+    }
+    return docs;
+  };
+  const auto e0 = bert_order(1, 0);
+  EXPECT_FALSE(std::is_sorted(e0.begin(), e0.end())) << "chunks are not served in document order";
+  EXPECT_NE(e0, bert_order(1, 1)) << "each epoch has its own order";
+  EXPECT_NE(e0, bert_order(2, 0)) << "the seed changes the order";
+  EXPECT_EQ(e0, bert_order(1, 0)) << "the same seed gives the same order";
+  auto gpt_starts = [&](uint64_t seed, uint64_t epoch) {
+    GptSamples g(syn.ds, DocumentRange::all(*syn.ds), 6, seed, 1 << 30);
+    std::vector<int32_t> firsts, w(7);
+    for (uint64_t i = 0; i < g.samples_per_epoch(); ++i) {
+      g.get(epoch * g.samples_per_epoch() + i, w.data());
+      firsts.push_back(w[0]);
+    }
+    return firsts;
+  };
+  const auto g0 = gpt_starts(1, 0);
+  EXPECT_FALSE(std::is_sorted(g0.begin(), g0.end()));
+  EXPECT_NE(g0, gpt_starts(1, 1));
+  EXPECT_NE(g0, gpt_starts(2, 0));
+  EXPECT_EQ(g0, gpt_starts(1, 0));
+}
+
+// Over-long pairs lose tokens from the front or the back of the longer segment, each
+// about half the time.
+TEST(BertSamples, TruncationCutsFrontAndBackAlike) {
+  Synthetic syn(80, 6, 30, 7);
+  const BertOptions bo{24, 0.0, 0.15, true};
+  BertSamples b(syn.ds, DocumentRange::all(*syn.ds), bo, bert_specials(), 1 << 30, 5);
+  int front = 0, back = 0;
+  BertSample s;
+  for (uint64_t i = 0; i < 3000; ++i) {
+    b.get(i, s);
+    std::vector<int32_t> seg;  // the original tokens of segment A
+    for (size_t p = 1; p < s.tokens.size(); ++p) {
+      const int32_t t = s.loss_mask[p] ? s.labels[p] : s.tokens[p];
+      if (t == bert_specials().sep && !s.loss_mask[p]) break;
+      seg.push_back(t);
+    }
+    if (seg.empty()) continue;
+    const auto [d0, s0, p0] = syn.where.at(seg.front());
+    const auto [d1, s1, p1] = syn.where.at(seg.back());
+    (void)d0, (void)d1, (void)s0;
+    const auto& doc = syn.doc_tokens[static_cast<size_t>(d1)];
+    const size_t pos_last = static_cast<size_t>(std::find(doc.begin(), doc.end(), seg.back()) - doc.begin());
+    front += p0 > 0;  // A does not start at a sentence start
+    back += pos_last + 1 < doc.size() && std::get<1>(syn.where.at(doc[pos_last + 1])) == s1 &&
+            std::get<0>(syn.where.at(doc[pos_last + 1])) == d1;  // A stops inside a sentence
+    (void)p1;
+  }
+  EXPECT_GT(front, 100);
+  EXPECT_GT(back, 100);
+  EXPECT_NEAR(static_cast<double>(front) / (front + back), 0.5, 0.1);
 }
 
 class BrownSamples : public ::testing::Test {
