@@ -181,6 +181,17 @@ TEST(SampleOrder, ShuffledPerEpochAndSeedAndReproducible) {
   };
   const auto g0 = gpt_starts(1, 0);
   EXPECT_FALSE(std::is_sorted(g0.begin(), g0.end()));
+  {  // windows of an epoch are shuffled too: consecutive samples are rarely adjacent windows
+    GptSamples g(syn.ds, DocumentRange::all(*syn.ds), 6, 1, 1 << 30);
+    std::vector<int32_t> a(7), b(7);
+    uint64_t adjacent = 0;
+    for (uint64_t i = 0; i + 1 < g.samples_per_epoch(); ++i) {
+      g.get(i, a.data());
+      g.get(i + 1, b.data());
+      adjacent += a[6] == b[0];  // b starts where a ended: the next window of the stream
+    }
+    EXPECT_LT(adjacent, g.samples_per_epoch() / 4);
+  }
   EXPECT_NE(g0, gpt_starts(1, 1));
   EXPECT_NE(g0, gpt_starts(2, 0));
   EXPECT_EQ(g0, gpt_starts(1, 0));
