@@ -62,6 +62,16 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
   const auto b2u = bytes_to_unicode();
   std::unordered_map<char32_t, uint8_t> u2b;
   for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
+  // A token's text in GPT-2's printable alphabet -> its raw bytes; false if it is not one.
+  auto to_bytes = [&](std::string_view tok, std::string& raw) {
+    raw.clear();
+    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
+      auto it = u2b.find(unicode::decode_utf8(tok, i, len));
+      if (it == u2b.end()) return false;
+      raw.push_back(static_cast<char>(it->second));
+    }
+    return true;
+  };
 
   // ---- encoder.json: {"token": id, ...}, ids dense from 0
   const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
@@ -86,15 +96,9 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
     const auto id = val.get<int32_t>();
     seen[static_cast<size_t>(id)] = true;
     std::string raw;
-    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
-      const char32_t c = unicode::decode_utf8(tok, i, len);
-      auto it = u2b.find(c);
-      if (it == u2b.end())
-        fail(encoder_json.string(), ": token \"", tok, "\" (id ", id,
-             ") holds a character outside GPT-2's byte alphabet");
-      raw.push_back(static_cast<char>(it->second));
-    }
-    if (tok == "<|endoftext|>") raw = tok, special_.eod = id;
+    if (!to_bytes(tok, raw))
+      fail(encoder_json.string(), ": token \"", tok, "\" (id ", id, ") holds a character outside GPT-2's byte alphabet");
+    if (tok == "<|endoftext|>") special_.eod = id;
     token_id.emplace(raw, id);
     id_bytes_[static_cast<size_t>(id)] = std::move(raw);
   }
@@ -113,13 +117,8 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
   merges_.reserve(60000);
   auto to_raw = [&](std::string_view tok, size_t line) {
     std::string raw;
-    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
-      const char32_t c = unicode::decode_utf8(tok, i, len);
-      auto it = u2b.find(c);
-      if (it == u2b.end())
-        fail(merges_path.string(), ":", line, ": \"", tok, "\" holds a character outside GPT-2's byte alphabet");
-      raw.push_back(static_cast<char>(it->second));
-    }
+    if (!to_bytes(tok, raw))
+      fail(merges_path.string(), ":", line, ": \"", tok, "\" holds a character outside GPT-2's byte alphabet");
     auto id = token_id.find(raw);
     if (id == token_id.end())
       fail(merges_path.string(), ":", line, ": \"", tok, "\" is not in ", encoder_json.string(),

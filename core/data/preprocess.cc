@@ -287,6 +287,9 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
   const auto t0 = Clock::now();
   const auto docs = read_brown(asset_path("brown"));
   uint64_t bytes = 0, sentences = 0;
+  std::vector<std::vector<std::string>> texts, sentence_lists;  // per document: {text}, its sentences
+  texts.reserve(docs.size());
+  sentence_lists.reserve(docs.size());
   {
     AtomicFile jsonl(dir / "brown.jsonl");
     for (const auto& d : docs) {
@@ -296,6 +299,8 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
       sentences += d.sentences.size();
       const std::string line =
           nlohmann::json{{"id", d.id}, {"category", d.category}, {"text", text}}.dump() + "\n";
+      texts.push_back({std::move(text)});
+      sentence_lists.push_back(d.sentences);
       jsonl.write(line.data(), line.size());
     }
     jsonl.commit();
@@ -303,21 +308,11 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
   log << "Brown corpus: " << docs.size() << " documents, " << sentences << " sentences, " << bytes
       << " bytes of de-tagged text -> " << (dir / "brown.jsonl").string() << std::endl;
 
-  auto build = [&](const fs::path& prefix, const std::string& type, bool by_sentence, bool eod) {
+  auto build = [&](const fs::path& prefix, const std::string& type,
+                   const std::vector<std::vector<std::string>>& input, bool eod) {
     TokenizerOptions to;
     to.type = type;
     const auto tok = make_tokenizer(to);
-    std::vector<std::vector<std::string>> input;
-    input.reserve(docs.size());
-    for (const auto& d : docs) {
-      if (by_sentence) {
-        input.push_back(d.sentences);
-      } else {
-        std::string text;
-        for (const auto& s : d.sentences) text += (text.empty() ? "" : " ") + s;
-        input.push_back({std::move(text)});
-      }
-    }
     std::vector<EncodedDocument> enc;
     encode_documents(*tok, input, eod, workers, enc);
     IndexedDatasetBuilder b(prefix, token_dtype(tok->vocab_size()));
@@ -330,8 +325,8 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
     log << "wrote " << prefix.string() << ".bin/.idx: " << type << ", " << b.num_sequences() << " sequences, "
         << tokens << " tokens" << std::endl;
   };
-  build(gpt, "GPT2BPETokenizer", false, true);
-  build(bert, "BertWordPieceLowerCase", true, false);
+  build(gpt, "GPT2BPETokenizer", texts, true);
+  build(bert, "BertWordPieceLowerCase", sentence_lists, false);
   log << "default dataset ready in " << dir.string() << " ("
       << std::chrono::duration<double>(Clock::now() - t0).count() << " s)" << std::endl;
 }

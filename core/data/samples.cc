@@ -99,15 +99,6 @@ std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange 
   return out;
 }
 
-// The chunk at `index` of the epoch-shuffled order, with its sentences read into `out`.
-const SentenceChunk& chunk_sentences(const IndexedDataset& ds, const std::vector<SentenceChunk>& chunks,
-                                     uint64_t seed, uint64_t index, int64_t vocab,
-                                     std::vector<std::vector<int32_t>>& out) {
-  const SentenceChunk& c = chunks[chunk_order(seed, chunks.size(), index)];
-  out.resize(c.end - c.first);
-  for (uint32_t s = c.first; s < c.end; ++s) out[s - c.first] = ds.sequence(s, vocab);
-  return c;
-}
 
 }  // namespace
 
@@ -170,12 +161,26 @@ void GptSamples::get(uint64_t index, int32_t* tokens) const {
   }
 }
 
+// ---------------------------------------------------------------- BERT and T5
+
+ChunkedSamples::ChunkedSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs,
+                               const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
+    : ds_(std::move(ds)), special_(special), vocab_size_(vocab_size), seed_(seed) {
+  check_range(*ds_, docs);
+}
+
+const SentenceChunk& ChunkedSamples::chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const {
+  const SentenceChunk& c = chunks_[chunk_order(seed_, chunks_.size(), index)];
+  out.resize(c.end - c.first);
+  for (uint32_t s = c.first; s < c.end; ++s) out[s - c.first] = ds_->sequence(s, vocab_size_);
+  return c;
+}
+
 // ---------------------------------------------------------------- BERT
 
 BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& o,
                          const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
-    : ds_(std::move(ds)), opt_(o), special_(special), vocab_size_(vocab_size), seed_(seed) {
-  check_range(*ds_, docs);
+    : ChunkedSamples(std::move(ds), docs, special, vocab_size, seed), opt_(o) {
   if (o.seq_length < 5) fail("BERT samples: seq_length must be at least 5, got ", o.seq_length);
   if (special.cls < 0 || special.sep < 0 || special.mask < 0 || special.pad < 0)
     fail("BERT samples need [CLS], [SEP], [MASK] and [PAD]; use a WordPiece tokenizer (BertWordPieceLowerCase)");
@@ -189,7 +194,7 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange
 
 void BertSamples::get(uint64_t index, BertSample& out) const {
   std::vector<std::vector<int32_t>> sent;
-  const SentenceChunk& c = chunk_sentences(*ds_, chunks_, seed_, index, vocab_size_, sent);
+  const SentenceChunk& c = chunk(index, sent);
   PhiloxStream rng(mix_key(seed_, kBertSample), index);
   const size_t ns = sent.size();
   size_t a_end = 1;
@@ -272,9 +277,8 @@ void t5_counts(int32_t n, const T5Options& o, int32_t& noise, int32_t& spans) {
 }  // namespace
 
 T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const T5Options& o,
-                     const SpecialTokens& special, uint64_t seed, int64_t vocab_size)
-    : ds_(std::move(ds)), opt_(o), special_(special), seed_(seed), vocab_size_(vocab_size) {
-  check_range(*ds_, docs);
+                     const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
+    : ChunkedSamples(std::move(ds), docs, special, vocab_size, seed), opt_(o) {
   if (special.bos < 0 || special.eos < 0 || special.pad < 0 || special.num_sentinels < 1)
     fail("T5 samples need [BOS], [EOS], [PAD] and sentinel tokens; use a WordPiece tokenizer with "
          "--vocab-extra-ids 100");
@@ -297,7 +301,7 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
 
 void T5Samples::get(uint64_t index, T5Sample& out) const {
   std::vector<std::vector<int32_t>> sent;
-  const SentenceChunk& c = chunk_sentences(*ds_, chunks_, seed_, index, vocab_size_, sent);
+  const SentenceChunk& c = chunk(index, sent);
   PhiloxStream rng(mix_key(seed_, kT5Sample), index);
   std::vector<int32_t> tokens;
   for (const auto& s : sent) tokens.insert(tokens.end(), s.begin(), s.end());

@@ -65,6 +65,25 @@ struct SentenceChunk {
   uint32_t first, end, target;
 };
 
+// The common part of BERT and T5 samples: sentence chunks served in an epoch-shuffled
+// order, each sample's randomness keyed by its index.
+class ChunkedSamples {
+ public:
+  uint64_t samples_per_epoch() const { return chunks_.size(); }
+
+ protected:
+  ChunkedSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const SpecialTokens& special,
+                 int64_t vocab_size, uint64_t seed);
+  // The chunk of sample `index`, its sentences read into `out` (ids checked against the vocabulary).
+  const SentenceChunk& chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const;
+
+  std::shared_ptr<const IndexedDataset> ds_;
+  SpecialTokens special_;
+  int64_t vocab_size_;
+  uint64_t seed_;
+  std::vector<SentenceChunk> chunks_;
+};
+
 // ---------------------------------------------------------------- BERT
 
 struct BertOptions {
@@ -88,20 +107,14 @@ struct BertSample {
 // a chunk is split at a random sentence into A and B, swapped with probability 0.5, and
 // truncated (randomly from the front or back of the longer part) to the target length;
 // 15% of the tokens are masked: 80% [MASK], 10% a random token, 10% unchanged.
-class BertSamples {
+class BertSamples : public ChunkedSamples {
  public:
   BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& options,
               const SpecialTokens& special, int64_t vocab_size, uint64_t seed);
-  uint64_t samples_per_epoch() const { return chunks_.size(); }
   void get(uint64_t index, BertSample& out) const;
 
  private:
-  std::shared_ptr<const IndexedDataset> ds_;
   BertOptions opt_;
-  SpecialTokens special_;
-  int64_t vocab_size_;
-  uint64_t seed_;
-  std::vector<SentenceChunk> chunks_;
 };
 
 // ---------------------------------------------------------------- T5
@@ -130,22 +143,16 @@ struct T5Sample {
 // are corrupted in round(noise / 3) spans whose lengths (and the gaps between them) are
 // a uniformly random composition; the longest n whose corrupted forms fit the encoder
 // and decoder lengths is used.
-class T5Samples {
+class T5Samples : public ChunkedSamples {
  public:
   T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const T5Options& options,
-            const SpecialTokens& special, uint64_t seed, int64_t vocab_size);
-  uint64_t samples_per_epoch() const { return chunks_.size(); }
+            const SpecialTokens& special, int64_t vocab_size, uint64_t seed);
   int max_raw_length() const { return max_raw_; }
   void get(uint64_t index, T5Sample& out) const;
 
  private:
-  std::shared_ptr<const IndexedDataset> ds_;
   T5Options opt_;
-  SpecialTokens special_;
-  uint64_t seed_;
-  int64_t vocab_size_;
   int max_raw_ = 0;
-  std::vector<SentenceChunk> chunks_;
 };
 
 // Splits n items into k non-empty segments uniformly at random (T5's random

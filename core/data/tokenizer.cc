@@ -21,6 +21,4 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
        "'; expected GPT2BPETokenizer, BertWordPieceLowerCase or BertWordPieceCase");
 }
 
-bool fits_uint16(int64_t vocab_size) { return vocab_size < 65500; }
-
 }  // namespace megabatch::data

@@ -52,9 +52,6 @@ class Tokenizer {
   SpecialTokens special_;
 };
 
-class Gpt2Tokenizer;
-class WordPieceTokenizer;
-
 struct TokenizerOptions {
   std::string type = "GPT2BPETokenizer";  // or BertWordPieceLowerCase, BertWordPieceCase
   std::filesystem::path vocab_file;        // empty: the asset cache's file for `type`
@@ -64,8 +61,5 @@ struct TokenizerOptions {
 
 // Builds a tokenizer; throws Error naming the file and line for a bad vocabulary.
 std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& options);
-
-// Dataset token dtype as Megatron chooses it: uint16 below 65500 entries, else int32.
-bool fits_uint16(int64_t vocab_size);
 
 }  // namespace megabatch::data

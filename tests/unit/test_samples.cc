@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 
 #include "core/data/preprocess.h"
@@ -99,7 +100,7 @@ TEST(BertAndT5Samples, DatasetsWithoutUsableDocumentsAreClearErrors) {
                "no BERT sample can be built from the selected 6 documents (each needs at least 2 sentences)");
   expect_error([&] { BertSamples(one_sentence_docs.ds, DocumentRange{2, 9}, BertOptions{}, bert_specials(), 1 << 30, 1); },
                "document range [2, 9) is outside the dataset's 6 documents");
-  expect_error([&] { T5Samples(one_sentence_docs.ds, DocumentRange{3, 3}, T5Options{}, bert_specials(), 1, 1 << 30); },
+  expect_error([&] { T5Samples(one_sentence_docs.ds, DocumentRange{3, 3}, T5Options{}, bert_specials(), 1 << 30, 1); },
                "no T5 sample can be built from the selected 0 documents");
   SpecialTokens gpt2_like;
   gpt2_like.eod = 50256;
@@ -340,7 +341,7 @@ TEST_F(BrownSamples, BertSamplesStayInsideOneDocument) {
 TEST_F(BrownSamples, T5SpanCorruptionStatisticsAndReconstruction) {
   const T5Options to{512, 128, 0.15, 3.0, 0.1};
   const auto& sp = tok_->special();
-  T5Samples t5(ds_, DocumentRange::all(*ds_), to, sp, 11, tok_->vocab_size());
+  T5Samples t5(ds_, DocumentRange::all(*ds_), to, sp, tok_->vocab_size(), 11);
   // 569 raw tokens: 85 corrupted in 28 spans leave 569 - 85 + 28 = 512 encoder tokens (no
   // encoder [EOS], as in Megatron) and 85 + 28 + 1 = 114 decoder tokens.
   EXPECT_EQ(t5.max_raw_length(), 569);
