@@ -86,6 +86,23 @@ MB_HOST_DEVICE inline uint64_t mix_key(uint64_t a, uint64_t b) {
   return z ^ (z >> 31);
 }
 
+// A 64-bit key from a name (FNV-1a), e.g. to key a parameter's random stream by its name.
+inline uint64_t name_key(const char* s, size_t n) {
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<unsigned char>(s[i])) * 1099511628211ull;
+  return h;
+}
+
+// A standard normal draw that is a pure function of (key, index): Box-Muller over the
+// Philox block of counter index / 2, the cosine branch for even and the sine for odd.
+MB_HOST_DEVICE inline double philox_normal(uint64_t key, uint64_t index) {
+  const Philox4x32::Block r = Philox4x32::generate(key, 0, index / 2);
+  const double u1 = (static_cast<double>(((uint64_t{r[0]} << 32) | r[1]) >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(((uint64_t{r[2]} << 32) | r[3]) >> 11) * 0x1.0p-53;
+  const double rad = std::sqrt(-2.0 * std::log(u1)), ang = 6.283185307179586476925 * u2;
+  return rad * (index % 2 == 0 ? std::cos(ang) : std::sin(ang));
+}
+
 // Fisher-Yates shuffle of [first, first + n) driven by a Philox stream.
 template <typename T>
 void philox_shuffle(T* first, uint64_t n, PhiloxStream& rng) {

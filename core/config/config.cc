@@ -1,0 +1,249 @@
+#include "core/config/config.h"
+
+#include <cmath>
+#include <sstream>
+
+#include "core/util/error.h"
+#include "core/util/files.h"
+#include "core/util/strings.h"
+
+namespace megabatch::config {
+using nlohmann::json;
+
+namespace {
+std::string flag_of(const std::string& name) {
+  std::string f = "--" + name;
+  for (char& c : f)
+    if (c == '_') c = '-';
+  return f;
+}
+std::string name_of(std::string flag) {
+  flag = flag.substr(2);
+  for (char& c : flag)
+    if (c == '-') c = '_';
+  return flag;
+}
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::kInt: return "an integer";
+    case Type::kFloat: return "a number";
+    case Type::kString: return "a string";
+    case Type::kBool: return "true or false";
+    case Type::kIntList: return "a list of integers";
+    case Type::kStringList: return "a list of strings";
+    case Type::kObject: return "an object";
+  }
+  return "?";
+}
+
+// Checks (and normalizes) a JSON value for option o; `where` is the JSON path or flag.
+json typed(const Option& o, const json& v, const std::string& where) {
+  auto bad = [&]() { fail(where, ": expected ", type_name(o.type), ", got ", v.dump()); };
+  switch (o.type) {
+    case Type::kInt:
+      if (v.is_number_integer()) return v;
+      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return json(v.get<int64_t>());
+      bad();
+      break;
+    case Type::kFloat:
+      if (v.is_number()) return json(v.get<double>());
+      bad();
+      break;
+    case Type::kString:
+      if (v.is_string()) return v;
+      bad();
+      break;
+    case Type::kBool:
+      if (v.is_boolean()) return v;
+      bad();
+      break;
+    case Type::kIntList:
+    case Type::kStringList: {
+      json arr = v.is_array() ? v : json::array({v});
+      for (const auto& e : arr)
+        if (o.type == Type::kIntList ? !e.is_number_integer() : !e.is_string()) bad();
+      return arr;
+    }
+    case Type::kObject:
+      if (v.is_object()) return v;
+      bad();
+      break;
+  }
+  return v;
+}
+
+// A flag's text value as JSON of the option's type.
+json parse_text(const Option& o, const std::string& text, const std::string& where) {
+  auto number = [&](bool integer) -> json {
+    size_t used = 0;
+    try {
+      if (integer) {
+        const long long x = std::stoll(text, &used);
+        if (used == text.size()) return json(static_cast<int64_t>(x));
+      } else {
+        const double x = std::stod(text, &used);
+        if (used == text.size()) return json(x);
+      }
+    } catch (const std::exception&) {
+    }
+    fail(where, ": expected ", integer ? "an integer" : "a number", ", got '", text, "'");
+  };
+  switch (o.type) {
+    case Type::kInt: return number(true);
+    case Type::kFloat: return number(false);
+    case Type::kBool:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      fail(where, ": expected true or false, got '", text, "'");
+    default: return json(text);
+  }
+}
+}  // namespace
+
+const Option* Schema::find(const std::string& name) const {
+  for (const auto& o : options_)
+    if (o.name == name) return &o;
+  return nullptr;
+}
+
+std::vector<std::string> Schema::names() const {
+  std::vector<std::string> n;
+  for (const auto& o : options_) n.push_back(o.name);
+  return n;
+}
+
+std::string Schema::help() const {
+  std::ostringstream os;
+  std::string group;
+  for (const auto& o : options_) {
+    if (o.group != group) {
+      group = o.group;
+      os << "\n" << group << ":\n";
+    }
+    std::string left = "  " + flag_of(o.name);
+    if (o.type != Type::kBool) left += o.type == Type::kObject ? " KEY=VALUE" : " " + std::string(o.type == Type::kIntList || o.type == Type::kStringList ? "V..." : "V");
+    if (left.size() < 34) left.resize(34, ' ');
+    else left += "  ";
+    os << left << o.help;
+    if (!o.default_value.is_null() && !(o.type == Type::kBool && !o.default_value.get<bool>()))
+      os << " (default " << o.default_value.dump() << ")";
+    os << "\n";
+  }
+  return os.str();
+}
+
+Resolved resolve_json(const Schema& schema, const json& j, const std::string& where) {
+  Resolved r;
+  for (const auto& o : schema.options())
+    if (!o.default_value.is_null()) r.values[o.name] = o.default_value;
+  check(j.is_object(), where, ": expected a JSON object of options");
+  for (const auto& [key, v] : j.items()) {
+    const Option* o = schema.find(key);
+    if (!o) fail(where, ": unknown option '", key, "'", did_you_mean(key, schema.names()));
+    if (o->name == "config") fail(where, ": 'config' cannot appear inside a config file");
+    r.values[key] = typed(*o, v, where + "." + key);
+    r.explicit_.insert(key);
+  }
+  return r;
+}
+
+Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
+  // Locate --config first: the file is the base, flags override it.
+  json file_values = json::object();
+  std::string file_where;
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--config" || a.rfind("--config=", 0) == 0) {
+      std::string path;
+      if (a == "--config") {
+        check(i + 1 < argc, "--config: expected a file name");
+        path = argv[i + 1];
+      } else {
+        path = a.substr(9);
+      }
+      const std::string text = read_file(path, "config file");
+      try {
+        file_values = json::parse(text);
+      } catch (const json::parse_error& e) {
+        fail(path, ": not valid JSON (", e.what(), ")");
+      }
+      file_where = path;
+    }
+  }
+  Resolved r = resolve_json(schema, file_values, file_where.empty() ? "config" : file_where);
+  if (!file_where.empty()) r.values["config"] = file_where;
+
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      r.help = true;
+      continue;
+    }
+    check(a.rfind("--", 0) == 0 && a.size() > 2, "unexpected argument '", a, "'; options start with --");
+    std::string value;
+    bool has_inline = false;
+    if (const size_t eq = a.find('='); eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_inline = true;
+    }
+    const std::string name = name_of(a);
+    const Option* o = schema.find(name);
+    if (!o) {
+      std::vector<std::string> flags;
+      for (const auto& n : schema.names()) flags.push_back(flag_of(n).substr(2));
+      fail("unknown option ", a, did_you_mean(a.substr(2), flags, "--"), " (see --help)");
+    }
+    if (name == "config") {
+      if (!has_inline) ++i;
+      continue;
+    }
+    auto next_value = [&]() -> std::string {
+      if (has_inline) return value;
+      check(i + 1 < argc, a, ": expected a value");
+      return argv[++i];
+    };
+    switch (o->type) {
+      case Type::kBool:
+        r.values[name] = has_inline ? parse_text(*o, value, a) : json(true);
+        break;
+      case Type::kIntList:
+      case Type::kStringList: {
+        json arr = json::array();
+        if (has_inline) {
+          arr.push_back(value);
+        } else {
+          while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) arr.push_back(std::string(argv[++i]));
+        }
+        check(!arr.empty(), a, ": expected at least one value");
+        if (o->type == Type::kIntList) {
+          Option scalar = *o;
+          scalar.type = Type::kInt;
+          for (auto& e : arr) e = parse_text(scalar, e.get<std::string>(), a);
+        }
+        r.values[name] = arr;
+        break;
+      }
+      case Type::kObject: {
+        const std::string kv = next_value();
+        const size_t eq = kv.find('=');
+        check(eq != std::string::npos && eq > 0, a, ": expected KEY=VALUE, got '", kv, "'");
+        json v;
+        try {
+          v = json::parse(kv.substr(eq + 1));
+        } catch (const json::parse_error&) {
+          v = kv.substr(eq + 1);
+        }
+        if (!r.values.contains(name) || !r.values[name].is_object()) r.values[name] = json::object();
+        r.values[name][kv.substr(0, eq)] = v;
+        break;
+      }
+      default:
+        r.values[name] = parse_text(*o, next_value(), a);
+    }
+    r.explicit_.insert(name);
+  }
+  return r;
+}
+
+}  // namespace megabatch::config

@@ -1,0 +1,113 @@
+#include "core/io/metrics.h"
+
+#include <hdf5.h>
+
+#include <cstring>
+
+#include "core/util/error.h"
+
+namespace megabatch::io {
+namespace {
+
+struct Handle {  // closes an HDF5 id with the matching function
+  hid_t id;
+  herr_t (*close)(hid_t);
+  Handle(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
+  ~Handle() {
+    if (id >= 0) close(id);
+  }
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+};
+
+void silence_hdf5() {
+  static bool done = [] {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    return true;
+  }();
+  (void)done;
+}
+
+void write_attr(hid_t loc, const std::string& name, const nlohmann::json& v, const std::string& file) {
+  if (v.is_number_integer() || v.is_boolean()) {
+    const int64_t x = v.is_boolean() ? (v.get<bool>() ? 1 : 0) : v.get<int64_t>();
+    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    Handle a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_INT64, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    check(a.id >= 0 && H5Awrite(a.id, H5T_NATIVE_INT64, &x) >= 0, file, ": cannot write attribute ", name);
+  } else if (v.is_number()) {
+    const double x = v.get<double>();
+    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    Handle a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_DOUBLE, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    check(a.id >= 0 && H5Awrite(a.id, H5T_NATIVE_DOUBLE, &x) >= 0, file, ": cannot write attribute ", name);
+  } else {
+    const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+    H5Tset_size(type.id, s.empty() ? 1 : s.size());
+    H5Tset_strpad(type.id, H5T_STR_NULLTERM);
+    H5Tset_cset(type.id, H5T_CSET_UTF8);
+    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+    Handle a(H5Acreate2(loc, name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+    check(a.id >= 0 && H5Awrite(a.id, type.id, s.empty() ? "" : s.c_str()) >= 0, file, ": cannot write attribute ",
+          name);
+  }
+}
+
+}  // namespace
+
+MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& config) : path_(std::move(path)) {
+  silence_hdf5();
+  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  Handle f(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, path_.string(), ": cannot create the metrics file (check the directory exists and is writable)");
+  write_attr(f.id, "config", config.dump(), path_.string());
+  for (const auto& [k, v] : config.items())
+    if (v.is_primitive() && !v.is_null()) write_attr(f.id, k, v, path_.string());
+  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush");
+}
+
+MetricsFile::~MetricsFile() {
+  try {
+    flush();
+  } catch (const std::exception&) {
+  }
+}
+
+void MetricsFile::append(const std::string& series, double value) { pending_[series].push_back(value); }
+
+void MetricsFile::flush() {
+  if (pending_.empty()) return;
+  Handle f(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, path_.string(), ": cannot reopen the metrics file to append (was it removed or moved?)");
+  for (auto& [series, values] : pending_) {
+    if (values.empty()) continue;
+    const hsize_t n = values.size();
+    hid_t d = -1;
+    if (H5Lexists(f.id, series.c_str(), H5P_DEFAULT) > 0) {
+      d = H5Dopen2(f.id, series.c_str(), H5P_DEFAULT);
+    } else {
+      Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+      H5Pset_create_intermediate_group(lcpl.id, 1);
+      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = 1024;
+      Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+      Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+      H5Pset_chunk(dcpl.id, 1, &chunk);
+      d = H5Dcreate2(f.id, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
+    }
+    Handle ds(d, H5Dclose);
+    check(ds.id >= 0, path_.string(), ": cannot open or create series ", series);
+    Handle old_space(H5Dget_space(ds.id), H5Sclose);
+    hsize_t old = 0;
+    H5Sget_simple_extent_dims(old_space.id, &old, nullptr);
+    const hsize_t total = old + n;
+    check(H5Dset_extent(ds.id, &total) >= 0, path_.string(), ": cannot extend series ", series);
+    Handle space(H5Dget_space(ds.id), H5Sclose);
+    H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &old, nullptr, &n, nullptr);
+    Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
+    check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, values.data()) >= 0, path_.string(),
+          ": cannot write series ", series, " (disk full?)");
+  }
+  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush (disk full?)");
+  pending_.clear();
+}
+
+}  // namespace megabatch::io

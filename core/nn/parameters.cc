@@ -1,0 +1,105 @@
+#include "core/nn/parameters.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/util/error.h"
+#include "core/util/philox.h"
+
+namespace megabatch::nn {
+
+const char* role_name(Role r) {
+  switch (r) {
+    case Role::kEmbedding: return "embedding";
+    case Role::kWeight: return "weight";
+    case Role::kBias: return "bias";
+    case Role::kNorm: return "norm";
+  }
+  return "?";
+}
+
+int64_t ParamInfo::full_numel() const {
+  int64_t n = 1;
+  for (int64_t d : full_shape) n *= d;
+  return n;
+}
+
+int64_t ParamInfo::full_index(int64_t i) const {
+  if (!sharding.sharded) return i;
+  if (shape.size() == 1) return sharding.tp_rank * shape[0] + i;
+  const int64_t cols = shape[1], r = i / cols, c = i % cols;
+  if (sharding.partition_dim == 0) return (sharding.tp_rank * shape[0] + r) * full_shape[1] + c;
+  return r * full_shape[1] + sharding.tp_rank * cols + c;
+}
+
+int ParameterStore::add(ParamSpec spec) {
+  check(!finalized_, "parameter '", spec.name, "' declared after the parameter store was finalized");
+  check(find(spec.name) < 0, "parameter '", spec.name, "' declared twice");
+  check(!spec.full_shape.empty() && spec.full_shape.size() <= 2, "parameter '", spec.name,
+        "': 1 or 2 dimensions expected");
+  ParamInfo p;
+  static_cast<ParamSpec&>(p) = std::move(spec);
+  p.shape = p.full_shape;
+  if (p.sharding.sharded) {
+    const int d = p.sharding.partition_dim;
+    check(d >= 0 && d < static_cast<int>(p.shape.size()), "parameter '", p.name, "': bad partition dim ", d);
+    check(p.shape[d] % p.sharding.tp_size == 0, "parameter '", p.name, "': dimension ", d, " (", p.shape[d],
+          ") is not divisible by the tensor-parallel size ", p.sharding.tp_size);
+    p.shape[d] /= p.sharding.tp_size;
+  }
+  p.numel = 1;
+  for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
+  p.offset = next_offset_;
+  next_offset_ += (p.numel + 15) / 16 * 16;
+  infos_.push_back(std::move(p));
+  return static_cast<int>(infos_.size() - 1);
+}
+
+void ParameterStore::finalize() {
+  check(!finalized_, "parameter store finalized twice");
+  params_.resize({static_cast<int64_t>(next_offset_)});
+  grads_.resize({static_cast<int64_t>(next_offset_)});
+  finalized_ = true;
+}
+
+
+void ParameterStore::initialize(uint64_t seed) {
+  check(finalized_, "initialize() before finalize()");
+  for (size_t id = 0; id < infos_.size(); ++id) {
+    const ParamInfo& p = infos_[id];
+    float* w = param(static_cast<int>(id));
+    if (p.init.kind == Init::kZeros) {
+      std::memset(w, 0, p.numel * sizeof(float));
+    } else if (p.init.kind == Init::kOnes) {
+      for (size_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
+    } else {
+      const uint64_t key = mix_key(seed, name_key(p.name.data(), p.name.size()));
+#pragma omp parallel for schedule(static) if (p.numel > 65536)
+      for (int64_t i = 0; i < static_cast<int64_t>(p.numel); ++i) {
+        w[i] = static_cast<float>(p.init.std * philox_normal(key, static_cast<uint64_t>(p.full_index(i))));
+      }
+    }
+  }
+}
+
+int ParameterStore::find(const std::string& name) const {
+  for (size_t i = 0; i < infos_.size(); ++i)
+    if (infos_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+int64_t ParameterStore::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : infos_) n += static_cast<int64_t>(p.numel);
+  return n;
+}
+
+int64_t ParameterStore::num_full_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : infos_) n += p.full_numel();
+  return n;
+}
+
+void ParameterStore::zero_grad() { grads_.zero(); }
+
+}  // namespace megabatch::nn

@@ -1,0 +1,35 @@
+// Scaled dot-product softmax attention over a fused QKV activation.
+//
+// qkv is (B, T, H, 3, D): for each token and head, q, k and v of head size D side by side
+// (Megatron's interleaved layout, so splitting the QKV projection by columns gives each
+// tensor-parallel rank whole heads). out is (B, T, H, D); probs (B, H, T, T) are the
+// softmax probabilities saved for backward (before dropout).
+// Masks: causal (key j > query i masked) and/or key padding (key_mask (B, T), 0 = pad).
+// A query row whose keys are all masked gets probabilities 0, so its output is 0 and its
+// gradient is 0.
+#pragma once
+
+#include <cstdint>
+
+#include "core/ops/dropout.h"
+
+namespace megabatch::ops {
+
+struct AttentionShape {
+  int64_t B = 0, T = 0, H = 0, D = 0;
+  bool causal = true;
+  int64_t head_offset = 0;  // global index of head 0 (tensor parallelism), for dropout
+  int64_t total_heads = 0;  // heads over all ranks (0 = H)
+};
+
+// dropout may be null (or p == 0): no attention dropout.
+template <typename T>
+void attention_forward(T* out, T* probs, const T* qkv, const uint8_t* key_mask, const AttentionShape& s,
+                       const DropoutKey* dropout);
+
+// dqkv += gradient of the loss with respect to qkv.
+template <typename T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, const uint8_t* key_mask,
+                        const AttentionShape& s, const DropoutKey* dropout);
+
+}  // namespace megabatch::ops

@@ -1,0 +1,94 @@
+// The host side of optimizer plugins: finding and loading a plugin library with
+// Boost.DLL, checking its ABI version and hyperparameters, and driving its optimizer
+// over the run's parameters with host-owned state.
+#pragma once
+
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/comm/communicator.h"
+#include "core/nn/parameters.h"
+#include "core/optim/plugin.h"
+#include "core/tensor/tensor.h"
+
+namespace boost::dll {
+class shared_library;
+}
+
+namespace megabatch::optim {
+
+// A loaded plugin library. Copies share the library handle; the library stays loaded
+// while any copy, or any optimizer created from it, lives.
+struct Plugin {
+  std::shared_ptr<boost::dll::shared_library> library;
+  const mb_plugin_entry* entry = nullptr;
+  std::filesystem::path path;
+  std::string name() const { return entry->name; }
+};
+
+// Directories searched, in order: `extra` (--plugin-path), $MEGABATCH_PLUGIN_PATH
+// (colon-separated), and <dir of this program>/../lib/megabatch/plugins.
+std::vector<std::filesystem::path> plugin_search_path(const std::vector<std::string>& extra = {});
+// The file a plugin named `name` lives in: megabatch_<name>.so.
+std::string plugin_file_name(const std::string& name);
+// Plugins found on the search path: name -> file.
+std::map<std::string, std::filesystem::path> available_plugins(const std::vector<std::filesystem::path>& search);
+// Loads plugin `name` from the search path. Errors: unknown name (listing those
+// available and where they were searched), missing entry symbol, wrong ABI version
+// (both versions named), entry name differing from the file name.
+Plugin load_plugin(const std::string& name, const std::vector<std::filesystem::path>& search);
+Plugin load_plugin_file(const std::filesystem::path& path);
+
+// Hyperparameters in schema order from a JSON object {name: value}; missing ones take
+// the schema default. Errors name `where` (e.g. "optimizer_params") and the key: unknown
+// name (with the nearest and the schema), wrong type, out of range.
+std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& values, const std::string& where);
+// The schema as text (for --help and error messages).
+std::string describe_hparams(const Plugin& plugin);
+
+// A plugin optimizer bound to the parameters of a ParameterStore.
+class PluginOptimizer {
+ public:
+  using MetricSink = std::function<void(const std::string& series, size_t param_index, double value)>;
+  using LogSink = std::function<void(const std::string&)>;
+
+  PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp, const std::vector<double>& hparams,
+                  uint64_t seed, MetricSink metrics = {}, LogSink log = {});
+  ~PluginOptimizer();
+  PluginOptimizer(const PluginOptimizer&) = delete;
+  PluginOptimizer& operator=(const PluginOptimizer&) = delete;
+
+  // One step; an Error carrying the plugin's message when it fails.
+  void step(int64_t step, double lr, int64_t global_batch);
+  const Plugin& plugin() const { return plugin_; }
+  // Optimizer state by (parameter name, state name), for checkpoints and tests.
+  const std::map<std::pair<std::string, std::string>, Tensor>& state() const { return state_; }
+
+ private:
+  static float* alloc_state(void* ctx, size_t index, const char* name);
+  static void tp_sum(void* ctx, double* values, size_t n);
+  static void normal(void* ctx, size_t index, int64_t step, float* out, size_t n);
+  static void metric(void* ctx, const char* series, size_t index, double value);
+  static void log(void* ctx, const char* message);
+
+  Plugin plugin_;
+  nn::ParameterStore* store_;
+  comm::Communicator* tp_;
+  uint64_t seed_;
+  MetricSink metrics_;
+  LogSink log_;
+  std::vector<mb_param> params_;
+  std::map<std::pair<std::string, std::string>, Tensor> state_;
+  bool creating_ = false;
+  std::string host_error_;
+  mb_host host_{};
+  void* self_ = nullptr;
+};
+
+}  // namespace megabatch::optim

@@ -1,0 +1,50 @@
+// The interface between the one training loop and a model (GPT, later BERT and T5).
+// A model declares its parameters in a ParameterStore, computes the loss of a
+// micro-batch in forward and accumulates parameter gradients in backward.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/nn/parameters.h"
+
+namespace megabatch::train {
+
+inline constexpr int32_t kIgnoreLabel = -1;
+
+// One micro-batch, (B, T) row-major.
+struct Batch {
+  int64_t batch = 0, seq = 0;
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> labels;        // kIgnoreLabel = no loss at this position
+  std::vector<uint8_t> padding_mask;  // 1 = real token; empty = no padding
+};
+
+// Where in training a forward pass happens: the dropout masks are keyed by it.
+struct StepContext {
+  uint64_t seed = 0;
+  int64_t iteration = 0;
+  int64_t micro_batch = 0;
+  bool training = true;  // false: no dropout
+};
+
+struct LossOutput {
+  double loss_sum = 0;  // summed per-token loss
+  int64_t count = 0;    // tokens that carry a loss
+  double mean() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual nn::ParameterStore& parameters() = 0;
+  // Computes the loss. With grad_scale != 0 it also prepares backward for the objective
+  // grad_scale * (mean loss over the batch's counted tokens).
+  virtual LossOutput forward(const Batch& batch, const StepContext& ctx, float grad_scale) = 0;
+  // Accumulates into parameters().grads(); after a forward with grad_scale != 0.
+  virtual void backward() = 0;
+  virtual std::string summary() const = 0;
+};
+
+}  // namespace megabatch::train

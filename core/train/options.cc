@@ -1,0 +1,71 @@
+#include "core/train/options.h"
+
+namespace megabatch::train {
+using config::Option;
+using config::Type;
+using nlohmann::json;
+
+const config::Schema& train_schema() {
+  static const config::Schema schema("train", {
+      {"config", Type::kString, nullptr, "JSON file of options (snake_case keys); flags override it", "run"},
+      {"model", Type::kString, nullptr, "model preset (gpt-mini, gpt2-124m, gpt-1.7b, ...; see --list-models)", "run"},
+      {"list_models", Type::kBool, false, "print the model presets and exit", "run"},
+      {"print_params", Type::kBool, false, "print parameter count and memory estimate, then exit", "run"},
+      {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
+      {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
+      {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
+
+      {"num_layers", Type::kInt, nullptr, "transformer layers", "model"},
+      {"hidden_size", Type::kInt, nullptr, "hidden size", "model"},
+      {"num_attention_heads", Type::kInt, nullptr, "attention heads", "model"},
+      {"ffn_hidden_size", Type::kInt, nullptr, "MLP hidden size (default 4 x hidden)", "model"},
+      {"seq_length", Type::kInt, nullptr, "sequence length", "model"},
+      {"max_position_embeddings", Type::kInt, nullptr, "position embeddings (default seq_length)", "model"},
+      {"hidden_dropout", Type::kFloat, 0.1, "dropout after attention and MLP outputs and embeddings", "model"},
+      {"attention_dropout", Type::kFloat, 0.1, "dropout of attention probabilities", "model"},
+      {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
+      {"make_vocab_size_divisible_by", Type::kInt, 128, "pad the vocabulary to a multiple of this x TP", "model"},
+      {"tensor_model_parallel_size", Type::kInt, 1, "tensor-parallel ranks", "model"},
+
+      {"micro_batch_size", Type::kInt, 8, "samples per forward/backward pass", "batch"},
+      {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size)", "batch"},
+      {"train_iters", Type::kInt, nullptr, "optimizer steps (or --train-samples)", "batch"},
+      {"train_samples", Type::kInt, nullptr, "samples to train on (or --train-iters)", "batch"},
+
+      {"lr", Type::kFloat, nullptr, "peak learning rate (before the scaling rule)", "learning rate"},
+      {"min_lr", Type::kFloat, 0.0, "learning rate at the end of decay", "learning rate"},
+      {"lr_decay_style", Type::kString, "linear", "constant, linear, cosine, inverse-square-root, polynomial", "learning rate"},
+      {"lr_decay_power", Type::kFloat, 1.0, "power of the polynomial decay", "learning rate"},
+      {"lr_decay_iters", Type::kInt, nullptr, "decay over this many iterations (default train_iters)", "learning rate"},
+      {"lr_decay_samples", Type::kInt, nullptr, "decay over this many samples (with --train-samples)", "learning rate"},
+      {"lr_warmup_iters", Type::kInt, 0, "linear warmup iterations", "learning rate"},
+      {"lr_warmup_samples", Type::kInt, 0, "linear warmup samples", "learning rate"},
+      {"lr_warmup_fraction", Type::kFloat, nullptr, "warmup as a fraction of the decay span", "learning rate"},
+      {"lr_scaling", Type::kString, "none", "scale lr and min_lr with the global batch: none, sqrt, linear", "learning rate"},
+      {"lr_scaling_ref_batch", Type::kInt, nullptr, "global batch size at which lr is given", "learning rate"},
+
+      {"optimizer", Type::kString, "adamw", "optimizer plugin name (see --list-optimizers)", "optimizer"},
+      {"optimizer_params", Type::kObject, json::object(), "plugin hyperparameter, e.g. --optimizer-params beta2=0.95", "optimizer"},
+      {"list_optimizers", Type::kBool, false, "print the optimizer plugins found and their hyperparameters", "optimizer"},
+      {"plugin_path", Type::kStringList, json::array(), "extra directories searched for optimizer plugins", "optimizer"},
+      {"weight_decay", Type::kFloat, 0.01, "weight decay (passed to the plugin's weight_decay)", "optimizer"},
+      {"clip_grad", Type::kFloat, 1.0, "global gradient-norm clipping (0: off)", "optimizer"},
+      {"adam_beta1", Type::kFloat, 0.9, "passed to the plugin's beta1", "optimizer"},
+      {"adam_beta2", Type::kFloat, 0.999, "passed to the plugin's beta2", "optimizer"},
+      {"adam_eps", Type::kFloat, 1e-8, "passed to the plugin's eps", "optimizer"},
+      {"sgd_momentum", Type::kFloat, 0.9, "passed to the plugin's momentum", "optimizer"},
+
+      {"data_path", Type::kStringList, json::array({"data/brown_gpt2_text_document"}), "indexed dataset prefix (.bin/.idx)", "data"},
+      {"split", Type::kString, "969, 30, 1", "train, validation, test proportions by document", "data"},
+      {"tokenizer_type", Type::kString, "GPT2BPETokenizer", "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase", "data"},
+      {"vocab_file", Type::kString, nullptr, "vocabulary (default: the asset cache's)", "data"},
+      {"merge_file", Type::kString, nullptr, "GPT-2 merges (default: the asset cache's)", "data"},
+
+      {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
+      {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
+      {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},
+  });
+  return schema;
+}
+
+}  // namespace megabatch::train

@@ -1,0 +1,112 @@
+#include "models/presets.h"
+
+#include <sstream>
+
+#include "core/comm/communicator.h"
+#include "core/util/error.h"
+#include "core/util/strings.h"
+#include "models/gpt.h"
+
+namespace megabatch::models {
+
+int64_t ModelConfig::padded_vocab_size() const {
+  const int64_t m = make_vocab_size_divisible_by * tensor_model_parallel_size;
+  return (vocab_size + m - 1) / m * m;
+}
+
+void ModelConfig::validate() const {
+  check(num_layers >= 1, "num_layers must be >= 1 (got ", num_layers, ")");
+  check(hidden_size >= 1 && num_attention_heads >= 1, "hidden_size and num_attention_heads must be >= 1");
+  check(hidden_size % num_attention_heads == 0, "hidden_size (", hidden_size,
+        ") must be divisible by num_attention_heads (", num_attention_heads, ")");
+  check(tensor_model_parallel_size >= 1, "tensor_model_parallel_size must be >= 1");
+  check(num_attention_heads % tensor_model_parallel_size == 0, "num_attention_heads (", num_attention_heads,
+        ") must be divisible by tensor_model_parallel_size (", tensor_model_parallel_size, ")");
+  check(ffn() % tensor_model_parallel_size == 0, "ffn_hidden_size (", ffn(),
+        ") must be divisible by tensor_model_parallel_size (", tensor_model_parallel_size, ")");
+  check(seq_length >= 1, "seq_length must be >= 1");
+  check(max_positions() >= seq_length, "max_position_embeddings (", max_positions(), ") must be >= seq_length (",
+        seq_length, ")");
+  check(vocab_size >= 2, "vocab_size must be >= 2");
+  check(hidden_dropout >= 0 && hidden_dropout < 1, "hidden_dropout must be in [0, 1) (got ", hidden_dropout, ")");
+  check(attention_dropout >= 0 && attention_dropout < 1, "attention_dropout must be in [0, 1) (got ",
+        attention_dropout, ")");
+}
+
+namespace {
+Preset gpt(std::string name, std::string desc, int64_t layers, int64_t hidden, int64_t heads, int64_t seq,
+           int64_t vocab = 50257) {
+  ModelConfig c;
+  c.preset = name;
+  c.num_layers = layers;
+  c.hidden_size = hidden;
+  c.num_attention_heads = heads;
+  c.seq_length = seq;
+  c.max_position_embeddings = seq;
+  c.vocab_size = vocab;
+  return {std::move(name), std::move(desc), c};
+}
+}  // namespace
+
+const std::vector<Preset>& presets() {
+  static const std::vector<Preset> table = {
+      gpt("gpt-mini", "4 layers, hidden 256, 4 heads, seq 128: trains on 2 CPU cores", 4, 256, 4, 128),
+      gpt("gpt2-124m", "GPT-2 small: 12 layers, hidden 768, 12 heads, seq 1024", 12, 768, 12, 1024),
+      gpt("gpt2-350m", "GPT-2 medium: 24 layers, hidden 1024, 16 heads, seq 1024", 24, 1024, 16, 1024),
+      // Megatron-LM's GPT scaling table (seq 2048, GPT-2 vocabulary padded to 51200).
+      gpt("gpt-1.7b", "Megatron GPT 1.7B: 24 layers, hidden 2304, 24 heads", 24, 2304, 24, 2048),
+      gpt("gpt-3.6b", "Megatron GPT 3.6B: 30 layers, hidden 3072, 32 heads", 30, 3072, 32, 2048),
+      gpt("gpt-7.5b", "Megatron GPT 7.5B: 36 layers, hidden 4096, 32 heads", 36, 4096, 32, 2048),
+      gpt("gpt-18.4b", "Megatron GPT 18.4B: 40 layers, hidden 6144, 48 heads", 40, 6144, 48, 2048),
+      gpt("gpt-39.1b", "Megatron GPT 39.1B: 48 layers, hidden 8192, 64 heads", 48, 8192, 64, 2048),
+      gpt("gpt-76.1b", "Megatron GPT 76.1B: 60 layers, hidden 10240, 80 heads", 60, 10240, 80, 2048),
+      gpt("gpt-145.6b", "Megatron GPT 145.6B: 80 layers, hidden 12288, 96 heads", 80, 12288, 96, 2048),
+      gpt("gpt-310.1b", "Megatron GPT 310.1B: 96 layers, hidden 16384, 128 heads", 96, 16384, 128, 2048),
+  };
+  return table;
+}
+
+ModelConfig preset(const std::string& name) {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) {
+    if (p.name == name) return p.config;
+    names.push_back(p.name);
+  }
+  fail("unknown model preset '", name, "'", did_you_mean(name, names), "; presets: ", join(names, ", "));
+}
+
+SizeReport size_report(const ModelConfig& c) {
+  c.validate();
+  // Declaring the parameters allocates nothing, so any size can be counted here.
+  SizeReport r;
+  // Per rank: sharded tensors divide by TP, replicated ones (norms, row-parallel biases,
+  // position embeddings) do not. Count them by declaring rank 0's shard.
+  struct RankZero final : comm::Communicator {
+    int n;
+    explicit RankZero(int size) : n(size) {}
+    int rank() const override { return 0; }
+    int size() const override { return n; }
+    void all_reduce(float*, size_t, comm::ReduceOp) override {}
+    void all_reduce(double*, size_t, comm::ReduceOp) override {}
+    void all_gather(const float*, float*, size_t) override {}
+    void reduce_scatter(const float*, float*, size_t) override {}
+    void broadcast(float*, size_t, int) override {}
+    void barrier() override {}
+  } rank0(static_cast<int>(c.tensor_model_parallel_size));
+  {
+    Gpt model(c, rank0);
+    r.parameters = model.parameters().num_full_parameters();
+    r.parameters_per_rank = model.parameters().num_parameters();
+  }
+  const double p = static_cast<double>(r.parameters_per_rank);
+  r.fp32_adam_bytes = 16.0 * p;
+  r.mixed_adam_bytes = 18.0 * p;
+  // Korthikanti et al. 2022: s b h (10 + 24 / t + 5 a s / (h t)) bytes per layer with
+  // tensor parallelism t (no sequence parallelism, no recomputation), here for b = 1.
+  const double s = static_cast<double>(c.seq_length), h = static_cast<double>(c.hidden_size),
+               a = static_cast<double>(c.num_attention_heads), t = static_cast<double>(c.tensor_model_parallel_size);
+  r.activation_bytes = static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+  return r;
+}
+
+}  // namespace megabatch::models

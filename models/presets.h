@@ -1,0 +1,49 @@
+// Model architectures by name, and the figures `train --print-params` shows for them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace megabatch::models {
+
+struct ModelConfig {
+  std::string family = "gpt";  // gpt (bert, t5 later)
+  std::string preset;          // name it came from, if any
+  int64_t num_layers = 4, hidden_size = 256, num_attention_heads = 4, ffn_hidden_size = 0;  // ffn 0 = 4 h
+  int64_t seq_length = 128, max_position_embeddings = 0;  // 0 = seq_length
+  int64_t vocab_size = 50257;                              // tokenizer vocabulary (unpadded)
+  int64_t make_vocab_size_divisible_by = 128;
+  int64_t tensor_model_parallel_size = 1;
+  double hidden_dropout = 0.1, attention_dropout = 0.1;
+  double init_method_std = 0.02, layernorm_epsilon = 1e-5;
+
+  int64_t ffn() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
+  int64_t max_positions() const { return max_position_embeddings ? max_position_embeddings : seq_length; }
+  // Vocabulary padded to a multiple of make_vocab_size_divisible_by x TP (Megatron).
+  int64_t padded_vocab_size() const;
+  // Checks divisibility (heads by TP, hidden by heads, ...); Error naming the option.
+  void validate() const;
+};
+
+struct Preset {
+  std::string name, description;
+  ModelConfig config;
+};
+
+const std::vector<Preset>& presets();
+// The preset's configuration; Error listing the presets (and the nearest) when unknown.
+ModelConfig preset(const std::string& name);
+
+// Parameter count and memory estimate per tensor-parallel rank, as printed by
+// `train --print-params`.
+struct SizeReport {
+  int64_t parameters = 0;            // unsharded
+  int64_t parameters_per_rank = 0;
+  double fp32_adam_bytes = 0;        // fp32 weights + grads + two Adam moments: 16 B / param
+  double mixed_adam_bytes = 0;       // bf16 weights + fp32 grads, master, moments: 18 B / param
+  double activation_bytes = 0;       // per micro-batch sample, 16-bit, no recompute
+};
+SizeReport size_report(const ModelConfig& c);
+
+}  // namespace megabatch::models

@@ -1,0 +1,33 @@
+// Building a model by family, and the batch source that feeds it from the data layer.
+#pragma once
+
+#include <memory>
+
+#include "core/comm/communicator.h"
+#include "core/data/indexed_dataset.h"
+#include "core/data/samples.h"
+#include "core/train/model.h"
+#include "core/train/trainer.h"
+#include "models/presets.h"
+
+namespace megabatch::models {
+
+// Declares, allocates and initializes (from `seed`) the model of config.family.
+std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed);
+
+// GPT samples: tokens [0, T) and labels [1, T].
+class GptBatchSource final : public train::BatchSource {
+ public:
+  GptBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
+                 uint64_t seed, int64_t vocab_size)
+      : samples_(std::move(ds), docs, seq_length, seed, vocab_size), seq_(seq_length) {}
+  void fill(uint64_t first, int64_t count, train::Batch& out) override;
+  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+
+ private:
+  data::GptSamples samples_;
+  int seq_;
+  std::vector<int32_t> window_;
+};
+
+}  // namespace megabatch::models

@@ -1,0 +1,315 @@
+// train: one training run, configured with Megatron-LM's arguments.
+#include <omp.h>
+
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "core/comm/communicator.h"
+#include "core/config/config.h"
+#include "core/data/indexed_dataset.h"
+#include "core/data/tokenizer.h"
+#include "core/io/metrics.h"
+#include "core/optim/optimizer.h"
+#include "core/optim/schedule.h"
+#include "core/train/options.h"
+#include "core/train/trainer.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+#include "core/util/strings.h"
+#include "models/presets.h"
+#include "models/registry.h"
+
+namespace mb = megabatch;
+using nlohmann::json;
+
+namespace {
+
+const char* kUsage =
+    "usage: train [--config FILE.json] [--model PRESET] [Megatron-LM options...]\n"
+    "\n"
+    "Trains one model with an optimizer plugin and writes RUN_DIR/config.json and RUN_DIR/metrics.h5.\n"
+    "Options are Megatron-LM's (pretrain_gpt.py) with their meaning; a config file uses the same names\n"
+    "in snake_case, and flags override it.\n"
+    "\n"
+    "examples:\n"
+    "  train --model gpt-mini --micro-batch-size 8 --global-batch-size 32 --train-iters 300 \\\n"
+    "        --lr 1e-3 --lr-warmup-iters 30 --lr-decay-style cosine --optimizer adamw --log-interval 10\n"
+    "  train --model gpt-7.5b --tensor-model-parallel-size 8 --print-params\n"
+    "  train --config run.json --optimizer sgd --optimizer-params momentum=0.95 --optimizer-params nesterov=true\n"
+    "  train --list-optimizers\n";
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(u ? 1 : 0) << b << " " << units[u];
+  return os.str();
+}
+
+mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
+  const json& v = r.values;
+  mb::models::ModelConfig c;
+  if (v.contains("model")) {
+    c = mb::models::preset(v["model"].get<std::string>());
+  } else {
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "seq_length"})
+      mb::check(v.contains(k), "no model given: use --model PRESET (see --list-models) or give --num-layers, "
+                               "--hidden-size, --num-attention-heads and --seq-length (missing --",
+                std::string(k), ")");
+    c.preset.clear();
+  }
+  auto set = [&](const char* key, int64_t& field) {
+    if (v.contains(key)) field = v[key].get<int64_t>();
+  };
+  set("num_layers", c.num_layers);
+  set("hidden_size", c.hidden_size);
+  set("num_attention_heads", c.num_attention_heads);
+  set("ffn_hidden_size", c.ffn_hidden_size);
+  set("seq_length", c.seq_length);
+  set("max_position_embeddings", c.max_position_embeddings);
+  set("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
+  set("tensor_model_parallel_size", c.tensor_model_parallel_size);
+  if (v.contains("seq_length") && !v.contains("max_position_embeddings") && c.max_position_embeddings < c.seq_length)
+    c.max_position_embeddings = c.seq_length;
+  c.hidden_dropout = v["hidden_dropout"].get<double>();
+  c.attention_dropout = v["attention_dropout"].get<double>();
+  c.init_method_std = v["init_method_std"].get<double>();
+  return c;
+}
+
+void print_params(const mb::models::ModelConfig& c) {
+  const auto r = mb::models::size_report(c);
+  std::cout << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << c.num_layers << " layers, hidden "
+            << c.hidden_size << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << ", seq "
+            << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
+            << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
+            << static_cast<double>(r.parameters) / 1e9 << " B)\n"
+            << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
+            << "parameters per rank:        " << r.parameters_per_rank << "\n"
+            << "fp32 + Adam state per rank: " << human_bytes(r.fp32_adam_bytes) << " (16 B/param: weights, grads, 2 moments)\n"
+            << "bf16 mixed precision + Adam per rank: " << human_bytes(r.mixed_adam_bytes)
+            << " (18 B/param: bf16 weights, fp32 grads, master, 2 moments)\n"
+            << "activations per sample per rank: " << human_bytes(r.activation_bytes)
+            << " (16-bit, no recomputation; x micro-batch size)\n";
+}
+
+std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
+  std::vector<double> w;
+  std::string s = spec;
+  for (char& ch : s)
+    if (ch == '/') ch = ',';
+  std::stringstream ss(s);
+  std::string part;
+  while (std::getline(ss, part, ',')) {
+    try {
+      size_t used = 0;
+      w.push_back(std::stod(part, &used));
+    } catch (const std::exception&) {
+      mb::fail("split: '", spec, "' is not a list of numbers like 969,30,1");
+    }
+  }
+  mb::check(!w.empty() && w.size() <= 3, "split: '", spec, "': give 1 to 3 proportions (train, validation, test)");
+  while (w.size() < 3) w.push_back(0);
+  double sum = 0;
+  for (double x : w) {
+    mb::check(x >= 0, "split: '", spec, "': proportions must be >= 0");
+    sum += x;
+  }
+  mb::check(sum > 0, "split: '", spec, "': proportions sum to 0");
+  // Megatron's get_train_valid_test_split_: cumulative rounded boundaries, shifted so the
+  // last one is the document count.
+  std::array<size_t, 4> idx{0, 0, 0, 0};
+  long long acc = 0;
+  for (int i = 0; i < 3; ++i) {
+    acc += std::llround(w[i] / sum * static_cast<double>(docs));
+    idx[i + 1] = static_cast<size_t>(acc);
+  }
+  const long long diff = static_cast<long long>(idx[3]) - static_cast<long long>(docs);
+  for (int i = 1; i < 4; ++i) idx[i] = static_cast<size_t>(static_cast<long long>(idx[i]) - diff);
+  return {idx[1], idx[2], idx[3]};
+}
+
+int run(int argc, char** argv) {
+  const auto& schema = mb::train::train_schema();
+  const mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
+  if (r.help || argc == 1) {
+    std::cout << kUsage << schema.help();
+    return 0;
+  }
+  const json& v = r.values;
+  if (v["threads"].get<int64_t>() > 0) omp_set_num_threads(static_cast<int>(v["threads"].get<int64_t>()));
+  std::vector<std::string> extra_dirs = v["plugin_path"].get<std::vector<std::string>>();
+  const auto search = mb::optim::plugin_search_path(extra_dirs);
+
+  if (v["list_models"].get<bool>()) {
+    for (const auto& p : mb::models::presets()) std::cout << std::left << std::setw(12) << p.name << p.description << "\n";
+    return 0;
+  }
+  if (v["list_optimizers"].get<bool>()) {
+    for (const auto& [name, path] : mb::optim::available_plugins(search)) {
+      std::cout << mb::optim::describe_hparams(mb::optim::load_plugin(name, search)) << "  file: " << path.string()
+                << "\n";
+    }
+    return 0;
+  }
+
+  mb::models::ModelConfig mc = model_config(r);
+  if (v["print_params"].get<bool>()) {
+    if (v.contains("vocab_file")) {
+      mb::data::TokenizerOptions to;
+      to.type = v["tokenizer_type"].get<std::string>();
+      to.vocab_file = v["vocab_file"].get<std::string>();
+      if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+      mc.vocab_size = mb::data::make_tokenizer(to)->vocab_size();
+    } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
+      mc.vocab_size = 30522;  // BERT's WordPiece vocabulary
+    }
+    print_params(mc);
+    return 0;
+  }
+
+  // --- data and tokenizer
+  mb::data::TokenizerOptions to;
+  to.type = v["tokenizer_type"].get<std::string>();
+  if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
+  if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+  const auto tokenizer = mb::data::make_tokenizer(to);
+  mc.vocab_size = tokenizer->vocab_size();
+  mc.validate();
+  const auto paths = v["data_path"].get<std::vector<std::string>>();
+  mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
+            paths.size(), " values");
+  auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
+  const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
+  const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]};
+  mb::check(train_docs.end > train_docs.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
+            paths[0], " (", ds->num_documents(), " documents)");
+  const uint64_t seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
+
+  // --- batch, iterations, schedule
+  mb::train::TrainOptions opt;
+  opt.micro_batch_size = v["micro_batch_size"].get<int64_t>();
+  opt.global_batch_size = v.contains("global_batch_size") ? v["global_batch_size"].get<int64_t>() : opt.micro_batch_size;
+  mb::check(opt.micro_batch_size >= 1 && opt.global_batch_size >= 1, "micro_batch_size and global_batch_size must be >= 1");
+  mb::check(opt.global_batch_size % opt.micro_batch_size == 0, "global_batch_size (", opt.global_batch_size,
+            ") must be a multiple of micro_batch_size (", opt.micro_batch_size, ")");
+  const bool by_iters = v.contains("train_iters"), by_samples = v.contains("train_samples");
+  mb::check(by_iters != by_samples, "give exactly one of --train-iters and --train-samples");
+  const int64_t gbs = opt.global_batch_size;
+  opt.train_iters = by_iters ? v["train_iters"].get<int64_t>() : v["train_samples"].get<int64_t>() / gbs;
+  mb::check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
+  mb::check(v.contains("lr"), "--lr is required");
+  const auto rule = mb::optim::parse_lr_scaling(v["lr_scaling"].get<std::string>());
+  const int64_t ref = v.contains("lr_scaling_ref_batch") ? v["lr_scaling_ref_batch"].get<int64_t>() : 0;
+  auto& s = opt.schedule;
+  s.max_lr = mb::optim::scaled_lr(v["lr"].get<double>(), rule, gbs, ref);
+  s.min_lr = mb::optim::scaled_lr(v["min_lr"].get<double>(), rule, gbs, ref);
+  s.style = mb::optim::parse_decay_style(v["lr_decay_style"].get<std::string>());
+  s.power = v["lr_decay_power"].get<double>();
+  if (by_iters) {
+    s.decay_samples = (v.contains("lr_decay_iters") ? v["lr_decay_iters"].get<int64_t>() : opt.train_iters) * gbs;
+    s.warmup_samples = v["lr_warmup_iters"].get<int64_t>() * gbs;
+  } else {
+    s.decay_samples = v.contains("lr_decay_samples") ? v["lr_decay_samples"].get<int64_t>() : v["train_samples"].get<int64_t>();
+    s.warmup_samples = v["lr_warmup_samples"].get<int64_t>();
+  }
+  if (v.contains("lr_warmup_fraction"))
+    s.warmup_samples = static_cast<int64_t>(v["lr_warmup_fraction"].get<double>() * static_cast<double>(s.decay_samples));
+  mb::check(s.warmup_samples <= s.decay_samples || s.style == mb::optim::DecayStyle::kConstant ||
+                s.style == mb::optim::DecayStyle::kInverseSquareRoot,
+            "lr warmup (", s.warmup_samples, " samples) is longer than the decay span (", s.decay_samples, " samples)");
+  opt.clip_grad = v["clip_grad"].get<double>();
+  opt.log_interval = std::max<int64_t>(1, v["log_interval"].get<int64_t>());
+  opt.eval_interval = v["eval_interval"].get<int64_t>();
+  opt.eval_iters = v["eval_iters"].get<int64_t>();
+  opt.seed = seed;
+  opt.tokens_per_sample = mc.seq_length;
+
+  // --- optimizer plugin and its hyperparameters
+  const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
+  json hp = json::object();
+  const std::pair<const char*, const char*> aliases[] = {{"weight_decay", "weight_decay"}, {"adam_beta1", "beta1"},
+                                                         {"adam_beta2", "beta2"}, {"adam_eps", "eps"},
+                                                         {"sgd_momentum", "momentum"}};
+  for (const auto& [flag, name] : aliases) {
+    if (!r.given(flag)) continue;
+    bool known = false;
+    for (size_t i = 0; i < plugin.entry->num_hparams; ++i) known |= std::string(plugin.entry->hparams[i].name) == name;
+    mb::check(known, flag, " was given but optimizer plugin '", plugin.name(), "' has no hyperparameter '", name,
+              "'; drop it or pick an optimizer that has one");
+    hp[name] = v[flag];
+  }
+  for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
+  const auto hparams = mb::optim::resolve_hparams(plugin, hp, "optimizer_params");
+
+  // --- model, run directory, metrics
+  mb::comm::LocalCommunicator tp;
+  mb::check(mc.tensor_model_parallel_size == 1, "tensor_model_parallel_size ", mc.tensor_model_parallel_size,
+            " needs a multi-process launch (mpirun), which this build does not have yet; use 1");
+  auto model = mb::models::make_model(mc, tp, seed);
+  mb::models::GptBatchSource train_src(ds, train_docs, static_cast<int>(mc.seq_length), seed, mc.padded_vocab_size());
+  std::unique_ptr<mb::models::GptBatchSource> valid_src;
+  if (valid_docs.end > valid_docs.begin && opt.eval_iters > 0)
+    valid_src = std::make_unique<mb::models::GptBatchSource>(ds, valid_docs, static_cast<int>(mc.seq_length),
+                                                             seed + 1, mc.padded_vocab_size());
+
+  json resolved = v;
+  json hp_resolved = json::object();
+  for (size_t i = 0; i < plugin.entry->num_hparams; ++i) hp_resolved[plugin.entry->hparams[i].name] = hparams[i];
+  resolved["optimizer_params"] = hp_resolved;
+  resolved["padded_vocab_size"] = mc.padded_vocab_size();
+  resolved["num_parameters"] = model->parameters().num_full_parameters();
+  resolved["train_iters"] = opt.train_iters;
+  resolved["global_batch_size"] = gbs;
+  resolved["effective_lr"] = s.max_lr;
+  resolved["effective_min_lr"] = s.min_lr;
+  resolved["optimizer_version"] = plugin.entry->version ? plugin.entry->version : "";
+  const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
+  std::filesystem::create_directories(run_dir);
+  {
+    mb::AtomicFile f(run_dir / "config.json");
+    const std::string text = resolved.dump(2) + "\n";
+    f.write(text.data(), text.size());
+    f.commit();
+  }
+  mb::io::MetricsFile metrics(run_dir / "metrics.h5", resolved);
+
+  std::cout << "> " << model->summary() << "\n"
+            << "> optimizer: " << plugin.name() << " " << plugin.entry->version << " (" << plugin.path.string()
+            << ") " << hp_resolved.dump() << "\n"
+            << "> data: " << paths[0] << ": " << ds->num_documents() << " documents, " << ds->num_tokens()
+            << " tokens; split " << train_docs.end << " / " << valid_docs.end - valid_docs.begin << " / "
+            << ds->num_documents() - valid_docs.end << " documents; " << train_src.samples_per_epoch()
+            << " training samples per epoch\n"
+            << "> " << opt.train_iters << " iterations x global batch " << gbs << " (micro batch "
+            << opt.micro_batch_size << ", " << gbs / opt.micro_batch_size << " accumulation steps), lr "
+            << s.max_lr << " " << mb::optim::decay_style_name(s.style) << " to " << s.min_lr << ", warmup "
+            << s.warmup_samples << " samples; " << omp_get_max_threads() << " threads\n"
+            << "> writing " << (run_dir / "metrics.h5").string() << std::endl;
+
+  mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed, {},
+                                       [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
+  mb::train::Trainer trainer(opt, *model, optimizer, tp, train_src, valid_src.get(), &metrics, std::cout);
+  trainer.run();
+  std::cout << "> done: " << trainer.iteration() << " iterations, " << trainer.consumed_samples()
+            << " samples, final lm loss " << trainer.losses().back() << std::endl;
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const mb::Error& e) {
+    std::cerr << "train: error: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "train: internal error: " << e.what() << std::endl;
+    return 2;
+  }
+}

@@ -1,0 +1,59 @@
+// AdamW (Loshchilov & Hutter 2019) with PyTorch's torch.optim.AdamW arithmetic:
+//   p <- p * (1 - lr * wd)                       (decoupled decay; weights and embeddings only)
+//   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
+//   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
+// Biases and norms get no weight decay (Megatron's default grouping).
+#include <megabatch/plugin.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+class AdamW final : public megabatch::plugin::Optimizer {
+ public:
+  explicit AdamW(const megabatch::plugin::Context& ctx)
+      : Optimizer(ctx), b1_(hparam("beta1")), b2_(hparam("beta2")), eps_(hparam("eps")), wd_(hparam("weight_decay")) {
+    for (size_t i = 0; i < num_params(); ++i) {
+      m_.push_back(alloc_state(i, "exp_avg"));
+      v_.push_back(alloc_state(i, "exp_avg_sq"));
+    }
+  }
+
+  void step(const mb_step_info& info) override {
+    const double t = static_cast<double>(info.step);
+    const float bc1 = static_cast<float>(1.0 - std::pow(b1_, t));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2_, t)));
+    const float lr = static_cast<float>(info.lr), step_size = lr / bc1;
+    const float b1 = static_cast<float>(b1_), b2 = static_cast<float>(b2_), eps = static_cast<float>(eps_);
+    for (size_t i = 0; i < num_params(); ++i) {
+      const mb_param& p = param(i);
+      const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
+      const float keep = decay ? 1.0f - lr * static_cast<float>(wd_) : 1.0f;
+      float *w = p.data, *m = m_[i], *v = v_[i];
+      const float* g = p.grad;
+      megabatch::plugin::for_each(p.numel, [&](int64_t j) {
+        w[j] *= keep;
+        m[j] = b1 * m[j] + (1.0f - b1) * g[j];
+        v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
+      });
+    }
+  }
+
+ private:
+  double b1_, b2_, eps_, wd_;
+  std::vector<float*> m_, v_;
+};
+
+const mb_hparam_spec kSchema[] = {
+    {"beta1", MB_HPARAM_FLOAT, 0.9, 0.0, 0.999999, "first-moment decay (--adam-beta1)"},
+    {"beta2", MB_HPARAM_FLOAT, 0.999, 0.0, 0.999999999, "second-moment decay (--adam-beta2)"},
+    {"eps", MB_HPARAM_FLOAT, 1e-8, 0.0, 1.0, "added to the denominator (--adam-eps)"},
+    {"weight_decay", MB_HPARAM_FLOAT, 0.01, 0.0, 10.0, "decoupled weight decay of weights and embeddings"},
+};
+
+}  // namespace
+
+MEGABATCH_OPTIMIZER_PLUGIN(AdamW, "adamw", "1.0.0", "AdamW with PyTorch's arithmetic; no decay of biases and norms",
+                           kSchema)

@@ -1,0 +1,145 @@
+#!/usr/bin/python3
+"""Independent PyTorch implementation of megabatch's GPT (GPT-2 / Megatron layout), the
+reference of the golden tests and the benchmark. Parameters use megabatch's names and
+shapes; the fused QKV output is (head, [q, k, v], head_dim) per token, as in Megatron.
+
+  gpt_torch.py grads  IN.h5 OUT.h5          loss and every gradient for the batch in IN.h5
+  gpt_torch.py adamw  IN.h5 OUT.h5 STEPS    AdamW trajectory (losses) from the weights in IN.h5
+  gpt_torch.py bench  LAYERS HIDDEN HEADS SEQ VOCAB BATCH STEPS THREADS   tokens/s of training
+
+IN.h5 holds attributes (layers, hidden, heads, seq, vocab, eps, and for adamw: lr, beta1,
+beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B, T) and
+labels. Dropout is off (the golden tests run without it).
+"""
+import math
+import sys
+import time
+
+import h5py
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def names(layers):
+    out = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"]
+    for l in range(layers):
+        p = f"decoder.layers.{l}."
+        for n in ["input_layernorm.weight", "input_layernorm.bias", "pre_mlp_layernorm.weight",
+                  "pre_mlp_layernorm.bias", "self_attention.linear_qkv.weight", "self_attention.linear_qkv.bias",
+                  "mlp.linear_fc1.weight", "mlp.linear_fc1.bias", "self_attention.linear_proj.weight",
+                  "self_attention.linear_proj.bias", "mlp.linear_fc2.weight", "mlp.linear_fc2.bias"]:
+            out.append(p + n)
+    return out + ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
+
+
+def forward(P, tokens, labels, layers, heads, eps):
+    B, T = tokens.shape
+    wte = P["embedding.word_embeddings.weight"]
+    C = wte.shape[1]
+    D = C // heads
+    x = wte[tokens] + P["embedding.position_embeddings.weight"][:T]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    for l in range(layers):
+        p = f"decoder.layers.{l}."
+        h = F.layer_norm(x, (C,), P[p + "input_layernorm.weight"], P[p + "input_layernorm.bias"], eps)
+        qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P[p + "self_attention.linear_qkv.bias"])
+        qkv = qkv.view(B, T, heads, 3, D)
+        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))  # (B, H, T, D)
+        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+        s = s.masked_fill(~causal, float("-inf"))
+        a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P[p + "self_attention.linear_proj.bias"])
+        h = F.layer_norm(x, (C,), P[p + "pre_mlp_layernorm.weight"], P[p + "pre_mlp_layernorm.bias"], eps)
+        h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P[p + "mlp.linear_fc1.bias"]), approximate="tanh")
+        x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P[p + "mlp.linear_fc2.bias"])
+    x = F.layer_norm(x, (C,), P["decoder.final_layernorm.weight"], P["decoder.final_layernorm.bias"], eps)
+    logits = x @ wte.t()
+    return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
+
+
+def load(path):
+    f = h5py.File(path, "r")
+    a = dict(f.attrs)
+    P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True) for n in names(int(a["layers"]))}
+    return f, a, P
+
+
+def main():
+    mode = sys.argv[1]
+    torch.set_num_threads(int(sys.argv[9]) if mode == "bench" else 1)
+    if mode == "grads":
+        f, a, P = load(sys.argv[2])
+        tokens = torch.tensor(f["tokens"][()], dtype=torch.long)
+        labels = torch.tensor(f["labels"][()], dtype=torch.long)
+        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]))
+        loss.backward()
+        with h5py.File(sys.argv[3], "w") as o:
+            o.attrs["loss"] = loss.item()
+            for n, t in P.items():
+                o[f"grads/{n}"] = t.grad.numpy()
+    elif mode == "adamw":
+        f, a, P = load(sys.argv[2])
+        steps = int(sys.argv[4])
+        opt = torch.optim.AdamW(P.values(), lr=float(a["lr"]), betas=(float(a["beta1"]), float(a["beta2"])),
+                                eps=float(a["adam_eps"]), weight_decay=0.0)
+        decay = [t for n, t in P.items() if not (n.endswith(".bias") or "layernorm" in n)]
+        losses = []
+        for s in range(steps):
+            tokens = torch.tensor(f["tokens"][s], dtype=torch.long)
+            labels = torch.tensor(f["labels"][s], dtype=torch.long)
+            opt.zero_grad()
+            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]))
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(P.values(), float(a["clip"]))
+            with torch.no_grad():  # decoupled decay of weights and embeddings only (Megatron's groups)
+                for t in decay:
+                    t.mul_(1 - float(a["lr"]) * float(a["weight_decay"]))
+            opt.step()
+            losses.append(loss.item())
+        with h5py.File(sys.argv[3], "w") as o:
+            o["losses"] = np.array(losses)
+    elif mode == "bench":
+        layers, hidden, heads, seq, vocab, batch, steps = (int(x) for x in sys.argv[2:9])
+        g = torch.Generator().manual_seed(0)
+        P = {}
+        for n in names(layers):
+            if n == "embedding.word_embeddings.weight":
+                shape = (vocab, hidden)
+            elif n == "embedding.position_embeddings.weight":
+                shape = (seq, hidden)
+            elif n.endswith("linear_qkv.weight"):
+                shape = (3 * hidden, hidden)
+            elif n.endswith("linear_qkv.bias"):
+                shape = (3 * hidden,)
+            elif n.endswith("linear_fc1.weight"):
+                shape = (4 * hidden, hidden)
+            elif n.endswith("linear_fc1.bias"):
+                shape = (4 * hidden,)
+            elif n.endswith("linear_fc2.weight"):
+                shape = (hidden, 4 * hidden)
+            elif n.endswith("linear_proj.weight"):
+                shape = (hidden, hidden)
+            else:
+                shape = (hidden,)
+            P[n] = (torch.randn(shape, generator=g) * 0.02).requires_grad_()
+        opt = torch.optim.AdamW(P.values(), lr=1e-4)
+        tokens = torch.randint(0, 50257, (batch, seq), generator=g)
+        labels = torch.randint(0, 50257, (batch, seq), generator=g)
+        times = []
+        for s in range(steps):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss = forward(P, tokens, labels, layers, heads, 1e-5)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        t = sorted(times[1:])[len(times[1:]) // 2]  # median after the first (warm-up) step
+        print(f"tokens_per_second {batch * seq / t:.1f}")
+    else:
+        sys.exit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    main()
