@@ -125,7 +125,7 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   const uint8_t* kmask = batch.padding_mask.empty() ? nullptr : batch.padding_mask.data();
   ops::AttentionShape as{B_, T_, heads_local_, C / cfg_.num_attention_heads, true,
                          heads_local_ * tp_->rank(), cfg_.num_attention_heads};
-  maybe_dropout(saved_.empty() ? x_final_.data() : saved_[0].x_in.data(), emb_.data(), n,
+  maybe_dropout(saved_[0].x_in.data(), emb_.data(), n * C,
                 dropout_key(cfg_.hidden_dropout, 0));
 
   for (size_t l = 0; l < blocks_.size(); ++l) {

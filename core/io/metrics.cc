@@ -40,15 +40,15 @@ void write_attr(hid_t loc, const std::string& name, const nlohmann::json& v, con
     Handle a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_DOUBLE, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
     check(a.id >= 0 && H5Awrite(a.id, H5T_NATIVE_DOUBLE, &x) >= 0, file, ": cannot write attribute ", name);
   } else {
+    // variable-length UTF-8, which h5py reads back as str
     const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
+    const char* text = s.c_str();
     Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(type.id, s.empty() ? 1 : s.size());
-    H5Tset_strpad(type.id, H5T_STR_NULLTERM);
+    H5Tset_size(type.id, H5T_VARIABLE);
     H5Tset_cset(type.id, H5T_CSET_UTF8);
     Handle space(H5Screate(H5S_SCALAR), H5Sclose);
     Handle a(H5Acreate2(loc, name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    check(a.id >= 0 && H5Awrite(a.id, type.id, s.empty() ? "" : s.c_str()) >= 0, file, ": cannot write attribute ",
-          name);
+    check(a.id >= 0 && H5Awrite(a.id, type.id, &text) >= 0, file, ": cannot write attribute ", name);
   }
 }
 
@@ -60,8 +60,8 @@ MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& confi
   Handle f(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, path_.string(), ": cannot create the metrics file (check the directory exists and is writable)");
   write_attr(f.id, "config", config.dump(), path_.string());
-  for (const auto& [k, v] : config.items())
-    if (v.is_primitive() && !v.is_null()) write_attr(f.id, k, v, path_.string());
+  for (const auto& [k, v] : config.items())  // each scalar option also as its own attribute
+    if (k != "config" && v.is_primitive() && !v.is_null()) write_attr(f.id, k, v, path_.string());
   check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush");
 }
 

@@ -140,6 +140,12 @@ typedef struct mb_plugin_entry {
 #include <string>
 #include <vector>
 
+#ifdef _OPENMP
+#define MB_PLUGIN_PRAGMA(x) _Pragma(x)
+#else
+#define MB_PLUGIN_PRAGMA(x)
+#endif
+
 namespace megabatch::plugin {
 
 struct Context {
@@ -176,7 +182,7 @@ class Optimizer {
   double sum_squares(size_t i, const float* x) const {
     const mb_param& p = param(i);
     double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (p.numel > 65536)
+    MB_PLUGIN_PRAGMA("omp parallel for reduction(+ : s) schedule(static) if (p.numel > 65536)")
     for (int64_t j = 0; j < p.numel; ++j) s += static_cast<double>(x[j]) * x[j];
     if (p.sharded) ctx_.host->tp_sum(ctx_.host->ctx, &s, 1);
     return s;
@@ -195,7 +201,7 @@ class Optimizer {
 // threads. Elementwise optimizer math written as such a functor runs unchanged per tensor.
 template <typename Fn>
 inline void for_each(int64_t n, Fn&& fn) {
-#pragma omp parallel for simd schedule(static) if (n > 32768)
+  MB_PLUGIN_PRAGMA("omp parallel for simd schedule(static) if (n > 32768)")
   for (int64_t j = 0; j < n; ++j) fn(j);
 }
 

@@ -1,0 +1,151 @@
+// train_bench: training throughput and peak memory of gpt-mini (micro batch 8, seq 128,
+// fp32, AdamW) against PyTorch running the same architecture (tests/reference/gpt_torch.py)
+// with the same thread count, measured in the same run, plus the fraction of this
+// machine's fp32 GEMM peak (OpenBLAS sgemm 1024^3, measured here) each one reaches.
+//
+//   build/bin/train_bench [--threads 2] [--steps 8]
+#include <cblas.h>
+#include <omp.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/optim/optimizer.h"
+#include "core/train/trainer.h"
+#include "core/util/args.h"
+#include "models/registry.h"
+
+namespace mb = megabatch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double sgemm_gflops() {
+  const int n = 1024;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  for (int r = 0; r < 3; ++r) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
+  const int reps = 20;
+  const auto t0 = Clock::now();
+  for (int r = 0; r < reps; ++r) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
+  return 2.0 * n * n * n * reps / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
+}
+
+// Median tokens/s of `steps` training steps (after one warm-up step) of megabatch.
+double megabatch_tokens_per_second(int steps) {
+  mb::models::ModelConfig c = mb::models::preset("gpt-mini");
+  c.hidden_dropout = c.attention_dropout = 0.0;  // the PyTorch side has none either
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(c, tp, 1);
+  const auto plugin = mb::optim::load_plugin("adamw", mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
+  mb::train::Batch batch;
+  batch.batch = 8;
+  batch.seq = c.seq_length;
+  std::mt19937 g(0);
+  std::uniform_int_distribution<int> tok(0, 50256);
+  for (int i = 0; i < 8 * c.seq_length; ++i) batch.tokens.push_back(tok(g)), batch.labels.push_back(tok(g));
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {
+    const auto t0 = Clock::now();
+    model->parameters().zero_grad();
+    model->forward(batch, {1, s + 1, 0, true}, 1.0f);
+    model->backward();
+    const double norm = mb::train::grad_norm(model->parameters(), tp);
+    const float coeff = static_cast<float>(mb::optim::clip_coefficient(norm, 1.0));
+    float* gr = model->parameters().grads();
+    for (size_t i = 0; i < model->parameters().flat_size(); ++i) gr[i] *= coeff;
+    opt.step(s + 1, 1e-4, 8);
+    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  std::sort(times.begin(), times.end());
+  return 8.0 * static_cast<double>(c.seq_length) / times[times.size() / 2];
+}
+
+struct Child {
+  double tokens_per_second = 0;
+  long max_rss_kib = 0;
+};
+
+// Runs a program in a child process (so its peak RSS is its own; exec, because OpenMP
+// does not survive fork) and reads "tokens_per_second X" from its output.
+Child in_child(std::vector<std::string> args) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 1);
+    std::vector<char*> argv;
+    for (auto& x : args) argv.push_back(x.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  std::string out;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  rusage ru{};
+  wait4(pid, &status, 0, &ru);
+  Child c;
+  const size_t at = out.find("tokens_per_second ");
+  if (at == std::string::npos || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("benchmark child failed: " + out);
+  c.tokens_per_second = std::stod(out.substr(at + 18));
+  c.max_rss_kib = ru.ru_maxrss;
+  return c;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mb::ArgParser a("train_bench", "usage: train_bench [--threads N] [--steps N]");
+  a.option("threads", "N", "threads for both sides", "2");
+  a.option("steps", "N", "timed training steps (median reported)", "8");
+  a.option("child", "WHAT", "internal: run one side and print its tokens/s", "");
+  try {
+    if (!a.parse(argc, argv)) return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
+  omp_set_num_threads(threads);
+  const std::string src = MEGABATCH_SOURCE_DIR;
+  if (a.get("child") == "megabatch") {
+    std::printf("tokens_per_second %.3f\n", megabatch_tokens_per_second(steps));
+    return 0;
+  }
+  const std::string t = std::to_string(threads), s = std::to_string(steps);
+  const Child ours = in_child({"/proc/self/exe", "--child", "megabatch", "--threads", t, "--steps", s});
+  const Child torch = in_child({"/usr/bin/python3", src + "/tests/reference/gpt_torch.py", "bench", "4", "256", "4", "128",
+                                "50304", "8", s, t});
+  const double peak = sgemm_gflops();
+  // Model FLOPs per token, forward + backward: 6 x matmul parameters (12 C^2 per layer and
+  // the tied LM head V C) + 12 L T C for the attention score and value products.
+  const double L = 4, C = 256, T = 128, V = 50304;
+  const double flops_per_token = 6.0 * (12.0 * C * C * L + V * C) + 12.0 * L * T * C;
+  std::printf("gpt-mini training, micro batch 8, seq 128, fp32, AdamW, %d threads; fp32 GEMM peak (sgemm 1024^3): %.1f GFLOP/s\n",
+              threads, peak);
+  std::printf("%-12s %12s %14s %12s %14s\n", "", "tokens/s", "GFLOP/s", "of GEMM peak", "peak RSS MiB");
+  for (auto [name, c] : {std::pair{"megabatch", ours}, std::pair{"PyTorch", torch}}) {
+    const double gf = c.tokens_per_second * flops_per_token / 1e9;
+    std::printf("%-12s %12.0f %14.1f %11.1f%% %14.0f\n", name, c.tokens_per_second, gf, 100.0 * gf / peak,
+                static_cast<double>(c.max_rss_kib) / 1024.0);
+  }
+  std::printf("megabatch / PyTorch throughput: %.2fx; peak RSS ratio: %.2f\n", ours.tokens_per_second / torch.tokens_per_second,
+              static_cast<double>(ours.max_rss_kib) / static_cast<double>(torch.max_rss_kib));
+  return 0;
+}

@@ -1,0 +1,209 @@
+// Optimizer plugins: the loader's errors (unknown name, wrong ABI, missing symbol, bad
+// hyperparameters), the library's lifetime, sgd and adamw against torch.optim, and a
+// plugin that throws mid-run: the run stops with its message and metrics.h5 stays readable.
+#include <dlfcn.h>
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <random>
+
+#include "core/comm/communicator.h"
+#include "core/nn/parameters.h"
+#include "core/optim/optimizer.h"
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace mb = megabatch;
+namespace fs = std::filesystem;
+using mb::testing::expect_error;
+
+namespace {
+std::vector<fs::path> test_dirs() { return {MEGABATCH_TEST_PLUGIN_DIR}; }
+std::vector<fs::path> default_dirs() { return mb::optim::plugin_search_path(); }
+}  // namespace
+
+TEST(PluginLoader, UnknownNameListsAvailablePluginsAndSearchedDirectories) {
+  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "did you mean 'adamw'");
+  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "available: adamw, sgd");
+  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "lib/megabatch/plugins");
+  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "--plugin-path");
+}
+
+TEST(PluginLoader, WrongAbiVersionNamesBothVersions) {
+  expect_error([] { mb::optim::load_plugin("bad_abi", test_dirs()); },
+               "plugin ABI version 999 but this megabatch speaks ABI version 1");
+}
+
+TEST(PluginLoader, MissingEntrySymbolIsNamed) {
+  expect_error([] { mb::optim::load_plugin("no_entry", test_dirs()); },
+               "the symbol 'megabatch_optimizer_plugin' is missing");
+}
+
+TEST(PluginLoader, HyperparametersAreCheckedAgainstTheSchema) {
+  const auto p = mb::optim::load_plugin("adamw", default_dirs());
+  expect_error([&] { mb::optim::resolve_hparams(p, {{"beta3", 0.9}}, "optimizer_params"); },
+               "optimizer_params.beta3: plugin 'adamw' has no hyperparameter 'beta3'; did you mean 'beta1'?");
+  expect_error([&] { mb::optim::resolve_hparams(p, {{"beta1", 1.5}}, "optimizer_params"); },
+               "optimizer_params.beta1: 1.5 is out of range [0, 0.999999]");
+  expect_error([&] { mb::optim::resolve_hparams(p, {{"eps", "small"}}, "optimizer_params"); },
+               "optimizer_params.eps: expected a number");
+  const auto s = mb::optim::load_plugin("sgd", default_dirs());
+  expect_error([&] { mb::optim::resolve_hparams(s, {{"nesterov", 1}}, "x"); }, "x.nesterov: expected true or false");
+  const auto v = mb::optim::resolve_hparams(p, {{"beta2", 0.95}}, "x");
+  EXPECT_EQ(v, (std::vector<double>{0.9, 0.95, 1e-8, 0.01})) << "schema order, defaults filled in";
+}
+
+TEST(PluginLoader, LibraryStaysLoadedWhileAnOptimizerFromItLives) {
+  mb::comm::LocalCommunicator tp;
+  mb::nn::ParameterStore store;
+  store.add({"w", mb::nn::Role::kWeight, 0, {4}, {}, mb::nn::Init::ones()});
+  store.finalize();
+  store.initialize(1);
+  const std::string file = (fs::path(MEGABATCH_TEST_PLUGIN_DIR) / "megabatch_throwing.so").string();
+  auto loaded = [&] {
+    void* h = dlopen(file.c_str(), RTLD_NOW | RTLD_NOLOAD);
+    if (h) dlclose(h);
+    return h != nullptr;
+  };
+  ASSERT_FALSE(loaded());
+  {
+    std::unique_ptr<mb::optim::PluginOptimizer> opt;
+    {
+      auto p = mb::optim::load_plugin("throwing", test_dirs());
+      opt = std::make_unique<mb::optim::PluginOptimizer>(p, store, tp, std::vector<double>{5}, 0);
+    }  // every Plugin copy gone
+    EXPECT_TRUE(loaded());
+    EXPECT_EQ(opt->plugin().library.use_count(), 1) << "the optimizer holds the library handle";
+    store.grads()[0] = 1.0f;
+    opt->step(1, 0.5, 1);  // code in the library still runs
+    EXPECT_FLOAT_EQ(store.param(0)[0], 0.5f);
+    expect_error([&] { opt->step(5, 0.5, 1); }, "optimizer plugin 'throwing' failed at step 5: deliberate failure at step 5");
+  }
+  // (glibc may keep a C++ library mapped after dlclose because of its unique symbols, so
+  // unloading itself is not asserted.)
+}
+
+namespace {
+// Runs `steps` of plugin `name` and of torch.optim on the same random parameters and
+// gradients; returns the max relative difference of parameters and state.
+void compare_with_torch(const std::string& name, const nlohmann::json& hp, const std::map<std::string, double>& attrs,
+                        int steps) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  mb::nn::ParameterStore store;
+  store.add({"layer.weight", mb::nn::Role::kWeight, 0, {7, 5}, {}, mb::nn::Init::normal(1.0)});
+  store.add({"layer.bias", mb::nn::Role::kBias, 0, {7}, {}, mb::nn::Init::normal(1.0)});
+  store.add({"ln.weight", mb::nn::Role::kNorm, 0, {13}, {}, mb::nn::Init::normal(1.0)});
+  store.finalize();
+  store.initialize(3);
+  std::mt19937 g(5);
+  std::normal_distribution<float> nd;
+  std::vector<std::vector<float>> grads(store.count());
+  for (size_t i = 0; i < store.count(); ++i)
+    for (size_t k = 0; k < steps * store.info(static_cast<int>(i)).numel; ++k) grads[i].push_back(nd(g));
+  {
+    mb::testing::H5File f((tmp / "in.h5").string(), true);
+    for (size_t i = 0; i < store.count(); ++i) {
+      const auto& info = store.info(static_cast<int>(i));
+      f.write("params/" + std::to_string(i), std::vector<float>(store.param(static_cast<int>(i)), store.param(static_cast<int>(i)) + info.numel),
+              {info.numel});
+      f.write("grads/" + std::to_string(i), grads[i], {static_cast<hsize_t>(steps), info.numel});
+      f.write("decay/" + std::to_string(i), std::vector<int32_t>{info.role == mb::nn::Role::kWeight}, {1});
+    }
+    for (const auto& [k, v] : attrs) f.attr(k, v);
+    f.attr("steps", steps);
+  }
+  {  // the optimizer name as a string attribute
+    mb::testing::run_command("/usr/bin/python3 -c \"import h5py; h5py.File('" + (tmp / "in.h5").string() +
+                             "', 'a').attrs['optimizer'] = '" + name + "'\"");
+  }
+  const auto r = mb::testing::run_command("/usr/bin/python3 " + mb::testing::source_dir() +
+                                          "/tests/reference/optim_torch.py " + (tmp / "in.h5").string() + " " +
+                                          (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto plugin = mb::optim::load_plugin(name, default_dirs());
+  mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, hp, "test"), 0);
+  for (int s = 0; s < steps; ++s) {
+    for (size_t i = 0; i < store.count(); ++i) {
+      const size_t n = store.info(static_cast<int>(i)).numel;
+      std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)));
+    }
+    opt.step(s + 1, attrs.at("lr"), 1);
+  }
+  mb::testing::H5File out((tmp / "out.h5").string(), false);
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    const auto ref = out.read<float>("params/" + std::to_string(i));
+    // fp32 elementwise updates, a few roundings per step: 64 eps32 relative per step
+    for (size_t j = 0; j < info.numel; ++j)
+      EXPECT_NEAR(store.param(static_cast<int>(i))[j], ref[j], 64.0f * static_cast<float>(steps) * FLT_EPSILON * std::max(1.0f, std::abs(ref[j])))
+          << name << " " << info.name << "[" << j << "]";
+  }
+  for (const auto& [key, t] : opt.state()) {
+    const int i = store.find(key.first);
+    const std::string torch_name = key.second == "momentum_buffer" ? "momentum_buffer" : key.second;
+    ASSERT_TRUE(out.has("state/" + std::to_string(i) + "/" + torch_name)) << key.second;
+    const auto ref = out.read<float>("state/" + std::to_string(i) + "/" + torch_name);
+    for (size_t j = 0; j < ref.size(); ++j)
+      EXPECT_NEAR(t[j], ref[j], 64.0f * static_cast<float>(steps) * FLT_EPSILON * std::max(1.0f, std::abs(ref[j]))) << key.first << " " << key.second;
+  }
+}
+}  // namespace
+
+TEST(PluginNumerics, AdamwMatchesTorchAdamW) {
+  compare_with_torch("adamw", {{"beta1", 0.8}, {"beta2", 0.99}, {"eps", 1e-6}, {"weight_decay", 0.1}},
+                     {{"lr", 0.01}, {"beta1", 0.8}, {"beta2", 0.99}, {"eps", 1e-6}, {"weight_decay", 0.1}}, 5);
+}
+
+TEST(PluginNumerics, SgdNesterovMatchesTorchSgd) {
+  compare_with_torch("sgd", {{"momentum", 0.9}, {"nesterov", true}, {"weight_decay", 0.05}},
+                     {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.05}, {"nesterov", 1}}, 5);
+}
+
+TEST(PluginNumerics, SgdDampenedMomentumMatchesTorchSgd) {
+  compare_with_torch("sgd", {{"momentum", 0.5}, {"dampening", 0.3}},
+                     {{"lr", 0.1}, {"momentum", 0.5}, {"dampening", 0.3}, {"weight_decay", 0.0}, {"nesterov", 0}}, 4);
+}
+
+namespace {
+std::string train_cmd(const fs::path& data, const fs::path& run, const std::string& extra) {
+  return mb::testing::bin_dir() + "/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "
+         "--micro-batch-size 2 --train-iters 6 --lr 1e-3 --log-interval 1 --eval-iters 0 --threads 1 --data-path " +
+         (data / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " " + extra;
+}
+}  // namespace
+
+TEST(PluginRun, ThrowingStepStopsTheRunWithItsMessageAndMetricsStayReadable) {
+  mb::testing::TempDir tmp;
+  ASSERT_EQ(mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (tmp / "data").string()).exit_code, 0);
+  const auto r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run",
+                                                    "--optimizer throwing --optimizer-params fail_at=4 --plugin-path " +
+                                                        std::string(MEGABATCH_TEST_PLUGIN_DIR)));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: optimizer plugin 'throwing' failed at step 4: deliberate failure at step 4"),
+            std::string::npos) << r.output;
+  // h5py, a reader independent of our writer, sees the three finished iterations.
+  const auto py = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py; f = h5py.File('" + (tmp / "run" / "metrics.h5").string() +
+      "', 'r'); print(list(f['train/iteration'][()]), f.attrs['optimizer'])\"");
+  EXPECT_EQ(py.exit_code, 0) << py.output;
+  EXPECT_NE(py.output.find("[1.0, 2.0, 3.0] throwing"), std::string::npos) << py.output;
+
+  const auto abi = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run2", "--optimizer bad_abi --plugin-path " +
+                                                                                     std::string(MEGABATCH_TEST_PLUGIN_DIR)));
+  EXPECT_EQ(abi.exit_code, 1);
+  EXPECT_NE(abi.output.find("plugin ABI version 999 but this megabatch speaks ABI version 1"), std::string::npos)
+      << abi.output;
+}
+
+TEST(PluginHeader, CompilesAloneAsCAndCxxWithPedanticWarnings) {
+  const std::string inc = fs::path(mb::testing::bin_dir()).parent_path().string() + "/include";
+  mb::testing::TempDir tmp;
+  mb::testing::write_text(tmp / "a.c", "#include <megabatch/plugin.h>\nint main(void) { return MB_PLUGIN_ABI_VERSION != 1u; }\n");
+  mb::testing::write_text(tmp / "b.cc", "#include <megabatch/plugin.h>\nint main() { return MB_PLUGIN_ABI_VERSION != 1u; }\n");
+  for (const std::string& cmd : {"cc -std=c99 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "a.c").string() + " -o " + (tmp / "a").string(),
+                                "c++ -std=c++17 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "b.cc").string() + " -o " + (tmp / "b").string()}) {
+    const auto r = mb::testing::run_command(cmd);
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  }
+}

@@ -1,0 +1,85 @@
+// `train` end to end: Megatron flags and JSON configs with precise errors, the console
+// line, metrics.h5 written and readable by h5py, and the loss going down on Brown.
+#include <gtest/gtest.h>
+
+#include <regex>
+
+#include "tests/unit/test_util.h"
+
+namespace mb = megabatch;
+namespace fs = std::filesystem;
+
+namespace {
+class Train : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new mb::testing::TempDir();
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (*data_ / "d").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() { delete data_; }
+  static std::string train(const std::string& args) {
+    return mb::testing::bin_dir() + "/train --data-path " + (*data_ / "d" / "brown_gpt2_text_document").string() +
+           " " + args;
+  }
+  static mb::testing::TempDir* data_;
+  mb::testing::TempDir tmp_;
+};
+mb::testing::TempDir* Train::data_ = nullptr;
+const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --threads 2 ";
+}  // namespace
+
+TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
+  auto r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --hiden-size 64"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("unknown option --hiden-size; did you mean '--hidden-size'?"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(kSmall + "--train-iters two --lr 1e-3"));
+  EXPECT_NE(r.output.find("--train-iters: expected an integer, got 'two'"), std::string::npos) << r.output;
+  mb::testing::write_text(tmp_ / "c.json", R"({"num_layers": 2, "lr": "fast", "train_iters": 3})");
+  r = mb::testing::run_command(train("--config " + (tmp_ / "c.json").string()));
+  EXPECT_NE(r.output.find((tmp_ / "c.json").string() + ".lr: expected a number, got \"fast\""), std::string::npos) << r.output;
+  mb::testing::write_text(tmp_ / "d.json", R"({"global_batch": 8})");
+  r = mb::testing::run_command(train("--config " + (tmp_ / "d.json").string()));
+  EXPECT_NE(r.output.find("unknown option 'global_batch'; did you mean 'global_batch_size'?"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --optimizer sgd --adam-beta1 0.8"));
+  EXPECT_NE(r.output.find("adam_beta1 was given but optimizer plugin 'sgd' has no hyperparameter 'beta1'"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --micro-batch-size 3 --global-batch-size 8"));
+  EXPECT_NE(r.output.find("global_batch_size (8) must be a multiple of micro_batch_size (3)"), std::string::npos) << r.output;
+  r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
+}
+
+TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
+  mb::testing::write_text(tmp_ / "run.json", R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
+    "seq_length": 32, "micro_batch_size": 4, "global_batch_size": 8, "train_iters": 99, "lr": 3e-3,
+    "lr_warmup_iters": 2, "lr_decay_style": "cosine", "log_interval": 4, "eval_interval": 4, "eval_iters": 1,
+    "threads": 2, "optimizer_params": {"beta2": 0.95}})");
+  const fs::path run = tmp_ / "run";
+  const auto r = mb::testing::run_command(train("--config " + (tmp_ / "run.json").string() + " --train-iters 8 --run-dir " + run.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Megatron's iteration line: fields in Megatron's order
+  const std::regex line(R"(\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +8/ +8 \| consumed samples: +64 \| elapsed time per iteration \(ms\): [\d.]+ \| throughput \(tokens/s\): \d+ \| learning rate: [\d.]+E[-+]\d+ \| global batch size: +8 \| lm loss: [\d.]+E[-+]\d+ \| loss scale: 1\.0 \| grad norm: [\d.]+ \| number of skipped iterations: +0 \| number of nan iterations: +0 \|)");
+  EXPECT_TRUE(std::regex_search(r.output, line)) << r.output;
+  EXPECT_NE(r.output.find("validation loss at iteration 4 | lm loss value: "), std::string::npos) << r.output;
+  const auto py = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, json; f = h5py.File('" + (run / "metrics.h5").string() + "', 'r'); "
+      "l = f['train/lm_loss'][()]; lr = f['train/learning_rate'][()]; "
+      "print(len(l), f.attrs['train_iters'], f.attrs['optimizer'], json.loads(f.attrs['config'])['optimizer_params']['beta2'], "
+      "len(f['validation/lm_loss'][()]), lr[0], lr[1] > lr[7], l[-1] < l[0])\"");
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  // 8 rows, flag beat the file, plugin param resolved, 2 validations (iteration 4 and the final), warmup from 0, cosine decay, learning
+  EXPECT_EQ(py.output, "8 8 adamw 0.95 2 0.0 True True\n");
+  const std::string cfg = mb::read_file(run / "config.json");
+  EXPECT_NE(cfg.find("\"padded_vocab_size\": 50304"), std::string::npos) << cfg;
+}
+
+TEST_F(Train, PrintParamsNeedsNoDataAndHelpShowsExamples) {
+  auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train --model gpt-310.1b --tensor-model-parallel-size 8 --print-params");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("parameters:"), std::string::npos);
+  EXPECT_NE(r.output.find("(310."), std::string::npos) << r.output;  // Megatron's table: 310.1B
+  r = mb::testing::run_command(mb::testing::bin_dir() + "/train --help");
+  EXPECT_NE(r.output.find("--micro-batch-size"), std::string::npos);
+  EXPECT_NE(r.output.find("examples:"), std::string::npos);
+}

@@ -1,0 +1,73 @@
+// Minimal HDF5 read/write for tests that exchange tensors with the Python references.
+#pragma once
+
+#include <hdf5.h>
+
+#include <string>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace megabatch::testing {
+
+class H5File {
+ public:
+  H5File(const std::string& path, bool create) {
+    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+    id_ = create ? H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)
+                 : H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    check(id_ >= 0, path, ": cannot open");
+  }
+  ~H5File() { H5Fclose(id_); }
+  H5File(const H5File&) = delete;
+  H5File& operator=(const H5File&) = delete;
+
+  template <typename T>
+  void write(const std::string& name, const std::vector<T>& data, std::vector<hsize_t> dims) {
+    hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+    H5Pset_create_intermediate_group(lcpl, 1);
+    hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+    hid_t d = H5Dcreate2(id_, name.c_str(), type<T>(), space, lcpl, H5P_DEFAULT, H5P_DEFAULT);
+    check(d >= 0 && H5Dwrite(d, type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0, "write ", name);
+    H5Dclose(d);
+    H5Sclose(space);
+    H5Pclose(lcpl);
+  }
+  template <typename T>
+  std::vector<T> read(const std::string& name) {
+    hid_t d = H5Dopen2(id_, name.c_str(), H5P_DEFAULT);
+    check(d >= 0, "no dataset ", name);
+    hid_t space = H5Dget_space(d);
+    std::vector<T> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+    check(H5Dread(d, type<T>(), H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, "read ", name);
+    H5Sclose(space);
+    H5Dclose(d);
+    return out;
+  }
+  void attr(const std::string& name, double v) {
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(id_, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, H5T_NATIVE_DOUBLE, &v);
+    H5Aclose(a);
+    H5Sclose(space);
+  }
+  double attr(const std::string& name) {
+    double v = 0;
+    hid_t a = H5Aopen(id_, name.c_str(), H5P_DEFAULT);
+    check(a >= 0 && H5Aread(a, H5T_NATIVE_DOUBLE, &v) >= 0, "no attribute ", name);
+    H5Aclose(a);
+    return v;
+  }
+  bool has(const std::string& name) { return H5Lexists(id_, name.c_str(), H5P_DEFAULT) > 0; }
+
+ private:
+  template <typename T>
+  static hid_t type() {
+    if constexpr (std::is_same_v<T, float>) return H5T_NATIVE_FLOAT;
+    else if constexpr (std::is_same_v<T, double>) return H5T_NATIVE_DOUBLE;
+    else return H5T_NATIVE_INT32;
+  }
+  hid_t id_;
+};
+
+}  // namespace megabatch::testing

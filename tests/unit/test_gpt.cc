@@ -1,0 +1,229 @@
+// The GPT model: its gradient against finite differences (every layer composed, dropout
+// on), the chunked LM head, parameter counts against GPT-2's published sizes, and the
+// golden test against an independent PyTorch implementation (tests/reference/gpt_torch.py):
+// same weights and batch -> same loss and every gradient; ten AdamW steps -> the same
+// loss trajectory.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <random>
+
+#include "core/comm/communicator.h"
+#include "core/optim/optimizer.h"
+#include "core/train/trainer.h"
+#include "models/gpt.h"
+#include "models/registry.h"
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace mb = megabatch;
+using mb::testing::H5File;
+
+namespace {
+
+mb::models::ModelConfig tiny(double dropout = 0.0) {
+  mb::models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 24;
+  c.num_attention_heads = 3;
+  c.seq_length = 11;
+  c.vocab_size = 203;  // padded to 256
+  c.hidden_dropout = c.attention_dropout = dropout;
+  return c;
+}
+
+mb::train::Batch random_batch(int B, int T, int V, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> tok(0, V - 1);
+  mb::train::Batch b;
+  b.batch = B;
+  b.seq = T;
+  for (int i = 0; i < B * T; ++i) {
+    b.tokens.push_back(tok(g));
+    b.labels.push_back(tok(g));
+  }
+  return b;
+}
+
+}  // namespace
+
+TEST(Gpt, DirectionalDerivativeMatchesFiniteDifferences) {
+  mb::comm::LocalCommunicator tp;
+  auto cfg = tiny(0.2);
+  // A larger init keeps the residual stream (and so LayerNorm) far from its curvature at
+  // the finite-difference step: with std 0.02 a step of 1e-2 on a bias would be a large
+  // relative change of the activations.
+  cfg.init_method_std = 0.1;
+  auto model = mb::models::make_model(cfg, tp, 7);
+  auto& P = model->parameters();
+  const auto batch = random_batch(3, 11, 203, 1);
+  const mb::train::StepContext ctx{5, 3, 0, true};  // dropout on, fixed masks
+  P.zero_grad();
+  model->forward(batch, ctx, 1.0f);
+  model->backward();
+  // One random direction per parameter tensor: d/dh L(theta + h v) = <grad, v>.
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  for (size_t id = 0; id < P.count(); ++id) {
+    const int i = static_cast<int>(id);
+    const size_t n = P.info(i).numel;
+    std::vector<float> v(n), keep(P.param(i), P.param(i) + n);
+    double analytic = 0, vnorm = 0;
+    for (size_t j = 0; j < n; ++j) {
+      v[j] = nd(g);
+      analytic += static_cast<double>(P.grad(i)[j]) * v[j];
+      vnorm += static_cast<double>(v[j]) * v[j];
+    }
+    const float h = 3e-3f / static_cast<float>(std::sqrt(vnorm / static_cast<double>(n)));
+    auto loss_at = [&](float s) {
+      for (size_t j = 0; j < n; ++j) P.param(i)[j] = keep[j] + s * v[j];
+      return model->forward(batch, ctx, 0.0f).mean();
+    };
+    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
+    std::copy(keep.begin(), keep.end(), P.param(i));
+    // fp32 losses (|L| ~ 5.5, ~1e-6 relative) over 2h, plus O(h^2) curvature
+    EXPECT_NEAR(fd, analytic, 2e-3 * std::max(1.0, std::abs(analytic)) + 5e-4) << P.info(i).name;
+  }
+}
+
+TEST(Gpt, HeadChunkingDoesNotChangeLossOrGradients) {
+  mb::comm::LocalCommunicator tp;
+  const auto batch = random_batch(3, 11, 203, 2);
+  std::vector<float> grads[2];
+  double loss[2];
+  for (int k = 0; k < 2; ++k) {
+    mb::models::Gpt model(tiny(), tp);
+    model.parameters().finalize();
+    model.parameters().initialize(11);
+    model.set_head_chunk(k == 0 ? 1000 : 7);  // one chunk vs 5 uneven chunks
+    loss[k] = model.forward(batch, {1, 1, 0, true}, 1.0f).mean();
+    model.backward();
+    grads[k].assign(model.parameters().grads(), model.parameters().grads() + model.parameters().flat_size());
+  }
+  EXPECT_NEAR(loss[0], loss[1], 1e-6);
+  for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_NEAR(grads[0][i], grads[1][i], 1e-6) << i;
+}
+
+TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
+  // Hugging Face's GPT-2 checkpoints (vocabulary 50257, not padded): 124,439,808 and 354,823,168.
+  for (auto [name, published] : {std::pair{"gpt2-124m", 124439808LL}, std::pair{"gpt2-350m", 354823168LL}}) {
+    auto c = mb::models::preset(name);
+    c.make_vocab_size_divisible_by = 1;
+    EXPECT_EQ(mb::models::size_report(c).parameters, published) << name;
+  }
+  // Padding to 128: GPT-2's 50257 becomes 50304, Megatron's GPT table pads to 51200 at TP 8.
+  EXPECT_EQ(mb::models::preset("gpt2-124m").padded_vocab_size(), 50304);
+  auto big = mb::models::preset("gpt-7.5b");
+  big.tensor_model_parallel_size = 8;
+  EXPECT_EQ(big.padded_vocab_size(), 51200);
+  mb::testing::expect_error([] { mb::models::preset("gpt2-125m"); }, "did you mean 'gpt2-124m'");
+}
+
+namespace {
+
+// Writes the model's weights and the batch(es) for gpt_torch.py.
+void write_reference_input(const std::string& path, mb::train::Model& model, const mb::models::ModelConfig& c,
+                           const std::vector<mb::train::Batch>& batches) {
+  H5File f(path, true);
+  auto& P = model.parameters();
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
+    f.write("params/" + info.name, std::vector<float>(P.param(static_cast<int>(id)), P.param(static_cast<int>(id)) + info.numel), dims);
+  }
+  std::vector<int32_t> tokens, labels;
+  for (const auto& b : batches) {
+    tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
+    labels.insert(labels.end(), b.labels.begin(), b.labels.end());
+  }
+  std::vector<hsize_t> dims = {static_cast<hsize_t>(batches[0].batch), static_cast<hsize_t>(batches[0].seq)};
+  if (batches.size() > 1) dims.insert(dims.begin(), batches.size());
+  f.write("tokens", tokens, dims);
+  f.write("labels", labels, dims);
+  f.attr("layers", static_cast<double>(c.num_layers));
+  f.attr("heads", static_cast<double>(c.num_attention_heads));
+  f.attr("eps", c.layernorm_epsilon);
+}
+
+std::string torch_ref() { return "/usr/bin/python3 " + mb::testing::source_dir() + "/tests/reference/gpt_torch.py"; }
+
+}  // namespace
+
+TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  const auto c = tiny();
+  auto model = mb::models::make_model(c, tp, 21);
+  auto batch = random_batch(3, 11, 203, 4);
+  batch.labels[5] = mb::train::kIgnoreLabel;  // an ignored position
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r = mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  model->parameters().zero_grad();
+  const double loss = model->forward(batch, {0, 1, 0, false}, 1.0f).mean();
+  model->backward();
+  H5File out((tmp / "out.h5").string(), false);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  auto& P = model->parameters();
+  // fp32: the longest reductions (vocabulary 256, 33 tokens, hidden 96) sum ~1e3 terms:
+  // sqrt(1e3) * eps32 ~ 4e-6 relative to the tensor's scale; allow 16x that.
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    const auto ref = out.read<float>("grads/" + info.name);
+    ASSERT_EQ(ref.size(), info.numel) << info.name;
+    float scale = 0;
+    for (float x : ref) scale = std::max(scale, std::abs(x));
+    for (size_t j = 0; j < info.numel; ++j)
+      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], ref[j], 6e-5f * scale + 1e-9f) << info.name << "[" << j << "]";
+  }
+}
+
+TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  const auto c = tiny();
+  auto model = mb::models::make_model(c, tp, 22);
+  std::vector<mb::train::Batch> batches;
+  for (int s = 0; s < 10; ++s) batches.push_back(random_batch(3, 11, 40, 100 + s));  // a learnable sub-vocabulary
+  write_reference_input((tmp / "in.h5").string(), *model, c, batches);
+  const double lr = 3e-3, wd = 0.1, clip = 1.0;
+  {
+    H5File f((tmp / "in.h5").string(), false);
+  }
+  {  // hyperparameters as attributes
+    hid_t fid = H5Fopen((tmp / "in.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    for (auto [k, v] : {std::pair{"lr", lr}, std::pair{"beta1", 0.9}, std::pair{"beta2", 0.95},
+                        std::pair{"adam_eps", 1e-8}, std::pair{"weight_decay", wd}, std::pair{"clip", clip}}) {
+      hid_t space = H5Screate(H5S_SCALAR);
+      hid_t a = H5Acreate2(fid, k, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
+      H5Awrite(a, H5T_NATIVE_DOUBLE, &v);
+      H5Aclose(a);
+      H5Sclose(space);
+    }
+    H5Fclose(fid);
+  }
+  const auto r = mb::testing::run_command(torch_ref() + " adamw " + (tmp / "in.h5").string() + " " +
+                                          (tmp / "out.h5").string() + " 10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  const auto plugin = mb::optim::load_plugin("adamw", mb::optim::plugin_search_path());
+  const auto hp = mb::optim::resolve_hparams(plugin, {{"beta2", 0.95}, {"weight_decay", wd}}, "test");
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
+  H5File out((tmp / "out.h5").string(), false);
+  const auto ref = out.read<double>("losses");
+  ASSERT_EQ(ref.size(), 10u);
+  for (int s = 0; s < 10; ++s) {
+    model->parameters().zero_grad();
+    const double loss = model->forward(batches[s], {0, s + 1, 0, false}, 1.0f).mean();
+    model->backward();
+    const double norm = mb::train::grad_norm(model->parameters(), tp);
+    const double coeff = mb::optim::clip_coefficient(norm, clip);
+    float* g = model->parameters().grads();
+    for (size_t i = 0; i < model->parameters().flat_size(); ++i) g[i] *= static_cast<float>(coeff);
+    opt.step(s + 1, lr, 3);
+    EXPECT_NEAR(loss, ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
+  }
+  EXPECT_LT(ref[9], ref[0]) << "the reference run should learn something";
+}
