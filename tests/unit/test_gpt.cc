@@ -8,6 +8,7 @@
 #include <cfloat>
 #include <cmath>
 #include <random>
+#include <sstream>
 
 #include "core/comm/communicator.h"
 #include "core/optim/optimizer.h"
@@ -226,4 +227,56 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
     EXPECT_NEAR(loss, ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
   }
   EXPECT_LT(ref[9], ref[0]) << "the reference run should learn something";
+}
+
+namespace {
+// Serves a fixed list of samples: sample i is batch-row i of `all`.
+class FixedSource final : public mb::train::BatchSource {
+ public:
+  explicit FixedSource(mb::train::Batch all) : all_(std::move(all)) {}
+  void fill(uint64_t first, int64_t count, mb::train::Batch& out) override {
+    out.batch = count;
+    out.seq = all_.seq;
+    const auto b = all_.tokens.begin() + static_cast<int64_t>(first) * all_.seq;
+    const auto l = all_.labels.begin() + static_cast<int64_t>(first) * all_.seq;
+    out.tokens.assign(b, b + count * all_.seq);
+    out.labels.assign(l, l + count * all_.seq);
+  }
+
+ private:
+  mb::train::Batch all_;
+};
+}  // namespace
+
+TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
+  // One SGD step over a global batch of 8: as one micro-batch of 8, and as 4 micro-batches
+  // of 2. The optimizer must see the same (mean) gradient, so the parameters agree.
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  const auto hp = mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "test");
+  std::vector<float> params[2];
+  for (int k = 0; k < 2; ++k) {
+    auto model = mb::models::make_model(tiny(), tp, 5);
+    mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
+    FixedSource src(random_batch(8, 11, 203, 9));
+    mb::train::TrainOptions o;
+    o.micro_batch_size = k == 0 ? 8 : 2;
+    o.global_batch_size = 8;
+    o.train_iters = 1;
+    o.schedule.max_lr = o.schedule.min_lr = 0.5;
+    o.schedule.style = mb::optim::DecayStyle::kConstant;
+    o.clip_grad = 0;
+    o.eval_iters = 0;
+    std::ostringstream console;
+    mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
+    t.run();
+    params[k].assign(model->parameters().params(), model->parameters().params() + model->parameters().flat_size());
+  }
+  double moved = 0;
+  auto init = mb::models::make_model(tiny(), tp, 5);
+  for (size_t i = 0; i < params[0].size(); ++i) {
+    ASSERT_NEAR(params[0][i], params[1][i], 1e-6f) << i;
+    moved = std::max(moved, static_cast<double>(std::abs(params[0][i] - init->parameters().params()[i])));
+  }
+  EXPECT_GT(moved, 1e-3) << "the step changed the parameters";
 }
