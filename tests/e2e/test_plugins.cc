@@ -196,6 +196,25 @@ TEST(PluginRun, ThrowingStepStopsTheRunWithItsMessageAndMetricsStayReadable) {
       << abi.output;
 }
 
+TEST(PluginRun, KilledRunKeepsEveryFlushedIntervalReadable) {
+  mb::testing::TempDir tmp;
+  ASSERT_EQ(mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (tmp / "data").string()).exit_code, 0);
+  // Start a long run, wait for its third iteration line, SIGKILL it.
+  const std::string log = (tmp / "log").string(), pid = (tmp / "pid").string();
+  const auto r = mb::testing::run_command(
+      "(" + train_cmd(tmp / "data", tmp / "run", "--train-iters 100000") + " > " + log + " 2>&1 & echo $! > " + pid +
+      "); for i in $(seq 600); do grep -q 'iteration  *3/' " + log + " && break; sleep 0.05; done; kill -9 $(cat " + pid +
+      "); sleep 0.2; grep -c 'iteration  *[0-9]*/' " + log);
+  const int lines = std::atoi(r.output.c_str());
+  ASSERT_GE(lines, 3) << r.output;
+  // An independent reader opens the killed run's file and finds at least the logged rows.
+  const auto py = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py; f = h5py.File('" + (tmp / "run" / "metrics.h5").string() +
+      "', 'r'); it = f['train/iteration'][()]; l = f['train/lm_loss'][()]; "
+      "print(len(it) == len(l), len(it) >= 3, list(it[:3]))\"");
+  EXPECT_EQ(py.output, "True True [1.0, 2.0, 3.0]\n") << py.output;
+}
+
 TEST(PluginHeader, CompilesAloneAsCAndCxxWithPedanticWarnings) {
   const std::string inc = fs::path(mb::testing::bin_dir()).parent_path().string() + "/include";
   mb::testing::TempDir tmp;

@@ -280,3 +280,27 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
   }
   EXPECT_GT(moved, 1e-3) << "the step changed the parameters";
 }
+
+TEST(ParameterStore, ShardsInitializeToSlicesOfTheFullTensor) {
+  // The same parameters declared whole and as each shard of a 2-way split: every shard
+  // must hold exactly its slice of the whole initialization.
+  auto declare = [](mb::nn::ParameterStore& s, mb::nn::Sharding row, mb::nn::Sharding col, mb::nn::Sharding vec) {
+    s.add({"rows", mb::nn::Role::kWeight, 0, {6, 5}, row, mb::nn::Init::normal(1.0)});
+    s.add({"cols", mb::nn::Role::kWeight, 0, {5, 6}, col, mb::nn::Init::normal(1.0)});
+    s.add({"vec", mb::nn::Role::kBias, 0, {8}, vec, mb::nn::Init::normal(1.0)});
+    s.finalize();
+    s.initialize(17);
+  };
+  mb::nn::ParameterStore whole;
+  declare(whole, {}, {}, {});
+  for (int rank = 0; rank < 2; ++rank) {
+    mb::nn::ParameterStore shard;
+    declare(shard, mb::nn::Sharding::split(0, rank, 2), mb::nn::Sharding::split(1, rank, 2),
+            mb::nn::Sharding::split(0, rank, 2));
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 5; ++c) EXPECT_EQ(shard.param(0)[r * 5 + c], whole.param(0)[(rank * 3 + r) * 5 + c]);
+    for (int r = 0; r < 5; ++r)
+      for (int c = 0; c < 3; ++c) EXPECT_EQ(shard.param(1)[r * 3 + c], whole.param(1)[r * 6 + rank * 3 + c]);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(shard.param(2)[i], whole.param(2)[rank * 4 + i]);
+  }
+}
