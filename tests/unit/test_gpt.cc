@@ -304,3 +304,30 @@ TEST(ParameterStore, ShardsInitializeToSlicesOfTheFullTensor) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(shard.param(2)[i], whole.param(2)[rank * 4 + i]);
   }
 }
+
+TEST(Trainer, ClipsTheGlobalGradientNormBeforeTheOptimizerStep) {
+  // Plain SGD moves the parameters by lr * g: after clipping to norm c the step has norm lr * c.
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  auto model = mb::models::make_model(tiny(), tp, 6);
+  const std::vector<float> before(model->parameters().params(), model->parameters().params() + model->parameters().flat_size());
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
+  FixedSource src(random_batch(4, 11, 203, 10));
+  mb::train::TrainOptions o;
+  o.micro_batch_size = o.global_batch_size = 4;
+  o.train_iters = 1;
+  o.schedule.max_lr = o.schedule.min_lr = 0.1;
+  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  o.clip_grad = 0.05;  // far below the gradient norm of a fresh model (about 1)
+  o.eval_iters = 0;
+  std::ostringstream console;
+  mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
+  t.run();
+  double step = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    const double d = model->parameters().params()[i] - before[i];
+    step += d * d;
+  }
+  EXPECT_NEAR(std::sqrt(step), 0.1 * 0.05, 1e-4);
+  EXPECT_NE(console.str().find("grad norm:"), std::string::npos);
+}
