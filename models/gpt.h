@@ -17,8 +17,8 @@ namespace megabatch::models {
 
 class Gpt final : public train::Model {
  public:
-  // Declares the parameters in `store`'s sense; call parameters().finalize() and
-  // initialize() (make_model does) before forward.
+  // Declares the parameters (nothing is allocated); call parameters().finalize() and
+  // initialize() before forward (make_model does both).
   Gpt(const ModelConfig& config, comm::Communicator& tp);
   nn::ParameterStore& parameters() override { return store_; }
   train::LossOutput forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) override;

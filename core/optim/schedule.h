@@ -27,9 +27,8 @@ enum class LrScaling { kNone, kSqrt, kLinear };
 LrScaling parse_lr_scaling(const std::string& s);
 double scaled_lr(double base, LrScaling rule, int64_t batch, int64_t ref_batch);
 
-// Sum of squares of all gradients with tensor-parallel awareness is in train::; this is
-// the scaling step: multiplies grads by max_norm / (norm + 1e-6) when that is below 1
-// and returns the coefficient applied (1 when not clipped).
+// Global-norm clipping: the factor max_norm / (norm + 1e-6) to multiply the gradients by,
+// or 1 when that is not below 1 or max_norm <= 0 (the norm itself: train::grad_norm).
 double clip_coefficient(double norm, double max_norm);
 
 }  // namespace megabatch::optim

@@ -12,10 +12,11 @@ namespace megabatch::testing {
 
 class H5File {
  public:
-  H5File(const std::string& path, bool create) {
+  enum Mode { kRead, kCreate, kAppend };
+  H5File(const std::string& path, Mode mode) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    id_ = create ? H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)
-                 : H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+    id_ = mode == kCreate ? H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT)
+                          : H5Fopen(path.c_str(), mode == kAppend ? H5F_ACC_RDWR : H5F_ACC_RDONLY, H5P_DEFAULT);
     check(id_ >= 0, path, ": cannot open");
   }
   ~H5File() { H5Fclose(id_); }
@@ -50,6 +51,17 @@ class H5File {
     H5Awrite(a, H5T_NATIVE_DOUBLE, &v);
     H5Aclose(a);
     H5Sclose(space);
+  }
+  void attr(const std::string& name, const std::string& v) {  // variable-length string
+    const char* text = v.c_str();
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    hid_t space = H5Screate(H5S_SCALAR);
+    hid_t a = H5Acreate2(id_, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT);
+    H5Awrite(a, type, &text);
+    H5Aclose(a);
+    H5Sclose(space);
+    H5Tclose(type);
   }
   double attr(const std::string& name) {
     double v = 0;

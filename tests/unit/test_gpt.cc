@@ -126,7 +126,7 @@ namespace {
 // Writes the model's weights and the batch(es) for gpt_torch.py.
 void write_reference_input(const std::string& path, mb::train::Model& model, const mb::models::ModelConfig& c,
                            const std::vector<mb::train::Batch>& batches) {
-  H5File f(path, true);
+  H5File f(path, H5File::kCreate);
   auto& P = model.parameters();
   for (size_t id = 0; id < P.count(); ++id) {
     const auto& info = P.info(static_cast<int>(id));
@@ -165,7 +165,7 @@ TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
   model->parameters().zero_grad();
   const double loss = model->forward(batch, {0, 1, 0, false}, 1.0f).mean();
   model->backward();
-  H5File out((tmp / "out.h5").string(), false);
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
   auto& P = model->parameters();
   // fp32: the longest reductions (vocabulary 256, 33 tokens, hidden 96) sum ~1e3 terms:
@@ -190,20 +190,11 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   for (int s = 0; s < 10; ++s) batches.push_back(random_batch(3, 11, 40, 100 + s));  // a learnable sub-vocabulary
   write_reference_input((tmp / "in.h5").string(), *model, c, batches);
   const double lr = 3e-3, wd = 0.1, clip = 1.0;
-  {
-    H5File f((tmp / "in.h5").string(), false);
-  }
   {  // hyperparameters as attributes
-    hid_t fid = H5Fopen((tmp / "in.h5").c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    H5File f((tmp / "in.h5").string(), H5File::kAppend);
     for (auto [k, v] : {std::pair{"lr", lr}, std::pair{"beta1", 0.9}, std::pair{"beta2", 0.95},
-                        std::pair{"adam_eps", 1e-8}, std::pair{"weight_decay", wd}, std::pair{"clip", clip}}) {
-      hid_t space = H5Screate(H5S_SCALAR);
-      hid_t a = H5Acreate2(fid, k, H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
-      H5Awrite(a, H5T_NATIVE_DOUBLE, &v);
-      H5Aclose(a);
-      H5Sclose(space);
-    }
-    H5Fclose(fid);
+                        std::pair{"adam_eps", 1e-8}, std::pair{"weight_decay", wd}, std::pair{"clip", clip}})
+      f.attr(k, v);
   }
   const auto r = mb::testing::run_command(torch_ref() + " adamw " + (tmp / "in.h5").string() + " " +
                                           (tmp / "out.h5").string() + " 10");
@@ -212,7 +203,7 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   const auto plugin = mb::optim::load_plugin("adamw", mb::optim::plugin_search_path());
   const auto hp = mb::optim::resolve_hparams(plugin, {{"beta2", 0.95}, {"weight_decay", wd}}, "test");
   mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
-  H5File out((tmp / "out.h5").string(), false);
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
   const auto ref = out.read<double>("losses");
   ASSERT_EQ(ref.size(), 10u);
   for (int s = 0; s < 10; ++s) {

@@ -118,7 +118,11 @@ void residual_backward(T* da, T* db, const T* dout, int64_t n) {
   }
 }
 
-void dropout_mask(uint8_t* keep, int64_t n, uint64_t offset, const DropoutKey& k) {
+namespace {
+// fn(e, keep) for every element e in [0, n) of the tensor starting at element `offset`,
+// one Philox block per 4 elements, generated where it is used.
+template <typename Fn>
+void for_each_mask(int64_t n, uint64_t offset, const DropoutKey& k, Fn&& fn) {
   const uint64_t threshold = static_cast<uint64_t>(k.p * 4294967296.0);
   const int64_t first_block = static_cast<int64_t>(offset / 4), last_block = static_cast<int64_t>((offset + n + 3) / 4);
 #pragma omp parallel for schedule(static) if (n > 65536)
@@ -126,27 +130,28 @@ void dropout_mask(uint8_t* keep, int64_t n, uint64_t offset, const DropoutKey& k
     const auto r = Philox4x32::generate(k.key, k.stream, static_cast<uint64_t>(b));
     for (int lane = 0; lane < 4; ++lane) {
       const int64_t e = b * 4 + lane - static_cast<int64_t>(offset);
-      if (e >= 0 && e < n) keep[e] = uint64_t{r[lane]} >= threshold ? 1 : 0;
+      if (e >= 0 && e < n) fn(e, uint64_t{r[lane]} >= threshold);
     }
   }
+}
+}  // namespace
+
+void dropout_mask(uint8_t* keep, int64_t n, uint64_t offset, const DropoutKey& k) {
+  for_each_mask(n, offset, k, [&](int64_t e, bool kept) { keep[e] = kept ? 1 : 0; });
 }
 
 template <typename T>
 void dropout_forward(T* out, const T* in, int64_t n, uint64_t offset, const DropoutKey& k) {
-  std::vector<uint8_t> keep(n);
-  dropout_mask(keep.data(), n, offset, k);
   const T scale = static_cast<T>(1.0 / (1.0 - k.p));
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = keep[i] ? in[i] * scale : T(0);
+  for_each_mask(n, offset, k, [&](int64_t e, bool kept) { out[e] = kept ? in[e] * scale : T(0); });
 }
 
 template <typename T>
 void dropout_backward(T* din, const T* dout, int64_t n, uint64_t offset, const DropoutKey& k) {
-  std::vector<uint8_t> keep(n);
-  dropout_mask(keep.data(), n, offset, k);
   const T scale = static_cast<T>(1.0 / (1.0 - k.p));
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) din[i] += keep[i] ? dout[i] * scale : T(0);
+  for_each_mask(n, offset, k, [&](int64_t e, bool kept) {
+    if (kept) din[e] += dout[e] * scale;
+  });
 }
 
 #define MB_INSTANTIATE(T)                                                                                          \
