@@ -59,7 +59,7 @@ double megabatch_tokens_per_second(int steps) {
     model->parameters().zero_grad();
     model->forward(batch, {1, s + 1, 0, true}, 1.0f);
     model->backward();
-    const double norm = mb::train::grad_norm(model->parameters(), tp);
+    const double norm = mb::optim::grad_norm(model->parameters(), tp);
     const float coeff = static_cast<float>(mb::optim::clip_coefficient(norm, 1.0));
     float* gr = model->parameters().grads();
     for (size_t i = 0; i < model->parameters().flat_size(); ++i) gr[i] *= coeff;

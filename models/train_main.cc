@@ -226,6 +226,12 @@ int run(int argc, char** argv) {
   opt.log_interval = std::max<int64_t>(1, v["log_interval"].get<int64_t>());
   opt.eval_interval = v["eval_interval"].get<int64_t>();
   opt.eval_iters = v["eval_iters"].get<int64_t>();
+  opt.diagnostics_interval =
+      v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;
+  mb::check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
+            opt.diagnostics_interval);
+  opt.noise_scale = v["log_noise_scale"].get<bool>();
+  opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
   opt.seed = seed;
   opt.tokens_per_sample = mc.seq_length;
 
@@ -264,6 +270,7 @@ int run(int argc, char** argv) {
   resolved["padded_vocab_size"] = mc.padded_vocab_size();
   resolved["num_parameters"] = model->parameters().num_full_parameters();
   resolved["train_iters"] = opt.train_iters;
+  resolved["diagnostics_interval"] = opt.diagnostics_interval;
   resolved["global_batch_size"] = gbs;
   resolved["effective_lr"] = s.max_lr;
   resolved["effective_min_lr"] = s.min_lr;
@@ -291,7 +298,7 @@ int run(int argc, char** argv) {
             << s.warmup_samples << " samples; " << omp_get_max_threads() << " threads\n"
             << "> writing " << (run_dir / "metrics.h5").string() << std::endl;
 
-  mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed, {},
+  mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
   mb::train::Trainer trainer(opt, *model, optimizer, tp, train_src, valid_src.get(), &metrics, std::cout);
   trainer.run();

@@ -2,6 +2,7 @@
 
 #include <hdf5.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/util/error.h"
@@ -72,42 +73,98 @@ MetricsFile::~MetricsFile() {
   }
 }
 
-void MetricsFile::append(const std::string& series, double value) { pending_[series].push_back(value); }
+void MetricsFile::append(const std::string& series, double value) {
+  Pending& p = pending_[series];
+  check(p.width == 0, path_.string(), ": series ", series, " holds rows of ", p.width, " values, not scalars");
+  p.values.push_back(value);
+}
+
+void MetricsFile::append_row(const std::string& series, const std::vector<double>& row) {
+  check(!row.empty(), path_.string(), ": empty row for series ", series);
+  Pending& p = pending_[series];
+  if (p.width == 0 && p.values.empty()) p.width = row.size();
+  check(p.width == row.size(), path_.string(), ": series ", series, " holds rows of ", p.width,
+        " values; got a row of ", row.size());
+  p.values.insert(p.values.end(), row.begin(), row.end());
+}
+
+void MetricsFile::set_strings(const std::string& name, const std::vector<std::string>& values) {
+  auto done = written_strings_.find(name);
+  if (done != written_strings_.end()) {
+    check(done->second == values, path_.string(), ": ", name, " was already written with different values");
+    return;
+  }
+  strings_[name] = values;
+}
+
+namespace {
+hid_t create_link_props() {
+  const hid_t lcpl = H5Pcreate(H5P_LINK_CREATE);
+  H5Pset_create_intermediate_group(lcpl, 1);
+  return lcpl;
+}
+}  // namespace
 
 void MetricsFile::flush() {
-  if (pending_.empty()) return;
+  bool any = !strings_.empty();
+  for (const auto& [series, p] : pending_) any = any || !p.values.empty();
+  if (!any) return;
   Handle f(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, path_.string(), ": cannot reopen the metrics file to append (was it removed or moved?)");
-  for (auto& [series, values] : pending_) {
-    if (values.empty()) continue;
-    const hsize_t n = values.size();
+  for (auto& [name, values] : strings_) {
+    if (H5Lexists(f.id, name.c_str(), H5P_DEFAULT) <= 0) {
+      std::vector<const char*> ptrs;
+      for (const auto& v : values) ptrs.push_back(v.c_str());
+      Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+      H5Tset_size(type.id, H5T_VARIABLE);
+      H5Tset_cset(type.id, H5T_CSET_UTF8);
+      const hsize_t n = values.size();
+      Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+      Handle lcpl(create_link_props(), H5Pclose);
+      Handle d(H5Dcreate2(f.id, name.c_str(), type.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      check(d.id >= 0 && H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) >= 0, path_.string(),
+            ": cannot write ", name, " (disk full?)");
+    }
+    written_strings_[name] = values;
+  }
+  strings_.clear();
+  for (auto& [series, p] : pending_) {
+    if (p.values.empty()) continue;
+    const int rank = p.width == 0 ? 1 : 2;
+    const hsize_t width = p.width == 0 ? 1 : p.width;
+    const hsize_t rows = p.values.size() / width;
     hid_t d = -1;
     if (H5Lexists(f.id, series.c_str(), H5P_DEFAULT) > 0) {
       d = H5Dopen2(f.id, series.c_str(), H5P_DEFAULT);
     } else {
-      Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
-      H5Pset_create_intermediate_group(lcpl.id, 1);
-      const hsize_t zero = 0, unlimited = H5S_UNLIMITED, chunk = 1024;
-      Handle space(H5Screate_simple(1, &zero, &unlimited), H5Sclose);
+      Handle lcpl(create_link_props(), H5Pclose);
+      const hsize_t zero[2] = {0, width}, max[2] = {H5S_UNLIMITED, width};
+      const hsize_t chunk[2] = {rank == 1 ? hsize_t{1024} : std::max<hsize_t>(1, 8192 / width), width};
+      Handle space(H5Screate_simple(rank, zero, max), H5Sclose);
       Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-      H5Pset_chunk(dcpl.id, 1, &chunk);
+      H5Pset_chunk(dcpl.id, rank, chunk);
       d = H5Dcreate2(f.id, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
     }
     Handle ds(d, H5Dclose);
     check(ds.id >= 0, path_.string(), ": cannot open or create series ", series);
     Handle old_space(H5Dget_space(ds.id), H5Sclose);
-    hsize_t old = 0;
-    H5Sget_simple_extent_dims(old_space.id, &old, nullptr);
-    const hsize_t total = old + n;
-    check(H5Dset_extent(ds.id, &total) >= 0, path_.string(), ": cannot extend series ", series);
+    check(H5Sget_simple_extent_ndims(old_space.id) == rank, path_.string(), ": series ", series,
+          " exists with a different number of dimensions");
+    hsize_t old[2] = {0, 0};
+    H5Sget_simple_extent_dims(old_space.id, old, nullptr);
+    check(rank == 1 || old[1] == width, path_.string(), ": series ", series, " has ", old[1],
+          " columns; got rows of ", width);
+    const hsize_t total[2] = {old[0] + rows, width};
+    check(H5Dset_extent(ds.id, total) >= 0, path_.string(), ": cannot extend series ", series);
     Handle space(H5Dget_space(ds.id), H5Sclose);
-    H5Sselect_hyperslab(space.id, H5S_SELECT_SET, &old, nullptr, &n, nullptr);
-    Handle mem(H5Screate_simple(1, &n, nullptr), H5Sclose);
-    check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, values.data()) >= 0, path_.string(),
+    const hsize_t start[2] = {old[0], 0}, count[2] = {rows, width};
+    H5Sselect_hyperslab(space.id, H5S_SELECT_SET, start, nullptr, count, nullptr);
+    Handle mem(H5Screate_simple(rank, count, nullptr), H5Sclose);
+    check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, p.values.data()) >= 0, path_.string(),
           ": cannot write series ", series, " (disk full?)");
+    p.values.clear();
   }
   check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush (disk full?)");
-  pending_.clear();
 }
 
 }  // namespace megabatch::io

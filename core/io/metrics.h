@@ -1,6 +1,8 @@
 // metrics.h5: the run's resolved configuration as attributes of the root group (and
-// the whole config as JSON text in attribute "config"), and extendible 1-D series in
-// groups ("train/lm_loss", "validation/lm_loss", ...), one value per logged row.
+// the whole config as JSON text in attribute "config"), extendible 1-D series in groups
+// ("train/lm_loss", "validation/lm_loss", ...), one value per logged row, and extendible
+// 2-D series (rows x columns, e.g. "optimizer/trust_ratio": logged step x tensor) with
+// string datasets beside them naming the columns ("optimizer/tensor_names").
 //
 // Rows are buffered and written by flush(), which opens the file, appends, and closes it
 // again: between flushes the file on disk is complete and readable by anything (h5py,
@@ -26,13 +28,24 @@ class MetricsFile {
 
   // Appends one value to series "group/name".
   void append(const std::string& series, double value);
+  // Appends one row to 2-D series "group/name"; every row of a series has the same width.
+  void append_row(const std::string& series, const std::vector<double>& row);
+  // Writes a 1-D string dataset once (e.g. column names); later calls with the same
+  // name must give the same strings.
+  void set_strings(const std::string& name, const std::vector<std::string>& values);
   // Writes buffered values. Error naming the file on failure (disk full, removed, ...).
   void flush();
   const std::filesystem::path& path() const { return path_; }
 
  private:
   std::filesystem::path path_;
-  std::map<std::string, std::vector<double>> pending_;
+  struct Pending {
+    size_t width = 0;  // 0: a 1-D series; otherwise the row width of a 2-D series
+    std::vector<double> values;
+  };
+  std::map<std::string, Pending> pending_;
+  std::map<std::string, std::vector<std::string>> strings_;  // written once, at the next flush
+  std::map<std::string, std::vector<std::string>> written_strings_;
 };
 
 }  // namespace megabatch::io

@@ -135,10 +135,23 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
   return out;
 }
 
+double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
+  double sharded = 0, replicated = 0;
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    const float* g = store.grad(static_cast<int>(i));
+    double s = 0;
+#pragma omp parallel for reduction(+ : s) schedule(static) if (info.numel > 65536)
+    for (int64_t j = 0; j < static_cast<int64_t>(info.numel); ++j) s += static_cast<double>(g[j]) * g[j];
+    (info.sharding.sharded ? sharded : replicated) += s;
+  }
+  tp.all_reduce(&sharded, 1, comm::ReduceOp::kSum);
+  return std::sqrt(sharded + replicated);
+}
+
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
-                                 const std::vector<double>& hparams, uint64_t seed, MetricSink metrics, LogSink log)
-    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), seed_(seed), metrics_(std::move(metrics)),
-      log_(std::move(log)) {
+                                 const std::vector<double>& hparams, uint64_t seed, LogSink log)
+    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), seed_(seed), log_(std::move(log)) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
   for (size_t i = 0; i < store.count(); ++i) {
@@ -173,10 +186,15 @@ PluginOptimizer::~PluginOptimizer() {
   if (self_) plugin_.entry->destroy(self_);
 }
 
-void PluginOptimizer::step(int64_t step, double lr, int64_t global_batch) {
-  mb_step_info info{step, lr, global_batch, seed_};
+void PluginOptimizer::step(int64_t step, double lr, int64_t global_batch, double norm, bool diagnostics) {
+  if (norm < 0) norm = grad_norm(*store_, *tp_);
+  mb_step_info info{step, lr, global_batch, seed_, norm, diagnostics ? 1 : 0};
+  if (diagnostics) diagnostics_.clear();
+  collecting_ = diagnostics;
   char err[1024] = {0};
-  if (plugin_.entry->step(self_, &info, err, sizeof err) != 0)
+  const int rc = plugin_.entry->step(self_, &info, err, sizeof err);
+  collecting_ = false;
+  if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step, ": ", err[0] ? err : "no message");
 }
 
@@ -218,7 +236,10 @@ void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, 
 
 void PluginOptimizer::metric(void* ctx, const char* series, size_t index, double value) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
-  if (self->metrics_) self->metrics_(series, index, value);
+  if (!self->collecting_ || !series || !*series || index >= self->params_.size()) return;
+  auto [it, fresh] = self->diagnostics_.try_emplace(series);
+  if (fresh) it->second.assign(self->params_.size(), std::nan(""));
+  it->second[index] = value;
 }
 
 void PluginOptimizer::log(void* ctx, const char* message) {

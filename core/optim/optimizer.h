@@ -52,20 +52,34 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
 // The schema as text (for --help and error messages).
 std::string describe_hparams(const Plugin& plugin);
 
+// Global L2 norm of all gradients: squared norms of sharded tensors are summed over the
+// tensor-parallel group, replicated tensors are counted once.
+double grad_norm(nn::ParameterStore& store, comm::Communicator& tp);
+
 // A plugin optimizer bound to the parameters of a ParameterStore.
 class PluginOptimizer {
  public:
-  using MetricSink = std::function<void(const std::string& series, size_t param_index, double value)>;
   using LogSink = std::function<void(const std::string&)>;
+  // Per-tensor diagnostics of one step: series -> one value per parameter (NaN where
+  // the plugin reported none).
+  using Diagnostics = std::map<std::string, std::vector<double>>;
 
   PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp, const std::vector<double>& hparams,
-                  uint64_t seed, MetricSink metrics = {}, LogSink log = {});
+                  uint64_t seed, LogSink log = {});
   ~PluginOptimizer();
   PluginOptimizer(const PluginOptimizer&) = delete;
   PluginOptimizer& operator=(const PluginOptimizer&) = delete;
 
-  // One step; an Error carrying the plugin's message when it fails.
-  void step(int64_t step, double lr, int64_t global_batch);
+  // One step; an Error carrying the plugin's message when it fails. grad_norm is the
+  // global norm of the current gradients when the caller knows it (the trainer does,
+  // after clipping); a negative value makes the host compute it. With diagnostics set,
+  // the plugin reports per-tensor diagnostics, available from diagnostics() afterwards.
+  void step(int64_t step, double lr, int64_t global_batch, double grad_norm = -1.0, bool diagnostics = false);
+  // The standard normal draws the host gives the plugin for (parameter index, step):
+  // out[0..n) of the local shard, keyed by the element's index in the full tensor.
+  void draw_normal(size_t index, int64_t step, float* out, size_t n) { normal(this, index, step, out, n); }
+  // What the last step with diagnostics reported.
+  const Diagnostics& diagnostics() const { return diagnostics_; }
   const Plugin& plugin() const { return plugin_; }
   // Optimizer state by (parameter name, state name), for checkpoints and tests.
   const std::map<std::pair<std::string, std::string>, Tensor>& state() const { return state_; }
@@ -81,7 +95,8 @@ class PluginOptimizer {
   nn::ParameterStore* store_;
   comm::Communicator* tp_;
   uint64_t seed_;
-  MetricSink metrics_;
+  Diagnostics diagnostics_;
+  bool collecting_ = false;
   LogSink log_;
   std::vector<mb_param> params_;
   std::map<std::pair<std::string, std::string>, Tensor> state_;

@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 1.
+/* megabatch optimizer plugin ABI, version 2.
  *
  * This header is the only thing a plugin includes. It is plain C (a C++ convenience
  * layer follows at the end), so a plugin built by any compiler loads into any host.
@@ -22,7 +22,7 @@
  *  - destroy() is called once; after it the host may unload the library.
  *  - Calls come from one host thread; a plugin may use OpenMP inside a call.
  *  - Pointers to parameters, gradients and state point to memory on the run's device
- *    (version 1: the CPU). Sharded parameters are the local shard; host->tp_sum makes
+ *    (version 2: the CPU). Sharded parameters are the local shard; host->tp_sum makes
  *    per-tensor norms of sharded tensors global (sum over the tensor-parallel group).
  *  - Errors: return non-zero and write a message into err (err_len bytes, NUL-terminated).
  *    The host stops the run with that message; it never continues after a failed step.
@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 1u
+#define MB_PLUGIN_ABI_VERSION 2u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
 
 #ifdef __cplusplus
@@ -75,6 +75,10 @@ typedef struct mb_step_info {
   double lr;               /* learning rate for this step (after warmup, decay and scaling) */
   int64_t global_batch;    /* samples in this step's global batch */
   uint64_t seed;           /* run seed, for plugins that draw random numbers through the host */
+  double grad_norm;        /* global L2 norm of the gradients step() sees (after the host's
+                              clipping; over all ranks, each element counted once) */
+  int32_t diagnostics;     /* 1: report per-tensor diagnostics through host->metric this
+                              step; 0: skip them (they may cost reductions) */
 } mb_step_info;
 
 /* Services the host offers. Every member is non-null. */
@@ -90,7 +94,9 @@ typedef struct mb_host {
    * (seed, step, param_index, full-tensor element index): identical on any thread
    * count, device or tensor-parallel layout. */
   void (*normal)(void* ctx, size_t param_index, int64_t step, float* out, size_t n);
-  /* Records a per-tensor diagnostic (e.g. "trust_ratio") for this step. */
+  /* Records a per-tensor diagnostic (e.g. "trust_ratio") for this step; meant for steps
+   * with info->diagnostics set (ignored otherwise). Each series lands in metrics.h5 as
+   * optimizer/<series>, one row per reported step, one column per parameter. */
   void (*metric)(void* ctx, const char* series, size_t param_index, double value);
   /* A line for the run's console log. */
   void (*log)(void* ctx, const char* message);
@@ -118,14 +124,18 @@ typedef struct mb_plugin_entry {
 /* ------------------------------------------------------------------------------------
  * C++ convenience layer: write a class, get the C entry.
  *
+ *   struct SgdUpdate {                       // the math, once, as a host/device functor
+ *     float* w; const float* g; float lr;
+ *     MB_HOST_DEVICE void operator()(int64_t j) const { w[j] -= lr * g[j]; }
+ *   };
  *   class MySgd : public megabatch::plugin::Optimizer {
  *    public:
- *     MySgd(const megabatch::plugin::Context& ctx) : Optimizer(ctx) {}
+ *     explicit MySgd(const megabatch::plugin::Context& ctx) : Optimizer(ctx) {}
  *     void step(const mb_step_info& info) override {
- *       for (size_t i = 0; i < num_params(); ++i) {
- *         const mb_param& p = param(i);
- *         megabatch::plugin::for_each(p.numel, [&](int64_t j) { p.data[j] -= info.lr * p.grad[j]; });
- *       }
+ *       std::vector<megabatch::plugin::TensorJob<SgdUpdate>> jobs;
+ *       for (size_t i = 0; i < num_params(); ++i)
+ *         jobs.push_back({param(i).numel, {param(i).data, param(i).grad, float(info.lr)}});
+ *       megabatch::plugin::multi_tensor_apply(jobs);   // every tensor, one parallel region
  *     }
  *   };
  *   static const mb_hparam_spec kSchema[] = {{"momentum", MB_HPARAM_FLOAT, 0.0, 0.0, 1.0, "momentum"}};
@@ -133,6 +143,7 @@ typedef struct mb_plugin_entry {
  *
  * Exceptions thrown by the constructor or step() become the error message.
  * ---------------------------------------------------------------------------------- */
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -146,8 +157,93 @@ typedef struct mb_plugin_entry {
 #define MB_PLUGIN_PRAGMA(x)
 #endif
 
+/* Marks optimizer functors so the same math compiles for the CPU and, under nvcc, for
+ * CUDA kernels. */
+#if defined(__CUDACC__)
+#define MB_HOST_DEVICE __host__ __device__
+#else
+#define MB_HOST_DEVICE
+#endif
+
 namespace megabatch::plugin {
 
+// ---- multi-tensor apply -------------------------------------------------------------
+// Elementwise optimizer math is a small functor (pointers and scalars of one tensor, an
+// operator() for element j). A TensorJob pairs it with the tensor's element count; the
+// apply functions run a whole list of jobs: on the CPU the elements of all tensors are
+// cut into fixed chunks of kChunk that OpenMP threads share, so a model of hundreds of
+// small tensors costs one parallel region and large tensors still split evenly. (The
+// CUDA path launches the same functors over the same chunks.)
+template <typename Fn>
+struct TensorJob {
+  int64_t n;  // elements of this tensor (the local shard)
+  Fn fn;
+};
+
+inline constexpr int64_t kChunk = 16384;
+
+namespace detail {
+struct Chunk {
+  size_t job;
+  int64_t begin, end;
+};
+template <typename Fn>
+std::vector<Chunk> make_chunks(const std::vector<TensorJob<Fn>>& jobs) {
+  std::vector<Chunk> chunks;
+  for (size_t t = 0; t < jobs.size(); ++t)
+    for (int64_t b = 0; b < jobs[t].n; b += kChunk) chunks.push_back({t, b, b + kChunk < jobs[t].n ? b + kChunk : jobs[t].n});
+  return chunks;
+}
+}  // namespace detail
+
+// fn(j) for every element j of every job. fn must only touch element j of its arrays.
+template <typename Fn>
+void multi_tensor_apply(const std::vector<TensorJob<Fn>>& jobs) {
+  const std::vector<detail::Chunk> chunks = detail::make_chunks(jobs);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
+  for (int64_t c = 0; c < count; ++c) {
+    const Fn fn = jobs[chunks[c].job].fn;  // a private copy keeps the scalars in registers
+    const int64_t end = chunks[c].end;
+    MB_PLUGIN_PRAGMA("omp simd")
+    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j);
+  }
+}
+
+// Per-job sums of K quantities: fn(j, acc) may update element j of its arrays and adds
+// its K contributions to acc[0..K) (e.g. a squared update and a squared weight). Sums are
+// accumulated in double per chunk and added in chunk order, so the result does not depend
+// on the thread count. Returns one array of K sums per job (local: reduce sharded
+// tensors over the tensor-parallel group with Optimizer::tp_sum_sharded).
+template <int K, typename Fn>
+std::vector<std::array<double, K>> multi_tensor_sum(const std::vector<TensorJob<Fn>>& jobs) {
+  const std::vector<detail::Chunk> chunks = detail::make_chunks(jobs);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  std::vector<std::array<double, K>> partial(chunks.size());
+  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
+  for (int64_t c = 0; c < count; ++c) {
+    const Fn fn = jobs[chunks[c].job].fn;
+    double acc[K] = {};
+    const int64_t end = chunks[c].end;
+    MB_PLUGIN_PRAGMA("omp simd reduction(+ : acc[:K])")
+    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j, acc);
+    for (int k = 0; k < K; ++k) partial[c][k] = acc[k];
+  }
+  std::vector<std::array<double, K>> sums(jobs.size());
+  for (auto& s : sums) s.fill(0.0);
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (int k = 0; k < K; ++k) sums[chunks[c].job][k] += partial[c][k];
+  return sums;
+}
+
+// fn(j) over one tensor: the single-job form of multi_tensor_apply.
+template <typename Fn>
+inline void for_each(int64_t n, Fn&& fn) {
+  MB_PLUGIN_PRAGMA("omp parallel for simd schedule(static) if (n > 32768)")
+  for (int64_t j = 0; j < n; ++j) fn(j);
+}
+
+// ---- the optimizer base class -------------------------------------------------------
 struct Context {
   const mb_host* host;
   const mb_param* params;
@@ -187,6 +283,27 @@ class Optimizer {
     if (p.sharded) ctx_.host->tp_sum(ctx_.host->ctx, &s, 1);
     return s;
   }
+  // Makes per-parameter sums global: the entries of sharded parameters are summed over
+  // the tensor-parallel group (in one collective), replicated ones are left alone.
+  // sums[i] belongs to parameter i (as multi_tensor_sum returns them for jobs built in
+  // parameter order).
+  template <size_t K>
+  void tp_sum_sharded(std::vector<std::array<double, K>>& sums) const {
+    std::vector<double> packed;
+    for (size_t i = 0; i < sums.size(); ++i)
+      if (param(i).sharded) packed.insert(packed.end(), sums[i].begin(), sums[i].end());
+    if (packed.empty()) return;
+    ctx_.host->tp_sum(ctx_.host->ctx, packed.data(), packed.size());
+    size_t at = 0;
+    for (size_t i = 0; i < sums.size(); ++i)
+      if (param(i).sharded)
+        for (size_t k = 0; k < K; ++k) sums[i][k] = packed[at++];
+  }
+  // Elements of parameter i's full (unsharded) tensor.
+  int64_t full_numel(size_t i) const {
+    const mb_param& p = param(i);
+    return p.ndim == 1 ? p.full_shape[0] : p.full_shape[0] * p.full_shape[1];
+  }
   void metric(const char* series, size_t i, double value) const {
     ctx_.host->metric(ctx_.host->ctx, series, i, value);
   }
@@ -196,14 +313,6 @@ class Optimizer {
  private:
   Context ctx_;
 };
-
-// Multi-tensor apply on the CPU: fn(j) for every element j in [0, n), across OpenMP
-// threads. Elementwise optimizer math written as such a functor runs unchanged per tensor.
-template <typename Fn>
-inline void for_each(int64_t n, Fn&& fn) {
-  MB_PLUGIN_PRAGMA("omp parallel for simd schedule(static) if (n > 32768)")
-  for (int64_t j = 0; j < n; ++j) fn(j);
-}
 
 namespace detail {
 inline void set_error(char* err, size_t len, const char* msg) {

@@ -64,6 +64,12 @@ const config::Schema& train_schema() {
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
       {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
       {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},
+      {"diagnostics_interval", Type::kInt, nullptr,
+       "per-tensor optimizer diagnostics (trust ratio, weight and update norms) every N iterations "
+       "(default: log_interval; 0: off)", "logging"},
+      {"log_noise_scale", Type::kBool, false,
+       "estimate the gradient noise scale B_simple (needs >= 2 micro-batches per global batch)", "logging"},
+      {"noise_scale_ema", Type::kFloat, 0.99, "moving-average decay of the noise-scale estimates", "logging"},
   });
   return schema;
 }

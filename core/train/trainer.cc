@@ -10,19 +10,17 @@
 
 namespace megabatch::train {
 
-double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
-  double sharded = 0, replicated = 0;
-  for (size_t i = 0; i < store.count(); ++i) {
-    const auto& info = store.info(static_cast<int>(i));
-    const float* g = store.grad(static_cast<int>(i));
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (info.numel > 65536)
-    for (int64_t j = 0; j < static_cast<int64_t>(info.numel); ++j) s += static_cast<double>(g[j]) * g[j];
-    (info.sharding.sharded ? sharded : replicated) += s;
-  }
-  tp.all_reduce(&sharded, 1, comm::ReduceOp::kSum);
-  return std::sqrt(sharded + replicated);
+void NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B) {
+  check(B > b && b > 0, "noise scale: the small batch (", b, ") must be smaller than the big batch (", B, ")");
+  const double g2 = (B * big_sq - b * small_sq) / (B - b);
+  const double tr = (small_sq - big_sq) / (1.0 / b - 1.0 / B);
+  g2_ = ema_ * g2_ + (1 - ema_) * g2;
+  tr_ = ema_ * tr_ + (1 - ema_) * tr;
+  decay_pow_ *= ema_;
+  ++n_;
 }
+double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_pow_) : std::nan(""); }
+double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
 
 Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
                  BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
@@ -31,6 +29,13 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
   check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
   check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
         ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
+  check(!opt_.noise_scale || opt_.global_batch_size >= 2 * opt_.micro_batch_size,
+        "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
+        "micro-batches (global batch ", opt_.global_batch_size, ", micro batch ", opt_.micro_batch_size,
+        "); lower --micro-batch-size");
+  check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
+        opt_.noise_scale_ema, ")");
+  noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema);
 }
 
 namespace {
@@ -53,15 +58,22 @@ void Trainer::train_step() {
   ++iteration_;
   const int64_t micro_batches = opt_.global_batch_size / opt_.micro_batch_size;
   model_.parameters().zero_grad();
-  double loss = 0;
+  double loss = 0, small_sq = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     const StepContext ctx{opt_.seed, iteration_, m, true};
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     model_.backward();
     loss += out.mean() / static_cast<double>(micro_batches);
+    if (opt_.noise_scale && m == 0) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
+      const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
+      small_sq = n1 * n1;
+    }
   }
-  const double norm = grad_norm(model_.parameters(), tp_);
+  const double norm = optim::grad_norm(model_.parameters(), tp_);
+  if (opt_.noise_scale && std::isfinite(norm) && std::isfinite(small_sq))
+    noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
+                     static_cast<double>(opt_.global_batch_size));
   if (!std::isfinite(loss) || !std::isfinite(norm))
     fail("iteration ", iteration_, ": ", !std::isfinite(loss) ? "loss" : "gradient norm", " is ",
          !std::isfinite(loss) ? loss : norm, " (diverged); lower --lr, raise warmup, or check the data");
@@ -73,7 +85,19 @@ void Trainer::train_step() {
 #pragma omp parallel for simd schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; ++i) g[i] *= c;
   }
-  optimizer_.step(iteration_, lr, opt_.global_batch_size);
+  const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
+  optimizer_.step(iteration_, lr, opt_.global_batch_size, norm * std::min(1.0, coeff), diagnostics);
+  if (diagnostics && metrics_ && !optimizer_.diagnostics().empty()) {
+    if (!names_written_) {
+      std::vector<std::string> names;
+      for (size_t i = 0; i < model_.parameters().count(); ++i)
+        names.push_back(model_.parameters().info(static_cast<int>(i)).name);
+      metrics_->set_strings("optimizer/tensor_names", names);
+      names_written_ = true;
+    }
+    metrics_->append("optimizer/iteration", static_cast<double>(iteration_));
+    for (const auto& [series, values] : optimizer_.diagnostics()) metrics_->append_row("optimizer/" + series, values);
+  }
   consumed_ += opt_.global_batch_size;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   losses_.push_back(loss);
@@ -105,9 +129,16 @@ void Trainer::train_step() {
     line += format(" lm loss: %.6E |", interval_loss_ / k);
     line += format(" loss scale: %.1f |", 1.0);
     line += format(" grad norm: %.3f |", norm);
+    if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
     line += format(" number of skipped iterations: %3d |", 0);
     line += format(" number of nan iterations: %3d |", 0);
     console_ << line << std::endl;
+    if (metrics_ && opt_.noise_scale) {
+      metrics_->append("noise_scale/iteration", static_cast<double>(iteration_));
+      metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
+      metrics_->append("noise_scale/grad_sq_norm", noise_scale_.grad_sq_norm());
+      metrics_->append("noise_scale/trace_cov", noise_scale_.trace_cov());
+    }
     interval_loss_ = interval_time_ = 0;
     interval_iters_ = 0;
     if (metrics_) metrics_->flush();

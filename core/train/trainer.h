@@ -15,6 +15,25 @@
 
 namespace megabatch::train {
 
+// The gradient noise scale B_simple = tr(Sigma) / |G|^2 (McCandlish et al. 2018, appendix
+// A), from the squared norms of a small-batch gradient (b samples) and of the global-batch
+// gradient (B samples) of the same step, whose expectations are |G|^2 + tr(Sigma)/b and
+// |G|^2 + tr(Sigma)/B. Each step gives unbiased estimates of |G|^2 and tr(Sigma); both are
+// smoothed by bias-corrected exponential moving averages and B_simple is their ratio.
+class NoiseScaleEstimator {
+ public:
+  explicit NoiseScaleEstimator(double ema = 0.99) : ema_(ema) {}
+  void add(double small_sq_norm, double small_batch, double big_sq_norm, double big_batch);
+  double grad_sq_norm() const;  // |G|^2 estimate
+  double trace_cov() const;     // tr(Sigma) estimate (per-sample covariance)
+  double b_simple() const { return trace_cov() / grad_sq_norm(); }
+  int64_t count() const { return n_; }
+
+ private:
+  double ema_, g2_ = 0, tr_ = 0, decay_pow_ = 1;
+  int64_t n_ = 0;
+};
+
 // Fills a micro-batch with samples [first, first + count) of a deterministic sample order.
 class BatchSource {
  public:
@@ -27,13 +46,12 @@ struct TrainOptions {
   optim::LrSchedule schedule;
   double clip_grad = 1.0;
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
+  int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
+  bool noise_scale = false;          // estimate the gradient noise scale B_simple
+  double noise_scale_ema = 0.99;     // decay of its moving averages
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s
 };
-
-// Global L2 norm of all gradients: squared norms of sharded tensors are summed over the
-// tensor-parallel group, replicated tensors are counted once.
-double grad_norm(nn::ParameterStore& store, comm::Communicator& tp);
 
 class Trainer {
  public:
@@ -59,6 +77,8 @@ class Trainer {
   io::MetricsFile* metrics_;
   std::ostream& console_;
   int64_t iteration_ = 0, consumed_ = 0;
+  NoiseScaleEstimator noise_scale_;
+  bool names_written_ = false;
   std::vector<double> losses_;
   Batch batch_;
   // interval accumulators

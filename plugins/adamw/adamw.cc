@@ -10,6 +10,20 @@
 
 namespace {
 
+struct AdamWUpdate {
+  float *w, *m, *v;
+  const float* g;
+  float keep, b1, b2, step_size, bc2_sqrt, eps;  // keep = 1 - lr * wd (1 without decay)
+  MB_HOST_DEVICE void operator()(int64_t j) const {
+    const float wj = w[j] * keep;
+    const float mj = b1 * m[j] + (1.0f - b1) * g[j];
+    const float vj = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
+    m[j] = mj;
+    v[j] = vj;
+    w[j] = wj - step_size * mj / (std::sqrt(vj) / bc2_sqrt + eps);
+  }
+};
+
 class AdamW final : public megabatch::plugin::Optimizer {
  public:
   explicit AdamW(const megabatch::plugin::Context& ctx)
@@ -24,21 +38,16 @@ class AdamW final : public megabatch::plugin::Optimizer {
     const double t = static_cast<double>(info.step);
     const float bc1 = static_cast<float>(1.0 - std::pow(b1_, t));
     const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2_, t)));
-    const float lr = static_cast<float>(info.lr), step_size = lr / bc1;
-    const float b1 = static_cast<float>(b1_), b2 = static_cast<float>(b2_), eps = static_cast<float>(eps_);
+    const float lr = static_cast<float>(info.lr);
+    std::vector<megabatch::plugin::TensorJob<AdamWUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
       const float keep = decay ? 1.0f - lr * static_cast<float>(wd_) : 1.0f;
-      float *w = p.data, *m = m_[i], *v = v_[i];
-      const float* g = p.grad;
-      megabatch::plugin::for_each(p.numel, [&](int64_t j) {
-        w[j] *= keep;
-        m[j] = b1 * m[j] + (1.0f - b1) * g[j];
-        v[j] = b2 * v[j] + (1.0f - b2) * g[j] * g[j];
-        w[j] -= step_size * m[j] / (std::sqrt(v[j]) / bc2_sqrt + eps);
-      });
+      jobs.push_back({p.numel, {p.data, m_[i], v_[i], p.grad, keep, static_cast<float>(b1_), static_cast<float>(b2_),
+                                lr / bc1, bc2_sqrt, static_cast<float>(eps_)}});
     }
+    megabatch::plugin::multi_tensor_apply(jobs);
   }
 
  private:

@@ -24,14 +24,14 @@ std::vector<fs::path> default_dirs() { return mb::optim::plugin_search_path(); }
 
 TEST(PluginLoader, UnknownNameListsAvailablePluginsAndSearchedDirectories) {
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "did you mean 'adamw'");
-  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "available: adamw, sgd");
+  expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "available: adamw, lamb, lamb_embscale, lamb_noise, lars, sgd");
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "lib/megabatch/plugins");
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "--plugin-path");
 }
 
 TEST(PluginLoader, WrongAbiVersionNamesBothVersions) {
   expect_error([] { mb::optim::load_plugin("bad_abi", test_dirs()); },
-               "plugin ABI version 999 but this megabatch speaks ABI version 1");
+               "plugin ABI version 999 but this megabatch speaks ABI version " + std::to_string(MB_PLUGIN_ABI_VERSION));
 }
 
 TEST(PluginLoader, MissingEntrySymbolIsNamed) {
@@ -84,33 +84,44 @@ TEST(PluginLoader, LibraryStaysLoadedWhileAnOptimizerFromItLives) {
 }
 
 namespace {
-// Runs `steps` of plugin `name` and of torch.optim on the same random parameters and
-// gradients, and expects the same parameters and optimizer state.
+// Runs `steps` of plugin `name` and of the PyTorch reference (tests/reference/optim_torch.py)
+// on the same random parameters and gradients, and expects the same parameters, optimizer
+// state and (where the plugin reports them) trust ratios.
 void compare_with_torch(const std::string& name, const nlohmann::json& hp, const std::map<std::string, double>& attrs,
-                        int steps) {
+                        int steps, float grad_std = 1.0f) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   mb::nn::ParameterStore store;
+  store.add({"embedding.word_embeddings.weight", mb::nn::Role::kEmbedding, -1, {11, 6}, {}, mb::nn::Init::normal(1.0)});
   store.add({"layer.weight", mb::nn::Role::kWeight, 0, {7, 5}, {}, mb::nn::Init::normal(1.0)});
   store.add({"layer.bias", mb::nn::Role::kBias, 0, {7}, {}, mb::nn::Init::normal(1.0)});
   store.add({"ln.weight", mb::nn::Role::kNorm, 0, {13}, {}, mb::nn::Init::normal(1.0)});
   store.finalize();
   store.initialize(3);
+  const int64_t global_batch = attrs.count("global_batch") ? static_cast<int64_t>(attrs.at("global_batch")) : 1;
+  const auto plugin = mb::optim::load_plugin(name, default_dirs());
+  mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, hp, "test"), 77);
   std::mt19937 g(5);
-  std::normal_distribution<float> nd;
-  std::vector<std::vector<float>> grads(store.count());
-  for (size_t i = 0; i < store.count(); ++i)
-    for (size_t k = 0; k < steps * store.info(static_cast<int>(i)).numel; ++k) grads[i].push_back(nd(g));
+  std::normal_distribution<float> nd(0.0f, grad_std);
+  std::vector<std::vector<float>> grads(store.count()), noise(store.count());
+  for (size_t i = 0; i < store.count(); ++i) {
+    const size_t n = store.info(static_cast<int>(i)).numel;
+    for (size_t k = 0; k < steps * n; ++k) grads[i].push_back(nd(g));
+    noise[i].resize(steps * n);
+    for (int s = 0; s < steps; ++s) opt.draw_normal(i, s + 1, noise[i].data() + s * n, n);
+  }
   {
     mb::testing::H5File f((tmp / "in.h5").string(), mb::testing::H5File::kCreate);
     for (size_t i = 0; i < store.count(); ++i) {
       const auto& info = store.info(static_cast<int>(i));
-      f.write("params/" + std::to_string(i), std::vector<float>(store.param(static_cast<int>(i)), store.param(static_cast<int>(i)) + info.numel),
-              {info.numel});
+      const float* p = store.param(static_cast<int>(i));
+      f.write("params/" + std::to_string(i), std::vector<float>(p, p + info.numel), {info.numel});
       f.write("grads/" + std::to_string(i), grads[i], {static_cast<hsize_t>(steps), info.numel});
-      f.write("decay/" + std::to_string(i), std::vector<int32_t>{info.role == mb::nn::Role::kWeight}, {1});
+      f.write("noise/" + std::to_string(i), noise[i], {static_cast<hsize_t>(steps), info.numel});
+      f.write("role/" + std::to_string(i), std::vector<int32_t>{static_cast<int32_t>(info.role)}, {1});
     }
     for (const auto& [k, v] : attrs) f.attr(k, v);
+    if (!attrs.count("global_batch")) f.attr("global_batch", 1.0);
     f.attr("steps", steps);
     f.attr("optimizer", name);
   }
@@ -118,23 +129,32 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
                                           "/tests/reference/optim_torch.py " + (tmp / "in.h5").string() + " " +
                                           (tmp / "out.h5").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto plugin = mb::optim::load_plugin(name, default_dirs());
-  mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, hp, "test"), 0);
+  std::vector<std::vector<double>> trust(store.count());
   for (int s = 0; s < steps; ++s) {
     for (size_t i = 0; i < store.count(); ++i) {
       const size_t n = store.info(static_cast<int>(i)).numel;
       std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)));
     }
-    opt.step(s + 1, attrs.at("lr"), 1);
+    opt.step(s + 1, attrs.at("lr"), global_batch, -1.0, true);
+    if (opt.diagnostics().count("trust_ratio"))
+      for (size_t i = 0; i < store.count(); ++i) trust[i].push_back(opt.diagnostics().at("trust_ratio")[i]);
   }
   mb::testing::H5File out((tmp / "out.h5").string(), mb::testing::H5File::kRead);
+  // fp32 elementwise updates, a few roundings per step: 64 eps32 relative per step
+  const float tol = 64.0f * static_cast<float>(steps) * FLT_EPSILON;
   for (size_t i = 0; i < store.count(); ++i) {
     const auto& info = store.info(static_cast<int>(i));
     const auto ref = out.read<float>("params/" + std::to_string(i));
-    // fp32 elementwise updates, a few roundings per step: 64 eps32 relative per step
     for (size_t j = 0; j < info.numel; ++j)
-      EXPECT_NEAR(store.param(static_cast<int>(i))[j], ref[j], 64.0f * static_cast<float>(steps) * FLT_EPSILON * std::max(1.0f, std::abs(ref[j])))
+      EXPECT_NEAR(store.param(static_cast<int>(i))[j], ref[j], tol * std::max(1.0f, std::abs(ref[j])))
           << name << " " << info.name << "[" << j << "]";
+    if (out.has("trust/" + std::to_string(i))) {
+      const auto ref_trust = out.read<double>("trust/" + std::to_string(i));
+      ASSERT_EQ(trust[i].size(), ref_trust.size()) << name << " reports no trust_ratio for " << info.name;
+      for (size_t s = 0; s < ref_trust.size(); ++s)
+        EXPECT_NEAR(trust[i][s], ref_trust[s], tol * std::max(1.0, std::abs(ref_trust[s])))
+            << name << " trust ratio of " << info.name << " at step " << s + 1;
+    }
   }
   for (const auto& [key, t] : opt.state()) {
     const int i = store.find(key.first);
@@ -142,7 +162,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
     ASSERT_TRUE(out.has(ref_name)) << key.second;
     const auto ref = out.read<float>(ref_name);
     for (size_t j = 0; j < ref.size(); ++j)
-      EXPECT_NEAR(t[j], ref[j], 64.0f * static_cast<float>(steps) * FLT_EPSILON * std::max(1.0f, std::abs(ref[j]))) << key.first << " " << key.second;
+      EXPECT_NEAR(t[j], ref[j], tol * std::max(1.0f, std::abs(ref[j]))) << key.first << " " << key.second;
   }
 }
 }  // namespace
@@ -160,6 +180,62 @@ TEST(PluginNumerics, SgdNesterovMatchesTorchSgd) {
 TEST(PluginNumerics, SgdDampenedMomentumMatchesTorchSgd) {
   compare_with_torch("sgd", {{"momentum", 0.5}, {"dampening", 0.3}},
                      {{"lr", 0.1}, {"momentum", 0.5}, {"dampening", 0.3}, {"weight_decay", 0.0}, {"nesterov", 0}}, 4);
+}
+
+namespace {
+std::map<std::string, double> lamb_attrs(double lr, double wd, double max_grad_norm, bool nvlamb) {
+  return {{"lr", lr}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-6}, {"weight_decay", wd},
+          {"max_grad_norm", max_grad_norm}, {"nvlamb", nvlamb ? 1.0 : 0.0}};
+}
+nlohmann::json lamb_hp(double wd, double max_grad_norm, bool nvlamb) {
+  return {{"weight_decay", wd}, {"max_grad_norm", max_grad_norm}, {"nvlamb", nvlamb}};
+}
+}  // namespace
+
+// Gradients of norm ~10 > max_grad_norm 1: the pre-normalization is active.
+TEST(PluginNumerics, LambMatchesApexSemanticsWithPreNormalization) {
+  compare_with_torch("lamb", lamb_hp(0.01, 1.0, false), lamb_attrs(0.02, 0.01, 1.0, false), 6);
+}
+
+TEST(PluginNumerics, LambWithoutPreNormalizationAndWithNvlambMatches) {
+  compare_with_torch("lamb", lamb_hp(0.1, 0.0, true), lamb_attrs(0.02, 0.1, 0.0, true), 6, 0.05f);
+}
+
+TEST(PluginNumerics, LambWithoutWeightDecayUsesNoTrustRatio) {
+  compare_with_torch("lamb", lamb_hp(0.0, 1.0, false), lamb_attrs(0.02, 0.0, 1.0, false), 4);
+}
+
+TEST(PluginNumerics, LarsMatchesReference) {
+  compare_with_torch("lars", {{"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}},
+                     {{"lr", 0.5}, {"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}},
+                     6);
+}
+
+TEST(PluginNumerics, LambEmbscaleScalesOnlyEmbeddingsByTheBatchRule) {
+  auto hp = lamb_hp(0.01, 1.0, false);
+  hp["alpha"] = 1.0;
+  hp["ref_batch"] = 64;
+  auto attrs = lamb_attrs(0.02, 0.01, 1.0, false);
+  attrs.insert({{"alpha", 1.0}, {"ref_batch", 64}, {"multiplier", 0.0}, {"global_batch", 1024}});
+  compare_with_torch("lamb_embscale", hp, attrs, 5);
+}
+
+TEST(PluginNumerics, LambEmbscaleExplicitMultiplierMatches) {
+  auto hp = lamb_hp(0.01, 1.0, false);
+  hp["multiplier"] = 3.5;
+  auto attrs = lamb_attrs(0.02, 0.01, 1.0, false);
+  attrs.insert({{"alpha", 1.0}, {"ref_batch", 512}, {"multiplier", 3.5}, {"global_batch", 64}});
+  compare_with_torch("lamb_embscale", hp, attrs, 4);
+}
+
+TEST(PluginNumerics, LambNoiseMatchesReferenceGivenTheSameDraws) {
+  auto hp = lamb_hp(0.01, 1.0, false);
+  hp["scale"] = 0.7;
+  hp["ref_batch"] = 32;
+  hp["decay"] = 0.5;
+  auto attrs = lamb_attrs(0.02, 0.01, 1.0, false);
+  attrs.insert({{"scale", 0.7}, {"ref_batch", 32}, {"decay", 0.5}, {"global_batch", 512}});
+  compare_with_torch("lamb_noise", hp, attrs, 5);
 }
 
 namespace {
@@ -189,7 +265,7 @@ TEST(PluginRun, ThrowingStepStopsTheRunWithItsMessageAndMetricsStayReadable) {
   const auto abi = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run2", "--optimizer bad_abi --plugin-path " +
                                                                                      std::string(MEGABATCH_TEST_PLUGIN_DIR)));
   EXPECT_EQ(abi.exit_code, 1);
-  EXPECT_NE(abi.output.find("plugin ABI version 999 but this megabatch speaks ABI version 1"), std::string::npos)
+  EXPECT_NE(abi.output.find("plugin ABI version 999 but this megabatch speaks ABI version " + std::to_string(MB_PLUGIN_ABI_VERSION)), std::string::npos)
       << abi.output;
 }
 

@@ -1,36 +1,116 @@
 #!/usr/bin/python3
-"""torch.optim reference for the sgd and adamw plugins.
+"""PyTorch references for the optimizer plugins, written independently of them.
 
   optim_torch.py IN.h5 OUT.h5
-IN.h5: attrs optimizer ("sgd"|"adamw"), lr, steps and the hyperparameters; params/<i>
-(initial values), grads/<i> (steps, numel), decay/<i> (1 if weight decay applies).
-OUT.h5: params/<i> after the steps and state/<i>/<name>.
+IN.h5: attrs optimizer (sgd, adamw, lamb, lars, lamb_noise, lamb_embscale), lr, steps,
+global_batch and the hyperparameters; params/<i> (initial values), grads/<i> (steps, numel),
+role/<i> (0 embedding, 1 weight, 2 bias, 3 norm), and for lamb_noise noise/<i> (steps,
+numel): the standard normal draws of each step.
+OUT.h5: params/<i> after the steps, state/<i>/<name>, and per step trust/<i> (the trust
+ratio each tensor used).
+
+sgd and adamw are torch.optim's own. lamb follows NVIDIA Apex FusedLAMB (global-norm
+pre-normalization, bias-corrected moments, decoupled decay inside the update, trust ratio
+|w|/|u| on decayed tensors or all with nvlamb); lars follows You et al. 2017, Algorithm 1.
 """
+import math
 import sys
 
 import h5py
 import torch
 
+EMBEDDING, WEIGHT, BIAS, NORM = 0, 1, 2, 3
+
 f = h5py.File(sys.argv[1], "r")
 a = {k: (v.decode() if isinstance(v, bytes) else v) for k, v in f.attrs.items()}
+name = a["optimizer"]
 n = len(f["params"])
-P = [torch.tensor(f["params"][str(i)][()], requires_grad=True) for i in range(n)]
-decay = [bool(f["decay"][str(i)][()]) for i in range(n)]
-groups = [{"params": [p for p, d in zip(P, decay) if d]}, {"params": [p for p, d in zip(P, decay) if not d],
-                                                          "weight_decay": 0.0}]
-if a["optimizer"] == "sgd":
-    opt = torch.optim.SGD(groups, lr=float(a["lr"]), momentum=float(a["momentum"]), dampening=float(a["dampening"]),
-                          weight_decay=float(a["weight_decay"]), nesterov=bool(a["nesterov"]))
-else:
-    opt = torch.optim.AdamW(groups, lr=float(a["lr"]), betas=(float(a["beta1"]), float(a["beta2"])),
-                            eps=float(a["eps"]), weight_decay=float(a["weight_decay"]))
-for s in range(int(a["steps"])):
-    for i, p in enumerate(P):
-        p.grad = torch.tensor(f["grads"][str(i)][s])
-    opt.step()
-with h5py.File(sys.argv[2], "w") as o:
-    for i, p in enumerate(P):
-        o[f"params/{i}"] = p.detach().numpy()
+steps = int(a["steps"])
+lr = float(a["lr"])
+P = [torch.tensor(f["params"][str(i)][()]) for i in range(n)]
+roles = [int(f["role"][str(i)][()][0]) for i in range(n)]
+grads = [torch.tensor(f["grads"][str(i)][()]) for i in range(n)]
+decayed = [r in (EMBEDDING, WEIGHT) for r in roles]
+state = [dict() for _ in range(n)]
+trust = [[] for _ in range(n)]
+
+
+def hp(key):
+    return float(a[key])
+
+
+if name in ("sgd", "adamw"):
+    params = [p.clone().requires_grad_(True) for p in P]
+    groups = [{"params": [p for p, d in zip(params, decayed) if d]},
+              {"params": [p for p, d in zip(params, decayed) if not d], "weight_decay": 0.0}]
+    if name == "sgd":
+        opt = torch.optim.SGD(groups, lr=lr, momentum=hp("momentum"), dampening=hp("dampening"),
+                              weight_decay=hp("weight_decay"), nesterov=bool(a["nesterov"]))
+    else:
+        opt = torch.optim.AdamW(groups, lr=lr, betas=(hp("beta1"), hp("beta2")), eps=hp("eps"),
+                                weight_decay=hp("weight_decay"))
+    for s in range(steps):
+        for i, p in enumerate(params):
+            p.grad = grads[i][s].clone()
+        opt.step()
+    P = [p.detach() for p in params]
+    for i, p in enumerate(params):
         for k, v in opt.state[p].items():
             if torch.is_tensor(v) and v.numel() == p.numel():
-                o[f"state/{i}/{k}"] = v.numpy()
+                state[i][k] = v
+elif name in ("lamb", "lamb_noise", "lamb_embscale"):
+    b1, b2, eps, wd, max_norm = hp("beta1"), hp("beta2"), hp("eps"), hp("weight_decay"), hp("max_grad_norm")
+    nvlamb = bool(a["nvlamb"])
+    B = float(a["global_batch"])
+    for i in range(n):
+        state[i] = {"exp_avg": torch.zeros_like(P[i]), "exp_avg_sq": torch.zeros_like(P[i])}
+    for s in range(steps):
+        t = s + 1
+        g_all = [grads[i][s] for i in range(n)]
+        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in g_all))
+        c = norm / max_norm if max_norm > 0 and norm > max_norm else 1.0
+        for i in range(n):
+            g = g_all[i] / c
+            if name == "lamb_noise":
+                extra = max(0.0, B / hp("ref_batch") - 1.0)
+                rms = math.sqrt(float((g.double() ** 2).mean()))
+                sigma = hp("scale") * rms * math.sqrt(extra) / (1.0 + s) ** hp("decay")
+                if extra > 0 and hp("scale") > 0:
+                    g = g + sigma * torch.tensor(f["noise"][str(i)][s])
+            m, v = state[i]["exp_avg"], state[i]["exp_avg_sq"]
+            m.mul_(b1).add_((1 - b1) * g)
+            v.mul_(b2).add_((1 - b2) * g * g)
+            wdi = wd if decayed[i] else 0.0
+            u = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps) + wdi * P[i]
+            wn, un = float(P[i].norm()), float(u.norm())
+            ratio = wn / un if (nvlamb or wdi != 0) and wn > 0 and un > 0 else 1.0
+            lr_i = lr
+            if name == "lamb_embscale" and roles[i] == EMBEDDING:
+                mult = hp("multiplier")
+                lr_i = lr * (mult if mult > 0 else (B / hp("ref_batch")) ** (hp("alpha") / 2))
+            P[i] = P[i] - (lr_i * ratio) * u
+            trust[i].append(ratio)
+elif name == "lars":
+    mu, eta, wd, eps = hp("momentum"), hp("trust_coefficient"), hp("weight_decay"), hp("eps")
+    for i in range(n):
+        state[i] = {"momentum_buffer": torch.zeros_like(P[i])}
+    for s in range(steps):
+        for i in range(n):
+            g = grads[i][s]
+            wdi = wd if decayed[i] else 0.0
+            wn, gn = float(P[i].norm()), float(g.norm())
+            local = eta * wn / (gn + wdi * wn + eps) if decayed[i] and wn > 0 and gn > 0 else 1.0
+            buf = state[i]["momentum_buffer"]
+            buf.mul_(mu).add_(lr * local * (g + wdi * P[i]))
+            P[i] = P[i] - buf
+            trust[i].append(local)
+else:
+    sys.exit(f"optim_torch.py: no reference for optimizer '{name}'")
+
+with h5py.File(sys.argv[2], "w") as o:
+    for i in range(n):
+        o[f"params/{i}"] = P[i].numpy()
+        for k, v in state[i].items():
+            o[f"state/{i}/{k}"] = v.numpy()
+        if trust[i]:
+            o[f"trust/{i}"] = torch.tensor(trust[i], dtype=torch.float64).numpy()

@@ -210,7 +210,7 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
     model->parameters().zero_grad();
     const double loss = model->forward(batches[s], {0, s + 1, 0, false}, 1.0f).mean();
     model->backward();
-    const double norm = mb::train::grad_norm(model->parameters(), tp);
+    const double norm = mb::optim::grad_norm(model->parameters(), tp);
     const double coeff = mb::optim::clip_coefficient(norm, clip);
     float* g = model->parameters().grads();
     for (size_t i = 0; i < model->parameters().flat_size(); ++i) g[i] *= static_cast<float>(coeff);

@@ -1,0 +1,80 @@
+// lars: layer-wise adaptive rate scaling (You, Gitman & Ginsburg 2017, Algorithm 1) with
+// momentum. Per tensor, with weight decay wd and trust coefficient eta:
+//   local = eta * |w| / (|g| + wd * |w| + eps)   (1 when |w| or |g| is 0)
+//   v <- momentum * v + lr * local * (g + wd * w);   w <- w - v
+// Biases and norms are excluded: local = 1 and no weight decay (plain momentum SGD).
+// Norms of sharded tensors are summed over the tensor-parallel group.
+#include <megabatch/plugin.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+struct SquaredNorms {  // |w|^2, |g|^2
+  const float *w, *g;
+  MB_HOST_DEVICE void operator()(int64_t j, double* acc) const {
+    acc[0] += static_cast<double>(w[j]) * w[j];
+    acc[1] += static_cast<double>(g[j]) * g[j];
+  }
+};
+
+struct LarsUpdate {
+  float* w;
+  const float* g;
+  float* v;
+  float momentum, step_size, wd;  // step_size = lr * local
+  MB_HOST_DEVICE void operator()(int64_t j) const {
+    const float vj = momentum * v[j] + step_size * (g[j] + wd * w[j]);
+    v[j] = vj;
+    w[j] -= vj;
+  }
+};
+
+class Lars final : public megabatch::plugin::Optimizer {
+ public:
+  explicit Lars(const megabatch::plugin::Context& ctx)
+      : Optimizer(ctx), momentum_(hparam("momentum")), eta_(hparam("trust_coefficient")), wd_(hparam("weight_decay")),
+        eps_(hparam("eps")) {
+    for (size_t i = 0; i < num_params(); ++i) v_.push_back(alloc_state(i, "momentum_buffer"));
+  }
+
+  void step(const mb_step_info& info) override {
+    std::vector<megabatch::plugin::TensorJob<SquaredNorms>> norms;
+    for (size_t i = 0; i < num_params(); ++i) norms.push_back({param(i).numel, {param(i).data, param(i).grad}});
+    auto sums = megabatch::plugin::multi_tensor_sum<2>(norms);
+    tp_sum_sharded(sums);
+    std::vector<megabatch::plugin::TensorJob<LarsUpdate>> jobs;
+    for (size_t i = 0; i < num_params(); ++i) {
+      const mb_param& p = param(i);
+      const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
+      const double wn = std::sqrt(sums[i][0]), gn = std::sqrt(sums[i][1]);
+      const double wd = adapt ? wd_ : 0.0;
+      const double local = adapt && wn > 0 && gn > 0 ? eta_ * wn / (gn + wd * wn + eps_) : 1.0;
+      jobs.push_back({p.numel, {p.data, p.grad, v_[i], static_cast<float>(momentum_),
+                                static_cast<float>(info.lr * local), static_cast<float>(wd)}});
+      if (info.diagnostics) {
+        metric("trust_ratio", i, local);
+        metric("weight_norm", i, wn);
+        metric("grad_norm", i, gn);
+      }
+    }
+    megabatch::plugin::multi_tensor_apply(jobs);
+  }
+
+ private:
+  double momentum_, eta_, wd_, eps_;
+  std::vector<float*> v_;
+};
+
+const mb_hparam_spec kSchema[] = {
+    {"momentum", MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, "momentum (--sgd-momentum)"},
+    {"trust_coefficient", MB_HPARAM_FLOAT, 0.001, 0.0, 1e3, "eta: local lr = eta |w| / (|g| + wd |w| + eps)"},
+    {"weight_decay", MB_HPARAM_FLOAT, 0.0, 0.0, 10.0, "weight decay of weights and embeddings (--weight-decay)"},
+    {"eps", MB_HPARAM_FLOAT, 0.0, 0.0, 1.0, "added to the local-lr denominator"},
+};
+
+}  // namespace
+
+MEGABATCH_OPTIMIZER_PLUGIN(Lars, "lars", "1.0.0", "LARS: momentum SGD with a layer-wise trust ratio; biases and norms excluded",
+                           kSchema)
