@@ -65,6 +65,7 @@ class Trainer {
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_; }
   const std::vector<double>& losses() const { return losses_; }  // per iteration
+  const NoiseScaleEstimator& noise_scale() const { return noise_scale_; }
 
  private:
   void train_step();

@@ -1,0 +1,222 @@
+// Statistical tests: the Gaussian noise lamb_noise adds (mean, per-layer standard
+// deviation, independence across layers and steps, reproducibility across thread counts),
+// and the gradient-noise-scale estimator on a problem whose noise scale is known exactly.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <sstream>
+
+#include "core/comm/communicator.h"
+#include "core/optim/optimizer.h"
+#include "core/train/trainer.h"
+#include "core/util/philox.h"
+
+namespace mb = megabatch;
+
+namespace {
+
+constexpr int kTensors = 3;
+constexpr int64_t kNumel = 1000;
+constexpr double kGradScale[kTensors] = {0.1, 1.0, 10.0};
+
+// Three weight tensors of equal size whose constant gradients have very different rms.
+void declare(mb::nn::ParameterStore& store) {
+  for (int t = 0; t < kTensors; ++t)
+    store.add({"layers." + std::to_string(t) + ".weight", mb::nn::Role::kWeight, t, {kNumel}, {},
+               mb::nn::Init::normal(1.0)});
+  store.finalize();
+  store.initialize(1);
+  for (int t = 0; t < kTensors; ++t)
+    for (int64_t j = 0; j < kNumel; ++j)
+      store.grad(t)[j] = static_cast<float>(kGradScale[t] * std::sin(0.37 * static_cast<double>(j + 1)));
+}
+
+double rms(const float* x, int64_t n) {
+  double s = 0;
+  for (int64_t j = 0; j < n; ++j) s += static_cast<double>(x[j]) * x[j];
+  return std::sqrt(s / static_cast<double>(n));
+}
+
+double correlation(const std::vector<double>& a, const std::vector<double>& b) {
+  double sa = 0, sb = 0, sab = 0, saa = 0, sbb = 0;
+  const double n = static_cast<double>(a.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    sa += a[i], sb += b[i], sab += a[i] * b[i], saa += a[i] * a[i], sbb += b[i] * b[i];
+  }
+  return (sab / n - sa / n * sb / n) / std::sqrt((saa / n - sa * sa / n / n) * (sbb / n - sb * sb / n / n));
+}
+
+}  // namespace
+
+// With beta1 = 0 the first moment after a step is exactly the (noisy) gradient, so
+// exp_avg - g is the noise lamb_noise drew. Divided by the std DESIGN.md defines,
+//   sigma_l = scale * rms(g_l) * sqrt(B / ref_batch - 1) / (1 + t)^decay,
+// it must be standard normal, independent between layers and between steps.
+TEST(LambNoise, NoiseHasZeroMeanTheDefinedPerLayerStdAndIsIndependent) {
+  constexpr int kSteps = 200;
+  const double scale = 0.5, ref_batch = 64, batch = 1024, decay = 0.3;
+  mb::comm::LocalCommunicator tp;
+  mb::nn::ParameterStore store;
+  declare(store);
+  const auto plugin = mb::optim::load_plugin("lamb_noise", mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(
+      plugin, store, tp,
+      mb::optim::resolve_hparams(plugin, {{"beta1", 0.0}, {"max_grad_norm", 0.0}, {"scale", scale},
+                                          {"ref_batch", ref_batch}, {"decay", decay}}, "test"),
+      99);
+  std::vector<std::vector<double>> z(kTensors);  // normalized noise, all steps
+  std::vector<double> step_a, step_b;            // tensor 1 at consecutive steps
+  for (int step = 1; step <= kSteps; ++step) {
+    opt.step(step, 0.0, static_cast<int64_t>(batch), -1.0, true);
+    for (int t = 0; t < kTensors; ++t) {
+      const double sigma = scale * rms(store.grad(t), kNumel) * std::sqrt(batch / ref_batch - 1) /
+                           std::pow(1.0 + (step - 1), decay);
+      EXPECT_NEAR(opt.diagnostics().at("noise_std")[t], sigma, 1e-6 * sigma) << "reported noise_std";
+      const mb::Tensor& m = opt.state().at({store.info(t).name, "exp_avg"});
+      for (int64_t j = 0; j < kNumel; ++j) {
+        const double noise = (static_cast<double>(m[j]) - store.grad(t)[j]) / sigma;
+        z[t].push_back(noise);
+        if (t == 1 && step % 2 == 1) step_a.push_back(noise);
+        if (t == 1 && step % 2 == 0) step_b.push_back(noise);
+      }
+    }
+  }
+  const double n = static_cast<double>(z[0].size());  // 200,000 draws per tensor
+  for (int t = 0; t < kTensors; ++t) {
+    double mean = 0, var = 0;
+    for (double x : z[t]) mean += x;
+    mean /= n;
+    for (double x : z[t]) var += (x - mean) * (x - mean);
+    var /= n - 1;
+    EXPECT_NEAR(mean, 0.0, 5.0 / std::sqrt(n)) << "tensor " << t;
+    // std of the sample variance of n normals: sqrt(2 / n) = 0.3%
+    EXPECT_NEAR(var, 1.0, 5.0 * std::sqrt(2.0 / n)) << "tensor " << t << " (gradient rms x" << kGradScale[t] << ")";
+  }
+  EXPECT_LT(std::abs(correlation(z[0], z[1])), 5.0 / std::sqrt(n)) << "layers 0 and 1";
+  EXPECT_LT(std::abs(correlation(z[1], z[2])), 5.0 / std::sqrt(n)) << "layers 1 and 2";
+  EXPECT_LT(std::abs(correlation(step_a, step_b)), 5.0 / std::sqrt(static_cast<double>(step_a.size())))
+      << "consecutive steps";
+}
+
+TEST(LambNoise, RunIsIdenticalOnOneAndTwoThreads) {
+  auto run = [](int threads) {
+    omp_set_num_threads(threads);
+    mb::comm::LocalCommunicator tp;
+    mb::nn::ParameterStore store;
+    declare(store);
+    const auto plugin = mb::optim::load_plugin("lamb_noise", mb::optim::plugin_search_path());
+    mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, {{"ref_batch", 8}}, "t"), 3);
+    for (int step = 1; step <= 5; ++step) opt.step(step, 0.01, 256);
+    return std::vector<float>(store.params(), store.params() + store.flat_size());
+  };
+  const auto one = run(1), two = run(2);
+  omp_set_num_threads(omp_get_num_procs());
+  EXPECT_EQ(one, two);
+}
+
+// ---- gradient noise scale -------------------------------------------------------------
+namespace {
+
+// loss_i(w) = 0.5 |w - x_i|^2 with x_i = mu + sigma * z_i (z_i standard normal, keyed by
+// the sample index): per-sample gradient w - x_i, so G = w - mu and the per-sample
+// covariance is sigma^2 I, tr(Sigma) = sigma^2 d, and B_simple = sigma^2 d / |w - mu|^2.
+class QuadraticModel final : public mb::train::Model {
+ public:
+  static constexpr int64_t kDim = 64;
+  QuadraticModel(double sigma) : sigma_(sigma) {
+    store_.add({"w", mb::nn::Role::kWeight, 0, {kDim}, {}, mb::nn::Init::zeros()});
+    store_.finalize();
+    for (int64_t k = 0; k < kDim; ++k) store_.param(0)[k] = static_cast<float>(0.05 * std::cos(static_cast<double>(k)));
+  }
+  double true_noise_scale() const {
+    double g2 = 0;
+    for (int64_t k = 0; k < kDim; ++k) g2 += std::pow(store_.param(0)[k] - mu(k), 2);
+    return sigma_ * sigma_ * static_cast<double>(kDim) / g2;
+  }
+  mb::nn::ParameterStore& parameters() override { return store_; }
+  mb::train::LossOutput forward(const mb::train::Batch& batch, const mb::train::StepContext&, float scale) override {
+    grad_.assign(kDim, 0.0);
+    double loss = 0;
+    for (int64_t i = 0; i < batch.batch; ++i) {
+      const uint64_t sample = static_cast<uint64_t>(batch.tokens[static_cast<size_t>(i)]);
+      for (int64_t k = 0; k < kDim; ++k) {
+        const double x = mu(k) + sigma_ * mb::philox_normal(sample, static_cast<uint64_t>(k));
+        const double d = store_.param(0)[k] - x;
+        loss += 0.5 * d * d;
+        grad_[static_cast<size_t>(k)] += scale * d / static_cast<double>(batch.batch);
+      }
+    }
+    return {loss, batch.batch};
+  }
+  void backward() override {
+    for (int64_t k = 0; k < kDim; ++k) store_.grad(0)[k] += static_cast<float>(grad_[static_cast<size_t>(k)]);
+  }
+  std::string summary() const override { return "quadratic"; }
+
+ private:
+  static double mu(int64_t k) { return 0.02 * static_cast<double>(k % 5); }
+  double sigma_;
+  mb::nn::ParameterStore store_;
+  std::vector<double> grad_;
+};
+
+class SampleIndexSource final : public mb::train::BatchSource {
+ public:
+  void fill(uint64_t first, int64_t count, mb::train::Batch& out) override {
+    out.batch = count;
+    out.seq = 1;
+    out.tokens.resize(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(first + i);
+  }
+};
+
+}  // namespace
+
+TEST(GradientNoiseScale, EstimateMatchesTheClosedFormOfASyntheticProblem) {
+  mb::comm::LocalCommunicator tp;
+  QuadraticModel model(0.3);
+  const double expected = model.true_noise_scale();
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp,
+                                 mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
+  SampleIndexSource source;
+  mb::train::TrainOptions o;
+  o.micro_batch_size = 4;
+  o.global_batch_size = 64;
+  o.train_iters = 3000;
+  o.schedule.max_lr = o.schedule.min_lr = 0.0;  // w stays put: the noise scale is constant
+  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  o.clip_grad = 0.0;
+  o.eval_iters = 0;
+  o.log_interval = 1000;
+  o.noise_scale = true;
+  o.noise_scale_ema = 0.999;
+  std::ostringstream console;
+  mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, nullptr, console);
+  trainer.run();
+  // B_simple here is about 60 (between the micro batch 4 and the global batch 64);
+  // 3000 steps of estimates average to within a few percent.
+  EXPECT_GT(expected, 4.0);
+  EXPECT_LT(expected, 1000.0);
+  EXPECT_NEAR(trainer.noise_scale().b_simple(), expected, 0.05 * expected);
+  EXPECT_NE(console.str().find("noise scale:"), std::string::npos);
+}
+
+TEST(GradientNoiseScale, NeedsAtLeastTwoMicroBatches) {
+  mb::comm::LocalCommunicator tp;
+  QuadraticModel model(0.3);
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 0);
+  SampleIndexSource source;
+  mb::train::TrainOptions o;
+  o.micro_batch_size = o.global_batch_size = 8;
+  o.noise_scale = true;
+  std::ostringstream console;
+  try {
+    mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, nullptr, console);
+    FAIL() << "expected an error";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("at least 2 micro-batches"), std::string::npos) << e.what();
+  }
+}

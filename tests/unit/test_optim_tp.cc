@@ -1,0 +1,138 @@
+// Tensor-parallel correctness of every per-tensor norm the optimizer plugins take: a GPT
+// split two ways (two ranks as threads of this process, sharing a ThreadGroup) must see
+// the same global gradient norm, the same weight, gradient and update norms and trust
+// ratio for every tensor, and parameters that stay slices of the unsplit run's. A sharded
+// tensor whose norm were not reduced over the group, or a replicated one reduced, would
+// report a different norm.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <thread>
+
+#include "core/comm/thread_communicator.h"
+#include "core/optim/optimizer.h"
+#include "core/util/philox.h"
+#include "models/presets.h"
+#include "models/registry.h"
+
+namespace mb = megabatch;
+
+namespace {
+
+mb::models::ModelConfig config(int tp) {
+  mb::models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 32;
+  c.num_attention_heads = 4;
+  c.seq_length = 8;
+  c.vocab_size = 203;  // padded to 256 at TP 1 and 2
+  c.tensor_model_parallel_size = tp;
+  c.hidden_dropout = c.attention_dropout = 0.0;
+  return c;
+}
+
+// Gradient element = a normal draw keyed by (parameter name, index in the full tensor),
+// so each shard's gradient is exactly its slice of the unsplit gradient.
+void fill_grads(mb::nn::ParameterStore& store, double scale) {
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    const uint64_t key = mb::name_key(info.name.data(), info.name.size());
+    float* g = store.grad(static_cast<int>(i));
+    for (size_t j = 0; j < info.numel; ++j)
+      g[j] = static_cast<float>(scale * mb::philox_normal(key, static_cast<uint64_t>(info.full_index(static_cast<int64_t>(j)))));
+  }
+}
+
+struct RunResult {
+  std::vector<double> grad_norms;                                 // per step
+  // "series/tensor name" -> per step, for every diagnostic (trust_ratio, weight_norm, ...)
+  std::map<std::string, std::vector<double>> diag;
+  std::map<std::string, std::vector<float>> params;               // final values (local)
+  std::map<std::string, const mb::nn::ParamInfo*> info;
+  std::unique_ptr<mb::train::Model> model;
+};
+
+void run(const std::string& plugin_name, const nlohmann::json& hp, int64_t global_batch, mb::comm::Communicator& tp,
+         int tp_size, RunResult& out) {
+  const auto plugin = mb::optim::load_plugin(plugin_name, mb::optim::plugin_search_path());
+  out.model = mb::models::make_model(config(tp_size), tp, 11);
+  auto& store = out.model->parameters();
+  mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, hp, "test"), 5);
+  for (int step = 1; step <= 3; ++step) {
+    fill_grads(store, 0.05 * step);
+    const double norm = mb::optim::grad_norm(store, tp);
+    out.grad_norms.push_back(norm);
+    opt.step(step, 0.01, global_batch, norm, true);
+    ASSERT_TRUE(opt.diagnostics().count("trust_ratio")) << plugin_name << " reports no trust ratios";
+    for (const auto& [series, values] : opt.diagnostics())
+      for (size_t i = 0; i < store.count(); ++i)
+        out.diag[series + "/" + store.info(static_cast<int>(i)).name].push_back(values[i]);
+  }
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    out.params[info.name].assign(store.param(static_cast<int>(i)), store.param(static_cast<int>(i)) + info.numel);
+    out.info[info.name] = &info;
+  }
+}
+
+void expect_split_equals_whole(const std::string& plugin_name, const nlohmann::json& hp, int64_t global_batch = 64) {
+  mb::comm::LocalCommunicator local;
+  RunResult whole;
+  run(plugin_name, hp, global_batch, local, 1, whole);
+
+  mb::comm::ThreadGroup group(2);
+  RunResult split[2];
+  std::thread ranks[2];
+  for (int r = 0; r < 2; ++r)
+    ranks[r] = std::thread([&, r] { run(plugin_name, hp, global_batch, group.rank(r), 2, split[r]); });
+  for (auto& t : ranks) t.join();
+
+  int sharded = 0;
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(split[r].diag.size(), whole.diag.size());
+    for (size_t s = 0; s < whole.grad_norms.size(); ++s)
+      EXPECT_NEAR(split[r].grad_norms[s], whole.grad_norms[s], 1e-9 * whole.grad_norms[s]) << "step " << s + 1;
+    for (const auto& [key, values] : whole.diag) {
+      const std::string name = key.substr(key.find('/') + 1);
+      const bool is_sharded = split[r].info.at(name)->sharding.sharded;
+      for (size_t s = 0; s < values.size(); ++s)  // norms in double: only summation order differs
+        EXPECT_NEAR(split[r].diag.at(key)[s], values[s], 1e-6 * std::abs(values[s]))
+            << plugin_name << ": " << key << (is_sharded ? " (sharded)" : " (replicated)") << " on rank " << r
+            << " at step " << s + 1;
+    }
+    for (const auto& [name, full] : whole.params) {
+      const auto& info = *split[r].info.at(name);
+      sharded += info.sharding.sharded;
+      const auto& p = split[r].params.at(name);
+      for (size_t j = 0; j < p.size(); ++j) {  // fp32 updates; the float cast of lr x ratio may differ by an ulp
+        const float ref = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+        ASSERT_NEAR(p[j], ref, 4e-6f * std::max(1.0f, std::abs(ref))) << name << "[" << j << "] on rank " << r;
+      }
+    }
+  }
+  EXPECT_GT(sharded, 0) << "the model has no sharded tensors at TP 2";
+}
+
+}  // namespace
+
+TEST(TensorParallelNorms, LambNormsAndTrustRatiosOfSplitTensorsEqualTheWholeTensors) {
+  expect_split_equals_whole("lamb", {{"max_grad_norm", 1.0}});
+}
+
+TEST(TensorParallelNorms, NvlambNormsAndTrustRatiosOfSplitTensorsEqualTheWholeTensors) {
+  expect_split_equals_whole("lamb", {{"nvlamb", true}, {"max_grad_norm", 0.0}});
+}
+
+TEST(TensorParallelNorms, LarsNormsAndTrustRatiosOfSplitTensorsEqualTheWholeTensors) {
+  expect_split_equals_whole("lars", {{"weight_decay", 0.01}, {"trust_coefficient", 0.02}});
+}
+
+TEST(TensorParallelNorms, LambNoiseIsIdenticalUnderASplit) {
+  expect_split_equals_whole("lamb_noise", {{"ref_batch", 16}, {"scale", 1.0}}, 256);
+}
+
+TEST(TensorParallelNorms, LambEmbscaleNormsAndTrustRatiosOfSplitTensorsEqualTheWholeTensors) {
+  expect_split_equals_whole("lamb_embscale", {{"ref_batch", 16}, {"alpha", 1.0}}, 256);
+}
