@@ -299,3 +299,69 @@ TEST(PluginHeader, CompilesAloneAsCAndCxxWithPedanticWarnings) {
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   }
 }
+
+TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
+  mb::testing::TempDir tmp;
+  ASSERT_EQ(mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (tmp / "data").string()).exit_code, 0);
+  const auto r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run", "--optimizer lamb --diagnostics-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  mb::testing::H5File f((tmp / "run" / "metrics.h5").string(), mb::testing::H5File::kRead);
+  const auto names = f.read_strings("optimizer/tensor_names");
+  const auto iters = f.read<double>("optimizer/iteration");
+  EXPECT_EQ(iters, (std::vector<double>{2, 4, 6}));  // 6 iterations, every 2nd
+  ASSERT_EQ(names.size(), 16u);  // 1 layer: 4 embedding/final-norm tensors + 12 per layer
+  for (const std::string series : {"trust_ratio", "weight_norm", "update_norm"}) {
+    const auto dims = f.dims("optimizer/" + series);
+    ASSERT_EQ(dims, (std::vector<hsize_t>{3, names.size()})) << series;
+  }
+  const auto ratio = f.read<double>("optimizer/trust_ratio");
+  const auto wn = f.read<double>("optimizer/weight_norm");
+  const auto un = f.read<double>("optimizer/update_norm");
+  for (size_t row = 0; row < 3; ++row)
+    for (size_t t = 0; t < names.size(); ++t) {
+      const size_t k = row * names.size() + t;
+      const bool bias_or_norm = names[t].find("bias") != std::string::npos || names[t].find("layernorm") != std::string::npos;
+      if (bias_or_norm)  // no weight decay, so no trust ratio (Apex, nvlamb off)
+        EXPECT_EQ(ratio[k], 1.0) << names[t];
+      else
+        EXPECT_NEAR(ratio[k], wn[k] / un[k], 1e-12 * ratio[k]) << names[t];
+    }
+}
+
+// The plugin kit: install megabatch, build examples/plugin (Lion) out of tree against the
+// installed CMake package, train with it from --plugin-path, then install it next to the
+// shipped plugins and train again without --plugin-path.
+TEST(PluginKit, ExamplePluginBuildsOutOfTreeAgainstTheInstalledPackageAndTrains) {
+  mb::testing::TempDir tmp;
+  const fs::path build_dir = fs::path(mb::testing::bin_dir()).parent_path();
+  const fs::path prefix = tmp / "prefix", src = tmp / "lion";
+  auto run = [](const std::string& cmd) {
+    const auto r = mb::testing::run_command(cmd + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    return r;
+  };
+  run("cmake --install " + build_dir.string() + " --prefix " + prefix.string());
+  ASSERT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
+  ASSERT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
+  fs::copy(fs::path(mb::testing::source_dir()) / "examples" / "plugin", src, fs::copy_options::recursive);
+  run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string());
+  run("cmake --build " + (src / "build").string());
+  ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_lion.so"));
+
+  run(prefix.string() + "/bin/preprocess brown --output-dir " + (tmp / "data").string());
+  const std::string train = prefix.string() + "/bin/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
+                            "--seq-length 16 --micro-batch-size 2 --train-iters 4 --lr 1e-3 --log-interval 1 "
+                            "--eval-iters 0 --threads 1 --optimizer lion --optimizer-params beta2=0.98 --data-path " +
+                            (tmp / "data" / "brown_gpt2_text_document").string();
+  const auto r = run(train + " --run-dir " + (tmp / "run1").string() + " --plugin-path " + (src / "build" / "plugins").string());
+  EXPECT_NE(r.output.find("optimizer: lion 0.1.0"), std::string::npos) << r.output;
+  mb::testing::H5File f((tmp / "run1" / "metrics.h5").string(), mb::testing::H5File::kRead);
+  const auto loss = f.read<double>("train/lm_loss");
+  ASSERT_EQ(loss.size(), 4u);
+  EXPECT_LT(loss.back(), loss.front()) << "Lion at lr 1e-3 lowers the loss of a fresh model within 4 steps";
+
+  run("cmake --install " + (src / "build").string() + " --prefix " + prefix.string());
+  const auto r2 = run(train + " --run-dir " + (tmp / "run2").string());
+  EXPECT_NE(r2.output.find((prefix / "lib" / "megabatch" / "plugins" / "megabatch_lion.so").string()), std::string::npos)
+      << r2.output;
+}

@@ -45,6 +45,33 @@ class H5File {
     H5Dclose(d);
     return out;
   }
+  std::vector<hsize_t> dims(const std::string& name) {
+    hid_t d = H5Dopen2(id_, name.c_str(), H5P_DEFAULT);
+    check(d >= 0, "no dataset ", name);
+    hid_t space = H5Dget_space(d);
+    std::vector<hsize_t> out(static_cast<size_t>(H5Sget_simple_extent_ndims(space)));
+    H5Sget_simple_extent_dims(space, out.data(), nullptr);
+    H5Sclose(space);
+    H5Dclose(d);
+    return out;
+  }
+  // A 1-D dataset of variable-length strings.
+  std::vector<std::string> read_strings(const std::string& name) {
+    hid_t d = H5Dopen2(id_, name.c_str(), H5P_DEFAULT);
+    check(d >= 0, "no dataset ", name);
+    hid_t space = H5Dget_space(d);
+    std::vector<char*> ptrs(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);
+    check(H5Dread(d, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) >= 0, "read ", name);
+    std::vector<std::string> out(ptrs.begin(), ptrs.end());
+    H5Dvlen_reclaim(type, space, H5P_DEFAULT, ptrs.data());
+    H5Tclose(type);
+    H5Sclose(space);
+    H5Dclose(d);
+    return out;
+  }
   void attr(const std::string& name, double v) {
     hid_t space = H5Screate(H5S_SCALAR);
     hid_t a = H5Acreate2(id_, name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT);
