@@ -6,9 +6,6 @@
 //   build/bin/train_bench [--threads 2] [--steps 8]
 #include <cblas.h>
 #include <omp.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_util.h"
 #include "core/comm/communicator.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
@@ -75,37 +73,9 @@ struct Child {
   long max_rss_kib = 0;
 };
 
-// Runs a program in a child process (so its peak RSS is its own; exec, because OpenMP
-// does not survive fork) and reads "tokens_per_second X" from its output.
 Child in_child(std::vector<std::string> args) {
-  int fds[2];
-  if (pipe(fds) != 0) throw std::runtime_error("pipe");
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    dup2(fds[1], 1);
-    std::vector<char*> argv;
-    for (auto& x : args) argv.push_back(x.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  std::string out;
-  char buf[512];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  int status = 0;
-  rusage ru{};
-  wait4(pid, &status, 0, &ru);
-  Child c;
-  const size_t at = out.find("tokens_per_second ");
-  if (at == std::string::npos || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    throw std::runtime_error("benchmark child failed: " + out);
-  c.tokens_per_second = std::stod(out.substr(at + 18));
-  c.max_rss_kib = ru.ru_maxrss;
-  return c;
+  const auto r = mb::bench::run_child(std::move(args));
+  return {mb::bench::value_of(r.output, "tokens_per_second"), r.max_rss_kib};
 }
 
 }  // namespace

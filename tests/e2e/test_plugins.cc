@@ -328,7 +328,7 @@ TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
     }
 }
 
-// The plugin kit: install megabatch, build examples/plugin (Lion) out of tree against the
+// The plugin kit: install megabatch, build plugins/example (Lion) out of tree against the
 // installed CMake package, train with it from --plugin-path, then install it next to the
 // shipped plugins and train again without --plugin-path.
 TEST(PluginKit, ExamplePluginBuildsOutOfTreeAgainstTheInstalledPackageAndTrains) {
@@ -343,7 +343,7 @@ TEST(PluginKit, ExamplePluginBuildsOutOfTreeAgainstTheInstalledPackageAndTrains)
   run("cmake --install " + build_dir.string() + " --prefix " + prefix.string());
   ASSERT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
   ASSERT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
-  fs::copy(fs::path(mb::testing::source_dir()) / "examples" / "plugin", src, fs::copy_options::recursive);
+  fs::copy(fs::path(mb::testing::source_dir()) / "plugins" / "example", src, fs::copy_options::recursive);
   run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string());
   run("cmake --build " + (src / "build").string());
   ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_lion.so"));

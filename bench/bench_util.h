@@ -1,0 +1,57 @@
+// Helpers shared by the benchmark programs.
+#pragma once
+
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace megabatch::bench {
+
+struct ChildResult {
+  std::string output;     // its stdout
+  long max_rss_kib = 0;   // its peak resident memory
+};
+
+// Runs a program in a child process, so that its peak RSS is its own (fork, then exec
+// at once: OpenMP's thread pool does not survive a fork without exec). Throws with the
+// child's output when it fails.
+inline ChildResult run_child(std::vector<std::string> args) {
+  int fds[2];
+  if (pipe(fds) != 0) throw std::runtime_error("pipe");
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    dup2(fds[1], 1);
+    std::vector<char*> argv;
+    for (auto& x : args) argv.push_back(x.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  close(fds[1]);
+  ChildResult r;
+  char buf[512];
+  ssize_t n;
+  while ((n = read(fds[0], buf, sizeof buf)) > 0) r.output.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = 0;
+  rusage ru{};
+  wait4(pid, &status, 0, &ru);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error("benchmark child " + args[0] + " failed: " + r.output);
+  r.max_rss_kib = ru.ru_maxrss;
+  return r;
+}
+
+// The number after "key " in a child's output.
+inline double value_of(const std::string& output, const std::string& key) {
+  const size_t at = output.find(key + " ");
+  if (at == std::string::npos) throw std::runtime_error("benchmark child printed no '" + key + "': " + output);
+  return std::stod(output.substr(at + key.size() + 1));
+}
+
+}  // namespace megabatch::bench

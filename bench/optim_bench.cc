@@ -1,0 +1,143 @@
+// optim_bench: optimizer step time of the lamb and adamw plugins over the parameters of
+// gpt-mini (16M) and gpt2-124m (124M), fp32, as effective bandwidth (the bytes a step must
+// move per parameter / time) beside this machine's copy bandwidth and PyTorch's AdamW
+// (foreach), measured in the same run.
+//
+// Bytes per parameter: AdamW reads g, m, v, w and writes m, v, w: 28. LAMB needs two
+// passes (the trust ratio of a tensor depends on the norm of its whole update): the
+// first reads g, m, v, w and writes m, v; the second reads m, v, w and writes w: 40.
+//
+//   build/bin/optim_bench [--threads 2] [--steps 10]
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/comm/communicator.h"
+#include "core/optim/optimizer.h"
+#include "core/util/args.h"
+#include "core/util/philox.h"
+#include "models/presets.h"
+#include "models/registry.h"
+
+namespace mb = megabatch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Copy bandwidth: read + write bytes per second of an OpenMP copy of n floats.
+double copy_bandwidth(size_t n, int reps) {
+  std::vector<float> a(n, 1.0f), b(n, 0.0f);
+  std::vector<double> times;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    const int64_t count = static_cast<int64_t>(n);
+#pragma omp parallel for simd schedule(static)
+    for (int64_t i = 0; i < count; ++i) b[static_cast<size_t>(i)] = a[static_cast<size_t>(i)];
+    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  volatile float sink = b[n / 2];
+  (void)sink;
+  return 2.0 * static_cast<double>(n) * sizeof(float) / median(times);
+}
+
+struct Measured {
+  double adamw_s = 0, lamb_s = 0, copy_bps = 0, torch_s = 0;
+  size_t params = 0;
+};
+
+double plugin_step_seconds(const std::string& name, mb::train::Model& model, int steps) {
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin(name, mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
+  std::vector<double> times;
+  for (int s = 0; s <= steps; ++s) {
+    const auto t0 = Clock::now();
+    opt.step(s + 1, 1e-4, 256, 0.5);  // the trainer passes the gradient norm it already has
+    if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return median(times);
+}
+
+Measured measure(const std::string& preset, int steps, int threads, const std::string& tmp_shapes) {
+  Measured m;
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(mb::models::preset(preset), tp, 1);
+  auto& store = model->parameters();
+  m.params = store.flat_size();
+  float* g = store.grads();
+  const int64_t n = static_cast<int64_t>(store.flat_size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(1e-3 * mb::philox_normal(7, static_cast<uint64_t>(i)));
+  m.adamw_s = plugin_step_seconds("adamw", *model, steps);
+  m.lamb_s = plugin_step_seconds("lamb", *model, steps);
+  m.copy_bps = copy_bandwidth(store.flat_size(), steps);
+  {
+    std::ofstream shapes(tmp_shapes);
+    for (size_t i = 0; i < store.count(); ++i) {
+      const auto& info = store.info(static_cast<int>(i));
+      shapes << info.shape[0] << " " << (info.shape.size() > 1 ? info.shape[1] : 1) << "\n";
+    }
+  }
+  model.reset();  // free our memory before PyTorch allocates its own
+  const auto r = mb::bench::run_child({"/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
+                                       tmp_shapes, std::to_string(steps), std::to_string(threads)});
+  m.torch_s = mb::bench::value_of(r.output, "step_seconds");
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mb::ArgParser a("optim_bench", "usage: optim_bench [--threads N] [--steps N] [--models gpt-mini,gpt2-124m]");
+  a.option("threads", "N", "threads for every side", "2");
+  a.option("steps", "N", "timed steps (median reported)", "10");
+  a.option("models", "LIST", "model presets whose parameters are stepped", "gpt-mini,gpt2-124m");
+  try {
+    if (!a.parse(argc, argv)) return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
+  omp_set_num_threads(threads);
+  const std::string shapes = "/tmp/optim_bench_shapes." + std::to_string(getpid());
+  std::printf("optimizer step, fp32, %d threads, median of %d steps; bandwidth = bytes a step must move / time\n",
+              threads, steps);
+  std::printf("%-10s %-22s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
+  std::string models = a.get("models");
+  for (size_t pos = 0; pos <= models.size();) {
+    size_t comma = models.find(',', pos);
+    if (comma == std::string::npos) comma = models.size();
+    const std::string preset = models.substr(pos, comma - pos);
+    pos = comma + 1;
+    const Measured m = measure(preset, steps, threads, shapes);
+    const double P = static_cast<double>(m.params);
+    char size[32];
+    std::snprintf(size, sizeof size, "%.1fM", P / 1e6);
+    auto row = [&](const char* what, double seconds, double bytes) {
+      const double bps = bytes * P / seconds;
+      std::printf("%-10s %-22s %12.2f %10.0f %10.2f %11.1f%%\n", size, what, seconds * 1e3, bytes, bps / 1e9,
+                  100.0 * bps / m.copy_bps);
+    };
+    std::printf("%-10s %-22s %12.2f %10d %10.2f %11.1f%%\n", size, "copy (reference)", 8.0 * P / m.copy_bps * 1e3, 8,
+                m.copy_bps / 1e9, 100.0);
+    row("megabatch lamb", m.lamb_s, 40);
+    row("megabatch adamw", m.adamw_s, 28);
+    row("PyTorch AdamW foreach", m.torch_s, 28);
+  }
+  std::remove(shapes.c_str());
+  return 0;
+}
