@@ -210,24 +210,39 @@ void multi_tensor_apply(const std::vector<TensorJob<Fn>>& jobs) {
   }
 }
 
-// Per-job sums of K quantities: fn(j, acc) may update element j of its arrays and adds
-// its K contributions to acc[0..K) (e.g. a squared update and a squared weight). Sums are
-// accumulated in double per chunk and added in chunk order, so the result does not depend
-// on the thread count. Returns one array of K sums per job (local: reduce sharded
-// tensors over the tensor-parallel group with Optimizer::tp_sum_sharded).
+// K per-element quantities (e.g. a squared update and a squared weight), returned by a
+// sum functor's operator()(j); returned by value so that the loop vectorizes.
+template <int K>
+struct Sums {
+  double v[K];
+};
+
+// Per-job sums of K (1 to 4) quantities: fn(j) may update element j of its arrays and
+// returns its K contributions as Sums<K>. Sums are accumulated in double per chunk and
+// added in chunk order, so the result does not depend on the thread count. Returns one
+// array of K sums per job (local: reduce sharded tensors over the tensor-parallel group
+// with Optimizer::tp_sum_sharded).
 template <int K, typename Fn>
 std::vector<std::array<double, K>> multi_tensor_sum(const std::vector<TensorJob<Fn>>& jobs) {
+  static_assert(K >= 1 && K <= 4, "multi_tensor_sum: 1 to 4 sums per element");
   const std::vector<detail::Chunk> chunks = detail::make_chunks(jobs);
   const int64_t count = static_cast<int64_t>(chunks.size());
   std::vector<std::array<double, K>> partial(chunks.size());
   MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
   for (int64_t c = 0; c < count; ++c) {
     const Fn fn = jobs[chunks[c].job].fn;
-    double acc[K] = {};
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // scalars, not an array: a vectorizable reduction
     const int64_t end = chunks[c].end;
-    MB_PLUGIN_PRAGMA("omp simd reduction(+ : acc[:K])")
-    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j, acc);
-    for (int k = 0; k < K; ++k) partial[c][k] = acc[k];
+    MB_PLUGIN_PRAGMA("omp simd reduction(+ : a0, a1, a2, a3)")
+    for (int64_t j = chunks[c].begin; j < end; ++j) {
+      const Sums<K> t = fn(j);
+      a0 += t.v[0];
+      if constexpr (K > 1) a1 += t.v[1];
+      if constexpr (K > 2) a2 += t.v[2];
+      if constexpr (K > 3) a3 += t.v[3];
+    }
+    const double a[4] = {a0, a1, a2, a3};
+    for (int k = 0; k < K; ++k) partial[c][k] = a[k];
   }
   std::vector<std::array<double, K>> sums(jobs.size());
   for (auto& s : sums) s.fill(0.0);

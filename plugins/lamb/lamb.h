@@ -32,7 +32,7 @@ struct LambMoments {
   float *m, *v;
   const float* w;
   float grad_scale, noise_std, b1, b2, inv_bc1, inv_bc2, eps, wd;
-  MB_HOST_DEVICE void operator()(int64_t j, double* acc) const {
+  MB_HOST_DEVICE megabatch::plugin::Sums<2> operator()(int64_t j) const {
     float gj = g[j] * grad_scale;
     if constexpr (kNoise) gj += noise_std * noise[j];
     const float mj = b1 * m[j] + (1.0f - b1) * gj;
@@ -40,8 +40,7 @@ struct LambMoments {
     m[j] = mj;
     v[j] = vj;
     const float u = (mj * inv_bc1) / (std::sqrt(vj * inv_bc2) + eps) + wd * w[j];
-    acc[0] += static_cast<double>(u) * u;
-    acc[1] += static_cast<double>(w[j]) * w[j];
+    return {{static_cast<double>(u) * u, static_cast<double>(w[j]) * w[j]}};
   }
 };
 

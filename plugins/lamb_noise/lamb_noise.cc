@@ -15,7 +15,7 @@ namespace {
 
 struct SquaredGrad {  // |g|^2 per tensor
   const float* g;
-  MB_HOST_DEVICE void operator()(int64_t j, double* acc) const { acc[0] += static_cast<double>(g[j]) * g[j]; }
+  MB_HOST_DEVICE megabatch::plugin::Sums<1> operator()(int64_t j) const { return {{static_cast<double>(g[j]) * g[j]}}; }
 };
 
 class LambNoise final : public megabatch::plugins::Lamb {

@@ -13,9 +13,8 @@ namespace {
 
 struct SquaredNorms {  // |w|^2, |g|^2
   const float *w, *g;
-  MB_HOST_DEVICE void operator()(int64_t j, double* acc) const {
-    acc[0] += static_cast<double>(w[j]) * w[j];
-    acc[1] += static_cast<double>(g[j]) * g[j];
+  MB_HOST_DEVICE megabatch::plugin::Sums<2> operator()(int64_t j) const {
+    return {{static_cast<double>(w[j]) * w[j], static_cast<double>(g[j]) * g[j]}};
   }
 };
 
