@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <iostream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -45,6 +47,19 @@ inline ChildResult run_child(std::vector<std::string> args) {
     throw std::runtime_error("benchmark child " + args[0] + " failed: " + r.output);
   r.max_rss_kib = ru.ru_maxrss;
   return r;
+}
+
+// Parses a benchmark's flags. Returns the exit
+// code when the program should stop (after --help: 0; on a bad flag: 2, message printed).
+template <typename Parser>
+std::optional<int> parse_flags(Parser& a, int argc, char** argv) {
+  try {
+    if (!a.parse(argc, argv)) return 0;
+  } catch (const std::exception& e) {
+    std::cerr << e.what() << "\n";
+    return 2;
+  }
+  return std::nullopt;
 }
 
 // The number after "key " in a child's output.

@@ -109,12 +109,7 @@ int main(int argc, char** argv) {
   a.option("threads", "N", "threads for every side", "2");
   a.option("steps", "N", "timed steps (median reported)", "10");
   a.option("models", "LIST", "model presets whose parameters are stepped", "gpt-mini,gpt2-124m");
-  try {
-    if (!a.parse(argc, argv)) return 0;
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  }
+  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
   omp_set_num_threads(threads);
   const std::string shapes = "/tmp/optim_bench_shapes." + std::to_string(getpid());

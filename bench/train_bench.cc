@@ -85,12 +85,7 @@ int main(int argc, char** argv) {
   a.option("threads", "N", "threads for both sides", "2");
   a.option("steps", "N", "timed training steps (median reported)", "8");
   a.option("child", "WHAT", "internal: run one side and print its tokens/s", "");
-  try {
-    if (!a.parse(argc, argv)) return 0;
-  } catch (const std::exception& e) {
-    std::cerr << e.what() << "\n";
-    return 2;
-  }
+  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
   omp_set_num_threads(threads);
   const std::string src = MEGABATCH_SOURCE_DIR;

@@ -10,6 +10,24 @@
 
 namespace {
 
+template <bool kMomentum, bool kNesterov>
+struct SgdUpdate {
+  float* w;
+  float* b;  // momentum buffer (kMomentum only)
+  const float* g;
+  float lr, wd, mu, damp;
+  bool first;  // the first step seeds the buffer with the gradient
+  MB_HOST_DEVICE void operator()(int64_t j) const {
+    const float gj = g[j] + wd * w[j];
+    float d = gj;
+    if constexpr (kMomentum) {
+      b[j] = first ? gj : mu * b[j] + (1.0f - damp) * gj;
+      d = kNesterov ? gj + mu * b[j] : b[j];
+    }
+    w[j] -= lr * d;
+  }
+};
+
 class Sgd final : public megabatch::plugin::Optimizer {
  public:
   explicit Sgd(const megabatch::plugin::Context& ctx)
@@ -22,25 +40,26 @@ class Sgd final : public megabatch::plugin::Optimizer {
   }
 
   void step(const mb_step_info& info) override {
-    const float lr = static_cast<float>(info.lr), mu = static_cast<float>(momentum_);
-    const float damp = info.step == 1 ? 0.0f : static_cast<float>(dampening_);
-    const bool first = info.step == 1, nesterov = nesterov_, momentum = momentum_ > 0.0;
+    if (momentum_ <= 0.0)
+      run<false, false>(info);
+    else if (nesterov_)
+      run<true, true>(info);
+    else
+      run<true, false>(info);
+  }
+
+ private:
+  template <bool kMomentum, bool kNesterov>
+  void run(const mb_step_info& info) {
+    std::vector<megabatch::plugin::TensorJob<SgdUpdate<kMomentum, kNesterov>>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const float wd = (p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING) ? static_cast<float>(wd_) : 0.0f;
-      float* w = p.data;
-      float* b = momentum ? buf_[i] : nullptr;
-      const float* g = p.grad;
-      megabatch::plugin::for_each(p.numel, [&](int64_t j) {
-        const float gj = g[j] + wd * w[j];
-        float d = gj;
-        if (momentum) {
-          b[j] = first ? gj : mu * b[j] + (1.0f - damp) * gj;
-          d = nesterov ? gj + mu * b[j] : b[j];
-        }
-        w[j] -= lr * d;
-      });
+      jobs.push_back({p.numel, {p.data, kMomentum ? buf_[i] : nullptr, p.grad, static_cast<float>(info.lr), wd,
+                                static_cast<float>(momentum_), info.step == 1 ? 0.0f : static_cast<float>(dampening_),
+                                info.step == 1}});
     }
+    megabatch::plugin::multi_tensor_apply(jobs);
   }
 
  private:
