@@ -5,12 +5,14 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "core/comm/communicator.h"
 #include "core/config/config.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/tokenizer.h"
+#include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
@@ -26,6 +28,19 @@ namespace mb = megabatch;
 using nlohmann::json;
 
 namespace {
+
+// Exit status of a run stopped by SIGTERM or SIGUSR1 (after its checkpoint was written):
+// the sweep tool and Slurm requeue scripts read it as "resumable".
+constexpr int kExitStoppedBySignal = 3;
+
+// The model's configuration as stored in checkpoints.
+json model_json(const mb::models::ModelConfig& c) {
+  return {{"family", c.family}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+          {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
+          {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
+          {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
+          {"tensor_model_parallel_size", c.tensor_model_parallel_size}};
+}
 
 const char* kUsage =
     "usage: train [--config FILE.json] [--model PRESET] [Megatron-LM options...]\n"
@@ -232,6 +247,12 @@ int run(int argc, char** argv) {
             opt.diagnostics_interval);
   opt.noise_scale = v["log_noise_scale"].get<bool>();
   opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
+  if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
+  opt.save_interval = v["save_interval"].get<int64_t>();
+  opt.exit_interval = v["exit_interval"].get<int64_t>();
+  opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
+  mb::check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
+            "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
   opt.seed = seed;
   opt.tokens_per_sample = mc.seq_length;
 
@@ -283,7 +304,26 @@ int run(int argc, char** argv) {
     f.write(text.data(), text.size());
     f.commit();
   }
-  mb::io::MetricsFile metrics(run_dir / "metrics.h5", resolved);
+  // --- checkpoint to continue from (read before metrics.h5, which a resumed run continues)
+  std::optional<std::filesystem::path> resume_from;
+  mb::io::CheckpointState resume_state;
+  const bool finetune = v["finetune"].get<bool>(), no_load_optim = v["no_load_optim"].get<bool>();
+  if (v.contains("load")) {
+    resume_from = mb::io::latest_checkpoint(v["load"].get<std::string>());
+    if (resume_from) {
+      resume_state = mb::io::read_checkpoint_state(*resume_from);
+      mb::check(finetune || resume_state.seed == seed, resume_from->string(), ": written with --seed ",
+                resume_state.seed, " but this run has --seed ", seed,
+                "; resume with the same seed (data order and dropout depend on it), or use --finetune");
+      mb::check(finetune || resume_state.iteration <= opt.train_iters, resume_from->string(), ": the checkpoint is at iteration ",
+                resume_state.iteration, ", past --train-iters ", opt.train_iters);
+    } else {
+      std::cout << "> no checkpoint in " << v["load"].get<std::string>() << "; starting from scratch\n";
+    }
+  }
+  const bool resuming = resume_from && !finetune;
+  auto metrics = resuming ? std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved, resume_state.iteration)
+                          : std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved);
 
   std::cout << "> " << model->summary() << "\n"
             << "> optimizer: " << plugin.name() << " " << plugin.entry->version << " (" << plugin.path.string()
@@ -300,10 +340,26 @@ int run(int argc, char** argv) {
 
   mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
-  mb::train::Trainer trainer(opt, *model, optimizer, tp, train_src, valid_src.get(), &metrics, std::cout);
-  trainer.run();
-  std::cout << "> done: " << trainer.iteration() << " iterations, " << trainer.consumed_samples()
-            << " samples, final lm loss " << trainer.losses().back() << std::endl;
+  if (resume_from) {
+    mb::io::load_checkpoint(*resume_from, model->parameters(), finetune || no_load_optim ? nullptr : &optimizer.state(),
+                            plugin.name());
+    std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
+              << resume_from->string() << " (iteration " << resume_state.iteration << ", "
+              << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")
+              << std::endl;
+  }
+  opt.checkpoint.model = model_json(mc);
+  opt.checkpoint.optimizer = plugin.name();
+  opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
+  opt.checkpoint.optimizer_params = hp_resolved;
+  mb::train::Trainer trainer(opt, *model, optimizer, tp, train_src, valid_src.get(), metrics.get(), std::cout);
+  if (resuming) trainer.restore(resume_state);
+  const auto reason = trainer.run();
+  if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;
+  std::cout << "> " << (reason == mb::train::StopReason::kFinished ? "done" : "stopped") << ": iteration "
+            << trainer.iteration() << ", " << trainer.consumed_samples() << " samples";
+  if (!trainer.losses().empty()) std::cout << ", last lm loss " << trainer.losses().back();
+  std::cout << std::endl;
   return 0;
 }
 

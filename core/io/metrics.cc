@@ -5,64 +5,91 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/io/h5.h"
 #include "core/util/error.h"
 
 namespace megabatch::io {
 namespace {
 
-struct Handle {  // closes an HDF5 id with the matching function
-  hid_t id;
-  herr_t (*close)(hid_t);
-  Handle(hid_t i, herr_t (*c)(hid_t)) : id(i), close(c) {}
-  ~Handle() {
-    if (id >= 0) close(id);
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-};
-
-void silence_hdf5() {
-  static bool done = [] {
-    H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-    return true;
-  }();
-  (void)done;
+void write_config(hid_t f, const nlohmann::json& config, const std::string& path) {
+  write_attr(f, "config", config.dump(), path);
+  for (const auto& [k, v] : config.items())  // each scalar option also as its own attribute
+    if (k != "config" && v.is_primitive() && !v.is_null()) write_attr(f, k, v, path);
 }
 
-void write_attr(hid_t loc, const std::string& name, const nlohmann::json& v, const std::string& file) {
-  if (v.is_number_integer() || v.is_boolean()) {
-    const int64_t x = v.is_boolean() ? (v.get<bool>() ? 1 : 0) : v.get<int64_t>();
-    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-    Handle a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_INT64, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    check(a.id >= 0 && H5Awrite(a.id, H5T_NATIVE_INT64, &x) >= 0, file, ": cannot write attribute ", name);
-  } else if (v.is_number()) {
-    const double x = v.get<double>();
-    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-    Handle a(H5Acreate2(loc, name.c_str(), H5T_NATIVE_DOUBLE, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    check(a.id >= 0 && H5Awrite(a.id, H5T_NATIVE_DOUBLE, &x) >= 0, file, ": cannot write attribute ", name);
-  } else {
-    // variable-length UTF-8, which h5py reads back as str
-    const std::string s = v.is_string() ? v.get<std::string>() : v.dump();
-    const char* text = s.c_str();
-    Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-    H5Tset_size(type.id, H5T_VARIABLE);
-    H5Tset_cset(type.id, H5T_CSET_UTF8);
-    Handle space(H5Screate(H5S_SCALAR), H5Sclose);
-    Handle a(H5Acreate2(loc, name.c_str(), type.id, space.id, H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-    check(a.id >= 0 && H5Awrite(a.id, type.id, &text) >= 0, file, ": cannot write attribute ", name);
+// Rows of group `group` to keep: those up to the first whose iteration exceeds `last`.
+void truncate_group(hid_t f, const std::string& group, int64_t last, const std::string& path) {
+  const std::string iter_name = group + "/iteration";
+  if (H5Lexists(f, iter_name.c_str(), H5P_DEFAULT) <= 0) return;
+  std::vector<double> iters;
+  {
+    Handle d(H5Dopen2(f, iter_name.c_str(), H5P_DEFAULT), H5Dclose);
+    Handle space(H5Dget_space(d.id), H5Sclose);
+    iters.resize(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
+    if (!iters.empty())
+      check(H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, iters.data()) >= 0, path, ": cannot read ",
+            iter_name);
   }
+  hsize_t keep = 0;
+  while (keep < iters.size() && iters[keep] <= static_cast<double>(last)) ++keep;
+  Handle g(H5Gopen2(f, group.c_str(), H5P_DEFAULT), H5Gclose);
+  H5G_info_t info{};
+  H5Gget_info(g.id, &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256];
+    H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+    Handle d(H5Dopen2(g.id, name, H5P_DEFAULT), H5Dclose);
+    if (d.id < 0) continue;
+    Handle space(H5Dget_space(d.id), H5Sclose);
+    hsize_t dims[2] = {0, 0}, max[2] = {0, 0};
+    const int rank = H5Sget_simple_extent_dims(space.id, dims, max);
+    if (rank < 1 || max[0] != H5S_UNLIMITED || dims[0] <= keep) continue;  // not a series, or nothing to drop
+    dims[0] = keep;
+    check(H5Dset_extent(d.id, dims) >= 0, path, ": cannot truncate ", group, "/", name);
+  }
+}
+
+// Creates (replacing) the file with the configuration attributes.
+void create_file(const std::filesystem::path& path, const nlohmann::json& config) {
+  silence_hdf5();
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, path.string(), ": cannot create the metrics file (check the directory exists and is writable)");
+  write_config(f.id, config, path.string());
+  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path.string(), ": cannot flush");
 }
 
 }  // namespace
 
 MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& config) : path_(std::move(path)) {
+  create_file(path_, config);
+}
+
+MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& config, int64_t resume_after)
+    : path_(std::move(path)) {
   silence_hdf5();
-  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
-  Handle f(H5Fcreate(path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, path_.string(), ": cannot create the metrics file (check the directory exists and is writable)");
-  write_attr(f.id, "config", config.dump(), path_.string());
-  for (const auto& [k, v] : config.items())  // each scalar option also as its own attribute
-    if (k != "config" && v.is_primitive() && !v.is_null()) write_attr(f.id, k, v, path_.string());
+  if (!std::filesystem::exists(path_)) {
+    create_file(path_, config);
+    return;
+  }
+  Handle f(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, path_.string(), ": cannot open the metrics file to continue it (is it an HDF5 file?)");
+  for (const auto& [k, v] : config.items())
+    if (H5Aexists(f.id, k.c_str()) > 0) H5Adelete(f.id, k.c_str());
+  if (H5Aexists(f.id, "config") > 0) H5Adelete(f.id, "config");
+  write_config(f.id, config, path_.string());
+  H5G_info_t info{};
+  H5Gget_info(f.id, &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    char name[256];
+    H5Lget_name_by_idx(f.id, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+    H5O_info_t oi{};
+    if (H5Oget_info_by_name2(f.id, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_GROUP)
+      truncate_group(f.id, name, resume_after, path_.string());
+  }
+  // String datasets already there stay as they are (a resumed run has the same model:
+  // the checkpoint loader refuses any other).
+  if (H5Lexists(f.id, "optimizer/tensor_names", H5P_DEFAULT) > 0) kept_strings_.insert("optimizer/tensor_names");
   check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush");
 }
 
@@ -89,6 +116,7 @@ void MetricsFile::append_row(const std::string& series, const std::vector<double
 }
 
 void MetricsFile::set_strings(const std::string& name, const std::vector<std::string>& values) {
+  if (kept_strings_.count(name)) return;
   auto done = written_strings_.find(name);
   if (done != written_strings_.end()) {
     check(done->second == values, path_.string(), ": ", name, " was already written with different values");

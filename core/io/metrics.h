@@ -11,6 +11,7 @@
 
 #include <filesystem>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -22,6 +23,11 @@ class MetricsFile {
  public:
   // Creates (replacing) the file and writes the configuration attributes.
   MetricsFile(std::filesystem::path path, const nlohmann::json& config);
+  // For a run resumed from a checkpoint at iteration `resume_after`: keeps an existing
+  // file, drops the rows of every series group (train/, validation/, ...) whose
+  // "iteration" is later than resume_after (written after the checkpoint by the run that
+  // stopped), and rewrites the configuration attributes. Creates the file when missing.
+  MetricsFile(std::filesystem::path path, const nlohmann::json& config, int64_t resume_after);
   ~MetricsFile();  // flushes; errors there are swallowed (call flush() to see them)
   MetricsFile(const MetricsFile&) = delete;
   MetricsFile& operator=(const MetricsFile&) = delete;
@@ -46,6 +52,7 @@ class MetricsFile {
   std::map<std::string, Pending> pending_;
   std::map<std::string, std::vector<std::string>> strings_;  // written once, at the next flush
   std::map<std::string, std::vector<std::string>> written_strings_;
+  std::set<std::string> kept_strings_;  // present in a continued file
 };
 
 }  // namespace megabatch::io

@@ -83,6 +83,7 @@ class PluginOptimizer {
   const Plugin& plugin() const { return plugin_; }
   // Optimizer state by (parameter name, state name), for checkpoints and tests.
   const std::map<std::pair<std::string, std::string>, Tensor>& state() const { return state_; }
+  std::map<std::pair<std::string, std::string>, Tensor>& state() { return state_; }
 
  private:
   static float* alloc_state(void* ctx, size_t index, const char* name);

@@ -61,6 +61,14 @@ const config::Schema& train_schema() {
       {"vocab_file", Type::kString, nullptr, "vocabulary (default: the asset cache's)", "data"},
       {"merge_file", Type::kString, nullptr, "GPT-2 merges (default: the asset cache's)", "data"},
 
+      {"save", Type::kString, nullptr, "directory for checkpoints (iter_NNNNNNN.h5)", "checkpointing"},
+      {"save_interval", Type::kInt, 0, "iterations between checkpoints (0: only at the end and on exit)", "checkpointing"},
+      {"load", Type::kString, nullptr, "resume from the newest checkpoint in this directory (none there: start fresh)", "checkpointing"},
+      {"exit_interval", Type::kInt, 0, "stop after this iteration, writing a checkpoint first when --save is set", "checkpointing"},
+      {"keep_checkpoints", Type::kInt, 0, "keep only the newest K checkpoints (0: all)", "checkpointing"},
+      {"finetune", Type::kBool, false, "load only the model from --load and start at iteration 0", "checkpointing"},
+      {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
+
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
       {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
       {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},

@@ -1,6 +1,7 @@
 #include "core/train/trainer.h"
 
 #include <chrono>
+#include <csignal>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -19,6 +20,23 @@ void NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B
   decay_pow_ *= ema_;
   ++n_;
 }
+nlohmann::json NoiseScaleEstimator::state() const {
+  return {{"g2", g2_}, {"trace", tr_}, {"decay_pow", decay_pow_}, {"count", n_}};
+}
+void NoiseScaleEstimator::restore(const nlohmann::json& s) {
+  g2_ = s.at("g2").get<double>();
+  tr_ = s.at("trace").get<double>();
+  decay_pow_ = s.at("decay_pow").get<double>();
+  n_ = s.at("count").get<int64_t>();
+}
+
+namespace {
+volatile std::sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+}  // namespace
+
+int stop_signal() { return static_cast<int>(g_stop_signal); }
+
 double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_pow_) : std::nan(""); }
 double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
 
@@ -162,7 +180,33 @@ double Trainer::evaluate() {
   return count ? sum / static_cast<double>(count) : 0.0;
 }
 
-void Trainer::run() {
+void Trainer::restore(const io::CheckpointState& state) {
+  iteration_ = state.iteration;
+  consumed_ = state.consumed_samples;
+  if (state.trainer.contains("noise_scale")) noise_scale_.restore(state.trainer["noise_scale"]);
+  last_saved_ = iteration_;
+}
+
+std::filesystem::path Trainer::save_checkpoint() {
+  check(!opt_.save_dir.empty(), "save_checkpoint(): no --save directory");
+  io::CheckpointState s = opt_.checkpoint;
+  s.iteration = iteration_;
+  s.consumed_samples = consumed_;
+  s.seed = opt_.seed;
+  s.loss_scale = 1.0;
+  s.trainer = {{"noise_scale", noise_scale_.state()}};
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &optimizer_.state(),
+                                        opt_.keep_checkpoints);
+  last_saved_ = iteration_;
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  console_ << format(" saved checkpoint at iteration %8lld to %s (%.1f s)", static_cast<long long>(iteration_),
+                     path.string().c_str(), dt)
+           << std::endl;
+  return path;
+}
+
+StopReason Trainer::run() {
   auto validate = [&]() {
     const double loss = evaluate();
     const double ppl = std::exp(std::min(20.0, loss));
@@ -177,16 +221,48 @@ void Trainer::run() {
       metrics_->flush();
     }
   };
+  const bool saving = !opt_.save_dir.empty();
+  auto save_once = [&]() {
+    if (saving && last_saved_ != iteration_) save_checkpoint();
+  };
+  g_stop_signal = 0;
+  auto old_term = std::signal(SIGTERM, on_stop_signal);
+  auto old_usr1 = std::signal(SIGUSR1, on_stop_signal);
+  auto restore_handlers = [&]() {
+    std::signal(SIGTERM, old_term);
+    std::signal(SIGUSR1, old_usr1);
+  };
+  StopReason reason = StopReason::kFinished;
   try {
     while (iteration_ < opt_.train_iters) {
       train_step();
+      if (saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0) {
+        if (metrics_) metrics_->flush();  // the metrics of every checkpointed iteration are on disk
+        save_checkpoint();
+      }
+      if (g_stop_signal != 0) {
+        reason = StopReason::kSignal;
+        break;
+      }
+      if (opt_.exit_interval > 0 && iteration_ >= opt_.exit_interval && iteration_ < opt_.train_iters) {
+        reason = StopReason::kExitInterval;
+        break;
+      }
       if (valid_ && opt_.eval_interval > 0 && opt_.eval_iters > 0 && iteration_ % opt_.eval_interval == 0 &&
           iteration_ < opt_.train_iters)
         validate();
     }
-    if (valid_ && opt_.eval_iters > 0) validate();
     if (metrics_) metrics_->flush();
+    if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate();
+    save_once();
+    if (reason == StopReason::kSignal)
+      console_ << " stopped by signal " << static_cast<int>(g_stop_signal) << " after iteration " << iteration_
+               << (saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved")
+               << std::endl;
+    if (reason == StopReason::kExitInterval)
+      console_ << " exiting after iteration " << iteration_ << " (--exit-interval)" << std::endl;
   } catch (...) {
+    restore_handlers();
     if (metrics_) {
       try {
         metrics_->flush();
@@ -195,6 +271,8 @@ void Trainer::run() {
     }
     throw;
   }
+  restore_handlers();
+  return reason;
 }
 
 }  // namespace megabatch::train

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "core/comm/communicator.h"
+#include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
@@ -28,6 +29,8 @@ class NoiseScaleEstimator {
   double trace_cov() const;     // tr(Sigma) estimate (per-sample covariance)
   double b_simple() const { return trace_cov() / grad_sq_norm(); }
   int64_t count() const { return n_; }
+  nlohmann::json state() const;  // for checkpoints (exact: doubles round-trip through JSON)
+  void restore(const nlohmann::json& state);
 
  private:
   double ema_, g2_ = 0, tr_ = 0, decay_pow_ = 1;
@@ -49,17 +52,37 @@ struct TrainOptions {
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
   double noise_scale_ema = 0.99;     // decay of its moving averages
+  // Checkpoints: written to save_dir every save_interval iterations (0: none on a
+  // schedule), at the end of training, at exit_interval, and on SIGTERM / SIGUSR1.
+  std::string save_dir;              // empty: no checkpoints
+  int64_t save_interval = 0;
+  int keep_checkpoints = 0;          // newest K kept (0: all)
+  int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
+  io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s
 };
+
+// Why run() returned.
+enum class StopReason { kFinished, kExitInterval, kSignal };
+
+// The signal (SIGTERM or SIGUSR1) that asked the running trainer to stop, 0 if none.
+int stop_signal();
 
 class Trainer {
  public:
   Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
           BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console);
-  // Runs to train_iters. On an error (a plugin failure, a NaN loss) the metrics are
-  // flushed first, then the Error propagates.
-  void run();
+  // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 arrives (then
+  // it finishes the current iteration, writes a checkpoint when save_dir is set, and
+  // returns kSignal). On an error (a plugin failure, a NaN loss) the metrics are flushed
+  // first, then the Error propagates.
+  StopReason run();
+  // Continues from a checkpoint: iteration, consumed samples (the data position) and the
+  // trainer's own state. Parameters and optimizer state are loaded by io::load_checkpoint.
+  void restore(const io::CheckpointState& state);
+  // Writes a checkpoint of the current state to save_dir; returns its path.
+  std::filesystem::path save_checkpoint();
   // Mean validation loss over eval_iters global batches (no dropout, no gradients).
   double evaluate();
   int64_t iteration() const { return iteration_; }
@@ -80,6 +103,7 @@ class Trainer {
   int64_t iteration_ = 0, consumed_ = 0;
   NoiseScaleEstimator noise_scale_;
   bool names_written_ = false;
+  int64_t last_saved_ = -1;
   std::vector<double> losses_;
   Batch batch_;
   // interval accumulators

@@ -1,0 +1,264 @@
+#include "core/io/checkpoint.h"
+
+#include <fcntl.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <vector>
+
+#include "core/io/h5.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+namespace megabatch::io {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "megabatch checkpoint";
+constexpr int64_t kFormatVersion = 1;
+constexpr const char* kLatest = "latest_checkpointed_iteration.txt";
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+// The full tensor of a (possibly sharded) parameter-sized buffer, on every rank.
+std::vector<float> gather_full(const nn::ParamInfo& info, const float* local, comm::Communicator& tp) {
+  const size_t full = static_cast<size_t>(info.full_numel());
+  std::vector<float> out(full);
+  if (!info.sharding.sharded || tp.size() == 1) {
+    std::copy(local, local + info.numel, out.begin());
+    return out;
+  }
+  std::vector<float> gathered(info.numel * static_cast<size_t>(tp.size()));
+  tp.all_gather(local, gathered.data(), info.numel);
+  // gathered holds rank 0's shard, then rank 1's, ...; place each element at its index in
+  // the full tensor (the shard's full_index map, shifted to that rank).
+  nn::ParamInfo shard = info;
+  for (int r = 0; r < tp.size(); ++r) {
+    shard.sharding.tp_rank = r;
+    for (size_t i = 0; i < info.numel; ++i)
+      out[static_cast<size_t>(shard.full_index(static_cast<int64_t>(i)))] = gathered[static_cast<size_t>(r) * info.numel + i];
+  }
+  return out;
+}
+
+void write_tensor(hid_t file, const std::string& name, const std::vector<float>& data, const std::vector<int64_t>& shape,
+                  const std::string& path) {
+  std::vector<hsize_t> dims(shape.begin(), shape.end());
+  Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
+  H5Pset_create_intermediate_group(lcpl.id, 1);
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Handle d(H5Dcreate2(file, name.c_str(), H5T_NATIVE_FLOAT, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  check(d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0, path,
+        ": cannot write ", name, " (disk full?)");
+}
+
+// Reads dataset `name` (full shape `shape`) and returns it; errors name the mismatch.
+std::vector<float> read_tensor(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
+                               const std::string& path, const std::string& what) {
+  check(H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0, path, ": the checkpoint has no ", what);
+  Handle d(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle space(H5Dget_space(d.id), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.id);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  const std::vector<int64_t> stored(dims.begin(), dims.end());
+  check(stored == shape, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
+        shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
+  std::vector<float> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
+  check(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, path, ": cannot read ", what);
+  return out;
+}
+
+// Names of the members of group `name` (empty when it does not exist).
+std::vector<std::string> members(hid_t file, const std::string& name) {
+  std::vector<std::string> out;
+  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) <= 0) return out;
+  Handle g(H5Gopen2(file, name.c_str(), H5P_DEFAULT), H5Gclose);
+  H5G_info_t info{};
+  H5Gget_info(g.id, &info);
+  for (hsize_t i = 0; i < info.nlinks; ++i) {
+    const ssize_t n = H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, i, nullptr, 0, H5P_DEFAULT);
+    std::string s(static_cast<size_t>(n), '\0');
+    H5Lget_name_by_idx(g.id, ".", H5_INDEX_NAME, H5_ITER_INC, i, s.data(), s.size() + 1, H5P_DEFAULT);
+    out.push_back(s);
+  }
+  return out;
+}
+
+void fsync_path(const fs::path& p, int flags) {
+  const int fd = ::open(p.c_str(), flags);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::optional<int64_t> iteration_of(const fs::path& file) {
+  const std::string f = file.filename().string();
+  if (f.size() != 15 || f.rfind("iter_", 0) != 0 || f.substr(12) != ".h5") return std::nullopt;
+  int64_t it = 0;
+  for (char c : f.substr(5, 7)) {
+    if (c < '0' || c > '9') return std::nullopt;
+    it = it * 10 + (c - '0');
+  }
+  return it;
+}
+
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (auto it = iteration_of(e.path())) out.emplace_back(*it, e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+}  // namespace
+
+fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(iteration));
+  return dir / name;
+}
+
+std::optional<fs::path> latest_checkpoint(const fs::path& dir) {
+  std::ifstream in(dir / kLatest);
+  int64_t it = -1;
+  if (in >> it && it >= 0) {
+    const fs::path p = checkpoint_path(dir, it);
+    check(fs::exists(p), (dir / kLatest).string(), " names iteration ", it, " but ", p.string(),
+          " is missing; remove the latest file to fall back to the newest checkpoint present");
+    return p;
+  }
+  const auto all = list_checkpoints(dir);
+  if (all.empty()) return std::nullopt;
+  return all.back().second;
+}
+
+fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::ParameterStore& store,
+                         comm::Communicator& tp, const OptimizerState* optimizer, int keep) {
+  silence_hdf5();
+  const fs::path final_path = checkpoint_path(dir, state.iteration);
+  const fs::path tmp = final_path.string() + ".tmp";
+  const bool writer = tp.rank() == 0;
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    check(!ec, dir.string(), ": cannot create the checkpoint directory (", ec.message(), ")");
+  }
+  {
+    Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) : -1, H5Fclose);
+    if (writer) {
+      check(f.id >= 0, tmp.string(), ": cannot create the checkpoint (is the directory writable?)");
+      const std::string p = tmp.string();
+      write_attr(f.id, "format", kFormat, p);
+      write_attr(f.id, "format_version", kFormatVersion, p);
+      write_attr(f.id, "iteration", state.iteration, p);
+      write_attr(f.id, "consumed_samples", state.consumed_samples, p);
+      write_attr(f.id, "seed", static_cast<int64_t>(state.seed), p);
+      write_attr(f.id, "loss_scale", state.loss_scale, p);
+      write_attr(f.id, "model", state.model.dump(), p);
+      write_attr(f.id, "optimizer", state.optimizer, p);
+      write_attr(f.id, "optimizer_version", state.optimizer_version, p);
+      write_attr(f.id, "optimizer_params", state.optimizer_params.dump(), p);
+      write_attr(f.id, "trainer", state.trainer.dump(), p);
+    }
+    for (size_t i = 0; i < store.count(); ++i) {
+      const nn::ParamInfo& info = store.info(static_cast<int>(i));
+      const auto full = gather_full(info, store.param(static_cast<int>(i)), tp);
+      if (!writer) continue;
+      const std::string name = "params/" + info.name;
+      write_tensor(f.id, name, full, info.full_shape, tmp.string());
+      Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
+      write_attr(d.id, "role", static_cast<int64_t>(info.role), tmp.string());
+      write_attr(d.id, "sharded", static_cast<int64_t>(info.sharding.sharded), tmp.string());
+      write_attr(d.id, "partition_dim", static_cast<int64_t>(info.sharding.partition_dim), tmp.string());
+    }
+    if (optimizer) {
+      for (const auto& [key, t] : *optimizer) {
+        const nn::ParamInfo& info = store.info(store.find(key.first));
+        const auto full = gather_full(info, t.data(), tp);
+        if (writer) write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, info.full_shape, tmp.string());
+      }
+    }
+    if (writer) check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, tmp.string(), ": cannot flush (disk full?)");
+  }
+  if (writer) {
+    fsync_path(tmp, O_RDONLY);
+    std::error_code ec;
+    fs::rename(tmp, final_path, ec);
+    check(!ec, final_path.string(), ": cannot rename the finished checkpoint into place (", ec.message(), ")");
+    fsync_path(dir, O_RDONLY | O_DIRECTORY);
+    AtomicFile latest(dir / kLatest);
+    const std::string text = std::to_string(state.iteration) + "\n";
+    latest.write(text.data(), text.size());
+    latest.commit();
+    if (keep > 0) {
+      auto all = list_checkpoints(dir);
+      for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i].second, ec);
+    }
+  }
+  tp.barrier();
+  return final_path;
+}
+
+CheckpointState read_checkpoint_state(const fs::path& file) {
+  silence_hdf5();
+  const std::string p = file.string();
+  Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, p, ": cannot open the checkpoint (missing, or not an HDF5 file)");
+  check(H5Aexists(f.id, "format") > 0 && read_attr(f.id, "format", p) == kFormat, p,
+        ": not a megabatch checkpoint");
+  const int64_t version = read_attr(f.id, "format_version", p).get<int64_t>();
+  check(version == kFormatVersion, p, ": checkpoint format version ", version, " but this megabatch reads version ",
+        kFormatVersion);
+  CheckpointState s;
+  s.iteration = read_attr(f.id, "iteration", p).get<int64_t>();
+  s.consumed_samples = read_attr(f.id, "consumed_samples", p).get<int64_t>();
+  s.seed = static_cast<uint64_t>(read_attr(f.id, "seed", p).get<int64_t>());
+  s.loss_scale = read_attr(f.id, "loss_scale", p).get<double>();
+  s.model = nlohmann::json::parse(read_attr(f.id, "model", p).get<std::string>());
+  s.optimizer = read_attr(f.id, "optimizer", p).get<std::string>();
+  s.optimizer_version = read_attr(f.id, "optimizer_version", p).get<std::string>();
+  s.optimizer_params = nlohmann::json::parse(read_attr(f.id, "optimizer_params", p).get<std::string>());
+  s.trainer = nlohmann::json::parse(read_attr(f.id, "trainer", p).get<std::string>());
+  return s;
+}
+
+void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
+                     const std::string& expected_optimizer) {
+  const CheckpointState state = read_checkpoint_state(file);
+  const std::string p = file.string();
+  Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, p, ": cannot open the checkpoint");
+  std::vector<std::string> stored = members(f.id, "params");
+  for (size_t i = 0; i < store.count(); ++i) {
+    const nn::ParamInfo& info = store.info(static_cast<int>(i));
+    const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'");
+    float* dst = store.param(static_cast<int>(i));
+    for (size_t j = 0; j < info.numel; ++j) dst[j] = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+    stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
+  }
+  check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
+        "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
+        "; load it into the same model configuration");
+  if (!optimizer) return;
+  check(state.optimizer == expected_optimizer, p, ": the checkpoint's optimizer state is from plugin '",
+        state.optimizer, "' but this run uses '", expected_optimizer, "'; resume with --optimizer ", state.optimizer,
+        ", or load only the model with --no-load-optim");
+  for (auto& [key, t] : *optimizer) {
+    const nn::ParamInfo& info = store.info(store.find(key.first));
+    const auto full = read_tensor(f.id, "optimizer/" + key.first + "/" + key.second, info.full_shape, p,
+                                  "optimizer state '" + key.second + "' of " + key.first);
+    for (size_t j = 0; j < info.numel; ++j) t[j] = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+  }
+}
+
+}  // namespace megabatch::io

@@ -1,0 +1,72 @@
+// HDF5 checkpoints: everything needed to continue a run exactly.
+//
+//   DIR/iter_0000100.h5                 one checkpoint per saved iteration
+//   DIR/latest_checkpointed_iteration.txt   the newest complete one (Megatron's file name)
+//
+// A checkpoint holds every parameter by name in its full (unsharded) shape with its role
+// and sharding as attributes (params/<name>), the optimizer plugin's state by parameter
+// and state name (optimizer/<param>/<state>, full shape), and as root attributes the
+// iteration, consumed samples (which is the data loader's position: sample order is a
+// pure function of the seed), the seed (dropout and noise are keyed by seed and
+// iteration, so this is the whole RNG state), the loss scale, the model configuration,
+// the optimizer plugin's name, version and hyperparameters, and the trainer's own state.
+//
+// Writing goes to iter_N.h5.tmp, which is flushed, fsync'ed and renamed; only then is the
+// latest file replaced (also atomically). A kill at any moment leaves the previous
+// checkpoint complete and named by the latest file. Because shards are stored whole, a
+// checkpoint written at one tensor-parallel size loads at any other.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/comm/communicator.h"
+#include "core/nn/parameters.h"
+#include "core/tensor/tensor.h"
+
+namespace megabatch::io {
+
+struct CheckpointState {
+  int64_t iteration = 0;
+  int64_t consumed_samples = 0;
+  uint64_t seed = 0;
+  double loss_scale = 1.0;
+  nlohmann::json model;              // the model configuration (checked on load)
+  std::string optimizer;             // plugin name
+  std::string optimizer_version;
+  nlohmann::json optimizer_params;   // resolved hyperparameters
+  nlohmann::json trainer;            // the trainer's own state (noise-scale averages, ...)
+};
+
+// Optimizer state by (parameter name, state name), as PluginOptimizer keeps it.
+using OptimizerState = std::map<std::pair<std::string, std::string>, Tensor>;
+
+std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t iteration);
+
+// The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
+// or (when that file is missing) the highest iter_*.h5. nullopt when there is none.
+std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir);
+
+// Writes a checkpoint of the parameters (gathered over the tensor-parallel group; rank 0
+// writes) and, when given, the optimizer state, then keeps the newest `keep` checkpoints
+// (0: all). Returns the checkpoint's path. Errors name the file (disk full, ...).
+std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const CheckpointState& state,
+                                      nn::ParameterStore& store, comm::Communicator& tp,
+                                      const OptimizerState* optimizer, int keep);
+
+// The root attributes of a checkpoint.
+CheckpointState read_checkpoint_state(const std::filesystem::path& file);
+
+// Loads every parameter (each shard its slice of the stored full tensor) and, when
+// `optimizer` is given, its state, refusing with a message that names the mismatch: a
+// parameter missing on either side or of another shape, optimizer state from another
+// plugin (`expected_optimizer`) or missing a buffer.
+void load_checkpoint(const std::filesystem::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
+                     const std::string& expected_optimizer);
+
+}  // namespace megabatch::io

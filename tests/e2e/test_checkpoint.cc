@@ -1,0 +1,189 @@
+// Checkpoint and resume through the real `train` binary: a run stopped at a checkpoint and
+// resumed reproduces the uninterrupted run bit for bit (losses, noise-scale estimates,
+// final parameters and optimizer state) with every shipped plugin; a kill during a
+// checkpoint write leaves the previous one loadable; SIGUSR1 checkpoints and exits 3;
+// mismatched checkpoints are refused with the mismatch named.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+class Checkpoint : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    data_ = new mb::testing::TempDir;
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + data_->path().string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  // A small GPT run of 6 iterations, 2 micro-batches per step (so the noise scale runs).
+  static std::string train(const fs::path& run, const std::string& extra) {
+    return mb::testing::bin_dir() + "/train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "
+           "--micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
+           "--lr-decay-style cosine --log-interval 1 --eval-iters 0 --threads 1 --log-noise-scale "
+           "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
+           (data_->path() / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " " + extra;
+  }
+  static mb::testing::TempDir* data_;
+};
+mb::testing::TempDir* Checkpoint::data_ = nullptr;
+
+std::vector<double> series(const fs::path& metrics, const std::string& name) {
+  mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
+  return f.read<double>(name);
+}
+
+// Every dataset under params/ and optimizer/ of two checkpoints, bitwise.
+void expect_same_tensors(const fs::path& a, const fs::path& b) {
+  const auto r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "a, b = h5py.File('" + a.string() + "'), h5py.File('" + b.string() + "')\n"
+      "names = []\n"
+      "a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)\n"
+      "bad = [n for n in names if n not in b or not np.array_equal(a[n][()], b[n][()])]\n"
+      "print(len(names), 'tensors', 'differ:', bad[:3])\"");
+  EXPECT_NE(r.output.find("differ: []"), std::string::npos) << r.output;
+}
+
+void resume_is_bitwise(const std::string& optimizer, const std::string& params) {
+  mb::testing::TempDir tmp;
+  const std::string opt = "--optimizer " + optimizer + " " + params;
+  // The uninterrupted run.
+  auto r = mb::testing::run_command(Checkpoint::train(tmp / "whole", opt + " --save " + (tmp / "whole" / "ckpt").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Stopped after iteration 5, having checkpointed at 2 and 4 (and 5 on exit) ...
+  const fs::path ckpt = tmp / "split" / "ckpt";
+  r = mb::testing::run_command(Checkpoint::train(tmp / "split", opt + " --save " + ckpt.string() +
+                                                                    " --save-interval 2 --exit-interval 5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NE(r.output.find("exiting after iteration 5"), std::string::npos) << r.output;
+  // ... then the checkpoint of iteration 5 is lost, as if killed before writing it: the
+  // resumed run starts from 4 and must drop the metrics row of iteration 5 it finds.
+  fs::remove(ckpt / "iter_0000005.h5");
+  fs::remove(ckpt / "latest_checkpointed_iteration.txt");
+  r = mb::testing::run_command(Checkpoint::train(tmp / "split", opt + " --save " + ckpt.string() + " --save-interval 2 --load " +
+                                                                    ckpt.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_NE(r.output.find("loaded " + (ckpt / "iter_0000004.h5").string()), std::string::npos) << r.output;
+
+  const fs::path a = tmp / "whole" / "metrics.h5", b = tmp / "split" / "metrics.h5";
+  EXPECT_EQ(series(b, "train/iteration"), (std::vector<double>{1, 2, 3, 4, 5, 6})) << "no duplicated or missing rows";
+  for (const std::string s : {"train/lm_loss", "train/grad_norm", "train/learning_rate", "train/consumed_samples",
+                              "noise_scale/b_simple", "noise_scale/grad_sq_norm"})
+    EXPECT_EQ(series(a, s), series(b, s)) << optimizer << ": " << s << " differs after resuming";
+  expect_same_tensors(tmp / "whole" / "ckpt" / "iter_0000006.h5", ckpt / "iter_0000006.h5");
+}
+
+}  // namespace
+
+TEST_F(Checkpoint, ResumeIsBitwiseWithSgd) { resume_is_bitwise("sgd", "--optimizer-params momentum=0.9 --optimizer-params nesterov=true"); }
+TEST_F(Checkpoint, ResumeIsBitwiseWithAdamw) { resume_is_bitwise("adamw", ""); }
+TEST_F(Checkpoint, ResumeIsBitwiseWithLamb) { resume_is_bitwise("lamb", ""); }
+TEST_F(Checkpoint, ResumeIsBitwiseWithLars) { resume_is_bitwise("lars", "--optimizer-params trust_coefficient=0.02"); }
+TEST_F(Checkpoint, ResumeIsBitwiseWithLambNoise) { resume_is_bitwise("lamb_noise", "--optimizer-params ref_batch=2"); }
+TEST_F(Checkpoint, ResumeIsBitwiseWithLambEmbscale) { resume_is_bitwise("lamb_embscale", "--optimizer-params ref_batch=2"); }
+
+TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {
+  mb::testing::TempDir tmp;
+  const auto r = mb::testing::run_command(
+      train(tmp / "run", "--save " + (tmp / "c").string() + " --save-interval 1 --keep-checkpoints 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(tmp / "c")) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{"iter_0000005.h5", "iter_0000006.h5", "latest_checkpointed_iteration.txt"}));
+}
+
+TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string();
+  auto r = mb::testing::run_command(train(tmp / "run", "--optimizer lamb --save " + c + " --train-iters 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+
+  r = mb::testing::run_command(train(tmp / "r2", "--optimizer lamb --load " + c + " --ffn-hidden-size 64"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint but "
+                          "[64, 32] in this run"),
+            std::string::npos)
+      << r.output;
+
+  r = mb::testing::run_command(train(tmp / "r3", "--optimizer adamw --load " + c));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("optimizer state is from plugin 'lamb' but this run uses 'adamw'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
+
+  r = mb::testing::run_command(train(tmp / "r4", "--optimizer adamw --no-load-optim --load " + c));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(series(tmp / "r4" / "metrics.h5", "train/iteration"), (std::vector<double>{3, 4, 5, 6}));
+
+  r = mb::testing::run_command(train(tmp / "r5", "--optimizer adamw --finetune --load " + c));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("starting at iteration 0"), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "r5" / "metrics.h5", "train/iteration").size(), 6u);
+
+  r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
+}
+
+TEST_F(Checkpoint, SigusrOneCheckpointsAtTheEndOfTheIterationAndExitsThree) {
+  mb::testing::TempDir tmp;
+  const std::string log = (tmp / "log").string(), c = (tmp / "c").string();
+  const auto r = mb::testing::run_command(
+      "(" + train(tmp / "run", "--train-iters 100000 --save " + c) + " > " + log + " 2>&1 & echo $! > " + (tmp / "pid").string() +
+      "; wait $!; echo exit=$? >> " + log + ") & for i in $(seq 600); do grep -q 'iteration  *3/' " + log +
+      " && break; sleep 0.05; done; kill -USR1 $(cat " + (tmp / "pid").string() + "); wait; cat " + log);
+  EXPECT_NE(r.output.find("exit=3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped by signal 10"), std::string::npos) << r.output;
+  // The checkpoint is of the last finished iteration, and the run continues from it.
+  const auto iters = series(tmp / "run" / "metrics.h5", "train/iteration");
+  ASSERT_FALSE(iters.empty());
+  const auto resumed = mb::testing::run_command(train(tmp / "run", "--train-iters " + std::to_string(static_cast<int>(iters.back()) + 2) +
+                                                                       " --save " + c + " --load " + c));
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("(iteration " + std::to_string(static_cast<int>(iters.back())) + ","), std::string::npos)
+      << resumed.output;
+}
+
+// SIGKILL while the checkpoint of iteration 4 is being written (its .tmp exists): the
+// checkpoint of iteration 2 stays the latest, loads, and the run continues from it.
+TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string(), log = (tmp / "log").string(), pid = (tmp / "pid").string();
+  // gpt-mini's shapes: a checkpoint of 16 M parameters and two AdamW buffers takes a while to write.
+  const std::string cmd = mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 1 --seq-length 32 "
+                          "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c +
+                          " --save-interval 2 --data-path " + (data_->path() / "brown_gpt2_text_document").string() +
+                          " --run-dir " + (tmp / "run").string();
+  bool caught = false;
+  for (int attempt = 0; attempt < 3 && !caught; ++attempt) {
+    fs::remove_all(c);
+    const auto r = mb::testing::run_command(
+        "(" + cmd + " --train-iters 1000 > " + log + " 2>&1 & echo $! > " + pid + ") ; for i in $(seq 20000); do "
+        "if [ -e " + c + "/iter_0000004.h5.tmp ]; then kill -9 $(cat " + pid + "); echo caught; break; fi; "
+        "sleep 0.001; done; sleep 0.3; kill -9 $(cat " + pid + ") 2>/dev/null; true");
+    caught = r.output.find("caught") != std::string::npos && !fs::exists(fs::path(c) / "iter_0000004.h5");
+  }
+  ASSERT_TRUE(caught) << "never killed the process during the write of iteration 4's checkpoint";
+  std::ifstream latest(fs::path(c) / "latest_checkpointed_iteration.txt");
+  int it = 0;
+  latest >> it;
+  EXPECT_EQ(it, 2);
+  const auto resumed = mb::testing::run_command(cmd + " --train-iters 3 --load " + c);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("iter_0000002.h5 (iteration 2,"), std::string::npos) << resumed.output;
+}
