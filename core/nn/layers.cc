@@ -25,6 +25,23 @@ void LayerNorm::backward(float* din, const float* dout, const float* in, const f
   ops::layernorm_backward(din, store_->grad(w_), store_->grad(b_), dout, in, store_->param(w_), mean, rstd, n, C_);
 }
 
+Linear::Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out,
+               int layer, double init_std, bool bias)
+    : store_(&store), in_(in), out_(out) {
+  const Sharding s = Sharding::replicated(tp.rank(), tp.size());
+  w_ = store.add({prefix + ".weight", Role::kWeight, layer, {out, in}, s, Init::normal(init_std)});
+  if (bias) b_ = store.add({prefix + ".bias", Role::kBias, layer, {out}, s, Init::zeros()});
+}
+
+void Linear::forward(float* out, const float* in, int64_t n) const {
+  ops::linear_forward(out, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : nullptr, n, in_, out_);
+}
+
+void Linear::backward(float* din, const float* dout, const float* in, int64_t n) {
+  ops::linear_backward(din, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : nullptr, dout, in, store_->param(w_), n, in_,
+                       out_);
+}
+
 ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
                                            int64_t in, int64_t out, int layer, double init_std, bool bias)
     : store_(&store), tp_(&tp), in_(in), out_local_(out / tp.size()) {

@@ -32,6 +32,23 @@ class LayerNorm {
   int w_, b_;
 };
 
+// A plain linear layer whose weight (out, in) and bias are replicated on every
+// tensor-parallel rank (Megatron's get_linear_layer: poolers and the BERT LM-head dense).
+class Linear {
+ public:
+  Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out, int layer,
+         double init_std, bool bias = true);
+  void forward(float* out, const float* in, int64_t n) const;  // (n, in) -> (n, out)
+  void backward(float* din, const float* dout, const float* in, int64_t n);  // din may be null
+  int64_t in_features() const { return in_; }
+  int64_t out_features() const { return out_; }
+
+ private:
+  ParameterStore* store_;
+  int64_t in_, out_;
+  int w_, b_ = -1;
+};
+
 class ColumnParallelLinear {
  public:
   // weight (out, in) split along out (dim 0); bias split likewise.

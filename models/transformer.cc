@@ -1,0 +1,180 @@
+#include "models/transformer.h"
+
+#include <cstring>
+
+#include "core/ops/attention.h"
+#include "core/ops/gelu.h"
+#include "core/ops/residual.h"
+#include "core/util/error.h"
+#include "core/util/philox.h"
+
+namespace megabatch::models {
+
+ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream) {
+  ops::DropoutKey k;
+  k.p = ctx.training ? p : 0.0;
+  k.key = mix_key(mix_key(ctx.seed, static_cast<uint64_t>(ctx.iteration)), static_cast<uint64_t>(ctx.micro_batch));
+  k.stream = stream;
+  return k;
+}
+
+void dropout_or_copy(float* out, const float* in, int64_t n, const ops::DropoutKey& k) {
+  if (k.p > 0)
+    ops::dropout_forward(out, in, n, 0, k);
+  else
+    std::memcpy(out, in, sizeof(float) * static_cast<size_t>(n));
+}
+
+void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const ops::DropoutKey& k) {
+  if (k.p > 0)
+    ops::dropout_backward(din, dout, n, 0, k);
+  else
+    ops::residual_backward<float>(din, nullptr, dout, n);
+}
+
+TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& c)
+    : cfg_(c), tp_(&tp), heads_local_(c.heads / tp.size()) {
+  const int64_t C = c.hidden;
+  const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+  blocks_.reserve(static_cast<size_t>(c.layers));
+  for (int l = 0; l < c.layers; ++l) {
+    const std::string p = c.prefix + std::to_string(l) + ".";
+    blocks_.push_back(Block{
+        nn::LayerNorm(store, p + "input_layernorm", C, l, c.eps),
+        nn::LayerNorm(store, p + "pre_mlp_layernorm", C, l, c.eps),
+        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, 3 * C, l, c.init_std),
+        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, c.ffn, l, c.init_std),
+        nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std),
+        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std)});
+  }
+}
+
+void TransformerStack::allocate(int64_t B, int64_t T) {
+  if (B == B_ && T == T_) return;
+  B_ = B;
+  T_ = T;
+  const int64_t n = B * T, C = cfg_.hidden, Cl = C / tp_->size(), Fl = cfg_.ffn / tp_->size();
+  saved_.resize(blocks_.size());
+  for (auto& s : saved_) {
+    for (Tensor* t : {&s.x_in, &s.ln1, &s.proj, &s.x_mid, &s.ln2, &s.fc2}) t->resize({n, C});
+    if (cfg_.post_layernorm)
+      for (Tensor* t : {&s.r1, &s.r2}) t->resize({n, C});
+    for (Tensor* t : {&s.ln1_mean, &s.ln1_rstd, &s.ln2_mean, &s.ln2_rstd}) t->resize({n});
+    s.qkv.resize({n, 3 * Cl});
+    s.probs.resize({B, heads_local_, T, T});
+    s.attn.resize({n, Cl});
+    s.fc1.resize({n, Fl});
+    s.gelu.resize({n, Fl});
+  }
+  for (Tensor* t : {&g_a_, &g_b_, &g_c_, &out_copy_}) t->resize({n, C});
+  g_qkv_.resize({n, 3 * Cl});
+  g_attn_.resize({n, Cl});
+  g_ff_a_.resize({n, Fl});
+  g_ff_b_.resize({n, Fl});
+}
+
+void TransformerStack::forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
+                               const train::StepContext& ctx) {
+  allocate(B, T);
+  ctx_ = ctx;
+  mask_ = key_mask;
+  const int64_t n = B * T, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
+  const ops::AttentionShape as{B, T, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
+  std::memcpy(saved_[0].x_in.data(), x, sizeof(float) * static_cast<size_t>(n * C));
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    Block& b = blocks_[l];
+    Saved& s = saved_[l];
+    const int li = static_cast<int>(l);
+    float* next = l + 1 < blocks_.size() ? saved_[l + 1].x_in.data() : out;
+    const ops::DropoutKey attn_drop = dropout_key(ctx, cfg_.attention_dropout, stream(li, 0));
+    if (!cfg_.post_layernorm) {
+      b.ln1.forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.x_in.data(), n);
+      b.qkv.forward(s.qkv.data(), s.ln1.data(), n);
+    } else {
+      b.qkv.forward(s.qkv.data(), s.x_in.data(), n);
+    }
+    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), mask_, as, &attn_drop);
+    b.proj.forward(s.proj.data(), s.attn.data(), n);
+    dropout_or_copy(g_c_.data(), s.proj.data(), n * C, dropout_key(ctx, cfg_.hidden_dropout, stream(li, 1)));
+    if (!cfg_.post_layernorm) {
+      ops::residual_forward(s.x_mid.data(), s.x_in.data(), g_c_.data(), n * C);
+      b.ln2.forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x_mid.data(), n);
+      b.fc1.forward(s.fc1.data(), s.ln2.data(), n);
+    } else {
+      ops::residual_forward(s.r1.data(), s.x_in.data(), g_c_.data(), n * C);
+      b.ln1.forward(s.x_mid.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.r1.data(), n);
+      b.fc1.forward(s.fc1.data(), s.x_mid.data(), n);
+    }
+    ops::gelu_forward(s.gelu.data(), s.fc1.data(), n * Fl);
+    b.fc2.forward(s.fc2.data(), s.gelu.data(), n);
+    dropout_or_copy(g_c_.data(), s.fc2.data(), n * C, dropout_key(ctx, cfg_.hidden_dropout, stream(li, 2)));
+    if (!cfg_.post_layernorm) {
+      ops::residual_forward(next, s.x_mid.data(), g_c_.data(), n * C);
+    } else {
+      ops::residual_forward(s.r2.data(), s.x_mid.data(), g_c_.data(), n * C);
+      b.ln2.forward(next, s.ln2_mean.data(), s.ln2_rstd.data(), s.r2.data(), n);
+    }
+  }
+}
+
+void TransformerStack::backward(float* dx, const float* dout) {
+  const int64_t n = B_ * T_, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
+  const size_t bytes = sizeof(float) * static_cast<size_t>(n * C);
+  const ops::AttentionShape as{B_, T_, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
+  Tensor* dres = &g_a_;  // gradient of the current block's output
+  Tensor* dnext = &g_b_;
+  std::memcpy(dres->data(), dout, bytes);
+  for (size_t l = blocks_.size(); l-- > 0;) {
+    Block& b = blocks_[l];
+    Saved& s = saved_[l];
+    const int li = static_cast<int>(l);
+    const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, 0));
+    // --- MLP half: out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid]
+    float* d_sum = dres->data();  // gradient of the residual sum
+    if (cfg_.post_layernorm) {
+      out_copy_.zero();
+      b.ln2.backward(out_copy_.data(), dres->data(), s.r2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), n);
+      d_sum = out_copy_.data();
+    }
+    std::memcpy(dnext->data(), d_sum, bytes);  // d x_mid through the residual path
+    g_c_.zero();
+    dropout_or_copy_backward(g_c_.data(), d_sum, n * C, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, 2)));
+    g_ff_a_.zero();
+    b.fc2.backward(g_ff_a_.data(), g_c_.data(), s.gelu.data(), n);
+    g_ff_b_.zero();
+    ops::gelu_backward(g_ff_b_.data(), g_ff_a_.data(), s.fc1.data(), n * Fl);
+    if (!cfg_.post_layernorm) {
+      g_c_.zero();
+      b.fc1.backward(g_c_.data(), g_ff_b_.data(), s.ln2.data(), n);
+      b.ln2.backward(dnext->data(), g_c_.data(), s.x_mid.data(), s.ln2_mean.data(), s.ln2_rstd.data(), n);
+    } else {
+      b.fc1.backward(dnext->data(), g_ff_b_.data(), s.x_mid.data(), n);
+    }
+    std::swap(dres, dnext);
+    // --- attention half: x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
+    d_sum = dres->data();
+    if (cfg_.post_layernorm) {
+      out_copy_.zero();
+      b.ln1.backward(out_copy_.data(), dres->data(), s.r1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), n);
+      d_sum = out_copy_.data();
+    }
+    std::memcpy(dnext->data(), d_sum, bytes);  // d x_in through the residual path
+    g_c_.zero();
+    dropout_or_copy_backward(g_c_.data(), d_sum, n * C, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, 1)));
+    g_attn_.zero();
+    b.proj.backward(g_attn_.data(), g_c_.data(), s.attn.data(), n);
+    g_qkv_.zero();
+    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), mask_, as, &attn_drop);
+    if (!cfg_.post_layernorm) {
+      g_c_.zero();
+      b.qkv.backward(g_c_.data(), g_qkv_.data(), s.ln1.data(), n);
+      b.ln1.backward(dnext->data(), g_c_.data(), s.x_in.data(), s.ln1_mean.data(), s.ln1_rstd.data(), n);
+    } else {
+      b.qkv.backward(dnext->data(), g_qkv_.data(), s.x_in.data(), n);
+    }
+    std::swap(dres, dnext);
+  }
+  std::memcpy(dx, dres->data(), bytes);
+}
+
+}  // namespace megabatch::models

@@ -1,0 +1,71 @@
+// The transformer layer stack shared by GPT (causal), BERT (bidirectional with padding
+// masks) and, later, T5's encoder: self-attention with a fused per-head QKV projection and
+// a GELU MLP, tensor-parallel through the nn layers, with dropout keyed by
+// (seed, iteration, micro-batch, stream) so masks never depend on the thread count.
+//
+//   pre-LN  (Megatron):      x = x + drop(proj(attn(qkv(ln1(x)))));  x = x + drop(fc2(gelu(fc1(ln2(x)))))
+//   post-LN (original BERT): x = ln1(x + drop(proj(attn(qkv(x)))));  x = ln2(x + drop(fc2(gelu(fc1(x)))))
+// The final LayerNorm of a pre-LN model belongs to the model, not the stack.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/nn/layers.h"
+#include "core/ops/dropout.h"
+#include "core/tensor/tensor.h"
+#include "core/train/model.h"
+
+namespace megabatch::models {
+
+struct StackConfig {
+  std::string prefix;  // parameter names: prefix + "<layer>." + ..., e.g. "decoder.layers."
+  int64_t layers = 0, hidden = 0, heads = 0, ffn = 0;
+  double hidden_dropout = 0, attention_dropout = 0;
+  double init_std = 0.02, eps = 1e-5;
+  bool causal = true;
+  bool post_layernorm = false;
+  uint64_t stream_base = 1;  // dropout streams stream_base + 3 * layer + site
+};
+
+// The dropout key of one site: keyed by the step context and a stream number.
+ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream);
+// out = dropout(in) (a copy when k.p is 0); and its backward, accumulating into din.
+void dropout_or_copy(float* out, const float* in, int64_t n, const ops::DropoutKey& k);
+void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const ops::DropoutKey& k);
+
+class TransformerStack {
+ public:
+  TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& config);
+  // out (B*T, C) from x (B*T, C); key_mask (B, T), 1 = attend, may be null.
+  void forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
+               const train::StepContext& ctx);
+  // dx (B*T, C) is overwritten with the gradient of the input; dout is the gradient of out.
+  void backward(float* dx, const float* dout);
+  const StackConfig& config() const { return cfg_; }
+
+ private:
+  struct Block {
+    nn::LayerNorm ln1, ln2;
+    nn::ColumnParallelLinear qkv, fc1;
+    nn::RowParallelLinear proj, fc2;
+  };
+  struct Saved {  // activations of one block, (n, ...) with n = B * T
+    Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
+  };
+  void allocate(int64_t B, int64_t T);
+  uint64_t stream(int layer, int site) const { return cfg_.stream_base + static_cast<uint64_t>(layer) * 3 + site; }
+
+  StackConfig cfg_;
+  comm::Communicator* tp_;
+  std::vector<Block> blocks_;
+  int64_t heads_local_;
+  int64_t B_ = 0, T_ = 0;
+  const uint8_t* mask_ = nullptr;
+  train::StepContext ctx_;
+  std::vector<Saved> saved_;
+  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_a_, g_ff_b_, out_copy_;
+};
+
+}  // namespace megabatch::models
