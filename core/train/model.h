@@ -19,6 +19,8 @@ struct Batch {
   std::vector<int32_t> tokens;
   std::vector<int32_t> labels;        // kIgnoreLabel = no loss at this position
   std::vector<uint8_t> padding_mask;  // 1 = real token; empty = no padding
+  std::vector<int32_t> token_types;   // (B, T) BERT segment ids; empty for other models
+  std::vector<int32_t> sample_labels; // (B) BERT sentence-order labels; empty for other models
 };
 
 // Where in training a forward pass happens: the dropout masks are keyed by it.
@@ -29,10 +31,24 @@ struct StepContext {
   bool training = true;  // false: no dropout
 };
 
+// A further term of a model's objective (BERT's "sop loss"): a sum over count items.
+struct LossTerm {
+  std::string name;
+  double sum = 0;
+  int64_t count = 0;
+  double mean() const { return count ? sum / static_cast<double>(count) : 0.0; }
+};
+
 struct LossOutput {
-  double loss_sum = 0;  // summed per-token loss
+  double loss_sum = 0;  // summed per-token language-model loss ("lm loss")
   int64_t count = 0;    // tokens that carry a loss
+  std::vector<LossTerm> extra;  // further terms; the objective is the sum of all means
   double mean() const { return count ? loss_sum / static_cast<double>(count) : 0.0; }
+  double objective() const {
+    double o = mean();
+    for (const auto& t : extra) o += t.mean();
+    return o;
+  }
 };
 
 class Model {
@@ -40,7 +56,7 @@ class Model {
   virtual ~Model() = default;
   virtual nn::ParameterStore& parameters() = 0;
   // Computes the loss. With grad_scale != 0 it also prepares backward for the objective
-  // grad_scale * (mean loss over the batch's counted tokens).
+  // grad_scale * (mean lm loss over the batch's counted tokens + each extra term's mean).
   virtual LossOutput forward(const Batch& batch, const StepContext& ctx, float grad_scale) = 0;
   // Accumulates into parameters().grads(); after a forward with grad_scale != 0.
   virtual void backward() = 0;

@@ -63,6 +63,12 @@ std::string timestamp() {
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
   return buf;
 }
+// "sop loss" -> "sop_loss": the metrics.h5 series of a console loss name.
+std::string series_name(std::string name) {
+  for (char& c : name)
+    if (c == ' ') c = '_';
+  return name;
+}
 std::string format(const char* fmt, auto... args) {
   char buf[256];
   std::snprintf(buf, sizeof buf, fmt, args...);
@@ -77,12 +83,20 @@ void Trainer::train_step() {
   const int64_t micro_batches = opt_.global_batch_size / opt_.micro_batch_size;
   model_.parameters().zero_grad();
   double loss = 0, small_sq = 0;
+  std::vector<double> extra;  // the model's extra loss terms (BERT's sop loss), mean over micro-batches
+  std::vector<std::string> extra_names;
   for (int64_t m = 0; m < micro_batches; ++m) {
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     const StepContext ctx{opt_.seed, iteration_, m, true};
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     model_.backward();
     loss += out.mean() / static_cast<double>(micro_batches);
+    if (m == 0) extra.assign(out.extra.size(), 0.0);
+    for (size_t k = 0; k < out.extra.size() && k < extra.size(); ++k)
+      extra[k] += out.extra[k].mean() / static_cast<double>(micro_batches);
+    if (m == 0) extra_names.clear();
+    if (m == 0)
+      for (const auto& t : out.extra) extra_names.push_back(t.name);
     if (opt_.noise_scale && m == 0) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
       const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
       small_sq = n1 * n1;
@@ -92,9 +106,11 @@ void Trainer::train_step() {
   if (opt_.noise_scale && std::isfinite(norm) && std::isfinite(small_sq))
     noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
                      static_cast<double>(opt_.global_batch_size));
-  if (!std::isfinite(loss) || !std::isfinite(norm))
-    fail("iteration ", iteration_, ": ", !std::isfinite(loss) ? "loss" : "gradient norm", " is ",
-         !std::isfinite(loss) ? loss : norm, " (diverged); lower --lr, raise warmup, or check the data");
+  double objective = loss;
+  for (double e : extra) objective += e;
+  if (!std::isfinite(objective) || !std::isfinite(norm))
+    fail("iteration ", iteration_, ": ", !std::isfinite(objective) ? "loss" : "gradient norm", " is ",
+         !std::isfinite(objective) ? objective : norm, " (diverged); lower --lr, raise warmup, or check the data");
   const double coeff = optim::clip_coefficient(norm, opt_.clip_grad);
   if (coeff < 1.0) {
     float* g = model_.parameters().grads();
@@ -125,12 +141,18 @@ void Trainer::train_step() {
     metrics_->append("train/iteration", static_cast<double>(iteration_));
     metrics_->append("train/consumed_samples", static_cast<double>(consumed_));
     metrics_->append("train/lm_loss", loss);
+    for (size_t k = 0; k < extra.size(); ++k) metrics_->append("train/" + series_name(extra_names[k]), extra[k]);
     metrics_->append("train/learning_rate", lr);
     metrics_->append("train/grad_norm", norm);
     metrics_->append("train/tokens_per_second", tokens_per_s);
     metrics_->append("train/iteration_time_ms", dt * 1e3);
   }
   interval_loss_ += loss;
+  if (interval_extra_.size() != extra.size()) {
+    interval_extra_.clear();
+    for (const auto& nm : extra_names) interval_extra_.emplace_back(nm, 0.0);
+  }
+  for (size_t k = 0; k < extra.size(); ++k) interval_extra_[k].second += extra[k];
   interval_time_ += dt;
   ++interval_iters_;
   if (iteration_ % opt_.log_interval == 0 || iteration_ == opt_.train_iters) {
@@ -145,6 +167,10 @@ void Trainer::train_step() {
     line += format(" learning rate: %.6E |", lr);
     line += format(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
     line += format(" lm loss: %.6E |", interval_loss_ / k);
+    for (auto& [nm, sum] : interval_extra_) {
+      line += format(" %s: %.6E |", nm.c_str(), sum / k);
+      sum = 0;
+    }
     line += format(" loss scale: %.1f |", 1.0);
     line += format(" grad norm: %.3f |", norm);
     if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
@@ -163,10 +189,11 @@ void Trainer::train_step() {
   }
 }
 
-double Trainer::evaluate() {
+std::vector<std::pair<std::string, double>> Trainer::evaluate() {
   check(valid_ != nullptr, "evaluate(): no validation data (check --split)");
   double sum = 0;
   int64_t count = 0;
+  std::vector<LossTerm> extra;
   uint64_t next = 0;
   for (int64_t it = 0; it < opt_.eval_iters; ++it) {
     for (int64_t m = 0; m < opt_.global_batch_size / opt_.micro_batch_size; ++m) {
@@ -175,9 +202,17 @@ double Trainer::evaluate() {
       const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
       sum += out.loss_sum;
       count += out.count;
+      if (extra.empty()) extra = out.extra;
+      else
+        for (size_t k = 0; k < extra.size() && k < out.extra.size(); ++k) {
+          extra[k].sum += out.extra[k].sum;
+          extra[k].count += out.extra[k].count;
+        }
     }
   }
-  return count ? sum / static_cast<double>(count) : 0.0;
+  std::vector<std::pair<std::string, double>> result{{"lm loss", count ? sum / static_cast<double>(count) : 0.0}};
+  for (const auto& t : extra) result.emplace_back(t.name, t.mean());
+  return result;
 }
 
 void Trainer::restore(const io::CheckpointState& state) {
@@ -208,18 +243,21 @@ std::filesystem::path Trainer::save_checkpoint() {
 
 StopReason Trainer::run() {
   auto validate = [&]() {
-    const double loss = evaluate();
-    const double ppl = std::exp(std::min(20.0, loss));
-    const std::string line = format(" validation loss at iteration %lld | lm loss value: %.6E | lm loss PPL: %.6E | ",
-                                    static_cast<long long>(iteration_), loss, ppl);
+    const auto losses = evaluate();
+    std::string line = format(" validation loss at iteration %lld |", static_cast<long long>(iteration_));
+    if (metrics_) metrics_->append("validation/iteration", static_cast<double>(iteration_));
+    for (const auto& [name, loss] : losses) {
+      const double ppl = std::exp(std::min(20.0, loss));
+      line += format(" %s value: %.6E | %s PPL: %.6E |", name.c_str(), loss, name.c_str(), ppl);
+      if (metrics_) {
+        metrics_->append("validation/" + series_name(name), loss);
+        metrics_->append("validation/" + series_name(name) + "_ppl", ppl);
+      }
+    }
+    line += " ";
     const std::string rule(line.size() + 1, '-');
     console_ << rule << "\n" << line << "\n" << rule << std::endl;
-    if (metrics_) {
-      metrics_->append("validation/iteration", static_cast<double>(iteration_));
-      metrics_->append("validation/lm_loss", loss);
-      metrics_->append("validation/lm_loss_ppl", ppl);
-      metrics_->flush();
-    }
+    if (metrics_) metrics_->flush();
   };
   const bool saving = !opt_.save_dir.empty();
   auto save_once = [&]() {

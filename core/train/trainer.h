@@ -83,8 +83,9 @@ class Trainer {
   void restore(const io::CheckpointState& state);
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
-  // Mean validation loss over eval_iters global batches (no dropout, no gradients).
-  double evaluate();
+  // Mean validation losses over eval_iters global batches (no dropout, no gradients):
+  // ("lm loss", mean) first, then the model's extra terms.
+  std::vector<std::pair<std::string, double>> evaluate();
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_; }
   const std::vector<double>& losses() const { return losses_; }  // per iteration
@@ -108,6 +109,7 @@ class Trainer {
   Batch batch_;
   // interval accumulators
   double interval_loss_ = 0, interval_time_ = 0;
+  std::vector<std::pair<std::string, double>> interval_extra_;  // extra loss terms, summed over the interval
   int64_t interval_iters_ = 0;
 };
 

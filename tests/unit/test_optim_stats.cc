@@ -147,7 +147,7 @@ class QuadraticModel final : public mb::train::Model {
         grad_[static_cast<size_t>(k)] += scale * d / static_cast<double>(batch.batch);
       }
     }
-    return {loss, batch.batch};
+    return {loss, batch.batch, {}};
   }
   void backward() override {
     for (int64_t k = 0; k < kDim; ++k) store_.grad(0)[k] += static_cast<float>(grad_[static_cast<size_t>(k)]);
