@@ -5,7 +5,7 @@
 #include "core/comm/communicator.h"
 #include "core/util/error.h"
 #include "core/util/strings.h"
-#include "models/gpt.h"
+#include "models/registry.h"
 
 namespace megabatch::models {
 
@@ -46,11 +46,22 @@ Preset gpt(std::string name, std::string desc, int64_t layers, int64_t hidden, i
   c.vocab_size = vocab;
   return {std::move(name), std::move(desc), c};
 }
+Preset bert(std::string name, std::string desc, int64_t layers, int64_t hidden, int64_t heads, int64_t seq) {
+  Preset p = gpt(std::move(name), std::move(desc), layers, hidden, heads, seq, 30522);  // BERT's WordPiece vocabulary
+  p.config.family = "bert";
+  return p;
+}
 }  // namespace
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> table = {
       gpt("gpt-mini", "4 layers, hidden 256, 4 heads, seq 128: trains on 2 CPU cores", 4, 256, 4, 128),
+      bert("bert-mini", "BERT, 4 layers, hidden 256, 4 heads, seq 128: trains on 2 CPU cores", 4, 256, 4, 128),
+      bert("bert4", "BERT, 4 layers, hidden 1024, 16 heads, seq 128 (the 4-layer model of the large-batch studies)", 4,
+           1024, 16, 128),
+      bert("bert-base", "BERT-base: 12 layers, hidden 768, 12 heads, seq 512", 12, 768, 12, 512),
+      bert("bert-large", "BERT-large: 24 layers, hidden 1024, 16 heads, seq 512", 24, 1024, 16, 512),
+      bert("bert-1b", "BERT 1B: 85 layers, hidden 1024, 16 heads, seq 512", 85, 1024, 16, 512),
       gpt("gpt2-124m", "GPT-2 small: 12 layers, hidden 768, 12 heads, seq 1024", 12, 768, 12, 1024),
       gpt("gpt2-350m", "GPT-2 medium: 24 layers, hidden 1024, 16 heads, seq 1024", 24, 1024, 16, 1024),
       // Megatron-LM's GPT scaling table (seq 2048, GPT-2 vocabulary padded to 51200).
@@ -94,9 +105,9 @@ SizeReport size_report(const ModelConfig& c) {
     void barrier() override {}
   } rank0(static_cast<int>(c.tensor_model_parallel_size));
   {
-    Gpt model(c, rank0);
-    r.parameters = model.parameters().num_full_parameters();
-    r.parameters_per_rank = model.parameters().num_parameters();
+    const auto model = declare_model(c, rank0);
+    r.parameters = model->parameters().num_full_parameters();
+    r.parameters_per_rank = model->parameters().num_parameters();
   }
   const double p = static_cast<double>(r.parameters_per_rank);
   r.fp32_adam_bytes = 16.0 * p;

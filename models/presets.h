@@ -8,7 +8,7 @@
 namespace megabatch::models {
 
 struct ModelConfig {
-  std::string family = "gpt";  // gpt (bert, t5 later)
+  std::string family = "gpt";  // gpt, bert (t5 later)
   std::string preset;          // name it came from, if any
   int64_t num_layers = 4, hidden_size = 256, num_attention_heads = 4, ffn_hidden_size = 0;  // ffn 0 = 4 h
   int64_t seq_length = 128, max_position_embeddings = 0;  // 0 = seq_length
@@ -17,6 +17,10 @@ struct ModelConfig {
   int64_t tensor_model_parallel_size = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
+  // BERT
+  int64_t num_tokentypes = 2;
+  bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)
+  bool binary_head = true;      // sentence-order prediction on the [CLS] pooler
 
   int64_t ffn() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
   int64_t max_positions() const { return max_position_embeddings ? max_position_embeddings : seq_length; }

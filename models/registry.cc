@@ -1,16 +1,20 @@
 #include "models/registry.h"
 
+
 #include "core/util/error.h"
+#include "models/bert.h"
 #include "models/gpt.h"
 
 namespace megabatch::models {
 
+std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Communicator& tp) {
+  if (config.family == "gpt") return std::make_unique<Gpt>(config, tp);
+  if (config.family == "bert") return std::make_unique<Bert>(config, tp);
+  fail("model family '", config.family, "' is not available (gpt, bert)");
+}
+
 std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed) {
-  std::unique_ptr<train::Model> m;
-  if (config.family == "gpt")
-    m = std::make_unique<Gpt>(config, tp);
-  else
-    fail("model family '", config.family, "' is not available (gpt)");
+  std::unique_ptr<train::Model> m = declare_model(config, tp);
   m->parameters().finalize();
   m->parameters().initialize(seed);
   return m;
@@ -27,6 +31,35 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
     samples_.get(first + static_cast<uint64_t>(b), window_.data());
     std::copy(window_.begin(), window_.end() - 1, out.tokens.begin() + b * seq_);
     std::copy(window_.begin() + 1, window_.end(), out.labels.begin() + b * seq_);
+  }
+}
+
+BertBatchSource::BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
+                                 int seq_length, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed,
+                                 bool binary_head)
+    : samples_(std::move(ds), docs, [&] {
+        data::BertOptions o;
+        o.seq_length = seq_length;
+        o.binary_head = binary_head;
+        return o;
+      }(), special, vocab_size, seed),
+      seq_(seq_length) {}
+
+void BertBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
+  const size_t T = static_cast<size_t>(seq_);
+  out.batch = count;
+  out.seq = seq_;
+  for (auto* v : {&out.tokens, &out.labels, &out.token_types}) v->resize(static_cast<size_t>(count) * T);
+  out.padding_mask.resize(static_cast<size_t>(count) * T);
+  out.sample_labels.resize(static_cast<size_t>(count));
+  for (int64_t b = 0; b < count; ++b) {
+    samples_.get(first + static_cast<uint64_t>(b), sample_);
+    const size_t at = static_cast<size_t>(b) * T;
+    std::copy(sample_.tokens.begin(), sample_.tokens.end(), out.tokens.begin() + at);
+    std::copy(sample_.token_types.begin(), sample_.token_types.end(), out.token_types.begin() + at);
+    std::copy(sample_.padding_mask.begin(), sample_.padding_mask.end(), out.padding_mask.begin() + at);
+    for (size_t t = 0; t < T; ++t) out.labels[at + t] = sample_.loss_mask[t] ? sample_.labels[t] : train::kIgnoreLabel;
+    out.sample_labels[static_cast<size_t>(b)] = sample_.is_random;
   }
 }
 

@@ -14,6 +14,8 @@ namespace megabatch::models {
 
 // Declares, allocates and initializes (from `seed`) the model of config.family.
 std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed);
+// Declares the model's parameters only (nothing allocated): for counting any size.
+std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Communicator& tp);
 
 // GPT samples: tokens [0, T) and labels [1, T].
 class GptBatchSource final : public train::BatchSource {
@@ -28,6 +30,20 @@ class GptBatchSource final : public train::BatchSource {
   data::GptSamples samples_;
   int seq_;
   std::vector<int32_t> window_;
+};
+
+// BERT samples: sentence pairs with masked tokens, token types and sentence-order labels.
+class BertBatchSource final : public train::BatchSource {
+ public:
+  BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
+                  const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed, bool binary_head = true);
+  void fill(uint64_t first, int64_t count, train::Batch& out) override;
+  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+
+ private:
+  data::BertSamples samples_;
+  int seq_;
+  data::BertSample sample_;
 };
 
 }  // namespace megabatch::models

@@ -1,0 +1,169 @@
+// BERT: the gradient of the whole objective (lm + sop) against finite differences for
+// every parameter (pre-LN and post-LN, dropout on, padding masks), and the losses and every
+// gradient against an independent PyTorch implementation (tests/reference/bert_torch.py).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "models/bert.h"
+#include "models/registry.h"
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace mb = megabatch;
+using mb::testing::H5File;
+
+namespace {
+
+mb::models::ModelConfig tiny_bert(bool post_ln, double dropout = 0.0) {
+  mb::models::ModelConfig c;
+  c.family = "bert";
+  c.num_layers = 2;
+  c.hidden_size = 24;
+  c.num_attention_heads = 3;
+  c.seq_length = 11;
+  c.vocab_size = 203;  // padded to 256
+  c.post_layernorm = post_ln;
+  c.hidden_dropout = c.attention_dropout = dropout;
+  return c;
+}
+
+// Three rows: token types 0 then 1, trailing padding of 0, 3 and 5 positions, about a
+// third of the real positions masked (with a label), sentence-order labels 0, 1, 1.
+mb::train::Batch bert_batch(uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int> tok(0, 202);
+  std::uniform_real_distribution<double> u(0, 1);
+  mb::train::Batch b;
+  b.batch = 3;
+  b.seq = 11;
+  const int pads[3] = {0, 3, 5};
+  for (int r = 0; r < 3; ++r)
+    for (int t = 0; t < 11; ++t) {
+      const bool real = t < 11 - pads[r];
+      b.tokens.push_back(real ? tok(g) : 0);
+      b.token_types.push_back(real && t >= 4 ? 1 : 0);
+      b.padding_mask.push_back(real ? 1 : 0);
+      b.labels.push_back(real && t > 0 && u(g) < 0.35 ? tok(g) : mb::train::kIgnoreLabel);
+    }
+  b.sample_labels = {0, 1, 1};
+  return b;
+}
+
+void expect_gradient_matches_finite_differences(bool post_ln) {
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(tiny_bert(post_ln, 0.1), tp, 7);
+  auto& P = model->parameters();
+  // Larger values than the 0.02 initialization, so that every path carries gradient and
+  // the embeddings are not so small that the LayerNorms after them make a step of h
+  // nonlinear.
+  for (size_t id = 0; id < P.count(); ++id) {
+    std::mt19937 g(static_cast<uint32_t>(id));
+    std::normal_distribution<float> nd(0.0f, 0.3f);
+    if (P.info(static_cast<int>(id)).role != mb::nn::Role::kNorm)
+      for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
+  }
+  const auto batch = bert_batch(1);
+  const mb::train::StepContext ctx{5, 3, 0, true};  // dropout on, fixed masks
+  P.zero_grad();
+  const auto out = model->forward(batch, ctx, 1.0f);
+  ASSERT_EQ(out.extra.size(), 1u);
+  EXPECT_EQ(out.extra[0].name, "sop loss");
+  model->backward();
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd;
+  for (size_t id = 0; id < P.count(); ++id) {
+    const int i = static_cast<int>(id);
+    const size_t n = P.info(i).numel;
+    std::vector<float> v(n), keep(P.param(i), P.param(i) + n);
+    double analytic = 0, vnorm = 0;
+    for (size_t j = 0; j < n; ++j) {
+      v[j] = nd(g);
+      analytic += static_cast<double>(P.grad(i)[j]) * v[j];
+      vnorm += static_cast<double>(v[j]) * v[j];
+    }
+    const float h = 1e-3f / static_cast<float>(std::sqrt(vnorm / static_cast<double>(n)));
+    auto loss_at = [&](float s) {
+      for (size_t j = 0; j < n; ++j) P.param(i)[j] = keep[j] + s * v[j];
+      return model->forward(batch, ctx, 0.0f).objective();
+    };
+    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
+    std::copy(keep.begin(), keep.end(), P.param(i));
+    // fp32 losses (~6, ~1e-6 relative) over 2h, plus O(h^2) curvature (a step of 3e-3 was
+    // already too nonlinear for the post-LN attention at these weights)
+    EXPECT_NEAR(fd, analytic, 3e-3 * std::max(1.0, std::abs(analytic)) + 5e-4)
+        << P.info(i).name << (post_ln ? " (post-LN)" : "");
+  }
+}
+
+void expect_matches_torch(bool post_ln) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  const auto c = tiny_bert(post_ln);
+  auto model = mb::models::make_model(c, tp, 21);
+  auto& P = model->parameters();
+  for (size_t id = 0; id < P.count(); ++id) {  // non-trivial biases and norms too
+    std::mt19937 g(static_cast<uint32_t>(100 + id));
+    std::normal_distribution<float> nd(0.0f, 0.1f);
+    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
+  }
+  const auto batch = bert_batch(4);
+  {
+    H5File f((tmp / "in.h5").string(), H5File::kCreate);
+    for (size_t id = 0; id < P.count(); ++id) {
+      const auto& info = P.info(static_cast<int>(id));
+      std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
+      f.write("params/" + info.name, std::vector<float>(P.param(static_cast<int>(id)), P.param(static_cast<int>(id)) + info.numel), dims);
+    }
+    const std::vector<hsize_t> bt = {3, 11};
+    f.write("tokens", batch.tokens, bt);
+    f.write("token_types", batch.token_types, bt);
+    f.write("labels", batch.labels, bt);
+    f.write("padding_mask", std::vector<int32_t>(batch.padding_mask.begin(), batch.padding_mask.end()), bt);
+    f.write("sop_labels", batch.sample_labels, {3});
+    f.attr("layers", static_cast<double>(c.num_layers));
+    f.attr("heads", static_cast<double>(c.num_attention_heads));
+    f.attr("eps", c.layernorm_epsilon);
+    f.attr("post_ln", post_ln ? 1.0 : 0.0);
+  }
+  const auto r = mb::testing::run_command("/usr/bin/python3 " + mb::testing::source_dir() + "/tests/reference/bert_torch.py grads " +
+                                          (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  P.zero_grad();
+  const auto out = model->forward(batch, {0, 1, 0, false}, 1.0f);
+  model->backward();
+  H5File ref((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(out.mean(), ref.attr("lm_loss"), 1e-5 * ref.attr("lm_loss"));
+  EXPECT_NEAR(out.extra[0].mean(), ref.attr("sop_loss"), 1e-5 * ref.attr("sop_loss"));
+  // fp32: reductions over at most ~1e3 terms (vocabulary 256, hidden 96): sqrt(1e3) eps32
+  // ~ 4e-6 of the tensor's scale; allow 16x that.
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    const auto expected = ref.read<float>("grads/" + info.name);
+    ASSERT_EQ(expected.size(), info.numel) << info.name;
+    float scale = 0;
+    for (float x : expected) scale = std::max(scale, std::abs(x));
+    for (size_t j = 0; j < info.numel; ++j)
+      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], expected[j], 6e-5f * scale + 1e-9f)
+          << info.name << "[" << j << "]" << (post_ln ? " (post-LN)" : "");
+  }
+}
+
+}  // namespace
+
+TEST(Bert, GradientMatchesFiniteDifferences) { expect_gradient_matches_finite_differences(false); }
+TEST(Bert, PostLayerNormGradientMatchesFiniteDifferences) { expect_gradient_matches_finite_differences(true); }
+TEST(BertTorch, LossesAndEveryGradientMatchPyTorch) { expect_matches_torch(false); }
+TEST(BertTorch, PostLayerNormLossesAndEveryGradientMatchPyTorch) { expect_matches_torch(true); }
+
+TEST(Bert, PresetsDeclareTheStudiedSizes) {
+  // BERT-large: 24 layers, hidden 1024, WordPiece 30522 (padded 30592): about 336 M
+  // parameters with Megatron's heads (the original's 335 M plus the padded rows).
+  const auto large = mb::models::size_report(mb::models::preset("bert-large"));
+  EXPECT_GT(large.parameters, 330000000);
+  EXPECT_LT(large.parameters, 340000000);
+  EXPECT_EQ(mb::models::preset("bert-1b").num_layers, 85);
+  EXPECT_EQ(mb::models::preset("bert4").hidden_size, 1024);
+  EXPECT_EQ(mb::models::preset("bert-mini").family, "bert");
+}
