@@ -35,7 +35,8 @@ constexpr int kExitStoppedBySignal = 3;
 
 // The model's configuration as stored in checkpoints.
 json model_json(const mb::models::ModelConfig& c) {
-  return {{"family", c.family}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+  return {{"family", c.family}, {"post_layernorm", c.post_layernorm}, {"binary_head", c.binary_head},
+          {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
           {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
           {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
           {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
@@ -76,7 +77,16 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
                                "--hidden-size, --num-attention-heads and --seq-length (missing --",
                 std::string(k), ")");
     c.preset.clear();
+    if (v.contains("model_type")) c.family = v["model_type"].get<std::string>();
+    mb::check(c.family == "gpt" || c.family == "bert", "model_type: '", c.family, "' is not a model type (gpt, bert)");
+    if (c.family == "bert") c.vocab_size = 30522;
   }
+  mb::check(!v.contains("model_type") || !v.contains("model") || v["model_type"].get<std::string>() == c.family,
+            "model_type '", v.contains("model_type") ? v["model_type"].get<std::string>() : "",
+            "' contradicts --model ", v.contains("model") ? v["model"].get<std::string>() : "", " (a ", c.family,
+            "); drop one");
+  c.post_layernorm = v["post_layernorm"].get<bool>();
+  c.binary_head = !v["bert_no_binary_head"].get<bool>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };
@@ -150,12 +160,12 @@ std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
 
 int run(int argc, char** argv) {
   const auto& schema = mb::train::train_schema();
-  const mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
+  mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
   if (r.help || argc == 1) {
     std::cout << kUsage << schema.help();
     return 0;
   }
-  const json& v = r.values;
+  json& v = r.values;
   if (v["threads"].get<int64_t>() > 0) omp_set_num_threads(static_cast<int>(v["threads"].get<int64_t>()));
   std::vector<std::string> extra_dirs = v["plugin_path"].get<std::vector<std::string>>();
   const auto search = mb::optim::plugin_search_path(extra_dirs);
@@ -173,6 +183,11 @@ int run(int argc, char** argv) {
   }
 
   mb::models::ModelConfig mc = model_config(r);
+  const bool is_bert = mc.family == "bert";
+  // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py): tokenizer and dataset.
+  if (!v.contains("tokenizer_type")) v["tokenizer_type"] = is_bert ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
+  if (!v.contains("data_path"))
+    v["data_path"] = json::array({is_bert ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
   if (v["print_params"].get<bool>()) {
     if (v.contains("vocab_file")) {
       mb::data::TokenizerOptions to;
@@ -278,11 +293,24 @@ int run(int argc, char** argv) {
   mb::check(mc.tensor_model_parallel_size == 1, "tensor_model_parallel_size ", mc.tensor_model_parallel_size,
             " needs a multi-process launch (mpirun), which this build does not have yet; use 1");
   auto model = mb::models::make_model(mc, tp, seed);
-  mb::models::GptBatchSource train_src(ds, train_docs, static_cast<int>(mc.seq_length), seed, mc.padded_vocab_size());
-  std::unique_ptr<mb::models::GptBatchSource> valid_src;
-  if (valid_docs.end > valid_docs.begin && opt.eval_iters > 0)
-    valid_src = std::make_unique<mb::models::GptBatchSource>(ds, valid_docs, static_cast<int>(mc.seq_length),
-                                                             seed + 1, mc.padded_vocab_size());
+  // Samples of the model's family; validation draws from its own documents with seed + 1.
+  uint64_t samples_per_epoch = 0;
+  auto make_source = [&](mb::data::DocumentRange docs, uint64_t sample_seed) -> std::unique_ptr<mb::train::BatchSource> {
+    if (is_bert) {
+      auto src = std::make_unique<mb::models::BertBatchSource>(ds, docs, static_cast<int>(mc.seq_length),
+                                                               tokenizer->special(), tokenizer->vocab_size(), sample_seed,
+                                                               mc.binary_head);
+      if (!samples_per_epoch) samples_per_epoch = src->samples_per_epoch();
+      return src;
+    }
+    auto src = std::make_unique<mb::models::GptBatchSource>(ds, docs, static_cast<int>(mc.seq_length), sample_seed,
+                                                            mc.padded_vocab_size());
+    if (!samples_per_epoch) samples_per_epoch = src->samples_per_epoch();
+    return src;
+  };
+  auto train_src = make_source(train_docs, seed);
+  std::unique_ptr<mb::train::BatchSource> valid_src;
+  if (valid_docs.end > valid_docs.begin && opt.eval_iters > 0) valid_src = make_source(valid_docs, seed + 1);
 
   json resolved = v;
   json hp_resolved = json::object();
@@ -330,7 +358,7 @@ int run(int argc, char** argv) {
             << ") " << hp_resolved.dump() << "\n"
             << "> data: " << paths[0] << ": " << ds->num_documents() << " documents, " << ds->num_tokens()
             << " tokens; split " << train_docs.end << " / " << valid_docs.end - valid_docs.begin << " / "
-            << ds->num_documents() - valid_docs.end << " documents; " << train_src.samples_per_epoch()
+            << ds->num_documents() - valid_docs.end << " documents; " << samples_per_epoch
             << " training samples per epoch\n"
             << "> " << opt.train_iters << " iterations x global batch " << gbs << " (micro batch "
             << opt.micro_batch_size << ", " << gbs / opt.micro_batch_size << " accumulation steps), lr "
@@ -352,7 +380,7 @@ int run(int argc, char** argv) {
   opt.checkpoint.optimizer = plugin.name();
   opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
   opt.checkpoint.optimizer_params = hp_resolved;
-  mb::train::Trainer trainer(opt, *model, optimizer, tp, train_src, valid_src.get(), metrics.get(), std::cout);
+  mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();
   if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;

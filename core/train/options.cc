@@ -15,6 +15,7 @@ const config::Schema& train_schema() {
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
       {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
 
+      {"model_type", Type::kString, nullptr, "gpt or bert, for a model without --model (default gpt)", "model"},
       {"num_layers", Type::kInt, nullptr, "transformer layers", "model"},
       {"hidden_size", Type::kInt, nullptr, "hidden size", "model"},
       {"num_attention_heads", Type::kInt, nullptr, "attention heads", "model"},
@@ -26,6 +27,8 @@ const config::Schema& train_schema() {
       {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
       {"make_vocab_size_divisible_by", Type::kInt, 128, "pad the vocabulary to a multiple of this x TP", "model"},
       {"tensor_model_parallel_size", Type::kInt, 1, "tensor-parallel ranks", "model"},
+      {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
+      {"post_layernorm", Type::kBool, false, "BERT: the original post-LN blocks and embedding LayerNorm (Megatron: pre-LN)", "model"},
 
       {"micro_batch_size", Type::kInt, 8, "samples per forward/backward pass", "batch"},
       {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size)", "batch"},
@@ -55,9 +58,12 @@ const config::Schema& train_schema() {
       {"adam_eps", Type::kFloat, 1e-8, "passed to the plugin's eps", "optimizer"},
       {"sgd_momentum", Type::kFloat, 0.9, "passed to the plugin's momentum", "optimizer"},
 
-      {"data_path", Type::kStringList, json::array({"data/brown_gpt2_text_document"}), "indexed dataset prefix (.bin/.idx)", "data"},
+      {"data_path", Type::kStringList, nullptr,
+       "indexed dataset prefix (.bin/.idx); default data/brown_gpt2_text_document (GPT), data/brown_bert_text_sentence (BERT)",
+       "data"},
       {"split", Type::kString, "969, 30, 1", "train, validation, test proportions by document", "data"},
-      {"tokenizer_type", Type::kString, "GPT2BPETokenizer", "GPT2BPETokenizer, BertWordPieceLowerCase, BertWordPieceCase", "data"},
+      {"tokenizer_type", Type::kString, nullptr,
+       "GPT2BPETokenizer (GPT's default), BertWordPieceLowerCase (BERT's default), BertWordPieceCase", "data"},
       {"vocab_file", Type::kString, nullptr, "vocabulary (default: the asset cache's)", "data"},
       {"merge_file", Type::kString, nullptr, "GPT-2 merges (default: the asset cache's)", "data"},
 

@@ -1,6 +1,6 @@
 // Checkpoint and resume through the real `train` binary: a run stopped at a checkpoint and
 // resumed reproduces the uninterrupted run bit for bit (losses, noise-scale estimates,
-// final parameters and optimizer state) with every shipped plugin; a kill during a
+// final parameters and optimizer state) with every shipped plugin, for GPT and BERT; a kill during a
 // checkpoint write leaves the previous one loadable; SIGUSR1 checkpoints and exits 3;
 // mismatched checkpoints are refused with the mismatch named.
 #include <gtest/gtest.h>
@@ -30,13 +30,17 @@ class Checkpoint : public ::testing::Test {
     delete data_;
     data_ = nullptr;
   }
-  // A small GPT run of 6 iterations, 2 micro-batches per step (so the noise scale runs).
-  static std::string train(const fs::path& run, const std::string& extra) {
-    return mb::testing::bin_dir() + "/train --num-layers 2 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "
-           "--micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
+  // A small GPT (or BERT) run of 6 iterations, 2 micro-batches per step (so the noise
+  // scale runs), dropout on.
+  static std::string train(const fs::path& run, const std::string& extra, const std::string& type = "gpt") {
+    const bool bert = type == "bert";
+    return mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 2 --hidden-size 32 "
+           "--num-attention-heads 2 --seq-length " + (bert ? "48" : "16") +
+           " --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
            "--lr-decay-style cosine --log-interval 1 --eval-iters 0 --threads 1 --log-noise-scale "
            "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
-           (data_->path() / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " " + extra;
+           (data_->path() / (bert ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
+           " --run-dir " + run.string() + " " + extra;
   }
   static mb::testing::TempDir* data_;
 };
@@ -59,16 +63,17 @@ void expect_same_tensors(const fs::path& a, const fs::path& b) {
   EXPECT_NE(r.output.find("differ: []"), std::string::npos) << r.output;
 }
 
-void resume_is_bitwise(const std::string& optimizer, const std::string& params) {
+void resume_is_bitwise_for(const std::string& type, const std::string& optimizer, const std::string& params) {
+  SCOPED_TRACE(type);
   mb::testing::TempDir tmp;
   const std::string opt = "--optimizer " + optimizer + " " + params;
   // The uninterrupted run.
-  auto r = mb::testing::run_command(Checkpoint::train(tmp / "whole", opt + " --save " + (tmp / "whole" / "ckpt").string()));
+  auto r = mb::testing::run_command(Checkpoint::train(tmp / "whole", opt + " --save " + (tmp / "whole" / "ckpt").string(), type));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // Stopped after iteration 5, having checkpointed at 2 and 4 (and 5 on exit) ...
   const fs::path ckpt = tmp / "split" / "ckpt";
   r = mb::testing::run_command(Checkpoint::train(tmp / "split", opt + " --save " + ckpt.string() +
-                                                                    " --save-interval 2 --exit-interval 5"));
+                                                                    " --save-interval 2 --exit-interval 5", type));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_NE(r.output.find("exiting after iteration 5"), std::string::npos) << r.output;
   // ... then the checkpoint of iteration 5 is lost, as if killed before writing it: the
@@ -76,16 +81,23 @@ void resume_is_bitwise(const std::string& optimizer, const std::string& params) 
   fs::remove(ckpt / "iter_0000005.h5");
   fs::remove(ckpt / "latest_checkpointed_iteration.txt");
   r = mb::testing::run_command(Checkpoint::train(tmp / "split", opt + " --save " + ckpt.string() + " --save-interval 2 --load " +
-                                                                    ckpt.string()));
+                                                                    ckpt.string(), type));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   ASSERT_NE(r.output.find("loaded " + (ckpt / "iter_0000004.h5").string()), std::string::npos) << r.output;
 
   const fs::path a = tmp / "whole" / "metrics.h5", b = tmp / "split" / "metrics.h5";
   EXPECT_EQ(series(b, "train/iteration"), (std::vector<double>{1, 2, 3, 4, 5, 6})) << "no duplicated or missing rows";
-  for (const std::string s : {"train/lm_loss", "train/grad_norm", "train/learning_rate", "train/consumed_samples",
-                              "noise_scale/b_simple", "noise_scale/grad_sq_norm"})
+  std::vector<std::string> compared = {"train/lm_loss", "train/grad_norm", "train/learning_rate", "train/consumed_samples",
+                                      "noise_scale/b_simple", "noise_scale/grad_sq_norm"};
+  if (type == "bert") compared.push_back("train/sop_loss");
+  for (const std::string& s : compared)
     EXPECT_EQ(series(a, s), series(b, s)) << optimizer << ": " << s << " differs after resuming";
   expect_same_tensors(tmp / "whole" / "ckpt" / "iter_0000006.h5", ckpt / "iter_0000006.h5");
+}
+
+// Every shipped plugin, with GPT and BERT.
+void resume_is_bitwise(const std::string& optimizer, const std::string& params) {
+  for (const std::string type : {"gpt", "bert"}) resume_is_bitwise_for(type, optimizer, params);
 }
 
 }  // namespace
