@@ -9,6 +9,7 @@
 #include "models/bert.h"
 #include "models/registry.h"
 #include "tests/unit/h5_util.h"
+#include "tests/unit/model_checks.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -65,36 +66,13 @@ void expect_gradient_matches_finite_differences(bool post_ln) {
       for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
   }
   const auto batch = bert_batch(1);
-  const mb::train::StepContext ctx{5, 3, 0, true};  // dropout on, fixed masks
-  P.zero_grad();
-  const auto out = model->forward(batch, ctx, 1.0f);
+  const auto out = model->forward(batch, {5, 3, 0, true}, 0.0f);
   ASSERT_EQ(out.extra.size(), 1u);
   EXPECT_EQ(out.extra[0].name, "sop loss");
-  model->backward();
-  std::mt19937 g(3);
-  std::normal_distribution<float> nd;
-  for (size_t id = 0; id < P.count(); ++id) {
-    const int i = static_cast<int>(id);
-    const size_t n = P.info(i).numel;
-    std::vector<float> v(n), keep(P.param(i), P.param(i) + n);
-    double analytic = 0, vnorm = 0;
-    for (size_t j = 0; j < n; ++j) {
-      v[j] = nd(g);
-      analytic += static_cast<double>(P.grad(i)[j]) * v[j];
-      vnorm += static_cast<double>(v[j]) * v[j];
-    }
-    const float h = 1e-3f / static_cast<float>(std::sqrt(vnorm / static_cast<double>(n)));
-    auto loss_at = [&](float s) {
-      for (size_t j = 0; j < n; ++j) P.param(i)[j] = keep[j] + s * v[j];
-      return model->forward(batch, ctx, 0.0f).objective();
-    };
-    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
-    std::copy(keep.begin(), keep.end(), P.param(i));
-    // fp32 losses (~6, ~1e-6 relative) over 2h, plus O(h^2) curvature (a step of 3e-3 was
-    // already too nonlinear for the post-LN attention at these weights)
-    EXPECT_NEAR(fd, analytic, 3e-3 * std::max(1.0, std::abs(analytic)) + 5e-4)
-        << P.info(i).name << (post_ln ? " (post-LN)" : "");
-  }
+  // dropout on, fixed masks. fp32 losses (~6, ~1e-6 relative) over 2h, plus O(h^2)
+  // curvature (a step of 3e-3 was already too nonlinear for post-LN attention here).
+  mb::testing::expect_directional_derivatives(*model, batch, {5, 3, 0, true}, 1e-3f, 3e-3, 5e-4,
+                                              post_ln ? " (post-LN)" : "");
 }
 
 void expect_matches_torch(bool post_ln) {

@@ -16,6 +16,7 @@
 #include "models/gpt.h"
 #include "models/registry.h"
 #include "tests/unit/h5_util.h"
+#include "tests/unit/model_checks.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -57,35 +58,9 @@ TEST(Gpt, DirectionalDerivativeMatchesFiniteDifferences) {
   // relative change of the activations.
   cfg.init_method_std = 0.1;
   auto model = mb::models::make_model(cfg, tp, 7);
-  auto& P = model->parameters();
   const auto batch = random_batch(3, 11, 203, 1);
-  const mb::train::StepContext ctx{5, 3, 0, true};  // dropout on, fixed masks
-  P.zero_grad();
-  model->forward(batch, ctx, 1.0f);
-  model->backward();
-  // One random direction per parameter tensor: d/dh L(theta + h v) = <grad, v>.
-  std::mt19937 g(3);
-  std::normal_distribution<float> nd;
-  for (size_t id = 0; id < P.count(); ++id) {
-    const int i = static_cast<int>(id);
-    const size_t n = P.info(i).numel;
-    std::vector<float> v(n), keep(P.param(i), P.param(i) + n);
-    double analytic = 0, vnorm = 0;
-    for (size_t j = 0; j < n; ++j) {
-      v[j] = nd(g);
-      analytic += static_cast<double>(P.grad(i)[j]) * v[j];
-      vnorm += static_cast<double>(v[j]) * v[j];
-    }
-    const float h = 3e-3f / static_cast<float>(std::sqrt(vnorm / static_cast<double>(n)));
-    auto loss_at = [&](float s) {
-      for (size_t j = 0; j < n; ++j) P.param(i)[j] = keep[j] + s * v[j];
-      return model->forward(batch, ctx, 0.0f).mean();
-    };
-    const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
-    std::copy(keep.begin(), keep.end(), P.param(i));
-    // fp32 losses (|L| ~ 5.5, ~1e-6 relative) over 2h, plus O(h^2) curvature
-    EXPECT_NEAR(fd, analytic, 2e-3 * std::max(1.0, std::abs(analytic)) + 5e-4) << P.info(i).name;
-  }
+  // dropout on, fixed masks; fp32 losses (|L| ~ 5.5, ~1e-6 relative) over 2h, plus O(h^2) curvature
+  mb::testing::expect_directional_derivatives(*model, batch, {5, 3, 0, true}, 3e-3f, 2e-3, 5e-4);
 }
 
 TEST(Gpt, HeadChunkingDoesNotChangeLossOrGradients) {
