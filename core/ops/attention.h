@@ -32,4 +32,23 @@ template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, const uint8_t* key_mask,
                         const AttentionShape& s, const DropoutKey* dropout);
 
+// Cross-attention (T5's decoder attending to the encoder): queries q (B, Tq, H, D) from
+// the decoder, keys and values kv (B, Tk, H, 2, D) from the encoder (Megatron's
+// interleaved linear_kv layout), key_mask (B, Tk) over the encoder positions (0 = pad),
+// no causal mask. out is (B, Tq, H, D); probs (B, H, Tq, Tk).
+struct CrossAttentionShape {
+  int64_t B = 0, Tq = 0, Tk = 0, H = 0, D = 0;
+  int64_t head_offset = 0;
+  int64_t total_heads = 0;
+};
+
+template <typename T>
+void cross_attention_forward(T* out, T* probs, const T* q, const T* kv, const uint8_t* key_mask,
+                             const CrossAttentionShape& s, const DropoutKey* dropout);
+
+// dq += dL/dq, dkv += dL/dkv.
+template <typename T>
+void cross_attention_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* probs,
+                              const uint8_t* key_mask, const CrossAttentionShape& s, const DropoutKey* dropout);
+
 }  // namespace megabatch::ops

@@ -284,6 +284,64 @@ INSTANTIATE_TEST_SUITE_P(Ops, AttentionCases,
                                            AttnCase{2, 7, 2, 3, false, 1, 0.0}, AttnCase{2, 5, 1, 4, false, 2, 0.0},
                                            AttnCase{1, 6, 2, 2, true, 3, 0.0}, AttnCase{2, 5, 2, 3, true, 0, 0.3}));
 
+struct CrossCase {
+  int B, Tq, Tk, H, D;
+  bool pad;  // pad the tail of batch 0's encoder positions
+  double p;  // attention dropout
+};
+
+class CrossAttentionCases : public ::testing::TestWithParam<CrossCase> {};
+
+TEST_P(CrossAttentionCases, BackwardMatchesFiniteDifferencesForQueriesKeysAndValues) {
+  const CrossCase c = GetParam();
+  ops::CrossAttentionShape s{c.B, c.Tq, c.Tk, c.H, c.D, 0, 0};
+  std::vector<uint8_t> mask;
+  if (c.pad) {
+    mask.assign(c.B * c.Tk, 1);
+    for (int t = c.Tk / 2 + 1; t < c.Tk; ++t) mask[t] = 0;
+  }
+  const uint8_t* m = mask.empty() ? nullptr : mask.data();
+  const ops::DropoutKey dk{c.p, 78, 4};
+  const size_t nq = c.B * c.Tq * c.H * c.D, nkv = c.B * c.Tk * c.H * 2 * c.D, np = c.B * c.H * c.Tq * c.Tk;
+  const Vec q = randn(nq, 41), kv = randn(nkv, 42), r = randn(nq, 43);
+  Vec out(nq), probs(np), dq(nq), dkv(nkv);
+  ops::cross_attention_forward(out.data(), probs.data(), q.data(), kv.data(), m, s, &dk);
+  ops::cross_attention_backward(dq.data(), dkv.data(), r.data(), q.data(), kv.data(), probs.data(), m, s, &dk);
+  expect_fd(
+      [&](const Vec& x) {
+        Vec o(nq), pr(np);
+        ops::cross_attention_forward(o.data(), pr.data(), x.data(), kv.data(), m, s, &dk);
+        return dot(o, r);
+      },
+      q, dq, "dq");
+  expect_fd(
+      [&](const Vec& x) {
+        Vec o(nq), pr(np);
+        ops::cross_attention_forward(o.data(), pr.data(), q.data(), x.data(), m, s, &dk);
+        return dot(o, r);
+      },
+      kv, dkv, "dkv");
+  // every query attends to every unpadded encoder position: rows sum to 1, padded keys get 0
+  for (int b = 0; b < c.B; ++b)
+    for (int h = 0; h < c.H; ++h)
+      for (int i = 0; i < c.Tq; ++i) {
+        double sum = 0;
+        for (int j = 0; j < c.Tk; ++j) {
+          const double pij = probs[((b * c.H + h) * c.Tq + i) * c.Tk + j];
+          if (m && !m[b * c.Tk + j]) {
+            EXPECT_EQ(pij, 0.0);
+          }
+          sum += pij;
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-12);
+      }
+}
+
+// Queries shorter and longer than the keys, a prime width, masks, dropout.
+INSTANTIATE_TEST_SUITE_P(Ops, CrossAttentionCases,
+                         ::testing::Values(CrossCase{1, 1, 1, 1, 1, false, 0.0}, CrossCase{2, 3, 7, 2, 3, true, 0.0},
+                                           CrossCase{2, 6, 4, 1, 5, false, 0.0}, CrossCase{2, 4, 5, 2, 2, true, 0.3}));
+
 TEST(Attention, Fp32MatchesFp64) {
   ops::AttentionShape s{2, 13, 3, 5, true, 0, 0};
   const size_t nq = 2 * 13 * 3 * 3 * 5, no = 2 * 13 * 3 * 5;
