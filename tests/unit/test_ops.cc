@@ -321,6 +321,11 @@ TEST_P(CrossAttentionCases, BackwardMatchesFiniteDifferencesForQueriesKeysAndVal
         return dot(o, r);
       },
       kv, dkv, "dkv");
+  // backward accumulates: a second call doubles both gradients
+  Vec dq2 = dq, dkv2 = dkv;
+  ops::cross_attention_backward(dq2.data(), dkv2.data(), r.data(), q.data(), kv.data(), probs.data(), m, s, &dk);
+  for (size_t i = 0; i < nq; ++i) EXPECT_NEAR(dq2[i], 2 * dq[i], 1e-12) << "dq " << i;
+  for (size_t i = 0; i < nkv; ++i) EXPECT_NEAR(dkv2[i], 2 * dkv[i], 1e-12) << "dkv " << i;
   // every query attends to every unpadded encoder position: rows sum to 1, padded keys get 0
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.H; ++h)
