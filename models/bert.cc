@@ -5,14 +5,13 @@
 #include <sstream>
 
 #include "core/ops/gelu.h"
-#include "core/ops/matmul.h"
 #include "core/util/error.h"
 
 namespace megabatch::models {
 using nn::Role;
 using nn::Sharding;
 
-Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), ce_(tp, train::kIgnoreLabel) {
+Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
   cfg_.validate();
   check(cfg_.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", cfg_.tensor_model_parallel_size,
         ") differs from the tensor-parallel group size (", tp.size(), ")");
@@ -129,24 +128,18 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
       targets_.push_back(batch.labels[i]);
     }
   m_ = static_cast<int64_t>(rows_.size());
-  out.count = m_;
   if (m_ > 0) {
-    const int64_t Vl = wte_->vocab_local(), v0 = wte_->vocab_begin();
-    for (Tensor* t : {&hm_, &d1_, &g1_, &l1_}) t->resize({m_, C});
-    for (Tensor* t : {&l1_mean_, &l1_rstd_, &lm_losses_, &dlm_loss_}) t->resize({m_});
+    for (Tensor* t : {&hm_, &d1_, &g1_, &l1_, &dl1_}) t->resize({m_, C});
+    for (Tensor* t : {&l1_mean_, &l1_rstd_}) t->resize({m_});
     for (int64_t r = 0; r < m_; ++r)
       std::memcpy(hm_.data() + r * C, h_.data() + rows_[static_cast<size_t>(r)] * C, sizeof(float) * static_cast<size_t>(C));
     lm_dense_->forward(d1_.data(), hm_.data(), m_);
     ops::gelu_forward(g1_.data(), d1_.data(), m_ * C);
     lm_ln_->forward(l1_.data(), l1_mean_.data(), l1_rstd_.data(), g1_.data(), m_);
-    logits_.resize({m_, Vl});
-    ops::gemm<float>(ops::Trans::N, ops::Trans::T, m_, Vl, C, 1.0f, l1_.data(), C, store_.param(wte_->param_id()), C,
-                     0.0f, logits_.data(), Vl);
-    const float* bias = store_.param(lm_bias_);
-    for (int64_t r = 0; r < m_; ++r)
-      for (int64_t v = 0; v < Vl; ++v) logits_[static_cast<size_t>(r * Vl + v)] += bias[v];
-    ce_.forward(lm_losses_.data(), logits_.data(), targets_.data(), m_, Vl, v0);
-    for (int64_t r = 0; r < m_; ++r) out.loss_sum += lm_losses_[static_cast<size_t>(r)];
+    // decoder tied to the word embedding, with its own bias; dl1_ gets d loss / d l1
+    const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
+                                store_.grad(lm_bias_), wte_->vocab_local(), wte_->vocab_begin()};
+    out = head_.run(l1_.data(), targets_.data(), m_, C, w, grad_scale, have_grad_ ? dl1_.data() : nullptr);
   }
 
   // sentence-order head on the [CLS] position
@@ -176,31 +169,17 @@ void Bert::backward() {
   have_grad_ = false;
   const int64_t n = B_ * T_, C = cfg_.hidden_size;
   dh_.zero();
-  if (m_ > 0) {
-    const int64_t Vl = wte_->vocab_local(), v0 = wte_->vocab_begin();
-    const float* W = store_.param(wte_->param_id());
-    for (size_t r = 0; r < static_cast<size_t>(m_); ++r) dlm_loss_[r] = grad_scale_ / static_cast<float>(m_);
-    dlogits_.resize({m_, Vl});
-    dlogits_.zero();
-    ce_.backward(dlogits_.data(), logits_.data(), targets_.data(), dlm_loss_.data(), m_, Vl, v0);
-    float* dbias = store_.grad(lm_bias_);
-    for (int64_t r = 0; r < m_; ++r)
-      for (int64_t v = 0; v < Vl; ++v) dbias[v] += dlogits_[static_cast<size_t>(r * Vl + v)];
-    for (Tensor* t : {&dtmp_m_, &dtmp_m2_}) t->resize({m_, C});
-    // d l1 = dlogits W (summed over the vocabulary shards); dW += dlogits^T l1
-    ops::gemm<float>(ops::Trans::N, ops::Trans::N, m_, C, Vl, 1.0f, dlogits_.data(), Vl, W, C, 0.0f, dtmp_m_.data(), C);
-    tp_->all_reduce(dtmp_m_.data(), static_cast<size_t>(m_ * C), comm::ReduceOp::kSum);
-    ops::gemm<float>(ops::Trans::T, ops::Trans::N, Vl, C, m_, 1.0f, dlogits_.data(), Vl, l1_.data(), C, 1.0f,
-                     store_.grad(wte_->param_id()), C);
-    dtmp_m2_.zero();
-    lm_ln_->backward(dtmp_m2_.data(), dtmp_m_.data(), g1_.data(), l1_mean_.data(), l1_rstd_.data(), m_);
+  if (m_ > 0) {  // the head's part ran in forward: dl1_ holds d loss / d l1
+    dtmp_m_.resize({m_, C});
     dtmp_m_.zero();
-    ops::gelu_backward(dtmp_m_.data(), dtmp_m2_.data(), d1_.data(), m_ * C);
-    dtmp_m2_.zero();
-    lm_dense_->backward(dtmp_m2_.data(), dtmp_m_.data(), hm_.data(), m_);
+    lm_ln_->backward(dtmp_m_.data(), dl1_.data(), g1_.data(), l1_mean_.data(), l1_rstd_.data(), m_);
+    dl1_.zero();
+    ops::gelu_backward(dl1_.data(), dtmp_m_.data(), d1_.data(), m_ * C);
+    dtmp_m_.zero();
+    lm_dense_->backward(dtmp_m_.data(), dl1_.data(), hm_.data(), m_);
     for (int64_t r = 0; r < m_; ++r) {
       float* d = dh_.data() + rows_[static_cast<size_t>(r)] * C;
-      const float* s = dtmp_m2_.data() + r * C;
+      const float* s = dtmp_m_.data() + r * C;
       for (int64_t c = 0; c < C; ++c) d[c] += s[c];
     }
   }

@@ -14,6 +14,7 @@
 #include "core/comm/communicator.h"
 #include "core/nn/layers.h"
 #include "core/train/model.h"
+#include "models/lm_head.h"
 #include "models/presets.h"
 #include "models/transformer.h"
 
@@ -40,7 +41,7 @@ class Bert final : public train::Model {
   std::unique_ptr<nn::LayerNorm> lnf_;     // pre-LN only
   std::unique_ptr<nn::Linear> lm_dense_, pooler_, binary_head_;
   std::unique_ptr<nn::LayerNorm> lm_ln_;
-  nn::VocabParallelCrossEntropy ce_;
+  TiedLmHead head_;
 
   // state of the current micro-batch
   int64_t B_ = 0, T_ = 0, m_ = 0;  // m_: masked positions
@@ -51,8 +52,8 @@ class Bert final : public train::Model {
   std::vector<int64_t> rows_;     // the masked positions
   std::vector<int32_t> targets_;  // their labels
   Tensor emb_, emb_ln_out_, emb_mean_, emb_rstd_, x_in_, x_final_, h_, h_mean_, h_rstd_, dh_, dx_, demb_;
-  Tensor hm_, d1_, g1_, l1_, l1_mean_, l1_rstd_, logits_, dlogits_, lm_losses_, dlm_loss_;
-  Tensor cls_, pooled_, sop_logits_, dsop_logits_, dpooled_, dcls_, dtmp_m_, dtmp_m2_;
+  Tensor hm_, d1_, g1_, l1_, l1_mean_, l1_rstd_, dl1_, dtmp_m_;
+  Tensor cls_, pooled_, sop_logits_, dsop_logits_, dpooled_, dcls_;
   std::vector<double> sop_losses_;
 };
 

@@ -12,7 +12,7 @@ namespace megabatch::models {
 using nn::Role;
 using nn::Sharding;
 
-Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), ce_(tp, train::kIgnoreLabel) {
+Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
   cfg_.validate();
   check(cfg_.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", cfg_.tensor_model_parallel_size,
         ") differs from the tensor-parallel group size (", tp.size(), ")");
@@ -52,7 +52,7 @@ void Gpt::allocate(int64_t B, int64_t T) {
   T_ = T;
   const int64_t n = B * T, C = cfg_.hidden_size;
   for (Tensor* t : {&emb_, &x_in_, &x_final_, &lnf_out_, &dlnf_, &dx_final_, &dx_}) t->resize({n, C});
-  for (Tensor* t : {&lnf_mean_, &lnf_rstd_, &losses_, &dloss_}) t->resize({n});
+  for (Tensor* t : {&lnf_mean_, &lnf_rstd_}) t->resize({n});
   positions_.resize(n);
   for (int64_t i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(i % T);
 }
@@ -85,34 +85,10 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   stack_->forward(x_final_.data(), x_in_.data(), B_, T_, kmask, ctx_);
   lnf_->forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_final_.data(), n);
 
-  // LM head tied to the word embedding, in row chunks: logits, loss and (when training)
-  // the head's gradients, so only chunk x vocab logits ever exist.
-  train::LossOutput out;
-  for (int64_t i = 0; i < n; ++i) out.count += batch.labels[i] != train::kIgnoreLabel;
-  const int64_t Vl = wte_->vocab_local(), v0 = wte_->vocab_begin();
-  const float* W = store_.param(wte_->param_id());
-  float* dW = store_.grad(wte_->param_id());
-  if (have_grad_) dlnf_.zero();
-  const float dl = out.count ? grad_scale / static_cast<float>(out.count) : 0.0f;
-  for (int64_t r0 = 0; r0 < n; r0 += head_chunk_) {
-    const int64_t R = std::min(head_chunk_, n - r0);
-    logits_.resize({R, Vl});
-    ops::gemm<float>(ops::Trans::N, ops::Trans::T, R, Vl, C, 1.0f, lnf_out_.data() + r0 * C, C, W, C, 0.0f,
-                     logits_.data(), Vl);
-    ce_.forward(losses_.data() + r0, logits_.data(), batch.labels.data() + r0, R, Vl, v0);
-    if (!have_grad_) continue;
-    for (int64_t i = 0; i < R; ++i) dloss_[r0 + i] = dl;
-    dlogits_.resize({R, Vl});
-    dlogits_.zero();
-    ce_.backward(dlogits_.data(), logits_.data(), batch.labels.data() + r0, dloss_.data() + r0, R, Vl, v0);
-    ops::gemm<float>(ops::Trans::N, ops::Trans::N, R, C, Vl, 1.0f, dlogits_.data(), Vl, W, C, 0.0f,
-                     dlnf_.data() + r0 * C, C);
-    tp_->all_reduce(dlnf_.data() + r0 * C, static_cast<size_t>(R * C), comm::ReduceOp::kSum);
-    ops::gemm<float>(ops::Trans::T, ops::Trans::N, Vl, C, R, 1.0f, dlogits_.data(), Vl, lnf_out_.data() + r0 * C, C,
-                     1.0f, dW, C);
-  }
-  for (int64_t i = 0; i < n; ++i) out.loss_sum += losses_[i];
-  return out;
+  // LM head tied to the word embedding, fused with the loss and its gradients
+  const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), nullptr, nullptr,
+                              wte_->vocab_local(), wte_->vocab_begin()};
+  return head_.run(lnf_out_.data(), batch.labels.data(), n, C, w, grad_scale, have_grad_ ? dlnf_.data() : nullptr);
 }
 
 void Gpt::backward() {

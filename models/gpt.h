@@ -11,6 +11,7 @@
 #include "core/nn/layers.h"
 #include "core/ops/dropout.h"
 #include "core/train/model.h"
+#include "models/lm_head.h"
 #include "models/presets.h"
 #include "models/transformer.h"
 
@@ -27,7 +28,7 @@ class Gpt final : public train::Model {
   std::string summary() const override;
   const ModelConfig& config() const { return cfg_; }
   // Rows of the LM head computed at once (bounds the logits buffer to rows x vocab).
-  void set_head_chunk(int64_t rows) { head_chunk_ = rows; }
+  void set_head_chunk(int64_t rows) { head_.set_chunk(rows); }
 
  private:
   void allocate(int64_t B, int64_t T);
@@ -39,8 +40,7 @@ class Gpt final : public train::Model {
   int wpe_ = -1;
   std::unique_ptr<TransformerStack> stack_;
   std::unique_ptr<nn::LayerNorm> lnf_;
-  nn::VocabParallelCrossEntropy ce_;
-  int64_t head_chunk_ = 256;
+  TiedLmHead head_;
 
   // state of the current micro-batch
   int64_t B_ = 0, T_ = 0;
@@ -48,8 +48,7 @@ class Gpt final : public train::Model {
   train::StepContext ctx_;
   const train::Batch* batch_ = nullptr;
   std::vector<int32_t> positions_;
-  Tensor emb_, x_in_, x_final_, lnf_out_, lnf_mean_, lnf_rstd_, dlnf_, dx_final_, dx_, logits_, dlogits_, losses_,
-      dloss_;
+  Tensor emb_, x_in_, x_final_, lnf_out_, lnf_mean_, lnf_rstd_, dlnf_, dx_final_, dx_;
 };
 
 }  // namespace megabatch::models
