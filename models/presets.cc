@@ -1,5 +1,6 @@
 #include "models/presets.h"
 
+#include <algorithm>
 #include <sstream>
 
 #include "core/comm/communicator.h"
@@ -51,12 +52,30 @@ Preset bert(std::string name, std::string desc, int64_t layers, int64_t hidden, 
   p.config.family = "bert";
   return p;
 }
+Preset t5(std::string name, std::string desc, int64_t layers, int64_t hidden, int64_t heads, int64_t ffn, int64_t enc_seq,
+          int64_t dec_seq) {
+  // Megatron's T5: the BERT WordPiece vocabulary plus 100 sentinels (--vocab-extra-ids 100)
+  Preset p = gpt(std::move(name), std::move(desc), layers, hidden, heads, enc_seq, 30522 + 100);
+  p.config.family = "t5";
+  p.config.ffn_hidden_size = ffn;
+  p.config.decoder_num_layers = layers;
+  p.config.decoder_seq_length = dec_seq;
+  p.config.vocab_extra_ids = 100;
+  p.config.max_position_embeddings = std::max(enc_seq, dec_seq);
+  return p;
+}
 }  // namespace
 
 const std::vector<Preset>& presets() {
   static const std::vector<Preset> table = {
       gpt("gpt-mini", "4 layers, hidden 256, 4 heads, seq 128: trains on 2 CPU cores", 4, 256, 4, 128),
       bert("bert-mini", "BERT, 4 layers, hidden 256, 4 heads, seq 128: trains on 2 CPU cores", 4, 256, 4, 128),
+      t5("t5-mini", "T5, 2 + 2 layers, hidden 256, 4 heads, encoder seq 128, decoder seq 32: trains on 2 CPU cores", 2,
+         256, 4, 1024, 128, 32),
+      t5("t5-small", "T5-small: 6 + 6 layers, hidden 512, 8 heads, ffn 2048, encoder seq 512, decoder seq 128", 6, 512,
+         8, 2048, 512, 128),
+      t5("t5-base", "T5-base: 12 + 12 layers, hidden 768, 12 heads, ffn 3072, encoder seq 512, decoder seq 128", 12, 768,
+         12, 3072, 512, 128),
       bert("bert4", "BERT, 4 layers, hidden 1024, 16 heads, seq 128 (the 4-layer model of the large-batch studies)", 4,
            1024, 16, 128),
       bert("bert-base", "BERT-base: 12 layers, hidden 768, 12 heads, seq 512", 12, 768, 12, 512),

@@ -8,7 +8,7 @@
 namespace megabatch::models {
 
 struct ModelConfig {
-  std::string family = "gpt";  // gpt, bert (t5 later)
+  std::string family = "gpt";  // gpt, bert, t5
   std::string preset;          // name it came from, if any
   int64_t num_layers = 4, hidden_size = 256, num_attention_heads = 4, ffn_hidden_size = 0;  // ffn 0 = 4 h
   int64_t seq_length = 128, max_position_embeddings = 0;  // 0 = seq_length
@@ -21,9 +21,18 @@ struct ModelConfig {
   int64_t num_tokentypes = 2;
   bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)
   bool binary_head = true;      // sentence-order prediction on the [CLS] pooler
+  // T5: num_layers and seq_length are the encoder's
+  int64_t decoder_num_layers = 0;   // 0 = num_layers
+  int64_t decoder_seq_length = 0;   // 0 = seq_length
+  int64_t vocab_extra_ids = 0;      // sentinels appended to the vocabulary (counted in vocab_size)
+  int64_t decoder_layers() const { return decoder_num_layers ? decoder_num_layers : num_layers; }
+  int64_t decoder_seq() const { return decoder_seq_length ? decoder_seq_length : seq_length; }
 
   int64_t ffn() const { return ffn_hidden_size ? ffn_hidden_size : 4 * hidden_size; }
-  int64_t max_positions() const { return max_position_embeddings ? max_position_embeddings : seq_length; }
+  int64_t max_positions() const {
+    return max_position_embeddings ? max_position_embeddings
+                                   : (family == "t5" && decoder_seq() > seq_length ? decoder_seq() : seq_length);
+  }
   // Vocabulary padded to a multiple of make_vocab_size_divisible_by x TP (Megatron).
   int64_t padded_vocab_size() const;
   // Checks divisibility (heads by TP, hidden by heads, ...); Error naming the option.

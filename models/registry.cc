@@ -4,13 +4,15 @@
 #include "core/util/error.h"
 #include "models/bert.h"
 #include "models/gpt.h"
+#include "models/t5.h"
 
 namespace megabatch::models {
 
 std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Communicator& tp) {
   if (config.family == "gpt") return std::make_unique<Gpt>(config, tp);
   if (config.family == "bert") return std::make_unique<Bert>(config, tp);
-  fail("model family '", config.family, "' is not available (gpt, bert)");
+  if (config.family == "t5") return std::make_unique<T5>(config, tp);
+  fail("model family '", config.family, "' is not available (gpt, bert, t5)");
 }
 
 std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed) {
@@ -60,6 +62,40 @@ void BertBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
     std::copy(sample_.padding_mask.begin(), sample_.padding_mask.end(), out.padding_mask.begin() + at);
     for (size_t t = 0; t < T; ++t) out.labels[at + t] = sample_.loss_mask[t] ? sample_.labels[t] : train::kIgnoreLabel;
     out.sample_labels[static_cast<size_t>(b)] = sample_.is_random;
+  }
+}
+
+T5BatchSource::T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
+                             int encoder_seq, int decoder_seq, const data::SpecialTokens& special, int64_t vocab_size,
+                             uint64_t seed)
+    : samples_(std::move(ds), docs, [&] {
+        data::T5Options o;
+        o.encoder_seq_length = encoder_seq;
+        o.decoder_seq_length = decoder_seq;
+        return o;
+      }(), special, vocab_size, seed),
+      enc_(encoder_seq), dec_(decoder_seq) {}
+
+void T5BatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
+  const size_t Te = static_cast<size_t>(enc_), Td = static_cast<size_t>(dec_), n = static_cast<size_t>(count);
+  out.batch = count;
+  out.seq = enc_;
+  out.decoder_seq = dec_;
+  out.tokens.resize(n * Te);
+  out.padding_mask.resize(n * Te);
+  out.decoder_tokens.resize(n * Td);
+  out.decoder_padding_mask.resize(n * Td);
+  out.labels.resize(n * Td);
+  out.token_types.clear();
+  out.sample_labels.clear();
+  for (size_t b = 0; b < n; ++b) {
+    samples_.get(first + b, sample_);
+    std::copy(sample_.encoder_tokens.begin(), sample_.encoder_tokens.end(), out.tokens.begin() + b * Te);
+    std::copy(sample_.encoder_mask.begin(), sample_.encoder_mask.end(), out.padding_mask.begin() + b * Te);
+    std::copy(sample_.decoder_input.begin(), sample_.decoder_input.end(), out.decoder_tokens.begin() + b * Td);
+    std::copy(sample_.decoder_mask.begin(), sample_.decoder_mask.end(), out.decoder_padding_mask.begin() + b * Td);
+    for (size_t t = 0; t < Td; ++t)
+      out.labels[b * Td + t] = sample_.loss_mask[t] ? sample_.decoder_target[t] : train::kIgnoreLabel;
   }
 }
 

@@ -46,4 +46,18 @@ class BertBatchSource final : public train::BatchSource {
   data::BertSample sample_;
 };
 
+// T5 samples: span corruption with sentinels (encoder input, decoder input and target).
+class T5BatchSource final : public train::BatchSource {
+ public:
+  T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int encoder_seq,
+                int decoder_seq, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed);
+  void fill(uint64_t first, int64_t count, train::Batch& out) override;
+  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+
+ private:
+  data::T5Samples samples_;
+  int enc_, dec_;
+  data::T5Sample sample_;
+};
+
 }  // namespace megabatch::models

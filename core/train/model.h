@@ -21,6 +21,11 @@ struct Batch {
   std::vector<uint8_t> padding_mask;  // 1 = real token; empty = no padding
   std::vector<int32_t> token_types;   // (B, T) BERT segment ids; empty for other models
   std::vector<int32_t> sample_labels; // (B) BERT sentence-order labels; empty for other models
+  // T5: tokens / padding_mask above are the encoder's (B, seq); the decoder's are (B, decoder_seq)
+  // and labels are then (B, decoder_seq).
+  int64_t decoder_seq = 0;
+  std::vector<int32_t> decoder_tokens;
+  std::vector<uint8_t> decoder_padding_mask;
 };
 
 // Where in training a forward pass happens: the dropout masks are keyed by it.

@@ -1,0 +1,73 @@
+// T5 as Megatron-LM builds it: one shared embedding (word + learned absolute position) for
+// encoder and decoder inputs, a bidirectional pre-LN encoder with padding masks and a final
+// LayerNorm, a pre-LN decoder whose layers add cross-attention to the encoder output
+// between causal self-attention and the MLP, a final LayerNorm, and the LM head tied to the
+// word embedding with its own bias. Loss: "lm loss", the mean over the target tokens.
+//
+// Decoder layer (names under decoder.layers.<l>.):
+//   x = x + drop(self_attention.linear_proj(attn_causal(self_attention.linear_qkv(input_layernorm(x)))))
+//   x = x + drop(cross_attention.linear_proj(attn(cross_attention.linear_q(pre_cross_attn_layernorm(x)),
+//                                                 cross_attention.linear_kv(encoder_output))))
+//   x = x + drop(mlp.linear_fc2(gelu(mlp.linear_fc1(pre_mlp_layernorm(x)))))
+// linear_kv's output is (head, [k, v], head_dim) per position, as Megatron's.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/nn/layers.h"
+#include "core/train/model.h"
+#include "models/lm_head.h"
+#include "models/presets.h"
+#include "models/transformer.h"
+
+namespace megabatch::models {
+
+class T5 final : public train::Model {
+ public:
+  T5(const ModelConfig& config, comm::Communicator& tp);
+  nn::ParameterStore& parameters() override { return store_; }
+  train::LossOutput forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) override;
+  void backward() override;
+  std::string summary() const override;
+
+ private:
+  struct DecoderLayer {
+    nn::LayerNorm ln1, lnx, ln2;
+    nn::ColumnParallelLinear qkv, q, kv, fc1;
+    nn::RowParallelLinear proj, xproj, fc2;
+  };
+  struct DecoderSaved {
+    Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn, proj, x1, lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xattn,
+        xproj, x2, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2;
+  };
+  void allocate(int64_t B, int64_t Te, int64_t Td);
+  void embed(float* out, const int32_t* tokens, int64_t B, int64_t T);
+  void embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T);
+  uint64_t decoder_stream(int64_t layer, int site) const;
+
+  ModelConfig cfg_;
+  comm::Communicator* tp_;
+  nn::ParameterStore store_;
+  std::unique_ptr<nn::VocabParallelEmbedding> wte_;
+  int wpe_ = -1, lm_bias_ = -1;
+  std::unique_ptr<TransformerStack> encoder_;
+  std::unique_ptr<nn::LayerNorm> enc_lnf_, dec_lnf_;
+  std::vector<DecoderLayer> decoder_;
+  TiedLmHead head_;
+  int64_t heads_local_;
+
+  // state of the current micro-batch
+  int64_t B_ = 0, Te_ = 0, Td_ = 0;
+  bool have_grad_ = false;
+  train::StepContext ctx_;
+  const train::Batch* batch_ = nullptr;
+  Tensor enc_emb_, enc_x_, enc_out_, enc_h_, enc_mean_, enc_rstd_, d_enc_h_, d_enc_out_, d_enc_x_;
+  Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_;
+  std::vector<DecoderSaved> saved_;
+  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_q_, g_kv_, g_ff_a_, g_ff_b_;
+};
+
+}  // namespace megabatch::models

@@ -1,0 +1,90 @@
+#!/usr/bin/python3
+"""Independent PyTorch implementation of megabatch's T5 (Megatron layout), the reference of
+the golden test. Parameters use megabatch's names and shapes; fused QKV outputs are
+(head, [q, k, v], head_dim) per token and linear_kv's (head, [k, v], head_dim), as in
+Megatron.
+
+  t5_torch.py grads IN.h5 OUT.h5     lm loss and every gradient
+
+IN.h5: attributes enc_layers, dec_layers, heads, eps; datasets params/<name>,
+enc_tokens (B, Te), enc_mask (B, Te), dec_tokens (B, Td), dec_mask (B, Td), labels (B, Td;
+-1 = no loss). GELU is the tanh form; dropout is off.
+"""
+import math
+import sys
+
+import h5py
+import torch
+import torch.nn.functional as F
+
+
+def ln(x, P, name, eps):
+    return F.layer_norm(x, (x.shape[-1],), P[name + ".weight"], P[name + ".bias"], eps)
+
+
+def lin(x, P, name):
+    return F.linear(x, P[name + ".weight"], P[name + ".bias"])
+
+
+def attend(q, k, v, mask):  # q (B, H, Tq, D), k/v (B, H, Tk, D), mask (B or 1, 1, Tq or 1, Tk) bool
+    s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    s = s.masked_fill(~mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
+    heads, eps = int(a["heads"]), float(a["eps"])
+    wte, wpe = P["embedding.word_embeddings.weight"], P["embedding.position_embeddings.weight"]
+    B, Te = enc_tokens.shape
+    Td = dec_tokens.shape[1]
+    C = wte.shape[1]
+    D = C // heads
+    split = lambda t, T: t.view(B, T, heads, D).transpose(1, 2)
+    merge = lambda t, T: t.transpose(1, 2).reshape(B, T, C)
+    # encoder
+    x = wte[enc_tokens] + wpe[:Te]
+    emask = enc_mask.bool()[:, None, None, :]
+    for l in range(int(a["enc_layers"])):
+        p = f"encoder.layers.{l}."
+        qkv = lin(ln(x, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Te, heads, 3, D)
+        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
+        x = x + lin(merge(attend(q, k, v, emask), Te), P, p + "self_attention.linear_proj")
+        h = F.gelu(lin(ln(x, P, p + "pre_mlp_layernorm", eps), P, p + "mlp.linear_fc1"), approximate="tanh")
+        x = x + lin(h, P, p + "mlp.linear_fc2")
+    e = ln(x, P, "encoder.final_layernorm", eps)
+    # decoder
+    y = wte[dec_tokens] + wpe[:Td]
+    causal = torch.ones(Td, Td, dtype=torch.bool).tril()[None, None]
+    dmask = causal & dec_mask.bool()[:, None, None, :]
+    for l in range(int(a["dec_layers"])):
+        p = f"decoder.layers.{l}."
+        qkv = lin(ln(y, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Td, heads, 3, D)
+        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
+        y = y + lin(merge(attend(q, k, v, dmask), Td), P, p + "self_attention.linear_proj")
+        q = split(lin(ln(y, P, p + "pre_cross_attn_layernorm", eps), P, p + "cross_attention.linear_q"), Td)
+        kv = lin(e, P, p + "cross_attention.linear_kv").view(B, Te, heads, 2, D)
+        k, v = (kv[:, :, :, i, :].transpose(1, 2) for i in range(2))
+        y = y + lin(merge(attend(q, k, v, emask), Td), P, p + "cross_attention.linear_proj")
+        h = F.gelu(lin(ln(y, P, p + "pre_mlp_layernorm", eps), P, p + "mlp.linear_fc1"), approximate="tanh")
+        y = y + lin(h, P, p + "mlp.linear_fc2")
+    y = ln(y, P, "decoder.final_layernorm", eps)
+    logits = y @ wte.t() + P["lm_head.output_layer.bias"]
+    return F.cross_entropy(logits.view(B * Td, -1), labels.reshape(-1), ignore_index=-1)
+
+
+def main():
+    torch.set_num_threads(1)
+    f = h5py.File(sys.argv[2], "r")
+    a = dict(f.attrs)
+    P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True) for n in f["params"]}
+    t = {k: torch.tensor(f[k][()], dtype=torch.long) for k in ["enc_tokens", "enc_mask", "dec_tokens", "dec_mask", "labels"]}
+    loss = forward(P, a, t["enc_tokens"], t["enc_mask"], t["dec_tokens"], t["dec_mask"], t["labels"])
+    loss.backward()
+    with h5py.File(sys.argv[3], "w") as o:
+        o.attrs["lm_loss"] = loss.item()
+        for n, p in P.items():
+            o[f"grads/{n}"] = p.grad.numpy()
+
+
+if __name__ == "__main__":
+    main()
