@@ -36,7 +36,8 @@ constexpr int kExitStoppedBySignal = 3;
 // The model's configuration as stored in checkpoints.
 json model_json(const mb::models::ModelConfig& c) {
   return {{"family", c.family}, {"post_layernorm", c.post_layernorm}, {"binary_head", c.binary_head},
-          {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+          {"decoder_num_layers", c.decoder_layers()}, {"decoder_seq_length", c.decoder_seq()},
+          {"vocab_extra_ids", c.vocab_extra_ids}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
           {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
           {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
           {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
@@ -72,14 +73,22 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
   if (v.contains("model")) {
     c = mb::models::preset(v["model"].get<std::string>());
   } else {
-    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "seq_length"})
-      mb::check(v.contains(k), "no model given: use --model PRESET (see --list-models) or give --num-layers, "
-                               "--hidden-size, --num-attention-heads and --seq-length (missing --",
-                std::string(k), ")");
-    c.preset.clear();
     if (v.contains("model_type")) c.family = v["model_type"].get<std::string>();
-    mb::check(c.family == "gpt" || c.family == "bert", "model_type: '", c.family, "' is not a model type (gpt, bert)");
+    mb::check(c.family == "gpt" || c.family == "bert" || c.family == "t5", "model_type: '", c.family,
+              "' is not a model type (gpt, bert, t5)");
+    const bool t5 = c.family == "t5";
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "seq_length"}) {
+      const bool has = v.contains(k) || (t5 && std::string(k) == "num_layers" && v.contains("encoder_num_layers")) ||
+                       (t5 && std::string(k) == "seq_length" && v.contains("encoder_seq_length"));
+      mb::check(has, "no model given: use --model PRESET (see --list-models) or give --num-layers, "
+                     "--hidden-size, --num-attention-heads and --seq-length (missing --", std::string(k), ")");
+    }
+    c.preset.clear();
     if (c.family == "bert") c.vocab_size = 30522;
+    if (t5) {
+      c.vocab_extra_ids = 100;
+      c.vocab_size = 30522 + 100;
+    }
   }
   mb::check(!v.contains("model_type") || !v.contains("model") || v["model_type"].get<std::string>() == c.family,
             "model_type '", v.contains("model_type") ? v["model_type"].get<std::string>() : "",
@@ -98,6 +107,14 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
   set("max_position_embeddings", c.max_position_embeddings);
   set("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
   set("tensor_model_parallel_size", c.tensor_model_parallel_size);
+  set("encoder_num_layers", c.num_layers);
+  set("encoder_seq_length", c.seq_length);
+  set("decoder_num_layers", c.decoder_num_layers);
+  set("decoder_seq_length", c.decoder_seq_length);
+  set("vocab_extra_ids", c.vocab_extra_ids);
+  const bool t5_lengths = v.contains("seq_length") || v.contains("encoder_seq_length") || v.contains("decoder_seq_length");
+  if (c.family == "t5" && t5_lengths && !v.contains("max_position_embeddings"))
+    c.max_position_embeddings = std::max(c.seq_length, c.decoder_seq());
   if (v.contains("seq_length") && !v.contains("max_position_embeddings") && c.max_position_embeddings < c.seq_length)
     c.max_position_embeddings = c.seq_length;
   c.hidden_dropout = v["hidden_dropout"].get<double>();
@@ -108,7 +125,9 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
 
 void print_params(const mb::models::ModelConfig& c) {
   const auto r = mb::models::size_report(c);
-  std::cout << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << c.num_layers << " layers, hidden "
+  const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
+                                               : std::to_string(c.num_layers);
+  std::cout << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden "
             << c.hidden_size << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << ", seq "
             << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
             << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
@@ -183,20 +202,23 @@ int run(int argc, char** argv) {
   }
 
   mb::models::ModelConfig mc = model_config(r);
-  const bool is_bert = mc.family == "bert";
-  // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py): tokenizer and dataset.
-  if (!v.contains("tokenizer_type")) v["tokenizer_type"] = is_bert ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
+  const bool is_bert = mc.family == "bert", is_t5 = mc.family == "t5";
+  // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py): tokenizer and dataset.
+  if (!v.contains("tokenizer_type"))
+    v["tokenizer_type"] = is_bert || is_t5 ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
   if (!v.contains("data_path"))
-    v["data_path"] = json::array({is_bert ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
+    v["data_path"] =
+        json::array({is_bert || is_t5 ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
   if (v["print_params"].get<bool>()) {
     if (v.contains("vocab_file")) {
       mb::data::TokenizerOptions to;
       to.type = v["tokenizer_type"].get<std::string>();
       to.vocab_file = v["vocab_file"].get<std::string>();
       if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+      to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
       mc.vocab_size = mb::data::make_tokenizer(to)->vocab_size();
     } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
-      mc.vocab_size = 30522;  // BERT's WordPiece vocabulary
+      mc.vocab_size = 30522 + mc.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
     }
     print_params(mc);
     return 0;
@@ -207,6 +229,7 @@ int run(int argc, char** argv) {
   to.type = v["tokenizer_type"].get<std::string>();
   if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
   if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+  to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
   const auto tokenizer = mb::data::make_tokenizer(to);
   mc.vocab_size = tokenizer->vocab_size();
   mc.validate();
@@ -269,7 +292,7 @@ int run(int argc, char** argv) {
   mb::check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
   opt.seed = seed;
-  opt.tokens_per_sample = mc.seq_length;
+  opt.tokens_per_sample = mc.seq_length + (mc.family == "t5" ? mc.decoder_seq() : 0);  // encoder + decoder tokens
 
   // --- optimizer plugin and its hyperparameters
   const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
@@ -296,6 +319,13 @@ int run(int argc, char** argv) {
   // Samples of the model's family; validation draws from its own documents with seed + 1.
   uint64_t samples_per_epoch = 0;
   auto make_source = [&](mb::data::DocumentRange docs, uint64_t sample_seed) -> std::unique_ptr<mb::train::BatchSource> {
+    if (is_t5) {
+      auto src = std::make_unique<mb::models::T5BatchSource>(ds, docs, static_cast<int>(mc.seq_length),
+                                                             static_cast<int>(mc.decoder_seq()), tokenizer->special(),
+                                                             tokenizer->vocab_size(), sample_seed);
+      if (!samples_per_epoch) samples_per_epoch = src->samples_per_epoch();
+      return src;
+    }
     if (is_bert) {
       auto src = std::make_unique<mb::models::BertBatchSource>(ds, docs, static_cast<int>(mc.seq_length),
                                                                tokenizer->special(), tokenizer->vocab_size(), sample_seed,

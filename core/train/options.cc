@@ -15,7 +15,7 @@ const config::Schema& train_schema() {
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
       {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
 
-      {"model_type", Type::kString, nullptr, "gpt or bert, for a model without --model (default gpt)", "model"},
+      {"model_type", Type::kString, nullptr, "gpt, bert or t5, for a model without --model (default gpt)", "model"},
       {"num_layers", Type::kInt, nullptr, "transformer layers", "model"},
       {"hidden_size", Type::kInt, nullptr, "hidden size", "model"},
       {"num_attention_heads", Type::kInt, nullptr, "attention heads", "model"},
@@ -27,6 +27,11 @@ const config::Schema& train_schema() {
       {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
       {"make_vocab_size_divisible_by", Type::kInt, 128, "pad the vocabulary to a multiple of this x TP", "model"},
       {"tensor_model_parallel_size", Type::kInt, 1, "tensor-parallel ranks", "model"},
+      {"encoder_num_layers", Type::kInt, nullptr, "T5 encoder layers (default num_layers)", "model"},
+      {"decoder_num_layers", Type::kInt, nullptr, "T5 decoder layers (default num_layers)", "model"},
+      {"encoder_seq_length", Type::kInt, nullptr, "T5 encoder sequence length (default seq_length)", "model"},
+      {"decoder_seq_length", Type::kInt, nullptr, "T5 decoder sequence length", "model"},
+      {"vocab_extra_ids", Type::kInt, nullptr, "T5 sentinel tokens appended to the vocabulary (T5 default 100)", "model"},
       {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
       {"post_layernorm", Type::kBool, false, "BERT: the original post-LN blocks and embedding LayerNorm (Megatron: pre-LN)", "model"},
 

@@ -1,6 +1,6 @@
 // Checkpoint and resume through the real `train` binary: a run stopped at a checkpoint and
 // resumed reproduces the uninterrupted run bit for bit (losses, noise-scale estimates,
-// final parameters and optimizer state) with every shipped plugin, for GPT and BERT; a kill during a
+// final parameters and optimizer state) with every shipped plugin, for GPT, BERT and T5; a kill during a
 // checkpoint write leaves the previous one loadable; SIGUSR1 checkpoints and exits 3;
 // mismatched checkpoints are refused with the mismatch named.
 #include <gtest/gtest.h>
@@ -33,9 +33,9 @@ class Checkpoint : public ::testing::Test {
   // A small GPT (or BERT) run of 6 iterations, 2 micro-batches per step (so the noise
   // scale runs), dropout on.
   static std::string train(const fs::path& run, const std::string& extra, const std::string& type = "gpt") {
-    const bool bert = type == "bert";
+    const bool bert = type == "bert" || type == "t5";  // T5 reads the WordPiece dataset too
     return mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 2 --hidden-size 32 "
-           "--num-attention-heads 2 --seq-length " + (bert ? "48" : "16") +
+           "--num-attention-heads 2 --seq-length " + (bert ? "48" : "16") + (type == "t5" ? " --decoder-seq-length 16" : "") +
            " --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
            "--lr-decay-style cosine --log-interval 1 --eval-iters 0 --threads 1 --log-noise-scale "
            "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
@@ -95,9 +95,9 @@ void resume_is_bitwise_for(const std::string& type, const std::string& optimizer
   expect_same_tensors(tmp / "whole" / "ckpt" / "iter_0000006.h5", ckpt / "iter_0000006.h5");
 }
 
-// Every shipped plugin, with GPT and BERT.
+// Every shipped plugin, with GPT, BERT and T5.
 void resume_is_bitwise(const std::string& optimizer, const std::string& params) {
-  for (const std::string type : {"gpt", "bert"}) resume_is_bitwise_for(type, optimizer, params);
+  for (const std::string type : {"gpt", "bert", "t5"}) resume_is_bitwise_for(type, optimizer, params);
 }
 
 }  // namespace
