@@ -22,15 +22,18 @@ struct AttentionShape {
   int64_t total_heads = 0;  // heads over all ranks (0 = H)
 };
 
-// dropout may be null (or p == 0): no attention dropout.
+// dropout may be null (or p == 0): no attention dropout. bias, when given, is added to
+// the scaled scores before the softmax: (H, T, T), the same for every batch row (T5's
+// relative position bias).
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const uint8_t* key_mask, const AttentionShape& s,
-                       const DropoutKey* dropout);
+                       const DropoutKey* dropout, const T* bias = nullptr);
 
-// dqkv += gradient of the loss with respect to qkv.
+// dqkv += gradient of the loss with respect to qkv; dbias (H, T, T), when given, += the
+// gradient with respect to the bias (summed over the batch).
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, const uint8_t* key_mask,
-                        const AttentionShape& s, const DropoutKey* dropout);
+                        const AttentionShape& s, const DropoutKey* dropout, T* dbias = nullptr);
 
 // Cross-attention (T5's decoder attending to the encoder): queries q (B, Tq, H, D) from
 // the decoder, keys and values kv (B, Tk, H, 2, D) from the encoder (Megatron's
@@ -50,5 +53,11 @@ void cross_attention_forward(T* out, T* probs, const T* q, const T* kv, const ui
 template <typename T>
 void cross_attention_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* probs,
                               const uint8_t* key_mask, const CrossAttentionShape& s, const DropoutKey* dropout);
+
+// T5's relative position bucket of key position j seen from query position i: exact
+// buckets for small distances, logarithmically wider ones up to max_distance, the last
+// bucket beyond. Bidirectional (encoder) buckets split the range by the sign of j - i;
+// unidirectional (decoder) ones map every later key to bucket 0.
+int relative_position_bucket(int64_t i, int64_t j, bool bidirectional, int num_buckets, int max_distance);
 
 }  // namespace megabatch::ops

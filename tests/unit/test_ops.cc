@@ -9,6 +9,7 @@
 #include <cmath>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "core/ops/attention.h"
@@ -20,6 +21,7 @@
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
 #include "core/ops/residual.h"
+#include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
 namespace ops = megabatch::ops;
@@ -283,6 +285,48 @@ INSTANTIATE_TEST_SUITE_P(Ops, AttentionCases,
                          ::testing::Values(AttnCase{1, 1, 1, 1, true, 0, 0.0}, AttnCase{2, 5, 3, 4, true, 0, 0.0},
                                            AttnCase{2, 7, 2, 3, false, 1, 0.0}, AttnCase{2, 5, 1, 4, false, 2, 0.0},
                                            AttnCase{1, 6, 2, 2, true, 3, 0.0}, AttnCase{2, 5, 2, 3, true, 0, 0.3}));
+
+TEST(Attention, AdditiveBiasGradientMatchesFiniteDifferences) {
+  ops::AttentionShape s{2, 5, 2, 3, true, 0, 0};
+  const size_t nq = 2 * 5 * 2 * 3 * 3, no = 2 * 5 * 2 * 3, nb = 2 * 5 * 5, np = 2 * 2 * 5 * 5;
+  const std::vector<uint8_t> mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1};
+  const ops::DropoutKey dk{0.2, 79, 5};
+  const Vec qkv = randn(nq, 44), bias = randn(nb, 45), r = randn(no, 46);
+  Vec out(no), probs(np), dqkv(nq), dbias(nb);
+  ops::attention_forward(out.data(), probs.data(), qkv.data(), mask.data(), s, &dk, bias.data());
+  ops::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), mask.data(), s, &dk, dbias.data());
+  auto loss = [&](const Vec& x, const Vec& b) {
+    Vec o(no), pr(np);
+    ops::attention_forward(o.data(), pr.data(), x.data(), mask.data(), s, &dk, b.data());
+    return dot(o, r);
+  };
+  expect_fd([&](const Vec& x) { return loss(x, bias); }, qkv, dqkv, "dqkv with bias");
+  expect_fd([&](const Vec& b) { return loss(qkv, b); }, bias, dbias, "dbias");
+}
+
+TEST(Attention, RelativePositionBucketsMatchAnIndependentImplementation) {
+  // The reference: T5's bucketing written in Python (math.log on floats, as the original).
+  const auto r = mb::testing::run_command("/usr/bin/python3 -c \"import math\n"
+      "def b(rel, bidi, nb=32, md=128):\n"
+      "  out, n = 0, -rel\n"
+      "  if bidi:\n"
+      "    nb //= 2; out += nb if n < 0 else 0; n = abs(n)\n"
+      "  else:\n"
+      "    n = max(n, 0)\n"
+      "  ex = nb // 2\n"
+      "  if n < ex: return out + n\n"
+      "  return out + min(ex + int(math.log(n / ex) / math.log(md / ex) * (nb - ex)), nb - 1)\n"
+      "print(' '.join(str(b(j - i, bd)) for bd in (True, False) for i in (0, 7, 300) for j in range(0, 400, 3)))\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream in(r.output);
+  for (bool bidi : {true, false})
+    for (int i : {0, 7, 300})
+      for (int j = 0; j < 400; j += 3) {
+        int expected = -1;
+        in >> expected;
+        EXPECT_EQ(ops::relative_position_bucket(i, j, bidi, 32, 128), expected) << i << " " << j << " " << bidi;
+      }
+}
 
 struct CrossCase {
   int B, Tq, Tk, H, D;

@@ -1,5 +1,6 @@
 #include "core/ops/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -40,7 +41,7 @@ void block_mask(std::vector<uint8_t>& keep, const Geometry& g, int64_t b, int64_
 }
 
 template <typename T, typename BlockOf>
-void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf block_of) {
+void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf block_of, const T* bias = nullptr) {
   const int64_t Tq = g.Tq, Tk = g.Tk, D = g.D;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
   const bool drop = dropout && dropout->p > 0;
@@ -54,6 +55,8 @@ void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf
         const Block<T> blk = block_of(b, h);
         T* P = probs + (b * g.H + h) * Tq * Tk;
         gemm<T>(Trans::N, Trans::T, Tq, Tk, D, scale, blk.q, blk.ldq, blk.k, blk.ldkv, T(0), P, Tk);  // (Tq, Tk)
+        if (bias)
+          for (int64_t e = 0; e < Tq * Tk; ++e) P[e] += bias[h * Tq * Tk + e];
         for (int64_t i = 0; i < Tq; ++i) {
           T* row = P + i * Tk;
           T mx = -std::numeric_limits<T>::infinity();
@@ -92,7 +95,8 @@ struct GradBlock {
 };
 
 template <typename T, typename BlockOf, typename GradOf>
-void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf block_of, GradOf grad_of) {
+void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf block_of, GradOf grad_of,
+                  T* dbias = nullptr) {
   const int64_t Tq = g.Tq, Tk = g.Tk, D = g.D;
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
   const bool drop = dropout && dropout->p > 0;
@@ -126,6 +130,10 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
           for (int64_t j = 0; j < Tk; ++j) dot += p[j] * gr[j];
           for (int64_t j = 0; j < Tk; ++j) gr[j] = p[j] * (gr[j] - dot);
         }
+        if (dbias) {  // heads of different batch rows share the bias: add under a lock
+#pragma omp critical(megabatch_attention_dbias)
+          for (int64_t e = 0; e < Tq * Tk; ++e) dbias[h * Tq * Tk + e] += dP[e];
+        }
         gemm<T>(Trans::N, Trans::N, Tq, D, Tk, scale, dP.data(), Tk, blk.k, blk.ldkv, T(1), gb.dq, blk.ldq);  // dQ += s dS K
         gemm<T>(Trans::T, Trans::N, Tk, D, Tq, scale, dP.data(), Tk, blk.q, blk.ldq, T(1), gb.dk, blk.ldkv);  // dK += s dS^T Q
       }
@@ -144,17 +152,20 @@ Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
 
 template <typename T>
 void attention_forward(T* out, T* probs, const T* qkv, const uint8_t* key_mask, const AttentionShape& s,
-                       const DropoutKey* dropout) {
+                       const DropoutKey* dropout, const T* bias) {
   const int64_t ld = 3 * s.H * s.D;
-  forward_all<T>(probs, self_geometry(s, key_mask), dropout, [&](int64_t b, int64_t h) {
-    const T* q = qkv + b * s.T * ld + h * 3 * s.D;
-    return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, out + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
-  });
+  forward_all<T>(
+      probs, self_geometry(s, key_mask), dropout,
+      [&](int64_t b, int64_t h) {
+        const T* q = qkv + b * s.T * ld + h * 3 * s.D;
+        return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, out + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
+      },
+      bias);
 }
 
 template <typename T>
 void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, const uint8_t* key_mask,
-                        const AttentionShape& s, const DropoutKey* dropout) {
+                        const AttentionShape& s, const DropoutKey* dropout, T* dbias) {
   const int64_t ld = 3 * s.H * s.D;
   backward_all<T>(
       probs, self_geometry(s, key_mask), dropout,
@@ -165,7 +176,8 @@ void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, co
       [&](int64_t b, int64_t h) {
         T* dq = dqkv + b * s.T * ld + h * 3 * s.D;
         return GradBlock<T>{dq, dq + s.D, dq + 2 * s.D, dout + b * s.T * s.H * s.D + h * s.D};
-      });
+      },
+      dbias);
 }
 
 template <typename T>
@@ -194,10 +206,29 @@ void cross_attention_backward(T* dq, T* dkv, const T* dout, const T* q, const T*
       });
 }
 
+int relative_position_bucket(int64_t i, int64_t j, bool bidirectional, int num_buckets, int max_distance) {
+  int64_t n = i - j;  // how far back the key is
+  int bucket = 0;
+  if (bidirectional) {
+    num_buckets /= 2;
+    if (n < 0) bucket += num_buckets;  // keys after the query use the upper half
+    n = n < 0 ? -n : n;
+  } else if (n < 0) {
+    n = 0;  // later keys (masked in a causal decoder anyway)
+  }
+  const int exact = num_buckets / 2;
+  if (n < exact) return bucket + static_cast<int>(n);
+  const double wide = std::log(static_cast<double>(n) / exact) / std::log(static_cast<double>(max_distance) / exact) *
+                      (num_buckets - exact);
+  const int large = exact + static_cast<int>(wide);
+  return bucket + std::min(large, num_buckets - 1);
+}
+
 #define MB_INSTANTIATE(T)                                                                                        \
-  template void attention_forward<T>(T*, T*, const T*, const uint8_t*, const AttentionShape&, const DropoutKey*); \
+  template void attention_forward<T>(T*, T*, const T*, const uint8_t*, const AttentionShape&, const DropoutKey*,  \
+                                     const T*);                                                                  \
   template void attention_backward<T>(T*, const T*, const T*, const T*, const uint8_t*, const AttentionShape&,   \
-                                      const DropoutKey*);                                                         \
+                                      const DropoutKey*, T*);                                                     \
   template void cross_attention_forward<T>(T*, T*, const T*, const T*, const uint8_t*, const CrossAttentionShape&, \
                                            const DropoutKey*);                                                    \
   template void cross_attention_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const uint8_t*,      \
