@@ -25,6 +25,8 @@ struct ModelConfig {
   int64_t decoder_num_layers = 0;   // 0 = num_layers
   int64_t decoder_seq_length = 0;   // 0 = seq_length
   int64_t vocab_extra_ids = 0;      // sentinels appended to the vocabulary (counted in vocab_size)
+  bool relative_attention = false;  // T5's relative position buckets instead of learned absolute positions
+  int64_t relative_attention_num_buckets = 32, relative_attention_max_distance = 128;
   int64_t decoder_layers() const { return decoder_num_layers ? decoder_num_layers : num_layers; }
   int64_t decoder_seq() const { return decoder_seq_length ? decoder_seq_length : seq_length; }
 

@@ -25,8 +25,17 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
-  wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
-                     Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
+  if (cfg_.relative_attention) {
+    const std::vector<int64_t> shape = {cfg_.relative_attention_num_buckets, cfg_.num_attention_heads};
+    const Sharding by_head = Sharding::split(1, tp.rank(), tp.size());
+    enc_rel_ = store_.add({"encoder.relative_attention_bias.weight", Role::kEmbedding, -1, shape, by_head,
+                           nn::Init::normal(std)});
+    dec_rel_ = store_.add({"decoder.relative_attention_bias.weight", Role::kEmbedding, -1, shape, by_head,
+                           nn::Init::normal(std)});
+  } else {
+    wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
+                       Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
+  }
   StackConfig sc;
   sc.prefix = "encoder.layers.";
   sc.layers = cfg_.num_layers;
@@ -67,7 +76,7 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
 std::string T5::summary() const {
   std::ostringstream os;
   os << "T5 " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " + "
-     << cfg_.decoder_layers() << " layers, hidden " << cfg_.hidden_size << ", " << cfg_.num_attention_heads
+     << cfg_.decoder_layers() << " layers" << (cfg_.relative_attention ? " (relative positions)" : "") << ", hidden " << cfg_.hidden_size << ", " << cfg_.num_attention_heads
      << " heads, ffn " << cfg_.ffn() << ", seq " << cfg_.seq_length << " / " << cfg_.decoder_seq() << ", vocab "
      << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), " << store_.num_full_parameters()
      << " parameters";
@@ -118,14 +127,38 @@ void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
     check(tokens[i] >= 0 && tokens[i] < vocab, "T5: token id ", tokens[i], " at position ", i,
           " is outside the vocabulary (", vocab, ")");
   wte_->forward(out, tokens, n);
+  if (wpe_ < 0) return;  // relative attention: no absolute positions
   const float* wpe = store_.param(wpe_);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[(i % T) * C + c];
 }
 
+void T5::relative_bias(float* out, int id, int64_t T, bool bidirectional) const {
+  const float* table = store_.param(id);  // (buckets, local heads)
+  const int64_t H = heads_local_;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) {
+      const int64_t b = ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
+                                                      static_cast<int>(cfg_.relative_attention_max_distance));
+      for (int64_t h = 0; h < H; ++h) out[(h * T + i) * T + j] = table[b * H + h];
+    }
+}
+
+void T5::relative_bias_backward(const float* d, int id, int64_t T, bool bidirectional) {
+  float* table = store_.grad(id);
+  const int64_t H = heads_local_;
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) {
+      const int64_t b = ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
+                                                      static_cast<int>(cfg_.relative_attention_max_distance));
+      for (int64_t h = 0; h < H; ++h) table[b * H + h] += d[(h * T + i) * T + j];
+    }
+}
+
 void T5::embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T) {
   const int64_t n = B * T, C = cfg_.hidden_size;
   wte_->backward(d, tokens, n);
+  if (wpe_ < 0) return;
   float* dwpe = store_.grad(wpe_);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t c = 0; c < C; ++c) dwpe[(i % T) * C + c] += d[i * C + c];
@@ -150,7 +183,17 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
   // encoder
   embed(enc_emb_.data(), batch.tokens.data(), B, Te);
   dropout_or_copy(enc_x_.data(), enc_emb_.data(), ne * C, dropout_key(ctx, cfg_.hidden_dropout, 0));
-  encoder_->forward(enc_out_.data(), enc_x_.data(), B, Te, emask, ctx);
+  const float* ebias = nullptr;
+  const float* dbias = nullptr;
+  if (cfg_.relative_attention) {
+    enc_bias_.resize({heads_local_, Te, Te});
+    dec_bias_.resize({heads_local_, Td, Td});
+    relative_bias(enc_bias_.data(), enc_rel_, Te, true);
+    relative_bias(dec_bias_.data(), dec_rel_, Td, false);
+    ebias = enc_bias_.data();
+    dbias = dec_bias_.data();
+  }
+  encoder_->forward(enc_out_.data(), enc_x_.data(), B, Te, emask, ctx, ebias);
   enc_lnf_->forward(enc_h_.data(), enc_mean_.data(), enc_rstd_.data(), enc_out_.data(), ne);
 
   // decoder
@@ -169,7 +212,7 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
     L.ln1.forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.x_in.data(), nd);
     L.qkv.forward(s.qkv.data(), s.ln1.data(), nd);
     const ops::DropoutKey sdrop = dropout_key(ctx, cfg_.attention_dropout, decoder_stream(li, 0));
-    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), dmask, self, &sdrop);
+    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), dmask, self, &sdrop, dbias);
     L.proj.forward(s.proj.data(), s.attn.data(), nd);
     dropout_or_copy(g_c_.data(), s.proj.data(), nd * C, dropout_key(ctx, cfg_.hidden_dropout, decoder_stream(li, 1)));
     ops::residual_forward(s.x1.data(), s.x_in.data(), g_c_.data(), nd * C);
@@ -213,6 +256,13 @@ void T5::backward() {
   dres->zero();
   dec_lnf_->backward(dres->data(), d_dec_h_.data(), dec_out_.data(), dec_mean_.data(), dec_rstd_.data(), nd);
   d_enc_h_.zero();
+  const bool rel = cfg_.relative_attention;
+  if (rel) {
+    d_enc_bias_.resize({heads_local_, Te, Te});
+    d_dec_bias_.resize({heads_local_, Td, Td});
+    d_enc_bias_.zero();
+    d_dec_bias_.zero();
+  }
   for (size_t l = decoder_.size(); l-- > 0;) {
     DecoderLayer& L = decoder_[l];
     DecoderSaved& s = saved_[l];
@@ -253,7 +303,8 @@ void T5::backward() {
     L.proj.backward(g_attn_.data(), g_c_.data(), s.attn.data(), nd);
     g_qkv_.zero();
     const ops::DropoutKey sdrop = dropout_key(ctx_, cfg_.attention_dropout, decoder_stream(li, 0));
-    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), dmask, self, &sdrop);
+    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), dmask, self, &sdrop,
+                            rel ? d_dec_bias_.data() : nullptr);
     g_c_.zero();
     L.qkv.backward(g_c_.data(), g_qkv_.data(), s.ln1.data(), nd);
     L.ln1.backward(dnext->data(), g_c_.data(), s.x_in.data(), s.ln1_mean.data(), s.ln1_rstd.data(), nd);
@@ -267,7 +318,11 @@ void T5::backward() {
   // encoder: final LayerNorm, the stack, the embedding
   d_enc_out_.zero();
   enc_lnf_->backward(d_enc_out_.data(), d_enc_h_.data(), enc_out_.data(), enc_mean_.data(), enc_rstd_.data(), ne);
-  encoder_->backward(d_enc_x_.data(), d_enc_out_.data());
+  encoder_->backward(d_enc_x_.data(), d_enc_out_.data(), rel ? d_enc_bias_.data() : nullptr);
+  if (rel) {
+    relative_bias_backward(d_enc_bias_.data(), enc_rel_, Te, true);
+    relative_bias_backward(d_dec_bias_.data(), dec_rel_, Td, false);
+  }
   enc_emb_.zero();  // reused for the gradient of the embedding sum
   dropout_or_copy_backward(enc_emb_.data(), d_enc_x_.data(), ne * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
   embed_backward(enc_emb_.data(), batch_->tokens.data(), B, Te);

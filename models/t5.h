@@ -1,4 +1,7 @@
-// T5 as Megatron-LM builds it: one shared embedding (word + learned absolute position) for
+// T5 as Megatron-LM builds it: one shared embedding (word + learned absolute position, or
+// with relative_attention T5's relative position buckets: a learned bias per bucket and
+// head added to the self-attention scores, one table for the encoder and one for the
+// decoder, shared by their layers) for
 // encoder and decoder inputs, a bidirectional pre-LN encoder with padding masks and a final
 // LayerNorm, a pre-LN decoder whose layers add cross-attention to the encoder output
 // between causal self-attention and the MLP, a final LayerNorm, and the LM head tied to the
@@ -47,12 +50,16 @@ class T5 final : public train::Model {
   void embed(float* out, const int32_t* tokens, int64_t B, int64_t T);
   void embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T);
   uint64_t decoder_stream(int64_t layer, int site) const;
+  // (local heads, T, T) bias from table `id`; and its gradient scattered back into the table.
+  void relative_bias(float* out, int id, int64_t T, bool bidirectional) const;
+  void relative_bias_backward(const float* d, int id, int64_t T, bool bidirectional);
 
   ModelConfig cfg_;
   comm::Communicator* tp_;
   nn::ParameterStore store_;
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1, lm_bias_ = -1;
+  int enc_rel_ = -1, dec_rel_ = -1;  // relative position bias tables (buckets, heads), relative_attention only
   std::unique_ptr<TransformerStack> encoder_;
   std::unique_ptr<nn::LayerNorm> enc_lnf_, dec_lnf_;
   std::vector<DecoderLayer> decoder_;
@@ -68,6 +75,7 @@ class T5 final : public train::Model {
   Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_;
   std::vector<DecoderSaved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_q_, g_kv_, g_ff_a_, g_ff_b_;
+  Tensor enc_bias_, dec_bias_, d_enc_bias_, d_dec_bias_;
 };
 
 }  // namespace megabatch::models

@@ -36,6 +36,7 @@ constexpr int kExitStoppedBySignal = 3;
 // The model's configuration as stored in checkpoints.
 json model_json(const mb::models::ModelConfig& c) {
   return {{"family", c.family}, {"post_layernorm", c.post_layernorm}, {"binary_head", c.binary_head},
+          {"relative_attention", c.relative_attention},
           {"decoder_num_layers", c.decoder_layers()}, {"decoder_seq_length", c.decoder_seq()},
           {"vocab_extra_ids", c.vocab_extra_ids}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
           {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
@@ -95,6 +96,15 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
             "' contradicts --model ", v.contains("model") ? v["model"].get<std::string>() : "", " (a ", c.family,
             "); drop one");
   c.post_layernorm = v["post_layernorm"].get<bool>();
+  const std::string pos = v["position_embedding_type"].get<std::string>();
+  mb::check(pos == "learned_absolute" || pos == "relative", "position_embedding_type: '", pos,
+            "' is not one of learned_absolute, relative");
+  mb::check(pos != "relative" || c.family == "t5", "position_embedding_type relative is T5's; this model is ", c.family);
+  c.relative_attention = pos == "relative";
+  c.relative_attention_num_buckets = v["relative_attention_num_buckets"].get<int64_t>();
+  c.relative_attention_max_distance = v["relative_attention_max_distance"].get<int64_t>();
+  mb::check(c.relative_attention_num_buckets >= 4 && c.relative_attention_max_distance >= c.relative_attention_num_buckets / 2,
+            "relative_attention_num_buckets must be >= 4 and relative_attention_max_distance >= half of it");
   c.binary_head = !v["bert_no_binary_head"].get<bool>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();

@@ -74,10 +74,11 @@ void TransformerStack::allocate(int64_t B, int64_t T) {
 }
 
 void TransformerStack::forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
-                               const train::StepContext& ctx) {
+                               const train::StepContext& ctx, const float* attn_bias) {
   allocate(B, T);
   ctx_ = ctx;
   mask_ = key_mask;
+  bias_ = attn_bias;
   const int64_t n = B * T, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
   const ops::AttentionShape as{B, T, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
   std::memcpy(saved_[0].x_in.data(), x, sizeof(float) * static_cast<size_t>(n * C));
@@ -93,7 +94,7 @@ void TransformerStack::forward(float* out, const float* x, int64_t B, int64_t T,
     } else {
       b.qkv.forward(s.qkv.data(), s.x_in.data(), n);
     }
-    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), mask_, as, &attn_drop);
+    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), mask_, as, &attn_drop, bias_);
     b.proj.forward(s.proj.data(), s.attn.data(), n);
     dropout_or_copy(g_c_.data(), s.proj.data(), n * C, dropout_key(ctx, cfg_.hidden_dropout, stream(li, 1)));
     if (!cfg_.post_layernorm) {
@@ -117,7 +118,7 @@ void TransformerStack::forward(float* out, const float* x, int64_t B, int64_t T,
   }
 }
 
-void TransformerStack::backward(float* dx, const float* dout) {
+void TransformerStack::backward(float* dx, const float* dout, float* dattn_bias) {
   const int64_t n = B_ * T_, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
   const size_t bytes = sizeof(float) * static_cast<size_t>(n * C);
   const ops::AttentionShape as{B_, T_, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
@@ -164,7 +165,8 @@ void TransformerStack::backward(float* dx, const float* dout) {
     g_attn_.zero();
     b.proj.backward(g_attn_.data(), g_c_.data(), s.attn.data(), n);
     g_qkv_.zero();
-    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), mask_, as, &attn_drop);
+    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), mask_, as, &attn_drop,
+                            bias_ ? dattn_bias : nullptr);
     if (!cfg_.post_layernorm) {
       g_c_.zero();
       b.qkv.backward(g_c_.data(), g_qkv_.data(), s.ln1.data(), n);

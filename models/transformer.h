@@ -38,11 +38,14 @@ void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const op
 class TransformerStack {
  public:
   TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& config);
-  // out (B*T, C) from x (B*T, C); key_mask (B, T), 1 = attend, may be null.
+  // out (B*T, C) from x (B*T, C); key_mask (B, T), 1 = attend, may be null. attn_bias
+  // (local heads, T, T), when given, is added to every layer's attention scores (T5's
+  // relative position bias); it must stay valid until backward.
   void forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
-               const train::StepContext& ctx);
+               const train::StepContext& ctx, const float* attn_bias = nullptr);
   // dx (B*T, C) is overwritten with the gradient of the input; dout is the gradient of out.
-  void backward(float* dx, const float* dout);
+  // dattn_bias (local heads, T, T), when given, accumulates the bias gradient of all layers.
+  void backward(float* dx, const float* dout, float* dattn_bias = nullptr);
   const StackConfig& config() const { return cfg_; }
 
  private:
@@ -63,6 +66,7 @@ class TransformerStack {
   int64_t heads_local_;
   int64_t B_ = 0, T_ = 0;
   const uint8_t* mask_ = nullptr;
+  const float* bias_ = nullptr;
   train::StepContext ctx_;
   std::vector<Saved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_a_, g_ff_b_, out_copy_;

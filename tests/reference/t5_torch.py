@@ -6,7 +6,8 @@ Megatron.
 
   t5_torch.py grads IN.h5 OUT.h5     lm loss and every gradient
 
-IN.h5: attributes enc_layers, dec_layers, heads, eps; datasets params/<name>,
+IN.h5: attributes enc_layers, dec_layers, heads, eps, relative (0/1: T5's relative position
+buckets, 32 buckets up to distance 128, instead of absolute positions); datasets params/<name>,
 enc_tokens (B, Te), enc_mask (B, Te), dec_tokens (B, Td), dec_mask (B, Td), labels (B, Td;
 -1 = no loss). GELU is the tanh form; dropout is off.
 """
@@ -26,15 +27,38 @@ def lin(x, P, name):
     return F.linear(x, P[name + ".weight"], P[name + ".bias"])
 
 
-def attend(q, k, v, mask):  # q (B, H, Tq, D), k/v (B, H, Tk, D), mask (B or 1, 1, Tq or 1, Tk) bool
+def bucket(rel, bidirectional, num_buckets=32, max_distance=128):  # rel = key - query
+    out, n = 0, -rel
+    if bidirectional:
+        num_buckets //= 2
+        out += num_buckets if n < 0 else 0
+        n = abs(n)
+    else:
+        n = max(n, 0)
+    exact = num_buckets // 2
+    if n < exact:
+        return out + n
+    return out + min(exact + int(math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact)),
+                     num_buckets - 1)
+
+
+def rel_bias(table, T, bidirectional):  # table (buckets, H) -> (1, H, T, T)
+    idx = torch.tensor([[bucket(j - i, bidirectional) for j in range(T)] for i in range(T)])
+    return table[idx].permute(2, 0, 1)[None]
+
+
+def attend(q, k, v, mask, bias=None):  # q (B, H, Tq, D), k/v (B, H, Tk, D), mask (B or 1, 1, Tq or 1, Tk) bool
     s = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        s = s + bias
     s = s.masked_fill(~mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
 def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
     heads, eps = int(a["heads"]), float(a["eps"])
-    wte, wpe = P["embedding.word_embeddings.weight"], P["embedding.position_embeddings.weight"]
+    rel = bool(a.get("relative", 0))
+    wte = P["embedding.word_embeddings.weight"]
     B, Te = enc_tokens.shape
     Td = dec_tokens.shape[1]
     C = wte.shape[1]
@@ -42,25 +66,27 @@ def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
     split = lambda t, T: t.view(B, T, heads, D).transpose(1, 2)
     merge = lambda t, T: t.transpose(1, 2).reshape(B, T, C)
     # encoder
-    x = wte[enc_tokens] + wpe[:Te]
+    x = wte[enc_tokens] + (0 if rel else P["embedding.position_embeddings.weight"][:Te])
+    ebias = rel_bias(P["encoder.relative_attention_bias.weight"], Te, True) if rel else None
     emask = enc_mask.bool()[:, None, None, :]
     for l in range(int(a["enc_layers"])):
         p = f"encoder.layers.{l}."
         qkv = lin(ln(x, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Te, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
-        x = x + lin(merge(attend(q, k, v, emask), Te), P, p + "self_attention.linear_proj")
+        x = x + lin(merge(attend(q, k, v, emask, ebias), Te), P, p + "self_attention.linear_proj")
         h = F.gelu(lin(ln(x, P, p + "pre_mlp_layernorm", eps), P, p + "mlp.linear_fc1"), approximate="tanh")
         x = x + lin(h, P, p + "mlp.linear_fc2")
     e = ln(x, P, "encoder.final_layernorm", eps)
     # decoder
-    y = wte[dec_tokens] + wpe[:Td]
+    y = wte[dec_tokens] + (0 if rel else P["embedding.position_embeddings.weight"][:Td])
+    dbias = rel_bias(P["decoder.relative_attention_bias.weight"], Td, False) if rel else None
     causal = torch.ones(Td, Td, dtype=torch.bool).tril()[None, None]
     dmask = causal & dec_mask.bool()[:, None, None, :]
     for l in range(int(a["dec_layers"])):
         p = f"decoder.layers.{l}."
         qkv = lin(ln(y, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Td, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
-        y = y + lin(merge(attend(q, k, v, dmask), Td), P, p + "self_attention.linear_proj")
+        y = y + lin(merge(attend(q, k, v, dmask, dbias), Td), P, p + "self_attention.linear_proj")
         q = split(lin(ln(y, P, p + "pre_cross_attn_layernorm", eps), P, p + "cross_attention.linear_q"), Td)
         kv = lin(e, P, p + "cross_attention.linear_kv").view(B, Te, heads, 2, D)
         k, v = (kv[:, :, :, i, :].transpose(1, 2) for i in range(2))
