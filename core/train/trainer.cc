@@ -229,7 +229,14 @@ std::filesystem::path Trainer::save_checkpoint() {
   s.consumed_samples = consumed_;
   s.seed = opt_.seed;
   s.loss_scale = 1.0;
-  s.trainer = {{"noise_scale", noise_scale_.state()}};
+  // The LR schedule is a pure function of consumed samples and these settings; they are
+  // stored so that a checkpoint says which schedule produced it.
+  const auto& sc = opt_.schedule;
+  s.trainer = {{"noise_scale", noise_scale_.state()},
+               {"lr_schedule",
+                {{"max_lr", sc.max_lr}, {"min_lr", sc.min_lr}, {"warmup_samples", sc.warmup_samples},
+                 {"decay_samples", sc.decay_samples}, {"style", optim::decay_style_name(sc.style)}, {"power", sc.power},
+                 {"lr", sc.lr(consumed_)}}}};
   const auto t0 = std::chrono::steady_clock::now();
   const auto path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &optimizer_.state(),
                                         opt_.keep_checkpoints);
