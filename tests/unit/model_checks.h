@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/train/model.h"
+#include "tests/unit/h5_util.h"
 
 namespace megabatch::testing {
 
@@ -43,6 +44,40 @@ inline void expect_directional_derivatives(train::Model& model, const train::Bat
     const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
     std::copy(keep.begin(), keep.end(), P.param(i));
     EXPECT_NEAR(fd, analytic, rel_tol * std::max(1.0, std::abs(analytic)) + abs_tol) << P.info(i).name << label;
+  }
+}
+
+// Adds N(0, std^2) noise to every parameter (so that biases and norms are not trivial).
+inline void perturb_parameters(nn::ParameterStore& P, uint32_t seed, float std) {
+  for (size_t id = 0; id < P.count(); ++id) {
+    std::mt19937 g(seed + static_cast<uint32_t>(id));
+    std::normal_distribution<float> nd(0.0f, std);
+    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
+  }
+}
+
+// Every parameter as params/<name> (its shape), for the PyTorch references.
+inline void write_parameters(H5File& f, nn::ParameterStore& P) {
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
+    const float* p = P.param(static_cast<int>(id));
+    f.write("params/" + info.name, std::vector<float>(p, p + info.numel), dims);
+  }
+}
+
+// Every gradient against the reference's grads/<name>. fp32: the longest reductions of the
+// tiny test models sum ~1e3 terms: sqrt(1e3) eps32 ~ 4e-6 of the tensor's scale; 16x that.
+inline void expect_gradients_match(nn::ParameterStore& P, H5File& ref, const std::string& label = "") {
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    const auto expected = ref.read<float>("grads/" + info.name);
+    ASSERT_EQ(expected.size(), info.numel) << info.name;
+    float scale = 0;
+    for (float x : expected) scale = std::max(scale, std::abs(x));
+    for (size_t j = 0; j < info.numel; ++j)
+      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], expected[j], 6e-5f * scale + 1e-9f)
+          << info.name << "[" << j << "]" << label;
   }
 }
 

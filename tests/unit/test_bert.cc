@@ -81,19 +81,11 @@ void expect_matches_torch(bool post_ln) {
   const auto c = tiny_bert(post_ln);
   auto model = mb::models::make_model(c, tp, 21);
   auto& P = model->parameters();
-  for (size_t id = 0; id < P.count(); ++id) {  // non-trivial biases and norms too
-    std::mt19937 g(static_cast<uint32_t>(100 + id));
-    std::normal_distribution<float> nd(0.0f, 0.1f);
-    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
-  }
+  mb::testing::perturb_parameters(P, 100, 0.1f);  // non-trivial biases and norms too
   const auto batch = bert_batch(4);
   {
     H5File f((tmp / "in.h5").string(), H5File::kCreate);
-    for (size_t id = 0; id < P.count(); ++id) {
-      const auto& info = P.info(static_cast<int>(id));
-      std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
-      f.write("params/" + info.name, std::vector<float>(P.param(static_cast<int>(id)), P.param(static_cast<int>(id)) + info.numel), dims);
-    }
+    mb::testing::write_parameters(f, P);
     const std::vector<hsize_t> bt = {3, 11};
     f.write("tokens", batch.tokens, bt);
     f.write("token_types", batch.token_types, bt);
@@ -114,18 +106,7 @@ void expect_matches_torch(bool post_ln) {
   H5File ref((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(out.mean(), ref.attr("lm_loss"), 1e-5 * ref.attr("lm_loss"));
   EXPECT_NEAR(out.extra[0].mean(), ref.attr("sop_loss"), 1e-5 * ref.attr("sop_loss"));
-  // fp32: reductions over at most ~1e3 terms (vocabulary 256, hidden 96): sqrt(1e3) eps32
-  // ~ 4e-6 of the tensor's scale; allow 16x that.
-  for (size_t id = 0; id < P.count(); ++id) {
-    const auto& info = P.info(static_cast<int>(id));
-    const auto expected = ref.read<float>("grads/" + info.name);
-    ASSERT_EQ(expected.size(), info.numel) << info.name;
-    float scale = 0;
-    for (float x : expected) scale = std::max(scale, std::abs(x));
-    for (size_t j = 0; j < info.numel; ++j)
-      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], expected[j], 6e-5f * scale + 1e-9f)
-          << info.name << "[" << j << "]" << (post_ln ? " (post-LN)" : "");
-  }
+  mb::testing::expect_gradients_match(P, ref, post_ln ? " (post-LN)" : "");
 }
 
 }  // namespace

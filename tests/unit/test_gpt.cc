@@ -102,12 +102,7 @@ namespace {
 void write_reference_input(const std::string& path, mb::train::Model& model, const mb::models::ModelConfig& c,
                            const std::vector<mb::train::Batch>& batches) {
   H5File f(path, H5File::kCreate);
-  auto& P = model.parameters();
-  for (size_t id = 0; id < P.count(); ++id) {
-    const auto& info = P.info(static_cast<int>(id));
-    std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
-    f.write("params/" + info.name, std::vector<float>(P.param(static_cast<int>(id)), P.param(static_cast<int>(id)) + info.numel), dims);
-  }
+  mb::testing::write_parameters(f, model.parameters());
   std::vector<int32_t> tokens, labels;
   for (const auto& b : batches) {
     tokens.insert(tokens.end(), b.tokens.begin(), b.tokens.end());
@@ -142,18 +137,7 @@ TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
   model->backward();
   H5File out((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  auto& P = model->parameters();
-  // fp32: the longest reductions (vocabulary 256, 33 tokens, hidden 96) sum ~1e3 terms:
-  // sqrt(1e3) * eps32 ~ 4e-6 relative to the tensor's scale; allow 16x that.
-  for (size_t id = 0; id < P.count(); ++id) {
-    const auto& info = P.info(static_cast<int>(id));
-    const auto ref = out.read<float>("grads/" + info.name);
-    ASSERT_EQ(ref.size(), info.numel) << info.name;
-    float scale = 0;
-    for (float x : ref) scale = std::max(scale, std::abs(x));
-    for (size_t j = 0; j < info.numel; ++j)
-      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], ref[j], 6e-5f * scale + 1e-9f) << info.name << "[" << j << "]";
-  }
+  mb::testing::expect_gradients_match(model->parameters(), out);
 }
 
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {

@@ -79,19 +79,11 @@ void expect_matches_torch(bool relative) {
   const auto c = tiny_t5(0.0, relative);
   auto model = mb::models::make_model(c, tp, 21);
   auto& P = model->parameters();
-  for (size_t id = 0; id < P.count(); ++id) {  // non-trivial biases and norms too
-    std::mt19937 g(static_cast<uint32_t>(200 + id));
-    std::normal_distribution<float> nd(0.0f, 0.1f);
-    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
-  }
+  mb::testing::perturb_parameters(P, 200, 0.1f);  // non-trivial biases and norms too
   const auto batch = t5_batch(4);
   {
     H5File f((tmp / "in.h5").string(), H5File::kCreate);
-    for (size_t id = 0; id < P.count(); ++id) {
-      const auto& info = P.info(static_cast<int>(id));
-      std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
-      f.write("params/" + info.name, std::vector<float>(P.param(static_cast<int>(id)), P.param(static_cast<int>(id)) + info.numel), dims);
-    }
+    mb::testing::write_parameters(f, P);
     f.write("enc_tokens", batch.tokens, {3, 9});
     f.write("enc_mask", std::vector<int32_t>(batch.padding_mask.begin(), batch.padding_mask.end()), {3, 9});
     f.write("dec_tokens", batch.decoder_tokens, {3, 5});
@@ -111,16 +103,7 @@ void expect_matches_torch(bool relative) {
   model->backward();
   H5File ref((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(out.mean(), ref.attr("lm_loss"), 1e-5 * ref.attr("lm_loss"));
-  // fp32: reductions over at most ~1e3 terms: sqrt(1e3) eps32 ~ 4e-6 of the tensor's scale; allow 16x.
-  for (size_t id = 0; id < P.count(); ++id) {
-    const auto& info = P.info(static_cast<int>(id));
-    const auto expected = ref.read<float>("grads/" + info.name);
-    ASSERT_EQ(expected.size(), info.numel) << info.name;
-    float scale = 0;
-    for (float x : expected) scale = std::max(scale, std::abs(x));
-    for (size_t j = 0; j < info.numel; ++j)
-      ASSERT_NEAR(P.grad(static_cast<int>(id))[j], expected[j], 6e-5f * scale + 1e-9f) << info.name << "[" << j << "]";
-  }
+  mb::testing::expect_gradients_match(P, ref);
 }
 
 }  // namespace
