@@ -12,9 +12,7 @@ using nn::Role;
 using nn::Sharding;
 
 Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
-  cfg_.validate();
-  check(cfg_.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", cfg_.tensor_model_parallel_size,
-        ") differs from the tensor-parallel group size (", tp.size(), ")");
+  check_model_group(cfg_, tp);
   check(cfg_.num_tokentypes >= 1, "num_tokentypes must be >= 1");
   const int64_t C = cfg_.hidden_size;
   const double std = cfg_.init_method_std;
@@ -27,17 +25,7 @@ Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), he
                      replicated, nn::Init::normal(std)});
   if (cfg_.post_layernorm)
     emb_ln_ = std::make_unique<nn::LayerNorm>(store_, "embedding.layernorm", C, -1, cfg_.layernorm_epsilon);
-  StackConfig sc;
-  sc.prefix = "encoder.layers.";
-  sc.layers = cfg_.num_layers;
-  sc.hidden = C;
-  sc.heads = cfg_.num_attention_heads;
-  sc.ffn = cfg_.ffn();
-  sc.hidden_dropout = cfg_.hidden_dropout;
-  sc.attention_dropout = cfg_.attention_dropout;
-  sc.init_std = std;
-  sc.eps = cfg_.layernorm_epsilon;
-  sc.causal = false;
+  StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.post_layernorm = cfg_.post_layernorm;
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   if (!cfg_.post_layernorm)

@@ -13,26 +13,14 @@ using nn::Role;
 using nn::Sharding;
 
 Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
-  cfg_.validate();
-  check(cfg_.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", cfg_.tensor_model_parallel_size,
-        ") differs from the tensor-parallel group size (", tp.size(), ")");
+  check_model_group(cfg_, tp);
   const int64_t C = cfg_.hidden_size, L = cfg_.num_layers;
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
   wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
                      Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
-  StackConfig sc;
-  sc.prefix = "decoder.layers.";
-  sc.layers = L;
-  sc.hidden = C;
-  sc.heads = cfg_.num_attention_heads;
-  sc.ffn = cfg_.ffn();
-  sc.hidden_dropout = cfg_.hidden_dropout;
-  sc.attention_dropout = cfg_.attention_dropout;
-  sc.init_std = std;
-  sc.eps = cfg_.layernorm_epsilon;
-  sc.causal = true;
+  StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   lnf_ = std::make_unique<nn::LayerNorm>(store_, "decoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
 }

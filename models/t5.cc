@@ -15,9 +15,7 @@ using nn::Sharding;
 
 T5::T5(const ModelConfig& c, comm::Communicator& tp)
     : cfg_(c), tp_(&tp), head_(tp), heads_local_(c.num_attention_heads / tp.size()) {
-  cfg_.validate();
-  check(cfg_.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", cfg_.tensor_model_parallel_size,
-        ") differs from the tensor-parallel group size (", tp.size(), ")");
+  check_model_group(cfg_, tp);
   check(cfg_.decoder_layers() >= 1 && cfg_.decoder_seq() >= 1, "T5: decoder layers and decoder seq length must be >= 1");
   check(cfg_.max_positions() >= cfg_.decoder_seq(), "max_position_embeddings (", cfg_.max_positions(),
         ") must be >= decoder_seq_length (", cfg_.decoder_seq(), ")");
@@ -36,17 +34,7 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
     wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
                        Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
   }
-  StackConfig sc;
-  sc.prefix = "encoder.layers.";
-  sc.layers = cfg_.num_layers;
-  sc.hidden = C;
-  sc.heads = cfg_.num_attention_heads;
-  sc.ffn = F;
-  sc.hidden_dropout = cfg_.hidden_dropout;
-  sc.attention_dropout = cfg_.attention_dropout;
-  sc.init_std = std;
-  sc.eps = cfg_.layernorm_epsilon;
-  sc.causal = false;
+  StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.stream_base = 1;
   encoder_ = std::make_unique<TransformerStack>(store_, tp, sc);
   enc_lnf_ = std::make_unique<nn::LayerNorm>(store_, "encoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);

@@ -10,6 +10,27 @@
 
 namespace megabatch::models {
 
+StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_t layers, bool causal) {
+  StackConfig sc;
+  sc.prefix = prefix;
+  sc.layers = layers;
+  sc.hidden = c.hidden_size;
+  sc.heads = c.num_attention_heads;
+  sc.ffn = c.ffn();
+  sc.hidden_dropout = c.hidden_dropout;
+  sc.attention_dropout = c.attention_dropout;
+  sc.init_std = c.init_method_std;
+  sc.eps = c.layernorm_epsilon;
+  sc.causal = causal;
+  return sc;
+}
+
+void check_model_group(const ModelConfig& c, const comm::Communicator& tp) {
+  c.validate();
+  check(c.tensor_model_parallel_size == tp.size(), "tensor_model_parallel_size (", c.tensor_model_parallel_size,
+        ") differs from the tensor-parallel group size (", tp.size(), ")");
+}
+
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream) {
   ops::DropoutKey k;
   k.p = ctx.training ? p : 0.0;

@@ -16,6 +16,7 @@
 #include "core/ops/dropout.h"
 #include "core/tensor/tensor.h"
 #include "core/train/model.h"
+#include "models/presets.h"
 
 namespace megabatch::models {
 
@@ -28,6 +29,11 @@ struct StackConfig {
   bool post_layernorm = false;
   uint64_t stream_base = 1;  // dropout streams stream_base + 3 * layer + site
 };
+
+// The stack of a model: its layers, sizes, dropout, init and eps from the model config.
+StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_t layers, bool causal);
+// Validates the config and checks that it was declared for this tensor-parallel group.
+void check_model_group(const ModelConfig& c, const comm::Communicator& tp);
 
 // The dropout key of one site: keyed by the step context and a stream number.
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream);
