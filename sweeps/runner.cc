@@ -1,0 +1,434 @@
+#include "sweeps/runner.h"
+
+#include <fcntl.h>
+#include <fnmatch.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "core/util/error.h"
+#include "core/util/files.h"
+#include "core/util/strings.h"
+
+namespace megabatch::sweeps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+volatile std::sig_atomic_t g_stop = 0;
+extern "C" void on_stop(int) { g_stop = 1; }
+
+void write_atomic(const fs::path& path, const std::string& text) {
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string tail(const fs::path& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  const std::streamoff from = size > static_cast<std::streamoff>(bytes) ? size - static_cast<std::streamoff>(bytes) : 0;
+  in.seekg(from);
+  std::string s(static_cast<size_t>(size - from), '\0');
+  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  return s;
+}
+
+// Progress from a point's log: the last iteration line's iteration and lm loss.
+struct Progress {
+  int64_t iteration = 0;
+  double loss = 0;
+  bool has_loss = false;
+  double valid_loss = 0;
+  bool has_valid = false;
+};
+
+Progress parse_progress(const fs::path& log) {
+  Progress p;
+  const std::string t = tail(log, 16384);
+  // Megatron's line: " [date time] iteration      100/     320 | ... | lm loss: 7.1E+00 | ..."
+  const std::string mark = "] iteration ";
+  size_t at = t.rfind(mark);
+  while (at != std::string::npos) {
+    const size_t eol = t.find('\n', at);
+    const std::string line = t.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+    const size_t slash = line.find('/');
+    const size_t loss = line.find("lm loss: ");
+    if (slash != std::string::npos && loss != std::string::npos && eol != std::string::npos) {
+      p.iteration = std::atoll(line.substr(mark.size(), slash - mark.size()).c_str());
+      p.loss = std::atof(line.c_str() + loss + 9);
+      p.has_loss = true;
+      break;
+    }
+    if (at == 0) break;
+    at = t.rfind(mark, at - 1);
+  }
+  const size_t v = t.rfind("lm loss value: ");
+  if (v != std::string::npos) {
+    p.valid_loss = std::atof(t.c_str() + v + 15);
+    p.has_valid = true;
+  }
+  return p;
+}
+
+// Why a point failed, from its log: the last line that says "error".
+std::string failure_reason(const fs::path& log, int status) {
+  std::string t = tail(log, 8192);
+  std::string reason;
+  for_each_line(t, [&](std::string_view line, size_t) {
+    if (line.find("error") != std::string_view::npos) reason = std::string(line);
+  });
+  if (!reason.empty()) return reason;
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+struct PointState {
+  const Point* point = nullptr;
+  fs::path dir;
+  std::string state = "pending";  // pending, running, done, failed, interrupted, skipped
+  std::string reason;
+  int attempts = 0;
+  double wall_s = 0;  // over every attempt and invocation
+  int64_t train_iters = 0, global_batch = 0;
+  pid_t pid = -1;
+  Clock::time_point started;
+  Progress progress;
+};
+
+int64_t iters_of(const json& c) {
+  if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
+  const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
+  return c.contains("train_samples") ? c["train_samples"].get<int64_t>() / B : 0;
+}
+
+json state_json(const std::vector<PointState>& ps, const Sweep& s) {
+  json points = json::array();
+  for (const auto& p : ps)
+    points.push_back({{"id", p.point->id}, {"state", p.state}, {"reason", p.reason}, {"attempts", p.attempts},
+                      {"wall_s", p.wall_s}, {"train_iters", p.train_iters}, {"global_batch_size", p.global_batch},
+                      {"iteration", p.progress.iteration}, {"config", p.point->config}});
+  return {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
+          {"points", points}};
+}
+
+std::string fmt_duration(double s) {
+  char buf[32];
+  if (s < 0 || !std::isfinite(s)) return "-";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  return buf;
+}
+
+std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
+  int done = 0, running = 0, failed = 0, pending = 0;
+  for (const auto& p : ps) {
+    done += p.state == "done";
+    running += p.state == "running";
+    failed += p.state == "failed";
+    pending += p.state == "pending" || p.state == "interrupted";
+  }
+  std::vector<std::string> out;
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | elapsed %s | ETA %s", done,
+                running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+  out.push_back(buf);
+  size_t w = 5;
+  for (const auto& p : ps) w = std::max(w, p.point->id.size());
+  for (const auto& p : ps) {
+    if (p.state == "skipped") continue;
+    std::string detail;
+    if (p.progress.has_loss) {
+      std::snprintf(buf, sizeof buf, "iter %lld/%lld  lm loss %.4f", static_cast<long long>(p.progress.iteration),
+                    static_cast<long long>(p.train_iters), p.progress.loss);
+      detail = buf;
+    }
+    if (p.progress.has_valid && p.state == "done") {
+      std::snprintf(buf, sizeof buf, "  valid %.4f", p.progress.valid_loss);
+      detail += buf;
+    }
+    if (p.state == "failed") detail = p.reason;
+    std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
+                  detail.c_str());
+    out.push_back(buf);
+  }
+  return out;
+}
+
+bool selected(const std::string& id, const std::string& only) {
+  if (only.empty()) return true;
+  return fnmatch(only.c_str(), id.c_str(), 0) == 0 || id.find(only) != std::string::npos;
+}
+
+}  // namespace
+
+int run_sweep(const Sweep& sweep, const RunOptions& o) {
+  const fs::path root = o.runs_dir / sweep.name;
+  // The previous state, if any: configurations that points ran with.
+  std::map<std::string, json> previous;
+  if (fs::exists(root / "sweep.json")) {
+    try {
+      const json old = json::parse(read_text(root / "sweep.json"));
+      for (const auto& p : old["points"]) previous[p["id"].get<std::string>()] = p;
+    } catch (const std::exception& e) {
+      fail((root / "sweep.json").string(), ": unreadable (", e.what(), "); move it away to start the sweep afresh");
+    }
+  }
+  std::vector<PointState> ps(sweep.points.size());
+  std::vector<std::string> changed;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    PointState& p = ps[i];
+    p.point = &sweep.points[i];
+    p.dir = root / p.point->id;
+    p.train_iters = iters_of(p.point->config);
+    p.global_batch = p.point->config.contains("global_batch_size") ? p.point->config["global_batch_size"].get<int64_t>()
+                                                                   : p.point->config.value("micro_batch_size", int64_t{8});
+    if (!selected(p.point->id, o.only)) {
+      p.state = "skipped";
+      continue;
+    }
+    if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
+    const bool started = fs::exists(p.dir / "point.json");
+    if (started) {
+      json ran;
+      try {
+        ran = json::parse(read_text(p.dir / "point.json"));
+      } catch (const std::exception&) {
+      }
+      if (ran != p.point->config) changed.push_back(p.point->id);
+    }
+    if (fs::exists(p.dir / "DONE")) p.state = "done";
+    p.progress = parse_progress(p.dir / "stdout.log");
+  }
+  if (!changed.empty()) {
+    if (!o.rerun_changed)
+      fail(sweep.file.string(), ": the configuration of ", changed.size(), " point(s) that already ran differs from ",
+           "this file (", join(changed, ", "), "); results of two configurations are not mixed. Run with --rerun to ",
+           "discard those points and run them again, or give the sweep a new name");
+    for (auto& p : ps)
+      if (std::find(changed.begin(), changed.end(), p.point->id) != changed.end()) {
+        fs::remove_all(p.dir);
+        p.state = "pending";
+        p.wall_s = 0;
+        p.progress = {};
+      }
+  }
+  if (o.dry_run) {
+    std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
+    for (const auto& p : ps) {
+      if (p.state == "skipped") continue;
+      json diff = json::object();
+      for (const auto& k : p.point->swept)
+        if (p.point->config.contains(k)) diff[k] = p.point->config[k];
+      for (const char* k : {"lr", "train_iters", "seed"})
+        if (p.point->config.contains(k)) diff[k] = p.point->config[k];
+      std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
+    }
+    return 0;
+  }
+
+  fs::create_directories(root);
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  int threads = o.threads ? o.threads : sweep.threads;
+  if (!threads) threads = 1;
+  int jobs = o.jobs ? o.jobs : sweep.jobs;
+  if (!jobs) jobs = std::max(1, static_cast<int>(cores) / threads);
+  std::cout << "> sweep " << sweep.name << ": " << sweep.points.size() << " points, " << jobs << " at a time, "
+            << threads << " thread(s) each; runs in " << root.string() << std::endl;
+
+  g_stop = 0;
+  auto old_int = std::signal(SIGINT, on_stop);
+  auto old_term = std::signal(SIGTERM, on_stop);
+  auto save_state = [&] { write_atomic(root / "sweep.json", state_json(ps, sweep).dump(2) + "\n"); };
+  save_state();
+
+  const auto t0 = Clock::now();
+  int64_t work_done_at_start = 0, work_total = 0;
+  for (const auto& p : ps) {
+    if (p.state == "skipped") continue;
+    work_total += p.train_iters * p.global_batch;
+    work_done_at_start += (p.state == "done" ? p.train_iters : p.progress.iteration) * p.global_batch;
+  }
+  size_t printed = 0;
+  auto last_plain = Clock::now();
+  auto display = [&](bool force) {
+    double work_now = 0;
+    for (const auto& p : ps)
+      if (p.state != "skipped")
+        work_now += static_cast<double>((p.state == "done" ? p.train_iters : p.progress.iteration) * p.global_batch);
+    const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double gained = work_now - static_cast<double>(work_done_at_start);
+    const double eta = gained > 0 ? elapsed * (static_cast<double>(work_total) - work_now) / gained : -1;
+    const auto lines = table_lines(ps, elapsed, eta);
+    if (o.tty) {
+      if (printed) std::cout << "\033[" << printed << "A";
+      for (const auto& l : lines) std::cout << "\r\033[K" << l << "\n";
+      printed = lines.size();
+      std::cout << std::flush;
+    } else if (force || Clock::now() - last_plain > std::chrono::seconds(30)) {
+      std::cout << lines.front() << std::endl;
+      last_plain = Clock::now();
+    }
+  };
+  auto start_point = [&](PointState& p) {
+    fs::create_directories(p.dir);
+    write_atomic(p.dir / "point.json", p.point->config.dump(2) + "\n");
+    const fs::path ckpt = p.dir / "checkpoints";
+    const int64_t save_interval = std::max<int64_t>(1, p.train_iters / 10);
+    std::vector<std::string> args = {o.train_binary.string(), "--config", (p.dir / "point.json").string(),
+                                     "--run-dir", p.dir.string(), "--save", ckpt.string(), "--load", ckpt.string(),
+                                     "--threads", std::to_string(threads)};
+    if (!p.point->config.contains("save_interval")) args.insert(args.end(), {"--save-interval", std::to_string(save_interval)});
+    if (!p.point->config.contains("keep_checkpoints")) args.insert(args.end(), {"--keep-checkpoints", "2"});
+    const int fd = ::open((p.dir / "stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    check(fd >= 0, (p.dir / "stdout.log").string(), ": cannot open the point's log");
+    const pid_t pid = fork();
+    check(pid >= 0, "fork failed: ", std::strerror(errno));
+    if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // a killed sweep takes its points with it
+      setpgid(0, 0);                      // Ctrl-C reaches the sweep, which stops points cleanly
+      dup2(fd, 1);
+      dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      std::fprintf(stderr, "sweep: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
+      _exit(127);
+    }
+    ::close(fd);
+    p.pid = pid;
+    p.state = "running";
+    p.started = Clock::now();
+    ++p.attempts;
+    if (!o.tty) std::cout << "> start " << p.point->id << " (attempt " << p.attempts << ")" << std::endl;
+  };
+
+  int failed_total = 0;
+  while (true) {
+    int running = 0;
+    for (auto& p : ps) running += p.state == "running";
+    if (!g_stop)
+      for (auto& p : ps) {
+        if (running >= jobs) break;
+        const bool retry = p.state == "failed" && p.attempts <= o.retries;
+        if (p.state == "pending" || p.state == "interrupted" || retry) {
+          start_point(p);
+          ++running;
+          save_state();
+        }
+      }
+    if (running == 0) break;
+    // reap
+    int status = 0;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      for (auto& p : ps) {
+        if (p.pid != pid) continue;
+        p.pid = -1;
+        p.wall_s += std::chrono::duration<double>(Clock::now() - p.started).count();
+        p.progress = parse_progress(p.dir / "stdout.log");
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+          p.state = "done";
+          p.reason.clear();
+          write_atomic(p.dir / "DONE", json({{"wall_s", p.wall_s}, {"iteration", p.progress.iteration},
+                                             {"lm_loss", p.progress.loss}})
+                                               .dump() +
+                                           "\n");
+          if (!o.tty) std::cout << "> done " << p.point->id << " (" << fmt_duration(p.wall_s) << ")" << std::endl;
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+          p.state = "interrupted";
+          if (!o.tty) std::cout << "> interrupted " << p.point->id << " (resumable)" << std::endl;
+        } else {
+          p.state = "failed";
+          p.reason = failure_reason(p.dir / "stdout.log", status);
+          std::cout << (o.tty ? "" : "> ") << "failed " << p.point->id << ": " << p.reason << "\n  last lines of "
+                    << (p.dir / "stdout.log").string() << ":\n";
+          std::string t = tail(p.dir / "stdout.log", 1500);
+          std::vector<std::string> lines;
+          for_each_line(t, [&](std::string_view l, size_t) { lines.emplace_back(l); });
+          for (size_t k = lines.size() > 5 ? lines.size() - 5 : 0; k < lines.size(); ++k)
+            std::cout << "    " << lines[k].substr(0, 200) << "\n";
+          std::cout << std::flush;
+          printed = 0;
+        }
+        save_state();
+      }
+    }
+    if (g_stop) {  // forward the stop: every running point checkpoints and exits 3
+      for (auto& p : ps)
+        if (p.state == "running" && p.pid > 0) ::kill(p.pid, SIGTERM);
+    }
+    for (auto& p : ps)
+      if (p.state == "running") p.progress = parse_progress(p.dir / "stdout.log");
+    display(false);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  for (const auto& p : ps) failed_total += p.state == "failed";
+  save_state();
+  display(true);
+  std::signal(SIGINT, old_int);
+  std::signal(SIGTERM, old_term);
+  if (g_stop) {
+    std::cout << "> stopped; every point is resumable: run the same command again" << std::endl;
+    return 130;
+  }
+  if (failed_total) {
+    std::cout << "> " << failed_total << " point(s) failed; their logs are in " << root.string()
+              << "/<id>/stdout.log (rerun to retry them, or --retries N)" << std::endl;
+    return 1;
+  }
+  std::cout << "> all points done; plot with: sweep plot " << root.string() << std::endl;
+  return 0;
+}
+
+int print_status(const fs::path& dir) {
+  const fs::path file = dir / "sweep.json";
+  check(fs::exists(file), file.string(), ": no sweep here (sweep run writes runs/<name>/sweep.json)");
+  const json s = json::parse(read_text(file));
+  std::vector<Point> points;
+  for (const auto& p : s["points"]) points.push_back({p["id"].get<std::string>(), p["config"], {}});
+  std::vector<PointState> ps(points.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const auto& j = s["points"][i];
+    ps[i].point = &points[i];
+    ps[i].dir = dir / points[i].id;
+    ps[i].state = j.value("state", "pending");
+    ps[i].reason = j.value("reason", "");
+    ps[i].train_iters = j.value("train_iters", int64_t{0});
+    ps[i].progress = parse_progress(ps[i].dir / "stdout.log");
+    const pid_t owner = static_cast<pid_t>(s.value("sweep_pid", int64_t{0}));
+    const bool live = owner > 0 && ::kill(owner, 0) == 0;
+    if (fs::exists(ps[i].dir / "DONE")) ps[i].state = "done";
+    else if (ps[i].state == "running" && !live) ps[i].state = "interrupted";  // its sweep is gone
+  }
+  double wall = 0;
+  for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);
+  for (const auto& l : table_lines(ps, wall, -1)) std::cout << l << "\n";
+  return 0;
+}
+
+}  // namespace megabatch::sweeps

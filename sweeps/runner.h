@@ -1,0 +1,41 @@
+// Running a sweep's points locally, resuming, and reporting status.
+//
+//   runs/<name>/sweep.json          the expanded sweep and each point's state
+//   runs/<name>/<id>/point.json     the point's train configuration (its input)
+//   runs/<name>/<id>/config.json    train's resolved configuration
+//   runs/<name>/<id>/metrics.h5, checkpoints/, stdout.log, DONE
+//
+// Each point is a `train` process started with --config point.json --run-dir <id>
+// --save/--load <id>/checkpoints, so an interrupted point resumes from its last
+// checkpoint. A point whose configuration changed since it ran is refused unless
+// rerun_changed is set (then its directory is cleared).
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "sweeps/sweep.h"
+
+namespace megabatch::sweeps {
+
+struct RunOptions {
+  std::filesystem::path runs_dir = "runs";
+  std::filesystem::path train_binary;  // the train program
+  int jobs = 0;                        // concurrent points (0: from the file, else cores / threads)
+  int threads = 0;                     // threads per point (0: from the file or base, else 1)
+  int retries = 0;                     // extra attempts for failed points
+  std::string only;                    // run points whose id matches this glob (or contains it)
+  bool dry_run = false;
+  bool rerun_changed = false;
+  bool tty = false;                    // redraw a live table instead of printing lines
+};
+
+// Runs the sweep; returns the process exit status (0: every selected point done; 1: some
+// failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
+int run_sweep(const Sweep& sweep, const RunOptions& options);
+
+// Prints the status table of runs/<name> (the directory sweep run wrote).
+int print_status(const std::filesystem::path& sweep_dir);
+
+}  // namespace megabatch::sweeps

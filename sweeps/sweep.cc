@@ -1,0 +1,282 @@
+#include "sweeps/sweep.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "core/config/config.h"
+#include "core/train/options.h"
+#include "core/util/error.h"
+#include "core/util/strings.h"
+
+namespace megabatch::sweeps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+using nlohmann::ordered_json;
+
+namespace {
+
+const std::set<std::string> kTopLevel = {"name", "description", "include", "base", "grid", "zip",
+                                         "seeds", "derive", "jobs", "threads"};
+
+ordered_json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  check(in.good(), file.string(), ": cannot open the sweep file");
+  try {
+    return ordered_json::parse(in);
+  } catch (const ordered_json::parse_error& e) {
+    fail(file.string(), ": not valid JSON (", e.what(), ")");
+  }
+}
+
+// Objects merge key by key (over wins); everything else is replaced.
+void merge(ordered_json& under, const ordered_json& over) {
+  for (auto it = over.begin(); it != over.end(); ++it) {
+    if (under.contains(it.key()) && under[it.key()].is_object() && it.value().is_object())
+      merge(under[it.key()], it.value());
+    else
+      under[it.key()] = it.value();
+  }
+}
+
+ordered_json load_with_includes(const fs::path& file, std::vector<fs::path>& chain) {
+  const fs::path canon = fs::weakly_canonical(file);
+  for (const auto& f : chain)
+    check(f != canon, file.string(), ": includes itself (", join([&] {
+            std::vector<std::string> v;
+            for (const auto& c : chain) v.push_back(c.string());
+            return v;
+          }(), " -> "), ")");
+  chain.push_back(canon);
+  ordered_json j = read_json(file);
+  check(j.is_object(), file.string(), ": a sweep file is a JSON object");
+  std::vector<std::string> known(kTopLevel.begin(), kTopLevel.end());
+  for (auto it = j.begin(); it != j.end(); ++it)
+    check(kTopLevel.count(it.key()), file.string(), ": unknown key '", it.key(), "'", did_you_mean(it.key(), known),
+          "; a sweep file has ", join(known, ", "));
+  if (j.contains("include")) {
+    check(j["include"].is_string(), file.string(), ": include: expected a file name");
+    const fs::path inc = file.parent_path() / j["include"].get<std::string>();
+    ordered_json base = load_with_includes(inc, chain);
+    base.erase("include");
+    j.erase("include");
+    merge(base, j);
+    j = base;
+  }
+  chain.pop_back();
+  return j;
+}
+
+// Formats a value for a point id: integers as is, floats with 3 significant digits.
+std::string id_value(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_number()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.3g", v.get<double>());
+    return buf;
+  }
+  return v.dump();
+}
+
+// The prefix of a swept key in point ids: bs for global_batch_size, lr, mbs, the value
+// alone for optimizer and model, else the initials of the key's words.
+std::string id_prefix(const std::string& key) {
+  static const std::map<std::string, std::string> fixed = {
+      {"global_batch_size", "bs"}, {"micro_batch_size", "mbs"}, {"lr", "lr"}, {"optimizer", ""}, {"model", ""},
+      {"seed", "s"}, {"tensor_model_parallel_size", "tp"}};
+  if (auto it = fixed.find(key); it != fixed.end()) return it->second;
+  std::string p;
+  bool start = true;
+  for (char c : key) {
+    if (c == '_') {
+      start = true;
+    } else if (start) {
+      p += c;
+      start = false;
+    }
+  }
+  return p;
+}
+
+struct Axis {  // one grid key or one zip group: a list of assignments
+  std::vector<std::string> keys;
+  std::vector<std::vector<json>> values;  // values[i] assigns keys[k] = values[i][k]
+};
+
+}  // namespace
+
+Sweep load_sweep(const fs::path& file) {
+  std::vector<fs::path> chain;
+  Sweep s;
+  s.file = file;
+  s.spec = load_with_includes(file, chain);
+  const ordered_json& j = s.spec;
+  const std::string where = file.string();
+  check(j.contains("name") && j["name"].is_string() && !j["name"].get<std::string>().empty(), where,
+        ": 'name' (a string) is required: it names runs/<name>/");
+  s.name = j["name"].get<std::string>();
+  for (char c : s.name)
+    check(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.', where, ": name '", s.name,
+          "' may only contain letters, digits, '_', '-' and '.'");
+  json base = j.contains("base") ? json::parse(j["base"].dump()) : json::object();
+  check(base.is_object(), where, ": base: expected an object of train options");
+
+  std::vector<Axis> axes;
+  if (j.contains("grid")) {
+    check(j["grid"].is_object(), where, ": grid: expected an object {option: [values...]}");
+    for (auto it = j["grid"].begin(); it != j["grid"].end(); ++it) {
+      check(it.value().is_array() && !it.value().empty(), where, ": grid.", it.key(), ": expected a non-empty list");
+      Axis a;
+      a.keys = {it.key()};
+      for (const auto& v : it.value()) a.values.push_back({json::parse(v.dump())});
+      axes.push_back(a);
+    }
+  }
+  if (j.contains("zip")) {
+    ordered_json groups = j["zip"].is_array() ? j["zip"] : ordered_json::array({j["zip"]});
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const std::string w = where + ": zip[" + std::to_string(g) + "]";
+      check(groups[g].is_object() && !groups[g].empty(), w, ": expected an object {option: [values...]}");
+      Axis a;
+      size_t n = 0;
+      for (auto it = groups[g].begin(); it != groups[g].end(); ++it) {
+        check(it.value().is_array() && !it.value().empty(), w, ".", it.key(), ": expected a non-empty list");
+        if (a.keys.empty()) n = it.value().size();
+        check(it.value().size() == n, w, ".", it.key(), ": ", it.value().size(), " values, but ", a.keys.front(),
+              " has ", n, "; lists that vary together need the same length");
+        a.keys.push_back(it.key());
+      }
+      for (size_t i = 0; i < n; ++i) {
+        std::vector<json> row;
+        for (const auto& k : a.keys) row.push_back(json::parse(groups[g][k][i].dump()));
+        a.values.push_back(row);
+      }
+      axes.push_back(a);
+    }
+  }
+  std::vector<int64_t> seeds;
+  if (j.contains("seeds")) {
+    check(j["seeds"].is_array() && !j["seeds"].empty(), where, ": seeds: expected a non-empty list of integers");
+    for (const auto& v : j["seeds"]) {
+      check(v.is_number_integer(), where, ": seeds: ", v.dump(), " is not an integer");
+      seeds.push_back(v.get<int64_t>());
+    }
+  }
+  // derived values
+  std::string rule = "none";
+  int64_t ref_batch = 0, budget = 0;
+  if (j.contains("derive")) {
+    const auto& d = j["derive"];
+    check(d.is_object(), where, ": derive: expected an object");
+    for (auto it = d.begin(); it != d.end(); ++it)
+      check(it.key() == "lr_scaling" || it.key() == "sample_budget", where, ": derive.", it.key(),
+            ": unknown; derive has lr_scaling and sample_budget");
+    if (d.contains("lr_scaling")) {
+      const auto& ls = d["lr_scaling"];
+      check(ls.is_object() && ls.contains("rule") && ls["rule"].is_string(), where,
+            ": derive.lr_scaling: expected {\"rule\": \"sqrt\"|\"linear\", \"ref_batch\": N}");
+      rule = ls["rule"].get<std::string>();
+      check(rule == "sqrt" || rule == "linear" || rule == "none", where, ": derive.lr_scaling.rule: '", rule,
+            "' is not sqrt, linear or none");
+      check(ls.contains("ref_batch") && ls["ref_batch"].is_number_integer() && ls["ref_batch"].get<int64_t>() > 0,
+            where, ": derive.lr_scaling.ref_batch: expected a positive integer (the batch at which lr is given)");
+      ref_batch = ls["ref_batch"].get<int64_t>();
+    }
+    if (d.contains("sample_budget")) {
+      check(d["sample_budget"].is_number_integer() && d["sample_budget"].get<int64_t>() > 0, where,
+            ": derive.sample_budget: expected a positive integer (samples every point trains on)");
+      budget = d["sample_budget"].get<int64_t>();
+    }
+  }
+  if (j.contains("jobs")) s.jobs = j["jobs"].get<int>();
+  if (j.contains("threads")) s.threads = j["threads"].get<int>();
+
+  // swept keys, in file order; ids use each grid key and the first key of each zip group
+  // (the others vary with it), plus lr when it varies
+  std::vector<std::string> swept, leading;
+  for (const auto& a : axes) {
+    for (const auto& k : a.keys)
+      if (std::find(swept.begin(), swept.end(), k) == swept.end()) swept.push_back(k);
+    if (std::find(leading.begin(), leading.end(), a.keys.front()) == leading.end()) leading.push_back(a.keys.front());
+  }
+  const bool lr_varies = rule != "none" || std::find(swept.begin(), swept.end(), "lr") != swept.end();
+  std::vector<std::string> id_keys;
+  for (const char* first : {"optimizer", "model", "global_batch_size"})
+    if (std::find(leading.begin(), leading.end(), first) != leading.end()) id_keys.push_back(first);
+  for (const auto& k : leading)
+    if (k != "lr" && std::find(id_keys.begin(), id_keys.end(), k) == id_keys.end()) id_keys.push_back(k);
+  if (lr_varies) id_keys.push_back("lr");
+  const bool seed_varies = seeds.size() > 1 || !seeds.empty();
+  if (seeds.empty()) seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
+
+  // the product
+  std::vector<json> configs = {base};
+  for (const auto& a : axes) {
+    std::vector<json> next;
+    for (const auto& c : configs)
+      for (const auto& row : a.values) {
+        json p = c;
+        for (size_t k = 0; k < a.keys.size(); ++k) p[a.keys[k]] = row[k];
+        next.push_back(p);
+      }
+    configs = next;
+  }
+  const auto& schema = train::train_schema();
+  std::map<std::string, size_t> seen;
+  for (const auto& c0 : configs)
+    for (int64_t seed : seeds) {
+      json c = c0;
+      c["seed"] = seed;
+      // derived values
+      auto point_name = [&] {
+        std::string id;
+        for (const auto& k : id_keys) {
+          if (!c.contains(k)) continue;
+          if (!id.empty()) id += "-";
+          id += id_prefix(k) + id_value(c[k]);
+        }
+        if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(seed);
+        return id.empty() ? std::string("point") : id;
+      };
+      const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>()
+                                                          : (c.contains("micro_batch_size") ? c["micro_batch_size"].get<int64_t>() : 8);
+      if (rule != "none") {
+        check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
+        const double r = static_cast<double>(B) / static_cast<double>(ref_batch);
+        c["lr"] = c["lr"].get<double>() * (rule == "sqrt" ? std::sqrt(r) : r);
+        if (c.contains("min_lr") && c["min_lr"].is_number())
+          c["min_lr"] = c["min_lr"].get<double>() * (rule == "sqrt" ? std::sqrt(r) : r);
+      }
+      if (budget > 0) {
+        check(budget % B == 0, where, ": point ", point_name(), ": the sample budget ", budget,
+              " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
+        c["train_iters"] = budget / B;
+        c.erase("train_samples");
+      }
+      Point p;
+      p.id = point_name();
+      p.config = c;
+      p.swept = swept;
+      // validate against train's options (keys and types)
+      try {
+        (void)config::resolve_json(schema, c, where + ": point " + p.id);
+      } catch (const Error& e) {
+        fail(e.what());
+      }
+      check(c.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
+      check(c.contains("train_iters") || c.contains("train_samples"), where, ": point ", p.id,
+            ": no train_iters, train_samples or derive.sample_budget");
+      auto [it, fresh] = seen.emplace(p.id, s.points.size());
+      check(fresh, where, ": points ", it->second, " and ", s.points.size(), " both get the id '", p.id,
+            "'; vary a key that appears in ids or use distinct seeds");
+      s.points.push_back(p);
+    }
+  return s;
+}
+
+}  // namespace megabatch::sweeps

@@ -1,0 +1,50 @@
+// Sweep files and their expansion into points.
+//
+//   {
+//     "name": "lamb_bsz",
+//     "include": "base.json",                  // optional: another sweep file this one overrides
+//     "base": { ...train --config keys... },   // every point's configuration, before the axes
+//     "grid": {"optimizer": ["lamb", "adamw"]},           // cartesian product
+//     "zip": [{"global_batch_size": [8, 16], "lr_warmup_iters": [10, 5]}],  // lists varying together
+//     "seeds": [1, 2],
+//     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
+//                "sample_budget": 2560},                           // train_iters = budget / B
+//     "jobs": 2, "threads": 1                  // optional: concurrent points, threads per point
+//   }
+//
+// Points are the product of the grid, the zip groups and the seeds, in file order. Each
+// point's id is built from its swept values (optimizer, bs<global batch>, the other grid
+// keys and the first key of each zip group by their initials, lr<value> when the learning
+// rate is swept or derived, s<seed>), e.g.
+// lamb-bs4096-lr0.0283-s1: readable and deterministic, so re-running a sweep finds its
+// points again. Objects of an included file are merged key by key (the including file
+// wins); arrays and scalars are replaced.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace megabatch::sweeps {
+
+struct Point {
+  std::string id;
+  nlohmann::json config;                 // the train configuration of this point
+  std::vector<std::string> swept;        // the keys whose values vary across the sweep
+};
+
+struct Sweep {
+  std::string name;
+  std::filesystem::path file;
+  nlohmann::ordered_json spec;           // the file after includes
+  std::vector<Point> points;
+  int jobs = 0, threads = 0;             // 0: decided by the runner
+};
+
+// Loads, merges includes, expands and validates every point against train's options.
+// Errors name the file and key, or the point id and the failing key.
+Sweep load_sweep(const std::filesystem::path& file);
+
+}  // namespace megabatch::sweeps

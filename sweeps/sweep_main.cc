@@ -1,0 +1,103 @@
+// sweep: run a sweep file's points (with resume), show their status, plot and report.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <string>
+
+#include "core/util/args.h"
+#include "core/util/error.h"
+#include "sweeps/runner.h"
+#include "sweeps/sweep.h"
+
+namespace mb = megabatch;
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kUsage =
+    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--rerun]\n"
+    "                           [--runs-dir DIR]\n"
+    "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
+    "       sweep plot DIR        figures (PNG and SVG) in DIR/figures\n"
+    "       sweep report DIR      DIR/report.html: the points, their results and the figures\n"
+    "\n"
+    "examples:\n"
+    "  sweep run experiments/lamb_bsz.json            # the default sweep; run it again to resume\n"
+    "  sweep run experiments/lamb_bsz.json --dry-run  # list the points\n"
+    "  sweep run experiments/lamb_bsz.json --only 'lamb-*'\n"
+    "  sweep status runs/lamb_bsz && sweep plot runs/lamb_bsz && sweep report runs/lamb_bsz\n";
+
+fs::path self_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path(".") : exe.parent_path();
+}
+
+// analysis/<script>: next to an installed sweep (share/megabatch/analysis), else the source tree's.
+fs::path analysis_script(const std::string& name) {
+  const fs::path installed = self_dir().parent_path() / "share" / "megabatch" / "analysis" / name;
+  if (fs::exists(installed)) return installed;
+  return fs::path(MEGABATCH_SOURCE_DIR) / "analysis" / name;
+}
+
+int run_python(const std::string& script, const std::string& dir) {
+  const fs::path s = analysis_script(script);
+  mb::check(fs::exists(s), s.string(), ": the analysis script is missing");
+  mb::check(fs::exists(fs::path(dir) / "sweep.json"), dir, "/sweep.json: no sweep here (sweep run writes runs/<name>/)");
+  const std::string cmd = "/usr/bin/python3 '" + s.string() + "' '" + dir + "'";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "status" || cmd == "plot" || cmd == "report") {
+    mb::check(argc == 3, "sweep ", cmd, ": give the sweep's directory (runs/<name>)\n", kUsage);
+    if (cmd == "status") return mb::sweeps::print_status(argv[2]);
+    return run_python(cmd == "plot" ? "plot.py" : "report.py", argv[2]);
+  }
+  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report\n", kUsage);
+  mb::ArgParser a("sweep run", kUsage);
+  a.flag("dry-run", "list the points and exit");
+  a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");
+  a.option("retries", "N", "retry failed points up to N times", "0");
+  a.option("jobs", "N", "points run at once (default: cores / threads)", "0");
+  a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
+  a.flag("rerun", "discard and rerun points whose configuration changed");
+  a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
+  if (!a.parse(argc, argv, 2)) return 0;
+  mb::check(a.positional().size() == 1, "sweep run: give one sweep file\n", kUsage);
+  const auto sweep = mb::sweeps::load_sweep(a.positional()[0]);
+  mb::sweeps::RunOptions o;
+  o.runs_dir = a.get("runs-dir");
+  o.train_binary = self_dir() / "train";
+  mb::check(fs::exists(o.train_binary), o.train_binary.string(), ": the train program is missing (build it)");
+  o.jobs = static_cast<int>(a.get_int("jobs"));
+  o.threads = static_cast<int>(a.get_int("threads"));
+  o.retries = static_cast<int>(a.get_int("retries"));
+  o.only = a.get("only");
+  o.dry_run = a.has("dry-run");
+  o.rerun_changed = a.has("rerun");
+  o.tty = isatty(STDOUT_FILENO) != 0;
+  return mb::sweeps::run_sweep(sweep, o);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const mb::Error& e) {
+    std::cerr << "sweep: error: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "sweep: internal error: " << e.what() << std::endl;
+    return 2;
+  }
+}

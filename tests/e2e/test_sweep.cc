@@ -1,0 +1,177 @@
+// The sweep tool end to end: a miniature sweep (tiny GPT, two optimizers, two batch sizes,
+// a fixed sample budget) runs, plots and reports; a sweep killed with SIGKILL in the middle
+// of a point and run again completes with metrics identical to the uninterrupted sweep;
+// a failing point leaves the others alone; invalid points are refused before anything
+// runs; a changed configuration is not mixed with old results.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+class Sweep : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    data_ = new mb::testing::TempDir;
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + data_->path().string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  // A sweep file: tiny GPT, lamb and adamw, batch sizes 4 and 8, `budget` samples each.
+  static fs::path write_sweep(const fs::path& dir, const std::string& name, int budget, const std::string& optimizers,
+                              const std::string& extra_base = "") {
+    const fs::path file = dir / (name + ".json");
+    mb::testing::write_text(file, R"({
+  "name": ")" + name + R"(",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
+           "micro_batch_size": 4, "lr": 0.002, "log_interval": 1, "eval_interval": 1000, "eval_iters": 2,
+           "data_path": [")" + (data_->path() / "brown_gpt2_text_document").string() + R"("],
+           "hidden_dropout": 0.1, "attention_dropout": 0.1)" + extra_base + R"(},
+  "grid": {"optimizer": [)" + optimizers + R"(]},
+  "zip": {"global_batch_size": [4, 8]},
+  "seeds": [3],
+  "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 4}, "sample_budget": )" + std::to_string(budget) + R"(},
+  "jobs": 2, "threads": 1
+})");
+    return file;
+  }
+  static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
+  static mb::testing::TempDir* data_;
+};
+mb::testing::TempDir* Sweep::data_ = nullptr;
+
+std::vector<double> losses(const fs::path& metrics) {
+  mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
+  return f.read<double>("train/lm_loss");
+}
+
+const std::vector<std::string> kIds = {"lamb-bs4-lr0.002-s3", "lamb-bs8-lr0.00283-s3", "adamw-bs4-lr0.002-s3",
+                                       "adamw-bs8-lr0.00283-s3"};
+
+}  // namespace
+
+TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")");
+  const fs::path runs = tmp / "runs", dir = runs / "mini";
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& id : kIds) EXPECT_NE(r.output.find(id), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir)) << "--dry-run runs nothing";
+
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& id : kIds) {
+    for (const char* f : {"point.json", "config.json", "metrics.h5", "stdout.log", "DONE"})
+      EXPECT_TRUE(fs::exists(dir / id / f)) << id << "/" << f;
+    EXPECT_TRUE(fs::exists(dir / id / "checkpoints" / "latest_checkpointed_iteration.txt")) << id;
+    // the sample budget: 48 samples at batch 4 or 8
+    EXPECT_EQ(losses(dir / id / "metrics.h5").size(), id.find("bs4") != std::string::npos ? 12u : 6u) << id;
+  }
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("4 done, 0 running, 0 failed"), std::string::npos) << r.output;
+
+  r = mb::testing::run_command(sweep("plot " + dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* fig : {"loss_vs_iteration", "loss_vs_samples", "scaling", "lr_schedule", "trust_ratio"})
+    for (const char* ext : {".png", ".svg"}) {
+      const fs::path p = dir / "figures" / (std::string(fig) + ext);
+      ASSERT_TRUE(fs::exists(p)) << p;
+      EXPECT_GT(fs::file_size(p), 10000u) << p << " looks empty";
+    }
+  r = mb::testing::run_command(sweep("report " + dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(dir / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const auto& id : kIds) EXPECT_NE(html.find(id), std::string::npos) << id;
+  size_t images = 0;
+  for (size_t at = html.find("<img src='data:image/png;base64,"); at != std::string::npos;
+       at = html.find("<img src='data:image/png;base64,", at + 1))
+    ++images;
+  EXPECT_GE(images, 5u);
+  EXPECT_EQ(html.find("src='http"), std::string::npos) << "the report must read offline";
+
+  // Running it again skips every finished point.
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("> start"), std::string::npos) << r.output;
+
+  // A changed configuration is refused, then rerun on request.
+  const auto changed = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")", R"(, "weight_decay": 0.05)");
+  r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("differs from this file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--rerun"), std::string::npos) << r.output;
+  r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string() + " --rerun --only 'lamb-bs8*'"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> start lamb-bs8"), std::string::npos) << r.output;
+}
+
+TEST_F(Sweep, KilledSweepResumesToTheMetricsOfAnUninterruptedOne) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "killme", 160, R"("lamb", "adamw")");
+  const fs::path ref_runs = tmp / "ref", runs = tmp / "runs", dir = runs / "killme";
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + ref_runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // SIGKILL the sweep once its first point is past iteration 12 of 40 (checkpoints every 4).
+  const std::string log = (dir / kIds[0] / "stdout.log").string();
+  r = mb::testing::run_command("(" + sweep("run " + file.string() + " --runs-dir " + runs.string()) + " > " +
+                               (tmp / "sweep.log").string() + " 2>&1 & echo $! > " + (tmp / "pid").string() +
+                               "); for i in $(seq 1200); do grep -q 'iteration  *1[3-9]/' " + log +
+                               " 2>/dev/null && break; sleep 0.05; done; kill -9 $(cat " + (tmp / "pid").string() +
+                               "); sleep 0.5; grep -c 'iteration  *[0-9]*/' " + log);
+  ASSERT_GE(std::atoi(r.output.c_str()), 13) << r.output;
+  EXPECT_FALSE(fs::exists(dir / kIds[0] / "DONE")) << "the kill came too late to test anything";
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(log);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("> loaded " + (dir / kIds[0] / "checkpoints" / "iter_").string()), std::string::npos)
+      << "the killed point resumed from its checkpoint, not from scratch:\n" << text;
+  for (const auto& id : kIds) {
+    ASSERT_TRUE(fs::exists(dir / id / "DONE")) << id;
+    EXPECT_EQ(losses(dir / id / "metrics.h5"), losses(ref_runs / "killme" / id / "metrics.h5")) << id;
+  }
+}
+
+TEST_F(Sweep, AFailingPointIsMarkedWithItsReasonAndTheOthersComplete) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "broken", 32, R"("adamw", "no_such_plugin")");
+  const fs::path runs = tmp / "runs";
+  const auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("failed no_such_plugin-bs4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unknown optimizer plugin 'no_such_plugin'"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(runs / "broken" / "adamw-bs4-lr0.002-s3" / "DONE"));
+  EXPECT_TRUE(fs::exists(runs / "broken" / "adamw-bs8-lr0.00283-s3" / "DONE"));
+  const auto st = mb::testing::run_command(sweep("status " + (runs / "broken").string()));
+  EXPECT_NE(st.output.find("2 done, 0 running, 2 failed"), std::string::npos) << st.output;
+}
+
+TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "bad", 32, R"("adamw")", R"(, "hiden_size": 64)");
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("point adamw-bs4-lr0.002-s3"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hiden_size"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("hidden_size"), std::string::npos) << "the nearest valid name: " << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "runs"));
+  // a budget that a batch size does not divide
+  const auto odd = write_sweep(tmp.path(), "odd", 30, R"("adamw")");
+  r = mb::testing::run_command(sweep("run " + odd.string() + " --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
+}
