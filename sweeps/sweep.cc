@@ -19,7 +19,7 @@ using nlohmann::ordered_json;
 
 namespace {
 
-const std::set<std::string> kTopLevel = {"name", "description", "include", "base", "grid", "zip",
+const std::set<std::string> kTopLevel = {"name", "description", "cluster", "include", "base", "grid", "zip",
                                          "seeds", "derive", "jobs", "threads"};
 
 ordered_json read_json(const fs::path& file) {

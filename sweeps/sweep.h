@@ -9,7 +9,8 @@
 //     "seeds": [1, 2],
 //     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
 //                "sample_budget": 2560},                           // train_iters = budget / B
-//     "jobs": 2, "threads": 1                  // optional: concurrent points, threads per point
+//     "jobs": 2, "threads": 1,                 // optional: concurrent points, threads per point
+//     "cluster": {"instance_type": "p4d.24xlarge", "nodes": 2}   // what a full-scale sweep was sized for
 //   }
 //
 // Points are the product of the grid, the zip groups and the seeds, in file order. Each

@@ -175,3 +175,17 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
 }
+
+TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
+  size_t files = 0;
+  for (const fs::path& dir : {fs::path(mb::testing::source_dir()) / "experiments",
+                             fs::path(mb::testing::source_dir()) / "experiments" / "paper"})
+    for (const auto& e : fs::directory_iterator(dir)) {
+      if (e.path().extension() != ".json") continue;
+      ++files;
+      const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/sweep run " + e.path().string() + " --dry-run");
+      EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.output;
+      EXPECT_NE(r.output.find(" points (runs in "), std::string::npos) << r.output;
+    }
+  EXPECT_GE(files, 7u);
+}
