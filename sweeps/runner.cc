@@ -143,6 +143,7 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
+// elapsed < 0: a status report, where `eta` holds the points' total wall time instead.
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
   int done = 0, running = 0, failed = 0, pending = 0;
   for (const auto& p : ps) {
@@ -153,8 +154,12 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   }
   std::vector<std::string> out;
   char buf[512];
-  std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | elapsed %s | ETA %s", done,
-                running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+  if (elapsed >= 0)
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | elapsed %s | ETA %s", done,
+                  running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+  else
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | point time %s", done, running,
+                  failed, pending, fmt_duration(eta).c_str());
   out.push_back(buf);
   size_t w = 5;
   for (const auto& p : ps) w = std::max(w, p.point->id.size());
@@ -427,7 +432,7 @@ int print_status(const fs::path& dir) {
   }
   double wall = 0;
   for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);
-  for (const auto& l : table_lines(ps, wall, -1)) std::cout << l << "\n";
+  for (const auto& l : table_lines(ps, -1, wall)) std::cout << l << "\n";
   return 0;
 }
 
