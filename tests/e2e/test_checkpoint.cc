@@ -21,15 +21,6 @@ namespace {
 
 class Checkpoint : public ::testing::Test {
  public:
-  static void SetUpTestSuite() {
-    data_ = new mb::testing::TempDir;
-    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + data_->path().string());
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
   // A small GPT (or BERT) run of 6 iterations, 2 micro-batches per step (so the noise
   // scale runs), dropout on.
   static std::string train(const fs::path& run, const std::string& extra, const std::string& type = "gpt") {
@@ -39,12 +30,10 @@ class Checkpoint : public ::testing::Test {
            " --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
            "--lr-decay-style cosine --log-interval 1 --eval-iters 0 --threads 1 --log-noise-scale "
            "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
-           (data_->path() / (bert ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
+           (mb::testing::brown_data() / (bert ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
            " --run-dir " + run.string() + " " + extra;
   }
-  static mb::testing::TempDir* data_;
 };
-mb::testing::TempDir* Checkpoint::data_ = nullptr;
 
 std::vector<double> series(const fs::path& metrics, const std::string& name) {
   mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
@@ -179,7 +168,7 @@ TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
   // gpt-mini's shapes: a checkpoint of 16 M parameters and two AdamW buffers takes a while to write.
   const std::string cmd = mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 1 --seq-length 32 "
                           "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c +
-                          " --save-interval 2 --data-path " + (data_->path() / "brown_gpt2_text_document").string() +
+                          " --save-interval 2 --data-path " + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
                           " --run-dir " + (tmp / "run").string();
   bool caught = false;
   for (int attempt = 0; attempt < 3 && !caught; ++attempt) {

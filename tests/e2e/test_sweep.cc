@@ -19,15 +19,6 @@ namespace {
 
 class Sweep : public ::testing::Test {
  public:
-  static void SetUpTestSuite() {
-    data_ = new mb::testing::TempDir;
-    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + data_->path().string());
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
   // A sweep file: tiny GPT, lamb and adamw, batch sizes 4 and 8, `budget` samples each.
   static fs::path write_sweep(const fs::path& dir, const std::string& name, int budget, const std::string& optimizers,
                               const std::string& extra_base = "") {
@@ -36,7 +27,7 @@ class Sweep : public ::testing::Test {
   "name": ")" + name + R"(",
   "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
            "micro_batch_size": 4, "lr": 0.002, "log_interval": 1, "eval_interval": 1000, "eval_iters": 2,
-           "data_path": [")" + (data_->path() / "brown_gpt2_text_document").string() + R"("],
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("],
            "hidden_dropout": 0.1, "attention_dropout": 0.1)" + extra_base + R"(},
   "grid": {"optimizer": [)" + optimizers + R"(]},
   "zip": {"global_batch_size": [4, 8]},
@@ -47,9 +38,7 @@ class Sweep : public ::testing::Test {
     return file;
   }
   static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
-  static mb::testing::TempDir* data_;
 };
-mb::testing::TempDir* Sweep::data_ = nullptr;
 
 std::vector<double> losses(const fs::path& metrics) {
   mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);

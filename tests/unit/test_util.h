@@ -72,6 +72,19 @@ void expect_error(Fn&& fn, const std::string& needle) {
 inline std::string source_dir() { return MEGABATCH_SOURCE_DIR; }
 inline std::string bin_dir() { return MEGABATCH_BIN_DIR; }
 
+// The default datasets (`preprocess brown`), made once per test program in a temporary
+// directory that lives until the program exits. Throws when preprocess fails.
+inline const std::filesystem::path& brown_data() {
+  static const TempDir dir;
+  static const bool made = [] {
+    const auto r = run_command(bin_dir() + "/preprocess brown --output-dir " + dir.path().string());
+    if (r.exit_code != 0) throw std::runtime_error("preprocess brown failed: " + r.output);
+    return true;
+  }();
+  (void)made;
+  return dir.path();
+}
+
 // Fails the test (with the remedy) when setup.sh has not installed the assets.
 #define MB_REQUIRE_ASSET(rel)                                                               \
   do {                                                                                      \
