@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/comm/communicator.h"
+#include "core/comm/mpi_communicator.h"
 #include "core/config/config.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/tokenizer.h"
@@ -32,6 +33,15 @@ namespace {
 // Exit status of a run stopped by SIGTERM or SIGUSR1 (after its checkpoint was written):
 // the sweep tool and Slurm requeue scripts read it as "resumable".
 constexpr int kExitStoppedBySignal = 3;
+
+// The first option whose value differs between two resolved configurations, as text.
+std::string first_difference(const json& a, const json& b) {
+  for (const auto& [k, x] : a.items())
+    if (!b.contains(k) || b[k] != x) return k + " is " + (b.contains(k) ? b[k].dump() : "unset") + " here, " + x.dump() + " on rank 0";
+  for (const auto& [k, x] : b.items())
+    if (!a.contains(k)) return k + " is " + x.dump() + " here, unset on rank 0";
+  return "(no single option)";
+}
 
 // The model's configuration as stored in checkpoints.
 json model_json(const mb::models::ModelConfig& c) {
@@ -256,7 +266,13 @@ int run(int argc, char** argv) {
   // --- batch, iterations, schedule
   mb::train::TrainOptions opt;
   opt.micro_batch_size = v["micro_batch_size"].get<int64_t>();
-  opt.global_batch_size = v.contains("global_batch_size") ? v["global_batch_size"].get<int64_t>() : opt.micro_batch_size;
+  // --- processes: tensor-parallel groups of contiguous ranks, data parallelism across them
+  auto parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
+  const int64_t dp_size = parallel.dp->size();
+  const bool logger = parallel.world_rank == 0;  // one rank writes the console, config.json and metrics.h5
+  if (!logger) std::cout.rdbuf(nullptr);
+  opt.global_batch_size =
+      v.contains("global_batch_size") ? v["global_batch_size"].get<int64_t>() : opt.micro_batch_size * dp_size;
   mb::check(opt.micro_batch_size >= 1 && opt.global_batch_size >= 1, "micro_batch_size and global_batch_size must be >= 1");
   mb::check(opt.global_batch_size % opt.micro_batch_size == 0, "global_batch_size (", opt.global_batch_size,
             ") must be a multiple of micro_batch_size (", opt.micro_batch_size, ")");
@@ -322,9 +338,7 @@ int run(int argc, char** argv) {
   const auto hparams = mb::optim::resolve_hparams(plugin, hp, "optimizer_params");
 
   // --- model, run directory, metrics
-  mb::comm::LocalCommunicator tp;
-  mb::check(mc.tensor_model_parallel_size == 1, "tensor_model_parallel_size ", mc.tensor_model_parallel_size,
-            " needs a multi-process launch (mpirun), which this build does not have yet; use 1");
+  mb::comm::Communicator& tp = *parallel.tp;
   auto model = mb::models::make_model(mc, tp, seed);
   // Samples of the model's family; validation draws from its own documents with seed + 1.
   uint64_t samples_per_epoch = 0;
@@ -365,8 +379,19 @@ int run(int argc, char** argv) {
   resolved["effective_min_lr"] = s.min_lr;
   resolved["optimizer_version"] = plugin.entry->version ? plugin.entry->version : "";
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
-  std::filesystem::create_directories(run_dir);
-  {
+  resolved["data_parallel_size"] = dp_size;
+  resolved["world_size"] = parallel.world_size;
+  if (parallel.world_size > 1) {  // every rank must run the same configuration
+    auto& world = static_cast<mb::comm::MpiCommunicator&>(*parallel.world);
+    const std::string mine = resolved.dump(), first = world.broadcast_string(mine, 0);
+    double differs = mine == first ? 0.0 : 1.0;
+    world.all_reduce(&differs, 1, mb::comm::ReduceOp::kMax);
+    mb::check(mine == first, "rank ", parallel.world_rank, " was started with a configuration that differs from rank 0's: ",
+              first_difference(json::parse(first), resolved), "; start every rank with the same options");
+    mb::check(differs == 0.0, "another rank was started with a different configuration (see its error)");
+  }
+  if (logger) std::filesystem::create_directories(run_dir);
+  if (logger) {
     mb::AtomicFile f(run_dir / "config.json");
     const std::string text = resolved.dump(2) + "\n";
     f.write(text.data(), text.size());
@@ -390,8 +415,10 @@ int run(int argc, char** argv) {
     }
   }
   const bool resuming = resume_from && !finetune;
-  auto metrics = resuming ? std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved, resume_state.iteration)
-                          : std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved);
+  std::unique_ptr<mb::io::MetricsFile> metrics;
+  if (logger)
+    metrics = resuming ? std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved, resume_state.iteration)
+                       : std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved);
 
   std::cout << "> " << model->summary() << "\n"
             << "> optimizer: " << plugin.name() << " " << plugin.entry->version << " (" << plugin.path.string()
@@ -410,7 +437,7 @@ int run(int argc, char** argv) {
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
   if (resume_from) {
     mb::io::load_checkpoint(*resume_from, model->parameters(), finetune || no_load_optim ? nullptr : &optimizer.state(),
-                            plugin.name());
+                            plugin.name(), mc.padded_vocab_size());
     std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
               << resume_from->string() << " (iteration " << resume_state.iteration << ", "
               << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")
@@ -421,6 +448,7 @@ int run(int argc, char** argv) {
   opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
   opt.checkpoint.optimizer_params = hp_resolved;
   mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
+  trainer.set_data_parallel(*parallel.dp);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();
   if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;
@@ -434,13 +462,22 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Under mpirun / srun / an MPIJob this process is one rank of the job.
+  const bool mpi = mb::comm::init_mpi_if_launched(&argc, &argv);
+  const std::string who = mpi ? "train (rank " + std::string(std::getenv("OMPI_COMM_WORLD_RANK") ? std::getenv("OMPI_COMM_WORLD_RANK")
+                                                             : std::getenv("PMIX_RANK") ? std::getenv("PMIX_RANK") : "?") + ")"
+                              : "train";
+  int status = 0;
   try {
-    return run(argc, argv);
+    status = run(argc, argv);
   } catch (const mb::Error& e) {
-    std::cerr << "train: error: " << e.what() << std::endl;
-    return 1;
+    std::cerr << who << ": error: " << e.what() << std::endl;
+    status = 1;
   } catch (const std::exception& e) {
-    std::cerr << "train: internal error: " << e.what() << std::endl;
-    return 2;
+    std::cerr << who << ": internal error: " << e.what() << std::endl;
+    status = 2;
   }
+  // A failing rank ends the whole job at once, so no other rank waits in a collective.
+  if (mpi && status != 0 && status != kExitStoppedBySignal) mb::comm::abort_job(status);
+  return status;
 }

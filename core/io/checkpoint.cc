@@ -60,9 +60,19 @@ void write_tensor(hid_t file, const std::string& name, const std::vector<float>&
         ": cannot write ", name, " (disk full?)");
 }
 
-// Reads dataset `name` (full shape `shape`) and returns it; errors name the mismatch.
+// The padded vocabulary of the checkpoint's model and of this run's: tensors with one row
+// per vocabulary entry (word embeddings, LM-head biases) may differ only in their padding
+// rows, as when a checkpoint written at one tensor-parallel size loads at another.
+struct VocabRows {
+  int64_t stored = -1, model = -1;
+};
+
+// Reads dataset `name` (full shape `shape`) and returns it in `shape`; errors name the
+// mismatch. A tensor whose first dimension is the padded vocabulary on both sides is
+// adapted: *valid_rows gets the rows copied (the others keep their current values).
 std::vector<float> read_tensor(hid_t file, const std::string& name, const std::vector<int64_t>& shape,
-                               const std::string& path, const std::string& what) {
+                               const std::string& path, const std::string& what, const VocabRows& vocab = {},
+                               int64_t* valid_rows = nullptr) {
   check(H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0, path, ": the checkpoint has no ", what);
   Handle d(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
   Handle space(H5Dget_space(d.id), H5Sclose);
@@ -70,10 +80,21 @@ std::vector<float> read_tensor(hid_t file, const std::string& name, const std::v
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
   H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
   const std::vector<int64_t> stored(dims.begin(), dims.end());
-  check(stored == shape, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
+  if (valid_rows) *valid_rows = shape.empty() ? 0 : shape[0];
+  const bool repadded = stored != shape && !stored.empty() && stored.size() == shape.size() &&
+                        stored[0] == vocab.stored && shape[0] == vocab.model &&
+                        std::equal(stored.begin() + 1, stored.end(), shape.begin() + 1);
+  check(stored == shape || repadded, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
         shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
-  std::vector<float> out(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
-  check(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0, path, ": cannot read ", what);
+  std::vector<float> in(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
+  check(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, in.data()) >= 0, path, ": cannot read ", what);
+  if (!repadded) return in;
+  int64_t row = 1;
+  for (size_t k = 1; k < shape.size(); ++k) row *= shape[k];
+  const int64_t rows = std::min(stored[0], shape[0]);
+  std::vector<float> out(static_cast<size_t>(shape[0] * row), 0.0f);
+  std::copy(in.begin(), in.begin() + rows * row, out.begin());
+  if (valid_rows) *valid_rows = rows;
   return out;
 }
 
@@ -233,17 +254,27 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
 }
 
 void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer) {
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab) {
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, p, ": cannot open the checkpoint");
   std::vector<std::string> stored = members(f.id, "params");
+  const VocabRows vocab{state.model.value("padded_vocab_size", int64_t{-1}), expected_padded_vocab};
+  // element j of a parameter-shaped tensor: copy from the checkpoint unless its row is a
+  // padding row the checkpoint does not have
+  auto copy_in = [](const nn::ParamInfo& info, const std::vector<float>& full, int64_t valid_rows, float* dst) {
+    const int64_t row = info.full_shape.size() > 1 ? info.full_shape[1] : 1;
+    for (size_t j = 0; j < info.numel; ++j) {
+      const int64_t at = info.full_index(static_cast<int64_t>(j));
+      if (at / row < valid_rows) dst[j] = full[static_cast<size_t>(at)];
+    }
+  };
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
-    const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'");
-    float* dst = store.param(static_cast<int>(i));
-    for (size_t j = 0; j < info.numel; ++j) dst[j] = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+    int64_t valid = 0;
+    const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
+    copy_in(info, full, valid, store.param(static_cast<int>(i)));
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
   check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
@@ -255,9 +286,10 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
         ", or load only the model with --no-load-optim");
   for (auto& [key, t] : *optimizer) {
     const nn::ParamInfo& info = store.info(store.find(key.first));
+    int64_t valid = 0;
     const auto full = read_tensor(f.id, "optimizer/" + key.first + "/" + key.second, info.full_shape, p,
-                                  "optimizer state '" + key.second + "' of " + key.first);
-    for (size_t j = 0; j < info.numel; ++j) t[j] = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+                                  "optimizer state '" + key.second + "' of " + key.first, vocab, &valid);
+    copy_in(info, full, valid, t.data());
   }
 }
 

@@ -65,8 +65,12 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& file);
 // Loads every parameter (each shard its slice of the stored full tensor) and, when
 // `optimizer` is given, its state, refusing with a message that names the mismatch: a
 // parameter missing on either side or of another shape, optimizer state from another
-// plugin (`expected_optimizer`) or missing a buffer.
+// plugin (`expected_optimizer`) or missing a buffer. Tensors with one row per padded
+// vocabulary entry may differ in their padding (the vocabulary is padded to a multiple of
+// 128 x TP, so a checkpoint written at TP 2 has more rows than the model at TP 1): given
+// this run's padded vocabulary, the rows both have are loaded and the rest keep their
+// values.
 void load_checkpoint(const std::filesystem::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer);
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab = -1);
 
 }  // namespace megabatch::io

@@ -76,31 +76,55 @@ std::string format(const char* fmt, auto... args) {
 }
 }  // namespace
 
+void Trainer::set_data_parallel(comm::Communicator& dp) {
+  check(opt_.global_batch_size % (opt_.micro_batch_size * dp.size()) == 0, "global_batch_size (",
+        opt_.global_batch_size, ") must be a multiple of micro_batch_size x data-parallel size (",
+        opt_.micro_batch_size, " x ", dp.size(), ")");
+  dp_ = &dp;
+}
+
 void Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   const double lr = opt_.schedule.lr(consumed_);
   ++iteration_;
-  const int64_t micro_batches = opt_.global_batch_size / opt_.micro_batch_size;
+  // Data parallelism: rank r of D takes the r-th contiguous share of the global batch, in
+  // micro-batches; micro-batch indices (which key dropout) are global, so D ranks compute
+  // what one process with D times the accumulation steps computes.
+  const int64_t D = dp_->size(), r = dp_->rank();
+  const int64_t local = opt_.global_batch_size / (opt_.micro_batch_size * D);  // micro-batches on this rank
+  const int64_t micro_batches = local * D;                                    // in the whole global batch
   model_.parameters().zero_grad();
   double loss = 0, small_sq = 0;
   std::vector<double> extra;  // the model's extra loss terms (BERT's sop loss), mean over micro-batches
   std::vector<std::string> extra_names;
-  for (int64_t m = 0; m < micro_batches; ++m) {
+  for (int64_t k = 0; k < local; ++k) {
+    const int64_t m = r * local + k;
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     const StepContext ctx{opt_.seed, iteration_, m, true};
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     model_.backward();
     loss += out.mean() / static_cast<double>(micro_batches);
-    if (m == 0) extra.assign(out.extra.size(), 0.0);
-    for (size_t k = 0; k < out.extra.size() && k < extra.size(); ++k)
-      extra[k] += out.extra[k].mean() / static_cast<double>(micro_batches);
-    if (m == 0) extra_names.clear();
-    if (m == 0)
+    if (k == 0) extra.assign(out.extra.size(), 0.0);
+    for (size_t e = 0; e < out.extra.size() && e < extra.size(); ++e)
+      extra[e] += out.extra[e].mean() / static_cast<double>(micro_batches);
+    if (k == 0) extra_names.clear();
+    if (k == 0)
       for (const auto& t : out.extra) extra_names.push_back(t.name);
-    if (opt_.noise_scale && m == 0) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
+    if (opt_.noise_scale && k == 0) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
       const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
       small_sq = n1 * n1;
     }
+  }
+  if (D > 1) {
+    // the mean gradient of the global batch: sum the ranks' shares, in buckets
+    float* g = model_.parameters().grads();
+    const size_t n = model_.parameters().flat_size(), bucket = size_t{1} << 22;
+    for (size_t at = 0; at < n; at += bucket) dp_->all_reduce(g + at, std::min(bucket, n - at), comm::ReduceOp::kSum);
+    std::vector<double> losses = {loss};
+    losses.insert(losses.end(), extra.begin(), extra.end());
+    dp_->all_reduce(losses.data(), losses.size(), comm::ReduceOp::kSum);
+    loss = losses[0];
+    for (size_t e = 0; e < extra.size(); ++e) extra[e] = losses[e + 1];
   }
   const double norm = optim::grad_norm(model_.parameters(), tp_);
   if (opt_.noise_scale && std::isfinite(norm) && std::isfinite(small_sq))
@@ -238,8 +262,11 @@ std::filesystem::path Trainer::save_checkpoint() {
                  {"decay_samples", sc.decay_samples}, {"style", optim::decay_style_name(sc.style)}, {"power", sc.power},
                  {"lr", sc.lr(consumed_)}}}};
   const auto t0 = std::chrono::steady_clock::now();
-  const auto path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &optimizer_.state(),
-                                        opt_.keep_checkpoints);
+  // Data-parallel replicas are identical: the first tensor-parallel group writes.
+  std::filesystem::path path = io::checkpoint_path(opt_.save_dir, iteration_);
+  if (dp_->rank() == 0)
+    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &optimizer_.state(), opt_.keep_checkpoints);
+  dp_->barrier();
   last_saved_ = iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   console_ << format(" saved checkpoint at iteration %8lld to %s (%.1f s)", static_cast<long long>(iteration_),

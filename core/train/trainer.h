@@ -81,6 +81,9 @@ class Trainer {
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
   // trainer's own state. Parameters and optimizer state are loaded by io::load_checkpoint.
   void restore(const io::CheckpointState& state);
+  // Data parallelism over `dp` (default: none): each rank takes its share of every global
+  // batch and gradients are averaged over the group. Must outlive the trainer.
+  void set_data_parallel(comm::Communicator& dp);
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
   // Mean validation losses over eval_iters global batches (no dropout, no gradients):
@@ -97,6 +100,8 @@ class Trainer {
   Model& model_;
   optim::PluginOptimizer& optimizer_;
   comm::Communicator& tp_;
+  comm::LocalCommunicator no_dp_;
+  comm::Communicator* dp_ = &no_dp_;
   BatchSource& train_;
   BatchSource* valid_;
   io::MetricsFile* metrics_;

@@ -1,0 +1,132 @@
+#include "core/comm/mpi_communicator.h"
+
+// the C API only (Open MPI would otherwise pull in its removed C++ bindings)
+#define OMPI_SKIP_MPICXX 1
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace megabatch::comm {
+namespace {
+
+bool g_active = false;
+
+MPI_Comm handle(void* c) { return reinterpret_cast<MPI_Comm>(c); }
+
+MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::kSum ? MPI_SUM : MPI_MAX; }
+
+void check_mpi(int rc, const char* what) {
+  if (rc == MPI_SUCCESS) return;
+  char msg[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(rc, msg, &len);
+  fail("MPI ", what, " failed: ", std::string(msg, static_cast<size_t>(len)));
+}
+
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+}  // namespace
+
+bool init_mpi_if_launched(int* argc, char*** argv) {
+  // Open MPI's mpirun, PMIx launchers (srun --mpi=pmix, MPIJob) and PMI-1 set these.
+  const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMIX_RANK") || std::getenv("PMI_RANK");
+  if (!launched) return false;
+  int provided = 0;
+  check_mpi(MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided), "init");
+  // Errors come back as codes (and become Errors here) instead of aborting silently.
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  g_active = true;
+  std::atexit(finalize_at_exit);
+  return true;
+}
+
+bool mpi_active() { return g_active; }
+
+void abort_job(int status) {
+  if (g_active) MPI_Abort(MPI_COMM_WORLD, status);
+  std::exit(status);
+}
+
+MpiCommunicator::MpiCommunicator(void* comm, bool owned) : comm_(comm), owned_(owned) {
+  MPI_Comm_rank(handle(comm_), &rank_);
+  MPI_Comm_size(handle(comm_), &size_);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (owned_) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) {
+      MPI_Comm c = handle(comm_);
+      MPI_Comm_free(&c);
+    }
+  }
+}
+
+void MpiCommunicator::all_reduce(float* data, size_t n, ReduceOp op) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, mpi_op(op), handle(comm_)), "all-reduce");
+}
+
+void MpiCommunicator::all_reduce(double* data, size_t n, ReduceOp op) {
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), handle(comm_)), "all-reduce");
+}
+
+void MpiCommunicator::all_gather(const float* in, float* out, size_t n) {
+  check_mpi(MPI_Allgather(in == out ? MPI_IN_PLACE : in, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT,
+                          handle(comm_)),
+            "all-gather");
+}
+
+void MpiCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
+  check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_)), "reduce-scatter");
+}
+
+void MpiCommunicator::broadcast(float* data, size_t n, int root) {
+  check_mpi(MPI_Bcast(data, static_cast<int>(n), MPI_FLOAT, root, handle(comm_)), "broadcast");
+}
+
+void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(handle(comm_)), "barrier"); }
+
+std::string MpiCommunicator::broadcast_string(const std::string& s, int root) {
+  int n = static_cast<int>(s.size());
+  check_mpi(MPI_Bcast(&n, 1, MPI_INT, root, handle(comm_)), "broadcast");
+  std::string out = rank_ == root ? s : std::string(static_cast<size_t>(n), '\0');
+  check_mpi(MPI_Bcast(out.data(), n, MPI_CHAR, root, handle(comm_)), "broadcast");
+  return out;
+}
+
+ParallelState ParallelState::create(int tp_size) {
+  ParallelState ps;
+  if (!g_active) {
+    check(tp_size == 1, "tensor_model_parallel_size ", tp_size, " needs ", tp_size,
+          " processes: launch with mpirun -np N (N a multiple of ", tp_size, "), srun or an MPIJob");
+    ps.world = std::make_unique<LocalCommunicator>();
+    ps.tp = std::make_unique<LocalCommunicator>();
+    ps.dp = std::make_unique<LocalCommunicator>();
+    return ps;
+  }
+  MPI_Comm_rank(MPI_COMM_WORLD, &ps.world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &ps.world_size);
+  check(tp_size >= 1 && ps.world_size % tp_size == 0, "tensor_model_parallel_size ", tp_size,
+        " does not divide the ", ps.world_size, " ranks of this job; launch a multiple of it");
+  MPI_Comm tp = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ps.world_rank / tp_size, ps.world_rank % tp_size, &tp), "split (tp)");
+  check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ps.world_rank % tp_size, ps.world_rank / tp_size, &dp), "split (dp)");
+  MPI_Comm_set_errhandler(tp, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(dp, MPI_ERRORS_RETURN);
+  ps.world = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(MPI_COMM_WORLD), false);
+  ps.tp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(tp), true);
+  ps.dp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(dp), true);
+  return ps;
+}
+
+}  // namespace megabatch::comm

@@ -1,0 +1,61 @@
+// MpiCommunicator: the collectives over an MPI communicator (Debian's Open MPI), for CPU
+// runs started by mpirun, srun --mpi=pmix or a Kubernetes MPIJob. ParallelState splits
+// the world into tensor-parallel groups of contiguous ranks and data-parallel groups of
+// the ranks that hold the same shard.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/comm/communicator.h"
+
+namespace megabatch::comm {
+
+// Starts MPI when this process was launched as an MPI rank (mpirun, srun, MPIJob: their
+// environment says so) and returns true; otherwise runs without MPI and returns false.
+// Finalizes at exit.
+bool init_mpi_if_launched(int* argc, char*** argv);
+// True after init_mpi_if_launched started MPI.
+bool mpi_active();
+// Ends the whole job (every rank) with this exit status: a rank that fails calls it so
+// that no other rank waits forever in a collective.
+[[noreturn]] void abort_job(int status);
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Wraps an MPI_Comm handle given as its integer/pointer value (kept opaque here so that
+  // this header does not include mpi.h). Owns (frees) it when owned is true.
+  MpiCommunicator(void* comm, bool owned);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  void all_reduce(float* data, size_t n, ReduceOp op) override;
+  void all_reduce(double* data, size_t n, ReduceOp op) override;
+  void all_gather(const float* in, float* out, size_t n) override;
+  void reduce_scatter(const float* in, float* out, size_t n) override;
+  void broadcast(float* data, size_t n, int root) override;
+  void barrier() override;
+  // Broadcasts a string from root (used to check that every rank has the same configuration).
+  std::string broadcast_string(const std::string& s, int root);
+
+ private:
+  void* comm_;
+  bool owned_;
+  int rank_ = 0, size_ = 1;
+};
+
+// World, tensor-parallel and data-parallel groups (Megatron's layout: tensor-parallel
+// groups are blocks of tp contiguous ranks; a data-parallel group holds the ranks with the
+// same position in their block).
+struct ParallelState {
+  std::unique_ptr<Communicator> world, tp, dp;
+  int world_rank = 0, world_size = 1;
+  // With MPI active: splits MPI_COMM_WORLD (its size must be a multiple of tp_size).
+  // Without: one rank, local communicators.
+  static ParallelState create(int tp_size);
+};
+
+}  // namespace megabatch::comm

@@ -1,0 +1,154 @@
+// Multi-process training under mpirun (Open MPI, oversubscribed on this machine): tensor
+// parallel, data parallel and both together reproduce the single-process run to fp32
+// tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a checkpoint
+// written at TP 2 loads at TP 1 and TP 4, and a job whose ranks disagree or die ends with a
+// non-zero status that names the rank.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+std::string mpirun(int np) {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np " +
+         std::to_string(np) + " ";
+}
+
+// 4 heads, so TP 1, 2 and 4 all split it. The vocabulary is padded to a multiple of
+// 128 x TP, and the padding rows take part in the softmax: runs to compare use
+// same_padding(tp), which pads GPT-2's 50257 to 51200 at every TP.
+std::string same_padding(int tp) { return " --make-vocab-size-divisible-by " + std::to_string(2048 / tp) + " "; }
+
+std::string train(const fs::path& run, const std::string& extra) {
+  return mb::testing::bin_dir() + "/train --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 "
+         "--micro-batch-size 2 --global-batch-size 8 --train-iters 4 --lr 3e-3 --log-interval 1 --eval-iters 0 "
+         "--threads 1 --hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
+         (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " " + extra;
+}
+
+std::vector<double> series(const fs::path& run, const std::string& name) {
+  mb::testing::H5File f((run / "metrics.h5").string(), mb::testing::H5File::kRead);
+  return f.read<double>(name);
+}
+
+void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], rel * std::max(1.0, std::abs(b[i]))) << what << "[" << i << "]";
+}
+
+class Mpi : public ::testing::Test {
+ protected:
+  // The single-process reference: micro batch 2, global batch 8 (4 accumulation steps).
+  static void SetUpTestSuite() {
+    ref_ = new mb::testing::TempDir;
+    const auto r = mb::testing::run_command(train(ref_->path() / "run", "--optimizer lamb --diagnostics-interval 1" + same_padding(1)));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    ref_ = nullptr;
+  }
+  static fs::path reference() { return ref_->path() / "run"; }
+  // 4 iterations of 8 samples: losses and gradient norms to fp32 tolerance (the sums of
+  // partial products come in another order).
+  static void expect_matches_reference(int np, int tp) {
+    mb::testing::TempDir tmp;
+    const std::string extra = "--tensor-model-parallel-size " + std::to_string(tp) + same_padding(tp);
+    const auto r = mb::testing::run_command(mpirun(np) + train(tmp / "run", "--optimizer lamb --diagnostics-interval 1 " + extra));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* s : {"train/lm_loss", "train/grad_norm"})
+      expect_close(series(tmp / "run", s), series(reference(), s), 2e-5, std::to_string(np) + " ranks " + extra + ": " + s);
+    // LAMB's per-tensor norms and trust ratios: sharded norms reduced over the group once
+    for (const char* s : {"optimizer/trust_ratio", "optimizer/weight_norm", "optimizer/update_norm"})
+      expect_close(series(tmp / "run", s), series(reference(), s), 2e-5, std::to_string(np) + " ranks " + extra + ": " + s);
+    mb::testing::H5File f((tmp / "run" / "metrics.h5").string(), mb::testing::H5File::kRead);
+    EXPECT_EQ(f.read_strings("optimizer/tensor_names").size(), 28u);
+  }
+  static mb::testing::TempDir* ref_;
+};
+mb::testing::TempDir* Mpi::ref_ = nullptr;
+
+}  // namespace
+
+TEST_F(Mpi, TensorParallelTwoMatchesOneProcess) { expect_matches_reference(2, 2); }
+
+TEST_F(Mpi, DataParallelTwoMatchesOneProcessWithTwiceTheAccumulation) { expect_matches_reference(2, 1); }
+
+TEST_F(Mpi, TwoByTwoMatchesOneProcess) { expect_matches_reference(4, 2); }
+
+TEST_F(Mpi, TensorParallelFourMatchesOneProcess) { expect_matches_reference(4, 4); }
+
+TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string();
+  auto r = mb::testing::run_command(mpirun(2) + train(tmp / "tp2", "--tensor-model-parallel-size 2 --exit-interval 2 --save " + c + same_padding(2)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // Parameters and optimizer state are stored whole: TP 1 and TP 4 continue from
+  // iteration 2 to the losses of the uninterrupted TP 1 run.
+  r = mb::testing::run_command(train(tmp / "tp1", "--load " + c + same_padding(1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
+  r = mb::testing::run_command(mpirun(4) + train(tmp / "tp4", "--tensor-model-parallel-size 4 --load " + c + same_padding(4)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "whole", same_padding(1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto whole = series(tmp / "whole", "train/lm_loss");
+  ASSERT_EQ(whole.size(), 4u);
+  for (const char* run : {"tp1", "tp4"}) {
+    const auto a = series(tmp / run, "train/lm_loss");
+    ASSERT_EQ(a.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
+  }
+  // With the default padding (128 x TP) the vocabulary-row tensors differ in padding rows
+  // only; the rows both have load and the run continues.
+  const std::string d = (tmp / "d").string();
+  r = mb::testing::run_command(mpirun(2) + train(tmp / "tp2b", "--tensor-model-parallel-size 2 --train-iters 2 --save " + d));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "tp1b", "--load " + d));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto b = series(tmp / "tp1b", "train/lm_loss");
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_LT(b[0], 11.0);
+}
+
+TEST_F(Mpi, RanksStartedWithDifferentConfigurationsAreRefused) {
+  mb::testing::TempDir tmp;
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto r = mb::testing::run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 " + train(tmp / "run", "--lr 1e-3") +
+      " : -np 1 " + train(tmp / "run", "--lr 2e-3"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with a configuration that differs from rank 0's: "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("0.002 here, 0.001 on rank 0"), std::string::npos)
+      << r.output;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
+}
+
+TEST_F(Mpi, ARankThatDiesEndsTheJob) {
+  mb::testing::TempDir tmp;
+  const std::string log = (tmp / "log").string();
+  const auto t0 = std::chrono::steady_clock::now();
+  // start a long DP=2 run, wait for its second iteration line, SIGKILL one rank
+  const auto r = mb::testing::run_command(
+      "(" + std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 ") +
+      train(tmp / "run", "--train-iters 100000") + " > " + log + " 2>&1; echo exit=$? >> " + log + ") & " +
+      "for i in $(seq 600); do grep -q 'iteration  *2/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
+      "pkill -9 -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
+  EXPECT_EQ(r.output.find("exit=0"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("exit=124"), std::string::npos) << "the job hung:\n" << r.output;
+  EXPECT_NE(r.output.find("exit="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "mpirun names the rank that died:\n" << r.output;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 90.0);
+}
