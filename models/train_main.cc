@@ -385,10 +385,14 @@ int run(int argc, char** argv) {
     auto& world = static_cast<mb::comm::MpiCommunicator&>(*parallel.world);
     const std::string mine = resolved.dump(), first = world.broadcast_string(mine, 0);
     double differs = mine == first ? 0.0 : 1.0;
+    if (differs != 0.0)  // said before any rank stops the job, so the message is not lost in the abort
+      std::cerr << "train (rank " << parallel.world_rank << "): error: rank " << parallel.world_rank
+                << " was started with a configuration that differs from rank 0's: "
+                << first_difference(json::parse(first), resolved) << "; start every rank with the same options"
+                << std::endl;
     world.all_reduce(&differs, 1, mb::comm::ReduceOp::kMax);
-    mb::check(mine == first, "rank ", parallel.world_rank, " was started with a configuration that differs from rank 0's: ",
-              first_difference(json::parse(first), resolved), "; start every rank with the same options");
-    mb::check(differs == 0.0, "another rank was started with a different configuration (see its error)");
+    mb::check(differs == 0.0, mine == first ? "another rank was started with a different configuration (see its error)"
+                                            : "this rank's configuration differs from rank 0's (see above)");
   }
   if (logger) std::filesystem::create_directories(run_dir);
   if (logger) {
