@@ -1,0 +1,186 @@
+#!/usr/bin/python3
+"""Sizing jobs for AWS instance types (launchers/instances.json).
+
+  plan.py check   --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 [--global-batch 4096]
+  plan.py scaling --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 --global-batch 4096
+                  [--efficiency 0.4]
+
+`check` refuses layouts that do not fit: nodes x GPUs not a multiple of TP, TP spanning
+nodes, a global batch that micro batch x data parallelism does not divide, or a per-GPU
+memory estimate (bf16 weights, fp32 gradients, master weights and Adam moments: 18 bytes
+per parameter of the rank's shard, plus activations per sample times the micro batch, plus
+10% for workspace) above the GPU's memory. The model's sizes come from
+`train --model M --tensor-model-parallel-size T --print-params`; --params/--layers/--hidden/
+--seq/--state-bytes/--act-bytes give them directly.
+
+`scaling` estimates one optimizer step:
+  compute = (6 N + 12 L S H) FLOPs per token x tokens per step / (GPUs x peak x efficiency)
+  TP      = per micro-batch and layer, 4 all-reduces (2 forward, 2 backward) of micro x S x H
+            bf16 values inside a node: 2 (T-1)/T x bytes / GPU-link bandwidth each
+  DP      = one all-reduce of the rank's fp32 gradients (4 N / T bytes): 2 (D-1)/D x bytes
+            / bandwidth, over the GPU links inside one node, over EFA (the node's network
+            bandwidth shared by its GPUs) across nodes
+and assumes no overlap of communication with compute (an upper bound on step time). It says
+which term dominates and the smallest global batch for which compute is at least all
+communication ("keeps the GPUs busy").
+"""
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def instances():
+    with open(os.path.join(HERE, "instances.json")) as f:
+        return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+
+
+def model_sizes(model, tp, train=None):
+    """Sizes of a preset from train --print-params: parameters, per-rank parameters,
+    per-rank bytes of weights + optimizer state (bf16 mixed precision), activation bytes per
+    sample per rank, layers, hidden, seq."""
+    train = train or os.path.join(HERE, "..", "build", "bin", "train")
+    out = subprocess.run([train, "--model", model, "--tensor-model-parallel-size", str(tp), "--print-params"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit(f"plan.py: {train} --model {model} failed: {out.stderr.strip()}")
+    text = out.stdout
+
+    def grab(pattern):
+        m = re.search(pattern, text)
+        if not m:
+            sys.exit(f"plan.py: unexpected output of train --print-params:\n{text}")
+        return m.group(1)
+    unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+    mixed = re.search(r"bf16 mixed precision \+ Adam per rank: ([\d.]+) (\w+)", text)
+    act = re.search(r"activations per sample per rank: ([\d.]+) (\w+)", text)
+    head = re.search(r"\((\d+)(?: \+ (\d+))? layers, hidden (\d+), .*seq (\d+)", text)
+    return {
+        "params": int(grab(r"parameters:\s+(\d+)")),
+        "params_per_rank": int(grab(r"parameters per rank:\s+(\d+)")),
+        "state_bytes": float(mixed.group(1)) * unit[mixed.group(2)],
+        "act_bytes": float(act.group(1)) * unit[act.group(2)],
+        "layers": int(head.group(1)) + int(head.group(2) or 0),
+        "hidden": int(head.group(3)),
+        "seq": int(head.group(4)),
+    }
+
+
+def check(inst, nodes, tp, micro, global_batch, sizes):
+    """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes."""
+    problems = []
+    gpus = inst["gpus"] * nodes
+    if gpus % tp:
+        problems.append(f"nodes x GPUs = {nodes} x {inst['gpus']} = {gpus} is not a multiple of TP {tp}")
+    if tp > inst["gpus"]:
+        problems.append(f"TP {tp} would span nodes ({inst['gpus']} GPUs per node); keep tensor parallelism "
+                        f"inside a node (NVLink/PCIe), use data parallelism across nodes")
+    dp = max(1, gpus // tp)
+    if global_batch and global_batch % (micro * dp):
+        problems.append(f"global batch {global_batch} is not a multiple of micro batch x data parallelism = "
+                        f"{micro} x {dp}")
+    memory = 1.1 * (sizes["state_bytes"] + sizes["act_bytes"] * micro)
+    limit = inst["gpu_memory_GiB"] * 2**30
+    if memory > limit:
+        problems.append(f"estimated {memory / 2**30:.1f} GiB per GPU (weights + optimizer state "
+                        f"{sizes['state_bytes'] / 2**30:.1f} GiB, activations {sizes['act_bytes'] * micro / 2**30:.1f} GiB "
+                        f"for micro batch {micro}, +10%) exceeds the {inst['gpu']}'s {inst['gpu_memory_GiB']} GiB; "
+                        f"raise TP or lower the micro batch")
+    return problems, memory
+
+
+def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency):
+    gpus = inst["gpus"] * nodes
+    dp = gpus // tp
+    N, L, H, S = sizes["params"], sizes["layers"], sizes["hidden"], sizes["seq"]
+    tokens = global_batch * S
+    flops = (6 * N + 12 * L * S * H) * tokens
+    compute = flops / (gpus * inst["peak_tflops"] * 1e12 * efficiency)
+    link = inst["gpu_link_GBps"] * 1e9  # bytes/s per GPU inside a node
+    micro_batches = global_batch // (micro * dp)  # per rank per step
+    tp_bytes = micro * S * H * 2
+    tp_time = 0.0 if tp == 1 else micro_batches * L * 4 * (2 * (tp - 1) / tp) * tp_bytes / link
+    grad_bytes = 4 * N / tp
+    if dp == 1:
+        dp_time = 0.0
+        dp_bw = float("inf")
+    else:
+        dp_bw = link if nodes == 1 else inst["network_Gbps"] / 8 * 1e9 / inst["gpus"]
+        dp_time = (2 * (dp - 1) / dp) * grad_bytes / dp_bw
+    terms = {"compute": compute, "tensor-parallel all-reduces": tp_time, "data-parallel gradient all-reduce": dp_time}
+    # compute and TP time grow with the global batch, the gradient all-reduce does not:
+    # a G + b G >= c -> smallest G with compute >= communication
+    a, b = compute / global_batch, tp_time / global_batch
+    step = micro * dp
+    if a <= b:
+        busy = None
+    else:
+        busy = max(step, math.ceil(dp_time / (a - b) / step) * step)
+    return {"gpus": gpus, "dp": dp, "terms": terms, "step_s": sum(terms.values()),
+            "dominant": max(terms, key=terms.get), "busy_global_batch": busy, "dp_bandwidth_Bps": dp_bw}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", choices=["check", "scaling"])
+    p.add_argument("--instance", required=True)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--model")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, default=0)
+    p.add_argument("--efficiency", type=float, default=0.4, help="achieved fraction of peak FLOP/s (default 0.4)")
+    for k in ["params", "layers", "hidden", "seq"]:
+        p.add_argument(f"--{k}", type=int)
+    p.add_argument("--state-bytes", type=float, help="per-rank bytes of weights + optimizer state")
+    p.add_argument("--act-bytes", type=float, help="per-rank activation bytes per sample")
+    p.add_argument("--train", help="the train program (default: ../build/bin/train)")
+    a = p.parse_args(argv)
+    table = instances()
+    if a.instance not in table:
+        sys.exit(f"plan.py: unknown instance type '{a.instance}'; known: {', '.join(sorted(table))}")
+    inst = table[a.instance]
+    if a.model:
+        sizes = model_sizes(a.model, a.tp, a.train)
+    else:
+        missing = [k for k in ["params", "layers", "hidden", "seq", "state_bytes", "act_bytes"] if getattr(a, k) is None]
+        if missing:
+            sys.exit(f"plan.py: give --model, or --{' --'.join(m.replace('_', '-') for m in missing)}")
+        sizes = {"params": a.params, "layers": a.layers, "hidden": a.hidden, "seq": a.seq,
+                 "state_bytes": a.state_bytes, "act_bytes": a.act_bytes}
+    problems, memory = check(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes)
+    gpus = inst["gpus"] * a.nodes
+    print(f"{a.nodes} x {a.instance} = {gpus} {inst['gpu']}; TP {a.tp} x DP {max(1, gpus // a.tp)}; "
+          f"memory estimate {memory / 2**30:.1f} of {inst['gpu_memory_GiB']} GiB per GPU")
+    if problems:
+        for pr in problems:
+            print("does not fit: " + pr)
+        return 1
+    if a.command == "scaling":
+        if not a.global_batch:
+            sys.exit("plan.py scaling: give --global-batch")
+        r = scaling(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.efficiency)
+        print(f"step time estimate {r['step_s'] * 1e3:.1f} ms (no overlap of communication with compute):")
+        for k, v in r["terms"].items():
+            print(f"  {k:36s} {v * 1e3:10.2f} ms")
+        print(f"dominant: {r['dominant']}")
+        if r["busy_global_batch"]:
+            print(f"smallest global batch with compute >= communication: {r['busy_global_batch']}")
+        else:
+            print("tensor-parallel traffic alone exceeds compute at any global batch: lower TP")
+        print(f"assumptions: {a.efficiency:.0%} of {inst['peak_tflops']} TFLOP/s {inst['precision']} peak per GPU; "
+              f"TP all-reduces over {inst['gpu_link']} at {inst['gpu_link_GBps']} GB/s per GPU; gradient all-reduce "
+              f"over {'EFA at ' + str(inst['network_Gbps']) + ' Gbit/s per node shared by ' + str(inst['gpus']) + ' GPUs' if a.nodes > 1 else inst['gpu_link']}; "
+              f"ring all-reduce, fp32 gradients, bf16 activations, no overlap")
+    else:
+        print("fits")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

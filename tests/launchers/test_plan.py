@@ -1,0 +1,79 @@
+"""launchers/plan.py against hand-computed cases."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "launchers"))
+import plan  # noqa: E402
+
+GiB = 2**30
+
+
+class Scaling(unittest.TestCase):
+    def test_two_p4d_nodes_tp2(self):
+        # 1e9 parameters, 24 layers, hidden 2048, seq 1024; micro 4, global 64, 50% of peak.
+        # By hand: 16 GPUs, DP 8. FLOPs per token 6e9 + 12*24*1024*2048 = 6,603,979,776;
+        # x 65,536 tokens = 4.327984e14; / (16 x 312e12 x 0.5 = 2.496e15) = 0.1733968 s.
+        # TP: 64 / (4 x 8) = 2 micro-batches x 24 layers x 4 all-reduces x 2(1/2) x
+        # (4 x 1024 x 2048 x 2 = 16,777,216 B) / 300e9 B/s = 0.0107374 s.
+        # DP: 2 x 7/8 x (4e9 / 2 = 2e9 B) / (400e9 / 8 / 8 = 6.25e9 B/s) = 0.56 s.
+        # Busy: 0.56 / ((0.1733968 - 0.0107374) / 64) = 220.3 -> next multiple of 32: 224.
+        inst = plan.instances()["p4d.24xlarge"]
+        sizes = {"params": 10**9, "layers": 24, "hidden": 2048, "seq": 1024}
+        r = plan.scaling(inst, 2, 2, 4, 64, sizes, 0.5)
+        self.assertEqual(r["gpus"], 16)
+        self.assertEqual(r["dp"], 8)
+        self.assertAlmostEqual(r["terms"]["compute"], 0.1733968, places=6)
+        self.assertAlmostEqual(r["terms"]["tensor-parallel all-reduces"], 0.0107374, places=6)
+        self.assertAlmostEqual(r["terms"]["data-parallel gradient all-reduce"], 0.56, places=9)
+        self.assertEqual(r["dominant"], "data-parallel gradient all-reduce")
+        self.assertEqual(r["busy_global_batch"], 224)
+
+    def test_one_p5_node_all_tensor_parallel(self):
+        # TP 8 on one node: DP 1, no gradient all-reduce; TP traffic over NVLink (450 GB/s).
+        # compute: (6 x 2e8 + 12 x 12 x 512 x 1024) x (32 x 512) / (8 x 989e12 x 0.4)
+        #        = 1,275,497,472 x 16,384 / 3.1648e15 = 20,897,750,581,248 / 3.1648e15 = 6.60318 ms
+        # TP: 32 / 8 = 4 micro-batches x 12 layers x 4 x 2(7/8) x (8 x 512 x 1024 x 2) / 450e9
+        #        = 4 x 12 x 4 x 1.75 x 8,388,608 / 450e9 = 6.26349 ms
+        inst = plan.instances()["p5.48xlarge"]
+        sizes = {"params": 2 * 10**8, "layers": 12, "hidden": 1024, "seq": 512}
+        r = plan.scaling(inst, 1, 8, 8, 32, sizes, 0.4)
+        self.assertEqual(r["dp"], 1)
+        self.assertAlmostEqual(r["terms"]["compute"] * 1e3, 6.60318, places=4)
+        self.assertAlmostEqual(r["terms"]["tensor-parallel all-reduces"] * 1e3, 6.26349, places=4)
+        self.assertEqual(r["terms"]["data-parallel gradient all-reduce"], 0.0)
+        self.assertEqual(r["dominant"], "compute")
+        self.assertEqual(r["busy_global_batch"], 8)  # no fixed cost: any batch keeps it busy
+
+
+class Check(unittest.TestCase):
+    sizes = {"params": 3 * 10**8, "layers": 24, "hidden": 1024, "seq": 128,
+             "state_bytes": 6 * GiB, "act_bytes": 0.25 * GiB}
+
+    def test_a_fitting_layout(self):
+        problems, memory = plan.check(plan.instances()["p4d.24xlarge"], 2, 2, 16, 1024, self.sizes)
+        self.assertEqual(problems, [])
+        self.assertAlmostEqual(memory / GiB, 1.1 * (6 + 4), places=9)  # 11 GiB
+
+    def test_layouts_that_do_not_fit_are_refused_with_the_reason(self):
+        g4 = plan.instances()["g4dn.12xlarge"]
+        problems, _ = plan.check(g4, 1, 8, 16, 0, self.sizes)
+        self.assertTrue(any("4 x 4 = 4" in p or "= 4 is not a multiple of TP 8" in p for p in problems), problems)
+        self.assertTrue(any("would span nodes" in p for p in problems), problems)
+        problems, memory = plan.check(g4, 1, 2, 64, 0, self.sizes)  # 1.1 x (6 + 16) = 24.2 GiB > 16
+        self.assertAlmostEqual(memory / GiB, 24.2, places=9)
+        self.assertTrue(any("exceeds the T4's 16 GiB" in p for p in problems), problems)
+        problems, _ = plan.check(plan.instances()["p4d.24xlarge"], 1, 2, 16, 1000, self.sizes)
+        self.assertTrue(any("1000 is not a multiple of micro batch x data parallelism = 16 x 4" in p for p in problems),
+                        problems)
+
+    def test_every_instance_type_is_described(self):
+        table = plan.instances()
+        for name in ["g4dn.12xlarge", "g4dn.metal", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5en.48xlarge"]:
+            for key in ["gpus", "gpu_memory_GiB", "vcpus", "efa_interfaces", "network_Gbps", "gpu_link", "gpu_link_GBps",
+                        "peak_tflops"]:
+                self.assertIn(key, table[name], f"{name}.{key}")
+
+
+if __name__ == "__main__":
+    unittest.main()
