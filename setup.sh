@@ -25,7 +25,7 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git ca-certificates
   libeigen3-dev libhdf5-dev hdf5-tools libboost-dev libboost-filesystem-dev
   nlohmann-json3-dev libopenmpi-dev openmpi-bin libgtest-dev googletest
-  openssl python3 python3-numpy python3-h5py python3-matplotlib
+  openssl python3 python3-numpy python3-h5py python3-matplotlib python3-yaml
   libopenblas-openmp-dev python3-torch
 )
 missing=()

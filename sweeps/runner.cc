@@ -410,6 +410,29 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   return 0;
 }
 
+int export_points(const Sweep& sweep, const fs::path& runs_dir) {
+  const fs::path root = runs_dir / sweep.name;
+  std::string ids;
+  for (const auto& p : sweep.points) {
+    const fs::path dir = root / p.id;
+    if (fs::exists(dir / "point.json")) {
+      json ran;
+      try {
+        ran = json::parse(read_text(dir / "point.json"));
+      } catch (const std::exception&) {
+      }
+      check(ran == p.config, (dir / "point.json").string(), ": this point already ran with another configuration; ",
+            "give the sweep a new name or remove ", dir.string());
+    }
+    fs::create_directories(dir);
+    write_atomic(dir / "point.json", p.config.dump(2) + "\n");
+    ids += p.id + "\n";
+  }
+  write_atomic(root / "points.txt", ids);
+  std::cout << root.string() << "/points.txt: " << sweep.points.size() << " points" << std::endl;
+  return 0;
+}
+
 int print_status(const fs::path& dir) {
   const fs::path file = dir / "sweep.json";
   check(fs::exists(file), file.string(), ": no sweep here (sweep run writes runs/<name>/sweep.json)");

@@ -35,6 +35,11 @@ struct RunOptions {
 // failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
 int run_sweep(const Sweep& sweep, const RunOptions& options);
 
+// Writes runs/<name>/points.txt (one id per line, in order) and each point's point.json,
+// for launchers that run points elsewhere (a Slurm job array task runs line i+1). Points
+// that already ran with another configuration are refused as in run_sweep.
+int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
+
 // Prints the status table of runs/<name> (the directory sweep run wrote).
 int print_status(const std::filesystem::path& sweep_dir);
 

@@ -20,6 +20,7 @@ const char* kUsage =
     "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--rerun]\n"
     "                           [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
+    "       sweep export FILE.json [--runs-dir DIR]   points.txt and point.json files for other launchers\n"
     "       sweep plot DIR        figures (PNG and SVG) in DIR/figures\n"
     "       sweep report DIR      DIR/report.html: the points, their results and the figures\n"
     "\n"
@@ -62,7 +63,14 @@ int run(int argc, char** argv) {
     if (cmd == "status") return mb::sweeps::print_status(argv[2]);
     return run_python(cmd == "plot" ? "plot.py" : "report.py", argv[2]);
   }
-  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report\n", kUsage);
+  if (cmd == "export") {
+    mb::ArgParser e("sweep export", kUsage);
+    e.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
+    if (!e.parse(argc, argv, 2)) return 0;
+    mb::check(e.positional().size() == 1, "sweep export: give one sweep file\n", kUsage);
+    return mb::sweeps::export_points(mb::sweeps::load_sweep(e.positional()[0]), e.get("runs-dir"));
+  }
+  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report, export\n", kUsage);
   mb::ArgParser a("sweep run", kUsage);
   a.flag("dry-run", "list the points and exit");
   a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Multi-node training on plain EC2 instances: mpirun over a hostfile, one rank per GPU, with
+# the EFA (libfabric) and NCCL environment each instance type needs.
+#
+#   launchers/ec2/launch.sh --instance-type p4d.24xlarge --hostfile hosts [--dry-run] -- \
+#       --model bert4 --tensor-model-parallel-size 2 --micro-batch-size 64 --global-batch-size 4096 ...
+#
+# hosts lists one private IP or name per line (the instances of one cluster placement group,
+# reachable by passwordless ssh, megabatch built at the same path on each). Checks the
+# layout with plan.py first (TP divides the GPUs, memory fits).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+itype="" hostfile="" dry=0
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --instance-type) itype=$2; shift 2 ;;
+    --hostfile) hostfile=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    --) shift; break ;;
+    -h|--help) usage ;;
+    *) echo "launch.sh: unknown option $1 (train options go after --)" >&2; usage ;;
+  esac
+done
+[[ -n $itype && -n $hostfile ]] || usage
+[[ -f $hostfile ]] || { echo "launch.sh: no hostfile $hostfile" >&2; exit 2; }
+gpus=$(/usr/bin/python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); print(t[sys.argv[2]]["gpus"]) if sys.argv[2] in t else sys.exit("unknown instance type " + sys.argv[2] + "; known: " + ", ".join(k for k in t if not k.startswith("_")))' "$here/../instances.json" "$itype")
+nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile")
+np=$((nodes * gpus))
+tp=1
+for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j}; }; done
+(( np % tp == 0 )) || { echo "launch.sh: $nodes nodes x $gpus GPUs = $np ranks is not a multiple of TP $tp" >&2; exit 2; }
+(( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
+
+env=(-x FI_PROVIDER=efa -x FI_EFA_FORK_SAFE=1 -x NCCL_SOCKET_IFNAME=^lo,docker -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
+case $itype in
+  p4d.*|p4de.*|p5.*|p5en.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=1) ;;   # GPUDirect RDMA over EFA
+  g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
+esac
+cmd=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
+     --mca pml ^ucx --mca btl tcp,self --mca btl_tcp_if_exclude lo,docker0 "${env[@]}"
+     "$root/build/bin/train" "$@")
+if ((dry)); then printf '%q ' "${cmd[@]}"; echo; exit 0; fi
+exec "${cmd[@]}"

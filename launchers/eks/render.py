@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""Renders a Kubeflow MPIJob (kubeflow.org/v2beta1) that runs one sweep point on EKS.
+
+  render.py --instance-type p4d.24xlarge --nodes 2 --image <registry>/megabatch:latest \\
+            --point /fsx/runs/bert4_lamb_bsz/lamb-bs4096-lr0.0141-s1 [--fsx-claim fsx-claim] > job.yaml
+  kubectl apply -f job.yaml
+
+Workers: one pod per node of the instance type, requesting every GPU (nvidia.com/gpu), every
+EFA interface (vpc.amazonaws.com/efa) and 5 GiB of 2 MiB hugepages (libfabric's EFA
+buffers), with /dev/shm as a memory-backed volume (NCCL) and the FSx for Lustre claim at
+/fsx, where the point's directory lives. The launcher runs mpirun with one rank per GPU;
+`train --load` makes a restarted job continue from the point's last checkpoint.
+"""
+import argparse
+import json
+import os
+import sys
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/opt/megabatch/build/bin/train"):
+    with open(os.path.join(HERE, "..", "instances.json")) as f:
+        table = json.load(f)
+    if instance_type not in table or instance_type.startswith("_"):
+        raise SystemExit(f"render.py: unknown instance type '{instance_type}'; known: "
+                         f"{', '.join(k for k in table if not k.startswith('_'))}")
+    inst = table[instance_type]
+    gpus, efa = inst["gpus"], inst["efa_interfaces"]
+    name = "megabatch-" + os.path.basename(point.rstrip("/")).lower().replace(".", "-").replace("_", "-")[:50]
+    rdma = "1" if instance_type.split(".")[0] in ("p4d", "p4de", "p5", "p5en") else "0"
+    env = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": rdma, "FI_EFA_FORK_SAFE": "1", "NCCL_DEBUG": "WARN",
+           "OMP_NUM_THREADS": "1"}
+    command = ["mpirun", "--allow-run-as-root", "-np", str(nodes * gpus), "--map-by", f"ppr:{gpus}:node",
+               "--bind-to", "none"]
+    for k, v in env.items():
+        command += ["-x", f"{k}={v}"]
+    command += [train, "--config", f"{point}/point.json", "--run-dir", point, "--save", f"{point}/checkpoints",
+                "--load", f"{point}/checkpoints", "--keep-checkpoints", "2"]
+    resources = {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi",
+                 "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
+    worker = {
+        "replicas": nodes,
+        "template": {"spec": {
+            "nodeSelector": {"node.kubernetes.io/instance-type": instance_type},
+            "containers": [{
+                "name": "worker", "image": image, "imagePullPolicy": "IfNotPresent",
+                "resources": {"limits": dict(resources), "requests": dict(resources)},
+                "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "fsx", "mountPath": "/fsx"}],
+            }],
+            "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{inst['memory_GiB'] // 4}Gi"}},
+                        {"name": "fsx", "persistentVolumeClaim": {"claimName": fsx_claim}}],
+        }},
+    }
+    launcher = {
+        "replicas": 1,
+        "template": {"spec": {
+            "containers": [{"name": "launcher", "image": image, "command": command,
+                            "volumeMounts": [{"name": "fsx", "mountPath": "/fsx"}]}],
+            "volumes": [{"name": "fsx", "persistentVolumeClaim": {"claimName": fsx_claim}}],
+        }},
+    }
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": {"name": name, "labels": {"app": "megabatch"}},
+        "spec": {"slotsPerWorker": gpus, "runPolicy": {"cleanPodPolicy": "Running", "backoffLimit": 3},
+                 "mpiImplementation": "OpenMPI", "mpiReplicaSpecs": {"Launcher": launcher, "Worker": worker}},
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--instance-type", required=True)
+    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--image", required=True)
+    p.add_argument("--point", required=True, help="the point's directory on the FSx volume (sweep export writes it)")
+    p.add_argument("--fsx-claim", default="fsx-claim")
+    a = p.parse_args(argv)
+    yaml.safe_dump(render(a.instance_type, a.nodes, a.image, a.point, a.fsx_claim), sys.stdout, sort_keys=False)
+
+
+if __name__ == "__main__":
+    main()

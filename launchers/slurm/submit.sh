@@ -1,0 +1,46 @@
+#!/bin/bash
+# Submits a sweep to Slurm as a job array: one task per point, at most --max-running at once,
+# each task `train` under srun --mpi=pmix on --nodes nodes with --ntasks-per-node ranks,
+# requeued (and resumed from its checkpoint) when preempted or near its time limit.
+#
+#   launchers/slurm/submit.sh experiments/paper/bert4_lamb_bsz.json --nodes 2 --ntasks-per-node 8 \
+#       --partition p4d --time 24:00:00 [--max-running 4] [--container IMAGE] [--runs-dir runs] [--dry-run]
+#
+# Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
+# `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 ]] || usage
+sweep_file=$1; shift
+nodes=1 ntasks=1 partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --nodes) nodes=$2; shift 2 ;;
+    --ntasks-per-node) ntasks=$2; shift 2 ;;
+    --gpus-per-node) gpus=$2; shift 2 ;;
+    --partition) partition=$2; shift 2 ;;
+    --time) time_limit=$2; shift 2 ;;
+    --max-running) max_running=$2; shift 2 ;;
+    --container) container=$2; shift 2 ;;
+    --runs-dir) runs_dir=$2; shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) usage ;;
+    *) echo "submit.sh: unknown option $1" >&2; usage ;;
+  esac
+done
+bin=${MEGABATCH_BIN:-$root/build/bin}
+[[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
+out=$("$bin/sweep" export "$sweep_file" --runs-dir "$runs_dir")  # ".../<name>/points.txt: N points"
+echo "$out"
+sweep_dir=$(cd "${out%%/points.txt:*}" && pwd)
+n=$(wc -l < "$sweep_dir/points.txt")
+args=(--array="0-$((n - 1))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks"
+      --export="ALL,SWEEP_DIR=$sweep_dir,TRAIN=$bin/train,CONTAINER_ARGS=${container:+--container-image=$container --container-mounts=$sweep_dir:$sweep_dir}")
+[[ -n $partition ]] && args+=(--partition="$partition")
+[[ -n $time_limit ]] && args+=(--time="$time_limit")
+[[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
+args+=(--chdir="$sweep_dir" "$here/point.sbatch")
+if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
+sbatch "${args[@]}"

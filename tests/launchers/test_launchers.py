@@ -1,0 +1,92 @@
+"""The launchers' rendered output: EKS MPIJob manifests (structure, resources per instance
+type), and the EC2 and Slurm command lines (their --dry-run)."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import yaml
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "launchers", "eks"))
+import render  # noqa: E402
+
+INSTANCES = {k: v for k, v in json.load(open(os.path.join(ROOT, "launchers", "instances.json"))).items()
+             if not k.startswith("_")}
+
+
+class EksManifest(unittest.TestCase):
+    def test_every_instance_type_renders_a_valid_mpijob(self):
+        for itype, inst in INSTANCES.items():
+            with self.subTest(itype):
+                text = yaml.safe_dump(render.render(itype, 3, "reg/megabatch:1", "/fsx/runs/s/lamb-bs8-lr0.04-s1"))
+                job = yaml.safe_load(text)  # what kubectl would read
+                self.assertEqual(job["apiVersion"], "kubeflow.org/v2beta1")
+                self.assertEqual(job["kind"], "MPIJob")
+                self.assertEqual(job["spec"]["slotsPerWorker"], inst["gpus"])
+                specs = job["spec"]["mpiReplicaSpecs"]
+                self.assertEqual(specs["Launcher"]["replicas"], 1)
+                self.assertEqual(specs["Worker"]["replicas"], 3)
+                pod = specs["Worker"]["template"]["spec"]
+                self.assertEqual(pod["nodeSelector"]["node.kubernetes.io/instance-type"], itype)
+                res = pod["containers"][0]["resources"]
+                for kind in ("limits", "requests"):
+                    self.assertEqual(res[kind]["nvidia.com/gpu"], inst["gpus"])
+                    self.assertEqual(res[kind]["vpc.amazonaws.com/efa"], inst["efa_interfaces"])
+                    self.assertIn("hugepages-2Mi", res[kind])
+                vols = {v["name"]: v for v in pod["volumes"]}
+                self.assertEqual(vols["shm"]["emptyDir"]["medium"], "Memory")
+                self.assertEqual(vols["fsx"]["persistentVolumeClaim"]["claimName"], "fsx-claim")
+                mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
+                self.assertEqual(mounts, {"/dev/shm", "/fsx"})
+                cmd = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]
+                self.assertEqual(cmd[cmd.index("-np") + 1], str(3 * inst["gpus"]))
+                self.assertIn("/fsx/runs/s/lamb-bs8-lr0.04-s1/point.json", cmd)
+                self.assertIn("--load", cmd)
+                rdma = "FI_EFA_USE_DEVICE_RDMA=" + ("0" if itype.startswith("g4dn") else "1")
+                self.assertIn(rdma, cmd)
+
+    def test_unknown_instance_type_is_refused_with_the_known_ones(self):
+        with self.assertRaises(SystemExit) as e:
+            render.render("p3.16xlarge", 1, "img", "/fsx/p")
+        self.assertIn("p4d.24xlarge", str(e.exception))
+
+
+class CommandLines(unittest.TestCase):
+    def run_(self, args):
+        return subprocess.run(args, capture_output=True, text=True)
+
+    def test_ec2_launch_builds_mpirun_over_the_hostfile(self):
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
+            f.write("10.0.0.1\n# a comment\n10.0.0.2\n")
+        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "p5.48xlarge",
+                       "--hostfile", f.name, "--dry-run", "--", "--model", "bert4", "--tensor-model-parallel-size", "4"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("-np 16", r.stdout)
+        self.assertIn("ppr:8:node", r.stdout)
+        self.assertIn("FI_EFA_USE_DEVICE_RDMA=1", r.stdout)
+        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.12xlarge",
+                       "--hostfile", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("TP 8 would span nodes", r.stderr)
+
+    def test_slurm_submit_writes_the_points_and_an_array(self):
+        with tempfile.TemporaryDirectory() as runs:
+            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
+                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
+                           "--max-running", "3", "--runs-dir", runs, "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            ids = open(os.path.join(runs, "lamb_bsz", "points.txt")).read().split()
+            self.assertEqual(len(ids), 10)
+            self.assertTrue(os.path.exists(os.path.join(runs, "lamb_bsz", ids[0], "point.json")))
+            self.assertIn("--array=0-9%3", r.stdout)
+            self.assertIn("point.sbatch", r.stdout)
+        sbatch = open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")).read()
+        for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "srun --mpi=pmix", "scontrol requeue"):
+            self.assertIn(line, sbatch)
+
+
+if __name__ == "__main__":
+    unittest.main()
