@@ -432,7 +432,11 @@ int run(int argc, char** argv) {
             << ds->num_documents() - valid_docs.end << " documents; " << samples_per_epoch
             << " training samples per epoch\n"
             << "> " << opt.train_iters << " iterations x global batch " << gbs << " (micro batch "
-            << opt.micro_batch_size << ", " << gbs / opt.micro_batch_size << " accumulation steps), lr "
+            << opt.micro_batch_size << ", " << gbs / (opt.micro_batch_size * dp_size) << " accumulation steps"
+            << (parallel.world_size > 1 ? ", " + std::to_string(parallel.world_size) + " ranks: TP " +
+                                              std::to_string(mc.tensor_model_parallel_size) + " x DP " + std::to_string(dp_size)
+                                        : std::string())
+            << "), lr "
             << s.max_lr << " " << mb::optim::decay_style_name(s.style) << " to " << s.min_lr << ", warmup "
             << s.warmup_samples << " samples; " << omp_get_max_threads() << " threads\n"
             << "> writing " << (run_dir / "metrics.h5").string() << std::endl;
