@@ -6,18 +6,21 @@
 #       --model bert4 --tensor-model-parallel-size 2 --micro-batch-size 64 --global-batch-size 4096 ...
 #
 # hosts lists one private IP or name per line (the instances of one cluster placement group,
-# reachable by passwordless ssh, megabatch built at the same path on each). Checks the
-# layout with plan.py first (TP divides the GPUs, memory fits).
+# reachable by passwordless ssh, megabatch built at the same path on each). Checks that TP
+# divides the ranks and stays inside a node (launchers/plan.py checks memory too).
+# --ranks-per-node N overrides one rank per GPU; --mpirun-arg ARG passes ARG to mpirun.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-itype="" hostfile="" dry=0
+itype="" hostfile="" dry=0 per_node="" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --instance-type) itype=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --ranks-per-node) per_node=$2; shift 2 ;;       # default: one rank per GPU
+    --mpirun-arg) extra+=("$2"); shift 2 ;;         # passed to mpirun as is (repeatable)
     --) shift; break ;;
     -h|--help) usage ;;
     *) echo "launch.sh: unknown option $1 (train options go after --)" >&2; usage ;;
@@ -27,6 +30,7 @@ done
 [[ -f $hostfile ]] || { echo "launch.sh: no hostfile $hostfile" >&2; exit 2; }
 gpus=$(/usr/bin/python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); print(t[sys.argv[2]]["gpus"]) if sys.argv[2] in t else sys.exit("unknown instance type " + sys.argv[2] + "; known: " + ", ".join(k for k in t if not k.startswith("_")))' "$here/../instances.json" "$itype")
 nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile")
+gpus=${per_node:-$gpus}
 np=$((nodes * gpus))
 tp=1
 for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j}; }; done
@@ -39,7 +43,7 @@ case $itype in
   g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
 esac
 cmd=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
-     --mca pml ^ucx --mca btl tcp,self --mca btl_tcp_if_exclude lo,docker0 "${env[@]}"
+     --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}"
      "$root/build/bin/train" "$@")
 if ((dry)); then printf '%q ' "${cmd[@]}"; echo; exit 0; fi
 exec "${cmd[@]}"

@@ -1,0 +1,71 @@
+// Two hosts on one machine: two network namespaces joined by a veth pair act as two hosts,
+// launchers/ec2/launch.sh starts train over a hostfile of them (Open MPI's daemons enter each
+// namespace through tests/mpi/netns_rsh.sh, as ssh would reach a host), and MPI's traffic
+// can only cross the veth link (TCP restricted to its subnet). The DP=2 run across the two
+// hosts matches one process with twice the accumulation. Needs root (ip netns).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+class TwoHosts : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    teardown();
+    const auto r = mb::testing::run_command(
+        "set -e; ip netns add mbhost1; ip netns add mbhost2; ip link add mbveth1 type veth peer name mbveth2; "
+        "ip link set mbveth1 netns mbhost1; ip link set mbveth2 netns mbhost2; "
+        "ip -n mbhost1 addr add 10.77.0.1/24 dev mbveth1; ip -n mbhost2 addr add 10.77.0.2/24 dev mbveth2; "
+        "for n in 1 2; do ip -n mbhost$n link set mbveth$n up; ip -n mbhost$n link set lo up; done");
+    ASSERT_EQ(r.exit_code, 0) << "cannot create network namespaces (needs root and iproute2):\n" << r.output;
+  }
+  void TearDown() override { teardown(); }
+  static void teardown() { mb::testing::run_command("ip netns del mbhost1 2>/dev/null; ip netns del mbhost2 2>/dev/null; true"); }
+};
+
+std::string train_args(const fs::path& run) {
+  return "--num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 16 --micro-batch-size 2 "
+         "--global-batch-size 8 --train-iters 4 --lr 3e-3 --log-interval 1 --eval-iters 0 --threads 1 "
+         "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
+         (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + run.string();
+}
+
+std::vector<double> losses(const fs::path& run) {
+  mb::testing::H5File f((run / "metrics.h5").string(), mb::testing::H5File::kRead);
+  return f.read<double>("train/lm_loss");
+}
+
+}  // namespace
+
+TEST_F(TwoHosts, DataParallelAcrossTwoHostsMatchesOneProcess) {
+  mb::testing::TempDir tmp;
+  mb::testing::write_text(tmp / "hosts", "mbhost1 slots=1\nmbhost2 slots=1\n");
+  const std::string src = mb::testing::source_dir();
+  // mpirun itself runs on "host" 1; every daemon is started through the namespace agent
+  const auto r = mb::testing::run_command(
+      "ip netns exec mbhost1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + src +
+      "/launchers/ec2/launch.sh --instance-type g4dn.12xlarge --hostfile " + (tmp / "hosts").string() +
+      " --ranks-per-node 1 --mpirun-arg --mca --mpirun-arg plm_rsh_agent --mpirun-arg " + src + "/tests/mpi/netns_rsh.sh" +
+      " --mpirun-arg --mca --mpirun-arg oob_tcp_if_include --mpirun-arg 10.77.0.0/24" +
+      " --mpirun-arg --mca --mpirun-arg btl_tcp_if_include --mpirun-arg 10.77.0.0/24" +
+      // the two daemons share one machine: without this, both map hwloc's shared topology at
+      // the same address and one crashes now and then (a real second host has its own memory)
+      " --mpirun-arg --mca --mpirun-arg rtc_hwloc_vmhole --mpirun-arg none -- " + train_args(tmp / "two"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("2 ranks: TP 1 x DP 2"), std::string::npos) << r.output;
+  const auto one = mb::testing::run_command(mb::testing::bin_dir() + "/train " + train_args(tmp / "one"));
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  const auto a = losses(tmp / "two"), b = losses(tmp / "one");
+  ASSERT_EQ(a.size(), 4u);
+  ASSERT_EQ(b.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(a[i], b[i], 2e-5 * b[i]) << "iteration " << i + 1;
+}
