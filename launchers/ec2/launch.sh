@@ -36,6 +36,21 @@ tp=1
 for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j}; }; done
 (( np % tp == 0 )) || { echo "launch.sh: $nodes nodes x $gpus GPUs = $np ranks is not a multiple of TP $tp" >&2; exit 2; }
 (( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
+# With a model preset, the memory estimate too (launchers/plan.py check).
+model="" micro=8 global=0
+for ((i = 1; i < $#; i++)); do
+  j=$((i + 1))
+  case ${!i} in
+    --model) model=${!j} ;;
+    --micro-batch-size) micro=${!j} ;;
+    --global-batch-size) global=${!j} ;;
+  esac
+done
+if [[ -n $model && -z $per_node ]]; then
+  /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
+    --micro-batch "$micro" --global-batch "$global" --train "$root/build/bin/train" >&2 || {
+    echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
+fi
 
 env=(-x FI_PROVIDER=efa -x FI_EFA_FORK_SAFE=1 -x NCCL_SOCKET_IFNAME=^lo,docker -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
 case $itype in

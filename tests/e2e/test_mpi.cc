@@ -88,6 +88,30 @@ TEST_F(Mpi, TwoByTwoMatchesOneProcess) { expect_matches_reference(4, 2); }
 
 TEST_F(Mpi, TensorParallelFourMatchesOneProcess) { expect_matches_reference(4, 4); }
 
+// BERT and T5 under mpirun at TP 2 against one process (WordPiece + sentinels padded to
+// the same rows at both sizes).
+TEST(MpiModels, BertAndT5AtTensorParallelTwoMatchOneProcess) {
+  for (const std::string type : {"bert", "t5"}) {
+    mb::testing::TempDir tmp;
+    auto args = [&](int tp) {
+      return mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 2 --hidden-size 32 "
+             "--num-attention-heads 4 --seq-length 48 --decoder-seq-length 16 --micro-batch-size 2 --global-batch-size 4 "
+             "--train-iters 3 --lr 3e-3 --log-interval 1 --eval-iters 0 --threads 1 --hidden-dropout 0.1 "
+             "--attention-dropout 0.1 --make-vocab-size-divisible-by " + std::to_string(2048 / tp) +
+             " --tensor-model-parallel-size " + std::to_string(tp) + " --data-path " +
+             (mb::testing::brown_data() / "brown_bert_text_sentence").string() + " --run-dir " +
+             (tmp / ("tp" + std::to_string(tp))).string();
+    };
+    auto r = mb::testing::run_command(args(1));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = mb::testing::run_command(mpirun(2) + args(2));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::string> names = {"train/lm_loss", "train/grad_norm"};
+    if (type == "bert") names.push_back("train/sop_loss");
+    for (const auto& s : names) expect_close(series(tmp / "tp2", s), series(tmp / "tp1", s), 2e-5, type + " " + s);
+  }
+}
+
 TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();

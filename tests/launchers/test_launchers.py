@@ -71,6 +71,13 @@ class CommandLines(unittest.TestCase):
                        "--hostfile", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8"])
         self.assertEqual(r.returncode, 2)
         self.assertIn("TP 8 would span nodes", r.stderr)
+        # a model that does not fit in the GPUs' memory is refused before anything starts
+        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.12xlarge",
+                       "--hostfile", f.name, "--dry-run", "--", "--model", "bert-large", "--micro-batch-size", "256",
+                       "--tensor-model-parallel-size", "2"])
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("exceeds the T4's 16 GiB", r.stderr)
+        self.assertNotIn("mpirun", r.stdout)
 
     def test_slurm_submit_writes_the_points_and_an_array(self):
         with tempfile.TemporaryDirectory() as runs:
