@@ -291,8 +291,8 @@ TEST(PluginRun, KilledRunKeepsEveryFlushedIntervalReadable) {
 TEST(PluginHeader, CompilesAloneAsCAndCxxWithPedanticWarnings) {
   const std::string inc = fs::path(mb::testing::bin_dir()).parent_path().string() + "/include";
   mb::testing::TempDir tmp;
-  mb::testing::write_text(tmp / "a.c", "#include <megabatch/plugin.h>\nint main(void) { return MB_PLUGIN_ABI_VERSION != 1u; }\n");
-  mb::testing::write_text(tmp / "b.cc", "#include <megabatch/plugin.h>\nint main() { return MB_PLUGIN_ABI_VERSION != 1u; }\n");
+  mb::testing::write_text(tmp / "a.c", "#include <megabatch/plugin.h>\nint main(void) { return MB_PLUGIN_ABI_VERSION == 0u; }\n");
+  mb::testing::write_text(tmp / "b.cc", "#include <megabatch/plugin.h>\nint main() { return MB_PLUGIN_ABI_VERSION == 0u; }\n");
   for (const std::string& cmd : {"cc -std=c99 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "a.c").string() + " -o " + (tmp / "a").string(),
                                 "c++ -std=c++17 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "b.cc").string() + " -o " + (tmp / "b").string()}) {
     const auto r = mb::testing::run_command(cmd);
