@@ -26,7 +26,7 @@ PACKAGES=(
   libeigen3-dev libhdf5-dev hdf5-tools libboost-dev libboost-filesystem-dev
   nlohmann-json3-dev libopenmpi-dev openmpi-bin libgtest-dev googletest
   openssl python3 python3-numpy python3-h5py python3-matplotlib python3-yaml
-  libopenblas-openmp-dev python3-torch slurm-wlm munge iproute2
+  libopenblas-openmp-dev python3-torch slurm-wlm munge iproute2 procps
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
