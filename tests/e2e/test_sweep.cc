@@ -147,6 +147,9 @@ TEST_F(Sweep, AFailingPointIsMarkedWithItsReasonAndTheOthersComplete) {
   EXPECT_TRUE(fs::exists(runs / "broken" / "adamw-bs8-lr0.00283-s3" / "DONE"));
   const auto st = mb::testing::run_command(sweep("status " + (runs / "broken").string()));
   EXPECT_NE(st.output.find("2 done, 0 running, 2 failed"), std::string::npos) << st.output;
+  // the recorded reason (sweep.json), not only the log lines printed when the point failed
+  EXPECT_NE(st.output.find("failed      train: error: unknown optimizer plugin 'no_such_plugin'"), std::string::npos)
+      << st.output;
 }
 
 TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
