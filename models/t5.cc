@@ -5,8 +5,6 @@
 #include <sstream>
 
 #include "core/ops/attention.h"
-#include "core/ops/gelu.h"
-#include "core/ops/residual.h"
 #include "core/util/error.h"
 
 namespace megabatch::models {
@@ -19,7 +17,7 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   check(cfg_.decoder_layers() >= 1 && cfg_.decoder_seq() >= 1, "T5: decoder layers and decoder seq length must be >= 1");
   check(cfg_.max_positions() >= cfg_.decoder_seq(), "max_position_embeddings (", cfg_.max_positions(),
         ") must be >= decoder_seq_length (", cfg_.decoder_seq(), ")");
-  const int64_t C = cfg_.hidden_size, F = cfg_.ffn();
+  const int64_t C = cfg_.hidden_size;
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
@@ -38,24 +36,12 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   sc.stream_base = 1;
   encoder_ = std::make_unique<TransformerStack>(store_, tp, sc);
   enc_lnf_ = std::make_unique<nn::LayerNorm>(store_, "encoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
-  const int64_t L = cfg_.decoder_layers();
-  const double out_std = std / std::sqrt(2.0 * static_cast<double>(L));
-  decoder_.reserve(static_cast<size_t>(L));
-  for (int l = 0; l < L; ++l) {
-    const std::string p = "decoder.layers." + std::to_string(l) + ".";
-    const double eps = cfg_.layernorm_epsilon;
-    decoder_.push_back(DecoderLayer{
-        nn::LayerNorm(store_, p + "input_layernorm", C, l, eps),
-        nn::LayerNorm(store_, p + "pre_cross_attn_layernorm", C, l, eps),
-        nn::LayerNorm(store_, p + "pre_mlp_layernorm", C, l, eps),
-        nn::ColumnParallelLinear(store_, tp, p + "self_attention.linear_qkv", C, 3 * C, l, std),
-        nn::ColumnParallelLinear(store_, tp, p + "cross_attention.linear_q", C, C, l, std),
-        nn::ColumnParallelLinear(store_, tp, p + "cross_attention.linear_kv", C, 2 * C, l, std),
-        nn::ColumnParallelLinear(store_, tp, p + "mlp.linear_fc1", C, F, l, std),
-        nn::RowParallelLinear(store_, tp, p + "self_attention.linear_proj", C, C, l, out_std),
-        nn::RowParallelLinear(store_, tp, p + "cross_attention.linear_proj", C, C, l, out_std),
-        nn::RowParallelLinear(store_, tp, p + "mlp.linear_fc2", F, C, l, out_std)});
-  }
+  // Dropout streams: encoder embedding 0, encoder layers 1 .. 3E, decoder embedding 3E + 1,
+  // the decoder's layers (5 sites each) after that.
+  StackConfig dc = stack_config(cfg_, "decoder.layers.", cfg_.decoder_layers(), true);
+  dc.cross_attention = true;
+  dc.stream_base = static_cast<uint64_t>(2 + 3 * cfg_.num_layers);
+  decoder_ = std::make_unique<TransformerStack>(store_, tp, dc);
   dec_lnf_ = std::make_unique<nn::LayerNorm>(store_, "decoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
   lm_bias_ = store_.add({"lm_head.output_layer.bias", Role::kBias, -1, {cfg_.padded_vocab_size()},
                          Sharding::split(0, tp.rank(), tp.size()), nn::Init::zeros()});
@@ -71,42 +57,16 @@ std::string T5::summary() const {
   return os.str();
 }
 
-// Dropout streams: encoder embedding 0, encoder layers 1 .. 3E, decoder embedding 3E + 1,
-// decoder layer l's five sites after that.
-uint64_t T5::decoder_stream(int64_t layer, int site) const {
-  return static_cast<uint64_t>(2 + 3 * cfg_.num_layers + 5 * layer + site);
-}
-
 void T5::allocate(int64_t B, int64_t Te, int64_t Td) {
   if (B == B_ && Te == Te_ && Td == Td_) return;
   B_ = B;
   Te_ = Te;
   Td_ = Td;
-  const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size, Cl = C / tp_->size(), Fl = cfg_.ffn() / tp_->size();
+  const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
   for (Tensor* t : {&enc_emb_, &enc_x_, &enc_out_, &enc_h_, &d_enc_h_, &d_enc_out_, &d_enc_x_}) t->resize({ne, C});
   for (Tensor* t : {&enc_mean_, &enc_rstd_}) t->resize({ne});
-  for (Tensor* t : {&dec_emb_, &dec_x_, &dec_out_, &dec_h_, &d_dec_h_, &g_a_, &g_b_, &g_c_}) t->resize({nd, C});
+  for (Tensor* t : {&dec_emb_, &dec_x_, &dec_out_, &dec_h_, &d_dec_h_, &d_dec_out_, &d_dec_x_}) t->resize({nd, C});
   for (Tensor* t : {&dec_mean_, &dec_rstd_}) t->resize({nd});
-  saved_.resize(decoder_.size());
-  for (auto& s : saved_) {
-    for (Tensor* t : {&s.x_in, &s.ln1, &s.proj, &s.x1, &s.lnx, &s.xproj, &s.x2, &s.ln2, &s.fc2}) t->resize({nd, C});
-    for (Tensor* t : {&s.ln1_mean, &s.ln1_rstd, &s.lnx_mean, &s.lnx_rstd, &s.ln2_mean, &s.ln2_rstd}) t->resize({nd});
-    s.qkv.resize({nd, 3 * Cl});
-    s.probs.resize({B, heads_local_, Td, Td});
-    s.attn.resize({nd, Cl});
-    s.q.resize({nd, Cl});
-    s.kv.resize({ne, 2 * Cl});
-    s.xprobs.resize({B, heads_local_, Td, Te});
-    s.xattn.resize({nd, Cl});
-    s.fc1.resize({nd, Fl});
-    s.gelu.resize({nd, Fl});
-  }
-  g_qkv_.resize({nd, 3 * Cl});
-  g_attn_.resize({nd, Cl});
-  g_q_.resize({nd, Cl});
-  g_kv_.resize({ne, 2 * Cl});
-  g_ff_a_.resize({nd, Fl});
-  g_ff_b_.resize({nd, Fl});
 }
 
 void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
@@ -164,7 +124,7 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
   ctx_ = ctx;
   batch_ = &batch;
   have_grad_ = grad_scale != 0.0f;
-  const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size, Fl = cfg_.ffn() / tp_->size();
+  const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
   const uint8_t* emask = batch.padding_mask.empty() ? nullptr : batch.padding_mask.data();
   const uint8_t* dmask = batch.decoder_padding_mask.empty() ? nullptr : batch.decoder_padding_mask.data();
 
@@ -184,43 +144,11 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
   encoder_->forward(enc_out_.data(), enc_x_.data(), B, Te, emask, ctx, ebias);
   enc_lnf_->forward(enc_h_.data(), enc_mean_.data(), enc_rstd_.data(), enc_out_.data(), ne);
 
-  // decoder
+  // decoder: causal self-attention, cross-attention to the encoder output, MLP
   embed(dec_emb_.data(), batch.decoder_tokens.data(), B, Td);
-  dropout_or_copy(saved_[0].x_in.data(), dec_emb_.data(), nd * C,
+  dropout_or_copy(dec_x_.data(), dec_emb_.data(), nd * C,
                   dropout_key(ctx, cfg_.hidden_dropout, static_cast<uint64_t>(1 + 3 * cfg_.num_layers)));
-  const int64_t D = C / cfg_.num_attention_heads, h0 = heads_local_ * tp_->rank();
-  const ops::AttentionShape self{B, Td, heads_local_, D, true, h0, cfg_.num_attention_heads};
-  const ops::CrossAttentionShape cross{B, Td, Te, heads_local_, D, h0, cfg_.num_attention_heads};
-  for (size_t l = 0; l < decoder_.size(); ++l) {
-    DecoderLayer& L = decoder_[l];
-    DecoderSaved& s = saved_[l];
-    const int64_t li = static_cast<int64_t>(l);
-    float* next = l + 1 < decoder_.size() ? saved_[l + 1].x_in.data() : dec_out_.data();
-    // causal self-attention
-    L.ln1.forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.x_in.data(), nd);
-    L.qkv.forward(s.qkv.data(), s.ln1.data(), nd);
-    const ops::DropoutKey sdrop = dropout_key(ctx, cfg_.attention_dropout, decoder_stream(li, 0));
-    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), dmask, self, &sdrop, dbias);
-    L.proj.forward(s.proj.data(), s.attn.data(), nd);
-    dropout_or_copy(g_c_.data(), s.proj.data(), nd * C, dropout_key(ctx, cfg_.hidden_dropout, decoder_stream(li, 1)));
-    ops::residual_forward(s.x1.data(), s.x_in.data(), g_c_.data(), nd * C);
-    // cross-attention to the encoder output
-    L.lnx.forward(s.lnx.data(), s.lnx_mean.data(), s.lnx_rstd.data(), s.x1.data(), nd);
-    L.q.forward(s.q.data(), s.lnx.data(), nd);
-    L.kv.forward(s.kv.data(), enc_h_.data(), ne);
-    const ops::DropoutKey xdrop = dropout_key(ctx, cfg_.attention_dropout, decoder_stream(li, 2));
-    ops::cross_attention_forward(s.xattn.data(), s.xprobs.data(), s.q.data(), s.kv.data(), emask, cross, &xdrop);
-    L.xproj.forward(s.xproj.data(), s.xattn.data(), nd);
-    dropout_or_copy(g_c_.data(), s.xproj.data(), nd * C, dropout_key(ctx, cfg_.hidden_dropout, decoder_stream(li, 3)));
-    ops::residual_forward(s.x2.data(), s.x1.data(), g_c_.data(), nd * C);
-    // MLP
-    L.ln2.forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), s.x2.data(), nd);
-    L.fc1.forward(s.fc1.data(), s.ln2.data(), nd);
-    ops::gelu_forward(s.gelu.data(), s.fc1.data(), nd * Fl);
-    L.fc2.forward(s.fc2.data(), s.gelu.data(), nd);
-    dropout_or_copy(g_c_.data(), s.fc2.data(), nd * C, dropout_key(ctx, cfg_.hidden_dropout, decoder_stream(li, 4)));
-    ops::residual_forward(next, s.x2.data(), g_c_.data(), nd * C);
-  }
+  decoder_->forward(dec_out_.data(), dec_x_.data(), B, Td, dmask, ctx, dbias, StackMemory{enc_h_.data(), Te, emask});
   dec_lnf_->forward(dec_h_.data(), dec_mean_.data(), dec_rstd_.data(), dec_out_.data(), nd);
 
   const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
@@ -231,18 +159,9 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
 void T5::backward() {
   check(have_grad_, "T5: backward() without a forward() that asked for gradients");
   have_grad_ = false;
-  const int64_t B = B_, Te = Te_, Td = Td_, ne = B * Te, nd = B * Td, C = cfg_.hidden_size, Fl = cfg_.ffn() / tp_->size();
-  const size_t bytes = sizeof(float) * static_cast<size_t>(nd * C);
-  const uint8_t* emask = batch_->padding_mask.empty() ? nullptr : batch_->padding_mask.data();
-  const uint8_t* dmask = batch_->decoder_padding_mask.empty() ? nullptr : batch_->decoder_padding_mask.data();
-  const int64_t D = C / cfg_.num_attention_heads, h0 = heads_local_ * tp_->rank();
-  const ops::AttentionShape self{B, Td, heads_local_, D, true, h0, cfg_.num_attention_heads};
-  const ops::CrossAttentionShape cross{B, Td, Te, heads_local_, D, h0, cfg_.num_attention_heads};
-
-  Tensor* dres = &g_a_;  // gradient of the current layer's output
-  Tensor* dnext = &g_b_;
-  dres->zero();
-  dec_lnf_->backward(dres->data(), d_dec_h_.data(), dec_out_.data(), dec_mean_.data(), dec_rstd_.data(), nd);
+  const int64_t B = B_, Te = Te_, Td = Td_, ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
+  d_dec_out_.zero();
+  dec_lnf_->backward(d_dec_out_.data(), d_dec_h_.data(), dec_out_.data(), dec_mean_.data(), dec_rstd_.data(), nd);
   d_enc_h_.zero();
   const bool rel = cfg_.relative_attention;
   if (rel) {
@@ -251,58 +170,12 @@ void T5::backward() {
     d_enc_bias_.zero();
     d_dec_bias_.zero();
   }
-  for (size_t l = decoder_.size(); l-- > 0;) {
-    DecoderLayer& L = decoder_[l];
-    DecoderSaved& s = saved_[l];
-    const int64_t li = static_cast<int64_t>(l);
-    // MLP: out = x2 + drop(fc2(gelu(fc1(ln2(x2)))))
-    std::memcpy(dnext->data(), dres->data(), bytes);
-    g_c_.zero();
-    dropout_or_copy_backward(g_c_.data(), dres->data(), nd * C, dropout_key(ctx_, cfg_.hidden_dropout, decoder_stream(li, 4)));
-    g_ff_a_.zero();
-    L.fc2.backward(g_ff_a_.data(), g_c_.data(), s.gelu.data(), nd);
-    g_ff_b_.zero();
-    ops::gelu_backward(g_ff_b_.data(), g_ff_a_.data(), s.fc1.data(), nd * Fl);
-    g_c_.zero();
-    L.fc1.backward(g_c_.data(), g_ff_b_.data(), s.ln2.data(), nd);
-    L.ln2.backward(dnext->data(), g_c_.data(), s.x2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), nd);
-    std::swap(dres, dnext);
-    // cross-attention: x2 = x1 + drop(xproj(cross(q(lnx(x1)), kv(enc_h))))
-    std::memcpy(dnext->data(), dres->data(), bytes);
-    g_c_.zero();
-    dropout_or_copy_backward(g_c_.data(), dres->data(), nd * C, dropout_key(ctx_, cfg_.hidden_dropout, decoder_stream(li, 3)));
-    g_attn_.zero();
-    L.xproj.backward(g_attn_.data(), g_c_.data(), s.xattn.data(), nd);
-    g_q_.zero();
-    g_kv_.zero();
-    const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, decoder_stream(li, 2));
-    ops::cross_attention_backward(g_q_.data(), g_kv_.data(), g_attn_.data(), s.q.data(), s.kv.data(), s.xprobs.data(),
-                                  emask, cross, &xdrop);
-    L.kv.backward(d_enc_h_.data(), g_kv_.data(), enc_h_.data(), ne);
-    g_c_.zero();
-    L.q.backward(g_c_.data(), g_q_.data(), s.lnx.data(), nd);
-    L.lnx.backward(dnext->data(), g_c_.data(), s.x1.data(), s.lnx_mean.data(), s.lnx_rstd.data(), nd);
-    std::swap(dres, dnext);
-    // causal self-attention: x1 = x_in + drop(proj(attn(qkv(ln1(x_in)))))
-    std::memcpy(dnext->data(), dres->data(), bytes);
-    g_c_.zero();
-    dropout_or_copy_backward(g_c_.data(), dres->data(), nd * C, dropout_key(ctx_, cfg_.hidden_dropout, decoder_stream(li, 1)));
-    g_attn_.zero();
-    L.proj.backward(g_attn_.data(), g_c_.data(), s.attn.data(), nd);
-    g_qkv_.zero();
-    const ops::DropoutKey sdrop = dropout_key(ctx_, cfg_.attention_dropout, decoder_stream(li, 0));
-    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), dmask, self, &sdrop,
-                            rel ? d_dec_bias_.data() : nullptr);
-    g_c_.zero();
-    L.qkv.backward(g_c_.data(), g_qkv_.data(), s.ln1.data(), nd);
-    L.ln1.backward(dnext->data(), g_c_.data(), s.x_in.data(), s.ln1_mean.data(), s.ln1_rstd.data(), nd);
-    std::swap(dres, dnext);
-  }
+  decoder_->backward(d_dec_x_.data(), d_dec_out_.data(), rel ? d_dec_bias_.data() : nullptr, d_enc_h_.data());
   // decoder embedding
-  g_c_.zero();
-  dropout_or_copy_backward(g_c_.data(), dres->data(), nd * C,
+  dec_emb_.zero();  // reused for the gradient of the embedding sum
+  dropout_or_copy_backward(dec_emb_.data(), d_dec_x_.data(), nd * C,
                            dropout_key(ctx_, cfg_.hidden_dropout, static_cast<uint64_t>(1 + 3 * cfg_.num_layers)));
-  embed_backward(g_c_.data(), batch_->decoder_tokens.data(), B, Td);
+  embed_backward(dec_emb_.data(), batch_->decoder_tokens.data(), B, Td);
   // encoder: final LayerNorm, the stack, the embedding
   d_enc_out_.zero();
   enc_lnf_->backward(d_enc_out_.data(), d_enc_h_.data(), enc_out_.data(), enc_mean_.data(), enc_rstd_.data(), ne);

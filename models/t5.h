@@ -37,19 +37,9 @@ class T5 final : public train::Model {
   std::string summary() const override;
 
  private:
-  struct DecoderLayer {
-    nn::LayerNorm ln1, lnx, ln2;
-    nn::ColumnParallelLinear qkv, q, kv, fc1;
-    nn::RowParallelLinear proj, xproj, fc2;
-  };
-  struct DecoderSaved {
-    Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn, proj, x1, lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xattn,
-        xproj, x2, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2;
-  };
   void allocate(int64_t B, int64_t Te, int64_t Td);
   void embed(float* out, const int32_t* tokens, int64_t B, int64_t T);
   void embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T);
-  uint64_t decoder_stream(int64_t layer, int site) const;
   // (local heads, T, T) bias from table `id`; and its gradient scattered back into the table.
   void relative_bias(float* out, int id, int64_t T, bool bidirectional) const;
   void relative_bias_backward(const float* d, int id, int64_t T, bool bidirectional);
@@ -60,9 +50,8 @@ class T5 final : public train::Model {
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1, lm_bias_ = -1;
   int enc_rel_ = -1, dec_rel_ = -1;  // relative position bias tables (buckets, heads), relative_attention only
-  std::unique_ptr<TransformerStack> encoder_;
+  std::unique_ptr<TransformerStack> encoder_, decoder_;  // the decoder's blocks cross-attend to the encoder
   std::unique_ptr<nn::LayerNorm> enc_lnf_, dec_lnf_;
-  std::vector<DecoderLayer> decoder_;
   TiedLmHead head_;
   int64_t heads_local_;
 
@@ -72,9 +61,7 @@ class T5 final : public train::Model {
   train::StepContext ctx_;
   const train::Batch* batch_ = nullptr;
   Tensor enc_emb_, enc_x_, enc_out_, enc_h_, enc_mean_, enc_rstd_, d_enc_h_, d_enc_out_, d_enc_x_;
-  Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_;
-  std::vector<DecoderSaved> saved_;
-  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_q_, g_kv_, g_ff_a_, g_ff_b_;
+  Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_, d_dec_out_, d_dec_x_;
   Tensor enc_bias_, dec_bias_, d_enc_bias_, d_dec_bias_;
 };
 

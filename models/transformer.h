@@ -1,13 +1,17 @@
 // The transformer layer stack shared by GPT (causal), BERT (bidirectional with padding
-// masks) and, later, T5's encoder: self-attention with a fused per-head QKV projection and
-// a GELU MLP, tensor-parallel through the nn layers, with dropout keyed by
+// masks) and T5's encoder and decoder: self-attention with a fused per-head QKV projection,
+// optionally cross-attention to a memory (T5's decoder attending to the encoder), and a
+// GELU MLP, tensor-parallel through the nn layers, with dropout keyed by
 // (seed, iteration, micro-batch, stream) so masks never depend on the thread count.
 //
-//   pre-LN  (Megatron):      x = x + drop(proj(attn(qkv(ln1(x)))));  x = x + drop(fc2(gelu(fc1(ln2(x)))))
+//   pre-LN  (Megatron):      x = x + drop(proj(attn(qkv(ln1(x)))))
+//                            x = x + drop(xproj(cross(q(lnx(x)), kv(memory))))    (cross_attention only)
+//                            x = x + drop(fc2(gelu(fc1(ln2(x)))))
 //   post-LN (original BERT): x = ln1(x + drop(proj(attn(qkv(x)))));  x = ln2(x + drop(fc2(gelu(fc1(x)))))
 // The final LayerNorm of a pre-LN model belongs to the model, not the stack.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,7 +31,11 @@ struct StackConfig {
   double init_std = 0.02, eps = 1e-5;
   bool causal = true;
   bool post_layernorm = false;
-  uint64_t stream_base = 1;  // dropout streams stream_base + 3 * layer + site
+  bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)
+  // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
+  // probabilities, attention output, MLP output) or 5 with cross-attention (its
+  // probabilities and output after the self-attention's)
+  uint64_t stream_base = 1;
 };
 
 // The stack of a model: its layers, sizes, dropout, init and eps from the model config.
@@ -41,41 +49,64 @@ ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t st
 void dropout_or_copy(float* out, const float* in, int64_t n, const ops::DropoutKey& k);
 void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const ops::DropoutKey& k);
 
+// What a cross-attention stack attends to: values (B*T, C) with mask (B, T), 1 = attend,
+// may be null. Both must stay valid until backward.
+struct StackMemory {
+  const float* values = nullptr;
+  int64_t T = 0;
+  const uint8_t* mask = nullptr;
+};
+
 class TransformerStack {
  public:
   TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& config);
   // out (B*T, C) from x (B*T, C); key_mask (B, T), 1 = attend, may be null. attn_bias
-  // (local heads, T, T), when given, is added to every layer's attention scores (T5's
+  // (local heads, T, T), when given, is added to every layer's self-attention scores (T5's
   // relative position bias); it must stay valid until backward.
   void forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
-               const train::StepContext& ctx, const float* attn_bias = nullptr);
+               const train::StepContext& ctx, const float* attn_bias = nullptr, const StackMemory& memory = {});
   // dx (B*T, C) is overwritten with the gradient of the input; dout is the gradient of out.
-  // dattn_bias (local heads, T, T), when given, accumulates the bias gradient of all layers.
-  void backward(float* dx, const float* dout, float* dattn_bias = nullptr);
+  // dattn_bias (local heads, T, T), when given, accumulates the bias gradient of all layers;
+  // dmemory (B*Tm, C), for a cross-attention stack, accumulates the memory's gradient.
+  void backward(float* dx, const float* dout, float* dattn_bias = nullptr, float* dmemory = nullptr);
   const StackConfig& config() const { return cfg_; }
 
  private:
+  // Members in the order the parameters are declared (the cross-attention ones only with
+  // cross_attention).
   struct Block {
-    nn::LayerNorm ln1, ln2;
-    nn::ColumnParallelLinear qkv, fc1;
-    nn::RowParallelLinear proj, fc2;
+    nn::LayerNorm ln1;
+    std::optional<nn::LayerNorm> lnx;
+    nn::LayerNorm ln2;
+    nn::ColumnParallelLinear qkv;
+    std::optional<nn::ColumnParallelLinear> q, kv;
+    nn::ColumnParallelLinear fc1;
+    nn::RowParallelLinear proj;
+    std::optional<nn::RowParallelLinear> xproj;
+    nn::RowParallelLinear fc2;
   };
   struct Saved {  // activations of one block, (n, ...) with n = B * T
     Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
+    Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xattn, xproj, x2;  // cross-attention
   };
-  void allocate(int64_t B, int64_t T);
-  uint64_t stream(int layer, int site) const { return cfg_.stream_base + static_cast<uint64_t>(layer) * 3 + site; }
+  enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
+  void allocate(int64_t B, int64_t T, int64_t Tm);
+  uint64_t stream(int layer, int site) const {
+    return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
+  }
+  int mlp_site() const { return cfg_.cross_attention ? 4 : 2; }
 
   StackConfig cfg_;
   comm::Communicator* tp_;
   std::vector<Block> blocks_;
   int64_t heads_local_;
-  int64_t B_ = 0, T_ = 0;
+  int64_t B_ = 0, T_ = 0, Tm_ = 0;
   const uint8_t* mask_ = nullptr;
   const float* bias_ = nullptr;
+  StackMemory memory_;
   train::StepContext ctx_;
   std::vector<Saved> saved_;
-  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_a_, g_ff_b_, out_copy_;
+  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_a_, g_ff_b_, out_copy_, g_q_, g_kv_;
 };
 
 }  // namespace megabatch::models
