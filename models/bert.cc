@@ -79,8 +79,8 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
 
   // embeddings: word + position + token type
   wte_->forward(emb_.data(), batch.tokens.data(), n);
+  add_position_embeddings(emb_.data(), store_.param(wpe_), n, T_, C);
   {
-    const float* wpe = store_.param(wpe_);
     const float* wtt = store_.param(wtt_);
     const int32_t* types = batch.token_types.empty() ? nullptr : batch.token_types.data();
     float* e = emb_.data();
@@ -88,9 +88,7 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
       const int64_t type = types ? types[i] : 0;
       check(type >= 0 && type < cfg_.num_tokentypes, "BERT: token type ", type, " at position ", i,
             " is outside [0, ", cfg_.num_tokentypes, ")");
-      const float* p = wpe + (i % T_) * C;
-      const float* tt = wtt + type * C;
-      for (int64_t c = 0; c < C; ++c) e[i * C + c] += p[c] + tt[c];
+      for (int64_t c = 0; c < C; ++c) e[i * C + c] += wtt[type * C + c];
     }
   }
   const float* emb = emb_.data();
@@ -206,18 +204,12 @@ void Bert::backward() {
     std::memcpy(demb_.data(), dx_.data(), sizeof(float) * static_cast<size_t>(n * C));
   }
   wte_->backward(demb_.data(), batch_->tokens.data(), n);
-  float* dwpe = store_.grad(wpe_);
+  position_embeddings_backward(store_.grad(wpe_), demb_.data(), n, T_, C);
   float* dwtt = store_.grad(wtt_);
   const int32_t* types = batch_->token_types.empty() ? nullptr : batch_->token_types.data();
   const float* g = demb_.data();
-  for (int64_t i = 0; i < n; ++i) {
-    float* p = dwpe + (i % T_) * C;
-    float* tt = dwtt + (types ? types[i] : 0) * C;
-    for (int64_t c = 0; c < C; ++c) {
-      p[c] += g[i * C + c];
-      tt[c] += g[i * C + c];
-    }
-  }
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < C; ++c) dwtt[(types ? types[i] : 0) * C + c] += g[i * C + c];
 }
 
 }  // namespace megabatch::models

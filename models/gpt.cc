@@ -41,8 +41,6 @@ void Gpt::allocate(int64_t B, int64_t T) {
   const int64_t n = B * T, C = cfg_.hidden_size;
   for (Tensor* t : {&emb_, &x_in_, &x_final_, &lnf_out_, &dlnf_, &dx_final_, &dx_}) t->resize({n, C});
   for (Tensor* t : {&lnf_mean_, &lnf_rstd_}) t->resize({n});
-  positions_.resize(n);
-  for (int64_t i = 0; i < n; ++i) positions_[i] = static_cast<int32_t>(i % T);
 }
 
 train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -61,13 +59,7 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
 
   // embeddings: word + position, then dropout
   wte_->forward(emb_.data(), batch.tokens.data(), n);
-  {
-    const float* wpe = store_.param(wpe_);
-    float* e = emb_.data();
-#pragma omp parallel for schedule(static) if (n * C > 65536)
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < C; ++c) e[i * C + c] += wpe[positions_[i] * C + c];
-  }
+  add_position_embeddings(emb_.data(), store_.param(wpe_), n, T_, C);
   const uint8_t* kmask = batch.padding_mask.empty() ? nullptr : batch.padding_mask.data();
   dropout_or_copy(x_in_.data(), emb_.data(), n * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
   stack_->forward(x_final_.data(), x_in_.data(), B_, T_, kmask, ctx_);
@@ -90,13 +82,7 @@ void Gpt::backward() {
   emb_.zero();  // reused for the gradient of the embedding sum
   dropout_or_copy_backward(emb_.data(), dx_.data(), n * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
   wte_->backward(emb_.data(), batch_->tokens.data(), n);
-  float* dwpe = store_.grad(wpe_);
-  const float* g = emb_.data();
-  // positions repeat every T rows: sum the B rows of each position in batch order
-#pragma omp parallel for schedule(static) if (T_ * C > 16384)
-  for (int64_t t = 0; t < T_; ++t)
-    for (int64_t bb = 0; bb < B_; ++bb)
-      for (int64_t c = 0; c < C; ++c) dwpe[t * C + c] += g[(bb * T_ + t) * C + c];
+  position_embeddings_backward(store_.grad(wpe_), emb_.data(), n, T_, C);
 }
 
 }  // namespace megabatch::models

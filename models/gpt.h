@@ -47,7 +47,6 @@ class Gpt final : public train::Model {
   bool have_grad_ = false;
   train::StepContext ctx_;
   const train::Batch* batch_ = nullptr;
-  std::vector<int32_t> positions_;
   Tensor emb_, x_in_, x_final_, lnf_out_, lnf_mean_, lnf_rstd_, dlnf_, dx_final_, dx_;
 };
 

@@ -75,10 +75,7 @@ void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
     check(tokens[i] >= 0 && tokens[i] < vocab, "T5: token id ", tokens[i], " at position ", i,
           " is outside the vocabulary (", vocab, ")");
   wte_->forward(out, tokens, n);
-  if (wpe_ < 0) return;  // relative attention: no absolute positions
-  const float* wpe = store_.param(wpe_);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < C; ++c) out[i * C + c] += wpe[(i % T) * C + c];
+  if (wpe_ >= 0) add_position_embeddings(out, store_.param(wpe_), n, T, C);  // none with relative attention
 }
 
 void T5::relative_bias(float* out, int id, int64_t T, bool bidirectional) const {
@@ -106,10 +103,7 @@ void T5::relative_bias_backward(const float* d, int id, int64_t T, bool bidirect
 void T5::embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T) {
   const int64_t n = B * T, C = cfg_.hidden_size;
   wte_->backward(d, tokens, n);
-  if (wpe_ < 0) return;
-  float* dwpe = store_.grad(wpe_);
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < C; ++c) dwpe[(i % T) * C + c] += d[i * C + c];
+  if (wpe_ >= 0) position_embeddings_backward(store_.grad(wpe_), d, n, T, C);
 }
 
 train::LossOutput T5::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {

@@ -31,6 +31,20 @@ void check_model_group(const ModelConfig& c, const comm::Communicator& tp) {
         ") differs from the tensor-parallel group size (", tp.size(), ")");
 }
 
+void add_position_embeddings(float* x, const float* table, int64_t n, int64_t T, int64_t C) {
+#pragma omp parallel for schedule(static) if (n * C > 65536)
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t c = 0; c < C; ++c) x[i * C + c] += table[(i % T) * C + c];
+}
+
+void position_embeddings_backward(float* dtable, const float* d, int64_t n, int64_t T, int64_t C) {
+  const int64_t B = n / T;
+#pragma omp parallel for schedule(static) if (T * C > 16384)
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t c = 0; c < C; ++c) dtable[t * C + c] += d[(b * T + t) * C + c];
+}
+
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream) {
   ops::DropoutKey k;
   k.p = ctx.training ? p : 0.0;

@@ -43,6 +43,12 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
 // Validates the config and checks that it was declared for this tensor-parallel group.
 void check_model_group(const ModelConfig& c, const comm::Communicator& tp);
 
+// Learned absolute positions: x (n, C), n = B * T rows of B sequences, += table[row % T];
+// and the backward, dtable[t] += the sum over the B rows at position t (in batch order, so
+// the result does not depend on the thread count).
+void add_position_embeddings(float* x, const float* table, int64_t n, int64_t T, int64_t C);
+void position_embeddings_backward(float* dtable, const float* d, int64_t n, int64_t T, int64_t C);
+
 // The dropout key of one site: keyed by the step context and a stream number.
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream);
 // out = dropout(in) (a copy when k.p is 0); and its backward, accumulating into din.
