@@ -103,17 +103,17 @@ void Trainer::train_step() {
     const StepContext ctx{opt_.seed, iteration_, m, true};
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     model_.backward();
+    if (k == 0) {
+      extra.assign(out.extra.size(), 0.0);
+      for (const auto& t : out.extra) extra_names.push_back(t.name);
+      if (opt_.noise_scale) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
+        const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
+        small_sq = n1 * n1;
+      }
+    }
     loss += out.mean() / static_cast<double>(micro_batches);
-    if (k == 0) extra.assign(out.extra.size(), 0.0);
     for (size_t e = 0; e < out.extra.size() && e < extra.size(); ++e)
       extra[e] += out.extra[e].mean() / static_cast<double>(micro_batches);
-    if (k == 0) extra_names.clear();
-    if (k == 0)
-      for (const auto& t : out.extra) extra_names.push_back(t.name);
-    if (opt_.noise_scale && k == 0) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
-      const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
-      small_sq = n1 * n1;
-    }
   }
   if (D > 1) {
     // the mean gradient of the global batch: sum the ranks' shares, in buckets

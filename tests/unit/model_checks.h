@@ -11,6 +11,7 @@
 
 #include "core/train/model.h"
 #include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
 
 namespace megabatch::testing {
 
@@ -45,6 +46,19 @@ inline void expect_directional_derivatives(train::Model& model, const train::Bat
     std::copy(keep.begin(), keep.end(), P.param(i));
     EXPECT_NEAR(fd, analytic, rel_tol * std::max(1.0, std::abs(analytic)) + abs_tol) << P.info(i).name << label;
   }
+}
+
+// The command running an independent reference implementation in tests/reference/.
+inline std::string reference(const std::string& script) {
+  return "/usr/bin/python3 " + source_dir() + "/tests/reference/" + script;
+}
+
+// Fresh gradients of one micro-batch, without dropout: the losses (and the gradients in the store).
+inline train::LossOutput loss_and_gradients(train::Model& model, const train::Batch& batch) {
+  model.parameters().zero_grad();
+  const auto out = model.forward(batch, {0, 1, 0, false}, 1.0f);
+  model.backward();
+  return out;
 }
 
 // Adds N(0, std^2) noise to every parameter (so that biases and norms are not trivial).

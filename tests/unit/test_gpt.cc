@@ -117,7 +117,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("eps", c.layernorm_epsilon);
 }
 
-std::string torch_ref() { return "/usr/bin/python3 " + mb::testing::source_dir() + "/tests/reference/gpt_torch.py"; }
+std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
 
 }  // namespace
 
@@ -132,9 +132,7 @@ TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
   const auto r = mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
-  model->parameters().zero_grad();
-  const double loss = model->forward(batch, {0, 1, 0, false}, 1.0f).mean();
-  model->backward();
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
   H5File out((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
   mb::testing::expect_gradients_match(model->parameters(), out);
