@@ -67,6 +67,10 @@ void T5::allocate(int64_t B, int64_t Te, int64_t Td) {
   for (Tensor* t : {&enc_mean_, &enc_rstd_}) t->resize({ne});
   for (Tensor* t : {&dec_emb_, &dec_x_, &dec_out_, &dec_h_, &d_dec_h_, &d_dec_out_, &d_dec_x_}) t->resize({nd, C});
   for (Tensor* t : {&dec_mean_, &dec_rstd_}) t->resize({nd});
+  if (cfg_.relative_attention) {  // the bucket of every (query, key) pair depends on the lengths only
+    enc_buckets_ = buckets(Te, true);
+    dec_buckets_ = buckets(Td, false);
+  }
 }
 
 void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
@@ -78,32 +82,34 @@ void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
   if (wpe_ >= 0) add_position_embeddings(out, store_.param(wpe_), n, T, C);  // none with relative attention
 }
 
-void T5::relative_bias(float* out, int id, int64_t T, bool bidirectional) const {
-  const float* table = store_.param(id);  // (buckets, local heads)
-  const int64_t H = heads_local_;
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < T; ++j) {
-      const int64_t b = ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
-                                                      static_cast<int>(cfg_.relative_attention_max_distance));
-      for (int64_t h = 0; h < H; ++h) out[(h * T + i) * T + j] = table[b * H + h];
-    }
-}
-
-void T5::relative_bias_backward(const float* d, int id, int64_t T, bool bidirectional) {
-  float* table = store_.grad(id);
-  const int64_t H = heads_local_;
-  for (int64_t i = 0; i < T; ++i)
-    for (int64_t j = 0; j < T; ++j) {
-      const int64_t b = ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
-                                                      static_cast<int>(cfg_.relative_attention_max_distance));
-      for (int64_t h = 0; h < H; ++h) table[b * H + h] += d[(h * T + i) * T + j];
-    }
-}
-
 void T5::embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T) {
   const int64_t n = B * T, C = cfg_.hidden_size;
   wte_->backward(d, tokens, n);
   if (wpe_ >= 0) position_embeddings_backward(store_.grad(wpe_), d, n, T, C);
+}
+
+std::vector<int32_t> T5::buckets(int64_t T, bool bidirectional) const {
+  std::vector<int32_t> out(static_cast<size_t>(T * T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j)
+      out[static_cast<size_t>(i * T + j)] =
+          ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
+                                        static_cast<int>(cfg_.relative_attention_max_distance));
+  return out;
+}
+
+void T5::relative_bias(float* out, int id, const std::vector<int32_t>& bucket, int64_t T) const {
+  const float* table = store_.param(id);  // (buckets, local heads)
+  const int64_t H = heads_local_;
+  for (int64_t e = 0; e < T * T; ++e)
+    for (int64_t h = 0; h < H; ++h) out[h * T * T + e] = table[bucket[static_cast<size_t>(e)] * H + h];
+}
+
+void T5::relative_bias_backward(const float* d, int id, const std::vector<int32_t>& bucket, int64_t T) {
+  float* table = store_.grad(id);
+  const int64_t H = heads_local_;
+  for (int64_t e = 0; e < T * T; ++e)
+    for (int64_t h = 0; h < H; ++h) table[bucket[static_cast<size_t>(e)] * H + h] += d[h * T * T + e];
 }
 
 train::LossOutput T5::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -130,8 +136,8 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
   if (cfg_.relative_attention) {
     enc_bias_.resize({heads_local_, Te, Te});
     dec_bias_.resize({heads_local_, Td, Td});
-    relative_bias(enc_bias_.data(), enc_rel_, Te, true);
-    relative_bias(dec_bias_.data(), dec_rel_, Td, false);
+    relative_bias(enc_bias_.data(), enc_rel_, enc_buckets_, Te);
+    relative_bias(dec_bias_.data(), dec_rel_, dec_buckets_, Td);
     ebias = enc_bias_.data();
     dbias = dec_bias_.data();
   }
@@ -175,8 +181,8 @@ void T5::backward() {
   enc_lnf_->backward(d_enc_out_.data(), d_enc_h_.data(), enc_out_.data(), enc_mean_.data(), enc_rstd_.data(), ne);
   encoder_->backward(d_enc_x_.data(), d_enc_out_.data(), rel ? d_enc_bias_.data() : nullptr);
   if (rel) {
-    relative_bias_backward(d_enc_bias_.data(), enc_rel_, Te, true);
-    relative_bias_backward(d_dec_bias_.data(), dec_rel_, Td, false);
+    relative_bias_backward(d_enc_bias_.data(), enc_rel_, enc_buckets_, Te);
+    relative_bias_backward(d_dec_bias_.data(), dec_rel_, dec_buckets_, Td);
   }
   enc_emb_.zero();  // reused for the gradient of the embedding sum
   dropout_or_copy_backward(enc_emb_.data(), d_enc_x_.data(), ne * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));

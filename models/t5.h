@@ -40,9 +40,11 @@ class T5 final : public train::Model {
   void allocate(int64_t B, int64_t Te, int64_t Td);
   void embed(float* out, const int32_t* tokens, int64_t B, int64_t T);
   void embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T);
+  // The relative position bucket of every (query, key) pair of a length-T sequence.
+  std::vector<int32_t> buckets(int64_t T, bool bidirectional) const;
   // (local heads, T, T) bias from table `id`; and its gradient scattered back into the table.
-  void relative_bias(float* out, int id, int64_t T, bool bidirectional) const;
-  void relative_bias_backward(const float* d, int id, int64_t T, bool bidirectional);
+  void relative_bias(float* out, int id, const std::vector<int32_t>& bucket, int64_t T) const;
+  void relative_bias_backward(const float* d, int id, const std::vector<int32_t>& bucket, int64_t T);
 
   ModelConfig cfg_;
   comm::Communicator* tp_;
@@ -63,6 +65,7 @@ class T5 final : public train::Model {
   Tensor enc_emb_, enc_x_, enc_out_, enc_h_, enc_mean_, enc_rstd_, d_enc_h_, d_enc_out_, d_enc_x_;
   Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_, d_dec_out_, d_dec_x_;
   Tensor enc_bias_, dec_bias_, d_enc_bias_, d_dec_bias_;
+  std::vector<int32_t> enc_buckets_, dec_buckets_;  // relative_attention: per (query, key), for the current lengths
 };
 
 }  // namespace megabatch::models
