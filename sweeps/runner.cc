@@ -54,6 +54,17 @@ std::string tail(const fs::path& path, size_t bytes) {
   return s;
 }
 
+// Whether the point in `dir` already ran (its point.json exists) with a configuration
+// other than `config`.
+bool ran_with_other_config(const fs::path& dir, const json& config) {
+  if (!fs::exists(dir / "point.json")) return false;
+  try {
+    return json::parse(read_text(dir / "point.json")) != config;
+  } catch (const std::exception&) {
+    return true;  // unreadable: not the same configuration
+  }
+}
+
 // Progress from a point's log: the last iteration line's iteration and lm loss.
 struct Progress {
   int64_t iteration = 0;
@@ -216,15 +227,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       continue;
     }
     if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
-    const bool started = fs::exists(p.dir / "point.json");
-    if (started) {
-      json ran;
-      try {
-        ran = json::parse(read_text(p.dir / "point.json"));
-      } catch (const std::exception&) {
-      }
-      if (ran != p.point->config) changed.push_back(p.point->id);
-    }
+    if (ran_with_other_config(p.dir, p.point->config)) changed.push_back(p.point->id);
     if (fs::exists(p.dir / "DONE")) p.state = "done";
     p.progress = parse_progress(p.dir / "stdout.log");
   }
@@ -415,15 +418,8 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir) {
   std::string ids;
   for (const auto& p : sweep.points) {
     const fs::path dir = root / p.id;
-    if (fs::exists(dir / "point.json")) {
-      json ran;
-      try {
-        ran = json::parse(read_text(dir / "point.json"));
-      } catch (const std::exception&) {
-      }
-      check(ran == p.config, (dir / "point.json").string(), ": this point already ran with another configuration; ",
-            "give the sweep a new name or remove ", dir.string());
-    }
+    check(!ran_with_other_config(dir, p.config), (dir / "point.json").string(),
+          ": this point already ran with another configuration; give the sweep a new name or remove ", dir.string());
     fs::create_directories(dir);
     write_atomic(dir / "point.json", p.config.dump(2) + "\n");
     ids += p.id + "\n";
