@@ -251,13 +251,6 @@ std::vector<std::array<double, K>> multi_tensor_sum(const std::vector<TensorJob<
   return sums;
 }
 
-// fn(j) over one tensor: the single-job form of multi_tensor_apply.
-template <typename Fn>
-inline void for_each(int64_t n, Fn&& fn) {
-  MB_PLUGIN_PRAGMA("omp parallel for simd schedule(static) if (n > 32768)")
-  for (int64_t j = 0; j < n; ++j) fn(j);
-}
-
 // ---- the optimizer base class -------------------------------------------------------
 struct Context {
   const mb_host* host;
