@@ -1,0 +1,23 @@
+// The CUDA side of core/device/runtime.h, implemented in runtime.cu (CUDA builds only).
+// Plain C++: dispatch code includes it and calls it through MB_CUDA(...).
+#pragma once
+
+#include <cstddef>
+
+#include "core/device/runtime.h"
+
+namespace megabatch::cuda_rt {
+
+int device_count();
+runtime::GpuInfo gpu_info(int index);
+void* raw_alloc(int device, size_t bytes);
+void raw_free(int device, void* p, size_t bytes);
+void use_device(int device);
+// kind: 0 host->device, 1 device->host, 2 device->device
+void copy_bytes(void* dst, const void* src, size_t bytes, int device, int kind);
+void fill_zero(void* p, int device, size_t bytes);
+void synchronize(int device);
+void* stream(int device);
+runtime::AllocStats alloc_stats(int device);
+
+}  // namespace megabatch::cuda_rt

@@ -1,0 +1,128 @@
+// CUDA side of the device runtime: one stream per GPU, raw memory with counts, copies.
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/device/cuda/check.h"
+#include "core/device/cuda/cuda_runtime.h"
+
+namespace megabatch::cuda_rt {
+
+void fail_call(const char* what, const char* error, const char* file, int line) {
+  fail("CUDA error in ", what, " (", file, ":", line, "): ", error);
+}
+
+bool sync_after_launch() {
+  static const bool on = [] {
+    const char* v = std::getenv("MEGABATCH_CUDA_SYNC");
+    return v && std::string(v) == "1";
+  }();
+  return on;
+}
+
+void check_launch(const char* kernel, const char* file, int line) {
+  cudaError_t e = cudaGetLastError();
+  if (e == cudaSuccess && sync_after_launch()) e = cudaDeviceSynchronize();
+  if (e != cudaSuccess) fail_call(kernel, cudaGetErrorString(e), file, line);
+}
+
+namespace {
+struct PerDevice {
+  cudaStream_t stream = nullptr;
+  runtime::AllocStats stats;
+};
+std::mutex g_mu;
+std::vector<PerDevice>& devices() {
+  static auto* d = new std::vector<PerDevice>();  // lives until exit
+  return *d;
+}
+PerDevice& per_device(int device) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& all = devices();
+  if (all.size() <= static_cast<size_t>(device)) all.resize(static_cast<size_t>(device) + 1);
+  PerDevice& p = all[static_cast<size_t>(device)];
+  if (!p.stream) {
+    MB_CUDA_CHECK(cudaSetDevice(device));
+    MB_CUDA_CHECK(cudaStreamCreateWithFlags(&p.stream, cudaStreamNonBlocking));
+  }
+  return p;
+}
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // no driver or no GPU: not an error, just none
+    return 0;
+  }
+  return n;
+}
+
+runtime::GpuInfo gpu_info(int index) {
+  cudaDeviceProp p{};
+  MB_CUDA_CHECK(cudaGetDeviceProperties(&p, index));
+  runtime::GpuInfo g;
+  g.name = p.name;
+  g.major = p.major;
+  g.minor = p.minor;
+  g.total_memory = p.totalGlobalMem;
+  g.multiprocessors = p.multiProcessorCount;
+  return g;
+}
+
+void* raw_alloc(int device, size_t bytes) {
+  PerDevice& d = per_device(device);
+  void* p = nullptr;
+  const cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    fail("cuda:", device, ": out of memory allocating ", bytes >> 20, " MiB (", d.stats.bytes_reserved >> 20,
+         " MiB held by this run, ", free_b >> 20, " MiB free of ", total_b >> 20,
+         " MiB); lower --micro-batch-size or the model size (", cudaGetErrorString(e), ")");
+  }
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++d.stats.raw_allocs;
+  d.stats.bytes_reserved += bytes;
+  return p;
+}
+
+void raw_free(int device, void* p, size_t bytes) {
+  PerDevice& d = per_device(device);
+  MB_CUDA_CHECK(cudaFree(p));
+  std::lock_guard<std::mutex> lock(g_mu);
+  ++d.stats.raw_frees;
+  d.stats.bytes_reserved -= bytes;
+}
+
+void use_device(int device) {
+  per_device(device);
+  MB_CUDA_CHECK(cudaSetDevice(device));
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes, int device, int kind) {
+  PerDevice& d = per_device(device);
+  const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+  MB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, d.stream));
+  if (kind == 1) MB_CUDA_CHECK(cudaStreamSynchronize(d.stream));
+}
+
+void fill_zero(void* p, int device, size_t bytes) {
+  MB_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, per_device(device).stream));
+}
+
+void synchronize(int device) { MB_CUDA_CHECK(cudaStreamSynchronize(per_device(device).stream)); }
+
+void* stream(int device) { return per_device(device).stream; }
+
+runtime::AllocStats alloc_stats(int device) {
+  PerDevice& d = per_device(device);
+  std::lock_guard<std::mutex> lock(g_mu);
+  runtime::AllocStats s = d.stats;
+  s.bytes_in_use = 0;
+  return s;
+}
+
+}  // namespace megabatch::cuda_rt

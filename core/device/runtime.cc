@@ -1,0 +1,88 @@
+#include "core/device/runtime.h"
+
+#include <cstring>
+
+#include "core/device/allocator.h"
+#include "core/device/dispatch.h"
+#include "core/util/error.h"
+#if MEGABATCH_WITH_CUDA
+#include "core/device/cuda/cuda_runtime.h"
+#endif
+
+namespace megabatch {
+
+void fail_no_cuda() {
+  fail("this megabatch was built without CUDA: configure where nvcc is found (or with "
+       "-DMEGABATCH_CUDA=ON -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc) and rebuild, or run with --device cpu");
+}
+
+}  // namespace megabatch
+
+namespace megabatch::runtime {
+
+bool built_with_cuda() { return MEGABATCH_WITH_CUDA != 0; }
+
+int cuda_device_count() {
+#if MEGABATCH_WITH_CUDA
+  return cuda_rt::device_count();
+#else
+  return 0;
+#endif
+}
+
+GpuInfo gpu_info([[maybe_unused]] int index) {
+  MB_CUDA(return cuda_rt::gpu_info(index));
+}
+
+void* raw_alloc(Device d, [[maybe_unused]] size_t bytes) {
+  if (d.is_cpu()) fail("internal error: raw_alloc is for GPUs");
+  MB_CUDA(return cuda_rt::raw_alloc(d.index, bytes));
+}
+
+void raw_free(Device d, [[maybe_unused]] void* p, [[maybe_unused]] size_t bytes) {
+  if (d.is_cpu()) return;
+  MB_CUDA(cuda_rt::raw_free(d.index, p, bytes));
+}
+
+void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes) {
+  if (bytes == 0) return;
+  if (to.is_cpu() && from.is_cpu()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  check(!(to.is_cuda() && from.is_cuda()) || to.index == from.index, "copy between GPUs ", from.str(), " and ",
+        to.str(), " is not supported");
+  MB_CUDA(cuda_rt::copy_bytes(dst, src, bytes, to.is_cuda() ? to.index : from.index,
+                              from.is_cpu() ? 0 : to.is_cpu() ? 1 : 2));
+}
+
+void fill_zero(void* p, Device d, size_t bytes) {
+  if (bytes == 0) return;
+  if (d.is_cpu()) {
+    std::memset(p, 0, bytes);
+    return;
+  }
+  MB_CUDA(cuda_rt::fill_zero(p, d.index, bytes));
+}
+
+void synchronize(Device d) {
+  if (d.is_cpu()) return;
+  MB_CUDA(cuda_rt::synchronize(d.index));
+}
+
+void use_device(Device d) {
+  if (d.is_cpu()) return;
+  MB_CUDA(cuda_rt::use_device(d.index));
+}
+
+void* cuda_stream(Device d) {
+  if (d.is_cpu()) return nullptr;
+  MB_CUDA(return cuda_rt::stream(d.index));
+}
+
+AllocStats alloc_stats(Device d) {
+  if (d.is_cpu()) return {};
+  MB_CUDA(AllocStats s = cuda_rt::alloc_stats(d.index); s.bytes_in_use = allocator(d).bytes_in_use(); return s);
+}
+
+}  // namespace megabatch::runtime

@@ -1,0 +1,178 @@
+#include "core/tensor/tensor.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "core/device/allocator.h"
+#include "core/device/runtime.h"
+#include "core/util/error.h"
+
+namespace megabatch {
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  data_ = device_alloc_zeroed(device, bytes);
+}
+
+Storage::~Storage() { device_free(device_, data_); }
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    check(d >= 0, "tensor shape ", shape_text(shape), " has a negative dimension");
+    n *= d;
+  }
+  return static_cast<size_t>(n);
+}
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+Tensor::Tensor(std::vector<int64_t> shape, DType dtype, Device device) { resize(std::move(shape), dtype, device); }
+
+void Tensor::resize(std::vector<int64_t> shape) { resize(std::move(shape), dtype_, device_); }
+
+void Tensor::resize(std::vector<int64_t> shape, DType dtype, Device device) {
+  const size_t n = numel_of(shape);
+  const size_t bytes = n * dtype_size(dtype);
+  const bool fits = storage_ && device == device_ && storage_->bytes() - offset_ >= bytes;
+  if (!fits) {
+    check(owner_, "cannot grow a view (", describe(), ") to ", shape_text(shape));
+    storage_ = std::make_shared<Storage>(bytes == 0 ? 64 : bytes, device);
+    offset_ = 0;
+  }
+  shape_ = std::move(shape);
+  numel_ = n;
+  dtype_ = dtype;
+  device_ = device;
+}
+
+void Tensor::zero() {
+  if (numel_) runtime::fill_zero(raw(), device_, nbytes());
+}
+
+std::string Tensor::describe() const {
+  return std::string(dtype_name(dtype_)) + shape_text(shape_) + " on " + device_.str();
+}
+
+void Tensor::bad_element(size_t size) const {
+  fail("internal error: ", size, "-byte element access to a ", describe(), " tensor");
+}
+
+Tensor Tensor::view(std::vector<int64_t> shape) const {
+  check(numel_of(shape) == numel_, "cannot view ", describe(), " as ", shape_text(shape));
+  Tensor v = *this;
+  v.owner_ = false;
+  v.shape_ = std::move(shape);
+  return v;
+}
+
+Tensor Tensor::rows(int64_t begin, int64_t end) const {
+  check(!shape_.empty() && begin >= 0 && begin <= end && end <= shape_[0], "rows [", begin, ", ", end, ") of ",
+        describe());
+  const size_t row = shape_[0] ? numel_ / static_cast<size_t>(shape_[0]) : 0;
+  std::vector<int64_t> s = shape_;
+  s[0] = end - begin;
+  return flat(static_cast<size_t>(begin) * row, static_cast<size_t>(end - begin) * row, s);
+}
+
+Tensor Tensor::flat(size_t offset, size_t n, std::vector<int64_t> shape) const {
+  check(offset + n <= numel_, "elements [", offset, ", ", offset + n, ") of ", describe());
+  if (shape.empty()) shape = {static_cast<int64_t>(n)};
+  check(numel_of(shape) == n, "view of ", n, " elements as ", shape_text(shape));
+  Tensor v = *this;
+  v.owner_ = false;
+  v.offset_ = offset_ + offset * dtype_size(dtype_);
+  v.shape_ = std::move(shape);
+  v.numel_ = n;
+  return v;
+}
+
+void copy(const Tensor& dst, const Tensor& src) {
+  check(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy: ", src.describe(), " into ", dst.describe());
+  if (dst.numel() == 0 || dst.raw() == src.raw()) return;
+  runtime::copy_bytes(dst.raw(), dst.device(), src.raw(), src.device(), src.nbytes());
+}
+
+Tensor to_device(const Tensor& t, Device d) {
+  if (t.device() == d) return t;
+  Tensor out(t.shape(), t.dtype(), d);
+  copy(out, t);
+  return out;
+}
+
+std::vector<float> to_host_f32(const Tensor& t) {
+  check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
+  const Tensor h = to_device(t, Device::cpu());
+  std::vector<float> out(t.numel());
+  switch (t.dtype()) {
+    case DType::kF32: std::memcpy(out.data(), h.raw(), t.nbytes()); break;
+    case DType::kF64:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(h.data<double>()[i]);
+      break;
+    case DType::kBF16:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
+      break;
+    default: break;
+  }
+  return out;
+}
+
+std::vector<double> to_host_f64(const Tensor& t) {
+  if (t.dtype() == DType::kF64) {
+    const Tensor h = to_device(t, Device::cpu());
+    return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+  }
+  const auto f = to_host_f32(t);
+  return std::vector<double>(f.begin(), f.end());
+}
+
+Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, DType dtype, Device device) {
+  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  Tensor h(shape, dtype, Device::cpu());
+  switch (dtype) {
+    case DType::kF32: std::memcpy(h.raw(), values.data(), h.nbytes()); break;
+    case DType::kBF16:
+      for (size_t i = 0; i < values.size(); ++i) h.data<uint16_t>()[i] = float_to_bf16(values[i]);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < values.size(); ++i) h.data<uint16_t>()[i] = float_to_f16(values[i]);
+      break;
+    case DType::kF64:
+      for (size_t i = 0; i < values.size(); ++i) h.data<double>()[i] = values[i];
+      break;
+    default: fail("from_host: floats into a ", dtype_name(dtype), " tensor");
+  }
+  return to_device(h, device);
+}
+
+Tensor from_host(const std::vector<double>& values, std::vector<int64_t> shape) {
+  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  Tensor h(std::move(shape), DType::kF64);
+  std::memcpy(h.raw(), values.data(), h.nbytes());
+  return h;
+}
+
+namespace {
+template <typename T>
+Tensor from_host_raw(const std::vector<T>& values, std::vector<int64_t> shape, Device device) {
+  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  Tensor t(std::move(shape), dtype_of<T>(), device);
+  if (!values.empty()) runtime::copy_bytes(t.raw(), device, values.data(), Device::cpu(), t.nbytes());
+  return t;
+}
+}  // namespace
+
+Tensor from_host(const std::vector<int32_t>& values, std::vector<int64_t> shape, Device device) {
+  return from_host_raw(values, std::move(shape), device);
+}
+Tensor from_host(const std::vector<uint8_t>& values, std::vector<int64_t> shape, Device device) {
+  return from_host_raw(values, std::move(shape), device);
+}
+
+}  // namespace megabatch
