@@ -87,7 +87,7 @@ Measured measure(const std::string& preset, int steps, int threads, const std::s
   auto model = mb::models::make_model(mb::models::preset(preset), tp, 1);
   auto& store = model->parameters();
   m.params = store.flat_size();
-  float* g = store.grads();
+  float* g = store.grads().data<float>();
   const int64_t n = static_cast<int64_t>(store.flat_size());
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(1e-3 * mb::philox_normal(7, static_cast<uint64_t>(i)));

@@ -63,7 +63,7 @@ double megabatch_tokens_per_second(int steps) {
     model->backward();
     const double norm = mb::optim::grad_norm(model->parameters(), tp);
     const float coeff = static_cast<float>(mb::optim::clip_coefficient(norm, 1.0));
-    float* gr = model->parameters().grads();
+    float* gr = model->parameters().grads().data<float>();
     for (size_t i = 0; i < model->parameters().flat_size(); ++i) gr[i] *= coeff;
     opt.step(s + 1, 1e-4, 8);
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());

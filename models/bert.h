@@ -36,11 +36,11 @@ class Bert final : public train::Model {
   nn::ParameterStore store_;
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1, wtt_ = -1, lm_bias_ = -1;
-  std::unique_ptr<nn::LayerNorm> emb_ln_;  // post-LN only
+  std::unique_ptr<nn::Norm> emb_ln_;  // post-LN only
   std::unique_ptr<TransformerStack> stack_;
-  std::unique_ptr<nn::LayerNorm> lnf_;     // pre-LN only
+  std::unique_ptr<nn::Norm> lnf_;     // pre-LN only
   std::unique_ptr<nn::Linear> lm_dense_, pooler_, binary_head_;
-  std::unique_ptr<nn::LayerNorm> lm_ln_;
+  std::unique_ptr<nn::Norm> lm_ln_;
   TiedLmHead head_;
 
   // state of the current micro-batch
@@ -48,13 +48,14 @@ class Bert final : public train::Model {
   bool have_grad_ = false;
   float grad_scale_ = 0;
   train::StepContext ctx_;
-  const train::Batch* batch_ = nullptr;
-  std::vector<int64_t> rows_;     // the masked positions
-  std::vector<int32_t> targets_;  // their labels
+  // the batch on the device: tokens, token types, positions, padding mask, the masked
+  // positions and their labels, the [CLS] rows and the sentence-order labels
+  Tensor tokens_, types_, positions_, mask_, rows_, targets_, cls_rows_, sop_labels_;
+  Tensor sums_;  // lm loss sum, sop loss sum
   Tensor emb_, emb_ln_out_, emb_mean_, emb_rstd_, x_in_, x_final_, h_, h_mean_, h_rstd_, dh_, dx_, demb_;
   Tensor hm_, d1_, g1_, l1_, l1_mean_, l1_rstd_, dl1_, dtmp_m_;
-  Tensor cls_, pooled_, sop_logits_, dsop_logits_, dpooled_, dcls_;
-  std::vector<double> sop_losses_;
+  Tensor cls_, pooled_, pooled_act_, sop_logits_, dsop_logits_, dpooled_, dpooled_act_, dcls_;
+  Tensor sop_max_, sop_sumexp_, sop_target_, sop_losses_;
 };
 
 }  // namespace megabatch::models

@@ -4,7 +4,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "core/ops/matmul.h"
+#include "core/ops/embedding.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
 
@@ -22,7 +22,7 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head
                      Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
   StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
-  lnf_ = std::make_unique<nn::LayerNorm>(store_, "decoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
+  lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
 }
 
 std::string Gpt::summary() const {
@@ -39,8 +39,11 @@ void Gpt::allocate(int64_t B, int64_t T) {
   B_ = B;
   T_ = T;
   const int64_t n = B * T, C = cfg_.hidden_size;
-  for (Tensor* t : {&emb_, &x_in_, &x_final_, &lnf_out_, &dlnf_, &dx_final_, &dx_}) t->resize({n, C});
-  for (Tensor* t : {&lnf_mean_, &lnf_rstd_}) t->resize({n});
+  for (Tensor* t : {&emb_, &x_in_, &x_final_, &lnf_out_, &dlnf_, &dx_final_, &dx_}) alloc(*t, {n, C}, store_);
+  alloc_acc(lnf_rstd_, {n}, store_);
+  if (lnf_->kind() == nn::NormKind::kLayerNorm) alloc_acc(lnf_mean_, {n}, store_);
+  alloc_acc(sums_, {1}, store_);
+  position_ids(positions_, B, T, store_.device());
 }
 
 train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -49,40 +52,48 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
         " exceeds max_position_embeddings ", cfg_.max_positions());
   allocate(batch.batch, batch.seq);
   ctx_ = ctx;
-  batch_ = &batch;
   have_grad_ = grad_scale != 0.0f;
-  const int64_t n = B_ * T_, C = cfg_.hidden_size;
+  const int64_t n = B_ * T_;
   const int64_t vocab = cfg_.padded_vocab_size();
-  for (int64_t i = 0; i < n; ++i)
+  train::LossOutput out;
+  for (int64_t i = 0; i < n; ++i) {
     check(batch.tokens[i] >= 0 && batch.tokens[i] < vocab, "GPT: token id ", batch.tokens[i], " at position ", i,
           " is outside the vocabulary (", vocab, ")");
+    out.count += batch.labels[i] != train::kIgnoreLabel;
+  }
+  const Device dev = store_.device();
+  upload(tokens_, batch.tokens, {n}, dev);
+  upload(labels_, batch.labels, {n}, dev);
+  if (!batch.padding_mask.empty())
+    upload(mask_, batch.padding_mask, {B_, T_}, dev);
+  else
+    mask_ = Tensor();
 
   // embeddings: word + position, then dropout
-  wte_->forward(emb_.data(), batch.tokens.data(), n);
-  add_position_embeddings(emb_.data(), store_.param(wpe_), n, T_, C);
-  const uint8_t* kmask = batch.padding_mask.empty() ? nullptr : batch.padding_mask.data();
-  dropout_or_copy(x_in_.data(), emb_.data(), n * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
-  stack_->forward(x_final_.data(), x_in_.data(), B_, T_, kmask, ctx_);
-  lnf_->forward(lnf_out_.data(), lnf_mean_.data(), lnf_rstd_.data(), x_final_.data(), n);
+  wte_->forward(emb_, tokens_);
+  ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
+  dropout_or_copy(x_in_, emb_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
+  stack_->forward(x_final_, x_in_, B_, T_, mask_, ctx_);
+  lnf_->forward(lnf_out_, lnf_mean_, lnf_rstd_, x_final_);
 
   // LM head tied to the word embedding, fused with the loss and its gradients
-  const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), nullptr, nullptr,
-                              wte_->vocab_local(), wte_->vocab_begin()};
-  return head_.run(lnf_out_.data(), batch.labels.data(), n, C, w, grad_scale, have_grad_ ? dlnf_.data() : nullptr);
+  const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), {}, {}, wte_->vocab_begin()};
+  head_.run(lnf_out_, labels_, out.count, w, grad_scale, ctx.loss_scale, have_grad_ ? dlnf_ : Tensor(), sums_);
+  out.sums = sums_;
+  return out;
 }
 
 void Gpt::backward() {
   check(have_grad_, "GPT: backward() without a forward() that asked for gradients");
   have_grad_ = false;
-  const int64_t n = B_ * T_, C = cfg_.hidden_size;
   dx_final_.zero();
-  lnf_->backward(dx_final_.data(), dlnf_.data(), x_final_.data(), lnf_mean_.data(), lnf_rstd_.data(), n);
-  stack_->backward(dx_.data(), dx_final_.data());
+  lnf_->backward(dx_final_, dlnf_, x_final_, lnf_mean_, lnf_rstd_);
+  stack_->backward(dx_, dx_final_);
   // embeddings
   emb_.zero();  // reused for the gradient of the embedding sum
-  dropout_or_copy_backward(emb_.data(), dx_.data(), n * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
-  wte_->backward(emb_.data(), batch_->tokens.data(), n);
-  position_embeddings_backward(store_.grad(wpe_), emb_.data(), n, T_, C);
+  dropout_or_copy_backward(emb_, dx_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
+  wte_->backward(emb_, tokens_);
+  ops::embedding_backward(store_.grad(wpe_), emb_, positions_, 0);
 }
 
 }  // namespace megabatch::models

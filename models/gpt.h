@@ -39,14 +39,14 @@ class Gpt final : public train::Model {
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1;
   std::unique_ptr<TransformerStack> stack_;
-  std::unique_ptr<nn::LayerNorm> lnf_;
+  std::unique_ptr<nn::Norm> lnf_;
   TiedLmHead head_;
 
   // state of the current micro-batch
   int64_t B_ = 0, T_ = 0;
   bool have_grad_ = false;
   train::StepContext ctx_;
-  const train::Batch* batch_ = nullptr;
+  Tensor tokens_, labels_, mask_, positions_, sums_;  // the batch on the device, the loss sum
   Tensor emb_, x_in_, x_final_, lnf_out_, lnf_mean_, lnf_rstd_, dlnf_, dx_final_, dx_;
 };
 

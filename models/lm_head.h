@@ -1,8 +1,9 @@
 // The language-model head tied to the word embedding, fused with the cross entropy and
 // computed in row chunks: logits = X W^T (+ bias) over this rank's vocabulary shard,
 // per-row losses (vocab-parallel cross entropy), and, when training, dX (written, summed
-// over the tensor-parallel group), dW and dbias (accumulated). Only chunk x vocab logits
-// ever exist, however many rows there are. Used by GPT, BERT (on the masked rows) and T5.
+// over the tensor-parallel group), dW and dbias (accumulated into the fp32 gradients).
+// Only chunk x vocab logits ever exist, however many rows there are. Used by GPT, BERT
+// (on the masked rows) and T5.
 #pragma once
 
 #include <cstdint>
@@ -20,23 +21,24 @@ class TiedLmHead {
   void set_chunk(int64_t rows) { chunk_ = rows; }
 
   struct Weights {
-    const float* W;       // (Vl, C) word-embedding shard
-    float* dW;            // its gradient (accumulated)
-    const float* bias;    // (Vl) or null
-    float* dbias;         // (Vl) or null
-    int64_t Vl, v0;       // shard rows and the first vocabulary id they hold
+    Tensor W;      // (Vl, C) word-embedding shard
+    Tensor dW;     // its fp32 gradient (accumulated)
+    Tensor bias;   // (Vl) or undefined
+    Tensor dbias;  // (Vl) fp32 or undefined
+    int64_t v0;    // the first vocabulary id the shard holds
   };
-  // Losses of the n rows of X (n, C) against labels (kIgnoreLabel: no loss). With
-  // grad_scale != 0 the gradients of grad_scale x (mean loss over labelled rows) are
-  // written to dX (n, C) and accumulated into dW and dbias.
-  train::LossOutput run(const float* X, const int32_t* labels, int64_t n, int64_t C, const Weights& w,
-                        float grad_scale, float* dX);
+  // The losses of the rows of X (n, C) against labels (i32 (n) on X's device;
+  // kIgnoreLabel: no loss), summed into loss_sum (a one-element fp32 tensor, overwritten).
+  // With grad_scale != 0 the gradients of grad_scale x (loss_sum / count) x loss_scale
+  // (see ops::ce_backward) are written to dX (n, C) and accumulated into dW and dbias.
+  void run(const Tensor& X, const Tensor& labels, int64_t count, const Weights& w, float grad_scale,
+           const Tensor& loss_scale, const Tensor& dX, const Tensor& loss_sum);
 
  private:
   comm::Communicator* tp_;
   nn::VocabParallelCrossEntropy ce_;
   int64_t chunk_ = 256;
-  Tensor logits_, dlogits_, losses_, dloss_;
+  Tensor logits_, dlogits_, losses_;
 };
 
 }  // namespace megabatch::models

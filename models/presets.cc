@@ -32,6 +32,9 @@ void ModelConfig::validate() const {
   check(hidden_dropout >= 0 && hidden_dropout < 1, "hidden_dropout must be in [0, 1) (got ", hidden_dropout, ")");
   check(attention_dropout >= 0 && attention_dropout < 1, "attention_dropout must be in [0, 1) (got ",
         attention_dropout, ")");
+  check(normalization == "LayerNorm" || normalization == "RMSNorm", "normalization: '", normalization,
+        "' is not LayerNorm or RMSNorm");
+  check(normalization == "LayerNorm" || !post_layernorm, "normalization RMSNorm is for pre-LN models (drop --post-layernorm)");
 }
 
 namespace {

@@ -17,6 +17,7 @@ struct ModelConfig {
   int64_t tensor_model_parallel_size = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
+  std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
   // BERT
   int64_t num_tokentypes = 2;
   bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)

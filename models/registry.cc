@@ -15,9 +15,10 @@ std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Com
   fail("model family '", config.family, "' is not available (gpt, bert, t5)");
 }
 
-std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed) {
+std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed, DType dtype,
+                                         Device device) {
   std::unique_ptr<train::Model> m = declare_model(config, tp);
-  m->parameters().finalize();
+  m->parameters().finalize(dtype, device);
   m->parameters().initialize(seed);
   return m;
 }

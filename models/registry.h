@@ -13,7 +13,9 @@
 namespace megabatch::models {
 
 // Declares, allocates and initializes (from `seed`) the model of config.family.
-std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed);
+// Parameters in `dtype` (f32, bf16, f16) on `device`.
+std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Communicator& tp, uint64_t seed,
+                                         DType dtype = DType::kF32, Device device = Device::cpu());
 // Declares the model's parameters only (nothing allocated): for counting any size.
 std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Communicator& tp);
 

@@ -1,10 +1,10 @@
 #include "models/t5.h"
 
 #include <cmath>
-#include <cstring>
 #include <sstream>
 
-#include "core/ops/attention.h"
+#include "core/ops/embedding.h"
+#include "core/ops/relative_position.h"
 #include "core/util/error.h"
 
 namespace megabatch::models {
@@ -35,14 +35,14 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.stream_base = 1;
   encoder_ = std::make_unique<TransformerStack>(store_, tp, sc);
-  enc_lnf_ = std::make_unique<nn::LayerNorm>(store_, "encoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
+  enc_lnf_ = std::make_unique<nn::Norm>(store_, "encoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
   // Dropout streams: encoder embedding 0, encoder layers 1 .. 3E, decoder embedding 3E + 1,
   // the decoder's layers (5 sites each) after that.
   StackConfig dc = stack_config(cfg_, "decoder.layers.", cfg_.decoder_layers(), true);
   dc.cross_attention = true;
   dc.stream_base = static_cast<uint64_t>(2 + 3 * cfg_.num_layers);
   decoder_ = std::make_unique<TransformerStack>(store_, tp, dc);
-  dec_lnf_ = std::make_unique<nn::LayerNorm>(store_, "decoder.final_layernorm", C, -1, cfg_.layernorm_epsilon);
+  dec_lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
   lm_bias_ = store_.add({"lm_head.output_layer.bias", Role::kBias, -1, {cfg_.padded_vocab_size()},
                          Sharding::split(0, tp.rank(), tp.size()), nn::Init::zeros()});
 }
@@ -63,53 +63,41 @@ void T5::allocate(int64_t B, int64_t Te, int64_t Td) {
   Te_ = Te;
   Td_ = Td;
   const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
-  for (Tensor* t : {&enc_emb_, &enc_x_, &enc_out_, &enc_h_, &d_enc_h_, &d_enc_out_, &d_enc_x_}) t->resize({ne, C});
-  for (Tensor* t : {&enc_mean_, &enc_rstd_}) t->resize({ne});
-  for (Tensor* t : {&dec_emb_, &dec_x_, &dec_out_, &dec_h_, &d_dec_h_, &d_dec_out_, &d_dec_x_}) t->resize({nd, C});
-  for (Tensor* t : {&dec_mean_, &dec_rstd_}) t->resize({nd});
+  for (Tensor* t : {&enc_emb_, &enc_x_, &enc_out_, &enc_h_, &d_enc_h_, &d_enc_out_, &d_enc_x_}) alloc(*t, {ne, C}, store_);
+  for (Tensor* t : {&enc_mean_, &enc_rstd_}) alloc_acc(*t, {ne}, store_);
+  for (Tensor* t : {&dec_emb_, &dec_x_, &dec_out_, &dec_h_, &d_dec_h_, &d_dec_out_, &d_dec_x_}) alloc(*t, {nd, C}, store_);
+  for (Tensor* t : {&dec_mean_, &dec_rstd_}) alloc_acc(*t, {nd}, store_);
+  alloc_acc(sums_, {1}, store_);
+  position_ids(enc_positions_, B, Te, store_.device());
+  position_ids(dec_positions_, B, Td, store_.device());
   if (cfg_.relative_attention) {  // the bucket of every (query, key) pair depends on the lengths only
-    enc_buckets_ = buckets(Te, true);
-    dec_buckets_ = buckets(Td, false);
+    buckets(enc_buckets_, Te, true);
+    buckets(dec_buckets_, Td, false);
+    alloc(enc_bias_, {heads_local_, Te, Te}, store_);
+    alloc(dec_bias_, {heads_local_, Td, Td}, store_);
+    alloc_acc(d_enc_bias_, {heads_local_, Te, Te}, store_);
+    alloc_acc(d_dec_bias_, {heads_local_, Td, Td}, store_);
   }
 }
 
-void T5::embed(float* out, const int32_t* tokens, int64_t B, int64_t T) {
-  const int64_t n = B * T, C = cfg_.hidden_size, vocab = cfg_.padded_vocab_size();
-  for (int64_t i = 0; i < n; ++i)
-    check(tokens[i] >= 0 && tokens[i] < vocab, "T5: token id ", tokens[i], " at position ", i,
-          " is outside the vocabulary (", vocab, ")");
-  wte_->forward(out, tokens, n);
-  if (wpe_ >= 0) add_position_embeddings(out, store_.param(wpe_), n, T, C);  // none with relative attention
+void T5::embed(const Tensor& out, const Tensor& tokens, const Tensor& positions) {
+  wte_->forward(out, tokens);
+  if (wpe_ >= 0) ops::embedding_forward(out, positions, store_.param(wpe_), 0, true);  // none with relative attention
 }
 
-void T5::embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T) {
-  const int64_t n = B * T, C = cfg_.hidden_size;
-  wte_->backward(d, tokens, n);
-  if (wpe_ >= 0) position_embeddings_backward(store_.grad(wpe_), d, n, T, C);
+void T5::embed_backward(const Tensor& d, const Tensor& tokens, const Tensor& positions) {
+  wte_->backward(d, tokens);
+  if (wpe_ >= 0) ops::embedding_backward(store_.grad(wpe_), d, positions, 0);
 }
 
-std::vector<int32_t> T5::buckets(int64_t T, bool bidirectional) const {
-  std::vector<int32_t> out(static_cast<size_t>(T * T));
+void T5::buckets(Tensor& out, int64_t T, bool bidirectional) const {
+  std::vector<int32_t> b(static_cast<size_t>(T * T));
   for (int64_t i = 0; i < T; ++i)
     for (int64_t j = 0; j < T; ++j)
-      out[static_cast<size_t>(i * T + j)] =
+      b[static_cast<size_t>(i * T + j)] =
           ops::relative_position_bucket(i, j, bidirectional, static_cast<int>(cfg_.relative_attention_num_buckets),
                                         static_cast<int>(cfg_.relative_attention_max_distance));
-  return out;
-}
-
-void T5::relative_bias(float* out, int id, const std::vector<int32_t>& bucket, int64_t T) const {
-  const float* table = store_.param(id);  // (buckets, local heads)
-  const int64_t H = heads_local_;
-  for (int64_t e = 0; e < T * T; ++e)
-    for (int64_t h = 0; h < H; ++h) out[h * T * T + e] = table[bucket[static_cast<size_t>(e)] * H + h];
-}
-
-void T5::relative_bias_backward(const float* d, int id, const std::vector<int32_t>& bucket, int64_t T) {
-  float* table = store_.grad(id);
-  const int64_t H = heads_local_;
-  for (int64_t e = 0; e < T * T; ++e)
-    for (int64_t h = 0; h < H; ++h) table[bucket[static_cast<size_t>(e)] * H + h] += d[h * T * T + e];
+  upload(out, b, {T, T}, store_.device());
 }
 
 train::LossOutput T5::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -122,71 +110,81 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
         " exceed max_position_embeddings ", cfg_.max_positions());
   allocate(B, Te, Td);
   ctx_ = ctx;
-  batch_ = &batch;
   have_grad_ = grad_scale != 0.0f;
-  const int64_t ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
-  const uint8_t* emask = batch.padding_mask.empty() ? nullptr : batch.padding_mask.data();
-  const uint8_t* dmask = batch.decoder_padding_mask.empty() ? nullptr : batch.decoder_padding_mask.data();
+  const int64_t ne = B * Te, nd = B * Td, vocab = cfg_.padded_vocab_size();
+  for (const auto* tokens : {&batch.tokens, &batch.decoder_tokens})
+    for (size_t i = 0; i < tokens->size(); ++i)
+      check((*tokens)[i] >= 0 && (*tokens)[i] < vocab, "T5: token id ", (*tokens)[i], " at position ", i,
+            " is outside the vocabulary (", vocab, ")");
+  train::LossOutput out;
+  for (int32_t y : batch.labels) out.count += y != train::kIgnoreLabel;
+  const Device dev = store_.device();
+  upload(enc_tokens_, batch.tokens, {ne}, dev);
+  upload(dec_tokens_, batch.decoder_tokens, {nd}, dev);
+  upload(labels_, batch.labels, {nd}, dev);
+  if (!batch.padding_mask.empty())
+    upload(enc_mask_, batch.padding_mask, {B, Te}, dev);
+  else
+    enc_mask_ = Tensor();
+  if (!batch.decoder_padding_mask.empty())
+    upload(dec_mask_, batch.decoder_padding_mask, {B, Td}, dev);
+  else
+    dec_mask_ = Tensor();
 
   // encoder
-  embed(enc_emb_.data(), batch.tokens.data(), B, Te);
-  dropout_or_copy(enc_x_.data(), enc_emb_.data(), ne * C, dropout_key(ctx, cfg_.hidden_dropout, 0));
-  const float* ebias = nullptr;
-  const float* dbias = nullptr;
+  embed(enc_emb_, enc_tokens_, enc_positions_);
+  dropout_or_copy(enc_x_, enc_emb_, dropout_key(ctx, cfg_.hidden_dropout, 0));
+  Tensor ebias, dbias;
   if (cfg_.relative_attention) {
-    enc_bias_.resize({heads_local_, Te, Te});
-    dec_bias_.resize({heads_local_, Td, Td});
-    relative_bias(enc_bias_.data(), enc_rel_, enc_buckets_, Te);
-    relative_bias(dec_bias_.data(), dec_rel_, dec_buckets_, Td);
-    ebias = enc_bias_.data();
-    dbias = dec_bias_.data();
+    ops::relative_bias_forward(enc_bias_, store_.param(enc_rel_), enc_buckets_);
+    ops::relative_bias_forward(dec_bias_, store_.param(dec_rel_), dec_buckets_);
+    ebias = enc_bias_;
+    dbias = dec_bias_;
   }
-  encoder_->forward(enc_out_.data(), enc_x_.data(), B, Te, emask, ctx, ebias);
-  enc_lnf_->forward(enc_h_.data(), enc_mean_.data(), enc_rstd_.data(), enc_out_.data(), ne);
+  encoder_->forward(enc_out_, enc_x_, B, Te, enc_mask_, ctx, ebias);
+  enc_lnf_->forward(enc_h_, enc_mean_, enc_rstd_, enc_out_);
 
   // decoder: causal self-attention, cross-attention to the encoder output, MLP
-  embed(dec_emb_.data(), batch.decoder_tokens.data(), B, Td);
-  dropout_or_copy(dec_x_.data(), dec_emb_.data(), nd * C,
-                  dropout_key(ctx, cfg_.hidden_dropout, static_cast<uint64_t>(1 + 3 * cfg_.num_layers)));
-  decoder_->forward(dec_out_.data(), dec_x_.data(), B, Td, dmask, ctx, dbias, StackMemory{enc_h_.data(), Te, emask});
-  dec_lnf_->forward(dec_h_.data(), dec_mean_.data(), dec_rstd_.data(), dec_out_.data(), nd);
+  embed(dec_emb_, dec_tokens_, dec_positions_);
+  dropout_or_copy(dec_x_, dec_emb_, dropout_key(ctx, cfg_.hidden_dropout, static_cast<uint64_t>(1 + 3 * cfg_.num_layers)));
+  decoder_->forward(dec_out_, dec_x_, B, Td, dec_mask_, ctx, dbias, StackMemory{enc_h_, Te, enc_mask_});
+  dec_lnf_->forward(dec_h_, dec_mean_, dec_rstd_, dec_out_);
 
   const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
-                              store_.grad(lm_bias_), wte_->vocab_local(), wte_->vocab_begin()};
-  return head_.run(dec_h_.data(), batch.labels.data(), nd, C, w, grad_scale, have_grad_ ? d_dec_h_.data() : nullptr);
+                              store_.grad(lm_bias_), wte_->vocab_begin()};
+  head_.run(dec_h_, labels_, out.count, w, grad_scale, ctx.loss_scale, have_grad_ ? d_dec_h_ : Tensor(), sums_);
+  out.sums = sums_;
+  return out;
 }
 
 void T5::backward() {
   check(have_grad_, "T5: backward() without a forward() that asked for gradients");
   have_grad_ = false;
-  const int64_t B = B_, Te = Te_, Td = Td_, ne = B * Te, nd = B * Td, C = cfg_.hidden_size;
   d_dec_out_.zero();
-  dec_lnf_->backward(d_dec_out_.data(), d_dec_h_.data(), dec_out_.data(), dec_mean_.data(), dec_rstd_.data(), nd);
+  dec_lnf_->backward(d_dec_out_, d_dec_h_, dec_out_, dec_mean_, dec_rstd_);
   d_enc_h_.zero();
   const bool rel = cfg_.relative_attention;
   if (rel) {
-    d_enc_bias_.resize({heads_local_, Te, Te});
-    d_dec_bias_.resize({heads_local_, Td, Td});
     d_enc_bias_.zero();
     d_dec_bias_.zero();
   }
-  decoder_->backward(d_dec_x_.data(), d_dec_out_.data(), rel ? d_dec_bias_.data() : nullptr, d_enc_h_.data());
+  decoder_->backward(d_dec_x_, d_dec_out_, rel ? d_dec_bias_ : Tensor(), d_enc_h_);
   // decoder embedding
   dec_emb_.zero();  // reused for the gradient of the embedding sum
-  dropout_or_copy_backward(dec_emb_.data(), d_dec_x_.data(), nd * C,
+  dropout_or_copy_backward(dec_emb_, d_dec_x_,
                            dropout_key(ctx_, cfg_.hidden_dropout, static_cast<uint64_t>(1 + 3 * cfg_.num_layers)));
-  embed_backward(dec_emb_.data(), batch_->decoder_tokens.data(), B, Td);
+  embed_backward(dec_emb_, dec_tokens_, dec_positions_);
   // encoder: final LayerNorm, the stack, the embedding
   d_enc_out_.zero();
-  enc_lnf_->backward(d_enc_out_.data(), d_enc_h_.data(), enc_out_.data(), enc_mean_.data(), enc_rstd_.data(), ne);
-  encoder_->backward(d_enc_x_.data(), d_enc_out_.data(), rel ? d_enc_bias_.data() : nullptr);
+  enc_lnf_->backward(d_enc_out_, d_enc_h_, enc_out_, enc_mean_, enc_rstd_);
+  encoder_->backward(d_enc_x_, d_enc_out_, rel ? d_enc_bias_ : Tensor());
   if (rel) {
-    relative_bias_backward(d_enc_bias_.data(), enc_rel_, enc_buckets_, Te);
-    relative_bias_backward(d_dec_bias_.data(), dec_rel_, dec_buckets_, Td);
+    ops::relative_bias_backward(store_.grad(enc_rel_), d_enc_bias_, enc_buckets_);
+    ops::relative_bias_backward(store_.grad(dec_rel_), d_dec_bias_, dec_buckets_);
   }
   enc_emb_.zero();  // reused for the gradient of the embedding sum
-  dropout_or_copy_backward(enc_emb_.data(), d_enc_x_.data(), ne * C, dropout_key(ctx_, cfg_.hidden_dropout, 0));
-  embed_backward(enc_emb_.data(), batch_->tokens.data(), B, Te);
+  dropout_or_copy_backward(enc_emb_, d_enc_x_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
+  embed_backward(enc_emb_, enc_tokens_, enc_positions_);
 }
 
 }  // namespace megabatch::models

@@ -38,13 +38,11 @@ class T5 final : public train::Model {
 
  private:
   void allocate(int64_t B, int64_t Te, int64_t Td);
-  void embed(float* out, const int32_t* tokens, int64_t B, int64_t T);
-  void embed_backward(const float* d, const int32_t* tokens, int64_t B, int64_t T);
-  // The relative position bucket of every (query, key) pair of a length-T sequence.
-  std::vector<int32_t> buckets(int64_t T, bool bidirectional) const;
-  // (local heads, T, T) bias from table `id`; and its gradient scattered back into the table.
-  void relative_bias(float* out, int id, const std::vector<int32_t>& bucket, int64_t T) const;
-  void relative_bias_backward(const float* d, int id, const std::vector<int32_t>& bucket, int64_t T);
+  // out (B*T, C) = word embeddings of tokens (+ learned positions without relative attention)
+  void embed(const Tensor& out, const Tensor& tokens, const Tensor& positions);
+  void embed_backward(const Tensor& d, const Tensor& tokens, const Tensor& positions);
+  // The relative position bucket of every (query, key) pair of a length-T sequence (T, T).
+  void buckets(Tensor& out, int64_t T, bool bidirectional) const;
 
   ModelConfig cfg_;
   comm::Communicator* tp_;
@@ -53,7 +51,7 @@ class T5 final : public train::Model {
   int wpe_ = -1, lm_bias_ = -1;
   int enc_rel_ = -1, dec_rel_ = -1;  // relative position bias tables (buckets, heads), relative_attention only
   std::unique_ptr<TransformerStack> encoder_, decoder_;  // the decoder's blocks cross-attend to the encoder
-  std::unique_ptr<nn::LayerNorm> enc_lnf_, dec_lnf_;
+  std::unique_ptr<nn::Norm> enc_lnf_, dec_lnf_;
   TiedLmHead head_;
   int64_t heads_local_;
 
@@ -61,11 +59,12 @@ class T5 final : public train::Model {
   int64_t B_ = 0, Te_ = 0, Td_ = 0;
   bool have_grad_ = false;
   train::StepContext ctx_;
-  const train::Batch* batch_ = nullptr;
+  // the batch on the device
+  Tensor enc_tokens_, dec_tokens_, labels_, enc_mask_, dec_mask_, enc_positions_, dec_positions_, sums_;
   Tensor enc_emb_, enc_x_, enc_out_, enc_h_, enc_mean_, enc_rstd_, d_enc_h_, d_enc_out_, d_enc_x_;
   Tensor dec_emb_, dec_x_, dec_out_, dec_h_, dec_mean_, dec_rstd_, d_dec_h_, d_dec_out_, d_dec_x_;
   Tensor enc_bias_, dec_bias_, d_enc_bias_, d_dec_bias_;
-  std::vector<int32_t> enc_buckets_, dec_buckets_;  // relative_attention: per (query, key), for the current lengths
+  Tensor enc_buckets_, dec_buckets_;  // relative_attention: i32 (T, T) per (query, key), for the current lengths
 };
 
 }  // namespace megabatch::models

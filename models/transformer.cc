@@ -1,9 +1,9 @@
 #include "models/transformer.h"
 
-#include <cstring>
+#include <cmath>
 
+#include "core/ops/activation.h"
 #include "core/ops/attention.h"
-#include "core/ops/gelu.h"
 #include "core/ops/residual.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
@@ -21,6 +21,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.attention_dropout = c.attention_dropout;
   sc.init_std = c.init_method_std;
   sc.eps = c.layernorm_epsilon;
+  sc.norm = nn::parse_norm_kind(c.normalization, "normalization");
   sc.causal = causal;
   return sc;
 }
@@ -31,18 +32,13 @@ void check_model_group(const ModelConfig& c, const comm::Communicator& tp) {
         ") differs from the tensor-parallel group size (", tp.size(), ")");
 }
 
-void add_position_embeddings(float* x, const float* table, int64_t n, int64_t T, int64_t C) {
-#pragma omp parallel for schedule(static) if (n * C > 65536)
-  for (int64_t i = 0; i < n; ++i)
-    for (int64_t c = 0; c < C; ++c) x[i * C + c] += table[(i % T) * C + c];
-}
-
-void position_embeddings_backward(float* dtable, const float* d, int64_t n, int64_t T, int64_t C) {
-  const int64_t B = n / T;
-#pragma omp parallel for schedule(static) if (T * C > 16384)
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t b = 0; b < B; ++b)
-      for (int64_t c = 0; c < C; ++c) dtable[t * C + c] += d[(b * T + t) * C + c];
+void position_ids(Tensor& ids, int64_t B, int64_t T, Device device) {
+  if (ids.defined() && ids.numel() == static_cast<size_t>(B * T) && ids.device() == device && ids.ndim() == 2 &&
+      ids.dim(1) == T)
+    return;
+  std::vector<int32_t> pos(static_cast<size_t>(B * T));
+  for (int64_t i = 0; i < B * T; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i % T);
+  upload(ids, pos, {B, T}, device);
 }
 
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream) {
@@ -53,22 +49,29 @@ ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t st
   return k;
 }
 
-void dropout_or_copy(float* out, const float* in, int64_t n, const ops::DropoutKey& k) {
+void dropout_or_copy(const Tensor& out, const Tensor& in, const ops::DropoutKey& k) {
   if (k.p > 0)
-    ops::dropout_forward(out, in, n, 0, k);
+    ops::dropout_forward(out, in, 0, k);
   else
-    std::memcpy(out, in, sizeof(float) * static_cast<size_t>(n));
+    copy(out, in);
 }
 
-void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const ops::DropoutKey& k) {
+void dropout_or_copy_backward(const Tensor& din, const Tensor& dout, const ops::DropoutKey& k) {
   if (k.p > 0)
-    ops::dropout_backward(din, dout, n, 0, k);
+    ops::dropout_backward(din, dout, 0, k);
   else
-    ops::residual_backward<float>(din, nullptr, dout, n);
+    ops::residual_backward(din, Tensor(), dout);
+}
+
+void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store) {
+  t.resize(std::move(shape), store.dtype(), store.device());
+}
+void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store) {
+  t.resize(std::move(shape), DType::kF32, store.device());
 }
 
 TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& c)
-    : cfg_(c), tp_(&tp), heads_local_(c.heads / tp.size()) {
+    : cfg_(c), store_(&store), tp_(&tp), heads_local_(c.heads / tp.size()) {
   check(!c.cross_attention || !c.post_layernorm, "transformer stack: cross-attention blocks are pre-LN only");
   const int64_t C = c.hidden;
   const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
@@ -78,9 +81,9 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
     const std::string p = c.prefix + std::to_string(l) + ".";
     // braced initialization runs in order: parameters are declared in member order
     blocks_.push_back(Block{
-        nn::LayerNorm(store, p + "input_layernorm", C, l, c.eps),
-        x ? std::make_optional<nn::LayerNorm>(store, p + "pre_cross_attn_layernorm", C, l, c.eps) : std::nullopt,
-        nn::LayerNorm(store, p + "pre_mlp_layernorm", C, l, c.eps),
+        nn::Norm(store, p + "input_layernorm", C, l, c.norm, c.eps),
+        x ? std::make_optional<nn::Norm>(store, p + "pre_cross_attn_layernorm", C, l, c.norm, c.eps) : std::nullopt,
+        nn::Norm(store, p + "pre_mlp_layernorm", C, l, c.norm, c.eps),
         nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, 3 * C, l, c.init_std),
         x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l, c.init_std)
           : std::nullopt,
@@ -101,179 +104,180 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm) {
   T_ = T;
   Tm_ = Tm;
   const int64_t n = B * T, C = cfg_.hidden, Cl = C / tp_->size(), Fl = cfg_.ffn / tp_->size();
+  const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
+  const nn::ParameterStore& P = *store_;
   saved_.resize(blocks_.size());
   for (auto& s : saved_) {
-    for (Tensor* t : {&s.x_in, &s.ln1, &s.proj, &s.x_mid, &s.ln2, &s.fc2}) t->resize({n, C});
+    for (Tensor* t : {&s.x_in, &s.ln1, &s.proj, &s.x_mid, &s.ln2, &s.fc2}) alloc(*t, {n, C}, P);
     if (cfg_.post_layernorm)
-      for (Tensor* t : {&s.r1, &s.r2}) t->resize({n, C});
-    for (Tensor* t : {&s.ln1_mean, &s.ln1_rstd, &s.ln2_mean, &s.ln2_rstd}) t->resize({n});
-    s.qkv.resize({n, 3 * Cl});
-    s.probs.resize({B, heads_local_, T, T});
-    s.attn.resize({n, Cl});
-    s.fc1.resize({n, Fl});
-    s.gelu.resize({n, Fl});
+      for (Tensor* t : {&s.r1, &s.r2}) alloc(*t, {n, C}, P);
+    for (Tensor* t : {&s.ln1_rstd, &s.ln2_rstd}) alloc_acc(*t, {n}, P);
+    if (!rms)
+      for (Tensor* t : {&s.ln1_mean, &s.ln2_mean}) alloc_acc(*t, {n}, P);
+    alloc(s.qkv, {n, 3 * Cl}, P);
+    alloc(s.probs, {B, heads_local_, T, T}, P);
+    alloc(s.attn, {n, Cl}, P);
+    alloc(s.fc1, {n, Fl}, P);
+    alloc(s.gelu, {n, Fl}, P);
     if (cfg_.cross_attention) {
-      for (Tensor* t : {&s.lnx, &s.xproj, &s.x2}) t->resize({n, C});
-      for (Tensor* t : {&s.lnx_mean, &s.lnx_rstd}) t->resize({n});
-      for (Tensor* t : {&s.q, &s.xattn}) t->resize({n, Cl});
-      s.kv.resize({B * Tm, 2 * Cl});
-      s.xprobs.resize({B, heads_local_, T, Tm});
+      for (Tensor* t : {&s.lnx, &s.xproj, &s.x2}) alloc(*t, {n, C}, P);
+      alloc_acc(s.lnx_rstd, {n}, P);
+      if (!rms) alloc_acc(s.lnx_mean, {n}, P);
+      for (Tensor* t : {&s.q, &s.xattn}) alloc(*t, {n, Cl}, P);
+      alloc(s.kv, {B * Tm, 2 * Cl}, P);
+      alloc(s.xprobs, {B, heads_local_, T, Tm}, P);
     }
   }
-  for (Tensor* t : {&g_a_, &g_b_, &g_c_, &out_copy_}) t->resize({n, C});
-  g_qkv_.resize({n, 3 * Cl});
-  g_attn_.resize({n, Cl});
-  g_ff_a_.resize({n, Fl});
-  g_ff_b_.resize({n, Fl});
+  for (Tensor* t : {&g_a_, &g_b_, &g_c_, &out_copy_}) alloc(*t, {n, C}, P);
+  alloc(g_qkv_, {n, 3 * Cl}, P);
+  alloc(g_attn_, {n, Cl}, P);
+  alloc(g_ff_a_, {n, Fl}, P);
+  alloc(g_ff_b_, {n, Fl}, P);
   if (cfg_.cross_attention) {
-    g_q_.resize({n, Cl});
-    g_kv_.resize({B * Tm, 2 * Cl});
+    alloc(g_q_, {n, Cl}, P);
+    alloc(g_kv_, {B * Tm, 2 * Cl}, P);
   }
 }
 
-void TransformerStack::forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
-                               const train::StepContext& ctx, const float* attn_bias, const StackMemory& memory) {
-  check(cfg_.cross_attention == (memory.values != nullptr), "transformer stack: a cross-attention stack needs a memory ",
+void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
+                               const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
+  check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
   allocate(B, T, memory.T);
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;
   memory_ = memory;
-  const int64_t n = B * T, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
+  const int64_t C = cfg_.hidden;
   const ops::AttentionShape as{B, T, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
-  std::memcpy(saved_[0].x_in.data(), x, sizeof(float) * static_cast<size_t>(n * C));
+  copy(saved_[0].x_in, x);
   for (size_t l = 0; l < blocks_.size(); ++l) {
     Block& b = blocks_[l];
     Saved& s = saved_[l];
     const int li = static_cast<int>(l);
-    float* next = l + 1 < blocks_.size() ? saved_[l + 1].x_in.data() : out;
+    const Tensor& next = l + 1 < blocks_.size() ? saved_[l + 1].x_in : out;
     const ops::DropoutKey attn_drop = dropout_key(ctx, cfg_.attention_dropout, stream(li, kAttn));
     if (!cfg_.post_layernorm) {
-      b.ln1.forward(s.ln1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.x_in.data(), n);
-      b.qkv.forward(s.qkv.data(), s.ln1.data(), n);
+      b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
+      b.qkv.forward(s.qkv, s.ln1);
     } else {
-      b.qkv.forward(s.qkv.data(), s.x_in.data(), n);
+      b.qkv.forward(s.qkv, s.x_in);
     }
-    ops::attention_forward(s.attn.data(), s.probs.data(), s.qkv.data(), mask_, as, &attn_drop, bias_);
-    b.proj.forward(s.proj.data(), s.attn.data(), n);
-    dropout_or_copy(g_c_.data(), s.proj.data(), n * C, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kProj)));
+    ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
+    b.proj.forward(s.proj, s.attn);
+    dropout_or_copy(g_c_, s.proj, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kProj)));
     if (!cfg_.post_layernorm) {
-      ops::residual_forward(s.x_mid.data(), s.x_in.data(), g_c_.data(), n * C);
-      const float* mlp_in = s.x_mid.data();
+      ops::residual_forward(s.x_mid, s.x_in, g_c_);
+      const Tensor* mlp_in = &s.x_mid;
       if (cfg_.cross_attention) {
         const ops::CrossAttentionShape cs{B, T, memory.T, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(),
                                           cfg_.heads};
         const ops::DropoutKey xdrop = dropout_key(ctx, cfg_.attention_dropout, stream(li, kCrossAttn));
-        b.lnx->forward(s.lnx.data(), s.lnx_mean.data(), s.lnx_rstd.data(), s.x_mid.data(), n);
-        b.q->forward(s.q.data(), s.lnx.data(), n);
-        b.kv->forward(s.kv.data(), memory.values, B * memory.T);
-        ops::cross_attention_forward(s.xattn.data(), s.xprobs.data(), s.q.data(), s.kv.data(), memory.mask, cs, &xdrop);
-        b.xproj->forward(s.xproj.data(), s.xattn.data(), n);
-        dropout_or_copy(g_c_.data(), s.xproj.data(), n * C,
-                        dropout_key(ctx, cfg_.hidden_dropout, stream(li, kCrossProj)));
-        ops::residual_forward(s.x2.data(), s.x_mid.data(), g_c_.data(), n * C);
-        mlp_in = s.x2.data();
+        b.lnx->forward(s.lnx, s.lnx_mean, s.lnx_rstd, s.x_mid);
+        b.q->forward(s.q, s.lnx);
+        b.kv->forward(s.kv, memory.values);
+        ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory.mask, cs, &xdrop);
+        b.xproj->forward(s.xproj, s.xattn);
+        dropout_or_copy(g_c_, s.xproj, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kCrossProj)));
+        ops::residual_forward(s.x2, s.x_mid, g_c_);
+        mlp_in = &s.x2;
       }
-      b.ln2.forward(s.ln2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), mlp_in, n);
-      b.fc1.forward(s.fc1.data(), s.ln2.data(), n);
+      b.ln2.forward(s.ln2, s.ln2_mean, s.ln2_rstd, *mlp_in);
+      b.fc1.forward(s.fc1, s.ln2);
     } else {
-      ops::residual_forward(s.r1.data(), s.x_in.data(), g_c_.data(), n * C);
-      b.ln1.forward(s.x_mid.data(), s.ln1_mean.data(), s.ln1_rstd.data(), s.r1.data(), n);
-      b.fc1.forward(s.fc1.data(), s.x_mid.data(), n);
+      ops::residual_forward(s.r1, s.x_in, g_c_);
+      b.ln1.forward(s.x_mid, s.ln1_mean, s.ln1_rstd, s.r1);
+      b.fc1.forward(s.fc1, s.x_mid);
     }
-    ops::gelu_forward(s.gelu.data(), s.fc1.data(), n * Fl);
-    b.fc2.forward(s.fc2.data(), s.gelu.data(), n);
-    dropout_or_copy(g_c_.data(), s.fc2.data(), n * C, dropout_key(ctx, cfg_.hidden_dropout, stream(li, mlp_site())));
+    ops::gelu_forward(s.gelu, s.fc1);
+    b.fc2.forward(s.fc2, s.gelu);
+    dropout_or_copy(g_c_, s.fc2, dropout_key(ctx, cfg_.hidden_dropout, stream(li, mlp_site())));
     if (!cfg_.post_layernorm) {
-      ops::residual_forward(next, cfg_.cross_attention ? s.x2.data() : s.x_mid.data(), g_c_.data(), n * C);
+      ops::residual_forward(next, cfg_.cross_attention ? s.x2 : s.x_mid, g_c_);
     } else {
-      ops::residual_forward(s.r2.data(), s.x_mid.data(), g_c_.data(), n * C);
-      b.ln2.forward(next, s.ln2_mean.data(), s.ln2_rstd.data(), s.r2.data(), n);
+      ops::residual_forward(s.r2, s.x_mid, g_c_);
+      b.ln2.forward(next, s.ln2_mean, s.ln2_rstd, s.r2);
     }
   }
 }
 
-void TransformerStack::backward(float* dx, const float* dout, float* dattn_bias, float* dmemory) {
-  check(!cfg_.cross_attention || dmemory, "transformer stack: backward of a cross-attention stack needs dmemory");
-  const int64_t n = B_ * T_, C = cfg_.hidden, Fl = cfg_.ffn / tp_->size();
-  const size_t bytes = sizeof(float) * static_cast<size_t>(n * C);
+void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tensor& dattn_bias, const Tensor& dmemory) {
+  check(!cfg_.cross_attention || dmemory.defined(), "transformer stack: backward of a cross-attention stack needs dmemory");
+  const int64_t C = cfg_.hidden;
   const ops::AttentionShape as{B_, T_, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
   Tensor* dres = &g_a_;  // gradient of the current block's output
   Tensor* dnext = &g_b_;
-  std::memcpy(dres->data(), dout, bytes);
+  copy(*dres, dout);
   for (size_t l = blocks_.size(); l-- > 0;) {
     Block& b = blocks_[l];
     Saved& s = saved_[l];
     const int li = static_cast<int>(l);
     const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
-    const float* mlp_in = cfg_.cross_attention ? s.x2.data() : s.x_mid.data();
+    const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
     // --- MLP half: out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid]
-    float* d_sum = dres->data();  // gradient of the residual sum
+    const Tensor* d_sum = dres;  // gradient of the residual sum
     if (cfg_.post_layernorm) {
       out_copy_.zero();
-      b.ln2.backward(out_copy_.data(), dres->data(), s.r2.data(), s.ln2_mean.data(), s.ln2_rstd.data(), n);
-      d_sum = out_copy_.data();
+      b.ln2.backward(out_copy_, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
+      d_sum = &out_copy_;
     }
-    std::memcpy(dnext->data(), d_sum, bytes);  // d of the MLP's input through the residual path
+    copy(*dnext, *d_sum);  // d of the MLP's input through the residual path
     g_c_.zero();
-    dropout_or_copy_backward(g_c_.data(), d_sum, n * C, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, mlp_site())));
+    dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, mlp_site())));
     g_ff_a_.zero();
-    b.fc2.backward(g_ff_a_.data(), g_c_.data(), s.gelu.data(), n);
+    b.fc2.backward(g_ff_a_, g_c_, s.gelu);
     g_ff_b_.zero();
-    ops::gelu_backward(g_ff_b_.data(), g_ff_a_.data(), s.fc1.data(), n * Fl);
+    ops::gelu_backward(g_ff_b_, g_ff_a_, s.fc1);
     if (!cfg_.post_layernorm) {
       g_c_.zero();
-      b.fc1.backward(g_c_.data(), g_ff_b_.data(), s.ln2.data(), n);
-      b.ln2.backward(dnext->data(), g_c_.data(), mlp_in, s.ln2_mean.data(), s.ln2_rstd.data(), n);
+      b.fc1.backward(g_c_, g_ff_b_, s.ln2);
+      b.ln2.backward(*dnext, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
     } else {
-      b.fc1.backward(dnext->data(), g_ff_b_.data(), s.x_mid.data(), n);
+      b.fc1.backward(*dnext, g_ff_b_, s.x_mid);
     }
     std::swap(dres, dnext);
     if (cfg_.cross_attention) {  // x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory))))
       const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
-      std::memcpy(dnext->data(), dres->data(), bytes);  // d x_mid through the residual path
+      copy(*dnext, *dres);  // d x_mid through the residual path
       g_c_.zero();
-      dropout_or_copy_backward(g_c_.data(), dres->data(), n * C,
-                               dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
+      dropout_or_copy_backward(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
       g_attn_.zero();
-      b.xproj->backward(g_attn_.data(), g_c_.data(), s.xattn.data(), n);
+      b.xproj->backward(g_attn_, g_c_, s.xattn);
       g_q_.zero();
       g_kv_.zero();
       const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
-      ops::cross_attention_backward(g_q_.data(), g_kv_.data(), g_attn_.data(), s.q.data(), s.kv.data(), s.xprobs.data(),
-                                    memory_.mask, cs, &xdrop);
-      b.kv->backward(dmemory, g_kv_.data(), memory_.values, B_ * Tm_);
+      ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
+      b.kv->backward(dmemory, g_kv_, memory_.values);
       g_c_.zero();
-      b.q->backward(g_c_.data(), g_q_.data(), s.lnx.data(), n);
-      b.lnx->backward(dnext->data(), g_c_.data(), s.x_mid.data(), s.lnx_mean.data(), s.lnx_rstd.data(), n);
+      b.q->backward(g_c_, g_q_, s.lnx);
+      b.lnx->backward(*dnext, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
       std::swap(dres, dnext);
     }
     // --- attention half: x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
-    d_sum = dres->data();
+    d_sum = dres;
     if (cfg_.post_layernorm) {
       out_copy_.zero();
-      b.ln1.backward(out_copy_.data(), dres->data(), s.r1.data(), s.ln1_mean.data(), s.ln1_rstd.data(), n);
-      d_sum = out_copy_.data();
+      b.ln1.backward(out_copy_, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
+      d_sum = &out_copy_;
     }
-    std::memcpy(dnext->data(), d_sum, bytes);  // d x_in through the residual path
+    copy(*dnext, *d_sum);  // d x_in through the residual path
     g_c_.zero();
-    dropout_or_copy_backward(g_c_.data(), d_sum, n * C, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
+    dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
     g_attn_.zero();
-    b.proj.backward(g_attn_.data(), g_c_.data(), s.attn.data(), n);
+    b.proj.backward(g_attn_, g_c_, s.attn);
     g_qkv_.zero();
-    ops::attention_backward(g_qkv_.data(), g_attn_.data(), s.qkv.data(), s.probs.data(), mask_, as, &attn_drop,
-                            bias_ ? dattn_bias : nullptr);
+    ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop,
+                            bias_.defined() ? dattn_bias : Tensor());
     if (!cfg_.post_layernorm) {
       g_c_.zero();
-      b.qkv.backward(g_c_.data(), g_qkv_.data(), s.ln1.data(), n);
-      b.ln1.backward(dnext->data(), g_c_.data(), s.x_in.data(), s.ln1_mean.data(), s.ln1_rstd.data(), n);
+      b.qkv.backward(g_c_, g_qkv_, s.ln1);
+      b.ln1.backward(*dnext, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
     } else {
-      b.qkv.backward(dnext->data(), g_qkv_.data(), s.x_in.data(), n);
+      b.qkv.backward(*dnext, g_qkv_, s.x_in);
     }
     std::swap(dres, dnext);
   }
-  std::memcpy(dx, dres->data(), bytes);
+  copy(dx, *dres);
 }
 
 }  // namespace megabatch::models

@@ -29,6 +29,7 @@ struct StackConfig {
   int64_t layers = 0, hidden = 0, heads = 0, ffn = 0;
   double hidden_dropout = 0, attention_dropout = 0;
   double init_std = 0.02, eps = 1e-5;
+  nn::NormKind norm = nn::NormKind::kLayerNorm;
   bool causal = true;
   bool post_layernorm = false;
   bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)
@@ -43,47 +44,50 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
 // Validates the config and checks that it was declared for this tensor-parallel group.
 void check_model_group(const ModelConfig& c, const comm::Communicator& tp);
 
-// Learned absolute positions: x (n, C), n = B * T rows of B sequences, += table[row % T];
-// and the backward, dtable[t] += the sum over the B rows at position t (in batch order, so
-// the result does not depend on the thread count).
-void add_position_embeddings(float* x, const float* table, int64_t n, int64_t T, int64_t C);
-void position_embeddings_backward(float* dtable, const float* d, int64_t n, int64_t T, int64_t C);
+// Learned absolute positions: the position ids (B * T) = row % T of B sequences of length T,
+// as an i32 tensor on `device` (reused while the lengths stay the same).
+void position_ids(Tensor& ids, int64_t B, int64_t T, Device device);
 
 // The dropout key of one site: keyed by the step context and a stream number.
 ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t stream);
 // out = dropout(in) (a copy when k.p is 0); and its backward, accumulating into din.
-void dropout_or_copy(float* out, const float* in, int64_t n, const ops::DropoutKey& k);
-void dropout_or_copy_backward(float* din, const float* dout, int64_t n, const ops::DropoutKey& k);
+void dropout_or_copy(const Tensor& out, const Tensor& in, const ops::DropoutKey& k);
+void dropout_or_copy_backward(const Tensor& din, const Tensor& dout, const ops::DropoutKey& k);
 
-// What a cross-attention stack attends to: values (B*T, C) with mask (B, T), 1 = attend,
-// may be null. Both must stay valid until backward.
+// An activation of the model: resized to `shape` in the parameters' dtype and device (acc:
+// in fp32, for statistics and losses).
+void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
+void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
+
+// What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
+// may be undefined. Both must stay valid until backward.
 struct StackMemory {
-  const float* values = nullptr;
+  Tensor values;
   int64_t T = 0;
-  const uint8_t* mask = nullptr;
+  Tensor mask;
 };
 
 class TransformerStack {
  public:
   TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& config);
-  // out (B*T, C) from x (B*T, C); key_mask (B, T), 1 = attend, may be null. attn_bias
-  // (local heads, T, T), when given, is added to every layer's self-attention scores (T5's
-  // relative position bias); it must stay valid until backward.
-  void forward(float* out, const float* x, int64_t B, int64_t T, const uint8_t* key_mask,
-               const train::StepContext& ctx, const float* attn_bias = nullptr, const StackMemory& memory = {});
+  // out (B*T, C) from x (B*T, C); key_mask (B, T) u8, 1 = attend, may be undefined.
+  // attn_bias (local heads, T, T), when defined, is added to every layer's self-attention
+  // scores (T5's relative position bias); it must stay valid until backward.
+  void forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
+               const train::StepContext& ctx, const Tensor& attn_bias = {}, const StackMemory& memory = {});
   // dx (B*T, C) is overwritten with the gradient of the input; dout is the gradient of out.
-  // dattn_bias (local heads, T, T), when given, accumulates the bias gradient of all layers;
-  // dmemory (B*Tm, C), for a cross-attention stack, accumulates the memory's gradient.
-  void backward(float* dx, const float* dout, float* dattn_bias = nullptr, float* dmemory = nullptr);
+  // dattn_bias (local heads, T, T, fp32), when defined, accumulates the bias gradient of all
+  // layers; dmemory (B*Tm, C), for a cross-attention stack, accumulates the memory's gradient.
+  void backward(const Tensor& dx, const Tensor& dout, const Tensor& dattn_bias = {}, const Tensor& dmemory = {});
   const StackConfig& config() const { return cfg_; }
 
  private:
   // Members in the order the parameters are declared (the cross-attention ones only with
   // cross_attention).
   struct Block {
-    nn::LayerNorm ln1;
-    std::optional<nn::LayerNorm> lnx;
-    nn::LayerNorm ln2;
+    nn::Norm ln1;
+    std::optional<nn::Norm> lnx;
+    nn::Norm ln2;
     nn::ColumnParallelLinear qkv;
     std::optional<nn::ColumnParallelLinear> q, kv;
     nn::ColumnParallelLinear fc1;
@@ -103,12 +107,12 @@ class TransformerStack {
   int mlp_site() const { return cfg_.cross_attention ? 4 : 2; }
 
   StackConfig cfg_;
+  nn::ParameterStore* store_;
   comm::Communicator* tp_;
   std::vector<Block> blocks_;
   int64_t heads_local_;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
-  const uint8_t* mask_ = nullptr;
-  const float* bias_ = nullptr;
+  Tensor mask_, bias_;
   StackMemory memory_;
   train::StepContext ctx_;
   std::vector<Saved> saved_;

@@ -28,16 +28,15 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
-// The full tensor of a (possibly sharded) parameter-sized buffer, on every rank.
-std::vector<float> gather_full(const nn::ParamInfo& info, const float* local, comm::Communicator& tp) {
+// The full tensor of a (possibly sharded) parameter-sized fp32 tensor (on any device), on
+// every rank.
+std::vector<float> gather_full(const nn::ParamInfo& info, const Tensor& local_t, comm::Communicator& tp) {
+  const std::vector<float> local = to_host_f32(local_t);
+  if (!info.sharding.sharded || tp.size() == 1) return local;
   const size_t full = static_cast<size_t>(info.full_numel());
   std::vector<float> out(full);
-  if (!info.sharding.sharded || tp.size() == 1) {
-    std::copy(local, local + info.numel, out.begin());
-    return out;
-  }
   std::vector<float> gathered(info.numel * static_cast<size_t>(tp.size()));
-  tp.all_gather(local, gathered.data(), info.numel);
+  tp.all_gather(local.data(), gathered.data(), info.numel);
   // gathered holds rank 0's shard, then rank 1's, ...; place each element at its index in
   // the full tensor (the shard's full_index map, shifted to that rank).
   nn::ParamInfo shard = info;
@@ -193,7 +192,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     }
     for (size_t i = 0; i < store.count(); ++i) {
       const nn::ParamInfo& info = store.info(static_cast<int>(i));
-      const auto full = gather_full(info, store.param(static_cast<int>(i)), tp);
+      const auto full = gather_full(info, store.master(static_cast<int>(i)), tp);  // fp32, whatever the run's dtype
       if (!writer) continue;
       const std::string name = "params/" + info.name;
       write_tensor(f.id, name, full, info.full_shape, tmp.string());
@@ -205,7 +204,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     if (optimizer) {
       for (const auto& [key, t] : *optimizer) {
         const nn::ParamInfo& info = store.info(store.find(key.first));
-        const auto full = gather_full(info, t.data(), tp);
+        const auto full = gather_full(info, t, tp);
         if (writer) write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, info.full_shape, tmp.string());
       }
     }
@@ -263,20 +262,23 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
   const VocabRows vocab{state.model.value("padded_vocab_size", int64_t{-1}), expected_padded_vocab};
   // element j of a parameter-shaped tensor: copy from the checkpoint unless its row is a
   // padding row the checkpoint does not have
-  auto copy_in = [](const nn::ParamInfo& info, const std::vector<float>& full, int64_t valid_rows, float* dst) {
+  auto copy_in = [](const nn::ParamInfo& info, const std::vector<float>& full, int64_t valid_rows, const Tensor& dst) {
     const int64_t row = info.full_shape.size() > 1 ? info.full_shape[1] : 1;
+    std::vector<float> local = to_host_f32(dst);
     for (size_t j = 0; j < info.numel; ++j) {
       const int64_t at = info.full_index(static_cast<int64_t>(j));
-      if (at / row < valid_rows) dst[j] = full[static_cast<size_t>(at)];
+      if (at / row < valid_rows) local[j] = full[static_cast<size_t>(at)];
     }
+    copy(dst, from_host(local, dst.shape(), DType::kF32, dst.device()));
   };
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     int64_t valid = 0;
     const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
-    copy_in(info, full, valid, store.param(static_cast<int>(i)));
+    copy_in(info, full, valid, store.master(static_cast<int>(i)));
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
+  store.copy_masters_to_params();
   check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
         "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
         "; load it into the same model configuration");
@@ -289,7 +291,7 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
     int64_t valid = 0;
     const auto full = read_tensor(f.id, "optimizer/" + key.first + "/" + key.second, info.full_shape, p,
                                   "optimizer state '" + key.second + "' of " + key.first, vocab, &valid);
-    copy_in(info, full, valid, t.data());
+    copy_in(info, full, valid, t);
   }
 }
 

@@ -1,28 +1,41 @@
 #include "core/nn/layers.h"
 
-#include <algorithm>
-
+#include "core/comm/collectives.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/embedding.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
+#include "core/ops/residual.h"
+#include "core/util/error.h"
 
 namespace megabatch::nn {
 using comm::ReduceOp;
 
-LayerNorm::LayerNorm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, double eps)
-    : store_(&store), C_(C), eps_(eps) {
+NormKind parse_norm_kind(const std::string& text, const std::string& where) {
+  if (text == "LayerNorm") return NormKind::kLayerNorm;
+  if (text == "RMSNorm") return NormKind::kRMSNorm;
+  fail(where, ": '", text, "' is not a normalization; use LayerNorm or RMSNorm");
+}
+
+Norm::Norm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, NormKind kind, double eps)
+    : store_(&store), C_(C), kind_(kind), eps_(eps) {
   w_ = store.add({prefix + ".weight", Role::kNorm, layer, {C}, Sharding::replicated(), Init::ones()});
-  b_ = store.add({prefix + ".bias", Role::kNorm, layer, {C}, Sharding::replicated(), Init::zeros()});
+  if (kind == NormKind::kLayerNorm)
+    b_ = store.add({prefix + ".bias", Role::kNorm, layer, {C}, Sharding::replicated(), Init::zeros()});
 }
 
-void LayerNorm::forward(float* out, float* mean, float* rstd, const float* in, int64_t n) const {
-  ops::layernorm_forward(out, mean, rstd, in, store_->param(w_), store_->param(b_), n, C_, eps_);
+void Norm::forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in) const {
+  if (kind_ == NormKind::kRMSNorm)
+    ops::rmsnorm_forward(out, rstd, in, store_->param(w_), eps_);
+  else
+    ops::layernorm_forward(out, mean, rstd, in, store_->param(w_), store_->param(b_), eps_);
 }
 
-void LayerNorm::backward(float* din, const float* dout, const float* in, const float* mean, const float* rstd,
-                         int64_t n) {
-  ops::layernorm_backward(din, store_->grad(w_), store_->grad(b_), dout, in, store_->param(w_), mean, rstd, n, C_);
+void Norm::backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd) {
+  if (kind_ == NormKind::kRMSNorm)
+    ops::rmsnorm_backward(din, store_->grad(w_), dout, in, store_->param(w_), rstd);
+  else
+    ops::layernorm_backward(din, store_->grad(w_), store_->grad(b_), dout, in, store_->param(w_), mean, rstd);
 }
 
 Linear::Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out,
@@ -33,13 +46,12 @@ Linear::Linear(ParameterStore& store, comm::Communicator& tp, const std::string&
   if (bias) b_ = store.add({prefix + ".bias", Role::kBias, layer, {out}, s, Init::zeros()});
 }
 
-void Linear::forward(float* out, const float* in, int64_t n) const {
-  ops::linear_forward(out, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : nullptr, n, in_, out_);
+void Linear::forward(const Tensor& out, const Tensor& in) const {
+  ops::linear_forward(out, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : Tensor());
 }
 
-void Linear::backward(float* din, const float* dout, const float* in, int64_t n) {
-  ops::linear_backward(din, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : nullptr, dout, in, store_->param(w_), n, in_,
-                       out_);
+void Linear::backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  ops::linear_backward(din, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in, store_->param(w_));
 }
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
@@ -50,22 +62,22 @@ ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, comm::Communic
   if (bias) b_ = store.add({prefix + ".bias", Role::kBias, layer, {out}, s, Init::zeros()});
 }
 
-void ColumnParallelLinear::forward(float* out_local, const float* in, int64_t n) const {
-  ops::linear_forward(out_local, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : nullptr, n, in_, out_local_);
+void ColumnParallelLinear::forward(const Tensor& out_local, const Tensor& in) const {
+  ops::linear_forward(out_local, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : Tensor());
 }
 
-void ColumnParallelLinear::backward(float* din, const float* dout_local, const float* in, int64_t n) {
-  float* db = b_ >= 0 ? store_->grad(b_) : nullptr;
-  if (tp_->size() == 1 || !din) {
-    ops::linear_backward(din, store_->grad(w_), db, dout_local, in, store_->param(w_), n, in_, out_local_);
+void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout_local, const Tensor& in) {
+  const Tensor db = b_ >= 0 ? store_->grad(b_) : Tensor();
+  if (tp_->size() == 1 || !din.defined()) {
+    ops::linear_backward(din, store_->grad(w_), db, dout_local, in, store_->param(w_));
     return;
   }
   // dX is a partial sum over the output shards: reduce it alone, then accumulate.
-  scratch_.resize({n, in_});
+  scratch_.resize(din.shape(), din.dtype(), din.device());
   scratch_.zero();
-  ops::linear_backward(scratch_.data(), store_->grad(w_), db, dout_local, in, store_->param(w_), n, in_, out_local_);
-  tp_->all_reduce(scratch_.data(), scratch_.numel(), ReduceOp::kSum);
-  for (size_t i = 0; i < scratch_.numel(); ++i) din[i] += scratch_[i];
+  ops::linear_backward(scratch_, store_->grad(w_), db, dout_local, in, store_->param(w_));
+  comm::all_reduce(*tp_, scratch_, ReduceOp::kSum);
+  ops::residual_backward(din, Tensor(), scratch_);
 }
 
 RowParallelLinear::RowParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
@@ -78,19 +90,15 @@ RowParallelLinear::RowParallelLinear(ParameterStore& store, comm::Communicator& 
                     Init::zeros()});
 }
 
-void RowParallelLinear::forward(float* out, const float* in_local, int64_t n) const {
-  ops::linear_forward<float>(out, in_local, store_->param(w_), nullptr, n, in_local_, out_);
-  tp_->all_reduce(out, static_cast<size_t>(n * out_), ReduceOp::kSum);
-  if (b_ >= 0) {
-    const float* b = store_->param(b_);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t j = 0; j < out_; ++j) out[i * out_ + j] += b[j];
-  }
+void RowParallelLinear::forward(const Tensor& out, const Tensor& in_local) const {
+  ops::linear_forward(out, in_local, store_->param(w_), Tensor());
+  comm::all_reduce(*tp_, out, ReduceOp::kSum);
+  if (b_ >= 0) ops::bias_add(out, store_->param(b_));
 }
 
-void RowParallelLinear::backward(float* din_local, const float* dout, const float* in_local, int64_t n) {
-  ops::linear_backward(din_local, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : nullptr, dout, in_local,
-                       store_->param(w_), n, in_local_, out_);
+void RowParallelLinear::backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local) {
+  ops::linear_backward(din_local, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in_local,
+                       store_->param(w_));
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, comm::Communicator& tp, const std::string& name,
@@ -101,33 +109,32 @@ VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, comm::Comm
 
 int64_t VocabParallelEmbedding::vocab_begin() const { return rows_ * tp_->rank(); }
 
-void VocabParallelEmbedding::forward(float* out, const int32_t* ids, int64_t n) const {
-  ops::embedding_forward(out, ids, store_->param(w_), n, C_, vocab_begin(), rows_);
-  tp_->all_reduce(out, static_cast<size_t>(n * C_), ReduceOp::kSum);
+void VocabParallelEmbedding::forward(const Tensor& out, const Tensor& ids) const {
+  ops::embedding_forward(out, ids, store_->param(w_), vocab_begin());
+  comm::all_reduce(*tp_, out, ReduceOp::kSum);
 }
 
-void VocabParallelEmbedding::backward(const float* dout, const int32_t* ids, int64_t n) {
-  ops::embedding_backward(store_->grad(w_), dout, ids, n, C_, vocab_begin(), rows_);
+void VocabParallelEmbedding::backward(const Tensor& dout, const Tensor& ids) {
+  ops::embedding_backward(store_->grad(w_), dout, ids, vocab_begin());
 }
 
-void VocabParallelCrossEntropy::forward(float* losses, const float* logits_local, const int32_t* targets, int64_t n,
-                                        int64_t V_local, int64_t v_begin) {
-  rowmax_.resize(n);
-  sumexp_.resize(n);
-  target_.resize(n);
-  ops::ce_row_max(rowmax_.data(), logits_local, n, V_local);
-  tp_->all_reduce(rowmax_.data(), n, ReduceOp::kMax);
-  ops::ce_sum_exp(sumexp_.data(), logits_local, rowmax_.data(), n, V_local);
-  tp_->all_reduce(sumexp_.data(), n, ReduceOp::kSum);
-  ops::ce_target_logit(target_.data(), logits_local, targets, n, V_local, v_begin);
-  tp_->all_reduce(target_.data(), n, ReduceOp::kSum);
-  ops::ce_loss(losses, rowmax_.data(), sumexp_.data(), target_.data(), targets, n, ignore_);
+void VocabParallelCrossEntropy::forward(const Tensor& losses, const Tensor& logits_local, const Tensor& targets,
+                                        int64_t v_begin) {
+  const int64_t n = logits_local.dim(0);
+  for (Tensor* t : {&rowmax_, &sumexp_, &target_}) t->resize({n}, losses.dtype(), losses.device());
+  ops::ce_row_max(rowmax_, logits_local);
+  comm::all_reduce(*tp_, rowmax_, ReduceOp::kMax);
+  ops::ce_sum_exp(sumexp_, logits_local, rowmax_);
+  comm::all_reduce(*tp_, sumexp_, ReduceOp::kSum);
+  ops::ce_target_logit(target_, logits_local, targets, v_begin);
+  comm::all_reduce(*tp_, target_, ReduceOp::kSum);
+  ops::ce_loss(losses, rowmax_, sumexp_, target_, targets, ignore_);
 }
 
-void VocabParallelCrossEntropy::backward(float* dlogits_local, const float* logits_local, const int32_t* targets,
-                                         const float* dloss, int64_t n, int64_t V_local, int64_t v_begin) const {
-  ops::ce_backward(dlogits_local, logits_local, rowmax_.data(), sumexp_.data(), targets, dloss, n, V_local, v_begin,
-                   ignore_);
+void VocabParallelCrossEntropy::backward(const Tensor& dlogits_local, const Tensor& logits_local,
+                                         const Tensor& targets, int64_t v_begin, float scale,
+                                         const Tensor& loss_scale) const {
+  ops::ce_backward(dlogits_local, logits_local, rowmax_, sumexp_, targets, v_begin, ignore_, scale, loss_scale);
 }
 
 }  // namespace megabatch::nn

@@ -5,7 +5,9 @@
 //   VocabParallelEmbedding forward: local rows, all-reduce;                  backward: local rows
 //   VocabParallelCrossEntropy: max / sum-exp / target logit all-reduced over the vocab shards
 // With a one-rank communicator these are the plain layers. Activations saved for backward
-// are arguments (outputs of forward), so nothing is hidden; backward accumulates (+=).
+// are arguments (outputs of forward), so nothing is hidden; backward accumulates (+=) into
+// the fp32 parameter gradients and into din. Tensors are (rows, features) on the
+// parameters' device, in the parameters' dtype; sizes come from the tensors.
 #pragma once
 
 #include <cstdint>
@@ -18,18 +20,28 @@
 
 namespace megabatch::nn {
 
-class LayerNorm {
+// Megatron's --normalization: LayerNorm (weight and bias) or RMSNorm (weight only, T5).
+enum class NormKind { kLayerNorm, kRMSNorm };
+NormKind parse_norm_kind(const std::string& text, const std::string& where);
+
+class Norm {
  public:
-  LayerNorm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, double eps = 1e-5);
-  void forward(float* out, float* mean, float* rstd, const float* in, int64_t n) const;  // (n, C)
-  void backward(float* din, const float* dout, const float* in, const float* mean, const float* rstd, int64_t n);
+  Norm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, NormKind kind = NormKind::kLayerNorm,
+       double eps = 1e-5);
+  // out (n, C) from in (n, C); mean (n, LayerNorm only: undefined for RMSNorm) and rstd (n)
+  // in the accumulator dtype, saved for backward.
+  void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in) const;
+  // din += ...; the parameters' gradients += ...
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd);
   int64_t width() const { return C_; }
+  NormKind kind() const { return kind_; }
 
  private:
   ParameterStore* store_;
   int64_t C_;
+  NormKind kind_;
   double eps_;
-  int w_, b_;
+  int w_, b_ = -1;
 };
 
 // A plain linear layer whose weight (out, in) and bias are replicated on every
@@ -38,8 +50,8 @@ class Linear {
  public:
   Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out, int layer,
          double init_std, bool bias = true);
-  void forward(float* out, const float* in, int64_t n) const;  // (n, in) -> (n, out)
-  void backward(float* din, const float* dout, const float* in, int64_t n);  // din may be null
+  void forward(const Tensor& out, const Tensor& in) const;  // (n, in) -> (n, out)
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in);  // din may be undefined
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
@@ -54,9 +66,9 @@ class ColumnParallelLinear {
   // weight (out, in) split along out (dim 0); bias split likewise.
   ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in,
                        int64_t out, int layer, double init_std, bool bias = true);
-  void forward(float* out_local, const float* in, int64_t n) const;  // (n, in) -> (n, out / tp)
+  void forward(const Tensor& out_local, const Tensor& in) const;  // (n, in) -> (n, out / tp)
   // din (n, in) += the sum over ranks of dout_local * W_local.
-  void backward(float* din, const float* dout_local, const float* in, int64_t n);
+  void backward(const Tensor& din, const Tensor& dout_local, const Tensor& in);
   int64_t out_local() const { return out_local_; }
 
  private:
@@ -72,8 +84,8 @@ class RowParallelLinear {
   // weight (out, in) split along in (dim 1); bias replicated, added after the all-reduce.
   RowParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in,
                     int64_t out, int layer, double init_std, bool bias = true);
-  void forward(float* out, const float* in_local, int64_t n) const;  // (n, in / tp) -> (n, out)
-  void backward(float* din_local, const float* dout, const float* in_local, int64_t n);
+  void forward(const Tensor& out, const Tensor& in_local) const;  // (n, in / tp) -> (n, out)
+  void backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local);
   int64_t in_local() const { return in_local_; }
 
  private:
@@ -88,8 +100,8 @@ class VocabParallelEmbedding {
   // table (vocab, C) split along the vocabulary (dim 0).
   VocabParallelEmbedding(ParameterStore& store, comm::Communicator& tp, const std::string& name, int64_t vocab,
                          int64_t C, double init_std, Role role = Role::kEmbedding);
-  void forward(float* out, const int32_t* ids, int64_t n) const;  // (n, C), full rows
-  void backward(const float* dout, const int32_t* ids, int64_t n);
+  void forward(const Tensor& out, const Tensor& ids) const;  // out (n, C) full rows; ids i32 (n)
+  void backward(const Tensor& dout, const Tensor& ids);
   int64_t vocab_begin() const;
   int64_t vocab_local() const { return rows_; }
   int64_t width() const { return C_; }
@@ -107,17 +119,18 @@ class VocabParallelEmbedding {
 class VocabParallelCrossEntropy {
  public:
   explicit VocabParallelCrossEntropy(comm::Communicator& tp, int32_t ignore = -1) : tp_(&tp), ignore_(ignore) {}
-  // losses (n) per row (0 where the target is ignored); keeps max and sum-exp for backward.
-  void forward(float* losses, const float* logits_local, const int32_t* targets, int64_t n, int64_t V_local,
-               int64_t v_begin);
-  // dlogits_local += dloss_i * (softmax - onehot), using the pieces of the last forward.
-  void backward(float* dlogits_local, const float* logits_local, const int32_t* targets, const float* dloss,
-                int64_t n, int64_t V_local, int64_t v_begin) const;
+  // losses (n, accumulator dtype) per row (0 where the target is ignored); keeps max and
+  // sum-exp for backward. targets: i32 (n) on the logits' device.
+  void forward(const Tensor& losses, const Tensor& logits_local, const Tensor& targets, int64_t v_begin);
+  // dlogits_local += d (softmax - onehot) on counted rows, d = scale x loss_scale[0] (see
+  // ops::ce_backward), using the pieces of the last forward.
+  void backward(const Tensor& dlogits_local, const Tensor& logits_local, const Tensor& targets, int64_t v_begin,
+                float scale, const Tensor& loss_scale) const;
 
  private:
   comm::Communicator* tp_;
   int32_t ignore_;
-  std::vector<float> rowmax_, sumexp_, target_;
+  Tensor rowmax_, sumexp_, target_;
 };
 
 }  // namespace megabatch::nn

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/ops/elementwise.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
 
@@ -55,24 +56,35 @@ int ParameterStore::add(ParamSpec spec) {
   return static_cast<int>(infos_.size() - 1);
 }
 
-void ParameterStore::finalize() {
+void ParameterStore::finalize(DType dtype, Device device) {
   check(!finalized_, "parameter store finalized twice");
-  params_.resize({static_cast<int64_t>(next_offset_)});
-  grads_.resize({static_cast<int64_t>(next_offset_)});
+  check(dtype == DType::kF32 || is_half(dtype), "parameters are f32, bf16 or f16, not ", dtype_name(dtype));
+  dtype_ = dtype;
+  device_ = device;
+  const int64_t n = static_cast<int64_t>(next_offset_);
+  params_.resize({n}, dtype, device);
+  grads_.resize({n}, DType::kF32, device);
+  if (mixed()) masters_.resize({n}, DType::kF32, device);
   finalized_ = true;
 }
 
+Tensor ParameterStore::view(const Tensor& flat, int id) const {
+  const ParamInfo& p = infos_.at(static_cast<size_t>(id));
+  return flat.flat(p.offset, p.numel, p.shape);
+}
+Tensor ParameterStore::param(int id) const { return view(params_, id); }
+Tensor ParameterStore::grad(int id) const { return view(grads_, id); }
+Tensor ParameterStore::master(int id) const { return view(masters(), id); }
 
 void ParameterStore::initialize(uint64_t seed) {
   check(finalized_, "initialize() before finalize()");
+  Tensor host({static_cast<int64_t>(next_offset_)});  // fp32 values on the host, then to the device
   for (size_t id = 0; id < infos_.size(); ++id) {
     const ParamInfo& p = infos_[id];
-    float* w = param(static_cast<int>(id));
-    if (p.init.kind == Init::kZeros) {
-      std::memset(w, 0, p.numel * sizeof(float));
-    } else if (p.init.kind == Init::kOnes) {
+    float* w = host.data() + p.offset;
+    if (p.init.kind == Init::kOnes) {
       for (size_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
-    } else {
+    } else if (p.init.kind == Init::kNormal) {
       const uint64_t key = mix_key(seed, name_key(p.name.data(), p.name.size()));
 #pragma omp parallel for schedule(static) if (p.numel > 65536)
       for (int64_t i = 0; i < static_cast<int64_t>(p.numel); ++i) {
@@ -80,6 +92,20 @@ void ParameterStore::initialize(uint64_t seed) {
       }
     }
   }
+  if (!mixed()) {
+    copy(params_, host);
+    return;
+  }
+  // the masters are the fp32 values of the rounded parameters
+  Tensor rounded({static_cast<int64_t>(next_offset_)}, dtype_);
+  ops::cast(rounded, host);
+  ops::cast(host, rounded);
+  copy(masters_, host);
+  copy_masters_to_params();
+}
+
+void ParameterStore::copy_masters_to_params() {
+  if (mixed()) ops::cast(params_, masters_);
 }
 
 int ParameterStore::find(const std::string& name) const {

@@ -1,5 +1,10 @@
 // The parameter registry: every parameter and its gradient is a named view into one flat
-// fp32 buffer (params) and one flat fp32 buffer (grads) with identical layouts. Each view
+// buffer of parameters and one flat fp32 buffer of gradients with identical layouts, on
+// the run's device. Parameters are in the run's dtype (f32, or bf16 / f16 for mixed
+// precision); gradients are always fp32 (Megatron's main gradients, accumulated over
+// micro-batches in fp32), and a mixed-precision run keeps fp32 master weights beside the
+// half ones: the optimizer steps the masters, copy_masters_to_params() rounds them into the
+// parameters the layers compute with. Each view
 // carries typed facts set where the layer creates it: Megatron-style name, role, layer
 // index, local and full (unsharded) shape, and sharding (replicated, or split along one
 // dimension across the tensor-parallel group). Norms for clipping and layer-wise
@@ -59,12 +64,14 @@ class ParameterStore {
   // Declares a parameter; returns its id. Errors on a duplicate name or a partition
   // dimension that the group size does not divide.
   int add(ParamSpec spec);
-  // Allocates the flat buffers (zeros); no add() after this.
-  void finalize();
+  // Allocates the flat buffers (zeros) on `device`: parameters in `dtype` (f32, bf16 or
+  // f16), fp32 gradients and, for the half types, fp32 masters. No add() after this.
+  void finalize(DType dtype = DType::kF32, Device device = Device::cpu());
   bool finalized() const { return finalized_; }
   // Fills every parameter from its Init. Normal draws come from Philox keyed by
   // (seed, name) and counted by the element's index in the full tensor, so a shard holds
-  // exactly the matching slice of the unsharded initialization.
+  // exactly the matching slice of the unsharded initialization. In a mixed-precision run
+  // the masters start as the rounded parameters (as Megatron's fp32 copies of bf16 weights).
   void initialize(uint64_t seed);
 
   size_t count() const { return infos_.size(); }
@@ -72,21 +79,33 @@ class ParameterStore {
   const std::vector<ParamInfo>& infos() const { return infos_; }
   int find(const std::string& name) const;  // -1 when absent
 
-  float* param(int id) { return params_.data() + infos_[id].offset; }
-  const float* param(int id) const { return params_.data() + infos_[id].offset; }
-  float* grad(int id) { return grads_.data() + infos_[id].offset; }
-  const float* grad(int id) const { return grads_.data() + infos_[id].offset; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  bool mixed() const { return is_half(dtype_); }  // separate fp32 masters
 
-  float* params() { return params_.data(); }
-  float* grads() { return grads_.data(); }
-  size_t flat_size() const { return params_.numel(); }  // including alignment padding
+  // Views of parameter `id` (its local shape): in the run's dtype, its fp32 gradient, its
+  // fp32 master (the parameter itself in an f32 run).
+  Tensor param(int id) const;
+  Tensor grad(int id) const;
+  Tensor master(int id) const;
+
+  // The flat buffers (including alignment padding between parameters).
+  const Tensor& params() const { return params_; }
+  const Tensor& grads() const { return grads_; }
+  const Tensor& masters() const { return mixed() ? masters_ : params_; }
+  size_t flat_size() const { return params_.numel(); }
   int64_t num_parameters() const;       // local elements, without padding
   int64_t num_full_parameters() const;  // unsharded elements
   void zero_grad();
+  // params = masters rounded to the run's dtype (nothing to do in an f32 run).
+  void copy_masters_to_params();
 
  private:
+  Tensor view(const Tensor& flat, int id) const;
   std::vector<ParamInfo> infos_;
-  Tensor params_, grads_;
+  Tensor params_, grads_, masters_;
+  DType dtype_ = DType::kF32;
+  Device device_;
   size_t next_offset_ = 0;
   bool finalized_ = false;
 };

@@ -1,11 +1,14 @@
 // Dropout driven by the counter-based Philox RNG: element i of a tensor is kept when the
 // uniform draw for counter (stream, offset + i) under `key` is >= p. The mask is a pure
-// function of (key, stream, element), never stored and never dependent on thread count;
-// backward regenerates it. Callers derive key from (seed, iteration, micro-batch) and
-// stream from the dropout site, and use the element index of the full (unsharded) tensor.
+// function of (key, stream, element), never stored, and the same on the CPU and a GPU and
+// for any thread count or launch shape; backward regenerates it. Callers derive key from
+// (seed, iteration, micro-batch) and stream from the dropout site, and use the element
+// index of the full (unsharded) tensor.
 #pragma once
 
 #include <cstdint>
+
+#include "core/tensor/tensor.h"
 
 namespace megabatch::ops {
 
@@ -15,15 +18,12 @@ struct DropoutKey {
   uint64_t stream = 0;   // the dropout site
 };
 
-// keep[i] = 1 when element offset + i is kept.
+// keep[i] = 1 when element offset + i is kept (host memory; the reference of the mask).
 void dropout_mask(uint8_t* keep, int64_t n, uint64_t offset, const DropoutKey& k);
 
 // out = in * keep / (1 - p)
-template <typename T>
-void dropout_forward(T* out, const T* in, int64_t n, uint64_t offset, const DropoutKey& k);
-
+void dropout_forward(const Tensor& out, const Tensor& in, uint64_t offset, const DropoutKey& k);
 // din += dout * keep / (1 - p)
-template <typename T>
-void dropout_backward(T* din, const T* dout, int64_t n, uint64_t offset, const DropoutKey& k);
+void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k);
 
 }  // namespace megabatch::ops

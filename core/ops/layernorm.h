@@ -1,19 +1,23 @@
-// LayerNorm over the last dimension: out = (x - mean) * rstd * weight + bias.
+// Normalization over the last dimension C of x (n, C):
+//   LayerNorm: out = (x - mean) rstd weight + bias,  rstd = 1 / sqrt(var + eps)
+//   RMSNorm (T5): out = x rstd weight,               rstd = 1 / sqrt(mean(x^2) + eps)
+// Statistics (mean, rstd: n) are saved for backward in the accumulator dtype (f32 for the
+// half types). Backward accumulates: din in the activation dtype, dweight and dbias in the
+// accumulator dtype, each reduced over fixed row blocks in a fixed order (no dependence on
+// thread count or launch shape); any of them may be undefined.
 #pragma once
 
-#include <cstdint>
+#include "core/tensor/tensor.h"
 
 namespace megabatch::ops {
 
-// in, out: (n, C); mean, rstd: (n) saved for backward.
-template <typename T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* in, const T* weight, const T* bias, int64_t n, int64_t C,
-                       double eps);
+void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in,
+                       const Tensor& weight, const Tensor& bias, double eps);
+void layernorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                        const Tensor& in, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 
-// din(n, C) += ...; dweight(C), dbias(C) += ... (either may be null). Row blocks of fixed
-// size are reduced in a fixed order, so dweight does not depend on the thread count.
-template <typename T>
-void layernorm_backward(T* din, T* dweight, T* dbias, const T* dout, const T* in, const T* weight, const T* mean,
-                        const T* rstd, int64_t n, int64_t C);
+void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& weight, double eps);
+void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dout, const Tensor& in,
+                      const Tensor& weight, const Tensor& rstd);
 
 }  // namespace megabatch::ops

@@ -1,15 +1,13 @@
-// Residual add: out = a + b; backward passes dout to both inputs.
+// Residual add: out = a + b; backward passes dout to both inputs (da += dout, db += dout).
+// residual_backward(d, {}, g) is also the plain accumulation d += g.
 #pragma once
 
-#include <cstdint>
+#include "core/tensor/tensor.h"
 
 namespace megabatch::ops {
 
-template <typename T>
-void residual_forward(T* out, const T* a, const T* b, int64_t n);
-
-// da += dout; db += dout (either may be null).
-template <typename T>
-void residual_backward(T* da, T* db, const T* dout, int64_t n);
+void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b);
+// da += dout; db += dout (either may be undefined).
+void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout);
 
 }  // namespace megabatch::ops

@@ -139,7 +139,7 @@ double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
   double sharded = 0, replicated = 0;
   for (size_t i = 0; i < store.count(); ++i) {
     const auto& info = store.info(static_cast<int>(i));
-    const float* g = store.grad(static_cast<int>(i));
+    const float* g = store.grad(static_cast<int>(i)).data<float>();
     double s = 0;
 #pragma omp parallel for reduction(+ : s) schedule(static) if (info.numel > 65536)
     for (int64_t j = 0; j < static_cast<int64_t>(info.numel); ++j) s += static_cast<double>(g[j]) * g[j];
@@ -168,8 +168,8 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
     p.sharded = info.sharding.sharded ? 1 : 0;
     p.partition_dim = info.sharding.partition_dim;
     p.numel = static_cast<int64_t>(info.numel);
-    p.data = store.param(static_cast<int>(i));
-    p.grad = store.grad(static_cast<int>(i));
+    p.data = store.master(static_cast<int>(i)).data<float>();
+    p.grad = store.grad(static_cast<int>(i)).data<float>();
     params_.push_back(p);
   }
   host_ = mb_host{this, &alloc_state, &tp_sum, &normal, &metric, &PluginOptimizer::log};
@@ -196,6 +196,7 @@ void PluginOptimizer::step(int64_t step, double lr, int64_t global_batch, double
   collecting_ = false;
   if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step, ": ", err[0] ? err : "no message");
+  store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
 }
 
 float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name) {

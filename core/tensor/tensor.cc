@@ -175,4 +175,20 @@ Tensor from_host(const std::vector<uint8_t>& values, std::vector<int64_t> shape,
   return from_host_raw(values, std::move(shape), device);
 }
 
+namespace {
+template <typename T>
+void upload_raw(Tensor& dst, const std::vector<T>& values, std::vector<int64_t> shape, Device device) {
+  check(numel_of(shape) == values.size(), "upload: ", values.size(), " values for shape ", shape_text(shape));
+  dst.resize(std::move(shape), dtype_of<T>(), device);
+  if (!values.empty()) runtime::copy_bytes(dst.raw(), device, values.data(), Device::cpu(), dst.nbytes());
+}
+}  // namespace
+
+void upload(Tensor& dst, const std::vector<int32_t>& values, std::vector<int64_t> shape, Device device) {
+  upload_raw(dst, values, std::move(shape), device);
+}
+void upload(Tensor& dst, const std::vector<uint8_t>& values, std::vector<int64_t> shape, Device device) {
+  upload_raw(dst, values, std::move(shape), device);
+}
+
 }  // namespace megabatch

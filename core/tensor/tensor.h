@@ -124,5 +124,9 @@ Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, D
 Tensor from_host(const std::vector<double>& values, std::vector<int64_t> shape);  // f64, CPU
 Tensor from_host(const std::vector<int32_t>& values, std::vector<int64_t> shape, Device device = Device::cpu());
 Tensor from_host(const std::vector<uint8_t>& values, std::vector<int64_t> shape, Device device = Device::cpu());
+// dst = values with `shape` on `device`, reusing dst's memory when it fits (token ids and
+// masks of each micro-batch).
+void upload(Tensor& dst, const std::vector<int32_t>& values, std::vector<int64_t> shape, Device device);
+void upload(Tensor& dst, const std::vector<uint8_t>& values, std::vector<int64_t> shape, Device device);
 
 }  // namespace megabatch

@@ -1,13 +1,17 @@
-// The interface between the one training loop and a model (GPT, later BERT and T5).
+// The interface between the one training loop and a model (GPT, BERT, T5).
 // A model declares its parameters in a ParameterStore, computes the loss of a
-// micro-batch in forward and accumulates parameter gradients in backward.
+// micro-batch in forward and accumulates parameter gradients in backward. Everything it
+// computes stays on the parameters' device: the losses too, which the host reads only
+// when it logs (LossOutput::read()).
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/nn/parameters.h"
+#include "core/tensor/tensor.h"
 
 namespace megabatch::train {
 
@@ -34,6 +38,10 @@ struct StepContext {
   int64_t iteration = 0;
   int64_t micro_batch = 0;
   bool training = true;  // false: no dropout
+  // fp16 dynamic loss scaling: a one-element f32 tensor on the model's device that backward
+  // multiplies the loss gradient by (undefined: 1). It lives on the device so that the
+  // scaler can change it without the host waiting.
+  Tensor loss_scale = {};
 };
 
 // A further term of a model's objective (BERT's "sop loss"): a sum over count items.
@@ -44,7 +52,8 @@ struct LossTerm {
   double mean() const { return count ? sum / static_cast<double>(count) : 0.0; }
 };
 
-struct LossOutput {
+// The losses of a forward, read back to the host.
+struct LossValues {
   double loss_sum = 0;  // summed per-token language-model loss ("lm loss")
   int64_t count = 0;    // tokens that carry a loss
   std::vector<LossTerm> extra;  // further terms; the objective is the sum of all means
@@ -56,12 +65,25 @@ struct LossOutput {
   }
 };
 
+// The losses of a forward as they are computed: sums on the device, counts on the host
+// (they follow from the batch's labels).
+struct LossOutput {
+  Tensor sums;          // f32 (1 + extra terms) on the model's device: "lm loss" first
+  int64_t count = 0;    // tokens that carry the lm loss
+  std::vector<std::pair<std::string, int64_t>> extra;  // further terms: name and item count
+  // Weights turning sums into the objective's terms (1 / count each; 0 for an empty term).
+  std::vector<double> mean_weights() const;
+  // Copies the sums to the host (waits for the device).
+  LossValues read() const;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
   virtual nn::ParameterStore& parameters() = 0;
   // Computes the loss. With grad_scale != 0 it also prepares backward for the objective
-  // grad_scale * (mean lm loss over the batch's counted tokens + each extra term's mean).
+  // grad_scale * (mean lm loss over the batch's counted tokens + each extra term's mean),
+  // times ctx.loss_scale when it is defined.
   virtual LossOutput forward(const Batch& batch, const StepContext& ctx, float grad_scale) = 0;
   // Accumulates into parameters().grads(); after a forward with grad_scale != 0.
   virtual void backward() = 0;

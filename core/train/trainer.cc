@@ -101,7 +101,7 @@ void Trainer::train_step() {
     const int64_t m = r * local + k;
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     const StepContext ctx{opt_.seed, iteration_, m, true};
-    const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
+    const LossValues out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches)).read();
     model_.backward();
     if (k == 0) {
       extra.assign(out.extra.size(), 0.0);
@@ -117,7 +117,7 @@ void Trainer::train_step() {
   }
   if (D > 1) {
     // the mean gradient of the global batch: sum the ranks' shares, in buckets
-    float* g = model_.parameters().grads();
+    float* g = model_.parameters().grads().data<float>();
     const size_t n = model_.parameters().flat_size(), bucket = size_t{1} << 22;
     for (size_t at = 0; at < n; at += bucket) dp_->all_reduce(g + at, std::min(bucket, n - at), comm::ReduceOp::kSum);
     std::vector<double> losses = {loss};
@@ -137,7 +137,7 @@ void Trainer::train_step() {
          !std::isfinite(objective) ? objective : norm, " (diverged); lower --lr, raise warmup, or check the data");
   const double coeff = optim::clip_coefficient(norm, opt_.clip_grad);
   if (coeff < 1.0) {
-    float* g = model_.parameters().grads();
+    float* g = model_.parameters().grads().data<float>();
     const int64_t n = static_cast<int64_t>(model_.parameters().flat_size());
     const float c = static_cast<float>(coeff);
 #pragma omp parallel for simd schedule(static) if (n > 65536)
@@ -223,7 +223,7 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate() {
     for (int64_t m = 0; m < opt_.global_batch_size / opt_.micro_batch_size; ++m) {
       valid_->fill(next, opt_.micro_batch_size, batch_);
       next += static_cast<uint64_t>(opt_.micro_batch_size);
-      const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
+      const LossValues out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f).read();
       sum += out.loss_sum;
       count += out.count;
       if (extra.empty()) extra = out.extra;

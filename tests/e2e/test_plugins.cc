@@ -114,7 +114,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
     mb::testing::H5File f((tmp / "in.h5").string(), mb::testing::H5File::kCreate);
     for (size_t i = 0; i < store.count(); ++i) {
       const auto& info = store.info(static_cast<int>(i));
-      const float* p = store.param(static_cast<int>(i));
+      const float* p = store.param(static_cast<int>(i)).data();
       f.write("params/" + std::to_string(i), std::vector<float>(p, p + info.numel), {info.numel});
       f.write("grads/" + std::to_string(i), grads[i], {static_cast<hsize_t>(steps), info.numel});
       f.write("noise/" + std::to_string(i), noise[i], {static_cast<hsize_t>(steps), info.numel});
@@ -133,7 +133,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
   for (int s = 0; s < steps; ++s) {
     for (size_t i = 0; i < store.count(); ++i) {
       const size_t n = store.info(static_cast<int>(i)).numel;
-      std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)));
+      std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)).data());
     }
     opt.step(s + 1, attrs.at("lr"), global_batch, -1.0, true);
     if (opt.diagnostics().count("trust_ratio"))

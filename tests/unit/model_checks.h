@@ -30,20 +30,22 @@ inline void expect_directional_derivatives(train::Model& model, const train::Bat
   for (size_t id = 0; id < P.count(); ++id) {
     const int i = static_cast<int>(id);
     const size_t n = P.info(i).numel;
-    std::vector<float> v(n), keep(P.param(i), P.param(i) + n);
+    float* p = P.param(i).data();
+    const float* grad = P.grad(i).data();
+    std::vector<float> v(n), keep(p, p + n);
     double analytic = 0, vnorm = 0;
     for (size_t j = 0; j < n; ++j) {
       v[j] = nd(g);
-      analytic += static_cast<double>(P.grad(i)[j]) * v[j];
+      analytic += static_cast<double>(grad[j]) * v[j];
       vnorm += static_cast<double>(v[j]) * v[j];
     }
     const float h = step / static_cast<float>(std::sqrt(vnorm / static_cast<double>(n)));
     auto loss_at = [&](float s) {
-      for (size_t j = 0; j < n; ++j) P.param(i)[j] = keep[j] + s * v[j];
-      return model.forward(batch, ctx, 0.0f).objective();
+      for (size_t j = 0; j < n; ++j) p[j] = keep[j] + s * v[j];
+      return model.forward(batch, ctx, 0.0f).read().objective();
     };
     const double fd = (loss_at(h) - loss_at(-h)) / (2.0 * h);
-    std::copy(keep.begin(), keep.end(), P.param(i));
+    std::copy(keep.begin(), keep.end(), p);
     EXPECT_NEAR(fd, analytic, rel_tol * std::max(1.0, std::abs(analytic)) + abs_tol) << P.info(i).name << label;
   }
 }
@@ -54,9 +56,9 @@ inline std::string reference(const std::string& script) {
 }
 
 // Fresh gradients of one micro-batch, without dropout: the losses (and the gradients in the store).
-inline train::LossOutput loss_and_gradients(train::Model& model, const train::Batch& batch) {
+inline train::LossValues loss_and_gradients(train::Model& model, const train::Batch& batch) {
   model.parameters().zero_grad();
-  const auto out = model.forward(batch, {0, 1, 0, false}, 1.0f);
+  const auto out = model.forward(batch, {0, 1, 0, false}, 1.0f).read();
   model.backward();
   return out;
 }
@@ -66,7 +68,8 @@ inline void perturb_parameters(nn::ParameterStore& P, uint32_t seed, float std) 
   for (size_t id = 0; id < P.count(); ++id) {
     std::mt19937 g(seed + static_cast<uint32_t>(id));
     std::normal_distribution<float> nd(0.0f, std);
-    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) P.param(static_cast<int>(id))[j] += nd(g);
+    float* p = P.param(static_cast<int>(id)).data();
+    for (size_t j = 0; j < P.info(static_cast<int>(id)).numel; ++j) p[j] += nd(g);
   }
 }
 
@@ -75,7 +78,7 @@ inline void write_parameters(H5File& f, nn::ParameterStore& P) {
   for (size_t id = 0; id < P.count(); ++id) {
     const auto& info = P.info(static_cast<int>(id));
     std::vector<hsize_t> dims(info.shape.begin(), info.shape.end());
-    const float* p = P.param(static_cast<int>(id));
+    const float* p = P.param(static_cast<int>(id)).data();
     f.write("params/" + info.name, std::vector<float>(p, p + info.numel), dims);
   }
 }

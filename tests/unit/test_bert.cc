@@ -68,7 +68,7 @@ void expect_gradient_matches_finite_differences(bool post_ln) {
   const auto batch = bert_batch(1);
   const auto out = model->forward(batch, {5, 3, 0, true}, 0.0f);
   ASSERT_EQ(out.extra.size(), 1u);
-  EXPECT_EQ(out.extra[0].name, "sop loss");
+  EXPECT_EQ(out.extra[0].first, "sop loss");
   // dropout on, fixed masks. fp32 losses (~6, ~1e-6 relative) over 2h, plus O(h^2)
   // curvature (a step of 3e-3 was already too nonlinear for post-LN attention here).
   mb::testing::expect_directional_derivatives(*model, batch, {5, 3, 0, true}, 1e-3f, 3e-3, 5e-4,

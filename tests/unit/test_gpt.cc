@@ -73,9 +73,9 @@ TEST(Gpt, HeadChunkingDoesNotChangeLossOrGradients) {
     model.parameters().finalize();
     model.parameters().initialize(11);
     model.set_head_chunk(k == 0 ? 1000 : 7);  // one chunk vs 5 uneven chunks
-    loss[k] = model.forward(batch, {1, 1, 0, true}, 1.0f).mean();
+    loss[k] = model.forward(batch, {1, 1, 0, true}, 1.0f).read().mean();
     model.backward();
-    grads[k].assign(model.parameters().grads(), model.parameters().grads() + model.parameters().flat_size());
+    grads[k] = mb::to_host_f32(model.parameters().grads());
   }
   EXPECT_NEAR(loss[0], loss[1], 1e-6);
   for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_NEAR(grads[0][i], grads[1][i], 1e-6) << i;
@@ -165,11 +165,11 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   ASSERT_EQ(ref.size(), 10u);
   for (int s = 0; s < 10; ++s) {
     model->parameters().zero_grad();
-    const double loss = model->forward(batches[s], {0, s + 1, 0, false}, 1.0f).mean();
+    const double loss = model->forward(batches[s], {0, s + 1, 0, false}, 1.0f).read().mean();
     model->backward();
     const double norm = mb::optim::grad_norm(model->parameters(), tp);
     const double coeff = mb::optim::clip_coefficient(norm, clip);
-    float* g = model->parameters().grads();
+    float* g = model->parameters().grads().data();
     for (size_t i = 0; i < model->parameters().flat_size(); ++i) g[i] *= static_cast<float>(coeff);
     opt.step(s + 1, lr, 3);
     EXPECT_NEAR(loss, ref[s], 1e-4 * std::abs(ref[s])) << "step " << s + 1;
@@ -218,7 +218,7 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
     std::ostringstream console;
     mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
     t.run();
-    params[k].assign(model->parameters().params(), model->parameters().params() + model->parameters().flat_size());
+    params[k] = mb::to_host_f32(model->parameters().params());
   }
   double moved = 0;
   auto init = mb::models::make_model(tiny(), tp, 5);
@@ -258,7 +258,7 @@ TEST(Trainer, ClipsTheGlobalGradientNormBeforeTheOptimizerStep) {
   mb::comm::LocalCommunicator tp;
   const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
   auto model = mb::models::make_model(tiny(), tp, 6);
-  const std::vector<float> before(model->parameters().params(), model->parameters().params() + model->parameters().flat_size());
+  const std::vector<float> before = mb::to_host_f32(model->parameters().params());
   mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
   FixedSource src(random_batch(4, 11, 203, 10));
   mb::train::TrainOptions o;

@@ -1,9 +1,12 @@
-// Every CPU op: backward against central finite differences in fp64 (the ops are
-// templates; the fp64 instantiation is the same code as fp32), fp32 against fp64 with a
-// tolerance derived from the fp32 epsilon and the reduction length, and the masks and
-// shapes that break kernels: sizes 1, primes, lengths that are not multiples of the
-// vector width, attention rows whose keys are all masked.
+// Every CPU op through the public op API: backward against central finite differences in
+// f64 (the CPU kernels are templates; the f64 instantiation is the same code as f32), f32
+// against f64 with a tolerance derived from the f32 unit roundoff and the reduction length,
+// and the masks and shapes that break kernels: sizes 1, primes, lengths that are not
+// multiples of the vector width, attention rows whose keys are all masked. (Each op on
+// every device and dtype against this reference: test_ops_devices.cc.)
 #include <gtest/gtest.h>
+
+#include <omp.h>
 
 #include <cfloat>
 #include <cmath>
@@ -12,14 +15,15 @@
 #include <sstream>
 #include <vector>
 
+#include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/cpu/vecmath.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/dropout.h"
 #include "core/ops/embedding.h"
-#include "core/ops/gelu.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
+#include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
 #include "tests/unit/test_util.h"
 
@@ -62,6 +66,19 @@ void expect_fd(const std::function<double(const Vec&)>& loss, Vec x, const Vec& 
 
 std::vector<float> to_f(const Vec& v) { return std::vector<float>(v.begin(), v.end()); }
 
+// f64 and f32 CPU tensors holding a vector (copies), and the values of a tensor.
+mb::Tensor t64(const Vec& v, std::vector<int64_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return mb::from_host(v, shape);
+}
+mb::Tensor t32(const std::vector<float>& v, std::vector<int64_t> shape = {}) {
+  if (shape.empty()) shape = {static_cast<int64_t>(v.size())};
+  return mb::from_host(v, shape);
+}
+mb::Tensor ids(const std::vector<int32_t>& v) { return mb::from_host(v, {static_cast<int64_t>(v.size())}); }
+Vec vec(const mb::Tensor& t) { return mb::to_host_f64(t); }
+std::vector<float> vecf(const mb::Tensor& t) { return mb::to_host_f32(t); }
+
 // fp32 result against the fp64 one: |f - d| <= 4 K eps32 max(1, |d|) for reductions of length K.
 void expect_fp32_close(const std::vector<float>& f, const Vec& d, double K, const char* what) {
   ASSERT_EQ(f.size(), d.size());
@@ -90,25 +107,37 @@ TEST_P(LinearShapes, BackwardMatchesFiniteDifferences) {
   const auto [n, I, O] = GetParam();
   const Vec x = randn(n * I, 1), w = randn(O * I, 2), b = randn(O, 3), r = randn(n * O, 4);
   auto loss = [&](const Vec& xx, const Vec& ww, const Vec& bb) {
-    Vec out(n * O);
-    ops::linear_forward(out.data(), xx.data(), ww.data(), bb.data(), n, I, O);
-    return dot(out, r);
+    mb::Tensor out({n, O}, mb::DType::kF64);
+    ops::linear_forward(out, t64(xx, {n, I}), t64(ww, {O, I}), t64(bb));
+    return dot(vec(out), r);
   };
-  Vec dx(n * I, 0.5), dw(O * I, 0.25), db(O, -1.0);  // backward accumulates onto what is there
-  ops::linear_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), n, I, O);
-  for (auto& v : dx) v -= 0.5;
-  for (auto& v : dw) v -= 0.25;
-  for (auto& v : db) v += 1.0;
-  expect_fd([&](const Vec& v) { return loss(v, w, b); }, x, dx, "dx");
-  expect_fd([&](const Vec& v) { return loss(x, v, b); }, w, dw, "dw");
-  expect_fd([&](const Vec& v) { return loss(x, w, v); }, b, db, "db");
-  // fp32 instantiation against fp64
-  std::vector<float> xf = to_f(x), wf = to_f(w), bf = to_f(b), of(n * O);
-  ops::linear_forward(of.data(), xf.data(), wf.data(), bf.data(), n, I, O);
-  Vec od32(n * O);  // fp64 on the fp32-rounded inputs
-  ops::linear_forward(od32.data(), Vec(xf.begin(), xf.end()).data(), Vec(wf.begin(), wf.end()).data(),
-                      Vec(bf.begin(), bf.end()).data(), n, I, O);
-  expect_fp32_close(of, od32, I + 1, "linear fp32");
+  // backward accumulates onto what is there
+  mb::Tensor dx = t64(Vec(n * I, 0.5), {n, I}), dw = t64(Vec(O * I, 0.25), {O, I}), db = t64(Vec(O, -1.0));
+  ops::linear_backward(dx, dw, db, t64(r, {n, O}), t64(x, {n, I}), t64(w, {O, I}));
+  Vec gx = vec(dx), gw = vec(dw), gb = vec(db);
+  for (auto& v : gx) v -= 0.5;
+  for (auto& v : gw) v -= 0.25;
+  for (auto& v : gb) v += 1.0;
+  expect_fd([&](const Vec& v) { return loss(v, w, b); }, x, gx, "dx");
+  expect_fd([&](const Vec& v) { return loss(x, v, b); }, w, gw, "dw");
+  expect_fd([&](const Vec& v) { return loss(x, w, v); }, b, gb, "db");
+  // f32 against f64 on the f32-rounded inputs
+  const std::vector<float> xf = to_f(x), wf = to_f(w), bf = to_f(b);
+  mb::Tensor of({n, O}), od({n, O}, mb::DType::kF64);
+  ops::linear_forward(of, t32(xf, {n, I}), t32(wf, {O, I}), t32(bf));
+  ops::linear_forward(od, t64(Vec(xf.begin(), xf.end()), {n, I}), t64(Vec(wf.begin(), wf.end()), {O, I}),
+                      t64(Vec(bf.begin(), bf.end())));
+  expect_fp32_close(vecf(of), vec(od), I + 1, "linear fp32");
+  // gemm with C accumulated (beta 1) and a transposed A: C += A^T B
+  mb::Tensor C = t64(Vec(I * O, 1.0), {I, O});
+  ops::gemm(C, t64(x, {n, I}), ops::Trans::T, t64(r, {n, O}), ops::Trans::N, 1.0f, 1.0f);
+  const Vec cv = vec(C);
+  for (int i = 0; i < I; ++i)
+    for (int o = 0; o < O; ++o) {
+      double e = 1.0;
+      for (int k = 0; k < n; ++k) e += x[k * I + i] * r[k * O + o];
+      EXPECT_NEAR(cv[i * O + o], e, 1e-12);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, LinearShapes,
@@ -116,34 +145,76 @@ INSTANTIATE_TEST_SUITE_P(Ops, LinearShapes,
                                            std::make_tuple(7, 1, 17), std::make_tuple(3, 17, 11),
                                            std::make_tuple(5, 8, 16)));
 
+TEST(Linear, BiasAddAndItsBackwardAreTheColumnSums) {
+  const int n = 7, O = 5;
+  const Vec x = randn(n * O, 60), b = randn(O, 61);
+  mb::Tensor y = t64(x, {n, O});
+  ops::bias_add(y, t64(b));
+  mb::Tensor db = t64(Vec(O, 2.0));
+  ops::bias_backward(db, t64(x, {n, O}));
+  const Vec yv = vec(y), dbv = vec(db);
+  for (int j = 0; j < O; ++j) {
+    double col = 2.0;
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(yv[i * O + j], x[i * O + j] + b[j]);
+      col += x[i * O + j];
+    }
+    EXPECT_NEAR(dbv[j], col, 1e-12);
+  }
+}
+
 class LayerNormShapes : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(LayerNormShapes, BackwardMatchesFiniteDifferences) {
   const auto [n, C] = GetParam();
   const Vec x = randn(n * C, 5, 2.0), w = randn(C, 6), b = randn(C, 7), r = randn(n * C, 8);
   auto loss = [&](const Vec& xx, const Vec& ww, const Vec& bb) {
-    Vec out(n * C), mean(n), rstd(n);
-    ops::layernorm_forward(out.data(), mean.data(), rstd.data(), xx.data(), ww.data(), bb.data(), n, C, 1e-5);
-    return dot(out, r);
+    mb::Tensor out({n, C}, mb::DType::kF64), mean({n}, mb::DType::kF64), rstd({n}, mb::DType::kF64);
+    ops::layernorm_forward(out, mean, rstd, t64(xx, {n, C}), t64(ww), t64(bb), 1e-5);
+    return dot(vec(out), r);
   };
-  Vec out(n * C), mean(n), rstd(n), dx(n * C), dw(C), db(C);
-  ops::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), n, C, 1e-5);
-  ops::layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(), rstd.data(), n,
-                          C);
-  expect_fd([&](const Vec& v) { return loss(v, w, b); }, x, dx, "dx");
-  expect_fd([&](const Vec& v) { return loss(x, v, b); }, w, dw, "dweight");
-  expect_fd([&](const Vec& v) { return loss(x, w, v); }, b, db, "dbias");
+  mb::Tensor out({n, C}, mb::DType::kF64), mean({n}, mb::DType::kF64), rstd({n}, mb::DType::kF64);
+  mb::Tensor dx({n, C}, mb::DType::kF64), dw({C}, mb::DType::kF64), db({C}, mb::DType::kF64);
+  ops::layernorm_forward(out, mean, rstd, t64(x, {n, C}), t64(w), t64(b), 1e-5);
+  ops::layernorm_backward(dx, dw, db, t64(r, {n, C}), t64(x, {n, C}), t64(w), mean, rstd);
+  expect_fd([&](const Vec& v) { return loss(v, w, b); }, x, vec(dx), "dx");
+  expect_fd([&](const Vec& v) { return loss(x, v, b); }, w, vec(dw), "dweight");
+  expect_fd([&](const Vec& v) { return loss(x, w, v); }, b, vec(db), "dbias");
   // normalized rows: mean 0 and variance 1 before the affine part
-  Vec ones(C, 1.0), zeros(C, 0.0), y(n * C);
-  ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), ones.data(), zeros.data(), n, C, 0.0);
+  mb::Tensor y({n, C}, mb::DType::kF64);
+  ops::layernorm_forward(y, mean, rstd, t64(x, {n, C}), t64(Vec(C, 1.0)), t64(Vec(C, 0.0)), 0.0);
+  const Vec yv = vec(y);
   if (C > 1) {
     for (int i = 0; i < n; ++i) {
       double m = 0, v = 0;
-      for (int c = 0; c < C; ++c) m += y[i * C + c] / C;
-      for (int c = 0; c < C; ++c) v += (y[i * C + c] - m) * (y[i * C + c] - m) / C;
+      for (int c = 0; c < C; ++c) m += yv[i * C + c] / C;
+      for (int c = 0; c < C; ++c) v += (yv[i * C + c] - m) * (yv[i * C + c] - m) / C;
       EXPECT_NEAR(m, 0.0, 1e-12);
       EXPECT_NEAR(v, 1.0, 1e-9);
     }
+  }
+}
+
+TEST_P(LayerNormShapes, RmsNormBackwardMatchesFiniteDifferences) {
+  const auto [n, C] = GetParam();
+  const Vec x = randn(n * C, 50, 2.0), w = randn(C, 51), r = randn(n * C, 52);
+  auto loss = [&](const Vec& xx, const Vec& ww) {
+    mb::Tensor out({n, C}, mb::DType::kF64), rstd({n}, mb::DType::kF64);
+    ops::rmsnorm_forward(out, rstd, t64(xx, {n, C}), t64(ww), 1e-6);
+    return dot(vec(out), r);
+  };
+  mb::Tensor out({n, C}, mb::DType::kF64), rstd({n}, mb::DType::kF64), dx({n, C}, mb::DType::kF64),
+      dw({C}, mb::DType::kF64);
+  ops::rmsnorm_forward(out, rstd, t64(x, {n, C}), t64(w), 1e-6);
+  ops::rmsnorm_backward(dx, dw, t64(r, {n, C}), t64(x, {n, C}), t64(w), rstd);
+  expect_fd([&](const Vec& v) { return loss(v, w); }, x, vec(dx), "dx");
+  expect_fd([&](const Vec& v) { return loss(x, v); }, w, vec(dw), "dweight");
+  // out = x / rms(x) * w
+  const Vec yv = vec(out);
+  for (int i = 0; i < n; ++i) {
+    double ms = 0;
+    for (int c = 0; c < C; ++c) ms += x[i * C + c] * x[i * C + c] / C;
+    for (int c = 0; c < C; ++c) EXPECT_NEAR(yv[i * C + c], x[i * C + c] / std::sqrt(ms + 1e-6) * w[c], 1e-12);
   }
 }
 
@@ -153,37 +224,52 @@ INSTANTIATE_TEST_SUITE_P(Ops, LayerNormShapes,
 
 TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
   const Vec x = randn(37, 9, 3.0), r = randn(37, 10);
-  Vec y(37), dx(37);
-  ops::gelu_forward(y.data(), x.data(), 37);
+  mb::Tensor y({37}, mb::DType::kF64), dx({37}, mb::DType::kF64);
+  ops::gelu_forward(y, t64(x));
+  const Vec yv = vec(y);
   for (int i = 0; i < 37; ++i) {
     const double v = x[i];
-    EXPECT_NEAR(y[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-15);
+    EXPECT_NEAR(yv[i], 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))), 1e-15);
   }
-  ops::gelu_backward(dx.data(), r.data(), x.data(), 37);
+  ops::gelu_backward(dx, t64(r), t64(x));
   expect_fd(
       [&](const Vec& v) {
-        Vec o(37);
-        ops::gelu_forward(o.data(), v.data(), 37);
-        return dot(o, r);
+        mb::Tensor o({37}, mb::DType::kF64);
+        ops::gelu_forward(o, t64(v));
+        return dot(vec(o), r);
       },
-      x, dx, "gelu");
-  std::vector<float> yf(37);
-  ops::gelu_forward(yf.data(), to_f(x).data(), 37);
-  Vec yd(37);
+      x, vec(dx), "gelu");
   const auto xf = to_f(x);
-  ops::gelu_forward(yd.data(), Vec(xf.begin(), xf.end()).data(), 37);
-  expect_fp32_close(yf, yd, 8, "gelu fp32");
+  mb::Tensor yf({37}), yd({37}, mb::DType::kF64);
+  ops::gelu_forward(yf, t32(xf));
+  ops::gelu_forward(yd, t64(Vec(xf.begin(), xf.end())));
+  expect_fp32_close(vecf(yf), vec(yd), 8, "gelu fp32");
+}
+
+TEST(Tanh, BackwardFromTheOutputMatchesFiniteDifferences) {
+  const Vec x = randn(23, 62, 2.0), r = randn(23, 63);
+  mb::Tensor y({23}, mb::DType::kF64), dx({23}, mb::DType::kF64);
+  ops::tanh_forward(y, t64(x));
+  ops::tanh_backward(dx, t64(r), y);
+  for (int i = 0; i < 23; ++i) EXPECT_NEAR(vec(y)[i], std::tanh(x[i]), 1e-15);
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o({23}, mb::DType::kF64);
+        ops::tanh_forward(o, t64(v));
+        return dot(vec(o), r);
+      },
+      x, vec(dx), "tanh");
 }
 
 TEST(Residual, BackwardPassesTheGradientToBothInputs) {
   const Vec a = randn(13, 11), b = randn(13, 12), d = randn(13, 13);
-  Vec out(13), da(13, 1.0), db(13, 2.0);
-  ops::residual_forward(out.data(), a.data(), b.data(), 13);
-  ops::residual_backward(da.data(), db.data(), d.data(), 13);
+  mb::Tensor out({13}, mb::DType::kF64), da = t64(Vec(13, 1.0)), db = t64(Vec(13, 2.0));
+  ops::residual_forward(out, t64(a), t64(b));
+  ops::residual_backward(da, db, t64(d));
   for (int i = 0; i < 13; ++i) {
-    EXPECT_EQ(out[i], a[i] + b[i]);
-    EXPECT_EQ(da[i], 1.0 + d[i]);
-    EXPECT_EQ(db[i], 2.0 + d[i]);
+    EXPECT_EQ(vec(out)[i], a[i] + b[i]);
+    EXPECT_EQ(vec(da)[i], 1.0 + d[i]);
+    EXPECT_EQ(vec(db)[i], 2.0 + d[i]);
   }
 }
 
@@ -210,19 +296,19 @@ TEST(Dropout, MaskIsAFunctionOfKeyStreamAndElementOnly) {
 TEST(Dropout, ForwardScalesKeptElementsAndBackwardMatchesFiniteDifferences) {
   const ops::DropoutKey k{0.25, 9, 1};
   const Vec x = randn(29, 14), r = randn(29, 15);
-  Vec y(29), dx(29);
-  ops::dropout_forward(y.data(), x.data(), 29, 5, k);
+  mb::Tensor y({29}, mb::DType::kF64), dx({29}, mb::DType::kF64);
+  ops::dropout_forward(y, t64(x), 5, k);
   std::vector<uint8_t> keep(29);
   ops::dropout_mask(keep.data(), 29, 5, k);
-  for (int i = 0; i < 29; ++i) EXPECT_DOUBLE_EQ(y[i], keep[i] ? x[i] / 0.75 : 0.0);
-  ops::dropout_backward(dx.data(), r.data(), 29, 5, k);
+  for (int i = 0; i < 29; ++i) EXPECT_DOUBLE_EQ(vec(y)[i], keep[i] ? x[i] / 0.75 : 0.0);
+  ops::dropout_backward(dx, t64(r), 5, k);
   expect_fd(
       [&](const Vec& v) {
-        Vec o(29);
-        ops::dropout_forward(o.data(), v.data(), 29, 5, k);
-        return dot(o, r);
+        mb::Tensor o({29}, mb::DType::kF64);
+        ops::dropout_forward(o, t64(v), 5, k);
+        return dot(vec(o), r);
       },
-      x, dx, "dropout");
+      x, vec(dx), "dropout");
 }
 
 struct AttnCase {
@@ -234,9 +320,7 @@ struct AttnCase {
 
 class AttentionCases : public ::testing::TestWithParam<AttnCase> {};
 
-TEST_P(AttentionCases, BackwardMatchesFiniteDifferences) {
-  const AttnCase c = GetParam();
-  ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
+std::vector<uint8_t> attn_mask(const AttnCase& c) {
   std::vector<uint8_t> mask;
   if (c.mask) {
     mask.assign(c.B * c.T, 1);
@@ -246,19 +330,28 @@ TEST_P(AttentionCases, BackwardMatchesFiniteDifferences) {
       if (c.mask == 3 && t == 0) mask[t] = 0;
     }
   }
+  return mask;
+}
+
+TEST_P(AttentionCases, BackwardMatchesFiniteDifferences) {
+  const AttnCase c = GetParam();
+  ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
+  const std::vector<uint8_t> mask = attn_mask(c);
+  const mb::Tensor mt = mask.empty() ? mb::Tensor() : mb::from_host(mask, {c.B, c.T});
   const uint8_t* m = mask.empty() ? nullptr : mask.data();
   const ops::DropoutKey dk{c.p, 77, 3};
-  const size_t nq = c.B * c.T * c.H * 3 * c.D, no = c.B * c.T * c.H * c.D;
+  const int64_t nq = c.B * c.T * c.H * 3 * c.D, no = c.B * c.T * c.H * c.D, np = c.B * c.H * c.T * c.T;
   const Vec qkv = randn(nq, 16), r = randn(no, 17);
   auto loss = [&](const Vec& x) {
-    Vec out(no), probs(c.B * c.H * c.T * c.T);
-    ops::attention_forward(out.data(), probs.data(), x.data(), m, s, &dk);
-    return dot(out, r);
+    mb::Tensor out({no}, mb::DType::kF64), probs({np}, mb::DType::kF64);
+    ops::attention_forward(out, probs, t64(x), mt, s, &dk);
+    return dot(vec(out), r);
   };
-  Vec out(no), probs(c.B * c.H * c.T * c.T), dqkv(nq);
-  ops::attention_forward(out.data(), probs.data(), qkv.data(), m, s, &dk);
-  ops::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), m, s, &dk);
-  expect_fd(loss, qkv, dqkv, "dqkv");
+  mb::Tensor out({no}, mb::DType::kF64), probs_t({np}, mb::DType::kF64), dqkv({nq}, mb::DType::kF64);
+  ops::attention_forward(out, probs_t, t64(qkv), mt, s, &dk);
+  ops::attention_backward(dqkv, t64(r), t64(qkv), probs_t, mt, s, &dk);
+  expect_fd(loss, qkv, vec(dqkv), "dqkv");
+  const Vec probs = vec(probs_t), outv = vec(out);
   // probabilities: rows sum to 1 over allowed keys, 0 on masked keys and fully masked rows
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.H; ++h)
@@ -276,7 +369,7 @@ TEST_P(AttentionCases, BackwardMatchesFiniteDifferences) {
         }
         EXPECT_NEAR(sum, any ? 1.0 : 0.0, 1e-12);
         if (!any) {
-          for (int d = 0; d < c.D; ++d) EXPECT_EQ(out[((b * c.T + i) * c.H + h) * c.D + d], 0.0);
+          for (int d = 0; d < c.D; ++d) EXPECT_EQ(outv[((b * c.T + i) * c.H + h) * c.D + d], 0.0);
         }
       }
 }
@@ -288,20 +381,21 @@ INSTANTIATE_TEST_SUITE_P(Ops, AttentionCases,
 
 TEST(Attention, AdditiveBiasGradientMatchesFiniteDifferences) {
   ops::AttentionShape s{2, 5, 2, 3, true, 0, 0};
-  const size_t nq = 2 * 5 * 2 * 3 * 3, no = 2 * 5 * 2 * 3, nb = 2 * 5 * 5, np = 2 * 2 * 5 * 5;
-  const std::vector<uint8_t> mask = {1, 1, 1, 1, 0, 1, 1, 1, 1, 1};
+  const int64_t nq = 2 * 5 * 2 * 3 * 3, no = 2 * 5 * 2 * 3, nb = 2 * 5 * 5, np = 2 * 2 * 5 * 5;
+  const mb::Tensor mask = mb::from_host(std::vector<uint8_t>{1, 1, 1, 1, 0, 1, 1, 1, 1, 1}, {2, 5});
   const ops::DropoutKey dk{0.2, 79, 5};
   const Vec qkv = randn(nq, 44), bias = randn(nb, 45), r = randn(no, 46);
-  Vec out(no), probs(np), dqkv(nq), dbias(nb);
-  ops::attention_forward(out.data(), probs.data(), qkv.data(), mask.data(), s, &dk, bias.data());
-  ops::attention_backward(dqkv.data(), r.data(), qkv.data(), probs.data(), mask.data(), s, &dk, dbias.data());
+  mb::Tensor out({no}, mb::DType::kF64), probs({np}, mb::DType::kF64), dqkv({nq}, mb::DType::kF64),
+      dbias({nb}, mb::DType::kF64);
+  ops::attention_forward(out, probs, t64(qkv), mask, s, &dk, t64(bias));
+  ops::attention_backward(dqkv, t64(r), t64(qkv), probs, mask, s, &dk, dbias);
   auto loss = [&](const Vec& x, const Vec& b) {
-    Vec o(no), pr(np);
-    ops::attention_forward(o.data(), pr.data(), x.data(), mask.data(), s, &dk, b.data());
-    return dot(o, r);
+    mb::Tensor o({no}, mb::DType::kF64), pr({np}, mb::DType::kF64);
+    ops::attention_forward(o, pr, t64(x), mask, s, &dk, t64(b));
+    return dot(vec(o), r);
   };
-  expect_fd([&](const Vec& x) { return loss(x, bias); }, qkv, dqkv, "dqkv with bias");
-  expect_fd([&](const Vec& b) { return loss(qkv, b); }, bias, dbias, "dbias");
+  expect_fd([&](const Vec& x) { return loss(x, bias); }, qkv, vec(dqkv), "dqkv with bias");
+  expect_fd([&](const Vec& b) { return loss(qkv, b); }, bias, vec(dbias), "dbias");
 }
 
 TEST(Attention, RelativePositionBucketsMatchAnIndependentImplementation) {
@@ -328,6 +422,27 @@ TEST(Attention, RelativePositionBucketsMatchAnIndependentImplementation) {
       }
 }
 
+TEST(RelativeBias, GathersPerBucketAndHeadAndBackwardMatchesFiniteDifferences) {
+  const int T = 6, H = 3, NB = 8;
+  std::vector<int32_t> b(T * T);
+  for (int i = 0; i < T; ++i)
+    for (int j = 0; j < T; ++j) b[i * T + j] = ops::relative_position_bucket(i, j, true, NB, 16);
+  const mb::Tensor buckets = mb::from_host(b, {T, T});
+  const Vec table = randn(NB * H, 64), r = randn(H * T * T, 65);
+  mb::Tensor out({H, T, T}, mb::DType::kF64), dtable({NB, H}, mb::DType::kF64);
+  ops::relative_bias_forward(out, t64(table, {NB, H}), buckets);
+  for (int h = 0; h < H; ++h)
+    for (int e = 0; e < T * T; ++e) EXPECT_EQ(vec(out)[h * T * T + e], table[b[e] * H + h]);
+  ops::relative_bias_backward(dtable, t64(r, {H, T, T}), buckets);
+  expect_fd(
+      [&](const Vec& t) {
+        mb::Tensor o({H, T, T}, mb::DType::kF64);
+        ops::relative_bias_forward(o, t64(t, {NB, H}), buckets);
+        return dot(vec(o), r);
+      },
+      table, vec(dtable), "dtable");
+}
+
 struct CrossCase {
   int B, Tq, Tk, H, D;
   bool pad;  // pad the tail of batch 0's encoder positions
@@ -344,33 +459,30 @@ TEST_P(CrossAttentionCases, BackwardMatchesFiniteDifferencesForQueriesKeysAndVal
     mask.assign(c.B * c.Tk, 1);
     for (int t = c.Tk / 2 + 1; t < c.Tk; ++t) mask[t] = 0;
   }
+  const mb::Tensor mt = mask.empty() ? mb::Tensor() : mb::from_host(mask, {c.B, c.Tk});
   const uint8_t* m = mask.empty() ? nullptr : mask.data();
   const ops::DropoutKey dk{c.p, 78, 4};
-  const size_t nq = c.B * c.Tq * c.H * c.D, nkv = c.B * c.Tk * c.H * 2 * c.D, np = c.B * c.H * c.Tq * c.Tk;
+  const int64_t nq = c.B * c.Tq * c.H * c.D, nkv = c.B * c.Tk * c.H * 2 * c.D, np = c.B * c.H * c.Tq * c.Tk;
   const Vec q = randn(nq, 41), kv = randn(nkv, 42), r = randn(nq, 43);
-  Vec out(nq), probs(np), dq(nq), dkv(nkv);
-  ops::cross_attention_forward(out.data(), probs.data(), q.data(), kv.data(), m, s, &dk);
-  ops::cross_attention_backward(dq.data(), dkv.data(), r.data(), q.data(), kv.data(), probs.data(), m, s, &dk);
-  expect_fd(
-      [&](const Vec& x) {
-        Vec o(nq), pr(np);
-        ops::cross_attention_forward(o.data(), pr.data(), x.data(), kv.data(), m, s, &dk);
-        return dot(o, r);
-      },
-      q, dq, "dq");
-  expect_fd(
-      [&](const Vec& x) {
-        Vec o(nq), pr(np);
-        ops::cross_attention_forward(o.data(), pr.data(), q.data(), x.data(), m, s, &dk);
-        return dot(o, r);
-      },
-      kv, dkv, "dkv");
+  mb::Tensor out({nq}, mb::DType::kF64), probs_t({np}, mb::DType::kF64), dq({nq}, mb::DType::kF64),
+      dkv({nkv}, mb::DType::kF64);
+  ops::cross_attention_forward(out, probs_t, t64(q), t64(kv), mt, s, &dk);
+  ops::cross_attention_backward(dq, dkv, t64(r), t64(q), t64(kv), probs_t, mt, s, &dk);
+  auto loss = [&](const Vec& qq, const Vec& kk) {
+    mb::Tensor o({nq}, mb::DType::kF64), pr({np}, mb::DType::kF64);
+    ops::cross_attention_forward(o, pr, t64(qq), t64(kk), mt, s, &dk);
+    return dot(vec(o), r);
+  };
+  expect_fd([&](const Vec& x) { return loss(x, kv); }, q, vec(dq), "dq");
+  expect_fd([&](const Vec& x) { return loss(q, x); }, kv, vec(dkv), "dkv");
   // backward accumulates: a second call doubles both gradients
-  Vec dq2 = dq, dkv2 = dkv;
-  ops::cross_attention_backward(dq2.data(), dkv2.data(), r.data(), q.data(), kv.data(), probs.data(), m, s, &dk);
-  for (size_t i = 0; i < nq; ++i) EXPECT_NEAR(dq2[i], 2 * dq[i], 1e-12) << "dq " << i;
-  for (size_t i = 0; i < nkv; ++i) EXPECT_NEAR(dkv2[i], 2 * dkv[i], 1e-12) << "dkv " << i;
+  const Vec dq1 = vec(dq), dkv1 = vec(dkv);
+  ops::cross_attention_backward(dq, dkv, t64(r), t64(q), t64(kv), probs_t, mt, s, &dk);
+  const Vec dq2 = vec(dq), dkv2 = vec(dkv);
+  for (int64_t i = 0; i < nq; ++i) EXPECT_NEAR(dq2[i], 2 * dq1[i], 1e-12) << "dq " << i;
+  for (int64_t i = 0; i < nkv; ++i) EXPECT_NEAR(dkv2[i], 2 * dkv1[i], 1e-12) << "dkv " << i;
   // every query attends to every unpadded encoder position: rows sum to 1, padded keys get 0
+  const Vec probs = vec(probs_t);
   for (int b = 0; b < c.B; ++b)
     for (int h = 0; h < c.H; ++h)
       for (int i = 0; i < c.Tq; ++i) {
@@ -393,37 +505,55 @@ INSTANTIATE_TEST_SUITE_P(Ops, CrossAttentionCases,
 
 TEST(Attention, Fp32MatchesFp64) {
   ops::AttentionShape s{2, 13, 3, 5, true, 0, 0};
-  const size_t nq = 2 * 13 * 3 * 3 * 5, no = 2 * 13 * 3 * 5;
+  const int64_t nq = 2 * 13 * 3 * 3 * 5, no = 2 * 13 * 3 * 5, np = 2 * 3 * 13 * 13;
   const auto qf = to_f(randn(nq, 18));
-  const Vec qd(qf.begin(), qf.end());
-  std::vector<float> of(no), pf(2 * 3 * 13 * 13);
-  Vec od(no), pd(2 * 3 * 13 * 13);
-  ops::attention_forward(of.data(), pf.data(), qf.data(), nullptr, s, nullptr);
-  ops::attention_forward(od.data(), pd.data(), qd.data(), nullptr, s, nullptr);
-  expect_fp32_close(of, od, 13 * 5, "attention fp32");
+  mb::Tensor of({no}), pf({np}), od({no}, mb::DType::kF64), pd({np}, mb::DType::kF64);
+  ops::attention_forward(of, pf, t32(qf), {}, s, nullptr);
+  ops::attention_forward(od, pd, t64(Vec(qf.begin(), qf.end())), {}, s, nullptr);
+  expect_fp32_close(vecf(of), vec(od), 13 * 5, "attention fp32");
+}
+
+TEST(Attention, BiasGradientDoesNotDependOnTheThreadCount) {
+  ops::AttentionShape s{4, 9, 2, 4, false, 0, 0};
+  const int64_t nq = 4 * 9 * 2 * 3 * 4, no = 4 * 9 * 2 * 4, np = 4 * 2 * 9 * 9;
+  const mb::Tensor qkv = t32(to_f(randn(nq, 70))), bias = t32(to_f(randn(2 * 81, 71))), r = t32(to_f(randn(no, 72)));
+  std::vector<float> db[2];
+  for (int k = 0; k < 2; ++k) {
+    omp_set_num_threads(k == 0 ? 1 : 3);
+    mb::Tensor out({no}), probs({np}), dqkv({nq}), dbias({2 * 81});
+    ops::attention_forward(out, probs, qkv, {}, s, nullptr, bias);
+    ops::attention_backward(dqkv, r, qkv, probs, {}, s, nullptr, dbias);
+    db[k] = vecf(dbias);
+  }
+  omp_set_num_threads(2);
+  EXPECT_EQ(db[0], db[1]) << "dbias must be bitwise the same on 1 and 3 threads";
 }
 
 TEST(Embedding, LooksUpItsShardAndScatterAddsRepeatedIds) {
   const int C = 3, rows = 4, begin = 5;  // this shard holds rows 5..8 of the full table
   const Vec table = randn(rows * C, 19);
-  const int32_t ids[] = {5, 9, 8, 5, 0, 6};
-  Vec out(6 * C);
-  ops::embedding_forward(out.data(), ids, table.data(), 6, C, begin, rows);
+  const std::vector<int32_t> id = {5, 9, 8, 5, 0, 6};
+  mb::Tensor out({6, C}, mb::DType::kF64);
+  ops::embedding_forward(out, ids(id), t64(table, {rows, C}), begin);
   for (int i = 0; i < 6; ++i)
     for (int c = 0; c < C; ++c) {
-      const int r = ids[i] - begin;
-      EXPECT_EQ(out[i * C + c], (r >= 0 && r < rows) ? table[r * C + c] : 0.0) << i;
+      const int r = id[i] - begin;
+      EXPECT_EQ(vec(out)[i * C + c], (r >= 0 && r < rows) ? table[r * C + c] : 0.0) << i;
     }
+  // accumulate: out += the rows again
+  const Vec before = vec(out);
+  ops::embedding_forward(out, ids(id), t64(table, {rows, C}), begin, true);
+  for (int i = 0; i < 6 * C; ++i) EXPECT_EQ(vec(out)[i], 2 * before[i]);
   const Vec d = randn(6 * C, 20);
-  Vec dt(rows * C);
-  ops::embedding_backward(dt.data(), d.data(), ids, 6, C, begin, rows);
+  mb::Tensor dt({rows, C}, mb::DType::kF64);
+  ops::embedding_backward(dt, t64(d, {6, C}), ids(id), begin);
   expect_fd(
       [&](const Vec& t) {
-        Vec o(6 * C);
-        ops::embedding_forward(o.data(), ids, t.data(), 6, C, begin, rows);
-        return dot(o, d);
+        mb::Tensor o({6, C}, mb::DType::kF64);
+        ops::embedding_forward(o, ids(id), t64(t, {rows, C}), begin);
+        return dot(vec(o), d);
       },
-      table, dt, "dtable");
+      table, vec(dt), "dtable");
 }
 
 class CrossEntropyShapes : public ::testing::TestWithParam<int> {};
@@ -431,9 +561,18 @@ class CrossEntropyShapes : public ::testing::TestWithParam<int> {};
 TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) {
   const int V = GetParam(), n = 5;
   const Vec logits = randn(n * V, 21, 3.0);
-  std::vector<int32_t> t = {0, V - 1, -1, V / 2, 0};  // one ignored row
-  Vec losses(n);
-  ops::cross_entropy_forward(losses.data(), logits.data(), t.data(), n, V, -1);
+  const std::vector<int32_t> t = {0, V - 1, -1, V / 2, 0};  // one ignored row
+  const mb::Tensor targets = ids(t);
+  auto forward = [&](const Vec& l) {
+    const mb::Tensor lt = t64(l, {n, V});
+    mb::Tensor m({n}, mb::DType::kF64), s({n}, mb::DType::kF64), tl({n}, mb::DType::kF64), ls({n}, mb::DType::kF64);
+    ops::ce_row_max(m, lt);
+    ops::ce_sum_exp(s, lt, m);
+    ops::ce_target_logit(tl, lt, targets, 0);
+    ops::ce_loss(ls, m, s, tl, targets, -1);
+    return std::make_tuple(vec(ls), m, s);
+  };
+  const auto [losses, m, s] = forward(logits);
   for (int i = 0; i < n; ++i) {
     if (t[i] == -1) {
       EXPECT_EQ(losses[i], 0.0);
@@ -443,34 +582,41 @@ TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) 
     for (int j = 0; j < V; ++j) z += std::exp(logits[i * V + j]);
     EXPECT_NEAR(losses[i], std::log(z) - logits[i * V + t[i]], 1e-12);
   }
-  const Vec w = randn(n, 22);  // dloss per row
-  Vec d(n * V);
-  ops::cross_entropy_backward(d.data(), logits.data(), t.data(), w.data(), n, V, -1);
-  for (int j = 0; j < V; ++j) EXPECT_EQ(d[2 * V + j], 0.0) << "ignored row has no gradient";
+  // gradient of 0.7 x (sum of the losses), times a loss scale of 4
+  mb::Tensor d({n, V}, mb::DType::kF64);
+  ops::ce_backward(d, t64(logits, {n, V}), m, s, targets, 0, -1, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
+  const Vec dv = vec(d);
+  for (int j = 0; j < V; ++j) EXPECT_EQ(dv[2 * V + j], 0.0) << "ignored row has no gradient";
   expect_fd(
       [&](const Vec& l) {
-        Vec ls(n);
-        ops::cross_entropy_forward(ls.data(), l.data(), t.data(), n, V, -1);
-        return dot(ls, w);
+        double total = 0;
+        const auto pieces = forward(l);
+        for (double x : std::get<0>(pieces)) total += x;
+        return 0.7 * 4.0 * total;
       },
-      logits, d, "dlogits");
+      logits, dv, "dlogits");
   // the same loss from two vocabulary shards combined as VocabParallelCrossEntropy does
   if (V >= 2) {
     const int V0 = V / 2, V1 = V - V0;
     Vec l0(n * V0), l1(n * V1);
     for (int i = 0; i < n; ++i)
       for (int j = 0; j < V; ++j) (j < V0 ? l0[i * V0 + j] : l1[i * V1 + j - V0]) = logits[i * V + j];
-    Vec m0(n), m1(n), s0(n), s1(n), t0(n), t1(n), m(n), s(n), tl(n), ls(n);
-    ops::ce_row_max(m0.data(), l0.data(), n, V0);
-    ops::ce_row_max(m1.data(), l1.data(), n, V1);
-    for (int i = 0; i < n; ++i) m[i] = std::max(m0[i], m1[i]);
-    ops::ce_sum_exp(s0.data(), l0.data(), m.data(), n, V0);
-    ops::ce_sum_exp(s1.data(), l1.data(), m.data(), n, V1);
-    ops::ce_target_logit(t0.data(), l0.data(), t.data(), n, V0, 0);
-    ops::ce_target_logit(t1.data(), l1.data(), t.data(), n, V1, V0);
-    for (int i = 0; i < n; ++i) s[i] = s0[i] + s1[i], tl[i] = t0[i] + t1[i];
-    ops::ce_loss(ls.data(), m.data(), s.data(), tl.data(), t.data(), n, -1);
-    for (int i = 0; i < n; ++i) EXPECT_NEAR(ls[i], losses[i], 1e-12);
+    const mb::Tensor L0 = t64(l0, {n, V0}), L1 = t64(l1, {n, V1});
+    mb::Tensor m0({n}, mb::DType::kF64), m1({n}, mb::DType::kF64), s0({n}, mb::DType::kF64), s1({n}, mb::DType::kF64),
+        t0({n}, mb::DType::kF64), t1({n}, mb::DType::kF64), ls({n}, mb::DType::kF64);
+    ops::ce_row_max(m0, L0);
+    ops::ce_row_max(m1, L1);
+    Vec mm(n);
+    for (int i = 0; i < n; ++i) mm[i] = std::max(vec(m0)[i], vec(m1)[i]);
+    const mb::Tensor M = t64(mm);
+    ops::ce_sum_exp(s0, L0, M);
+    ops::ce_sum_exp(s1, L1, M);
+    ops::ce_target_logit(t0, L0, targets, 0);
+    ops::ce_target_logit(t1, L1, targets, V0);
+    Vec ss(n), tt(n);
+    for (int i = 0; i < n; ++i) ss[i] = vec(s0)[i] + vec(s1)[i], tt[i] = vec(t0)[i] + vec(t1)[i];
+    ops::ce_loss(ls, M, t64(ss), t64(tt), targets, -1);
+    for (int i = 0; i < n; ++i) EXPECT_NEAR(vec(ls)[i], losses[i], 1e-12);
   }
 }
 

@@ -70,7 +70,7 @@ TEST(LambNoise, NoiseHasZeroMeanTheDefinedPerLayerStdAndIsIndependent) {
   for (int step = 1; step <= kSteps; ++step) {
     opt.step(step, 0.0, static_cast<int64_t>(batch), -1.0, true);
     for (int t = 0; t < kTensors; ++t) {
-      const double sigma = scale * rms(store.grad(t), kNumel) * std::sqrt(batch / ref_batch - 1) /
+      const double sigma = scale * rms(store.grad(t).data(), kNumel) * std::sqrt(batch / ref_batch - 1) /
                            std::pow(1.0 + (step - 1), decay);
       EXPECT_NEAR(opt.diagnostics().at("noise_std")[t], sigma, 1e-6 * sigma) << "reported noise_std";
       const mb::Tensor& m = opt.state().at({store.info(t).name, "exp_avg"});
@@ -108,7 +108,7 @@ TEST(LambNoise, RunIsIdenticalOnOneAndTwoThreads) {
     const auto plugin = mb::optim::load_plugin("lamb_noise", mb::optim::plugin_search_path());
     mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, {{"ref_batch", 8}}, "t"), 3);
     for (int step = 1; step <= 5; ++step) opt.step(step, 0.01, 256);
-    return std::vector<float>(store.params(), store.params() + store.flat_size());
+    return mb::to_host_f32(store.params());
   };
   const auto one = run(1), two = run(2);
   omp_set_num_threads(omp_get_num_procs());
@@ -147,7 +147,10 @@ class QuadraticModel final : public mb::train::Model {
         grad_[static_cast<size_t>(k)] += scale * d / static_cast<double>(batch.batch);
       }
     }
-    return {loss, batch.batch, {}};
+    mb::train::LossOutput out;
+    out.sums = mb::from_host(std::vector<float>{static_cast<float>(loss)}, {1});
+    out.count = batch.batch;
+    return out;
   }
   void backward() override {
     for (int64_t k = 0; k < kDim; ++k) store_.grad(0)[k] += static_cast<float>(grad_[static_cast<size_t>(k)]);

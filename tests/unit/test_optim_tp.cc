@@ -39,7 +39,7 @@ void fill_grads(mb::nn::ParameterStore& store, double scale) {
   for (size_t i = 0; i < store.count(); ++i) {
     const auto& info = store.info(static_cast<int>(i));
     const uint64_t key = mb::name_key(info.name.data(), info.name.size());
-    float* g = store.grad(static_cast<int>(i));
+    float* g = store.grad(static_cast<int>(i)).data();
     for (size_t j = 0; j < info.numel; ++j)
       g[j] = static_cast<float>(scale * mb::philox_normal(key, static_cast<uint64_t>(info.full_index(static_cast<int64_t>(j)))));
   }
@@ -72,7 +72,7 @@ void run(const std::string& plugin_name, const nlohmann::json& hp, int64_t globa
   }
   for (size_t i = 0; i < store.count(); ++i) {
     const auto& info = store.info(static_cast<int>(i));
-    out.params[info.name].assign(store.param(static_cast<int>(i)), store.param(static_cast<int>(i)) + info.numel);
+    out.params[info.name] = mb::to_host_f32(store.param(static_cast<int>(i)));
     out.info[info.name] = &info;
   }
 }

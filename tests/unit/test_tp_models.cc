@@ -70,7 +70,7 @@ void run(const std::string& family, mb::comm::Communicator& tp, int size, Result
   out.model = mb::models::make_model(config(family, size), tp, 17);
   const auto batch = batch_for(family);
   out.model->parameters().zero_grad();
-  out.objective = out.model->forward(batch, {3, 2, 1, true}, 1.0f).objective();
+  out.objective = out.model->forward(batch, {3, 2, 1, true}, 1.0f).read().objective();
   out.model->backward();
 }
 

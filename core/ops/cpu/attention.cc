@@ -1,14 +1,16 @@
-#include "core/ops/attention.h"
-
+// Attention on the CPU: per (batch, head) block, score GEMM, masked softmax, dropout, value
+// GEMM; OpenMP over the blocks.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "core/ops/backends.h"
+#include "core/ops/cpu/blas.h"
+#include "core/ops/cpu/f32.h"
 #include "core/ops/cpu/vecmath.h"
-#include "core/ops/matmul.h"
 
-namespace megabatch::ops {
+namespace megabatch::ops::cpu {
 namespace {
 
 // One (batch, head) block of attention: queries q (Tq rows, stride ldq), keys k and values
@@ -54,7 +56,7 @@ void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf
       for (int64_t h = 0; h < g.H; ++h) {
         const Block<T> blk = block_of(b, h);
         T* P = probs + (b * g.H + h) * Tq * Tk;
-        gemm<T>(Trans::N, Trans::T, Tq, Tk, D, scale, blk.q, blk.ldq, blk.k, blk.ldkv, T(0), P, Tk);  // (Tq, Tk)
+        blas_gemm(Trans::N, Trans::T, Tq, Tk, D, scale, blk.q, blk.ldq, blk.k, blk.ldkv, T(0), P, Tk);  // (Tq, Tk)
         if (bias)
           for (int64_t e = 0; e < Tq * Tk; ++e) P[e] += bias[h * Tq * Tk + e];
         for (int64_t i = 0; i < Tq; ++i) {
@@ -68,7 +70,7 @@ void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf
           }
           T sum = 0;
           for (int64_t j = 0; j < Tk; ++j) {
-            row[j] = g.valid(b, i, j) ? cpu::vexp(row[j] - mx) : T(0);
+            row[j] = g.valid(b, i, j) ? vexp(row[j] - mx) : T(0);
             sum += row[j];
           }
           const T inv = T(1) / sum;
@@ -81,7 +83,7 @@ void forward_all(T* probs, const Geometry& g, const DropoutKey* dropout, BlockOf
           for (int64_t e = 0; e < Tq * Tk; ++e) dropped[e] = keep[e] ? P[e] * ks : T(0);
           Pv = dropped.data();
         }
-        gemm<T>(Trans::N, Trans::N, Tq, D, Tk, T(1), Pv, Tk, blk.v, blk.ldkv, T(0), blk.out, blk.ldo);
+        blas_gemm(Trans::N, Trans::N, Tq, D, Tk, T(1), Pv, Tk, blk.v, blk.ldkv, T(0), blk.out, blk.ldo);
       }
     }
   }
@@ -101,13 +103,17 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
   const T scale = T(1) / std::sqrt(static_cast<T>(D));
   const bool drop = dropout && dropout->p > 0;
   // (masked entries have probability 0, so their gradient vanishes by itself)
+  // With a bias gradient, one thread owns each head and adds the batch rows in order (the
+  // bias is shared by the batch), so dbias does not depend on the thread count.
+  const int64_t outer = dbias ? g.H : g.B * g.H;
 #pragma omp parallel
   {
     std::vector<T> dP(static_cast<size_t>(Tq * Tk)), dropped(drop ? static_cast<size_t>(Tq * Tk) : 0);
     std::vector<uint8_t> keep;
-#pragma omp for collapse(2) schedule(static)
-    for (int64_t b = 0; b < g.B; ++b) {
-      for (int64_t h = 0; h < g.H; ++h) {
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < outer; ++task) {
+      for (int64_t inner = 0; inner < (dbias ? g.B : 1); ++inner) {
+        const int64_t b = dbias ? inner : task / g.H, h = dbias ? task : task % g.H;
         const Block<T> blk = block_of(b, h);
         const GradBlock<T> gb = grad_of(b, h);
         const T* P = probs + (b * g.H + h) * Tq * Tk;
@@ -119,8 +125,8 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
           for (int64_t e = 0; e < Tq * Tk; ++e) dropped[e] = keep[e] ? P[e] * ks : T(0);
           Pv = dropped.data();
         }
-        gemm<T>(Trans::T, Trans::N, Tk, D, Tq, T(1), Pv, Tk, gb.dout, blk.ldo, T(1), gb.dv, blk.ldkv);      // dV += P'^T dO
-        gemm<T>(Trans::N, Trans::T, Tq, Tk, D, T(1), gb.dout, blk.ldo, blk.v, blk.ldkv, T(0), dP.data(), Tk);  // dP' = dO V^T
+        blas_gemm(Trans::T, Trans::N, Tk, D, Tq, T(1), Pv, Tk, gb.dout, blk.ldo, T(1), gb.dv, blk.ldkv);      // dV += P'^T dO
+        blas_gemm(Trans::N, Trans::T, Tq, Tk, D, T(1), gb.dout, blk.ldo, blk.v, blk.ldkv, T(0), dP.data(), Tk);  // dP' = dO V^T
         if (drop)
           for (int64_t e = 0; e < Tq * Tk; ++e) dP[e] = keep[e] ? dP[e] * ks : T(0);
         for (int64_t i = 0; i < Tq; ++i) {  // softmax backward: dS = P (dP - rowsum(P dP))
@@ -130,12 +136,10 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
           for (int64_t j = 0; j < Tk; ++j) dot += p[j] * gr[j];
           for (int64_t j = 0; j < Tk; ++j) gr[j] = p[j] * (gr[j] - dot);
         }
-        if (dbias) {  // heads of different batch rows share the bias: add under a lock
-#pragma omp critical(megabatch_attention_dbias)
+        if (dbias)
           for (int64_t e = 0; e < Tq * Tk; ++e) dbias[h * Tq * Tk + e] += dP[e];
-        }
-        gemm<T>(Trans::N, Trans::N, Tq, D, Tk, scale, dP.data(), Tk, blk.k, blk.ldkv, T(1), gb.dq, blk.ldq);  // dQ += s dS K
-        gemm<T>(Trans::T, Trans::N, Tk, D, Tq, scale, dP.data(), Tk, blk.q, blk.ldq, T(1), gb.dk, blk.ldkv);  // dK += s dS^T Q
+        blas_gemm(Trans::N, Trans::N, Tq, D, Tk, scale, dP.data(), Tk, blk.k, blk.ldkv, T(1), gb.dq, blk.ldq);  // dQ += s dS K
+        blas_gemm(Trans::T, Trans::N, Tk, D, Tq, scale, dP.data(), Tk, blk.q, blk.ldq, T(1), gb.dk, blk.ldkv);  // dK += s dS^T Q
       }
     }
   }
@@ -150,91 +154,89 @@ Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
 
 }  // namespace
 
-template <typename T>
-void attention_forward(T* out, T* probs, const T* qkv, const uint8_t* key_mask, const AttentionShape& s,
-                       const DropoutKey* dropout, const T* bias) {
-  const int64_t ld = 3 * s.H * s.D;
-  forward_all<T>(
-      probs, self_geometry(s, key_mask), dropout,
-      [&](int64_t b, int64_t h) {
-        const T* q = qkv + b * s.T * ld + h * 3 * s.D;
-        return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, out + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
-      },
-      bias);
-}
-
-template <typename T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, const uint8_t* key_mask,
-                        const AttentionShape& s, const DropoutKey* dropout, T* dbias) {
-  const int64_t ld = 3 * s.H * s.D;
-  backward_all<T>(
-      probs, self_geometry(s, key_mask), dropout,
-      [&](int64_t b, int64_t h) {
-        const T* q = qkv + b * s.T * ld + h * 3 * s.D;
-        return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, nullptr, s.H * s.D};
-      },
-      [&](int64_t b, int64_t h) {
-        T* dq = dqkv + b * s.T * ld + h * 3 * s.D;
-        return GradBlock<T>{dq, dq + s.D, dq + 2 * s.D, dout + b * s.T * s.H * s.D + h * s.D};
-      },
-      dbias);
-}
-
-template <typename T>
-void cross_attention_forward(T* out, T* probs, const T* q, const T* kv, const uint8_t* key_mask,
-                             const CrossAttentionShape& s, const DropoutKey* dropout) {
-  const int64_t ldq = s.H * s.D, ldkv = 2 * s.H * s.D;
-  forward_all<T>(probs, cross_geometry(s, key_mask), dropout, [&](int64_t b, int64_t h) {
-    const T* k = kv + b * s.Tk * ldkv + h * 2 * s.D;
-    return Block<T>{q + b * s.Tq * ldq + h * s.D, k, k + s.D, ldq, ldkv, out + b * s.Tq * ldq + h * s.D, ldq};
+void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
+                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+  const uint8_t* mask = key_mask.defined() ? key_mask.data<uint8_t>() : nullptr;
+  with_compute_type(qkv.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> in(qkv), bs(bias);
+    Out<T> y(out, false), P(probs, false);
+    const int64_t ld = 3 * s.H * s.D;
+    forward_all<T>(
+        P, self_geometry(s, mask), dropout,
+        [&](int64_t b, int64_t h) {
+          const T* q = in.get() + b * s.T * ld + h * 3 * s.D;
+          return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, y.get() + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
+        },
+        bs.get());
+    y.commit();
+    P.commit();
   });
 }
 
-template <typename T>
-void cross_attention_backward(T* dq, T* dkv, const T* dout, const T* q, const T* kv, const T* probs,
-                              const uint8_t* key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
-  const int64_t ldq = s.H * s.D, ldkv = 2 * s.H * s.D;
-  backward_all<T>(
-      probs, cross_geometry(s, key_mask), dropout,
-      [&](int64_t b, int64_t h) {
-        const T* k = kv + b * s.Tk * ldkv + h * 2 * s.D;
-        return Block<T>{q + b * s.Tq * ldq + h * s.D, k, k + s.D, ldq, ldkv, nullptr, ldq};
-      },
-      [&](int64_t b, int64_t h) {
-        T* dk = dkv + b * s.Tk * ldkv + h * 2 * s.D;
-        return GradBlock<T>{dq + b * s.Tq * ldq + h * s.D, dk, dk + s.D, dout + b * s.Tq * ldq + h * s.D};
-      });
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                        const Tensor& key_mask, const AttentionShape& s, const DropoutKey* dropout,
+                        const Tensor& dbias) {
+  const uint8_t* mask = key_mask.defined() ? key_mask.data<uint8_t>() : nullptr;
+  with_compute_type(qkv.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> in(qkv), P(probs), dy(dout);
+    Out<T> dx(dqkv, true), db(dbias, true);
+    const int64_t ld = 3 * s.H * s.D;
+    backward_all<T>(
+        P, self_geometry(s, mask), dropout,
+        [&](int64_t b, int64_t h) {
+          const T* q = in.get() + b * s.T * ld + h * 3 * s.D;
+          return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, nullptr, s.H * s.D};
+        },
+        [&](int64_t b, int64_t h) {
+          T* dq = dx.get() + b * s.T * ld + h * 3 * s.D;
+          return GradBlock<T>{dq, dq + s.D, dq + 2 * s.D, dy.get() + b * s.T * s.H * s.D + h * s.D};
+        },
+        db.get());
+    dx.commit();
+  });
 }
 
-int relative_position_bucket(int64_t i, int64_t j, bool bidirectional, int num_buckets, int max_distance) {
-  int64_t n = i - j;  // how far back the key is
-  int bucket = 0;
-  if (bidirectional) {
-    num_buckets /= 2;
-    if (n < 0) bucket += num_buckets;  // keys after the query use the upper half
-    n = n < 0 ? -n : n;
-  } else if (n < 0) {
-    n = 0;  // later keys (masked in a causal decoder anyway)
-  }
-  const int exact = num_buckets / 2;
-  if (n < exact) return bucket + static_cast<int>(n);
-  const double wide = std::log(static_cast<double>(n) / exact) / std::log(static_cast<double>(max_distance) / exact) *
-                      (num_buckets - exact);
-  const int large = exact + static_cast<int>(wide);
-  return bucket + std::min(large, num_buckets - 1);
+void cross_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q_t, const Tensor& kv_t,
+                             const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const uint8_t* mask = key_mask.defined() ? key_mask.data<uint8_t>() : nullptr;
+  with_compute_type(q_t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> q(q_t), kv(kv_t);
+    Out<T> y(out, false), P(probs, false);
+    const int64_t ldq = s.H * s.D, ldkv = 2 * s.H * s.D;
+    forward_all<T>(P, cross_geometry(s, mask), dropout, [&](int64_t b, int64_t h) {
+      const T* k = kv.get() + b * s.Tk * ldkv + h * 2 * s.D;
+      return Block<T>{q.get() + b * s.Tq * ldq + h * s.D, k, k + s.D, ldq, ldkv, y.get() + b * s.Tq * ldq + h * s.D, ldq};
+    });
+    y.commit();
+    P.commit();
+  });
 }
 
-#define MB_INSTANTIATE(T)                                                                                        \
-  template void attention_forward<T>(T*, T*, const T*, const uint8_t*, const AttentionShape&, const DropoutKey*,  \
-                                     const T*);                                                                  \
-  template void attention_backward<T>(T*, const T*, const T*, const T*, const uint8_t*, const AttentionShape&,   \
-                                      const DropoutKey*, T*);                                                     \
-  template void cross_attention_forward<T>(T*, T*, const T*, const T*, const uint8_t*, const CrossAttentionShape&, \
-                                           const DropoutKey*);                                                    \
-  template void cross_attention_backward<T>(T*, T*, const T*, const T*, const T*, const T*, const uint8_t*,      \
-                                            const CrossAttentionShape&, const DropoutKey*);
-MB_INSTANTIATE(float)
-MB_INSTANTIATE(double)
-#undef MB_INSTANTIATE
+void cross_attention_backward(const Tensor& dq_t, const Tensor& dkv_t, const Tensor& dout, const Tensor& q_t,
+                              const Tensor& kv_t, const Tensor& probs, const Tensor& key_mask,
+                              const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const uint8_t* mask = key_mask.defined() ? key_mask.data<uint8_t>() : nullptr;
+  with_compute_type(q_t.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> q(q_t), kv(kv_t), P(probs), dy(dout);
+    Out<T> dq(dq_t, true), dkv(dkv_t, true);
+    const int64_t ldq = s.H * s.D, ldkv = 2 * s.H * s.D;
+    backward_all<T>(
+        P, cross_geometry(s, mask), dropout,
+        [&](int64_t b, int64_t h) {
+          const T* k = kv.get() + b * s.Tk * ldkv + h * 2 * s.D;
+          return Block<T>{q.get() + b * s.Tq * ldq + h * s.D, k, k + s.D, ldq, ldkv, nullptr, ldq};
+        },
+        [&](int64_t b, int64_t h) {
+          T* dk = dkv.get() + b * s.Tk * ldkv + h * 2 * s.D;
+          return GradBlock<T>{dq.get() + b * s.Tq * ldq + h * s.D, dk, dk + s.D, dy.get() + b * s.Tq * ldq + h * s.D};
+        });
+    dq.commit();
+    dkv.commit();
+  });
+}
 
-}  // namespace megabatch::ops
+}  // namespace megabatch::ops::cpu

@@ -1,14 +1,13 @@
-#include "core/ops/matmul.h"
-
-#include <cblas.h>
-
+// Matrix multiply on the CPU: OpenBLAS sgemm/dgemm; half tensors are widened to f32.
 #include <algorithm>
 #include <cstring>
 
-namespace megabatch::ops {
-namespace {
-CBLAS_TRANSPOSE tr(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
+#include "core/ops/backends.h"
+#include "core/ops/cpu/blas.h"
+#include "core/ops/cpu/f32.h"
 
+namespace megabatch::ops::cpu {
+namespace {
 // out(O) += column sums of x(n, O); columns split across threads, rows summed in order.
 template <typename T>
 void add_column_sums(T* out, const T* x, int64_t n, int64_t O) {
@@ -24,45 +23,67 @@ void add_column_sums(T* out, const T* x, int64_t n, int64_t O) {
 }
 }  // namespace
 
-template <>
-void gemm<float>(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
-              static_cast<blasint>(ldc));
+void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha, float beta) {
+  with_compute_type(A.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> a(A), b(B);
+    Out<T> c(C, beta != 0.0f);
+    const int64_t M = C.dim(0), N = C.dim(1), K = ta == Trans::N ? A.dim(1) : A.dim(0);
+    blas_gemm(ta, tb, M, N, K, static_cast<T>(alpha), a, A.dim(1), b, B.dim(1), static_cast<T>(beta), c, N);
+    c.commit();
+  });
 }
 
-template <>
-void gemm<double>(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A, int64_t lda,
-                  const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, tr(ta), tr(tb), static_cast<blasint>(M), static_cast<blasint>(N),
-              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
-              static_cast<blasint>(ldc));
+void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
+  with_compute_type(in.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> x(in), w(weight), b(bias);
+    Out<T> y(out, false);
+    const int64_t n = rows_of(in), I = cols_of(in), O = weight.dim(0);
+    if (b)
+      for (int64_t i = 0; i < n; ++i) std::memcpy(y.get() + i * O, b.get(), sizeof(T) * static_cast<size_t>(O));
+    blas_gemm(Trans::N, Trans::T, n, O, I, T(1), x, I, w, I, b ? T(1) : T(0), y, O);
+    y.commit();
+  });
 }
 
-template <typename T>
-void linear_forward(T* out, const T* in, const T* weight, const T* bias, int64_t n, int64_t I, int64_t O) {
-  if (bias) {
-    for (int64_t i = 0; i < n; ++i) std::memcpy(out + i * O, bias, sizeof(T) * O);
-  }
-  gemm<T>(Trans::N, Trans::T, n, O, I, T(1), in, I, weight, I, bias ? T(1) : T(0), out, O);
+void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& in, const Tensor& weight) {
+  with_compute_type(dout.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> dy(dout), x(in), w(weight);
+    Out<T> dx(din, true), dw(dweight, true), db(dbias, true);
+    const int64_t n = rows_of(in), I = cols_of(in), O = weight.dim(0);
+    if (dx) blas_gemm(Trans::N, Trans::N, n, I, O, T(1), dy, O, w, I, T(1), dx, I);
+    if (dw) blas_gemm(Trans::T, Trans::N, O, I, n, T(1), dy, O, x, I, T(1), dw, I);
+    if (db) add_column_sums<T>(db, dy, n, O);
+    dx.commit();
+    dw.commit();
+    db.commit();
+  });
 }
 
-template <typename T>
-void linear_backward(T* din, T* dweight, T* dbias, const T* dout, const T* in, const T* weight, int64_t n,
-                     int64_t I, int64_t O) {
-  if (din) gemm<T>(Trans::N, Trans::N, n, I, O, T(1), dout, O, weight, I, T(1), din, I);
-  if (dweight) gemm<T>(Trans::T, Trans::N, O, I, n, T(1), dout, O, in, I, T(1), dweight, I);
-  if (dbias) add_column_sums(dbias, dout, n, O);
+void bias_add(const Tensor& x, const Tensor& bias) {
+  with_compute_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> b(bias);
+    Out<T> y(x, true);
+    const int64_t n = rows_of(x), O = cols_of(x);
+#pragma omp parallel for schedule(static) if (n * O > 65536)
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; j < O; ++j) y.get()[i * O + j] += b.get()[j];
+    y.commit();
+  });
 }
 
-#define MB_INSTANTIATE(T)                                                                               \
-  template void linear_forward<T>(T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);        \
-  template void linear_backward<T>(T*, T*, T*, const T*, const T*, const T*, int64_t, int64_t, int64_t);
-MB_INSTANTIATE(float)
-MB_INSTANTIATE(double)
-#undef MB_INSTANTIATE
+void bias_backward(const Tensor& dbias, const Tensor& dx) {
+  with_compute_type(dx.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> g(dx);
+    Out<T> db(dbias, true);
+    add_column_sums<T>(db, g, rows_of(dx), cols_of(dx));
+    db.commit();
+  });
+}
 
-}  // namespace megabatch::ops
+}  // namespace megabatch::ops::cpu

@@ -1,0 +1,71 @@
+#include "core/ops/attention.h"
+
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+namespace {
+void check_common(const char* op, const Tensor& x, const Tensor& probs, const Tensor& key_mask, int64_t B,
+                  int64_t H, int64_t Tq, int64_t Tk, const DropoutKey* dropout) {
+  expect_activation(op, "input", x);
+  expect_dtype(op, "probs", probs, x.dtype());
+  expect_numel(op, "probs", probs, static_cast<size_t>(B * H * Tq * Tk));
+  expect_dtype(op, "key_mask", key_mask, DType::kU8);
+  expect_numel(op, "key_mask", key_mask, static_cast<size_t>(B * Tk));
+  check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
+}
+}  // namespace
+
+void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
+                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+  const Device d = common_device("attention_forward", {&out, &probs, &qkv, &key_mask, &bias});
+  check_common("attention_forward", qkv, probs, key_mask, s.B, s.H, s.T, s.T, dropout);
+  expect_numel("attention_forward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  expect_dtype("attention_forward", "out", out, qkv.dtype());
+  expect_numel("attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
+  expect_dtype("attention_forward", "bias", bias, qkv.dtype());
+  expect_numel("attention_forward", "bias", bias, static_cast<size_t>(s.H * s.T * s.T));
+  MB_OP_DISPATCH(d, attention_forward, out, probs, qkv, key_mask, s, dropout, bias);
+}
+
+void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
+                        const Tensor& key_mask, const AttentionShape& s, const DropoutKey* dropout,
+                        const Tensor& dbias) {
+  const Device d = common_device("attention_backward", {&dqkv, &dout, &qkv, &probs, &key_mask, &dbias});
+  check_common("attention_backward", qkv, probs, key_mask, s.B, s.H, s.T, s.T, dropout);
+  expect_numel("attention_backward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  expect_same("attention_backward", "qkv", qkv, "dqkv", dqkv);
+  expect_dtype("attention_backward", "dout", dout, qkv.dtype());
+  expect_numel("attention_backward", "dout", dout, static_cast<size_t>(s.B * s.T * s.H * s.D));
+  expect_dtype("attention_backward", "dbias", dbias, acc_type(qkv.dtype()));
+  expect_numel("attention_backward", "dbias", dbias, static_cast<size_t>(s.H * s.T * s.T));
+  MB_OP_DISPATCH(d, attention_backward, dqkv, dout, qkv, probs, key_mask, s, dropout, dbias);
+}
+
+void cross_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, const Tensor& kv,
+                             const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const Device d = common_device("cross_attention_forward", {&out, &probs, &q, &kv, &key_mask});
+  check_common("cross_attention_forward", q, probs, key_mask, s.B, s.H, s.Tq, s.Tk, dropout);
+  expect_numel("cross_attention_forward", "q", q, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
+  expect_dtype("cross_attention_forward", "kv", kv, q.dtype());
+  expect_numel("cross_attention_forward", "kv", kv, static_cast<size_t>(s.B * s.Tk * s.H * 2 * s.D));
+  expect_same("cross_attention_forward", "q", q, "out", out);
+  MB_OP_DISPATCH(d, cross_attention_forward, out, probs, q, kv, key_mask, s, dropout);
+}
+
+void cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
+                              const Tensor& kv, const Tensor& probs, const Tensor& key_mask,
+                              const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const Device d = common_device("cross_attention_backward", {&dq, &dkv, &dout, &q, &kv, &probs, &key_mask});
+  check_common("cross_attention_backward", q, probs, key_mask, s.B, s.H, s.Tq, s.Tk, dropout);
+  expect_numel("cross_attention_backward", "q", q, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
+  expect_dtype("cross_attention_backward", "kv", kv, q.dtype());
+  expect_numel("cross_attention_backward", "kv", kv, static_cast<size_t>(s.B * s.Tk * s.H * 2 * s.D));
+  expect_same("cross_attention_backward", "q", q, "dq", dq);
+  expect_same("cross_attention_backward", "kv", kv, "dkv", dkv);
+  expect_same("cross_attention_backward", "q", q, "dout", dout);
+  MB_OP_DISPATCH(d, cross_attention_backward, dq, dkv, dout, q, kv, probs, key_mask, s, dropout);
+}
+
+}  // namespace megabatch::ops

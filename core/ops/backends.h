@@ -1,0 +1,29 @@
+// The backends of the op API: ops::cpu (the reference, in cpu/) and ops::cuda (in cuda/,
+// compiled in CUDA builds only and reached through MB_CUDA). Each implements every entry
+// point listed in backend_ops.inc. Only the dispatching op files include this.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "core/ops/activation.h"
+#include "core/ops/attention.h"
+#include "core/ops/cross_entropy.h"
+#include "core/ops/dropout.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
+#include "core/ops/gather.h"
+#include "core/ops/layernorm.h"
+#include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
+#include "core/ops/relative_position.h"
+#include "core/ops/residual.h"
+
+namespace megabatch::ops::cpu {
+#include "core/ops/backend_ops.inc"
+}  // namespace megabatch::ops::cpu
+
+namespace megabatch::ops::cuda {
+#include "core/ops/backend_ops.inc"
+}  // namespace megabatch::ops::cuda

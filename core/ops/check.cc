@@ -1,0 +1,54 @@
+#include "core/ops/check.h"
+
+namespace megabatch::ops::detail {
+
+Device common_device(const char* op, std::initializer_list<const Tensor*> tensors) {
+  const Tensor* first = nullptr;
+  for (const Tensor* t : tensors) {
+    if (!t->defined()) continue;
+    if (!first) {
+      first = t;
+      continue;
+    }
+    check(t->device() == first->device(), op, ": tensors on different devices (", first->describe(), " and ",
+          t->describe(), ")");
+  }
+  return first ? first->device() : Device::cpu();
+}
+
+void expect_dtype(const char* op, const char* name, const Tensor& t, DType d) {
+  check(!t.defined() || t.dtype() == d, op, ": ", name, " must be ", dtype_name(d), ", got ", t.describe());
+}
+
+void expect_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
+  if (!t.defined()) return;
+  std::string names;
+  for (DType d : allowed) {
+    if (t.dtype() == d) return;
+    names += (names.empty() ? "" : " or ") + std::string(dtype_name(d));
+  }
+  fail(op, ": ", name, " must be ", names, ", got ", t.describe());
+}
+
+void expect_numel(const char* op, const char* name, const Tensor& t, size_t n) {
+  check(!t.defined() || t.numel() == n, op, ": ", name, " must have ", n, " elements, got ", t.describe());
+}
+
+void expect_activation(const char* op, const char* name, const Tensor& t) {
+  expect_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16, DType::kF64});
+}
+
+void expect_same(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return;
+  check(a.dtype() == b.dtype() && a.numel() == b.numel(), op, ": ", a_name, " (", a.describe(), ") and ", b_name, " (",
+        b.describe(), ") must have the same dtype and size");
+}
+
+int64_t rows(const Tensor& t) {
+  if (t.ndim() == 0) return 1;
+  const int64_t c = t.shape().back();
+  return c ? static_cast<int64_t>(t.numel()) / c : 0;
+}
+int64_t cols(const Tensor& t) { return t.ndim() == 0 ? 1 : t.shape().back(); }
+
+}  // namespace megabatch::ops::detail

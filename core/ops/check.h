@@ -1,0 +1,41 @@
+// Argument checks shared by the dispatching op functions, and the dispatch itself.
+#pragma once
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/device/dispatch.h"
+#include "core/ops/backends.h"
+#include "core/util/error.h"
+
+namespace megabatch::ops::detail {
+
+// The accumulator dtype of an activation dtype: f64 for f64, else f32.
+constexpr DType acc_type(DType activations) { return activations == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// The device of the defined tensors, which must all be on it (an Error naming the op).
+Device common_device(const char* op, std::initializer_list<const Tensor*> tensors);
+
+// Errors naming the op and the argument.
+void expect_dtype(const char* op, const char* name, const Tensor& t, DType d);
+void expect_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed);
+void expect_numel(const char* op, const char* name, const Tensor& t, size_t n);
+void expect_activation(const char* op, const char* name, const Tensor& t);  // f32, bf16, f16 or f64
+void expect_same(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b);  // dtype and numel
+
+// Rows (all leading dimensions) and columns (the last dimension).
+int64_t rows(const Tensor& t);
+int64_t cols(const Tensor& t);
+
+}  // namespace megabatch::ops::detail
+
+// Calls the backend of `device` (a CUDA tensor in a CPU-only build: the build error).
+#define MB_OP_DISPATCH(device, fn, ...)  \
+  do {                                   \
+    if ((device).is_cuda()) {            \
+      MB_CUDA(::megabatch::ops::cuda::fn(__VA_ARGS__)); \
+    } else {                             \
+      ::megabatch::ops::cpu::fn(__VA_ARGS__);           \
+    }                                    \
+  } while (0)

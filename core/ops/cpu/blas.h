@@ -1,0 +1,31 @@
+// Row-major GEMM through OpenBLAS for the CPU kernels (f32 and f64):
+// C(M, N) = alpha op(A)(M, K) op(B)(K, N) + beta C, with leading dimensions.
+#pragma once
+
+#include <cblas.h>
+
+#include <cstdint>
+
+#include "core/ops/matmul.h"
+
+namespace megabatch::ops::cpu {
+
+inline CBLAS_TRANSPOSE blas_trans(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
+
+inline void blas_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+                      const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_sgemm(CblasRowMajor, blas_trans(ta), blas_trans(tb), static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+inline void blas_gemm(Trans ta, Trans tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
+                      int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  cblas_dgemm(CblasRowMajor, blas_trans(ta), blas_trans(tb), static_cast<blasint>(M), static_cast<blasint>(N),
+              static_cast<blasint>(K), alpha, A, static_cast<blasint>(lda), B, static_cast<blasint>(ldb), beta, C,
+              static_cast<blasint>(ldc));
+}
+
+}  // namespace megabatch::ops::cpu

@@ -1,0 +1,97 @@
+// The pieces of the vocabulary-parallel cross entropy on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "core/ops/backends.h"
+#include "core/ops/cpu/f32.h"
+#include "core/ops/cpu/vecmath.h"
+
+namespace megabatch::ops::cpu {
+
+void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> ls(logits);
+    Out<T> ms(rowmax, false);
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const T* l = ls.get() + i * V;
+      T m = -std::numeric_limits<T>::infinity();
+      for (int64_t j = 0; j < V; ++j) m = std::max(m, l[j]);
+      ms.get()[i] = m;
+    }
+  });
+}
+
+void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> ls(logits), ms(rowmax);
+    Out<T> ss(sumexp, false);
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const T* l = ls.get() + i * V;
+      const T m = ms.get()[i];
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < V; ++j) s += vexp(l[j] - m);
+      ss.get()[i] = s;
+    }
+  });
+}
+
+void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> ls(logits);
+    Out<T> ts(target, false);
+    const int32_t* tg = targets.data<int32_t>();
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t t = static_cast<int64_t>(tg[i]) - v_begin;
+      ts.get()[i] = (t >= 0 && t < V) ? ls.get()[i * V + t] : T(0);
+    }
+  });
+}
+
+void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target,
+             const Tensor& targets, int32_t ignore) {
+  with_compute_type(losses.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> ms(rowmax), ss(sumexp), ts(target);
+    Out<T> out(losses, false);
+    const int32_t* tg = targets.data<int32_t>();
+    for (size_t i = 0; i < losses.numel(); ++i)
+      out.get()[i] = tg[i] == ignore ? T(0) : std::log(ss.get()[i]) + ms.get()[i] - ts.get()[i];
+  });
+}
+
+void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
+                 const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> ls(logits), ms(rowmax), ss(sumexp);
+    Out<T> ds(dlogits, true);
+    const int32_t* tg = targets.data<int32_t>();
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+    const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      if (tg[i] == ignore) continue;
+      const T* l = ls.get() + i * V;
+      T* d = ds.get() + i * V;
+      const T m = ms.get()[i], g = dloss / ss.get()[i];
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) d[j] += g * vexp(l[j] - m);
+      const int64_t t = static_cast<int64_t>(tg[i]) - v_begin;
+      if (t >= 0 && t < V) d[t] -= dloss;
+    }
+    ds.commit();
+  });
+}
+
+}  // namespace megabatch::ops::cpu

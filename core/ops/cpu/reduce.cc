@@ -1,0 +1,59 @@
+// Reductions on the CPU, in a fixed order.
+#include <algorithm>
+#include <vector>
+
+#include "core/ops/backends.h"
+#include "core/ops/cpu/f32.h"
+
+namespace megabatch::ops::cpu {
+
+void sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  double s = 0;
+  with_compute_type(x.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> v(x);
+    for (size_t i = 0; i < x.numel(); ++i) s += static_cast<double>(v.get()[i]);
+  });
+  if (out.dtype() == DType::kF64)
+    out.data<double>()[0] = (accumulate ? out.data<double>()[0] : 0.0) + s;
+  else
+    out.data<float>()[0] = static_cast<float>((accumulate ? static_cast<double>(out.data<float>()[0]) : 0.0) + s);
+}
+
+void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
+  for (size_t k = 0; k < weights.size(); ++k) {
+    if (out.dtype() == DType::kF64)
+      out.data<double>()[k] += weights[k] * x.data<double>()[k];
+    else
+      out.data<float>()[k] += static_cast<float>(weights[k] * static_cast<double>(x.data<float>()[k]));
+  }
+}
+
+void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
+  // Fixed chunks of each segment, summed into per-chunk partials that are added in order:
+  // the result does not depend on the thread count.
+  constexpr int64_t kChunk = 16384;
+  struct Piece {
+    size_t segment;
+    int64_t begin, end;
+  };
+  std::vector<Piece> pieces;
+  for (size_t s = 0; s < segments.size(); ++s)
+    for (int64_t b = static_cast<int64_t>(segments[s].first); b < static_cast<int64_t>(segments[s].second); b += kChunk)
+      pieces.push_back({s, b, std::min<int64_t>(b + kChunk, static_cast<int64_t>(segments[s].second))});
+  const float* g = x.data<float>();
+  std::vector<double> partial(pieces.size());
+  const int64_t count = static_cast<int64_t>(pieces.size());
+#pragma omp parallel for schedule(static) if (count > 1)
+  for (int64_t p = 0; p < count; ++p) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = pieces[p].begin; j < pieces[p].end; ++j) acc += static_cast<double>(g[j]) * g[j];
+    partial[p] = acc;
+  }
+  double* o = out.data<double>();
+  for (size_t s = 0; s < segments.size(); ++s) o[s] = 0;
+  for (size_t p = 0; p < pieces.size(); ++p) o[pieces[p].segment] += partial[p];
+}
+
+}  // namespace megabatch::ops::cpu

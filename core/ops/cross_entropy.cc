@@ -1,0 +1,63 @@
+#include "core/ops/cross_entropy.h"
+
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+namespace {
+// logits (n, V) in an activation dtype; each per-row tensor (n) in its accumulator dtype.
+void check_rows(const char* op, const Tensor& logits, std::initializer_list<const Tensor*> per_row) {
+  expect_activation(op, "logits", logits);
+  check(logits.ndim() == 2, op, ": logits must be 2-D, got ", logits.describe());
+  for (const Tensor* t : per_row) {
+    expect_dtype(op, "per-row values", *t, acc_type(logits.dtype()));
+    expect_numel(op, "per-row values", *t, static_cast<size_t>(logits.dim(0)));
+  }
+}
+void check_targets(const char* op, const Tensor& targets, int64_t n) {
+  expect_dtype(op, "targets", targets, DType::kI32);
+  expect_numel(op, "targets", targets, static_cast<size_t>(n));
+}
+}  // namespace
+
+void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
+  const Device d = common_device("ce_row_max", {&rowmax, &logits});
+  check_rows("ce_row_max", logits, {&rowmax});
+  MB_OP_DISPATCH(d, ce_row_max, rowmax, logits);
+}
+
+void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  const Device d = common_device("ce_sum_exp", {&sumexp, &logits, &rowmax});
+  check_rows("ce_sum_exp", logits, {&sumexp, &rowmax});
+  MB_OP_DISPATCH(d, ce_sum_exp, sumexp, logits, rowmax);
+}
+
+void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
+  const Device d = common_device("ce_target_logit", {&target, &logits, &targets});
+  check_rows("ce_target_logit", logits, {&target});
+  check_targets("ce_target_logit", targets, logits.dim(0));
+  MB_OP_DISPATCH(d, ce_target_logit, target, logits, targets, v_begin);
+}
+
+void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target,
+             const Tensor& targets, int32_t ignore) {
+  const Device d = common_device("ce_loss", {&losses, &rowmax, &sumexp, &target, &targets});
+  expect_dtype("ce_loss", "losses", losses, {DType::kF32, DType::kF64});
+  for (const Tensor* t : {&rowmax, &sumexp, &target}) expect_same("ce_loss", "losses", losses, "per-row values", *t);
+  check_targets("ce_loss", targets, static_cast<int64_t>(losses.numel()));
+  MB_OP_DISPATCH(d, ce_loss, losses, rowmax, sumexp, target, targets, ignore);
+}
+
+void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
+                 const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const Device d = common_device("ce_backward", {&dlogits, &logits, &rowmax, &sumexp, &targets, &loss_scale});
+  check_rows("ce_backward", logits, {&rowmax, &sumexp});
+  expect_same("ce_backward", "logits", logits, "dlogits", dlogits);
+  check_targets("ce_backward", targets, logits.dim(0));
+  expect_dtype("ce_backward", "loss_scale", loss_scale, DType::kF32);
+  expect_numel("ce_backward", "loss_scale", loss_scale, 1);
+  MB_OP_DISPATCH(d, ce_backward, dlogits, logits, rowmax, sumexp, targets, v_begin, ignore, scale, loss_scale);
+}
+
+}  // namespace megabatch::ops

@@ -1,0 +1,102 @@
+// What the CUDA op kernels share: element types, loads and stores in f32, the run's stream,
+// dtype dispatch, launch checks and fixed-order (deterministic) warp and block reductions.
+//
+// Every kernel computes in f32 whatever the storage type (bf16 and f16 are converted on
+// load and rounded to nearest even on store, as the CPU emulation does), and every
+// reduction has one order for a given launch shape, which the launchers fix: no
+// floating-point atomics anywhere, so the same inputs give the same bits on every run.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/device/cuda/check.h"
+#include "core/device/runtime.h"
+#include "core/tensor/tensor.h"
+#include "core/util/error.h"
+
+namespace megabatch::ops::cuda {
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(f16 x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 from_f32<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
+
+// The stream every op of a tensor's device is issued on.
+inline cudaStream_t stream_of(const Tensor& t) { return static_cast<cudaStream_t>(runtime::cuda_stream(t.device())); }
+
+// Calls fn(T{}) with the element type of an activation dtype (f32, bf16, f16). f64 is the
+// CPU's alone (the finite-difference checks).
+template <typename Fn>
+void with_type(DType d, const char* op, Fn&& fn) {
+  switch (d) {
+    case DType::kF32: fn(float{}); break;
+    case DType::kBF16: fn(bf16{}); break;
+    case DType::kF16: fn(f16{}); break;
+    default: fail(op, ": ", dtype_name(d), " tensors are not supported on a GPU (f32, bf16, f16)");
+  }
+}
+
+// Typed device pointers of a tensor (null for an undefined one).
+template <typename T>
+T* ptr(const Tensor& t) {
+  return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
+}
+
+inline int blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+// ---- deterministic reductions (fixed tree for a given block size) ---------------------
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the
+// result. `scratch` holds 32 values of T in shared memory.
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read from a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : T(0);
+  return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_max(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < warps ? scratch[lane] : -INFINITY;
+  return warp_max(v);
+}
+
+}  // namespace megabatch::ops::cuda

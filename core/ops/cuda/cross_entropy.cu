@@ -1,0 +1,124 @@
+// The pieces of the vocabulary-parallel cross entropy on a GPU: a block per row for the
+// reductions over the vocabulary, a thread per row for the rest. Per-row values in f32.
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
+  __shared__ float scratch[32];
+  const T* l = logits + blockIdx.x * V;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f32(l[j]));
+  m = block_max(m, scratch);
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+template <typename T>
+__global__ void sum_exp_kernel(float* sumexp, const T* logits, const float* rowmax, int64_t V) {
+  __shared__ float scratch[32];
+  const T* l = logits + blockIdx.x * V;
+  const float m = rowmax[blockIdx.x];
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f32(l[j]) - m);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
+}
+
+template <typename T>
+__global__ void target_logit_kernel(float* target, const T* logits, const int32_t* targets, int64_t n, int64_t V,
+                                    int64_t v_begin) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t t = static_cast<int64_t>(targets[i]) - v_begin;
+  target[i] = (t >= 0 && t < V) ? to_f32(logits[i * V + t]) : 0.0f;
+}
+
+__global__ void loss_kernel(float* losses, const float* rowmax, const float* sumexp, const float* target,
+                            const int32_t* targets, int64_t n, int32_t ignore) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  losses[i] = targets[i] == ignore ? 0.0f : logf(sumexp[i]) + rowmax[i] - target[i];
+}
+
+template <typename T>
+__global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* rowmax, const float* sumexp,
+                                   const int32_t* targets, int64_t V, int64_t v_begin, int32_t ignore, float scale,
+                                   const float* loss_scale) {
+  const int64_t i = blockIdx.x;
+  if (targets[i] == ignore) return;
+  const float dloss = scale * (loss_scale ? loss_scale[0] : 1.0f);
+  const float m = rowmax[i], g = dloss / sumexp[i];
+  const int64_t t = static_cast<int64_t>(targets[i]) - v_begin;
+  const T* l = logits + i * V;
+  T* d = dlogits + i * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float v = to_f32(d[j]) + g * expf(to_f32(l[j]) - m);
+    if (j == t) v -= dloss;
+    d[j] = from_f32<T>(v);
+  }
+}
+
+}  // namespace
+
+void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), "ce_row_max", [&](auto zero) {
+    using T = decltype(zero);
+    row_max_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(rowmax), ptr<T>(logits), V);
+    MB_CUDA_LAUNCHED("row_max_kernel");
+  });
+}
+
+void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), "ce_sum_exp", [&](auto zero) {
+    using T = decltype(zero);
+    sum_exp_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(sumexp), ptr<T>(logits),
+                                                                                    ptr<float>(rowmax), V);
+    MB_CUDA_LAUNCHED("sum_exp_kernel");
+  });
+}
+
+void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), "ce_target_logit", [&](auto zero) {
+    using T = decltype(zero);
+    target_logit_kernel<T><<<blocks_for(n, 128), 128, 0, stream_of(logits)>>>(ptr<float>(target), ptr<T>(logits),
+                                                                              ptr<int32_t>(targets), n, V, v_begin);
+    MB_CUDA_LAUNCHED("target_logit_kernel");
+  });
+}
+
+void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, const Tensor& target,
+             const Tensor& targets, int32_t ignore) {
+  const int64_t n = static_cast<int64_t>(losses.numel());
+  if (n == 0) return;
+  check(losses.dtype() == DType::kF32, "ce_loss: f32 losses on a GPU");
+  loss_kernel<<<blocks_for(n, 128), 128, 0, stream_of(losses)>>>(ptr<float>(losses), ptr<float>(rowmax),
+                                                                  ptr<float>(sumexp), ptr<float>(target),
+                                                                  ptr<int32_t>(targets), n, ignore);
+  MB_CUDA_LAUNCHED("loss_kernel");
+}
+
+void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
+                 const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), "ce_backward", [&](auto zero) {
+    using T = decltype(zero);
+    ce_backward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
+        ptr<T>(dlogits), ptr<T>(logits), ptr<float>(rowmax), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
+        ignore, scale, ptr<float>(loss_scale));
+    MB_CUDA_LAUNCHED("ce_backward_kernel");
+  });
+}
+
+}  // namespace megabatch::ops::cuda

@@ -1,0 +1,47 @@
+// Dtype conversion and scaling on a GPU.
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+template <typename D, typename S>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    dst[i] = from_f32<D>(to_f32(src[i]));
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = from_f32<T>(to_f32(x[i]) * s);
+}
+
+}  // namespace
+
+void cast(const Tensor& dst, const Tensor& src) {
+  const int64_t n = static_cast<int64_t>(src.numel());
+  if (n == 0) return;
+  with_type(dst.dtype(), "cast", [&](auto dz) {
+    using D = decltype(dz);
+    with_type(src.dtype(), "cast", [&](auto sz) {
+      using S = decltype(sz);
+      cast_kernel<D, S><<<blocks_for(n, 256), 256, 0, stream_of(src)>>>(ptr<D>(dst), ptr<S>(src), n);
+      MB_CUDA_LAUNCHED("cast_kernel");
+    });
+  });
+}
+
+void scale(const Tensor& x, float s) {
+  const int64_t n = static_cast<int64_t>(x.numel());
+  if (n == 0) return;
+  with_type(x.dtype(), "scale", [&](auto zero) {
+    using T = decltype(zero);
+    scale_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(x)>>>(ptr<T>(x), s, n);
+    MB_CUDA_LAUNCHED("scale_kernel");
+  });
+}
+
+}  // namespace megabatch::ops::cuda

@@ -1,0 +1,49 @@
+// Row gathers on a GPU.
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+template <typename T>
+__global__ void gather_rows_kernel(T* out, const T* in, const int32_t* rows, int64_t m, int64_t C) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < m * C;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[e] = in[static_cast<int64_t>(rows[e / C]) * C + e % C];
+}
+
+// rows are distinct: each destination element has one writer
+template <typename T>
+__global__ void scatter_add_rows_kernel(T* dst, const T* src, const int32_t* rows, int64_t m, int64_t C) {
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < m * C;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    T& d = dst[static_cast<int64_t>(rows[e / C]) * C + e % C];
+    d = from_f32<T>(to_f32(d) + to_f32(src[e]));
+  }
+}
+
+}  // namespace
+
+void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows) {
+  const int64_t m = static_cast<int64_t>(rows.numel()), C = in.shape().back();
+  if (m == 0) return;
+  with_type(in.dtype(), "gather_rows", [&](auto zero) {
+    using T = decltype(zero);
+    gather_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), ptr<int32_t>(rows),
+                                                                            m, C);
+    MB_CUDA_LAUNCHED("gather_rows_kernel");
+  });
+}
+
+void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) {
+  const int64_t m = static_cast<int64_t>(rows.numel()), C = src.shape().back();
+  if (m == 0) return;
+  with_type(src.dtype(), "scatter_add_rows", [&](auto zero) {
+    using T = decltype(zero);
+    scatter_add_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(src)>>>(ptr<T>(dst), ptr<T>(src),
+                                                                                   ptr<int32_t>(rows), m, C);
+    MB_CUDA_LAUNCHED("scatter_add_rows_kernel");
+  });
+}
+
+}  // namespace megabatch::ops::cuda

@@ -1,0 +1,256 @@
+// Matrix multiply on a GPU: cuBLASLt for the products, small kernels for the bias.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "core/device/allocator.h"
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+#include "core/ops/cuda/gemm.h"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+constexpr size_t kWorkspace = size_t{32} << 20;
+
+cudaDataType_t cuda_type(DType d) {
+  switch (d) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: fail("gemm: ", dtype_name(d), " is not supported on a GPU");
+  }
+}
+
+int alignment(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int al = 256;
+  while (al > 1 && a % static_cast<uintptr_t>(al) != 0) al /= 2;
+  return al;
+}
+
+// Everything that decides the descriptors and the algorithm (not the pointers' values).
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int64_t, int64_t,
+                       int64_t, int64_t, bool, int, int, int, int>;
+
+struct Plan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLAS's A (our B), B (our A), C
+  cublasLtMatmulAlgo_t algo{};
+};
+
+struct Context {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  std::map<Key, Plan> plans;
+};
+
+std::mutex g_mu;
+Context& context(Device d) {
+  static auto* contexts = new std::map<int, Context>();  // lives until exit
+  Context& c = (*contexts)[d.index];
+  if (!c.handle) {
+    MB_CUBLAS_CHECK(cublasLtCreate(&c.handle));
+    c.workspace = allocator(d).allocate(kWorkspace);
+  }
+  return c;
+}
+
+cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
+  cublasLtMatrixLayout_t l = nullptr;
+  MB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  if (batch > 1) {
+    const int32_t count = static_cast<int32_t>(batch);
+    MB_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    MB_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+  }
+  return l;
+}
+
+Plan make_plan(Context& ctx, const GemmArgs& g) {
+  // Row-major C (M x N) = op(A) op(B) is column-major C^T (N x M) = op(B)^T op(A)^T: cuBLAS's
+  // first operand is our B, its second our A. A row-major (r x c) matrix with leading
+  // dimension ld is a column-major (c x r) one with the same ld.
+  const int64_t rows_a = g.ta == Trans::N ? g.M : g.K, cols_a = g.ta == Trans::N ? g.K : g.M;
+  const int64_t rows_b = g.tb == Trans::N ? g.K : g.N, cols_b = g.tb == Trans::N ? g.N : g.K;
+  Plan p;
+  MB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_first = g.tb == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  const cublasOperation_t op_second = g.ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
+  MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  if (g.bias) {
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  }
+  p.a = layout(g.ab, cols_b, rows_b, g.ldb, g.batch, g.stride_b);
+  p.b = layout(g.ab, cols_a, rows_a, g.lda, g.batch, g.stride_a);
+  p.c = layout(g.c, g.N, g.M, g.ldc, g.batch, g.stride_c);
+  cublasLtMatmulPreference_t pref = nullptr;
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kWorkspace;
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  const uint32_t al_a = static_cast<uint32_t>(alignment(g.B)), al_b = static_cast<uint32_t>(alignment(g.A)),
+                 al_c = static_cast<uint32_t>(alignment(g.C));
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
+    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " -> ", dtype_name(g.c), " product of ", g.M, "x", g.K,
+         " by ", g.K, "x", g.N, " (batch ", g.batch, ")");
+  p.algo = result.algo;
+  return p;
+}
+
+}  // namespace
+
+void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g) {
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+  check(!g.bias || g.beta == 0.0f, "internal error: gemm bias epilogue with beta != 0");
+  std::lock_guard<std::mutex> lock(g_mu);
+  Context& ctx = context(device);
+  const Key key{static_cast<int>(g.ta), static_cast<int>(g.tb), g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
+                static_cast<int>(g.ab), static_cast<int>(g.c), g.batch, g.stride_a, g.stride_b, g.stride_c,
+                g.bias != nullptr, alignment(g.A), alignment(g.B), alignment(g.C), alignment(g.bias)};
+  auto it = ctx.plans.find(key);
+  if (it == ctx.plans.end()) it = ctx.plans.emplace(key, make_plan(ctx, g)).first;
+  Plan& p = it->second;
+  if (g.bias)
+    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  MB_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
+                                 ctx.workspace, kWorkspace, stream));
+}
+
+namespace {
+
+// x(n, O) += bias(O)
+template <typename T>
+__global__ void bias_add_kernel(T* x, const T* bias, int64_t n, int64_t O) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n * O;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] = from_f32<T>(to_f32(x[i]) + to_f32(bias[i % O]));
+}
+
+// Column sums in two fixed-order passes: partial[k][c] = sum of rows [k R, (k + 1) R) of
+// column c, then out[c] += sum over k in order. Deterministic, and parallel over rows too.
+constexpr int64_t kSumRows = 64;
+
+template <typename T>
+__global__ void column_partials_kernel(float* partial, const T* x, int64_t n, int64_t O) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= O) return;
+  const int64_t r0 = blockIdx.y * kSumRows, r1 = min(n, r0 + kSumRows);
+  float s = 0;
+  for (int64_t i = r0; i < r1; ++i) s += to_f32(x[i * O + c]);
+  partial[blockIdx.y * O + c] = s;
+}
+
+__global__ void add_partials_kernel(float* out, const float* partial, int64_t chunks, int64_t O) {
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= O) return;
+  float s = 0;
+  for (int64_t k = 0; k < chunks; ++k) s += partial[k * O + c];
+  out[c] += s;
+}
+
+int64_t rows(const Tensor& t) { return t.shape().back() ? static_cast<int64_t>(t.numel()) / t.shape().back() : 0; }
+
+}  // namespace
+
+void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha, float beta) {
+  GemmArgs g;
+  g.ta = ta;
+  g.tb = tb;
+  g.M = C.dim(0);
+  g.N = C.dim(1);
+  g.K = ta == Trans::N ? A.dim(1) : A.dim(0);
+  g.A = A.raw();
+  g.B = B.raw();
+  g.C = C.raw();
+  g.lda = A.dim(1);
+  g.ldb = B.dim(1);
+  g.ldc = C.dim(1);
+  g.ab = A.dtype();
+  g.c = C.dtype();
+  g.alpha = alpha;
+  g.beta = beta;
+  lt_gemm(C.device(), stream_of(C), g);
+}
+
+void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
+  GemmArgs g;
+  g.ta = Trans::N;
+  g.tb = Trans::T;
+  g.M = rows(in);
+  g.N = weight.dim(0);
+  g.K = weight.dim(1);
+  g.A = in.raw();
+  g.B = weight.raw();
+  g.C = out.raw();
+  g.lda = g.K;
+  g.ldb = g.K;
+  g.ldc = g.N;
+  g.ab = g.c = in.dtype();
+  g.bias = bias.defined() ? bias.raw() : nullptr;
+  lt_gemm(out.device(), stream_of(out), g);
+}
+
+void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                     const Tensor& in, const Tensor& weight) {
+  const int64_t n = rows(in), I = weight.dim(1), O = weight.dim(0);
+  if (din.defined()) {  // din (n, I) += dout (n, O) W (O, I)
+    GemmArgs g;
+    g.M = n, g.N = I, g.K = O;
+    g.A = dout.raw(), g.B = weight.raw(), g.C = din.raw();
+    g.lda = O, g.ldb = I, g.ldc = I;
+    g.ab = g.c = dout.dtype();
+    g.beta = 1.0f;
+    lt_gemm(din.device(), stream_of(din), g);
+  }
+  if (dweight.defined()) {  // dW (O, I) += dout^T (O, n) in (n, I), accumulated in fp32
+    GemmArgs g;
+    g.ta = Trans::T;
+    g.M = O, g.N = I, g.K = n;
+    g.A = dout.raw(), g.B = in.raw(), g.C = dweight.raw();
+    g.lda = O, g.ldb = I, g.ldc = I;
+    g.ab = dout.dtype();
+    g.c = DType::kF32;
+    g.beta = 1.0f;
+    lt_gemm(dweight.device(), stream_of(dweight), g);
+  }
+  if (dbias.defined()) bias_backward(dbias, dout);
+}
+
+void bias_add(const Tensor& x, const Tensor& bias) {
+  const int64_t O = bias.numel(), n = rows(x);
+  with_type(x.dtype(), "bias_add", [&](auto zero) {
+    using T = decltype(zero);
+    bias_add_kernel<T><<<blocks_for(n * O, 256), 256, 0, stream_of(x)>>>(ptr<T>(x), ptr<T>(bias), n, O);
+    MB_CUDA_LAUNCHED("bias_add_kernel");
+  });
+}
+
+void bias_backward(const Tensor& dbias, const Tensor& dx) {
+  const int64_t O = dbias.numel(), n = rows(dx), chunks = (n + kSumRows - 1) / kSumRows;
+  if (n == 0) return;
+  Tensor partial({chunks, O}, DType::kF32, dx.device());
+  with_type(dx.dtype(), "bias_backward", [&](auto zero) {
+    using T = decltype(zero);
+    const dim3 grid(static_cast<unsigned>((O + 127) / 128), static_cast<unsigned>(chunks));
+    column_partials_kernel<T><<<grid, 128, 0, stream_of(dx)>>>(ptr<float>(partial), ptr<T>(dx), n, O);
+    MB_CUDA_LAUNCHED("column_partials_kernel");
+  });
+  add_partials_kernel<<<blocks_for(O, 128), 128, 0, stream_of(dx)>>>(ptr<float>(dbias), ptr<float>(partial), chunks, O);
+  MB_CUDA_LAUNCHED("add_partials_kernel");
+}
+
+}  // namespace megabatch::ops::cuda

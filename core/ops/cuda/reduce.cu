@@ -1,0 +1,101 @@
+// Reductions on a GPU in a fixed order: a block per piece of a fixed size, then the pieces
+// added in order (no atomics), accumulated in double.
+#include <vector>
+
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int64_t kPiece = 65536;
+
+template <typename T>
+__global__ void sum_kernel(float* out, const T* x, int64_t n, bool accumulate) {
+  __shared__ double scratch[32];
+  double s = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(to_f32(x[i]));
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) out[0] = static_cast<float>((accumulate ? static_cast<double>(out[0]) : 0.0) + s);
+}
+
+struct Weights {
+  double w[8];
+};
+
+__global__ void weighted_accumulate_kernel(float* out, const float* x, Weights w, int n) {
+  const int k = threadIdx.x;
+  if (k < n) out[k] += static_cast<float>(w.w[k] * static_cast<double>(x[k]));
+}
+
+// partial[p] = sum of x[begin_p, end_p)^2
+__global__ void square_partials_kernel(double* partial, const float* x, const int64_t* begin, const int64_t* end) {
+  __shared__ double scratch[32];
+  const int64_t p = blockIdx.x;
+  double s = 0;
+  for (int64_t i = begin[p] + threadIdx.x; i < end[p]; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) partial[p] = s;
+}
+
+// out[s] = sum of the partials of segment s (pieces [first_s, first_{s+1})), in order
+__global__ void segment_totals_kernel(double* out, const double* partial, const int64_t* first, int64_t segments) {
+  const int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (s >= segments) return;
+  double t = 0;
+  for (int64_t p = first[s]; p < first[s + 1]; ++p) t += partial[p];
+  out[s] = t;
+}
+
+}  // namespace
+
+void sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  check(out.dtype() == DType::kF32, "sum: an f32 result on a GPU");
+  with_type(x.dtype(), "sum", [&](auto zero) {
+    using T = decltype(zero);
+    sum_kernel<T><<<1, 1024, 0, stream_of(x)>>>(ptr<float>(out), ptr<T>(x), static_cast<int64_t>(x.numel()), accumulate);
+    MB_CUDA_LAUNCHED("sum_kernel");
+  });
+}
+
+void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
+  check(weights.size() <= 8 && x.dtype() == DType::kF32, "weighted_accumulate: at most 8 f32 terms on a GPU");
+  Weights w{};
+  for (size_t k = 0; k < weights.size(); ++k) w.w[k] = weights[k];
+  weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<float>(out), ptr<float>(x), w,
+                                                         static_cast<int>(weights.size()));
+  MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
+}
+
+void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
+  std::vector<int64_t> begin, end, first{0};
+  for (const auto& [b, e] : segments) {
+    for (int64_t p = static_cast<int64_t>(b); p < static_cast<int64_t>(e); p += kPiece) {
+      begin.push_back(p);
+      end.push_back(std::min<int64_t>(p + kPiece, static_cast<int64_t>(e)));
+    }
+    first.push_back(static_cast<int64_t>(begin.size()));
+  }
+  const Device dev = x.device();
+  const cudaStream_t s = stream_of(x);
+  const int64_t pieces = static_cast<int64_t>(begin.size());
+  Tensor partial({std::max<int64_t>(pieces, 1)}, DType::kF64, dev);
+  Tensor bt({std::max<int64_t>(pieces, 1)}, DType::kF64, dev), et(bt.shape(), DType::kF64, dev),
+      ft({static_cast<int64_t>(first.size())}, DType::kF64, dev);  // int64 payloads in 8-byte tensors
+  if (pieces > 0) {
+    runtime::copy_bytes(bt.raw(), dev, begin.data(), Device::cpu(), begin.size() * 8);
+    runtime::copy_bytes(et.raw(), dev, end.data(), Device::cpu(), end.size() * 8);
+    square_partials_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, s>>>(
+        ptr<double>(partial), ptr<float>(x), static_cast<const int64_t*>(bt.raw()), static_cast<const int64_t*>(et.raw()));
+    MB_CUDA_LAUNCHED("square_partials_kernel");
+  }
+  runtime::copy_bytes(ft.raw(), dev, first.data(), Device::cpu(), first.size() * 8);
+  const int64_t S = static_cast<int64_t>(segments.size());
+  if (S == 0) return;
+  segment_totals_kernel<<<blocks_for(S, 128), 128, 0, s>>>(ptr<double>(out), ptr<double>(partial),
+                                                           static_cast<const int64_t*>(ft.raw()), S);
+  MB_CUDA_LAUNCHED("segment_totals_kernel");
+}
+
+}  // namespace megabatch::ops::cuda

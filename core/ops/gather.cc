@@ -1,0 +1,28 @@
+#include "core/ops/gather.h"
+
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows_) {
+  const Device d = common_device("gather_rows", {&out, &in, &rows_});
+  expect_activation("gather_rows", "in", in);
+  expect_dtype("gather_rows", "out", out, in.dtype());
+  expect_dtype("gather_rows", "rows", rows_, DType::kI32);
+  check(cols(out) == cols(in) && rows(out) == static_cast<int64_t>(rows_.numel()), "gather_rows: out ",
+        out.describe(), ", in ", in.describe(), ", rows ", rows_.describe(), " do not agree");
+  MB_OP_DISPATCH(d, gather_rows, out, in, rows_);
+}
+
+void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows_) {
+  const Device d = common_device("scatter_add_rows", {&dst, &src, &rows_});
+  expect_activation("scatter_add_rows", "src", src);
+  expect_dtype("scatter_add_rows", "dst", dst, src.dtype());
+  expect_dtype("scatter_add_rows", "rows", rows_, DType::kI32);
+  check(cols(dst) == cols(src) && rows(src) == static_cast<int64_t>(rows_.numel()), "scatter_add_rows: dst ",
+        dst.describe(), ", src ", src.describe(), ", rows ", rows_.describe(), " do not agree");
+  MB_OP_DISPATCH(d, scatter_add_rows, dst, src, rows_);
+}
+
+}  // namespace megabatch::ops

@@ -1,0 +1,35 @@
+#include "core/ops/reduce.h"
+
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+void sum(const Tensor& out, const Tensor& x, bool accumulate) {
+  const Device d = common_device("sum", {&out, &x});
+  expect_activation("sum", "x", x);
+  expect_dtype("sum", "out", out, {DType::kF32, DType::kF64});
+  expect_numel("sum", "out", out, 1);
+  MB_OP_DISPATCH(d, sum, out, x, accumulate);
+}
+
+void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
+  const Device d = common_device("weighted_accumulate", {&out, &x});
+  expect_dtype("weighted_accumulate", "x", x, {DType::kF32, DType::kF64});
+  expect_dtype("weighted_accumulate", "out", out, x.dtype());
+  check(weights.size() == x.numel() && out.numel() >= x.numel(), "weighted_accumulate: ", weights.size(),
+        " weights for x ", x.describe(), " into ", out.describe());
+  MB_OP_DISPATCH(d, weighted_accumulate, out, x, weights);
+}
+
+void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
+  const Device d = common_device("segment_sum_squares", {&out, &x});
+  expect_dtype("segment_sum_squares", "x", x, DType::kF32);
+  expect_dtype("segment_sum_squares", "out", out, DType::kF64);
+  expect_numel("segment_sum_squares", "out", out, segments.size());
+  for (const auto& [b, e] : segments)
+    check(b <= e && e <= x.numel(), "segment_sum_squares: segment [", b, ", ", e, ") outside ", x.describe());
+  MB_OP_DISPATCH(d, segment_sum_squares, out, x, segments);
+}
+
+}  // namespace megabatch::ops

@@ -1,0 +1,348 @@
+// Every op of the op API on one device (the CPU in test_ops_cpu, the GPU in test_ops_gpu,
+// label gpu) in f32, bf16 and f16, against the CPU reference in f64 on the same inputs
+// (ggml's test-backend-ops shape): one test body per op, tolerances from the dtype's unit
+// roundoff and the length of the f32 accumulations (op_harness.h). On the CPU the half
+// types are the emulation (stored rounded, computed in f32); on a GPU these are the CUDA
+// kernels. Gradients are checked by finite differences in test_ops.cc, on the reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/ops/activation.h"
+#include "core/ops/attention.h"
+#include "core/ops/cross_entropy.h"
+#include "core/ops/dropout.h"
+#include "core/ops/elementwise.h"
+#include "core/ops/embedding.h"
+#include "core/ops/gather.h"
+#include "core/ops/layernorm.h"
+#include "core/ops/matmul.h"
+#include "core/ops/reduce.h"
+#include "core/ops/relative_position.h"
+#include "core/ops/residual.h"
+#include "tests/unit/op_harness.h"
+
+namespace mb = megabatch;
+namespace ops = megabatch::ops;
+using mb::DType;
+using mb::testing::OpHarness;
+using mb::testing::Pair;
+
+namespace {
+
+class OnDevice : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MB_SKIP_WITHOUT_DEVICE(mb::testing::test_device()); }
+  OpHarness harness(uint32_t seed) const { return OpHarness(mb::testing::test_device(), GetParam(), seed); }
+};
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& info) { return mb::dtype_name(info.param); }
+
+std::vector<int32_t> random_ids(size_t n, int32_t lo, int32_t hi, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::uniform_int_distribution<int32_t> d(lo, hi);
+  std::vector<int32_t> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+}  // namespace
+
+TEST_P(OnDevice, GemmInEveryTransposeAndIntoFp32Accumulators) {
+  auto h = harness(1);
+  const int64_t M = 37, N = 70, K = 129;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const ops::Trans TA = ta ? ops::Trans::T : ops::Trans::N, TB = tb ? ops::Trans::T : ops::Trans::N;
+      const Pair A = h.input(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K});
+      const Pair B = h.input(tb ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N});
+      Pair C = h.output({M, N});
+      ops::gemm(C.dev, A.dev, TA, B.dev, TB, 0.5f);
+      ops::gemm(C.ref, A.ref, TA, B.ref, TB, 0.5f);
+      h.expect_close(C, K, "gemm " + std::to_string(ta) + std::to_string(tb));
+      Pair acc = h.accumulator({M, N}, DType::kF32);  // fp32 main-gradient accumulation: C += op(A) op(B)
+      ops::gemm(acc.dev, A.dev, TA, B.dev, TB, 1.0f, 1.0f);
+      ops::gemm(acc.ref, A.ref, TA, B.ref, TB, 1.0f, 1.0f);
+      h.expect_close(acc, K, "gemm into f32 " + std::to_string(ta) + std::to_string(tb));
+    }
+}
+
+TEST_P(OnDevice, LinearForwardAndBackward) {
+  auto h = harness(2);
+  const int64_t n = 67, I = 96, O = 40;
+  const Pair x = h.input({n, I}), w = h.input({O, I}, 0.1), b = h.input({O}), dy = h.input({n, O});
+  Pair y = h.output({n, O});
+  ops::linear_forward(y.dev, x.dev, w.dev, b.dev);
+  ops::linear_forward(y.ref, x.ref, w.ref, b.ref);
+  h.expect_close(y, I + 1, "linear_forward");
+  Pair dx = h.accumulator({n, I}), dw = h.accumulator({O, I}, DType::kF32), db = h.accumulator({O}, DType::kF32);
+  ops::linear_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev);
+  ops::linear_backward(dx.ref, dw.ref, db.ref, dy.ref, x.ref, w.ref);
+  h.expect_close(dx, O, "linear dx");
+  h.expect_close(dw, n, "linear dweight");
+  h.expect_close(db, n, "linear dbias");
+  Pair z = h.accumulator({n, O}), dz = h.accumulator({O}, DType::kF32);
+  ops::bias_add(z.dev, b.dev);
+  ops::bias_add(z.ref, b.ref);
+  ops::bias_backward(dz.dev, dy.dev);  // 67 rows: two chunks of the GPU's column sums
+  ops::bias_backward(dz.ref, dy.ref);
+  h.expect_close(z, 1, "bias_add");
+  h.expect_close(dz, n, "bias_backward");
+}
+
+TEST_P(OnDevice, LayerNormAndRmsNormForwardAndBackward) {
+  auto h = harness(3);
+  const int64_t n = 70, C = 300;  // C over a block of 256 threads, n over one row chunk
+  const Pair x = h.input({n, C}, 2.0), w = h.input({C}), b = h.input({C}), dy = h.input({n, C});
+  Pair y = h.output({n, C}), mean = h.output({n}, DType::kF32), rstd = h.output({n}, DType::kF32);
+  ops::layernorm_forward(y.dev, mean.dev, rstd.dev, x.dev, w.dev, b.dev, 1e-5);
+  ops::layernorm_forward(y.ref, mean.ref, rstd.ref, x.ref, w.ref, b.ref, 1e-5);
+  h.expect_close(y, C, "layernorm out");
+  h.expect_close(mean, C, "layernorm mean");
+  h.expect_close(rstd, C, "layernorm rstd");
+  Pair dx = h.accumulator({n, C}), dw = h.accumulator({C}, DType::kF32), db = h.accumulator({C}, DType::kF32);
+  ops::layernorm_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev);
+  ops::layernorm_backward(dx.ref, dw.ref, db.ref, dy.ref, x.ref, w.ref, mean.ref, rstd.ref);
+  h.expect_close(dx, C, "layernorm dx");
+  h.expect_close(dw, n, "layernorm dweight");
+  h.expect_close(db, n, "layernorm dbias");
+
+  Pair ry = h.output({n, C}), rr = h.output({n}, DType::kF32);
+  ops::rmsnorm_forward(ry.dev, rr.dev, x.dev, w.dev, 1e-6);
+  ops::rmsnorm_forward(ry.ref, rr.ref, x.ref, w.ref, 1e-6);
+  h.expect_close(ry, C, "rmsnorm out");
+  Pair rdx = h.accumulator({n, C}), rdw = h.accumulator({C}, DType::kF32);
+  ops::rmsnorm_backward(rdx.dev, rdw.dev, dy.dev, x.dev, w.dev, rr.dev);
+  ops::rmsnorm_backward(rdx.ref, rdw.ref, dy.ref, x.ref, w.ref, rr.ref);
+  h.expect_close(rdx, C, "rmsnorm dx");
+  h.expect_close(rdw, n, "rmsnorm dweight");
+}
+
+TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
+  auto h = harness(4);
+  const int64_t n = 100003;  // not a multiple of any block size
+  const Pair x = h.input({n}, 2.0), y = h.input({n}), g = h.input({n});
+  Pair gl = h.output({n}), th = h.output({n}), sum = h.output({n});
+  ops::gelu_forward(gl.dev, x.dev);
+  ops::gelu_forward(gl.ref, x.ref);
+  ops::tanh_forward(th.dev, x.dev);
+  ops::tanh_forward(th.ref, x.ref);
+  ops::residual_forward(sum.dev, x.dev, y.dev);
+  ops::residual_forward(sum.ref, x.ref, y.ref);
+  h.expect_close(gl, 8, "gelu");
+  h.expect_close(th, 8, "tanh");
+  h.expect_close(sum, 1, "residual");
+  Pair dg = h.accumulator({n}), dt = h.accumulator({n}), da = h.accumulator({n}), db = h.accumulator({n});
+  ops::gelu_backward(dg.dev, g.dev, x.dev);
+  ops::gelu_backward(dg.ref, g.ref, x.ref);
+  ops::tanh_backward(dt.dev, g.dev, th.dev);
+  ops::tanh_backward(dt.ref, g.ref, th.ref);
+  ops::residual_backward(da.dev, db.dev, g.dev);
+  ops::residual_backward(da.ref, db.ref, g.ref);
+  // 1 - tanh^2 cancels at large |x| (inputs up to ~8 here): about 64 roundings' worth in f32
+  h.expect_close(dg, 64, "gelu backward");
+  h.expect_close(dt, 8, "tanh backward");
+  h.expect_close(da, 1, "residual da");
+  h.expect_close(db, 1, "residual db");
+  // casts between every pair of floating types, and scaling
+  for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+    Pair c = h.output({n}, to);
+    ops::cast(c.dev, x.dev);
+    c.ref = mb::from_host(mb::to_host_f32(x.ref), {n}, to);  // the host's rounding to nearest even
+    const auto got = mb::to_host_f32(c.dev), want = mb::to_host_f32(c.ref);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], want[i]) << "cast from " << mb::dtype_name(x.dev.dtype()) << " to " << mb::dtype_name(to)
+                                 << " of element " << i;
+  }
+  Pair s = h.accumulator({n});
+  ops::scale(s.dev, 0.375f);
+  ops::scale(s.ref, 0.375f);
+  h.expect_close(s, 1, "scale");
+}
+
+TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
+  auto h = harness(5);
+  const int64_t n = 4099;
+  const ops::DropoutKey k{0.3, 1234, 17};
+  const Pair x = h.input({n}), g = h.input({n});
+  Pair y = h.output({n}), dx = h.accumulator({n});
+  ops::dropout_forward(y.dev, x.dev, 6, k);  // an offset that is not a multiple of 4
+  ops::dropout_forward(y.ref, x.ref, 6, k);
+  ops::dropout_backward(dx.dev, g.dev, 6, k);
+  ops::dropout_backward(dx.ref, g.ref, 6, k);
+  h.expect_close(y, 1, "dropout forward");
+  h.expect_close(dx, 1, "dropout backward");
+  const auto got = mb::to_host_f64(y.dev), ref = mb::to_host_f64(y.ref);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i] == 0.0, ref[i] == 0.0) << "element " << i << " dropped differently";
+}
+
+TEST_P(OnDevice, EmbeddingForwardAccumulateAndDeterministicBackward) {
+  auto h = harness(6);
+  const int64_t n = 1000, C = 48, rows = 64, begin = 32;  // a shard: ids outside [32, 96) give zeros
+  const std::vector<int32_t> idv = random_ids(n, 0, 127, 7);  // many repeats
+  const Pair ids = h.ids(idv, {n}), table = h.input({rows, C}), dy = h.input({n, C});
+  Pair y = h.output({n, C});
+  ops::embedding_forward(y.dev, ids.dev, table.dev, begin);
+  ops::embedding_forward(y.ref, ids.ref, table.ref, begin);
+  h.expect_close(y, 0, "embedding forward", 1.0);
+  Pair acc = h.accumulator({n, C});
+  ops::embedding_forward(acc.dev, ids.dev, table.dev, begin, true);
+  ops::embedding_forward(acc.ref, ids.ref, table.ref, begin, true);
+  h.expect_close(acc, 1, "embedding forward, accumulating");
+  Pair dt = h.accumulator({rows, C}, DType::kF32);
+  const std::vector<float> start = mb::to_host_f32(dt.dev);
+  ops::embedding_backward(dt.dev, dy.dev, ids.dev, begin);
+  ops::embedding_backward(dt.ref, dy.ref, ids.ref, begin);
+  h.expect_close(dt, n / 16, "embedding backward");
+  // deterministic: from the same start, a second run gives the same bits
+  const std::vector<float> first = mb::to_host_f32(dt.dev);
+  mb::copy(dt.dev, mb::from_host(start, {rows, C}, DType::kF32, h.device()));
+  ops::embedding_backward(dt.dev, dy.dev, ids.dev, begin);
+  EXPECT_EQ(mb::to_host_f32(dt.dev), first) << "embedding backward is not deterministic";
+}
+
+TEST_P(OnDevice, CrossEntropyPiecesAndBackward) {
+  auto h = harness(8);
+  const int64_t n = 33, V = 1000;
+  std::vector<int32_t> tv = random_ids(n, 0, V - 1, 9);
+  tv[3] = -1;  // ignored
+  tv[4] = static_cast<int32_t>(V + 5);  // another shard's column
+  const Pair logits = h.input({n, V}, 3.0), targets = h.ids(tv, {n});
+  Pair m = h.output({n}, DType::kF32), s = h.output({n}, DType::kF32), t = h.output({n}, DType::kF32),
+       l = h.output({n}, DType::kF32);
+  auto run = [&](bool dev) {
+    auto pick = [&](const Pair& p) -> const mb::Tensor& { return dev ? p.dev : p.ref; };
+    ops::ce_row_max(pick(m), pick(logits));
+    ops::ce_sum_exp(pick(s), pick(logits), pick(m));
+    ops::ce_target_logit(pick(t), pick(logits), pick(targets), 0);
+    ops::ce_loss(pick(l), pick(m), pick(s), pick(t), pick(targets), -1);
+  };
+  run(true);
+  run(false);
+  h.expect_close(m, 1, "row max");
+  h.expect_close(s, V, "sum exp");
+  h.expect_close(t, 1, "target logit");
+  h.expect_close(l, V, "loss");
+  const mb::Tensor scale_dev = mb::from_host(std::vector<float>{8.0f}, {1}, DType::kF32, h.device());
+  Pair d = h.accumulator({n, V});
+  ops::ce_backward(d.dev, logits.dev, m.dev, s.dev, targets.dev, 0, -1, 0.25f, scale_dev);
+  ops::ce_backward(d.ref, logits.ref, m.ref, s.ref, targets.ref, 0, -1, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
+  h.expect_close(d, V, "dlogits");
+}
+
+struct AttnConfig {
+  int64_t B, T, H, D;
+  bool causal, mask, bias;
+  double p;
+};
+
+TEST_P(OnDevice, SelfAttentionForwardAndBackward) {
+  for (const AttnConfig c : {AttnConfig{2, 37, 3, 16, true, false, false, 0.0}, AttnConfig{3, 20, 2, 8, false, true, true, 0.0},
+                             AttnConfig{2, 33, 2, 8, true, true, false, 0.2}}) {
+    auto h = harness(10);
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + (c.causal ? " causal" : "") +
+                 (c.mask ? " masked" : "") + (c.bias ? " bias" : "") + " p " + std::to_string(c.p));
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 2};  // a TP shard: heads 1.. of H + 2
+    const ops::DropoutKey dk{c.p, 55, 2};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 5; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's tail padded
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), bias = c.bias ? h.input({c.H, c.T, c.T}) : Pair{};
+    const Pair dy = h.input({c.B, c.T, c.H, c.D});
+    Pair out = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});
+    ops::attention_forward(out.dev, probs.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
+    ops::attention_forward(out.ref, probs.ref, qkv.ref, mask.ref, s, &dk, bias.ref);
+    const double terms = static_cast<double>(c.D + c.T);
+    h.expect_close(probs, static_cast<double>(c.D), "probs", 8.0);
+    h.expect_close(out, terms, "out", 8.0);
+    Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+    Pair dbias = c.bias ? h.accumulator({c.H, c.T, c.T}, DType::kF32) : Pair{};
+    ops::attention_backward(dqkv.dev, dy.dev, qkv.dev, probs.dev, mask.dev, s, &dk, dbias.dev);
+    ops::attention_backward(dqkv.ref, dy.ref, qkv.ref, probs.ref, mask.ref, s, &dk, dbias.ref);
+    h.expect_close(dqkv, terms, "dqkv", 16.0);
+    if (c.bias) h.expect_close(dbias, terms, "dbias", 16.0);
+  }
+}
+
+TEST_P(OnDevice, CrossAttentionForwardAndBackward) {
+  auto h = harness(11);
+  const ops::CrossAttentionShape s{2, 9, 23, 2, 8, 0, 0};
+  const ops::DropoutKey dk{0.1, 56, 3};
+  std::vector<uint8_t> mv(2 * 23, 1);
+  for (int t = 18; t < 23; ++t) mv[static_cast<size_t>(t)] = 0;
+  const Pair mask = h.bytes(mv, {2, 23}), q = h.input({2, 9, 2, 8}), kv = h.input({2, 23, 2, 2, 8}),
+             dy = h.input({2, 9, 2, 8});
+  Pair out = h.output({2, 9, 2, 8}), probs = h.output({2, 2, 9, 23});
+  ops::cross_attention_forward(out.dev, probs.dev, q.dev, kv.dev, mask.dev, s, &dk);
+  ops::cross_attention_forward(out.ref, probs.ref, q.ref, kv.ref, mask.ref, s, &dk);
+  h.expect_close(probs, 8, "cross probs", 8.0);
+  h.expect_close(out, 8 + 23, "cross out", 8.0);
+  Pair dq = h.accumulator({2, 9, 2, 8}), dkv = h.accumulator({2, 23, 2, 2, 8});
+  ops::cross_attention_backward(dq.dev, dkv.dev, dy.dev, q.dev, kv.dev, probs.dev, mask.dev, s, &dk);
+  ops::cross_attention_backward(dq.ref, dkv.ref, dy.ref, q.ref, kv.ref, probs.ref, mask.ref, s, &dk);
+  h.expect_close(dq, 8 + 23, "cross dq", 16.0);
+  h.expect_close(dkv, 8 + 23, "cross dkv", 16.0);
+}
+
+TEST_P(OnDevice, RelativePositionBiasForwardAndBackward) {
+  auto h = harness(12);
+  const int64_t T = 40, H = 3, NB = 16;
+  std::vector<int32_t> bv(static_cast<size_t>(T * T));
+  for (int64_t i = 0; i < T; ++i)
+    for (int64_t j = 0; j < T; ++j) bv[static_cast<size_t>(i * T + j)] = ops::relative_position_bucket(i, j, true, NB, 32);
+  const Pair buckets = h.ids(bv, {T, T}), table = h.input({NB, H}), dy = h.input({H, T, T}, 1.0, DType::kF32);
+  Pair out = h.output({H, T, T});
+  ops::relative_bias_forward(out.dev, table.dev, buckets.dev);
+  ops::relative_bias_forward(out.ref, table.ref, buckets.ref);
+  h.expect_close(out, 0, "relative bias", 1.0);
+  Pair dt = h.accumulator({NB, H}, DType::kF32);
+  ops::relative_bias_backward(dt.dev, dy.dev, buckets.dev);
+  ops::relative_bias_backward(dt.ref, dy.ref, buckets.ref);
+  h.expect_close(dt, T * T, "relative bias backward");
+}
+
+TEST_P(OnDevice, GatherAndScatterRows) {
+  auto h = harness(13);
+  const std::vector<int32_t> rows = {5, 0, 17, 3, 9};
+  const Pair idx = h.ids(rows, {5}), x = h.input({20, 33}), src = h.input({5, 33});
+  Pair g = h.output({5, 33}), acc = h.accumulator({20, 33});
+  ops::gather_rows(g.dev, x.dev, idx.dev);
+  ops::gather_rows(g.ref, x.ref, idx.ref);
+  ops::scatter_add_rows(acc.dev, src.dev, idx.dev);
+  ops::scatter_add_rows(acc.ref, src.ref, idx.ref);
+  h.expect_close(g, 0, "gather", 1.0);
+  h.expect_close(acc, 1, "scatter add");
+}
+
+TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {
+  auto h = harness(14);
+  const int64_t n = 70000;
+  const Pair x = h.input({n});
+  Pair s = h.accumulator({1}, DType::kF32);
+  ops::sum(s.dev, x.dev, true);
+  ops::sum(s.ref, x.ref, true);
+  h.expect_close(s, 16, "sum");
+  const Pair terms = h.input({3}, 1.0, DType::kF32);
+  Pair w = h.accumulator({3}, DType::kF32);
+  ops::weighted_accumulate(w.dev, terms.dev, {0.5, 2.0, 1.0 / 3.0});
+  ops::weighted_accumulate(w.ref, terms.ref, {0.5, 2.0, 1.0 / 3.0});
+  h.expect_close(w, 1, "weighted accumulate");
+  // per-segment squared norms of an f32 gradient buffer, segments longer than one piece
+  const Pair g = h.input({200000}, 0.01, DType::kF32);
+  const std::vector<std::pair<size_t, size_t>> segs = {{0, 16}, {16, 16}, {32, 150000}, {150016, 200000}};
+  Pair out = h.output({4}, DType::kF64);
+  ops::segment_sum_squares(out.dev, g.dev, segs);
+  mb::Tensor ref({4}, DType::kF64);
+  const auto gv = mb::to_host_f64(g.ref);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    double acc = 0;
+    for (size_t i = segs[k].first; i < segs[k].second; ++i) acc += gv[i] * gv[i];
+    ref.data<double>()[k] = acc;
+  }
+  out.ref = ref;
+  h.expect_close(out, 0, "segment sums of squares", 1.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(MB_TEST_DEVICE_NAME, OnDevice, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), dtype_param_name);
