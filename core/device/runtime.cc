@@ -1,5 +1,6 @@
 #include "core/device/runtime.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "core/device/allocator.h"
@@ -78,6 +79,40 @@ void use_device(Device d) {
 void* cuda_stream(Device d) {
   if (d.is_cpu()) return nullptr;
   MB_CUDA(return cuda_rt::stream(d.index));
+}
+
+Readback::Readback(Device d, size_t bytes) : device_(d), bytes_(bytes) {
+  if (d.is_cpu()) {
+    host_ = std::malloc(bytes ? bytes : 1);
+    return;
+  }
+  MB_CUDA(host_ = cuda_rt::pinned_alloc(bytes ? bytes : 1); event_ = cuda_rt::event_create());
+}
+
+Readback::~Readback() {
+  if (device_.is_cpu()) {
+    std::free(host_);
+    return;
+  }
+#if MEGABATCH_WITH_CUDA
+  cuda_rt::pinned_free(host_);
+  cuda_rt::event_destroy(event_);
+#endif
+}
+
+void Readback::start(const void* src) {
+  pending_ = true;
+  if (device_.is_cpu()) {
+    std::memcpy(host_, src, bytes_);
+    return;
+  }
+  MB_CUDA(cuda_rt::copy_to_host_async(host_, src, bytes_, device_.index, event_));
+}
+
+const void* Readback::get() {
+  check(pending_, "internal error: Readback::get() before start()");
+  if (device_.is_cuda()) MB_CUDA(cuda_rt::event_wait(event_));
+  return host_;
 }
 
 AllocStats alloc_stats(Device d) {

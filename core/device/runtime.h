@@ -45,6 +45,29 @@ void synchronize(Device d);
 // Makes d the calling thread's current GPU (kernels launch there); no-op for the CPU.
 void use_device(Device d);
 
+// ---- reading device values later, without waiting now ---------------------------------
+// start() queues a copy of `bytes` from device memory into host memory behind everything
+// issued on the device's stream so far, and returns at once; get() waits for that copy
+// only (usually long finished by then). The trainer reads each step's flags one step late
+// this way, so no step waits for the GPU. On the CPU the copy happens in start().
+class Readback {
+ public:
+  Readback(Device d, size_t bytes);
+  ~Readback();
+  Readback(const Readback&) = delete;
+  Readback& operator=(const Readback&) = delete;
+  void start(const void* src);
+  bool pending() const { return pending_; }
+  const void* get();  // the values of the last start()
+
+ private:
+  Device device_;
+  size_t bytes_;
+  void* host_ = nullptr;   // pinned on a GPU
+  void* event_ = nullptr;  // cudaEvent_t
+  bool pending_ = false;
+};
+
 // ---- per-device context for the CUDA code (opaque here) --------------------------------
 // The CUDA stream of device d as a void* (cudaStream_t), for plugins and the kernels.
 void* cuda_stream(Device d);

@@ -14,6 +14,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/gather.h"
+#include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"

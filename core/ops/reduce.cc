@@ -16,9 +16,9 @@ void sum(const Tensor& out, const Tensor& x, bool accumulate) {
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
   const Device d = common_device("weighted_accumulate", {&out, &x});
   expect_dtype("weighted_accumulate", "x", x, {DType::kF32, DType::kF64});
-  expect_dtype("weighted_accumulate", "out", out, x.dtype());
-  check(weights.size() == x.numel() && out.numel() >= x.numel(), "weighted_accumulate: ", weights.size(),
-        " weights for x ", x.describe(), " into ", out.describe());
+  expect_dtype("weighted_accumulate", "out", out, {DType::kF32, DType::kF64});
+  check(weights.size() == x.numel() && out.numel() >= x.numel() && weights.size() <= 8, "weighted_accumulate: ",
+        weights.size(), " weights for x ", x.describe(), " into ", out.describe(), " (at most 8 terms)");
   MB_OP_DISPATCH(d, weighted_accumulate, out, x, weights);
 }
 

@@ -15,8 +15,8 @@ namespace megabatch::ops {
 // one-element floating tensor.
 void sum(const Tensor& out, const Tensor& x, bool accumulate = false);
 
-// out[k] += weights[k] * x[k] for k < x.numel() (a handful of loss terms). out and x of
-// one floating dtype.
+// out[k] += weights[k] * x[k] for k < x.numel() (a handful of loss terms, at most 8), in
+// double. x f32 or f64; out f32 or f64.
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights);
 
 // out[s] = sum over elements [begin_s, end_s) of x of x^2, in double (out: f64 (S)). x is

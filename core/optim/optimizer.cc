@@ -199,6 +199,14 @@ void PluginOptimizer::step(int64_t step, double lr, int64_t global_batch, double
   store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
 }
 
+void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, const Tensor& grad_norm,
+                           bool diagnostics, const Tensor& skip) {
+  check(grad_norm.device().is_cpu() && !skip.defined(), "optimizer plugin '", plugin_.name(),
+        "': a GPU run needs plugin ABI version 3 (device pointers); this build's plugins speak version ",
+        MB_PLUGIN_ABI_VERSION);
+  step(step_count, lr, global_batch, grad_norm.data<double>()[0], diagnostics);
+}
+
 float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
   if (!self->creating_) {

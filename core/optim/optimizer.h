@@ -75,6 +75,11 @@ class PluginOptimizer {
   // after clipping); a negative value makes the host compute it. With diagnostics set,
   // the plugin reports per-tensor diagnostics, available from diagnostics() afterwards.
   void step(int64_t step, double lr, int64_t global_batch, double grad_norm = -1.0, bool diagnostics = false);
+  // The same with the global norm as a one-element f64 tensor on the run's device (the
+  // trainer's, which never leaves the device) and, on a GPU, the fp16 overflow flag (f32,
+  // on the device; undefined: none): when it is set the step's kernels change nothing.
+  void step(int64_t step, double lr, int64_t global_batch, const Tensor& grad_norm, bool diagnostics,
+            const Tensor& skip = {});
   // The standard normal draws the host gives the plugin for (parameter index, step):
   // out[0..n) of the local shard, keyed by the element's index in the full tensor.
   void draw_normal(size_t index, int64_t step, float* out, size_t n) { normal(this, index, step, out, n); }

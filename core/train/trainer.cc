@@ -1,12 +1,16 @@
 #include "core/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
-#include <csignal>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <ostream>
 
+#include "core/comm/collectives.h"
+#include "core/ops/gradients.h"
+#include "core/ops/reduce.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -29,34 +33,13 @@ void NoiseScaleEstimator::restore(const nlohmann::json& s) {
   decay_pow_ = s.at("decay_pow").get<double>();
   n_ = s.at("count").get<int64_t>();
 }
+double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_pow_) : std::nan(""); }
+double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
 
 namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
-}  // namespace
 
-int stop_signal() { return static_cast<int>(g_stop_signal); }
-
-double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_pow_) : std::nan(""); }
-double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
-
-Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
-                 BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
-    : opt_(options), model_(model), optimizer_(optimizer), tp_(tp), train_(train), valid_(validation),
-      metrics_(metrics), console_(console) {
-  check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
-  check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
-        ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
-  check(!opt_.noise_scale || opt_.global_batch_size >= 2 * opt_.micro_batch_size,
-        "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
-        "micro-batches (global batch ", opt_.global_batch_size, ", micro batch ", opt_.micro_batch_size,
-        "); lower --micro-batch-size");
-  check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
-        opt_.noise_scale_ema, ")");
-  noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema);
-}
-
-namespace {
 std::string timestamp() {
   char buf[32];
   const std::time_t t = std::time(nullptr);
@@ -74,7 +57,46 @@ std::string format(const char* fmt, auto... args) {
   std::snprintf(buf, sizeof buf, fmt, args...);
   return buf;
 }
+
+// The slots of a step row after the 1 + E loss terms (L = 1 + E).
+enum Slot : size_t {
+  kSqSharded = 0, kSqReplicated,       // squared gradient norm, by sharding (summed over TP)
+  kNorm, kClipCoeff, kClippedNorm,     // global norm, clip coefficient, norm after clipping
+  kFoundInf, kLossScale,               // fp16: overflow flag, the loss scale of the step
+  kSmallSharded, kSmallReplicated,     // the first micro-batch's squared norm (noise scale)
+  kSlotsAfterLosses
+};
+constexpr int64_t kRingCapacity = 512;
 }  // namespace
+
+int stop_signal() { return static_cast<int>(g_stop_signal); }
+
+Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
+                 BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
+    : opt_(options), model_(model), optimizer_(optimizer), tp_(tp), train_(train), valid_(validation),
+      metrics_(metrics), console_(console), device_(model.parameters().device()) {
+  check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
+  check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
+        ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
+  check(!opt_.noise_scale || opt_.global_batch_size >= 2 * opt_.micro_batch_size,
+        "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
+        "micro-batches (global batch ", opt_.global_batch_size, ", micro batch ", opt_.micro_batch_size,
+        "); lower --micro-batch-size");
+  check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
+        opt_.noise_scale_ema, ")");
+  noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema);
+  const nn::ParameterStore& P = model_.parameters();
+  for (const auto& info : P.infos())
+    (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);
+  scaler_.resize({3}, DType::kF32, device_);
+  found_inf_.resize({1}, DType::kF32, device_);
+  const optim::LossScalerState s = optim::initial_state(opt_.loss_scaler);
+  copy(scaler_, from_host(std::vector<float>{s.scale, s.growth_tracker, s.hysteresis_tracker}, {3}));
+  overflow_ = std::make_unique<runtime::Readback>(device_, sizeof(float));
+  interval_start_ = std::chrono::steady_clock::now();
+}
+
+Trainer::~Trainer() = default;
 
 void Trainer::set_data_parallel(comm::Communicator& dp) {
   check(opt_.global_batch_size % (opt_.micro_batch_size * dp.size()) == 0, "global_batch_size (",
@@ -83,184 +105,334 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
   dp_ = &dp;
 }
 
+optim::LossScalerState Trainer::loss_scaler_state() const {
+  const std::vector<float> s = to_host_f32(scaler_);
+  return {s[0], s[1], s[2]};
+}
+
+void Trainer::allocate_step_buffers(size_t extra_terms) {
+  slots_ = 1 + extra_terms + kSlotsAfterLosses;
+  step_.resize({static_cast<int64_t>(slots_)}, DType::kF64, device_);
+  ring_.resize({std::min<int64_t>(kRingCapacity, std::max<int64_t>(opt_.log_interval, 1)), static_cast<int64_t>(slots_)},
+               DType::kF64, device_);
+}
+
+// ---- the step ---------------------------------------------------------------------------
+
 void Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
-  const double lr = opt_.schedule.lr(consumed_);
   ++iteration_;
+  if (ring_.defined() && ring_rows_ == ring_.dim(0)) drain();
+  if (step_.defined()) step_.zero();
+  forward_backward();
+  reduce_gradients();
+  unscale_and_check();
+  clip_gradients();
+  optimizer_step();
+  consumed_ += opt_.global_batch_size;
+  record_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+}
+
+void Trainer::forward_backward() {
   // Data parallelism: rank r of D takes the r-th contiguous share of the global batch, in
   // micro-batches; micro-batch indices (which key dropout) are global, so D ranks compute
   // what one process with D times the accumulation steps computes.
   const int64_t D = dp_->size(), r = dp_->rank();
   const int64_t local = opt_.global_batch_size / (opt_.micro_batch_size * D);  // micro-batches on this rank
   const int64_t micro_batches = local * D;                                    // in the whole global batch
-  model_.parameters().zero_grad();
-  double loss = 0, small_sq = 0;
-  std::vector<double> extra;  // the model's extra loss terms (BERT's sop loss), mean over micro-batches
-  std::vector<std::string> extra_names;
+  nn::ParameterStore& P = model_.parameters();
+  P.zero_grad();
   for (int64_t k = 0; k < local; ++k) {
     const int64_t m = r * local + k;
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
-    const StepContext ctx{opt_.seed, iteration_, m, true};
-    const LossValues out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches)).read();
+    StepContext ctx{opt_.seed, iteration_, m, true};
+    if (fp16()) ctx.loss_scale = scaler_.flat(0, 1);
+    const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     model_.backward();
-    if (k == 0) {
-      extra.assign(out.extra.size(), 0.0);
-      for (const auto& t : out.extra) extra_names.push_back(t.name);
-      if (opt_.noise_scale) {  // the first micro-batch's gradient alone (scaled by 1/micro_batches)
-        const double n1 = optim::grad_norm(model_.parameters(), tp_) * static_cast<double>(micro_batches);
-        small_sq = n1 * n1;
-      }
+    if (!step_.defined()) {
+      for (const auto& [name, count] : out.extra) extra_names_.push_back(name);
+      allocate_step_buffers(extra_names_.size());
+      step_.zero();
     }
-    loss += out.mean() / static_cast<double>(micro_batches);
-    for (size_t e = 0; e < out.extra.size() && e < extra.size(); ++e)
-      extra[e] += out.extra[e].mean() / static_cast<double>(micro_batches);
+    std::vector<double> w = out.mean_weights();
+    for (double& x : w) x /= static_cast<double>(micro_batches);
+    ops::weighted_accumulate(step_.flat(0, w.size()), out.sums, w);
+    if (k == 0 && opt_.noise_scale) {  // the first micro-batch's gradient alone (scaled by 1 / micro_batches)
+      const size_t L = 1 + extra_names_.size();
+      const Tensor small = step_.flat(L + kSmallSharded, 2);
+      ops::split_sum_squares(small, P.grads(), sharded_, replicated_);
+      comm::all_reduce(tp_, small.flat(0, 1), comm::ReduceOp::kSum);
+    }
   }
-  if (D > 1) {
-    // the mean gradient of the global batch: sum the ranks' shares, in buckets
-    float* g = model_.parameters().grads().data<float>();
-    const size_t n = model_.parameters().flat_size(), bucket = size_t{1} << 22;
-    for (size_t at = 0; at < n; at += bucket) dp_->all_reduce(g + at, std::min(bucket, n - at), comm::ReduceOp::kSum);
-    std::vector<double> losses = {loss};
-    losses.insert(losses.end(), extra.begin(), extra.end());
-    dp_->all_reduce(losses.data(), losses.size(), comm::ReduceOp::kSum);
-    loss = losses[0];
-    for (size_t e = 0; e < extra.size(); ++e) extra[e] = losses[e + 1];
+}
+
+void Trainer::reduce_gradients() {
+  if (dp_->size() == 1) return;
+  // the sum of the ranks' shares of the mean gradient of the global batch, in buckets
+  const Tensor& g = model_.parameters().grads();
+  const size_t n = g.numel(), bucket = size_t{1} << 22;
+  for (size_t at = 0; at < n; at += bucket) comm::all_reduce(*dp_, g.flat(at, std::min(bucket, n - at)), comm::ReduceOp::kSum);
+  comm::all_reduce(*dp_, step_.flat(0, 1 + extra_names_.size()), comm::ReduceOp::kSum);
+}
+
+void Trainer::unscale_and_check() {
+  if (!fp16()) return;
+  const size_t L = 1 + extra_names_.size();
+  ops::weighted_accumulate(step_.flat(L + kLossScale, 1), scaler_.flat(0, 1), {1.0});  // the scale of this step
+  ops::unscale_and_check(model_.parameters().grads(), found_inf_, scaler_);
+  // one overflowing rank skips the step everywhere (a local flag would let scales diverge)
+  comm::all_reduce(tp_, found_inf_, comm::ReduceOp::kMax);
+  comm::all_reduce(*dp_, found_inf_, comm::ReduceOp::kMax);
+  ops::weighted_accumulate(step_.flat(L + kFoundInf, 1), found_inf_, {1.0});
+  ops::loss_scaler_update(scaler_, found_inf_, opt_.loss_scaler);
+}
+
+void Trainer::clip_gradients() {
+  const size_t L = 1 + extra_names_.size();
+  const Tensor& g = model_.parameters().grads();
+  const Tensor sums = step_.flat(L + kSqSharded, 2), norm = step_.flat(L + kNorm, 3);
+  ops::split_sum_squares(sums, g, sharded_, replicated_);
+  comm::all_reduce(tp_, sums.flat(0, 1), comm::ReduceOp::kSum);  // sharded tensors: their squares over the group
+  ops::clip_coefficient(norm, sums, opt_.clip_grad);
+  ops::scale_by(g, norm, 1);
+}
+
+void Trainer::resolve_overflow() {
+  if (!overflow_->pending()) return;
+  const float flag = *static_cast<const float*>(overflow_->get());
+  if (flag == 0.0f) {
+    ++optimizer_steps_;
+    lr_samples_ += opt_.global_batch_size;
   }
-  const double norm = optim::grad_norm(model_.parameters(), tp_);
-  if (opt_.noise_scale && std::isfinite(norm) && std::isfinite(small_sq))
-    noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
-                     static_cast<double>(opt_.global_batch_size));
-  double objective = loss;
-  for (double e : extra) objective += e;
-  if (!std::isfinite(objective) || !std::isfinite(norm))
-    fail("iteration ", iteration_, ": ", !std::isfinite(objective) ? "loss" : "gradient norm", " is ",
-         !std::isfinite(objective) ? objective : norm, " (diverged); lower --lr, raise warmup, or check the data");
-  const double coeff = optim::clip_coefficient(norm, opt_.clip_grad);
-  if (coeff < 1.0) {
-    float* g = model_.parameters().grads().data<float>();
-    const int64_t n = static_cast<int64_t>(model_.parameters().flat_size());
-    const float c = static_cast<float>(coeff);
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) g[i] *= c;
-  }
+  // (a skipped step is counted from the drained rows)
+  overflow_iteration_ = 0;
+}
+
+void Trainer::optimizer_step() {
+  const size_t L = 1 + extra_names_.size();
   const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
-  optimizer_.step(iteration_, lr, opt_.global_batch_size, norm * std::min(1.0, coeff), diagnostics);
+  const Tensor clipped_norm = step_.flat(L + kClippedNorm, 1);
+  if (!fp16()) {  // every step is applied
+    step_lr_ = opt_.schedule.lr(lr_samples_);
+    optimizer_.step(++optimizer_steps_, step_lr_, opt_.global_batch_size, clipped_norm, diagnostics);
+    lr_samples_ += opt_.global_batch_size;
+  } else if (device_.is_cpu()) {
+    // The flag is in host memory already: an overflowing step is not given to the optimizer.
+    overflow_->start(found_inf_.raw());
+    const bool skip = *static_cast<const float*>(overflow_->get()) != 0.0f;
+    step_lr_ = opt_.schedule.lr(lr_samples_);
+    if (!skip) optimizer_.step(optimizer_steps_ + 1, step_lr_, opt_.global_batch_size, clipped_norm, diagnostics);
+    resolve_overflow();
+  } else {
+    // The previous step's flag (read one step late, long since produced) decides this step's
+    // count and learning rate; this step's own flag makes its kernels skip on the device.
+    resolve_overflow();
+    step_lr_ = opt_.schedule.lr(lr_samples_);
+    optimizer_.step(optimizer_steps_ + 1, step_lr_, opt_.global_batch_size, clipped_norm, diagnostics, found_inf_);
+    overflow_->start(found_inf_.raw());
+    overflow_iteration_ = iteration_;
+  }
   if (diagnostics && metrics_ && !optimizer_.diagnostics().empty()) {
     if (!names_written_) {
       std::vector<std::string> names;
-      for (size_t i = 0; i < model_.parameters().count(); ++i)
-        names.push_back(model_.parameters().info(static_cast<int>(i)).name);
+      for (const auto& info : model_.parameters().infos()) names.push_back(info.name);
       metrics_->set_strings("optimizer/tensor_names", names);
       names_written_ = true;
     }
     metrics_->append("optimizer/iteration", static_cast<double>(iteration_));
     for (const auto& [series, values] : optimizer_.diagnostics()) metrics_->append_row("optimizer/" + series, values);
   }
-  consumed_ += opt_.global_batch_size;
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  losses_.push_back(loss);
+}
 
-  const double tokens_per_s = static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) / dt;
-  if (metrics_) {
-    metrics_->append("train/iteration", static_cast<double>(iteration_));
-    metrics_->append("train/consumed_samples", static_cast<double>(consumed_));
-    metrics_->append("train/lm_loss", loss);
-    for (size_t k = 0; k < extra.size(); ++k) metrics_->append("train/" + series_name(extra_names[k]), extra[k]);
-    metrics_->append("train/learning_rate", lr);
-    metrics_->append("train/grad_norm", norm);
-    metrics_->append("train/tokens_per_second", tokens_per_s);
-    metrics_->append("train/iteration_time_ms", dt * 1e3);
+void Trainer::record_step(double seconds) {
+  if (ring_rows_ == 0) ring_first_ = iteration_;
+  copy(ring_.rows(ring_rows_, ring_rows_ + 1).view({static_cast<int64_t>(slots_)}), step_);
+  ring_seconds_.push_back(seconds);
+  ring_lr_.push_back(step_lr_);
+  ring_consumed_.push_back(consumed_);
+  ++ring_rows_;
+  // On the CPU the row is already in host memory: catch a diverged run at once.
+  if (device_.is_cpu()) {
+    const double* row = step_.data<double>();
+    const size_t L = 1 + extra_names_.size();
+    double objective = 0;
+    for (size_t k = 0; k < L; ++k) objective += row[k];
+    const bool skipped = fp16() && row[L + kFoundInf] != 0.0;
+    if (!skipped && (!std::isfinite(objective) || !std::isfinite(row[L + kNorm]))) drain();
   }
-  interval_loss_ += loss;
-  if (interval_extra_.size() != extra.size()) {
-    interval_extra_.clear();
-    for (const auto& nm : extra_names) interval_extra_.emplace_back(nm, 0.0);
-  }
-  for (size_t k = 0; k < extra.size(); ++k) interval_extra_[k].second += extra[k];
-  interval_time_ += dt;
-  ++interval_iters_;
   if (iteration_ % opt_.log_interval == 0 || iteration_ == opt_.train_iters) {
-    const double k = static_cast<double>(interval_iters_);
-    std::string line = " [" + timestamp() + "]";
-    line += format(" iteration %8lld/%8lld |", static_cast<long long>(iteration_),
-                   static_cast<long long>(opt_.train_iters));
-    line += format(" consumed samples: %12lld |", static_cast<long long>(consumed_));
-    line += format(" elapsed time per iteration (ms): %.1f |", interval_time_ / k * 1e3);
-    line += format(" throughput (tokens/s): %.0f |",
-                   static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / interval_time_);
-    line += format(" learning rate: %.6E |", lr);
-    line += format(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
-    line += format(" lm loss: %.6E |", interval_loss_ / k);
-    for (auto& [nm, sum] : interval_extra_) {
-      line += format(" %s: %.6E |", nm.c_str(), sum / k);
-      sum = 0;
-    }
-    line += format(" loss scale: %.1f |", 1.0);
-    line += format(" grad norm: %.3f |", norm);
-    if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
-    line += format(" number of skipped iterations: %3d |", 0);
-    line += format(" number of nan iterations: %3d |", 0);
-    console_ << line << std::endl;
-    if (metrics_ && opt_.noise_scale) {
-      metrics_->append("noise_scale/iteration", static_cast<double>(iteration_));
-      metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
-      metrics_->append("noise_scale/grad_sq_norm", noise_scale_.grad_sq_norm());
-      metrics_->append("noise_scale/trace_cov", noise_scale_.trace_cov());
-    }
-    interval_loss_ = interval_time_ = 0;
-    interval_iters_ = 0;
-    if (metrics_) metrics_->flush();
+    drain();
+    write_log_line();
   }
 }
 
+// ---- what the host learns at a drain ------------------------------------------------------
+
+void Trainer::drain() {
+  if (ring_rows_ == 0) return;
+  const std::vector<double> rows = to_host_f64(ring_.rows(0, ring_rows_));  // the one read of the interval
+  const size_t L = 1 + extra_names_.size(), S = slots_;
+  const int64_t micro_batches = opt_.global_batch_size / opt_.micro_batch_size;
+  if (interval_extra_.size() != extra_names_.size()) interval_extra_.assign(extra_names_.size(), 0.0);
+  for (int64_t r = 0; r < ring_rows_; ++r) {
+    const double* v = rows.data() + static_cast<size_t>(r) * S;
+    const int64_t it = ring_first_ + r;
+    const bool skipped = fp16() && v[L + kFoundInf] != 0.0;
+    const double loss = v[0], norm = v[L + kNorm];
+    double objective = 0;
+    for (size_t k = 0; k < L; ++k) objective += v[k];
+    const double scale = fp16() ? v[L + kLossScale] : 1.0;
+    if (skipped && !std::isfinite(objective)) ++interval_nan_;  // fp16: counted and skipped, as Megatron
+    if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm))) {
+      ring_rows_ = 0;
+      ring_seconds_.clear();
+      ring_lr_.clear();
+      ring_consumed_.clear();
+      fail("iteration ", it, ": ", !std::isfinite(objective) ? "loss" : "gradient norm", " is ",
+           !std::isfinite(objective) ? objective : norm, " (diverged); lower --lr, raise warmup, or check the data");
+    }
+    if (opt_.noise_scale && !skipped) {
+      const double mb = static_cast<double>(micro_batches);
+      const double small_sq = (v[L + kSmallSharded] + v[L + kSmallReplicated]) * mb * mb / (scale * scale);
+      if (std::isfinite(small_sq))
+        noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
+                         static_cast<double>(opt_.global_batch_size));
+    }
+    if (skipped) ++skipped_total_, ++interval_skipped_;
+    const double dt = ring_seconds_[static_cast<size_t>(r)];
+    losses_.push_back(loss);
+    interval_loss_ += loss;
+    for (size_t k = 0; k < extra_names_.size(); ++k) interval_extra_[k] += v[1 + k];
+    interval_grad_norm_ = norm;
+    interval_loss_scale_ = scale;
+    ++interval_iters_;
+    if (metrics_) {
+      metrics_->append("train/iteration", static_cast<double>(it));
+      metrics_->append("train/consumed_samples", static_cast<double>(ring_consumed_[static_cast<size_t>(r)]));
+      metrics_->append("train/lm_loss", loss);
+      for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + series_name(extra_names_[k]), v[1 + k]);
+      metrics_->append("train/learning_rate", ring_lr_[static_cast<size_t>(r)]);
+      metrics_->append("train/grad_norm", norm);
+      if (fp16()) {
+        metrics_->append("train/loss_scale", scale);
+        metrics_->append("train/skipped", skipped ? 1.0 : 0.0);
+      }
+      metrics_->append("train/tokens_per_second",
+                       static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) / dt);
+      metrics_->append("train/iteration_time_ms", dt * 1e3);
+    }
+  }
+  ring_rows_ = 0;
+  ring_seconds_.clear();
+  ring_lr_.clear();
+  ring_consumed_.clear();
+}
+
+void Trainer::write_log_line() {
+  if (interval_iters_ == 0) return;
+  const double k = static_cast<double>(interval_iters_);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start_).count();
+  std::string line = " [" + timestamp() + "]";
+  line += format(" iteration %8lld/%8lld |", static_cast<long long>(iteration_), static_cast<long long>(opt_.train_iters));
+  line += format(" consumed samples: %12lld |", static_cast<long long>(consumed_));
+  line += format(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
+  line += format(" throughput (tokens/s): %.0f |",
+                 static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / seconds);
+  line += format(" learning rate: %.6E |", step_lr_);
+  line += format(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
+  line += format(" lm loss: %.6E |", interval_loss_ / k);
+  for (size_t e = 0; e < extra_names_.size(); ++e) line += format(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
+  line += format(" loss scale: %.1f |", interval_loss_scale_);
+  line += format(" grad norm: %.3f |", interval_grad_norm_);
+  if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
+  line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
+  line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
+  console_ << line << std::endl;
+  if (metrics_ && opt_.noise_scale) {
+    metrics_->append("noise_scale/iteration", static_cast<double>(iteration_));
+    metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
+    metrics_->append("noise_scale/grad_sq_norm", noise_scale_.grad_sq_norm());
+    metrics_->append("noise_scale/trace_cov", noise_scale_.trace_cov());
+  }
+  interval_loss_ = 0;
+  std::fill(interval_extra_.begin(), interval_extra_.end(), 0.0);
+  interval_iters_ = interval_skipped_ = interval_nan_ = 0;
+  interval_start_ = std::chrono::steady_clock::now();
+  if (metrics_) metrics_->flush();
+}
+
+// ---- evaluation, checkpoints, the loop ---------------------------------------------------
+
 std::vector<std::pair<std::string, double>> Trainer::evaluate() {
   check(valid_ != nullptr, "evaluate(): no validation data (check --split)");
-  double sum = 0;
+  Tensor sums;  // f64 on the device: summed losses of every term
   int64_t count = 0;
-  std::vector<LossTerm> extra;
+  std::vector<std::pair<std::string, int64_t>> extra;
   uint64_t next = 0;
   for (int64_t it = 0; it < opt_.eval_iters; ++it) {
     for (int64_t m = 0; m < opt_.global_batch_size / opt_.micro_batch_size; ++m) {
       valid_->fill(next, opt_.micro_batch_size, batch_);
       next += static_cast<uint64_t>(opt_.micro_batch_size);
-      const LossValues out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f).read();
-      sum += out.loss_sum;
+      const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
+      if (!sums.defined()) {
+        sums.resize({static_cast<int64_t>(1 + out.extra.size())}, DType::kF64, device_);
+        extra = out.extra;
+        for (auto& e : extra) e.second = 0;
+      }
+      ops::weighted_accumulate(sums, out.sums, std::vector<double>(1 + out.extra.size(), 1.0));
       count += out.count;
-      if (extra.empty()) extra = out.extra;
-      else
-        for (size_t k = 0; k < extra.size() && k < out.extra.size(); ++k) {
-          extra[k].sum += out.extra[k].sum;
-          extra[k].count += out.extra[k].count;
-        }
+      for (size_t k = 0; k < extra.size() && k < out.extra.size(); ++k) extra[k].second += out.extra[k].second;
     }
   }
-  std::vector<std::pair<std::string, double>> result{{"lm loss", count ? sum / static_cast<double>(count) : 0.0}};
-  for (const auto& t : extra) result.emplace_back(t.name, t.mean());
+  const std::vector<double> s = sums.defined() ? to_host_f64(sums) : std::vector<double>{0.0};
+  std::vector<std::pair<std::string, double>> result{{"lm loss", count ? s[0] / static_cast<double>(count) : 0.0}};
+  for (size_t k = 0; k < extra.size(); ++k)
+    result.emplace_back(extra[k].first, extra[k].second ? s[k + 1] / static_cast<double>(extra[k].second) : 0.0);
   return result;
 }
 
 void Trainer::restore(const io::CheckpointState& state) {
   iteration_ = state.iteration;
   consumed_ = state.consumed_samples;
-  if (state.trainer.contains("noise_scale")) noise_scale_.restore(state.trainer["noise_scale"]);
+  const nlohmann::json& t = state.trainer;
+  if (t.contains("noise_scale")) noise_scale_.restore(t["noise_scale"]);
+  // checkpoints before loss scaling: every iteration was an optimizer step
+  optimizer_steps_ = t.value("optimizer_steps", state.iteration);
+  lr_samples_ = t.value("lr_samples", state.consumed_samples);
+  skipped_total_ = t.value("skipped_iterations", int64_t{0});
+  if (t.contains("loss_scaler")) {
+    const auto& s = t["loss_scaler"];
+    copy(scaler_, from_host(std::vector<float>{s.at("scale").get<float>(), s.at("growth_tracker").get<float>(),
+                                               s.at("hysteresis_tracker").get<float>()},
+                            {3}));
+  }
   last_saved_ = iteration_;
 }
 
 std::filesystem::path Trainer::save_checkpoint() {
   check(!opt_.save_dir.empty(), "save_checkpoint(): no --save directory");
+  drain();  // the noise-scale averages and skip counts of every iteration so far
+  if (device_.is_cuda()) resolve_overflow();
   io::CheckpointState s = opt_.checkpoint;
   s.iteration = iteration_;
   s.consumed_samples = consumed_;
   s.seed = opt_.seed;
-  s.loss_scale = 1.0;
-  // The LR schedule is a pure function of consumed samples and these settings; they are
-  // stored so that a checkpoint says which schedule produced it.
+  const optim::LossScalerState scaler = loss_scaler_state();
+  s.loss_scale = fp16() ? scaler.scale : 1.0;
+  // The LR schedule is a pure function of the applied steps' samples and these settings;
+  // they are stored so that a checkpoint says which schedule produced it.
   const auto& sc = opt_.schedule;
   s.trainer = {{"noise_scale", noise_scale_.state()},
+               {"optimizer_steps", optimizer_steps_},
+               {"lr_samples", lr_samples_},
+               {"skipped_iterations", skipped_total_},
+               {"loss_scaler",
+                {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker},
+                 {"hysteresis_tracker", scaler.hysteresis_tracker}, {"dynamic", opt_.loss_scaler.dynamic}}},
                {"lr_schedule",
                 {{"max_lr", sc.max_lr}, {"min_lr", sc.min_lr}, {"warmup_samples", sc.warmup_samples},
                  {"decay_samples", sc.decay_samples}, {"style", optim::decay_style_name(sc.style)}, {"power", sc.power},
-                 {"lr", sc.lr(consumed_)}}}};
+                 {"lr", sc.lr(lr_samples_)}}}};
   const auto t0 = std::chrono::steady_clock::now();
   // Data-parallel replicas are identical: the first tensor-parallel group writes.
   std::filesystem::path path = io::checkpoint_path(opt_.save_dir, iteration_);
@@ -277,6 +449,7 @@ std::filesystem::path Trainer::save_checkpoint() {
 
 StopReason Trainer::run() {
   auto validate = [&]() {
+    drain();
     const auto losses = evaluate();
     std::string line = format(" validation loss at iteration %lld |", static_cast<long long>(iteration_));
     if (metrics_) metrics_->append("validation/iteration", static_cast<double>(iteration_));
@@ -304,11 +477,13 @@ StopReason Trainer::run() {
     std::signal(SIGTERM, old_term);
     std::signal(SIGUSR1, old_usr1);
   };
+  interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
   try {
     while (iteration_ < opt_.train_iters) {
       train_step();
       if (saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0) {
+        drain();
         if (metrics_) metrics_->flush();  // the metrics of every checkpointed iteration are on disk
         save_checkpoint();
       }
@@ -324,6 +499,8 @@ StopReason Trainer::run() {
           iteration_ < opt_.train_iters)
         validate();
     }
+    drain();
+    if (device_.is_cuda()) resolve_overflow();
     if (metrics_) metrics_->flush();
     if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate();
     save_once();
@@ -336,6 +513,10 @@ StopReason Trainer::run() {
   } catch (...) {
     restore_handlers();
     if (metrics_) {
+      try {
+        drain();
+      } catch (const std::exception&) {
+      }
       try {
         metrics_->flush();
       } catch (const std::exception&) {

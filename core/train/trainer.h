@@ -1,15 +1,28 @@
-// The one training loop: gradient accumulation over micro-batches, global-norm clipping,
-// the optimizer plugin's step, LR schedule, Megatron console lines, metrics, evaluation.
+// The one training loop: gradient accumulation over micro-batches, data-parallel
+// reduction, Megatron's mixed-precision chores (unscale and inf check, loss scaling),
+// global-norm clipping, the optimizer plugin's step on fp32 masters, the LR schedule,
+// Megatron console lines, metrics, evaluation and checkpoints.
+//
+// A step runs on the model's device from end to end: losses, norms, the overflow flag and
+// the loss scale stay there, one row per iteration, until the host reads the rows at a log
+// interval (or a checkpoint, an evaluation, the end). The only value the host needs sooner
+// is an fp16 step's overflow flag (a skipped step advances neither the optimizer's step
+// count nor the LR schedule, as in Megatron); it is read one step late, when the GPU has
+// long produced it, so no step waits for the device.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
 #include <memory>
+#include <optional>
 
 #include "core/comm/communicator.h"
+#include "core/device/runtime.h"
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
+#include "core/optim/loss_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/train/model.h"
@@ -52,6 +65,8 @@ struct TrainOptions {
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
   double noise_scale_ema = 0.99;     // decay of its moving averages
+  // fp16 loss scaling (used when the model's parameters are f16; bf16 and f32 need none)
+  optim::LossScalerConfig loss_scaler;
   // Checkpoints: written to save_dir every save_interval iterations (0: none on a
   // schedule), at the end of training, at exit_interval, and on SIGTERM / SIGUSR1.
   std::string save_dir;              // empty: no checkpoints
@@ -73,13 +88,15 @@ class Trainer {
  public:
   Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
           BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console);
+  ~Trainer();
   // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 arrives (then
   // it finishes the current iteration, writes a checkpoint when save_dir is set, and
   // returns kSignal). On an error (a plugin failure, a NaN loss) the metrics are flushed
   // first, then the Error propagates.
   StopReason run();
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
-  // trainer's own state. Parameters and optimizer state are loaded by io::load_checkpoint.
+  // trainer's own state (loss scaler, noise-scale averages, optimizer steps). Parameters
+  // and optimizer state are loaded by io::load_checkpoint.
   void restore(const io::CheckpointState& state);
   // Data parallelism over `dp` (default: none): each rank takes its share of every global
   // batch and gradients are averaged over the group. Must outlive the trainer.
@@ -89,13 +106,34 @@ class Trainer {
   // Mean validation losses over eval_iters global batches (no dropout, no gradients):
   // ("lm loss", mean) first, then the model's extra terms.
   std::vector<std::pair<std::string, double>> evaluate();
+  // One iteration (run() calls it; tests may too). The host learns its values at drain().
+  void train_step();
+  // Reads the device rows of the iterations since the last drain: metrics rows, losses(),
+  // noise-scale averages, divergence check. (run() drains at every log interval.)
+  void drain();
+
   int64_t iteration() const { return iteration_; }
   int64_t consumed_samples() const { return consumed_; }
-  const std::vector<double>& losses() const { return losses_; }  // per iteration
+  const std::vector<double>& losses() const { return losses_; }  // per drained iteration
   const NoiseScaleEstimator& noise_scale() const { return noise_scale_; }
+  int64_t skipped_iterations() const { return skipped_total_; }  // fp16 overflows
+  int64_t optimizer_steps() const { return optimizer_steps_; }   // steps applied (not skipped)
+  optim::LossScalerState loss_scaler_state() const;
 
  private:
-  void train_step();
+  // The phases of train_step, in order.
+  void forward_backward();    // micro-batches: forward and backward each, losses into the step row
+  void reduce_gradients();    // data parallel: sum of the ranks' gradients (and losses)
+  void unscale_and_check();   // fp16: gradients / loss scale, overflow flag, scaler update
+  void clip_gradients();      // global norm (tensor-parallel aware), clip coefficient, scaling
+  void optimizer_step();      // the plugin on fp32 masters (not on an overflow), masters -> params
+  void record_step(double seconds);  // the step row into the ring the host drains
+
+  void allocate_step_buffers(size_t extra_terms);
+  void resolve_overflow();    // the host learns the last started overflow flag
+  void write_log_line();
+  bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
+
   TrainOptions opt_;
   Model& model_;
   optim::PluginOptimizer& optimizer_;
@@ -106,16 +144,36 @@ class Trainer {
   BatchSource* valid_;
   io::MetricsFile* metrics_;
   std::ostream& console_;
+  Device device_;
   int64_t iteration_ = 0, consumed_ = 0;
+  int64_t optimizer_steps_ = 0;  // steps the optimizer applied (its step count t)
+  int64_t lr_samples_ = 0;       // samples of those steps: where the LR schedule is
+  int64_t skipped_total_ = 0;
   NoiseScaleEstimator noise_scale_;
   bool names_written_ = false;
   int64_t last_saved_ = -1;
   std::vector<double> losses_;
   Batch batch_;
-  // interval accumulators
-  double interval_loss_ = 0, interval_time_ = 0;
-  std::vector<std::pair<std::string, double>> interval_extra_;  // extra loss terms, summed over the interval
-  int64_t interval_iters_ = 0;
+
+  // device state of the step
+  std::vector<std::string> extra_names_;   // the model's extra loss terms
+  size_t slots_ = 0;                       // values per step row
+  Tensor step_;                            // f64 (slots_): this step's row
+  Tensor ring_;                            // f64 (capacity, slots_): rows not yet drained
+  int64_t ring_rows_ = 0, ring_first_ = 0;  // rows held, iteration of the first
+  std::vector<double> ring_seconds_, ring_lr_;  // host-side values of those rows
+  std::vector<int64_t> ring_consumed_;
+  Tensor scaler_, found_inf_;              // fp16: LossScalerState f32 (3), overflow flag f32 (1)
+  std::unique_ptr<runtime::Readback> overflow_;  // the overflow flag of the last step, for the host
+  int64_t overflow_iteration_ = 0;         // whose flag overflow_ holds
+  std::vector<std::pair<size_t, size_t>> sharded_, replicated_;  // gradient segments by sharding
+  double step_lr_ = 0;
+
+  // interval accumulators (host, filled at drain)
+  double interval_loss_ = 0, interval_grad_norm_ = 0, interval_loss_scale_ = 1;
+  std::vector<double> interval_extra_;
+  int64_t interval_iters_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
+  std::chrono::steady_clock::time_point interval_start_;
 };
 
 }  // namespace megabatch::train

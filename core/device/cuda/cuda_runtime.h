@@ -19,5 +19,12 @@ void fill_zero(void* p, int device, size_t bytes);
 void synchronize(int device);
 void* stream(int device);
 runtime::AllocStats alloc_stats(int device);
+// pinned host memory and events for runtime::Readback
+void* pinned_alloc(size_t bytes);
+void pinned_free(void* p);
+void* event_create();
+void event_destroy(void* e);
+void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, void* event);  // then records event
+void event_wait(void* e);
 
 }  // namespace megabatch::cuda_rt

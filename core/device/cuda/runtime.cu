@@ -117,6 +117,30 @@ void synchronize(int device) { MB_CUDA_CHECK(cudaStreamSynchronize(per_device(de
 
 void* stream(int device) { return per_device(device).stream; }
 
+void* pinned_alloc(size_t bytes) {
+  void* p = nullptr;
+  MB_CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return p;
+}
+
+void pinned_free(void* p) { cudaFreeHost(p); }
+
+void* event_create() {
+  cudaEvent_t e = nullptr;
+  MB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return e;
+}
+
+void event_destroy(void* e) { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+
+void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, void* event) {
+  PerDevice& d = per_device(device);
+  MB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, d.stream));
+  MB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), d.stream));
+}
+
+void event_wait(void* e) { MB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
+
 runtime::AllocStats alloc_stats(int device) {
   PerDevice& d = per_device(device);
   std::lock_guard<std::mutex> lock(g_mu);

@@ -22,10 +22,11 @@ void sum(const Tensor& out, const Tensor& x, bool accumulate) {
 
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
   for (size_t k = 0; k < weights.size(); ++k) {
+    const double v = weights[k] * (x.dtype() == DType::kF64 ? x.data<double>()[k] : static_cast<double>(x.data<float>()[k]));
     if (out.dtype() == DType::kF64)
-      out.data<double>()[k] += weights[k] * x.data<double>()[k];
+      out.data<double>()[k] += v;
     else
-      out.data<float>()[k] += static_cast<float>(weights[k] * static_cast<double>(x.data<float>()[k]));
+      out.data<float>()[k] = static_cast<float>(static_cast<double>(out.data<float>()[k]) + v);
   }
 }
 

@@ -24,9 +24,10 @@ struct Weights {
   double w[8];
 };
 
-__global__ void weighted_accumulate_kernel(float* out, const float* x, Weights w, int n) {
+template <typename O>
+__global__ void weighted_accumulate_kernel(O* out, const float* x, Weights w, int n) {
   const int k = threadIdx.x;
-  if (k < n) out[k] += static_cast<float>(w.w[k] * static_cast<double>(x[k]));
+  if (k < n) out[k] = static_cast<O>(static_cast<double>(out[k]) + w.w[k] * static_cast<double>(x[k]));
 }
 
 // partial[p] = sum of x[begin_p, end_p)^2
@@ -60,11 +61,15 @@ void sum(const Tensor& out, const Tensor& x, bool accumulate) {
 }
 
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
-  check(weights.size() <= 8 && x.dtype() == DType::kF32, "weighted_accumulate: at most 8 f32 terms on a GPU");
+  check(x.dtype() == DType::kF32, "weighted_accumulate: f32 terms on a GPU");
   Weights w{};
   for (size_t k = 0; k < weights.size(); ++k) w.w[k] = weights[k];
-  weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<float>(out), ptr<float>(x), w,
-                                                         static_cast<int>(weights.size()));
+  if (out.dtype() == DType::kF64)
+    weighted_accumulate_kernel<double><<<1, 32, 0, stream_of(x)>>>(ptr<double>(out), ptr<float>(x), w,
+                                                                   static_cast<int>(weights.size()));
+  else
+    weighted_accumulate_kernel<float><<<1, 32, 0, stream_of(x)>>>(ptr<float>(out), ptr<float>(x), w,
+                                                                  static_cast<int>(weights.size()));
   MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
 }
 

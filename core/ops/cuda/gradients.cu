@@ -1,0 +1,106 @@
+// The gradient chores on a GPU: one pass for unscale + inf check (per-block flags combined
+// in order), the norm from fixed-order partial sums, one-thread kernels for the scalars.
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+__global__ void unscale_kernel(float* g, int64_t n, const float* scaler, int* block_bad) {
+  __shared__ int any;
+  if (threadIdx.x == 0) any = 0;
+  __syncthreads();
+  const float inv = 1.0f / scaler[0];
+  int bad = 0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float v = g[i];
+    bad |= !isfinite(v);
+    g[i] = v * inv;
+  }
+  if (bad) any = 1;  // a benign race: every writer writes 1
+  __syncthreads();
+  if (threadIdx.x == 0) block_bad[blockIdx.x] = any;
+}
+
+__global__ void any_kernel(float* found_inf, const int* block_bad, int blocks) {
+  int bad = 0;
+  for (int b = 0; b < blocks; ++b) bad |= block_bad[b];
+  found_inf[0] = bad ? 1.0f : 0.0f;
+}
+
+__global__ void scaler_kernel(float* s, const float* found_inf, optim::LossScalerConfig c) {
+  optim::LossScalerState st{s[0], s[1], s[2]};
+  optim::update(st, found_inf[0] != 0.0f, c);
+  s[0] = st.scale;
+  s[1] = st.growth_tracker;
+  s[2] = st.hysteresis_tracker;
+}
+
+__global__ void add_segments_kernel(double* out, const double* per, int64_t sharded, int64_t total) {
+  double a = 0, b = 0;
+  for (int64_t s = 0; s < sharded; ++s) a += per[s];
+  for (int64_t s = sharded; s < total; ++s) b += per[s];
+  out[0] = a;
+  out[1] = b;
+}
+
+__global__ void clip_kernel(double* norm, const double* sums, double max_norm) {
+  const double n = sqrt(sums[0] + sums[1]);
+  const double coeff = max_norm > 0 ? fmin(1.0, max_norm / (n + 1e-6)) : 1.0;
+  norm[0] = n;
+  norm[1] = coeff;
+  norm[2] = n * coeff;
+}
+
+__global__ void scale_by_kernel(float* x, int64_t n, const double* factor, size_t index) {
+  const float c = static_cast<float>(factor[index]);
+  if (c == 1.0f) return;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    x[i] *= c;
+}
+
+}  // namespace
+
+void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tensor& scaler) {
+  const int64_t n = static_cast<int64_t>(grads.numel());
+  const int blocks = blocks_for(n, kThreads, 4096);
+  Tensor flags({blocks}, DType::kI32, grads.device());
+  unscale_kernel<<<blocks, kThreads, 0, stream_of(grads)>>>(ptr<float>(grads), n, ptr<float>(scaler),
+                                                            ptr<int32_t>(flags));
+  MB_CUDA_LAUNCHED("unscale_kernel");
+  any_kernel<<<1, 1, 0, stream_of(grads)>>>(ptr<float>(found_inf), ptr<int32_t>(flags), blocks);
+  MB_CUDA_LAUNCHED("any_kernel");
+}
+
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config) {
+  scaler_kernel<<<1, 1, 0, stream_of(scaler)>>>(ptr<float>(scaler), ptr<float>(found_inf), config);
+  MB_CUDA_LAUNCHED("scaler_kernel");
+}
+
+void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
+                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+  std::vector<std::pair<size_t, size_t>> all = sharded;
+  all.insert(all.end(), replicated.begin(), replicated.end());
+  Tensor per({static_cast<int64_t>(std::max<size_t>(all.size(), 1))}, DType::kF64, x.device());
+  segment_sum_squares(per.flat(0, all.size()), x, all);
+  add_segments_kernel<<<1, 1, 0, stream_of(x)>>>(ptr<double>(out), ptr<double>(per),
+                                                  static_cast<int64_t>(sharded.size()), static_cast<int64_t>(all.size()));
+  MB_CUDA_LAUNCHED("add_segments_kernel");
+}
+
+void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {
+  clip_kernel<<<1, 1, 0, stream_of(norm)>>>(ptr<double>(norm), ptr<double>(sums), max_norm);
+  MB_CUDA_LAUNCHED("clip_kernel");
+}
+
+void scale_by(const Tensor& x, const Tensor& factor, size_t index) {
+  const int64_t n = static_cast<int64_t>(x.numel());
+  scale_by_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_of(x)>>>(ptr<float>(x), n, ptr<double>(factor), index);
+  MB_CUDA_LAUNCHED("scale_by_kernel");
+}
+
+}  // namespace megabatch::ops::cuda

@@ -1,0 +1,57 @@
+#include "core/ops/gradients.h"
+
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tensor& scaler) {
+  const Device d = common_device("unscale_and_check", {&grads, &found_inf, &scaler});
+  expect_dtype("unscale_and_check", "grads", grads, DType::kF32);
+  expect_dtype("unscale_and_check", "found_inf", found_inf, DType::kF32);
+  expect_numel("unscale_and_check", "found_inf", found_inf, 1);
+  expect_dtype("unscale_and_check", "scaler", scaler, DType::kF32);
+  expect_numel("unscale_and_check", "scaler", scaler, 3);
+  MB_OP_DISPATCH(d, unscale_and_check, grads, found_inf, scaler);
+}
+
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config) {
+  const Device d = common_device("loss_scaler_update", {&scaler, &found_inf});
+  expect_dtype("loss_scaler_update", "scaler", scaler, DType::kF32);
+  expect_numel("loss_scaler_update", "scaler", scaler, 3);
+  expect_dtype("loss_scaler_update", "found_inf", found_inf, DType::kF32);
+  expect_numel("loss_scaler_update", "found_inf", found_inf, 1);
+  MB_OP_DISPATCH(d, loss_scaler_update, scaler, found_inf, config);
+}
+
+void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
+                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+  const Device d = common_device("split_sum_squares", {&out, &x});
+  expect_dtype("split_sum_squares", "x", x, DType::kF32);
+  expect_dtype("split_sum_squares", "out", out, DType::kF64);
+  expect_numel("split_sum_squares", "out", out, 2);
+  for (const auto* list : {&sharded, &replicated})
+    for (const auto& [b, e] : *list)
+      check(b <= e && e <= x.numel(), "split_sum_squares: segment [", b, ", ", e, ") outside ", x.describe());
+  MB_OP_DISPATCH(d, split_sum_squares, out, x, sharded, replicated);
+}
+
+void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {
+  const Device d = common_device("clip_coefficient", {&norm, &sums});
+  expect_dtype("clip_coefficient", "norm", norm, DType::kF64);
+  expect_numel("clip_coefficient", "norm", norm, 3);
+  expect_dtype("clip_coefficient", "sums", sums, DType::kF64);
+  expect_numel("clip_coefficient", "sums", sums, 2);
+  check(max_norm >= 0, "clip_coefficient: max_norm ", max_norm, " < 0");
+  MB_OP_DISPATCH(d, clip_coefficient, norm, sums, max_norm);
+}
+
+void scale_by(const Tensor& x, const Tensor& factor, size_t index) {
+  const Device d = common_device("scale_by", {&x, &factor});
+  expect_dtype("scale_by", "x", x, DType::kF32);
+  expect_dtype("scale_by", "factor", factor, DType::kF64);
+  check(index < factor.numel(), "scale_by: index ", index, " outside ", factor.describe());
+  MB_OP_DISPATCH(d, scale_by, x, factor, index);
+}
+
+}  // namespace megabatch::ops
