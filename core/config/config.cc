@@ -100,6 +100,8 @@ json parse_text(const Option& o, const std::string& text, const std::string& whe
 }
 }  // namespace
 
+std::string flag_name(const std::string& option) { return flag_of(option).substr(2); }
+
 const Option* Schema::find(const std::string& name) const {
   for (const auto& o : options_)
     if (o.name == name) return &o;

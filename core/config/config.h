@@ -42,6 +42,9 @@ struct Resolved {
   bool given(const std::string& name) const { return explicit_.count(name) > 0; }
 };
 
+// The flag of an option without its dashes: "loss_scale" -> "loss-scale".
+std::string flag_name(const std::string& option);
+
 // Parses argv[first..argc): "--config FILE" first (its keys), then every flag in order.
 // Flags: "--name value", "--name=value", "--flag" for booleans, lists take values up to
 // the next "--"; an object option takes "key=value" (value parsed as JSON, else string).

@@ -13,6 +13,7 @@ const config::Schema& train_schema() {
       {"print_params", Type::kBool, false, "print parameter count and memory estimate, then exit", "run"},
       {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
+      {"device", Type::kString, nullptr, "cpu, cuda or cuda:N (default: cuda when this build has CUDA and a GPU is visible, else cpu)", "run"},
       {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
 
       {"model_type", Type::kString, nullptr, "gpt, bert or t5, for a model without --model (default gpt)", "model"},
@@ -36,8 +37,17 @@ const config::Schema& train_schema() {
       {"relative_attention_num_buckets", Type::kInt, 32, "T5 relative position buckets", "model"},
       {"relative_attention_max_distance", Type::kInt, 128, "distance of T5's last relative position bucket", "model"},
       {"vocab_extra_ids", Type::kInt, nullptr, "T5 sentinel tokens appended to the vocabulary (T5 default 100)", "model"},
+      {"normalization", Type::kString, "LayerNorm", "LayerNorm, or RMSNorm (T5's, weight only)", "model"},
       {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
       {"post_layernorm", Type::kBool, false, "BERT: the original post-LN blocks and embedding LayerNorm (Megatron: pre-LN)", "model"},
+
+      {"bf16", Type::kBool, false, "bf16 weights and activations, fp32 main gradients and master weights (A100, H100)", "mixed precision"},
+      {"fp16", Type::kBool, false, "fp16 weights and activations with loss scaling, fp32 main gradients and master weights", "mixed precision"},
+      {"loss_scale", Type::kFloat, nullptr, "fp16: a static loss scale (default: dynamic loss scaling)", "mixed precision"},
+      {"initial_loss_scale", Type::kFloat, 4294967296.0, "fp16: initial dynamic loss scale", "mixed precision"},
+      {"min_loss_scale", Type::kFloat, 1.0, "fp16: the dynamic loss scale never goes below this", "mixed precision"},
+      {"loss_scale_window", Type::kInt, 1000, "fp16: clean iterations before the dynamic loss scale doubles", "mixed precision"},
+      {"hysteresis", Type::kInt, 2, "fp16: overflowing iterations tolerated before the loss scale is halved", "mixed precision"},
 
       {"micro_batch_size", Type::kInt, 8, "samples per forward/backward pass", "batch"},
       {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size)", "batch"},

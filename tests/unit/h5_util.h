@@ -97,6 +97,21 @@ class H5File {
     H5Aclose(a);
     return v;
   }
+  std::string attr_string(const std::string& name) {  // variable-length string attribute
+    hid_t a = H5Aopen(id_, name.c_str(), H5P_DEFAULT);
+    check(a >= 0, "no attribute ", name);
+    hid_t type = H5Tcopy(H5T_C_S1);
+    H5Tset_size(type, H5T_VARIABLE);
+    H5Tset_cset(type, H5T_CSET_UTF8);  // as core/io/h5.h writes them
+    char* text = nullptr;
+    const herr_t st = H5Aread(a, type, &text);
+    std::string out = st >= 0 && text ? text : "";
+    if (text) H5free_memory(text);
+    H5Tclose(type);
+    H5Aclose(a);
+    check(st >= 0, "cannot read attribute ", name);
+    return out;
+  }
   bool has(const std::string& name) { return H5Lexists(id_, name.c_str(), H5P_DEFAULT) > 0; }
 
  private:

@@ -12,6 +12,7 @@
 #include "core/comm/mpi_communicator.h"
 #include "core/config/config.h"
 #include "core/data/indexed_dataset.h"
+#include "core/device/runtime.h"
 #include "core/data/tokenizer.h"
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
@@ -52,7 +53,7 @@ json model_json(const mb::models::ModelConfig& c) {
           {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
           {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
           {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
-          {"tensor_model_parallel_size", c.tensor_model_parallel_size}};
+          {"tensor_model_parallel_size", c.tensor_model_parallel_size}, {"normalization", c.normalization}};
 }
 
 const char* kUsage =
@@ -140,6 +141,7 @@ mb::models::ModelConfig model_config(const mb::config::Resolved& r) {
   c.hidden_dropout = v["hidden_dropout"].get<double>();
   c.attention_dropout = v["attention_dropout"].get<double>();
   c.init_method_std = v["init_method_std"].get<double>();
+  c.normalization = v["normalization"].get<std::string>();
   return c;
 }
 
@@ -197,6 +199,53 @@ std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
   return {idx[1], idx[2], idx[3]};
 }
 
+// The dtype of --bf16 / --fp16 (f32 otherwise) and the fp16 loss scaler of Megatron's flags.
+mb::DType run_dtype(const json& v) {
+  const bool bf16 = v["bf16"].get<bool>(), fp16 = v["fp16"].get<bool>();
+  mb::check(!(bf16 && fp16), "--bf16 and --fp16 are mutually exclusive; pick one (bf16 needs no loss scaling)");
+  return bf16 ? mb::DType::kBF16 : fp16 ? mb::DType::kF16 : mb::DType::kF32;
+}
+
+mb::optim::LossScalerConfig loss_scaler(const mb::config::Resolved& r, mb::DType dtype) {
+  const json& v = r.values;
+  for (const char* k : {"loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})
+    mb::check(!r.given(k) || dtype == mb::DType::kF16, "--", mb::config::flag_name(k),
+              " is for --fp16 runs (loss scaling); ", dtype == mb::DType::kBF16 ? "bf16 needs none" : "add --fp16",
+              " or drop it");
+  mb::optim::LossScalerConfig c;
+  c.dynamic = !v.contains("loss_scale");
+  c.initial_scale = static_cast<float>(c.dynamic ? v["initial_loss_scale"].get<double>() : v["loss_scale"].get<double>());
+  c.min_scale = static_cast<float>(v["min_loss_scale"].get<double>());
+  c.window = static_cast<int32_t>(v["loss_scale_window"].get<int64_t>());
+  c.hysteresis = static_cast<int32_t>(v["hysteresis"].get<int64_t>());
+  mb::check(std::isfinite(c.initial_scale) && c.initial_scale > 0, c.dynamic ? "--initial-loss-scale" : "--loss-scale",
+            " must be a positive finite number");
+  mb::check(c.min_scale > 0 && c.min_scale <= c.initial_scale, "--min-loss-scale must be in (0, initial loss scale]");
+  mb::check(c.window >= 1 && c.hysteresis >= 1, "--loss-scale-window and --hysteresis must be >= 1");
+  return c;
+}
+
+// The run's device, said at start-up, and the refusals that depend on it.
+mb::Device run_device(const json& v, mb::DType dtype) {
+  const mb::Device d = mb::select_device(v.contains("device") ? v["device"].get<std::string>() : "");
+  if (d.is_cuda()) {
+    const mb::runtime::GpuInfo g = mb::runtime::gpu_info(d.index);
+    mb::check(dtype != mb::DType::kBF16 || g.has_bf16(), "--bf16: ", d.str(), " (", g.name, ", sm_", g.major, g.minor,
+              ") has no bf16 arithmetic (it needs sm_80 or later, A100 / H100); use --fp16 on this GPU");
+    mb::runtime::use_device(d);
+    std::cout << "> device: " << d.str() << " (" << g.name << ", sm_" << g.major << g.minor << ", "
+              << (g.total_memory >> 30) << " GiB), " << mb::dtype_name(dtype) << std::endl;
+  } else {
+    std::cout << "> device: cpu"
+              << (v.contains("device") ? ""
+                  : mb::runtime::built_with_cuda() ? " (no GPU visible)"
+                                                  : " (this build has no CUDA)")
+              << ", " << mb::dtype_name(dtype) << (dtype == mb::DType::kF32 ? "" : " emulated (stored rounded, computed in f32)")
+              << std::endl;
+  }
+  return d;
+}
+
 int run(int argc, char** argv) {
   const auto& schema = mb::train::train_schema();
   mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
@@ -222,6 +271,7 @@ int run(int argc, char** argv) {
   }
 
   mb::models::ModelConfig mc = model_config(r);
+  const mb::DType dtype = run_dtype(v);
   const bool is_bert = mc.family == "bert", is_t5 = mc.family == "t5";
   // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py): tokenizer and dataset.
   if (!v.contains("tokenizer_type"))
@@ -318,6 +368,7 @@ int run(int argc, char** argv) {
   mb::check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
   opt.seed = seed;
+  opt.loss_scaler = loss_scaler(r, dtype);
   opt.tokens_per_sample = mc.seq_length + (mc.family == "t5" ? mc.decoder_seq() : 0);  // encoder + decoder tokens
 
   // --- optimizer plugin and its hyperparameters
@@ -339,7 +390,8 @@ int run(int argc, char** argv) {
 
   // --- model, run directory, metrics
   mb::comm::Communicator& tp = *parallel.tp;
-  auto model = mb::models::make_model(mc, tp, seed);
+  const mb::Device device = run_device(v, dtype);
+  auto model = mb::models::make_model(mc, tp, seed, dtype, device);
   // Samples of the model's family; validation draws from its own documents with seed + 1.
   uint64_t samples_per_epoch = 0;
   auto make_source = [&](mb::data::DocumentRange docs, uint64_t sample_seed) -> std::unique_ptr<mb::train::BatchSource> {
@@ -381,6 +433,8 @@ int run(int argc, char** argv) {
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   resolved["data_parallel_size"] = dp_size;
   resolved["world_size"] = parallel.world_size;
+  resolved["device"] = device.str();
+  resolved["params_dtype"] = mb::dtype_name(dtype);
   if (parallel.world_size > 1) {  // every rank must run the same configuration
     auto& world = static_cast<mb::comm::MpiCommunicator&>(*parallel.world);
     const std::string mine = resolved.dump(), first = world.broadcast_string(mine, 0);
