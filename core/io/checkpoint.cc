@@ -48,6 +48,20 @@ std::vector<float> gather_full(const nn::ParamInfo& info, const Tensor& local_t,
   return out;
 }
 
+// The full tensor of a plugin state buffer of any shape, on every rank: replicated state is
+// this rank's (every rank holds the same), split state is gathered and placed.
+std::vector<float> gather_state(const optim::PluginState& s, comm::Communicator& tp) {
+  const std::vector<float> local = to_host_f32(s.tensor);
+  if (s.partition_dim < 0 || tp.size() == 1) return local;
+  const size_t n = local.size();
+  std::vector<float> gathered(n * static_cast<size_t>(tp.size())), out(gathered.size());
+  tp.all_gather(local.data(), gathered.data(), n);
+  for (int r = 0; r < tp.size(); ++r)
+    for (size_t i = 0; i < n; ++i)
+      out[static_cast<size_t>(s.full_index(static_cast<int64_t>(i), r, tp.size()))] = gathered[static_cast<size_t>(r) * n + i];
+  return out;
+}
+
 void write_tensor(hid_t file, const std::string& name, const std::vector<float>& data, const std::vector<int64_t>& shape,
                   const std::string& path) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
@@ -202,10 +216,11 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
       write_attr(d.id, "partition_dim", static_cast<int64_t>(info.sharding.partition_dim), tmp.string());
     }
     if (optimizer) {
-      for (const auto& [key, t] : *optimizer) {
-        const nn::ParamInfo& info = store.info(store.find(key.first));
-        const auto full = gather_full(info, t, tp);
-        if (writer) write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, info.full_shape, tmp.string());
+      for (const auto& [key, s] : *optimizer) {
+        if (!s.checkpointed) continue;
+        const auto full = gather_state(s, tp);
+        if (writer)
+          write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, s.full_shape(tp.size()), tmp.string());
       }
     }
     if (writer) check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, tmp.string(), ": cannot flush (disk full?)");
@@ -286,12 +301,23 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
   check(state.optimizer == expected_optimizer, p, ": the checkpoint's optimizer state is from plugin '",
         state.optimizer, "' but this run uses '", expected_optimizer, "'; resume with --optimizer ", state.optimizer,
         ", or load only the model with --no-load-optim");
-  for (auto& [key, t] : *optimizer) {
-    const nn::ParamInfo& info = store.info(store.find(key.first));
+  const nn::ParamInfo& any = store.info(0);
+  const int tp_size = any.sharding.tp_size, tp_rank = any.sharding.tp_rank;
+  for (auto& [key, s] : *optimizer) {
+    if (!s.checkpointed) continue;
+    const std::vector<int64_t> shape = s.full_shape(tp_size);
     int64_t valid = 0;
-    const auto full = read_tensor(f.id, "optimizer/" + key.first + "/" + key.second, info.full_shape, p,
+    const auto full = read_tensor(f.id, "optimizer/" + key.first + "/" + key.second, shape, p,
                                   "optimizer state '" + key.second + "' of " + key.first, vocab, &valid);
-    copy_in(info, full, valid, t);
+    // this rank's slice (rows past `valid` of a re-padded vocabulary keep their values)
+    int64_t row = 1;
+    for (size_t k = 1; k < shape.size(); ++k) row *= shape[k];
+    std::vector<float> local = to_host_f32(s.tensor);
+    for (size_t j = 0; j < local.size(); ++j) {
+      const int64_t at = s.full_index(static_cast<int64_t>(j), tp_rank, tp_size);
+      if (at / row < valid) local[j] = full[static_cast<size_t>(at)];
+    }
+    copy(s.tensor, from_host(local, s.tensor.shape(), DType::kF32, s.tensor.device()));
   }
 }
 

@@ -27,6 +27,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
+#include "core/optim/state.h"
 #include "core/tensor/tensor.h"
 
 namespace megabatch::io {
@@ -44,7 +45,7 @@ struct CheckpointState {
 };
 
 // Optimizer state by (parameter name, state name), as PluginOptimizer keeps it.
-using OptimizerState = std::map<std::pair<std::string, std::string>, Tensor>;
+using OptimizerState = optim::OptimizerState;
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t iteration);
 

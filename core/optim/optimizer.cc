@@ -6,6 +6,10 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/comm/collectives.h"
+#include "core/device/runtime.h"
+#include "core/ops/gradients.h"
+#include "core/ops/random.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
 #include "core/util/strings.h"
@@ -91,7 +95,8 @@ Plugin load_plugin(const std::string& name, const std::vector<fs::path>& search)
 std::string describe_hparams(const Plugin& plugin) {
   std::ostringstream os;
   const mb_plugin_entry& e = *plugin.entry;
-  os << e.name << " " << (e.version ? e.version : "") << ": " << (e.description ? e.description : "") << "\n";
+  os << e.name << " " << (e.version ? e.version : "") << ": " << (e.description ? e.description : "") << "\n"
+     << "  runs on: cpu" << ((e.devices & MB_DEVICES_CUDA) ? ", cuda" : "") << "\n";
   for (size_t i = 0; i < e.num_hparams; ++i) {
     const mb_hparam_spec& h = e.hparams[i];
     os << "  " << h.name << " (" << (h.type == MB_HPARAM_FLOAT ? "float" : h.type == MB_HPARAM_INT ? "int" : "bool")
@@ -136,24 +141,26 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
 }
 
 double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
-  double sharded = 0, replicated = 0;
-  for (size_t i = 0; i < store.count(); ++i) {
-    const auto& info = store.info(static_cast<int>(i));
-    const float* g = store.grad(static_cast<int>(i)).data<float>();
-    double s = 0;
-#pragma omp parallel for reduction(+ : s) schedule(static) if (info.numel > 65536)
-    for (int64_t j = 0; j < static_cast<int64_t>(info.numel); ++j) s += static_cast<double>(g[j]) * g[j];
-    (info.sharding.sharded ? sharded : replicated) += s;
-  }
-  tp.all_reduce(&sharded, 1, comm::ReduceOp::kSum);
-  return std::sqrt(sharded + replicated);
+  std::vector<std::pair<size_t, size_t>> sharded, replicated;
+  for (const auto& info : store.infos())
+    (info.sharding.sharded ? sharded : replicated).emplace_back(info.offset, info.offset + info.numel);
+  const Tensor sums({2}, DType::kF64, store.device());
+  ops::split_sum_squares(sums, store.grads(), sharded, replicated);
+  comm::all_reduce(tp, sums.flat(0, 1), comm::ReduceOp::kSum);
+  const std::vector<double> s = to_host_f64(sums);
+  return std::sqrt(s[0] + s[1]);
 }
 
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
                                  const std::vector<double>& hparams, uint64_t seed, LogSink log)
-    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), seed_(seed), log_(std::move(log)) {
+    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), seed_(seed), log_(std::move(log)) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
+  check(!device_.is_cuda() || (plugin_.entry->devices & MB_DEVICES_CUDA), "optimizer plugin '", plugin_.name(), "' (",
+        plugin_.path.string(), ") has no GPU code: it was compiled without nvcc. Rebuild it with CUDA (in the tree: ",
+        "configure megabatch where nvcc is found; out of the tree: find_package(megabatch) from a CUDA build compiles ",
+        "megabatch_add_plugin sources with nvcc), or run with --device cpu");
+  check(store.masters().dtype() == DType::kF32, "optimizer plugins step fp32 master weights");
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     mb_param p{};
@@ -172,11 +179,24 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
     p.grad = store.grad(static_cast<int>(i)).data<float>();
     params_.push_back(p);
   }
-  host_ = mb_host{this, &alloc_state, &tp_sum, &normal, &metric, &PluginOptimizer::log};
+  host_.ctx = this;
+  host_.device = device_.is_cuda() ? MB_DEVICE_CUDA : MB_DEVICE_CPU;
+  host_.device_index = device_.index;
+  host_.stream = runtime::cuda_stream(device_);
+  host_.alloc_state = &alloc_state;
+  host_.tp_sum = &tp_sum;
+  host_.tp_sum_sharded = &tp_sum_sharded;
+  host_.normal = &normal;
+  host_.scratch = &scratch;
+  host_.upload = &upload;
+  host_.download = &download;
+  host_.metric = &metric;
+  host_.log = &PluginOptimizer::log;
   char err[1024] = {0};
   creating_ = true;
   self_ = plugin_.entry->create(&host_, params_.data(), params_.size(), hparams.data(), err, sizeof err);
   creating_ = false;
+  scratch_.clear();
   if (!self_)
     fail("optimizer plugin '", plugin_.name(), "' (", plugin_.path.string(), ") failed to start: ",
          host_error_.empty() ? std::string(err) : host_error_);
@@ -186,28 +206,40 @@ PluginOptimizer::~PluginOptimizer() {
   if (self_) plugin_.entry->destroy(self_);
 }
 
-void PluginOptimizer::step(int64_t step, double lr, int64_t global_batch, double norm, bool diagnostics) {
+void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, double norm, bool diagnostics) {
   if (norm < 0) norm = grad_norm(*store_, *tp_);
-  mb_step_info info{step, lr, global_batch, seed_, norm, diagnostics ? 1 : 0};
+  step(step_count, lr, global_batch, from_host(std::vector<double>{norm}, {1}), diagnostics);
+}
+
+void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, const Tensor& grad_norm_t,
+                           bool diagnostics, const Tensor& skip) {
+  check(grad_norm_t.dtype() == DType::kF64 && grad_norm_t.numel() == 1, "internal error: grad norm tensor ",
+        grad_norm_t.describe());
+  check(!skip.defined() || device_.is_cuda(), "internal error: a device skip flag on a CPU run");
+  const Tensor norm = to_device(grad_norm_t, device_);
+  mb_step_info info{step_count, lr, global_batch, seed_, norm.data<double>(), diagnostics ? 1 : 0,
+                    skip.defined() ? skip.data<float>() : nullptr};
   if (diagnostics) diagnostics_.clear();
   collecting_ = diagnostics;
   char err[1024] = {0};
   const int rc = plugin_.entry->step(self_, &info, err, sizeof err);
   collecting_ = false;
+  scratch_.clear();  // freed in stream order: the step's kernels are queued before any reuse
   if (rc != 0)
-    fail("optimizer plugin '", plugin_.name(), "' failed at step ", step, ": ", err[0] ? err : "no message");
+    fail("optimizer plugin '", plugin_.name(), "' failed at step ", step_count, ": ", err[0] ? err : "no message");
   store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
 }
 
-void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, const Tensor& grad_norm,
-                           bool diagnostics, const Tensor& skip) {
-  check(grad_norm.device().is_cpu() && !skip.defined(), "optimizer plugin '", plugin_.name(),
-        "': a GPU run needs plugin ABI version 3 (device pointers); this build's plugins speak version ",
-        MB_PLUGIN_ABI_VERSION);
-  step(step_count, lr, global_batch, grad_norm.data<double>()[0], diagnostics);
+void PluginOptimizer::draw_normal(size_t index, int64_t step, float* out, size_t n) {
+  const Tensor t = Tensor({static_cast<int64_t>(n)}, DType::kF32, device_);
+  normal(this, index, step, t.data<float>(), n);
+  runtime::copy_bytes(out, Device::cpu(), t.raw(), device_, n * sizeof(float));
 }
 
-float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name) {
+Tensor PluginOptimizer::device_view(void* p, size_t n, DType t) const { return Tensor::borrow(p, {static_cast<int64_t>(n)}, t, device_); }
+
+float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name, int32_t ndim, const int64_t* shape,
+                                    int32_t partition_dim, int32_t checkpointed) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
   if (!self->creating_) {
     self->host_error_ = "alloc_state called outside create()";
@@ -217,18 +249,48 @@ float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name) {
     self->host_error_ = "alloc_state: bad parameter index or empty state name";
     return nullptr;
   }
+  if (ndim < 1 || ndim > 4 || !shape || partition_dim < -1 || partition_dim >= ndim) {
+    self->host_error_ = std::string("alloc_state '") + name + "': 1 to 4 dimensions and a partition dimension among them (or -1)";
+    return nullptr;
+  }
+  std::vector<int64_t> dims(shape, shape + ndim);
+  for (int64_t d : dims)
+    if (d < 0) {
+      self->host_error_ = std::string("alloc_state '") + name + "': negative dimension";
+      return nullptr;
+    }
   auto key = std::make_pair(std::string(self->params_[index].name), std::string(name));
   if (self->state_.count(key)) {
     self->host_error_ = "alloc_state: state '" + key.second + "' of " + key.first + " allocated twice";
     return nullptr;
   }
-  Tensor& t = self->state_[key];
-  t.resize(self->store_->info(static_cast<int>(index)).shape);
-  return t.data();
+  PluginState& s = self->state_[key];
+  s.tensor.resize(std::move(dims), DType::kF32, self->device_);
+  s.partition_dim = partition_dim;
+  s.checkpointed = checkpointed != 0;
+  return s.tensor.data<float>();
 }
 
 void PluginOptimizer::tp_sum(void* ctx, double* values, size_t n) {
-  static_cast<PluginOptimizer*>(ctx)->tp_->all_reduce(values, n, comm::ReduceOp::kSum);
+  auto* self = static_cast<PluginOptimizer*>(ctx);
+  comm::all_reduce(*self->tp_, self->device_view(values, n, DType::kF64), comm::ReduceOp::kSum);
+}
+
+void PluginOptimizer::tp_sum_sharded(void* ctx, double* values, size_t per_param) {
+  auto* self = static_cast<PluginOptimizer*>(ctx);
+  if (self->tp_->size() == 1) return;
+  const size_t n = self->params_.size() * per_param;
+  const Tensor v = self->device_view(values, n, DType::kF64);
+  std::vector<double> host = to_host_f64(v), packed;
+  for (size_t i = 0; i < self->params_.size(); ++i)
+    if (self->params_[i].sharded) packed.insert(packed.end(), host.begin() + i * per_param, host.begin() + (i + 1) * per_param);
+  if (packed.empty()) return;
+  self->tp_->all_reduce(packed.data(), packed.size(), comm::ReduceOp::kSum);
+  size_t at = 0;
+  for (size_t i = 0; i < self->params_.size(); ++i)
+    if (self->params_[i].sharded)
+      for (size_t k = 0; k < per_param; ++k) host[i * per_param + k] = packed[at++];
+  runtime::copy_bytes(values, self->device_, host.data(), Device::cpu(), n * sizeof(double));
 }
 
 void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, size_t n) {
@@ -238,9 +300,27 @@ void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, 
   // Keyed by (seed, step, parameter name): the same draws under any layout.
   const uint64_t key = mix_key(mix_key(self->seed_, static_cast<uint64_t>(step)),
                                name_key(info.name.data(), info.name.size()));
-#pragma omp parallel for schedule(static) if (count > 65536)
-  for (int64_t i = 0; i < static_cast<int64_t>(count); ++i)
-    out[i] = static_cast<float>(philox_normal(key, static_cast<uint64_t>(info.full_index(i))));
+  ops::ShardLayout layout;
+  layout.rows = info.shape[0];
+  layout.cols = info.shape.size() > 1 ? info.shape[1] : 1;
+  layout.full_cols = info.full_shape.size() > 1 ? info.full_shape[1] : 1;
+  layout.partition_dim = info.sharding.sharded ? info.sharding.partition_dim : -1;
+  layout.rank = info.sharding.tp_rank;
+  ops::normal_fill(self->device_view(out, count, DType::kF32), key, layout);
+}
+
+void* PluginOptimizer::scratch(void* ctx, size_t bytes) {
+  auto* self = static_cast<PluginOptimizer*>(ctx);
+  self->scratch_.emplace_back(std::vector<int64_t>{static_cast<int64_t>((bytes + 7) / 8)}, DType::kF64, self->device_);
+  return self->scratch_.back().raw();
+}
+
+void PluginOptimizer::upload(void* ctx, void* device_dst, const void* host_src, size_t bytes) {
+  runtime::copy_bytes(device_dst, static_cast<PluginOptimizer*>(ctx)->device_, host_src, Device::cpu(), bytes);
+}
+
+void PluginOptimizer::download(void* ctx, void* host_dst, const void* device_src, size_t bytes) {
+  runtime::copy_bytes(host_dst, Device::cpu(), device_src, static_cast<PluginOptimizer*>(ctx)->device_, bytes);
 }
 
 void PluginOptimizer::metric(void* ctx, const char* series, size_t index, double value) {

@@ -15,6 +15,7 @@
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
 #include "core/optim/plugin.h"
+#include "core/optim/state.h"
 #include "core/tensor/tensor.h"
 
 namespace boost::dll {
@@ -56,14 +57,18 @@ std::string describe_hparams(const Plugin& plugin);
 // tensor-parallel group, replicated tensors are counted once.
 double grad_norm(nn::ParameterStore& store, comm::Communicator& tp);
 
-// A plugin optimizer bound to the parameters of a ParameterStore.
+// A plugin optimizer bound to the parameters of a ParameterStore (their fp32 masters and
+// fp32 gradients, on the store's device).
 class PluginOptimizer {
  public:
   using LogSink = std::function<void(const std::string&)>;
   // Per-tensor diagnostics of one step: series -> one value per parameter (NaN where
   // the plugin reported none).
   using Diagnostics = std::map<std::string, std::vector<double>>;
+  using State = OptimizerState;
 
+  // Errors: a plugin without device code on a GPU run (naming it and how to rebuild it),
+  // a plugin that fails to start.
   PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp, const std::vector<double>& hparams,
                   uint64_t seed, LogSink log = {});
   ~PluginOptimizer();
@@ -81,31 +86,39 @@ class PluginOptimizer {
   void step(int64_t step, double lr, int64_t global_batch, const Tensor& grad_norm, bool diagnostics,
             const Tensor& skip = {});
   // The standard normal draws the host gives the plugin for (parameter index, step):
-  // out[0..n) of the local shard, keyed by the element's index in the full tensor.
-  void draw_normal(size_t index, int64_t step, float* out, size_t n) { normal(this, index, step, out, n); }
+  // out[0..n) (host memory) of the local shard, keyed by the element's index in the full tensor.
+  void draw_normal(size_t index, int64_t step, float* out, size_t n);
   // What the last step with diagnostics reported.
   const Diagnostics& diagnostics() const { return diagnostics_; }
   const Plugin& plugin() const { return plugin_; }
   // Optimizer state by (parameter name, state name), for checkpoints and tests.
-  const std::map<std::pair<std::string, std::string>, Tensor>& state() const { return state_; }
-  std::map<std::pair<std::string, std::string>, Tensor>& state() { return state_; }
+  const State& state() const { return state_; }
+  State& state() { return state_; }
 
  private:
-  static float* alloc_state(void* ctx, size_t index, const char* name);
+  static float* alloc_state(void* ctx, size_t index, const char* name, int32_t ndim, const int64_t* shape,
+                            int32_t partition_dim, int32_t checkpointed);
   static void tp_sum(void* ctx, double* values, size_t n);
+  static void tp_sum_sharded(void* ctx, double* values, size_t per_param);
   static void normal(void* ctx, size_t index, int64_t step, float* out, size_t n);
+  static void* scratch(void* ctx, size_t bytes);
+  static void upload(void* ctx, void* device_dst, const void* host_src, size_t bytes);
+  static void download(void* ctx, void* host_dst, const void* device_src, size_t bytes);
   static void metric(void* ctx, const char* series, size_t index, double value);
   static void log(void* ctx, const char* message);
+  Tensor device_view(void* p, size_t n, DType t) const;  // a tensor over memory the plugin holds
 
   Plugin plugin_;
   nn::ParameterStore* store_;
   comm::Communicator* tp_;
+  Device device_;
   uint64_t seed_;
   Diagnostics diagnostics_;
   bool collecting_ = false;
   LogSink log_;
   std::vector<mb_param> params_;
-  std::map<std::pair<std::string, std::string>, Tensor> state_;
+  State state_;
+  std::vector<Tensor> scratch_;  // the current call's scratch memory
   bool creating_ = false;
   std::string host_error_;
   mb_host host_{};

@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 2.
+/* megabatch optimizer plugin ABI, version 3.
  *
  * This header is the only thing a plugin includes. It is plain C (a C++ convenience
  * layer follows at the end), so a plugin built by any compiler loads into any host.
@@ -7,23 +7,35 @@
  *     const mb_plugin_entry megabatch_optimizer_plugin;
  * (MEGABATCH_OPTIMIZER_PLUGIN below defines it). The host loads it with Boost.DLL,
  * refuses it unless entry.abi_version == MB_PLUGIN_ABI_VERSION (naming both versions),
- * validates the user's hyperparameters against entry.hparams, and keeps the library
- * loaded as long as any optimizer created from it lives.
+ * refuses it on a GPU run unless entry.devices has MB_DEVICES_CUDA (a plugin compiled by
+ * nvcc has it), validates the user's hyperparameters against entry.hparams, and keeps the
+ * library loaded as long as any optimizer created from it lives.
  *
  * Ownership and timing
  *  - The host owns parameters, gradients and optimizer state. State buffers come from
- *    host->alloc_state during create() only; they are zero-filled, as large as the
- *    parameter, checkpointed by the host, and live until destroy().
+ *    host->alloc_state during create() only: zero-filled, of any shape the plugin asks
+ *    for (the parameter's own shape, or e.g. per-row and per-column factors), on the
+ *    run's device, checkpointed by the host (unless asked as scratch), alive until
+ *    destroy().
  *  - create() is called once, after the model's parameters exist. step() is called once
- *    per iteration after the host has accumulated gradients over the global batch
- *    (mean gradient), all-reduced them over data parallelism, unscaled and inf-checked
- *    them, and clipped them by global norm. step() then updates params in place.
+ *    per iteration after the host has accumulated gradients over the global batch (mean
+ *    gradient), all-reduced them over data parallelism, unscaled and inf-checked them, and
+ *    clipped them by global norm. step() then updates params in place.
  *    A plugin does numerics only: no clipping, no loss scaling, no accumulation.
+ *  - Mixed precision: params are the fp32 master weights and grads the fp32 main
+ *    gradients whatever the run's dtype; the host copies the masters into the half weights.
+ *  - An fp16 step whose gradients overflowed is not applied. On the CPU the host simply
+ *    does not call step(). On a GPU the host does not wait to learn it: step() is called,
+ *    and info->skip points to the device flag, which every kernel of the C++ layer reads
+ *    first (a plugin that launches its own kernels must do the same). info->step and
+ *    info->lr never count skipped steps.
  *  - destroy() is called once; after it the host may unload the library.
  *  - Calls come from one host thread; a plugin may use OpenMP inside a call.
- *  - Pointers to parameters, gradients and state point to memory on the run's device
- *    (version 2: the CPU). Sharded parameters are the local shard; host->tp_sum makes
- *    per-tensor norms of sharded tensors global (sum over the tensor-parallel group).
+ *  - Device memory: on a GPU run, param data/grad, state, info->grad_norm, info->skip and
+ *    the memory from host->scratch are GPU memory, and everything runs on host->stream.
+ *    On a CPU run all of it is host memory (the same code runs in both).
+ *  - Tensor parallelism: sharded parameters are the local shard; host->tp_sum and
+ *    host->tp_sum_sharded make per-tensor sums of sharded tensors global.
  *  - Errors: return non-zero and write a message into err (err_len bytes, NUL-terminated).
  *    The host stops the run with that message; it never continues after a failed step.
  */
@@ -33,12 +45,18 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 2u
+#define MB_PLUGIN_ABI_VERSION 3u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
+
+/* entry.devices: where the plugin's step can run */
+#define MB_DEVICES_CPU 1u
+#define MB_DEVICES_CUDA 2u
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+typedef enum mb_device_type { MB_DEVICE_CPU = 0, MB_DEVICE_CUDA = 1 } mb_device_type;
 
 /* What a parameter is for; plugins use it to exclude biases and norms from weight decay. */
 typedef enum mb_role { MB_ROLE_EMBEDDING = 0, MB_ROLE_WEIGHT = 1, MB_ROLE_BIAS = 2, MB_ROLE_NORM = 3 } mb_role;
@@ -53,8 +71,8 @@ typedef struct mb_param {
   int32_t sharded;         /* 1: split across the tensor-parallel group along partition_dim */
   int32_t partition_dim;   /* -1 when replicated */
   int64_t numel;           /* local elements */
-  float* data;             /* parameter values (updated in place by step) */
-  const float* grad;       /* mean gradient over the global batch (read only) */
+  float* data;             /* fp32 (master) values, on the run's device (updated in place by step) */
+  const float* grad;       /* fp32 mean gradient over the global batch, on the run's device (read only) */
 } mb_param;
 
 typedef enum mb_hparam_type { MB_HPARAM_FLOAT = 0, MB_HPARAM_INT = 1, MB_HPARAM_BOOL = 2 } mb_hparam_type;
@@ -71,29 +89,49 @@ typedef struct mb_hparam_spec {
 
 /* Per-step facts from the host. */
 typedef struct mb_step_info {
-  int64_t step;            /* 1 for the first optimizer step */
+  int64_t step;            /* the optimizer's step count: 1 for the first applied step */
   double lr;               /* learning rate for this step (after warmup, decay and scaling) */
   int64_t global_batch;    /* samples in this step's global batch */
   uint64_t seed;           /* run seed, for plugins that draw random numbers through the host */
-  double grad_norm;        /* global L2 norm of the gradients step() sees (after the host's
-                              clipping; over all ranks, each element counted once) */
+  const double* grad_norm; /* the global L2 norm of the gradients step() sees (after the host's
+                              clipping; over all ranks, each element counted once): one double
+                              on the run's device */
   int32_t diagnostics;     /* 1: report per-tensor diagnostics through host->metric this
                               step; 0: skip them (they may cost reductions) */
+  const float* skip;       /* GPU runs: the overflow flag on the device; when *skip != 0 the
+                              step must change nothing. NULL: apply the step. */
 } mb_step_info;
 
 /* Services the host offers. Every member is non-null. */
 typedef struct mb_host {
   void* ctx;               /* pass back as the first argument */
-  /* Zero-filled state of param_index's size, named for checkpoints ("exp_avg"). Only
-   * during create(); returns NULL (and the host reports why) on a bad index or name. */
-  float* (*alloc_state)(void* ctx, size_t param_index, const char* state_name);
-  /* Sums values[0..n) over the tensor-parallel group in place (identity on one rank).
-   * Call it with the partial squared norms of sharded tensors only. */
+  int32_t device;          /* MB_DEVICE_CPU or MB_DEVICE_CUDA: where memory lives, where kernels run */
+  int32_t device_index;    /* the GPU's index (CUDA) */
+  void* stream;            /* cudaStream_t of the run (CUDA); NULL on the CPU */
+  /* Zero-filled fp32 state for parameter param_index named `state_name` ("exp_avg"), of
+   * `ndim` (1 to 4) dimensions `shape` (this rank's local shape). partition_dim is the
+   * dimension split across the tensor-parallel group as the parameter's own partition is
+   * (the full shape multiplies it by the group size), or -1 when every rank holds the same
+   * values. checkpointed 0 asks for scratch that lives as long but is not saved. Only during
+   * create(); returns NULL (and the host reports why) on a bad index, name or shape. */
+  float* (*alloc_state)(void* ctx, size_t param_index, const char* state_name, int32_t ndim, const int64_t* shape,
+                        int32_t partition_dim, int32_t checkpointed);
+  /* Sums values[0..n) (run's device memory) over the tensor-parallel group in place. */
   void (*tp_sum)(void* ctx, double* values, size_t n);
-  /* Fills out[0..n) with standard normal draws that are a pure function of
-   * (seed, step, param_index, full-tensor element index): identical on any thread
-   * count, device or tensor-parallel layout. */
+  /* values[num_params * per_param] (run's device memory), per_param values per parameter
+   * in parameter order: the entries of sharded parameters are summed over the
+   * tensor-parallel group, those of replicated ones left alone. */
+  void (*tp_sum_sharded)(void* ctx, double* values, size_t per_param);
+  /* Fills out[0..n) (run's device memory) with standard normal draws that are a pure
+   * function of (seed, step, param_index, full-tensor element index): identical on any
+   * thread count, device or tensor-parallel layout. */
   void (*normal)(void* ctx, size_t param_index, int64_t step, float* out, size_t n);
+  /* `bytes` of run's-device memory valid until step() (or create()) returns. */
+  void* (*scratch)(void* ctx, size_t bytes);
+  /* Copies host memory to run's-device memory (ordered on the stream; src may be reused
+   * when the call returns) and run's-device memory to host memory (waits for the device). */
+  void (*upload)(void* ctx, void* device_dst, const void* host_src, size_t bytes);
+  void (*download)(void* ctx, void* host_dst, const void* device_src, size_t bytes);
   /* Records a per-tensor diagnostic (e.g. "trust_ratio") for this step; meant for steps
    * with info->diagnostics set (ignored otherwise). Each series lands in metrics.h5 as
    * optimizer/<series>, one row per reported step, one column per parameter. */
@@ -104,6 +142,7 @@ typedef struct mb_host {
 
 typedef struct mb_plugin_entry {
   uint32_t abi_version;    /* MB_PLUGIN_ABI_VERSION of the header the plugin was built with */
+  uint32_t devices;        /* MB_DEVICES_CPU | MB_DEVICES_CUDA (when built with nvcc) */
   const char* name;        /* what users write after --optimizer */
   const char* version;     /* the plugin's own version, e.g. "1.0.0" */
   const char* description; /* one line */
@@ -135,13 +174,15 @@ typedef struct mb_plugin_entry {
  *       std::vector<megabatch::plugin::TensorJob<SgdUpdate>> jobs;
  *       for (size_t i = 0; i < num_params(); ++i)
  *         jobs.push_back({param(i).numel, {param(i).data, param(i).grad, float(info.lr)}});
- *       megabatch::plugin::multi_tensor_apply(jobs);   // every tensor, one parallel region
+ *       apply(jobs);   // every tensor: one OpenMP region on the CPU, one kernel on a GPU
  *     }
  *   };
  *   static const mb_hparam_spec kSchema[] = {{"momentum", MB_HPARAM_FLOAT, 0.0, 0.0, 1.0, "momentum"}};
  *   MEGABATCH_OPTIMIZER_PLUGIN(MySgd, "my_sgd", "1.0.0", "plain SGD", kSchema)
  *
- * Exceptions thrown by the constructor or step() become the error message.
+ * Compiled by a C++ compiler the plugin runs on the CPU; compiled by nvcc (the plugin kit
+ * does so where CUDA is present) the same functors also become CUDA kernels. Exceptions
+ * thrown by the constructor or step() become the error message.
  * ---------------------------------------------------------------------------------- */
 #include <array>
 #include <cmath>
@@ -149,6 +190,8 @@ typedef struct mb_plugin_entry {
 #include <exception>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #ifdef _OPENMP
@@ -161,54 +204,24 @@ typedef struct mb_plugin_entry {
  * CUDA kernels. */
 #if defined(__CUDACC__)
 #define MB_HOST_DEVICE __host__ __device__
+#define MB_PLUGIN_DEVICES (MB_DEVICES_CPU | MB_DEVICES_CUDA)
 #else
 #define MB_HOST_DEVICE
+#define MB_PLUGIN_DEVICES MB_DEVICES_CPU
 #endif
 
 namespace megabatch::plugin {
 
-// ---- multi-tensor apply -------------------------------------------------------------
+// ---- jobs -----------------------------------------------------------------------------
 // Elementwise optimizer math is a small functor (pointers and scalars of one tensor, an
-// operator() for element j). A TensorJob pairs it with the tensor's element count; the
-// apply functions run a whole list of jobs: on the CPU the elements of all tensors are
-// cut into fixed chunks of kChunk that OpenMP threads share, so a model of hundreds of
-// small tensors costs one parallel region and large tensors still split evenly. (The
-// CUDA path launches the same functors over the same chunks.)
+// operator() for element j). A TensorJob pairs it with an element count; Optimizer::apply
+// and Optimizer::sum run a whole list of jobs. A job is usually one tensor, but any
+// index space works (one row or one column of a matrix: factored statistics).
 template <typename Fn>
 struct TensorJob {
-  int64_t n;  // elements of this tensor (the local shard)
+  int64_t n;  // elements (indices 0 .. n - 1)
   Fn fn;
 };
-
-inline constexpr int64_t kChunk = 16384;
-
-namespace detail {
-struct Chunk {
-  size_t job;
-  int64_t begin, end;
-};
-template <typename Fn>
-std::vector<Chunk> make_chunks(const std::vector<TensorJob<Fn>>& jobs) {
-  std::vector<Chunk> chunks;
-  for (size_t t = 0; t < jobs.size(); ++t)
-    for (int64_t b = 0; b < jobs[t].n; b += kChunk) chunks.push_back({t, b, b + kChunk < jobs[t].n ? b + kChunk : jobs[t].n});
-  return chunks;
-}
-}  // namespace detail
-
-// fn(j) for every element j of every job. fn must only touch element j of its arrays.
-template <typename Fn>
-void multi_tensor_apply(const std::vector<TensorJob<Fn>>& jobs) {
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(jobs);
-  const int64_t count = static_cast<int64_t>(chunks.size());
-  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
-  for (int64_t c = 0; c < count; ++c) {
-    const Fn fn = jobs[chunks[c].job].fn;  // a private copy keeps the scalars in registers
-    const int64_t end = chunks[c].end;
-    MB_PLUGIN_PRAGMA("omp simd")
-    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j);
-  }
-}
 
 // K per-element quantities (e.g. a squared update and a squared weight), returned by a
 // sum functor's operator()(j); returned by value so that the loop vectorizes.
@@ -217,20 +230,65 @@ struct Sums {
   double v[K];
 };
 
-// Per-job sums of K (1 to 4) quantities: fn(j) may update element j of its arrays and
-// returns its K contributions as Sums<K>. Sums are accumulated in double per chunk and
-// added in chunk order, so the result does not depend on the thread count. Returns one
-// array of K sums per job (local: reduce sharded tensors over the tensor-parallel group
-// with Optimizer::tp_sum_sharded).
+inline constexpr int64_t kChunk = 16384;         // CPU: elements per OpenMP work item
+inline constexpr int64_t kDeviceChunk = 65536;   // GPU: elements per thread block
+
+namespace detail {
+// A functor may have `Fn prepared() const`: it then computes, once per chunk (CPU) or per
+// thread (GPU) rather than per element, scalars it derives from device values (a trust
+// ratio from norms in device memory), and the loop runs the prepared copy.
+template <typename Fn, typename = void>
+struct has_prepared : std::false_type {};
+template <typename Fn>
+struct has_prepared<Fn, std::void_t<decltype(std::declval<const Fn&>().prepared())>> : std::true_type {};
+template <typename Fn>
+MB_HOST_DEVICE inline Fn prepare(const Fn& fn) {
+  if constexpr (has_prepared<Fn>::value)
+    return fn.prepared();
+  else
+    return fn;
+}
+
+struct Chunk {
+  int64_t job;
+  int64_t begin, end;
+};
+template <typename Fn>
+std::vector<Chunk> make_chunks(const std::vector<TensorJob<Fn>>& jobs, int64_t size, std::vector<int64_t>* first = nullptr) {
+  std::vector<Chunk> chunks;
+  if (first) first->assign(1, 0);
+  for (size_t t = 0; t < jobs.size(); ++t) {
+    for (int64_t b = 0; b < jobs[t].n; b += size)
+      chunks.push_back({static_cast<int64_t>(t), b, b + size < jobs[t].n ? b + size : jobs[t].n});
+    if (first) first->push_back(static_cast<int64_t>(chunks.size()));
+  }
+  return chunks;
+}
+
+// ---- the CPU: fixed chunks shared by OpenMP threads ------------------------------------
+template <typename Fn>
+void cpu_apply(const std::vector<TensorJob<Fn>>& jobs) {
+  const std::vector<Chunk> chunks = make_chunks(jobs, kChunk);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
+  for (int64_t c = 0; c < count; ++c) {
+    const Fn fn = prepare(jobs[static_cast<size_t>(chunks[c].job)].fn);  // a private copy keeps the scalars in registers
+    const int64_t end = chunks[c].end;
+    MB_PLUGIN_PRAGMA("omp simd")
+    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j);
+  }
+}
+
+// out[job * K + k]: chunks summed in double, chunk partials added in order.
 template <int K, typename Fn>
-std::vector<std::array<double, K>> multi_tensor_sum(const std::vector<TensorJob<Fn>>& jobs) {
-  static_assert(K >= 1 && K <= 4, "multi_tensor_sum: 1 to 4 sums per element");
-  const std::vector<detail::Chunk> chunks = detail::make_chunks(jobs);
+void cpu_sum(const std::vector<TensorJob<Fn>>& jobs, double* out) {
+  static_assert(K >= 1 && K <= 4, "sum: 1 to 4 sums per element");
+  const std::vector<Chunk> chunks = make_chunks(jobs, kChunk);
   const int64_t count = static_cast<int64_t>(chunks.size());
   std::vector<std::array<double, K>> partial(chunks.size());
   MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
   for (int64_t c = 0; c < count; ++c) {
-    const Fn fn = jobs[chunks[c].job].fn;
+    const Fn fn = prepare(jobs[static_cast<size_t>(chunks[c].job)].fn);
     double a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // scalars, not an array: a vectorizable reduction
     const int64_t end = chunks[c].end;
     MB_PLUGIN_PRAGMA("omp simd reduction(+ : a0, a1, a2, a3)")
@@ -242,14 +300,145 @@ std::vector<std::array<double, K>> multi_tensor_sum(const std::vector<TensorJob<
       if constexpr (K > 3) a3 += t.v[3];
     }
     const double a[4] = {a0, a1, a2, a3};
-    for (int k = 0; k < K; ++k) partial[c][k] = a[k];
+    for (int k = 0; k < K; ++k) partial[static_cast<size_t>(c)][k] = a[k];
   }
-  std::vector<std::array<double, K>> sums(jobs.size());
-  for (auto& s : sums) s.fill(0.0);
+  for (size_t i = 0; i < jobs.size() * K; ++i) out[i] = 0.0;
   for (size_t c = 0; c < chunks.size(); ++c)
-    for (int k = 0; k < K; ++k) sums[chunks[c].job][k] += partial[c][k];
-  return sums;
+    for (int k = 0; k < K; ++k) out[chunks[c].job * K + k] += partial[c][k];
 }
+
+#if defined(__CUDACC__)
+// ---- a GPU: one thread block per chunk, job tables in device memory --------------------
+template <typename Fn>
+struct DeviceJob {
+  Fn fn;
+  int64_t n;
+};
+
+template <typename Fn>
+__global__ void apply_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, const float* skip) {
+  if (skip && *skip != 0.0f) return;
+  const Chunk c = chunks[blockIdx.x];
+  const Fn fn = prepare(jobs[c.job].fn);
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) fn(j);
+}
+
+__device__ inline double block_sum_of(double v, double* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < (blockDim.x >> 5) ? scratch[threadIdx.x & 31] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// partial[chunk * K + k]; a fixed tree per block: deterministic
+template <int K, typename Fn>
+__global__ void sum_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, double* partial, const float* skip) {
+  __shared__ double scratch[32];
+  double acc[K];
+  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  const Chunk c = chunks[blockIdx.x];
+  if (!(skip && *skip != 0.0f)) {
+    const Fn fn = prepare(jobs[c.job].fn);
+    for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) {
+      const Sums<K> t = fn(j);
+      for (int k = 0; k < K; ++k) acc[k] += t.v[k];
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    const double s = block_sum_of(acc[k], scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x * K + k] = s;
+  }
+}
+
+// out[job * K + k] = the job's chunk partials added in order
+template <int K>
+__global__ void combine_kernel(double* out, const double* partial, const int64_t* first, int64_t jobs) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= jobs) return;
+  for (int k = 0; k < K; ++k) {
+    double s = 0.0;
+    for (int64_t c = first[t]; c < first[t + 1]; ++c) s += partial[c * K + k];
+    out[t * K + k] = s;
+  }
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// The job and chunk tables in device memory (uploaded through the host).
+template <typename Fn>
+const DeviceJob<Fn>* upload_jobs(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs) {
+  std::vector<DeviceJob<Fn>> table;
+  table.reserve(jobs.size());
+  for (const auto& j : jobs) table.push_back({j.fn, j.n});
+  const size_t bytes = table.size() * sizeof(DeviceJob<Fn>);
+  void* d = h.scratch(h.ctx, bytes);
+  h.upload(h.ctx, d, table.data(), bytes);
+  return static_cast<const DeviceJob<Fn>*>(d);
+}
+template <typename T>
+const T* upload_vector(const mb_host& h, const std::vector<T>& v) {
+  const size_t bytes = v.size() * sizeof(T);
+  void* d = h.scratch(h.ctx, bytes ? bytes : 1);
+  if (bytes) h.upload(h.ctx, d, v.data(), bytes);
+  return static_cast<const T*>(d);
+}
+
+template <typename Fn>
+void cuda_apply(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, const float* skip) {
+  const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk);
+  if (chunks.empty()) return;
+  const DeviceJob<Fn>* dj = upload_jobs(h, jobs);
+  const Chunk* dc = upload_vector(h, chunks);
+  apply_kernel<Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, static_cast<cudaStream_t>(h.stream)>>>(dj, dc, skip);
+  check_launch("multi-tensor apply kernel");
+}
+
+template <int K, typename Fn>
+void cuda_sum(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, double* out, const float* skip) {
+  std::vector<int64_t> first;
+  const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk, &first);
+  const cudaStream_t s = static_cast<cudaStream_t>(h.stream);
+  double* partial = static_cast<double*>(h.scratch(h.ctx, (chunks.size() + 1) * K * sizeof(double)));
+  if (!chunks.empty()) {
+    sum_kernel<K, Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(upload_jobs(h, jobs), upload_vector(h, chunks),
+                                                                          partial, skip);
+    check_launch("multi-tensor sum kernel");
+  }
+  const int64_t n = static_cast<int64_t>(jobs.size());
+  if (n == 0) return;
+  combine_kernel<K><<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(out, partial, upload_vector(h, first), n);
+  check_launch("multi-tensor sum combine kernel");
+}
+#endif  // __CUDACC__
+}  // namespace detail
+
+// Per-job sums of K quantities, on the run's device (host memory on the CPU), valid until
+// step() returns: data()[job * K + k]. A kernel functor can read them (a trust ratio from
+// the norms); host() copies them to the host (waiting for the device) for diagnostics.
+template <int K>
+class TensorSums {
+ public:
+  TensorSums(const mb_host* host, double* data, size_t jobs) : host_(host), data_(data), jobs_(jobs) {}
+  const double* data() const { return data_; }
+  double* data() { return data_; }
+  size_t jobs() const { return jobs_; }
+  std::vector<std::array<double, K>> host() const {
+    std::vector<std::array<double, K>> out(jobs_);
+    if (jobs_) host_->download(host_->ctx, out.data(), data_, jobs_ * K * sizeof(double));
+    return out;
+  }
+
+ private:
+  const mb_host* host_;
+  double* data_;
+  size_t jobs_;
+};
 
 // ---- the optimizer base class -------------------------------------------------------
 struct Context {
@@ -266,47 +455,74 @@ class Optimizer {
   explicit Optimizer(const Context& ctx) : ctx_(ctx) {}
   virtual ~Optimizer() = default;
   virtual void step(const mb_step_info& info) = 0;
+  // Called by the entry's step() around step(): the step's skip flag for the kernels.
+  void begin_step(const mb_step_info& info) { skip_ = info.skip; }
 
  protected:
   size_t num_params() const { return ctx_.num_params; }
   const mb_param& param(size_t i) const { return ctx_.params[i]; }
+  bool on_gpu() const { return ctx_.host->device == MB_DEVICE_CUDA; }
   // The value of hyperparameter `name` (it must be in the schema).
   double hparam(const char* name) const {
     for (size_t i = 0; i < ctx_.num_hparams; ++i)
       if (std::strcmp(ctx_.schema[i].name, name) == 0) return ctx_.hparams[i];
     throw std::logic_error(std::string("plugin asked for hyperparameter '") + name + "' missing from its schema");
   }
+  // State the shape of parameter i, sharded as the parameter.
   float* alloc_state(size_t i, const char* state_name) const {
-    float* p = ctx_.host->alloc_state(ctx_.host->ctx, i, state_name);
+    const mb_param& p = param(i);
+    return alloc_state(i, state_name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.sharded ? p.partition_dim : -1);
+  }
+  // State of any shape (e.g. per-row factors: {rows}), `partition_dim` split across the
+  // tensor-parallel group as the parameter (-1: the same on every rank); scratch
+  // (checkpointed false) is not saved.
+  float* alloc_state(size_t i, const char* state_name, const std::vector<int64_t>& shape, int32_t partition_dim,
+                     bool checkpointed = true) const {
+    float* p = ctx_.host->alloc_state(ctx_.host->ctx, i, state_name, static_cast<int32_t>(shape.size()), shape.data(),
+                                      partition_dim, checkpointed ? 1 : 0);
     if (!p) throw std::runtime_error(std::string("host refused state '") + state_name + "'");
     return p;
   }
-  // Sum of squares of parameter i's values (or any float array of its size), made
-  // global over the tensor-parallel group for sharded tensors.
-  double sum_squares(size_t i, const float* x) const {
-    const mb_param& p = param(i);
-    double s = 0;
-    MB_PLUGIN_PRAGMA("omp parallel for reduction(+ : s) schedule(static) if (p.numel > 65536)")
-    for (int64_t j = 0; j < p.numel; ++j) s += static_cast<double>(x[j]) * x[j];
-    if (p.sharded) ctx_.host->tp_sum(ctx_.host->ctx, &s, 1);
-    return s;
+
+  // fn(j) for every element j of every job (fn touches element j of its arrays only).
+  template <typename Fn>
+  void apply(const std::vector<TensorJob<Fn>>& jobs) const {
+    if (!on_gpu()) return detail::cpu_apply(jobs);
+#if defined(__CUDACC__)
+    detail::cuda_apply(*ctx_.host, jobs, skip_);
+#else
+    throw std::logic_error("this plugin was built without CUDA");  // the host refuses it before
+#endif
   }
-  // Makes per-parameter sums global: the entries of sharded parameters are summed over
-  // the tensor-parallel group (in one collective), replicated ones are left alone.
-  // sums[i] belongs to parameter i (as multi_tensor_sum returns them for jobs built in
-  // parameter order).
-  template <size_t K>
-  void tp_sum_sharded(std::vector<std::array<double, K>>& sums) const {
-    std::vector<double> packed;
-    for (size_t i = 0; i < sums.size(); ++i)
-      if (param(i).sharded) packed.insert(packed.end(), sums[i].begin(), sums[i].end());
-    if (packed.empty()) return;
-    ctx_.host->tp_sum(ctx_.host->ctx, packed.data(), packed.size());
-    size_t at = 0;
-    for (size_t i = 0; i < sums.size(); ++i)
-      if (param(i).sharded)
-        for (size_t k = 0; k < K; ++k) sums[i][k] = packed[at++];
+  // Per-job sums of K (1 to 4) quantities: fn(j) may update element j of its arrays and
+  // returns its K contributions as Sums<K>. Summed in double in fixed chunks added in
+  // order: the same result for any thread count. Local: make sharded tensors' sums global
+  // with tp_sum_sharded.
+  template <int K, typename Fn>
+  TensorSums<K> sum(const std::vector<TensorJob<Fn>>& jobs) const {
+    double* out = static_cast<double*>(ctx_.host->scratch(ctx_.host->ctx, (jobs.size() + 1) * K * sizeof(double)));
+    if (!on_gpu()) {
+      detail::cpu_sum<K>(jobs, out);
+    } else {
+#if defined(__CUDACC__)
+      detail::cuda_sum<K>(*ctx_.host, jobs, out, skip_);
+#else
+      throw std::logic_error("this plugin was built without CUDA");
+#endif
+    }
+    return TensorSums<K>(ctx_.host, out, jobs.size());
   }
+  // Makes per-parameter sums global: entries of sharded parameters summed over the
+  // tensor-parallel group (one collective), replicated ones left alone. The jobs of `sums`
+  // must be the parameters in order.
+  template <int K>
+  void tp_sum_sharded(TensorSums<K>& sums) const {
+    if (sums.jobs() != num_params()) throw std::logic_error("tp_sum_sharded: one job per parameter expected");
+    ctx_.host->tp_sum_sharded(ctx_.host->ctx, sums.data(), K);
+  }
+  // Sums any values over the tensor-parallel group (e.g. column statistics of a tensor
+  // split by rows).
+  void tp_sum(double* values, size_t n) const { ctx_.host->tp_sum(ctx_.host->ctx, values, n); }
   // Elements of parameter i's full (unsharded) tensor.
   int64_t full_numel(size_t i) const {
     const mb_param& p = param(i);
@@ -320,6 +536,7 @@ class Optimizer {
 
  private:
   Context ctx_;
+  const float* skip_ = nullptr;
 };
 
 namespace detail {
@@ -343,7 +560,9 @@ void* create(const mb_host* host, const mb_param* params, size_t n, const double
 template <typename T>
 int step(void* self, const mb_step_info* info, char* err, size_t len) {
   try {
-    static_cast<T*>(self)->step(*info);
+    T* opt = static_cast<T*>(self);
+    opt->begin_step(*info);
+    opt->step(*info);
     return 0;
   } catch (const std::exception& e) {
     set_error(err, len, e.what());
@@ -366,8 +585,9 @@ void destroy(void* self) {
   }                                                                                                               \
   }                                                                                                               \
   extern "C" __attribute__((visibility("default"))) const mb_plugin_entry megabatch_optimizer_plugin = {          \
-      MB_PLUGIN_ABI_VERSION, NAME, VERSION, DESCRIPTION, SCHEMA, sizeof(SCHEMA) / sizeof(SCHEMA[0]), mb_create_,  \
-      ::megabatch::plugin::detail::step<Class>, ::megabatch::plugin::detail::destroy<Class>};
+      MB_PLUGIN_ABI_VERSION, MB_PLUGIN_DEVICES, NAME, VERSION, DESCRIPTION, SCHEMA,                               \
+      sizeof(SCHEMA) / sizeof(SCHEMA[0]), mb_create_, ::megabatch::plugin::detail::step<Class>,                   \
+      ::megabatch::plugin::detail::destroy<Class>};
 
 #endif /* __cplusplus */
 #endif /* MEGABATCH_OPTIM_PLUGIN_H_ */

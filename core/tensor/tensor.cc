@@ -13,7 +13,20 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   data_ = device_alloc_zeroed(device, bytes);
 }
 
-Storage::~Storage() { device_free(device_, data_); }
+Storage::~Storage() {
+  if (owned_) device_free(device_, data_);
+}
+
+Tensor Tensor::borrow(void* data, std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  t.numel_ = numel_of(shape);
+  t.storage_ = std::make_shared<Storage>(data, t.numel_ * dtype_size(dtype), device);
+  t.owner_ = false;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  return t;
+}
 
 size_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;

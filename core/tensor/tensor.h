@@ -29,6 +29,8 @@ namespace megabatch {
 class Storage {
  public:
   Storage(size_t bytes, Device device);
+  // Memory someone else owns (not freed here).
+  Storage(void* external, size_t bytes, Device device) : data_(external), bytes_(bytes), device_(device), owned_(false) {}
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -40,6 +42,7 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  bool owned_ = true;
 };
 
 class Tensor {
@@ -80,6 +83,9 @@ class Tensor {
     assert(device_.is_cpu() && dtype_ == DType::kF32 && i < numel_);
     return static_cast<float*>(raw())[i];
   }
+
+  // A view of memory the caller owns and keeps alive longer than the tensor (a plugin's).
+  static Tensor borrow(void* data, std::vector<int64_t> shape, DType dtype, Device device);
 
   // Views sharing this tensor's memory.
   Tensor view(std::vector<int64_t> shape) const;              // same number of elements

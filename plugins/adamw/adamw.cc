@@ -47,7 +47,7 @@ class AdamW final : public megabatch::plugin::Optimizer {
       jobs.push_back({p.numel, {p.data, m_[i], v_[i], p.grad, keep, static_cast<float>(b1_), static_cast<float>(b2_),
                                 lr / bc1, bc2_sqrt, static_cast<float>(eps_)}});
     }
-    megabatch::plugin::multi_tensor_apply(jobs);
+    apply(jobs);
   }
 
  private:

@@ -24,16 +24,34 @@
 
 namespace megabatch::plugins {
 
-// Stage 1: moments, and the squared norms of the update and of the weights.
+// The pre-normalization factor 1 / c from the global norm on the device.
+MB_HOST_DEVICE inline float lamb_grad_scale(const double* grad_norm, double max_grad_norm) {
+  const double n = *grad_norm;
+  return max_grad_norm > 0 && n > max_grad_norm ? static_cast<float>(1.0 / (n / max_grad_norm)) : 1.0f;
+}
+
+// Stage 1: moments, and the squared norms of the update and of the weights. With kNoise,
+// the scaled gradient gets noise_factor x rms(g / c) x a standard normal draw, the rms
+// from gsq (|g|^2 of this tensor over the group, on the device) and its full size.
 template <bool kNoise>
 struct LambMoments {
   const float* g;
-  const float* noise;  // kNoise only: standard normal draws for this tensor
+  const float* noise;     // kNoise only: this tensor's standard normal draws
+  const double* gsq;      // kNoise only
   float *m, *v;
   const float* w;
-  float grad_scale, noise_std, b1, b2, inv_bc1, inv_bc2, eps, wd;
+  const double* grad_norm;
+  double max_grad_norm, noise_factor, inv_full;
+  float b1, b2, inv_bc1, inv_bc2, eps, wd;
+  float gs = 1.0f, noise_std = 0.0f;  // set by prepared() from the device values
+  MB_HOST_DEVICE LambMoments prepared() const {
+    LambMoments p = *this;
+    p.gs = lamb_grad_scale(grad_norm, max_grad_norm);
+    if constexpr (kNoise) p.noise_std = static_cast<float>(noise_factor * p.gs * std::sqrt(*gsq * inv_full));
+    return p;
+  }
   MB_HOST_DEVICE megabatch::plugin::Sums<2> operator()(int64_t j) const {
-    float gj = g[j] * grad_scale;
+    float gj = g[j] * gs;
     if constexpr (kNoise) gj += noise_std * noise[j];
     const float mj = b1 * m[j] + (1.0f - b1) * gj;
     const float vj = b2 * v[j] + (1.0f - b2) * gj * gj;
@@ -44,15 +62,31 @@ struct LambMoments {
   }
 };
 
-// Stage 2: the update again from the new moments, scaled by lr x trust ratio.
+// Stage 2: the update again from the new moments, scaled by lr x trust ratio, the ratio
+// from this tensor's global norms on the device (sums: |u|^2, |w|^2).
 struct LambUpdate {
   const float *m, *v;
   float* w;
-  float inv_bc1, inv_bc2, eps, wd, step_size;
+  const double* sums;
+  double lr;
+  float inv_bc1, inv_bc2, eps, wd;
+  bool adapt;
+  float step_size = 0.0f;  // lr x trust ratio, set by prepared()
+  MB_HOST_DEVICE LambUpdate prepared() const {
+    LambUpdate p = *this;
+    const double un = std::sqrt(sums[0]), wn = std::sqrt(sums[1]);
+    p.step_size = static_cast<float>(lr * (adapt && un > 0 && wn > 0 ? wn / un : 1.0));
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const {
     const float u = (m[j] * inv_bc1) / (std::sqrt(v[j] * inv_bc2) + eps) + wd * w[j];
     w[j] -= step_size * u;
   }
+};
+
+struct SquaredGrad {  // |g|^2 per tensor (lamb_noise's rms)
+  const float* g;
+  MB_HOST_DEVICE megabatch::plugin::Sums<1> operator()(int64_t j) const { return {{static_cast<double>(g[j]) * g[j]}}; }
 };
 
 class Lamb : public megabatch::plugin::Optimizer {
@@ -71,51 +105,66 @@ class Lamb : public megabatch::plugin::Optimizer {
     const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(b1_, t)));
     const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(b2_, t)));
     const float b1 = static_cast<float>(b1_), b2 = static_cast<float>(b2_), eps = static_cast<float>(eps_);
-    const double clip = max_grad_norm_ > 0 && info.grad_norm > max_grad_norm_ ? info.grad_norm / max_grad_norm_ : 1.0;
-    const float grad_scale = static_cast<float>(1.0 / clip);
 
-    const std::vector<float> noise_std = noise_stds(info, grad_scale);
-    std::vector<std::array<double, 2>> sums;  // per tensor: |u|^2, |w|^2
-    if (noise_std.empty()) {
+    const double factor = noise_factor(info);  // lamb_noise: 0 for no noise
+    std::vector<megabatch::plugin::TensorSums<2>> sums;  // per tensor: |u|^2, |w|^2
+    if (factor == 0.0) {
       std::vector<megabatch::plugin::TensorJob<LambMoments<false>>> jobs;
       for (size_t i = 0; i < num_params(); ++i)
-        jobs.push_back({param(i).numel, {param(i).grad, nullptr, m_[i], v_[i], param(i).data, grad_scale, 0.0f, b1, b2,
-                                         inv_bc1, inv_bc2, eps, decay(i)}});
-      sums = megabatch::plugin::multi_tensor_sum<2>(jobs);
+        jobs.push_back({param(i).numel, {param(i).grad, nullptr, nullptr, m_[i], v_[i], param(i).data, info.grad_norm,
+                                         max_grad_norm_, 0.0, 0.0, b1, b2, inv_bc1, inv_bc2, eps, decay(i)}});
+      sums.push_back(sum<2>(jobs));
     } else {
+      // |g|^2 of every tensor (over the group) for its noise level, and the draws
+      std::vector<megabatch::plugin::TensorJob<SquaredGrad>> sq;
+      for (size_t i = 0; i < num_params(); ++i) sq.push_back({param(i).numel, {param(i).grad}});
+      auto gsq = sum<1>(sq);
+      tp_sum_sharded(gsq);
       std::vector<megabatch::plugin::TensorJob<LambMoments<true>>> jobs;
-      for (size_t i = 0; i < num_params(); ++i)
-        jobs.push_back({param(i).numel, {param(i).grad, noise(i), m_[i], v_[i], param(i).data, grad_scale,
-                                         noise_std[i], b1, b2, inv_bc1, inv_bc2, eps, decay(i)}});
-      sums = megabatch::plugin::multi_tensor_sum<2>(jobs);
-    }
-    tp_sum_sharded(sums);
-
-    std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
-    for (size_t i = 0; i < num_params(); ++i) {
-      const double update_norm = std::sqrt(sums[i][0]), weight_norm = std::sqrt(sums[i][1]);
-      const bool adapt = nvlamb_ || decay(i) != 0.0f;
-      const double ratio = adapt && update_norm > 0 && weight_norm > 0 ? weight_norm / update_norm : 1.0;
-      const double lr = info.lr * lr_multiplier(i, info);
-      jobs.push_back({param(i).numel, {m_[i], v_[i], param(i).data, inv_bc1, inv_bc2, eps, decay(i),
-                                       static_cast<float>(lr * ratio)}});
-      if (info.diagnostics) {
-        metric("trust_ratio", i, ratio);
-        metric("weight_norm", i, weight_norm);
-        metric("update_norm", i, update_norm);
-        if (!noise_std.empty()) metric("noise_std", i, noise_std[i]);
+      for (size_t i = 0; i < num_params(); ++i) {
+        host().normal(host().ctx, i, info.step, noise(i), static_cast<size_t>(param(i).numel));
+        jobs.push_back({param(i).numel, {param(i).grad, noise(i), gsq.data() + i, m_[i], v_[i], param(i).data,
+                                         info.grad_norm, max_grad_norm_, factor,
+                                         1.0 / static_cast<double>(full_numel(i)), b1, b2, inv_bc1, inv_bc2, eps,
+                                         decay(i)}});
+      }
+      sums.push_back(sum<2>(jobs));
+      if (info.diagnostics) {  // the noise std each tensor got
+        double norm = 0;
+        host().download(host().ctx, &norm, info.grad_norm, sizeof norm);
+        const double gs = lamb_grad_scale(&norm, max_grad_norm_);
+        const auto g2 = gsq.host();
+        for (size_t i = 0; i < num_params(); ++i)
+          metric("noise_std", i, static_cast<float>(factor * gs * std::sqrt(g2[i][0] / static_cast<double>(full_numel(i)))));
       }
     }
-    megabatch::plugin::multi_tensor_apply(jobs);
+    auto& uw = sums.back();
+    tp_sum_sharded(uw);
+
+    std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
+    for (size_t i = 0; i < num_params(); ++i)
+      jobs.push_back({param(i).numel, {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.lr * lr_multiplier(i, info),
+                                       inv_bc1, inv_bc2, eps, decay(i), nvlamb_ || decay(i) != 0.0f}});
+    if (info.diagnostics) {
+      const auto host_sums = uw.host();
+      for (size_t i = 0; i < num_params(); ++i) {
+        const double update_norm = std::sqrt(host_sums[i][0]), weight_norm = std::sqrt(host_sums[i][1]);
+        const bool adapt = nvlamb_ || decay(i) != 0.0f;
+        metric("trust_ratio", i, adapt && update_norm > 0 && weight_norm > 0 ? weight_norm / update_norm : 1.0);
+        metric("weight_norm", i, weight_norm);
+        metric("update_norm", i, update_norm);
+      }
+    }
+    apply(jobs);
   }
 
  protected:
   // lamb_embscale: the factor on parameter i's learning rate.
   virtual double lr_multiplier(size_t /*i*/, const mb_step_info& /*info*/) const { return 1.0; }
-  // lamb_noise: per tensor, the std of the Gaussian noise added to the scaled gradient
-  // (g / c); empty for no noise. Also draws the noise that noise(i) returns.
-  virtual std::vector<float> noise_stds(const mb_step_info& /*info*/, float /*grad_scale*/) { return {}; }
-  virtual const float* noise(size_t /*i*/) const { return nullptr; }
+  // lamb_noise: the std of the noise as a multiple of each tensor's rms(g / c) (0: no noise),
+  // and the buffer for tensor i's draws.
+  virtual double noise_factor(const mb_step_info& /*info*/) const { return 0.0; }
+  virtual float* noise(size_t /*i*/) const { return nullptr; }
 
   float decay(size_t i) const {
     const mb_role r = param(i).role;

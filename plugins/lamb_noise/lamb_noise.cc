@@ -13,46 +13,25 @@
 
 namespace {
 
-struct SquaredGrad {  // |g|^2 per tensor
-  const float* g;
-  MB_HOST_DEVICE megabatch::plugin::Sums<1> operator()(int64_t j) const { return {{static_cast<double>(g[j]) * g[j]}}; }
-};
-
 class LambNoise final : public megabatch::plugins::Lamb {
  public:
   explicit LambNoise(const megabatch::plugin::Context& ctx)
       : Lamb(ctx), scale_(hparam("scale")), ref_batch_(hparam("ref_batch")), decay_(hparam("decay")) {
-    int64_t total = 0;
-    for (size_t i = 0; i < num_params(); ++i) {
-      offset_.push_back(total);
-      total += param(i).numel;
-    }
-    noise_.resize(static_cast<size_t>(total));
+    for (size_t i = 0; i < num_params(); ++i)  // each step's draws: scratch on the run's device, not checkpointed
+      noise_.push_back(alloc_state(i, "noise", {param(i).numel}, -1, false));
   }
 
  protected:
-  std::vector<float> noise_stds(const mb_step_info& info, float grad_scale) override {
+  double noise_factor(const mb_step_info& info) const override {
     const double excess = static_cast<double>(info.global_batch) / ref_batch_ - 1.0;
-    if (scale_ == 0 || excess <= 0) return {};
-    const double factor = scale_ * std::sqrt(excess) / std::pow(static_cast<double>(info.step), decay_);
-    std::vector<megabatch::plugin::TensorJob<SquaredGrad>> jobs;
-    for (size_t i = 0; i < num_params(); ++i) jobs.push_back({param(i).numel, {param(i).grad}});
-    auto sums = megabatch::plugin::multi_tensor_sum<1>(jobs);
-    tp_sum_sharded(sums);
-    std::vector<float> stds(num_params());
-    for (size_t i = 0; i < num_params(); ++i) {
-      const double rms = grad_scale * std::sqrt(sums[i][0] / static_cast<double>(full_numel(i)));
-      stds[i] = static_cast<float>(factor * rms);
-      host().normal(host().ctx, i, info.step, noise_.data() + offset_[i], static_cast<size_t>(param(i).numel));
-    }
-    return stds;
+    if (scale_ == 0 || excess <= 0) return 0.0;
+    return scale_ * std::sqrt(excess) / std::pow(static_cast<double>(info.step), decay_);
   }
-  const float* noise(size_t i) const override { return noise_.data() + offset_[i]; }
+  float* noise(size_t i) const override { return noise_[i]; }
 
  private:
   double scale_, ref_batch_, decay_;
-  std::vector<int64_t> offset_;
-  std::vector<float> noise_;  // this step's standard normal draws, all tensors
+  std::vector<float*> noise_;  // this step's standard normal draws, per tensor
 };
 
 const mb_hparam_spec kSchema[] = {

@@ -18,13 +18,26 @@ struct SquaredNorms {  // |w|^2, |g|^2
   }
 };
 
+// The local lr comes from this tensor's global norms on the device (sums: |w|^2, |g|^2).
 struct LarsUpdate {
   float* w;
   const float* g;
   float* v;
-  float momentum, step_size, wd;  // step_size = lr * local
+  const double* sums;
+  double lr, eta, wd, eps;
+  float momentum;
+  bool adapt;  // weights and embeddings: trust ratio and decay; biases and norms: plain momentum SGD
+  float step_size = 0.0f, decay = 0.0f;  // set by prepared() from the norms
+  MB_HOST_DEVICE LarsUpdate prepared() const {
+    LarsUpdate p = *this;
+    const double wn = std::sqrt(sums[0]), gn = std::sqrt(sums[1]);
+    const double local = adapt && wn > 0 && gn > 0 ? eta * wn / (gn + wd * wn + eps) : 1.0;
+    p.step_size = static_cast<float>(lr * local);
+    p.decay = adapt ? static_cast<float>(wd) : 0.0f;
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const {
-    const float vj = momentum * v[j] + step_size * (g[j] + wd * w[j]);
+    const float vj = momentum * v[j] + step_size * (g[j] + decay * w[j]);
     v[j] = vj;
     w[j] -= vj;
   }
@@ -41,24 +54,27 @@ class Lars final : public megabatch::plugin::Optimizer {
   void step(const mb_step_info& info) override {
     std::vector<megabatch::plugin::TensorJob<SquaredNorms>> norms;
     for (size_t i = 0; i < num_params(); ++i) norms.push_back({param(i).numel, {param(i).data, param(i).grad}});
-    auto sums = megabatch::plugin::multi_tensor_sum<2>(norms);
+    auto sums = sum<2>(norms);
     tp_sum_sharded(sums);
     std::vector<megabatch::plugin::TensorJob<LarsUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      const double wn = std::sqrt(sums[i][0]), gn = std::sqrt(sums[i][1]);
-      const double wd = adapt ? wd_ : 0.0;
-      const double local = adapt && wn > 0 && gn > 0 ? eta_ * wn / (gn + wd * wn + eps_) : 1.0;
-      jobs.push_back({p.numel, {p.data, p.grad, v_[i], static_cast<float>(momentum_),
-                                static_cast<float>(info.lr * local), static_cast<float>(wd)}});
-      if (info.diagnostics) {
-        metric("trust_ratio", i, local);
+      jobs.push_back({p.numel, {p.data, p.grad, v_[i], sums.data() + 2 * i, info.lr, eta_, wd_, eps_,
+                                static_cast<float>(momentum_), adapt}});
+    }
+    if (info.diagnostics) {  // before the update: the norms the step used
+      const auto host = sums.host();
+      for (size_t i = 0; i < num_params(); ++i) {
+        const mb_param& p = param(i);
+        const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
+        const double wn = std::sqrt(host[i][0]), gn = std::sqrt(host[i][1]);
+        metric("trust_ratio", i, adapt && wn > 0 && gn > 0 ? eta_ * wn / (gn + (adapt ? wd_ : 0.0) * wn + eps_) : 1.0);
         metric("weight_norm", i, wn);
         metric("grad_norm", i, gn);
       }
     }
-    megabatch::plugin::multi_tensor_apply(jobs);
+    apply(jobs);
   }
 
  private:

@@ -59,7 +59,7 @@ class Sgd final : public megabatch::plugin::Optimizer {
                                 static_cast<float>(momentum_), info.step == 1 ? 0.0f : static_cast<float>(dampening_),
                                 info.step == 1}});
     }
-    megabatch::plugin::multi_tensor_apply(jobs);
+    apply(jobs);
   }
 
  private:

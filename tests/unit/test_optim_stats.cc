@@ -73,7 +73,7 @@ TEST(LambNoise, NoiseHasZeroMeanTheDefinedPerLayerStdAndIsIndependent) {
       const double sigma = scale * rms(store.grad(t).data(), kNumel) * std::sqrt(batch / ref_batch - 1) /
                            std::pow(1.0 + (step - 1), decay);
       EXPECT_NEAR(opt.diagnostics().at("noise_std")[t], sigma, 1e-6 * sigma) << "reported noise_std";
-      const mb::Tensor& m = opt.state().at({store.info(t).name, "exp_avg"});
+      const mb::Tensor& m = opt.state().at({store.info(t).name, "exp_avg"}).tensor;
       for (int64_t j = 0; j < kNumel; ++j) {
         const double noise = (static_cast<double>(m[j]) - store.grad(t)[j]) / sigma;
         z[t].push_back(noise);
