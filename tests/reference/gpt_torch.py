@@ -6,6 +6,10 @@ shapes; the fused QKV output is (head, [q, k, v], head_dim) per token, as in Meg
   gpt_torch.py grads  IN.h5 OUT.h5          loss and every gradient for the batch in IN.h5
   gpt_torch.py adamw  IN.h5 OUT.h5 STEPS    AdamW trajectory (losses) from the weights in IN.h5
   gpt_torch.py bench  LAYERS HIDDEN HEADS SEQ VOCAB BATCH STEPS THREADS   tokens/s of training
+  gpt_torch.py bench_cuda LAYERS HIDDEN HEADS SEQ VOCAB BATCH STEPS DTYPE ATTENTION
+      tokens/s of training on the GPU: DTYPE f32 or bf16 (autocast, fp32 master weights, as a
+      PyTorch user trains), ATTENTION explicit (the same algorithm as megabatch's: softmax of
+      the full score matrix) or sdpa (F.scaled_dot_product_attention, flash where available)
 
 IN.h5 holds attributes (layers, hidden, heads, seq, vocab, eps, and for adamw: lr, beta1,
 beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B, T) and
@@ -33,22 +37,25 @@ def names(layers):
     return out + ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
 
 
-def forward(P, tokens, labels, layers, heads, eps):
+def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
     D = C // heads
     x = wte[tokens] + P["embedding.position_embeddings.weight"][:T]
-    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     for l in range(layers):
         p = f"decoder.layers.{l}."
         h = F.layer_norm(x, (C,), P[p + "input_layernorm.weight"], P[p + "input_layernorm.bias"], eps)
         qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P[p + "self_attention.linear_qkv.bias"])
         qkv = qkv.view(B, T, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))  # (B, H, T, D)
-        s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-        s = s.masked_fill(~causal, float("-inf"))
-        a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
+        if sdpa:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+        else:
+            s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
+            s = s.masked_fill(~causal, float("-inf"))
+            a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P[p + "self_attention.linear_proj.bias"])
         h = F.layer_norm(x, (C,), P[p + "pre_mlp_layernorm.weight"], P[p + "pre_mlp_layernorm.bias"], eps)
         h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P[p + "mlp.linear_fc1.bias"]), approximate="tanh")
@@ -65,8 +72,63 @@ def load(path):
     return f, a, P
 
 
+def bench_params(layers, hidden, seq, vocab, device):
+    g = torch.Generator().manual_seed(0)
+    P = {}
+    for n in names(layers):
+        if n == "embedding.word_embeddings.weight":
+            shape = (vocab, hidden)
+        elif n == "embedding.position_embeddings.weight":
+            shape = (seq, hidden)
+        elif n.endswith("linear_qkv.weight"):
+            shape = (3 * hidden, hidden)
+        elif n.endswith("linear_qkv.bias"):
+            shape = (3 * hidden,)
+        elif n.endswith("linear_fc1.weight"):
+            shape = (4 * hidden, hidden)
+        elif n.endswith("linear_fc1.bias"):
+            shape = (4 * hidden,)
+        elif n.endswith("linear_fc2.weight"):
+            shape = (hidden, 4 * hidden)
+        elif n.endswith("linear_proj.weight"):
+            shape = (hidden, hidden)
+        else:
+            shape = (hidden,)
+        P[n] = (torch.randn(shape, generator=g) * 0.02).to(device).requires_grad_()
+    return P, g
+
+
+def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention):
+    dev = torch.device("cuda")
+    P, g = bench_params(layers, hidden, seq, vocab, dev)
+    opt = torch.optim.AdamW(P.values(), lr=1e-4, fused=True)
+    tokens = torch.randint(0, 50257, (batch, seq), generator=g).to(dev)
+    labels = torch.randint(0, 50257, (batch, seq), generator=g).to(dev)
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with ctx:
+            loss = forward(P, tokens, labels, layers, heads, 1e-5, sdpa=attention == "sdpa")
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
+        opt.step()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    t = (time.perf_counter() - t0) / steps
+    print(f"tokens_per_second {batch * seq / t:.1f}")
+    print(f"peak_memory_bytes {torch.cuda.max_memory_allocated()}")
+
+
 def main():
     mode = sys.argv[1]
+    if mode == "bench_cuda":
+        layers, hidden, heads, seq, vocab, batch, steps = (int(x) for x in sys.argv[2:9])
+        return bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, sys.argv[9], sys.argv[10])
     torch.set_num_threads(int(sys.argv[9]) if mode == "bench" else 1)
     if mode == "grads":
         f, a, P = load(sys.argv[2])
@@ -101,28 +163,7 @@ def main():
             o["losses"] = np.array(losses)
     elif mode == "bench":
         layers, hidden, heads, seq, vocab, batch, steps = (int(x) for x in sys.argv[2:9])
-        g = torch.Generator().manual_seed(0)
-        P = {}
-        for n in names(layers):
-            if n == "embedding.word_embeddings.weight":
-                shape = (vocab, hidden)
-            elif n == "embedding.position_embeddings.weight":
-                shape = (seq, hidden)
-            elif n.endswith("linear_qkv.weight"):
-                shape = (3 * hidden, hidden)
-            elif n.endswith("linear_qkv.bias"):
-                shape = (3 * hidden,)
-            elif n.endswith("linear_fc1.weight"):
-                shape = (4 * hidden, hidden)
-            elif n.endswith("linear_fc1.bias"):
-                shape = (4 * hidden,)
-            elif n.endswith("linear_fc2.weight"):
-                shape = (hidden, 4 * hidden)
-            elif n.endswith("linear_proj.weight"):
-                shape = (hidden, hidden)
-            else:
-                shape = (hidden,)
-            P[n] = (torch.randn(shape, generator=g) * 0.02).requires_grad_()
+        P, g = bench_params(layers, hidden, seq, vocab, torch.device("cpu"))
         opt = torch.optim.AdamW(P.values(), lr=1e-4)
         tokens = torch.randint(0, 50257, (batch, seq), generator=g)
         labels = torch.randint(0, 50257, (batch, seq), generator=g)

@@ -69,8 +69,16 @@ void expect_error(Fn&& fn, const std::string& needle) {
   }
 }
 
-inline std::string source_dir() { return MEGABATCH_SOURCE_DIR; }
-inline std::string bin_dir() { return MEGABATCH_BIN_DIR; }
+// Where the sources and the binaries are: the build's, unless the environment says
+// otherwise (a build packed by gpu-bundle.sh runs on another machine, in another place).
+inline std::string source_dir() {
+  const char* e = std::getenv("MEGABATCH_SOURCE_DIR");
+  return e && *e ? e : MEGABATCH_SOURCE_DIR;
+}
+inline std::string bin_dir() {
+  const char* e = std::getenv("MEGABATCH_BIN_DIR");
+  return e && *e ? e : MEGABATCH_BIN_DIR;
+}
 
 // The default datasets (`preprocess brown`), made once per test program in a temporary
 // directory that lives until the program exits. Throws when preprocess fails.

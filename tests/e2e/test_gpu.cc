@@ -1,0 +1,276 @@
+// The whole trainer on one GPU (label gpu; each test says why it skips where no GPU is
+// visible): GPT, BERT and T5 follow the CPU's fp32 loss curve, bf16 and fp16 stay near
+// fp32, a forced fp16 overflow skips steps and backs the scale off as on the CPU, runs are
+// bitwise repeatable and resume bitwise, checkpoints move between GPU and CPU, every plugin's
+// step on the GPU matches its step on the CPU, a CPU-only plugin is refused, the steady-state
+// step allocates no device memory, diagnostics and the noise scale reach metrics.h5.
+// (Without a GPU, `train --device cuda` is a clear error: test_mixed_precision.cc.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+
+#include "core/comm/communicator.h"
+#include "core/device/runtime.h"
+#include "core/optim/optimizer.h"
+#include "core/train/trainer.h"
+#include "core/util/philox.h"
+#include "models/registry.h"
+#include "tests/unit/h5_util.h"
+#include "tests/unit/op_harness.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+class Gpu : public ::testing::Test {
+ protected:
+  void SetUp() override { MB_SKIP_WITHOUT_DEVICE(mb::Device::cuda(0)); }
+};
+
+// A small model of `family` for 20 iterations, dropout on, two micro-batches per step.
+std::string train(const std::string& family, const fs::path& run, const std::string& extra, int iters = 20) {
+  const bool wordpiece = family != "gpt";
+  return mb::testing::bin_dir() + "/train --model-type " + family + " --num-layers 2 --hidden-size 64 " +
+         "--num-attention-heads 4 --seq-length " + (wordpiece ? "64" : "32") +
+         (family == "t5" ? " --decoder-seq-length 16" : "") + " --micro-batch-size 4 --global-batch-size 8 " +
+         "--train-iters " + std::to_string(iters) + " --lr 1e-3 --lr-warmup-iters 2 --log-interval 5 --eval-iters 0 " +
+         "--threads 4 --data-path " +
+         (mb::testing::brown_data() / (wordpiece ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
+         " --run-dir " + run.string() + " " + extra;
+}
+
+std::vector<double> series(const fs::path& metrics, const std::string& name) {
+  mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
+  return f.read<double>(name);
+}
+
+void ok(const std::string& cmd) {
+  const auto r = mb::testing::run_command(cmd);
+  ASSERT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+}
+
+std::string plugin_dirs() {
+  const char* e = std::getenv("MEGABATCH_TEST_PLUGIN_DIR");
+  return e && *e ? e : MEGABATCH_TEST_PLUGIN_DIR;
+}
+
+}  // namespace
+
+TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
+  mb::testing::TempDir tmp;
+  for (const std::string family : {"gpt", "bert", "t5"}) {
+    SCOPED_TRACE(family);
+    ok(train(family, tmp / (family + "_cpu"), "--device cpu"));
+    ok(train(family, tmp / (family + "_gpu"), "--device cuda"));
+    const auto cpu = series(tmp / (family + "_cpu") / "metrics.h5", "train/lm_loss");
+    const auto gpu = series(tmp / (family + "_gpu") / "metrics.h5", "train/lm_loss");
+    ASSERT_EQ(cpu.size(), 20u);
+    ASSERT_EQ(gpu.size(), 20u);
+    for (size_t i = 0; i < 20; ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << family << " iteration " << i + 1;
+    if (family == "bert") {
+      const auto sc = series(tmp / "bert_cpu" / "metrics.h5", "train/sop_loss"),
+                 sg = series(tmp / "bert_gpu" / "metrics.h5", "train/sop_loss");
+      for (size_t i = 0; i < 20; ++i) EXPECT_NEAR(sg[i], sc[i], 1e-4 * sc[i]) << "sop loss, iteration " << i + 1;
+    }
+  }
+}
+
+TEST_F(Gpu, Bf16AndFp16StayNearFp32) {
+  mb::testing::TempDir tmp;
+  ok(train("gpt", tmp / "f32", "--device cuda"));
+  ok(train("gpt", tmp / "bf16", "--device cuda --bf16"));
+  ok(train("gpt", tmp / "fp16", "--device cuda --fp16 --initial-loss-scale 65536"));
+  const auto f = series(tmp / "f32" / "metrics.h5", "train/lm_loss"), b = series(tmp / "bf16" / "metrics.h5", "train/lm_loss"),
+             h = series(tmp / "fp16" / "metrics.h5", "train/lm_loss");
+  // the tolerance of the CPU emulation test (test_mixed_precision): two units of the half
+  // type's roundoff, relative, at every iteration
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_NEAR(b[i], f[i], 0x1.0p-7 * f[i]) << "bf16, iteration " << i + 1;
+    EXPECT_NEAR(h[i], f[i], 0x1.0p-10 * f[i]) << "fp16, iteration " << i + 1;
+  }
+}
+
+TEST_F(Gpu, ForcedFp16OverflowSkipsStepsAndBacksTheScaleOffAsOnTheCpu) {
+  mb::testing::TempDir tmp;
+  ok(train("gpt", tmp / "cpu", "--device cpu --fp16", 8));
+  ok(train("gpt", tmp / "gpu", "--device cuda --fp16", 8));  // 2^32: the first steps overflow
+  const auto sg = series(tmp / "gpu" / "metrics.h5", "train/loss_scale"), kg = series(tmp / "gpu" / "metrics.h5", "train/skipped");
+  EXPECT_EQ(sg[0], 4294967296.0);
+  EXPECT_EQ(kg[0], 1.0);
+  EXPECT_EQ(kg[1], 1.0);
+  EXPECT_EQ(sg[2], 2147483648.0) << "the second overflow halves the scale (hysteresis 2)";
+  EXPECT_EQ(series(tmp / "cpu" / "metrics.h5", "train/loss_scale"), sg) << "the same scale history as the CPU run";
+  EXPECT_EQ(series(tmp / "cpu" / "metrics.h5", "train/skipped"), kg) << "the same skipped steps";
+  EXPECT_EQ(series(tmp / "cpu" / "metrics.h5", "train/learning_rate"), series(tmp / "gpu" / "metrics.h5", "train/learning_rate"))
+      << "the LR schedule held on the same steps (read one step late on the GPU)";
+}
+
+TEST_F(Gpu, RunsAreBitwiseRepeatableAndResumeIsBitwise) {
+  mb::testing::TempDir tmp;
+  for (const std::string opt : {"adamw", "lamb"}) {
+    for (const std::string prec : {"", "--bf16"}) {
+      SCOPED_TRACE(opt + " " + prec);
+      const std::string flags = "--device cuda --optimizer " + opt + " " + prec + " --log-noise-scale";
+      const fs::path a = tmp / (opt + prec + "a"), b = tmp / (opt + prec + "b"), c = tmp / (opt + prec + "c");
+      ok(train("gpt", a, flags + " --save " + (a / "ckpt").string(), 8));
+      ok(train("gpt", b, flags, 8));
+      ok(train("gpt", c, flags + " --save " + (c / "ckpt").string() + " --exit-interval 5", 8));
+      ok(train("gpt", c, flags + " --save " + (c / "ckpt").string() + " --load " + (c / "ckpt").string(), 8));
+      for (const std::string s : {"train/lm_loss", "train/grad_norm", "noise_scale/b_simple"}) {
+        EXPECT_EQ(series(a / "metrics.h5", s), series(b / "metrics.h5", s)) << s << ": two runs differ";
+        EXPECT_EQ(series(a / "metrics.h5", s), series(c / "metrics.h5", s)) << s << ": the resumed run differs";
+      }
+    }
+  }
+}
+
+TEST_F(Gpu, CheckpointsMoveBetweenGpuAndCpu) {
+  mb::testing::TempDir tmp;
+  // GPU to CPU: 4 steps on the GPU, 4 more on the CPU; against 8 on the GPU
+  ok(train("gpt", tmp / "g8", "--device cuda", 8));
+  ok(train("gpt", tmp / "g4", "--device cuda --exit-interval 4 --save " + (tmp / "g4" / "ckpt").string(), 8));
+  ok(train("gpt", tmp / "c4", "--device cpu --load " + (tmp / "g4" / "ckpt").string(), 8));
+  const auto whole = series(tmp / "g8" / "metrics.h5", "train/lm_loss"), resumed = series(tmp / "c4" / "metrics.h5", "train/lm_loss");
+  ASSERT_EQ(resumed.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(resumed[i], whole[4 + i], 1e-4 * whole[4 + i]) << "iteration " << 5 + i;
+  // CPU to GPU, and a bf16 GPU run from an fp32 CPU checkpoint
+  ok(train("gpt", tmp / "c2", "--device cpu --exit-interval 2 --save " + (tmp / "c2" / "ckpt").string(), 4));
+  ok(train("gpt", tmp / "g2", "--device cuda --bf16 --load " + (tmp / "c2" / "ckpt").string(), 4));
+}
+
+TEST_F(Gpu, DiagnosticsAndTheNoiseScaleReachMetrics) {
+  mb::testing::TempDir tmp;
+  ok(train("gpt", tmp / "cpu", "--device cpu --optimizer lamb --diagnostics-interval 1 --log-noise-scale", 6));
+  ok(train("gpt", tmp / "gpu", "--device cuda --optimizer lamb --diagnostics-interval 1 --log-noise-scale", 6));
+  mb::testing::H5File c((tmp / "cpu" / "metrics.h5").string(), mb::testing::H5File::kRead),
+      g((tmp / "gpu" / "metrics.h5").string(), mb::testing::H5File::kRead);
+  const auto tc = c.read<double>("optimizer/trust_ratio"), tg = g.read<double>("optimizer/trust_ratio");
+  ASSERT_EQ(tc.size(), tg.size());
+  for (size_t i = 0; i < tc.size(); ++i) EXPECT_NEAR(tg[i], tc[i], 1e-3 * std::abs(tc[i])) << "trust ratio " << i;
+  const auto bc = c.read<double>("noise_scale/b_simple"), bg = g.read<double>("noise_scale/b_simple");
+  ASSERT_EQ(bc.size(), bg.size());
+  for (size_t i = 0; i < bc.size(); ++i) EXPECT_NEAR(bg[i], bc[i], 1e-3 * std::abs(bc[i])) << "B_simple " << i;
+}
+
+// ---- in-process: plugins and the allocator --------------------------------------------
+
+namespace {
+
+mb::models::ModelConfig tiny() {
+  mb::models::ModelConfig c;
+  c.num_layers = 2;
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.seq_length = 16;
+  c.vocab_size = 500;
+  c.hidden_dropout = c.attention_dropout = 0;
+  return c;
+}
+
+// Gradients that are a pure function of the parameter and element, on any device.
+void fill_grads(mb::nn::ParameterStore& store, int step) {
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    const uint64_t key = mb::mix_key(mb::name_key(info.name.data(), info.name.size()), static_cast<uint64_t>(step));
+    std::vector<float> g(info.numel);
+    for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(0.01 * mb::philox_normal(key, j));
+    mb::copy(store.grad(static_cast<int>(i)), mb::from_host(g, store.grad(static_cast<int>(i)).shape()));
+  }
+}
+
+}  // namespace
+
+TEST_F(Gpu, EveryPluginStepsOnTheGpuAsOnTheCpu) {
+  mb::comm::LocalCommunicator tp;
+  const auto search = mb::optim::plugin_search_path({plugin_dirs()});
+  const std::map<std::string, nlohmann::json> plugins = {
+      {"sgd", {{"momentum", 0.9}, {"nesterov", true}}}, {"adamw", {}}, {"lamb", {{"max_grad_norm", 0.5}}},
+      {"lars", {{"weight_decay", 0.01}}}, {"lamb_noise", {{"ref_batch", 4}}}, {"lamb_embscale", {{"ref_batch", 4}}},
+      {"adafactor", {{"weight_decay", 0.01}}}};
+  for (const auto& [name, hp] : plugins) {
+    SCOPED_TRACE(name);
+    const auto plugin = mb::optim::load_plugin(name, search);
+    std::vector<float> params[2];
+    std::map<std::string, std::vector<float>> state[2];
+    for (int d = 0; d < 2; ++d) {
+      const mb::Device dev = d ? mb::Device::cuda(0) : mb::Device::cpu();
+      auto model = mb::models::make_model(tiny(), tp, 7, mb::DType::kF32, dev);
+      mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, hp, "t"), 3);
+      for (int s = 1; s <= 3; ++s) {
+        fill_grads(model->parameters(), s);
+        opt.step(s, 1e-2, 64, -1.0, s == 3);
+      }
+      params[d] = mb::to_host_f32(model->parameters().params());
+      for (const auto& [key, st] : opt.state())
+        if (st.checkpointed) state[d][key.first + "/" + key.second] = mb::to_host_f32(st.tensor);
+    }
+    ASSERT_EQ(params[0].size(), params[1].size());
+    for (size_t j = 0; j < params[0].size(); ++j)
+      ASSERT_NEAR(params[1][j], params[0][j], 1e-5f * std::max(1.0f, std::abs(params[0][j]))) << name << " parameter " << j;
+    ASSERT_EQ(state[0].size(), state[1].size());
+    for (const auto& [key, v] : state[0])
+      for (size_t j = 0; j < v.size(); ++j)
+        ASSERT_NEAR(state[1][key][j], v[j], 1e-4f * std::max(1e-3f, std::abs(v[j]))) << key << "[" << j << "]";
+  }
+}
+
+TEST_F(Gpu, APluginWithoutDeviceCodeIsRefusedByName) {
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin("throwing", mb::optim::plugin_search_path({plugin_dirs()}));
+  auto model = mb::models::make_model(tiny(), tp, 7, mb::DType::kF32, mb::Device::cuda(0));
+  mb::testing::expect_error(
+      [&] { mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1); },
+      "optimizer plugin 'throwing'");
+  mb::testing::expect_error(
+      [&] { mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1); },
+      "has no GPU code");
+}
+
+TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
+  mb::comm::LocalCommunicator tp;
+  const mb::Device dev = mb::Device::cuda(0);
+  for (const mb::DType dt : {mb::DType::kF32, mb::DType::kBF16, mb::DType::kF16}) {
+    SCOPED_TRACE(mb::dtype_name(dt));
+    auto model = mb::models::make_model(tiny(), tp, 7, dt, dev);
+    const auto plugin = mb::optim::load_plugin("lamb", mb::optim::plugin_search_path());
+    mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1);
+    struct Src : mb::train::BatchSource {
+      void fill(uint64_t first, int64_t count, mb::train::Batch& b) override {
+        b.batch = count;
+        b.seq = 16;
+        b.tokens.assign(static_cast<size_t>(count * 16), 0);
+        b.labels.assign(b.tokens.size(), 0);
+        for (size_t i = 0; i < b.tokens.size(); ++i) {
+          b.tokens[i] = static_cast<int32_t>((first * 31 + i * 7) % 500);
+          b.labels[i] = static_cast<int32_t>((first * 17 + i * 3) % 500);
+        }
+      }
+    } src;
+    mb::train::TrainOptions o;
+    o.micro_batch_size = 2;
+    o.global_batch_size = 4;
+    o.train_iters = 1000;
+    o.log_interval = 4;
+    o.eval_iters = 0;
+    o.diagnostics_interval = 4;
+    o.noise_scale = true;
+    o.schedule.max_lr = o.schedule.min_lr = 1e-3;
+    o.schedule.style = mb::optim::DecayStyle::kConstant;
+    o.loss_scaler.initial_scale = 1024;
+    std::ostringstream console;
+    mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
+    for (int s = 0; s < 8; ++s) t.train_step();  // warm-up: the cache fills
+    const auto before = mb::runtime::alloc_stats(dev);
+    for (int s = 0; s < 8; ++s) t.train_step();  // two log intervals, diagnostics included
+    mb::runtime::synchronize(dev);
+    const auto after = mb::runtime::alloc_stats(dev);
+    EXPECT_EQ(after.raw_allocs, before.raw_allocs) << "cudaMalloc in the steady-state step";
+    EXPECT_EQ(after.raw_frees, before.raw_frees) << "cudaFree in the steady-state step";
+    EXPECT_EQ(t.losses().size(), 16u);
+  }
+}
