@@ -31,7 +31,7 @@ using nlohmann::json;
 
 namespace {
 
-// Exit status of a run stopped by SIGTERM or SIGUSR1 (after its checkpoint was written):
+// Exit status of a run stopped by SIGTERM, SIGUSR1 or a first SIGINT (after its checkpoint was written):
 // the sweep tool and Slurm requeue scripts read it as "resumable".
 constexpr int kExitStoppedBySignal = 3;
 

@@ -6,6 +6,8 @@
 #include <csignal>
 #include <cstdio>
 #include <ctime>
+#include <signal.h>
+#include <unistd.h>
 #include <ostream>
 
 #include "core/comm/collectives.h"
@@ -38,7 +40,47 @@ double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow
 
 namespace {
 volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) { g_stop_signal = sig; }
+extern "C" void on_stop_signal(int sig) {
+  if (sig == SIGINT) {  // the handler is installed with SA_RESETHAND: a second Ctrl-C ends the process
+    static const char msg[] =
+        "\n received SIGINT: stopping at the end of this iteration (with a checkpoint where --save is set); "
+        "Ctrl-C again exits at once\n";
+    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  }
+  g_stop_signal = sig;
+}
+
+// The stop signals' handlers for the duration of a run: SIGTERM and SIGUSR1 (schedulers),
+// SIGINT (Ctrl-C, once; left ignored where the parent ignores it, as for background jobs
+// of a script). The destructor puts the previous handlers back.
+class StopSignals {
+ public:
+  StopSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    ::sigaction(SIGTERM, &sa, &old_[0]);
+    ::sigaction(SIGUSR1, &sa, &old_[1]);
+    struct sigaction current {};
+    ::sigaction(SIGINT, nullptr, &current);
+    if (current.sa_handler != SIG_IGN) {
+      sa.sa_flags = SA_RESETHAND;
+      ::sigaction(SIGINT, &sa, &old_[2]);
+      int_installed_ = true;
+    }
+  }
+  ~StopSignals() {
+    ::sigaction(SIGTERM, &old_[0], nullptr);
+    ::sigaction(SIGUSR1, &old_[1], nullptr);
+    if (int_installed_) ::sigaction(SIGINT, &old_[2], nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_[3] {};
+  bool int_installed_ = false;
+};
 
 std::string timestamp() {
   char buf[32];
@@ -471,12 +513,7 @@ StopReason Trainer::run() {
     if (saving && last_saved_ != iteration_) save_checkpoint();
   };
   g_stop_signal = 0;
-  auto old_term = std::signal(SIGTERM, on_stop_signal);
-  auto old_usr1 = std::signal(SIGUSR1, on_stop_signal);
-  auto restore_handlers = [&]() {
-    std::signal(SIGTERM, old_term);
-    std::signal(SIGUSR1, old_usr1);
-  };
+  const StopSignals handlers;
   interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
   try {
@@ -511,7 +548,6 @@ StopReason Trainer::run() {
     if (reason == StopReason::kExitInterval)
       console_ << " exiting after iteration " << iteration_ << " (--exit-interval)" << std::endl;
   } catch (...) {
-    restore_handlers();
     if (metrics_) {
       try {
         drain();
@@ -524,7 +560,6 @@ StopReason Trainer::run() {
     }
     throw;
   }
-  restore_handlers();
   return reason;
 }
 

@@ -81,7 +81,7 @@ struct TrainOptions {
 // Why run() returned.
 enum class StopReason { kFinished, kExitInterval, kSignal };
 
-// The signal (SIGTERM or SIGUSR1) that asked the running trainer to stop, 0 if none.
+// The signal (SIGTERM, SIGUSR1 or SIGINT) that asked the running trainer to stop, 0 if none.
 int stop_signal();
 
 class Trainer {

@@ -160,6 +160,40 @@ TEST_F(Checkpoint, SigusrOneCheckpointsAtTheEndOfTheIterationAndExitsThree) {
       << resumed.output;
 }
 
+// Ctrl-C: the first SIGINT checkpoints at the end of the iteration and exits 3, as SIGUSR1;
+// a second one, sent while the first is being handled, ends the process at once.
+TEST_F(Checkpoint, CtrlCCheckpointsAndASecondCtrlCExitsAtOnce) {
+  mb::testing::TempDir tmp;
+  const std::string log = (tmp / "log").string(), c = (tmp / "c").string();
+  // `set -m`: a background job of a script otherwise starts with SIGINT ignored (and train
+  // then leaves it so)
+  auto run = [&](const std::string& cmd, const std::string& signals) {
+    return mb::testing::run_command("bash -c 'set -m; " + cmd + " > " + log +
+                                    " 2>&1 & pid=$!; for i in $(seq 1200); do grep -q \"iteration  *3/\" " + log +
+                                    " && break; sleep 0.05; done; " + signals + "; wait $pid; echo exit=$? >> " + log +
+                                    "; cat " + log + "'");
+  };
+  auto r = run(train(tmp / "run", "--train-iters 100000 --save " + c), "kill -INT $pid");
+  EXPECT_NE(r.output.find("received SIGINT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped by signal 2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit=3"), std::string::npos) << r.output;
+  const auto iters = series(tmp / "run" / "metrics.h5", "train/iteration");
+  ASSERT_FALSE(iters.empty());
+  EXPECT_EQ(mb::testing::read_text(fs::path(c) / "latest_checkpointed_iteration.txt"), std::to_string(static_cast<int>(iters.back())) + "\n")
+      << "the checkpoint is of the last finished iteration";
+  // Iterations of about a second: the second Ctrl-C comes while the first waits for the
+  // iteration's end, and ends the process (128 + 2) before it writes a checkpoint.
+  const std::string c2 = (tmp / "c2").string();
+  r = run(mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 8 --global-batch-size 8 --train-iters 1000 "
+          "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c2 + " --data-path " +
+          (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + (tmp / "run2").string(),
+          "kill -INT $pid; sleep 0.3; kill -INT $pid");
+  EXPECT_NE(r.output.find("received SIGINT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(fs::path(c2) / "latest_checkpointed_iteration.txt")) << r.output;
+  EXPECT_GE(series(tmp / "run2" / "metrics.h5", "train/iteration").size(), 3u) << "the metrics logged before stay readable";
+}
+
 // SIGKILL while the checkpoint of iteration 4 is being written (its .tmp exists): the
 // checkpoint of iteration 2 stays the latest, loads, and the run continues from it.
 TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {

@@ -52,7 +52,10 @@ TEST_F(TwoHosts, DataParallelAcrossTwoHostsMatchesOneProcess) {
   const std::string src = mb::testing::source_dir();
   // mpirun itself runs on "host" 1; every daemon is started through the namespace agent
   const auto r = mb::testing::run_command(
-      "ip netns exec mbhost1 env OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 " + src +
+      // mpirun and each daemon keep their session directories in this test's own folders
+      "mkdir -p " + (tmp / "mpirun").string() + " && ip netns exec mbhost1 env OMPI_ALLOW_RUN_AS_ROOT=1 "
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + (tmp / "mpirun").string() + " MB_NETNS_TMPDIR=" + tmp.path().string() +
+      " timeout 120 " + src +
       "/launchers/ec2/launch.sh --instance-type g4dn.12xlarge --hostfile " + (tmp / "hosts").string() +
       " --ranks-per-node 1 --mpirun-arg --mca --mpirun-arg plm_rsh_agent --mpirun-arg " + src + "/tests/mpi/netns_rsh.sh" +
       " --mpirun-arg --mca --mpirun-arg oob_tcp_if_include --mpirun-arg 10.77.0.0/24" +

@@ -57,6 +57,10 @@ inline void write_text(const std::filesystem::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
   out << s;
 }
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 
 // fn() must throw megabatch::Error with `needle` in its message.
 template <typename Fn>
