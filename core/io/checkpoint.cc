@@ -69,8 +69,8 @@ void write_tensor(hid_t file, const std::string& name, const std::vector<float>&
   H5Pset_create_intermediate_group(lcpl.id, 1);
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Handle d(H5Dcreate2(file, name.c_str(), H5T_NATIVE_FLOAT, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-  check(d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0, path,
-        ": cannot write ", name, " (disk full?)");
+  const bool ok = d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0;
+  if (!ok) fail(path, ": cannot write ", name, h5_os_reason());
 }
 
 // The padded vocabulary of the checkpoint's model and of this run's: tensors with one row
@@ -156,6 +156,16 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
 
 }  // namespace
 
+void remove_unfinished_checkpoints(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.size() < 4 || name.substr(name.size() - 4) != ".tmp" || e.is_symlink()) continue;
+    const fs::path finished = e.path().parent_path() / name.substr(0, name.size() - 4);
+    if (iteration_of(finished) || finished.filename() == kLatest) fs::remove(e.path(), ec);
+  }
+}
+
 fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(iteration));
@@ -187,7 +197,9 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     fs::create_directories(dir, ec);
     check(!ec, dir.string(), ": cannot create the checkpoint directory (", ec.message(), ")");
   }
-  {
+  // Writes PATH.tmp; on any failure (a full disk: HDF5's errors name the file) the
+  // unfinished file is removed and the previous checkpoints stay as they were.
+  auto write_unfinished = [&]() {
     Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) : -1, H5Fclose);
     if (writer) {
       check(f.id >= 0, tmp.string(), ": cannot create the checkpoint (is the directory writable?)");
@@ -223,7 +235,27 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
           write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, s.full_shape(tp.size()), tmp.string());
       }
     }
-    if (writer) check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, tmp.string(), ": cannot flush (disk full?)");
+    if (!writer) return;
+    if (H5Fflush(f.id, H5F_SCOPE_GLOBAL) < 0) fail(tmp.string(), ": cannot flush", h5_os_reason());
+    const herr_t closed = H5Fclose(f.id);
+    f.id = -1;
+    if (closed < 0) fail(tmp.string(), ": cannot close", h5_os_reason());
+  };
+  try {
+    write_unfinished();
+  } catch (const Error& e) {
+    std::error_code ec;
+    if (!writer) throw;
+    fs::remove(tmp, ec);
+    const auto older = list_checkpoints(dir);
+    throw Error(std::string(e.what()) + "; removed the unfinished file" +
+                (older.empty() ? std::string("")
+                               : ", the checkpoint of iteration " + std::to_string(older.back().first) +
+                                     " is intact (resume from it with --load " + dir.string() + ")"));
+  } catch (...) {
+    std::error_code ec;
+    if (writer) fs::remove(tmp, ec);
+    throw;
   }
   if (writer) {
     fsync_path(tmp, O_RDONLY);

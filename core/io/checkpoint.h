@@ -48,6 +48,9 @@ struct CheckpointState {
 using OptimizerState = optim::OptimizerState;
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t iteration);
+// Removes what killed or failed writes left in dir: iter_NNNNNNN.h5.tmp and
+// latest_checkpointed_iteration.txt.tmp, nothing else (no other file, no symlink).
+void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 
 // The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.

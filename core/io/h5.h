@@ -23,12 +23,39 @@ struct Handle {  // closes an HDF5 id with the matching function
   Handle& operator=(const Handle&) = delete;
 };
 
+// Before the first HDF5 call: no error printing (our errors name the file), and no
+// library clean-up at exit. HDF5's exit handler closes files still open, and one whose
+// write failed (a full disk) stays open in the library and crashes that handler; every
+// file here is closed explicitly, so there is nothing left for it to do.
 inline void silence_hdf5() {
   static bool done = [] {
+    H5dont_atexit();
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
     return true;
   }();
   (void)done;
+}
+
+// The operating system's reason for the HDF5 call that just failed, as " (No space left
+// on device)", from HDF5's error stack ("..., error message = '...'"), or " (disk full?)"
+// when the stack holds none. Call right after the failing call.
+inline std::string h5_os_reason() {
+  std::string found;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        auto& f = *static_cast<std::string*>(out);
+        if (!f.empty() || e->desc == nullptr) return 0;
+        const std::string d = e->desc, key = "error message = '";
+        const size_t a = d.find(key);
+        if (a != std::string::npos) {
+          const size_t b = d.find('\'', a + key.size());
+          if (b != std::string::npos) f = d.substr(a + key.size(), b - a - key.size());
+        }
+        return 0;
+      },
+      &found);
+  return found.empty() ? " (disk full?)" : " (" + found + ")";
 }
 
 inline void write_attr(hid_t loc, const std::string& name, const nlohmann::json& v, const std::string& file) {

@@ -4,11 +4,16 @@
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <type_traits>
 
 #include "core/io/h5.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 
 namespace megabatch::io {
+static_assert(std::is_same_v<hid_t, int64_t>, "metrics.h keeps the file id as int64_t");
 namespace {
 
 void write_config(hid_t f, const nlohmann::json& config, const std::string& path) {
@@ -49,48 +54,87 @@ void truncate_group(hid_t f, const std::string& group, int64_t last, const std::
   }
 }
 
-// Creates (replacing) the file with the configuration attributes.
-void create_file(const std::filesystem::path& path, const nlohmann::json& config) {
+// File access through HDF5's core driver without a backing store: the file lives in
+// memory, and persist() writes its image to disk.
+hid_t in_memory_access() {
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_core(fapl, size_t{1} << 20, 0);
+  return fapl;
+}
+
+// The in-memory file's name: HDF5 needs one, and the core driver refuses to open an image
+// under a name that exists on disk; this one names the file and never exists.
+std::string memory_name(const std::filesystem::path& path) {
+  return "/nonexistent/megabatch-in-memory" + std::filesystem::absolute(path).string();
+}
+
+// An in-memory file holding the configuration attributes.
+hid_t create_in_memory(const std::filesystem::path& path, const nlohmann::json& config) {
   silence_hdf5();
-  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
-  Handle f(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, path.string(), ": cannot create the metrics file (check the directory exists and is writable)");
-  write_config(f.id, config, path.string());
-  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path.string(), ": cannot flush");
+  Handle fapl(in_memory_access(), H5Pclose);
+  const hid_t f = H5Fcreate(memory_name(path).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id);
+  check(f >= 0, path.string(), ": cannot create the metrics file in memory");
+  write_config(f, config, path.string());
+  return f;
 }
 
 }  // namespace
 
+namespace {
+// A temporary file left by a write that was killed or failed: never the metrics.
+void remove_stale_temporary(const std::filesystem::path& path) {
+  std::error_code ec;
+  std::filesystem::remove(std::filesystem::path(path.string() + ".tmp"), ec);
+}
+}  // namespace
+
 MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& config) : path_(std::move(path)) {
-  create_file(path_, config);
+  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  remove_stale_temporary(path_);
+  file_ = create_in_memory(path_, config);
+  persist();
 }
 
 MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& config, int64_t resume_after)
     : path_(std::move(path)) {
   silence_hdf5();
+  if (path_.has_parent_path()) std::filesystem::create_directories(path_.parent_path());
+  remove_stale_temporary(path_);
   if (!std::filesystem::exists(path_)) {
-    create_file(path_, config);
+    file_ = create_in_memory(path_, config);
+    persist();
     return;
   }
-  Handle f(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, path_.string(), ": cannot open the metrics file to continue it (is it an HDF5 file?)");
+  // The file's bytes, read here, become the in-memory file's image: HDF5 never opens (or
+  // locks) the file on disk, so readers are never locked out.
+  std::vector<char> bytes;
+  {
+    std::ifstream in(path_, std::ios::binary);
+    check(in.good(), path_.string(), ": cannot read the metrics file to continue it");
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  Handle fapl(in_memory_access(), H5Pclose);
+  if (!bytes.empty()) H5Pset_file_image(fapl.id, bytes.data(), bytes.size());
+  file_ = H5Fopen(memory_name(path_).c_str(), H5F_ACC_RDWR, fapl.id);
+  check(file_ >= 0, path_.string(), ": cannot open the metrics file to continue it (not an HDF5 file? move it away to start a new one)");
+  const hid_t f = file_;
   for (const auto& [k, v] : config.items())
-    if (H5Aexists(f.id, k.c_str()) > 0) H5Adelete(f.id, k.c_str());
-  if (H5Aexists(f.id, "config") > 0) H5Adelete(f.id, "config");
-  write_config(f.id, config, path_.string());
+    if (H5Aexists(f, k.c_str()) > 0) H5Adelete(f, k.c_str());
+  if (H5Aexists(f, "config") > 0) H5Adelete(f, "config");
+  write_config(f, config, path_.string());
   H5G_info_t info{};
-  H5Gget_info(f.id, &info);
+  H5Gget_info(f, &info);
   for (hsize_t i = 0; i < info.nlinks; ++i) {
     char name[256];
-    H5Lget_name_by_idx(f.id, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
+    H5Lget_name_by_idx(f, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name, H5P_DEFAULT);
     H5O_info_t oi{};
-    if (H5Oget_info_by_name2(f.id, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_GROUP)
-      truncate_group(f.id, name, resume_after, path_.string());
+    if (H5Oget_info_by_name2(f, name, &oi, H5O_INFO_BASIC, H5P_DEFAULT) >= 0 && oi.type == H5O_TYPE_GROUP)
+      truncate_group(f, name, resume_after, path_.string());
   }
   // String datasets already there stay as they are (a resumed run has the same model:
   // the checkpoint loader refuses any other).
-  if (H5Lexists(f.id, "optimizer/tensor_names", H5P_DEFAULT) > 0) kept_strings_.insert("optimizer/tensor_names");
-  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush");
+  if (H5Lexists(f, "optimizer/tensor_names", H5P_DEFAULT) > 0) kept_strings_.insert("optimizer/tensor_names");
+  persist();
 }
 
 MetricsFile::~MetricsFile() {
@@ -98,6 +142,18 @@ MetricsFile::~MetricsFile() {
     flush();
   } catch (const std::exception&) {
   }
+  if (file_ >= 0) H5Fclose(file_);
+}
+
+void MetricsFile::persist() {
+  check(H5Fflush(file_, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush the in-memory file");
+  const ssize_t size = H5Fget_file_image(file_, nullptr, 0);
+  check(size > 0, path_.string(), ": cannot take the file's image");
+  image_.resize(static_cast<size_t>(size));
+  check(H5Fget_file_image(file_, image_.data(), image_.size()) == size, path_.string(), ": cannot take the file's image");
+  AtomicFile out(path_);  // PATH.tmp, fsync'ed, renamed over PATH: PATH is always a whole file
+  out.write(image_.data(), image_.size());
+  out.commit();
 }
 
 void MetricsFile::append(const std::string& series, double value) {
@@ -137,10 +193,8 @@ void MetricsFile::flush() {
   bool any = !strings_.empty();
   for (const auto& [series, p] : pending_) any = any || !p.values.empty();
   if (!any) return;
-  Handle f(H5Fopen(path_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, path_.string(), ": cannot reopen the metrics file to append (was it removed or moved?)");
   for (auto& [name, values] : strings_) {
-    if (H5Lexists(f.id, name.c_str(), H5P_DEFAULT) <= 0) {
+    if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) {
       std::vector<const char*> ptrs;
       for (const auto& v : values) ptrs.push_back(v.c_str());
       Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
@@ -149,9 +203,9 @@ void MetricsFile::flush() {
       const hsize_t n = values.size();
       Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
       Handle lcpl(create_link_props(), H5Pclose);
-      Handle d(H5Dcreate2(f.id, name.c_str(), type.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+      Handle d(H5Dcreate2(file_, name.c_str(), type.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
       check(d.id >= 0 && H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) >= 0, path_.string(),
-            ": cannot write ", name, " (disk full?)");
+            ": cannot write ", name);
     }
     written_strings_[name] = values;
   }
@@ -162,8 +216,8 @@ void MetricsFile::flush() {
     const hsize_t width = p.width == 0 ? 1 : p.width;
     const hsize_t rows = p.values.size() / width;
     hid_t d = -1;
-    if (H5Lexists(f.id, series.c_str(), H5P_DEFAULT) > 0) {
-      d = H5Dopen2(f.id, series.c_str(), H5P_DEFAULT);
+    if (H5Lexists(file_, series.c_str(), H5P_DEFAULT) > 0) {
+      d = H5Dopen2(file_, series.c_str(), H5P_DEFAULT);
     } else {
       Handle lcpl(create_link_props(), H5Pclose);
       const hsize_t zero[2] = {0, width}, max[2] = {H5S_UNLIMITED, width};
@@ -171,7 +225,7 @@ void MetricsFile::flush() {
       Handle space(H5Screate_simple(rank, zero, max), H5Sclose);
       Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
       H5Pset_chunk(dcpl.id, rank, chunk);
-      d = H5Dcreate2(f.id, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
+      d = H5Dcreate2(file_, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
     }
     Handle ds(d, H5Dclose);
     check(ds.id >= 0, path_.string(), ": cannot open or create series ", series);
@@ -189,10 +243,10 @@ void MetricsFile::flush() {
     H5Sselect_hyperslab(space.id, H5S_SELECT_SET, start, nullptr, count, nullptr);
     Handle mem(H5Screate_simple(rank, count, nullptr), H5Sclose);
     check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, p.values.data()) >= 0, path_.string(),
-          ": cannot write series ", series, " (disk full?)");
+          ": cannot write series ", series);
     p.values.clear();
   }
-  check(H5Fflush(f.id, H5F_SCOPE_GLOBAL) >= 0, path_.string(), ": cannot flush (disk full?)");
+  persist();
 }
 
 }  // namespace megabatch::io

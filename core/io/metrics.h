@@ -4,11 +4,16 @@
 // 2-D series (rows x columns, e.g. "optimizer/trust_ratio": logged step x tensor) with
 // string datasets beside them naming the columns ("optimizer/tensor_names").
 //
-// Rows are buffered and written by flush(), which opens the file, appends, and closes it
-// again: between flushes the file on disk is complete and readable by anything (h5py,
-// h5dump), so a killed run keeps every flushed row and loses at most one interval.
+// The file is built in memory (HDF5's core driver) and flush() writes its whole image to
+// PATH.tmp, fsyncs it and renames it over PATH: the file on disk is always complete, so a
+// run killed at any instant (kill -9 included) leaves a metrics.h5 that any HDF5 reader
+// opens, with every interval flushed before the kill; a reader may open it while the run
+// writes (it sees the last flush); a full disk is an error naming the file, with the
+// previous version intact. A stale PATH.tmp is removed at the next start. (A flush writes
+// the whole file, a few MB for a long run with diagnostics: cheap next to an interval.)
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -39,12 +44,16 @@ class MetricsFile {
   // Writes a 1-D string dataset once (e.g. column names); later calls with the same
   // name must give the same strings.
   void set_strings(const std::string& name, const std::vector<std::string>& values);
-  // Writes buffered values. Error naming the file on failure (disk full, removed, ...).
+  // Writes buffered values. Error naming the file on failure (disk full, ...).
   void flush();
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  void persist();  // the in-memory file's image to disk, atomically
+
   std::filesystem::path path_;
+  int64_t file_ = -1;          // hid_t of the in-memory file
+  std::vector<char> image_;    // reused between flushes
   struct Pending {
     size_t width = 0;  // 0: a 1-D series; otherwise the row width of a 2-D series
     std::vector<double> values;

@@ -455,6 +455,7 @@ int run(int argc, char** argv) {
     f.write(text.data(), text.size());
     f.commit();
   }
+  if (logger && !opt.save_dir.empty()) mb::io::remove_unfinished_checkpoints(opt.save_dir);
   // --- checkpoint to continue from (read before metrics.h5, which a resumed run continues)
   std::optional<std::filesystem::path> resume_from;
   mb::io::CheckpointState resume_state;

@@ -1,0 +1,128 @@
+// Nothing written is lost: kill -9 at any instant leaves metrics.h5 readable with every
+// flushed interval and the resumed run continues it; a reader opens metrics.h5 while the
+// run writes it; a full disk (a small tmpfs in a private mount namespace: needs root, as
+// CI has) is an error naming the file, exit 1 (no crash in HDF5's exit handlers), with the
+// last checkpoint and the metrics intact; unfinished checkpoint files are removed at the
+// next start, and nothing else is.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace fs = std::filesystem;
+namespace mb = megabatch;
+
+namespace {
+
+std::string train(const fs::path& run, const fs::path& ckpt, const std::string& extra) {
+  return mb::testing::bin_dir() + "/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 "
+         "--micro-batch-size 2 --global-batch-size 2 --lr 1e-3 --log-interval 1 --eval-iters 0 --threads 1 --data-path " +
+         (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " --save " +
+         ckpt.string() + " " + extra;
+}
+
+// h5py's view of a metrics file: "ok N" when it opens, every train/ series has N rows and
+// train/iteration is 1..N; otherwise what is wrong.
+std::string check_metrics(const fs::path& metrics) {
+  const auto r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "f = h5py.File('" + metrics.string() + "', 'r')\n"
+      "g = f['train']; n = len(g['iteration'])\n"
+      "bad = [k for k in g if len(g[k]) != n]\n"
+      "print('uneven', bad) if bad else print('ok', n) if np.array_equal(g['iteration'][:], np.arange(1, n + 1)) "
+      "else print('iterations', g['iteration'][:])\" 2>&1");
+  return r.output;
+}
+
+}  // namespace
+
+TEST(Durability, KillNineAtAnyInstantLeavesMetricsReadableAndTheRunContinuesThem) {
+  mb::testing::TempDir tmp;
+  const fs::path run = tmp / "run", ckpt = tmp / "ckpt";
+  const std::string cmd = train(run, ckpt, "--train-iters 150 --save-interval 2 --load " + ckpt.string());
+  int last = 0;
+  for (const char* delay : {"0.7", "0.9", "1.1", "1.3", "1.6", "1.9"}) {
+    const auto r = mb::testing::run_command(cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; sleep " + delay +
+                                            "; kill -9 $pid; wait $pid; echo killed=$?");
+    ASSERT_NE(r.output.find("killed=137"), std::string::npos)
+        << "the run ended before the kill: " << r.output << mb::testing::read_text(tmp / "log");
+    if (!fs::exists(run / "metrics.h5")) continue;  // killed before its first write
+    const std::string seen = check_metrics(run / "metrics.h5");
+    ASSERT_EQ(seen.rfind("ok ", 0), 0u) << "after kill -9 at " << delay << " s: " << seen;
+    last = std::stoi(seen.substr(3));
+  }
+  EXPECT_GT(last, 0) << "no kill came after the first interval";
+  // The last run, to the end, with a reader opening the file over and over meanwhile.
+  const auto r = mb::testing::run_command(
+      cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; /usr/bin/python3 -c \"import h5py, os, time\n"
+      "opened = failed = 0\n"
+      "while True:\n"
+      "    done = not os.path.exists('/proc/$pid') or open('/proc/$pid/stat').read().split()[2] == 'Z'\n"  // exited, not yet waited for
+      "    try:\n"
+      "        with h5py.File('" + (run / "metrics.h5").string() + "', 'r') as f: f['train/iteration'][:]\n"
+      "        opened += 1\n"
+      "    except Exception as e:\n"
+      "        failed += 1; print(e)\n"
+      "    if done: break\n"
+      "    time.sleep(0.01)\n"
+      "print('opened', opened, 'failed', failed)\"; wait $pid; echo exit=$?");
+  EXPECT_NE(r.output.find("exit=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("failed 0"), std::string::npos) << "a reader could not open metrics.h5 while the run wrote it:\n"
+                                                           << r.output;
+  const size_t at = r.output.find("opened ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_GE(std::stoi(r.output.substr(at + 7)), 5) << "the reader ran while the run wrote: " << r.output;
+  EXPECT_EQ(check_metrics(run / "metrics.h5"), "ok 150\n") << "every iteration once, in order";
+  for (const auto& e : fs::directory_iterator(run)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
+}
+
+TEST(Durability, AFullDiskIsAClearErrorThatLosesNothing) {
+  mb::testing::TempDir tmp;
+  const fs::path disk = tmp / "disk", run = disk / "run", ckpt = disk / "ckpt";
+  fs::create_directories(disk);
+  (void)mb::testing::brown_data();  // made outside the small disk
+  // A checkpoint of this model (1.6 M parameters, AdamW) is 19.5 MB: the second does not fit
+  // in 30 MB. Everything is checked inside the namespace that has the mount.
+  const auto r = mb::testing::run_command(
+      "unshare -m sh -c '"
+      "mount -t tmpfs -o size=30m tmpfs " + disk.string() + " || { echo cannot mount a tmpfs: needs root; exit 0; }; " +
+      train(run, ckpt, "--train-iters 10 --save-interval 2") + " > " + (tmp / "log").string() + " 2>&1; echo exit=$?; "
+      "ls " + ckpt.string() + "; cat " + (ckpt / "latest_checkpointed_iteration.txt").string() + "; " +
+      "/usr/bin/python3 -c \"import h5py; f = h5py.File(\\\"" + (run / "metrics.h5").string() +
+      "\\\", \\\"r\\\"); print(\\\"metrics rows\\\", len(f[\\\"train/iteration\\\"]))\"; " +
+      "/usr/bin/python3 -c \"import h5py; f = h5py.File(\\\"" + (ckpt / "iter_0000002.h5").string() +
+      "\\\", \\\"r\\\"); print(\\\"checkpoint iteration\\\", f.attrs[\\\"iteration\\\"])\"'");
+  const std::string log = mb::testing::read_text(tmp / "log");
+  ASSERT_EQ(r.output.find("cannot mount"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("exit=1"), std::string::npos) << "an error, not a crash:\n" << r.output << log;
+  EXPECT_NE(log.find("iter_0000004.h5.tmp: cannot write"), std::string::npos) << log;
+  EXPECT_NE(log.find("No space left on device"), std::string::npos) << log;
+  EXPECT_NE(log.find("the checkpoint of iteration 2 is intact (resume from it with --load"), std::string::npos) << log;
+  EXPECT_EQ(r.output.find(".tmp"), std::string::npos) << "the unfinished checkpoint was removed:\n" << r.output;
+  EXPECT_NE(r.output.find("iter_0000002.h5\nlatest_checkpointed_iteration.txt\n2\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("metrics rows 4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checkpoint iteration 2"), std::string::npos) << r.output;
+}
+
+TEST(Durability, UnfinishedCheckpointFilesGoAtTheNextStartAndNothingElseDoes) {
+  mb::testing::TempDir tmp;
+  const fs::path ckpt = tmp / "ckpt";
+  fs::create_directories(ckpt);
+  for (const char* name : {"iter_0000004.h5.tmp", "latest_checkpointed_iteration.txt.tmp", "notes.tmp", "iter_4.h5.tmp"})
+    mb::testing::write_text(ckpt / name, "x");
+  fs::create_directories(tmp / "elsewhere");
+  mb::testing::write_text(tmp / "elsewhere" / "iter_0000006.h5.tmp", "precious");
+  fs::create_symlink(tmp / "elsewhere" / "iter_0000006.h5.tmp", ckpt / "iter_0000006.h5.tmp");
+  const auto r = mb::testing::run_command(train(tmp / "run", ckpt, "--train-iters 2 --save-interval 2") + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(ckpt / "iter_0000004.h5.tmp"));
+  EXPECT_FALSE(fs::exists(ckpt / "latest_checkpointed_iteration.txt.tmp"));
+  EXPECT_TRUE(fs::exists(ckpt / "notes.tmp")) << "not megabatch's";
+  EXPECT_TRUE(fs::exists(ckpt / "iter_4.h5.tmp")) << "not a name megabatch writes";
+  EXPECT_TRUE(fs::is_symlink(ckpt / "iter_0000006.h5.tmp")) << "symlinks are not removed";
+  EXPECT_EQ(mb::testing::read_text(tmp / "elsewhere" / "iter_0000006.h5.tmp"), "precious");
+  EXPECT_TRUE(fs::exists(ckpt / "iter_0000002.h5"));
+}
