@@ -54,6 +54,30 @@ std::string tail(const fs::path& path, size_t bytes) {
   return s;
 }
 
+// The mark of a point directory made by the sweep tool: nothing without it is deleted.
+constexpr const char* kPointMark = ".megabatch-point";
+
+void make_point_dir(const fs::path& dir) {
+  fs::create_directories(dir);
+  if (!fs::exists(fs::symlink_status(dir / kPointMark))) write_atomic(dir / kPointMark, "made by megabatch sweep\n");
+}
+
+// Removes a point directory (--rerun): only a real directory (not a symlink) directly in
+// the sweep's run directory, carrying the mark; remove_all does not follow the symlinks
+// inside it. Anything else is an error that says why.
+void remove_point_dir(const fs::path& root, const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  check(dir.parent_path() == root && !name.empty() && name != "." && name != "..", "not removing ", dir.string(),
+        ": not a point directory of ", root.string());
+  const auto st = fs::symlink_status(dir);
+  if (st.type() == fs::file_type::not_found) return;
+  check(st.type() == fs::file_type::directory, "not removing ", dir.string(),
+        ": it is a symlink or not a directory; the sweep tool deletes only what it made (remove it yourself)");
+  check(fs::symlink_status(dir / kPointMark).type() == fs::file_type::regular, "not removing ", dir.string(),
+        ": it has no ", kPointMark, " mark, so the sweep tool did not make it (remove it yourself, or give the sweep a new name)");
+  fs::remove_all(dir);
+}
+
 // Whether the point in `dir` already ran (its point.json exists) with a configuration
 // other than `config`.
 bool ran_with_other_config(const fs::path& dir, const json& config) {
@@ -238,7 +262,11 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
            "discard those points and run them again, or give the sweep a new name");
     for (auto& p : ps)
       if (std::find(changed.begin(), changed.end(), p.point->id) != changed.end()) {
-        fs::remove_all(p.dir);
+        if (o.dry_run) {
+          std::cout << "  --rerun discards " << p.dir.string() << " (its configuration changed)\n";
+          continue;
+        }
+        remove_point_dir(root, p.dir);
         p.state = "pending";
         p.wall_s = 0;
         p.progress = {};
@@ -302,7 +330,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     }
   };
   auto start_point = [&](PointState& p) {
-    fs::create_directories(p.dir);
+    make_point_dir(p.dir);
     write_atomic(p.dir / "point.json", p.point->config.dump(2) + "\n");
     const fs::path ckpt = p.dir / "checkpoints";
     const int64_t save_interval = std::max<int64_t>(1, p.train_iters / 10);
@@ -420,7 +448,7 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir) {
     const fs::path dir = root / p.id;
     check(!ran_with_other_config(dir, p.config), (dir / "point.json").string(),
           ": this point already ran with another configuration; give the sweep a new name or remove ", dir.string());
-    fs::create_directories(dir);
+    make_point_dir(dir);
     write_atomic(dir / "point.json", p.config.dump(2) + "\n");
     ids += p.id + "\n";
   }

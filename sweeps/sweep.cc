@@ -1,5 +1,6 @@
 #include "sweeps/sweep.h"
 
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -70,9 +71,16 @@ ordered_json load_with_includes(const fs::path& file, std::vector<fs::path>& cha
   return j;
 }
 
-// Formats a value for a point id: integers as is, floats with 3 significant digits.
+// Formats a value for a point id: integers as is, floats with 3 significant digits, a
+// string with slashes (a path) by its last component.
 std::string id_value(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
+  if (v.is_string()) {
+    std::string t = v.get<std::string>();
+    while (!t.empty() && t.back() == '/') t.pop_back();
+    const size_t slash = t.rfind('/');
+    return slash == std::string::npos ? t : t.substr(slash + 1);
+  }
+  if (v.is_array() && v.size() == 1) return id_value(v[0]);  // e.g. a data path given as a list
   if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_number()) {
@@ -102,6 +110,28 @@ std::string id_prefix(const std::string& key) {
   }
   return p;
 }
+
+}  // namespace
+
+std::string safe_point_id(const std::string& raw) {
+  constexpr size_t kMax = 120;
+  std::string id;
+  for (unsigned char c : raw)
+    id += std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '+' ? static_cast<char>(c) : '_';
+  for (size_t at; (at = id.find("..")) != std::string::npos;) id.replace(at, 2, "_.");
+  if (!id.empty() && id.front() == '.') id.front() = '_';
+  if (id.empty()) id = "point";
+  if (id.size() > kMax) {  // cut, with a hash of the whole so that distinct ids stay distinct
+    uint64_t h = 1469598103934665603ull;
+    for (unsigned char c : raw) h = (h ^ c) * 1099511628211ull;
+    char tail[18];
+    std::snprintf(tail, sizeof tail, "-%016llx", static_cast<unsigned long long>(h));
+    id = id.substr(0, kMax - 17) + tail;
+  }
+  return id;
+}
+
+namespace {
 
 struct Axis {  // one grid key or one zip group: a list of assignments
   std::vector<std::string> keys;
@@ -241,7 +271,7 @@ Sweep load_sweep(const fs::path& file) {
           id += id_prefix(k) + id_value(c[k]);
         }
         if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(seed);
-        return id.empty() ? std::string("point") : id;
+        return safe_point_id(id);
       };
       const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>()
                                                           : (c.contains("micro_batch_size") ? c["micro_batch_size"].get<int64_t>() : 8);

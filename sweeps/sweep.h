@@ -18,7 +18,10 @@
 // keys and the first key of each zip group by their initials, lr<value> when the learning
 // rate is swept or derived, s<seed>), e.g.
 // lamb-bs4096-lr0.0283-s1: readable and deterministic, so re-running a sweep finds its
-// points again. Objects of an included file are merged key by key (the including file
+// points again. An id is a file name of its own (safe_point_id): a string value with
+// slashes (a data path) contributes its last component, and nothing but letters, digits
+// and '-', '_', '.', '+' reaches the file system (no separators, no '..', no leading dot,
+// at most 120 characters). Objects of an included file are merged key by key (the including file
 // wins); arrays and scalars are replaced.
 #pragma once
 
@@ -43,6 +46,11 @@ struct Sweep {
   std::vector<Point> points;
   int jobs = 0, threads = 0;             // 0: decided by the runner
 };
+
+// `raw` made into a point directory name: characters other than letters, digits, '-',
+// '_', '.', '+' become '_', as do '..' and a leading '.'; longer than 120 characters, it is
+// cut and ends with a hash of the whole.
+std::string safe_point_id(const std::string& raw);
 
 // Loads, merges includes, expands and validates every point against train's options.
 // Errors name the file and key, or the point id and the failing key.

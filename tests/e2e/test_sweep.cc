@@ -5,6 +5,7 @@
 // runs; a changed configuration is not mixed with old results.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -166,6 +167,77 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   r = mb::testing::run_command(sweep("run " + odd.string() + " --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
+}
+
+// Swept strings never steer where points go: a path contributes its last component, other
+// characters become '_', ids are length-limited; nothing is created outside runs/<name>/.
+TEST_F(Sweep, PointIdsAreFileNamesOfTheirOwn) {
+  mb::testing::TempDir tmp;
+  const std::string data = (mb::testing::brown_data() / "brown_gpt2_text_document").string();
+  const fs::path file = tmp / "ids.json";
+  mb::testing::write_text(file, R"({"name": "ids",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
+           "global_batch_size": 2, "lr": 0.002, "train_iters": 1, "eval_iters": 0, "data_path": [")" + data + R"("]},
+  "grid": {"optimizer": ["../../../escape", "..", "a b\u0001c", ")" + std::string(200, 'x') + R"("],
+           "tokenizer_type": ["GPT2BPETokenizer"]}})");
+  const fs::path runs = tmp / "nested" / "runs";
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --jobs 1"));
+  EXPECT_EQ(r.exit_code, 1) << "the optimizers do not exist: " << r.output;
+  std::vector<std::string> made;
+  for (const auto& e : fs::directory_iterator(runs / "ids"))
+    if (e.is_directory()) made.push_back(e.path().filename().string());
+  std::sort(made.begin(), made.end());
+  ASSERT_EQ(made.size(), 4u) << r.output;
+  EXPECT_EQ(made[0], "_.-ttGPT2BPETokenizer");
+  EXPECT_EQ(made[1], "a_b_c-ttGPT2BPETokenizer");
+  EXPECT_EQ(made[2], "escape-ttGPT2BPETokenizer");
+  EXPECT_EQ(made[3].size(), 120u);
+  EXPECT_EQ(made[3].substr(0, 10), "xxxxxxxxxx");
+  std::vector<std::string> outside;
+  for (const auto& e : fs::recursive_directory_iterator(tmp.path()))
+    if (e.path().filename().string().find("escape") != std::string::npos) outside.push_back(e.path().string());
+  EXPECT_EQ(outside, std::vector<std::string>{(runs / "ids" / "escape-ttGPT2BPETokenizer").string()});
+}
+
+// --rerun deletes only point directories the sweep tool made (marked), never through a
+// symlink, and --dry-run deletes nothing.
+TEST_F(Sweep, RerunDeletesOnlyWhatTheSweepToolMade) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "mine", 16, R"("adamw")");
+  const fs::path runs = tmp / "runs", root = runs / "mine", outside = tmp / "outside";
+  fs::create_directories(outside);
+  mb::testing::write_text(outside / "precious.txt", "keep");
+  mb::testing::write_text(outside / "point.json", "{\"lr\": 1}");  // looks like a point that ran otherwise
+  const std::string changed = "{\"lr\": 1}";
+  // 1. a directory with a point's name that the tool did not make
+  fs::create_directories(root / "adamw-bs4-lr0.002-s3");
+  mb::testing::write_text(root / "adamw-bs4-lr0.002-s3" / "point.json", changed);
+  mb::testing::write_text(root / "adamw-bs4-lr0.002-s3" / "thesis.tex", "mine");
+  // 2. a symlink with a point's name, to a directory elsewhere
+  fs::create_directories(root);
+  fs::create_directory_symlink(outside, root / "adamw-bs8-lr0.00283-s3");
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --rerun"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("not removing"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(root / "adamw-bs4-lr0.002-s3" / "thesis.tex"));
+  EXPECT_EQ(mb::testing::read_text(outside / "precious.txt"), "keep");
+  // 3. a point the tool made, holding a symlink to the outside: the point goes, the outside stays
+  fs::remove_all(root);
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path made = root / "adamw-bs4-lr0.002-s3";
+  ASSERT_TRUE(fs::exists(made / ".megabatch-point"));
+  fs::create_directory_symlink(outside, made / "link");
+  mb::testing::write_text(made / "point.json", changed);
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4 --rerun --dry-run"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--rerun discards"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(made / "link")) << "--dry-run deletes nothing";
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4 --rerun"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_FALSE(fs::exists(fs::symlink_status(made / "link"))) << "the old point directory was replaced";
+  EXPECT_EQ(mb::testing::read_text(outside / "precious.txt"), "keep");
+  EXPECT_TRUE(fs::exists(outside / "point.json"));
 }
 
 TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
