@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -103,6 +104,32 @@ int main(int argc, char** argv) {
     const WordPieceTokenizer wp(asset_path("bert/vocab.txt"), true);
     time_encoder(wp, false, "megabatch WordPiece (uncased)", "");
 
+    // Pathological text: one line of random letters without whitespace is one pre-token,
+    // which the merges must take apart (target: >= 5 MB/s for 1 MB). The reference is
+    // quadratic in it, so it runs on a 16 KB line, beside megabatch on the same line.
+    auto letters = [](size_t n) {
+      std::mt19937 g(7);
+      std::string line;
+      for (size_t i = 0; i < n; ++i) line += static_cast<char>('a' + g() % 26);
+      return line;
+    };
+    auto time_line = [&](const std::string& line, const std::string& name, const std::string& note) {
+      double best = 1e30;
+      size_t tokens = 0;
+      for (int r = 0; r < repeat; ++r) {
+        const Gpt2Tokenizer fresh(asset_path("gpt2/encoder.json"), asset_path("gpt2/vocab.bpe"));  // cold cache
+        std::vector<int32_t> ids;
+        const auto t0 = Clock::now();
+        fresh.encode(line, ids);
+        best = std::min(best, seconds_since(t0));
+        tokens = ids.size();
+      }
+      rows.push_back({name, "1", static_cast<double>(line.size()) / 1e6 / best, static_cast<double>(tokens) / 1e6, note});
+    };
+    time_line(letters(1 << 20), "megabatch GPT-2 BPE, 1 MB one-word line", "target >= 5 MB/s");
+    const std::string short_line = letters(16 << 10);
+    time_line(short_line, "megabatch GPT-2 BPE, 16 KB one-word line", "");
+
     // Reference: gpt-3-encoder's JavaScript encoder on the same records.
     const auto tmp = std::filesystem::temp_directory_path() / ("mb-bench-" + std::to_string(::getpid()));
     std::filesystem::create_directories(tmp);
@@ -121,6 +148,15 @@ int main(int argc, char** argv) {
       js_tokens = t;
     }
     rows.push_back({"reference gpt-3-encoder (Node.js)", "1", mb / best_js, js_tokens / 1e6, "same records"});
+    {
+      std::ofstream out(tmp / "line.jsonl");
+      out << nlohmann::json(short_line).dump() << "\n";
+    }
+    std::istringstream line_res(shell("node " + src + "/gpt2_reference_bench.js " + (asset_dir() / "gpt-3-encoder").string() +
+                                      " " + (tmp / "line.jsonl").string()));
+    double lb = 0, ls = 0, lt = 0;
+    if (!(line_res >> lb >> ls >> lt)) fail("the reference encoder did not run on the 16 KB line");
+    rows.push_back({"reference gpt-3-encoder, 16 KB one-word line", "1", lb / 1e6 / ls, lt / 1e6, "once"});
 
     // preprocess end to end: brown.jsonl -> GPT-2 dataset, 1 and 2 workers.
     std::ostringstream quiet;
@@ -144,9 +180,9 @@ int main(int argc, char** argv) {
 
     std::printf("corpus: de-tagged Brown, %zu records, %.2f MB; %u hardware threads; best of %d\n\n", records.size(),
                 mb, std::thread::hardware_concurrency(), repeat);
-    std::printf("%-36s %7s %9s %9s  %s\n", "encoder", "threads", "MB/s", "Mtokens", "note");
+    std::printf("%-44s %7s %9s %9s  %s\n", "encoder", "threads", "MB/s", "Mtokens", "note");
     for (const auto& r : rows)
-      std::printf("%-36s %7s %9.2f %9s  %s\n", r.what.c_str(), r.threads.c_str(), r.mb_s,
+      std::printf(r.mb_s < 0.1 ? "%-44s %7s %9.4f %9s  %s\n" : "%-44s %7s %9.2f %9s  %s\n", r.what.c_str(), r.threads.c_str(), r.mb_s,
                   r.tokens_m > 0 ? std::to_string(r.tokens_m).substr(0, 5).c_str() : "-", r.note.c_str());
     return 0;
   } catch (const Error& e) {

@@ -372,8 +372,16 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
         if (running >= jobs) break;
         const bool retry = p.state == "failed" && p.attempts <= o.retries;
         if (p.state == "pending" || p.state == "interrupted" || retry) {
-          start_point(p);
-          ++running;
+          try {
+            start_point(p);
+            ++running;
+          } catch (const std::exception& e) {  // its directory unwritable, say: this point fails, the sweep goes on
+            p.state = "failed";
+            p.attempts = o.retries + 1;  // the file system will not change by retrying at once
+            p.reason = std::string("cannot start: ") + e.what();
+            std::cout << (o.tty ? "" : "> ") << "failed " << p.point->id << ": " << p.reason << std::endl;
+            printed = 0;
+          }
           save_state();
         }
       }

@@ -140,7 +140,7 @@ struct Axis {  // one grid key or one zip group: a list of assignments
 
 }  // namespace
 
-Sweep load_sweep(const fs::path& file) {
+Sweep load_sweep(const fs::path& file, size_t max_points) {
   std::vector<fs::path> chain;
   Sweep s;
   s.file = file;
@@ -193,7 +193,8 @@ Sweep load_sweep(const fs::path& file) {
   if (j.contains("seeds")) {
     check(j["seeds"].is_array() && !j["seeds"].empty(), where, ": seeds: expected a non-empty list of integers");
     for (const auto& v : j["seeds"]) {
-      check(v.is_number_integer(), where, ": seeds: ", v.dump(), " is not an integer");
+      check(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) && v.get<int64_t>() >= 0,
+            where, ": seeds: ", v.dump(), " is not an integer >= 0");
       seeds.push_back(v.get<int64_t>());
     }
   }
@@ -223,8 +224,12 @@ Sweep load_sweep(const fs::path& file) {
       budget = d["sample_budget"].get<int64_t>();
     }
   }
-  if (j.contains("jobs")) s.jobs = j["jobs"].get<int>();
-  if (j.contains("threads")) s.threads = j["threads"].get<int>();
+  for (const char* key : {"jobs", "threads"}) {
+    if (!j.contains(key)) continue;
+    check(j[key].is_number_integer() && j[key].get<int64_t>() >= 1 && j[key].get<int64_t>() <= 4096, where, ": ", key,
+          ": expected an integer in [1, 4096], got ", j[key].dump());
+    (std::string(key) == "jobs" ? s.jobs : s.threads) = static_cast<int>(j[key].get<int64_t>());
+  }
 
   // swept keys, in file order; ids use each grid key and the first key of each zip group
   // (the others vary with it), plus lr when it varies
@@ -244,7 +249,13 @@ Sweep load_sweep(const fs::path& file) {
   const bool seed_varies = seeds.size() > 1 || !seeds.empty();
   if (seeds.empty()) seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
 
-  // the product
+  // the product, counted before it is made
+  uint64_t count = seeds.size();
+  bool overflow = false;
+  for (const auto& a : axes) overflow = overflow || __builtin_mul_overflow(count, uint64_t{a.values.size()}, &count);
+  check(!overflow && count <= max_points, where, ": the sweep has ", overflow ? std::string("over 2^64") : std::to_string(count),
+        " points (grid x zip groups x seeds), more than the limit of ", max_points,
+        "; raise it with --max-points N if you mean it");
   std::vector<json> configs = {base};
   for (const auto& a : axes) {
     std::vector<json> next;

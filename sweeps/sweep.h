@@ -52,8 +52,12 @@ struct Sweep {
 // cut and ends with a hash of the whole.
 std::string safe_point_id(const std::string& raw);
 
+// A sweep of more points than this is refused unless the limit is raised (--max-points).
+inline constexpr size_t kDefaultMaxPoints = 10000;
+
 // Loads, merges includes, expands and validates every point against train's options.
-// Errors name the file and key, or the point id and the failing key.
-Sweep load_sweep(const std::filesystem::path& file);
+// Errors name the file and key, or the point id and the failing key; a sweep of more than
+// max_points points is refused before it is expanded.
+Sweep load_sweep(const std::filesystem::path& file, size_t max_points = kDefaultMaxPoints);
 
 }  // namespace megabatch::sweeps

@@ -66,9 +66,12 @@ int run(int argc, char** argv) {
   if (cmd == "export") {
     mb::ArgParser e("sweep export", kUsage);
     e.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
+    e.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
     if (!e.parse(argc, argv, 2)) return 0;
     mb::check(e.positional().size() == 1, "sweep export: give one sweep file\n", kUsage);
-    return mb::sweeps::export_points(mb::sweeps::load_sweep(e.positional()[0]), e.get("runs-dir"));
+    mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
+    return mb::sweeps::export_points(
+        mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points"))), e.get("runs-dir"));
   }
   mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report, export\n", kUsage);
   mb::ArgParser a("sweep run", kUsage);
@@ -79,9 +82,14 @@ int run(int argc, char** argv) {
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
   a.flag("rerun", "discard and rerun points whose configuration changed");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
+  a.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
   if (!a.parse(argc, argv, 2)) return 0;
   mb::check(a.positional().size() == 1, "sweep run: give one sweep file\n", kUsage);
-  const auto sweep = mb::sweeps::load_sweep(a.positional()[0]);
+  mb::check(a.get_int("jobs") >= 0, "--jobs: must be >= 1 (or 0: cores / threads), got ", a.get_int("jobs"));
+  mb::check(a.get_int("threads") >= 0, "--threads: must be >= 1 (or 0: the file's), got ", a.get_int("threads"));
+  mb::check(a.get_int("retries") >= 0 && a.get_int("retries") <= 100, "--retries: must be in [0, 100], got ", a.get_int("retries"));
+  mb::check(a.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", a.get_int("max-points"));
+  const auto sweep = mb::sweeps::load_sweep(a.positional()[0], static_cast<size_t>(a.get_int("max-points")));
   mb::sweeps::RunOptions o;
   o.runs_dir = a.get("runs-dir");
   o.train_binary = self_dir() / "train";

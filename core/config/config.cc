@@ -1,6 +1,8 @@
 #include "core/config/config.h"
 
+#include <cctype>
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "core/util/error.h"
@@ -36,19 +38,36 @@ const char* type_name(Type t) {
   return "?";
 }
 
+// A number of option o within its range, or an Error naming `where`.
+void check_range(const Option& o, double x, const std::string& shown, const std::string& where) {
+  const Range& r = o.range;
+  check(std::isfinite(x), where, ": ", std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf"), " is not a finite number");
+  const bool ok = (r.lo_open ? x > r.lo : x >= r.lo) && (r.hi_open ? x < r.hi : x <= r.hi);
+  check(ok, where, ": ", shown, " is out of range: ", o.name, " must be ", r.text());
+}
+
 // Checks (and normalizes) a JSON value for option o; `where` is the JSON path or flag.
 json typed(const Option& o, const json& v, const std::string& where) {
-  auto bad = [&]() { fail(where, ": expected ", type_name(o.type), ", got ", v.dump()); };
+  auto bad = [&]() {
+    fail(where, ": expected ", type_name(o.type), ", got ", v.dump(-1, ' ', false, json::error_handler_t::replace),
+         o.type == Type::kInt && v.is_number_float() ? " (an integer option takes a whole number without a decimal point or exponent)" : "");
+  };
+  auto integer = [&](const json& e) -> json {
+    // is_number_unsigned values above INT64_MAX do not fit
+    if (!e.is_number_integer() || (e.is_number_unsigned() && e.get<uint64_t>() > uint64_t{INT64_MAX})) {
+      if (e.is_number_unsigned()) fail(where, ": ", e.dump(), " is too large for an integer option");
+      bad();
+    }
+    check_range(o, static_cast<double>(e.get<int64_t>()), e.dump(), where);
+    return e;
+  };
   switch (o.type) {
     case Type::kInt:
-      if (v.is_number_integer()) return v;
-      if (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>()) return json(v.get<int64_t>());
-      bad();
-      break;
+      return integer(v);
     case Type::kFloat:
-      if (v.is_number()) return json(v.get<double>());
-      bad();
-      break;
+      if (!v.is_number()) bad();
+      check_range(o, v.get<double>(), v.dump(), where);
+      return json(v.get<double>());
     case Type::kString:
       if (v.is_string()) return v;
       bad();
@@ -60,8 +79,12 @@ json typed(const Option& o, const json& v, const std::string& where) {
     case Type::kIntList:
     case Type::kStringList: {
       json arr = v.is_array() ? v : json::array({v});
-      for (const auto& e : arr)
-        if (o.type == Type::kIntList ? !e.is_number_integer() : !e.is_string()) bad();
+      for (const auto& e : arr) {
+        if (o.type == Type::kIntList)
+          integer(e);
+        else if (!e.is_string())
+          bad();
+      }
       return arr;
     }
     case Type::kObject:
@@ -74,6 +97,9 @@ json typed(const Option& o, const json& v, const std::string& where) {
 
 // A flag's text value as JSON of the option's type.
 json parse_text(const Option& o, const std::string& text, const std::string& where) {
+  if (const size_t bad = invalid_utf8_at(text); bad != std::string::npos)
+    fail(where, ": the value is not valid UTF-8 (byte ", bad, " of '",
+         json(text.substr(0, bad)).dump(), "...'); options are UTF-8 text");
   auto number = [&](bool integer) -> json {
     size_t used = 0;
     try {
@@ -86,7 +112,11 @@ json parse_text(const Option& o, const std::string& text, const std::string& whe
       }
     } catch (const std::exception&) {
     }
-    fail(where, ": expected ", integer ? "an integer" : "a number", ", got '", text, "'");
+    fail(where, ": expected ", integer ? "an integer" : "a number", ", got '", text, "'",
+         integer && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back())) &&
+                 text.find_first_not_of("+-0123456789") == std::string::npos
+             ? " (too large)"
+             : "");
   };
   switch (o.type) {
     case Type::kInt: return number(true);
@@ -99,6 +129,20 @@ json parse_text(const Option& o, const std::string& text, const std::string& whe
   }
 }
 }  // namespace
+
+std::string Range::text() const {
+  std::ostringstream os;
+  const bool has_lo = std::isfinite(lo), has_hi = std::isfinite(hi);
+  if (has_lo && has_hi)
+    os << "in " << (lo_open ? '(' : '[') << lo << ", " << hi << (hi_open ? ')' : ']');
+  else if (has_lo)
+    os << (lo_open ? "> " : ">= ") << lo;
+  else if (has_hi)
+    os << (hi_open ? "< " : "<= ") << hi;
+  else
+    os << "finite";
+  return os.str();
+}
 
 std::string flag_name(const std::string& option) { return flag_of(option).substr(2); }
 
@@ -123,7 +167,12 @@ std::string Schema::help() const {
       os << "\n" << group << ":\n";
     }
     std::string left = "  " + flag_of(o.name);
-    if (o.type != Type::kBool) left += o.type == Type::kObject ? " KEY=VALUE" : " " + std::string(o.type == Type::kIntList || o.type == Type::kStringList ? "V..." : "V");
+    if (o.type == Type::kObject)
+      left += " KEY=VALUE";
+    else if (o.type == Type::kIntList || o.type == Type::kStringList)
+      left += " V...";
+    else if (o.type != Type::kBool)
+      left += " V";
     if (left.size() < 34) left.resize(34, ' ');
     else left += "  ";
     os << left << o.help;
@@ -218,16 +267,14 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
           while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) arr.push_back(std::string(argv[++i]));
         }
         check(!arr.empty(), a, ": expected at least one value");
-        if (o->type == Type::kIntList) {
-          Option scalar = *o;
-          scalar.type = Type::kInt;
-          for (auto& e : arr) e = parse_text(scalar, e.get<std::string>(), a);
-        }
+        Option scalar = *o;
+        scalar.type = o->type == Type::kIntList ? Type::kInt : Type::kString;
+        for (auto& e : arr) e = typed(scalar, parse_text(scalar, e.get<std::string>(), a), a);
         r.values[name] = arr;
         break;
       }
       case Type::kObject: {
-        const std::string kv = next_value();
+        const std::string kv = parse_text(Option{name, Type::kString, nullptr, "", ""}, next_value(), a).get<std::string>();
         const size_t eq = kv.find('=');
         check(eq != std::string::npos && eq > 0, a, ": expected KEY=VALUE, got '", kv, "'");
         json v;
@@ -241,7 +288,7 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
         break;
       }
       default:
-        r.values[name] = parse_text(*o, next_value(), a);
+        r.values[name] = typed(*o, parse_text(*o, next_value(), a), a);
     }
     r.explicit_.insert(name);
   }

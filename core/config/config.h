@@ -1,9 +1,11 @@
 // Run configuration: a typed schema of options, read from a JSON file (--config FILE,
 // keys in snake_case) and then from Megatron-style flags (--num-layers 4, which override
 // the file). Unknown or ill-typed options are Errors that give the JSON path or flag and
-// the nearest valid name.
+// the nearest valid name. Numbers must be finite and in the option's range; an integer
+// option takes a JSON integer (not 2.0, not 1e30) within int64.
 #pragma once
 
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,12 +16,24 @@ namespace megabatch::config {
 
 enum class Type { kInt, kFloat, kString, kBool, kIntList, kStringList, kObject };
 
+// The values a number option accepts (numbers are always finite): lo..hi, each end
+// closed unless marked open.
+struct Range {
+  double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
+  bool lo_open = false, hi_open = false;
+  std::string text() const;  // ">= 1", "in [0, 1)", ...
+};
+inline Range at_least(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, false}; }
+inline Range above(double lo) { return {lo, std::numeric_limits<double>::infinity(), true, false}; }
+inline Range within(double lo, double hi, bool hi_open = false) { return {lo, hi, false, hi_open}; }
+
 struct Option {
   std::string name;          // snake_case; the flag is --name-with-dashes
   Type type;
   nlohmann::json default_value;  // null: no default (absent unless given)
   std::string help;
   std::string group;
+  Range range = {};          // numbers (and integer lists): the accepted values
 };
 
 class Schema {

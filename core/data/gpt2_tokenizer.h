@@ -34,6 +34,9 @@ class Gpt2Tokenizer final : public Tokenizer {
 
   // BPE of one pre-token (raw bytes); appends ids. No cache.
   void bpe(std::string_view piece, std::vector<int32_t>& out) const;
+  // The same merges for a long piece (a line without whitespace) in O(n log n).
+  void bpe_long(std::vector<int32_t>& w, std::vector<int32_t>& out) const;
+  uint64_t merge_rank(int32_t a, int32_t b) const;  // (rank << 32 | merged id), or max
 
  private:
   struct PairHash {
@@ -41,6 +44,11 @@ class Gpt2Tokenizer final : public Tokenizer {
   };
   std::vector<std::string> id_bytes_;                        // id -> raw bytes
   std::unordered_map<uint64_t, uint64_t, PairHash> merges_;  // (a<<32|b) -> (rank<<32|merged)
+  // The same as an open-addressing table (linear probing, at most half full), which the
+  // merge loops look up: several times faster than the node-based map.
+  std::vector<uint64_t> table_keys_, table_values_;
+  uint64_t table_mask_ = 0;
+  size_t num_merges_ = 0;  // ranks are 0 .. num_merges_ - 1
   int32_t byte_id_[256];                                     // byte -> single-byte token id
   uint64_t instance_;  // distinct per object: keys the per-thread word cache
 };

@@ -1,12 +1,61 @@
 #include "core/train/options.h"
 
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
 namespace megabatch::train {
 using config::Option;
 using config::Type;
 using nlohmann::json;
 
+namespace {
+using config::above;
+using config::at_least;
+using config::within;
+
+// The accepted values of every number option (each must have one: a new option without
+// its range is caught by the first call).
+const std::map<std::string, config::Range>& ranges() {
+  static const std::map<std::string, config::Range> r = {
+      {"threads", at_least(0)}, {"seed", at_least(0)},
+      {"num_layers", at_least(1)}, {"hidden_size", at_least(1)}, {"num_attention_heads", at_least(1)},
+      {"ffn_hidden_size", at_least(1)}, {"seq_length", at_least(1)}, {"max_position_embeddings", at_least(1)},
+      {"hidden_dropout", within(0, 1, true)}, {"attention_dropout", within(0, 1, true)}, {"init_method_std", above(0)},
+      {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)},
+      {"encoder_num_layers", at_least(1)}, {"decoder_num_layers", at_least(1)}, {"encoder_seq_length", at_least(1)},
+      {"decoder_seq_length", at_least(1)}, {"relative_attention_num_buckets", at_least(1)},
+      {"relative_attention_max_distance", at_least(1)}, {"vocab_extra_ids", at_least(0)},
+      {"loss_scale", above(0)}, {"initial_loss_scale", above(0)}, {"min_loss_scale", above(0)},
+      {"loss_scale_window", at_least(1)}, {"hysteresis", at_least(1)},
+      {"micro_batch_size", at_least(1)}, {"global_batch_size", at_least(1)}, {"train_iters", at_least(1)},
+      {"train_samples", at_least(1)},
+      {"lr", at_least(0)}, {"min_lr", at_least(0)}, {"lr_decay_power", above(0)}, {"lr_decay_iters", at_least(1)},
+      {"lr_decay_samples", at_least(1)}, {"lr_warmup_iters", at_least(0)}, {"lr_warmup_samples", at_least(0)},
+      {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)},
+      {"weight_decay", at_least(0)}, {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
+      {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
+      {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
+      {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)},
+      {"diagnostics_interval", at_least(0)}, {"noise_scale_ema", within(0, 1, true)},
+  };
+  return r;
+}
+
+config::Schema with_ranges(const std::string& program, std::vector<Option> options) {
+  for (auto& o : options) {
+    if (o.type != Type::kInt && o.type != Type::kFloat && o.type != Type::kIntList) continue;
+    const auto it = ranges().find(o.name);
+    if (it == ranges().end()) throw std::logic_error("train option " + o.name + " has no range in options.cc");
+    o.range = it->second;
+  }
+  return config::Schema(program, std::move(options));
+}
+}  // namespace
+
 const config::Schema& train_schema() {
-  static const config::Schema schema("train", {
+  static const config::Schema schema = with_ranges("train", {
       {"config", Type::kString, nullptr, "JSON file of options (snake_case keys); flags override it", "run"},
       {"model", Type::kString, nullptr, "model preset (gpt-mini, gpt2-124m, gpt-1.7b, ...; see --list-models)", "run"},
       {"list_models", Type::kBool, false, "print the model presets and exit", "run"},

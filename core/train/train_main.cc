@@ -263,10 +263,18 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (v["list_optimizers"].get<bool>()) {
+    // A plugin that does not load is listed as broken, with why; the others are still listed.
+    int broken = 0;
     for (const auto& [name, path] : mb::optim::available_plugins(search)) {
-      std::cout << mb::optim::describe_hparams(mb::optim::load_plugin(name, search)) << "  file: " << path.string()
-                << "\n";
+      try {
+        std::cout << mb::optim::describe_hparams(mb::optim::load_plugin(name, search)) << "  file: " << path.string()
+                  << "\n";
+      } catch (const std::exception& e) {
+        ++broken;
+        std::cout << name << "  BROKEN: " << e.what() << "\n  file: " << path.string() << "\n";
+      }
     }
+    if (broken) std::cout << broken << " plugin file(s) could not be loaded (see BROKEN above)\n";
     return 0;
   }
 

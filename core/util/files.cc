@@ -19,7 +19,12 @@ namespace megabatch {
 namespace fs = std::filesystem;
 
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A FIFO or a device would block the open or never end: only regular files are read.
+  struct stat pre {};
+  if (::stat(path.c_str(), &pre) == 0 && !S_ISREG(pre.st_mode))
+    fail(path.string(), ": not a regular file (", S_ISFIFO(pre.st_mode) ? "a FIFO" : S_ISDIR(pre.st_mode) ? "a directory" : "a device or socket",
+         "); give the path of a file on disk");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) fail(path.string(), ": cannot open (", std::strerror(errno), ")");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {

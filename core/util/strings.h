@@ -1,6 +1,8 @@
 // Small string helpers for messages: joining lists and suggesting the nearest valid name.
 #pragma once
 
+#include <cstdint>
+
 #include <algorithm>
 #include <string>
 #include <string_view>
@@ -47,6 +49,38 @@ inline std::string did_you_mean(std::string_view name, const std::vector<std::st
                                 std::string_view prefix = "") {
   const std::string n = nearest(name, candidates);
   return n.empty() ? std::string() : "; did you mean '" + std::string(prefix) + n + "'?";
+}
+
+// The byte offset of the first byte of `s` that is not well-formed UTF-8 (overlong forms,
+// surrogates and values above U+10FFFF included), or npos when all of it is.
+inline size_t invalid_utf8_at(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t c = 0, min = 0;
+    if (b < 0x80) {
+      ++i;
+      continue;
+    } else if ((b & 0xE0) == 0xC0) {
+      n = 1, c = b & 0x1F, min = 0x80;
+    } else if ((b & 0xF0) == 0xE0) {
+      n = 2, c = b & 0x0F, min = 0x800;
+    } else if ((b & 0xF8) == 0xF0) {
+      n = 3, c = b & 0x07, min = 0x10000;
+    } else {
+      return i;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return i;
+      const auto t = static_cast<unsigned char>(s[i + k]);
+      if ((t & 0xC0) != 0x80) return i;
+      c = (c << 6) | (t & 0x3F);
+    }
+    if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return i;
+    i += n + 1;
+  }
+  return std::string_view::npos;
 }
 
 }  // namespace megabatch

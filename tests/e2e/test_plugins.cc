@@ -40,6 +40,24 @@ TEST(PluginLoader, MissingEntrySymbolIsNamed) {
                "the symbol 'megabatch_optimizer_plugin' is missing");
 }
 
+// One broken file in the plugin path (a wrong ABI, no entry symbol, not a library at all)
+// is listed as broken with why; the good plugins are still listed.
+TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
+  mb::testing::TempDir tmp;
+  mb::testing::write_text(tmp / "megabatch_garbage.so", "not an ELF file");
+  const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train --list-optimizers --plugin-path " +
+                                          std::string(MEGABATCH_TEST_PLUGIN_DIR) + " " + tmp.path().string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("bad_abi  BROKEN: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("plugin ABI version 999"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("no_entry  BROKEN: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("garbage  BROKEN: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot load the plugin library"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3 plugin file(s) could not be loaded"), std::string::npos) << r.output;
+  for (const char* good : {"adamw 1.0.0", "lamb 1.0.0", "sgd 1.0.0", "adafactor "})
+    EXPECT_NE(r.output.find(good), std::string::npos) << good << " is still listed:\n" << r.output;
+}
+
 TEST(PluginLoader, HyperparametersAreCheckedAgainstTheSchema) {
   const auto p = mb::optim::load_plugin("adamw", default_dirs());
   expect_error([&] { mb::optim::resolve_hparams(p, {{"beta3", 0.9}}, "optimizer_params"); },

@@ -4,6 +4,7 @@
 // a failing point leaves the others alone; invalid points are refused before anything
 // runs; a changed configuration is not mixed with old results.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -238,6 +239,64 @@ TEST_F(Sweep, RerunDeletesOnlyWhatTheSweepToolMade) {
   EXPECT_FALSE(fs::exists(fs::symlink_status(made / "link"))) << "the old point directory was replaced";
   EXPECT_EQ(mb::testing::read_text(outside / "precious.txt"), "keep");
   EXPECT_TRUE(fs::exists(outside / "point.json"));
+}
+
+// Sweep-level numbers: jobs and threads in files and flags, seeds, and a point limit that
+// refuses a runaway grid before it is expanded.
+TEST_F(Sweep, SweepNumbersAndSizeAreChecked) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "n", 32, R"("adamw")");
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --jobs -1"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--jobs: must be >= 1"), std::string::npos) << r.output;
+  r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --max-points 1"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("the sweep has 2 points (grid x zip groups x seeds), more than the limit of 1; raise it with --max-points N"), std::string::npos)
+      << r.output;
+  std::string big = "[";
+  for (int i = 0; i < 1000; ++i) big += (i ? "," : "") + std::to_string(i + 1);
+  big += "]";
+  mb::testing::write_text(tmp / "huge.json", R"({"name": "huge", "base": {"lr": 0.001, "train_iters": 1},
+    "grid": {"num_layers": )" + big + R"(, "hidden_size": )" + big + R"(, "seq_length": )" + big + R"(}})");
+  r = mb::testing::run_command(sweep("run " + (tmp / "huge.json").string() + " --dry-run"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("the sweep has 1000000000 points (grid x zip groups x seeds), more than the limit of 10000"),
+            std::string::npos) << r.output;
+  mb::testing::write_text(tmp / "j.json", R"({"name": "j", "base": {"lr": 0.001, "train_iters": 1}, "jobs": 1.5})");
+  r = mb::testing::run_command(sweep("run " + (tmp / "j.json").string() + " --dry-run"));
+  EXPECT_NE(r.output.find("jobs: expected an integer in [1, 4096], got 1.5"), std::string::npos) << r.output;
+  mb::testing::write_text(tmp / "s.json", R"({"name": "s", "base": {"lr": 0.001, "train_iters": 1}, "seeds": [-1]})");
+  r = mb::testing::run_command(sweep("run " + (tmp / "s.json").string() + " --dry-run"));
+  EXPECT_NE(r.output.find("seeds: -1 is not an integer >= 0"), std::string::npos) << r.output;
+}
+
+// A point whose directory cannot be written fails with why; the other points run.
+TEST_F(Sweep, AReadOnlyPointDirectoryFailsThatPointNotTheSweep) {
+  if (::geteuid() == 0) {
+    // root writes through mode bits: make the directory immutable-looking with a read-only bind mount instead
+    mb::testing::TempDir tmp;
+    const auto file = write_sweep(tmp.path(), "ro", 16, R"("adamw")");
+    const fs::path runs = tmp / "runs", locked = runs / "ro" / "adamw-bs4-lr0.002-s3";
+    fs::create_directories(locked);
+    const auto r = mb::testing::run_command("unshare -m sh -c 'mount --bind " + locked.string() + " " + locked.string() +
+                                            " && mount -o remount,bind,ro " + locked.string() + " && " +
+                                            sweep("run " + file.string() + " --runs-dir " + runs.string()) + "'");
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("failed adamw-bs4-lr0.002-s3: cannot start: "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("Read-only file system"), std::string::npos) << r.output;
+    EXPECT_TRUE(fs::exists(runs / "ro" / "adamw-bs8-lr0.00283-s3" / "DONE")) << "the other point ran:\n" << r.output;
+    return;
+  }
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "ro", 16, R"("adamw")");
+  const fs::path runs = tmp / "runs", locked = runs / "ro" / "adamw-bs4-lr0.002-s3";
+  fs::create_directories(locked);
+  fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+  const auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  fs::permissions(locked, fs::perms::owner_all);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("failed adamw-bs4-lr0.002-s3: cannot start: "), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(runs / "ro" / "adamw-bs8-lr0.00283-s3" / "DONE")) << r.output;
 }
 
 TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {

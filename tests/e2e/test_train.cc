@@ -1,6 +1,7 @@
 // `train` end to end: Megatron flags and JSON configs with precise errors, the console
 // line, metrics.h5 written and readable by h5py, and the loss going down on Brown.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <regex>
 
@@ -48,6 +49,74 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
+}
+
+// Every number is checked, on the command line and in config files: ranges, finiteness,
+// integers that are integers and fit, UTF-8 text; each error names the flag or JSON path.
+TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
+  const std::string base = kSmall + "--train-iters 2 --lr 1e-3 ";
+  const std::vector<std::pair<std::string, std::string>> flags = {
+      {"--make-vocab-size-divisible-by 0", "--make-vocab-size-divisible-by: 0 is out of range: make_vocab_size_divisible_by must be >= 1"},
+      {"--lr -1", "--lr: -1.0 is out of range: lr must be >= 0"},
+      {"--lr nan", "--lr: nan is not a finite number"},
+      {"--lr inf", "--lr: inf is not a finite number"},
+      {"--clip-grad nan", "--clip-grad: nan is not a finite number"},
+      {"--clip-grad -1", "--clip-grad: -1.0 is out of range: clip_grad must be >= 0"},
+      {"--min-lr -1e-3", "min_lr must be >= 0"},
+      {"--seed -5", "--seed: -5 is out of range: seed must be >= 0"},
+      {"--seed 99999999999999999999", "--seed: expected an integer, got '99999999999999999999' (too large)"},
+      {"--threads -1", "threads must be >= 0"},
+      {"--log-interval 0", "log_interval must be >= 1"},
+      {"--lr-warmup-iters -3", "lr_warmup_iters must be >= 0"},
+      {"--lr-decay-iters 0", "lr_decay_iters must be >= 1"},
+      {"--ffn-hidden-size 0", "ffn_hidden_size must be >= 1"},
+      {"--hidden-dropout 1", "hidden_dropout must be in [0, 1)"},
+      {"--adam-eps 0", "adam_eps must be > 0"},
+      {"--lr-warmup-fraction 1.5", "lr_warmup_fraction must be in [0, 1]"},
+      {"--initial-loss-scale 0", "initial_loss_scale must be > 0"},
+      {"--tensor-model-parallel-size 0", "tensor_model_parallel_size must be >= 1"},
+  };
+  for (const auto& [flag, message] : flags) {
+    const auto r = mb::testing::run_command(train(base + flag));
+    EXPECT_EQ(r.exit_code, 1) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << flag << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + flag.substr(0, flag.find(' ')) + ": "), std::string::npos)
+        << "the flag is named: " << r.output;
+  }
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {R"({"num_layers": 2.0})", ".num_layers: expected an integer, got 2.0 (an integer option takes a whole number"},
+      {R"({"num_layers": 1e30})", ".num_layers: expected an integer, got 1e+30"},
+      {R"({"seed": 18446744073709551615})", ".seed: 18446744073709551615 is too large for an integer option"},
+      {R"({"lr": -0.5})", ".lr: -0.5 is out of range: lr must be >= 0"},
+      {R"({"weight_decay": -1})", ".weight_decay: -1 is out of range: weight_decay must be >= 0"},
+      {"{\"run_dir\": \"a\xff\"}", "not valid JSON ([json.exception.parse_error.101] parse error at line 1, column 15"},
+  };
+  for (const auto& [text, message] : files) {
+    mb::testing::write_text(tmp_ / "c.json", text);
+    const auto r = mb::testing::run_command(train(base + "--config " + (tmp_ / "c.json").string()));
+    EXPECT_EQ(r.exit_code, 1) << text << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << text << "\n" << r.output;
+  }
+  const auto r = mb::testing::run_command(train(base + "--run-dir $(printf '/tmp/a\\377b')"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--run-dir: the value is not valid UTF-8 (byte 6 of"), std::string::npos) << r.output;
+}
+
+// A FIFO (or a device) where a dataset file should be is refused at once instead of blocking.
+TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
+  const fs::path prefix = tmp_ / "fifo";
+  ASSERT_EQ(::mkfifo((prefix.string() + ".idx").c_str(), 0644), 0);
+  mb::testing::write_text(prefix.string() + ".bin", "");
+  auto r = mb::testing::run_command("timeout 60 " + mb::testing::bin_dir() + "/train " + kSmall +
+                                    "--train-iters 2 --lr 1e-3 --data-path " + prefix.string());
+  EXPECT_EQ(r.exit_code, 1) << "an error, not a hang (124) or a crash:\n" << r.output;
+  EXPECT_NE(r.output.find(prefix.string() + ".idx: not a regular file (a FIFO)"), std::string::npos) << r.output;
+  fs::create_symlink("/dev/zero", tmp_ / "dev.idx");
+  fs::create_symlink("/dev/zero", tmp_ / "dev.bin");
+  r = mb::testing::run_command("timeout 60 " + mb::testing::bin_dir() + "/train " + kSmall +
+                               "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "dev").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("dev.idx: not a regular file (a device or socket)"), std::string::npos) << r.output;
 }
 
 TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {

@@ -23,6 +23,18 @@ const Gpt2Tokenizer& tokenizer() {
   return tok;
 }
 
+// Lines without whitespace, long enough (4 KB) for the O(n log n) merge path: random
+// letters (one pre-token), letters and digits and punctuation (many), and runs of a few
+// letters (many overlapping occurrences of one pair).
+std::string pathological(int kind) {
+  std::mt19937 g(static_cast<unsigned>(kind) + 1);
+  const std::string alphabets[] = {"abcdefghijklmnopqrstuvwxyz", "abcXYZ019_.-+/|", "aab"};
+  const std::string& a = alphabets[kind];
+  std::string s;
+  for (int i = 0; i < 4096; ++i) s += a[g() % a.size()];
+  return s;
+}
+
 // Texts that stress the pre-tokenizer and the byte fallback.
 std::vector<std::string> edge_texts() {
   return {
@@ -37,6 +49,7 @@ std::vector<std::string> edge_texts() {
       "<|endoftext|> is text here", "!!!??? ... --- ___ *** ###", "\"quoted\" (paren) [bracket] {brace}",
       "ＦＵＬＬＷＩＤＴＨ ｌｅｔｔｅｒｓ １２３", "a\u0301 e\u0308 combining", "\u200b\u200c\u200d zero width",
       "mixed\u00a0\u00a0nbsp  runs \t \n end", "x" + std::string(300, 'y') + " long", std::string(50, ' ') + "z",
+      pathological(0), pathological(1), pathological(2),
   };
 }
 
@@ -114,7 +127,11 @@ TEST(Gpt2Tokenizer, MergesEveryOccurrenceOfTheBestPairLikeTheReference) {
   write_text(dir / "encoder.json", enc.dump());
   write_text(dir / "vocab.bpe", "#version: 0.2\nab a\na b\n");
   std::filesystem::copy_file(asset_dir() / "gpt-3-encoder/Encoder.js", dir / "Encoder.js");
-  const std::vector<std::string> texts = {"abab", "ababab", "aab", "abba", "baba", "ab ab"};
+  std::vector<std::string> texts = {"abab", "ababab", "aab", "abba", "baba", "ab ab"};
+  std::string abs, aas;  // longer than 256 bytes: the heap path
+  for (int i = 0; i < 200; ++i) abs += i % 7 == 3 ? "aab" : "ab";
+  for (int i = 0; i < 300; ++i) aas += i % 5 == 0 ? "b" : "a";
+  texts.insert(texts.end(), {abs, aas, std::string(301, 'a') + "b", "b" + std::string(257, 'a')});
   std::string input;
   for (const auto& t : texts) input += nlohmann::json(t).dump() + "\n";
   write_text(dir / "in.jsonl", input);
