@@ -27,6 +27,7 @@ PACKAGES=(
   nlohmann-json3-dev libopenmpi-dev openmpi-bin libgtest-dev googletest
   openssl python3 python3-numpy python3-h5py python3-matplotlib python3-yaml
   libopenblas-openmp-dev python3-torch slurm-wlm munge iproute2 procps
+  zlib1g-dev liblzma-dev libzstd-dev gzip xz-utils zstd
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -13,6 +13,7 @@
 
 #include "core/data/brown.h"
 #include "core/data/indexed_dataset.h"
+#include "core/data/input_stream.h"
 #include "core/data/sentence_splitter.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
@@ -104,15 +105,14 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   if (o.workers < 1) fail("preprocess: --workers must be at least 1, got ", o.workers);
   std::string format = o.input_format;
   if (format == "auto") {
-    const std::string ext = o.input.extension().string();
+    const std::string ext = strip_compression_extension(o.input).extension().string();  // wiki.jsonl.xz: jsonl
     format = (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") ? "jsonl" : "text";
   }
   if (format != "jsonl" && format != "text")
     fail("preprocess: --input-format must be auto, jsonl or text, got '", o.input_format, "'");
   if (format == "text" && (o.json_keys.size() != 1 || o.json_keys[0] != "text"))
     fail("preprocess: --json-keys applies to jsonl input; plain text input has the single key 'text'");
-  std::ifstream in(o.input, std::ios::binary);
-  if (!in) fail(o.input.string(), ": cannot open the input file");
+  InputStream in(o.input);  // plain, gzip, xz or zstd
   if (!o.output_prefix.parent_path().empty() && !fs::exists(o.output_prefix.parent_path()))
     fail(o.output_prefix.parent_path().string(), ": the output directory does not exist; create it first");
 
@@ -126,7 +126,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
     stats.outputs.push_back(output_name(o.output_prefix, key, o.split_sentences));
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(stats.outputs.back(), dtype));
   }
-  log << "preprocess: " << o.input.string() << " (" << format << ") -> " << o.output_prefix.string() << "_{"
+  log << "preprocess: " << o.input.string() << " (" << format << (in.compression() == Compression::kNone ? "" : std::string(", ") + compression_name(in.compression())) << ") -> " << o.output_prefix.string() << "_{"
       << [&] {
            std::string k;
            for (const auto& key : o.json_keys) k += (k.empty() ? "" : ",") + key;
@@ -142,12 +142,12 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   std::vector<EncodedDocument> encoded;
   std::string line;
   uint64_t line_no = 0;
-  bool eof = false;
+  bool eof = false, input_done = false;
   while (!eof) {
     // ---- read a batch of records
     raw.clear();
     if (format == "jsonl") {
-      while (raw.size() < batch && std::getline(in, line)) {
+      while (raw.size() < batch && !(input_done = !in.getline(line))) {
         ++line_no;
         stats.input_bytes += line.size() + 1;
         if (is_blank(line)) continue;
@@ -155,7 +155,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
       }
     } else {  // text: documents separated by blank lines
       RawRecord cur;
-      while (raw.size() < batch && std::getline(in, line)) {
+      while (raw.size() < batch && !(input_done = !in.getline(line))) {
         ++line_no;
         stats.input_bytes += line.size() + 1;
         if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -170,8 +170,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
       }
       if (!cur.text.empty()) raw.push_back(std::move(cur));
     }
-    if (in.bad()) fail(o.input.string(), ": read error after line ", line_no);
-    eof = raw.empty() || in.eof();
+    eof = raw.empty() || input_done;
     if (raw.empty()) break;
 
     // ---- parse (jsonl) and split into sentences

@@ -72,6 +72,48 @@ TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
   EXPECT_NE(wrong.output.find("is outside the vocabulary of BertWordPieceLowerCase"), std::string::npos) << wrong.output;
 }
 
+// .jsonl.gz, .jsonl.xz and .jsonl.zst (made by the gzip, xz and zstd programs) give the
+// same dataset as the plain file, byte for byte; concatenated gzip members are read whole;
+// a truncated or corrupt file is an error naming it, never a silently shorter dataset.
+TEST(Preprocess, CompressedCorporaGiveTheSameDatasetAndDamageIsAnError) {
+  MB_REQUIRE_ASSET("brown/ca01");
+  TempDir dir;
+  ASSERT_EQ(run_command(preprocess() + " brown --output-dir " + dir.path().string()).exit_code, 0);
+  const std::string plain = (dir / "brown.jsonl").string();
+  auto run = [&](const std::string& input, const std::string& out) {
+    return run_command(preprocess() + " --input " + input + " --output-prefix " + (dir / out).string() +
+                       " --tokenizer-type GPT2BPETokenizer --append-eod --log-interval 0 --workers 2");
+  };
+  for (const auto& [make, file] : std::vector<std::pair<std::string, std::string>>{
+           {"gzip -c " + plain, "c.jsonl.gz"},
+           {"xz -T1 -c " + plain, "c.jsonl.xz"},
+           {"zstd -q -c " + plain, "c.jsonl.zst"},
+           {"head -c 2000000 " + plain + " | gzip -c; tail -c +2000001 " + plain + " | gzip -c", "members.jsonl.gz"}}) {
+    SCOPED_TRACE(file);
+    ASSERT_EQ(run_command("(" + make + ") > " + (dir / file).string()).exit_code, 0);
+    const auto r = run((dir / file).string(), "z");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* ext : {".bin", ".idx"})
+      EXPECT_EQ(read_file(dir / (std::string("z_text_document") + ext)), read_file(dir / (std::string("brown_gpt2_text_document") + ext)))
+          << ext;
+  }
+  for (const std::string file : {"c.jsonl.gz", "c.jsonl.xz", "c.jsonl.zst"}) {
+    SCOPED_TRACE(file);
+    const std::string cut = (dir / ("cut-" + file)).string();
+    ASSERT_EQ(run_command("head -c $(($(stat -c %s " + (dir / file).string() + ") / 2)) " + (dir / file).string() + " > " + cut).exit_code, 0);
+    auto r = run(cut, "t");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(cut + ": the "), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("is truncated"), std::string::npos) << r.output;
+    const std::string bad = (dir / ("bad-" + file)).string();
+    ASSERT_EQ(run_command("cp " + (dir / file).string() + " " + bad + " && printf 'XXXXXXXXXXXXXXXX' | dd of=" + bad +
+                          " bs=1 seek=3000 conv=notrunc 2>/dev/null").exit_code, 0);
+    r = run(bad, "b");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(bad + ": corrupt"), std::string::npos) << r.output;
+  }
+}
+
 TEST(Preprocess, BadLinesNameFileAndLineAndCanBeSkipped) {
   MB_REQUIRE_ASSET("gpt2/encoder.json");
   TempDir dir;
