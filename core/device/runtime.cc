@@ -2,6 +2,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <string>
 
 #include "core/device/allocator.h"
 #include "core/device/dispatch.h"
@@ -33,6 +38,39 @@ int cuda_device_count() {
 
 GpuInfo gpu_info([[maybe_unused]] int index) {
   MB_CUDA(return cuda_rt::gpu_info(index));
+}
+
+namespace {
+// A number from a file (the first on its line after `key`, or the whole file when key is
+// empty); nullopt when the file or key is missing or says "max".
+std::optional<size_t> read_number(const char* file, const std::string& key, size_t unit) {
+  std::ifstream in(file);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!key.empty() && line.rfind(key, 0) != 0) continue;
+    std::istringstream ss(key.empty() ? line : line.substr(key.size()));
+    size_t v = 0;
+    if (ss >> v) return v * unit;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+AvailableMemory available_memory(Device d) {
+  AvailableMemory m;
+  if (d.is_cuda()) {
+    MB_CUDA(m.bytes = cuda_rt::free_memory(d.index); m.source = "free on " + d.str() + " (cudaMemGetInfo)"; return m);
+  }
+  const auto avail = read_number("/proc/meminfo", "MemAvailable:", 1024);
+  m.bytes = avail.value_or(std::numeric_limits<size_t>::max());
+  m.source = "MemAvailable in /proc/meminfo";
+  const auto limit = read_number("/sys/fs/cgroup/memory.max", "", 1), used = read_number("/sys/fs/cgroup/memory.current", "", 1);
+  if (limit && used && *limit > *used && *limit - *used < m.bytes) {
+    m.bytes = *limit - *used;
+    m.source = "the cgroup's memory.max less memory.current";
+  }
+  return m;
 }
 
 void* raw_alloc(Device d, [[maybe_unused]] size_t bytes) {

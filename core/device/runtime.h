@@ -30,6 +30,15 @@ struct GpuInfo {
 };
 GpuInfo gpu_info(int index);
 
+// Memory a new allocation can use now, in bytes, and where that figure comes from: on the
+// CPU the smaller of MemAvailable (/proc/meminfo) and the cgroup's limit less its usage;
+// on a GPU what cudaMemGetInfo calls free.
+struct AvailableMemory {
+  size_t bytes = 0;
+  std::string source;
+};
+AvailableMemory available_memory(Device d);
+
 // ---- raw memory (what the caching allocator draws from) -------------------------------
 void* raw_alloc(Device d, size_t bytes);  // Error (with the device and size) when out of memory
 void raw_free(Device d, void* p, size_t bytes);

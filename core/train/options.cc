@@ -60,6 +60,9 @@ const config::Schema& train_schema() {
       {"model", Type::kString, nullptr, "model preset (gpt-mini, gpt2-124m, gpt-1.7b, ...; see --list-models)", "run"},
       {"list_models", Type::kBool, false, "print the model presets and exit", "run"},
       {"print_params", Type::kBool, false, "print parameter count and memory estimate, then exit", "run"},
+      {"skip_memory_check", Type::kBool, false,
+       "start even when the memory estimate exceeds the memory available (the estimate assumes two fp32 "
+       "optimizer states per parameter)", "run"},
       {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
       {"device", Type::kString, nullptr, "cpu, cuda or cuda:N (default: cuda when this build has CUDA and a GPU is visible, else cpu)", "run"},

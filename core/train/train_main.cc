@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -161,6 +162,37 @@ void print_params(const mb::models::ModelConfig& c) {
             << " (18 B/param: bf16 weights, fp32 grads, master, 2 moments)\n"
             << "activations per sample per rank: " << human_bytes(r.activation_bytes)
             << " (16-bit, no recomputation; x micro-batch size)\n";
+}
+
+// Memory the run will need on its device, estimated before anything is allocated:
+// parameters (in the run's dtype), fp32 gradients, fp32 master weights (bf16/fp16), two fp32
+// optimizer states (Adam, LAMB: the most the shipped plugins keep), and activations for one
+// micro-batch (Korthikanti et al.'s count, doubled in fp32). More than is available stops
+// the run at once, with the figures, instead of the kernel killing it later.
+void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device, int64_t micro_batch, bool skip,
+                  bool logger) {
+  const auto r = mb::models::size_report(mc);
+  const double p = static_cast<double>(r.parameters_per_rank);
+  const bool fp32 = dtype == mb::DType::kF32;
+  const double params = p * static_cast<double>(mb::dtype_size(dtype)), grads = 4 * p, masters = fp32 ? 0.0 : 4 * p,
+               state = 8 * p, acts = r.activation_bytes * static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
+  const double need = params + grads + masters + state + acts;
+  double ranks_here = 1;  // ranks of this job on this host share its memory
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, std::atof(l));
+  const auto avail = mb::runtime::available_memory(device);
+  const double have = static_cast<double>(avail.bytes) / ranks_here;
+  const std::string parts = "parameters " + human_bytes(params) + ", gradients " + human_bytes(grads) +
+                            (masters > 0 ? ", master weights " + human_bytes(masters) : std::string()) +
+                            ", optimizer state " + human_bytes(state) + ", activations " + human_bytes(acts) +
+                            " for micro batch " + std::to_string(micro_batch);
+  if (logger)
+    std::cout << "> memory: about " << human_bytes(need) << " per rank on " << device.str() << " (" << parts << "); "
+              << human_bytes(have) << " available" << (ranks_here > 1 ? " per rank" : "") << std::endl;
+  if (need > have && !skip)
+    mb::fail("this run needs about ", human_bytes(need), " on ", device.str(), " (", parts, ") but ", human_bytes(have),
+             " is available (", avail.source, ranks_here > 1 ? ", shared by this host's ranks" : "",
+             "); use a smaller model or micro batch, more tensor parallelism, ", dtype == mb::DType::kF32 ? "--bf16, " : "",
+             "or --skip-memory-check if the estimate is wrong for your optimizer");
 }
 
 std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
@@ -399,6 +431,7 @@ int run(int argc, char** argv) {
   // --- model, run directory, metrics
   mb::comm::Communicator& tp = *parallel.tp;
   const mb::Device device = run_device(v, dtype);
+  check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["skip_memory_check"].get<bool>(), logger);
   auto model = mb::models::make_model(mc, tp, seed, dtype, device);
   // Samples of the model's family; validation draws from its own documents with seed + 1.
   uint64_t samples_per_epoch = 0;

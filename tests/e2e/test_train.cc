@@ -119,6 +119,30 @@ TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
   EXPECT_NE(r.output.find("dev.idx: not a regular file (a device or socket)"), std::string::npos) << r.output;
 }
 
+// A run that cannot fit stops before allocating, with what it needs against what there is
+// (gpt-7.5b needs about 175 GiB in fp32 on one rank; no CI machine has that).
+TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
+  const auto r = mb::testing::run_command("timeout 60 " + train("--model gpt-7.5b --micro-batch-size 1 --train-iters 2 --lr 1e-3 --run-dir " +
+                                                                (tmp_ / "big").string()));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  // 7.5 G parameters in fp32: 4 bytes each for weights and gradients, 8 for two optimizer states
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("train: error: this run needs about ([0-9.]+) GiB on cpu \\(parameters "
+                                                         "([0-9.]+) GiB, gradients ([0-9.]+) GiB, optimizer state ([0-9.]+) GiB, "
+                                                         "activations [0-9.]+ GiB for micro batch 1\\) but ")))
+      << r.output;
+  const double need = std::stod(m[1]), params = std::stod(m[2]), state = std::stod(m[4]);
+  EXPECT_NEAR(params, 7.5e9 * 4 / (1 << 30), 0.1 * 7.5e9 * 4 / (1 << 30));
+  EXPECT_EQ(m[3].str(), m[2].str());
+  EXPECT_NEAR(state, 2 * params, 0.11);
+  EXPECT_GT(need, 4 * params);
+  EXPECT_NE(r.output.find("is available (MemAvailable in /proc/meminfo"), std::string::npos) << r.output;
+  // a small run says its estimate and runs
+  const auto ok = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --eval-iters 0 --run-dir " + (tmp_ / "small").string()));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("> memory: about "), std::string::npos) << ok.output;
+}
+
 TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
   mb::testing::write_text(tmp_ / "run.json", R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
     "seq_length": 32, "micro_batch_size": 4, "global_batch_size": 8, "train_iters": 99, "lr": 3e-3,

@@ -10,6 +10,7 @@ namespace megabatch::cuda_rt {
 
 int device_count();
 runtime::GpuInfo gpu_info(int index);
+size_t free_memory(int index);  // cudaMemGetInfo on that GPU
 void* raw_alloc(int device, size_t bytes);
 void raw_free(int device, void* p, size_t bytes);
 void use_device(int device);

@@ -71,6 +71,16 @@ runtime::GpuInfo gpu_info(int index) {
   return g;
 }
 
+size_t free_memory(int index) {
+  int current = 0;
+  MB_CUDA_CHECK(cudaGetDevice(&current));
+  MB_CUDA_CHECK(cudaSetDevice(index));
+  size_t free = 0, total = 0;
+  MB_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  MB_CUDA_CHECK(cudaSetDevice(current));
+  return free;
+}
+
 void* raw_alloc(int device, size_t bytes) {
   PerDevice& d = per_device(device);
   void* p = nullptr;
