@@ -11,6 +11,7 @@
 #include "core/config/config.h"
 #include "core/train/options.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 #include "core/util/strings.h"
 
 namespace megabatch::sweeps {
@@ -24,10 +25,9 @@ const std::set<std::string> kTopLevel = {"name", "description", "cluster", "incl
                                          "seeds", "derive", "jobs", "threads"};
 
 ordered_json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  check(in.good(), file.string(), ": cannot open the sweep file");
+  const std::string text = read_file(file, "sweep file");  // a regular file only
   try {
-    return ordered_json::parse(in);
+    return ordered_json::parse(text);
   } catch (const ordered_json::parse_error& e) {
     fail(file.string(), ": not valid JSON (", e.what(), ")");
   }

@@ -112,6 +112,7 @@ void IndexedDataset::read(size_t seq, size_t offset, size_t count, int32_t* out,
   if (offset + count > len)
     fail(prefix_.string(), ": read of tokens [", offset, ", ", offset + count, ") past the end of sequence ", seq,
          " (", len, " tokens)");
+  if (count == 0) return;  // an empty read touches nothing (an empty .bin maps to no memory)
   const uint8_t* base = raw(seq) + offset * dtype_size(dtype_);
   switch (dtype_) {
     case DType::kU16: {

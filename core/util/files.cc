@@ -68,6 +68,9 @@ void MappedFile::reset() {
 }
 
 std::string read_file(const fs::path& path, std::string_view what) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))  // a FIFO or device would block or never end
+    fail(path.string(), ": not a regular file; give the path of the ", what);
   std::ifstream in(path, std::ios::binary);
   if (!in) fail(path.string(), ": cannot open ", what, " (", std::strerror(errno), ")");
   std::ostringstream ss;
