@@ -142,4 +142,23 @@ SizeReport size_report(const ModelConfig& c) {
   return r;
 }
 
+// Model FLOPs of one iteration of global batch B, by Megatron's formula (training.py's
+// num_floating_point_operations: forward + backward, no recomputation, logits included):
+// 12 B s L h^2 (2 + s/h + ffn/h + V / (2 L h)) for a stack of L layers over s tokens, which
+// is GPT's and BERT's. T5 is two stacks, the decoder's with cross-attention (queries and
+// output over s_d tokens, keys and values over s_e, s_d x s_e scores) and the logits.
+double megatron_flops(const ModelConfig& c, int64_t global_batch) {
+  const double B = static_cast<double>(global_batch), h = static_cast<double>(c.hidden_size),
+               f = static_cast<double>(c.ffn()), V = static_cast<double>(c.padded_vocab_size());
+  auto stack = [&](double L, double s) { return 12 * B * s * L * h * h * (2 + s / h + f / h); };
+  if (c.family != "t5") {
+    const double L = static_cast<double>(c.num_layers), s = static_cast<double>(c.seq_length);
+    return stack(L, s) + 6 * B * s * h * V;
+  }
+  const double se = static_cast<double>(c.seq_length), sd = static_cast<double>(c.decoder_seq()),
+               Le = static_cast<double>(c.num_layers), Ld = static_cast<double>(c.decoder_layers());
+  const double cross = 3 * (2 * B * h * h * (2 * sd + 2 * se) + 4 * B * sd * se * h);
+  return stack(Le, se) + stack(Ld, sd) + Ld * cross + 6 * B * sd * h * V;
+}
+
 }  // namespace megabatch::models

@@ -62,4 +62,9 @@ struct SizeReport {
 };
 SizeReport size_report(const ModelConfig& c);
 
+// Model FLOPs of one training iteration (forward and backward) of a global batch, by
+// Megatron-LM's formula, extended to T5's two stacks (see presets.cc): the numerator of
+// "throughput per GPU (TFLOP/s/GPU)".
+double megatron_flops(const ModelConfig& c, int64_t global_batch);
+
 }  // namespace megabatch::models

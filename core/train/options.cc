@@ -155,6 +155,10 @@ const config::Schema& train_schema() {
       {"log_noise_scale", Type::kBool, false,
        "estimate the gradient noise scale B_simple (needs >= 2 micro-batches per global batch)", "logging"},
       {"noise_scale_ema", Type::kFloat, 0.99, "moving-average decay of the noise-scale estimates", "logging"},
+      {"log_throughput", Type::kBool, false, "add Megatron's throughput per GPU (TFLOP/s/GPU) to the iteration line", "logging"},
+      {"log_params_norm", Type::kBool, false, "add the parameters' L2 norm (params norm) to the iteration line", "logging"},
+      {"log_num_zeros_in_grad", Type::kBool, false, "add the number of zeros in the gradients (num zeros) to the iteration line",
+       "logging"},
   });
   return schema;
 }

@@ -348,7 +348,7 @@ int run(int argc, char** argv) {
             paths.size(), " values");
   auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
   const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
-  const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]};
+  const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};
   mb::check(train_docs.end > train_docs.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
             paths[0], " (", ds->num_documents(), " documents)");
   const uint64_t seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
@@ -410,6 +410,10 @@ int run(int argc, char** argv) {
   opt.seed = seed;
   opt.loss_scaler = loss_scaler(r, dtype);
   opt.tokens_per_sample = mc.seq_length + (mc.family == "t5" ? mc.decoder_seq() : 0);  // encoder + decoder tokens
+  opt.log_throughput = v["log_throughput"].get<bool>();
+  opt.flops_per_iteration = mb::models::megatron_flops(mc, opt.global_batch_size);
+  opt.log_params_norm = v["log_params_norm"].get<bool>();
+  opt.log_num_zeros_in_grad = v["log_num_zeros_in_grad"].get<bool>();
 
   // --- optimizer plugin and its hyperparameters
   const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
@@ -458,6 +462,8 @@ int run(int argc, char** argv) {
   auto train_src = make_source(train_docs, seed);
   std::unique_ptr<mb::train::BatchSource> valid_src;
   if (valid_docs.end > valid_docs.begin && opt.eval_iters > 0) valid_src = make_source(valid_docs, seed + 1);
+  std::unique_ptr<mb::train::BatchSource> test_src;  // the test split, evaluated once at the end
+  if (test_docs.end > test_docs.begin && opt.eval_iters > 0) test_src = make_source(test_docs, seed + 2);
 
   json resolved = v;
   json hp_resolved = json::object();
@@ -551,7 +557,9 @@ int run(int argc, char** argv) {
   opt.checkpoint.optimizer = plugin.name();
   opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
   opt.checkpoint.optimizer_params = hp_resolved;
+  opt.world_size = parallel.world_size;
   mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
+  trainer.set_test_data(test_src.get());
   trainer.set_data_parallel(*parallel.dp);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();

@@ -302,7 +302,7 @@ void Trainer::record_step(double seconds) {
     const bool skipped = fp16() && row[L + kFoundInf] != 0.0;
     if (!skipped && (!std::isfinite(objective) || !std::isfinite(row[L + kNorm]))) drain();
   }
-  if (iteration_ % opt_.log_interval == 0 || iteration_ == opt_.train_iters) {
+  if (iteration_ % opt_.log_interval == 0 || iteration_ == 1 || iteration_ == opt_.train_iters) {  // Megatron logs iteration 1 too
     drain();
     write_log_line();
   }
@@ -378,6 +378,9 @@ void Trainer::write_log_line() {
   line += format(" iteration %8lld/%8lld |", static_cast<long long>(iteration_), static_cast<long long>(opt_.train_iters));
   line += format(" consumed samples: %12lld |", static_cast<long long>(consumed_));
   line += format(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
+  if (opt_.log_throughput)
+    line += format(" throughput per GPU (TFLOP/s/GPU): %.1f |",
+                   opt_.flops_per_iteration / (seconds / k * 1e12 * static_cast<double>(opt_.world_size)));
   line += format(" throughput (tokens/s): %.0f |",
                  static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / seconds);
   line += format(" learning rate: %.6E |", step_lr_);
@@ -386,6 +389,8 @@ void Trainer::write_log_line() {
   for (size_t e = 0; e < extra_names_.size(); ++e) line += format(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
   line += format(" loss scale: %.1f |", interval_loss_scale_);
   line += format(" grad norm: %.3f |", interval_grad_norm_);
+  if (opt_.log_num_zeros_in_grad) line += format(" num zeros: %lld |", static_cast<long long>(num_zeros_in_grad()));
+  if (opt_.log_params_norm) line += format(" params norm: %.3f |", params_norm());
   if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
   line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
   line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
@@ -405,15 +410,43 @@ void Trainer::write_log_line() {
 
 // ---- evaluation, checkpoints, the loop ---------------------------------------------------
 
-std::vector<std::pair<std::string, double>> Trainer::evaluate() {
-  check(valid_ != nullptr, "evaluate(): no validation data (check --split)");
+// Computed on the host from copies, only when asked for (--log-params-norm,
+// --log-num-zeros-in-grad), at log intervals. Sharded tensors are summed over the
+// tensor-parallel group, replicated ones counted once.
+double Trainer::params_norm() {
+  nn::ParameterStore& P = model_.parameters();
+  double sums[2] = {0, 0};  // sharded, replicated
+  for (size_t i = 0; i < P.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    double s = 0;
+    for (const float x : to_host_f32(P.master(id))) s += static_cast<double>(x) * x;
+    sums[P.info(id).sharding.sharded ? 0 : 1] += s;
+  }
+  tp_.all_reduce(&sums[0], 1, comm::ReduceOp::kSum);
+  return std::sqrt(sums[0] + sums[1]);
+}
+
+int64_t Trainer::num_zeros_in_grad() {
+  nn::ParameterStore& P = model_.parameters();
+  double zeros[2] = {0, 0};
+  for (size_t i = 0; i < P.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    double z = 0;
+    for (const float x : to_host_f32(P.grad(id))) z += x == 0.0f ? 1.0 : 0.0;
+    zeros[P.info(id).sharding.sharded ? 0 : 1] += z;
+  }
+  tp_.all_reduce(&zeros[0], 1, comm::ReduceOp::kSum);
+  return static_cast<int64_t>(zeros[0] + zeros[1]);
+}
+
+std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data) {
   Tensor sums;  // f64 on the device: summed losses of every term
   int64_t count = 0;
   std::vector<std::pair<std::string, int64_t>> extra;
   uint64_t next = 0;
   for (int64_t it = 0; it < opt_.eval_iters; ++it) {
     for (int64_t m = 0; m < opt_.global_batch_size / opt_.micro_batch_size; ++m) {
-      valid_->fill(next, opt_.micro_batch_size, batch_);
+      data.fill(next, opt_.micro_batch_size, batch_);
       next += static_cast<uint64_t>(opt_.micro_batch_size);
       const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
       if (!sums.defined()) {
@@ -490,17 +523,21 @@ std::filesystem::path Trainer::save_checkpoint() {
 }
 
 StopReason Trainer::run() {
-  auto validate = [&]() {
+  // Megatron's evaluation block: "validation loss at iteration N |" during training, and
+  // "... at iteration N on validation set |" / "... on test set |" after it.
+  auto validate = [&](BatchSource& data, const std::string& set) {
     drain();
-    const auto losses = evaluate();
-    std::string line = format(" validation loss at iteration %lld |", static_cast<long long>(iteration_));
-    if (metrics_) metrics_->append("validation/iteration", static_cast<double>(iteration_));
+    const auto losses = evaluate(data);
+    std::string line = format(" validation loss at iteration %lld", static_cast<long long>(iteration_)) +
+                       (set.empty() ? std::string("") : " on " + set + " set") + " |";
+    const std::string group = set == "test" ? "test/" : "validation/";
+    if (metrics_) metrics_->append(group + "iteration", static_cast<double>(iteration_));
     for (const auto& [name, loss] : losses) {
       const double ppl = std::exp(std::min(20.0, loss));
       line += format(" %s value: %.6E | %s PPL: %.6E |", name.c_str(), loss, name.c_str(), ppl);
       if (metrics_) {
-        metrics_->append("validation/" + series_name(name), loss);
-        metrics_->append("validation/" + series_name(name) + "_ppl", ppl);
+        metrics_->append(group + series_name(name), loss);
+        metrics_->append(group + series_name(name) + "_ppl", ppl);
       }
     }
     line += " ";
@@ -534,12 +571,13 @@ StopReason Trainer::run() {
       }
       if (valid_ && opt_.eval_interval > 0 && opt_.eval_iters > 0 && iteration_ % opt_.eval_interval == 0 &&
           iteration_ < opt_.train_iters)
-        validate();
+        validate(*valid_, "");
     }
     drain();
     if (device_.is_cuda()) resolve_overflow();
     if (metrics_) metrics_->flush();
-    if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate();
+    if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate(*valid_, "validation");
+    if (reason == StopReason::kFinished && test_ && opt_.eval_iters > 0) validate(*test_, "test");
     save_once();
     if (reason == StopReason::kSignal)
       console_ << " stopped by signal " << static_cast<int>(g_stop_signal) << " after iteration " << iteration_

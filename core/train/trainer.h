@@ -76,6 +76,14 @@ struct TrainOptions {
   io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s
+  // Megatron's optional fields of the iteration line: throughput per GPU from the model's
+  // FLOPs per iteration (Megatron's formula, computed by the caller) over world_size GPUs,
+  // the parameters' L2 norm, the number of zeros in the gradients.
+  bool log_throughput = false;
+  double flops_per_iteration = 0;
+  int world_size = 1;
+  bool log_params_norm = false;
+  bool log_num_zeros_in_grad = false;
 };
 
 // Why run() returned.
@@ -89,6 +97,8 @@ class Trainer {
   Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
           BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console);
   ~Trainer();
+  // Test data: evaluated once at the end of training ("on test set"), as Megatron does.
+  void set_test_data(BatchSource* test) { test_ = test; }
   // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 arrives (then
   // it finishes the current iteration, writes a checkpoint when save_dir is set, and
   // returns kSignal). On an error (a plugin failure, a NaN loss) the metrics are flushed
@@ -105,7 +115,9 @@ class Trainer {
   std::filesystem::path save_checkpoint();
   // Mean validation losses over eval_iters global batches (no dropout, no gradients):
   // ("lm loss", mean) first, then the model's extra terms.
-  std::vector<std::pair<std::string, double>> evaluate();
+  std::vector<std::pair<std::string, double>> evaluate(BatchSource& data);
+  double params_norm();          // L2 norm of the (master) parameters, over the TP group
+  int64_t num_zeros_in_grad();   // zeros in the main gradients, each element once over TP
   // One iteration (run() calls it; tests may too). The host learns its values at drain().
   void train_step();
   // Reads the device rows of the iterations since the last drain: metrics rows, losses(),
@@ -142,6 +154,7 @@ class Trainer {
   comm::Communicator* dp_ = &no_dp_;
   BatchSource& train_;
   BatchSource* valid_;
+  BatchSource* test_ = nullptr;
   io::MetricsFile* metrics_;
   std::ostream& console_;
   Device device_;

@@ -143,6 +143,41 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
   EXPECT_NE(ok.output.find("> memory: about "), std::string::npos) << ok.output;
 }
 
+// Megatron's console: iteration 1 is logged as well as every log interval; the optional
+// throughput per GPU, num zeros and params norm fields; the end-of-training evaluation on
+// the validation set and on the test set (also in metrics.h5: validation/, test/).
+TEST_F(Train, LogLinesAsMegatronPrintsThem) {
+  const fs::path run = tmp_ / "log", ckpt = tmp_ / "ckpt";
+  const auto r = mb::testing::run_command(train(kSmall + "--micro-batch-size 4 --global-batch-size 8 --train-iters 4 --lr 1e-3 "
+                                                "--log-interval 2 --eval-interval 2 --eval-iters 2 --log-throughput "
+                                                "--log-params-norm --log-num-zeros-in-grad --save " + ckpt.string() +
+                                                " --run-dir " + run.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex line(R"( \[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] iteration +(\d+)/ +4 \| consumed samples: +\d+ \| )"
+                        R"(elapsed time per iteration \(ms\): [0-9.]+ \| throughput per GPU \(TFLOP/s/GPU\): [0-9.]+ \|.*)"
+                        R"( grad norm: [0-9.]+ \| num zeros: \d+ \| params norm: ([0-9.]+) \| number of skipped)");
+  std::vector<int> logged;
+  std::string last_norm;
+  for (auto it = std::sregex_iterator(r.output.begin(), r.output.end(), line); it != std::sregex_iterator(); ++it) {
+    logged.push_back(std::stoi((*it)[1]));
+    last_norm = (*it)[2];
+  }
+  EXPECT_EQ(logged, (std::vector<int>{1, 2, 4})) << r.output;
+  EXPECT_NE(r.output.find(" validation loss at iteration 2 | lm loss value: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" validation loss at iteration 4 on validation set | lm loss value: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" validation loss at iteration 4 on test set | lm loss value: "), std::string::npos) << r.output;
+  // params norm: the L2 norm of the parameters after iteration 4, as the checkpoint holds them
+  const auto norm = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "f = h5py.File('" + (ckpt / "iter_0000004.h5").string() + "', 'r')\n"
+      "print('%.3f' % np.sqrt(sum(float(np.sum(np.asarray(f['params'][k], np.float64) ** 2)) for k in f['params'])))\"");
+  ASSERT_EQ(norm.exit_code, 0) << norm.output;
+  EXPECT_EQ(last_norm + "\n", norm.output);
+  const auto t = mb::testing::run_command("/usr/bin/python3 -c \"import h5py; f = h5py.File('" + (run / "metrics.h5").string() +
+                                          "', 'r'); print(list(f['test/iteration']), len(f['validation/iteration']))\"");
+  EXPECT_EQ(t.output, "[4.0] 2\n") << t.output;
+}
+
 TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
   mb::testing::write_text(tmp_ / "run.json", R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
     "seq_length": 32, "micro_batch_size": 4, "global_batch_size": 8, "train_iters": 99, "lr": 3e-3,

@@ -96,6 +96,22 @@ TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
   mb::testing::expect_error([] { mb::models::preset("gpt2-125m"); }, "did you mean 'gpt2-124m'");
 }
 
+// Megatron's FLOP count in the form its older releases wrote it:
+// 60 B s L h^2 (1 + g / (5 a) + s / (5 h) + V / (10 L h)) with g = a query groups.
+TEST(Gpt, FlopsFollowMegatronsFormula) {
+  for (const char* name : {"gpt2-124m", "gpt-7.5b", "bert-large"}) {
+    const auto c = mb::models::preset(name);
+    const double B = 512, s = static_cast<double>(c.seq_length), L = static_cast<double>(c.num_layers),
+                 h = static_cast<double>(c.hidden_size), V = static_cast<double>(c.padded_vocab_size());
+    const double megatron = 60 * B * s * L * h * h * (1 + 1.0 / 5 + s / (5 * h) + V / (10 * L * h));
+    EXPECT_NEAR(mb::models::megatron_flops(c, 512), megatron, 1e-9 * megatron) << name;
+  }
+  // GPT-2 124M at batch 8 x 1024: 6 N per token plus attention, about 6.1e12 per iteration
+  const double f = mb::models::megatron_flops(mb::models::preset("gpt2-124m"), 8);
+  EXPECT_GT(f, 6 * 124e6 * 8 * 1024);
+  EXPECT_LT(f, 8 * 124e6 * 8 * 1024);
+}
+
 namespace {
 
 // Writes the model's weights and the batch(es) for gpt_torch.py.
