@@ -1,5 +1,7 @@
 #include "core/data/wordpiece_tokenizer.h"
 
+#include <vector>
+
 #include "core/data/unicode.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
@@ -25,6 +27,49 @@ bool is_cjk(char32_t c) {
   return (c >= 0x4E00 && c <= 0x9FFF) || (c >= 0x3400 && c <= 0x4DBF) || (c >= 0x20000 && c <= 0x2A6DF) ||
          (c >= 0x2A700 && c <= 0x2B73F) || (c >= 0x2B740 && c <= 0x2B81F) || (c >= 0x2B820 && c <= 0x2CEAF) ||
          (c >= 0xF900 && c <= 0xFAFF) || (c >= 0x2F800 && c <= 0x2FA1F);
+}
+
+// A character _clean_text drops, or one that ends a whitespace token (whitespace, and CJK
+// ideographs, which _tokenize_chinese_chars surrounds with spaces).
+bool dropped(char32_t c) { return c == unicode::kInvalid || c == 0 || c == 0xFFFD || is_bert_control(c); }
+bool ends_token(char32_t c) { return is_bert_whitespace(c) || c == 0x2028 || c == 0x2029 || is_cjk(c); }
+
+// Unicode's Cased and Case_Ignorable, as far as Python's str.lower() needs them to place a
+// final sigma: uppercase letters are the ones lowering changes; the lowercase letters of
+// the cased scripts (Latin, Greek, Cyrillic, Armenian) are listed; case-ignorable are the
+// nonspacing marks and the apostrophes, periods, colons and middle dots between letters.
+bool is_cased(char32_t c) {
+  char32_t l[3];
+  if (unicode::to_lower(c, l) != 1 || l[0] != c) return true;
+  return (c >= 'a' && c <= 'z') || c == 0xAA || c == 0xB5 || c == 0xBA || (c >= 0xDF && c <= 0xFF && c != 0xF7) ||
+         (c >= 0x100 && c <= 0x24F) || (c >= 0x250 && c <= 0x2AF) || (c >= 0x3AC && c <= 0x3CE) ||
+         (c >= 0x3D0 && c <= 0x3FF) || (c >= 0x430 && c <= 0x45F) || (c >= 0x460 && c <= 0x52F) ||
+         (c >= 0x561 && c <= 0x587) || (c >= 0x1E00 && c <= 0x1FFF);
+}
+bool is_case_ignorable(char32_t c) {
+  return unicode::is_nonspacing_mark(c) || c == '\'' || c == '.' || c == ':' || c == '^' || c == '`' || c == 0xA8 ||
+         c == 0xAD || c == 0xAF || c == 0xB4 || c == 0xB7 || c == 0xB8 || c == 0x387 || c == 0x2018 || c == 0x2019 ||
+         c == 0x2024 || c == 0x2027 || (c >= 0x2B0 && c <= 0x36F);
+}
+
+// Python's lower() of U+03A3 at byte i of text (the token runs from `begin`): final sigma
+// when a cased letter precedes it (case-ignorables skipped) and none follows.
+char32_t lower_sigma(std::string_view text, size_t begin, size_t i, size_t len) {
+  std::vector<char32_t> before;
+  for (size_t k = begin, n = 0; k < i; k += n) {
+    const char32_t c = unicode::decode_utf8(text, k, n);
+    if (!dropped(c)) before.push_back(c);
+  }
+  size_t b = before.size();
+  while (b > 0 && is_case_ignorable(before[b - 1])) --b;
+  if (b == 0 || !is_cased(before[b - 1])) return 0x3C3;
+  for (size_t k = i + len, n = 0; k < text.size(); k += n) {
+    const char32_t c = unicode::decode_utf8(text, k, n);
+    if (dropped(c)) continue;
+    if (ends_token(c)) break;
+    if (!is_case_ignorable(c)) return is_cased(c) ? 0x3C3 : 0x3C2;
+  }
+  return 0x3C2;
 }
 
 }  // namespace
@@ -53,7 +98,6 @@ WordPieceTokenizer::WordPieceTokenizer(const std::filesystem::path& vocab_txt, b
   special_.sep = require(vocab_txt, "[SEP]");
   special_.mask = require(vocab_txt, "[MASK]");
   special_.pad = require(vocab_txt, "[PAD]");
-  special_.eod = special_.sep;
   // Megatron's BERT tokenizer appends [BOS], [EOS], then the sentinels.
   auto add = [&](const std::string& tok) {
     auto it = ids_.find(tok);
@@ -65,6 +109,9 @@ WordPieceTokenizer::WordPieceTokenizer(const std::filesystem::path& vocab_txt, b
   };
   special_.bos = add("[BOS]");
   special_.eos = add("[EOS]");
+  // Megatron's BERT tokenizer has no end-of-document id of its own; --append-eod appends
+  // what its tokenizer base falls back to, the end-of-sentence id: [EOS], added above.
+  special_.eod = special_.eos;
   if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);
   if (extra_ids > 0) {
     special_.num_sentinels = extra_ids;
@@ -90,13 +137,15 @@ std::vector<std::string> WordPieceTokenizer::basic_tokenize(std::string_view tex
     cur.clear();
   };
   char32_t lowered[3], stripped[4];
+  size_t token_begin = 0;  // where the current whitespace token starts (for the final sigma)
   for (size_t i = 0, len = 0; i < text.size(); i += len) {
     char32_t c = unicode::decode_utf8(text, i, len);
     // _clean_text: drop NUL, U+FFFD, controls (and undecodable bytes); whitespace splits.
-    if (c == unicode::kInvalid || c == 0 || c == 0xFFFD || is_bert_control(c)) continue;
+    if (dropped(c)) continue;
     // Whitespace splits; U+2028/U+2029 survive _clean_text but Python's str.split() splits on them.
     if (is_bert_whitespace(c) || c == 0x2028 || c == 0x2029) {
       flush();
+      token_begin = i + len;
       continue;
     }
     if (is_cjk(c)) {  // each CJK ideograph is a word of its own
@@ -104,10 +153,18 @@ std::vector<std::string> WordPieceTokenizer::basic_tokenize(std::string_view tex
       std::string w;
       unicode::append_utf8(w, c);
       words.push_back(std::move(w));
+      token_begin = i + len;
       continue;
     }
-    // lower() then NFD and drop Mn, one code point at a time.
-    const int nl = lower_case_ ? unicode::to_lower(c, lowered) : (lowered[0] = c, 1);
+    // lower() of the whole token (Greek capital sigma depends on its neighbours), then NFD
+    // and drop Mn, one code point at a time.
+    int nl = 1;
+    if (!lower_case_)
+      lowered[0] = c;
+    else if (c == 0x3A3)
+      lowered[0] = lower_sigma(text, token_begin, i, len);
+    else
+      nl = unicode::to_lower(c, lowered);
     for (int a = 0; a < nl; ++a) {
       const int ns = lower_case_ ? unicode::strip_accents(lowered[a], stripped) : (stripped[0] = lowered[a], 1);
       for (int b = 0; b < ns; ++b) {

@@ -32,7 +32,7 @@ class WordPieceTokenizer final : public Tokenizer {
   // The words of basic tokenization (before WordPiece), UTF-8.
   std::vector<std::string> basic_tokenize(std::string_view text) const;
 
-  static constexpr size_t kMaxCharsPerWord = 100;
+  static constexpr size_t kMaxCharsPerWord = 200;  // Google's BERT (Megatron's copy): [UNK] above 200
 
  private:
   struct StringHash {

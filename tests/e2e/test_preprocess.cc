@@ -37,7 +37,7 @@ TEST(Preprocess, JsonlWithSeveralKeysSentencesAndEod) {
   o.type = "BertWordPieceLowerCase";
   const auto tok = make_tokenizer(o);
   EXPECT_EQ(tok->decode(text.sequence(1)), "then it left !");
-  EXPECT_EQ(text.sequence(2).back(), tok->special().eod) << "EOD closes the document's last sentence";
+  EXPECT_EQ(text.sequence(2).back(), 30523) << "[EOS] closes the document's last sentence, as Megatron appends it";
 }
 
 TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {

@@ -1,7 +1,7 @@
 """Independent reference for BERT WordPiece ids, written from the algorithm's description
 (Devlin et al. 2019; Google's BERT tokenization): clean text, split CJK ideographs,
 whitespace split, lower-case + NFD accent stripping (uncased), punctuation split, greedy
-longest-match-first WordPiece with "##" continuations, [UNK] above 100 characters.
+longest-match-first WordPiece with "##" continuations, [UNK] above 200 characters (Google BERT's max_input_chars_per_word).
 Python's own unicodedata supplies the character classes, so this also cross-checks the
 Unicode tables the C++ side generated from Node.js.
 
@@ -66,7 +66,7 @@ def words(text, lower):
 
 
 def wordpiece(word, vocab):
-    if len(word) > 100:
+    if len(word) > 200:
         return [vocab["[UNK]"]]
     ids, start = [], 0
     while start < len(word):

@@ -43,8 +43,8 @@ TEST(WordPiece, SubwordsUnknownsAndLongWords) {
   ASSERT_GT(ids.size(), 1u);
   for (size_t i = 1; i < ids.size(); ++i) EXPECT_TRUE(tok.token_text(ids[i]).starts_with("##"));
   EXPECT_EQ(tok.decode(ids), "unaffable");
-  EXPECT_EQ(tok.encode(std::string(101, 'a')), (std::vector<int32_t>{tok.special().unk}));
-  EXPECT_NE(tok.encode(std::string(100, 'a')), (std::vector<int32_t>{tok.special().unk}));
+  EXPECT_EQ(tok.encode(std::string(201, 'a')), (std::vector<int32_t>{tok.special().unk}));  // Google BERT: over 200
+  EXPECT_NE(tok.encode(std::string(200, 'a')), (std::vector<int32_t>{tok.special().unk}));
   EXPECT_EQ(tok.encode("\u2603\u2603\U0001F600"), (std::vector<int32_t>{tok.special().unk}));  // no pieces
   EXPECT_EQ(tok.basic_tokenize("Hi,there!\tCaf\u00c9 \u4e2d\u6587"),
             (std::vector<std::string>{"hi", ",", "there", "!", "cafe", "\u4e2d", "\u6587"}));
@@ -58,7 +58,7 @@ TEST(WordPiece, SpecialTokensFollowMegatron) {
   EXPECT_EQ(tok.special().first_sentinel, 30524);
   EXPECT_EQ(tok.vocab_size(), 30624);
   EXPECT_EQ(tok.token_text(30524 + 7), "<extra_id_7>");
-  EXPECT_EQ(tok.special().eod, tok.special().sep);
+  EXPECT_EQ(tok.special().eod, 30523) << "--append-eod appends [EOS], as Megatron's tokenizer falls back to eos";
 }
 
 TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
@@ -72,6 +72,14 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
       "$100 + 5% = <html> ~tilde^ `tick` |pipe|", "\u00ab\u00bb \u201cquotes\u201d \u2014dash\u2013 \u2026",
       "don't can't it's", "x" + std::string(120, 'b') + " tail", "\u00a0nbsp\u3000ideo\u2028ls",
       "emoji \U0001F600 \U0001F44D\U0001F3FD", "numbers 3.14 1,000 \u0661\u0662 \u00bd",
+      // Greek capital sigma lowers to final sigma at the end of a word (Python's lower() of the
+      // whole token): after a letter, before punctuation, with apostrophes and marks between
+      "\u039f\u0394\u039f\u03a3 \u03a3\u039f\u03a6\u039f\u03a3. \u03a3 \u0391\u03a3'\u03a3 \u0391\u03a3.\u03a3 "
+      "\u0391\u03a3\u0301 \u03b1\u03a3 \u0391\u03a3\u4e2d \u039f\u03a3\u03a3\u039f",
+      // the over-long-word threshold: 200 characters is a word, 201 is [UNK]
+      std::string(200, 'a') + " " + std::string(201, 'a'),
+      // CJK compatibility ideographs are words of their own
+      "\uf900\uf901x\ufa0e \U0002F800y",
   };
   for (const auto& doc : read_brown(asset_dir() / "brown"))
     for (size_t i = 0; i < doc.sentences.size(); i += 8) {
