@@ -22,6 +22,7 @@ struct CodeMap4 {
 };
 
 #include "core/data/unicode_tables.inc"
+#include "core/data/bert_unicode_assigned.inc"
 
 template <size_t N>
 bool in_ranges(const CodeRange (&table)[N], char32_t c) {
@@ -148,5 +149,7 @@ int strip_accents(char32_t c, char32_t out[4]) {
 }
 
 const char* table_version() { return kUnicodeVersion; }
+bool assigned_in_bert_reference(char32_t c) { return c < 128 || (c != kInvalid && in_ranges(kBertAssigned, c)); }
+const char* bert_reference_version() { return kBertUnicodeVersion; }
 
 }  // namespace megabatch::unicode

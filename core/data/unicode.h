@@ -35,4 +35,10 @@ int strip_accents(char32_t c, char32_t out[4]);
 
 const char* table_version();
 
+// Whether c is assigned in the Unicode version of the reference BERT tokenizer (Python's
+// unicodedata, gen_bert_unicode_assigned.py: Debian 12's Python, Unicode 14.0). Newer
+// characters are unassigned to it, and the WordPiece tokenizer treats them as it does.
+bool assigned_in_bert_reference(char32_t c);
+const char* bert_reference_version();
+
 }  // namespace megabatch::unicode

@@ -31,8 +31,12 @@ bool is_cjk(char32_t c) {
 
 // A character _clean_text drops, or one that ends a whitespace token (whitespace, and CJK
 // ideographs, which _tokenize_chinese_chars surrounds with spaces).
-bool dropped(char32_t c) { return c == unicode::kInvalid || c == 0 || c == 0xFFFD || is_bert_control(c); }
-bool ends_token(char32_t c) { return is_bert_whitespace(c) || c == 0x2028 || c == 0x2029 || is_cjk(c); }
+bool dropped(char32_t c) {
+  return c == unicode::kInvalid || c == 0 || c == 0xFFFD || (unicode::assigned_in_bert_reference(c) && is_bert_control(c));
+}
+bool ends_token(char32_t c) {
+  return (unicode::assigned_in_bert_reference(c) && (is_bert_whitespace(c) || c == 0x2028 || c == 0x2029)) || is_cjk(c);
+}
 
 // Unicode's Cased and Case_Ignorable, as far as Python's str.lower() needs them to place a
 // final sigma: uppercase letters are the ones lowering changes; the lowercase letters of
@@ -143,7 +147,7 @@ std::vector<std::string> WordPieceTokenizer::basic_tokenize(std::string_view tex
     // _clean_text: drop NUL, U+FFFD, controls (and undecodable bytes); whitespace splits.
     if (dropped(c)) continue;
     // Whitespace splits; U+2028/U+2029 survive _clean_text but Python's str.split() splits on them.
-    if (is_bert_whitespace(c) || c == 0x2028 || c == 0x2029) {
+    if (unicode::assigned_in_bert_reference(c) && (is_bert_whitespace(c) || c == 0x2028 || c == 0x2029)) {
       flush();
       token_begin = i + len;
       continue;
@@ -154,6 +158,11 @@ std::vector<std::string> WordPieceTokenizer::basic_tokenize(std::string_view tex
       unicode::append_utf8(w, c);
       words.push_back(std::move(w));
       token_begin = i + len;
+      continue;
+    }
+    // A character newer than the reference's Unicode data is unassigned to it: kept as it is.
+    if (!unicode::assigned_in_bert_reference(c)) {
+      unicode::append_utf8(cur, c);
       continue;
     }
     // lower() of the whole token (Greek capital sigma depends on its neighbours), then NFD

@@ -80,6 +80,9 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
       std::string(200, 'a') + " " + std::string(201, 'a'),
       // CJK compatibility ideographs are words of their own
       "\uf900\uf901x\ufa0e \U0002F800y",
+      // characters newer than the reference's Unicode data (14.0): Kawi danda and sign (15.0),
+      // Ol Onal punctuation and a capital letter with a lower-case mapping (16.0)
+      "a\U00011F43b c\U00011F00d e\U0001E5FFf \uA7CBx \U0001E030",
   };
   for (const auto& doc : read_brown(asset_dir() / "brown"))
     for (size_t i = 0; i < doc.sentences.size(); i += 8) {
