@@ -138,10 +138,22 @@ std::string failure_reason(const fs::path& log, int status) {
   return "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
+// Exit status of train for a diverged run; DIVERGED in its run directory says where and why.
+constexpr int kExitDiverged = 4;
+
+std::string divergence_reason(const fs::path& dir) {
+  try {
+    const json d = json::parse(read_text(dir / "DIVERGED"));
+    return "iteration " + std::to_string(d.value("iteration", int64_t{0})) + ": " + d.value("reason", std::string("?"));
+  } catch (const std::exception&) {
+    return "diverged (DIVERGED unreadable)";
+  }
+}
+
 struct PointState {
   const Point* point = nullptr;
   fs::path dir;
-  std::string state = "pending";  // pending, running, done, failed, interrupted, skipped
+  std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped
   std::string reason;
   int attempts = 0;
   double wall_s = 0;  // over every attempt and invocation
@@ -155,6 +167,13 @@ int64_t iters_of(const json& c) {
   if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
   const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
   return c.contains("train_samples") ? c["train_samples"].get<int64_t>() / B : 0;
+}
+
+// Samples of a point's work that are behind it: all of them once it is done or diverged
+// (a diverged point stops early: nothing of it is left to do).
+int64_t work_of(const PointState& p) {
+  if (p.state == "done" || p.state == "diverged") return p.train_iters * p.global_batch;
+  return p.progress.iteration * p.global_batch;
 }
 
 json state_json(const std::vector<PointState>& ps, const Sweep& s) {
@@ -180,9 +199,10 @@ std::string fmt_duration(double s) {
 
 // elapsed < 0: a status report, where `eta` holds the points' total wall time instead.
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
-  int done = 0, running = 0, failed = 0, pending = 0;
+  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0;
   for (const auto& p : ps) {
     done += p.state == "done";
+    diverged += p.state == "diverged";
     running += p.state == "running";
     failed += p.state == "failed";
     pending += p.state == "pending" || p.state == "interrupted";
@@ -190,11 +210,11 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   std::vector<std::string> out;
   char buf[512];
   if (elapsed >= 0)
-    std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | elapsed %s | ETA %s", done,
-                  running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | elapsed %s | ETA %s",
+                  done, diverged, running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
   else
-    std::snprintf(buf, sizeof buf, "sweep: %d done, %d running, %d failed, %d waiting | point time %s", done, running,
-                  failed, pending, fmt_duration(eta).c_str());
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | point time %s", done,
+                  diverged, running, failed, pending, fmt_duration(eta).c_str());
   out.push_back(buf);
   size_t w = 5;
   for (const auto& p : ps) w = std::max(w, p.point->id.size());
@@ -210,7 +230,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       std::snprintf(buf, sizeof buf, "  valid %.4f", p.progress.valid_loss);
       detail += buf;
     }
-    if (p.state == "failed") detail = p.reason;
+    if (p.state == "failed" || p.state == "diverged") detail = p.reason;
     std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
                   detail.c_str());
     out.push_back(buf);
@@ -238,7 +258,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     }
   }
   std::vector<PointState> ps(sweep.points.size());
-  std::vector<std::string> changed;
+  std::vector<std::string> changed, rediverge;
   for (size_t i = 0; i < ps.size(); ++i) {
     PointState& p = ps[i];
     p.point = &sweep.points[i];
@@ -253,8 +273,25 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
     if (ran_with_other_config(p.dir, p.point->config)) changed.push_back(p.point->id);
     if (fs::exists(p.dir / "DONE")) p.state = "done";
+    else if (fs::exists(p.dir / "DIVERGED")) {
+      p.state = "diverged";
+      p.reason = divergence_reason(p.dir);
+      if (o.rerun_diverged) rediverge.push_back(p.point->id);
+    }
     p.progress = parse_progress(p.dir / "stdout.log");
   }
+  for (auto& p : ps)
+    if (std::find(rediverge.begin(), rediverge.end(), p.point->id) != rediverge.end()) {
+      if (o.dry_run) {
+        std::cout << "  --rerun diverged discards " << p.dir.string() << " (" << p.reason << ")\n";
+        continue;
+      }
+      remove_point_dir(root, p.dir);
+      p.state = "pending";
+      p.reason.clear();
+      p.wall_s = 0;
+      p.progress = {};
+    }
   if (!changed.empty()) {
     if (!o.rerun_changed)
       fail(sweep.file.string(), ": the configuration of ", changed.size(), " point(s) that already ran differs from ",
@@ -306,18 +343,22 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   for (const auto& p : ps) {
     if (p.state == "skipped") continue;
     work_total += p.train_iters * p.global_batch;
-    work_done_at_start += (p.state == "done" ? p.train_iters : p.progress.iteration) * p.global_batch;
+    work_done_at_start += work_of(p);
   }
   size_t printed = 0;
   auto last_plain = Clock::now();
   auto display = [&](bool force) {
     double work_now = 0;
+    bool open = false;  // points still to run or running
     for (const auto& p : ps)
-      if (p.state != "skipped")
-        work_now += static_cast<double>((p.state == "done" ? p.train_iters : p.progress.iteration) * p.global_batch);
+      if (p.state != "skipped") {
+        work_now += static_cast<double>(work_of(p));
+        open = open || p.state == "running" || p.state == "pending" || p.state == "interrupted" ||
+               (p.state == "failed" && p.attempts <= o.retries);
+      }
     const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     const double gained = work_now - static_cast<double>(work_done_at_start);
-    const double eta = gained > 0 ? elapsed * (static_cast<double>(work_total) - work_now) / gained : -1;
+    const double eta = !open ? 0.0 : gained > 0 ? elapsed * (static_cast<double>(work_total) - work_now) / gained : -1;
     const auto lines = table_lines(ps, elapsed, eta);
     if (o.tty) {
       if (printed) std::cout << "\033[" << printed << "A";
@@ -363,7 +404,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     if (!o.tty) std::cout << "> start " << p.point->id << " (attempt " << p.attempts << ")" << std::endl;
   };
 
-  int failed_total = 0;
+  int failed_total = 0, diverged_total = 0;
   while (true) {
     int running = 0;
     for (auto& p : ps) running += p.state == "running";
@@ -403,6 +444,11 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
                                                .dump() +
                                            "\n");
           if (!o.tty) std::cout << "> done " << p.point->id << " (" << fmt_duration(p.wall_s) << ")" << std::endl;
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == kExitDiverged) {
+          p.state = "diverged";
+          p.reason = divergence_reason(p.dir);
+          std::cout << (o.tty ? "" : "> ") << "diverged " << p.point->id << ": " << p.reason << std::endl;
+          printed = 0;
         } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
           p.state = "interrupted";
           if (!o.tty) std::cout << "> interrupted " << p.point->id << " (resumable)" << std::endl;
@@ -431,7 +477,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     display(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  for (const auto& p : ps) failed_total += p.state == "failed";
+  for (const auto& p : ps) failed_total += p.state == "failed", diverged_total += p.state == "diverged";
   save_state();
   display(true);
   std::signal(SIGINT, old_int);
@@ -440,6 +486,9 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     std::cout << "> stopped; every point is resumable: run the same command again" << std::endl;
     return 130;
   }
+  if (diverged_total)
+    std::cout << "> " << diverged_total << " point(s) diverged (a result, not retried; --rerun diverged runs them again)"
+              << std::endl;
   if (failed_total) {
     std::cout << "> " << failed_total << " point(s) failed; their logs are in " << root.string()
               << "/<id>/stdout.log (rerun to retry them, or --retries N)" << std::endl;
@@ -483,7 +532,10 @@ int print_status(const fs::path& dir) {
     const pid_t owner = static_cast<pid_t>(s.value("sweep_pid", int64_t{0}));
     const bool live = owner > 0 && ::kill(owner, 0) == 0;
     if (fs::exists(ps[i].dir / "DONE")) ps[i].state = "done";
-    else if (ps[i].state == "running" && !live) ps[i].state = "interrupted";  // its sweep is gone
+    else if (fs::exists(ps[i].dir / "DIVERGED") && ps[i].state != "running") {
+      ps[i].state = "diverged";
+      ps[i].reason = divergence_reason(ps[i].dir);
+    } else if (ps[i].state == "running" && !live) ps[i].state = "interrupted";  // its sweep is gone
   }
   double wall = 0;
   for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);

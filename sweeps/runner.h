@@ -27,12 +27,14 @@ struct RunOptions {
   int retries = 0;                     // extra attempts for failed points
   std::string only;                    // run points whose id matches this glob (or contains it)
   bool dry_run = false;
-  bool rerun_changed = false;
+  bool rerun_changed = false;          // discard and rerun points whose configuration changed
+  bool rerun_diverged = false;         // discard and rerun points that diverged (else they are results)
   bool tty = false;                    // redraw a live table instead of printing lines
 };
 
-// Runs the sweep; returns the process exit status (0: every selected point done; 1: some
-// failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
+// Runs the sweep; returns the process exit status (0: every selected point done or
+// diverged — a diverged point, train's exit status 4, is a result and is not retried unless
+// rerun_diverged; 1: some failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
 int run_sweep(const Sweep& sweep, const RunOptions& options);
 
 // Writes runs/<name>/points.txt (one id per line, in order) and each point's point.json,

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "core/util/args.h"
 #include "core/util/error.h"
@@ -17,7 +18,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--rerun]\n"
+    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--rerun [changed|diverged]]\n"
     "                           [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
     "       sweep export FILE.json [--runs-dir DIR]   points.txt and point.json files for other launchers\n"
@@ -74,13 +75,29 @@ int run(int argc, char** argv) {
         mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points"))), e.get("runs-dir"));
   }
   mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report, export\n", kUsage);
+  // --rerun takes an optional word: a bare --rerun means --rerun changed
+  std::vector<std::string> words;
+  for (int i = 0; i < argc; ++i) {
+    const std::string w = argv[i];
+    if (w != "--rerun") {
+      words.push_back(w);
+      continue;
+    }
+    const bool named = i + 1 < argc && (std::string(argv[i + 1]) == "changed" || std::string(argv[i + 1]) == "diverged");
+    words.push_back("--rerun=" + std::string(named ? argv[++i] : "changed"));
+  }
+  std::vector<char*> args;
+  for (auto& w : words) args.push_back(w.data());
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   mb::ArgParser a("sweep run", kUsage);
   a.flag("dry-run", "list the points and exit");
   a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");
   a.option("retries", "N", "retry failed points up to N times", "0");
   a.option("jobs", "N", "points run at once (default: cores / threads)", "0");
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
-  a.flag("rerun", "discard and rerun points whose configuration changed");
+  a.option("rerun", "WHAT", "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
+           "diverged: discard and rerun the points that diverged", "");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
   a.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
   if (!a.parse(argc, argv, 2)) return 0;
@@ -99,7 +116,10 @@ int run(int argc, char** argv) {
   o.retries = static_cast<int>(a.get_int("retries"));
   o.only = a.get("only");
   o.dry_run = a.has("dry-run");
-  o.rerun_changed = a.has("rerun");
+  const std::string rerun = a.get("rerun");
+  mb::check(rerun.empty() || rerun == "changed" || rerun == "diverged", "--rerun: changed or diverged, got '", rerun, "'");
+  o.rerun_changed = rerun == "changed";
+  o.rerun_diverged = rerun == "diverged";
   o.tty = isatty(STDOUT_FILENO) != 0;
   return mb::sweeps::run_sweep(sweep, o);
 }

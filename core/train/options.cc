@@ -38,7 +38,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)},
-      {"diagnostics_interval", at_least(0)}, {"noise_scale_ema", within(0, 1, true)},
+      {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
   };
   return r;
 }
@@ -158,6 +158,12 @@ const config::Schema& train_schema() {
       {"log_throughput", Type::kBool, false, "add Megatron's throughput per GPU (TFLOP/s/GPU) to the iteration line", "logging"},
       {"log_params_norm", Type::kBool, false, "add the parameters' L2 norm (params norm) to the iteration line", "logging"},
       {"log_num_zeros_in_grad", Type::kBool, false, "add the number of zeros in the gradients (num zeros) to the iteration line",
+       "logging"},
+      {"divergence_loss", Type::kFloat, nullptr,
+       "stop as diverged (exit status 4, run_dir/DIVERGED) when the lm loss averaged over a log interval stays above "
+       "this for divergence_intervals intervals in a row (default: 2 ln(padded vocab), twice the loss of a uniform "
+       "guess); a NaN or infinite loss or gradient norm stops the run at once", "logging"},
+      {"divergence_intervals", Type::kInt, 3, "log intervals in a row above divergence_loss that make a run diverged",
        "logging"},
   });
   return schema;

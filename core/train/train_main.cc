@@ -35,6 +35,9 @@ namespace {
 // Exit status of a run stopped by SIGTERM, SIGUSR1 or a first SIGINT (after its checkpoint was written):
 // the sweep tool and Slurm requeue scripts read it as "resumable".
 constexpr int kExitStoppedBySignal = 3;
+// Exit status of a diverged run (NaN/inf, or a loss above --divergence-loss): run_dir/DIVERGED says
+// where and why; the sweep tool marks the point DIVERGED and does not retry it.
+constexpr int kExitDiverged = 4;
 
 // The first option whose value differs between two resolved configurations, as text.
 std::string first_difference(const json& a, const json& b) {
@@ -414,6 +417,9 @@ int run(int argc, char** argv) {
   opt.flops_per_iteration = mb::models::megatron_flops(mc, opt.global_batch_size);
   opt.log_params_norm = v["log_params_norm"].get<bool>();
   opt.log_num_zeros_in_grad = v["log_num_zeros_in_grad"].get<bool>();
+  opt.divergence_loss = v.contains("divergence_loss") ? v["divergence_loss"].get<double>()
+                                                      : 2.0 * std::log(static_cast<double>(mc.padded_vocab_size()));
+  opt.divergence_intervals = v["divergence_intervals"].get<int64_t>();
 
   // --- optimizer plugin and its hyperparameters
   const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
@@ -496,6 +502,7 @@ int run(int argc, char** argv) {
                                             : "this rank's configuration differs from rank 0's (see above)");
   }
   if (logger) std::filesystem::create_directories(run_dir);
+  if (logger) std::filesystem::remove(run_dir / "DIVERGED");  // this attempt decides afresh
   if (logger) {
     mb::AtomicFile f(run_dir / "config.json");
     const std::string text = resolved.dump(2) + "\n";
@@ -541,7 +548,8 @@ int run(int argc, char** argv) {
             << "), lr "
             << s.max_lr << " " << mb::optim::decay_style_name(s.style) << " to " << s.min_lr << ", warmup "
             << s.warmup_samples << " samples; " << omp_get_max_threads() << " threads\n"
-            << "> writing " << (run_dir / "metrics.h5").string() << std::endl;
+            << "> writing " << (run_dir / "metrics.h5").string() << "; diverged when the lm loss is NaN/inf or above "
+            << opt.divergence_loss << " for " << opt.divergence_intervals << " log intervals" << std::endl;
 
   mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
@@ -564,6 +572,20 @@ int run(int argc, char** argv) {
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();
   if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;
+  if (reason == mb::train::StopReason::kDiverged) {
+    if (logger) {
+      const std::string text = json({{"iteration", trainer.diverged_at()}, {"reason", trainer.divergence_reason()},
+                                     {"divergence_loss", opt.divergence_loss},
+                                     {"divergence_intervals", opt.divergence_intervals}})
+                                   .dump() + "\n";
+      mb::AtomicFile f(run_dir / "DIVERGED");
+      f.write(text.data(), text.size());
+      f.commit();
+    }
+    std::cout << "> diverged: iteration " << trainer.diverged_at() << ": " << trainer.divergence_reason() << "; "
+              << (run_dir / "DIVERGED").string() << std::endl;
+    return kExitDiverged;
+  }
   std::cout << "> " << (reason == mb::train::StopReason::kFinished ? "done" : "stopped") << ": iteration "
             << trainer.iteration() << ", " << trainer.consumed_samples() << " samples";
   if (!trainer.losses().empty()) std::cout << ", last lm loss " << trainer.losses().back();
@@ -590,6 +612,6 @@ int main(int argc, char** argv) {
     status = 2;
   }
   // A failing rank ends the whole job at once, so no other rank waits in a collective.
-  if (mpi && status != 0 && status != kExitStoppedBySignal) mb::comm::abort_job(status);
+  if (mpi && status != 0 && status != kExitStoppedBySignal && status != kExitDiverged) mb::comm::abort_job(status);
   return status;
 }

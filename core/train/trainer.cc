@@ -325,13 +325,10 @@ void Trainer::drain() {
     for (size_t k = 0; k < L; ++k) objective += v[k];
     const double scale = fp16() ? v[L + kLossScale] : 1.0;
     if (skipped && !std::isfinite(objective)) ++interval_nan_;  // fp16: counted and skipped, as Megatron
-    if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm))) {
-      ring_rows_ = 0;
-      ring_seconds_.clear();
-      ring_lr_.clear();
-      ring_consumed_.clear();
-      fail("iteration ", it, ": ", !std::isfinite(objective) ? "loss" : "gradient norm", " is ",
-           !std::isfinite(objective) ? objective : norm, " (diverged); lower --lr, raise warmup, or check the data");
+    if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm)) && diverged_at_ == 0) {
+      diverged_at_ = it;  // recorded in the metrics below; run() stops after this step
+      divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
+                           format("%g", !std::isfinite(objective) ? objective : norm);
     }
     if (opt_.noise_scale && !skipped) {
       const double mb = static_cast<double>(micro_batches);
@@ -395,6 +392,13 @@ void Trainer::write_log_line() {
   line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
   line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
   console_ << line << std::endl;
+  const double mean_loss = interval_loss_ / k;
+  intervals_above_ = opt_.divergence_loss > 0 && mean_loss > opt_.divergence_loss ? intervals_above_ + 1 : 0;
+  if (diverged_at_ == 0 && opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals) {
+    diverged_at_ = iteration_;
+    divergence_reason_ = format("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
+                                static_cast<long long>(intervals_above_), mean_loss);
+  }
   if (metrics_ && opt_.noise_scale) {
     metrics_->append("noise_scale/iteration", static_cast<double>(iteration_));
     metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
@@ -556,8 +560,13 @@ StopReason Trainer::run() {
   try {
     while (iteration_ < opt_.train_iters) {
       train_step();
-      if (saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0) {
-        drain();
+      const bool save_now = saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0;
+      if (save_now) drain();  // a GPU run learns of a NaN here at the latest: never checkpoint one
+      if (diverged_at_ != 0) {
+        reason = StopReason::kDiverged;
+        break;
+      }
+      if (save_now) {
         if (metrics_) metrics_->flush();  // the metrics of every checkpointed iteration are on disk
         save_checkpoint();
       }
@@ -575,7 +584,13 @@ StopReason Trainer::run() {
     }
     drain();
     if (device_.is_cuda()) resolve_overflow();
+    if (diverged_at_ != 0) reason = StopReason::kDiverged;
     if (metrics_) metrics_->flush();
+    if (reason == StopReason::kDiverged) {
+      console_ << " diverged at iteration " << diverged_at_ << ": " << divergence_reason_
+               << (saving && last_saved_ >= 0 ? "; the last checkpoint before it is kept" : "") << std::endl;
+      return reason;
+    }
     if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate(*valid_, "validation");
     if (reason == StopReason::kFinished && test_ && opt_.eval_iters > 0) validate(*test_, "test");
     save_once();

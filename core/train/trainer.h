@@ -84,10 +84,15 @@ struct TrainOptions {
   int world_size = 1;
   bool log_params_norm = false;
   bool log_num_zeros_in_grad = false;
+  // Divergence: a NaN or infinite loss or gradient norm stops the run at once; an lm loss
+  // whose log-interval mean stays above divergence_loss for divergence_intervals intervals
+  // in a row stops it too (0: only NaN/inf). A diverged run saves no checkpoint.
+  double divergence_loss = 0;
+  int64_t divergence_intervals = 3;
 };
 
 // Why run() returned.
-enum class StopReason { kFinished, kExitInterval, kSignal };
+enum class StopReason { kFinished, kExitInterval, kSignal, kDiverged };
 
 // The signal (SIGTERM, SIGUSR1 or SIGINT) that asked the running trainer to stop, 0 if none.
 int stop_signal();
@@ -101,8 +106,9 @@ class Trainer {
   void set_test_data(BatchSource* test) { test_ = test; }
   // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 arrives (then
   // it finishes the current iteration, writes a checkpoint when save_dir is set, and
-  // returns kSignal). On an error (a plugin failure, a NaN loss) the metrics are flushed
-  // first, then the Error propagates.
+  // returns kSignal). A diverged run (see TrainOptions) stops with kDiverged, its metrics
+  // flushed and no checkpoint written. On an error (a plugin failure) the metrics are
+  // flushed first, then the Error propagates.
   StopReason run();
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
   // trainer's own state (loss scaler, noise-scale averages, optimizer steps). Parameters
@@ -130,6 +136,9 @@ class Trainer {
   const NoiseScaleEstimator& noise_scale() const { return noise_scale_; }
   int64_t skipped_iterations() const { return skipped_total_; }  // fp16 overflows
   int64_t optimizer_steps() const { return optimizer_steps_; }   // steps applied (not skipped)
+  // After run() returned kDiverged: the iteration it was detected at and why.
+  int64_t diverged_at() const { return diverged_at_; }
+  const std::string& divergence_reason() const { return divergence_reason_; }
   optim::LossScalerState loss_scaler_state() const;
 
  private:
@@ -186,6 +195,9 @@ class Trainer {
   double interval_loss_ = 0, interval_grad_norm_ = 0, interval_loss_scale_ = 1;
   std::vector<double> interval_extra_;
   int64_t interval_iters_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
+  int64_t intervals_above_ = 0;            // log intervals in a row above divergence_loss
+  int64_t diverged_at_ = 0;                // 0: not diverged
+  std::string divergence_reason_;
   std::chrono::steady_clock::time_point interval_start_;
 };
 

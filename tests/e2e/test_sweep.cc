@@ -312,3 +312,31 @@ TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
     }
   EXPECT_GE(files, 7u);
 }
+
+// A diverged point is a result: marked DIVERGED with its iteration and reason, counted by
+// status, not retried by a plain re-run (the sweep exits 0), rerun by --rerun diverged.
+TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
+  mb::testing::TempDir tmp;
+  const fs::path file = tmp / "div.json", runs = tmp / "runs", dir = runs / "div";
+  mb::testing::write_text(file, R"({"name": "div",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 4,
+           "global_batch_size": 4, "train_iters": 12, "lr": 0.001, "log_interval": 1, "eval_interval": 1000,
+           "eval_iters": 1, "divergence_intervals": 2,
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+  "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("diverged dl5: iteration 2: lm loss above 5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("1 point(s) diverged"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "dl100" / "DONE"));
+  EXPECT_FALSE(fs::exists(dir / "dl5" / "DONE"));
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("1 done, 1 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos) << r.output;
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("> start"), std::string::npos) << "nothing to rerun: " << r.output;
+  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --rerun diverged"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> start dl5 (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("> start dl100"), std::string::npos) << r.output;
+}

@@ -5,6 +5,8 @@
 
 #include <regex>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -176,6 +178,47 @@ TEST_F(Train, LogLinesAsMegatronPrintsThem) {
   const auto t = mb::testing::run_command("/usr/bin/python3 -c \"import h5py; f = h5py.File('" + (run / "metrics.h5").string() +
                                           "', 'r'); print(list(f['test/iteration']), len(f['validation/iteration']))\"");
   EXPECT_EQ(t.output, "[4.0] 2\n") << t.output;
+}
+
+// Divergence is a state, not an error: a NaN loss, or an lm loss that stays above
+// --divergence-loss for --divergence-intervals log intervals, stops the run with exit
+// status 4 and run_dir/DIVERGED (iteration, reason); no checkpoint of the diverged weights
+// is written, and the metrics up to it stay readable.
+TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
+  const std::string base = kSmall + "--micro-batch-size 4 --global-batch-size 4 --train-iters 40 --log-interval 2 "
+                                    "--eval-iters 1 --eval-interval 1000 --save-interval 1 ";
+  {  // a loss above the threshold: the first logged intervals of a fresh model are ~10.9
+    const fs::path run = tmp_ / "above", ckpt = tmp_ / "above_ckpt";
+    const auto r = mb::testing::run_command(train(base + "--lr 1e-4 --divergence-loss 5 --divergence-intervals 3 --save " +
+                                                  ckpt.string() + " --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    // logged at 1, 2 and 4 (iteration 1's line is an interval of its own): three intervals above 5
+    const auto d = nlohmann::json::parse(mb::read_file(run / "DIVERGED"));
+    EXPECT_EQ(d["iteration"], 4) << d.dump();
+    EXPECT_NE(d["reason"].get<std::string>().find("above 5 (divergence_loss) for 3 log intervals"), std::string::npos) << d;
+    EXPECT_NE(r.output.find(" diverged at iteration 4: lm loss above 5"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("validation loss at iteration 4 on validation set"), std::string::npos) << "no final evaluation";
+    EXPECT_TRUE(fs::exists(ckpt / "iter_0000003.h5"));
+    EXPECT_FALSE(fs::exists(ckpt / "iter_0000004.h5")) << "the diverged iteration is not checkpointed";
+    const auto py = mb::testing::run_command("/usr/bin/python3 -c \"import h5py; f = h5py.File('" +
+                                             (run / "metrics.h5").string() + "', 'r'); print(len(f['train/lm_loss']))\"");
+    EXPECT_EQ(py.output, "4\n");
+    // a new attempt decides afresh: resumed with a threshold it stays under, it finishes
+    const auto again = mb::testing::run_command(train(base + "--lr 1e-4 --train-iters 6 --save " + ckpt.string() + " --load " +
+                                                      ckpt.string() + " --run-dir " + run.string()));
+    ASSERT_EQ(again.exit_code, 0) << again.output;
+    EXPECT_FALSE(fs::exists(run / "DIVERGED"));
+  }
+  {  // a learning rate that sends LAMB's loss to NaN: stopped where the NaN appeared, long before 40
+    const fs::path run = tmp_ / "nan";
+    const auto r = mb::testing::run_command(train(base + "--optimizer lamb --lr 40 --divergence-loss 1e30 --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    const auto d = nlohmann::json::parse(mb::read_file(run / "DIVERGED"));
+    EXPECT_LT(d["iteration"].get<int>(), 40);
+    EXPECT_TRUE(d["reason"].get<std::string>().find("is nan") != std::string::npos ||
+                d["reason"].get<std::string>().find("is inf") != std::string::npos ||
+                d["reason"].get<std::string>().find("is -nan") != std::string::npos) << d;
+  }
 }
 
 TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
