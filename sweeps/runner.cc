@@ -78,6 +78,32 @@ void remove_point_dir(const fs::path& root, const fs::path& dir) {
   fs::remove_all(dir);
 }
 
+}  // namespace
+
+int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
+  if (keep == "all" || fs::symlink_status(dir).type() != fs::file_type::directory) return 0;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.symlink_status().type() == fs::file_type::regular && e.path().extension() == ".h5" &&
+        e.path().filename().string().rfind("iter_", 0) == 0)
+      files.push_back(e.path());
+  std::sort(files.begin(), files.end());  // iter_NNNNNNN.h5: by iteration
+  int64_t freed = 0;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (keep == "final" && i + 1 == files.size()) break;
+    std::error_code ec;
+    const auto size = fs::file_size(files[i], ec);
+    if (fs::remove(files[i], ec) && !ec) freed += static_cast<int64_t>(size);
+  }
+  if (keep == "none") {
+    std::error_code ec;
+    fs::remove(dir / "latest_checkpointed_iteration.txt", ec);
+  }
+  return freed;
+}
+
+namespace {
+
 // Whether the point in `dir` already ran (its point.json exists) with a configuration
 // other than `config`.
 bool ran_with_other_config(const fs::path& dir, const json& config) {
@@ -439,6 +465,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
           p.state = "done";
           p.reason.clear();
+          prune_checkpoints(p.dir / "checkpoints", sweep.checkpoints);
           write_atomic(p.dir / "DONE", json({{"wall_s", p.wall_s}, {"iteration", p.progress.iteration},
                                              {"lm_loss", p.progress.loss}})
                                                .dump() +

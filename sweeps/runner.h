@@ -42,6 +42,11 @@ int run_sweep(const Sweep& sweep, const RunOptions& options);
 // that already ran with another configuration are refused as in run_sweep.
 int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
 
+// What a finished point keeps of its checkpoints directory: "final" (the newest
+// iter_*.h5), "all" or "none"; returns the bytes freed. Only regular iter_*.h5 files in
+// that directory are removed.
+int64_t prune_checkpoints(const std::filesystem::path& dir, const std::string& keep);
+
 // Prints the status table of runs/<name> (the directory sweep run wrote).
 int print_status(const std::filesystem::path& sweep_dir);
 

@@ -22,7 +22,7 @@ using nlohmann::ordered_json;
 namespace {
 
 const std::set<std::string> kTopLevel = {"name", "description", "cluster", "include", "base", "grid", "zip",
-                                         "seeds", "derive", "jobs", "threads"};
+                                         "seeds", "derive", "jobs", "threads", "checkpoints"};
 
 ordered_json read_json(const fs::path& file) {
   const std::string text = read_file(file, "sweep file");  // a regular file only
@@ -229,6 +229,14 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
     check(j[key].is_number_integer() && j[key].get<int64_t>() >= 1 && j[key].get<int64_t>() <= 4096, where, ": ", key,
           ": expected an integer in [1, 4096], got ", j[key].dump());
     (std::string(key) == "jobs" ? s.jobs : s.threads) = static_cast<int>(j[key].get<int64_t>());
+  }
+
+  if (j.contains("checkpoints")) {
+    check(j["checkpoints"].is_string() &&
+              (j["checkpoints"] == "final" || j["checkpoints"] == "all" || j["checkpoints"] == "none"),
+          where, ": checkpoints: expected \"final\" (keep a finished point's last checkpoint), \"all\" or \"none\", got ",
+          j["checkpoints"].dump());
+    s.checkpoints = j["checkpoints"].get<std::string>();
   }
 
   // swept keys, in file order; ids use each grid key and the first key of each zip group

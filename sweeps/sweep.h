@@ -10,6 +10,8 @@
 //     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
 //                "sample_budget": 2560},                           // train_iters = budget / B
 //     "jobs": 2, "threads": 1,                 // optional: concurrent points, threads per point
+//     "checkpoints": "final",                  // optional: a finished point keeps its final checkpoint
+//                                              // ("final", the default), "all" it wrote (the last two) or "none"
 //     "cluster": {"instance_type": "p4d.24xlarge", "nodes": 2}   // what a full-scale sweep was sized for
 //   }
 //
@@ -45,6 +47,7 @@ struct Sweep {
   nlohmann::ordered_json spec;           // the file after includes
   std::vector<Point> points;
   int jobs = 0, threads = 0;             // 0: decided by the runner
+  std::string checkpoints = "final";     // what a finished point keeps: final, all (its last two) or none
 };
 
 // `raw` made into a point directory name: characters other than letters, digits, '-',

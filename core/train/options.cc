@@ -37,7 +37,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"weight_decay", at_least(0)}, {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
-      {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)},
+      {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
       {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
   };
   return r;
@@ -149,6 +149,9 @@ const config::Schema& train_schema() {
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
       {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
       {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},
+      {"eval_samples", Type::kInt, nullptr,
+       "samples per validation run instead of eval_iters global batches, in an order that does not depend on --seed: "
+       "the same held-out samples for every batch size and seed (a multiple of micro_batch_size)", "logging"},
       {"diagnostics_interval", Type::kInt, nullptr,
        "per-tensor optimizer diagnostics (trust ratio, weight and update norms) every N iterations "
        "(default: log_interval; 0: off)", "logging"},

@@ -398,6 +398,11 @@ int run(int argc, char** argv) {
   opt.log_interval = std::max<int64_t>(1, v["log_interval"].get<int64_t>());
   opt.eval_interval = v["eval_interval"].get<int64_t>();
   opt.eval_iters = v["eval_iters"].get<int64_t>();
+  if (v.contains("eval_samples")) {
+    opt.eval_samples = v["eval_samples"].get<int64_t>();
+    mb::check(opt.eval_samples % opt.micro_batch_size == 0, "--eval-samples (", opt.eval_samples,
+              ") must be a multiple of --micro-batch-size (", opt.micro_batch_size, ")");
+  }
   opt.diagnostics_interval =
       v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;
   mb::check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
@@ -467,9 +472,13 @@ int run(int argc, char** argv) {
   };
   auto train_src = make_source(train_docs, seed);
   std::unique_ptr<mb::train::BatchSource> valid_src;
-  if (valid_docs.end > valid_docs.begin && opt.eval_iters > 0) valid_src = make_source(valid_docs, seed + 1);
+  // --eval-samples: the held-out order does not depend on --seed, so every point of a sweep
+  // is measured on the same samples
+  const bool evaluating = opt.eval_iters > 0 || opt.eval_samples > 0;
+  const uint64_t eval_seed = opt.eval_samples > 0 ? 1234 : seed;
+  if (valid_docs.end > valid_docs.begin && evaluating) valid_src = make_source(valid_docs, eval_seed + 1);
   std::unique_ptr<mb::train::BatchSource> test_src;  // the test split, evaluated once at the end
-  if (test_docs.end > test_docs.begin && opt.eval_iters > 0) test_src = make_source(test_docs, seed + 2);
+  if (test_docs.end > test_docs.begin && evaluating) test_src = make_source(test_docs, eval_seed + 2);
 
   json resolved = v;
   json hp_resolved = json::object();

@@ -448,20 +448,20 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data)
   int64_t count = 0;
   std::vector<std::pair<std::string, int64_t>> extra;
   uint64_t next = 0;
-  for (int64_t it = 0; it < opt_.eval_iters; ++it) {
-    for (int64_t m = 0; m < opt_.global_batch_size / opt_.micro_batch_size; ++m) {
-      data.fill(next, opt_.micro_batch_size, batch_);
-      next += static_cast<uint64_t>(opt_.micro_batch_size);
-      const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
-      if (!sums.defined()) {
-        sums.resize({static_cast<int64_t>(1 + out.extra.size())}, DType::kF64, device_);
-        extra = out.extra;
-        for (auto& e : extra) e.second = 0;
-      }
-      ops::weighted_accumulate(sums, out.sums, std::vector<double>(1 + out.extra.size(), 1.0));
-      count += out.count;
-      for (size_t k = 0; k < extra.size() && k < out.extra.size(); ++k) extra[k].second += out.extra[k].second;
+  const int64_t micro_batches = opt_.eval_samples > 0 ? opt_.eval_samples / opt_.micro_batch_size
+                                                     : opt_.eval_iters * (opt_.global_batch_size / opt_.micro_batch_size);
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    data.fill(next, opt_.micro_batch_size, batch_);
+    next += static_cast<uint64_t>(opt_.micro_batch_size);
+    const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
+    if (!sums.defined()) {
+      sums.resize({static_cast<int64_t>(1 + out.extra.size())}, DType::kF64, device_);
+      extra = out.extra;
+      for (auto& e : extra) e.second = 0;
     }
+    ops::weighted_accumulate(sums, out.sums, std::vector<double>(1 + out.extra.size(), 1.0));
+    count += out.count;
+    for (size_t k = 0; k < extra.size() && k < out.extra.size(); ++k) extra[k].second += out.extra[k].second;
   }
   const std::vector<double> s = sums.defined() ? to_host_f64(sums) : std::vector<double>{0.0};
   std::vector<std::pair<std::string, double>> result{{"lm loss", count ? s[0] / static_cast<double>(count) : 0.0}};
@@ -578,7 +578,7 @@ StopReason Trainer::run() {
         reason = StopReason::kExitInterval;
         break;
       }
-      if (valid_ && opt_.eval_interval > 0 && opt_.eval_iters > 0 && iteration_ % opt_.eval_interval == 0 &&
+      if (valid_ && opt_.eval_interval > 0 && evaluating() && iteration_ % opt_.eval_interval == 0 &&
           iteration_ < opt_.train_iters)
         validate(*valid_, "");
     }
@@ -591,8 +591,8 @@ StopReason Trainer::run() {
                << (saving && last_saved_ >= 0 ? "; the last checkpoint before it is kept" : "") << std::endl;
       return reason;
     }
-    if (reason == StopReason::kFinished && valid_ && opt_.eval_iters > 0) validate(*valid_, "validation");
-    if (reason == StopReason::kFinished && test_ && opt_.eval_iters > 0) validate(*test_, "test");
+    if (reason == StopReason::kFinished && valid_ && evaluating()) validate(*valid_, "validation");
+    if (reason == StopReason::kFinished && test_ && evaluating()) validate(*test_, "test");
     save_once();
     if (reason == StopReason::kSignal)
       console_ << " stopped by signal " << static_cast<int>(g_stop_signal) << " after iteration " << iteration_

@@ -62,6 +62,7 @@ struct TrainOptions {
   optim::LrSchedule schedule;
   double clip_grad = 1.0;
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
+  int64_t eval_samples = 0;          // > 0: samples per evaluation instead of eval_iters global batches
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
   double noise_scale_ema = 0.99;     // decay of its moving averages
@@ -119,7 +120,7 @@ class Trainer {
   void set_data_parallel(comm::Communicator& dp);
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
-  // Mean validation losses over eval_iters global batches (no dropout, no gradients):
+  // Mean validation losses over eval_iters global batches, or eval_samples samples (no dropout, no gradients):
   // ("lm loss", mean) first, then the model's extra terms.
   std::vector<std::pair<std::string, double>> evaluate(BatchSource& data);
   double params_norm();          // L2 norm of the (master) parameters, over the TP group
@@ -153,6 +154,7 @@ class Trainer {
   void allocate_step_buffers(size_t extra_terms);
   void resolve_overflow();    // the host learns the last started overflow flag
   void write_log_line();
+  bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }
   bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
 
   TrainOptions opt_;

@@ -221,6 +221,25 @@ TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
   }
 }
 
+// --eval-samples: the same held-out samples whatever the batch size and seed. With lr 0 the
+// model stays at its initialization, so equal validation losses mean equal samples.
+TEST_F(Train, EvalSamplesMeasureEveryPointOnTheSameHeldOutSamples) {
+  auto valid = [&](const std::string& args) {
+    const auto r = mb::testing::run_command(train(kSmall + "--micro-batch-size 4 --train-iters 1 --lr 0 --run-dir " +
+                                                  (tmp_ / "ev").string() + " " + args));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const auto at = r.output.find("on validation set | lm loss value: ");
+    return at == std::string::npos ? std::string("none") : r.output.substr(at + 35, 12);
+  };
+  EXPECT_EQ(valid("--global-batch-size 4 --eval-samples 16"), valid("--global-batch-size 8 --eval-samples 16"));
+  EXPECT_NE(valid("--global-batch-size 4 --eval-iters 2"), valid("--global-batch-size 8 --eval-iters 2"))
+      << "eval_iters global batches: a different number of samples per batch size";
+  EXPECT_NE(valid("--global-batch-size 4 --eval-samples 16"), valid("--global-batch-size 4 --eval-samples 8"));
+  const auto bad = mb::testing::run_command(train(kSmall + "--micro-batch-size 4 --eval-samples 6 --train-iters 1 --lr 0"));
+  EXPECT_NE(bad.output.find("--eval-samples (6) must be a multiple of --micro-batch-size (4)"), std::string::npos)
+      << bad.output;
+}
+
 TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
   mb::testing::write_text(tmp_ / "run.json", R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
     "seq_length": 32, "micro_batch_size": 4, "global_batch_size": 8, "train_iters": 99, "lr": 3e-3,
