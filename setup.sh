@@ -28,6 +28,7 @@ PACKAGES=(
   openssl python3 python3-numpy python3-h5py python3-matplotlib python3-yaml
   libopenblas-openmp-dev python3-torch slurm-wlm munge iproute2 procps
   zlib1g-dev liblzma-dev libzstd-dev gzip xz-utils zstd
+  libprotobuf-dev protobuf-compiler python3-protobuf
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

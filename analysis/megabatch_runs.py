@@ -1,9 +1,18 @@
 """Reading a sweep's runs: runs/<name>/sweep.json and each point's metrics.h5.
 
+The result of a point (RESULT_LABEL) is one number everywhere -- status, plots, report:
+its final validation loss, the evaluation after the last iteration on the validation
+split (with eval_samples, the same held-out samples for every point). A diverged or
+unfinished point has no result (NaN). Training loss is only ever labelled as such.
+
+Points that differ only by their seed are one setting: `settings()` groups them, and
+`Setting.result()` gives the mean with the min-max spread over seeds.
+
 Metrics files may still be written by a running sweep: `train` opens, appends and closes
 them once per log interval, so a read that collides with a write is retried.
 """
 import json
+import math
 import os
 import time
 
@@ -58,6 +67,10 @@ def read_metrics(path):
     return None
 
 
+RESULT_LABEL = "final validation loss"
+SPREAD_LABEL = "min-max over seeds"
+
+
 class Point:
     """One point of a sweep: its id, configuration, state and metrics."""
 
@@ -68,8 +81,18 @@ class Point:
         self.reason = entry.get("reason", "")
         self.wall_s = entry.get("wall_s", 0.0)
         self.dir = os.path.join(sweep_dir, self.id)
+        self.diverged_at = None
         if os.path.exists(os.path.join(self.dir, "DONE")):
             self.state = "done"
+        elif os.path.exists(os.path.join(self.dir, "DIVERGED")):
+            self.state = "diverged"
+            try:
+                with open(os.path.join(self.dir, "DIVERGED")) as f:
+                    d = json.load(f)
+                self.diverged_at = int(d.get("iteration", 0))
+                self.reason = f"iteration {self.diverged_at}: {d.get('reason', '')}"
+            except (OSError, ValueError):
+                pass
         self.metrics = read_metrics(os.path.join(self.dir, "metrics.h5")) or {}
 
     def series(self, name):
@@ -92,8 +115,21 @@ class Point:
         return float(np.mean(loss[-k:]))
 
     def final_valid_loss(self):
-        v = self.series("validation/lm_loss")
-        return float(v[-1]) if len(v) else float("nan")
+        """The result: the validation loss evaluated after the last iteration (NaN when the
+        point diverged or has not finished)."""
+        if self.state != "done":
+            return float("nan")
+        v, it = self.series("validation/lm_loss"), self.series("validation/iteration")
+        n = min(len(v), len(it))
+        if n == 0 or int(it[n - 1]) != int(self.config.get("train_iters", it[n - 1])):
+            return float("nan")
+        return float(v[n - 1])
+
+    result = final_valid_loss
+
+    @property
+    def seed(self):
+        return self.config.get("seed", 1234)
 
     def best_valid_loss(self):
         v = self.series("validation/lm_loss")
@@ -107,6 +143,61 @@ class Point:
 def load_points(sweep_dir):
     sweep = read_sweep(sweep_dir)
     return sweep, [Point(sweep_dir, p) for p in sweep["points"]]
+
+
+class Setting:
+    """Points that differ only by their seed: one line of a plot, one cell of a table."""
+
+    def __init__(self, points):
+        self.points = sorted(points, key=lambda p: p.seed)
+        self.config = {k: v for k, v in self.points[0].config.items() if k != "seed"}
+        self.optimizer = self.points[0].optimizer
+        self.batch = self.points[0].batch
+
+    @property
+    def seeds(self):
+        return [p.seed for p in self.points]
+
+    @property
+    def diverged(self):
+        return [p for p in self.points if p.state == "diverged"]
+
+    def result(self):
+        """(mean, min, max) of the seeds' results that exist; NaNs when none."""
+        r = [p.result() for p in self.points]
+        r = [x for x in r if math.isfinite(x)]
+        if not r:
+            return float("nan"), float("nan"), float("nan")
+        return float(np.mean(r)), float(min(r)), float(max(r))
+
+    def curve(self, x_name, y_name="train/lm_loss"):
+        """Mean, min and max of a series over the seeds that are not diverged, on the
+        common iterations; (x, mean, lo, hi) or None."""
+        ys, xs = [], None
+        for p in self.points:
+            if p.state == "diverged":
+                continue
+            x, y = p.series(x_name), p.series(y_name)
+            n = min(len(x), len(y))
+            if n == 0:
+                continue
+            xs = x[:n] if xs is None or n < len(xs) else xs
+            ys.append(y[:n])
+        if not ys:
+            return None
+        n = min(len(y) for y in ys)
+        a = np.stack([y[:n] for y in ys])
+        return xs[:n], a.mean(axis=0), a.min(axis=0), a.max(axis=0)
+
+
+def settings(points, keys=None):
+    """Groups points that differ only by seed, in the order of their first point."""
+    keys = keys if keys is not None else [k for k in swept_keys(points) if k != "seed"]
+    groups = {}
+    for p in points:
+        k = json.dumps([p.config.get(x) for x in keys if x != "seed"], sort_keys=True)
+        groups.setdefault(k, []).append(p)
+    return [Setting(g) for g in groups.values()]
 
 
 def swept_keys(points):

@@ -1,48 +1,59 @@
 #!/usr/bin/python3
-"""Figures of a sweep (sweep plot DIR): PNG and SVG in DIR/figures.
+"""Figures of a sweep (sweep plot DIR [DIR ...]): PNG and SVG in the first DIR's figures/.
 
-  loss_vs_iteration   lm loss against iterations, one line per point, a panel per optimizer
+  loss_vs_iteration   train loss against iterations, a line per setting, a panel per optimizer
   loss_vs_samples     the same against consumed samples (every point sees the same data)
-  scaling             final training and validation loss against global batch size per
-                      optimizer: the large-batch scaling curve
+  scaling             the result (final validation loss) against global batch size
   lr_schedule         learning rate against consumed samples
-  trust_ratio         per-tensor trust ratios over training (log10), a panel per point that logged them
+  trust_ratio         per-tensor trust ratios over training (log10), at most a few dozen
+                      rows (tensors aggregated by layer and module when there are more)
   noise_scale         the gradient noise scale B_simple over training, where logged
 
-Works on runs that are still being written.
+A setting is the points that differ only by seed: its line is the mean over seeds with a
+min-max band. Every other swept value (and, with several DIRs, the sweep) is its own line.
+Diverged points are drawn up to where they left the axes and marked with an x at the top
+edge; the axes are scaled to the points that did not diverge. Works on running sweeps.
 """
 import math
 import os
+import re
 import sys
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import load_points, swept_keys  # noqa: E402
+from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, load_points, settings, swept_keys  # noqa: E402
+
+MAX_HEATMAP_ROWS = 36
+HIDDEN = ("optimizer", "train_iters", "min_lr", "seed", "lr_warmup_iters", "lr_decay_iters")
 
 
-def label(p, keys):
+def label(setting, keys):
     parts = []
     for k in keys:
-        if k in ("optimizer", "train_iters", "min_lr", "seed") or k not in p.config:
+        if k in HIDDEN or k not in setting.config:
             continue
-        v = p.config[k]
-        name = {"global_batch_size": "B", "lr": "lr"}.get(k, k)
-        parts.append(f"{name}={v:.3g}" if isinstance(v, float) else f"{name}={v}")
-    return ", ".join(parts) or p.id
+        v = setting.config[k]
+        name = {"global_batch_size": "B", "lr": "lr", "sweep": ""}.get(k, k)
+        text = f"{v:.3g}" if isinstance(v, float) else f"{v}"
+        parts.append(f"{name}={text}" if name else text)
+    if len(setting.points) > 1:
+        parts.append(f"{len(setting.points)} seeds")
+    return ", ".join(parts) or setting.points[0].id
 
 
-def by_optimizer(points):
-    groups = {}
-    for p in points:
-        groups.setdefault(p.optimizer, []).append(p)
-    for g in groups.values():
-        g.sort(key=lambda p: (p.batch, p.id))
-    return groups
+def by_optimizer(groups):
+    out = {}
+    for g in groups:
+        out.setdefault(g.optimizer, []).append(g)
+    for g in out.values():
+        g.sort(key=lambda s: (s.batch, s.points[0].id))
+    return out
 
 
 def save(fig, out_dir, name, written):
@@ -53,52 +64,114 @@ def save(fig, out_dir, name, written):
     plt.close(fig)
 
 
-def loss_curves(points, keys, title, x_name, x_label, out_dir, name, written):
-    groups = by_optimizer(points)
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.5 * len(groups), 4), sharey=True, squeeze=False)
-    for ax, (opt, ps) in zip(axes[0], groups.items()):
-        cmap = plt.get_cmap("viridis", max(2, len(ps)))
-        for i, p in enumerate(ps):
-            x, y = p.series(x_name), p.series("train/lm_loss")
-            n = min(len(x), len(y))
-            if n:
-                ax.plot(x[:n], y[:n], color=cmap(i), lw=1.2, label=label(p, keys))
+def healthy_limits(values):
+    """y-limits from the non-diverged curves, with a margin."""
+    v = np.concatenate([np.asarray(x, dtype=float) for x in values]) if values else np.array([])
+    v = v[np.isfinite(v)]
+    if len(v) == 0:
+        return None
+    lo, hi = float(v.min()), float(v.max())
+    pad = 0.05 * (hi - lo if hi > lo else 1.0)
+    return lo - pad, hi + pad
+
+
+def mark_diverged(ax, xs, color, text=None):
+    """x markers at the top edge of the axes at data x positions (does not move the limits)."""
+    if not xs:
+        return
+    trans = mtransforms.blended_transform_factory(ax.transData, ax.transAxes)
+    ax.plot(xs, [0.97] * len(xs), "x", color=color, ms=8, mew=2, transform=trans, clip_on=False)
+    if text:
+        for x in xs:
+            ax.text(x, 0.93, text, color=color, fontsize=6, transform=trans, ha="center", va="top")
+
+
+def loss_curves(groups, keys, title, x_name, x_label, out_dir, name, written):
+    opt_groups = by_optimizer(groups)
+    fig, axes = plt.subplots(1, len(opt_groups), figsize=(5.5 * len(opt_groups), 4), sharey=True, squeeze=False)
+    healthy = []
+    for ax, (opt, gs) in zip(axes[0], opt_groups.items()):
+        cmap = plt.get_cmap("viridis", max(2, len(gs)))
+        for i, g in enumerate(gs):
+            c = g.curve(x_name)
+            if c is not None:
+                x, mean, lo, hi = c
+                ax.plot(x, mean, color=cmap(i), lw=1.2, label=label(g, keys))
+                if len(g.points) - len(g.diverged) > 1:
+                    ax.fill_between(x, lo, hi, color=cmap(i), alpha=0.2, lw=0)
+                healthy.append(lo)
+                healthy.append(hi)
+            for p in g.diverged:
+                x, y = p.series(x_name), p.series("train/lm_loss")
+                n = min(len(x), len(y))
+                ax.plot(x[:n], y[:n], color=cmap(i), lw=0.8, ls=":",
+                        label=f"{label(g, keys)}: diverged" if c is None else None)
+                if n:
+                    mark_diverged(ax, [float(x[n - 1])], cmap(i))
         ax.set_title(opt)
         ax.set_xlabel(x_label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("lm loss (train)")
-    fig.suptitle(title)
+    lim = healthy_limits(healthy)
+    if lim:
+        axes[0][0].set_ylim(*lim)
+    axes[0][0].set_ylabel("train loss (lm loss of each iteration)")
+    fig.suptitle(title + ("; lines: mean over seeds, bands: " + SPREAD_LABEL
+                          if any(len(g.points) > 1 for g in groups) else ""))
     save(fig, out_dir, name, written)
 
 
-def scaling(points, title, out_dir, written):
-    groups = by_optimizer(points)
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    for k, (opt, ps) in enumerate(groups.items()):
-        color = plt.get_cmap("tab10")(k)
-        b = [p.batch for p in ps]
-        ax.plot(b, [p.final_train_loss() for p in ps], "o-", color=color, label=f"{opt}: final train loss")
-        valid = [p.final_valid_loss() for p in ps]
-        if any(math.isfinite(v) for v in valid):
-            ax.plot(b, valid, "s--", color=color, label=f"{opt}: final validation loss")
+def scaling(groups, keys, title, out_dir, written):
+    fig, ax = plt.subplots(figsize=(6.5, 4.4))
+    lines = {}
+    for g in groups:
+        other = tuple((k, str(g.config.get(k))) for k in keys
+                      if k not in HIDDEN and k not in ("global_batch_size", "lr"))
+        lines.setdefault((g.optimizer, other), []).append(g)
+    healthy, diverged = [], []
+    for k, ((opt, other), gs) in enumerate(sorted(lines.items(), key=lambda kv: str(kv[0]))):
+        color = plt.get_cmap("tab10")(k % 10)
+        gs.sort(key=lambda g: g.batch)
+        b, mean, lo, hi = [], [], [], []
+        for g in gs:
+            m, a, z = g.result()
+            if math.isfinite(m):
+                b.append(g.batch)
+                mean.append(m)
+                lo.append(m - a)
+                hi.append(z - m)
+            if g.diverged:
+                diverged.append((g.batch, color, len(g.diverged), len(g.points)))
+        name = opt + "".join(f", {v}" for _, v in other)
+        if b:
+            ax.errorbar(b, mean, yerr=[lo, hi], fmt="o-", color=color, capsize=3, label=name)
+            healthy.append(np.array(mean) - np.array(lo))
+            healthy.append(np.array(mean) + np.array(hi))
+    lim = healthy_limits(healthy)
+    if lim:
+        ax.set_ylim(*lim)
     ax.set_xscale("log", base=2)
+    for B, color, n, total in diverged:
+        mark_diverged(ax, [B], color, "diverged" if n == total else f"{n}/{total} diverged")
     ax.set_xlabel("global batch size (samples)")
-    ax.set_ylabel("lm loss")
+    ax.set_ylabel(RESULT_LABEL)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(title)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    spread = any(len(g.points) > 1 for g in groups)
+    ax.set_title(title + (f"\nmean over seeds, bars: {SPREAD_LABEL}" if spread else ""), fontsize=10)
     save(fig, out_dir, "scaling", written)
 
 
-def lr_schedules(points, keys, title, out_dir, written):
+def lr_schedules(groups, keys, title, out_dir, written):
     fig, ax = plt.subplots(figsize=(6, 4))
-    for k, (opt, ps) in enumerate(by_optimizer(points).items()):
-        for i, p in enumerate(ps):
+    for k, (opt, gs) in enumerate(by_optimizer(groups).items()):
+        for i, g in enumerate(gs):
+            p = g.points[0]
             x, y = p.series("train/consumed_samples"), p.series("train/learning_rate")
             n = min(len(x), len(y))
-            ax.plot(x[:n], y[:n], color=plt.get_cmap("tab10")(k), alpha=0.4 + 0.6 * (i + 1) / len(ps), lw=1,
-                    label=f"{opt}, {label(p, keys)}")
+            ax.plot(x[:n], y[:n], color=plt.get_cmap("tab10")(k), alpha=0.4 + 0.6 * (i + 1) / len(gs), lw=1,
+                    label=f"{opt}, {label(g, keys)}")
     ax.set_xlabel("consumed samples")
     ax.set_ylabel("learning rate")
     ax.grid(alpha=0.3)
@@ -107,68 +180,133 @@ def lr_schedules(points, keys, title, out_dir, written):
     save(fig, out_dir, "lr_schedule", written)
 
 
-def trust_ratios(points, title, out_dir, written):
-    ps = [p for p in points if len(p.series("optimizer/trust_ratio"))]
-    if not ps:
+def short_name(name):
+    name = name.replace("decoder.layers.", "L").replace("encoder.layers.", "enc L").replace("layers.", "L")
+    name = name.replace("self_attention.", "attn.").replace("inter_attention.", "xattn.").replace("embedding.", "emb.")
+    return name.replace(".weight", ".w").replace(".bias", ".b")
+
+
+def aggregate_rows(names, ratios, max_rows=MAX_HEATMAP_ROWS):
+    """At most max_rows rows: tensors as they are, else weights and biases of a module
+    together, else whole layers (geometric means of the trust ratios)."""
+    def group_by(key):
+        groups = {}
+        for i, n in enumerate(names):
+            groups.setdefault(key(n), []).append(i)
+        return groups
+    levels = [lambda n: n, lambda n: re.sub(r"\.(weight|bias)$", "", n),
+              lambda n: (re.match(r"^(.*?layers\.\d+)\.", n) or re.match(r"^([^.]+)", n)).group(1)]
+    for key in levels:
+        groups = group_by(key)
+        if len(groups) <= max_rows:
+            break
+    if len(groups) > max_rows:  # still too many layers: bands of consecutive rows
+        keys = list(groups)
+        step = math.ceil(len(keys) / max_rows)
+        merged = {}
+        for i in range(0, len(keys), step):
+            merged[f"{keys[i]} .. {keys[min(i + step, len(keys)) - 1]}"] = sum((groups[k] for k in keys[i:i + step]), [])
+        groups = merged
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logs = np.log10(ratios)
+    rows = [np.nanmean(logs[:, idx], axis=1) for idx in groups.values()]
+    return [short_name(k) for k in groups], np.stack(rows) if rows else np.zeros((0, logs.shape[0]))
+
+
+def trust_ratios(groups, title, out_dir, written, max_panels=6):
+    """One panel per optimizer and batch size extreme (smallest, largest) that logged them."""
+    chosen = []
+    for opt, gs in by_optimizer(groups).items():
+        gs = [g for g in gs if any(len(p.series("optimizer/trust_ratio")) for p in g.points)]
+        for g in ([gs[0], gs[-1]] if len(gs) > 1 else gs):
+            if g not in chosen:
+                chosen.append(g)
+    chosen = chosen[:max_panels]
+    if not chosen:
         return
-    fig, axes = plt.subplots(len(ps), 1, figsize=(8, 2.2 + 1.6 * len(ps)), squeeze=False)
-    for ax, p in zip(axes[:, 0], ps):
+    panels = []
+    for g in chosen:
+        p = next(p for p in g.points if len(p.series("optimizer/trust_ratio")))
         r = np.asarray(p.metrics["optimizer/trust_ratio"], dtype=float)  # (steps, tensors)
         names = p.metrics.get("optimizer/tensor_names", [str(i) for i in range(r.shape[1])])
+        rows, img = aggregate_rows(list(names), r)
+        panels.append((p, rows, img))
+    height = sum(1.2 + 0.16 * len(rows) for _, rows, _ in panels)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(9, max(3.0, height)), squeeze=False,
+                             gridspec_kw={"height_ratios": [max(1, len(rows)) for _, rows, _ in panels]})
+    for ax, (p, rows, img) in zip(axes[:, 0], panels):
         it = p.series("optimizer/iteration")
-        with np.errstate(divide="ignore", invalid="ignore"):
-            img = np.log10(r.T)
         m = ax.imshow(img, aspect="auto", interpolation="nearest", cmap="magma",
-                      extent=[it[0] if len(it) else 0, it[-1] if len(it) else 1, len(names) - 0.5, -0.5])
-        ax.set_yticks(range(len(names)))
-        ax.set_yticklabels([n.replace(".weight", ".w").replace(".bias", ".b") for n in names], fontsize=4)
-        ax.set_title(p.id, fontsize=9)
-        fig.colorbar(m, ax=ax, label="log10 trust ratio")
+                      extent=[it[0] if len(it) else 0, it[-1] if len(it) else 1, len(rows) - 0.5, -0.5])
+        ax.set_yticks(range(len(rows)))
+        ax.set_yticklabels(rows, fontsize=7)
+        ax.set_title(f"{p.id} ({p.optimizer}, B={p.batch})", fontsize=9)
+        fig.colorbar(m, ax=ax, label="log10 trust ratio", pad=0.01)
     axes[-1, 0].set_xlabel("iteration")
     fig.suptitle(title)
     save(fig, out_dir, "trust_ratio", written)
 
 
-def noise_scale(points, title, out_dir, written):
-    ps = [p for p in points if len(p.series("noise_scale/b_simple"))]
-    if not ps:
+def noise_scale(groups, keys, title, out_dir, written):
+    gs = [g for g in groups if g.curve("noise_scale/iteration", "noise_scale/b_simple") is not None]
+    if not gs:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for p in ps:
-        ax.plot(p.series("noise_scale/iteration"), p.series("noise_scale/b_simple"), label=p.id)
-    ax.set_xlabel("iteration")
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for k, (opt, og) in enumerate(by_optimizer(gs).items()):
+        for i, g in enumerate(og):
+            x, mean, lo, hi = g.curve("noise_scale/consumed_samples", "noise_scale/b_simple") or \
+                g.curve("noise_scale/iteration", "noise_scale/b_simple")
+            color = plt.get_cmap("tab10")(k)
+            ax.plot(x, mean, color=color, alpha=0.35 + 0.65 * (i + 1) / len(og), lw=1, label=f"{opt}, {label(g, keys)}")
+    ax.set_xlabel("iteration" if not any(len(p.series("noise_scale/consumed_samples")) for g in gs for p in g.points)
+                  else "consumed samples")
     ax.set_ylabel("B_simple = tr(Sigma) / |G|^2")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6)
     ax.set_title(title)
     save(fig, out_dir, "noise_scale", written)
 
 
-def plot(sweep_dir):
-    sweep, points = load_points(sweep_dir)
+def load_many(sweep_dirs):
+    """Points of one or several sweeps; with several, the sweep name becomes an axis."""
+    names, points = [], []
+    for d in sweep_dirs:
+        sweep, ps = load_points(d)
+        names.append(sweep["name"])
+        if len(sweep_dirs) > 1:
+            for p in ps:
+                p.config = dict(p.config, sweep=sweep["name"])
+        points += ps
+    return " + ".join(names), points
+
+
+def plot(*sweep_dirs):
+    name, points = load_many(list(sweep_dirs))
     points = [p for p in points if p.metrics]
     if not points:
-        sys.exit(f"sweep plot: no point of {sweep_dir} has metrics yet")
-    out_dir = os.path.join(sweep_dir, "figures")
+        sys.exit(f"sweep plot: no point of {', '.join(sweep_dirs)} has metrics yet")
+    out_dir = os.path.join(sweep_dirs[0], "figures" if len(sweep_dirs) == 1 else "figures-overlay")
     os.makedirs(out_dir, exist_ok=True)
     keys = swept_keys(points)
-    axes = " x ".join(k for k in keys if k not in ("lr", "min_lr", "train_iters")) or "one point"
-    name = sweep["name"]
+    if len(sweep_dirs) > 1 and "sweep" not in keys:
+        keys.insert(0, "sweep")
+    groups = settings(points, [k for k in keys if k != "seed"])
+    axes = " x ".join(k for k in keys if k not in ("lr", "min_lr", "train_iters", "seed")) or "one point"
     written = []
-    loss_curves(points, keys, f"{name}: lm loss by iteration ({axes})", "train/iteration", "iteration", out_dir,
+    loss_curves(groups, keys, f"{name}: train loss by iteration ({axes})", "train/iteration", "iteration", out_dir,
                 "loss_vs_iteration", written)
-    loss_curves(points, keys, f"{name}: lm loss by consumed samples ({axes})", "train/consumed_samples",
+    loss_curves(groups, keys, f"{name}: train loss by consumed samples ({axes})", "train/consumed_samples",
                 "consumed samples", out_dir, "loss_vs_samples", written)
-    scaling(points, f"{name}: loss at the end of the same sample budget", out_dir, written)
-    lr_schedules(points, keys, f"{name}: learning-rate schedules", out_dir, written)
-    trust_ratios(points, f"{name}: per-tensor trust ratios", out_dir, written)
-    noise_scale(points, f"{name}: gradient noise scale", out_dir, written)
+    scaling(groups, keys, f"{name}: {RESULT_LABEL} after the same sample budget", out_dir, written)
+    lr_schedules(groups, keys, f"{name}: learning-rate schedules", out_dir, written)
+    trust_ratios(groups, f"{name}: per-tensor trust ratios", out_dir, written)
+    noise_scale(groups, keys, f"{name}: gradient noise scale", out_dir, written)
     return written
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: plot.py RUNS/<sweep>")
-    for path in plot(sys.argv[1]):
+    if len(sys.argv) < 2:
+        sys.exit("usage: plot.py RUNS/<sweep> [RUNS/<other sweep> ...]")
+    for path in plot(*sys.argv[1:]):
         print(path)

@@ -1,48 +1,134 @@
 #!/usr/bin/python3
-"""One self-contained HTML page of a sweep (sweep report DIR -> DIR/report.html): the table
-of points (the values that differ between them, status, final losses, wall time, tokens/s)
-and every figure of `sweep plot`, embedded, so the page reads offline and travels alone."""
+"""One self-contained HTML page of a sweep (sweep report DIR -> DIR/report.html) that a
+researcher can paste from: the optimizer x batch-size table of the result (final
+validation loss, mean and min-max over seeds, the best per batch size in bold) with steps
+and samples to a target loss, the sample budget, the diverged points, the critical batch
+size section (sweep analyze), every figure of `sweep plot` embedded, and the table of
+points. The page reads offline and travels alone."""
 import base64
 import html
+import json
 import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import load_points, swept_keys  # noqa: E402
+import critical_batch  # noqa: E402
 import plot  # noqa: E402
+from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, load_points, settings, swept_keys  # noqa: E402
 
 FIGURES = [
-    ("scaling", "Loss at the end of the same sample budget, against global batch size"),
-    ("loss_vs_samples", "Training loss against consumed samples"),
-    ("loss_vs_iteration", "Training loss against iterations"),
+    ("scaling", f"The result ({RESULT_LABEL}) after the same sample budget, against global batch size"),
+    ("critical_batch", "Steps and samples to each target train loss, with the fitted "
+                       "(S/S_min - 1)(E/E_min - 1) = 1 frontier per optimizer"),
+    ("loss_vs_samples", "Train loss against consumed samples"),
+    ("loss_vs_iteration", "Train loss against iterations"),
     ("lr_schedule", "Learning-rate schedules"),
-    ("trust_ratio", "Per-tensor trust ratios over training"),
-    ("noise_scale", "Gradient noise scale"),
+    ("trust_ratio", "Per-layer trust ratios over training (log10)"),
+    ("noise_scale", "Gradient noise scale B_simple"),
 ]
 
 
-def fmt(v):
+def fmt(v, digits=4):
+    if v is None:
+        return "-"
     if isinstance(v, float):
-        return "-" if math.isnan(v) else f"{v:.4g}"
+        return "-" if not math.isfinite(v) else f"{v:.{digits}g}"
     return html.escape(str(v))
+
+
+def result_table(groups, analysis, other_keys):
+    """Optimizer (and other swept values) x batch size: result mean (min-max), best per batch in bold,
+    steps / samples to the first target from the analysis."""
+    batches = sorted({g.batch for g in groups})
+    rows = {}
+    for g in groups:
+        other = ", ".join(f"{k}={g.config[k]}" for k in sorted(g.config)
+                          if k in other_keys and k not in ("optimizer", "global_batch_size"))
+        rows.setdefault((g.optimizer, other), {})[g.batch] = g
+    best = {}
+    for B in batches:
+        vals = [(cells[B].result()[0], key) for key, cells in rows.items() if B in cells]
+        vals = [v for v in vals if math.isfinite(v[0])]
+        if vals:
+            best[B] = min(vals)[1]
+    target = analysis["targets"][0] if analysis.get("targets") else None
+    to_target = {}
+    for opt, rs in analysis.get("optimizers", {}).items():
+        if rs:
+            for t in rs[0]["points"]:
+                to_target[(opt, t["batch"])] = t
+    head = "<tr><th>optimizer</th>" + "".join(f"<th>B = {B}</th>" for B in batches) + "</tr>"
+    out = [head]
+    for key, cells in sorted(rows.items()):
+        opt, other = key
+        tds = [f"<td>{html.escape(opt)}{(' (' + html.escape(other) + ')') if other else ''}</td>"]
+        for B in batches:
+            g = cells.get(B)
+            if g is None:
+                tds.append("<td>-</td>")
+                continue
+            m, lo, hi = g.result()
+            text = fmt(m)
+            if len(g.points) > 1 and math.isfinite(m):
+                text += f" <small>({fmt(lo)}-{fmt(hi)}, {len(g.points)} seeds)</small>"
+            if g.diverged:
+                text += f" <span class='diverged'>{len(g.diverged)}/{len(g.points)} diverged</span>"
+            if best.get(B) == key:
+                text = f"<b>{text}</b>"
+            t = to_target.get((opt, B))
+            if t and target is not None:
+                text += f"<br><small>to {target:.3f}: {t['steps']:.0f} steps, {t['samples']:.0f} samples</small>"
+            tds.append(f"<td>{text}</td>")
+        out.append("<tr>" + "".join(tds) + "</tr>")
+    return "<table>" + "\n".join(out) + "</table>"
+
+
+def critical_section(analysis):
+    parts = [f"<p>Method: {html.escape(analysis['method'])}. Targets are train losses "
+             f"({', '.join(f'{t:.3f}' for t in analysis['targets'])}); S(B) is interpolated in each point's "
+             "smoothed train-loss curve; E = B S.</p>"]
+    rows = ["<tr><th>optimizer</th><th>target train loss</th><th>batch sizes reaching it</th><th>S_min</th>"
+            "<th>E_min</th><th>B_crit = E_min / S_min</th><th>68% interval (bootstrap)</th>"
+            "<th>B_simple at the target (median, range)</th></tr>"]
+    for opt, rs in analysis["optimizers"].items():
+        for r in rs:
+            f = r.get("fit")
+            bs = ", ".join(str(t["batch"]) for t in r["points"]) or "none"
+            if f is None:
+                rows.append(f"<tr><td>{html.escape(opt)}</td><td>{r['target']:.3f}</td><td>{bs}</td>"
+                            f"<td colspan='5'>{html.escape(r['note'])}</td></tr>")
+                continue
+            crit = fmt(r.get("b_crit"), 3) if r.get("b_crit") else html.escape(r.get("note", ""))
+            ci = r.get("b_crit_interval")
+            ns = r.get("b_simple")
+            nr = r.get("b_simple_range")
+            rows.append(f"<tr><td>{html.escape(opt)}</td><td>{r['target']:.3f}</td><td>{bs}</td>"
+                        f"<td>{fmt(f['s_min'], 3)}</td><td>{fmt(f['e_min'], 3)}</td><td>{crit}</td>"
+                        f"<td>{'%s - %s' % (fmt(ci[0], 3), fmt(ci[1], 3)) if ci else '-'}</td>"
+                        f"<td>{fmt(ns, 3)}{' (%s - %s)' % (fmt(nr[0], 3), fmt(nr[1], 3)) if nr else ''}</td></tr>")
+    parts.append("<table>" + "\n".join(rows) + "</table>")
+    return "\n".join(parts)
 
 
 def report(sweep_dir):
     plot.plot(sweep_dir)
+    analysis, _ = critical_batch.run(sweep_dir)
     sweep, points = load_points(sweep_dir)
     keys = [k for k in swept_keys(points) if k != "min_lr"]
+    other_keys = {k for k in keys if k not in ("seed", "lr", "train_iters", "lr_warmup_iters")}
+    groups = settings(points, [k for k in keys if k != "seed"])
     rows = []
     for p in points:
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]
         cells += [f"<td>{fmt(p.config.get(k, ''))}</td>" for k in keys]
-        state = p.state + (f": {html.escape(p.reason)}" if p.reason and p.state == "failed" else "")
-        cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt(p.final_train_loss())}</td>",
-                  f"<td>{fmt(p.final_valid_loss())}</td>", f"<td>{fmt(p.best_valid_loss())}</td>",
-                  f"<td>{p.wall_s / 60:.1f}</td>", f"<td>{fmt(p.tokens_per_second())}</td>"]
+        state = p.state + (f": {html.escape(p.reason)}" if p.reason and p.state in ("failed", "diverged") else "")
+        cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt(p.result())}</td>",
+                  f"<td>{fmt(p.final_train_loss())}</td>", f"<td>{p.wall_s / 60:.1f}</td>",
+                  f"<td>{fmt(p.tokens_per_second())}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["point"] + keys + [
-        "state", "final train loss", "final valid loss", "best valid loss", "wall (min)", "tokens/s"])
+        "state", RESULT_LABEL, "final train loss", "wall (min)", "tokens/s"])
     figs = []
     for name, caption in FIGURES:
         path = os.path.join(sweep_dir, "figures", f"{name}.png")
@@ -53,29 +139,47 @@ def report(sweep_dir):
                         f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     desc = ""
     try:
-        import json
         with open(sweep["file"]) as f:
             desc = json.load(f).get("description", "")
     except (OSError, ValueError):
         pass
+    budgets = sorted({p.batch * int(p.config.get("train_iters", 0)) for p in points})
+    diverged = [p for p in points if p.state == "diverged"]
+    div_html = ("<ul>" + "".join(f"<li><code>{html.escape(p.id)}</code>: {html.escape(p.reason)}</li>"
+                                 for p in diverged) + "</ul>") if diverged else "<p>None.</p>"
+    counts = {s: sum(p.state == s for p in points) for s in ("done", "diverged", "failed")}
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>{html.escape(sweep['name'])}: megabatch sweep report</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; max-width: 1200px; }}
-table {{ border-collapse: collapse; font-size: 0.85em; }}
+table {{ border-collapse: collapse; font-size: 0.85em; margin: 1em 0; }}
 th, td {{ border: 1px solid #ccc; padding: 3px 8px; text-align: right; }}
 th {{ background: #f0f0f0; }} td:first-child {{ text-align: left; }}
-.done {{ color: #070; }} .failed {{ color: #b00; }} .running, .interrupted, .pending {{ color: #a60; }}
+.done {{ color: #070; }} .failed, .diverged {{ color: #b00; }} .running, .interrupted, .pending {{ color: #a60; }}
 img {{ max-width: 100%; }} figure {{ margin: 2em 0; }} figcaption {{ font-style: italic; }}
 </style></head><body>
 <h1>Sweep {html.escape(sweep['name'])}</h1>
 <p>{html.escape(desc)}</p>
-<p>Sweep file: <code>{html.escape(sweep.get('file', ''))}</code>; {len(points)} points.
-Final train loss is the mean over the last 10% of iterations.</p>
+<p>Sweep file: <code>{html.escape(sweep.get('file', ''))}</code>; {len(points)} points: {counts['done']} done,
+{counts['diverged']} diverged, {counts['failed']} failed. Sample budget per point:
+{', '.join(str(b) for b in budgets)} samples.</p>
+<h2>Result: {RESULT_LABEL}</h2>
+<p>The result of a point is its {RESULT_LABEL}: the evaluation after its last iteration on the validation
+split (the same held-out samples for every point when the sweep sets eval_samples). Cells give the mean over
+seeds with the {SPREAD_LABEL}; the best optimizer per batch size is in bold. Below each: optimizer steps and
+samples to the first target train loss of the analysis.</p>
+{result_table(groups, analysis, other_keys)}
+<h2>Critical batch size</h2>
+{critical_section(analysis)}
+<h2>Diverged points</h2>
+{div_html}
+<h2>Figures</h2>
+{chr(10).join(figs)}
+<h2>Points</h2>
+<p>Final train loss is the mean train loss over the last 10% of iterations.</p>
 <table><tr>{head}</tr>
 {chr(10).join(rows)}
 </table>
-{chr(10).join(figs)}
 </body></html>
 """
     out = os.path.join(sweep_dir, "report.html")

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -104,16 +105,36 @@ int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
 
 namespace {
 
-// Whether the point in `dir` already ran (its point.json exists) with a configuration
-// other than `config`.
-bool ran_with_other_config(const fs::path& dir, const json& config) {
-  if (!fs::exists(dir / "point.json")) return false;
+// Keys that cannot change a point's results: where plugins are searched, threads, where
+// and how often checkpoints are written, extra outputs.
+const std::set<std::string> kResultNeutral = {"plugin_path", "threads", "tensorboard_dir", "skip_memory_check",
+                                              "save_interval", "keep_checkpoints"};
+
+// The keys whose values differ between the configuration the point in `dir` ran with
+// (its point.json) and `config`, as "key: old -> new"; empty when it has not run or only
+// result-neutral keys differ.
+std::vector<std::string> config_changes(const fs::path& dir, const json& config) {
+  if (!fs::exists(dir / "point.json")) return {};
+  json old;
   try {
-    return json::parse(read_text(dir / "point.json")) != config;
+    old = json::parse(read_text(dir / "point.json"));
   } catch (const std::exception&) {
-    return true;  // unreadable: not the same configuration
+    return {"point.json unreadable"};
   }
+  std::vector<std::string> out;
+  auto text = [](const json& o, const std::string& k) { return o.contains(k) ? o[k].dump() : std::string("unset"); };
+  std::set<std::string> keys;
+  for (const auto& [k, v] : old.items()) keys.insert(k);
+  for (const auto& [k, v] : config.items()) keys.insert(k);
+  for (const auto& k : keys) {
+    if (kResultNeutral.count(k)) continue;
+    if (old.contains(k) && config.contains(k) && old[k] == config[k]) continue;
+    out.push_back(k + ": " + text(old, k) + " -> " + text(config, k));
+  }
+  return out;
 }
+
+bool ran_with_other_config(const fs::path& dir, const json& config) { return !config_changes(dir, config).empty(); }
 
 // Progress from a point's log: the last iteration line's iteration and lm loss.
 struct Progress {
@@ -284,7 +305,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     }
   }
   std::vector<PointState> ps(sweep.points.size());
-  std::vector<std::string> changed, rediverge;
+  std::vector<std::string> changed, changes, rediverge;
   for (size_t i = 0; i < ps.size(); ++i) {
     PointState& p = ps[i];
     p.point = &sweep.points[i];
@@ -297,7 +318,10 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       continue;
     }
     if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
-    if (ran_with_other_config(p.dir, p.point->config)) changed.push_back(p.point->id);
+    if (const auto diff = config_changes(p.dir, p.point->config); !diff.empty()) {
+      changed.push_back(p.point->id);
+      changes.push_back(p.point->id + " (" + join(diff, ", ") + ")");
+    }
     if (fs::exists(p.dir / "DONE")) p.state = "done";
     else if (fs::exists(p.dir / "DIVERGED")) {
       p.state = "diverged";
@@ -321,7 +345,8 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   if (!changed.empty()) {
     if (!o.rerun_changed)
       fail(sweep.file.string(), ": the configuration of ", changed.size(), " point(s) that already ran differs from ",
-           "this file (", join(changed, ", "), "); results of two configurations are not mixed. Run with --rerun to ",
+           "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
+           "results, such as plugin_path and threads, are not compared). Run with --rerun to ",
            "discard those points and run them again, or give the sweep a new name");
     for (auto& p : ps)
       if (std::find(changed.begin(), changed.end(), p.point->id) != changed.end()) {
@@ -541,6 +566,55 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir) {
   return 0;
 }
 
+namespace {
+
+// Bytes of regular files under `dir`, not following symlinks; and of those under */checkpoints/.
+std::pair<int64_t, int64_t> disk_usage(const fs::path& dir) {
+  int64_t total = 0, ckpt = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->symlink_status(ec).type() != fs::file_type::regular) continue;
+    const auto size = static_cast<int64_t>(it->file_size(ec));
+    if (ec) continue;
+    total += size;
+    if (it->path().parent_path().filename() == "checkpoints") ckpt += size;
+  }
+  return {total, ckpt};
+}
+
+std::string fmt_bytes(int64_t b) {
+  char buf[32];
+  const double v = static_cast<double>(b);
+  if (v >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", v / 1e9);
+  else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", v / 1e6);
+  else std::snprintf(buf, sizeof buf, "%.0f kB", v / 1e3);
+  return buf;
+}
+
+}  // namespace
+
+int prune_sweep(const fs::path& dir) {
+  const json s = json::parse(read_text(dir / "sweep.json"));
+  const auto before = disk_usage(dir);
+  int64_t freed = 0;
+  int pruned = 0;
+  for (const auto& p : s["points"]) {
+    const fs::path pd = dir / p["id"].get<std::string>();
+    // only finished point directories the sweep tool made; a running point keeps its checkpoints
+    if (fs::symlink_status(pd).type() != fs::file_type::directory ||
+        fs::symlink_status(pd / kPointMark).type() != fs::file_type::regular)
+      continue;
+    if (!fs::exists(pd / "DONE") && !fs::exists(pd / "DIVERGED")) continue;
+    const int64_t f = prune_checkpoints(pd / "checkpoints", "final");
+    freed += f;
+    pruned += f > 0;
+  }
+  std::cout << dir.string() << ": freed " << fmt_bytes(freed) << " in " << pruned << " point(s); "
+            << fmt_bytes(before.first - freed) << " left (finished points keep their final checkpoint)" << std::endl;
+  return 0;
+}
+
 int print_status(const fs::path& dir) {
   const fs::path file = dir / "sweep.json";
   check(fs::exists(file), file.string(), ": no sweep here (sweep run writes runs/<name>/sweep.json)");
@@ -567,6 +641,9 @@ int print_status(const fs::path& dir) {
   double wall = 0;
   for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);
   for (const auto& l : table_lines(ps, -1, wall)) std::cout << l << "\n";
+  const auto [total, ckpt] = disk_usage(dir);
+  std::cout << "disk: " << fmt_bytes(total) << " in " << dir.string() << " (checkpoints " << fmt_bytes(ckpt)
+            << "; sweep prune " << dir.string() << " keeps only finished points' final checkpoints)\n";
   return 0;
 }
 

@@ -47,7 +47,11 @@ int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
 // that directory are removed.
 int64_t prune_checkpoints(const std::filesystem::path& dir, const std::string& keep);
 
-// Prints the status table of runs/<name> (the directory sweep run wrote).
+// sweep prune: every finished (done or diverged) point of runs/<name> keeps only its
+// final checkpoint; prints what was freed.
+int prune_sweep(const std::filesystem::path& sweep_dir);
+
+// Prints the status table of runs/<name> (the directory sweep run wrote) and the disk it uses.
 int print_status(const std::filesystem::path& sweep_dir);
 
 }  // namespace megabatch::sweeps

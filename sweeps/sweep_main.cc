@@ -1,6 +1,7 @@
 // sweep: run a sweep file's points (with resume), show their status, plot and report.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -9,6 +10,8 @@
 
 #include "core/util/args.h"
 #include "core/util/error.h"
+#include "core/util/strings.h"
+#include "sweeps/export.h"
 #include "sweeps/runner.h"
 #include "sweeps/sweep.h"
 
@@ -22,8 +25,15 @@ const char* kUsage =
     "                           [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
     "       sweep export FILE.json [--runs-dir DIR]   points.txt and point.json files for other launchers\n"
-    "       sweep plot DIR        figures (PNG and SVG) in DIR/figures\n"
-    "       sweep report DIR      DIR/report.html: the points, their results and the figures\n"
+    "       sweep export DIR [--csv FILE] [--tensorboard OUT]  a sweep's metrics as one long CSV table\n"
+    "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"
+    "       sweep plot DIR [DIR...]   figures (PNG and SVG) in DIR/figures (several sweeps: overlaid, in\n"
+    "                             the first DIR's figures-overlay)\n"
+    "       sweep analyze DIR [--targets L1,L2]  the critical batch size: steps and samples to target losses,\n"
+    "                             the S-E frontier fit, B_crit against the gradient noise scale\n"
+    "       sweep report DIR      DIR/report.html: result table, critical batch size, diverged points, figures\n"
+    "       sweep prune DIR       delete all but the final checkpoint of finished points (also diverged ones')\n"
+    "analysis runs in $MEGABATCH_PYTHON, else the first python3 on PATH with numpy, h5py and matplotlib\n"
     "\n"
     "examples:\n"
     "  sweep run experiments/lamb_bsz.json            # the default sweep; run it again to resume\n"
@@ -44,13 +54,64 @@ fs::path analysis_script(const std::string& name) {
   return fs::path(MEGABATCH_SOURCE_DIR) / "analysis" / name;
 }
 
-int run_python(const std::string& script, const std::string& dir) {
+std::string quote(const std::string& s) {
+  std::string q(1, '\'');
+  for (const char c : s) {
+    if (c == '\'') q.append("'\\''");
+    else q.push_back(c);
+  }
+  q.push_back('\'');
+  return q;
+}
+
+// The Python that runs analysis/: $MEGABATCH_PYTHON, else the first python3 on PATH that
+// imports numpy, h5py and matplotlib, else /usr/bin/python3 (Debian's, which setup.sh equips).
+std::string find_python() {
+  auto works = [](const std::string& py) {
+    const std::string cmd = quote(py) + " -c 'import numpy, h5py, matplotlib' >/dev/null 2>&1";
+    const int rc = std::system(cmd.c_str());
+    return WIFEXITED(rc) && WEXITSTATUS(rc) == 0;
+  };
+  if (const char* env = std::getenv("MEGABATCH_PYTHON"); env && *env) {
+    mb::check(works(env), "MEGABATCH_PYTHON=", env, ": cannot import numpy, h5py and matplotlib with it; point it at a "
+              "Python 3 that has them (Debian: apt-get install python3-h5py python3-matplotlib)");
+    return env;
+  }
+  std::vector<std::string> tried;
+  if (const char* path = std::getenv("PATH")) {
+    std::string dirs = path;
+    size_t at = 0;
+    while (at <= dirs.size()) {
+      const size_t end = std::min(dirs.find(':', at), dirs.size());
+      const fs::path cand = fs::path(dirs.substr(at, end - at).empty() ? "." : dirs.substr(at, end - at)) / "python3";
+      at = end + 1;
+      if (::access(cand.c_str(), X_OK) != 0 || std::find(tried.begin(), tried.end(), cand.string()) != tried.end()) continue;
+      tried.push_back(cand.string());
+      if (works(cand.string())) return cand.string();
+    }
+  }
+  if (std::find(tried.begin(), tried.end(), "/usr/bin/python3") == tried.end()) {
+    tried.push_back("/usr/bin/python3");
+    if (works("/usr/bin/python3")) return "/usr/bin/python3";
+  }
+  mb::fail("no Python 3 that imports numpy, h5py and matplotlib (tried ", tried.empty() ? "none" : mb::join(tried, ", "),
+           "); install them (setup.sh does: python3-h5py python3-matplotlib) or set MEGABATCH_PYTHON");
+}
+
+int run_python(const std::string& script, const std::vector<std::string>& args) {
   const fs::path s = analysis_script(script);
   mb::check(fs::exists(s), s.string(), ": the analysis script is missing");
-  mb::check(fs::exists(fs::path(dir) / "sweep.json"), dir, "/sweep.json: no sweep here (sweep run writes runs/<name>/)");
-  const std::string cmd = "/usr/bin/python3 '" + s.string() + "' '" + dir + "'";
+  std::string cmd = quote(find_python()) + " " + quote(s.string());
+  for (const auto& a : args) {
+    cmd.push_back(' ');
+    cmd.append(quote(a));
+  }
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
+}
+
+void check_sweep_dir(const std::string& dir) {
+  mb::check(fs::exists(fs::path(dir) / "sweep.json"), dir, "/sweep.json: no sweep here (sweep run writes runs/<name>/)");
 }
 
 int run(int argc, char** argv) {
@@ -59,10 +120,38 @@ int run(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
-  if (cmd == "status" || cmd == "plot" || cmd == "report") {
+  if (cmd == "status" || cmd == "report" || cmd == "prune") {
     mb::check(argc == 3, "sweep ", cmd, ": give the sweep's directory (runs/<name>)\n", kUsage);
+    check_sweep_dir(argv[2]);
     if (cmd == "status") return mb::sweeps::print_status(argv[2]);
-    return run_python(cmd == "plot" ? "plot.py" : "report.py", argv[2]);
+    if (cmd == "prune") return mb::sweeps::prune_sweep(argv[2]);
+    return run_python("report.py", {argv[2]});
+  }
+  if (cmd == "plot") {
+    mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);
+    std::vector<std::string> dirs(argv + 2, argv + argc);
+    for (const auto& d : dirs) check_sweep_dir(d);
+    return run_python("plot.py", dirs);
+  }
+  if (cmd == "analyze") {
+    mb::check(argc == 3 || (argc == 5 && std::string(argv[3]) == "--targets"),
+              "sweep analyze: give the sweep's directory and optionally --targets L1,L2,...\n", kUsage);
+    check_sweep_dir(argv[2]);
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return run_python("critical_batch.py", args);
+  }
+  if (cmd == "export" && argc >= 3 && fs::is_directory(argv[2])) {  // a sweep's runs: CSV or TensorBoard
+    mb::ArgParser e("sweep export", kUsage);
+    e.option("csv", "FILE", "one long table: point, axes, step, samples, metric, value", "");
+    e.option("tensorboard", "DIR", "TensorBoard event files, one run per point", "");
+    if (!e.parse(argc, argv, 2)) return 0;
+    mb::check(e.positional().size() == 1, "sweep export: give one sweep directory\n", kUsage);
+    mb::check(!e.get("csv").empty() || !e.get("tensorboard").empty(),
+              "sweep export DIR: say what to write: --csv FILE and/or --tensorboard DIR\n", kUsage);
+    check_sweep_dir(e.positional()[0]);
+    if (!e.get("csv").empty()) mb::sweeps::export_csv(e.positional()[0], e.get("csv"));
+    if (!e.get("tensorboard").empty()) mb::sweeps::export_tensorboard(e.positional()[0], e.get("tensorboard"));
+    return 0;
   }
   if (cmd == "export") {
     mb::ArgParser e("sweep export", kUsage);
@@ -74,7 +163,7 @@ int run(int argc, char** argv) {
     return mb::sweeps::export_points(
         mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points"))), e.get("runs-dir"));
   }
-  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, report, export\n", kUsage);
+  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export\n", kUsage);
   // --rerun takes an optional word: a bare --rerun means --rerun changed
   std::vector<std::string> words;
   for (int i = 0; i < argc; ++i) {

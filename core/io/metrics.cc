@@ -210,6 +210,12 @@ void MetricsFile::flush() {
     written_strings_[name] = values;
   }
   strings_.clear();
+  if (listener_) {  // the new rows of the 1-D series, before they are written
+    std::map<std::string, std::vector<double>> rows;
+    for (const auto& [series, p] : pending_)
+      if (p.width == 0 && !p.values.empty()) rows[series] = p.values;
+    if (!rows.empty()) listener_(rows);
+  }
   for (auto& [series, p] : pending_) {
     if (p.values.empty()) continue;
     const int rank = p.width == 0 ? 1 : 2;
@@ -247,6 +253,36 @@ void MetricsFile::flush() {
     p.values.clear();
   }
   persist();
+}
+
+}  // namespace megabatch::io
+
+namespace megabatch::io {
+
+std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path) {
+  silence_hdf5();
+  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, path.string(), ": cannot open as HDF5 (not a metrics.h5 written by train?)");
+  std::map<std::string, std::vector<double>> out;
+  H5Lvisit(
+      f.id, H5_INDEX_NAME, H5_ITER_INC,
+      [](hid_t root, const char* name, const H5L_info_t*, void* data) -> herr_t {
+        Handle d(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);  // groups fail to open (errors are silenced)
+        if (d.id < 0) return 0;
+        Handle type(H5Dget_type(d.id), H5Tclose);
+        const H5T_class_t c = H5Tget_class(type.id);
+        if (c != H5T_FLOAT && c != H5T_INTEGER) return 0;
+        Handle space(H5Dget_space(d.id), H5Sclose);
+        if (H5Sget_simple_extent_ndims(space.id) != 1) return 0;
+        hsize_t n = 0;
+        H5Sget_simple_extent_dims(space.id, &n, nullptr);
+        std::vector<double> v(n);
+        if (n && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) return -1;
+        (*static_cast<std::map<std::string, std::vector<double>>*>(data))[name] = std::move(v);
+        return 0;
+      },
+      &out);
+  return out;
 }
 
 }  // namespace megabatch::io

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -46,6 +47,10 @@ class MetricsFile {
   void set_strings(const std::string& name, const std::vector<std::string>& values);
   // Writes buffered values. Error naming the file on failure (disk full, ...).
   void flush();
+  // Called at each flush with the new rows of every 1-D series ("train/lm_loss": values
+  // appended since the last flush), e.g. to mirror them into TensorBoard.
+  using Listener = std::function<void(const std::map<std::string, std::vector<double>>&)>;
+  void on_flush(Listener listener) { listener_ = std::move(listener); }
   const std::filesystem::path& path() const { return path_; }
 
  private:
@@ -62,6 +67,10 @@ class MetricsFile {
   std::map<std::string, std::vector<std::string>> strings_;  // written once, at the next flush
   std::map<std::string, std::vector<std::string>> written_strings_;
   std::set<std::string> kept_strings_;  // present in a continued file
+  Listener listener_;
 };
+
+// Every 1-D numeric series of a metrics.h5 ("train/lm_loss" -> values), for exports.
+std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path);
 
 }  // namespace megabatch::io

@@ -162,6 +162,8 @@ const config::Schema& train_schema() {
       {"log_params_norm", Type::kBool, false, "add the parameters' L2 norm (params norm) to the iteration line", "logging"},
       {"log_num_zeros_in_grad", Type::kBool, false, "add the number of zeros in the gradients (num zeros) to the iteration line",
        "logging"},
+      {"tensorboard_dir", Type::kString, nullptr,
+       "also write every metric as TensorBoard scalars (event files) to this directory", "logging"},
       {"divergence_loss", Type::kFloat, nullptr,
        "stop as diverged (exit status 4, run_dir/DIVERGED) when the lm loss averaged over a log interval stays above "
        "this for divergence_intervals intervals in a row (default: 2 ln(padded vocab), twice the loss of a uniform "

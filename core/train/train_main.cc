@@ -17,6 +17,7 @@
 #include "core/data/tokenizer.h"
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
+#include "core/io/tensorboard.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/train/options.h"
@@ -537,10 +538,19 @@ int run(int argc, char** argv) {
     }
   }
   const bool resuming = resume_from && !finetune;
+  std::unique_ptr<mb::io::TensorBoardWriter> tensorboard;  // declared first: metrics (its listener) goes first
   std::unique_ptr<mb::io::MetricsFile> metrics;
-  if (logger)
+  if (logger) {
     metrics = resuming ? std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved, resume_state.iteration)
                        : std::make_unique<mb::io::MetricsFile>(run_dir / "metrics.h5", resolved);
+    if (v.contains("tensorboard_dir")) {
+      tensorboard = std::make_unique<mb::io::TensorBoardWriter>(v["tensorboard_dir"].get<std::string>());
+      metrics->on_flush([tb = tensorboard.get()](const std::map<std::string, std::vector<double>>& rows) {
+        tb->series(rows);
+        tb->flush();
+      });
+    }
+  }
 
   std::cout << "> " << model->summary() << "\n"
             << "> optimizer: " << plugin.name() << " " << plugin.entry->version << " (" << plugin.path.string()

@@ -72,7 +72,7 @@ TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
   }
   r = mb::testing::run_command(sweep("status " + dir.string()));
   EXPECT_EQ(r.exit_code, 0);
-  EXPECT_NE(r.output.find("4 done, 0 running, 0 failed"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("4 done, 0 diverged, 0 running, 0 failed"), std::string::npos) << r.output;
 
   r = mb::testing::run_command(sweep("plot " + dir.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -99,11 +99,18 @@ TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("> start"), std::string::npos) << r.output;
 
+  // keys that cannot change results are not compared: another plugin path and threads run as before
+  const auto neutral = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")", R"(, "plugin_path": ["/nonexistent"])");
+  r = mb::testing::run_command(sweep("run " + neutral.string() + " --runs-dir " + runs.string() + " --threads 2"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("> start"), std::string::npos) << r.output;
+
   // A changed configuration is refused, then rerun on request.
   const auto changed = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")", R"(, "weight_decay": 0.05)");
   r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("differs from this file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lamb-bs4-lr0.002-s3 (weight_decay: unset -> 0.05)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--rerun"), std::string::npos) << r.output;
   r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string() + " --rerun --only 'lamb-bs8*'"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -339,4 +346,58 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("> start dl5 (attempt 1)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("> start dl100"), std::string::npos) << r.output;
+}
+
+// Exports read back by readers that share no code with megabatch: the CSV with Python's csv
+// module, the TensorBoard event files by tests/tools/read_tfevents.py (its own CRC32C and
+// protobuf schema), both against metrics.h5 read with h5py; train --tensorboard-dir writes
+// the same scalars while it runs. Disk: a finished point keeps only its final checkpoint,
+// status shows the disk used, prune leaves final checkpoints alone.
+TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "exp", 32, R"("lamb")");
+  const fs::path runs = tmp / "runs", dir = runs / "exp";
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& id : {"lamb-bs4-lr0.002-s3", "lamb-bs8-lr0.00283-s3"}) {
+    std::vector<std::string> ckpts;
+    for (const auto& e : fs::directory_iterator(dir / id / "checkpoints"))
+      if (e.path().extension() == ".h5") ckpts.push_back(e.path().filename().string());
+    EXPECT_EQ(ckpts.size(), 1u) << id << ": a finished point keeps its final checkpoint only";
+  }
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("disk: "), std::string::npos) << r.output;
+  r = mb::testing::run_command(sweep("prune " + dir.string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("freed 0 kB in 0 point(s)"), std::string::npos) << r.output;
+
+  const fs::path csv = tmp / "exp.csv", tb = tmp / "tb";
+  r = mb::testing::run_command(sweep("export " + dir.string() + " --csv " + csv.string() + " --tensorboard " + tb.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string tools = mb::testing::source_dir() + "/tests/tools/";
+  r = mb::testing::run_command("/usr/bin/python3 " + tools + "check_exports.py " + dir.string() + " " + csv.string() +
+                               " " + tb.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.rfind("ok: ", 0), 0u) << r.output;
+
+  // train --tensorboard-dir: the same scalars, written as the run goes
+  const fs::path live = tmp / "live";
+  r = mb::testing::run_command(mb::testing::bin_dir() + "/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
+                               "--seq-length 16 --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --lr 1e-3 "
+                               "--log-interval 2 --eval-iters 1 --threads 1 --data-path " +
+                               (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " +
+                               (live / "run").string() + " --tensorboard-dir " + (live / "tb").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string event;
+  for (const auto& e : fs::directory_iterator(live / "tb")) event = e.path().string();
+  r = mb::testing::run_command("/usr/bin/python3 -c \"import sys, h5py; sys.path.insert(0, '" + tools +
+                               "'); import read_tfevents as r\n"
+                               "s = r.read('" + event + "')['scalars']\n"
+                               "f = h5py.File('" + (live / "run" / "metrics.h5").string() + "', 'r')\n"
+                               "loss = [x for x in s if x[0] == 'train/lm_loss']\n"
+                               "assert [x[1] for x in loss] == [int(i) for i in f['train/iteration']], loss\n"
+                               "assert all(abs(x[2] - v) < 1e-5 * v for x, v in zip(loss, f['train/lm_loss'])), loss\n"
+                               "assert [x[2] for x in s if x[0] == 'validation/lm_loss'], s\n"
+                               "print('ok', len(loss))\"");
+  EXPECT_EQ(r.output, "ok 6\n") << r.output;
 }

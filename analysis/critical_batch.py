@@ -1,0 +1,300 @@
+#!/usr/bin/python3
+"""The critical batch size of a sweep (sweep analyze DIR), after McCandlish et al. 2018,
+"An Empirical Model of Large-Batch Training".
+
+For a target loss, a point of batch size B needs S(B) optimizer steps and E(B) = B S(B)
+samples to reach it. The paper's model says both trade off along a hyperbola,
+
+    (S / S_min - 1) (E / E_min - 1) = 1,   equivalently   S(B) = S_min + E_min / B,
+
+where S_min is the fewest steps (infinite batch) and E_min the fewest samples (batch -> 0);
+B_crit = E_min / S_min is the batch size at which training costs twice the minimum of
+both. S(B) is linear in 1/B, so the fit is a weighted linear least-squares of S against
+(1, 1/B) with relative residuals (weights 1/S). Its uncertainty comes from a bootstrap:
+batch sizes resampled with replacement, and within each batch size its seeds.
+
+Steps to a target are read from the logged training loss (every iteration is in
+metrics.h5), smoothed by a centred moving average over as many samples as the largest batch of the
+sweep (the same for every batch size, so each curve is about as noisy as the largest
+batch's; centred, so a smooth curve is not delayed), and interpolated
+linearly between the two iterations around the first crossing. Targets default to three
+losses every non-diverged point reaches; `--targets` sets them.
+
+B_crit is set against the gradient noise scale B_simple = tr(Sigma) / |G|^2 that the runs
+logged (--log-noise-scale), read at the iteration where each point reached the target.
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+BOOTSTRAP = 1000
+MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
+
+
+def smoothed(samples, loss, window_samples):
+    """Centred moving average of `loss` over about `window_samples` samples."""
+    loss = np.asarray(loss, dtype=float)
+    if len(loss) < 3:
+        return loss
+    per_step = (samples[-1] - samples[0]) / max(1, len(samples) - 1) if len(samples) > 1 else 1.0
+    w = int(round(window_samples / max(per_step, 1e-12)))
+    w = max(1, min(w, len(loss)))
+    if w == 1:
+        return loss
+    half = w // 2
+    padded = np.concatenate([np.full(half, loss[0]), loss, np.full(w - 1 - half, loss[-1])])
+    kernel = np.ones(w) / w
+    return np.convolve(padded, kernel, mode="valid")
+
+
+def steps_to(iterations, values, target):
+    """Fractional iteration where `values` first reaches `target` (linear interpolation), or None."""
+    below = np.nonzero(values <= target)[0]
+    if len(below) == 0:
+        return None
+    i = int(below[0])
+    if i == 0:
+        return float(iterations[0])
+    x0, x1, y0, y1 = iterations[i - 1], iterations[i], values[i - 1], values[i]
+    return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1)) if y0 != y1 else float(x1)
+
+
+def fit_hyperbola(batches, steps):
+    """S(B) = S_min + E_min / B by least squares with relative residuals. Returns
+    (S_min, E_min), or None when fewer than MIN_BATCH_SIZES distinct batch sizes."""
+    b = np.asarray(batches, dtype=float)
+    s = np.asarray(steps, dtype=float)
+    if len(set(b.tolist())) < MIN_BATCH_SIZES:
+        return None
+    w = 1.0 / s
+    a = np.stack([np.ones_like(b), 1.0 / b], axis=1) * w[:, None]
+    (s_min, e_min), *_ = np.linalg.lstsq(a, s * w, rcond=None)
+    return float(s_min), float(e_min)
+
+
+def describe_fit(s_min, e_min, batches):
+    """B_crit and how to read it: a bound where the fit leaves the model's domain."""
+    lo, hi = min(batches), max(batches)
+    if e_min <= 0:
+        return {"b_crit": None, "bound": f"below {lo}", "note": f"steps do not fall with the batch size: B_crit < {lo}"}
+    if s_min <= 0:
+        return {"b_crit": None, "bound": f"above {hi}",
+                "note": f"steps fall as 1/B over the whole range (perfect scaling): B_crit > {hi}"}
+    return {"b_crit": e_min / s_min, "bound": None, "note": ""}
+
+
+def bootstrap(by_batch, rng, n=BOOTSTRAP):
+    """B_crit over resamples: batch sizes with replacement, then each one's seeds."""
+    keys = sorted(by_batch)
+    out = []
+    for _ in range(n):
+        bs, ss = [], []
+        for k in rng.choice(keys, size=len(keys), replace=True):
+            seeds = by_batch[k]
+            s = float(np.mean(rng.choice(seeds, size=len(seeds), replace=True)))
+            bs.append(k)
+            ss.append(s)
+        fit = fit_hyperbola(bs, ss)
+        if fit and fit[0] > 0 and fit[1] > 0:
+            out.append(fit[1] / fit[0])
+    return np.asarray(out)
+
+
+def default_targets(curves, count=3):
+    """`count` losses every curve reaches: from the worst curve's best upwards, spaced over
+    a quarter of the way to the highest loss any smoothed curve starts from."""
+    if not curves:
+        return []
+    reach = max(float(np.min(c["smooth"])) for c in curves)
+    start = min(float(c["smooth"][0]) for c in curves)
+    if not start > reach:
+        return [round(reach, 3)]
+    span = 0.25 * (start - reach)
+    return [round(reach + 1e-3 + span * k / max(1, count - 1), 3) for k in range(count)]
+
+
+def point_curves(points, window_samples=None):
+    """Smoothed training-loss curves of the finished, non-diverged points."""
+    curves = []
+    for p in points:
+        if p.state != "done":
+            continue
+        it, loss = p.series("train/iteration"), p.series("train/lm_loss")
+        samples = p.series("train/consumed_samples")
+        n = min(len(it), len(loss), len(samples))
+        if n < 2:
+            continue
+        it, loss, samples = it[:n], loss[:n], samples[:n]
+        w = window_samples if window_samples else max(q.batch for q in points)
+        curves.append({"point": p, "iteration": it, "samples": samples, "smooth": smoothed(samples, loss, w)})
+    return curves
+
+
+def noise_scale_at(p, iteration):
+    it, b = p.series("noise_scale/iteration"), p.series("noise_scale/b_simple")
+    n = min(len(it), len(b))
+    if n == 0:
+        return None
+    it, b = it[:n], b[:n]
+    ok = np.isfinite(b) & (b > 0)
+    if not ok.any():
+        return None
+    return float(np.interp(iteration, it[ok], b[ok]))
+
+
+def analyze(points, targets=None, seed=0):
+    """Per optimizer and target: S(B), E(B), the fit and B_crit with a bootstrap interval,
+    and B_simple at the target. Returns a JSON-ready dict."""
+    rng = np.random.default_rng(seed)
+    curves = point_curves(points)
+    if targets is None:
+        targets = default_targets(curves)
+    result = {"targets": targets, "method": "S(B) = S_min + E_min/B, weighted least squares; "
+              "bootstrap over batch sizes and seeds (16th-84th percentiles)", "optimizers": {}}
+    by_opt = {}
+    for c in curves:
+        by_opt.setdefault(c["point"].optimizer, []).append(c)
+    for opt, cs in sorted(by_opt.items()):
+        rows = []
+        for target in targets:
+            per_batch, table, b_simple = {}, [], []
+            for c in cs:
+                s = steps_to(c["iteration"], c["smooth"], target)
+                if s is None:
+                    continue
+                B = c["point"].batch
+                per_batch.setdefault(B, []).append(s)
+                ns = noise_scale_at(c["point"], s)
+                if ns is not None:
+                    b_simple.append(ns)
+            for B in sorted(per_batch):
+                S = float(np.mean(per_batch[B]))
+                table.append({"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])})
+            row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,
+                   "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None}
+            fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None
+            if fit is None:
+                row["fit"] = None
+                row["note"] = (f"too few points for a fit: {len(table)} batch size(s) reach loss {target} "
+                               f"(needs {MIN_BATCH_SIZES})")
+            else:
+                s_min, e_min = fit
+                row["fit"] = {"s_min": s_min, "e_min": e_min}
+                row.update(describe_fit(s_min, e_min, [t["batch"] for t in table]))
+                boot = bootstrap({B: v for B, v in per_batch.items()}, rng)
+                if len(boot) >= 10:
+                    lo, mid, hi = np.percentile(boot, [16, 50, 84])
+                    row["b_crit_interval"] = [float(lo), float(hi)]
+                    row["b_crit_bootstrap_median"] = float(mid)
+                    row["bootstrap_valid"] = int(len(boot))
+            rows.append(row)
+        result["optimizers"][opt] = rows
+    return result
+
+
+def fmt(v, digits=3):
+    return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}g}"
+
+
+def text_table(res):
+    lines = [f"critical batch size (McCandlish et al. 2018): {res['method']}"]
+    for opt, rows in res["optimizers"].items():
+        for r in rows:
+            head = f"{opt:8s} loss {r['target']:.3f}: "
+            if r.get("fit") is None:
+                lines.append(head + r["note"])
+                continue
+            f = r["fit"]
+            crit = fmt(r.get("b_crit")) if r.get("b_crit") else r.get("bound", "-")
+            ci = r.get("b_crit_interval")
+            ci_s = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
+            lines.append(head + f"S_min {fmt(f['s_min'])}, E_min {fmt(f['e_min'])}, B_crit {crit}{ci_s}, "
+                                f"B_simple {fmt(r['b_simple'])}" + (f" ({r['note']})" if r.get("note") else ""))
+            lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}"
+                                            for t in r["points"]))
+    return "\n".join(lines)
+
+
+def frontier_figure(res, out_dir, name, written):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    opts = list(res["optimizers"].items())
+    if not opts:
+        return
+    fig, axes = plt.subplots(1, len(opts), figsize=(5.5 * len(opts), 4.2), squeeze=False)
+    for ax, (opt, rows) in zip(axes[0], opts):
+        for k, r in enumerate(rows):
+            color = plt.get_cmap("viridis", max(2, len(rows)))(k)
+            if not r["points"]:
+                continue
+            S = [t["steps"] for t in r["points"]]
+            E = [t["samples"] for t in r["points"]]
+            ax.plot(S, E, "o", color=color, label=f"loss {r['target']:.3f}")
+            for t in r["points"]:
+                ax.annotate(f"B={t['batch']}", (t["steps"], t["samples"]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+            f = r.get("fit")
+            if f and f["s_min"] > 0 and f["e_min"] > 0:
+                x = np.logspace(-2, 2, 200)  # S / S_min - 1
+                ax.plot(f["s_min"] * (1 + x), f["e_min"] * (1 + 1 / x), "-", color=color, lw=1,
+                        label=f"fit: B_crit {r['b_crit']:.3g}")
+                ax.set_xlim(min(S) / 2, max(S) * 2)
+                ax.set_ylim(min(E) / 2, max(E) * 2)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("optimizer steps S to the target loss")
+        ax.set_ylabel("training samples E = B S")
+        ax.set_title(f"{opt}: steps-samples frontier")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"{name}: (S/S_min - 1)(E/E_min - 1) = 1 fitted per target train loss")
+    for ext in ("png", "svg"):
+        path = os.path.join(out_dir, f"critical_batch.{ext}")
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        written.append(path)
+    plt.close(fig)
+
+
+def run(sweep_dir, targets=None):
+    from megabatch_runs import load_points
+    sweep, points = load_points(sweep_dir)
+    res = analyze(points, targets)
+    out_dir = os.path.join(sweep_dir, "figures")
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    frontier_figure(res, out_dir, sweep["name"], written)
+    path = os.path.join(sweep_dir, "analysis.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(res, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return res, [path] + written
+
+
+def parse_targets(text):
+    try:
+        return [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        sys.exit(f"sweep analyze: --targets: expected comma-separated losses, got '{text}'")
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    targets = None
+    if "--targets" in args:
+        i = args.index("--targets")
+        if i + 1 >= len(args):
+            sys.exit("sweep analyze: --targets needs a value, e.g. --targets 7.5,8")
+        targets = parse_targets(args[i + 1])
+        del args[i:i + 2]
+    if len(args) != 1:
+        sys.exit("usage: critical_batch.py RUNS/<sweep> [--targets L1,L2,...]")
+    res, files = run(args[0], targets)
+    print(text_table(res))
+    for f in files:
+        print(f)

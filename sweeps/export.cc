@@ -1,0 +1,131 @@
+#include "sweeps/export.h"
+
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/io/metrics.h"
+#include "core/io/tensorboard.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+namespace megabatch::sweeps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+struct SweepPoints {
+  std::vector<std::pair<std::string, json>> points;  // id, configuration
+  std::vector<std::string> axes;                      // keys whose values differ between points
+};
+
+SweepPoints read_points(const fs::path& dir) {
+  const fs::path file = dir / "sweep.json";
+  json s;
+  try {
+    s = json::parse(read_file(file, "sweep state"));
+  } catch (const json::exception& e) {
+    fail(file.string(), ": unreadable (", e.what(), ")");
+  }
+  SweepPoints out;
+  for (const auto& p : s.at("points")) out.points.emplace_back(p.at("id").get<std::string>(), p.at("config"));
+  for (const auto& [id, config] : out.points)
+    for (const auto& [k, v] : config.items()) {
+      if (std::find(out.axes.begin(), out.axes.end(), k) != out.axes.end()) continue;
+      for (const auto& [id2, other] : out.points)
+        if (!other.contains(k) || other[k] != v) {
+          out.axes.push_back(k);
+          break;
+        }
+    }
+  return out;
+}
+
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string q = "\"";
+  for (const char c : s) {
+    if (c == '"') q.push_back('"');
+    q.push_back(c);
+  }
+  q.push_back('"');
+  return q;
+}
+
+std::string value_text(const json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_null()) return "";
+  return v.dump();
+}
+
+std::string number(double x) {
+  if (!std::isfinite(x)) return std::isnan(x) ? "nan" : (x > 0 ? "inf" : "-inf");
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", x);
+  return buf;
+}
+
+}  // namespace
+
+int export_csv(const fs::path& dir, const fs::path& file) {
+  const SweepPoints sp = read_points(dir);
+  std::string out = "point";
+  for (const auto& a : sp.axes) out += "," + csv_field(a);
+  out += ",step,samples,metric,value\n";
+  size_t rows = 0, skipped = 0;
+  for (const auto& [id, config] : sp.points) {
+    const fs::path m = dir / id / "metrics.h5";
+    if (!fs::exists(m)) {
+      ++skipped;
+      continue;
+    }
+    const auto series = io::read_metric_series(m);
+    std::string prefix = csv_field(id);
+    for (const auto& a : sp.axes) prefix += "," + csv_field(config.contains(a) ? value_text(config[a]) : "");
+    const double batch = config.value("global_batch_size", 0.0);
+    for (const auto& [name, values] : series) {
+      const auto slash = name.rfind('/');
+      if (slash == std::string::npos || name.substr(slash + 1) == "iteration") continue;
+      const std::string group = name.substr(0, slash);
+      const auto steps = series.find(group + "/iteration");
+      if (steps == series.end()) continue;
+      const auto samples = series.find(group + "/consumed_samples");
+      for (size_t r = 0; r < values.size() && r < steps->second.size(); ++r) {
+        const double step = steps->second[r];
+        const double s = samples != series.end() && r < samples->second.size() ? samples->second[r] : step * batch;
+        out += prefix + "," + number(step) + "," + number(s) + "," + csv_field(name) + "," + number(values[r]) + "\n";
+        ++rows;
+      }
+    }
+  }
+  AtomicFile f(file);
+  f.write(out.data(), out.size());
+  f.commit();
+  std::cout << file.string() << ": " << rows << " rows from " << sp.points.size() - skipped << " point(s)"
+            << (skipped ? " (" + std::to_string(skipped) + " without metrics yet)" : std::string()) << std::endl;
+  return 0;
+}
+
+int export_tensorboard(const fs::path& dir, const fs::path& out_dir) {
+  const SweepPoints sp = read_points(dir);
+  size_t written = 0;
+  for (const auto& [id, config] : sp.points) {
+    const fs::path m = dir / id / "metrics.h5";
+    if (!fs::exists(m)) continue;
+    io::TensorBoardWriter tb(out_dir / id);
+    tb.series(io::read_metric_series(m));
+    tb.flush();
+    ++written;
+  }
+  std::cout << out_dir.string() << ": TensorBoard event files of " << written << " point(s); view with: tensorboard --logdir "
+            << out_dir.string() << std::endl;
+  return 0;
+}
+
+}  // namespace megabatch::sweeps

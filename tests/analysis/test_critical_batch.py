@@ -1,0 +1,90 @@
+"""sweep analyze on synthetic runs whose steps to a loss follow S(B) = S_min (1 + B_crit / B)
+with known S_min and E_min = S_min B_crit: the fit recovers them."""
+import math
+import os
+import sys
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis"))
+import critical_batch as cb  # noqa: E402
+
+TAU = 40.0  # loss(u) = 3 + 7 exp(-u / TAU) in "ideal steps" u
+
+
+def ideal_steps(target):
+    return -TAU * math.log((target - 3.0) / 7.0)
+
+
+class FakePoint:
+    def __init__(self, optimizer, batch, b_crit, seed, noise, budget):
+        self.optimizer, self.batch, self.state = optimizer, batch, "done"
+        steps = int(budget / batch)
+        it = np.arange(1, steps + 1, dtype=float)
+        u = it / (1.0 + b_crit / batch)
+        rng = np.random.default_rng(seed * 1000 + batch)
+        loss = 3.0 + 7.0 * np.exp(-u / TAU)
+        loss = loss * (1.0 + noise * math.sqrt(8.0 / batch) * rng.standard_normal(len(it)))
+        self._s = {"train/iteration": it, "train/lm_loss": loss, "train/consumed_samples": it * batch,
+                   "noise_scale/iteration": it, "noise_scale/b_simple": np.full(len(it), b_crit * 1.5)}
+
+    def series(self, name):
+        return np.asarray(self._s.get(name, []), dtype=float)
+
+
+def sweep(b_crit, batches, seeds=(1,), noise=0.0, budget=200000, optimizer="lamb"):
+    return [FakePoint(optimizer, B, b_crit, s, noise, budget) for B in batches for s in seeds]
+
+
+class CriticalBatch(unittest.TestCase):
+    def test_exact_hyperbola_is_recovered_by_the_fit(self):
+        batches = [8, 16, 32, 64, 128, 256]
+        s_min, e_min = 120.0, 120.0 * 96
+        fit = cb.fit_hyperbola(batches, [s_min + e_min / b for b in batches])
+        self.assertAlmostEqual(fit[0], s_min, places=6)
+        self.assertAlmostEqual(fit[1], e_min, places=3)
+
+    def test_noisy_runs_recover_s_min_e_min_and_b_crit(self):
+        b_crit, targets = 64.0, [4.0, 5.0]
+        res = cb.analyze(sweep(b_crit, [8, 16, 32, 64, 128, 256, 512], seeds=(1, 2, 3), noise=0.02), targets)
+        for row in res["optimizers"]["lamb"]:
+            s_min = ideal_steps(row["target"])
+            self.assertAlmostEqual(row["fit"]["s_min"] / s_min, 1.0, delta=0.1, msg=row)
+            self.assertAlmostEqual(row["fit"]["e_min"] / (s_min * b_crit), 1.0, delta=0.1, msg=row)
+            self.assertAlmostEqual(row["b_crit"] / b_crit, 1.0, delta=0.15, msg=row)
+            lo, hi = row["b_crit_interval"]
+            self.assertLess(lo, hi)
+            self.assertTrue(lo <= row["b_crit"] * 1.05 and row["b_crit"] * 0.95 <= hi, msg=row)
+            self.assertAlmostEqual(row["b_simple"], 1.5 * b_crit, places=6)
+            self.assertEqual([p["batch"] for p in row["points"]], [8, 16, 32, 64, 128, 256, 512])
+            self.assertEqual({p["seeds"] for p in row["points"]}, {3})
+
+    def test_two_b_crits_are_told_apart(self):
+        small = cb.analyze(sweep(16.0, [8, 16, 32, 64, 128, 256], optimizer="a"), [4.0])
+        large = cb.analyze(sweep(256.0, [8, 16, 32, 64, 128, 256, 512, 1024], optimizer="b"), [4.0])
+        self.assertAlmostEqual(small["optimizers"]["a"][0]["b_crit"] / 16.0, 1.0, delta=0.1)
+        self.assertAlmostEqual(large["optimizers"]["b"][0]["b_crit"] / 256.0, 1.0, delta=0.1)
+
+    def test_too_few_points_are_said_plainly(self):
+        res = cb.analyze(sweep(64.0, [8, 16]), [4.0])
+        row = res["optimizers"]["lamb"][0]
+        self.assertIsNone(row["fit"])
+        self.assertIn("too few points for a fit: 2 batch size(s)", row["note"])
+        self.assertIn("too few points", cb.text_table(res))
+
+    def test_perfect_scaling_gives_a_lower_bound(self):
+        # S proportional to 1/B over the range: B_crit is beyond the largest batch tested
+        fit = cb.fit_hyperbola([8, 16, 32], [800.0, 400.0, 200.0])
+        d = cb.describe_fit(fit[0] - 1.0, fit[1], [8, 16, 32])
+        self.assertIsNone(d["b_crit"])
+        self.assertEqual(d["bound"], "above 32")
+
+    def test_steps_to_interpolates_the_first_crossing(self):
+        it = np.array([1.0, 2.0, 3.0, 4.0])
+        self.assertAlmostEqual(cb.steps_to(it, np.array([10.0, 8.0, 6.0, 7.0]), 7.0), 2.5)
+        self.assertIsNone(cb.steps_to(it, np.array([10.0, 9.0, 8.0, 7.5]), 7.0))
+
+
+if __name__ == "__main__":
+    unittest.main()
