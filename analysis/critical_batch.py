@@ -229,12 +229,15 @@ def frontier_figure(res, out_dir, name, written):
         return
     fig, axes = plt.subplots(1, len(opts), figsize=(5.5 * len(opts), 4.2), squeeze=False)
     for ax, (opt, rows) in zip(axes[0], opts):
+        all_s, all_e = [], []
         for k, r in enumerate(rows):
             color = plt.get_cmap("viridis", max(2, len(rows)))(k)
             if not r["points"]:
                 continue
             S = [t["steps"] for t in r["points"]]
             E = [t["samples"] for t in r["points"]]
+            all_s += S
+            all_e += E
             ax.plot(S, E, "o", color=color, label=f"loss {r['target']:.3f}")
             for t in r["points"]:
                 ax.annotate(f"B={t['batch']}", (t["steps"], t["samples"]), fontsize=6, xytext=(3, 3),
@@ -244,8 +247,9 @@ def frontier_figure(res, out_dir, name, written):
                 x = np.logspace(-2, 2, 200)  # S / S_min - 1
                 ax.plot(f["s_min"] * (1 + x), f["e_min"] * (1 + 1 / x), "-", color=color, lw=1,
                         label=f"fit: B_crit {r['b_crit']:.3g}")
-                ax.set_xlim(min(S) / 2, max(S) * 2)
-                ax.set_ylim(min(E) / 2, max(E) * 2)
+        if all_s:
+            ax.set_xlim(min(all_s) / 1.5, max(all_s) * 1.5)
+            ax.set_ylim(min(all_e) / 1.5, max(all_e) * 1.5)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("optimizer steps S to the target loss")

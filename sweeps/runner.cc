@@ -165,7 +165,9 @@ Progress parse_progress(const fs::path& log) {
     if (at == 0) break;
     at = t.rfind(mark, at - 1);
   }
-  const size_t v = t.rfind("lm loss value: ");
+  // the result: the evaluation after training on the validation set (not the test set's line after it)
+  size_t v = t.rfind("on validation set | lm loss value: ");
+  if (v != std::string::npos) v += std::strlen("on validation set | ");
   if (v != std::string::npos) {
     p.valid_loss = std::atof(t.c_str() + v + 15);
     p.has_valid = true;
@@ -274,7 +276,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       detail = buf;
     }
     if (p.progress.has_valid && p.state == "done") {
-      std::snprintf(buf, sizeof buf, "  valid %.4f", p.progress.valid_loss);
+      std::snprintf(buf, sizeof buf, "  final valid loss %.4f", p.progress.valid_loss);
       detail += buf;
     }
     if (p.state == "failed" || p.state == "diverged") detail = p.reason;

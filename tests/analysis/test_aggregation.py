@@ -1,0 +1,113 @@
+"""Seeds averaged, diverged points kept off the axes, one result: on a fake sweep directory
+(sweep.json, metrics.h5 written with h5py, DONE / DIVERGED files) as sweep run leaves it."""
+import json
+import math
+import os
+import sys
+import tempfile
+import unittest
+
+import h5py
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis"))
+import megabatch_runs as runs  # noqa: E402
+import plot  # noqa: E402
+import report  # noqa: E402
+
+
+def write_point(root, pid, config, loss, valid=None, diverged_at=None):
+    d = os.path.join(root, pid)
+    os.makedirs(d)
+    n = len(loss)
+    it = np.arange(1, n + 1, dtype=float)
+    with h5py.File(os.path.join(d, "metrics.h5"), "w") as f:
+        f["train/iteration"] = it
+        f["train/lm_loss"] = np.asarray(loss, dtype=float)
+        f["train/consumed_samples"] = it * config["global_batch_size"]
+        f["train/learning_rate"] = np.full(n, config["lr"])
+        if valid is not None:
+            f["validation/iteration"] = np.array([float(config["train_iters"])])
+            f["validation/lm_loss"] = np.array([valid])
+        f.attrs["config"] = json.dumps(config)
+    if diverged_at is None:
+        with open(os.path.join(d, "DONE"), "w") as f:
+            f.write("{}\n")
+    else:
+        with open(os.path.join(d, "DIVERGED"), "w") as f:
+            json.dump({"iteration": diverged_at, "reason": "lm loss is nan"}, f)
+    return {"id": pid, "state": "done" if diverged_at is None else "diverged", "config": config}
+
+
+class Aggregation(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        root = self.tmp.name
+        pts = []
+        for B in (8, 16, 32):
+            for seed, shift in ((1, 0.0), (2, 0.2)):
+                iters = 256 // B
+                cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": 0.01, "seed": seed, "train_iters": iters}
+                loss = 10.0 - 3.0 * np.arange(iters) / iters * (1.0 + 8.0 / B) + shift
+                pts.append(write_point(root, f"lamb-bs{B}-s{seed}", cfg, loss, valid=7.0 + B / 100 + shift))
+        cfg = {"optimizer": "lamb", "global_batch_size": 64, "lr": 0.01, "seed": 1, "train_iters": 4}
+        pts.append(write_point(root, "lamb-bs64-s1", cfg, [10.0, 1e4, 1e8], diverged_at=3))
+        with open(os.path.join(root, "sweep.json"), "w") as f:
+            json.dump({"name": "fake", "file": "/nonexistent.json", "points": pts}, f)
+        self.root = root
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def test_seeds_form_one_setting_with_mean_and_spread(self):
+        _, points = runs.load_points(self.root)
+        groups = runs.settings(points)
+        by_batch = {g.batch: g for g in groups}
+        self.assertEqual(sorted(by_batch), [8, 16, 32, 64])
+        self.assertEqual(by_batch[16].seeds, [1, 2])
+        mean, lo, hi = by_batch[16].result()
+        self.assertAlmostEqual(mean, 7.16 + 0.1)
+        self.assertAlmostEqual(lo, 7.16)
+        self.assertAlmostEqual(hi, 7.36)
+        x, m, a, z = by_batch[8].curve("train/iteration")
+        self.assertEqual(len(x), 32)
+        self.assertTrue(np.allclose(z - a, 0.2))
+
+    def test_a_diverged_point_has_no_result_and_does_not_stretch_the_axes(self):
+        _, points = runs.load_points(self.root)
+        d = next(p for p in points if p.id == "lamb-bs64-s1")
+        self.assertEqual(d.state, "diverged")
+        self.assertTrue(math.isnan(d.result()))
+        self.assertIn("iteration 3: lm loss is nan", d.reason)
+        captured = {}
+        real_save = plot.save
+
+        def keep(fig, out_dir, name, written):
+            captured[name] = [ax.get_ylim() for ax in fig.axes]
+            real_save(fig, out_dir, name, written)
+        plot.save = keep
+        try:
+            plot.plot(self.root)
+        finally:
+            plot.save = real_save
+        top = max(hi for _, hi in captured["loss_vs_iteration"])
+        self.assertLess(top, 20.0, "the diverged curve (1e8) must not set the y-axis")
+        lo, hi = captured["scaling"][0]
+        self.assertLess(hi - lo, 1.0)
+        for name in ("loss_vs_samples", "scaling", "lr_schedule"):
+            self.assertTrue(os.path.exists(os.path.join(self.root, "figures", name + ".png")))
+
+    def test_report_has_the_result_table_critical_batch_and_diverged_points(self):
+        with open(report.report(self.root)) as f:
+            page = f.read()
+        self.assertIn("Result: final validation loss", page)
+        self.assertIn("Critical batch size", page)
+        self.assertIn("lamb-bs64-s1</code>: iteration 3: lm loss is nan", page)
+        self.assertIn("1/1 diverged", page)
+        self.assertIn("2 seeds", page)
+        # bold marks the best per batch size: one optimizer here, so every cell with a result
+        self.assertEqual(page.count("<b>"), 3)
+
+
+if __name__ == "__main__":
+    unittest.main()
