@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -135,6 +136,36 @@ std::vector<std::string> config_changes(const fs::path& dir, const json& config)
 }
 
 bool ran_with_other_config(const fs::path& dir, const json& config) { return !config_changes(dir, config).empty(); }
+
+// train --check of a point's configuration (plugin and its hyperparameters, data files,
+// memory), from a temporary copy of it; "" when fine, else train's error line(s).
+std::string check_point(const fs::path& train, const Point& point) {
+  char path[] = "/tmp/megabatch-check-XXXXXX";
+  const int fd = mkstemp(path);
+  check(fd >= 0, "cannot make a temporary file to check point ", point.id, ": ", std::strerror(errno));
+  const std::string text = point.config.dump();
+  const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ::close(fd);
+  std::string out;
+  if (wrote) {
+    const std::string cmd = "'" + train.string() + "' --config '" + path + "' --check --threads 1 2>&1";
+    if (std::FILE* pipe = ::popen(cmd.c_str(), "r")) {
+      char buf[4096];
+      size_t n;
+      while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+      const int rc = ::pclose(pipe);
+      ::unlink(path);
+      if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) return "";
+      std::string errors;
+      for_each_line(out, [&](std::string_view line, size_t) {
+        if (line.find("error") != std::string_view::npos) errors += (errors.empty() ? "" : "; ") + std::string(line);
+      });
+      return errors.empty() ? "train --check failed: " + out : errors;
+    }
+  }
+  ::unlink(path);
+  return "could not run train --check";
+}
 
 // Progress from a point's log: the last iteration line's iteration and lm loss.
 struct Progress {
@@ -287,6 +318,24 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   return out;
 }
 
+// Columns of the terminal on stdout (80 when unknown).
+size_t terminal_width() {
+  winsize w{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  return 80;
+}
+
+// A line of the live table cut to `width` columns (a redrawn line that wraps would break
+// the redraw): the end becomes "..." when cut. UTF-8 continuation bytes take no column.
+std::string fit_width(const std::string& line, size_t width) {
+  std::vector<size_t> starts;  // byte offset of each character
+  for (size_t i = 0; i < line.size(); ++i)
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) starts.push_back(i);
+  if (starts.size() <= width) return line;
+  const size_t keep = width > 3 ? width - 3 : width;
+  return line.substr(0, starts[keep]) + (width > 3 ? "..." : "");
+}
+
 bool selected(const std::string& id, const std::string& only) {
   if (only.empty()) return true;
   return fnmatch(only.c_str(), id.c_str(), 0) == 0 || id.find(only) != std::string::npos;
@@ -364,6 +413,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   }
   if (o.dry_run) {
     std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
+    int bad = 0;
     for (const auto& p : ps) {
       if (p.state == "skipped") continue;
       json diff = json::object();
@@ -372,7 +422,21 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       for (const char* k : {"lr", "train_iters", "seed"})
         if (p.point->config.contains(k)) diff[k] = p.point->config[k];
       std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
+      if (!o.train_binary.empty() && p.state != "done") {
+        const std::string error = check_point(o.train_binary, *p.point);
+        if (!error.empty()) {
+          ++bad;
+          std::cout << "    cannot run: " << error << "\n";
+        }
+      }
     }
+    std::cout << std::flush;
+    if (bad) {
+      std::cout << "> " << bad << " point(s) cannot run (above); fix the sweep file" << std::endl;
+      return 2;
+    }
+    if (!o.train_binary.empty())
+      std::cout << "> every point checked (train --check: plugin and hyperparameters, data, memory)" << std::endl;
     return 0;
   }
 
@@ -415,7 +479,8 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     const auto lines = table_lines(ps, elapsed, eta);
     if (o.tty) {
       if (printed) std::cout << "\033[" << printed << "A";
-      for (const auto& l : lines) std::cout << "\r\033[K" << l << "\n";
+      const size_t width = terminal_width();
+      for (const auto& l : lines) std::cout << "\r\033[K" << fit_width(l, width) << "\n";
       printed = lines.size();
       std::cout << std::flush;
     } else if (force || Clock::now() - last_plain > std::chrono::seconds(30)) {
@@ -514,8 +579,10 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
           std::string t = tail(p.dir / "stdout.log", 1500);
           std::vector<std::string> lines;
           for_each_line(t, [&](std::string_view l, size_t) { lines.emplace_back(l); });
+          // the error in full once (above), then what led to it
+          std::erase(lines, p.reason);
           for (size_t k = lines.size() > 5 ? lines.size() - 5 : 0; k < lines.size(); ++k)
-            std::cout << "    " << lines[k].substr(0, 200) << "\n";
+            std::cout << "    " << lines[k] << "\n";
           std::cout << std::flush;
           printed = 0;
         }

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 
@@ -22,7 +23,7 @@ using nlohmann::ordered_json;
 namespace {
 
 const std::set<std::string> kTopLevel = {"name", "description", "cluster", "include", "base", "grid", "zip",
-                                         "seeds", "derive", "jobs", "threads", "checkpoints"};
+                                         "seeds", "derive", "jobs", "threads", "checkpoints", "random"};
 
 ordered_json read_json(const fs::path& file) {
   const std::string text = read_file(file, "sweep file");  // a regular file only
@@ -133,10 +134,71 @@ std::string safe_point_id(const std::string& raw) {
 
 namespace {
 
-struct Axis {  // one grid key or one zip group: a list of assignments
+struct Axis {  // one grid key, one zip group or the random draws: a list of assignments
   std::vector<std::string> keys;
+  bool every_key_in_id = false;  // random draws: each key names the point (they vary independently)
   std::vector<std::vector<json>> values;  // values[i] assigns keys[k] = values[i][k]
 };
+
+// The `random` axis: {"count": N, "seed": S, "params": {key: {"uniform": [lo, hi]} or
+// {"log_uniform": [lo, hi]}}}: N assignments drawn from a 64-bit Mersenne Twister seeded
+// with S (std::mt19937_64 is specified exactly, and the unit interval is taken from its top
+// 53 bits here, so the points are the same on every machine), rounded to 4 significant
+// digits so that ids stay readable. Integer bounds draw integers (log-uniform rounded).
+Axis random_axis(const ordered_json& r, const std::string& w) {
+  check(r.is_object() && r.contains("count") && r.contains("params"), w,
+        ": expected {\"count\": N, \"seed\": S, \"params\": {\"lr\": {\"log_uniform\": [1e-4, 1e-2]}}}");
+  for (auto it = r.begin(); it != r.end(); ++it)
+    check(it.key() == "count" || it.key() == "seed" || it.key() == "params", w, ".", it.key(),
+          ": unknown; random has count, seed and params");
+  check(r["count"].is_number_integer() && r["count"].get<int64_t>() >= 1 && r["count"].get<int64_t>() <= 100000, w,
+        ".count: expected an integer in [1, 100000], got ", r["count"].dump());
+  const uint64_t seed = r.contains("seed") ? r["seed"].get<uint64_t>() : 0;
+  check(!r.contains("seed") || (r["seed"].is_number_integer() && r["seed"].get<int64_t>() >= 0), w,
+        ".seed: expected an integer >= 0");
+  check(r["params"].is_object() && !r["params"].empty(), w, ".params: expected {option: {\"uniform\"|\"log_uniform\": [lo, hi]}}");
+  Axis a;
+  a.every_key_in_id = true;
+  struct Dist {
+    bool log, integer;
+    double lo, hi;
+  };
+  std::vector<Dist> dists;
+  for (auto it = r["params"].begin(); it != r["params"].end(); ++it) {
+    const std::string wk = w + ".params." + it.key();
+    check(it.key() != "seed", wk, ": seeds are an axis of their own (\"seeds\": [...])");
+    const auto& d = it.value();
+    check(d.is_object() && d.size() == 1 && (d.contains("uniform") || d.contains("log_uniform")), wk,
+          ": expected {\"uniform\": [lo, hi]} or {\"log_uniform\": [lo, hi]}");
+    const bool log = d.contains("log_uniform");
+    const auto& b = log ? d["log_uniform"] : d["uniform"];
+    check(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), wk, ": expected [lo, hi] (numbers)");
+    const double lo = b[0].get<double>(), hi = b[1].get<double>();
+    check(std::isfinite(lo) && std::isfinite(hi) && lo <= hi, wk, ": expected finite lo <= hi, got ", b.dump());
+    check(!log || lo > 0, wk, ": log_uniform needs lo > 0, got ", lo);
+    a.keys.push_back(it.key());
+    dists.push_back({log, b[0].is_number_integer() && b[1].is_number_integer(), lo, hi});
+  }
+  std::mt19937_64 gen(seed);
+  auto unit = [&] { return static_cast<double>(gen() >> 11) * 0x1.0p-53; };
+  for (int64_t i = 0; i < r["count"].get<int64_t>(); ++i) {
+    std::vector<json> row;
+    for (const auto& d : dists) {
+      const double u = unit();
+      double x = d.log ? std::exp(std::log(d.lo) + u * (std::log(d.hi) - std::log(d.lo))) : d.lo + u * (d.hi - d.lo);
+      if (d.integer) {
+        row.push_back(static_cast<int64_t>(std::llround(x)));
+      } else {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.4g", x);
+        x = std::strtod(buf, nullptr);
+        row.push_back(std::min(d.hi, std::max(d.lo, x)));
+      }
+    }
+    a.values.push_back(row);
+  }
+  return a;
+}
 
 }  // namespace
 
@@ -189,6 +251,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       axes.push_back(a);
     }
   }
+  if (j.contains("random")) axes.push_back(random_axis(j["random"], where + ": random"));
   std::vector<int64_t> seeds;
   if (j.contains("seeds")) {
     check(j["seeds"].is_array() && !j["seeds"].empty(), where, ": seeds: expected a non-empty list of integers");
@@ -245,7 +308,8 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
   for (const auto& a : axes) {
     for (const auto& k : a.keys)
       if (std::find(swept.begin(), swept.end(), k) == swept.end()) swept.push_back(k);
-    if (std::find(leading.begin(), leading.end(), a.keys.front()) == leading.end()) leading.push_back(a.keys.front());
+    for (size_t k = 0; k < (a.every_key_in_id ? a.keys.size() : 1); ++k)
+      if (std::find(leading.begin(), leading.end(), a.keys[k]) == leading.end()) leading.push_back(a.keys[k]);
   }
   const bool lr_varies = rule != "none" || std::find(swept.begin(), swept.end(), "lr") != swept.end();
   std::vector<std::string> id_keys;

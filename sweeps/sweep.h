@@ -6,6 +6,8 @@
 //     "base": { ...train --config keys... },   // every point's configuration, before the axes
 //     "grid": {"optimizer": ["lamb", "adamw"]},           // cartesian product
 //     "zip": [{"global_batch_size": [8, 16], "lr_warmup_iters": [10, 5]}],  // lists varying together
+//     "random": {"count": 8, "seed": 0,                  // drawn values, reproducible by seed
+//                "params": {"lr": {"log_uniform": [1e-4, 1e-2]}, "weight_decay": {"uniform": [0, 0.1]}}},
 //     "seeds": [1, 2],
 //     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
 //                "sample_budget": 2560},                           // train_iters = budget / B
@@ -15,7 +17,8 @@
 //     "cluster": {"instance_type": "p4d.24xlarge", "nodes": 2}   // what a full-scale sweep was sized for
 //   }
 //
-// Points are the product of the grid, the zip groups and the seeds, in file order. Each
+// Points are the product of the grid, the zip groups, the random draws (one axis of
+// `count` assignments) and the seeds, in file order. Each
 // point's id is built from its swept values (optimizer, bs<global batch>, the other grid
 // keys and the first key of each zip group by their initials, lr<value> when the learning
 // rate is swept or derived, s<seed>), e.g.

@@ -63,6 +63,9 @@ const config::Schema& train_schema() {
       {"skip_memory_check", Type::kBool, false,
        "start even when the memory estimate exceeds the memory available (the estimate assumes two fp32 "
        "optimizer states per parameter)", "run"},
+      {"check", Type::kBool, false,
+       "validate the configuration, the optimizer plugin and its hyperparameters, the data files and the memory "
+       "estimate, then exit (sweep run --dry-run checks every point this way)", "run"},
       {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
       {"device", Type::kString, nullptr, "cpu, cuda or cuda:N (default: cuda when this build has CUDA and a GPU is visible, else cpu)", "run"},

@@ -350,6 +350,10 @@ int run(int argc, char** argv) {
   const auto paths = v["data_path"].get<std::vector<std::string>>();
   mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
             paths.size(), " values");
+  if (!std::filesystem::exists(paths[0] + ".idx") && !std::filesystem::exists(paths[0] + ".bin") &&
+      std::filesystem::path(paths[0]).filename().string().rfind("brown_", 0) == 0)
+    mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `build/bin/preprocess "
+             "brown` (into data/), run it first");
   auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
   const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
   const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};
@@ -448,6 +452,11 @@ int run(int argc, char** argv) {
   mb::comm::Communicator& tp = *parallel.tp;
   const mb::Device device = run_device(v, dtype);
   check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["skip_memory_check"].get<bool>(), logger);
+  if (v["check"].get<bool>()) {
+    std::cout << "> check: configuration, optimizer " << plugin.name() << ", data " << paths[0] << " and memory are fine"
+              << std::endl;
+    return 0;
+  }
   auto model = mb::models::make_model(mc, tp, seed, dtype, device);
   // Samples of the model's family; validation draws from its own documents with seed + 1.
   uint64_t samples_per_epoch = 0;

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 
 #include "tests/unit/h5_util.h"
@@ -400,4 +401,90 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
                                "assert [x[2] for x in s if x[0] == 'validation/lm_loss'], s\n"
                                "print('ok', len(loss))\"");
   EXPECT_EQ(r.output, "ok 6\n") << r.output;
+}
+
+// The random axis: count draws, uniform or log-uniform within the bounds, the same points
+// for the same seed (ids and values), others for another seed; bad specs name the key.
+TEST_F(Sweep, RandomAxisIsReproducibleBySeed) {
+  mb::testing::TempDir tmp;
+  auto write = [&](int seed, const std::string& params) {
+    const fs::path f = tmp / ("r" + std::to_string(seed) + ".json");
+    mb::testing::write_text(f, R"({"name": "rnd", "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+      "seq_length": 16, "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 4, "lr": 0.001},
+      "random": {"count": 24, "seed": )" + std::to_string(seed) + R"(, "params": )" + params + "}}");
+    return f;
+  };
+  const std::string params = R"({"lr": {"log_uniform": [1e-4, 1e-2]}, "weight_decay": {"uniform": [0, 0.1]},
+                                  "num_layers": {"uniform": [1, 3]}})";
+  auto dry = [&](const fs::path& f) {
+    return mb::testing::run_command(sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
+  };
+  const auto a = dry(write(5, params)), b = dry(write(5, params)), c = dry(write(6, params));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output, b.output);
+  EXPECT_NE(a.output, c.output);
+  const std::regex point(R"re("lr":([0-9.e-]+),"num_layers":(\d+),.*"weight_decay":([0-9.e-]+))re");
+  int n = 0, below_1e3 = 0, layers3 = 0;
+  for (auto it = std::sregex_iterator(a.output.begin(), a.output.end(), point); it != std::sregex_iterator(); ++it, ++n) {
+    const double lr = std::stod((*it)[1]), wd = std::stod((*it)[3]);
+    const int layers = std::stoi((*it)[2]);
+    EXPECT_TRUE(lr >= 1e-4 && lr <= 1e-2) << lr;
+    EXPECT_TRUE(wd >= 0 && wd <= 0.1) << wd;
+    EXPECT_TRUE(layers >= 1 && layers <= 3) << layers;
+    below_1e3 += lr < 1e-3;
+    layers3 += layers == 3;
+  }
+  EXPECT_EQ(n, 24) << a.output;
+  EXPECT_GT(below_1e3, 4) << "log-uniform: about half of the draws lie below the geometric middle 1e-3";
+  EXPECT_LT(below_1e3, 20);
+  EXPECT_GT(layers3, 0) << "integer bounds draw integers up to the upper bound";
+  const auto bad = dry(write(5, R"({"lr": {"log_uniform": [0, 1e-2]}})"));
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("random.params.lr: log_uniform needs lo > 0"), std::string::npos) << bad.output;
+}
+
+// --dry-run runs train --check for every point: a hyperparameter the plugin does not have
+// and a missing dataset are reported per point, with the command that makes the default data.
+TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
+  mb::testing::TempDir tmp;
+  const fs::path f = tmp / "chk.json";
+  mb::testing::write_text(f, R"({"name": "chk", "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+    "seq_length": 16, "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 4, "lr": 0.001,
+    "optimizer_params": {"beta2": 0.95}},
+    "grid": {"optimizer": ["adamw", "sgd"], "data_path": [[")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
+                              R"("], [")" + (tmp / "nowhere" / "brown_missing_text_document").string() + R"("]]}})");
+  const auto r = mb::testing::run_command(sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("plugin 'sgd' has no hyperparameter 'beta2'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("build/bin/preprocess brown"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> 3 point(s) cannot run"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "runs" / "chk")) << "a dry run writes nothing";
+}
+
+// On a terminal the live table is redrawn in place, so none of its lines may wrap: each fits
+// the terminal's width (a pseudo-terminal of 60 columns made by script(1)). Lines printed
+// once (the start and end messages) may wrap.
+TEST_F(Sweep, LiveTableFitsTheTerminalWidth) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "a_sweep_with_a_rather_long_name_for_its_points", 16, R"("lamb")",
+                                R"(, "optimizer_params": {"weight_decay": 0.01})");
+  const fs::path typescript = tmp / "typescript";
+  const auto r = mb::testing::run_command("script -qec \"stty cols 60; " + sweep("run " + file.string() + " --runs-dir " +
+                                          (tmp / "runs").string()) + "\" " + typescript.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string text = mb::read_file(typescript);
+  text = std::regex_replace(text, std::regex("\x1b\\[[0-9;]*[A-Za-z]"), "");
+  size_t longest = 0, lines = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find_first_of("\r\n", at);
+    if (end == std::string::npos) end = text.size();
+    const std::string line = text.substr(at, end - at);
+    if (line.rfind("sweep: ", 0) == 0 || line.rfind("  ", 0) == 0) {  // the table's lines
+      longest = std::max(longest, line.size());
+      ++lines;
+    }
+    at = end + 1;
+  }
+  EXPECT_GT(lines, 2u) << text;
+  EXPECT_LE(longest, 60u) << text;
 }
