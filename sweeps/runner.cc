@@ -414,6 +414,9 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   if (o.dry_run) {
     std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
     int bad = 0;
+    // A sweep sized for a cluster ("cluster" in its file) has its data and memory there:
+    // its points are checked where they run (train --check), not on this machine.
+    const bool sized_elsewhere = sweep.spec.contains("cluster");
     for (const auto& p : ps) {
       if (p.state == "skipped") continue;
       json diff = json::object();
@@ -422,7 +425,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       for (const char* k : {"lr", "train_iters", "seed"})
         if (p.point->config.contains(k)) diff[k] = p.point->config[k];
       std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
-      if (!o.train_binary.empty() && p.state != "done") {
+      if (!o.train_binary.empty() && p.state != "done" && !sized_elsewhere) {
         const std::string error = check_point(o.train_binary, *p.point);
         if (!error.empty()) {
           ++bad;
@@ -435,7 +438,10 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       std::cout << "> " << bad << " point(s) cannot run (above); fix the sweep file" << std::endl;
       return 2;
     }
-    if (!o.train_binary.empty())
+    if (sized_elsewhere)
+      std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": data and memory are not checked on this machine; "
+                << "run train --check --config <point.json> where it runs" << std::endl;
+    else if (!o.train_binary.empty())
       std::cout << "> every point checked (train --check: plugin and hyperparameters, data, memory)" << std::endl;
     return 0;
   }

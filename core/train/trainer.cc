@@ -391,7 +391,6 @@ void Trainer::write_log_line() {
   if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
   line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
   line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
-  console_ << line << std::endl;
   const double mean_loss = interval_loss_ / k;
   intervals_above_ = opt_.divergence_loss > 0 && mean_loss > opt_.divergence_loss ? intervals_above_ + 1 : 0;
   if (diverged_at_ == 0 && opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals) {
@@ -409,7 +408,10 @@ void Trainer::write_log_line() {
   std::fill(interval_extra_.begin(), interval_extra_.end(), 0.0);
   interval_iters_ = interval_skipped_ = interval_nan_ = 0;
   interval_start_ = std::chrono::steady_clock::now();
+  // the metrics first: a logged line means its interval is on disk (a kill right after the
+  // line appears loses nothing of it)
   if (metrics_) metrics_->flush();
+  console_ << line << std::endl;
 }
 
 // ---- evaluation, checkpoints, the loop ---------------------------------------------------

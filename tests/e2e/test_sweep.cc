@@ -156,7 +156,7 @@ TEST_F(Sweep, AFailingPointIsMarkedWithItsReasonAndTheOthersComplete) {
   EXPECT_TRUE(fs::exists(runs / "broken" / "adamw-bs4-lr0.002-s3" / "DONE"));
   EXPECT_TRUE(fs::exists(runs / "broken" / "adamw-bs8-lr0.00283-s3" / "DONE"));
   const auto st = mb::testing::run_command(sweep("status " + (runs / "broken").string()));
-  EXPECT_NE(st.output.find("2 done, 0 running, 2 failed"), std::string::npos) << st.output;
+  EXPECT_NE(st.output.find("2 done, 0 diverged, 0 running, 2 failed"), std::string::npos) << st.output;
   // the recorded reason (sweep.json), not only the log lines printed when the point failed
   EXPECT_NE(st.output.find("failed      train: error: unknown optimizer plugin 'no_such_plugin'"), std::string::npos)
       << st.output;
@@ -307,16 +307,23 @@ TEST_F(Sweep, AReadOnlyPointDirectoryFailsThatPointNotTheSweep) {
   EXPECT_TRUE(fs::exists(runs / "ro" / "adamw-bs8-lr0.00283-s3" / "DONE")) << r.output;
 }
 
+// Local sweeps are checked point by point (train --check) from a directory whose data/ holds
+// the Brown corpus, as after the README's first command; cluster sweeps only expand here.
 TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
+  mb::testing::TempDir cwd;
+  fs::create_directory_symlink(mb::testing::brown_data(), cwd / "data");
   size_t files = 0;
   for (const fs::path& dir : {fs::path(mb::testing::source_dir()) / "experiments",
                              fs::path(mb::testing::source_dir()) / "experiments" / "paper"})
     for (const auto& e : fs::directory_iterator(dir)) {
       if (e.path().extension() != ".json") continue;
       ++files;
-      const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/sweep run " + e.path().string() + " --dry-run");
+      const auto r = mb::testing::run_command("cd " + cwd.path().string() + " && " + mb::testing::bin_dir() + "/sweep run " +
+                                              e.path().string() + " --dry-run");
       EXPECT_EQ(r.exit_code, 0) << e.path() << "\n" << r.output;
       EXPECT_NE(r.output.find(" points (runs in "), std::string::npos) << r.output;
+      EXPECT_TRUE(r.output.find("> every point checked") != std::string::npos ||
+                  r.output.find("> sized for {") != std::string::npos) << r.output;
     }
   EXPECT_GE(files, 7u);
 }
@@ -410,7 +417,8 @@ TEST_F(Sweep, RandomAxisIsReproducibleBySeed) {
   auto write = [&](int seed, const std::string& params) {
     const fs::path f = tmp / ("r" + std::to_string(seed) + ".json");
     mb::testing::write_text(f, R"({"name": "rnd", "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
-      "seq_length": 16, "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 4, "lr": 0.001},
+      "seq_length": 16, "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 4, "lr": 0.001,
+      "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
       "random": {"count": 24, "seed": )" + std::to_string(seed) + R"(, "params": )" + params + "}}");
     return f;
   };
