@@ -343,6 +343,8 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("diverged dl5: iteration 2: lm loss above 5"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 point(s) diverged"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("0 waiting | elapsed 0m0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| ETA 0m00s\n"), std::string::npos) << "the ETA ends at zero: " << r.output;
   EXPECT_TRUE(fs::exists(dir / "dl100" / "DONE"));
   EXPECT_FALSE(fs::exists(dir / "dl5" / "DONE"));
   r = mb::testing::run_command(sweep("status " + dir.string()));
@@ -495,4 +497,29 @@ TEST_F(Sweep, LiveTableFitsTheTerminalWidth) {
   }
   EXPECT_GT(lines, 2u) << text;
   EXPECT_LE(longest, 60u) << text;
+}
+
+// The analysis Python: $MEGABATCH_PYTHON when set (an unusable one is an error naming it),
+// else the first python3 on PATH that has numpy, h5py and matplotlib (one without them is
+// passed over); several sweeps plot overlaid.
+TEST_F(Sweep, AnalysisPythonIsFoundAndSweepsOverlay) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "py", 16, R"("lamb")");
+  const fs::path runs = tmp / "runs", dir = runs / "py";
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto other = write_sweep(tmp.path(), "py2", 16, R"("adamw")");
+  r = mb::testing::run_command(sweep("run " + other.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  fs::create_directories(tmp / "bin");
+  mb::testing::write_text(tmp / "bin" / "python3", "#!/bin/sh\nexit 1\n");  // a python3 without the modules
+  fs::permissions(tmp / "bin" / "python3", fs::perms::owner_all);
+  r = mb::testing::run_command("PATH=" + (tmp / "bin").string() + ":$PATH " + sweep("plot " + dir.string() + " " +
+                                                                                   (runs / "py2").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "figures-overlay" / "scaling.png")) << r.output;
+  r = mb::testing::run_command("MEGABATCH_PYTHON=" + (tmp / "bin" / "python3").string() + " " + sweep("plot " + dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("MEGABATCH_PYTHON=" + (tmp / "bin" / "python3").string() + ": cannot import numpy, h5py and matplotlib"),
+            std::string::npos) << r.output;
 }
