@@ -19,7 +19,9 @@ void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
     for (int64_t i = 0; i < n; ++i) {
       const T* l = ls.get() + i * V;
       T m = -std::numeric_limits<T>::infinity();
-      for (int64_t j = 0; j < V; ++j) m = std::max(m, l[j]);
+      // as std::max(m, l[j]) (a NaN logit is passed over here and poisons the sum of exps)
+#pragma omp simd reduction(max : m)
+      for (int64_t j = 0; j < V; ++j) m = l[j] > m ? l[j] : m;
       ms.get()[i] = m;
     }
   });
