@@ -24,12 +24,14 @@ class Slurm : public ::testing::Test {
     const auto r = mb::testing::run_command(mb::testing::source_dir() + "/tests/slurm/start_slurm.sh");
     ASSERT_EQ(r.exit_code, 0) << "could not start the local Slurm cluster:\n" << r.output;
   }
-  static fs::path write_sweep(const fs::path& dir, const std::string& name, const std::string& budget) {
+  static fs::path write_sweep(const fs::path& dir, const std::string& name, const std::string& budget,
+                              const std::string& extra_base = "") {
     const fs::path file = dir / (name + ".json");
     mb::testing::write_text(file, R"({"name": ")" + name + R"(",
  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
           "micro_batch_size": 2, "lr": 0.002, "log_interval": 1, "eval_iters": 0, "threads": 1, "save_interval": 5,
-          "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+          "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("])" +
+                                       extra_base + R"(},
  "zip": {"global_batch_size": [4, 8]}, "derive": {"sample_budget": )" + budget + "}}");
     return file;
   }
@@ -71,6 +73,29 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
     mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
     EXPECT_EQ(f.read<double>("train/lm_loss").size(), std::string(id) == "bs4" ? 8u : 4u) << id;
   }
+}
+
+// A diverged point (train's exit status 4) is a result under Slurm too: the task ends
+// (not requeued, not failed) and leaves DIVERGED, no DONE; a new submission skips it.
+TEST_F(Slurm, ADivergedPointEndsItsTaskWithDivergedNotDone) {
+  mb::testing::TempDir tmp;
+  const auto job = submit(write_sweep(tmp.path(), "div", "32", R"(, "divergence_loss": 5, "divergence_intervals": 2)"),
+                          tmp / "runs");
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_until_gone(job, 240)) << "the array did not finish in 4 minutes";
+  for (const char* id : {"bs4", "bs8"}) {
+    const fs::path dir = tmp / "runs" / "div" / id;
+    EXPECT_TRUE(fs::exists(dir / "DIVERGED")) << id << ":\n" << read(dir / "stdout.log");
+    EXPECT_FALSE(fs::exists(dir / "DONE")) << id;
+    EXPECT_NE(read(dir / "DIVERGED").find("\"iteration\":2"), std::string::npos) << read(dir / "DIVERGED");
+  }
+  // submitted again, the tasks see DIVERGED and do not run the points again
+  const std::string log_before = read(tmp / "runs" / "div" / "bs4" / "stdout.log");
+  const auto again = submit(write_sweep(tmp.path(), "div", "32", R"(, "divergence_loss": 5, "divergence_intervals": 2)"),
+                            tmp / "runs");
+  ASSERT_TRUE(wait_until_gone(again, 120));
+  EXPECT_EQ(read(tmp / "runs" / "div" / "bs4" / "stdout.log"), log_before);
+  EXPECT_TRUE(fs::exists(tmp / "runs" / "div" / "bs4" / "DIVERGED"));
 }
 
 TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
