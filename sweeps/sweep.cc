@@ -239,7 +239,8 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       for (auto it = groups[g].begin(); it != groups[g].end(); ++it) {
         check(it.value().is_array() && !it.value().empty(), w, ".", it.key(), ": expected a non-empty list");
         if (a.keys.empty()) n = it.value().size();
-        check(it.value().size() == n, w, ".", it.key(), ": ", it.value().size(), " values, but ", a.keys.front(),
+        check(it.value().size() == n, w, ".", it.key(), ": ", it.value().size(), " values, but ",
+              a.keys.empty() ? it.key() : a.keys.front(),
               " has ", n, "; lists that vary together need the same length");
         a.keys.push_back(it.key());
       }
