@@ -222,7 +222,8 @@ TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
 }
 
 // --eval-samples: the same held-out samples whatever the batch size and seed. With lr 0 the
-// model stays at its initialization, so equal validation losses mean equal samples.
+// model stays at its initialization (or at the checkpoint it was fine-tuned from), so equal
+// validation losses mean equal samples.
 TEST_F(Train, EvalSamplesMeasureEveryPointOnTheSameHeldOutSamples) {
   auto valid = [&](const std::string& args) {
     const auto r = mb::testing::run_command(train(kSmall + "--micro-batch-size 4 --train-iters 1 --lr 0 --run-dir " +
@@ -235,6 +236,14 @@ TEST_F(Train, EvalSamplesMeasureEveryPointOnTheSameHeldOutSamples) {
   EXPECT_NE(valid("--global-batch-size 4 --eval-iters 2"), valid("--global-batch-size 8 --eval-iters 2"))
       << "eval_iters global batches: a different number of samples per batch size";
   EXPECT_NE(valid("--global-batch-size 4 --eval-samples 16"), valid("--global-batch-size 4 --eval-samples 8"));
+  // and whatever the seed: the same weights (--finetune from one checkpoint) under seeds 1 and 2
+  const fs::path ckpt = tmp_ / "ev_ckpt";
+  valid("--global-batch-size 4 --eval-samples 16 --seed 1 --save " + ckpt.string());
+  const std::string from = "--global-batch-size 4 --eval-samples 16 --finetune --load " + ckpt.string();
+  EXPECT_EQ(valid(from + " --seed 1"), valid(from + " --seed 2"));
+  EXPECT_NE(valid("--global-batch-size 4 --eval-iters 4 --finetune --load " + ckpt.string() + " --seed 1"),
+            valid("--global-batch-size 4 --eval-iters 4 --finetune --load " + ckpt.string() + " --seed 2"))
+      << "without --eval-samples the held-out order follows the seed";
   const auto bad = mb::testing::run_command(train(kSmall + "--micro-batch-size 4 --eval-samples 6 --train-iters 1 --lr 0"));
   EXPECT_NE(bad.output.find("--eval-samples (6) must be a multiple of --micro-batch-size (4)"), std::string::npos)
       << bad.output;
