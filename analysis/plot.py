@@ -248,18 +248,19 @@ def trust_ratios(groups, title, out_dir, written, max_panels=6):
 
 
 def noise_scale(groups, keys, title, out_dir, written):
-    gs = [g for g in groups if g.curve("noise_scale/iteration", "noise_scale/b_simple") is not None]
-    if not gs:
+    curves = [(g, g.curve("noise_scale/iteration", "noise_scale/b_simple")) for g in groups]
+    curves = [(g, c) for g, c in curves if c is not None]
+    if not curves:
         return
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for k, (opt, og) in enumerate(by_optimizer(gs).items()):
-        for i, g in enumerate(og):
-            x, mean, lo, hi = g.curve("noise_scale/consumed_samples", "noise_scale/b_simple") or \
-                g.curve("noise_scale/iteration", "noise_scale/b_simple")
-            color = plt.get_cmap("tab10")(k)
-            ax.plot(x, mean, color=color, alpha=0.35 + 0.65 * (i + 1) / len(og), lw=1, label=f"{opt}, {label(g, keys)}")
-    ax.set_xlabel("iteration" if not any(len(p.series("noise_scale/consumed_samples")) for g in gs for p in g.points)
-                  else "consumed samples")
+    by_opt = {}
+    for g, c in curves:
+        by_opt.setdefault(g.optimizer, []).append((g, c))
+    for k, (opt, og) in enumerate(by_opt.items()):
+        for i, (g, (x, mean, lo, hi)) in enumerate(sorted(og, key=lambda gc: gc[0].batch)):
+            ax.plot(x, mean, color=plt.get_cmap("tab10")(k), alpha=0.35 + 0.65 * (i + 1) / len(og), lw=1,
+                    label=f"{opt}, {label(g, keys)}")
+    ax.set_xlabel("iteration")
     ax.set_ylabel("B_simple = tr(Sigma) / |G|^2")
     ax.set_yscale("log")
     ax.grid(alpha=0.3)

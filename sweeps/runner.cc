@@ -18,6 +18,8 @@
 #include <sstream>
 #include <thread>
 
+#include "core/io/checkpoint.h"
+#include "core/train/exit_status.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
@@ -84,24 +86,7 @@ void remove_point_dir(const fs::path& root, const fs::path& dir) {
 
 int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
   if (keep == "all" || fs::symlink_status(dir).type() != fs::file_type::directory) return 0;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.symlink_status().type() == fs::file_type::regular && e.path().extension() == ".h5" &&
-        e.path().filename().string().rfind("iter_", 0) == 0)
-      files.push_back(e.path());
-  std::sort(files.begin(), files.end());  // iter_NNNNNNN.h5: by iteration
-  int64_t freed = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
-    if (keep == "final" && i + 1 == files.size()) break;
-    std::error_code ec;
-    const auto size = fs::file_size(files[i], ec);
-    if (fs::remove(files[i], ec) && !ec) freed += static_cast<int64_t>(size);
-  }
-  if (keep == "none") {
-    std::error_code ec;
-    fs::remove(dir / "latest_checkpointed_iteration.txt", ec);
-  }
-  return freed;
+  return io::remove_old_checkpoints(dir, keep == "final" ? 1 : 0);
 }
 
 namespace {
@@ -148,7 +133,7 @@ std::string check_point(const fs::path& train, const Point& point) {
   ::close(fd);
   std::string out;
   if (wrote) {
-    const std::string cmd = "'" + train.string() + "' --config '" + path + "' --check --threads 1 2>&1";
+    const std::string cmd = shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1";
     if (std::FILE* pipe = ::popen(cmd.c_str(), "r")) {
       char buf[4096];
       size_t n;
@@ -218,9 +203,6 @@ std::string failure_reason(const fs::path& log, int status) {
   return "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
 }
 
-// Exit status of train for a diverged run; DIVERGED in its run directory says where and why.
-constexpr int kExitDiverged = 4;
-
 std::string divergence_reason(const fs::path& dir) {
   try {
     const json d = json::parse(read_text(dir / "DIVERGED"));
@@ -235,6 +217,7 @@ struct PointState {
   fs::path dir;
   std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped
   std::string reason;
+  std::string discard;  // why --rerun discards the point's directory ("": kept)
   int attempts = 0;
   double wall_s = 0;  // over every attempt and invocation
   int64_t train_iters = 0, global_batch = 0;
@@ -242,6 +225,17 @@ struct PointState {
   Clock::time_point started;
   Progress progress;
 };
+
+// A point's end as its directory records it: DONE (done) or DIVERGED (diverged, with the
+// reason); otherwise the state is left as it is.
+void read_finished_state(PointState& p) {
+  if (fs::exists(p.dir / "DONE")) {
+    p.state = "done";
+  } else if (fs::exists(p.dir / "DIVERGED")) {
+    p.state = "diverged";
+    p.reason = divergence_reason(p.dir);
+  }
+}
 
 int64_t iters_of(const json& c) {
   if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
@@ -356,7 +350,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     }
   }
   std::vector<PointState> ps(sweep.points.size());
-  std::vector<std::string> changed, changes, rediverge;
+  std::vector<std::string> changes;  // "id (key: old -> new, ...)" of points that ran with another configuration
   for (size_t i = 0; i < ps.size(); ++i) {
     PointState& p = ps[i];
     p.point = &sweep.points[i];
@@ -370,46 +364,29 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     }
     if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
     if (const auto diff = config_changes(p.dir, p.point->config); !diff.empty()) {
-      changed.push_back(p.point->id);
       changes.push_back(p.point->id + " (" + join(diff, ", ") + ")");
+      p.discard = "its configuration changed";
     }
-    if (fs::exists(p.dir / "DONE")) p.state = "done";
-    else if (fs::exists(p.dir / "DIVERGED")) {
-      p.state = "diverged";
-      p.reason = divergence_reason(p.dir);
-      if (o.rerun_diverged) rediverge.push_back(p.point->id);
-    }
+    read_finished_state(p);
+    if (p.state == "diverged" && o.rerun_diverged) p.discard = p.reason;
     p.progress = parse_progress(p.dir / "stdout.log");
   }
-  for (auto& p : ps)
-    if (std::find(rediverge.begin(), rediverge.end(), p.point->id) != rediverge.end()) {
-      if (o.dry_run) {
-        std::cout << "  --rerun diverged discards " << p.dir.string() << " (" << p.reason << ")\n";
-        continue;
-      }
-      remove_point_dir(root, p.dir);
-      p.state = "pending";
-      p.reason.clear();
-      p.wall_s = 0;
-      p.progress = {};
+  if (!changes.empty() && !o.rerun_changed)
+    fail(sweep.file.string(), ": the configuration of ", changes.size(), " point(s) that already ran differs from ",
+         "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
+         "results, such as plugin_path and threads, are not compared). Run with --rerun to ",
+         "discard those points and run them again, or give the sweep a new name");
+  for (auto& p : ps) {  // --rerun (changed) and --rerun diverged
+    if (p.discard.empty()) continue;
+    if (o.dry_run) {
+      std::cout << "  --rerun discards " << p.dir.string() << " (" << p.discard << ")\n";
+      continue;
     }
-  if (!changed.empty()) {
-    if (!o.rerun_changed)
-      fail(sweep.file.string(), ": the configuration of ", changed.size(), " point(s) that already ran differs from ",
-           "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
-           "results, such as plugin_path and threads, are not compared). Run with --rerun to ",
-           "discard those points and run them again, or give the sweep a new name");
-    for (auto& p : ps)
-      if (std::find(changed.begin(), changed.end(), p.point->id) != changed.end()) {
-        if (o.dry_run) {
-          std::cout << "  --rerun discards " << p.dir.string() << " (its configuration changed)\n";
-          continue;
-        }
-        remove_point_dir(root, p.dir);
-        p.state = "pending";
-        p.wall_s = 0;
-        p.progress = {};
-      }
+    remove_point_dir(root, p.dir);
+    p.state = "pending";
+    p.reason.clear();
+    p.wall_s = 0;
+    p.progress = {};
   }
   if (o.dry_run) {
     std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
@@ -569,12 +546,12 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
                                                .dump() +
                                            "\n");
           if (!o.tty) std::cout << "> done " << p.point->id << " (" << fmt_duration(p.wall_s) << ")" << std::endl;
-        } else if (WIFEXITED(status) && WEXITSTATUS(status) == kExitDiverged) {
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == train::kExitDiverged) {
           p.state = "diverged";
           p.reason = divergence_reason(p.dir);
           std::cout << (o.tty ? "" : "> ") << "diverged " << p.point->id << ": " << p.reason << std::endl;
           printed = 0;
-        } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+        } else if (WIFEXITED(status) && WEXITSTATUS(status) == train::kExitStoppedBySignal) {
           p.state = "interrupted";
           if (!o.tty) std::cout << "> interrupted " << p.point->id << " (resumable)" << std::endl;
         } else {
@@ -707,11 +684,8 @@ int print_status(const fs::path& dir) {
     ps[i].progress = parse_progress(ps[i].dir / "stdout.log");
     const pid_t owner = static_cast<pid_t>(s.value("sweep_pid", int64_t{0}));
     const bool live = owner > 0 && ::kill(owner, 0) == 0;
-    if (fs::exists(ps[i].dir / "DONE")) ps[i].state = "done";
-    else if (fs::exists(ps[i].dir / "DIVERGED") && ps[i].state != "running") {
-      ps[i].state = "diverged";
-      ps[i].reason = divergence_reason(ps[i].dir);
-    } else if (ps[i].state == "running" && !live) ps[i].state = "interrupted";  // its sweep is gone
+    if (ps[i].state != "running" || fs::exists(ps[i].dir / "DONE")) read_finished_state(ps[i]);
+    else if (!live) ps[i].state = "interrupted";  // its sweep is gone
   }
   double wall = 0;
   for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);

@@ -54,21 +54,11 @@ fs::path analysis_script(const std::string& name) {
   return fs::path(MEGABATCH_SOURCE_DIR) / "analysis" / name;
 }
 
-std::string quote(const std::string& s) {
-  std::string q(1, '\'');
-  for (const char c : s) {
-    if (c == '\'') q.append("'\\''");
-    else q.push_back(c);
-  }
-  q.push_back('\'');
-  return q;
-}
-
 // The Python that runs analysis/: $MEGABATCH_PYTHON, else the first python3 on PATH that
 // imports numpy, h5py and matplotlib, else /usr/bin/python3 (Debian's, which setup.sh equips).
 std::string find_python() {
   auto works = [](const std::string& py) {
-    const std::string cmd = quote(py) + " -c 'import numpy, h5py, matplotlib' >/dev/null 2>&1";
+    const std::string cmd = mb::shell_quote(py) + " -c 'import numpy, h5py, matplotlib' >/dev/null 2>&1";
     const int rc = std::system(cmd.c_str());
     return WIFEXITED(rc) && WEXITSTATUS(rc) == 0;
   };
@@ -101,10 +91,10 @@ std::string find_python() {
 int run_python(const std::string& script, const std::vector<std::string>& args) {
   const fs::path s = analysis_script(script);
   mb::check(fs::exists(s), s.string(), ": the analysis script is missing");
-  std::string cmd = quote(find_python()) + " " + quote(s.string());
+  std::string cmd = mb::shell_quote(find_python()) + " " + mb::shell_quote(s.string());
   for (const auto& a : args) {
     cmd.push_back(' ');
-    cmd.append(quote(a));
+    cmd.append(mb::shell_quote(a));
   }
   const int rc = std::system(cmd.c_str());
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
@@ -164,29 +154,15 @@ int run(int argc, char** argv) {
         mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points"))), e.get("runs-dir"));
   }
   mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export\n", kUsage);
-  // --rerun takes an optional word: a bare --rerun means --rerun changed
-  std::vector<std::string> words;
-  for (int i = 0; i < argc; ++i) {
-    const std::string w = argv[i];
-    if (w != "--rerun") {
-      words.push_back(w);
-      continue;
-    }
-    const bool named = i + 1 < argc && (std::string(argv[i + 1]) == "changed" || std::string(argv[i + 1]) == "diverged");
-    words.push_back("--rerun=" + std::string(named ? argv[++i] : "changed"));
-  }
-  std::vector<char*> args;
-  for (auto& w : words) args.push_back(w.data());
-  argc = static_cast<int>(args.size());
-  argv = args.data();
   mb::ArgParser a("sweep run", kUsage);
   a.flag("dry-run", "list the points and exit");
   a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");
   a.option("retries", "N", "retry failed points up to N times", "0");
   a.option("jobs", "N", "points run at once (default: cores / threads)", "0");
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
-  a.option("rerun", "WHAT", "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
-           "diverged: discard and rerun the points that diverged", "");
+  a.optional_choice("rerun", {"changed", "diverged"}, "changed",
+                    "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
+                    "diverged: discard and rerun the points that diverged");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
   a.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
   if (!a.parse(argc, argv, 2)) return 0;
@@ -205,8 +181,7 @@ int run(int argc, char** argv) {
   o.retries = static_cast<int>(a.get_int("retries"));
   o.only = a.get("only");
   o.dry_run = a.has("dry-run");
-  const std::string rerun = a.get("rerun");
-  mb::check(rerun.empty() || rerun == "changed" || rerun == "diverged", "--rerun: changed or diverged, got '", rerun, "'");
+  const std::string rerun = a.has("rerun") ? a.get("rerun") : "";
   o.rerun_changed = rerun == "changed";
   o.rerun_diverged = rerun == "diverged";
   o.tty = isatty(STDOUT_FILENO) != 0;

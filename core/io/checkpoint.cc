@@ -166,6 +166,19 @@ void remove_unfinished_checkpoints(const fs::path& dir) {
   }
 }
 
+int64_t remove_old_checkpoints(const fs::path& dir, int keep) {
+  int64_t freed = 0;
+  std::error_code ec;
+  const auto all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 0)) < all.size(); ++i) {
+    if (fs::symlink_status(all[i].second, ec).type() != fs::file_type::regular) continue;
+    const auto size = fs::file_size(all[i].second, ec);
+    if (fs::remove(all[i].second, ec) && !ec) freed += static_cast<int64_t>(size);
+  }
+  if (keep <= 0) fs::remove(dir / kLatest, ec);
+  return freed;
+}
+
 fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(iteration));
@@ -267,10 +280,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     const std::string text = std::to_string(state.iteration) + "\n";
     latest.write(text.data(), text.size());
     latest.commit();
-    if (keep > 0) {
-      auto all = list_checkpoints(dir);
-      for (size_t i = 0; i + static_cast<size_t>(keep) < all.size(); ++i) fs::remove(all[i].second, ec);
-    }
+    if (keep > 0) remove_old_checkpoints(dir, keep);
   }
   tp.barrier();
   return final_path;

@@ -52,6 +52,11 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t 
 // latest_checkpointed_iteration.txt.tmp, nothing else (no other file, no symlink).
 void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 
+// Keeps the newest `keep` iter_NNNNNNN.h5 in dir and removes the older ones (regular files
+// only, never through a symlink); keep <= 0 removes every one and
+// latest_checkpointed_iteration.txt. Returns the bytes freed.
+int64_t remove_old_checkpoints(const std::filesystem::path& dir, int keep);
+
 // The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir);

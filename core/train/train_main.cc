@@ -18,6 +18,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
+#include "core/train/exit_status.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/train/options.h"
@@ -33,12 +34,8 @@ using nlohmann::json;
 
 namespace {
 
-// Exit status of a run stopped by SIGTERM, SIGUSR1 or a first SIGINT (after its checkpoint was written):
-// the sweep tool and Slurm requeue scripts read it as "resumable".
-constexpr int kExitStoppedBySignal = 3;
-// Exit status of a diverged run (NaN/inf, or a loss above --divergence-loss): run_dir/DIVERGED says
-// where and why; the sweep tool marks the point DIVERGED and does not retry it.
-constexpr int kExitDiverged = 4;
+using mb::train::kExitDiverged;
+using mb::train::kExitStoppedBySignal;
 
 // The first option whose value differs between two resolved configurations, as text.
 std::string first_difference(const json& a, const json& b) {

@@ -1,5 +1,6 @@
 #include "core/util/args.h"
 
+#include <algorithm>
 #include <charconv>
 #include <iostream>
 #include <sstream>
@@ -26,6 +27,14 @@ void ArgParser::list(const std::string& name, const std::string& metavar, const 
   order_.push_back(name);
   const bool has_default = !default_values.empty();
   specs_[name] = Spec{metavar, help, Spec::kList, std::move(default_values), has_default};
+}
+
+void ArgParser::optional_choice(const std::string& name, std::vector<std::string> choices, std::string implicit,
+                                const std::string& help) {
+  order_.push_back(name);
+  std::string metavar = "[";
+  for (const auto& c : choices) metavar += (metavar.size() > 1 ? "|" : "") + c;
+  specs_[name] = Spec{metavar + "]", help, Spec::kOptionalChoice, {std::move(implicit)}, false, std::move(choices)};
 }
 
 std::string ArgParser::help_text() const {
@@ -78,6 +87,12 @@ bool ArgParser::parse(int argc, char** argv, int first) {
     if (s.kind == Spec::kFlag) {
       if (has_inline) fail(program_, ": --", name, " takes no value");
       vals.push_back("1");
+    } else if (s.kind == Spec::kOptionalChoice) {
+      auto is_choice = [&](const std::string& v) { return std::find(s.choices.begin(), s.choices.end(), v) != s.choices.end(); };
+      if (has_inline && !is_choice(inline_value)) fail(program_, ": --", name, ": expected one of ", s.metavar, ", got '", inline_value, "'");
+      if (has_inline) vals.push_back(inline_value);
+      else if (i + 1 < argc && is_choice(argv[i + 1])) vals.push_back(argv[++i]);
+      else vals.push_back(s.defaults.front());
     } else if (has_inline) {
       vals.push_back(inline_value);
     } else if (s.kind == Spec::kValue) {

@@ -21,6 +21,11 @@ class ArgParser {
               std::optional<std::string> default_value = std::nullopt);
   void list(const std::string& name, const std::string& metavar, const std::string& help,
             std::vector<std::string> default_values = {});
+  // An option whose value may be left out: "--name" alone means `implicit`, "--name WORD"
+  // takes WORD only when it is one of `choices` (so a positional argument after it stays
+  // positional), "--name=WORD" must be one of them.
+  void optional_choice(const std::string& name, std::vector<std::string> choices, std::string implicit,
+                       const std::string& help);
 
   // Parses argv[first..argc). Returns false when --help was given (help already printed).
   bool parse(int argc, char** argv, int first = 1);
@@ -36,9 +41,10 @@ class ArgParser {
  private:
   struct Spec {
     std::string metavar, help;
-    enum Kind { kFlag, kValue, kList } kind;
-    std::vector<std::string> defaults;
+    enum Kind { kFlag, kValue, kList, kOptionalChoice } kind;
+    std::vector<std::string> defaults;  // kOptionalChoice: the implicit value
     bool has_default = false;
+    std::vector<std::string> choices = {};
   };
   std::string program_, usage_;
   std::vector<std::string> order_;

@@ -1,4 +1,4 @@
-// Small string helpers for messages: joining lists and suggesting the nearest valid name.
+// Small string helpers: joining lists, quoting for the shell, suggesting the nearest valid name.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +17,17 @@ inline std::string join(const std::vector<std::string>& items, std::string_view 
     out += items[i];
   }
   return out;
+}
+
+// `s` as one word for /bin/sh: in single quotes, a ' inside written as '\''.
+inline std::string shell_quote(std::string_view s) {
+  std::string q(1, '\'');
+  for (const char c : s) {
+    if (c == '\'') q.append("'\\''");
+    else q.push_back(c);
+  }
+  q.push_back('\'');
+  return q;
 }
 
 // Levenshtein distance (insertions, deletions, substitutions), treating '-' and '_' alike.

@@ -41,6 +41,10 @@ class Sweep : public ::testing::Test {
     return file;
   }
   static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
+  // sweep run FILE --runs-dir RUNS [extra flags]
+  static mb::testing::CommandResult run_sweep(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
+    return mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + extra));
+  }
 };
 
 std::vector<double> losses(const fs::path& metrics) {
@@ -62,7 +66,7 @@ TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
   for (const auto& id : kIds) EXPECT_NE(r.output.find(id), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(dir)) << "--dry-run runs nothing";
 
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const auto& id : kIds) {
     for (const char* f : {"point.json", "config.json", "metrics.h5", "stdout.log", "DONE"})
@@ -96,24 +100,24 @@ TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
   EXPECT_EQ(html.find("src='http"), std::string::npos) << "the report must read offline";
 
   // Running it again skips every finished point.
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(file, runs);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("> start"), std::string::npos) << r.output;
 
   // keys that cannot change results are not compared: another plugin path and threads run as before
   const auto neutral = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")", R"(, "plugin_path": ["/nonexistent"])");
-  r = mb::testing::run_command(sweep("run " + neutral.string() + " --runs-dir " + runs.string() + " --threads 2"));
+  r = run_sweep(neutral, runs, " --threads 2");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("> start"), std::string::npos) << r.output;
 
   // A changed configuration is refused, then rerun on request.
   const auto changed = write_sweep(tmp.path(), "mini", 48, R"("lamb", "adamw")", R"(, "weight_decay": 0.05)");
-  r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(changed, runs);
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("differs from this file"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("lamb-bs4-lr0.002-s3 (weight_decay: unset -> 0.05)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--rerun"), std::string::npos) << r.output;
-  r = mb::testing::run_command(sweep("run " + changed.string() + " --runs-dir " + runs.string() + " --rerun --only 'lamb-bs8*'"));
+  r = run_sweep(changed, runs, " --rerun --only 'lamb-bs8*'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("> start lamb-bs8"), std::string::npos) << r.output;
 }
@@ -133,7 +137,7 @@ TEST_F(Sweep, KilledSweepResumesToTheMetricsOfAnUninterruptedOne) {
                                "); sleep 0.5; grep -c 'iteration  *[0-9]*/' " + log);
   ASSERT_GE(std::atoi(r.output.c_str()), 13) << r.output;
   EXPECT_FALSE(fs::exists(dir / kIds[0] / "DONE")) << "the kill came too late to test anything";
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(log);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -149,7 +153,7 @@ TEST_F(Sweep, AFailingPointIsMarkedWithItsReasonAndTheOthersComplete) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "broken", 32, R"("adamw", "no_such_plugin")");
   const fs::path runs = tmp / "runs";
-  const auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  const auto r = run_sweep(file, runs);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("failed no_such_plugin-bs4"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("unknown optimizer plugin 'no_such_plugin'"), std::string::npos) << r.output;
@@ -190,7 +194,7 @@ TEST_F(Sweep, PointIdsAreFileNamesOfTheirOwn) {
   "grid": {"optimizer": ["../../../escape", "..", "a b\u0001c", ")" + std::string(200, 'x') + R"("],
            "tokenizer_type": ["GPT2BPETokenizer"]}})");
   const fs::path runs = tmp / "nested" / "runs";
-  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --jobs 1"));
+  auto r = run_sweep(file, runs, " --jobs 1");
   EXPECT_EQ(r.exit_code, 1) << "the optimizers do not exist: " << r.output;
   std::vector<std::string> made;
   for (const auto& e : fs::directory_iterator(runs / "ids"))
@@ -225,24 +229,24 @@ TEST_F(Sweep, RerunDeletesOnlyWhatTheSweepToolMade) {
   // 2. a symlink with a point's name, to a directory elsewhere
   fs::create_directories(root);
   fs::create_directory_symlink(outside, root / "adamw-bs8-lr0.00283-s3");
-  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --rerun"));
+  auto r = run_sweep(file, runs, " --rerun");
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.output.find("not removing"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(root / "adamw-bs4-lr0.002-s3" / "thesis.tex"));
   EXPECT_EQ(mb::testing::read_text(outside / "precious.txt"), "keep");
   // 3. a point the tool made, holding a symlink to the outside: the point goes, the outside stays
   fs::remove_all(root);
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4"));
+  r = run_sweep(file, runs, " --only bs4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const fs::path made = root / "adamw-bs4-lr0.002-s3";
   ASSERT_TRUE(fs::exists(made / ".megabatch-point"));
   fs::create_directory_symlink(outside, made / "link");
   mb::testing::write_text(made / "point.json", changed);
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4 --rerun --dry-run"));
+  r = run_sweep(file, runs, " --only bs4 --rerun --dry-run");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("--rerun discards"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(made / "link")) << "--dry-run deletes nothing";
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only bs4 --rerun"));
+  r = run_sweep(file, runs, " --only bs4 --rerun");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_FALSE(fs::exists(fs::symlink_status(made / "link"))) << "the old point directory was replaced";
   EXPECT_EQ(mb::testing::read_text(outside / "precious.txt"), "keep");
@@ -300,7 +304,7 @@ TEST_F(Sweep, AReadOnlyPointDirectoryFailsThatPointNotTheSweep) {
   const fs::path runs = tmp / "runs", locked = runs / "ro" / "adamw-bs4-lr0.002-s3";
   fs::create_directories(locked);
   fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
-  const auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  const auto r = run_sweep(file, runs);
   fs::permissions(locked, fs::perms::owner_all);
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("failed adamw-bs4-lr0.002-s3: cannot start: "), std::string::npos) << r.output;
@@ -339,7 +343,7 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
            "eval_iters": 1, "divergence_intervals": 2,
            "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
   "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
-  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  auto r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("diverged dl5: iteration 2: lm loss above 5"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("1 point(s) diverged"), std::string::npos) << r.output;
@@ -349,10 +353,10 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
   EXPECT_FALSE(fs::exists(dir / "dl5" / "DONE"));
   r = mb::testing::run_command(sweep("status " + dir.string()));
   EXPECT_NE(r.output.find("1 done, 1 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos) << r.output;
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("> start"), std::string::npos) << "nothing to rerun: " << r.output;
-  r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --rerun diverged"));
+  r = run_sweep(file, runs, " --rerun diverged");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("> start dl5 (attempt 1)"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("> start dl100"), std::string::npos) << r.output;
@@ -367,7 +371,7 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "exp", 32, R"("lamb")");
   const fs::path runs = tmp / "runs", dir = runs / "exp";
-  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  auto r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   for (const auto& id : {"lamb-bs4-lr0.002-s3", "lamb-bs8-lr0.00283-s3"}) {
     std::vector<std::string> ckpts;
@@ -506,10 +510,10 @@ TEST_F(Sweep, AnalysisPythonIsFoundAndSweepsOverlay) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "py", 16, R"("lamb")");
   const fs::path runs = tmp / "runs", dir = runs / "py";
-  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string()));
+  auto r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto other = write_sweep(tmp.path(), "py2", 16, R"("adamw")");
-  r = mb::testing::run_command(sweep("run " + other.string() + " --runs-dir " + runs.string()));
+  r = run_sweep(other, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   fs::create_directories(tmp / "bin");
   mb::testing::write_text(tmp / "bin" / "python3", "#!/bin/sh\nexit 1\n");  // a python3 without the modules

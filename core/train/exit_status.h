@@ -1,0 +1,12 @@
+// Exit statuses of `train` that other programs read (the sweep runner, Slurm's point.sbatch).
+#pragma once
+
+namespace megabatch::train {
+
+// Stopped by SIGTERM, SIGUSR1 or a first SIGINT after writing its checkpoint: resumable.
+inline constexpr int kExitStoppedBySignal = 3;
+// Diverged (NaN/inf, or a loss above --divergence-loss): run_dir/DIVERGED says where and
+// why; a result, not a failure, and not retried.
+inline constexpr int kExitDiverged = 4;
+
+}  // namespace megabatch::train
