@@ -153,9 +153,9 @@ Axis random_axis(const ordered_json& r, const std::string& w) {
           ": unknown; random has count, seed and params");
   check(r["count"].is_number_integer() && r["count"].get<int64_t>() >= 1 && r["count"].get<int64_t>() <= 100000, w,
         ".count: expected an integer in [1, 100000], got ", r["count"].dump());
-  const uint64_t seed = r.contains("seed") ? r["seed"].get<uint64_t>() : 0;
   check(!r.contains("seed") || (r["seed"].is_number_integer() && r["seed"].get<int64_t>() >= 0), w,
-        ".seed: expected an integer >= 0");
+        ".seed: expected an integer >= 0, got ", r.contains("seed") ? r["seed"].dump() : "");
+  const uint64_t seed = r.contains("seed") ? r["seed"].get<uint64_t>() : 0;
   check(r["params"].is_object() && !r["params"].empty(), w, ".params: expected {option: {\"uniform\"|\"log_uniform\": [lo, hi]}}");
   Axis a;
   a.every_key_in_id = true;

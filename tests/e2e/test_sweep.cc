@@ -455,6 +455,12 @@ TEST_F(Sweep, RandomAxisIsReproducibleBySeed) {
   const auto bad = dry(write(5, R"({"lr": {"log_uniform": [0, 1e-2]}})"));
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.output.find("random.params.lr: log_uniform needs lo > 0"), std::string::npos) << bad.output;
+  const fs::path bad_seed = tmp / "badseed.json";
+  mb::testing::write_text(bad_seed, R"({"name": "rnd", "base": {"lr": 0.001, "train_iters": 4},
+                                        "random": {"count": 2, "seed": 1.5, "params": {"lr": {"uniform": [0, 1]}}}})");
+  const auto bs = dry(bad_seed);
+  EXPECT_EQ(bs.exit_code, 2);
+  EXPECT_NE(bs.output.find("random.seed: expected an integer >= 0, got 1.5"), std::string::npos) << bs.output;
 }
 
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have
