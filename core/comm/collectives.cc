@@ -4,20 +4,83 @@
 
 namespace megabatch::comm {
 
+// ---- Communicator's device-buffer defaults: communicators without them refuse ----
+
+void Communicator::all_reduce_device(void*, size_t, DType, ReduceOp) {
+  fail("the ", backend(), " communicator takes no device buffers (core/comm/collectives.h stages them)");
+}
+void Communicator::all_gather_device(const void*, void*, size_t, DType) {
+  fail("the ", backend(), " communicator takes no device buffers (core/comm/collectives.h stages them)");
+}
+void Communicator::reduce_scatter_device(const void*, void*, size_t, DType) {
+  fail("the ", backend(), " communicator takes no device buffers (core/comm/collectives.h stages them)");
+}
+void Communicator::broadcast_device(void*, size_t, DType, int) {
+  fail("the ", backend(), " communicator takes no device buffers (core/comm/collectives.h stages them)");
+}
+
+namespace {
+
+bool native(const Communicator& c, const Tensor& t) { return t.device().is_cuda() && c.device_buffers(); }
+
+void check_float(const Tensor& t, const char* what) {
+  check(is_floating(t.dtype()), what, " of a ", t.describe(), " tensor");
+}
+
+// f32 host copies of t and the way back (f64 stays f64 through all_reduce only)
+std::vector<float> host(const Tensor& t) { return to_host_f32(t); }
+void back(const Tensor& t, const std::vector<float>& v) { copy(t, from_host(v, t.shape(), t.dtype(), t.device())); }
+
+}  // namespace
+
 void all_reduce(Communicator& c, const Tensor& t, ReduceOp op) {
   if (c.size() == 1 || t.numel() == 0) return;
+  check_float(t, "all_reduce");
+  if (native(c, t)) return c.all_reduce_device(t.raw(), t.numel(), t.dtype(), op);
   if (t.device().is_cpu() && t.dtype() == DType::kF32) return c.all_reduce(t.data<float>(), t.numel(), op);
   if (t.device().is_cpu() && t.dtype() == DType::kF64) return c.all_reduce(t.data<double>(), t.numel(), op);
-  check(is_floating(t.dtype()), "all_reduce of a ", t.describe(), " tensor");
   if (t.dtype() == DType::kF64) {  // on a GPU: f64 is CPU-only, so this is a host mirror
     std::vector<double> v = to_host_f64(t);
     c.all_reduce(v.data(), v.size(), op);
     copy(t, from_host(v, t.shape()));
     return;
   }
-  std::vector<float> v = to_host_f32(t);
+  std::vector<float> v = host(t);
   c.all_reduce(v.data(), v.size(), op);
-  copy(t, from_host(v, t.shape(), t.dtype(), t.device()));
+  back(t, v);
+}
+
+void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
+  check(out.numel() == in.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "all_gather of ",
+        in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
+  check_float(in, "all_gather");
+  if (native(c, in)) return c.all_gather_device(in.raw(), out.raw(), in.numel(), in.dtype());
+  if (in.device().is_cpu() && in.dtype() == DType::kF32) return c.all_gather(in.data<float>(), out.data<float>(), in.numel());
+  std::vector<float> a = host(in), b(out.numel());
+  c.all_gather(a.data(), b.data(), a.size());
+  back(out, b);
+}
+
+void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
+  check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "reduce_scatter of ",
+        in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
+  check_float(in, "reduce_scatter");
+  if (native(c, in)) return c.reduce_scatter_device(in.raw(), out.raw(), out.numel(), in.dtype());
+  if (in.device().is_cpu() && in.dtype() == DType::kF32)
+    return c.reduce_scatter(in.data<float>(), out.data<float>(), out.numel());
+  std::vector<float> a = host(in), b(out.numel());
+  c.reduce_scatter(a.data(), b.data(), b.size());
+  back(out, b);
+}
+
+void broadcast(Communicator& c, const Tensor& t, int root) {
+  if (c.size() == 1 || t.numel() == 0) return;
+  check_float(t, "broadcast");
+  if (native(c, t)) return c.broadcast_device(t.raw(), t.numel(), t.dtype(), root);
+  if (t.device().is_cpu() && t.dtype() == DType::kF32) return c.broadcast(t.data<float>(), t.numel(), root);
+  std::vector<float> v = host(t);
+  c.broadcast(v.data(), v.size(), root);
+  back(t, v);
 }
 
 }  // namespace megabatch::comm

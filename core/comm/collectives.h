@@ -1,8 +1,8 @@
-// Collectives on tensors of any dtype and device, over a Communicator (which moves host
-// float and double buffers). A group of one rank does nothing. CPU f32 and f64 tensors go
-// to the communicator as they are; half tensors are reduced in f32 and rounded back; GPU
-// tensors are staged through host memory (correct, not fast: the NCCL communicator of the
-// multi-GPU work replaces the staging).
+// Collectives on tensors of any dtype and device, over a Communicator. A group of one rank
+// does nothing. CPU f32 and f64 tensors go to the communicator as they are; CPU half
+// tensors are reduced in f32 and rounded back. GPU tensors go to the communicator as
+// device buffers where it takes them (NCCL) and are staged through host memory otherwise
+// (MPI: correct, not fast; it lets several processes share one GPU).
 #pragma once
 
 #include "core/comm/communicator.h"
@@ -12,5 +12,11 @@ namespace megabatch::comm {
 
 // In place: every rank ends with the reduction over all ranks.
 void all_reduce(Communicator& c, const Tensor& t, ReduceOp op);
+// out (size() x in's elements, flat) = every rank's `in`, in rank order.
+void all_gather(Communicator& c, const Tensor& in, const Tensor& out);
+// in (size() x out's elements, flat) summed over ranks; this rank keeps its slice in out.
+void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out);
+// In place: every rank ends with root's values.
+void broadcast(Communicator& c, const Tensor& t, int root);
 
 }  // namespace megabatch::comm

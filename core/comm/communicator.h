@@ -1,12 +1,16 @@
 // Communicator: the collectives tensor- and data-parallel code is written against.
 // Every rank of the group calls each collective in the same order with the same sizes.
-// Implementations: LocalCommunicator (one rank; every collective is the identity), and
-// later MPI (CPU) and NCCL (GPU).
+// Implementations: LocalCommunicator (one rank; every collective is the identity),
+// MpiCommunicator (host buffers; device tensors are staged through host memory by
+// core/comm/collectives.h) and NcclCommunicator (device buffers, on its own stream).
 #pragma once
 
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <string>
+
+#include "core/device/dtype.h"
 
 namespace megabatch::comm {
 
@@ -26,6 +30,19 @@ class Communicator {
   virtual void reduce_scatter(const float* in, float* out, size_t n) = 0;
   virtual void broadcast(float* data, size_t n, int root) = 0;
   virtual void barrier() = 0;
+
+  // ---- device buffers (only where device_buffers() is true) ----
+  // The same collectives over GPU memory of the run's device, element type t (f32, f64,
+  // bf16, f16; halves are reduced in their own type, as NCCL does), ordered after
+  // everything issued so far on the run's stream, and everything issued after them waits
+  // for them. core/comm/collectives.h chooses between these and host staging.
+  virtual bool device_buffers() const { return false; }
+  virtual void all_reduce_device(void* data, size_t n, DType t, ReduceOp op);
+  virtual void all_gather_device(const void* in, void* out, size_t n, DType t);
+  virtual void reduce_scatter_device(const void* in, void* out, size_t n, DType t);
+  virtual void broadcast_device(void* data, size_t n, DType t, int root);
+  // What carries the collectives, for the start-up line ("MPI", "NCCL 2.28.3").
+  virtual std::string backend() const { return "local"; }
 };
 
 class LocalCommunicator final : public Communicator {

@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "core/comm/nccl_communicator.h"
+#include "core/device/runtime.h"
 #include "core/util/error.h"
 
 namespace megabatch::comm {
@@ -123,10 +125,52 @@ ParallelState ParallelState::create(int tp_size) {
   check_mpi(MPI_Comm_split(MPI_COMM_WORLD, ps.world_rank % tp_size, ps.world_rank / tp_size, &dp), "split (dp)");
   MPI_Comm_set_errhandler(tp, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(dp, MPI_ERRORS_RETURN);
+  MPI_Comm node = MPI_COMM_NULL;  // the ranks that share this node's memory (and GPUs)
+  check_mpi(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, ps.world_rank, MPI_INFO_NULL, &node), "split (node)");
+  MPI_Comm_rank(node, &ps.local_rank);
+  MPI_Comm_size(node, &ps.local_size);
+  MPI_Comm_free(&node);
   ps.world = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(MPI_COMM_WORLD), false);
   ps.tp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(tp), true);
   ps.dp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(dp), true);
   return ps;
+}
+
+void ParallelState::connect(Device device, const std::string& backend) {
+  check(backend == "auto" || backend == "nccl" || backend == "mpi", "--distributed-backend: auto, nccl or mpi, not '",
+        backend, "'");
+  const std::string host = world_size > 1 ? "MPI" : "local";
+  collectives = host;
+  if (device.is_cpu()) {
+    check(backend != "nccl", "--distributed-backend nccl needs GPUs (--device cuda); on the CPU the collectives are MPI's");
+    return;
+  }
+  if (backend == "mpi" || (backend == "auto" && world_size == 1)) {
+    collectives = host + (world_size > 1 ? ", host-staged" : "");
+    return;
+  }
+  // NCCL needs a GPU per rank: any node with more ranks than visible GPUs makes the whole
+  // job host-staged (decided together, so every rank picks the same backend)
+  const int gpus = runtime::cuda_device_count();
+  double sharing = local_size > gpus ? 1.0 : 0.0;
+  if (world_size > 1) world->all_reduce(&sharing, 1, ReduceOp::kMax);
+  if (sharing != 0.0) {
+    check(backend != "nccl", "--distributed-backend nccl: ", local_size, " ranks on this node share ", gpus, " GPU",
+          gpus == 1 ? "" : "s", ", and NCCL needs a GPU per rank; launch at most ", gpus,
+          " ranks per node, or use --distributed-backend mpi (host-staged collectives)");
+    collectives = "MPI, host-staged: " + std::to_string(local_size) + " ranks share " + std::to_string(gpus) + " GPU" +
+                  (gpus == 1 ? "" : "s");
+    return;
+  }
+  auto* tp_group = dynamic_cast<MpiCommunicator*>(tp.get());
+  auto* dp_group = dynamic_cast<MpiCommunicator*>(dp.get());
+  auto tp_nccl = make_nccl_communicator(tp_group, device);
+  auto dp_nccl = make_nccl_communicator(dp_group, device);
+  tp_bootstrap = std::move(tp);
+  dp_bootstrap = std::move(dp);
+  tp = std::move(tp_nccl);
+  dp = std::move(dp_nccl);
+  collectives = tp->backend();
 }
 
 }  // namespace megabatch::comm

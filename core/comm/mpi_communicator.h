@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/comm/communicator.h"
+#include "core/device/device.h"
 
 namespace megabatch::comm {
 
@@ -40,6 +41,7 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
   // Broadcasts a string from root (used to check that every rank has the same configuration).
   std::string broadcast_string(const std::string& s, int root);
+  std::string backend() const override { return "MPI"; }
 
  private:
   void* comm_;
@@ -53,9 +55,20 @@ class MpiCommunicator final : public Communicator {
 struct ParallelState {
   std::unique_ptr<Communicator> world, tp, dp;
   int world_rank = 0, world_size = 1;
+  int local_rank = 0, local_size = 1;  // among the ranks on this node (picks this rank's GPU)
   // With MPI active: splits MPI_COMM_WORLD (its size must be a multiple of tp_size).
   // Without: one rank, local communicators.
   static ParallelState create(int tp_size);
+  // Puts the TP and DP groups on the run's device with `backend` (--distributed-backend):
+  // "nccl" (a GPU per rank), "mpi" (host-staged for GPU tensors), or "auto": NCCL on a GPU
+  // when every rank of the job has a GPU of its own, else MPI. Every rank calls it.
+  // Errors name the flag: nccl on the CPU, or with ranks sharing a GPU. The world group
+  // stays MPI (configuration checks).
+  void connect(Device device, const std::string& backend);
+  // For the start-up line: "NCCL 2.28.3", "MPI", "MPI, host-staged: 4 ranks share 1 GPU".
+  std::string collectives;
+  // The MPI groups NCCL was bootstrapped over (kept alive with it).
+  std::unique_ptr<Communicator> tp_bootstrap, dp_bootstrap;
 };
 
 }  // namespace megabatch::comm

@@ -15,9 +15,12 @@ Device parse_device(const std::string& text, const std::string& where) {
   fail(where, ": '", text, "' is not a device; use cpu, cuda or cuda:N");
 }
 
-Device select_device(const std::string& requested) {
-  if (requested.empty()) return runtime::cuda_device_count() > 0 ? Device::cuda(0) : Device::cpu();
-  const Device d = parse_device(requested, "device");
+Device select_device(const std::string& requested, int local_rank) {
+  if (requested.empty()) {
+    const int n = runtime::cuda_device_count();
+    return n > 0 ? Device::cuda(local_rank % n) : Device::cpu();
+  }
+  Device d = parse_device(requested, "device");
   if (d.is_cpu()) return d;
   check(runtime::built_with_cuda(), "--device ", requested,
         ": this megabatch was built without CUDA; rebuild where nvcc is found (cmake -DMEGABATCH_CUDA=ON), or use "
@@ -27,6 +30,7 @@ Device select_device(const std::string& requested) {
         "CUDA_VISIBLE_DEVICES hides them); use --device cpu");
   check(d.index < n, "--device ", requested, ": only ", n, " GPU", n == 1 ? " is" : "s are", " visible (cuda:0",
         n > 1 ? " to cuda:" + std::to_string(n - 1) : std::string(), ")");
+  if (requested == "cuda") d.index = local_rank % n;
   return d;
 }
 

@@ -29,8 +29,10 @@ struct Device {
 Device parse_device(const std::string& text, const std::string& where);
 
 // The device of a run: `requested` ("cpu", "cuda", "cuda:N", or empty for the default:
-// cuda:0 when this build has CUDA and a GPU is visible, else cpu). An explicit cuda
-// request fails with a clear Error when the build has no CUDA or no GPU is visible.
-Device select_device(const std::string& requested);
+// a GPU when this build has CUDA and one is visible, else cpu). "cuda" and the default pick
+// GPU local_rank modulo the GPUs visible (one process per GPU under mpirun or srun: the
+// local rank of the process on its node); "cuda:N" is GPU N whatever the rank. An explicit
+// cuda request fails with a clear Error when the build has no CUDA or no GPU is visible.
+Device select_device(const std::string& requested, int local_rank = 0);
 
 }  // namespace megabatch

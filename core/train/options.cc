@@ -69,6 +69,9 @@ const config::Schema& train_schema() {
       {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
       {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
       {"device", Type::kString, nullptr, "cpu, cuda or cuda:N (default: cuda when this build has CUDA and a GPU is visible, else cpu)", "run"},
+      {"distributed_backend", Type::kString, "auto",
+       "collectives of the TP and DP groups: auto (NCCL on GPUs when every rank has a GPU of its own, else MPI), nccl, "
+       "or mpi (on GPUs: staged through host memory, so several ranks can share one GPU)", "run"},
       {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
 
       {"model_type", Type::kString, nullptr, "gpt, bert or t5, for a model without --model (default gpt)", "model"},

@@ -259,8 +259,8 @@ mb::optim::LossScalerConfig loss_scaler(const mb::config::Resolved& r, mb::DType
 }
 
 // The run's device, said at start-up, and the refusals that depend on it.
-mb::Device run_device(const json& v, mb::DType dtype) {
-  const mb::Device d = mb::select_device(v.contains("device") ? v["device"].get<std::string>() : "");
+mb::Device run_device(const json& v, mb::DType dtype, int local_rank) {
+  const mb::Device d = mb::select_device(v.contains("device") ? v["device"].get<std::string>() : "", local_rank);
   if (d.is_cuda()) {
     const mb::runtime::GpuInfo g = mb::runtime::gpu_info(d.index);
     mb::check(dtype != mb::DType::kBF16 || g.has_bf16(), "--bf16: ", d.str(), " (", g.name, ", sm_", g.major, g.minor,
@@ -446,8 +446,10 @@ int run(int argc, char** argv) {
   const auto hparams = mb::optim::resolve_hparams(plugin, hp, "optimizer_params");
 
   // --- model, run directory, metrics
+  const mb::Device device = run_device(v, dtype, parallel.local_rank);
+  parallel.connect(device, v["distributed_backend"].get<std::string>());
+  if (parallel.collectives != "local") std::cout << "> collectives: " << parallel.collectives << std::endl;
   mb::comm::Communicator& tp = *parallel.tp;
-  const mb::Device device = run_device(v, dtype);
   check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["skip_memory_check"].get<bool>(), logger);
   if (v["check"].get<bool>()) {
     std::cout << "> check: configuration, optimizer " << plugin.name() << ", data " << paths[0] << " and memory are fine"

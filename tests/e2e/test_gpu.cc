@@ -3,7 +3,9 @@
 // fp32, a forced fp16 overflow skips steps and backs the scale off as on the CPU, runs are
 // bitwise repeatable and resume bitwise, checkpoints move between GPU and CPU, every plugin's
 // step on the GPU matches its step on the CPU, a CPU-only plugin is refused, the steady-state
-// step allocates no device memory, diagnostics and the noise scale reach metrics.h5.
+// step allocates no device memory, diagnostics and the noise scale reach metrics.h5. Several
+// ranks: NCCL with one rank, and four processes sharing the GPU at TP 2 x DP 2 (host-staged
+// MPI) against the same layout on the CPU (mpirun: $MEGABATCH_MPIRUN or the one on PATH).
 // (Without a GPU, `train --device cuda` is a clear error: test_mixed_precision.cc.)
 #include <gtest/gtest.h>
 
@@ -12,7 +14,9 @@
 #include <map>
 #include <sstream>
 
+#include "core/comm/collectives.h"
 #include "core/comm/communicator.h"
+#include "core/comm/nccl_communicator.h"
 #include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
@@ -273,4 +277,86 @@ TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
     EXPECT_EQ(after.raw_frees, before.raw_frees) << "cudaFree in the steady-state step";
     EXPECT_EQ(t.losses().size(), 16u);
   }
+}
+
+// ---- several ranks: NCCL, and processes sharing the GPU ---------------------------------
+
+namespace {
+
+std::string mpirun(int np) {
+  const char* e = std::getenv("MEGABATCH_MPIRUN");
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
+         std::string(e && *e ? e : "mpirun") + " -np " + std::to_string(np) + " ";
+}
+
+// A tensor of n elements of type t on `d`, from values that are exact in every half type.
+mb::Tensor ramp(size_t n, float start, mb::DType t, mb::Device d) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i % 512);
+  return mb::from_host(v, {static_cast<int64_t>(n)}, t, d);
+}
+
+}  // namespace
+
+TEST_F(Gpu, NcclWithOneRankMovesDeviceBuffersInOrderOnTheRunsStream) {
+  const mb::Device dev = mb::Device::cuda(0);
+  auto nccl = mb::comm::make_nccl_communicator(nullptr, dev);
+  ASSERT_TRUE(nccl->device_buffers());
+  EXPECT_EQ(nccl->size(), 1);
+  EXPECT_EQ(nccl->backend().rfind("NCCL 2.", 0), 0u) << nccl->backend();
+  // 2^24 elements: the upload on the run's stream is still in flight when the collective
+  // is issued, so a collective not ordered after it would read stale memory
+  const size_t n = size_t{1} << 24;
+  for (const mb::DType t : {mb::DType::kF32, mb::DType::kBF16, mb::DType::kF16}) {
+    SCOPED_TRACE(mb::dtype_name(t));
+    const mb::Tensor in = ramp(n, 3.0f, t, dev), out = ramp(n, -100.0f, t, dev);
+    mb::comm::all_gather(*nccl, in, out);  // one rank: out = in
+    mb::comm::reduce_scatter(*nccl, in, in);
+    const mb::Tensor b = ramp(n, 7.0f, t, dev);
+    mb::comm::broadcast(*nccl, b, 0);
+    nccl->all_reduce_device(b.raw(), n, t, mb::comm::ReduceOp::kMax);
+    const std::vector<float> o = mb::to_host_f32(out), bb = mb::to_host_f32(b);
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) wrong += o[i] != 3.0f + static_cast<float>(i % 512) || bb[i] != 7.0f + static_cast<float>(i % 512);
+    EXPECT_EQ(wrong, 0u);
+  }
+  double h[3] = {1.5, -2.0, 4.0};  // host buffers go through the device
+  nccl->all_reduce(h, 3, mb::comm::ReduceOp::kSum);
+  EXPECT_EQ(h[0], 1.5);
+  EXPECT_EQ(h[2], 4.0);
+  float g[2] = {5, 6}, ga[2] = {0, 0};
+  nccl->all_gather(g, ga, 2);
+  EXPECT_EQ(ga[0], 5.0f);
+  EXPECT_EQ(ga[1], 6.0f);
+}
+
+TEST_F(Gpu, TrainOverNcclInOneProcessIsTheLocalRunBitwise) {
+  mb::testing::TempDir tmp;
+  ok(train("gpt", tmp / "local", "--device cuda", 6));
+  const auto r = mb::testing::run_command(train("gpt", tmp / "nccl", "--device cuda --distributed-backend nccl", 6));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> collectives: NCCL 2."), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "nccl" / "metrics.h5", "train/lm_loss"), series(tmp / "local" / "metrics.h5", "train/lm_loss"));
+}
+
+// Four processes on the one GPU at TP 2 x DP 2: the collectives are host-staged MPI (NCCL
+// refuses two ranks on one device), and the losses follow the same layout on the CPU.
+TEST_F(Gpu, FourProcessesSharingTheGpuAtTpTwoByDpTwoFollowTheCpuLayout) {
+  mb::testing::TempDir tmp;
+  const std::string layout = "--tensor-model-parallel-size 2 --threads 2 ";
+  ok(mpirun(4) + train("gpt", tmp / "cpu", layout + "--device cpu --optimizer lamb", 10));
+  const auto r = mb::testing::run_command(mpirun(4) + train("gpt", tmp / "gpu", layout + "--device cuda --optimizer lamb", 10));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> collectives: MPI, host-staged: 4 ranks share 1 GPU"), std::string::npos) << r.output;
+  const auto cpu = series(tmp / "cpu" / "metrics.h5", "train/lm_loss"), gpu = series(tmp / "gpu" / "metrics.h5", "train/lm_loss");
+  ASSERT_EQ(cpu.size(), 10u);
+  ASSERT_EQ(gpu.size(), 10u);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "iteration " << i + 1;
+  const auto gc = series(tmp / "cpu" / "metrics.h5", "train/grad_norm"), gg = series(tmp / "gpu" / "metrics.h5", "train/grad_norm");
+  for (size_t i = 0; i < gc.size(); ++i) EXPECT_NEAR(gg[i], gc[i], 1e-4 * gc[i]) << "grad norm, iteration " << i + 1;
+  // NCCL itself is refused by name for this layout, before any work
+  const auto refused = mb::testing::run_command(mpirun(4) + train("gpt", tmp / "nccl", layout + "--device cuda --distributed-backend nccl", 2));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("--distributed-backend nccl: 4 ranks on this node share 1 GPU"), std::string::npos)
+      << refused.output;
 }

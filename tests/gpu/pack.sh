@@ -3,7 +3,8 @@
 # CUDA_ARCHS says otherwise) in build-gpu/ and packs it with ../shared/gpu-bundle.sh into
 # gpu-bundle/ (git-ignored), with the test assets, the test plugins and the PyTorch
 # reference, for a GPU machine that has the driver, CUDA and PyTorch but no Debian -dev
-# libraries. There, tests/gpu/run.sh runs the `gpu` label and the GPU benchmark.
+# libraries, with this machine's Open MPI (tests/gpu/pack-openmpi.sh). There, tests/gpu/run.sh
+# runs the `gpu` label and the GPU benchmark.
 #
 #   tests/gpu/pack.sh                         # then, on the GPU machine: tests/gpu/run.sh LOG_DIR
 #   CUDA_ARCHS=80 BUNDLER=/path/gpu-bundle.sh tests/gpu/pack.sh
@@ -27,5 +28,6 @@ mkdir -p "$stage/lib/megabatch" && cp -a build-gpu/lib/megabatch/plugins "$stage
 cp -a "$assets"/{brown,gpt2,bert} "$stage/assets/"
 rm -rf gpu-bundle && mkdir -p gpu-bundle
 "$bundler" "$stage" gpu-bundle "$stage/assets" build-gpu/tests/plugins
+tests/gpu/pack-openmpi.sh gpu-bundle   # mpirun for the multi-rank gpu tests, where the GPU machine has none
 git rev-parse HEAD > gpu-bundle/commit
 echo "pack.sh: gpu-bundle/ holds commit $(cut -c1-12 gpu-bundle/commit)$(git diff --quiet HEAD || echo ' (plus uncommitted changes)')"

@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 logs=${1:?usage: tests/gpu/run.sh LOG_DIR [gtest filter]}; filter=${2:-*}
 mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
 b=/tmp/megabatch-gpu; rm -rf "$b"; mkdir -p "$b"; tar -xJf gpu-bundle/bundle.tar.xz -C "$b"
+if ! command -v mpirun >/dev/null && [[ -f gpu-bundle/openmpi.tar.xz ]]; then  # the packed Open MPI
+  mkdir -p "$b/openmpi" && tar -xJf gpu-bundle/openmpi.tar.xz -C "$b/openmpi" && source "$b/openmpi/env.sh"
+fi
 export MEGABATCH_BIN_DIR=$b/bin MEGABATCH_SOURCE_DIR=$PWD MEGABATCH_ASSETS=$b/extra/assets \
   MEGABATCH_TEST_PLUGIN_DIR=$b/extra/plugins MEGABATCH_PYTHON=$(command -v python3)
 { echo "commit $(cat gpu-bundle/commit 2>/dev/null)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
