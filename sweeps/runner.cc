@@ -1,5 +1,7 @@
 #include "sweeps/runner.h"
 
+#include "sweeps/placement.h"
+
 #include <fcntl.h>
 #include <fnmatch.h>
 #include <sys/ioctl.h>
@@ -224,6 +226,8 @@ struct PointState {
   pid_t pid = -1;
   Clock::time_point started;
   Progress progress;
+  int ranks = 1;          // processes (and with --gpus, GPUs) the point needs
+  std::vector<int> gpus;  // the GPUs it holds while running
 };
 
 // A point's end as its directory records it: DONE (done) or DIVERGED (diverged, with the
@@ -255,7 +259,8 @@ json state_json(const std::vector<PointState>& ps, const Sweep& s) {
   for (const auto& p : ps)
     points.push_back({{"id", p.point->id}, {"state", p.state}, {"reason", p.reason}, {"attempts", p.attempts},
                       {"wall_s", p.wall_s}, {"train_iters", p.train_iters}, {"global_batch_size", p.global_batch},
-                      {"iteration", p.progress.iteration}, {"config", p.point->config}});
+                      {"iteration", p.progress.iteration}, {"ranks", p.ranks}, {"gpus", p.gpus},
+                      {"config", p.point->config}});
   return {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
           {"points", points}};
 }
@@ -305,6 +310,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       detail += buf;
     }
     if (p.state == "failed" || p.state == "diverged") detail = p.reason;
+    if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;
     std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
                   detail.c_str());
     out.push_back(buf);
@@ -356,6 +362,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     p.point = &sweep.points[i];
     p.dir = root / p.point->id;
     p.train_iters = iters_of(p.point->config);
+    p.ranks = ranks_needed(p.point->config);
     p.global_batch = p.point->config.contains("global_batch_size") ? p.point->config["global_batch_size"].get<int64_t>()
                                                                    : p.point->config.value("micro_batch_size", int64_t{8});
     if (!selected(p.point->id, o.only)) {
@@ -387,6 +394,16 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     p.reason.clear();
     p.wall_s = 0;
     p.progress = {};
+  }
+  if (!o.gpus.empty()) {  // every point must fit on the GPUs it may use
+    std::vector<std::string> too_big;
+    for (const auto& p : ps)
+      if (p.state != "skipped" && static_cast<size_t>(p.ranks) > o.gpus.size())
+        too_big.push_back(p.point->id + " needs " + std::to_string(p.ranks));
+    if (!too_big.empty())
+      fail(sweep.file.string(), ": ", too_big.size(), " point(s) need more GPUs (tensor_model_parallel_size x ",
+           "data_parallel_size) than --gpus gives (", o.gpus.size(), "): ", join(too_big, "; "),
+           ". Give more GPUs, or make those points smaller");
   }
   if (o.dry_run) {
     std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
@@ -428,9 +445,11 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   int threads = o.threads ? o.threads : sweep.threads;
   if (!threads) threads = 1;
   int jobs = o.jobs ? o.jobs : sweep.jobs;
-  if (!jobs) jobs = std::max(1, static_cast<int>(cores) / threads);
+  if (!jobs) jobs = o.gpus.empty() ? std::max(1, static_cast<int>(cores) / threads) : static_cast<int>(o.gpus.size());
+  GpuPlacer placer(o.gpus);
   std::cout << "> sweep " << sweep.name << ": " << sweep.points.size() << " points, " << jobs << " at a time, "
-            << threads << " thread(s) each; runs in " << root.string() << std::endl;
+            << threads << " thread(s) each" << (o.gpus.empty() ? "" : " on GPUs " + gpu_list(o.gpus))
+            << "; runs in " << root.string() << std::endl;
 
   g_stop = 0;
   auto old_int = std::signal(SIGINT, on_stop);
@@ -476,9 +495,11 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     write_atomic(p.dir / "point.json", p.point->config.dump(2) + "\n");
     const fs::path ckpt = p.dir / "checkpoints";
     const int64_t save_interval = std::max<int64_t>(1, p.train_iters / 10);
-    std::vector<std::string> args = {o.train_binary.string(), "--config", (p.dir / "point.json").string(),
+    std::vector<std::string> args;
+    if (p.ranks > 1) args = {o.mpirun, "-np", std::to_string(p.ranks)};  // one process per rank (and GPU)
+    args.insert(args.end(), {o.train_binary.string(), "--config", (p.dir / "point.json").string(),
                                      "--run-dir", p.dir.string(), "--save", ckpt.string(), "--load", ckpt.string(),
-                                     "--threads", std::to_string(threads)};
+                                     "--threads", std::to_string(threads)});
     if (!p.point->config.contains("save_interval")) args.insert(args.end(), {"--save-interval", std::to_string(save_interval)});
     if (!p.point->config.contains("keep_checkpoints")) args.insert(args.end(), {"--keep-checkpoints", "2"});
     const int fd = ::open((p.dir / "stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
@@ -490,10 +511,18 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       setpgid(0, 0);                      // Ctrl-C reaches the sweep, which stops points cleanly
       dup2(fd, 1);
       dup2(fd, 2);
+      if (!p.gpus.empty()) {
+        const std::string list = gpu_list(p.gpus);
+        setenv("CUDA_VISIBLE_DEVICES", list.c_str(), 1);
+        std::printf("> sweep: %s on GPU%s %s (CUDA_VISIBLE_DEVICES=%s)\n", p.point->id.c_str(), p.gpus.size() > 1 ? "s" : "",
+                    list.c_str(), list.c_str());
+      }
+      if (p.ranks > 1) std::printf("> sweep: %d ranks: %s -np %d\n", p.ranks, o.mpirun.c_str(), p.ranks);
+      std::fflush(stdout);
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
-      execv(argv[0], argv.data());
+      execvp(argv[0], argv.data());
       std::fprintf(stderr, "sweep: error: cannot run %s: %s\n", argv[0], std::strerror(errno));
       _exit(127);
     }
@@ -502,7 +531,10 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
     p.state = "running";
     p.started = Clock::now();
     ++p.attempts;
-    if (!o.tty) std::cout << "> start " << p.point->id << " (attempt " << p.attempts << ")" << std::endl;
+    if (!o.tty)
+      std::cout << "> start " << p.point->id << " (attempt " << p.attempts << ")"
+                << (p.gpus.empty() ? "" : " on GPU" + std::string(p.gpus.size() > 1 ? "s " : " ") + gpu_list(p.gpus))
+                << std::endl;
   };
 
   int failed_total = 0, diverged_total = 0;
@@ -514,6 +546,10 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
         if (running >= jobs) break;
         const bool retry = p.state == "failed" && p.attempts <= o.retries;
         if (p.state == "pending" || p.state == "interrupted" || retry) {
+          if (!o.gpus.empty()) {
+            p.gpus = placer.take(p.ranks);
+            if (p.gpus.empty()) continue;  // waits for GPUs; a later, smaller point may start
+          }
           try {
             start_point(p);
             ++running;
@@ -521,6 +557,8 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
             p.state = "failed";
             p.attempts = o.retries + 1;  // the file system will not change by retrying at once
             p.reason = std::string("cannot start: ") + e.what();
+            placer.give_back(p.gpus);
+            p.gpus.clear();
             std::cout << (o.tty ? "" : "> ") << "failed " << p.point->id << ": " << p.reason << std::endl;
             printed = 0;
           }
@@ -535,6 +573,8 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
       for (auto& p : ps) {
         if (p.pid != pid) continue;
         p.pid = -1;
+        placer.give_back(p.gpus);
+        p.gpus.clear();
         p.wall_s += std::chrono::duration<double>(Clock::now() - p.started).count();
         p.progress = parse_progress(p.dir / "stdout.log");
         if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {

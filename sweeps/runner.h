@@ -7,7 +7,8 @@
 //
 // Each point is a `train` process started with --config point.json --run-dir <id>
 // --save/--load <id>/checkpoints, so an interrupted point resumes from its last
-// checkpoint. A point whose configuration changed since it ran is refused unless
+// checkpoint; a point of TP x DP > 1 ranks is started by mpirun -np TP x DP. With --gpus,
+// each point runs on GPUs of its own (CUDA_VISIBLE_DEVICES), as many as it has ranks. A point whose configuration changed since it ran is refused unless
 // rerun_changed is set (then its directory is cleared).
 #pragma once
 
@@ -30,6 +31,8 @@ struct RunOptions {
   bool rerun_changed = false;          // discard and rerun points whose configuration changed
   bool rerun_diverged = false;         // discard and rerun points that diverged (else they are results)
   bool tty = false;                    // redraw a live table instead of printing lines
+  std::vector<int> gpus;               // --gpus: the GPUs points are placed on (sweeps/placement.h); empty: none
+  std::string mpirun = "mpirun";       // starts a point of more than one rank (TP x DP > 1)
 };
 
 // Runs the sweep; returns the process exit status (0: every selected point done or

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "core/device/runtime.h"
 #include "core/util/args.h"
 #include "core/util/error.h"
 #include "core/util/strings.h"
 #include "sweeps/export.h"
+#include "sweeps/placement.h"
 #include "sweeps/runner.h"
 #include "sweeps/sweep.h"
 
@@ -21,7 +23,7 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--rerun [changed|diverged]]\n"
+    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged]]\n"
     "                           [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
     "       sweep export FILE.json [--runs-dir DIR]   points.txt and point.json files for other launchers\n"
@@ -160,6 +162,8 @@ int run(int argc, char** argv) {
   a.option("retries", "N", "retry failed points up to N times", "0");
   a.option("jobs", "N", "points run at once (default: cores / threads)", "0");
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
+  a.option("gpus", "all|0,1,...", "run points concurrently on these GPUs, each on TP x DP of its own "
+           "(CUDA_VISIBLE_DEVICES; default jobs: one per GPU)", "");
   a.optional_choice("rerun", {"changed", "diverged"}, "changed",
                     "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
                     "diverged: discard and rerun the points that diverged");
@@ -185,6 +189,8 @@ int run(int argc, char** argv) {
   o.rerun_changed = rerun == "changed";
   o.rerun_diverged = rerun == "diverged";
   o.tty = isatty(STDOUT_FILENO) != 0;
+  if (!a.get("gpus").empty()) o.gpus = mb::sweeps::parse_gpus(a.get("gpus"), mb::runtime::cuda_device_count());
+  if (const char* m = std::getenv("MEGABATCH_MPIRUN"); m && *m) o.mpirun = m;
   return mb::sweeps::run_sweep(sweep, o);
 }
 

@@ -23,7 +23,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"num_layers", at_least(1)}, {"hidden_size", at_least(1)}, {"num_attention_heads", at_least(1)},
       {"ffn_hidden_size", at_least(1)}, {"seq_length", at_least(1)}, {"max_position_embeddings", at_least(1)},
       {"hidden_dropout", within(0, 1, true)}, {"attention_dropout", within(0, 1, true)}, {"init_method_std", above(0)},
-      {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)},
+      {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)}, {"data_parallel_size", at_least(1)},
       {"encoder_num_layers", at_least(1)}, {"decoder_num_layers", at_least(1)}, {"encoder_seq_length", at_least(1)},
       {"decoder_seq_length", at_least(1)}, {"relative_attention_num_buckets", at_least(1)},
       {"relative_attention_max_distance", at_least(1)}, {"vocab_extra_ids", at_least(0)},
@@ -86,6 +86,9 @@ const config::Schema& train_schema() {
       {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
       {"make_vocab_size_divisible_by", Type::kInt, 128, "pad the vocabulary to a multiple of this x TP", "model"},
       {"tensor_model_parallel_size", Type::kInt, 1, "tensor-parallel ranks", "model"},
+      {"data_parallel_size", Type::kInt, nullptr,
+       "data-parallel ranks the run expects (default: the job's ranks / TP); a job of another size is refused, and "
+       "sweep run starts TP x DP ranks for the point", "model"},
       {"encoder_num_layers", Type::kInt, nullptr, "T5 encoder layers (default num_layers)", "model"},
       {"decoder_num_layers", Type::kInt, nullptr, "T5 decoder layers (default num_layers)", "model"},
       {"encoder_seq_length", Type::kInt, nullptr, "T5 encoder sequence length (default seq_length)", "model"},

@@ -289,10 +289,11 @@ std::string mpirun(int np) {
          std::string(e && *e ? e : "mpirun") + " -np " + std::to_string(np) + " ";
 }
 
-// A tensor of n elements of type t on `d`, from values that are exact in every half type.
+// A tensor of n elements of type t on `d`, start + (i mod 128): integers of at most 8
+// significant bits for the starts used here, exact in bf16 and f16.
 mb::Tensor ramp(size_t n, float start, mb::DType t, mb::Device d) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i % 512);
+  for (size_t i = 0; i < n; ++i) v[i] = start + static_cast<float>(i % 128);
   return mb::from_host(v, {static_cast<int64_t>(n)}, t, d);
 }
 
@@ -317,7 +318,7 @@ TEST_F(Gpu, NcclWithOneRankMovesDeviceBuffersInOrderOnTheRunsStream) {
     nccl->all_reduce_device(b.raw(), n, t, mb::comm::ReduceOp::kMax);
     const std::vector<float> o = mb::to_host_f32(out), bb = mb::to_host_f32(b);
     size_t wrong = 0;
-    for (size_t i = 0; i < n; ++i) wrong += o[i] != 3.0f + static_cast<float>(i % 512) || bb[i] != 7.0f + static_cast<float>(i % 512);
+    for (size_t i = 0; i < n; ++i) wrong += o[i] != 3.0f + static_cast<float>(i % 128) || bb[i] != 7.0f + static_cast<float>(i % 128);
     EXPECT_EQ(wrong, 0u);
   }
   double h[3] = {1.5, -2.0, 4.0};  // host buffers go through the device
@@ -359,4 +360,36 @@ TEST_F(Gpu, FourProcessesSharingTheGpuAtTpTwoByDpTwoFollowTheCpuLayout) {
   EXPECT_NE(refused.exit_code, 0);
   EXPECT_NE(refused.output.find("--distributed-backend nccl: 4 ranks on this node share 1 GPU"), std::string::npos)
       << refused.output;
+}
+
+// sweep run --gpus all on this machine's GPU: two points, each holding the GPU while it
+// runs (CUDA_VISIBLE_DEVICES), both trained on it; a point of two ranks does not fit.
+TEST_F(Gpu, ASweepOfTwoPointsRunsOnTheGpu) {
+  mb::testing::TempDir tmp;
+  const fs::path file = tmp / "gpu_sweep.json";
+  auto write = [&](const std::string& extra) {
+    mb::testing::write_text(file, R"({"name": "gpu_sweep",
+  "base": {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "micro_batch_size": 4,
+           "global_batch_size": 8, "train_iters": 10, "lr": 0.001, "log_interval": 5, "eval_iters": 0, "device": "cuda",
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("])" + extra + R"(},
+  "seeds": [1, 2]})");
+  };
+  write("");
+  const std::string sweep = mb::testing::bin_dir() + "/sweep run " + file.string() + " --runs-dir " + (tmp / "runs").string();
+  const auto r = mb::testing::run_command(sweep + " --gpus all");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string id : {"s1", "s2"}) {
+    EXPECT_NE(r.output.find("> start " + id + " (attempt 1) on GPU 0"), std::string::npos) << r.output;
+    const fs::path dir = tmp / "runs" / "gpu_sweep" / id;
+    EXPECT_TRUE(fs::exists(dir / "DONE")) << id;
+    const std::string log = mb::testing::read_text(dir / "stdout.log");
+    EXPECT_NE(log.find("(CUDA_VISIBLE_DEVICES=0)"), std::string::npos) << log;
+    EXPECT_NE(log.find("> device: cuda:0"), std::string::npos) << log;
+    EXPECT_EQ(series(dir / "metrics.h5", "train/lm_loss").size(), 10u) << id;
+  }
+  write(R"(, "data_parallel_size": 2)");
+  const auto refused = mb::testing::run_command(sweep + "x --gpus all");
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_NE(refused.output.find("need more GPUs (tensor_model_parallel_size x data_parallel_size) than --gpus gives (1)"),
+            std::string::npos) << refused.output;
 }
