@@ -189,6 +189,7 @@ void Bert::backward() {
   if (lnf_) {
     dx_.zero();
     lnf_->backward(dx_, dh_, x_final_, h_mean_, h_rstd_);
+    lnf_->grads_final();
     stack_->backward(dh_, dx_);  // dh_ now holds d x_in
   } else {
     stack_->backward(dx_, dh_);

@@ -88,6 +88,7 @@ void Gpt::backward() {
   have_grad_ = false;
   dx_final_.zero();
   lnf_->backward(dx_final_, dlnf_, x_final_, lnf_mean_, lnf_rstd_);
+  lnf_->grads_final();
   stack_->backward(dx_, dx_final_);
   // embeddings
   emb_.zero();  // reused for the gradient of the embedding sum

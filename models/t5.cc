@@ -162,6 +162,7 @@ void T5::backward() {
   have_grad_ = false;
   d_dec_out_.zero();
   dec_lnf_->backward(d_dec_out_, d_dec_h_, dec_out_, dec_mean_, dec_rstd_);
+  dec_lnf_->grads_final();
   d_enc_h_.zero();
   const bool rel = cfg_.relative_attention;
   if (rel) {
@@ -177,6 +178,7 @@ void T5::backward() {
   // encoder: final LayerNorm, the stack, the embedding
   d_enc_out_.zero();
   enc_lnf_->backward(d_enc_out_, d_enc_h_, enc_out_, enc_mean_, enc_rstd_);
+  enc_lnf_->grads_final();
   encoder_->backward(d_enc_x_, d_enc_out_, rel ? d_enc_bias_ : Tensor());
   if (rel) {
     ops::relative_bias_backward(store_.grad(enc_rel_), d_enc_bias_, enc_buckets_);

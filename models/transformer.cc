@@ -78,6 +78,7 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
   const bool x = c.cross_attention;
   blocks_.reserve(static_cast<size_t>(c.layers));
   for (int l = 0; l < c.layers; ++l) {
+    first_param_.push_back(static_cast<int>(store.count()));
     const std::string p = c.prefix + std::to_string(l) + ".";
     // braced initialization runs in order: parameters are declared in member order
     blocks_.push_back(Block{
@@ -96,6 +97,7 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
           : std::nullopt,
         nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std)});
   }
+  first_param_.push_back(static_cast<int>(store.count()));
 }
 
 void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm) {
@@ -276,6 +278,7 @@ void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tens
       b.qkv.backward(*dnext, g_qkv_, s.x_in);
     }
     std::swap(dres, dnext);
+    store_->grads_final(first_param_[l], first_param_[l + 1]);  // this block is done: its buckets may go
   }
   copy(dx, *dres);
 }

@@ -110,6 +110,7 @@ class TransformerStack {
   nn::ParameterStore* store_;
   comm::Communicator* tp_;
   std::vector<Block> blocks_;
+  std::vector<int> first_param_;  // block l declared parameter ids [first_param_[l], first_param_[l + 1])
   int64_t heads_local_;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
   Tensor mask_, bias_;

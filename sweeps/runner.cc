@@ -96,7 +96,7 @@ namespace {
 // Keys that cannot change a point's results: where plugins are searched, threads, where
 // and how often checkpoints are written, extra outputs.
 const std::set<std::string> kResultNeutral = {"plugin_path", "threads", "tensorboard_dir", "skip_memory_check",
-                                              "save_interval", "keep_checkpoints"};
+                                              "save_interval", "keep_checkpoints", "overlap_grad_reduce"};
 
 // The keys whose values differ between the configuration the point in `dir` ran with
 // (its point.json) and `config`, as "key: old -> new"; empty when it has not run or only

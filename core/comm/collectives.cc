@@ -73,6 +73,14 @@ void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
   back(out, b);
 }
 
+void start_all_reduce(Communicator& c, const Tensor& t) {
+  if (c.size() == 1 || t.numel() == 0) return;
+  check(t.dtype() == DType::kF32, "start_all_reduce of a ", t.describe(), " tensor (f32 gradients only)");
+  if (native(c, t)) return c.start_all_reduce_device(t.raw(), t.numel(), t.dtype());
+  if (t.device().is_cpu()) return c.start_all_reduce(t.data<float>(), t.numel());
+  all_reduce(c, t, ReduceOp::kSum);
+}
+
 void broadcast(Communicator& c, const Tensor& t, int root) {
   if (c.size() == 1 || t.numel() == 0) return;
   check_float(t, "broadcast");

@@ -18,5 +18,8 @@ void all_gather(Communicator& c, const Tensor& in, const Tensor& out);
 void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out);
 // In place: every rank ends with root's values.
 void broadcast(Communicator& c, const Tensor& t, int root);
+// A non-blocking sum in place (f32): started now, complete after c.wait_all(). CPU tensors
+// and NCCL's device tensors overlap what follows; host-staged GPU tensors complete at once.
+void start_all_reduce(Communicator& c, const Tensor& t);
 
 }  // namespace megabatch::comm

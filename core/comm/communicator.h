@@ -43,6 +43,17 @@ class Communicator {
   virtual void broadcast_device(void* data, size_t n, DType t, int root);
   // What carries the collectives, for the start-up line ("MPI", "NCCL 2.28.3").
   virtual std::string backend() const { return "local"; }
+
+  // ---- non-blocking sums (gradient buckets that overlap the backward pass) ----
+  // start_all_reduce (host f32) and start_all_reduce_device begin a sum over every rank
+  // and return; the buffer is not touched by the caller until wait_all(), which completes
+  // every one started (on a GPU: the run's stream waits for them). progress() lets started
+  // ones advance (MPI moves non-blocking collectives only inside its calls). Defaults:
+  // blocking, complete when start returns.
+  virtual void start_all_reduce(float* data, size_t n) { all_reduce(data, n, ReduceOp::kSum); }
+  virtual void start_all_reduce_device(void* data, size_t n, DType t) { all_reduce_device(data, n, t, ReduceOp::kSum); }
+  virtual void progress() {}
+  virtual void wait_all() {}
 };
 
 class LocalCommunicator final : public Communicator {

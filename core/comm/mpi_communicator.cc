@@ -58,7 +58,12 @@ void abort_job(int status) {
   std::exit(status);
 }
 
-MpiCommunicator::MpiCommunicator(void* comm, bool owned) : comm_(comm), owned_(owned) {
+struct MpiCommunicator::Pending {
+  std::vector<MPI_Request> requests;
+};
+
+MpiCommunicator::MpiCommunicator(void* comm, bool owned)
+    : pending_(std::make_unique<Pending>()), comm_(comm), owned_(owned) {
   MPI_Comm_rank(handle(comm_), &rank_);
   MPI_Comm_size(handle(comm_), &size_);
 }
@@ -94,6 +99,27 @@ void MpiCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
 
 void MpiCommunicator::broadcast(float* data, size_t n, int root) {
   check_mpi(MPI_Bcast(data, static_cast<int>(n), MPI_FLOAT, root, handle(comm_)), "broadcast");
+}
+
+void MpiCommunicator::start_all_reduce(float* data, size_t n) {
+  check(n <= static_cast<size_t>(INT32_MAX), "MPI all-reduce of ", n, " elements: more than an MPI count holds");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_), &r), "all-reduce (start)");
+  pending_->requests.push_back(r);
+}
+
+void MpiCommunicator::progress() {
+  if (pending_->requests.empty()) return;
+  int done = 0;
+  check_mpi(MPI_Testall(static_cast<int>(pending_->requests.size()), pending_->requests.data(), &done, MPI_STATUSES_IGNORE),
+            "all-reduce (progress)");
+}
+
+void MpiCommunicator::wait_all() {
+  if (pending_->requests.empty()) return;
+  check_mpi(MPI_Waitall(static_cast<int>(pending_->requests.size()), pending_->requests.data(), MPI_STATUSES_IGNORE),
+            "all-reduce (wait)");
+  pending_->requests.clear();
 }
 
 void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(handle(comm_)), "barrier"); }

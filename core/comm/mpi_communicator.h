@@ -42,8 +42,13 @@ class MpiCommunicator final : public Communicator {
   // Broadcasts a string from root (used to check that every rank has the same configuration).
   std::string broadcast_string(const std::string& s, int root);
   std::string backend() const override { return "MPI"; }
+  void start_all_reduce(float* data, size_t n) override;  // MPI_Iallreduce
+  void progress() override;                               // MPI_Testall
+  void wait_all() override;                               // MPI_Waitall
 
  private:
+  struct Pending;                     // the MPI requests started and not yet waited for
+  std::unique_ptr<Pending> pending_;
   void* comm_;
   bool owned_;
   int rank_ = 0, size_ = 1;

@@ -94,6 +94,19 @@ class NcclCommunicator final : public Communicator {
     end();
   }
 
+  // ---- non-blocking: the run's stream goes on; wait_all() makes it wait for them all ----
+  void start_all_reduce_device(void* data, size_t n, DType t) override {
+    begin();
+    MB_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), ncclSum, comm_, stream_));
+    MB_CUDA_CHECK(cudaEventRecord(done_, stream_));  // the last one started: stream_ runs them in order
+    started_ = true;
+  }
+  void wait_all() override {
+    if (!started_) return;
+    MB_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    started_ = false;
+  }
+
   // ---- host buffers: through a device buffer, waiting for the result ----
   void all_reduce(float* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF32, op); }
   void all_reduce(double* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF64, op); }
@@ -157,6 +170,7 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t ready_ = nullptr, done_ = nullptr;
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
+  bool started_ = false;  // non-blocking ones not yet waited for
 };
 
 }  // namespace

@@ -35,6 +35,11 @@ class Norm {
   void backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd);
   int64_t width() const { return C_; }
   NormKind kind() const { return kind_; }
+  // Its parameters' ids [first, end) (weight, then bias), e.g. for ParameterStore::grads_final.
+  int first_param() const { return w_; }
+  int end_param() const { return (b_ >= 0 ? b_ : w_) + 1; }
+  // Says its gradients are final for this backward pass (see ParameterStore::grads_final).
+  void grads_final() const { store_->grads_final(first_param(), end_param()); }
 
  private:
   ParameterStore* store_;

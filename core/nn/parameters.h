@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,6 +101,17 @@ class ParameterStore {
   // params = masters rounded to the run's dtype (nothing to do in an f32 run).
   void copy_masters_to_params();
 
+  // Backward-pass progress, for gradient reduction that overlaps the backward pass: a
+  // layer whose parameters' gradients are final (nothing later in this backward pass
+  // writes them) calls grads_final with its id range [first, end); the hook, when one is
+  // set (the trainer's gradient buckets), hears it. Parameters never announced are final
+  // when backward returns.
+  using GradsFinalHook = std::function<void(int first, int end)>;
+  void set_grads_final_hook(GradsFinalHook hook) { grads_final_hook_ = std::move(hook); }
+  void grads_final(int first, int end) const {
+    if (grads_final_hook_) grads_final_hook_(first, end);
+  }
+
  private:
   Tensor view(const Tensor& flat, int id) const;
   std::vector<ParamInfo> infos_;
@@ -108,6 +120,7 @@ class ParameterStore {
   Device device_;
   size_t next_offset_ = 0;
   bool finalized_ = false;
+  GradsFinalHook grads_final_hook_;
 };
 
 }  // namespace megabatch::nn

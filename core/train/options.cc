@@ -23,7 +23,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"num_layers", at_least(1)}, {"hidden_size", at_least(1)}, {"num_attention_heads", at_least(1)},
       {"ffn_hidden_size", at_least(1)}, {"seq_length", at_least(1)}, {"max_position_embeddings", at_least(1)},
       {"hidden_dropout", within(0, 1, true)}, {"attention_dropout", within(0, 1, true)}, {"init_method_std", above(0)},
-      {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)}, {"data_parallel_size", at_least(1)},
+      {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)}, {"data_parallel_size", at_least(1)}, {"ddp_bucket_size", at_least(1)},
       {"encoder_num_layers", at_least(1)}, {"decoder_num_layers", at_least(1)}, {"encoder_seq_length", at_least(1)},
       {"decoder_seq_length", at_least(1)}, {"relative_attention_num_buckets", at_least(1)},
       {"relative_attention_max_distance", at_least(1)}, {"vocab_extra_ids", at_least(0)},
@@ -72,6 +72,12 @@ const config::Schema& train_schema() {
       {"distributed_backend", Type::kString, "auto",
        "collectives of the TP and DP groups: auto (NCCL on GPUs when every rank has a GPU of its own, else MPI), nccl, "
        "or mpi (on GPUs: staged through host memory, so several ranks can share one GPU)", "run"},
+      {"overlap_grad_reduce", Type::kBool, false,
+       "data parallelism: sum each gradient bucket over the DP group as soon as the last micro-batch's backward pass "
+       "has finished it, overlapping the rest of the backward pass", "run"},
+      {"ddp_bucket_size", Type::kInt, nullptr,
+       "gradient elements per data-parallel bucket (default: max(40M, 1M x DP) with --overlap-grad-reduce, else one "
+       "bucket)", "run"},
       {"seed", Type::kInt, 1234, "random seed (initialization, data order, dropout)", "run"},
 
       {"model_type", Type::kString, nullptr, "gpt, bert or t5, for a model without --model (default gpt)", "model"},

@@ -598,6 +598,8 @@ int run(int argc, char** argv) {
   opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
   opt.checkpoint.optimizer_params = hp_resolved;
   opt.world_size = parallel.world_size;
+  opt.overlap_grad_reduce = v["overlap_grad_reduce"].get<bool>();
+  opt.ddp_bucket_size = v.contains("ddp_bucket_size") ? v["ddp_bucket_size"].get<int64_t>() : 0;
   mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
   trainer.set_test_data(test_src.get());
   trainer.set_data_parallel(*parallel.dp);

@@ -145,6 +145,13 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
         opt_.global_batch_size, ") must be a multiple of micro_batch_size x data-parallel size (",
         opt_.micro_batch_size, " x ", dp.size(), ")");
   dp_ = &dp;
+  buckets_.reset();
+  if (dp.size() > 1) {
+    nn::ParameterStore& P = model_.parameters();
+    const size_t elems = opt_.ddp_bucket_size > 0 ? static_cast<size_t>(opt_.ddp_bucket_size)
+                                                  : default_bucket_elems(P.flat_size(), dp.size(), opt_.overlap_grad_reduce);
+    buckets_ = std::make_unique<GradientBuckets>(P, dp, elems, opt_.overlap_grad_reduce);
+  }
 }
 
 optim::LossScalerState Trainer::loss_scaler_state() const {
@@ -190,6 +197,9 @@ void Trainer::forward_backward() {
     StepContext ctx{opt_.seed, iteration_, m, true};
     if (fp16()) ctx.loss_scale = scaler_.flat(0, 1);
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
+    // the last micro-batch: buckets may start during its backward pass (not when the noise
+    // scale still has to read this rank's own gradient of the first micro-batch)
+    if (buckets_ && k == local - 1 && !(k == 0 && opt_.noise_scale)) buckets_->arm();
     model_.backward();
     if (!step_.defined()) {
       for (const auto& [name, count] : out.extra) extra_names_.push_back(name);
@@ -211,9 +221,16 @@ void Trainer::forward_backward() {
 void Trainer::reduce_gradients() {
   if (dp_->size() == 1) return;
   // the sum of the ranks' shares of the mean gradient of the global batch, in buckets
-  const Tensor& g = model_.parameters().grads();
-  const size_t n = g.numel(), bucket = size_t{1} << 22;
-  for (size_t at = 0; at < n; at += bucket) comm::all_reduce(*dp_, g.flat(at, std::min(bucket, n - at)), comm::ReduceOp::kSum);
+  // (those not started during the backward pass start now)
+  buckets_->finish();
+  if (!bucket_line_said_) {  // once per run: what the reduction looked like
+    bucket_line_said_ = true;
+    console_ << "> data parallel: gradients summed over " << dp_->size() << " ranks (" << dp_->backend() << ") in "
+         << buckets_->count() << " bucket(s)";
+    if (opt_.overlap_grad_reduce)
+      console_ << ", " << buckets_->started_early() << " started during the backward pass";
+    console_ << std::endl;
+  }
   comm::all_reduce(*dp_, step_.flat(0, 1 + extra_names_.size()), comm::ReduceOp::kSum);
 }
 

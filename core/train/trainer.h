@@ -25,6 +25,7 @@
 #include "core/optim/loss_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
+#include "core/train/grad_buckets.h"
 #include "core/train/model.h"
 
 namespace megabatch::train {
@@ -90,6 +91,11 @@ struct TrainOptions {
   // in a row stops it too (0: only NaN/inf). A diverged run saves no checkpoint.
   double divergence_loss = 0;
   int64_t divergence_intervals = 3;
+  // Data parallelism (Megatron's DDP flags): gradients are summed over the DP group in
+  // buckets of ddp_bucket_size elements (0: Megatron's default, core/train/grad_buckets.h);
+  // with overlap_grad_reduce each bucket starts during the last micro-batch's backward pass.
+  bool overlap_grad_reduce = false;
+  int64_t ddp_bucket_size = 0;
 };
 
 // Why run() returned.
@@ -163,6 +169,8 @@ class Trainer {
   comm::Communicator& tp_;
   comm::LocalCommunicator no_dp_;
   comm::Communicator* dp_ = &no_dp_;
+  std::unique_ptr<GradientBuckets> buckets_;  // with data parallelism
+  bool bucket_line_said_ = false;
   BatchSource& train_;
   BatchSource* valid_;
   BatchSource* test_ = nullptr;

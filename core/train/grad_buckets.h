@@ -1,0 +1,59 @@
+// Data-parallel gradient reduction in buckets (Megatron's DDP): the flat fp32 gradient
+// buffer is cut into buckets of whole parameters, about `bucket_elems` elements each,
+// formed in reverse parameter order (the order the backward pass finishes them). Each
+// bucket is one sum over the data-parallel group. With overlap, a bucket starts as soon as
+// every parameter in it is final in the last micro-batch's backward pass (layers announce
+// it through ParameterStore::grads_final), so the reduction runs while the earlier layers
+// still compute; without, all start after the backward pass. Either way the buckets, their
+// order and their contents are the same, so the reduced gradients are too.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/comm/communicator.h"
+#include "core/nn/parameters.h"
+
+namespace megabatch::train {
+
+class GradientBuckets {
+ public:
+  GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap);
+  ~GradientBuckets();
+  GradientBuckets(const GradientBuckets&) = delete;
+  GradientBuckets& operator=(const GradientBuckets&) = delete;
+
+  // Before the last micro-batch's backward pass: from now on, buckets start as their
+  // parameters become final (with overlap; otherwise nothing happens until finish()).
+  void arm();
+  // After it: starts the buckets not started yet, in bucket order, and waits for every one.
+  void finish();
+  size_t count() const { return buckets_.size(); }
+  // Buckets started during the backward pass in the last step (overlap achieved).
+  size_t started_early() const { return started_early_; }
+
+ private:
+  struct Bucket {
+    size_t begin = 0, end = 0;  // flat gradient range
+    int params = 0;             // parameters in it
+    int final = 0;              // of which final in this backward pass
+    bool started = false;
+  };
+  void on_final(int first, int end);
+  void start(size_t b);
+
+  nn::ParameterStore& store_;
+  comm::Communicator& dp_;
+  bool overlap_;
+  std::vector<Bucket> buckets_;
+  std::vector<size_t> bucket_of_;  // parameter id -> bucket
+  std::vector<bool> final_;        // parameter id -> final in this backward pass
+  bool armed_ = false;
+  size_t started_early_ = 0;
+};
+
+// Megatron's default bucket size with overlap: max(40M, 1M x DP) elements; without, one
+// bucket holds everything (the size of the buffer).
+size_t default_bucket_elems(size_t flat_size, int dp_size, bool overlap);
+
+}  // namespace megabatch::train
