@@ -52,11 +52,15 @@ if [[ -n $model && -z $per_node ]]; then
     echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
 fi
 
-env=(-x FI_PROVIDER=efa -x FI_EFA_FORK_SAFE=1 -x NCCL_SOCKET_IFNAME=^lo,docker -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
-case $itype in
-  p4d.*|p4de.*|p5.*|p5en.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=1) ;;   # GPUDirect RDMA over EFA
-  g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
-esac
+efa=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["efa_interfaces"])' "$here/../instances.json" "$itype")
+env=(-x NCCL_SOCKET_IFNAME=^lo,docker -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
+if ((efa > 0)); then  # NCCL over EFA (libfabric, aws-ofi-nccl); sizes without EFA use NCCL's sockets
+  env+=(-x FI_PROVIDER=efa -x FI_EFA_FORK_SAFE=1)
+  case $itype in
+    p4d.*|p4de.*|p5.*|p5en.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=1) ;;   # GPUDirect RDMA over EFA
+    g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
+  esac
+fi
 cmd=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
      --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}"
      "$root/build/bin/train" "$@")

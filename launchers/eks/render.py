@@ -31,16 +31,18 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
     gpus, efa = inst["gpus"], inst["efa_interfaces"]
     name = "megabatch-" + os.path.basename(point.rstrip("/")).lower().replace(".", "-").replace("_", "-")[:50]
     rdma = "1" if instance_type.split(".")[0] in ("p4d", "p4de", "p5", "p5en") else "0"
-    env = {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": rdma, "FI_EFA_FORK_SAFE": "1", "NCCL_DEBUG": "WARN",
-           "OMP_NUM_THREADS": "1"}
+    env = {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "1"}
+    if efa > 0:  # NCCL over EFA; sizes without EFA use NCCL's sockets and ask for no EFA device
+        env.update({"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": rdma, "FI_EFA_FORK_SAFE": "1"})
     command = ["mpirun", "--allow-run-as-root", "-np", str(nodes * gpus), "--map-by", f"ppr:{gpus}:node",
                "--bind-to", "none"]
     for k, v in env.items():
         command += ["-x", f"{k}={v}"]
     command += [train, "--config", f"{point}/point.json", "--run-dir", point, "--save", f"{point}/checkpoints",
                 "--load", f"{point}/checkpoints", "--keep-checkpoints", "2"]
-    resources = {"nvidia.com/gpu": gpus, "vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi",
-                 "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
+    resources = {"nvidia.com/gpu": gpus, "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
+    if efa > 0:  # the EFA interfaces and libfabric's 2 MiB hugepages
+        resources.update({"vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"})
     worker = {
         "replicas": nodes,
         "template": {"spec": {

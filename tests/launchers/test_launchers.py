@@ -34,8 +34,12 @@ class EksManifest(unittest.TestCase):
                 res = pod["containers"][0]["resources"]
                 for kind in ("limits", "requests"):
                     self.assertEqual(res[kind]["nvidia.com/gpu"], inst["gpus"])
-                    self.assertEqual(res[kind]["vpc.amazonaws.com/efa"], inst["efa_interfaces"])
-                    self.assertIn("hugepages-2Mi", res[kind])
+                    if inst["efa_interfaces"]:
+                        self.assertEqual(res[kind]["vpc.amazonaws.com/efa"], inst["efa_interfaces"])
+                        self.assertIn("hugepages-2Mi", res[kind])
+                    else:  # nothing EFA-specific where the size has no EFA
+                        self.assertNotIn("vpc.amazonaws.com/efa", res[kind])
+                        self.assertNotIn("hugepages-2Mi", res[kind])
                 vols = {v["name"]: v for v in pod["volumes"]}
                 self.assertEqual(vols["shm"]["emptyDir"]["medium"], "Memory")
                 self.assertEqual(vols["fsx"]["persistentVolumeClaim"]["claimName"], "fsx-claim")
@@ -46,7 +50,11 @@ class EksManifest(unittest.TestCase):
                 self.assertIn("/fsx/runs/s/lamb-bs8-lr0.04-s1/point.json", cmd)
                 self.assertIn("--load", cmd)
                 rdma = "FI_EFA_USE_DEVICE_RDMA=" + ("0" if itype.startswith("g4dn") else "1")
-                self.assertIn(rdma, cmd)
+                if inst["efa_interfaces"]:
+                    self.assertIn(rdma, cmd)
+                    self.assertIn("FI_PROVIDER=efa", cmd)
+                else:
+                    self.assertFalse([a for a in cmd if a.startswith("FI_")], cmd)
 
     def test_unknown_instance_type_is_refused_with_the_known_ones(self):
         with self.assertRaises(SystemExit) as e:
@@ -67,6 +75,13 @@ class CommandLines(unittest.TestCase):
         self.assertIn("-np 16", r.stdout)
         self.assertIn("ppr:8:node", r.stdout)
         self.assertIn("FI_EFA_USE_DEVICE_RDMA=1", r.stdout)
+        # a g4dn size without EFA: NCCL over sockets, no libfabric settings
+        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.2xlarge",
+                       "--hostfile", f.name, "--dry-run", "--"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("-np 2", r.stdout)
+        self.assertNotIn("FI_", r.stdout)
+        self.assertIn("NCCL_SOCKET_IFNAME", r.stdout)
         r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.12xlarge",
                        "--hostfile", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8"])
         self.assertEqual(r.returncode, 2)
