@@ -9,16 +9,19 @@
 # reachable by passwordless ssh, megabatch built at the same path on each). Checks that TP
 # divides the ranks and stays inside a node (launchers/plan.py checks memory too).
 # --ranks-per-node N overrides one rank per GPU; --mpirun-arg ARG passes ARG to mpirun.
+# --selftest (run it first on a new cluster): launchers/selftest.sh over the same mpirun, a
+# short TP x DP run checked against one GPU, in ./megabatch-selftest (a shared directory).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-itype="" hostfile="" dry=0 per_node="" extra=()
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+itype="" hostfile="" dry=0 selftest=0 per_node="" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --instance-type) itype=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --selftest) selftest=1; shift ;;                # a short TP x DP run against one GPU first
     --ranks-per-node) per_node=$2; shift 2 ;;       # default: one rank per GPU
     --mpirun-arg) extra+=("$2"); shift 2 ;;         # passed to mpirun as is (repeatable)
     --) shift; break ;;
@@ -61,8 +64,12 @@ if ((efa > 0)); then  # NCCL over EFA (libfabric, aws-ofi-nccl); sizes without E
     g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
   esac
 fi
-cmd=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
-     --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}"
-     "$root/build/bin/train" "$@")
+launch=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
+        --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}")
+if ((selftest)); then  # TP 2 where a node has 2 GPUs, DP over the rest; in a shared directory
+  cmd=("$root/launchers/selftest.sh" --tp $((gpus >= 2 ? 2 : 1)) --dir "$PWD/megabatch-selftest" -- "${launch[@]}")
+else
+  cmd=("${launch[@]}" "$root/build/bin/train" "$@")
+fi
 if ((dry)); then printf '%q ' "${cmd[@]}"; echo; exit 0; fi
 exec "${cmd[@]}"

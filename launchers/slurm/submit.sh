@@ -8,12 +8,17 @@
 #
 # Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
 # `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
+#   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] ...
+# (run it first on a new cluster) submits launchers/selftest.sh instead: a short TP x DP run
+# under the same srun, checked against one GPU, in RUNS_DIR/selftest.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
-sweep_file=$1; shift
+sweep_file=""
+[[ $1 == --selftest ]] || { sweep_file=$1; }
+shift
 nodes=1 ntasks=1 partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -31,6 +36,15 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 bin=${MEGABATCH_BIN:-$root/build/bin}
+if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tasks
+  tp=$((ntasks >= 2 ? 2 : 1))
+  args=(--nodes="$nodes" --ntasks-per-node="$ntasks" --job-name=megabatch-selftest --output="$runs_dir/selftest-%j.out")
+  [[ -n $partition ]] && args+=(--partition="$partition")
+  [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
+  args+=(--wrap="MEGABATCH_BIN=$bin $root/launchers/selftest.sh --tp $tp --dir $(cd "$runs_dir" 2>/dev/null && pwd || echo "$runs_dir")/selftest -- srun --mpi=pmix ${container:+--container-image=$container}")
+  if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
+  mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
+fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
 out=$("$bin/sweep" export "$sweep_file" --runs-dir "$runs_dir")  # ".../<name>/points.txt: N points"
 echo "$out"

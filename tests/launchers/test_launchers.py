@@ -94,6 +94,41 @@ class CommandLines(unittest.TestCase):
         self.assertIn("exceeds the T4's 16 GiB", r.stderr)
         self.assertNotIn("mpirun", r.stdout)
 
+    def test_selftest_compares_a_layout_with_one_process_and_the_launchers_start_it(self):
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+                   OMPI_MCA_rmaps_base_oversubscribe="1")
+        selftest = os.path.join(ROOT, "launchers", "selftest.sh")
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([selftest, "--tp", "2", "--device", "cpu", "--iters", "4", "--dir", d, "--",
+                                "mpirun", "-np", "4"], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("4 ranks: TP 2 x DP 2 (MPI) against one process", r.stdout)
+            rows = [l for l in r.stdout.splitlines() if l.split() and l.split()[0].isdigit()]
+            self.assertEqual(len(rows), 4, r.stdout)  # four iterations compared
+            self.assertIn("selftest: passed", r.stdout)
+            # a layout that does not reproduce one process (here: another seed) fails, saying where
+            r = subprocess.run([selftest, "--tp", "2", "--device", "cpu", "--iters", "4", "--dir", d, "--",
+                                "bash", "-c", 'exec mpirun -np 2 "$@" --seed 7', "_"], capture_output=True, text=True,
+                               env=env)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertIn("FAILED: the layout does not reproduce one process", r.stdout)
+            self.assertIn("<-", r.stdout)
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
+            f.write("10.0.0.1\n10.0.0.2\n")
+        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "p4d.24xlarge",
+                       "--hostfile", f.name, "--selftest", "--dry-run"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("selftest.sh --tp 2", r.stdout)
+        self.assertIn("-- mpirun --hostfile", r.stdout)
+        self.assertIn("-np 16", r.stdout)
+        with tempfile.TemporaryDirectory() as runs:
+            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"), "--selftest", "--nodes", "2",
+                           "--ntasks-per-node", "8", "--gpus-per-node", "8", "--runs-dir", runs, "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            self.assertIn("--nodes=2", r.stdout)
+            self.assertIn("selftest.sh --tp 2", r.stdout)
+            self.assertIn("srun --mpi=pmix", r.stdout)
+
     def test_slurm_submit_writes_the_points_and_an_array(self):
         with tempfile.TemporaryDirectory() as runs:
             r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
