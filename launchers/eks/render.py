@@ -4,6 +4,11 @@
   render.py --instance-type p4d.24xlarge --nodes 2 --image <registry>/megabatch:latest \\
             --point /fsx/runs/bert4_lamb_bsz/lamb-bs4096-lr0.0141-s1 [--fsx-claim fsx-claim] > job.yaml
   kubectl apply -f job.yaml
+  render.py --instance-type p4d.24xlarge --nodes 2 --image ... --selftest /fsx/selftest > job.yaml
+
+--selftest DIR (run it first on a new cluster) renders a job that runs launchers/selftest.sh
+through the same mpirun instead of a point: a short TP x DP run checked against one GPU, in
+DIR on the FSx volume; the launcher pod's log holds the table and its exit status the verdict.
 
 Workers: one pod per node of the instance type, requesting every GPU (nvidia.com/gpu), every
 EFA interface (vpc.amazonaws.com/efa) and 5 GiB of 2 MiB hugepages (libfabric's EFA
@@ -21,7 +26,9 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/opt/megabatch/build/bin/train"):
+def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/opt/megabatch/build/bin/train",
+           selftest=None):
+    """The MPIJob of one point, or with selftest=DIR the cluster self-test in DIR."""
     with open(os.path.join(HERE, "..", "instances.json")) as f:
         table = json.load(f)
     if instance_type not in table or instance_type.startswith("_"):
@@ -29,7 +36,7 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
                          f"{', '.join(k for k in table if not k.startswith('_'))}")
     inst = table[instance_type]
     gpus, efa = inst["gpus"], inst["efa_interfaces"]
-    name = "megabatch-" + os.path.basename(point.rstrip("/")).lower().replace(".", "-").replace("_", "-")[:50]
+    name = "megabatch-" + os.path.basename((selftest or point).rstrip("/")).lower().replace(".", "-").replace("_", "-")[:50]
     rdma = "1" if instance_type.split(".")[0] in ("p4d", "p4de", "p5", "p5en") else "0"
     env = {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "1"}
     if efa > 0:  # NCCL over EFA; sizes without EFA use NCCL's sockets and ask for no EFA device
@@ -38,8 +45,12 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
                "--bind-to", "none"]
     for k, v in env.items():
         command += ["-x", f"{k}={v}"]
-    command += [train, "--config", f"{point}/point.json", "--run-dir", point, "--save", f"{point}/checkpoints",
-                "--load", f"{point}/checkpoints", "--keep-checkpoints", "2"]
+    if selftest:  # launchers/selftest.sh over this mpirun: TP 2 where a node has 2 GPUs
+        root = os.path.dirname(os.path.dirname(os.path.dirname(train)))
+        command = [f"{root}/launchers/selftest.sh", "--tp", str(2 if gpus >= 2 else 1), "--dir", selftest, "--"] + command
+    else:
+        command += [train, "--config", f"{point}/point.json", "--run-dir", point, "--save", f"{point}/checkpoints",
+                    "--load", f"{point}/checkpoints", "--keep-checkpoints", "2"]
     resources = {"nvidia.com/gpu": gpus, "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
     if efa > 0:  # the EFA interfaces and libfabric's 2 MiB hugepages
         resources.update({"vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"})
@@ -78,10 +89,13 @@ def main(argv=None):
     p.add_argument("--instance-type", required=True)
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--image", required=True)
-    p.add_argument("--point", required=True, help="the point's directory on the FSx volume (sweep export writes it)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--point", help="the point's directory on the FSx volume (sweep export writes it)")
+    what.add_argument("--selftest", metavar="DIR", help="the cluster self-test instead, in DIR on the FSx volume")
     p.add_argument("--fsx-claim", default="fsx-claim")
     a = p.parse_args(argv)
-    yaml.safe_dump(render(a.instance_type, a.nodes, a.image, a.point, a.fsx_claim), sys.stdout, sort_keys=False)
+    yaml.safe_dump(render(a.instance_type, a.nodes, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
+                   sort_keys=False)
 
 
 if __name__ == "__main__":

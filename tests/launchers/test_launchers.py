@@ -56,6 +56,17 @@ class EksManifest(unittest.TestCase):
                 else:
                     self.assertFalse([a for a in cmd if a.startswith("FI_")], cmd)
 
+    def test_selftest_job_runs_selftest_over_the_same_mpirun(self):
+        job = render.render("p5.48xlarge", 2, "img", None, selftest="/fsx/selftest")
+        cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+        self.assertEqual(cmd[0], "/opt/megabatch/launchers/selftest.sh")
+        self.assertEqual(cmd[cmd.index("--tp") + 1], "2")
+        self.assertEqual(cmd[cmd.index("--dir") + 1], "/fsx/selftest")
+        self.assertEqual(cmd[cmd.index("--") + 1], "mpirun")
+        self.assertEqual(cmd[cmd.index("-np") + 1], "16")
+        self.assertNotIn("--config", cmd)
+        self.assertEqual(job["metadata"]["name"], "megabatch-selftest")
+
     def test_unknown_instance_type_is_refused_with_the_known_ones(self):
         with self.assertRaises(SystemExit) as e:
             render.render("p3.16xlarge", 1, "img", "/fsx/p")
