@@ -41,8 +41,8 @@ GradientBuckets::~GradientBuckets() {
   if (overlap_) store_.set_grads_final_hook({});
 }
 
-void GradientBuckets::arm() {
-  for (auto& b : buckets_) b.final = 0, b.started = false;
+void GradientBuckets::arm() {  // (finish() left every bucket not started)
+  for (auto& b : buckets_) b.final = 0;
   std::fill(final_.begin(), final_.end(), false);
   started_early_ = 0;
   armed_ = overlap_;

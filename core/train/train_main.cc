@@ -364,11 +364,12 @@ int run(int argc, char** argv) {
   // --- processes: tensor-parallel groups of contiguous ranks, data parallelism across them
   auto parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
   const int64_t dp_size = parallel.dp->size();
-  mb::check(!v.contains("data_parallel_size") || v["data_parallel_size"].get<int64_t>() == dp_size, "data_parallel_size ",
-            v.contains("data_parallel_size") ? v["data_parallel_size"].get<int64_t>() : 0, ": this job has ",
-            parallel.world_size, " rank(s) at tensor_model_parallel_size ", mc.tensor_model_parallel_size, ", so DP is ",
-            dp_size, "; launch TP x DP = ", mc.tensor_model_parallel_size * (v.contains("data_parallel_size") ?
-            v["data_parallel_size"].get<int64_t>() : 1), " ranks (mpirun -np N, srun -n N)");
+  if (v.contains("data_parallel_size")) {  // what the job was meant to be, against what was launched
+    const int64_t want = v["data_parallel_size"].get<int64_t>();
+    mb::check(want == dp_size, "data_parallel_size ", want, ": this job has ", parallel.world_size,
+              " rank(s) at tensor_model_parallel_size ", mc.tensor_model_parallel_size, ", so DP is ", dp_size,
+              "; launch TP x DP = ", mc.tensor_model_parallel_size * want, " ranks (mpirun -np N, srun -n N)");
+  }
   const bool logger = parallel.world_rank == 0;  // one rank writes the console, config.json and metrics.h5
   if (!logger) std::cout.rdbuf(nullptr);
   opt.global_batch_size =

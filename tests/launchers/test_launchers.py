@@ -74,33 +74,34 @@ class EksManifest(unittest.TestCase):
 
 
 class CommandLines(unittest.TestCase):
+    def launch(self, itype, hostfile, *args):
+        """launchers/ec2/launch.sh --instance-type ITYPE --hostfile HOSTFILE ARGS..."""
+        return self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", itype,
+                          "--hostfile", hostfile, *args])
+
     def run_(self, args):
         return subprocess.run(args, capture_output=True, text=True)
 
     def test_ec2_launch_builds_mpirun_over_the_hostfile(self):
         with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
             f.write("10.0.0.1\n# a comment\n10.0.0.2\n")
-        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "p5.48xlarge",
-                       "--hostfile", f.name, "--dry-run", "--", "--model", "bert4", "--tensor-model-parallel-size", "4"])
+        r = self.launch("p5.48xlarge", f.name, "--dry-run", "--", "--model", "bert4", "--tensor-model-parallel-size", "4")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("-np 16", r.stdout)
         self.assertIn("ppr:8:node", r.stdout)
         self.assertIn("FI_EFA_USE_DEVICE_RDMA=1", r.stdout)
         # a g4dn size without EFA: NCCL over sockets, no libfabric settings
-        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.2xlarge",
-                       "--hostfile", f.name, "--dry-run", "--"])
+        r = self.launch("g4dn.2xlarge", f.name, "--dry-run", "--")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("-np 2", r.stdout)
         self.assertNotIn("FI_", r.stdout)
         self.assertIn("NCCL_SOCKET_IFNAME", r.stdout)
-        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.12xlarge",
-                       "--hostfile", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8"])
+        r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8")
         self.assertEqual(r.returncode, 2)
         self.assertIn("TP 8 would span nodes", r.stderr)
         # a model that does not fit in the GPUs' memory is refused before anything starts
-        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "g4dn.12xlarge",
-                       "--hostfile", f.name, "--dry-run", "--", "--model", "bert-large", "--micro-batch-size", "256",
-                       "--tensor-model-parallel-size", "2"])
+        r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", "--model", "bert-large", "--micro-batch-size", "256",
+                        "--tensor-model-parallel-size", "2")
         self.assertEqual(r.returncode, 2, r.stdout)
         self.assertIn("exceeds the T4's 16 GiB", r.stderr)
         self.assertNotIn("mpirun", r.stdout)
@@ -126,8 +127,7 @@ class CommandLines(unittest.TestCase):
             self.assertIn("<-", r.stdout)
         with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
             f.write("10.0.0.1\n10.0.0.2\n")
-        r = self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", "p4d.24xlarge",
-                       "--hostfile", f.name, "--selftest", "--dry-run"])
+        r = self.launch("p4d.24xlarge", f.name, "--selftest", "--dry-run")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("selftest.sh --tp 2", r.stdout)
         self.assertIn("-- mpirun --hostfile", r.stdout)
