@@ -219,3 +219,15 @@ TEST(MpiBuckets, OverlappedBucketsGiveTheGradientsOfOneReductionBitwise) {
     }
   }
 }
+
+// data_parallel_size says what the job was meant to be: a job of another size is refused,
+// naming the key and how many ranks to launch; the right size runs.
+TEST(MpiLayout, AJobOfAnotherDataParallelSizeIsRefused) {
+  mb::testing::TempDir tmp;
+  auto r = mb::testing::run_command(mpirun(2) + train(tmp / "a", "--train-iters 1 --data-parallel-size 1"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data_parallel_size 1: this job has 2 rank(s) at tensor_model_parallel_size 1, so DP is 2; "
+                          "launch TP x DP = 1 ranks"), std::string::npos) << r.output;
+  r = mb::testing::run_command(mpirun(2) + train(tmp / "b", "--train-iters 1 --data-parallel-size 2"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
