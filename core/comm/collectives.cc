@@ -81,6 +81,17 @@ void start_all_reduce(Communicator& c, const Tensor& t) {
   all_reduce(c, t, ReduceOp::kSum);
 }
 
+void start_reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
+  check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == DType::kF32 &&
+            out.dtype() == DType::kF32,
+        "start_reduce_scatter of ", in.describe(), " into ", out.describe(), " (f32, size() times the output)");
+  if (c.size() == 1) return copy(out, in);
+  if (out.numel() == 0) return;
+  if (native(c, in)) return c.start_reduce_scatter_device(in.raw(), out.raw(), out.numel(), in.dtype());
+  if (in.device().is_cpu()) return c.start_reduce_scatter(in.data<float>(), out.data<float>(), out.numel());
+  reduce_scatter(c, in, out);
+}
+
 void broadcast(Communicator& c, const Tensor& t, int root) {
   if (c.size() == 1 || t.numel() == 0) return;
   check_float(t, "broadcast");

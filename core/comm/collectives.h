@@ -21,5 +21,8 @@ void broadcast(Communicator& c, const Tensor& t, int root);
 // A non-blocking sum in place (f32): started now, complete after c.wait_all(). CPU tensors
 // and NCCL's device tensors overlap what follows; host-staged GPU tensors complete at once.
 void start_all_reduce(Communicator& c, const Tensor& t);
+// A non-blocking reduce-scatter (f32) as reduce_scatter: `in` and `out` are not touched
+// until c.wait_all(); they must not overlap.
+void start_reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out);
 
 }  // namespace megabatch::comm

@@ -45,13 +45,18 @@ class Communicator {
   virtual std::string backend() const { return "local"; }
 
   // ---- non-blocking sums (gradient buckets that overlap the backward pass) ----
-  // start_all_reduce (host f32) and start_all_reduce_device begin a sum over every rank
-  // and return; the buffer is not touched by the caller until wait_all(), which completes
-  // every one started (on a GPU: the run's stream waits for them). progress() lets started
-  // ones advance (MPI moves non-blocking collectives only inside its calls). Defaults:
-  // blocking, complete when start returns.
+  // start_all_reduce (host f32) and start_all_reduce_device begin a sum over every rank,
+  // start_reduce_scatter(_device) a reduce-scatter (the distributed optimizer's buckets),
+  // and return; the buffers are not touched by the caller until wait_all(), which
+  // completes every one started (on a GPU: the run's stream waits for them). progress()
+  // lets started ones advance (MPI moves non-blocking collectives only inside its calls).
+  // Defaults: blocking, complete when start returns.
   virtual void start_all_reduce(float* data, size_t n) { all_reduce(data, n, ReduceOp::kSum); }
   virtual void start_all_reduce_device(void* data, size_t n, DType t) { all_reduce_device(data, n, t, ReduceOp::kSum); }
+  virtual void start_reduce_scatter(const float* in, float* out, size_t n) { reduce_scatter(in, out, n); }
+  virtual void start_reduce_scatter_device(const void* in, void* out, size_t n, DType t) {
+    reduce_scatter_device(in, out, n, t);
+  }
   virtual void progress() {}
   virtual void wait_all() {}
 };

@@ -108,17 +108,26 @@ void MpiCommunicator::start_all_reduce(float* data, size_t n) {
   pending_->requests.push_back(r);
 }
 
+void MpiCommunicator::start_reduce_scatter(const float* in, float* out, size_t n) {
+  check(n * static_cast<size_t>(size_) <= static_cast<size_t>(INT32_MAX), "MPI reduce-scatter of ", n, " x ", size_,
+        " elements: more than an MPI count holds");
+  MPI_Request r = MPI_REQUEST_NULL;
+  check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_), &r),
+            "reduce-scatter (start)");
+  pending_->requests.push_back(r);
+}
+
 void MpiCommunicator::progress() {
   if (pending_->requests.empty()) return;
   int done = 0;
   check_mpi(MPI_Testall(static_cast<int>(pending_->requests.size()), pending_->requests.data(), &done, MPI_STATUSES_IGNORE),
-            "all-reduce (progress)");
+            "non-blocking collectives (progress)");
 }
 
 void MpiCommunicator::wait_all() {
   if (pending_->requests.empty()) return;
   check_mpi(MPI_Waitall(static_cast<int>(pending_->requests.size()), pending_->requests.data(), MPI_STATUSES_IGNORE),
-            "all-reduce (wait)");
+            "non-blocking collectives (wait)");
   pending_->requests.clear();
 }
 

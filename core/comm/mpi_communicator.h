@@ -43,6 +43,7 @@ class MpiCommunicator final : public Communicator {
   std::string broadcast_string(const std::string& s, int root);
   std::string backend() const override { return "MPI"; }
   void start_all_reduce(float* data, size_t n) override;  // MPI_Iallreduce
+  void start_reduce_scatter(const float* in, float* out, size_t n) override;  // MPI_Ireduce_scatter_block
   void progress() override;                               // MPI_Testall
   void wait_all() override;                               // MPI_Waitall
 

@@ -101,6 +101,12 @@ class NcclCommunicator final : public Communicator {
     MB_CUDA_CHECK(cudaEventRecord(done_, stream_));  // the last one started: stream_ runs them in order
     started_ = true;
   }
+  void start_reduce_scatter_device(const void* in, void* out, size_t n, DType t) override {
+    begin();
+    MB_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, comm_, stream_));
+    MB_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    started_ = true;
+  }
   void wait_all() override {
     if (!started_) return;
     MB_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));

@@ -22,7 +22,9 @@ struct ShardLayout {
   int64_t full_cols = 1;
   int partition_dim = -1;      // -1: not sharded
   int64_t rank = 0;            // this shard's index along partition_dim
+  int64_t offset = 0;          // element i is local element offset + i (a distributed optimizer's piece)
   MB_SHARD_HOST_DEVICE int64_t full_index(int64_t i) const {
+    i += offset;
     if (partition_dim < 0) return i;
     const int64_t r = i / cols, c = i % cols;
     if (partition_dim == 0) return (rank * rows + r) * full_cols + c;

@@ -152,8 +152,9 @@ double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
 }
 
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
-                                 const std::vector<double>& hparams, uint64_t seed, LogSink log)
-    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), seed_(seed), log_(std::move(log)) {
+                                 const std::vector<double>& hparams, uint64_t seed, LogSink log, DpShards* shards)
+    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), seed_(seed), log_(std::move(log)),
+      shards_(shards) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
   check(!device_.is_cuda() || (plugin_.entry->devices & MB_DEVICES_CUDA), "optimizer plugin '", plugin_.name(), "' (",
@@ -161,6 +162,10 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
         "configure megabatch where nvcc is found; out of the tree: find_package(megabatch) from a CUDA build compiles ",
         "megabatch_add_plugin sources with nvcc), or run with --device cpu");
   check(store.masters().dtype() == DType::kF32, "optimizer plugins step fp32 master weights");
+  check(!shards_ || (plugin_.entry->flags & MB_PLUGIN_DP_SHARDS), "optimizer plugin '", plugin_.name(), "' (",
+        plugin_.path.string(), ") cannot run with --use-distributed-optimizer: it does not declare ",
+        "MB_PLUGIN_DP_SHARDS (its math may need whole tensors, e.g. factored state); run without the flag, or make ",
+        "the plugin elementwise with per-tensor sums through sum_shards and declare it (core/optim/plugin.h)");
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     mb_param p{};
@@ -177,6 +182,13 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
     p.numel = static_cast<int64_t>(info.numel);
     p.data = store.master(static_cast<int>(i)).data<float>();
     p.grad = store.grad(static_cast<int>(i)).data<float>();
+    if (shards_) {  // this rank's piece: its masters in place, its reduced gradients in the shard buffer
+      const Piece& piece = shards_->piece(static_cast<int>(i));
+      p.numel = piece.numel();
+      p.offset = piece.begin;
+      p.data += piece.begin;
+      p.grad = shards_->grads().data<float>() + piece.at;
+    }
     params_.push_back(p);
   }
   host_.ctx = this;
@@ -185,7 +197,7 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
   host_.stream = runtime::cuda_stream(device_);
   host_.alloc_state = &alloc_state;
   host_.tp_sum = &tp_sum;
-  host_.tp_sum_sharded = &tp_sum_sharded;
+  host_.sum_shards = &sum_shards;
   host_.normal = &normal;
   host_.scratch = &scratch;
   host_.upload = &upload;
@@ -207,7 +219,15 @@ PluginOptimizer::~PluginOptimizer() {
 }
 
 void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, double norm, bool diagnostics) {
-  if (norm < 0) norm = grad_norm(*store_, *tp_);
+  if (norm < 0 && !shards_) norm = grad_norm(*store_, *tp_);
+  if (norm < 0) {  // over the pieces: summed over the data-parallel group, sharded ones over TP too
+    const Tensor sums({2}, DType::kF64, device_);
+    ops::split_sum_squares(sums, shards_->grads(), shards_->segments(true), shards_->segments(false));
+    comm::all_reduce(shards_->dp(), sums, comm::ReduceOp::kSum);
+    comm::all_reduce(*tp_, sums.flat(0, 1), comm::ReduceOp::kSum);
+    const std::vector<double> s = to_host_f64(sums);
+    norm = std::sqrt(s[0] + s[1]);
+  }
   step(step_count, lr, global_batch, from_host(std::vector<double>{norm}, {1}), diagnostics);
 }
 
@@ -227,6 +247,7 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   scratch_.clear();  // freed in stream order: the step's kernels are queued before any reuse
   if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step_count, ": ", err[0] ? err : "no message");
+  if (shards_) shards_->all_gather_masters();  // every rank's updated pieces to every rank
   store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
 }
 
@@ -264,10 +285,25 @@ float* PluginOptimizer::alloc_state(void* ctx, size_t index, const char* name, i
     self->host_error_ = "alloc_state: state '" + key.second + "' of " + key.first + " allocated twice";
     return nullptr;
   }
+  const nn::ParamInfo& info = self->store_->info(static_cast<int>(index));
+  const bool piece = self->shards_ && checkpointed != 0;
+  if (piece && dims != info.shape) {
+    self->host_error_ = "state '" + key.second + "' of " + key.first + " has shape " + shape_text(dims) +
+                        ", not its parameter's " + shape_text(info.shape) +
+                        ": the distributed optimizer keeps state only for each rank's piece of a parameter; run without "
+                        "--use-distributed-optimizer";
+    return nullptr;
+  }
   PluginState& s = self->state_[key];
-  s.tensor.resize(std::move(dims), DType::kF32, self->device_);
   s.partition_dim = partition_dim;
   s.checkpointed = checkpointed != 0;
+  if (piece) {  // this rank's piece of the parameter-shaped state
+    const Piece& p = self->shards_->piece(static_cast<int>(index));
+    s.piece_of = dims;
+    s.piece_offset = p.begin;
+    dims = {p.numel()};
+  }
+  s.tensor.resize(std::move(dims), DType::kF32, self->device_);
   return s.tensor.data<float>();
 }
 
@@ -276,10 +312,12 @@ void PluginOptimizer::tp_sum(void* ctx, double* values, size_t n) {
   comm::all_reduce(*self->tp_, self->device_view(values, n, DType::kF64), comm::ReduceOp::kSum);
 }
 
-void PluginOptimizer::tp_sum_sharded(void* ctx, double* values, size_t per_param) {
+void PluginOptimizer::sum_shards(void* ctx, double* values, size_t per_param) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
-  if (self->tp_->size() == 1) return;
   const size_t n = self->params_.size() * per_param;
+  if (self->shards_)  // every parameter's pieces over the data-parallel group
+    comm::all_reduce(self->shards_->dp(), self->device_view(values, n, DType::kF64), comm::ReduceOp::kSum);
+  if (self->tp_->size() == 1) return;
   const Tensor v = self->device_view(values, n, DType::kF64);
   std::vector<double> host = to_host_f64(v), packed;
   for (size_t i = 0; i < self->params_.size(); ++i)
@@ -296,7 +334,8 @@ void PluginOptimizer::tp_sum_sharded(void* ctx, double* values, size_t per_param
 void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, size_t n) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
   const nn::ParamInfo& info = self->store_->info(static_cast<int>(index));
-  const size_t count = std::min(n, info.numel);
+  const mb_param& p = self->params_.at(index);
+  const size_t count = std::min(n, static_cast<size_t>(p.numel));
   // Keyed by (seed, step, parameter name): the same draws under any layout.
   const uint64_t key = mix_key(mix_key(self->seed_, static_cast<uint64_t>(step)),
                                name_key(info.name.data(), info.name.size()));
@@ -306,7 +345,38 @@ void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, 
   layout.full_cols = info.full_shape.size() > 1 ? info.full_shape[1] : 1;
   layout.partition_dim = info.sharding.sharded ? info.sharding.partition_dim : -1;
   layout.rank = info.sharding.tp_rank;
+  layout.offset = p.offset;
   ops::normal_fill(self->device_view(out, count, DType::kF32), key, layout);
+}
+
+PluginOptimizer::State PluginOptimizer::whole_state() const {
+  if (!shards_) return state_;
+  State whole;
+  for (const auto& [key, s] : state_) {
+    if (s.piece_of.empty()) {
+      whole[key] = s;
+      continue;
+    }
+    PluginState w = s;
+    w.piece_of.clear();
+    w.piece_offset = 0;
+    w.tensor = Tensor(s.piece_of, DType::kF32, device_);  // zeros but for this rank's piece: summed, each rank's
+    copy(w.tensor.flat(static_cast<size_t>(s.piece_offset), s.tensor.numel()), s.tensor);
+    comm::all_reduce(shards_->dp(), w.tensor, comm::ReduceOp::kSum);  // pieces are disjoint: exact
+    whole[key] = std::move(w);
+  }
+  return whole;
+}
+
+void PluginOptimizer::restore_pieces(const State& whole) {
+  if (!shards_) return;
+  for (auto& [key, s] : state_) {
+    if (s.piece_of.empty()) continue;
+    const auto it = whole.find(key);
+    check(it != whole.end() && it->second.tensor.numel() == numel_of(s.piece_of), "internal error: no whole state ",
+          key.second, " of ", key.first);
+    copy(s.tensor, it->second.tensor.flat(static_cast<size_t>(s.piece_offset), s.tensor.numel()));
+  }
 }
 
 void* PluginOptimizer::scratch(void* ctx, size_t bytes) {

@@ -14,6 +14,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
+#include "core/optim/dp_shards.h"
 #include "core/optim/plugin.h"
 #include "core/optim/state.h"
 #include "core/tensor/tensor.h"
@@ -68,9 +69,12 @@ class PluginOptimizer {
   using State = OptimizerState;
 
   // Errors: a plugin without device code on a GPU run (naming it and how to rebuild it),
-  // a plugin that fails to start.
+  // a plugin that fails to start. With `shards` (the distributed optimizer) the plugin
+  // steps this rank's pieces of the parameters, with their gradients from shards->grads(),
+  // keeps state for the pieces only, and step() all-gathers the masters afterwards; a
+  // plugin that does not declare MB_PLUGIN_DP_SHARDS is refused.
   PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp, const std::vector<double>& hparams,
-                  uint64_t seed, LogSink log = {});
+                  uint64_t seed, LogSink log = {}, DpShards* shards = nullptr);
   ~PluginOptimizer();
   PluginOptimizer(const PluginOptimizer&) = delete;
   PluginOptimizer& operator=(const PluginOptimizer&) = delete;
@@ -91,15 +95,23 @@ class PluginOptimizer {
   // What the last step with diagnostics reported.
   const Diagnostics& diagnostics() const { return diagnostics_; }
   const Plugin& plugin() const { return plugin_; }
-  // Optimizer state by (parameter name, state name), for checkpoints and tests.
+  // Optimizer state by (parameter name, state name), as this rank keeps it (pieces with
+  // the distributed optimizer).
   const State& state() const { return state_; }
   State& state() { return state_; }
+  // The state with whole (TP-local) tensors, for checkpoints: the pieces are gathered over
+  // the data-parallel group (every DP rank calls it); without shards, state() itself.
+  State whole_state() const;
+  // Takes this rank's pieces from whole tensors (as whole_state() gives them, loaded from
+  // a checkpoint written at any data-parallel size); without shards, nothing to do.
+  void restore_pieces(const State& whole);
+  DpShards* shards() const { return shards_; }
 
  private:
   static float* alloc_state(void* ctx, size_t index, const char* name, int32_t ndim, const int64_t* shape,
                             int32_t partition_dim, int32_t checkpointed);
   static void tp_sum(void* ctx, double* values, size_t n);
-  static void tp_sum_sharded(void* ctx, double* values, size_t per_param);
+  static void sum_shards(void* ctx, double* values, size_t per_param);
   static void normal(void* ctx, size_t index, int64_t step, float* out, size_t n);
   static void* scratch(void* ctx, size_t bytes);
   static void upload(void* ctx, void* device_dst, const void* host_src, size_t bytes);
@@ -116,6 +128,7 @@ class PluginOptimizer {
   Diagnostics diagnostics_;
   bool collecting_ = false;
   LogSink log_;
+  DpShards* shards_ = nullptr;
   std::vector<mb_param> params_;
   State state_;
   std::vector<Tensor> scratch_;  // the current call's scratch memory

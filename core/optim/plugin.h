@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 3.
+/* megabatch optimizer plugin ABI, version 4.
  *
  * This header is the only thing a plugin includes. It is plain C (a C++ convenience
  * layer follows at the end), so a plugin built by any compiler loads into any host.
@@ -34,8 +34,17 @@
  *  - Device memory: on a GPU run, param data/grad, state, info->grad_norm, info->skip and
  *    the memory from host->scratch are GPU memory, and everything runs on host->stream.
  *    On a CPU run all of it is host memory (the same code runs in both).
- *  - Tensor parallelism: sharded parameters are the local shard; host->tp_sum and
- *    host->tp_sum_sharded make per-tensor sums of sharded tensors global.
+ *  - Tensor parallelism: sharded parameters are the local shard; host->sum_shards makes
+ *    per-tensor sums whole-tensor sums, host->tp_sum sums anything over the group.
+ *  - The distributed optimizer (--use-distributed-optimizer): each data-parallel rank steps
+ *    only a piece of each parameter, local elements [offset, offset + numel) of it
+ *    (flattened row-major; numel may be 0), and keeps state only for that piece. A plugin
+ *    that works so declares MB_PLUGIN_DP_SHARDS in entry.flags: its per-element math is
+ *    elementwise, every checkpointed state buffer has its parameter's shape (the host then
+ *    allocates the piece of it), and every per-tensor sum goes through host->sum_shards,
+ *    which adds the ranks' pieces (and the tensor-parallel shards) exactly once. The host
+ *    refuses other plugins with that flag, naming the plugin; checkpoints hold whole
+ *    tensors, so a run resumes at any data-parallel size.
  *  - Errors: return non-zero and write a message into err (err_len bytes, NUL-terminated).
  *    The host stops the run with that message; it never continues after a failed step.
  */
@@ -45,12 +54,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 3u
+#define MB_PLUGIN_ABI_VERSION 4u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
 
 /* entry.devices: where the plugin's step can run */
 #define MB_DEVICES_CPU 1u
 #define MB_DEVICES_CUDA 2u
+
+/* entry.flags */
+#define MB_PLUGIN_DP_SHARDS 1u /* steps pieces of parameters: runs with the distributed optimizer */
 
 #ifdef __cplusplus
 extern "C" {
@@ -70,9 +82,10 @@ typedef struct mb_param {
   int64_t full_shape[2];   /* unsharded */
   int32_t sharded;         /* 1: split across the tensor-parallel group along partition_dim */
   int32_t partition_dim;   /* -1 when replicated */
-  int64_t numel;           /* local elements */
+  int64_t numel;           /* elements this rank steps: the local ones, or its piece of them */
   float* data;             /* fp32 (master) values, on the run's device (updated in place by step) */
   const float* grad;       /* fp32 mean gradient over the global batch, on the run's device (read only) */
+  int64_t offset;          /* distributed optimizer: data[0] is local element `offset`; else 0 */
 } mb_param;
 
 typedef enum mb_hparam_type { MB_HPARAM_FLOAT = 0, MB_HPARAM_INT = 1, MB_HPARAM_BOOL = 2 } mb_hparam_type;
@@ -119,12 +132,13 @@ typedef struct mb_host {
   /* Sums values[0..n) (run's device memory) over the tensor-parallel group in place. */
   void (*tp_sum)(void* ctx, double* values, size_t n);
   /* values[num_params * per_param] (run's device memory), per_param values per parameter
-   * in parameter order: the entries of sharded parameters are summed over the
-   * tensor-parallel group, those of replicated ones left alone. */
-  void (*tp_sum_sharded)(void* ctx, double* values, size_t per_param);
-  /* Fills out[0..n) (run's device memory) with standard normal draws that are a pure
-   * function of (seed, step, param_index, full-tensor element index): identical on any
-   * thread count, device or tensor-parallel layout. */
+   * in parameter order, each a sum over the elements this rank steps, become sums over the
+   * whole tensor: added over the data-parallel pieces (distributed optimizer) and, for
+   * sharded parameters, over the tensor-parallel group; each element counted once. */
+  void (*sum_shards)(void* ctx, double* values, size_t per_param);
+  /* Fills out[0..n) (run's device memory) with standard normal draws for the elements this
+   * rank steps, each a pure function of (seed, step, param_index, full-tensor element
+   * index): identical on any thread count, device or tensor/data-parallel layout. */
   void (*normal)(void* ctx, size_t param_index, int64_t step, float* out, size_t n);
   /* `bytes` of run's-device memory valid until step() (or create()) returns. */
   void* (*scratch)(void* ctx, size_t bytes);
@@ -155,6 +169,7 @@ typedef struct mb_plugin_entry {
   /* One optimizer step; 0 on success. */
   int (*step)(void* self, const mb_step_info* info, char* err, size_t err_len);
   void (*destroy)(void* self);
+  uint32_t flags;          /* MB_PLUGIN_DP_SHARDS or 0 */
 } mb_plugin_entry;
 
 #ifdef __cplusplus
@@ -455,6 +470,9 @@ class Optimizer {
   explicit Optimizer(const Context& ctx) : ctx_(ctx) {}
   virtual ~Optimizer() = default;
   virtual void step(const mb_step_info& info) = 0;
+  // entry.flags: a class whose math is elementwise and whose per-tensor sums go through
+  // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`.
+  static constexpr uint32_t kFlags = 0;
   // Called by the entry's step() around step(): the step's skip flag for the kernels.
   void begin_step(const mb_step_info& info) { skip_ = info.skip; }
 
@@ -496,8 +514,8 @@ class Optimizer {
   }
   // Per-job sums of K (1 to 4) quantities: fn(j) may update element j of its arrays and
   // returns its K contributions as Sums<K>. Summed in double in fixed chunks added in
-  // order: the same result for any thread count. Local: make sharded tensors' sums global
-  // with tp_sum_sharded.
+  // order: the same result for any thread count. Local: make per-parameter sums whole-
+  // tensor sums with sum_shards.
   template <int K, typename Fn>
   TensorSums<K> sum(const std::vector<TensorJob<Fn>>& jobs) const {
     double* out = static_cast<double*>(ctx_.host->scratch(ctx_.host->ctx, (jobs.size() + 1) * K * sizeof(double)));
@@ -512,13 +530,13 @@ class Optimizer {
     }
     return TensorSums<K>(ctx_.host, out, jobs.size());
   }
-  // Makes per-parameter sums global: entries of sharded parameters summed over the
-  // tensor-parallel group (one collective), replicated ones left alone. The jobs of `sums`
-  // must be the parameters in order.
+  // Makes per-parameter sums whole-tensor sums: added over the data-parallel pieces
+  // (distributed optimizer) and, for sharded parameters, over the tensor-parallel group.
+  // The jobs of `sums` must be the parameters in order.
   template <int K>
-  void tp_sum_sharded(TensorSums<K>& sums) const {
-    if (sums.jobs() != num_params()) throw std::logic_error("tp_sum_sharded: one job per parameter expected");
-    ctx_.host->tp_sum_sharded(ctx_.host->ctx, sums.data(), K);
+  void sum_shards(TensorSums<K>& sums) const {
+    if (sums.jobs() != num_params()) throw std::logic_error("sum_shards: one job per parameter expected");
+    ctx_.host->sum_shards(ctx_.host->ctx, sums.data(), K);
   }
   // Sums any values over the tensor-parallel group (e.g. column statistics of a tensor
   // split by rows).
@@ -587,7 +605,7 @@ void destroy(void* self) {
   extern "C" __attribute__((visibility("default"))) const mb_plugin_entry megabatch_optimizer_plugin = {          \
       MB_PLUGIN_ABI_VERSION, MB_PLUGIN_DEVICES, NAME, VERSION, DESCRIPTION, SCHEMA,                               \
       sizeof(SCHEMA) / sizeof(SCHEMA[0]), mb_create_, ::megabatch::plugin::detail::step<Class>,                   \
-      ::megabatch::plugin::detail::destroy<Class>};
+      ::megabatch::plugin::detail::destroy<Class>, Class::kFlags};
 
 #endif /* __cplusplus */
 #endif /* MEGABATCH_OPTIM_PLUGIN_H_ */

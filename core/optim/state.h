@@ -16,6 +16,10 @@ struct PluginState {
   Tensor tensor;
   int partition_dim = -1;    // the dimension split across the group; -1: the same on every rank
   bool checkpointed = true;  // false: scratch
+  // The distributed optimizer: the tensor is elements [piece_offset, piece_offset +
+  // numel) of a parameter-shaped state of shape piece_of (empty: the tensor is all of it).
+  std::vector<int64_t> piece_of;
+  int64_t piece_offset = 0;
   // The unsharded shape: the partition dimension times the group size.
   std::vector<int64_t> full_shape(int tp_size) const {
     std::vector<int64_t> s = tensor.shape();

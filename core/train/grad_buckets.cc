@@ -11,28 +11,43 @@ size_t default_bucket_elems(size_t flat_size, int dp_size, bool overlap) {
   return overlap ? std::max<size_t>(40000000, size_t{1000000} * static_cast<size_t>(dp_size)) : std::max<size_t>(flat_size, 1);
 }
 
-GradientBuckets::GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap)
-    : store_(store), dp_(dp), overlap_(overlap) {
+std::vector<optim::DpShards::Range> bucket_ranges(const nn::ParameterStore& store, size_t bucket_elems) {
   check(bucket_elems >= 1, "ddp_bucket_size must be >= 1 element");
-  const size_t n = store.count(), flat = store.flat_size();
-  bucket_of_.assign(n, 0);
-  final_.assign(n, false);
   // MPI counts are int: no bucket over 2^30 elements
   const size_t cap = std::min<size_t>(bucket_elems, size_t{1} << 30);
-  size_t end = flat;  // the current bucket's end; parameters are laid out in id order
-  Bucket cur;
+  const size_t n = store.count();
+  std::vector<optim::DpShards::Range> ranges;
+  size_t end = store.flat_size();  // the current bucket's end; parameters are laid out in id order
   for (size_t i = n; i-- > 0;) {
     const nn::ParamInfo& p = store.info(static_cast<int>(i));
     check(i + 1 == n || p.offset < store.info(static_cast<int>(i + 1)).offset, "parameters out of layout order");
-    bucket_of_[i] = buckets_.size();
-    ++cur.params;
     if (end - p.offset >= cap || i == 0) {
-      cur.begin = i == 0 ? 0 : p.offset;
-      cur.end = end;
-      buckets_.push_back(cur);
-      end = cur.begin;
-      cur = Bucket{};
+      const size_t begin = i == 0 ? 0 : p.offset;
+      ranges.push_back({begin, end});
+      end = begin;
     }
+  }
+  return ranges;
+}
+
+GradientBuckets::GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap,
+                                 optim::DpShards* shards)
+    : store_(store), dp_(dp), overlap_(overlap), shards_(shards) {
+  const std::vector<optim::DpShards::Range> ranges = bucket_ranges(store, bucket_elems);
+  bucket_of_.assign(store.count(), 0);
+  final_.assign(store.count(), false);
+  for (size_t b = 0; b < ranges.size(); ++b) {
+    Bucket k;
+    k.begin = ranges[b].begin;
+    k.end = ranges[b].end;
+    check(!shards_ || (b < shards_->buckets() && shards_->bucket(b).begin == k.begin && shards_->bucket(b).end == k.end),
+          "internal error: the distributed optimizer's shards were built over other buckets");
+    for (size_t i = 0; i < store.count(); ++i)
+      if (store.info(static_cast<int>(i)).offset >= k.begin && store.info(static_cast<int>(i)).offset < k.end) {
+        bucket_of_[i] = b;
+        ++k.params;
+      }
+    buckets_.push_back(k);
   }
   if (overlap_) store_.set_grads_final_hook([this](int first, int last) { on_final(first, last); });
 }
@@ -65,6 +80,7 @@ void GradientBuckets::on_final(int first, int end) {
 void GradientBuckets::start(size_t b) {
   Bucket& k = buckets_[b];
   k.started = true;
+  if (shards_) return shards_->start_reduce_scatter(b);
   comm::start_all_reduce(dp_, store_.grads().flat(k.begin, k.end - k.begin));
 }
 

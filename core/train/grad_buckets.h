@@ -5,7 +5,9 @@
 // every parameter in it is final in the last micro-batch's backward pass (layers announce
 // it through ParameterStore::grads_final), so the reduction runs while the earlier layers
 // still compute; without, all start after the backward pass. Either way the buckets, their
-// order and their contents are the same, so the reduced gradients are too.
+// order and their contents are the same, so the reduced gradients are too. With the
+// distributed optimizer each bucket is reduce-scattered into the ranks' shards instead of
+// summed whole (core/optim/dp_shards.h).
 #pragma once
 
 #include <cstddef>
@@ -13,12 +15,20 @@
 
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
+#include "core/optim/dp_shards.h"
 
 namespace megabatch::train {
 
+// The buckets: ranges of whole parameters of about bucket_elems elements of the flat
+// buffers, formed from the last parameter back (the first range ends the buffer).
+std::vector<optim::DpShards::Range> bucket_ranges(const nn::ParameterStore& store, size_t bucket_elems);
+
 class GradientBuckets {
  public:
-  GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap);
+  // With `shards` (the distributed optimizer, built over bucket_ranges of the same size)
+  // each bucket is reduce-scattered into shards->grads().
+  GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap,
+                  optim::DpShards* shards = nullptr);
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
@@ -45,6 +55,7 @@ class GradientBuckets {
   nn::ParameterStore& store_;
   comm::Communicator& dp_;
   bool overlap_;
+  optim::DpShards* shards_;
   std::vector<Bucket> buckets_;
   std::vector<size_t> bucket_of_;  // parameter id -> bucket
   std::vector<bool> final_;        // parameter id -> final in this backward pass

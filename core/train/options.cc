@@ -75,6 +75,10 @@ const config::Schema& train_schema() {
       {"overlap_grad_reduce", Type::kBool, false,
        "data parallelism: sum each gradient bucket over the DP group as soon as the last micro-batch's backward pass "
        "has finished it, overlapping the rest of the backward pass", "run"},
+      {"use_distributed_optimizer", Type::kBool, false,
+       "Megatron's distributed optimizer: gradients reduce-scattered over the DP group, each rank keeps and steps "
+       "only its shard of the optimizer state, parameters all-gathered after the step (plugins that declare "
+       "MB_PLUGIN_DP_SHARDS)", "run"},
       {"ddp_bucket_size", Type::kInt, nullptr,
        "gradient elements per data-parallel bucket (default: max(40M, 1M x DP) with --overlap-grad-reduce, else one "
        "bucket)", "run"},

@@ -584,11 +584,30 @@ int run(int argc, char** argv) {
             << "> writing " << (run_dir / "metrics.h5").string() << "; diverged when the lm loss is NaN/inf or above "
             << opt.divergence_loss << " for " << opt.divergence_intervals << " log intervals" << std::endl;
 
+  opt.overlap_grad_reduce = v["overlap_grad_reduce"].get<bool>();
+  opt.ddp_bucket_size = v.contains("ddp_bucket_size") ? v["ddp_bucket_size"].get<int64_t>() : 0;
+  // The distributed optimizer: this rank's shards of the gradient buckets (with one DP
+  // rank there is nothing to shard and the optimizer steps everything as without it).
+  std::unique_ptr<mb::optim::DpShards> shards;
+  if (v["use_distributed_optimizer"].get<bool>() && dp_size > 1) {
+    const auto& P = model->parameters();
+    const size_t elems = opt.ddp_bucket_size > 0
+                             ? static_cast<size_t>(opt.ddp_bucket_size)
+                             : mb::train::default_bucket_elems(P.flat_size(), static_cast<int>(dp_size), opt.overlap_grad_reduce);
+    shards = std::make_unique<mb::optim::DpShards>(model->parameters(), mb::train::bucket_ranges(P, elems), *parallel.dp);
+    std::cout << "> distributed optimizer: this rank steps and keeps optimizer state for " << shards->piece_elements()
+              << " of " << P.num_parameters() << " local parameters (DP " << dp_size << ", " << shards->buckets()
+              << " bucket(s))" << std::endl;
+  }
   mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed,
-                                       [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; });
+                                       [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; },
+                                       shards.get());
   if (resume_from) {
-    mb::io::load_checkpoint(*resume_from, model->parameters(), finetune || no_load_optim ? nullptr : &optimizer.state(),
+    // checkpoints hold whole tensors: the distributed optimizer takes its pieces of them
+    mb::optim::OptimizerState whole = optimizer.whole_state();
+    mb::io::load_checkpoint(*resume_from, model->parameters(), finetune || no_load_optim ? nullptr : &whole,
                             plugin.name(), mc.padded_vocab_size());
+    if (!finetune && !no_load_optim) optimizer.restore_pieces(whole);
     std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
               << resume_from->string() << " (iteration " << resume_state.iteration << ", "
               << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")
@@ -599,8 +618,6 @@ int run(int argc, char** argv) {
   opt.checkpoint.optimizer_version = plugin.entry->version ? plugin.entry->version : "";
   opt.checkpoint.optimizer_params = hp_resolved;
   opt.world_size = parallel.world_size;
-  opt.overlap_grad_reduce = v["overlap_grad_reduce"].get<bool>();
-  opt.ddp_bucket_size = v.contains("ddp_bucket_size") ? v["ddp_bucket_size"].get<int64_t>() : 0;
   mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
   trainer.set_test_data(test_src.get());
   trainer.set_data_parallel(*parallel.dp);

@@ -144,14 +144,24 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
   check(opt_.global_batch_size % (opt_.micro_batch_size * dp.size()) == 0, "global_batch_size (",
         opt_.global_batch_size, ") must be a multiple of micro_batch_size x data-parallel size (",
         opt_.micro_batch_size, " x ", dp.size(), ")");
+  optim::DpShards* shards = optimizer_.shards();
+  check(!shards || &shards->dp() == &dp, "internal error: the optimizer's shards are over another data-parallel group");
   dp_ = &dp;
   buckets_.reset();
   if (dp.size() > 1) {
     nn::ParameterStore& P = model_.parameters();
     const size_t elems = opt_.ddp_bucket_size > 0 ? static_cast<size_t>(opt_.ddp_bucket_size)
                                                   : default_bucket_elems(P.flat_size(), dp.size(), opt_.overlap_grad_reduce);
-    buckets_ = std::make_unique<GradientBuckets>(P, dp, elems, opt_.overlap_grad_reduce);
+    buckets_ = std::make_unique<GradientBuckets>(P, dp, elems, opt_.overlap_grad_reduce, shards);
   }
+  if (shards) {  // norms over the pieces of this rank's shards
+    sharded_ = shards->segments(true);
+    replicated_ = shards->segments(false);
+  }
+}
+
+const Tensor& Trainer::main_grads() const {
+  return optimizer_.shards() ? optimizer_.shards()->grads() : model_.parameters().grads();
 }
 
 optim::LossScalerState Trainer::loss_scaler_state() const {
@@ -225,8 +235,8 @@ void Trainer::reduce_gradients() {
   buckets_->finish();
   if (!bucket_line_said_) {  // once per run: what the reduction looked like
     bucket_line_said_ = true;
-    console_ << "> data parallel: gradients summed over " << dp_->size() << " ranks (" << dp_->backend() << ") in "
-         << buckets_->count() << " bucket(s)";
+    console_ << "> data parallel: gradients " << (optimizer_.shards() ? "reduce-scattered" : "summed") << " over "
+             << dp_->size() << " ranks (" << dp_->backend() << ") in " << buckets_->count() << " bucket(s)";
     if (opt_.overlap_grad_reduce)
       console_ << ", " << buckets_->started_early() << " started during the backward pass";
     console_ << std::endl;
@@ -238,7 +248,7 @@ void Trainer::unscale_and_check() {
   if (!fp16()) return;
   const size_t L = 1 + extra_names_.size();
   ops::weighted_accumulate(step_.flat(L + kLossScale, 1), scaler_.flat(0, 1), {1.0});  // the scale of this step
-  ops::unscale_and_check(model_.parameters().grads(), found_inf_, scaler_);
+  ops::unscale_and_check(main_grads(), found_inf_, scaler_);
   // one overflowing rank skips the step everywhere (a local flag would let scales diverge)
   comm::all_reduce(tp_, found_inf_, comm::ReduceOp::kMax);
   comm::all_reduce(*dp_, found_inf_, comm::ReduceOp::kMax);
@@ -248,9 +258,10 @@ void Trainer::unscale_and_check() {
 
 void Trainer::clip_gradients() {
   const size_t L = 1 + extra_names_.size();
-  const Tensor& g = model_.parameters().grads();
+  const Tensor& g = main_grads();
   const Tensor sums = step_.flat(L + kSqSharded, 2), norm = step_.flat(L + kNorm, 3);
   ops::split_sum_squares(sums, g, sharded_, replicated_);
+  if (optimizer_.shards()) comm::all_reduce(*dp_, sums, comm::ReduceOp::kSum);  // the ranks' pieces
   comm::all_reduce(tp_, sums.flat(0, 1), comm::ReduceOp::kSum);  // sharded tensors: their squares over the group
   ops::clip_coefficient(norm, sums, opt_.clip_grad);
   ops::scale_by(g, norm, 1);
@@ -451,13 +462,17 @@ double Trainer::params_norm() {
 
 int64_t Trainer::num_zeros_in_grad() {
   nn::ParameterStore& P = model_.parameters();
+  const optim::DpShards* shards = optimizer_.shards();
   double zeros[2] = {0, 0};
   for (size_t i = 0; i < P.count(); ++i) {
     const auto id = static_cast<int>(i);
     double z = 0;
-    for (const float x : to_host_f32(P.grad(id))) z += x == 0.0f ? 1.0 : 0.0;
+    const Tensor g = shards ? main_grads().flat(shards->piece(id).at, static_cast<size_t>(shards->piece(id).numel()))
+                            : P.grad(id);
+    for (const float x : to_host_f32(g)) z += x == 0.0f ? 1.0 : 0.0;
     zeros[P.info(id).sharding.sharded ? 0 : 1] += z;
   }
+  if (shards) dp_->all_reduce(zeros, 2, comm::ReduceOp::kSum);  // the ranks' pieces
   tp_.all_reduce(&zeros[0], 1, comm::ReduceOp::kSum);
   return static_cast<int64_t>(zeros[0] + zeros[1]);
 }
@@ -533,9 +548,11 @@ std::filesystem::path Trainer::save_checkpoint() {
                  {"lr", sc.lr(lr_samples_)}}}};
   const auto t0 = std::chrono::steady_clock::now();
   // Data-parallel replicas are identical: the first tensor-parallel group writes.
+  // With the distributed optimizer the state's pieces are gathered first (every DP rank).
   std::filesystem::path path = io::checkpoint_path(opt_.save_dir, iteration_);
+  const optim::OptimizerState state = optimizer_.whole_state();
   if (dp_->rank() == 0)
-    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &optimizer_.state(), opt_.keep_checkpoints);
+    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &state, opt_.keep_checkpoints);
   dp_->barrier();
   last_saved_ = iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

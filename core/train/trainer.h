@@ -122,7 +122,9 @@ class Trainer {
   // and optimizer state are loaded by io::load_checkpoint.
   void restore(const io::CheckpointState& state);
   // Data parallelism over `dp` (default: none): each rank takes its share of every global
-  // batch and gradients are averaged over the group. Must outlive the trainer.
+  // batch and gradients are averaged over the group. Must outlive the trainer. When the
+  // optimizer has shards (the distributed optimizer, over the same group) gradients are
+  // reduce-scattered into them, and clipping and the overflow check run on the shards.
   void set_data_parallel(comm::Communicator& dp);
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
@@ -158,6 +160,8 @@ class Trainer {
   void record_step(double seconds);  // the step row into the ring the host drains
 
   void allocate_step_buffers(size_t extra_terms);
+  // The reduced fp32 gradients the optimizer steps: the flat buffer, or this rank's shards.
+  const Tensor& main_grads() const;
   void resolve_overflow();    // the host learns the last started overflow flag
   void write_log_line();
   bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }

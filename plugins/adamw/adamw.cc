@@ -26,6 +26,7 @@ struct AdamWUpdate {
 
 class AdamW final : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
   explicit AdamW(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), b1_(hparam("beta1")), b2_(hparam("beta2")), eps_(hparam("eps")), wd_(hparam("weight_decay")) {
     for (size_t i = 0; i < num_params(); ++i) {

@@ -155,7 +155,7 @@ class Adafactor final : public megabatch::plugin::Optimizer {
     std::vector<TensorJob<SquaredDirection>> ujobs;
     for (size_t i = 0; i < num_params(); ++i) ujobs.push_back({param(i).numel, {direction(i, rsum.data() + i)}});
     auto usq = sum<1>(ujobs);
-    tp_sum_sharded(usq);
+    sum_shards(usq);
     // 4. the update
     std::vector<TensorJob<Update>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {

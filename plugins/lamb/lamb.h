@@ -91,6 +91,7 @@ struct SquaredGrad {  // |g|^2 per tensor (lamb_noise's rms)
 
 class Lamb : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
   explicit Lamb(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), b1_(hparam("beta1")), b2_(hparam("beta2")), eps_(hparam("eps")), wd_(hparam("weight_decay")),
         max_grad_norm_(hparam("max_grad_norm")), nvlamb_(hparam("nvlamb") != 0.0) {
@@ -119,7 +120,7 @@ class Lamb : public megabatch::plugin::Optimizer {
       std::vector<megabatch::plugin::TensorJob<SquaredGrad>> sq;
       for (size_t i = 0; i < num_params(); ++i) sq.push_back({param(i).numel, {param(i).grad}});
       auto gsq = sum<1>(sq);
-      tp_sum_sharded(gsq);
+      sum_shards(gsq);
       std::vector<megabatch::plugin::TensorJob<LambMoments<true>>> jobs;
       for (size_t i = 0; i < num_params(); ++i) {
         host().normal(host().ctx, i, info.step, noise(i), static_cast<size_t>(param(i).numel));
@@ -139,7 +140,7 @@ class Lamb : public megabatch::plugin::Optimizer {
       }
     }
     auto& uw = sums.back();
-    tp_sum_sharded(uw);
+    sum_shards(uw);
 
     std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i)

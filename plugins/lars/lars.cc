@@ -45,6 +45,7 @@ struct LarsUpdate {
 
 class Lars final : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
   explicit Lars(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), momentum_(hparam("momentum")), eta_(hparam("trust_coefficient")), wd_(hparam("weight_decay")),
         eps_(hparam("eps")) {
@@ -55,7 +56,7 @@ class Lars final : public megabatch::plugin::Optimizer {
     std::vector<megabatch::plugin::TensorJob<SquaredNorms>> norms;
     for (size_t i = 0; i < num_params(); ++i) norms.push_back({param(i).numel, {param(i).data, param(i).grad}});
     auto sums = sum<2>(norms);
-    tp_sum_sharded(sums);
+    sum_shards(sums);
     std::vector<megabatch::plugin::TensorJob<LarsUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);

@@ -30,6 +30,7 @@ struct SgdUpdate {
 
 class Sgd final : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
   explicit Sgd(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), momentum_(hparam("momentum")), dampening_(hparam("dampening")),
         wd_(hparam("weight_decay")), nesterov_(hparam("nesterov") != 0.0) {

@@ -2,4 +2,4 @@
 #include <megabatch/plugin.h>
 
 extern "C" __attribute__((visibility("default"))) const mb_plugin_entry megabatch_optimizer_plugin = {
-    999u, MB_DEVICES_CPU, "bad_abi", "0.0.1", "declares a future ABI", nullptr, 0, nullptr, nullptr, nullptr};
+    999u, MB_DEVICES_CPU, "bad_abi", "0.0.1", "declares a future ABI", nullptr, 0, nullptr, nullptr, nullptr, 0u};

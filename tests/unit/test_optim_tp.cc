@@ -13,6 +13,8 @@
 
 #include "core/comm/thread_communicator.h"
 #include "core/optim/optimizer.h"
+#include "core/train/grad_buckets.h"
+#include "core/util/error.h"
 #include "core/util/philox.h"
 #include "models/presets.h"
 #include "models/registry.h"
@@ -140,4 +142,140 @@ TEST(TensorParallelNorms, AdafactorFactoredStateOfSplitTensorsEqualsTheWholeTens
 
 TEST(TensorParallelNorms, LambEmbscaleNormsAndTrustRatiosOfSplitTensorsEqualTheWholeTensors) {
   expect_split_equals_whole("lamb_embscale", {{"ref_batch", 16}, {"alpha", 1.0}}, 256);
+}
+
+// ---- the distributed optimizer: data-parallel pieces ------------------------------------
+// TP x DP ranks as threads: each DP rank holds a share of the gradient (shares summing to
+// the whole run's), reduce-scatters it in buckets into its shards, steps only its pieces
+// and all-gathers the masters. Every rank must end with the whole run's parameters, see its
+// norms and trust ratios, and hold (gathered) its optimizer state.
+namespace {
+
+struct ShardedRun {
+  RunResult result;
+  mb::optim::OptimizerState whole_state;
+  int64_t piece_elements = 0;
+};
+
+void run_sharded(const std::string& plugin_name, const nlohmann::json& hp, int64_t global_batch, mb::comm::Communicator& tp,
+                 int tp_size, mb::comm::Communicator& dp, ShardedRun& out) {
+  const auto plugin = mb::optim::load_plugin(plugin_name, mb::optim::plugin_search_path({MEGABATCH_TEST_PLUGIN_DIR}));
+  RunResult& res = out.result;
+  res.model = mb::models::make_model(config(tp_size), tp, 11);
+  auto& store = res.model->parameters();
+  // small buckets: several per run, and (at DP 3) buckets that are no multiple of DP
+  mb::optim::DpShards shards(store, mb::train::bucket_ranges(store, 3000), dp);
+  out.piece_elements = shards.piece_elements();
+  mb::optim::PluginOptimizer opt(plugin, store, tp, mb::optim::resolve_hparams(plugin, hp, "test"), 5, {}, &shards);
+  const double share = static_cast<double>(dp.rank() + 1) / (dp.size() * (dp.size() + 1) / 2.0);
+  for (int step = 1; step <= 3; ++step) {
+    fill_grads(store, 0.05 * step * share);  // this rank's share of the gradient
+    for (size_t b = 0; b < shards.buckets(); ++b) shards.start_reduce_scatter(b);
+    dp.wait_all();
+    opt.step(step, 0.01, global_batch, -1.0, true);  // the norm from the shards
+    res.grad_norms.push_back(-1);
+    for (const auto& [series, values] : opt.diagnostics())
+      for (size_t i = 0; i < store.count(); ++i)
+        res.diag[series + "/" + store.info(static_cast<int>(i)).name].push_back(values[i]);
+  }
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    res.params[info.name] = mb::to_host_f32(store.param(static_cast<int>(i)));
+    res.info[info.name] = &info;
+  }
+  out.whole_state = opt.whole_state();
+}
+
+void expect_pieces_equal_whole(const std::string& plugin_name, const nlohmann::json& hp, int tp_size, int dp_size,
+                               int64_t global_batch = 64) {
+  SCOPED_TRACE(plugin_name + " at TP " + std::to_string(tp_size) + " x DP " + std::to_string(dp_size));
+  mb::comm::LocalCommunicator local;
+  RunResult whole;
+  run(plugin_name, hp, global_batch, local, 1, whole);
+  // the whole run's optimizer state, for the gathered pieces
+  std::unique_ptr<mb::train::Model> ref = mb::models::make_model(config(1), local, 11);
+  const auto plugin = mb::optim::load_plugin(plugin_name, mb::optim::plugin_search_path({MEGABATCH_TEST_PLUGIN_DIR}));
+  mb::optim::PluginOptimizer ref_opt(plugin, ref->parameters(), local, mb::optim::resolve_hparams(plugin, hp, "test"), 5);
+  for (int step = 1; step <= 3; ++step) {
+    fill_grads(ref->parameters(), 0.05 * step);
+    ref_opt.step(step, 0.01, global_batch, mb::optim::grad_norm(ref->parameters(), local), false);
+  }
+
+  std::vector<std::unique_ptr<mb::comm::ThreadGroup>> tp_groups, dp_groups;
+  for (int d = 0; d < dp_size; ++d) tp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(tp_size));
+  for (int t = 0; t < tp_size; ++t) dp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(dp_size));
+  std::vector<ShardedRun> runs(static_cast<size_t>(tp_size * dp_size));
+  std::vector<std::thread> threads;
+  for (int d = 0; d < dp_size; ++d)
+    for (int t = 0; t < tp_size; ++t)
+      threads.emplace_back([&, d, t] {
+        run_sharded(plugin_name, hp, global_batch, tp_groups[static_cast<size_t>(d)]->rank(t), tp_size,
+                    dp_groups[static_cast<size_t>(t)]->rank(d), runs[static_cast<size_t>(d * tp_size + t)]);
+      });
+  for (auto& th : threads) th.join();
+
+  for (int t = 0; t < tp_size; ++t) {  // each TP rank's pieces over DP: every element once
+    int64_t pieces = 0;
+    for (int d = 0; d < dp_size; ++d) pieces += runs[static_cast<size_t>(d * tp_size + t)].piece_elements;
+    EXPECT_EQ(pieces, runs[static_cast<size_t>(t)].result.model->parameters().num_parameters()) << "TP rank " << t;
+  }
+  for (size_t k = 0; k < runs.size(); ++k) {
+    const RunResult& r = runs[k].result;
+    SCOPED_TRACE("rank " + std::to_string(k));
+    ASSERT_EQ(r.diag.size(), whole.diag.size());
+    for (const auto& [key, values] : whole.diag)
+      for (size_t s = 0; s < values.size(); ++s)  // norms in double: only summation order differs
+        EXPECT_NEAR(r.diag.at(key)[s], values[s], 1e-6 * std::abs(values[s])) << key << " at step " << s + 1;
+    for (const auto& [name, full] : whole.params) {
+      const auto& info = *r.info.at(name);
+      const auto& p = r.params.at(name);
+      for (size_t j = 0; j < p.size(); ++j) {  // fp32; the gradient shares add in another order
+        const float want = full[static_cast<size_t>(info.full_index(static_cast<int64_t>(j)))];
+        ASSERT_NEAR(p[j], want, 4e-6f * std::max(1.0f, std::abs(want))) << name << "[" << j << "]";
+      }
+    }
+    // the gathered state is the whole run's (this TP rank's slice of it)
+    const int tp_rank = static_cast<int>(k) % tp_size;
+    for (const auto& [key, ref_state] : ref_opt.state()) {
+      if (!ref_state.checkpointed) continue;
+      const auto it = runs[k].whole_state.find(key);
+      ASSERT_NE(it, runs[k].whole_state.end()) << key.first << "/" << key.second;
+      const std::vector<float> mine = mb::to_host_f32(it->second.tensor), want = mb::to_host_f32(ref_state.tensor);
+      ASSERT_EQ(it->second.full_shape(tp_size), ref_state.tensor.shape()) << key.first << "/" << key.second;
+      for (size_t j = 0; j < mine.size(); ++j) {
+        const float w = want[static_cast<size_t>(it->second.full_index(static_cast<int64_t>(j), tp_rank, tp_size))];
+        ASSERT_NEAR(mine[j], w, 1e-5f * std::max(1e-3f, std::abs(w))) << key.first << "/" << key.second << "[" << j << "]";
+      }
+    }
+  }
+}
+
+}  // namespace
+
+TEST(DistributedOptimizer, LambPiecesOverDataParallelRanksStepAsTheWholeTensors) {
+  for (const auto& [tp, dp] : std::vector<std::pair<int, int>>{{1, 2}, {1, 3}, {2, 2}, {1, 4}})
+    expect_pieces_equal_whole("lamb", {{"max_grad_norm", 1.0}}, tp, dp);
+}
+
+TEST(DistributedOptimizer, LarsAndLambNoisePiecesStepAsTheWholeTensors) {
+  expect_pieces_equal_whole("lars", {{"weight_decay", 0.01}, {"trust_coefficient", 0.02}}, 2, 2);
+  // noise drawn for each piece at its elements' indices in the full tensor
+  expect_pieces_equal_whole("lamb_noise", {{"ref_batch", 16}, {"scale", 1.0}}, 1, 3, 256);
+}
+
+TEST(DistributedOptimizer, APluginWithoutTheFlagIsRefusedByName) {
+  mb::comm::LocalCommunicator local;
+  auto model = mb::models::make_model(config(1), local, 11);
+  mb::comm::ThreadGroup one(1);
+  mb::optim::DpShards shards(model->parameters(), mb::train::bucket_ranges(model->parameters(), 1u << 20), one.rank(0));
+  const auto plugin = mb::optim::load_plugin("adafactor", mb::optim::plugin_search_path({MEGABATCH_TEST_PLUGIN_DIR}));
+  try {
+    mb::optim::PluginOptimizer opt(plugin, model->parameters(), local, mb::optim::resolve_hparams(plugin, {}, "test"), 5, {},
+                                   &shards);
+    FAIL() << "adafactor (factored state) ran on pieces";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("optimizer plugin 'adafactor'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--use-distributed-optimizer: it does not declare MB_PLUGIN_DP_SHARDS"),
+              std::string::npos) << e.what();
+  }
 }

@@ -1,0 +1,94 @@
+#include "core/optim/dp_shards.h"
+
+#include <algorithm>
+
+#include "core/comm/collectives.h"
+#include "core/util/error.h"
+
+namespace megabatch::optim {
+
+DpShards::DpShards(nn::ParameterStore& store, std::vector<Range> ranges, comm::Communicator& dp)
+    : store_(store), dp_(dp) {
+  check(store.finalized(), "DpShards: the parameter store is not finalized");
+  const size_t D = static_cast<size_t>(dp.size()), r = static_cast<size_t>(dp.rank());
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  size_t covered = 0, at = 0, largest = 0;
+  for (const Range& g : ranges) {
+    check(g.begin == covered && g.end > g.begin, "DpShards: buckets must partition the flat buffers");
+    covered = g.end;
+  }
+  check(covered == store.flat_size(), "DpShards: buckets must partition the flat buffers");
+  // buckets in the order given to the gradient buckets (reverse parameter order): grads_
+  // holds them as they are reduced
+  std::reverse(ranges.begin(), ranges.end());
+  for (const Range& g : ranges) {
+    Bucket b;
+    b.begin = g.begin;
+    b.end = g.end;
+    b.shard = (g.end - g.begin + D - 1) / D;
+    b.at = at;
+    at += b.shard;
+    largest = std::max(largest, b.shard);
+    if (b.shard * D != g.end - g.begin) b.staging = Tensor({static_cast<int64_t>(b.shard * D)}, DType::kF32, store.device());
+    buckets_.push_back(std::move(b));
+  }
+  grads_ = Tensor({static_cast<int64_t>(std::max<size_t>(at, 1))}, DType::kF32, store.device());
+  send_ = Tensor({static_cast<int64_t>(std::max<size_t>(largest, 1))}, DType::kF32, store.device());
+  // each parameter's piece: its intersection with this rank's shard of its bucket
+  pieces_.resize(store.count());
+  for (size_t i = 0; i < store.count(); ++i) {
+    const nn::ParamInfo& p = store.info(static_cast<int>(i));
+    const size_t lo = p.offset, hi = p.offset + p.numel;
+    for (const Bucket& b : buckets_) {
+      if (lo < b.begin || lo >= b.end) continue;
+      check(hi <= b.end, "DpShards: parameter ", p.name, " crosses a bucket boundary");
+      const size_t mine = b.begin + r * b.shard, mine_end = std::min(mine + b.shard, b.end);
+      const size_t from = std::max(lo, mine), to = std::min(hi, mine_end);
+      Piece& piece = pieces_[i];
+      if (from < to) {
+        piece.begin = static_cast<int64_t>(from - lo);
+        piece.end = static_cast<int64_t>(to - lo);
+        piece.at = b.at + (from - mine);
+        (p.sharding.sharded ? sharded_ : replicated_).emplace_back(piece.at, piece.at + (to - from));
+      } else {  // empty
+        piece.at = b.at;
+      }
+    }
+  }
+}
+
+int64_t DpShards::piece_elements() const {
+  int64_t n = 0;
+  for (const Piece& p : pieces_) n += p.numel();
+  return n;
+}
+
+void DpShards::start_reduce_scatter(size_t i) {
+  Bucket& b = buckets_[i];
+  const size_t L = b.end - b.begin;
+  const Tensor out = grads_.flat(b.at, b.shard);
+  if (!b.staging.defined()) return comm::start_reduce_scatter(dp_, store_.grads().flat(b.begin, L), out);
+  // the bucket padded with zeros to shard x D
+  copy(b.staging.flat(0, L), store_.grads().flat(b.begin, L));
+  b.staging.flat(L, b.staging.numel() - L).zero();
+  comm::start_reduce_scatter(dp_, b.staging, out);
+}
+
+void DpShards::all_gather_masters() {
+  const Tensor& masters = store_.masters();
+  const size_t r = static_cast<size_t>(dp_.rank());
+  for (Bucket& b : buckets_) {
+    const size_t L = b.end - b.begin, mine = std::min(r * b.shard, L), n = std::min(b.shard, L - mine);
+    const Tensor send = send_.flat(0, b.shard);
+    if (n < b.shard) send.flat(n, b.shard - n).zero();
+    if (n > 0) copy(send.flat(0, n), masters.flat(b.begin + mine, n));
+    if (!b.staging.defined()) {
+      comm::all_gather(dp_, send, masters.flat(b.begin, L));
+    } else {
+      comm::all_gather(dp_, send, b.staging);
+      copy(masters.flat(b.begin, L), b.staging.flat(0, L));
+    }
+  }
+}
+
+}  // namespace megabatch::optim
