@@ -1,6 +1,6 @@
 // Multi-process training under mpirun (Open MPI, oversubscribed on this machine): tensor
-// parallel, data parallel and both together reproduce the single-process run to fp32
-// tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a checkpoint
+// parallel, data parallel (with and without the distributed optimizer) and both together
+// reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a checkpoint
 // written at TP 2 loads at TP 1 and TP 4, and a job whose ranks disagree or die ends with a
 // non-zero status that names the rank.
 #include <gtest/gtest.h>
@@ -62,11 +62,17 @@ class Mpi : public ::testing::Test {
   static fs::path reference() { return ref_->path() / "run"; }
   // 4 iterations of 8 samples: losses and gradient norms to fp32 tolerance (the sums of
   // partial products come in another order).
-  static void expect_matches_reference(int np, int tp) {
+  static void expect_matches_reference(int np, int tp, const std::string& flags = "") {
     mb::testing::TempDir tmp;
-    const std::string extra = "--tensor-model-parallel-size " + std::to_string(tp) + same_padding(tp);
+    const std::string extra = "--tensor-model-parallel-size " + std::to_string(tp) + same_padding(tp) + flags;
     const auto r = mb::testing::run_command(mpirun(np) + train(tmp / "run", "--optimizer lamb --diagnostics-interval 1 " + extra));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    if (flags.find("--use-distributed-optimizer") != std::string::npos && np / tp > 1) {  // it was on
+      EXPECT_NE(r.output.find("> distributed optimizer: this rank steps and keeps optimizer state for "), std::string::npos)
+          << r.output;
+      EXPECT_NE(r.output.find("gradients reduce-scattered over " + std::to_string(np / tp) + " ranks"), std::string::npos)
+          << r.output;
+    }
     for (const char* s : {"train/lm_loss", "train/grad_norm"})
       expect_close(series(tmp / "run", s), series(reference(), s), 2e-5, std::to_string(np) + " ranks " + extra + ": " + s);
     // LAMB's per-tensor norms and trust ratios: sharded norms reduced over the group once
@@ -88,6 +94,58 @@ TEST_F(Mpi, DataParallelTwoMatchesOneProcessWithTwiceTheAccumulation) { expect_m
 TEST_F(Mpi, TwoByTwoMatchesOneProcess) { expect_matches_reference(4, 2); }
 
 TEST_F(Mpi, TensorParallelFourMatchesOneProcess) { expect_matches_reference(4, 4); }
+
+TEST_F(Mpi, DataParallelFourMatchesOneProcess) { expect_matches_reference(4, 1); }
+
+// The distributed optimizer (LAMB state sharded over DP, pieces' norms and trust ratios
+// summed over the ranks): TP x DP = 1 x 4, 2 x 2 and 4 x 1 against one process, to the same
+// tolerance. (At DP 1 there is nothing to shard: the flag changes nothing.)
+TEST_F(Mpi, DistributedOptimizerOneByFourMatchesOneProcess) { expect_matches_reference(4, 1, " --use-distributed-optimizer"); }
+
+TEST_F(Mpi, DistributedOptimizerTwoByTwoMatchesOneProcess) { expect_matches_reference(4, 2, " --use-distributed-optimizer"); }
+
+TEST_F(Mpi, DistributedOptimizerFourByOneMatchesOneProcess) { expect_matches_reference(4, 4, " --use-distributed-optimizer"); }
+
+// Its checkpoints hold whole tensors: written at DP 4, they resume in one process without
+// it and at DP 2 with it, both continuing to the losses of the uninterrupted run.
+TEST_F(Mpi, DistributedOptimizerCheckpointResumesAtAnotherDataParallelSize) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string();
+  auto r = mb::testing::run_command(
+      mpirun(4) + train(tmp / "dp4", "--optimizer lamb --use-distributed-optimizer --exit-interval 2 --save " + c + same_padding(1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "one", "--optimizer lamb --load " + c + same_padding(1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(2) + train(tmp / "dp2", "--optimizer lamb --use-distributed-optimizer --load " + c + same_padding(1)));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
+  const auto whole = series(reference(), "train/lm_loss");
+  ASSERT_EQ(whole.size(), 4u);
+  for (const char* run : {"one", "dp2"}) {
+    const auto a = series(tmp / run, "train/lm_loss");
+    ASSERT_EQ(a.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
+  }
+}
+
+// DP 3: buckets that are no multiple of 3 (padded), reduce-scattered during the backward
+// pass, against one process with the same global batch.
+TEST(MpiDistributedOptimizer, OverlappedUnevenBucketsAtDataParallelThreeMatchOneProcess) {
+  mb::testing::TempDir tmp;
+  const std::string common = "--optimizer lamb --global-batch-size 12" + same_padding(1);
+  auto r = mb::testing::run_command(train(tmp / "one", common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(3) + train(tmp / "dp3", common + " --use-distributed-optimizer --ddp-bucket-size 5000 "
+                                                                    "--overlap-grad-reduce"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::regex said(R"(reduce-scattered over 3 ranks \(MPI\) in (\d+) bucket\(s\), (\d+) started during the backward pass)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, said)) << r.output;
+  EXPECT_GE(std::stoi(m[1]), 4) << r.output;
+  EXPECT_GE(std::stoi(m[2]), 1) << r.output;
+  for (const char* s : {"train/lm_loss", "train/grad_norm"})
+    expect_close(series(tmp / "dp3", s), series(tmp / "one", s), 2e-5, std::string("DP 3: ") + s);
+}
 
 // BERT and T5 under mpirun at TP 2 against one process (WordPiece + sentinels padded to
 // the same rows at both sizes).
