@@ -329,6 +329,15 @@ TEST_F(Gpu, NcclWithOneRankMovesDeviceBuffersInOrderOnTheRunsStream) {
   nccl->all_gather(g, ga, 2);
   EXPECT_EQ(ga[0], 5.0f);
   EXPECT_EQ(ga[1], 6.0f);
+  // the distributed optimizer's non-blocking reduce-scatter: on NCCL's stream, and the
+  // run's stream waits for it at wait_all()
+  const mb::Tensor rs_in = ramp(n, 11.0f, mb::DType::kF32, dev), rs_out = ramp(n, 0.0f, mb::DType::kF32, dev);
+  nccl->start_reduce_scatter_device(rs_in.raw(), rs_out.raw(), n, mb::DType::kF32);
+  nccl->wait_all();
+  const std::vector<float> rs = mb::to_host_f32(rs_out);
+  size_t wrong = 0;
+  for (size_t i = 0; i < n; ++i) wrong += rs[i] != 11.0f + static_cast<float>(i % 128);
+  EXPECT_EQ(wrong, 0u);
 }
 
 TEST_F(Gpu, TrainOverNcclInOneProcessIsTheLocalRunBitwise) {
@@ -355,6 +364,14 @@ TEST_F(Gpu, FourProcessesSharingTheGpuAtTpTwoByDpTwoFollowTheCpuLayout) {
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(gpu[i], cpu[i], 1e-4 * cpu[i]) << "iteration " << i + 1;
   const auto gc = series(tmp / "cpu" / "metrics.h5", "train/grad_norm"), gg = series(tmp / "gpu" / "metrics.h5", "train/grad_norm");
   for (size_t i = 0; i < gc.size(); ++i) EXPECT_NEAR(gg[i], gc[i], 1e-4 * gc[i]) << "grad norm, iteration " << i + 1;
+  // and with the distributed optimizer: the LAMB state sharded over the two DP ranks
+  const auto d = mb::testing::run_command(
+      mpirun(4) + train("gpt", tmp / "dist", layout + "--device cuda --optimizer lamb --use-distributed-optimizer", 10));
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  EXPECT_NE(d.output.find("gradients reduce-scattered over 2 ranks"), std::string::npos) << d.output;
+  const auto dist = series(tmp / "dist" / "metrics.h5", "train/lm_loss");
+  ASSERT_EQ(dist.size(), 10u);
+  for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(dist[i], cpu[i], 1e-4 * cpu[i]) << "distributed optimizer, iteration " << i + 1;
   // NCCL itself is refused by name for this layout, before any work
   const auto refused = mb::testing::run_command(mpirun(4) + train("gpt", tmp / "nccl", layout + "--device cuda --distributed-backend nccl", 2));
   EXPECT_NE(refused.exit_code, 0);
