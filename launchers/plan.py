@@ -3,7 +3,8 @@
 
   plan.py check   --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 [--global-batch 4096]
   plan.py scaling --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 --global-batch 4096
-                  [--efficiency 0.4]
+                  [--efficiency 0.4] [--overlap-grad-reduce] [--use-distributed-optimizer]
+  plan.py validate   (the model against published Megatron-LM figures)
 
 `check` refuses layouts that do not fit: nodes x GPUs not a multiple of TP, TP spanning
 nodes, a global batch that micro batch x data parallelism does not divide, or a per-GPU
@@ -20,9 +21,19 @@ per parameter of the rank's shard, plus activations per sample times the micro b
   DP      = one all-reduce of the rank's fp32 gradients (4 N / T bytes): 2 (D-1)/D x bytes
             / bandwidth, over the GPU links inside one node, over EFA (the node's network
             bandwidth shared by its GPUs) across nodes
-and assumes no overlap of communication with compute (an upper bound on step time). It says
-which term dominates and the smallest global batch for which compute is at least all
-communication ("keeps the GPUs busy").
+With --overlap-grad-reduce the gradient buckets (Megatron's default size, max(40M, 1M x DP)
+elements) are summed during the last micro-batch's backward pass (2/3 of its compute): only
+what does not fit behind it is exposed, and never less than the last bucket's own time.
+With --use-distributed-optimizer the gradients are reduce-scattered and the fp32 masters
+all-gathered (the same bytes on the wire as one all-reduce) and the Adam moments take 8/DP
+bytes per parameter instead of 8. Otherwise communication is not overlapped (an upper bound
+on step time). It says which term dominates and the smallest global batch for which compute
+is at least all communication ("keeps the GPUs busy").
+
+`validate` sets the model beside the GPT weak-scaling runs of Narayanan et al. 2021
+(Megatron-LM on DGX A100 nodes: 8 x A100 per node, NVLink, 8 x 200 Gbit/s InfiniBand; the
+runs without pipeline parallelism; FLOPs counted as the paper does, with activation
+recomputation): the GEMM efficiency is calibrated on the first row and the others predicted.
 """
 import argparse
 import json
@@ -94,25 +105,39 @@ def check(inst, nodes, tp, micro, global_batch, sizes):
     return problems, memory
 
 
-def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency):
+def default_bucket_elems(dp):
+    """Megatron's default bucket size with overlap (core/train/grad_buckets.cc)."""
+    return max(40_000_000, 1_000_000 * dp)
+
+
+def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency, overlap=False, flops_per_token=None,
+            tp_collectives_per_layer=4, network_Gbps=None):
     gpus = inst["gpus"] * nodes
     dp = gpus // tp
     N, L, H, S = sizes["params"], sizes["layers"], sizes["hidden"], sizes["seq"]
     tokens = global_batch * S
-    flops = (6 * N + 12 * L * S * H) * tokens
+    flops = (flops_per_token or (6 * N + 12 * L * S * H)) * tokens
     compute = flops / (gpus * inst["peak_tflops"] * 1e12 * efficiency)
     link = inst["gpu_link_GBps"] * 1e9  # bytes/s per GPU inside a node
     micro_batches = global_batch // (micro * dp)  # per rank per step
     tp_bytes = micro * S * H * 2
-    tp_time = 0.0 if tp == 1 else micro_batches * L * 4 * (2 * (tp - 1) / tp) * tp_bytes / link
+    tp_time = 0.0 if tp == 1 else micro_batches * L * tp_collectives_per_layer * (2 * (tp - 1) / tp) * tp_bytes / link
     grad_bytes = 4 * N / tp
     if dp == 1:
         dp_time = 0.0
         dp_bw = float("inf")
     else:
-        dp_bw = link if nodes == 1 else inst["network_Gbps"] / 8 * 1e9 / inst["gpus"]
+        dp_bw = link if nodes == 1 else (network_Gbps or inst["network_Gbps"]) / 8 * 1e9 / inst["gpus"]
         dp_time = (2 * (dp - 1) / dp) * grad_bytes / dp_bw
-    terms = {"compute": compute, "tensor-parallel all-reduces": tp_time, "data-parallel gradient all-reduce": dp_time}
+    exposed = dp_time
+    if overlap and dp > 1:
+        # buckets of whole parameters; all but the last (the first layers) can hide behind the
+        # last micro-batch's backward pass (2/3 of its compute, TP time included)
+        buckets = max(1, math.ceil((N / tp) / default_bucket_elems(dp)))
+        backward = (compute + tp_time) / max(1, micro_batches) * 2 / 3
+        exposed = max(dp_time / buckets, dp_time - backward)
+    terms = {"compute": compute, "tensor-parallel all-reduces": tp_time,
+             "data-parallel gradient all-reduce" + (" (exposed)" if overlap else ""): exposed}
     # compute and TP time grow with the global batch, the gradient all-reduce does not:
     # a G + b G >= c -> smallest G with compute >= communication
     a, b = compute / global_batch, tp_time / global_batch
@@ -120,15 +145,55 @@ def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency):
     if a <= b:
         busy = None
     else:
-        busy = max(step, math.ceil(dp_time / (a - b) / step) * step)
-    return {"gpus": gpus, "dp": dp, "terms": terms, "step_s": sum(terms.values()),
+        busy = max(step, math.ceil(exposed / (a - b) / step) * step)
+    return {"gpus": gpus, "dp": dp, "terms": terms, "step_s": sum(terms.values()), "dp_total_s": dp_time,
             "dominant": max(terms, key=terms.get), "busy_global_batch": busy, "dp_bandwidth_Bps": dp_bw}
+
+
+# Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+# Megatron-LM"), Table 1, the rows without pipeline parallelism: GPT, seq 2048, vocabulary
+# 51200, on DGX A100 nodes; achieved teraFLOP/s per GPU as published.
+PUBLISHED = [
+    # (billions of parameters, heads, hidden, layers, TP, GPUs, global batch, TFLOP/s per GPU)
+    (1.7, 24, 2304, 24, 1, 32, 512, 137),
+    (3.6, 32, 3072, 30, 2, 64, 512, 138),
+    (7.5, 32, 4096, 36, 4, 128, 512, 142),
+    (18.4, 48, 6144, 40, 8, 256, 1024, 135),
+]
+DGX_A100 = {"gpu": "A100", "gpus": 8, "gpu_link": "NVLink", "gpu_link_GBps": 300, "peak_tflops": 312,
+            "network_Gbps": 1600}
+
+
+def validate(overlap=True):
+    """Rows of (published, modelled) TFLOP/s per GPU; the GEMM efficiency fitted on row one."""
+    def model(row, efficiency):
+        _, _, h, l, tp, gpus, batch, _ = row
+        s, v = 2048, 51200
+        params = 12 * l * h * h * (1 + 13 / (12 * h) + (v + s) / (12 * l * h))
+        # the paper's FLOPs per token, activation recomputation included (a second forward)
+        per_token = 96 * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+        sizes = {"params": params, "layers": l, "hidden": h, "seq": s}
+        r = scaling(DGX_A100, gpus // 8, tp, 1, batch, sizes, efficiency, overlap=overlap, flops_per_token=per_token,
+                    tp_collectives_per_layer=6)
+        return per_token * batch * s / (r["step_s"] * gpus) / 1e12, r
+    lo, hi = 0.05, 1.0  # efficiency that reproduces row one
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model(PUBLISHED[0], mid)[0] < PUBLISHED[0][7] else (lo, mid)
+    efficiency = (lo + hi) / 2
+    rows = []
+    for row in PUBLISHED:
+        tflops, r = model(row, efficiency)
+        rows.append({"params_b": row[0], "tp": row[4], "gpus": row[5], "batch": row[6], "published": row[7],
+                     "modelled": tflops, "dominant_comm": max((k for k in r["terms"] if k != "compute"),
+                                                              key=r["terms"].get)})
+    return efficiency, rows
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["check", "scaling"])
-    p.add_argument("--instance", required=True)
+    p.add_argument("command", choices=["check", "scaling", "validate"])
+    p.add_argument("--instance")
     p.add_argument("--nodes", type=int, default=1)
     p.add_argument("--model")
     p.add_argument("--tp", type=int, default=1)
@@ -140,13 +205,31 @@ def main(argv=None):
     p.add_argument("--state-bytes", type=float, help="per-rank bytes of weights + optimizer state")
     p.add_argument("--act-bytes", type=float, help="per-rank activation bytes per sample")
     p.add_argument("--train", help="the train program (default: ../build/bin/train)")
+    p.add_argument("--overlap-grad-reduce", action="store_true", help="gradient buckets overlap the backward pass")
+    p.add_argument("--use-distributed-optimizer", action="store_true", help="Adam moments sharded over DP")
     a = p.parse_args(argv)
+    if a.command == "validate":
+        efficiency, rows = validate()
+        print("Megatron-LM GPT weak scaling (Narayanan et al. 2021, Table 1, no pipeline parallelism) on DGX A100, "
+              f"against this model with overlapped gradient buckets; GEMM efficiency {efficiency:.3f} fitted on the "
+              "first row:")
+        print(f"| params | TP | GPUs | batch | published TFLOP/s/GPU | modelled | modelled / published | largest communication |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+        for r in rows:
+            print(f"| {r['params_b']}B | {r['tp']} | {r['gpus']} | {r['batch']} | {r['published']} | {r['modelled']:.0f} | "
+                  f"{r['modelled'] / r['published']:.2f} | {r['dominant_comm']} |")
+        return 0
+    if not a.instance:
+        sys.exit("plan.py: give --instance")
     table = instances()
     if a.instance not in table:
         sys.exit(f"plan.py: unknown instance type '{a.instance}'; known: {', '.join(sorted(table))}")
     inst = table[a.instance]
     if a.model:
         sizes = model_sizes(a.model, a.tp, a.train)
+        if a.use_distributed_optimizer:  # the Adam moments (8 of the 18 bytes per parameter) over DP
+            dp = max(1, inst["gpus"] * a.nodes // a.tp)
+            sizes["state_bytes"] *= (10 + 8 / dp) / 18
     else:
         missing = [k for k in ["params", "layers", "hidden", "seq", "state_bytes", "act_bytes"] if getattr(a, k) is None]
         if missing:
@@ -164,8 +247,10 @@ def main(argv=None):
     if a.command == "scaling":
         if not a.global_batch:
             sys.exit("plan.py scaling: give --global-batch")
-        r = scaling(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.efficiency)
-        print(f"step time estimate {r['step_s'] * 1e3:.1f} ms (no overlap of communication with compute):")
+        r = scaling(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.efficiency, overlap=a.overlap_grad_reduce)
+        how = ("gradient buckets overlapped with the backward pass: " f"{r['dp_total_s'] * 1e3:.2f} ms of all-reduce"
+               if a.overlap_grad_reduce else "no overlap of communication with compute")
+        print(f"step time estimate {r['step_s'] * 1e3:.1f} ms ({how}):")
         for k, v in r["terms"].items():
             print(f"  {k:36s} {v * 1e3:10.2f} ms")
         print(f"dominant: {r['dominant']}")
@@ -176,7 +261,8 @@ def main(argv=None):
         print(f"assumptions: {a.efficiency:.0%} of {inst['peak_tflops']} TFLOP/s {inst['precision']} peak per GPU; "
               f"TP all-reduces over {inst['gpu_link']} at {inst['gpu_link_GBps']} GB/s per GPU; gradient all-reduce "
               f"over {'EFA at ' + str(inst['network_Gbps']) + ' Gbit/s per node shared by ' + str(inst['gpus']) + ' GPUs' if a.nodes > 1 else inst['gpu_link']}; "
-              f"ring all-reduce, fp32 gradients, bf16 activations, no overlap")
+              f"ring all-reduce, fp32 gradients, bf16 activations, "
+              f"{'bucket overlap' if a.overlap_grad_reduce else 'no overlap'}")
     else:
         print("fits")
     return 0

@@ -46,6 +46,44 @@ class Scaling(unittest.TestCase):
         self.assertEqual(r["busy_global_batch"], 8)  # no fixed cost: any batch keeps it busy
 
 
+    def test_overlapped_buckets_hide_behind_the_last_backward_pass(self):
+        # The two-p4d case with --overlap-grad-reduce: 5e8 gradients per rank in buckets of
+        # max(40M, 8M) -> 13 buckets. Last micro-batch's backward: (0.1733968 + 0.0107374) / 2
+        # x 2/3 = 0.0613781 s; exposed = max(0.56 / 13, 0.56 - 0.0613781) = 0.4986219 s.
+        inst = plan.instances()["p4d.24xlarge"]
+        sizes = {"params": 10**9, "layers": 24, "hidden": 2048, "seq": 1024}
+        r = plan.scaling(inst, 2, 2, 4, 64, sizes, 0.5, overlap=True)
+        self.assertAlmostEqual(r["terms"]["data-parallel gradient all-reduce (exposed)"], 0.4986219, places=6)
+        self.assertAlmostEqual(r["dp_total_s"], 0.56, places=9)
+        # micro batch 64, global 1024: 2 micro-batches of backward (2.774349 + 0.171799) / 2 x
+        # 2/3 = 0.98205 s > 0.56 s: only the last bucket shows, 0.56 / 13 = 0.0430769 s
+        r = plan.scaling(inst, 2, 2, 64, 1024, sizes, 0.5, overlap=True)
+        self.assertAlmostEqual(r["terms"]["data-parallel gradient all-reduce (exposed)"], 0.0430769, places=6)
+        self.assertEqual(r["dominant"], "compute")
+
+
+class Validate(unittest.TestCase):
+    def test_the_model_is_within_15_percent_of_published_megatron_figures(self):
+        # Narayanan et al. 2021, Table 1 (1.7B to 18.4B, TP 1 to 8, 32 to 256 A100s): the GEMM
+        # efficiency is fitted on the first row, the other three are predictions.
+        efficiency, rows = plan.validate()
+        self.assertGreater(efficiency, 0.3)
+        self.assertLess(efficiency, 0.8)
+        self.assertAlmostEqual(rows[0]["modelled"], rows[0]["published"], places=3)
+        for r in rows[1:]:
+            ratio = r["modelled"] / r["published"]
+            self.assertGreater(ratio, 0.85, r)
+            self.assertLess(ratio, 1.15, r)
+
+    def test_validate_prints_the_table(self):
+        import contextlib
+        import io
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            self.assertEqual(plan.main(["validate"]), 0)
+        self.assertIn("| 18.4B | 8 | 256 | 1024 | 135 |", out.getvalue())
+
+
 class Check(unittest.TestCase):
     sizes = {"params": 3 * 10**8, "layers": 24, "hidden": 1024, "seq": 128,
              "state_bytes": 6 * GiB, "act_bytes": 0.25 * GiB}
