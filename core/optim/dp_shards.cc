@@ -57,6 +57,12 @@ DpShards::DpShards(nn::ParameterStore& store, std::vector<Range> ranges, comm::C
   }
 }
 
+std::vector<DpShards::Range> DpShards::ranges() const {
+  std::vector<Range> r;
+  for (size_t b = 0; b < buckets_.size(); ++b) r.push_back(bucket(b));
+  return r;
+}
+
 int64_t DpShards::piece_elements() const {
   int64_t n = 0;
   for (const Piece& p : pieces_) n += p.numel();

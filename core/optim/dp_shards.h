@@ -38,6 +38,7 @@ class DpShards {
   comm::Communicator& dp() const { return dp_; }
   size_t buckets() const { return buckets_.size(); }
   Range bucket(size_t b) const { return {buckets_[b].begin, buckets_[b].end}; }
+  std::vector<Range> ranges() const;  // every bucket, in bucket order
   const Piece& piece(int id) const { return pieces_.at(static_cast<size_t>(id)); }
   // This rank's reduced fp32 gradients: its shard of every bucket, in bucket order.
   const Tensor& grads() const { return grads_; }

@@ -140,12 +140,18 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
   return out;
 }
 
-double grad_norm(nn::ParameterStore& store, comm::Communicator& tp) {
+double grad_norm(nn::ParameterStore& store, comm::Communicator& tp, const DpShards* shards) {
   std::vector<std::pair<size_t, size_t>> sharded, replicated;
-  for (const auto& info : store.infos())
-    (info.sharding.sharded ? sharded : replicated).emplace_back(info.offset, info.offset + info.numel);
+  if (shards) {
+    sharded = shards->segments(true);
+    replicated = shards->segments(false);
+  } else {
+    for (const auto& info : store.infos())
+      (info.sharding.sharded ? sharded : replicated).emplace_back(info.offset, info.offset + info.numel);
+  }
   const Tensor sums({2}, DType::kF64, store.device());
-  ops::split_sum_squares(sums, store.grads(), sharded, replicated);
+  ops::split_sum_squares(sums, shards ? shards->grads() : store.grads(), sharded, replicated);
+  if (shards) comm::all_reduce(shards->dp(), sums, comm::ReduceOp::kSum);  // the ranks' pieces
   comm::all_reduce(tp, sums.flat(0, 1), comm::ReduceOp::kSum);
   const std::vector<double> s = to_host_f64(sums);
   return std::sqrt(s[0] + s[1]);
@@ -219,15 +225,7 @@ PluginOptimizer::~PluginOptimizer() {
 }
 
 void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, double norm, bool diagnostics) {
-  if (norm < 0 && !shards_) norm = grad_norm(*store_, *tp_);
-  if (norm < 0) {  // over the pieces: summed over the data-parallel group, sharded ones over TP too
-    const Tensor sums({2}, DType::kF64, device_);
-    ops::split_sum_squares(sums, shards_->grads(), shards_->segments(true), shards_->segments(false));
-    comm::all_reduce(shards_->dp(), sums, comm::ReduceOp::kSum);
-    comm::all_reduce(*tp_, sums.flat(0, 1), comm::ReduceOp::kSum);
-    const std::vector<double> s = to_host_f64(sums);
-    norm = std::sqrt(s[0] + s[1]);
-  }
+  if (norm < 0) norm = grad_norm(*store_, *tp_, shards_);
   step(step_count, lr, global_batch, from_host(std::vector<double>{norm}, {1}), diagnostics);
 }
 

@@ -55,8 +55,9 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
 std::string describe_hparams(const Plugin& plugin);
 
 // Global L2 norm of all gradients: squared norms of sharded tensors are summed over the
-// tensor-parallel group, replicated tensors are counted once.
-double grad_norm(nn::ParameterStore& store, comm::Communicator& tp);
+// tensor-parallel group, replicated tensors are counted once. With `shards` (the
+// distributed optimizer) the norm of the reduced gradients in the shards, summed over DP.
+double grad_norm(nn::ParameterStore& store, comm::Communicator& tp, const DpShards* shards = nullptr);
 
 // A plugin optimizer bound to the parameters of a ParameterStore (their fp32 masters and
 // fp32 gradients, on the store's device).

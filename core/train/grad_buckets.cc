@@ -7,7 +7,8 @@
 
 namespace megabatch::train {
 
-size_t default_bucket_elems(size_t flat_size, int dp_size, bool overlap) {
+size_t bucket_elems(int64_t ddp_bucket_size, size_t flat_size, int dp_size, bool overlap) {
+  if (ddp_bucket_size > 0) return static_cast<size_t>(ddp_bucket_size);
   return overlap ? std::max<size_t>(40000000, size_t{1000000} * static_cast<size_t>(dp_size)) : std::max<size_t>(flat_size, 1);
 }
 
@@ -30,18 +31,16 @@ std::vector<optim::DpShards::Range> bucket_ranges(const nn::ParameterStore& stor
   return ranges;
 }
 
-GradientBuckets::GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap,
-                                 optim::DpShards* shards)
+GradientBuckets::GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp,
+                                 std::vector<optim::DpShards::Range> ranges, bool overlap, optim::DpShards* shards)
     : store_(store), dp_(dp), overlap_(overlap), shards_(shards) {
-  const std::vector<optim::DpShards::Range> ranges = bucket_ranges(store, bucket_elems);
+  if (shards_) ranges = shards_->ranges();  // bucket b is the shards' bucket b
   bucket_of_.assign(store.count(), 0);
   final_.assign(store.count(), false);
   for (size_t b = 0; b < ranges.size(); ++b) {
     Bucket k;
     k.begin = ranges[b].begin;
     k.end = ranges[b].end;
-    check(!shards_ || (b < shards_->buckets() && shards_->bucket(b).begin == k.begin && shards_->bucket(b).end == k.end),
-          "internal error: the distributed optimizer's shards were built over other buckets");
     for (size_t i = 0; i < store.count(); ++i)
       if (store.info(static_cast<int>(i)).offset >= k.begin && store.info(static_cast<int>(i)).offset < k.end) {
         bucket_of_[i] = b;

@@ -25,10 +25,10 @@ std::vector<optim::DpShards::Range> bucket_ranges(const nn::ParameterStore& stor
 
 class GradientBuckets {
  public:
-  // With `shards` (the distributed optimizer, built over bucket_ranges of the same size)
-  // each bucket is reduce-scattered into shards->grads().
-  GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, size_t bucket_elems, bool overlap,
-                  optim::DpShards* shards = nullptr);
+  // `ranges` as bucket_ranges gives them. With `shards` (the distributed optimizer) the
+  // buckets are its own and each is reduce-scattered into shards->grads().
+  GradientBuckets(nn::ParameterStore& store, comm::Communicator& dp, std::vector<optim::DpShards::Range> ranges,
+                  bool overlap, optim::DpShards* shards = nullptr);
   ~GradientBuckets();
   GradientBuckets(const GradientBuckets&) = delete;
   GradientBuckets& operator=(const GradientBuckets&) = delete;
@@ -63,8 +63,8 @@ class GradientBuckets {
   size_t started_early_ = 0;
 };
 
-// Megatron's default bucket size with overlap: max(40M, 1M x DP) elements; without, one
-// bucket holds everything (the size of the buffer).
-size_t default_bucket_elems(size_t flat_size, int dp_size, bool overlap);
+// Elements per bucket: ddp_bucket_size when it is > 0, else Megatron's default with
+// overlap, max(40M, 1M x DP), and without it one bucket of everything (the buffer's size).
+size_t bucket_elems(int64_t ddp_bucket_size, size_t flat_size, int dp_size, bool overlap);
 
 }  // namespace megabatch::train

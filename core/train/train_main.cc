@@ -591,9 +591,8 @@ int run(int argc, char** argv) {
   std::unique_ptr<mb::optim::DpShards> shards;
   if (v["use_distributed_optimizer"].get<bool>() && dp_size > 1) {
     const auto& P = model->parameters();
-    const size_t elems = opt.ddp_bucket_size > 0
-                             ? static_cast<size_t>(opt.ddp_bucket_size)
-                             : mb::train::default_bucket_elems(P.flat_size(), static_cast<int>(dp_size), opt.overlap_grad_reduce);
+    const size_t elems =
+        mb::train::bucket_elems(opt.ddp_bucket_size, P.flat_size(), static_cast<int>(dp_size), opt.overlap_grad_reduce);
     shards = std::make_unique<mb::optim::DpShards>(model->parameters(), mb::train::bucket_ranges(P, elems), *parallel.dp);
     std::cout << "> distributed optimizer: this rank steps and keeps optimizer state for " << shards->piece_elements()
               << " of " << P.num_parameters() << " local parameters (DP " << dp_size << ", " << shards->buckets()
@@ -604,10 +603,11 @@ int run(int argc, char** argv) {
                                        shards.get());
   if (resume_from) {
     // checkpoints hold whole tensors: the distributed optimizer takes its pieces of them
-    mb::optim::OptimizerState whole = optimizer.whole_state();
-    mb::io::load_checkpoint(*resume_from, model->parameters(), finetune || no_load_optim ? nullptr : &whole,
-                            plugin.name(), mc.padded_vocab_size());
-    if (!finetune && !no_load_optim) optimizer.restore_pieces(whole);
+    const bool load_optim = !finetune && !no_load_optim;
+    mb::optim::OptimizerState whole = load_optim ? optimizer.whole_state() : mb::optim::OptimizerState{};
+    mb::io::load_checkpoint(*resume_from, model->parameters(), load_optim ? &whole : nullptr, plugin.name(),
+                            mc.padded_vocab_size());
+    if (load_optim) optimizer.restore_pieces(whole);
     std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
               << resume_from->string() << " (iteration " << resume_state.iteration << ", "
               << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")

@@ -150,9 +150,10 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
   buckets_.reset();
   if (dp.size() > 1) {
     nn::ParameterStore& P = model_.parameters();
-    const size_t elems = opt_.ddp_bucket_size > 0 ? static_cast<size_t>(opt_.ddp_bucket_size)
-                                                  : default_bucket_elems(P.flat_size(), dp.size(), opt_.overlap_grad_reduce);
-    buckets_ = std::make_unique<GradientBuckets>(P, dp, elems, opt_.overlap_grad_reduce, shards);
+    std::vector<optim::DpShards::Range> ranges;
+    if (!shards)
+      ranges = bucket_ranges(P, bucket_elems(opt_.ddp_bucket_size, P.flat_size(), dp.size(), opt_.overlap_grad_reduce));
+    buckets_ = std::make_unique<GradientBuckets>(P, dp, std::move(ranges), opt_.overlap_grad_reduce, shards);
   }
   if (shards) {  // norms over the pieces of this rank's shards
     sharded_ = shards->segments(true);

@@ -56,6 +56,22 @@ struct RunResult {
   std::unique_ptr<mb::train::Model> model;
 };
 
+// This step's per-tensor diagnostics, and (at the end) the parameters, into `out`.
+void record_diagnostics(const mb::optim::PluginOptimizer& opt, RunResult& out) {
+  const auto& store = out.model->parameters();
+  for (const auto& [series, values] : opt.diagnostics())
+    for (size_t i = 0; i < store.count(); ++i)
+      out.diag[series + "/" + store.info(static_cast<int>(i)).name].push_back(values[i]);
+}
+void record_params(RunResult& out) {
+  const auto& store = out.model->parameters();
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto& info = store.info(static_cast<int>(i));
+    out.params[info.name] = mb::to_host_f32(store.param(static_cast<int>(i)));
+    out.info[info.name] = &info;
+  }
+}
+
 void run(const std::string& plugin_name, const nlohmann::json& hp, int64_t global_batch, mb::comm::Communicator& tp,
          int tp_size, RunResult& out) {
   const auto plugin = mb::optim::load_plugin(plugin_name, mb::optim::plugin_search_path({MEGABATCH_TEST_PLUGIN_DIR}));
@@ -68,15 +84,9 @@ void run(const std::string& plugin_name, const nlohmann::json& hp, int64_t globa
     out.grad_norms.push_back(norm);
     opt.step(step, 0.01, global_batch, norm, true);
     ASSERT_FALSE(opt.diagnostics().empty()) << plugin_name << " reports no diagnostics";
-    for (const auto& [series, values] : opt.diagnostics())
-      for (size_t i = 0; i < store.count(); ++i)
-        out.diag[series + "/" + store.info(static_cast<int>(i)).name].push_back(values[i]);
+    record_diagnostics(opt, out);
   }
-  for (size_t i = 0; i < store.count(); ++i) {
-    const auto& info = store.info(static_cast<int>(i));
-    out.params[info.name] = mb::to_host_f32(store.param(static_cast<int>(i)));
-    out.info[info.name] = &info;
-  }
+  record_params(out);
 }
 
 void expect_split_equals_whole(const std::string& plugin_name, const nlohmann::json& hp, int64_t global_batch = 64) {
@@ -173,16 +183,9 @@ void run_sharded(const std::string& plugin_name, const nlohmann::json& hp, int64
     for (size_t b = 0; b < shards.buckets(); ++b) shards.start_reduce_scatter(b);
     dp.wait_all();
     opt.step(step, 0.01, global_batch, -1.0, true);  // the norm from the shards
-    res.grad_norms.push_back(-1);
-    for (const auto& [series, values] : opt.diagnostics())
-      for (size_t i = 0; i < store.count(); ++i)
-        res.diag[series + "/" + store.info(static_cast<int>(i)).name].push_back(values[i]);
+    record_diagnostics(opt, res);
   }
-  for (size_t i = 0; i < store.count(); ++i) {
-    const auto& info = store.info(static_cast<int>(i));
-    res.params[info.name] = mb::to_host_f32(store.param(static_cast<int>(i)));
-    res.info[info.name] = &info;
-  }
+  record_params(res);
   out.whole_state = opt.whole_state();
 }
 
