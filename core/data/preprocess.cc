@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/data/brown.h"
+#include "core/data/compact_vocab.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/input_stream.h"
 #include "core/data/sentence_splitter.h"
@@ -268,11 +269,26 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
 // ---------------------------------------------------------------- default dataset
 
 void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log) {
-  const fs::path gpt = dir / "brown_gpt2_text_document", bert = dir / "brown_bert_text_sentence";
+  const fs::path gpt = dir / "brown_gpt2_text_document", bert = dir / "brown_bert_text_sentence",
+                 compact = dir / "brown_gpt2_compact_text_document";
+  auto write_compact = [&] {
+    TokenizerOptions to;
+    const auto v = compact_dataset(gpt, compact, to.type, make_tokenizer(to)->vocab_size());
+    log << "wrote " << compact.string() << ".bin/.idx/.vocab.json: the " << v.ids.size()
+        << " GPT-2 tokens the corpus uses" << std::endl;
+  };
   if (!force) {
     try {
       IndexedDataset a(gpt), b(bert);
       if (fs::exists(dir / "brown.jsonl")) {
+        bool compact_ok = false;  // made by an older version, or damaged: made again from the GPT-2 dataset
+        try {
+          const IndexedDataset c(compact);
+          compact_ok = c.num_tokens() == a.num_tokens() && c.num_documents() == a.num_documents() &&
+                       read_compact_vocab(compact_vocab_path(compact)).tokenizer_type == "GPT2BPETokenizer";
+        } catch (const Error&) {
+        }
+        if (!compact_ok) write_compact();
         log << "default dataset is up to date in " << dir.string() << " (" << a.num_documents() << " documents, "
             << a.num_tokens() << " GPT-2 tokens; " << b.num_sequences() << " sentences, " << b.num_tokens()
             << " WordPiece tokens); pass --force to rebuild" << std::endl;
@@ -326,6 +342,7 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
   };
   build(gpt, "GPT2BPETokenizer", texts, true);
   build(bert, "BertWordPieceLowerCase", sentence_lists, false);
+  write_compact();
   log << "default dataset ready in " << dir.string() << " ("
       << std::chrono::duration<double>(Clock::now() - t0).count() << " s)" << std::endl;
 }

@@ -51,9 +51,10 @@ void encode_documents(const Tokenizer& tokenizer, const std::vector<std::vector<
                       bool append_eod, int workers, std::vector<EncodedDocument>& out);
 
 // The default dataset: the de-tagged Brown corpus from the asset cache, written as
-// DIR/brown.jsonl, DIR/brown_gpt2_text_document (GPT-2 BPE, EOD after each document)
-// and DIR/brown_bert_text_sentence (WordPiece lower-case, one sequence per sentence).
-// Skips the work when valid outputs already exist, unless force.
+// DIR/brown.jsonl, DIR/brown_gpt2_text_document (GPT-2 BPE, EOD after each document),
+// DIR/brown_bert_text_sentence (WordPiece lower-case, one sequence per sentence) and
+// DIR/brown_gpt2_compact_text_document (the GPT-2 dataset in the tokens the corpus uses,
+// see compact_vocab.h). Skips the work when valid outputs already exist, unless force.
 void build_brown(const std::filesystem::path& dir, int workers, bool force, std::ostream& log);
 
 // `preprocess inspect`: counts, dtype and the first documents (decoded when a tokenizer

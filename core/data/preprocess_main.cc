@@ -1,6 +1,7 @@
 // preprocess: Megatron-compatible dataset preparation. See --help.
 #include <iostream>
 
+#include "core/data/compact_vocab.h"
 #include "core/data/preprocess.h"
 #include "core/util/args.h"
 #include "core/util/error.h"
@@ -13,6 +14,7 @@ namespace {
 constexpr const char* kUsage =
     "usage: preprocess --input FILE --output-prefix PREFIX --tokenizer-type TYPE [options]\n"
     "       preprocess inspect PREFIX [--documents N] [--tokenizer-type TYPE]\n"
+    "       preprocess compact IN OUT --tokenizer-type TYPE\n"
     "       preprocess brown [--output-dir DIR] [--workers N] [--force]\n"
     "\n"
     "Converts text to Megatron-LM indexed datasets (PREFIX_{key}_{document|sentence}.bin/.idx),\n"
@@ -26,6 +28,8 @@ constexpr const char* kUsage =
     "  preprocess --input wiki.jsonl --output-prefix data/wiki --tokenizer-type BertWordPieceLowerCase \\\n"
     "      --split-sentences --workers 2\n"
     "  preprocess inspect data/brown_gpt2_text_document --tokenizer-type GPT2BPETokenizer\n"
+    "  preprocess compact data/corpus_text_document data/corpus_compact_text_document \\\n"
+    "      --tokenizer-type GPT2BPETokenizer  # only the tokens the corpus uses\n"
     "  preprocess brown                       # the default dataset, into data/\n"
     "\n"
     "Vocabularies default to the asset cache that ./setup.sh fills (GPT-2 encoder.json and\n"
@@ -57,18 +61,39 @@ int run_inspect(int argc, char** argv) {
   if (!a.parse(argc, argv, 2)) return 0;
   if (a.positional().size() != 1) fail("preprocess inspect: expected one dataset PREFIX (without .bin/.idx)");
   std::unique_ptr<Tokenizer> tok;
-  if (a.has("tokenizer-type")) tok = make_tokenizer(tokenizer_options(a));
   std::string prefix = a.positional()[0];
   for (const char* ext : {".bin", ".idx"})
     if (prefix.size() > 4 && prefix.ends_with(ext)) prefix.resize(prefix.size() - 4);
+  if (a.has("tokenizer-type")) tok = tokenizer_for_dataset(make_tokenizer(tokenizer_options(a)), prefix, &std::cout);
   inspect(prefix, static_cast<int>(a.get_int("documents")), tok.get(), std::cout);
+  return 0;
+}
+
+int run_compact(int argc, char** argv) {
+  ArgParser a("preprocess compact",
+              "usage: preprocess compact IN OUT --tokenizer-type TYPE\n\n"
+              "Writes OUT.bin/.idx: the dataset IN with each token id replaced by its rank among the ids\n"
+              "IN uses, and OUT.vocab.json listing those ids. Training on OUT, the model's vocabulary is\n"
+              "the corpus's own (the LM head shrinks to it); the text and its token sequence are the same.\n\n"
+              "example: preprocess compact data/brown_gpt2_text_document data/brown_gpt2_compact_text_document \\\n"
+              "             --tokenizer-type GPT2BPETokenizer");
+  add_tokenizer_flags(a);
+  if (!a.parse(argc, argv, 2)) return 0;
+  if (a.positional().size() != 2) fail("preprocess compact: expected the dataset prefixes IN and OUT");
+  const TokenizerOptions t = tokenizer_options(a);
+  const auto tok = make_tokenizer(t);
+  const auto v = compact_dataset(a.positional()[0], a.positional()[1], t.type, tok->vocab_size());
+  std::cout << "wrote " << a.positional()[1] << ".bin/.idx/.vocab.json: " << v.ids.size() << " of "
+            << tok->vocab_size() << " " << t.type << " tokens" << std::endl;
   return 0;
 }
 
 int run_brown(int argc, char** argv) {
   ArgParser a("preprocess brown", "usage: preprocess brown [--output-dir DIR] [--workers N] [--force]\n\n"
                                   "Builds the default dataset from the Brown corpus in the asset cache:\n"
-                                  "DIR/brown.jsonl, DIR/brown_gpt2_text_document, DIR/brown_bert_text_sentence.");
+                                  "DIR/brown.jsonl, DIR/brown_gpt2_text_document, DIR/brown_bert_text_sentence,\n"
+                                  "and DIR/brown_gpt2_compact_text_document (the GPT-2 dataset in the corpus's own\n"
+                                  "32,735 tokens, which the default sweep trains on).");
   a.option("output-dir", "DIR", "where the dataset goes", "data");
   a.option("workers", "N", "encoding threads", "2");
   a.flag("force", "rebuild even when the outputs exist");
@@ -117,6 +142,7 @@ int main(int argc, char** argv) {
     const std::string cmd = argc > 1 ? argv[1] : "";
     if (cmd == "inspect") return run_inspect(argc, argv);
     if (cmd == "brown") return run_brown(argc, argv);
+    if (cmd == "compact") return run_compact(argc, argv);
     if (argc == 1) {
       std::cerr << kUsage << "\n";
       return 2;

@@ -14,6 +14,7 @@
 #include "core/config/config.h"
 #include "core/data/indexed_dataset.h"
 #include "core/device/runtime.h"
+#include "core/data/compact_vocab.h"
 #include "core/data/tokenizer.h"
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
@@ -331,6 +332,10 @@ int run(int argc, char** argv) {
     } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
       mc.vocab_size = 30522 + mc.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
     }
+    const auto data = v["data_path"].get<std::vector<std::string>>();
+    if (data.size() == 1 && std::filesystem::exists(mb::data::compact_vocab_path(data[0])))
+      mc.vocab_size = static_cast<int64_t>(
+          mb::data::read_compact_vocab(mb::data::compact_vocab_path(data[0])).ids.size());  // the corpus's own
     print_params(mc);
     return 0;
   }
@@ -341,12 +346,14 @@ int run(int argc, char** argv) {
   if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
   if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
   to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
-  const auto tokenizer = mb::data::make_tokenizer(to);
-  mc.vocab_size = tokenizer->vocab_size();
-  mc.validate();
   const auto paths = v["data_path"].get<std::vector<std::string>>();
   mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
             paths.size(), " values");
+  // A compact dataset (PREFIX.vocab.json beside it) brings its own vocabulary: the corpus's tokens.
+  const auto tokenizer = mb::data::tokenizer_for_dataset(mb::data::make_tokenizer(to), paths[0]);
+  const bool compact_vocab = std::filesystem::exists(mb::data::compact_vocab_path(paths[0]));
+  mc.vocab_size = tokenizer->vocab_size();
+  mc.validate();
   if (!std::filesystem::exists(paths[0] + ".idx") && !std::filesystem::exists(paths[0] + ".bin") &&
       std::filesystem::path(paths[0]).filename().string().rfind("brown_", 0) == 0)
     mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `build/bin/preprocess "
@@ -572,7 +579,12 @@ int run(int argc, char** argv) {
             << "> data: " << paths[0] << ": " << ds->num_documents() << " documents, " << ds->num_tokens()
             << " tokens; split " << train_docs.end << " / " << valid_docs.end - valid_docs.begin << " / "
             << ds->num_documents() - valid_docs.end << " documents; " << samples_per_epoch
-            << " training samples per epoch\n"
+            << " training samples per epoch"
+            << (compact_vocab ? "; vocabulary: its own " + std::to_string(tokenizer->vocab_size()) + " " +
+                                    std::string(tokenizer->type()) + " tokens (" +
+                                    mb::data::compact_vocab_path(paths[0]).string() + ")"
+                              : std::string())
+            << "\n"
             << "> " << opt.train_iters << " iterations x global batch " << gbs << " (micro batch "
             << opt.micro_batch_size << ", " << gbs / (opt.micro_batch_size * dp_size) << " accumulation steps"
             << (parallel.world_size > 1 ? ", " + std::to_string(parallel.world_size) + " ranks: TP " +

@@ -70,6 +70,26 @@ TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
                                  " --tokenizer-type BertWordPieceLowerCase");
   EXPECT_NE(wrong.exit_code, 0);
   EXPECT_NE(wrong.output.find("is outside the vocabulary of BertWordPieceLowerCase"), std::string::npos) << wrong.output;
+
+  // The compact dataset the default sweep trains on: `preprocess compact` of the GPT-2 dataset
+  // gives the same files; it reads as the same text; a missing one is made again.
+  const auto c = run_command(preprocess() + " compact " + (dir / "brown_gpt2_text_document").string() + " " +
+                             (dir / "cli").string() + " --tokenizer-type GPT2BPETokenizer");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("32735 of 50257 GPT2BPETokenizer tokens"), std::string::npos) << c.output;
+  for (const char* ext : {".bin", ".idx", ".vocab.json"})  // (.vocab.json's "source" is the same input)
+    EXPECT_EQ(read_file(dir / (std::string("brown_gpt2_compact_text_document") + ext)),
+              read_file(dir / (std::string("cli") + ext))) << ext;
+  const auto cins = run_command(preprocess() + " inspect " + (dir / "brown_gpt2_compact_text_document").string() +
+                                " --tokenizer-type GPT2BPETokenizer --documents 1");
+  ASSERT_EQ(cins.exit_code, 0) << cins.output;
+  EXPECT_NE(cins.output.find("token ids    0 .. 32734"), std::string::npos) << cins.output;
+  EXPECT_NE(cins.output.find("The Fulton County Grand Jury said Friday"), std::string::npos) << cins.output;
+  std::filesystem::remove(dir / "brown_gpt2_compact_text_document.idx");
+  const auto remade = run_command(preprocess() + " brown --output-dir " + dir.path().string());
+  EXPECT_NE(remade.output.find("wrote " + (dir / "brown_gpt2_compact_text_document").string()), std::string::npos)
+      << remade.output;
+  EXPECT_EQ(read_file(dir / "brown_gpt2_compact_text_document.idx"), read_file(dir / "cli.idx"));
 }
 
 // .jsonl.gz, .jsonl.xz and .jsonl.zst (made by the gzip, xz and zstd programs) give the

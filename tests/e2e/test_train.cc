@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <regex>
 
 #include <nlohmann/json.hpp>
@@ -271,6 +272,31 @@ TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
   EXPECT_EQ(py.output, "8 8 adamw 0.95 2 0.0 True True\n");
   const std::string cfg = mb::read_file(run / "config.json");
   EXPECT_NE(cfg.find("\"padded_vocab_size\": 50304"), std::string::npos) << cfg;
+}
+
+// The default sweep's dataset: Brown in the 32,735 GPT-2 tokens it uses. The model's
+// vocabulary is the corpus's (padded to 32,768), so the untrained loss is ln(32,768), not
+// ln(50,304) as on the full dataset, and the run says which vocabulary it has.
+TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
+  auto first_loss = [&](const std::string& data, const std::string& dir, std::string* out) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--data-path " +
+                                            (*data_ / "d" / data).string() + " --micro-batch-size 4 " +
+                                            "--global-batch-size 4 --train-iters 1 --lr 0 --log-interval 1 --eval-iters 0 "
+                                            "--run-dir " + (tmp_ / dir).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (out) *out = r.output;
+    const auto at = r.output.find("| lm loss: ");
+    return at == std::string::npos ? 0.0 : std::stod(r.output.substr(at + 11, 12));
+  };
+  std::string out;
+  EXPECT_NEAR(first_loss("brown_gpt2_compact_text_document", "c", &out), std::log(32768.0), 0.05);
+  EXPECT_NE(out.find("vocabulary: its own 32735 GPT2BPETokenizer tokens (" +
+                     (*data_ / "d" / "brown_gpt2_compact_text_document.vocab.json").string() + ")"),
+            std::string::npos) << out;
+  EXPECT_NE(out.find("vocab 32735 (padded 32768)"), std::string::npos) << out;
+  EXPECT_NE(mb::read_file(tmp_ / "c" / "config.json").find("\"padded_vocab_size\": 32768"), std::string::npos);
+  EXPECT_NEAR(first_loss("brown_gpt2_text_document", "f", &out), std::log(50304.0), 0.05);
+  EXPECT_EQ(out.find("vocabulary: its own"), std::string::npos) << out;
 }
 
 TEST_F(Train, PrintParamsNeedsNoDataAndHelpShowsExamples) {

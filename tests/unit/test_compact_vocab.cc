@@ -1,0 +1,162 @@
+// Compact vocabularies: a dataset renumbered to the tokens it uses keeps every document,
+// sequence and token (mapped back through its .vocab.json), the tokenizer seen through it
+// encodes and decodes the same text, and damaged or mismatched files are refused by name.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <random>
+#include <set>
+
+#include "core/data/compact_vocab.h"
+#include "core/data/indexed_dataset.h"
+#include "core/util/error.h"
+#include "tests/unit/test_util.h"
+
+namespace megabatch::data {
+namespace {
+
+using megabatch::testing::TempDir;
+using megabatch::testing::write_text;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected an Error";
+  return "";
+}
+
+TEST(CompactVocab, DatasetKeepsDocumentsAndEveryTokenMapsBack) {
+  TempDir dir;
+  std::mt19937 rng(7);
+  std::vector<int32_t> pool;  // 40 scattered ids of a 70,000-token vocabulary (int32 on disk)
+  for (int i = 0; i < 40; ++i) pool.push_back(static_cast<int32_t>(rng() % 70000));
+  std::vector<std::vector<std::vector<int32_t>>> docs(9);
+  std::set<int32_t> used;
+  {
+    IndexedDatasetBuilder b(dir / "in", DType::kI32);
+    for (auto& d : docs) {
+      d.resize(rng() % 4);  // empty documents too
+      for (auto& s : d) {
+        s.resize(rng() % 30);  // empty sequences too
+        for (auto& t : s) used.insert(t = pool[rng() % pool.size()]);
+        b.add_sequence(s);
+      }
+      b.end_document();
+    }
+    b.finalize();
+  }
+  const CompactVocab v = compact_dataset(dir / "in", dir / "out", "GPT2BPETokenizer", 70000);
+  EXPECT_EQ(v.ids, std::vector<int32_t>(used.begin(), used.end())) << "the ids the dataset uses, ascending";
+  const CompactVocab back = read_compact_vocab(compact_vocab_path(dir / "out"));
+  EXPECT_EQ(back.ids, v.ids);
+  EXPECT_EQ(back.tokenizer_type, "GPT2BPETokenizer");
+  EXPECT_EQ(back.base_vocab_size, 70000);
+
+  const IndexedDataset out(dir / "out");
+  EXPECT_EQ(out.dtype(), DType::kU16) << "a compact vocabulary of " << v.ids.size() << " fits uint16";
+  ASSERT_EQ(out.num_documents(), docs.size());
+  size_t seq = 0;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    ASSERT_EQ(out.document_index(d), static_cast<int64_t>(seq)) << "document " << d;
+    for (const auto& s : docs[d]) {
+      const auto got = out.sequence(seq++, static_cast<int64_t>(v.ids.size()));
+      ASSERT_EQ(got.size(), s.size()) << "sequence " << seq - 1;
+      for (size_t i = 0; i < s.size(); ++i) EXPECT_EQ(v.ids[static_cast<size_t>(got[i])], s[i]);
+    }
+  }
+  EXPECT_EQ(out.num_sequences(), seq);
+
+  EXPECT_NE(error_of([&] { compact_dataset(dir / "in", dir / "in", "GPT2BPETokenizer", 70000); })
+                .find("would overwrite its input"), std::string::npos);
+  EXPECT_NE(error_of([&] { compact_dataset(dir / "out", dir / "again", "GPT2BPETokenizer", 70000); })
+                .find("is already compact"), std::string::npos);
+  const std::string small = error_of([&] { compact_dataset(dir / "in", dir / "x", "GPT2BPETokenizer", 1000); });
+  EXPECT_NE(small.find((dir / "in").string()), std::string::npos) << small;
+  EXPECT_NE(small.find("is outside the vocabulary [0, 1000)"), std::string::npos) << small;
+  EXPECT_FALSE(std::filesystem::exists(dir / "x.idx")) << "no dataset is left from a failed compaction";
+}
+
+TEST(CompactVocab, DamagedFilesNameTheFileAndTheKey) {
+  TempDir dir;
+  const auto f = dir / "d.vocab.json";
+  const std::string head = R"("format": "megabatch compact vocabulary 1", "tokenizer_type": "GPT2BPETokenizer")";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"{not json", "not valid JSON"},
+      {R"({"format": "other", "tokenizer_type": "GPT2BPETokenizer", "base_vocab_size": 9, "ids": [1]})", "\"format\" must be"},
+      {"{" + head + R"(, "ids": [1]})", "no \"base_vocab_size\""},
+      {"{" + head + R"(, "base_vocab_size": 9})", "no \"ids\""},
+      {"{" + head + R"(, "base_vocab_size": 9, "ids": []})", "\"ids\" must be a non-empty array"},
+      {"{" + head + R"(, "base_vocab_size": 9, "ids": [1, 9]})", "\"ids\"[1] is 9, expected a token id in [0, 9)"},
+      {"{" + head + R"(, "base_vocab_size": 9, "ids": [1, "2"]})", "\"ids\"[1] is \"2\""},
+      {"{" + head + R"(, "base_vocab_size": 9, "ids": [3, 3]})", "must ascend without repeats, but [1] = 3 follows 3"},
+  };
+  for (const auto& [text, want] : cases) {
+    SCOPED_TRACE(text);
+    write_text(f, text);
+    const std::string e = error_of([&] { read_compact_vocab(f); });
+    EXPECT_NE(e.find(f.string()), std::string::npos) << e;
+    EXPECT_NE(e.find(want), std::string::npos) << e;
+  }
+}
+
+TEST(CompactVocab, TokenizerSeenThroughTheVocabularyEncodesAndDecodesTheSameText) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  TempDir dir;
+  TokenizerOptions o;
+  const auto gpt2 = make_tokenizer(o);
+  const std::vector<std::string> texts = {"The jury said the election was conducted well.",
+                                          "It said the city of Atlanta deserves praise."};
+  {
+    IndexedDatasetBuilder b(dir / "in", token_dtype(gpt2->vocab_size()));
+    for (const auto& t : texts) {
+      auto ids = gpt2->encode(t);
+      ids.push_back(gpt2->special().eod);
+      b.add_sequence(ids);
+      b.end_document();
+    }
+    b.finalize();
+  }
+  const CompactVocab v = compact_dataset(dir / "in", dir / "out", "GPT2BPETokenizer", gpt2->vocab_size());
+  std::ostringstream log;
+  const auto tok = tokenizer_for_dataset(make_tokenizer(o), dir / "out", &log);
+  EXPECT_NE(log.str().find("of 50257"), std::string::npos) << log.str();
+  EXPECT_EQ(tok->vocab_size(), static_cast<int64_t>(v.ids.size()));
+  EXPECT_EQ(tok->type(), "GPT2BPETokenizer");
+  ASSERT_GE(tok->special().eod, 0);
+  EXPECT_EQ(v.ids[static_cast<size_t>(tok->special().eod)], gpt2->special().eod) << "<|endoftext|> is remapped";
+  const IndexedDataset out(dir / "out");
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto want = out.sequence(i);
+    want.pop_back();  // the EOD
+    EXPECT_EQ(tok->encode(texts[i]), want) << "encoding gives the dataset's compact ids";
+    EXPECT_EQ(tok->decode(want), texts[i]);
+    EXPECT_EQ(tok->token_text(want[1]), gpt2->token_text(gpt2->encode(texts[i])[1]));
+  }
+  EXPECT_EQ(make_tokenizer(o)->vocab_size(), tokenizer_for_dataset(make_tokenizer(o), dir / "in")->vocab_size())
+      << "a dataset without .vocab.json keeps the tokenizer's vocabulary";
+
+  std::string e = error_of([&] { tok->encode("Zebras"); });
+  EXPECT_NE(e.find("which is not in the compact vocabulary " + compact_vocab_path(dir / "out").string()),
+            std::string::npos) << e;
+  e = error_of([&] { tok->decode(std::vector<int32_t>{static_cast<int32_t>(v.ids.size())}); });
+  EXPECT_NE(e.find("outside the compact vocabulary"), std::string::npos) << e;
+
+  TokenizerOptions extra = o;
+  extra.extra_ids = 3;  // another vocabulary size than the file was made for
+  e = error_of([&] { tokenizer_for_dataset(make_tokenizer(extra), dir / "out"); });
+  EXPECT_NE(e.find("compacted from a vocabulary of 50257 tokens, but this GPT2BPETokenizer tokenizer has 50260"),
+            std::string::npos) << e;
+  if (std::filesystem::exists(asset_path("bert/vocab.txt"))) {
+    TokenizerOptions bert;
+    bert.type = "BertWordPieceLowerCase";
+    e = error_of([&] { tokenizer_for_dataset(make_tokenizer(bert), dir / "out"); });
+    EXPECT_NE(e.find("compacted from GPT2BPETokenizer ids, but the tokenizer is BertWordPieceLowerCase"),
+              std::string::npos) << e;
+  }
+}
+
+}  // namespace
+}  // namespace megabatch::data
