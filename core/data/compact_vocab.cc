@@ -22,18 +22,12 @@ class CompactTokenizer final : public Tokenizer {
       : base_(std::move(base)), vocab_(std::move(vocab)), file_(std::move(file)),
         compact_(static_cast<size_t>(base_->vocab_size()), -1) {
     for (size_t i = 0; i < vocab_.ids.size(); ++i) compact_[static_cast<size_t>(vocab_.ids[i])] = static_cast<int32_t>(i);
-    const SpecialTokens& b = base_->special();
-    special_ = b;
+    // compact_tokenizer() checked that every special token is in the vocabulary; sentinels are
+    // consecutive tokenizer ids, so their compact ids are consecutive too.
+    special_ = base_->special();
     for (int32_t* id : {&special_.eod, &special_.cls, &special_.sep, &special_.mask, &special_.pad, &special_.unk,
-                        &special_.bos, &special_.eos})
+                        &special_.bos, &special_.eos, &special_.first_sentinel})
       *id = to_compact(*id);
-    // Sentinels are addressed as first + i, so they stay only when all of them are present
-    // and contiguous (the corpus used every one).
-    bool sentinels = b.num_sentinels > 0;
-    for (int i = 0; sentinels && i < b.num_sentinels; ++i)
-      sentinels = to_compact(b.sentinel(i)) == to_compact(b.first_sentinel) + i && to_compact(b.sentinel(i)) >= 0;
-    special_.first_sentinel = sentinels ? to_compact(b.first_sentinel) : -1;
-    special_.num_sentinels = sentinels ? b.num_sentinels : 0;
   }
 
   std::string_view type() const override { return base_->type(); }
@@ -113,8 +107,8 @@ CompactVocab read_compact_vocab(const fs::path& file) {
   return v;
 }
 
-CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const std::string& tokenizer_type,
-                             int64_t base_vocab_size) {
+CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const Tokenizer& tokenizer) {
+  const int64_t base_vocab_size = tokenizer.vocab_size();
   if (fs::absolute(in).lexically_normal() == fs::absolute(out).lexically_normal())
     fail("preprocess compact: the output ", out.string(), " would overwrite its input; give another prefix");
   if (fs::exists(compact_vocab_path(in)))
@@ -127,8 +121,12 @@ CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const std:
     ds.read(s, 0, buf.size(), buf.data(), base_vocab_size);  // names the token outside the vocabulary
     for (const int32_t t : buf) used[static_cast<size_t>(t)] = 1;
   }
+  const SpecialTokens& sp = tokenizer.special();
+  for (const int32_t id : {sp.eod, sp.cls, sp.sep, sp.mask, sp.pad, sp.unk, sp.bos, sp.eos})
+    if (id >= 0 && id < base_vocab_size) used[static_cast<size_t>(id)] = 1;
+  for (int i = 0; i < sp.num_sentinels; ++i) used[static_cast<size_t>(sp.sentinel(i))] = 1;
   CompactVocab v;
-  v.tokenizer_type = tokenizer_type;
+  v.tokenizer_type = std::string(tokenizer.type());
   v.base_vocab_size = base_vocab_size;
   v.source = in.string();
   std::vector<int32_t> compact(used.size(), -1);
@@ -137,7 +135,7 @@ CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const std:
       compact[id] = static_cast<int32_t>(v.ids.size());
       v.ids.push_back(static_cast<int32_t>(id));
     }
-  if (v.ids.empty()) fail(in.string(), ": the dataset has no tokens; there is nothing to compact");
+  if (ds.num_tokens() == 0) fail(in.string(), ": the dataset has no tokens; there is nothing to compact");
 
   // The vocabulary first, and any old OUT.idx gone before it: a crash before the new .idx
   // leaves no dataset to train on, never ids without the file that says what they mean.
@@ -172,6 +170,13 @@ std::unique_ptr<Tokenizer> compact_tokenizer(std::unique_ptr<Tokenizer> base, Co
     fail(file.string(), ": the dataset was compacted from a vocabulary of ", vocab.base_vocab_size,
          " tokens, but this ", base->type(), " tokenizer has ", base->vocab_size(),
          "; use the vocab_file (and vocab_extra_ids) it was made with");
+  const SpecialTokens& sp = base->special();
+  std::vector<int32_t> specials{sp.eod, sp.cls, sp.sep, sp.mask, sp.pad, sp.unk, sp.bos, sp.eos};
+  for (int i = 0; i < sp.num_sentinels; ++i) specials.push_back(sp.sentinel(i));
+  for (const int32_t id : specials)
+    if (id >= 0 && !std::binary_search(vocab.ids.begin(), vocab.ids.end(), id))
+      fail(file.string(), ": the special token \"", base->token_text(id), "\" (", base->type(), " id ", id,
+           ") is not in the vocabulary, and the sample builders need it; rebuild it with `preprocess compact`");
   return std::make_unique<CompactTokenizer>(std::move(base), std::move(vocab), file);
 }
 

@@ -36,10 +36,12 @@ std::filesystem::path compact_vocab_path(const std::filesystem::path& prefix);
 // Reads and validates a vocabulary file; throws Error naming the file and the key.
 CompactVocab read_compact_vocab(const std::filesystem::path& file);
 
-// Writes OUT.bin/.idx and OUT.vocab.json from the dataset IN, whose ids must lie in
-// [0, base_vocab_size); every output appears complete or not at all. Returns the vocabulary.
+// Writes OUT.bin/.idx and OUT.vocab.json from the dataset IN, made with `tokenizer` (its ids
+// must lie in its vocabulary). The vocabulary holds the ids IN uses and every special token
+// of the tokenizer ([CLS] [SEP] [MASK] [PAD] ..., T5 sentinels), which the sample builders
+// insert though the text never has them. Every output appears complete or not at all.
 CompactVocab compact_dataset(const std::filesystem::path& in, const std::filesystem::path& out,
-                             const std::string& tokenizer_type, int64_t base_vocab_size);
+                             const Tokenizer& tokenizer);
 
 // `base` seen through `vocab`: ids are compact, specials are remapped (-1 where the corpus
 // lacks them), and encoding text with a token outside the vocabulary is an Error naming it.

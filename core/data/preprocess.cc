@@ -273,7 +273,7 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
                  compact = dir / "brown_gpt2_compact_text_document";
   auto write_compact = [&] {
     TokenizerOptions to;
-    const auto v = compact_dataset(gpt, compact, to.type, make_tokenizer(to)->vocab_size());
+    const auto v = compact_dataset(gpt, compact, *make_tokenizer(to));
     log << "wrote " << compact.string() << ".bin/.idx/.vocab.json: the " << v.ids.size()
         << " GPT-2 tokens the corpus uses" << std::endl;
   };

@@ -82,7 +82,7 @@ int run_compact(int argc, char** argv) {
   if (a.positional().size() != 2) fail("preprocess compact: expected the dataset prefixes IN and OUT");
   const TokenizerOptions t = tokenizer_options(a);
   const auto tok = make_tokenizer(t);
-  const auto v = compact_dataset(a.positional()[0], a.positional()[1], t.type, tok->vocab_size());
+  const auto v = compact_dataset(a.positional()[0], a.positional()[1], *tok);
   std::cout << "wrote " << a.positional()[1] << ".bin/.idx/.vocab.json: " << v.ids.size() << " of "
             << tok->vocab_size() << " " << t.type << " tokens" << std::endl;
   return 0;

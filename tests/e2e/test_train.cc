@@ -297,6 +297,23 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
   EXPECT_NE(mb::read_file(tmp_ / "c" / "config.json").find("\"padded_vocab_size\": 32768"), std::string::npos);
   EXPECT_NEAR(first_loss("brown_gpt2_text_document", "f", &out), std::log(50304.0), 0.05);
   EXPECT_EQ(out.find("vocabulary: its own"), std::string::npos) << out;
+
+  // BERT and T5 on a compact WordPiece dataset: their sample builders insert [CLS] [SEP]
+  // [MASK] and sentinels, which the compact vocabulary keeps.
+  for (const std::string model : {"bert", "t5"}) {  // T5's 100 sentinels make another vocabulary
+    const fs::path wp = *data_ / "d" / ("brown_" + model + "_compact_text_sentence");
+    auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess compact " +
+                                      (*data_ / "d" / "brown_bert_text_sentence").string() + " " + wp.string() +
+                                      " --tokenizer-type BertWordPieceLowerCase --vocab-extra-ids " +
+                                      (model == "t5" ? "100" : "0"));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = mb::testing::run_command(mb::testing::bin_dir() + "/train --model-type " + model + " " + kSmall +
+                                 "--seq-length 48" + (model == "t5" ? " --decoder-seq-length 16" : "") +
+                                 " --micro-batch-size 2 --global-batch-size 2 --train-iters 2 --lr 1e-3 --eval-iters 0 "
+                                 "--log-interval 1 --data-path " + wp.string() + " --run-dir " + (tmp_ / model).string());
+    EXPECT_EQ(r.exit_code, 0) << model << "\n" << r.output;
+    EXPECT_NE(r.output.find("vocabulary: its own"), std::string::npos) << r.output;
+  }
 }
 
 TEST_F(Train, PrintParamsNeedsNoDataAndHelpShowsExamples) {

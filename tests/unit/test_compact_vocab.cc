@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <set>
 
@@ -17,6 +18,20 @@ namespace {
 
 using megabatch::testing::TempDir;
 using megabatch::testing::write_text;
+
+// A tokenizer of `size` ids whose only special token is the end of document (the last id).
+class NumberTokenizer final : public Tokenizer {
+ public:
+  explicit NumberTokenizer(int64_t size) : size_(size) { special_.eod = static_cast<int32_t>(size - 1); }
+  std::string_view type() const override { return "GPT2BPETokenizer"; }
+  void encode(std::string_view, std::vector<int32_t>&) const override {}
+  std::string decode(std::span<const int32_t>) const override { return ""; }
+  std::string token_text(int32_t id) const override { return std::to_string(id); }
+  int64_t vocab_size() const override { return size_; }
+
+ private:
+  int64_t size_;
+};
 
 std::string error_of(const std::function<void()>& f) {
   try {
@@ -48,7 +63,9 @@ TEST(CompactVocab, DatasetKeepsDocumentsAndEveryTokenMapsBack) {
     }
     b.finalize();
   }
-  const CompactVocab v = compact_dataset(dir / "in", dir / "out", "GPT2BPETokenizer", 70000);
+  const NumberTokenizer numbers(70000);
+  const CompactVocab v = compact_dataset(dir / "in", dir / "out", numbers);
+  used.insert(69999);  // the end of document, a special token, though the dataset lacks it
   EXPECT_EQ(v.ids, std::vector<int32_t>(used.begin(), used.end())) << "the ids the dataset uses, ascending";
   const CompactVocab back = read_compact_vocab(compact_vocab_path(dir / "out"));
   EXPECT_EQ(back.ids, v.ids);
@@ -69,11 +86,11 @@ TEST(CompactVocab, DatasetKeepsDocumentsAndEveryTokenMapsBack) {
   }
   EXPECT_EQ(out.num_sequences(), seq);
 
-  EXPECT_NE(error_of([&] { compact_dataset(dir / "in", dir / "in", "GPT2BPETokenizer", 70000); })
+  EXPECT_NE(error_of([&] { compact_dataset(dir / "in", dir / "in", numbers); })
                 .find("would overwrite its input"), std::string::npos);
-  EXPECT_NE(error_of([&] { compact_dataset(dir / "out", dir / "again", "GPT2BPETokenizer", 70000); })
+  EXPECT_NE(error_of([&] { compact_dataset(dir / "out", dir / "again", numbers); })
                 .find("is already compact"), std::string::npos);
-  const std::string small = error_of([&] { compact_dataset(dir / "in", dir / "x", "GPT2BPETokenizer", 1000); });
+  const std::string small = error_of([&] { compact_dataset(dir / "in", dir / "x", NumberTokenizer(1000)); });
   EXPECT_NE(small.find((dir / "in").string()), std::string::npos) << small;
   EXPECT_NE(small.find("is outside the vocabulary [0, 1000)"), std::string::npos) << small;
   EXPECT_FALSE(std::filesystem::exists(dir / "x.idx")) << "no dataset is left from a failed compaction";
@@ -119,7 +136,7 @@ TEST(CompactVocab, TokenizerSeenThroughTheVocabularyEncodesAndDecodesTheSameText
     }
     b.finalize();
   }
-  const CompactVocab v = compact_dataset(dir / "in", dir / "out", "GPT2BPETokenizer", gpt2->vocab_size());
+  const CompactVocab v = compact_dataset(dir / "in", dir / "out", *gpt2);
   std::ostringstream log;
   const auto tok = tokenizer_for_dataset(make_tokenizer(o), dir / "out", &log);
   EXPECT_NE(log.str().find("of 50257"), std::string::npos) << log.str();
@@ -156,6 +173,49 @@ TEST(CompactVocab, TokenizerSeenThroughTheVocabularyEncodesAndDecodesTheSameText
     EXPECT_NE(e.find("compacted from GPT2BPETokenizer ids, but the tokenizer is BertWordPieceLowerCase"),
               std::string::npos) << e;
   }
+}
+
+// WordPiece for BERT and T5: the sample builders insert [CLS] [SEP] [MASK] [PAD] and the
+// sentinels, which raw text never has; the vocabulary keeps them all, and one without a
+// special token is refused by name.
+TEST(CompactVocab, SpecialTokensAreKeptForTheSampleBuilders) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  TempDir dir;
+  TokenizerOptions o;
+  o.type = "BertWordPieceLowerCase";
+  o.extra_ids = 4;  // T5's sentinels
+  const auto bert = make_tokenizer(o);
+  {
+    IndexedDatasetBuilder b(dir / "in", token_dtype(bert->vocab_size()));
+    b.add_sequence(bert->encode("the cat sat on the mat ."));
+    b.end_document();
+    b.finalize();
+  }
+  const CompactVocab v = compact_dataset(dir / "in", dir / "out", *bert);
+  const auto tok = tokenizer_for_dataset(make_tokenizer(o), dir / "out");
+  const SpecialTokens &full = bert->special(), &c = tok->special();
+  const std::vector<std::pair<int32_t, int32_t>> pairs = {{c.cls, full.cls}, {c.sep, full.sep}, {c.mask, full.mask},
+                                                          {c.pad, full.pad}, {c.unk, full.unk}, {c.bos, full.bos},
+                                                          {c.eos, full.eos}, {c.eod, full.eod}};
+  for (const auto& [compact, base] : pairs) {
+    ASSERT_GE(compact, 0) << "base id " << base;
+    EXPECT_EQ(v.ids[static_cast<size_t>(compact)], base);
+  }
+  ASSERT_EQ(c.num_sentinels, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(v.ids[static_cast<size_t>(c.sentinel(i))], full.sentinel(i)) << i;
+  EXPECT_EQ(tok->vocab_size(), 6 + 5 + 2 + 4)
+      << "the, cat, sat, on, mat, '.'; [CLS] [SEP] [MASK] [PAD] [UNK]; [BOS] [EOS]; 4 sentinels";
+
+  // a hand-made vocabulary without [MASK]
+  std::vector<int32_t> ids;
+  for (const int32_t id : v.ids)
+    if (id != full.mask) ids.push_back(id);
+  write_text(dir / "nomask.vocab.json", nlohmann::json{{"format", "megabatch compact vocabulary 1"},
+                                                       {"tokenizer_type", "BertWordPieceLowerCase"},
+                                                       {"base_vocab_size", bert->vocab_size()}, {"ids", ids}}.dump());
+  const std::string e = error_of([&] { tokenizer_for_dataset(make_tokenizer(o), dir / "nomask"); });
+  EXPECT_NE(e.find("the special token \"[MASK]\""), std::string::npos) << e;
+  EXPECT_NE(e.find((dir / "nomask.vocab.json").string()), std::string::npos) << e;
 }
 
 }  // namespace
