@@ -1,6 +1,7 @@
 #include "core/data/compact_vocab.h"
 
 #include <algorithm>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -89,7 +90,9 @@ CompactVocab read_compact_vocab(const fs::path& file) {
   need("format", j.is_object() && j.contains("format") && j["format"] == kFormat, "\"megabatch compact vocabulary 1\"");
   need("tokenizer_type", j.contains("tokenizer_type") && j["tokenizer_type"].is_string(), "a string");
   need("base_vocab_size", j.contains("base_vocab_size") && j["base_vocab_size"].is_number_integer() &&
-                              j["base_vocab_size"].get<int64_t>() > 0, "a positive integer");
+                              j["base_vocab_size"].get<int64_t>() > 0 &&
+                              j["base_vocab_size"].get<int64_t>() <= std::numeric_limits<int32_t>::max(),
+       "a positive integer below 2^31");
   need("ids", j.contains("ids") && j["ids"].is_array() && !j["ids"].empty(), "a non-empty array of token ids");
   CompactVocab v;
   v.tokenizer_type = j["tokenizer_type"].get<std::string>();
