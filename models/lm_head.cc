@@ -21,16 +21,15 @@ void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const
     logits_.resize({R, Vl}, X.dtype(), X.device());
     ops::gemm(logits_, x, ops::Trans::N, w.W, ops::Trans::T);
     if (w.bias.defined()) ops::bias_add(logits_, w.bias);
-    ce_.forward(losses_.flat(static_cast<size_t>(r0), static_cast<size_t>(R)), logits_, y, w.v0);
+    ce_.forward(losses_.flat(static_cast<size_t>(r0), static_cast<size_t>(R)), logits_, y, w.v0);  // -> exps
     if (!grads) continue;
-    dlogits_.resize({R, Vl}, X.dtype(), X.device());
-    dlogits_.zero();
-    ce_.backward(dlogits_, logits_, y, w.v0, dl, loss_scale);
+    ce_.backward(logits_, logits_, y, w.v0, dl, loss_scale);  // exps -> dlogits, in place
+    const Tensor& dlogits = logits_;
     const Tensor dx = dX.rows(r0, r0 + R);
-    ops::gemm(dx, dlogits_, ops::Trans::N, w.W, ops::Trans::N);
+    ops::gemm(dx, dlogits, ops::Trans::N, w.W, ops::Trans::N);
     comm::all_reduce(*tp_, dx, comm::ReduceOp::kSum);
-    ops::gemm(w.dW, dlogits_, ops::Trans::T, x, ops::Trans::N, 1.0f, 1.0f);
-    if (w.dbias.defined()) ops::bias_backward(w.dbias, dlogits_);
+    ops::gemm(w.dW, dlogits, ops::Trans::T, x, ops::Trans::N, 1.0f, 1.0f);
+    if (w.dbias.defined()) ops::bias_backward(w.dbias, dlogits);
   }
   ops::sum(loss_sum, losses_.flat(0, static_cast<size_t>(n)));
 }

@@ -38,7 +38,7 @@ class TiedLmHead {
   comm::Communicator* tp_;
   nn::VocabParallelCrossEntropy ce_;
   int64_t chunk_ = 256;
-  Tensor logits_, dlogits_, losses_;
+  Tensor logits_, losses_;  // logits_: a chunk's logits, then their exps, then their gradient
 };
 
 }  // namespace megabatch::models

@@ -124,17 +124,17 @@ void VocabParallelCrossEntropy::forward(const Tensor& losses, const Tensor& logi
   for (Tensor* t : {&rowmax_, &sumexp_, &target_}) t->resize({n}, losses.dtype(), losses.device());
   ops::ce_row_max(rowmax_, logits_local);
   comm::all_reduce(*tp_, rowmax_, ReduceOp::kMax);
-  ops::ce_sum_exp(sumexp_, logits_local, rowmax_);
-  comm::all_reduce(*tp_, sumexp_, ReduceOp::kSum);
-  ops::ce_target_logit(target_, logits_local, targets, v_begin);
+  ops::ce_target_logit(target_, logits_local, targets, v_begin);  // before the logits become exps
   comm::all_reduce(*tp_, target_, ReduceOp::kSum);
+  ops::ce_exps(sumexp_, logits_local, rowmax_);
+  comm::all_reduce(*tp_, sumexp_, ReduceOp::kSum);
   ops::ce_loss(losses, rowmax_, sumexp_, target_, targets, ignore_);
 }
 
-void VocabParallelCrossEntropy::backward(const Tensor& dlogits_local, const Tensor& logits_local,
+void VocabParallelCrossEntropy::backward(const Tensor& dlogits_local, const Tensor& exps_local,
                                          const Tensor& targets, int64_t v_begin, float scale,
                                          const Tensor& loss_scale) const {
-  ops::ce_backward(dlogits_local, logits_local, rowmax_, sumexp_, targets, v_begin, ignore_, scale, loss_scale);
+  ops::ce_backward_exps(dlogits_local, exps_local, sumexp_, targets, v_begin, ignore_, scale, loss_scale);
 }
 
 }  // namespace megabatch::nn

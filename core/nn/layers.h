@@ -124,12 +124,14 @@ class VocabParallelEmbedding {
 class VocabParallelCrossEntropy {
  public:
   explicit VocabParallelCrossEntropy(comm::Communicator& tp, int32_t ignore = -1) : tp_(&tp), ignore_(ignore) {}
-  // losses (n, accumulator dtype) per row (0 where the target is ignored); keeps max and
-  // sum-exp for backward. targets: i32 (n) on the logits' device.
+  // losses (n, accumulator dtype) per row (0 where the target is ignored). As Megatron's,
+  // it keeps the exponentials for backward: logits_local is overwritten with
+  // exp(logit - global max), and the global sums are kept. targets: i32 (n) on its device.
   void forward(const Tensor& losses, const Tensor& logits_local, const Tensor& targets, int64_t v_begin);
-  // dlogits_local += d (softmax - onehot) on counted rows, d = scale x loss_scale[0] (see
-  // ops::ce_backward), using the pieces of the last forward.
-  void backward(const Tensor& dlogits_local, const Tensor& logits_local, const Tensor& targets, int64_t v_begin,
+  // dlogits_local = d (softmax - onehot) on counted rows, 0 on ignored ones, d = scale x
+  // loss_scale[0] (see ops::ce_backward), from the exps the last forward left in
+  // exps_local; dlogits_local may be exps_local itself.
+  void backward(const Tensor& dlogits_local, const Tensor& exps_local, const Tensor& targets, int64_t v_begin,
                 float scale, const Tensor& loss_scale) const;
 
  private:

@@ -60,4 +60,21 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
   MB_OP_DISPATCH(d, ce_backward, dlogits, logits, rowmax, sumexp, targets, v_begin, ignore, scale, loss_scale);
 }
 
+void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  const Device d = common_device("ce_exps", {&sumexp, &logits, &rowmax});
+  check_rows("ce_exps", logits, {&sumexp, &rowmax});
+  MB_OP_DISPATCH(d, ce_exps, sumexp, logits, rowmax);
+}
+
+void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
+                      int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const Device d = common_device("ce_backward_exps", {&dlogits, &exps, &sumexp, &targets, &loss_scale});
+  check_rows("ce_backward_exps", exps, {&sumexp});
+  expect_same("ce_backward_exps", "exps", exps, "dlogits", dlogits);
+  check_targets("ce_backward_exps", targets, exps.dim(0));
+  expect_dtype("ce_backward_exps", "loss_scale", loss_scale, DType::kF32);
+  expect_numel("ce_backward_exps", "loss_scale", loss_scale, 1);
+  MB_OP_DISPATCH(d, ce_backward_exps, dlogits, exps, sumexp, targets, v_begin, ignore, scale, loss_scale);
+}
+
 }  // namespace megabatch::ops

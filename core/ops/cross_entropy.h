@@ -27,4 +27,15 @@ void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, c
 void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
                  const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale);
 
+// The same two steps keeping the exponentials, as Megatron's vocab-parallel cross entropy
+// does: the backward pass then needs no second exp over the vocabulary and writes its
+// gradient over them, so one (n, V) buffer serves logits, exps and dlogits.
+// logits <- exp(l_ij - rowmax_i) in place; sumexp(n) = their sums over the local columns
+// (rowmax is the global max; take ce_target_logit first, the logits are gone after this).
+void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax);
+// dlogits = d (exps / sumexp - onehot) on every counted row and 0 on ignored rows (d as in
+// ce_backward; sumexp: the global sums); dlogits may be exps itself.
+void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
+                      int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale);
+
 }  // namespace megabatch::ops

@@ -581,6 +581,11 @@ TEST(Ops, SaturatedSoftmaxGradientHasNoSubnormals) {
   }
   EXPECT_EQ(subnormal, 0);
   EXPECT_GE(nonzero, n) << "the target and the maximum of each row keep their gradient";
+  // the same through the kept exponentials, as the LM head computes it
+  const mb::Tensor e = mb::from_host(l, {n, V});
+  ops::ce_exps(s, e, m);
+  ops::ce_backward_exps(e, e, s, targets, 0, -1, 1.0f / 512, mb::from_host(std::vector<float>{1.0f}, {1}));
+  EXPECT_EQ(mb::to_host_f32(e), mb::to_host_f32(d));
 }
 
 class CrossEntropyShapes : public ::testing::TestWithParam<int> {};
@@ -622,6 +627,19 @@ TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) 
         return 0.7 * 4.0 * total;
       },
       logits, dv, "dlogits");
+  // Megatron's way, as the LM head runs it: the logits become exp(l - max) in place, then
+  // the same gradient is written over them (ignored rows included: 0)
+  const mb::Tensor E = t64(logits, {n, V});
+  mb::Tensor s2({n}, mb::DType::kF64);
+  ops::ce_exps(s2, E, m);
+  const Vec ev = vec(E), mv = vec(m);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NEAR(vec(s2)[i], vec(s)[i], 1e-12 * vec(s)[i]);
+    for (int j = 0; j < V; ++j) EXPECT_NEAR(ev[i * V + j], std::exp(logits[i * V + j] - mv[i]), 1e-15);
+  }
+  ops::ce_backward_exps(E, E, s2, targets, 0, -1, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
+  const Vec de = vec(E);
+  for (size_t k = 0; k < dv.size(); ++k) EXPECT_NEAR(de[k], dv[k], 1e-14) << k;
   // the same loss from two vocabulary shards combined as VocabParallelCrossEntropy does
   if (V >= 2) {
     const int V0 = V / 2, V1 = V - V0;
@@ -644,6 +662,15 @@ TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) 
     for (int i = 0; i < n; ++i) ss[i] = vec(s0)[i] + vec(s1)[i], tt[i] = vec(t0)[i] + vec(t1)[i];
     ops::ce_loss(ls, M, t64(ss), t64(tt), targets, -1);
     for (int i = 0; i < n; ++i) EXPECT_NEAR(vec(ls)[i], losses[i], 1e-12);
+    // and each shard's gradient from its own exps and the global sums
+    ops::ce_exps(s0, L0, M);
+    ops::ce_exps(s1, L1, M);
+    ops::ce_backward_exps(L0, L0, t64(ss), targets, 0, -1, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
+    ops::ce_backward_exps(L1, L1, t64(ss), targets, V0, -1, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
+    const Vec d0 = vec(L0), d1 = vec(L1);
+    for (int i = 0; i < n; ++i)
+      for (int j = 0; j < V; ++j)
+        EXPECT_NEAR(j < V0 ? d0[i * V0 + j] : d1[i * V1 + j - V0], dv[i * V + j], 1e-14) << i << " " << j;
   }
 }
 

@@ -230,6 +230,18 @@ TEST_P(OnDevice, CrossEntropyPiecesAndBackward) {
   ops::ce_backward(d.dev, logits.dev, m.dev, s.dev, targets.dev, 0, -1, 0.25f, scale_dev);
   ops::ce_backward(d.ref, logits.ref, m.ref, s.ref, targets.ref, 0, -1, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
   h.expect_close(d, V, "dlogits");
+  // Megatron's way, as the LM head runs it: the logits become their exps (in the logits'
+  // dtype), then the gradient is written over them.
+  Pair e = h.output({n, V}), s2 = h.output({n}, DType::kF32);
+  mb::copy(e.dev, logits.dev);
+  mb::copy(e.ref, logits.ref);
+  ops::ce_exps(s2.dev, e.dev, m.dev);
+  ops::ce_exps(s2.ref, e.ref, m.ref);
+  h.expect_close(s2, V, "sum of exps");
+  h.expect_close(e, 1, "exps");
+  ops::ce_backward_exps(e.dev, e.dev, s2.dev, targets.dev, 0, -1, 0.25f, scale_dev);
+  ops::ce_backward_exps(e.ref, e.ref, s2.ref, targets.ref, 0, -1, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
+  h.expect_close(e, V, "dlogits from exps, in place");
 }
 
 struct AttnConfig {

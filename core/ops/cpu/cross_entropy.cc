@@ -96,4 +96,52 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
   });
 }
 
+void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    Out<T> ls(logits, true);
+    In<T> ms(rowmax);
+    Out<T> ss(sumexp, false);
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      T* l = ls.get() + i * V;
+      const T m = ms.get()[i];
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < V; ++j) {
+        const T e = vexp(l[j] - m);
+        l[j] = e;
+        s += e;
+      }
+      ss.get()[i] = s;
+    }
+    ls.commit();
+  });
+}
+
+void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
+                      int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
+  with_compute_type(exps.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> es(exps), ss(sumexp);
+    Out<T> ds(dlogits, false);  // a half dlogits that is exps: In copied them first
+    const int32_t* tg = targets.data<int32_t>();
+    const int64_t n = exps.dim(0), V = exps.dim(1);
+    const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const T* e = es.get() + i * V;
+      T* d = ds.get() + i * V;
+      const T g = tg[i] == ignore ? T(0) : dloss / ss.get()[i];
+#pragma omp simd
+      for (int64_t j = 0; j < V; ++j) d[j] = g * e[j];
+      const int64_t t = static_cast<int64_t>(tg[i]) - v_begin;
+      if (tg[i] != ignore && t >= 0 && t < V) d[t] -= dloss;
+    }
+    ds.commit();
+  });
+}
+
 }  // namespace megabatch::ops::cpu

@@ -63,6 +63,39 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* row
   }
 }
 
+template <typename T>
+__global__ void exps_kernel(float* sumexp, T* logits, const float* rowmax, int64_t V) {
+  __shared__ float scratch[32];
+  T* l = logits + blockIdx.x * V;
+  const float m = rowmax[blockIdx.x];
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float e = expf(to_f32(l[j]) - m);
+    l[j] = from_f32<T>(e);
+    s += e;
+  }
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
+}
+
+// Each element is read and then written by the same thread: dlogits may be exps.
+template <typename T>
+__global__ void backward_exps_kernel(T* dlogits, const T* exps, const float* sumexp, const int32_t* targets,
+                                     int64_t V, int64_t v_begin, int32_t ignore, float scale, const float* loss_scale) {
+  const int64_t i = blockIdx.x;
+  const bool counted = targets[i] != ignore;
+  const float dloss = scale * (loss_scale ? loss_scale[0] : 1.0f);
+  const float g = counted ? dloss / sumexp[i] : 0.0f;
+  const int64_t t = counted ? static_cast<int64_t>(targets[i]) - v_begin : -1;
+  const T* e = exps + i * V;
+  T* d = dlogits + i * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float v = g * to_f32(e[j]);
+    if (j == t) v -= dloss;
+    d[j] = from_f32<T>(v);
+  }
+}
+
 }  // namespace
 
 void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
@@ -118,6 +151,30 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
         ptr<T>(dlogits), ptr<T>(logits), ptr<float>(rowmax), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
         ignore, scale, ptr<float>(loss_scale));
     MB_CUDA_LAUNCHED("ce_backward_kernel");
+  });
+}
+
+void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), "ce_exps", [&](auto zero) {
+    using T = decltype(zero);
+    exps_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(sumexp), ptr<T>(logits),
+                                                                                 ptr<float>(rowmax), V);
+    MB_CUDA_LAUNCHED("exps_kernel");
+  });
+}
+
+void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
+                      int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
+  const int64_t n = exps.dim(0), V = exps.dim(1);
+  if (n == 0) return;
+  with_type(exps.dtype(), "ce_backward_exps", [&](auto zero) {
+    using T = decltype(zero);
+    backward_exps_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(exps)>>>(
+        ptr<T>(dlogits), ptr<T>(exps), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin, ignore, scale,
+        ptr<float>(loss_scale));
+    MB_CUDA_LAUNCHED("backward_exps_kernel");
   });
 }
 
