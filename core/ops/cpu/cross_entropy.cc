@@ -9,6 +9,34 @@
 
 namespace megabatch::ops::cpu {
 
+namespace {
+// sumexp(n) = sum_j exp(l_ij - rowmax_i); with kKeep the logits become those exps.
+template <bool kKeep>
+void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  with_compute_type(logits.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    Out<T> ls(logits, true);  // read, and written back only when the exps are kept
+    In<T> ms(rowmax);
+    Out<T> ss(sumexp, false);
+    const int64_t n = logits.dim(0), V = logits.dim(1);
+#pragma omp parallel for schedule(static) if (n * V > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      T* l = ls.get() + i * V;
+      const T m = ms.get()[i];
+      T s = 0;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < V; ++j) {
+        const T e = vexp(l[j] - m);
+        if constexpr (kKeep) l[j] = e;
+        s += e;
+      }
+      ss.get()[i] = s;
+    }
+    if constexpr (kKeep) ls.commit();
+  });
+}
+}  // namespace
+
 void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
   with_compute_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -28,21 +56,7 @@ void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
 }
 
 void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
-  with_compute_type(logits.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> ls(logits), ms(rowmax);
-    Out<T> ss(sumexp, false);
-    const int64_t n = logits.dim(0), V = logits.dim(1);
-#pragma omp parallel for schedule(static) if (n * V > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      const T* l = ls.get() + i * V;
-      const T m = ms.get()[i];
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < V; ++j) s += vexp(l[j] - m);
-      ss.get()[i] = s;
-    }
-  });
+  sum_exps<false>(sumexp, logits, rowmax);
 }
 
 void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
@@ -97,27 +111,7 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
 }
 
 void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
-  with_compute_type(logits.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    Out<T> ls(logits, true);
-    In<T> ms(rowmax);
-    Out<T> ss(sumexp, false);
-    const int64_t n = logits.dim(0), V = logits.dim(1);
-#pragma omp parallel for schedule(static) if (n * V > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      T* l = ls.get() + i * V;
-      const T m = ms.get()[i];
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < V; ++j) {
-        const T e = vexp(l[j] - m);
-        l[j] = e;
-        s += e;
-      }
-      ss.get()[i] = s;
-    }
-    ls.commit();
-  });
+  sum_exps<true>(sumexp, logits, rowmax);
 }
 
 void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,

@@ -18,13 +18,18 @@ __global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 
-template <typename T>
-__global__ void sum_exp_kernel(float* sumexp, const T* logits, const float* rowmax, int64_t V) {
+// sumexp = sum_j exp(l_j - max) per row; with kKeep the logits become those exps.
+template <typename T, bool kKeep>
+__global__ void sum_exp_kernel(float* sumexp, T* logits, const float* rowmax, int64_t V) {
   __shared__ float scratch[32];
-  const T* l = logits + blockIdx.x * V;
+  T* l = logits + blockIdx.x * V;
   const float m = rowmax[blockIdx.x];
   float s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f32(l[j]) - m);
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float e = expf(to_f32(l[j]) - m);
+    if constexpr (kKeep) l[j] = from_f32<T>(e);
+    s += e;
+  }
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
 }
@@ -63,21 +68,6 @@ __global__ void ce_backward_kernel(T* dlogits, const T* logits, const float* row
   }
 }
 
-template <typename T>
-__global__ void exps_kernel(float* sumexp, T* logits, const float* rowmax, int64_t V) {
-  __shared__ float scratch[32];
-  T* l = logits + blockIdx.x * V;
-  const float m = rowmax[blockIdx.x];
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float e = expf(to_f32(l[j]) - m);
-    l[j] = from_f32<T>(e);
-    s += e;
-  }
-  s = block_sum(s, scratch);
-  if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
-}
-
 // Each element is read and then written by the same thread: dlogits may be exps.
 template <typename T>
 __global__ void backward_exps_kernel(T* dlogits, const T* exps, const float* sumexp, const int32_t* targets,
@@ -96,6 +86,18 @@ __global__ void backward_exps_kernel(T* dlogits, const T* exps, const float* sum
   }
 }
 
+template <bool kKeep>
+void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
+  const int64_t n = logits.dim(0), V = logits.dim(1);
+  if (n == 0) return;
+  with_type(logits.dtype(), kKeep ? "ce_exps" : "ce_sum_exp", [&](auto zero) {
+    using T = decltype(zero);
+    sum_exp_kernel<T, kKeep><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
+        ptr<float>(sumexp), ptr<T>(logits), ptr<float>(rowmax), V);
+    MB_CUDA_LAUNCHED("sum_exp_kernel");
+  });
+}
+
 }  // namespace
 
 void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
@@ -109,14 +111,7 @@ void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
 }
 
 void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
-  const int64_t n = logits.dim(0), V = logits.dim(1);
-  if (n == 0) return;
-  with_type(logits.dtype(), "ce_sum_exp", [&](auto zero) {
-    using T = decltype(zero);
-    sum_exp_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(sumexp), ptr<T>(logits),
-                                                                                    ptr<float>(rowmax), V);
-    MB_CUDA_LAUNCHED("sum_exp_kernel");
-  });
+  sum_exps<false>(sumexp, logits, rowmax);
 }
 
 void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
@@ -155,14 +150,7 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
 }
 
 void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
-  const int64_t n = logits.dim(0), V = logits.dim(1);
-  if (n == 0) return;
-  with_type(logits.dtype(), "ce_exps", [&](auto zero) {
-    using T = decltype(zero);
-    exps_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(sumexp), ptr<T>(logits),
-                                                                                 ptr<float>(rowmax), V);
-    MB_CUDA_LAUNCHED("exps_kernel");
-  });
+  sum_exps<true>(sumexp, logits, rowmax);
 }
 
 void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
