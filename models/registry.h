@@ -26,7 +26,7 @@ class GptBatchSource final : public train::BatchSource {
                  uint64_t seed, int64_t vocab_size)
       : samples_(std::move(ds), docs, seq_length, seed, vocab_size), seq_(seq_length) {}
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
-  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+  uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::GptSamples samples_;
@@ -40,7 +40,7 @@ class BertBatchSource final : public train::BatchSource {
   BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
                   const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed, bool binary_head = true);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
-  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+  uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::BertSamples samples_;
@@ -54,7 +54,7 @@ class T5BatchSource final : public train::BatchSource {
   T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int encoder_seq,
                 int decoder_seq, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
-  uint64_t samples_per_epoch() const { return samples_.samples_per_epoch(); }
+  uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::T5Samples samples_;

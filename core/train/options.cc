@@ -170,7 +170,8 @@ const config::Schema& train_schema() {
       {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},
       {"eval_samples", Type::kInt, nullptr,
        "samples per validation run instead of eval_iters global batches, in an order that does not depend on --seed: "
-       "the same held-out samples for every batch size and seed (a multiple of micro_batch_size)", "logging"},
+       "the same held-out samples for every batch size and seed (a multiple of micro_batch_size); a split with fewer "
+       "samples is evaluated whole, each sample once", "logging"},
       {"diagnostics_interval", Type::kInt, nullptr,
        "per-tensor optimizer diagnostics (trust ratio, weight and update norms) every N iterations "
        "(default: log_interval; 0: off)", "logging"},

@@ -632,6 +632,19 @@ int run(int argc, char** argv) {
   opt.world_size = parallel.world_size;
   mb::train::Trainer trainer(opt, *model, optimizer, tp, *train_src, valid_src.get(), metrics.get(), std::cout);
   trainer.set_test_data(test_src.get());
+  if (valid_src || test_src) {  // what "validation loss" and "test loss" will be means over
+    auto describe = [&](const char* name, const mb::train::BatchSource& src) {
+      const int64_t n = trainer.eval_sample_count(src);
+      const auto epoch = static_cast<int64_t>(src.samples_per_epoch());
+      return std::string(name) + " " + std::to_string(n) +
+             (n == epoch ? " (the whole split, each once)"
+              : n < epoch ? " of " + std::to_string(epoch)
+                          : " (the split's " + std::to_string(epoch) + " repeated)");
+    };
+    std::cout << "> evaluation samples: "
+              << (valid_src ? describe("validation", *valid_src) + (test_src ? ", " : "") : std::string())
+              << (test_src ? describe("test", *test_src) + " after training" : std::string()) << std::endl;
+  }
   trainer.set_data_parallel(*parallel.dp);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();

@@ -478,16 +478,21 @@ int64_t Trainer::num_zeros_in_grad() {
   return static_cast<int64_t>(zeros[0] + zeros[1]);
 }
 
+int64_t Trainer::eval_sample_count(const BatchSource& data) const {
+  if (opt_.eval_samples <= 0) return opt_.eval_iters * opt_.global_batch_size;  // Megatron's: the split repeats
+  const auto epoch = static_cast<int64_t>(data.samples_per_epoch());
+  return epoch > 0 ? std::min(opt_.eval_samples, epoch) : opt_.eval_samples;
+}
+
 std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data) {
   Tensor sums;  // f64 on the device: summed losses of every term
   int64_t count = 0;
   std::vector<std::pair<std::string, int64_t>> extra;
   uint64_t next = 0;
-  const int64_t micro_batches = opt_.eval_samples > 0 ? opt_.eval_samples / opt_.micro_batch_size
-                                                     : opt_.eval_iters * (opt_.global_batch_size / opt_.micro_batch_size);
-  for (int64_t m = 0; m < micro_batches; ++m) {
-    data.fill(next, opt_.micro_batch_size, batch_);
-    next += static_cast<uint64_t>(opt_.micro_batch_size);
+  const int64_t samples = eval_sample_count(data);
+  for (int64_t m = 0; static_cast<int64_t>(next) < samples; ++m) {
+    data.fill(next, std::min<int64_t>(opt_.micro_batch_size, samples - static_cast<int64_t>(next)), batch_);
+    next += static_cast<uint64_t>(batch_.batch);
     const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
     if (!sums.defined()) {
       sums.resize({static_cast<int64_t>(1 + out.extra.size())}, DType::kF64, device_);

@@ -56,6 +56,9 @@ class BatchSource {
  public:
   virtual ~BatchSource() = default;
   virtual void fill(uint64_t first, int64_t count, Batch& out) = 0;
+  // Distinct samples before the order repeats (0: unknown). An evaluation by eval_samples
+  // covers at most this many, each once.
+  virtual uint64_t samples_per_epoch() const { return 0; }
 };
 
 struct TrainOptions {
@@ -63,7 +66,7 @@ struct TrainOptions {
   optim::LrSchedule schedule;
   double clip_grad = 1.0;
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
-  int64_t eval_samples = 0;          // > 0: samples per evaluation instead of eval_iters global batches
+  int64_t eval_samples = 0;          // > 0: samples per evaluation (at most one pass over the split) instead of eval_iters global batches
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
   double noise_scale_ema = 0.99;     // decay of its moving averages
@@ -129,8 +132,10 @@ class Trainer {
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
   // Mean validation losses over eval_iters global batches, or eval_samples samples (no dropout, no gradients):
-  // ("lm loss", mean) first, then the model's extra terms.
+  // ("lm loss", mean) first, then the model's extra terms. eval_samples over a split with fewer
+  // samples evaluates each of them once (the last micro-batch smaller), not the split repeated.
   std::vector<std::pair<std::string, double>> evaluate(BatchSource& data);
+  int64_t eval_sample_count(const BatchSource& data) const;  // samples one evaluation of `data` covers
   double params_norm();          // L2 norm of the (master) parameters, over the TP group
   int64_t num_zeros_in_grad();   // zeros in the main gradients, each element once over TP
   // One iteration (run() calls it; tests may too). The host learns its values at drain().

@@ -194,18 +194,24 @@ TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
 }
 
 namespace {
-// Serves a fixed list of samples: sample i is batch-row i of `all`.
+// Serves a fixed list of samples, repeating: sample i is batch-row i mod rows of `all`.
 class FixedSource final : public mb::train::BatchSource {
  public:
   explicit FixedSource(mb::train::Batch all) : all_(std::move(all)) {}
   void fill(uint64_t first, int64_t count, mb::train::Batch& out) override {
     out.batch = count;
     out.seq = all_.seq;
-    const auto b = all_.tokens.begin() + static_cast<int64_t>(first) * all_.seq;
-    const auto l = all_.labels.begin() + static_cast<int64_t>(first) * all_.seq;
-    out.tokens.assign(b, b + count * all_.seq);
-    out.labels.assign(l, l + count * all_.seq);
+    out.tokens.clear();
+    out.labels.clear();
+    for (int64_t r = 0; r < count; ++r) {
+      const int64_t row = static_cast<int64_t>((first + static_cast<uint64_t>(r)) % samples_per_epoch());
+      const auto b = all_.tokens.begin() + row * all_.seq;
+      const auto l = all_.labels.begin() + row * all_.seq;
+      out.tokens.insert(out.tokens.end(), b, b + all_.seq);
+      out.labels.insert(out.labels.end(), l, l + all_.seq);
+    }
   }
+  uint64_t samples_per_epoch() const override { return static_cast<uint64_t>(all_.batch); }
 
  private:
   mb::train::Batch all_;
@@ -243,6 +249,39 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
     moved = std::max(moved, static_cast<double>(std::abs(params[0][i] - init->parameters().params()[i])));
   }
   EXPECT_GT(moved, 1e-3) << "the step changed the parameters";
+}
+
+TEST(Trainer, EvalSamplesCoverASmallerSplitOnceAndEvalItersRepeatItAsMegatronDoes) {
+  // A held-out split of 7 samples, micro-batches of 4. --eval-samples 16 must give the mean
+  // token loss of the 7 samples, each once (the last micro-batch has 3); Megatron's
+  // --eval-iters 2 x global batch 8 cycles through the split (rows 0..15 mod 7, so rows 0
+  // and 1 count three times). References: one forward over exactly those rows.
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(tiny(), tp, 8);
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 0);
+  FixedSource split(random_batch(7, 11, 203, 11));
+  auto mean_over = [&](int64_t rows) {
+    mb::train::Batch b;
+    split.fill(0, rows, b);
+    const auto out = model->forward(b, {0, 0, 0, false}, 0.0f);
+    return out.read().mean();
+  };
+  const double once = mean_over(7), cycled = mean_over(16);
+  ASSERT_GT(std::abs(once - cycled), 1e-4) << "the two references must differ for the test to tell them apart";
+  for (const bool by_samples : {true, false}) {
+    mb::train::TrainOptions o;
+    o.micro_batch_size = 4;
+    o.global_batch_size = 8;
+    o.eval_samples = by_samples ? 16 : 0;
+    o.eval_iters = by_samples ? 0 : 2;
+    std::ostringstream console;
+    mb::train::Trainer t(o, *model, opt, tp, split, &split, nullptr, console);
+    EXPECT_EQ(t.eval_sample_count(split), by_samples ? 7 : 16);
+    const double loss = t.evaluate(split).at(0).second;
+    // f32 sums of 77 or 176 token losses (~5.3 each) against the reference's own f32 sum
+    EXPECT_NEAR(loss, by_samples ? once : cycled, 1e-5 * std::abs(loss)) << (by_samples ? "eval_samples" : "eval_iters");
+  }
 }
 
 TEST(ParameterStore, ShardsInitializeToSlicesOfTheFullTensor) {
