@@ -6,12 +6,72 @@
 // temporary starts from the tensor's values). Undefined tensors give null pointers.
 #pragma once
 
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
+#include "core/device/dtype.h"
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
 namespace megabatch::ops::cpu {
+
+namespace detail {
+// The widened copies' memory, kept per thread for the next kernel: every kernel call widens
+// its half tensors, and allocating the LM head's logits afresh each time (tens of MB) costs
+// a page fault per 4 KiB, which made a bf16 step 40x slower than an f32 one.
+inline std::vector<std::vector<float>>& scratch_pool() {
+  thread_local std::vector<std::vector<float>> pool;
+  return pool;
+}
+// A vector of n elements (values unspecified): the smallest pooled one that holds n, else the
+// largest, grown.
+inline std::vector<float> take_scratch(size_t n) {
+  auto& pool = scratch_pool();
+  std::vector<float> v;
+  if (!pool.empty()) {
+    auto fits = pool.end(), largest = pool.begin();
+    for (auto it = pool.begin(); it != pool.end(); ++it) {
+      if (it->capacity() >= n && (fits == pool.end() || it->capacity() < fits->capacity())) fits = it;
+      if (it->capacity() > largest->capacity()) largest = it;
+    }
+    const auto pick = fits != pool.end() ? fits : largest;
+    v = std::move(*pick);
+    pool.erase(pick);
+  }
+  v.resize(n);
+  return v;
+}
+inline void give_scratch(std::vector<float>&& v) {
+  constexpr size_t kKept = 8;  // more than the widened operands of any one kernel
+  auto& pool = scratch_pool();
+  if (v.capacity() == 0) return;
+  if (pool.size() < kKept) {
+    pool.push_back(std::move(v));
+    return;
+  }
+  auto smallest = std::min_element(pool.begin(), pool.end(),
+                                   [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
+  if (smallest->capacity() < v.capacity()) *smallest = std::move(v);
+}
+// A half (or f64) tensor's elements as f32, into out (numel elements).
+inline void widen(const Tensor& t, float* out) {
+  const Tensor h = to_device(t, Device::cpu());
+  const size_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::kBF16:
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
+      break;
+    case DType::kF16:
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
+      break;
+    default: {
+      const std::vector<float> f = to_host_f32(h);
+      std::copy(f.begin(), f.end(), out);
+    }
+  }
+}
+}  // namespace detail
 
 // Calls fn(T{}) with T = double for f64 activations and float for every other dtype.
 template <typename Fn>
@@ -31,17 +91,23 @@ class In {
       ptr_ = t.data<T>();
       return;
     }
-    check(!std::is_same_v<T, double>, "internal error: f64 kernel given a ", t.describe(), " tensor");
-    const std::vector<float> f = to_host_f32(t);
-    copy_.assign(f.begin(), f.end());
-    ptr_ = copy_.data();
+    if constexpr (std::is_same_v<T, float>) {
+      copy_ = detail::take_scratch(t.numel());
+      detail::widen(t, copy_.data());
+      ptr_ = copy_.data();
+    } else {
+      check(false, "internal error: f64 kernel given a ", t.describe(), " tensor");
+    }
   }
+  ~In() { detail::give_scratch(std::move(copy_)); }
+  In(const In&) = delete;
+  In& operator=(const In&) = delete;
   operator const T*() const { return ptr_; }
   const T* get() const { return ptr_; }
 
  private:
   const T* ptr_ = nullptr;
-  std::vector<T> copy_;
+  std::vector<float> copy_;
 };
 
 template <typename T>
@@ -55,15 +121,19 @@ class Out {
     }
     check(!std::is_same_v<T, double> && is_half(t.dtype()), "internal error: ", sizeof(T) == 8 ? "f64" : "f32",
           " kernel output into a ", t.describe(), " tensor");
-    if (accumulate) {
-      const std::vector<float> f = to_host_f32(t);
-      copy_.assign(f.begin(), f.end());
-    } else {
-      copy_.assign(t.numel(), T(0));
+    if constexpr (std::is_same_v<T, float>) {
+      copy_ = detail::take_scratch(t.numel());
+      if (accumulate)
+        detail::widen(t, copy_.data());
+      else
+        std::fill(copy_.begin(), copy_.end(), 0.0f);
+      ptr_ = copy_.data();
+      rounded_ = true;
     }
-    ptr_ = copy_.data();
-    rounded_ = true;
   }
+  ~Out() { detail::give_scratch(std::move(copy_)); }
+  Out(const Out&) = delete;
+  Out& operator=(const Out&) = delete;
   operator T*() const { return ptr_; }
   T* get() const { return ptr_; }
   // Rounds the f32 results back into a half tensor (nothing to do otherwise).
@@ -79,7 +149,7 @@ class Out {
  private:
   Tensor t_;
   T* ptr_ = nullptr;
-  std::vector<T> copy_;
+  std::vector<float> copy_;
   bool rounded_ = false;
 };
 
