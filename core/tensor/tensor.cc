@@ -116,23 +116,28 @@ Tensor to_device(const Tensor& t, Device d) {
   return out;
 }
 
-std::vector<float> to_host_f32(const Tensor& t) {
+void to_host_f32(const Tensor& t, float* out) {
   check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
   const Tensor h = to_device(t, Device::cpu());
-  std::vector<float> out(t.numel());
+  const size_t n = t.numel();
   switch (t.dtype()) {
-    case DType::kF32: std::memcpy(out.data(), h.raw(), t.nbytes()); break;
+    case DType::kF32: std::memcpy(out, h.raw(), t.nbytes()); break;
     case DType::kF64:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(h.data<double>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h.data<double>()[i]);
       break;
     case DType::kBF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
       break;
     case DType::kF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
       break;
     default: break;
   }
+}
+
+std::vector<float> to_host_f32(const Tensor& t) {
+  std::vector<float> out(t.numel());
+  to_host_f32(t, out.data());
   return out;
 }
 

@@ -122,6 +122,7 @@ Tensor to_device(const Tensor& t, Device d);
 // The elements of a floating tensor of any dtype and device, as host floats (halves
 // widened exactly; f64 rounded). Synchronous.
 std::vector<float> to_host_f32(const Tensor& t);
+void to_host_f32(const Tensor& t, float* out);  // into out (numel elements)
 std::vector<double> to_host_f64(const Tensor& t);
 // A tensor of dtype `dtype` on `device` holding `values` (rounded to nearest even for the
 // half types).

@@ -488,11 +488,10 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data)
   Tensor sums;  // f64 on the device: summed losses of every term
   int64_t count = 0;
   std::vector<std::pair<std::string, int64_t>> extra;
-  uint64_t next = 0;
   const int64_t samples = eval_sample_count(data);
-  for (int64_t m = 0; static_cast<int64_t>(next) < samples; ++m) {
-    data.fill(next, std::min<int64_t>(opt_.micro_batch_size, samples - static_cast<int64_t>(next)), batch_);
-    next += static_cast<uint64_t>(batch_.batch);
+  for (int64_t m = 0, next = 0; next < samples; ++m) {
+    data.fill(static_cast<uint64_t>(next), std::min<int64_t>(opt_.micro_batch_size, samples - next), batch_);
+    next += batch_.batch;
     const LossOutput out = model_.forward(batch_, StepContext{opt_.seed, iteration_, m, false}, 0.0f);
     if (!sums.defined()) {
       sums.resize({static_cast<int64_t>(1 + out.extra.size())}, DType::kF64, device_);

@@ -10,7 +10,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/device/dtype.h"
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
@@ -54,23 +53,6 @@ inline void give_scratch(std::vector<float>&& v) {
                                    [](const auto& a, const auto& b) { return a.capacity() < b.capacity(); });
   if (smallest->capacity() < v.capacity()) *smallest = std::move(v);
 }
-// A half (or f64) tensor's elements as f32, into out (numel elements).
-inline void widen(const Tensor& t, float* out) {
-  const Tensor h = to_device(t, Device::cpu());
-  const size_t n = t.numel();
-  switch (t.dtype()) {
-    case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
-      break;
-    case DType::kF16:
-      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
-      break;
-    default: {
-      const std::vector<float> f = to_host_f32(h);
-      std::copy(f.begin(), f.end(), out);
-    }
-  }
-}
 }  // namespace detail
 
 // Calls fn(T{}) with T = double for f64 activations and float for every other dtype.
@@ -93,7 +75,7 @@ class In {
     }
     if constexpr (std::is_same_v<T, float>) {
       copy_ = detail::take_scratch(t.numel());
-      detail::widen(t, copy_.data());
+      to_host_f32(t, copy_.data());
       ptr_ = copy_.data();
     } else {
       check(false, "internal error: f64 kernel given a ", t.describe(), " tensor");
@@ -124,7 +106,7 @@ class Out {
     if constexpr (std::is_same_v<T, float>) {
       copy_ = detail::take_scratch(t.numel());
       if (accumulate)
-        detail::widen(t, copy_.data());
+        to_host_f32(t, copy_.data());
       else
         std::fill(copy_.begin(), copy_.end(), 0.0f);
       ptr_ = copy_.data();
