@@ -684,6 +684,20 @@ std::string fmt_bytes(int64_t b) {
   return buf;
 }
 
+// The directories of finished (done or diverged) points that the sweep tool made, never
+// through a symlink: what sweep prune may thin out. A running point keeps its checkpoints.
+std::vector<fs::path> finished_point_dirs(const fs::path& dir, const json& sweep) {
+  std::vector<fs::path> out;
+  for (const auto& p : sweep["points"]) {
+    const fs::path pd = dir / p["id"].get<std::string>();
+    if (fs::symlink_status(pd).type() != fs::file_type::directory ||
+        fs::symlink_status(pd / kPointMark).type() != fs::file_type::regular)
+      continue;
+    if (fs::exists(pd / "DONE") || fs::exists(pd / "DIVERGED")) out.push_back(pd);
+  }
+  return out;
+}
+
 }  // namespace
 
 int prune_sweep(const fs::path& dir) {
@@ -691,13 +705,7 @@ int prune_sweep(const fs::path& dir) {
   const auto before = disk_usage(dir);
   int64_t freed = 0;
   int pruned = 0;
-  for (const auto& p : s["points"]) {
-    const fs::path pd = dir / p["id"].get<std::string>();
-    // only finished point directories the sweep tool made; a running point keeps its checkpoints
-    if (fs::symlink_status(pd).type() != fs::file_type::directory ||
-        fs::symlink_status(pd / kPointMark).type() != fs::file_type::regular)
-      continue;
-    if (!fs::exists(pd / "DONE") && !fs::exists(pd / "DIVERGED")) continue;
+  for (const auto& pd : finished_point_dirs(dir, s)) {
     const int64_t f = prune_checkpoints(pd / "checkpoints", "final");
     freed += f;
     pruned += f > 0;
@@ -731,8 +739,13 @@ int print_status(const fs::path& dir) {
   for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);
   for (const auto& l : table_lines(ps, -1, wall)) std::cout << l << "\n";
   const auto [total, ckpt] = disk_usage(dir);
-  std::cout << "disk: " << fmt_bytes(total) << " in " << dir.string() << " (checkpoints " << fmt_bytes(ckpt)
-            << "; sweep prune " << dir.string() << " keeps only finished points' final checkpoints)\n";
+  int64_t prunable = 0;
+  for (const auto& pd : finished_point_dirs(dir, s)) prunable += io::old_checkpoint_bytes(pd / "checkpoints", 1);
+  std::cout << "disk: " << fmt_bytes(total) << " in " << dir.string() << " (checkpoints " << fmt_bytes(ckpt) << "; "
+            << (prunable > 0 ? "sweep prune " + dir.string() + " frees " + fmt_bytes(prunable) +
+                                   " of them, keeping each finished point's final checkpoint)"
+                             : "none that sweep prune would free)")
+            << "\n";
   return 0;
 }
 

@@ -154,6 +154,19 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
+// The checkpoint files remove_old_checkpoints(dir, keep) removes, with their sizes.
+std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, int keep) {
+  std::vector<std::pair<fs::path, int64_t>> out;
+  std::error_code ec;
+  const auto all = list_checkpoints(dir);
+  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 0)) < all.size(); ++i) {
+    if (fs::symlink_status(all[i].second, ec).type() != fs::file_type::regular) continue;
+    const auto size = fs::file_size(all[i].second, ec);
+    if (!ec) out.emplace_back(all[i].second, static_cast<int64_t>(size));
+  }
+  return out;
+}
+
 }  // namespace
 
 void remove_unfinished_checkpoints(const fs::path& dir) {
@@ -169,14 +182,16 @@ void remove_unfinished_checkpoints(const fs::path& dir) {
 int64_t remove_old_checkpoints(const fs::path& dir, int keep) {
   int64_t freed = 0;
   std::error_code ec;
-  const auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 0)) < all.size(); ++i) {
-    if (fs::symlink_status(all[i].second, ec).type() != fs::file_type::regular) continue;
-    const auto size = fs::file_size(all[i].second, ec);
-    if (fs::remove(all[i].second, ec) && !ec) freed += static_cast<int64_t>(size);
-  }
+  for (const auto& [path, size] : old_checkpoints(dir, keep))
+    if (fs::remove(path, ec) && !ec) freed += size;
   if (keep <= 0) fs::remove(dir / kLatest, ec);
   return freed;
+}
+
+int64_t old_checkpoint_bytes(const fs::path& dir, int keep) {
+  int64_t bytes = 0;
+  for (const auto& [path, size] : old_checkpoints(dir, keep)) bytes += size;
+  return bytes;
 }
 
 fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {

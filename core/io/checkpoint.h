@@ -56,6 +56,8 @@ void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 // only, never through a symlink); keep <= 0 removes every one and
 // latest_checkpointed_iteration.txt. Returns the bytes freed.
 int64_t remove_old_checkpoints(const std::filesystem::path& dir, int keep);
+// The bytes remove_old_checkpoints(dir, keep) would free; removes nothing.
+int64_t old_checkpoint_bytes(const std::filesystem::path& dir, int keep);
 
 // The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.

@@ -381,6 +381,7 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
   }
   r = mb::testing::run_command(sweep("status " + dir.string()));
   EXPECT_NE(r.output.find("disk: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("none that sweep prune would free"), std::string::npos) << r.output;
   r = mb::testing::run_command(sweep("prune " + dir.string()));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("freed 0 kB in 0 point(s)"), std::string::npos) << r.output;
@@ -414,6 +415,58 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
                                "assert [x[2] for x in s if x[0] == 'validation/lm_loss'], s\n"
                                "print('ok', len(loss))\"");
   EXPECT_EQ(r.output, "ok 6\n") << r.output;
+}
+
+// A sweep that keeps its checkpoints ("checkpoints": "all"): status says how much sweep prune
+// would free, the sum of every finished point's checkpoints but its newest (counted here from
+// the files); prune frees exactly that, each point keeps its newest checkpoint, and status
+// then has nothing left to free.
+TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "keep", 32, R"("adamw")", R"(, "save_interval": 2)");
+  std::string text = mb::testing::read_text(file);
+  text.insert(text.rfind('}'), R"(, "checkpoints": "all")");
+  mb::testing::write_text(file, text);
+  const fs::path runs = tmp / "runs", dir = runs / "keep";
+  auto r = run_sweep(file, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto checkpoints = [](const fs::path& d) {  // iter_*.h5 by name (= by iteration)
+    std::vector<fs::path> out;
+    for (const auto& e : fs::directory_iterator(d / "checkpoints"))
+      if (e.path().extension() == ".h5") out.push_back(e.path());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::string> ids = {"adamw-bs4-lr0.002-s3", "adamw-bs8-lr0.00283-s3"};
+  double old_bytes = 0;
+  std::vector<fs::path> newest;
+  for (const auto& id : ids) {
+    const auto c = checkpoints(dir / id);
+    ASSERT_GE(c.size(), 2u) << id << ": checkpoints \"all\" keeps the last two";
+    for (size_t i = 0; i + 1 < c.size(); ++i) old_bytes += static_cast<double>(fs::file_size(c[i]));
+    newest.push_back(c.back());
+  }
+  // "12.3 MB" / "456 kB" after `prefix` in the output, in bytes (printed to 0.1 MB / 1 kB)
+  auto bytes_after = [](const std::string& out, const std::string& prefix) {
+    const size_t at = out.find(prefix);
+    if (at == std::string::npos) return -1.0;
+    std::smatch m;
+    const std::string rest = out.substr(at + prefix.size());
+    if (!std::regex_search(rest, m, std::regex(R"(^([0-9.]+) (kB|MB|GB))"))) return -1.0;
+    return std::stod(m[1]) * (m[2] == "kB" ? 1e3 : m[2] == "MB" ? 1e6 : 1e9);
+  };
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double said = bytes_after(r.output, "sweep prune " + dir.string() + " frees ");
+  EXPECT_NEAR(said, old_bytes, 0.051e6) << r.output;
+  r = mb::testing::run_command(sweep("prune " + dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NEAR(bytes_after(r.output, "freed "), old_bytes, 0.051e6) << r.output;
+  EXPECT_NE(r.output.find("in 2 point(s)"), std::string::npos) << r.output;
+  for (size_t i = 0; i < ids.size(); ++i)
+    EXPECT_EQ(checkpoints(dir / ids[i]), std::vector<fs::path>{newest[i]}) << ids[i];
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("none that sweep prune would free"), std::string::npos) << r.output;
 }
 
 // The random axis: count draws, uniform or log-uniform within the bounds, the same points
