@@ -636,10 +636,10 @@ int run(int argc, char** argv) {
     auto describe = [&](const char* name, const mb::train::BatchSource& src) {
       const int64_t n = trainer.eval_sample_count(src);
       const auto epoch = static_cast<int64_t>(src.samples_per_epoch());
-      return std::string(name) + " " + std::to_string(n) +
-             (n == epoch ? " (the whole split, each once)"
-              : n < epoch ? " of " + std::to_string(epoch)
-                          : " (the split's " + std::to_string(epoch) + " repeated)");
+      std::string said = std::string(name) + " " + std::to_string(n);
+      if (epoch <= 0) return said;  // a source that does not know its size
+      if (n == epoch) return said + " (the whole split, each once)";
+      return said + (n < epoch ? " of " + std::to_string(epoch) : " (the split's " + std::to_string(epoch) + " repeated)");
     };
     std::cout << "> evaluation samples: "
               << (valid_src ? describe("validation", *valid_src) + (test_src ? ", " : "") : std::string())

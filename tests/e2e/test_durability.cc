@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
@@ -53,8 +54,9 @@ TEST(Durability, KillNineAtAnyInstantLeavesMetricsReadableAndTheRunContinuesThem
   // (every 2 iterations), so the last run resumes.
   const std::string after_four = "until [ $(grep -c '] iteration' " + (tmp / "log").string() +
                                  ") -ge 4 ] || ! kill -0 $pid; do sleep 0.02; done";
-  for (const std::string delay : {"0.7", "0.9", "1.1", "1.3", "1.6", "1.9", "after four intervals"}) {
-    const std::string wait_for = delay == "after four intervals" ? after_four : "sleep " + delay;
+  const std::vector<std::string> waits = {"sleep 0.7", "sleep 0.9", "sleep 1.1", "sleep 1.3",
+                                         "sleep 1.6", "sleep 1.9", after_four};
+  for (const std::string& wait_for : waits) {
     const auto r = mb::testing::run_command(cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; " + wait_for +
                                             "; kill -9 $pid; wait $pid; echo killed=$?");
     ASSERT_NE(r.output.find("killed=137"), std::string::npos)

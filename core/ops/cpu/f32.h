@@ -78,7 +78,7 @@ class In {
       to_host_f32(t, copy_.data());
       ptr_ = copy_.data();
     } else {
-      check(false, "internal error: f64 kernel given a ", t.describe(), " tensor");
+      fail("internal error: f64 kernel given a ", t.describe(), " tensor");
     }
   }
   ~In() { detail::give_scratch(std::move(copy_)); }
