@@ -1,0 +1,17 @@
+# shellcheck shell=bash
+# Sourced by tests/gpu/run.sh and tests/gpu/sanitize.sh, from the repository root on a GPU
+# machine: unpacks gpu-bundle/ (tests/gpu/pack.sh) into $b, puts the packed Open MPI on
+# PATH where the machine has no mpirun, and exports what the tests read (binaries, source,
+# assets, test plugins, python3). Afterwards "$b/run.sh" bin/<binary> runs a packed binary.
+b=/tmp/megabatch-gpu
+rm -rf "$b"; mkdir -p "$b"
+tar -xJf gpu-bundle/bundle.tar.xz -C "$b" || {
+  echo "unpack.sh: cannot unpack gpu-bundle/bundle.tar.xz: run tests/gpu/pack.sh on the build machine and carry gpu-bundle" >&2
+  exit 2
+}
+if ! command -v mpirun >/dev/null && [[ -f gpu-bundle/openmpi.tar.xz ]]; then  # the packed Open MPI
+  mkdir -p "$b/openmpi" && tar -xJf gpu-bundle/openmpi.tar.xz -C "$b/openmpi" && source "$b/openmpi/env.sh"
+fi
+py=$(command -v python3)
+export MEGABATCH_BIN_DIR=$b/bin MEGABATCH_SOURCE_DIR=$PWD MEGABATCH_ASSETS=$b/extra/assets \
+  MEGABATCH_TEST_PLUGIN_DIR=$b/extra/plugins MEGABATCH_PYTHON=$py
