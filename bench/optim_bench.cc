@@ -1,7 +1,8 @@
 // optim_bench: optimizer step time of the lamb and adamw plugins over the parameters of
 // gpt-mini (16M) and gpt2-124m (124M), fp32, as effective bandwidth (the bytes a step must
 // move per parameter / time) beside this machine's copy bandwidth and PyTorch's AdamW
-// (foreach), measured in the same run.
+// (foreach), measured in the same run (with glibc malloc keeping what PyTorch frees, and
+// with its defaults: bench/bench_util.h).
 //
 // Bytes per parameter: AdamW reads g, m, v, w and writes m, v, w: 28. LAMB needs two
 // passes (the trust ratio of a tensor depends on the norm of its whole update): the
@@ -64,7 +65,7 @@ double copy_bandwidth(size_t n, int reps) {
 }
 
 struct Measured {
-  double adamw_s = 0, lamb_s = 0, copy_bps = 0, torch_s = 0;
+  double adamw_s = 0, lamb_s = 0, copy_bps = 0, torch_s = 0, torch_default_s = 0;
   size_t params = 0;
 };
 
@@ -102,9 +103,11 @@ Measured measure(const std::string& preset, int steps, int threads, const std::s
     }
   }
   model.reset();  // free our memory before PyTorch allocates its own
-  const auto r = mb::bench::run_child({"/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
-                                       tmp_shapes, std::to_string(steps), std::to_string(threads)});
-  m.torch_s = mb::bench::value_of(r.output, "step_seconds");
+  const std::vector<std::string> torch = {"/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
+                                          tmp_shapes, std::to_string(steps), std::to_string(threads)};
+  m.torch_s = mb::bench::value_of(
+      mb::bench::run_child(torch, {std::string("GLIBC_TUNABLES=") + mb::bench::kMallocKeepsFreed}).output, "step_seconds");
+  m.torch_default_s = mb::bench::value_of(mb::bench::run_child(torch).output, "step_seconds");
   return m;
 }
 
@@ -121,7 +124,7 @@ int main(int argc, char** argv) {
   const std::string shapes = "/tmp/optim_bench_shapes." + std::to_string(getpid());
   std::printf("optimizer step, fp32, %d threads, median of %d steps; bandwidth = bytes a step must move / time\n",
               threads, steps);
-  std::printf("%-10s %-22s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
+  std::printf("%-10s %-30s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
   std::string models = a.get("models");
   for (size_t pos = 0; pos <= models.size();) {
     size_t comma = models.find(',', pos);
@@ -134,15 +137,18 @@ int main(int argc, char** argv) {
     std::snprintf(size, sizeof size, "%.1fM", P / 1e6);
     auto row = [&](const char* what, double seconds, double bytes) {
       const double bps = bytes * P / seconds;
-      std::printf("%-10s %-22s %12.2f %10.0f %10.2f %11.1f%%\n", size, what, seconds * 1e3, bytes, bps / 1e9,
+      std::printf("%-10s %-30s %12.2f %10.0f %10.2f %11.1f%%\n", size, what, seconds * 1e3, bytes, bps / 1e9,
                   100.0 * bps / m.copy_bps);
     };
-    std::printf("%-10s %-22s %12.2f %10d %10.2f %11.1f%%\n", size, "copy (reference)", 8.0 * P / m.copy_bps * 1e3, 8,
+    std::printf("%-10s %-30s %12.2f %10d %10.2f %11.1f%%\n", size, "copy (reference)", 8.0 * P / m.copy_bps * 1e3, 8,
                 m.copy_bps / 1e9, 100.0);
     row("megabatch lamb", m.lamb_s, 40);
     row("megabatch adamw", m.adamw_s, 28);
     row("PyTorch AdamW foreach", m.torch_s, 28);
+    row("PyTorch AdamW, default malloc", m.torch_default_s, 28);
   }
+  std::printf("(PyTorch AdamW foreach: glibc malloc keeping what it frees, GLIBC_TUNABLES=%s; default malloc: glibc's defaults)\n",
+              mb::bench::kMallocKeepsFreed);
   std::remove(shapes.c_str());
   return 0;
 }

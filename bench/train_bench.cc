@@ -1,6 +1,7 @@
 // train_bench: training throughput and peak memory of gpt-mini (micro batch 8, seq 128,
 // fp32, AdamW) against PyTorch running the same architecture (tests/reference/gpt_torch.py)
-// with the same thread count, measured in the same run, plus the fraction of this
+// with the same thread count, measured in the same run (twice: with glibc malloc keeping
+// what PyTorch frees, the reference, and with its defaults), plus the fraction of this
 // machine's fp32 GEMM peak (OpenBLAS sgemm 1024^3, measured here) each one reaches.
 //
 //   build/bin/train_bench [--threads 2] [--steps 8] [--baseline OTHER/bin/train_bench]
@@ -95,8 +96,8 @@ struct Child {
   long max_rss_kib = 0;
 };
 
-Child in_child(std::vector<std::string> args) {
-  const auto r = mb::bench::run_child(std::move(args));
+Child in_child(std::vector<std::string> args, std::vector<std::string> env = {}) {
+  const auto r = mb::bench::run_child(std::move(args), std::move(env));
   return {mb::bench::value_of(r.output, "tokens_per_second"), r.max_rss_kib};
 }
 
@@ -128,8 +129,10 @@ int main(int argc, char** argv) {
     const Child b = in_child({baseline, "--child", "megabatch", "--threads", t, "--steps", s});
     if (b.tokens_per_second > base.tokens_per_second) base = b;
   }
-  const Child torch = in_child({"/usr/bin/python3", src + "/tests/reference/gpt_torch.py", "bench", "4", "256", "4", "128",
-                                "50304", "8", s, t});
+  const std::vector<std::string> torch_args = {"/usr/bin/python3", src + "/tests/reference/gpt_torch.py", "bench", "4", "256",
+                                               "4", "128", "50304", "8", s, t};
+  const Child torch = in_child(torch_args, {std::string("GLIBC_TUNABLES=") + mb::bench::kMallocKeepsFreed});
+  const Child torch_default = in_child(torch_args);
   const double peak = sgemm_gflops();
   // Model FLOPs per token, forward + backward: 6 x matmul parameters (12 C^2 per layer and
   // the tied LM head V C) + 12 L T C for the attention score and value products.
@@ -138,19 +141,24 @@ int main(int argc, char** argv) {
   std::printf("%s\n", cpu_and_blas().c_str());
   std::printf("gpt-mini training, micro batch 8, seq 128, fp32, AdamW, %d threads; fp32 GEMM peak (sgemm 1024^3): %.1f GFLOP/s\n",
               threads, peak);
-  std::printf("%-12s %12s %14s %12s %14s\n", "", "tokens/s", "GFLOP/s", "of GEMM peak", "peak RSS MiB");
+  std::printf("%-30s %10s %10s %13s %13s\n", "", "tokens/s", "GFLOP/s", "of GEMM peak", "peak RSS MiB");
   std::vector<std::pair<const char*, Child>> rows = {{"megabatch", ours}};
   if (!baseline.empty()) rows.emplace_back("baseline", base);
-  rows.emplace_back("PyTorch", torch);
+  rows.emplace_back("PyTorch (malloc keeps freed)", torch);
+  rows.emplace_back("PyTorch (glibc malloc default)", torch_default);
   for (const auto& [name, c] : rows) {
     const double gf = c.tokens_per_second * flops_per_token / 1e9;
-    std::printf("%-12s %12.0f %14.1f %11.1f%% %14.0f\n", name, c.tokens_per_second, gf, 100.0 * gf / peak,
+    std::printf("%-30s %10.0f %10.1f %12.1f%% %13.0f\n", name, c.tokens_per_second, gf, 100.0 * gf / peak,
                 static_cast<double>(c.max_rss_kib) / 1024.0);
   }
+  std::printf("(malloc keeps freed: GLIBC_TUNABLES=%s; with the defaults every step faults PyTorch's freed tensors back in)\n",
+              mb::bench::kMallocKeepsFreed);
   if (!baseline.empty())
     std::printf("megabatch / baseline (%s) throughput: %.3fx (best of %d alternating rounds each)\n", baseline.c_str(),
                 ours.tokens_per_second / base.tokens_per_second, rounds);
-  std::printf("megabatch / PyTorch throughput: %.2fx; peak RSS ratio: %.2f\n", ours.tokens_per_second / torch.tokens_per_second,
-              static_cast<double>(ours.max_rss_kib) / static_cast<double>(torch.max_rss_kib));
+  std::printf("megabatch / PyTorch (malloc keeps freed) throughput: %.2fx; peak RSS ratio: %.2f; against the default malloc: %.2fx\n",
+              ours.tokens_per_second / torch.tokens_per_second,
+              static_cast<double>(ours.max_rss_kib) / static_cast<double>(torch.max_rss_kib),
+              ours.tokens_per_second / torch_default.tokens_per_second);
   return 0;
 }
