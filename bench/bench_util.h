@@ -22,8 +22,8 @@ struct ChildResult {
 // GLIBC_TUNABLES for a child whose malloc should keep what it frees: no block from mmap,
 // no trimming of the heap. The PyTorch references take their CPU tensors from malloc, and
 // glibc's defaults give every freed block over the mmap threshold (128 KiB and up) back
-// to the kernel, so each step faults its pages in again: on the development VM that cost
-// PyTorch two thirds of a training step and nine tenths of an AdamW step. PyTorch's CPU
+// to the kernel, so each step faults its pages in again: on the development VM (2026-11-24)
+// that was three quarters of PyTorch's training step and 86-92% of its AdamW step. PyTorch's CPU
 // tuning advice is an allocator that caches; this is glibc's own way to get one, so the
 // reference is measured at its best and with the defaults, side by side.
 inline constexpr const char* kMallocKeepsFreed = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776";
