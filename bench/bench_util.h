@@ -27,6 +27,8 @@ struct ChildResult {
 // tuning advice is an allocator that caches; this is glibc's own way to get one, so the
 // reference is measured at its best and with the defaults, side by side.
 inline constexpr const char* kMallocKeepsFreed = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=1099511627776";
+// The environment entry that sets it, for run_child.
+inline std::string malloc_keeps_freed_env() { return std::string("GLIBC_TUNABLES=") + kMallocKeepsFreed; }
 
 // Runs a program in a child process, so that its peak RSS is its own (fork, then exec
 // at once: OpenMP's thread pool does not survive a fork without exec), with `env`

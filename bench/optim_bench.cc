@@ -106,7 +106,7 @@ Measured measure(const std::string& preset, int steps, int threads, const std::s
   const std::vector<std::string> torch = {"/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
                                           tmp_shapes, std::to_string(steps), std::to_string(threads)};
   m.torch_s = mb::bench::value_of(
-      mb::bench::run_child(torch, {std::string("GLIBC_TUNABLES=") + mb::bench::kMallocKeepsFreed}).output, "step_seconds");
+      mb::bench::run_child(torch, {mb::bench::malloc_keeps_freed_env()}).output, "step_seconds");
   m.torch_default_s = mb::bench::value_of(mb::bench::run_child(torch).output, "step_seconds");
   return m;
 }

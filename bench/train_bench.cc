@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
   }
   const std::vector<std::string> torch_args = {"/usr/bin/python3", src + "/tests/reference/gpt_torch.py", "bench", "4", "256",
                                                "4", "128", "50304", "8", s, t};
-  const Child torch = in_child(torch_args, {std::string("GLIBC_TUNABLES=") + mb::bench::kMallocKeepsFreed});
+  const Child torch = in_child(torch_args, {mb::bench::malloc_keeps_freed_env()});
   const Child torch_default = in_child(torch_args);
   const double peak = sgemm_gflops();
   // Model FLOPs per token, forward + backward: 6 x matmul parameters (12 C^2 per layer and

@@ -86,9 +86,20 @@ void remove_point_dir(const fs::path& root, const fs::path& dir) {
 
 }  // namespace
 
+namespace {
+
+// How many of dir's newest checkpoints policy `keep` leaves; -1 when it touches none ("all",
+// or dir is not a directory the run made: a symlink, or missing).
+int checkpoints_kept(const fs::path& dir, const std::string& keep) {
+  if (keep == "all" || fs::symlink_status(dir).type() != fs::file_type::directory) return -1;
+  return keep == "final" ? 1 : 0;
+}
+
+}  // namespace
+
 int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
-  if (keep == "all" || fs::symlink_status(dir).type() != fs::file_type::directory) return 0;
-  return io::remove_old_checkpoints(dir, keep == "final" ? 1 : 0);
+  const int k = checkpoints_kept(dir, keep);
+  return k < 0 ? 0 : io::remove_old_checkpoints(dir, k);
 }
 
 namespace {
@@ -740,7 +751,9 @@ int print_status(const fs::path& dir) {
   for (const auto& l : table_lines(ps, -1, wall)) std::cout << l << "\n";
   const auto [total, ckpt] = disk_usage(dir);
   int64_t prunable = 0;
-  for (const auto& pd : finished_point_dirs(dir, s)) prunable += io::old_checkpoint_bytes(pd / "checkpoints", 1);
+  for (const auto& pd : finished_point_dirs(dir, s))  // what prune_sweep's prune_checkpoints(.., "final") frees
+    if (const int k = checkpoints_kept(pd / "checkpoints", "final"); k >= 0)
+      prunable += io::old_checkpoint_bytes(pd / "checkpoints", k);
   std::cout << "disk: " << fmt_bytes(total) << " in " << dir.string() << " (checkpoints " << fmt_bytes(ckpt) << "; "
             << (prunable > 0 ? "sweep prune " + dir.string() + " frees " + fmt_bytes(prunable) +
                                    " of them, keeping each finished point's final checkpoint)"

@@ -17,7 +17,7 @@ source tests/gpu/unpack.sh
 status=0
 for t in test_ops_gpu test_gpu; do
   "$b/run.sh" bin/$t --gtest_filter="$filter" --gtest_output=xml:"$logs/$t.xml" >"$logs/$t.log" 2>&1 || status=1
-  echo "$t: $(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$logs/$t.log" | sed 's/, listed below://' | tr '\n' ' ')"
+  echo "$t: $(gtest_tally "$logs/$t.log")"
   grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true
   # on a GPU machine nothing may skip: a skipped gpu test checked nothing
   grep -qE '^\[  SKIPPED \] [0-9]' "$logs/$t.log" && { status=1; grep -E '^\[  SKIPPED \] [A-Z]' "$logs/$t.log" | sed 's/ ([0-9]* ms)$//' | sort -u; }

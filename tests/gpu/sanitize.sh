@@ -43,8 +43,8 @@ sanitize() {
   elif ((errors > 0 || rc != 0)); then line="$errors errors (exit $rc)"; status=1
   else line="0 errors"; fi
   local tests  # the gtest tally, where the run was a test program
-  tests=$(grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$logs/$name.log" | sed 's/, listed below://' | tr '\n' ' ')
-  [[ -n $tests ]] && line="$line; ${tests% }"
+  tests=$(gtest_tally "$logs/$name.log")
+  [[ -n $tests ]] && line="$line; $tests"
   grep -qE '^\[  (FAILED|SKIPPED) +\] [0-9]' "$logs/$name.log" && status=1
   printf '%-24s %-10s %s (%d s)\n' "$name" "$tool" "$line" $((SECONDS - start)) | tee -a "$logs/sanitize.txt"
 }

@@ -2,7 +2,8 @@
 # Sourced by tests/gpu/run.sh and tests/gpu/sanitize.sh, from the repository root on a GPU
 # machine: unpacks gpu-bundle/ (tests/gpu/pack.sh) into $b, puts the packed Open MPI on
 # PATH where the machine has no mpirun, and exports what the tests read (binaries, source,
-# assets, test plugins, python3). Afterwards "$b/run.sh" bin/<binary> runs a packed binary.
+# assets, test plugins, python3). Afterwards "$b/run.sh" bin/<binary> runs a packed binary,
+# and gtest_tally LOG prints a gtest log's tally on one line.
 b=/tmp/megabatch-gpu
 rm -rf "$b"; mkdir -p "$b"
 tar -xJf gpu-bundle/bundle.tar.xz -C "$b" || {
@@ -15,3 +16,8 @@ fi
 py=$(command -v python3)
 export MEGABATCH_BIN_DIR=$b/bin MEGABATCH_SOURCE_DIR=$PWD MEGABATCH_ASSETS=$b/extra/assets \
   MEGABATCH_TEST_PLUGIN_DIR=$b/extra/plugins MEGABATCH_PYTHON=$py
+
+# "[  PASSED  ] 35 tests. [  SKIPPED ] 1 test" from a gtest log ("" for a log without one)
+gtest_tally() {
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) +\] [0-9]+ tests?' "$1" | sed 's/, listed below://' | tr '\n' ' ' | sed 's/ $//'
+}
