@@ -13,6 +13,7 @@
 #include "core/io/tensorboard.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "sweeps/run_dir.h"
 
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
@@ -26,15 +27,9 @@ struct SweepPoints {
 };
 
 SweepPoints read_points(const fs::path& dir) {
-  const fs::path file = dir / "sweep.json";
-  json s;
-  try {
-    s = json::parse(read_file(file, "sweep state"));
-  } catch (const json::exception& e) {
-    fail(file.string(), ": unreadable (", e.what(), ")");
-  }
+  const json s = read_sweep_state(dir);
   SweepPoints out;
-  for (const auto& p : s.at("points")) out.points.emplace_back(p.at("id").get<std::string>(), p.at("config"));
+  for (const auto& p : s["points"]) out.points.emplace_back(p["id"].get<std::string>(), p.value("config", json::object()));
   for (const auto& [id, config] : out.points)
     for (const auto& [k, v] : config.items()) {
       if (std::find(out.axes.begin(), out.axes.end(), k) != out.axes.end()) continue;
@@ -104,9 +99,7 @@ int export_csv(const fs::path& dir, const fs::path& file) {
       }
     }
   }
-  AtomicFile f(file);
-  f.write(out.data(), out.size());
-  f.commit();
+  write_file_atomic(file, out);
   std::cout << file.string() << ": " << rows << " rows from " << sp.points.size() - skipped << " point(s)"
             << (skipped ? " (" + std::to_string(skipped) + " without metrics yet)" : std::string()) << std::endl;
   return 0;

@@ -1,15 +1,13 @@
-// Running a sweep's points locally, resuming, and reporting status.
-//
-//   runs/<name>/sweep.json          the expanded sweep and each point's state
-//   runs/<name>/<id>/point.json     the point's train configuration (its input)
-//   runs/<name>/<id>/config.json    train's resolved configuration
-//   runs/<name>/<id>/metrics.h5, checkpoints/, stdout.log, DONE
+// Running a sweep's points locally (`sweep run`), resuming, and exporting them for
+// launchers that run them elsewhere. What it keeps on disk is in sweeps/run_dir.h; the
+// table it shows in sweeps/table.h; `sweep status` and `sweep prune` in sweeps/status.h.
 //
 // Each point is a `train` process started with --config point.json --run-dir <id>
 // --save/--load <id>/checkpoints, so an interrupted point resumes from its last
 // checkpoint; a point of TP x DP > 1 ranks is started by mpirun -np TP x DP. With --gpus,
-// each point runs on GPUs of its own (CUDA_VISIBLE_DEVICES), as many as it has ranks. A point whose configuration changed since it ran is refused unless
-// rerun_changed is set (then its directory is cleared).
+// each point runs on GPUs of its own (CUDA_VISIBLE_DEVICES), as many as it has ranks. A
+// point whose configuration changed since it ran is refused unless rerun_changed is set
+// (then its directory is cleared).
 #pragma once
 
 #include <filesystem>
@@ -44,17 +42,5 @@ int run_sweep(const Sweep& sweep, const RunOptions& options);
 // for launchers that run points elsewhere (a Slurm job array task runs line i+1). Points
 // that already ran with another configuration are refused as in run_sweep.
 int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
-
-// What a finished point keeps of its checkpoints directory: "final" (the newest
-// iter_*.h5), "all" or "none"; returns the bytes freed. Only regular iter_*.h5 files in
-// that directory are removed.
-int64_t prune_checkpoints(const std::filesystem::path& dir, const std::string& keep);
-
-// sweep prune: every finished (done or diverged) point of runs/<name> keeps only its
-// final checkpoint; prints what was freed.
-int prune_sweep(const std::filesystem::path& sweep_dir);
-
-// Prints the status table of runs/<name> (the directory sweep run wrote) and the disk it uses.
-int print_status(const std::filesystem::path& sweep_dir);
 
 }  // namespace megabatch::sweeps

@@ -15,6 +15,7 @@
 #include "sweeps/export.h"
 #include "sweeps/placement.h"
 #include "sweeps/runner.h"
+#include "sweeps/status.h"
 #include "sweeps/sweep.h"
 
 namespace mb = megabatch;

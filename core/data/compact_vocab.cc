@@ -143,14 +143,10 @@ CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const Toke
   // The vocabulary first, and any old OUT.idx gone before it: a crash before the new .idx
   // leaves no dataset to train on, never ids without the file that says what they mean.
   fs::remove(fs::path(out.string() + ".idx"));
-  {
-    const nlohmann::json j{{"format", kFormat}, {"tokenizer_type", v.tokenizer_type},
-                           {"base_vocab_size", v.base_vocab_size}, {"source", v.source}, {"ids", v.ids}};
-    const std::string text = j.dump() + "\n";
-    AtomicFile f(compact_vocab_path(out));
-    f.write(text.data(), text.size());
-    f.commit();
-  }
+  write_file_atomic(compact_vocab_path(out),
+                    nlohmann::json{{"format", kFormat}, {"tokenizer_type", v.tokenizer_type},
+                                   {"base_vocab_size", v.base_vocab_size}, {"source", v.source}, {"ids", v.ids}}
+                            .dump() + "\n");
   IndexedDatasetBuilder b(out, token_dtype(static_cast<int64_t>(v.ids.size())));
   for (size_t d = 0; d < ds.num_documents(); ++d) {
     for (int64_t s = ds.document_index(d); s < ds.document_index(d + 1); ++s) {

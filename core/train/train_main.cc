@@ -534,12 +534,7 @@ int run(int argc, char** argv) {
   }
   if (logger) std::filesystem::create_directories(run_dir);
   if (logger) std::filesystem::remove(run_dir / "DIVERGED");  // this attempt decides afresh
-  if (logger) {
-    mb::AtomicFile f(run_dir / "config.json");
-    const std::string text = resolved.dump(2) + "\n";
-    f.write(text.data(), text.size());
-    f.commit();
-  }
+  if (logger) mb::write_file_atomic(run_dir / "config.json", resolved.dump(2) + "\n");
   if (logger && !opt.save_dir.empty()) mb::io::remove_unfinished_checkpoints(opt.save_dir);
   // --- checkpoint to continue from (read before metrics.h5, which a resumed run continues)
   std::optional<std::filesystem::path> resume_from;
@@ -650,15 +645,12 @@ int run(int argc, char** argv) {
   const auto reason = trainer.run();
   if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;
   if (reason == mb::train::StopReason::kDiverged) {
-    if (logger) {
-      const std::string text = json({{"iteration", trainer.diverged_at()}, {"reason", trainer.divergence_reason()},
-                                     {"divergence_loss", opt.divergence_loss},
-                                     {"divergence_intervals", opt.divergence_intervals}})
-                                   .dump() + "\n";
-      mb::AtomicFile f(run_dir / "DIVERGED");
-      f.write(text.data(), text.size());
-      f.commit();
-    }
+    if (logger)
+      mb::write_file_atomic(run_dir / "DIVERGED",
+                            json({{"iteration", trainer.diverged_at()}, {"reason", trainer.divergence_reason()},
+                                  {"divergence_loss", opt.divergence_loss},
+                                  {"divergence_intervals", opt.divergence_intervals}})
+                                    .dump() + "\n");
     std::cout << "> diverged: iteration " << trainer.diverged_at() << ": " << trainer.divergence_reason() << "; "
               << (run_dir / "DIVERGED").string() << std::endl;
     return kExitDiverged;

@@ -79,6 +79,19 @@ std::string read_file(const fs::path& path, std::string_view what) {
   return ss.str();
 }
 
+std::string read_file_tail(const fs::path& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) return "";
+  const std::streamoff size = in.tellg();
+  if (size < 0) return "";
+  const std::streamoff from = size > static_cast<std::streamoff>(bytes) ? size - static_cast<std::streamoff>(bytes) : 0;
+  in.seekg(from);
+  std::string s(static_cast<size_t>(size - from), '\0');
+  in.read(s.data(), static_cast<std::streamsize>(s.size()));
+  s.resize(static_cast<size_t>(in.gcount()));
+  return s;
+}
+
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
   tmp_ = path_;
   tmp_ += ".tmp";
@@ -119,6 +132,12 @@ void AtomicFile::commit() {
   if (::rename(tmp_.c_str(), path_.c_str()) != 0)
     fail(path_.string(), ": cannot rename ", tmp_.string(), " into place (", std::strerror(errno), ")");
   committed_ = true;
+}
+
+void write_file_atomic(const fs::path& path, std::string_view text) {
+  AtomicFile f(path);
+  f.write(text.data(), text.size());
+  f.commit();
 }
 
 fs::path asset_dir() {

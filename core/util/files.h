@@ -34,6 +34,10 @@ class MappedFile {
 // The whole file as bytes; throws Error naming the path when it cannot be read.
 std::string read_file(const std::filesystem::path& path, std::string_view what = "file");
 
+// The last `bytes` bytes of a file (all of it when shorter); "" when it cannot be read (a
+// log that is not there yet).
+std::string read_file_tail(const std::filesystem::path& path, size_t bytes);
+
 // Writes to PATH.tmp, flushes it to disk and renames it over PATH, so a reader (or a
 // crash) only ever sees the old or the complete new file.
 class AtomicFile {
@@ -54,6 +58,9 @@ class AtomicFile {
   uint64_t written_ = 0;
   bool committed_ = false;
 };
+
+// `text` as the whole of PATH, through an AtomicFile.
+void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 
 // Calls fn(line, line_number) for each line of text (numbered from 1, without the '\n'
 // and a trailing '\r'); a final line without '\n' counts, an empty text has no lines.

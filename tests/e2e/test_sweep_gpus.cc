@@ -2,7 +2,8 @@
 // tested through the runner itself (run_sweep with the GPUs given, points on the CPU): every
 // point gets as many GPUs as it has ranks, a point of TP 2 is started by mpirun -np 2 (a
 // real two-rank job), no GPU is held by two running points at once, and a point that needs
-// more GPUs than given is refused before anything runs. (On a GPU: test_gpu.cc.)
+// more GPUs than given is refused before anything runs or is discarded. (On a GPU:
+// test_gpu.cc.)
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -13,6 +14,7 @@
 
 #include "core/util/error.h"
 #include "sweeps/placement.h"
+#include "sweeps/run_dir.h"
 #include "sweeps/runner.h"
 #include "sweeps/sweep.h"
 #include "tests/unit/test_util.h"
@@ -135,4 +137,19 @@ TEST(SweepOnGpus, APointNeedingMoreGpusThanGivenIsRefusedBeforeAnythingRuns) {
     EXPECT_NE(what.find("needs 4"), std::string::npos) << what;
   }
   EXPECT_FALSE(fs::exists(tmp / "runs" / "gpus")) << "nothing ran";
+}
+
+TEST(SweepOnGpus, ARefusedSweepDiscardsNothingEvenUnderRerun) {
+  mb::testing::TempDir tmp;
+  const sw::Sweep s = sw::load_sweep(write_sweep(tmp.path(), "[4, 1]"));
+  const fs::path ran = tmp / "runs" / "gpus" / s.points.back().id;  // ran with another configuration
+  sw::make_point_dir(ran);
+  mb::testing::write_text(ran / "point.json", R"({"lr": 0.5})");
+  sw::RunOptions o;
+  o.runs_dir = tmp / "runs";
+  o.train_binary = fs::path(mb::testing::bin_dir()) / "train";
+  o.gpus = {0, 1};
+  o.rerun_changed = true;  // would discard `ran`, were the sweep not refused first
+  EXPECT_THROW(sw::run_sweep(s, o), mb::Error);
+  EXPECT_EQ(mb::testing::read_text(ran / "point.json"), R"({"lr": 0.5})") << "the refused sweep deleted a point";
 }

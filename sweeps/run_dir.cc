@@ -1,0 +1,190 @@
+#include "sweeps/run_dir.h"
+
+#include <sys/wait.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "core/io/checkpoint.h"
+#include "core/util/error.h"
+#include "core/util/files.h"
+
+namespace megabatch::sweeps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// The mark of a point directory made by the sweep tool: nothing without it is deleted.
+constexpr const char* kPointMark = ".megabatch-point";
+
+bool is_real_dir(const fs::path& p) { return fs::symlink_status(p).type() == fs::file_type::directory; }
+
+bool has_mark(const fs::path& dir) { return fs::symlink_status(dir / kPointMark).type() == fs::file_type::regular; }
+
+// Keys that cannot change a point's results: where plugins are searched, threads, where
+// and how often checkpoints are written, extra outputs.
+const std::set<std::string> kResultNeutral = {"plugin_path", "threads", "tensorboard_dir", "skip_memory_check",
+                                              "save_interval", "keep_checkpoints", "overlap_grad_reduce"};
+
+// How many of dir's newest checkpoints policy `keep` leaves; -1 when it touches none ("all",
+// or dir is not a directory the run made: a symlink, or missing).
+int checkpoints_kept(const fs::path& dir, const std::string& keep) {
+  if (keep == "all" || !is_real_dir(dir)) return -1;
+  return keep == "final" ? 1 : 0;
+}
+
+}  // namespace
+
+// ---- the sweep's state --------------------------------------------------------------------
+
+json read_sweep_state(const fs::path& sweep_dir) {
+  const fs::path file = sweep_dir / "sweep.json";
+  check(fs::exists(file), file.string(), ": no sweep here (sweep run writes runs/<name>/sweep.json)");
+  try {
+    json s = json::parse(read_file(file, "sweep state"));
+    for (const auto& p : s.at("points")) (void)p.at("id").get<std::string>();
+    return s;
+  } catch (const json::exception& e) {
+    fail(file.string(), ": unreadable (", e.what(), "); move it away to start the sweep afresh");
+  }
+}
+
+std::vector<fs::path> finished_point_dirs(const fs::path& sweep_dir, const json& state) {
+  std::vector<fs::path> out;
+  for (const auto& p : state.at("points")) {
+    const fs::path pd = sweep_dir / p.at("id").get<std::string>();
+    if (!is_real_dir(pd) || !has_mark(pd)) continue;
+    if (fs::exists(pd / "DONE") || fs::exists(pd / "DIVERGED")) out.push_back(pd);
+  }
+  return out;
+}
+
+DiskUsage disk_usage(const fs::path& dir) {
+  DiskUsage u;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->symlink_status(ec).type() != fs::file_type::regular) continue;
+    const auto size = static_cast<int64_t>(it->file_size(ec));
+    if (ec) continue;
+    u.total += size;
+    if (it->path().parent_path().filename() == "checkpoints") u.checkpoints += size;
+  }
+  return u;
+}
+
+// ---- a point's directory ------------------------------------------------------------------
+
+void make_point_dir(const fs::path& dir) {
+  fs::create_directories(dir);
+  if (!fs::exists(fs::symlink_status(dir / kPointMark))) write_file_atomic(dir / kPointMark, "made by megabatch sweep\n");
+}
+
+void remove_point_dir(const fs::path& sweep_dir, const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  check(dir.parent_path() == sweep_dir && !name.empty() && name != "." && name != "..", "not removing ", dir.string(),
+        ": not a point directory of ", sweep_dir.string());
+  const auto st = fs::symlink_status(dir);
+  if (st.type() == fs::file_type::not_found) return;
+  check(st.type() == fs::file_type::directory, "not removing ", dir.string(),
+        ": it is a symlink or not a directory; the sweep tool deletes only what it made (remove it yourself)");
+  check(has_mark(dir), "not removing ", dir.string(), ": it has no ", kPointMark,
+        " mark, so the sweep tool did not make it (remove it yourself, or give the sweep a new name)");
+  fs::remove_all(dir);
+}
+
+std::vector<std::string> config_changes(const fs::path& dir, const json& config) {
+  if (!fs::exists(dir / "point.json")) return {};
+  json old;
+  try {
+    old = json::parse(read_file(dir / "point.json", "point configuration"));
+  } catch (const std::exception&) {
+    return {"point.json unreadable"};
+  }
+  std::vector<std::string> out;
+  auto text = [](const json& o, const std::string& k) { return o.contains(k) ? o[k].dump() : std::string("unset"); };
+  std::set<std::string> keys;
+  for (const auto& [k, v] : old.items()) keys.insert(k);
+  for (const auto& [k, v] : config.items()) keys.insert(k);
+  for (const auto& k : keys) {
+    if (kResultNeutral.count(k)) continue;
+    if (old.contains(k) && config.contains(k) && old[k] == config[k]) continue;
+    out.push_back(k + ": " + text(old, k) + " -> " + text(config, k));
+  }
+  return out;
+}
+
+std::string divergence_reason(const fs::path& dir) {
+  try {
+    const json d = json::parse(read_file(dir / "DIVERGED", "divergence record"));
+    return "iteration " + std::to_string(d.value("iteration", int64_t{0})) + ": " + d.value("reason", std::string("?"));
+  } catch (const std::exception&) {
+    return "diverged (DIVERGED unreadable)";
+  }
+}
+
+// ---- a point's log ------------------------------------------------------------------------
+
+Progress parse_progress(const fs::path& log) {
+  Progress p;
+  const std::string t = read_file_tail(log, 16384);
+  // Megatron's line: " [date time] iteration      100/     320 | ... | lm loss: 7.1E+00 | ..."
+  const std::string mark = "] iteration ";
+  size_t at = t.rfind(mark);
+  while (at != std::string::npos) {
+    const size_t eol = t.find('\n', at);
+    const std::string line = t.substr(at, eol == std::string::npos ? std::string::npos : eol - at);
+    const size_t slash = line.find('/');
+    const size_t loss = line.find("lm loss: ");
+    if (slash != std::string::npos && loss != std::string::npos && eol != std::string::npos) {
+      p.iteration = std::atoll(line.substr(mark.size(), slash - mark.size()).c_str());
+      p.loss = std::atof(line.c_str() + loss + 9);
+      p.has_loss = true;
+      break;
+    }
+    if (at == 0) break;
+    at = t.rfind(mark, at - 1);
+  }
+  // the result: the evaluation after training on the validation set (not the test set's line after it)
+  const std::string valid = "on validation set | lm loss value: ";
+  if (const size_t v = t.rfind(valid); v != std::string::npos) {
+    p.valid_loss = std::atof(t.c_str() + v + valid.size());
+    p.has_valid = true;
+  }
+  return p;
+}
+
+std::string failure_reason(const fs::path& log, int status) {
+  std::string reason;
+  for_each_line(read_file_tail(log, 8192), [&](std::string_view line, size_t) {
+    if (line.find("error") != std::string_view::npos) reason = std::string(line);
+  });
+  if (!reason.empty()) return reason;
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+}
+
+std::vector<std::string> last_log_lines(const fs::path& log, size_t n, const std::string& except) {
+  std::vector<std::string> lines;
+  for_each_line(read_file_tail(log, 1500), [&](std::string_view l, size_t) {
+    if (l != except) lines.emplace_back(l);
+  });
+  if (lines.size() > n) lines.erase(lines.begin(), lines.end() - static_cast<std::ptrdiff_t>(n));
+  return lines;
+}
+
+// ---- checkpoints --------------------------------------------------------------------------
+
+int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
+  const int k = checkpoints_kept(dir, keep);
+  return k < 0 ? 0 : io::remove_old_checkpoints(dir, k);
+}
+
+int64_t prunable_checkpoint_bytes(const fs::path& dir, const std::string& keep) {
+  const int k = checkpoints_kept(dir, keep);
+  return k < 0 ? 0 : io::old_checkpoint_bytes(dir, k);
+}
+
+}  // namespace megabatch::sweeps

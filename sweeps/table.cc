@@ -1,0 +1,95 @@
+#include "sweeps/table.h"
+
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "sweeps/placement.h"
+
+namespace megabatch::sweeps {
+
+void read_finished_state(PointState& p) {
+  if (std::filesystem::exists(p.dir / "DONE")) {
+    p.state = "done";
+  } else if (std::filesystem::exists(p.dir / "DIVERGED")) {
+    p.state = "diverged";
+    p.reason = divergence_reason(p.dir);
+  }
+}
+
+int64_t work_of(const PointState& p) {
+  if (p.state == "done" || p.state == "diverged") return p.train_iters * p.global_batch;
+  return p.progress.iteration * p.global_batch;
+}
+
+std::string fmt_duration(double s) {
+  char buf[32];
+  if (s < 0 || !std::isfinite(s)) return "-";
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600)
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(t / 3600), static_cast<long long>(t % 3600 / 60));
+  else
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(t / 60), static_cast<long long>(t % 60));
+  return buf;
+}
+
+std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
+  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0;
+  for (const auto& p : ps) {
+    done += p.state == "done";
+    diverged += p.state == "diverged";
+    running += p.state == "running";
+    failed += p.state == "failed";
+    pending += p.state == "pending" || p.state == "interrupted";
+  }
+  std::vector<std::string> out;
+  char buf[512];
+  if (elapsed >= 0)
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | elapsed %s | ETA %s",
+                  done, diverged, running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
+  else
+    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | point time %s", done,
+                  diverged, running, failed, pending, fmt_duration(eta).c_str());
+  out.push_back(buf);
+  size_t w = 5;
+  for (const auto& p : ps) w = std::max(w, p.point->id.size());
+  for (const auto& p : ps) {
+    if (p.state == "skipped") continue;
+    std::string detail;
+    if (p.progress.has_loss) {
+      std::snprintf(buf, sizeof buf, "iter %lld/%lld  lm loss %.4f", static_cast<long long>(p.progress.iteration),
+                    static_cast<long long>(p.train_iters), p.progress.loss);
+      detail = buf;
+    }
+    if (p.progress.has_valid && p.state == "done") {
+      std::snprintf(buf, sizeof buf, "  final valid loss %.4f", p.progress.valid_loss);
+      detail += buf;
+    }
+    if (p.state == "failed" || p.state == "diverged") detail = p.reason;
+    if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;
+    std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
+                  detail.c_str());
+    out.push_back(buf);
+  }
+  return out;
+}
+
+size_t terminal_width() {
+  winsize w{};
+  if (::ioctl(STDOUT_FILENO, TIOCGWINSZ, &w) == 0 && w.ws_col > 0) return w.ws_col;
+  return 80;
+}
+
+std::string fit_width(const std::string& line, size_t width) {
+  std::vector<size_t> starts;  // byte offset of each character
+  for (size_t i = 0; i < line.size(); ++i)
+    if ((static_cast<unsigned char>(line[i]) & 0xC0) != 0x80) starts.push_back(i);
+  if (starts.size() <= width) return line;
+  const size_t keep = width > 3 ? width - 3 : width;
+  return line.substr(0, starts[keep]) + (width > 3 ? "..." : "");
+}
+
+}  // namespace megabatch::sweeps
