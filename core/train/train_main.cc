@@ -259,126 +259,14 @@ mb::optim::LossScalerConfig loss_scaler(const mb::config::Resolved& r, mb::DType
   return c;
 }
 
-// The run's device, said at start-up, and the refusals that depend on it.
-mb::Device run_device(const json& v, mb::DType dtype, int local_rank) {
-  const mb::Device d = mb::select_device(v.contains("device") ? v["device"].get<std::string>() : "", local_rank);
-  if (d.is_cuda()) {
-    const mb::runtime::GpuInfo g = mb::runtime::gpu_info(d.index);
-    mb::check(dtype != mb::DType::kBF16 || g.has_bf16(), "--bf16: ", d.str(), " (", g.name, ", sm_", g.major, g.minor,
-              ") has no bf16 arithmetic (it needs sm_80 or later, A100 / H100); use --fp16 on this GPU");
-    mb::runtime::use_device(d);
-    std::cout << "> device: " << d.str() << " (" << g.name << ", sm_" << g.major << g.minor << ", "
-              << (g.total_memory >> 30) << " GiB), " << mb::dtype_name(dtype) << std::endl;
-  } else {
-    std::cout << "> device: cpu"
-              << (v.contains("device") ? ""
-                  : mb::runtime::built_with_cuda() ? " (no GPU visible)"
-                                                  : " (this build has no CUDA)")
-              << ", " << mb::dtype_name(dtype) << (dtype == mb::DType::kF32 ? "" : " emulated (stored rounded, computed in f32)")
-              << std::endl;
-  }
-  return d;
-}
-
-int run(int argc, char** argv) {
-  const auto& schema = mb::train::train_schema();
-  mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
-  if (r.help || argc == 1) {
-    std::cout << kUsage << schema.help();
-    return 0;
-  }
-  json& v = r.values;
-  if (v["threads"].get<int64_t>() > 0) omp_set_num_threads(static_cast<int>(v["threads"].get<int64_t>()));
-  std::vector<std::string> extra_dirs = v["plugin_path"].get<std::vector<std::string>>();
-  const auto search = mb::optim::plugin_search_path(extra_dirs);
-
-  if (v["list_models"].get<bool>()) {
-    for (const auto& p : mb::models::presets()) std::cout << std::left << std::setw(12) << p.name << p.description << "\n";
-    return 0;
-  }
-  if (v["list_optimizers"].get<bool>()) {
-    // A plugin that does not load is listed as broken, with why; the others are still listed.
-    int broken = 0;
-    for (const auto& [name, path] : mb::optim::available_plugins(search)) {
-      try {
-        std::cout << mb::optim::describe_hparams(mb::optim::load_plugin(name, search)) << "  file: " << path.string()
-                  << "\n";
-      } catch (const std::exception& e) {
-        ++broken;
-        std::cout << name << "  BROKEN: " << e.what() << "\n  file: " << path.string() << "\n";
-      }
-    }
-    if (broken) std::cout << broken << " plugin file(s) could not be loaded (see BROKEN above)\n";
-    return 0;
-  }
-
-  mb::models::ModelConfig mc = model_config(r);
-  const mb::DType dtype = run_dtype(v);
-  const bool is_bert = mc.family == "bert", is_t5 = mc.family == "t5";
-  // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py): tokenizer and dataset.
-  if (!v.contains("tokenizer_type"))
-    v["tokenizer_type"] = is_bert || is_t5 ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
-  if (!v.contains("data_path"))
-    v["data_path"] =
-        json::array({is_bert || is_t5 ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
-  if (v["print_params"].get<bool>()) {
-    if (v.contains("vocab_file")) {
-      mb::data::TokenizerOptions to;
-      to.type = v["tokenizer_type"].get<std::string>();
-      to.vocab_file = v["vocab_file"].get<std::string>();
-      if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
-      to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
-      mc.vocab_size = mb::data::make_tokenizer(to)->vocab_size();
-    } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
-      mc.vocab_size = 30522 + mc.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
-    }
-    const auto data = v["data_path"].get<std::vector<std::string>>();
-    if (data.size() == 1 && std::filesystem::exists(mb::data::compact_vocab_path(data[0])))
-      mc.vocab_size = static_cast<int64_t>(
-          mb::data::read_compact_vocab(mb::data::compact_vocab_path(data[0])).ids.size());  // the corpus's own
-    print_params(mc);
-    return 0;
-  }
-
-  // --- data and tokenizer
-  mb::data::TokenizerOptions to;
-  to.type = v["tokenizer_type"].get<std::string>();
-  if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
-  if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
-  to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
-  const auto paths = v["data_path"].get<std::vector<std::string>>();
-  mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
-            paths.size(), " values");
-  // A compact dataset (PREFIX.vocab.json beside it) brings its own vocabulary: the corpus's tokens.
-  const auto tokenizer = mb::data::tokenizer_for_dataset(mb::data::make_tokenizer(to), paths[0]);
-  const bool compact_vocab = std::filesystem::exists(mb::data::compact_vocab_path(paths[0]));
-  mc.vocab_size = tokenizer->vocab_size();
-  mc.validate();
-  if (!std::filesystem::exists(paths[0] + ".idx") && !std::filesystem::exists(paths[0] + ".bin") &&
-      std::filesystem::path(paths[0]).filename().string().rfind("brown_", 0) == 0)
-    mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `build/bin/preprocess "
-             "brown` (into data/), run it first");
-  auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
-  const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
-  const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};
-  mb::check(train_docs.end > train_docs.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
-            paths[0], " (", ds->num_documents(), " documents)");
-  const uint64_t seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
-
-  // --- batch, iterations, schedule
+// The run's batch, iterations, learning-rate schedule, logging, evaluation, checkpoint,
+// loss-scaling and divergence options from its flags (errors name the flag); dp_size: the
+// data-parallel ranks launched.
+mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::models::ModelConfig& mc, mb::DType dtype,
+                                      int64_t dp_size) {
+  const json& v = r.values;
   mb::train::TrainOptions opt;
   opt.micro_batch_size = v["micro_batch_size"].get<int64_t>();
-  // --- processes: tensor-parallel groups of contiguous ranks, data parallelism across them
-  auto parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
-  const int64_t dp_size = parallel.dp->size();
-  if (v.contains("data_parallel_size")) {  // what the job was meant to be, against what was launched
-    const int64_t want = v["data_parallel_size"].get<int64_t>();
-    mb::check(want == dp_size, "data_parallel_size ", want, ": this job has ", parallel.world_size,
-              " rank(s) at tensor_model_parallel_size ", mc.tensor_model_parallel_size, ", so DP is ", dp_size,
-              "; launch TP x DP = ", mc.tensor_model_parallel_size * want, " ranks (mpirun -np N, srun -n N)");
-  }
-  const bool logger = parallel.world_rank == 0;  // one rank writes the console, config.json and metrics.h5
-  if (!logger) std::cout.rdbuf(nullptr);
   opt.global_batch_size =
       v.contains("global_batch_size") ? v["global_batch_size"].get<int64_t>() : opt.micro_batch_size * dp_size;
   mb::check(opt.micro_batch_size >= 1 && opt.global_batch_size >= 1, "micro_batch_size and global_batch_size must be >= 1");
@@ -430,7 +318,7 @@ int run(int argc, char** argv) {
   opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
   mb::check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
-  opt.seed = seed;
+  opt.seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
   opt.loss_scaler = loss_scaler(r, dtype);
   opt.tokens_per_sample = mc.seq_length + (mc.family == "t5" ? mc.decoder_seq() : 0);  // encoder + decoder tokens
   opt.log_throughput = v["log_throughput"].get<bool>();
@@ -441,8 +329,62 @@ int run(int argc, char** argv) {
                                                       : 2.0 * std::log(static_cast<double>(mc.padded_vocab_size()));
   opt.divergence_intervals = v["divergence_intervals"].get<int64_t>();
 
-  // --- optimizer plugin and its hyperparameters
-  const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
+  return opt;
+}
+
+// The run's device, said at start-up, and the refusals that depend on it.
+mb::Device run_device(const json& v, mb::DType dtype, int local_rank) {
+  const mb::Device d = mb::select_device(v.contains("device") ? v["device"].get<std::string>() : "", local_rank);
+  if (d.is_cuda()) {
+    const mb::runtime::GpuInfo g = mb::runtime::gpu_info(d.index);
+    mb::check(dtype != mb::DType::kBF16 || g.has_bf16(), "--bf16: ", d.str(), " (", g.name, ", sm_", g.major, g.minor,
+              ") has no bf16 arithmetic (it needs sm_80 or later, A100 / H100); use --fp16 on this GPU");
+    mb::runtime::use_device(d);
+    std::cout << "> device: " << d.str() << " (" << g.name << ", sm_" << g.major << g.minor << ", "
+              << (g.total_memory >> 30) << " GiB), " << mb::dtype_name(dtype) << std::endl;
+  } else {
+    std::cout << "> device: cpu"
+              << (v.contains("device") ? ""
+                  : mb::runtime::built_with_cuda() ? " (no GPU visible)"
+                                                  : " (this build has no CUDA)")
+              << ", " << mb::dtype_name(dtype) << (dtype == mb::DType::kF32 ? "" : " emulated (stored rounded, computed in f32)")
+              << std::endl;
+  }
+  return d;
+}
+
+// --list-optimizers: every plugin on the search path with its hyperparameters; a plugin
+// that does not load is listed as broken, with why, and the others are still listed.
+void list_optimizers(const std::vector<std::filesystem::path>& search) {
+  int broken = 0;
+  for (const auto& [name, path] : mb::optim::available_plugins(search)) {
+    try {
+      std::cout << mb::optim::describe_hparams(mb::optim::load_plugin(name, search)) << "  file: " << path.string()
+                << "\n";
+    } catch (const std::exception& e) {
+      ++broken;
+      std::cout << name << "  BROKEN: " << e.what() << "\n  file: " << path.string() << "\n";
+    }
+  }
+  if (broken) std::cout << broken << " plugin file(s) could not be loaded (see BROKEN above)\n";
+}
+
+// The tokenizer the flags name (--tokenizer-type, --vocab-file, --merge-file), with T5's
+// sentinel tokens.
+mb::data::TokenizerOptions tokenizer_options(const json& v, const mb::models::ModelConfig& mc) {
+  mb::data::TokenizerOptions to;
+  to.type = v["tokenizer_type"].get<std::string>();
+  if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
+  if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+  to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
+  return to;
+}
+
+// The optimizer's hyperparameters as given: Megatron's flags that name one (--weight-decay,
+// --adam-beta1, ...; refused when the plugin has no such hyperparameter), then
+// --optimizer-params, which wins.
+json optimizer_params(const mb::config::Resolved& r, const mb::optim::Plugin& plugin) {
+  const json& v = r.values;
   json hp = json::object();
   const std::pair<const char*, const char*> aliases[] = {{"weight_decay", "weight_decay"}, {"adam_beta1", "beta1"},
                                                          {"adam_beta2", "beta2"}, {"adam_eps", "eps"},
@@ -456,7 +398,108 @@ int run(int argc, char** argv) {
     hp[name] = v[flag];
   }
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
-  const auto hparams = mb::optim::resolve_hparams(plugin, hp, "optimizer_params");
+  return hp;
+}
+
+// Every rank must run the same configuration: each compares its resolved configuration
+// with rank 0's, and all stop together when one differs (the one that differs says how).
+void check_ranks_agree(const mb::comm::ParallelState& parallel, const json& resolved) {
+  if (parallel.world_size <= 1) return;
+  auto& world = static_cast<mb::comm::MpiCommunicator&>(*parallel.world);
+  const std::string mine = resolved.dump(), first = world.broadcast_string(mine, 0);
+  double differs = mine == first ? 0.0 : 1.0;
+  if (differs != 0.0)  // said before any rank stops the job, so the message is not lost in the abort
+    std::cerr << "train (rank " << parallel.world_rank << "): error: rank " << parallel.world_rank
+              << " was started with a configuration that differs from rank 0's: "
+              << first_difference(json::parse(first), resolved) << "; start every rank with the same options"
+              << std::endl;
+  world.all_reduce(&differs, 1, mb::comm::ReduceOp::kMax);
+  mb::check(differs == 0.0, mine == first ? "another rank was started with a different configuration (see its error)"
+                                          : "this rank's configuration differs from rank 0's (see above)");
+}
+
+int run(int argc, char** argv) {
+  const auto& schema = mb::train::train_schema();
+  mb::config::Resolved r = mb::config::resolve(schema, argc, argv);
+  if (r.help || argc == 1) {
+    std::cout << kUsage << schema.help();
+    return 0;
+  }
+  json& v = r.values;
+  if (v["threads"].get<int64_t>() > 0) omp_set_num_threads(static_cast<int>(v["threads"].get<int64_t>()));
+  std::vector<std::string> extra_dirs = v["plugin_path"].get<std::vector<std::string>>();
+  const auto search = mb::optim::plugin_search_path(extra_dirs);
+
+  if (v["list_models"].get<bool>()) {
+    for (const auto& p : mb::models::presets()) std::cout << std::left << std::setw(12) << p.name << p.description << "\n";
+    return 0;
+  }
+  if (v["list_optimizers"].get<bool>()) {
+    list_optimizers(search);
+    return 0;
+  }
+
+  mb::models::ModelConfig mc = model_config(r);
+  const mb::DType dtype = run_dtype(v);
+  const bool is_bert = mc.family == "bert", is_t5 = mc.family == "t5";
+  // Family defaults (Megatron's pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py): tokenizer and dataset.
+  if (!v.contains("tokenizer_type"))
+    v["tokenizer_type"] = is_bert || is_t5 ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
+  if (!v.contains("data_path"))
+    v["data_path"] =
+        json::array({is_bert || is_t5 ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
+  if (v["print_params"].get<bool>()) {
+    if (v.contains("vocab_file")) {
+      mc.vocab_size = mb::data::make_tokenizer(tokenizer_options(v, mc))->vocab_size();
+    } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
+      mc.vocab_size = 30522 + mc.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
+    }
+    const auto data = v["data_path"].get<std::vector<std::string>>();
+    if (data.size() == 1 && std::filesystem::exists(mb::data::compact_vocab_path(data[0])))
+      mc.vocab_size = static_cast<int64_t>(
+          mb::data::read_compact_vocab(mb::data::compact_vocab_path(data[0])).ids.size());  // the corpus's own
+    print_params(mc);
+    return 0;
+  }
+
+  // --- data and tokenizer
+  const auto paths = v["data_path"].get<std::vector<std::string>>();
+  mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
+            paths.size(), " values");
+  // A compact dataset (PREFIX.vocab.json beside it) brings its own vocabulary: the corpus's tokens.
+  const auto tokenizer = mb::data::tokenizer_for_dataset(mb::data::make_tokenizer(tokenizer_options(v, mc)), paths[0]);
+  const bool compact_vocab = std::filesystem::exists(mb::data::compact_vocab_path(paths[0]));
+  mc.vocab_size = tokenizer->vocab_size();
+  mc.validate();
+  if (!std::filesystem::exists(paths[0] + ".idx") && !std::filesystem::exists(paths[0] + ".bin") &&
+      std::filesystem::path(paths[0]).filename().string().rfind("brown_", 0) == 0)
+    mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `build/bin/preprocess "
+             "brown` (into data/), run it first");
+  auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
+  const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
+  const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};
+  mb::check(train_docs.end > train_docs.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
+            paths[0], " (", ds->num_documents(), " documents)");
+  const uint64_t seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
+
+  // --- processes: tensor-parallel groups of contiguous ranks, data parallelism across them
+  auto parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
+  const int64_t dp_size = parallel.dp->size();
+  if (v.contains("data_parallel_size")) {  // what the job was meant to be, against what was launched
+    const int64_t want = v["data_parallel_size"].get<int64_t>();
+    mb::check(want == dp_size, "data_parallel_size ", want, ": this job has ", parallel.world_size,
+              " rank(s) at tensor_model_parallel_size ", mc.tensor_model_parallel_size, ", so DP is ", dp_size,
+              "; launch TP x DP = ", mc.tensor_model_parallel_size * want, " ranks (mpirun -np N, srun -n N)");
+  }
+  const bool logger = parallel.world_rank == 0;  // one rank writes the console, config.json and metrics.h5
+  if (!logger) std::cout.rdbuf(nullptr);
+  mb::train::TrainOptions opt = train_options(r, mc, dtype, dp_size);
+  const int64_t gbs = opt.global_batch_size;
+  const auto& s = opt.schedule;
+
+  // --- optimizer plugin and its hyperparameters
+  const auto plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
+  const auto hparams = mb::optim::resolve_hparams(plugin, optimizer_params(r, plugin), "optimizer_params");
 
   // --- model, run directory, metrics
   const mb::Device device = run_device(v, dtype, parallel.local_rank);
@@ -519,19 +562,7 @@ int run(int argc, char** argv) {
   resolved["world_size"] = parallel.world_size;
   resolved["device"] = device.str();
   resolved["params_dtype"] = mb::dtype_name(dtype);
-  if (parallel.world_size > 1) {  // every rank must run the same configuration
-    auto& world = static_cast<mb::comm::MpiCommunicator&>(*parallel.world);
-    const std::string mine = resolved.dump(), first = world.broadcast_string(mine, 0);
-    double differs = mine == first ? 0.0 : 1.0;
-    if (differs != 0.0)  // said before any rank stops the job, so the message is not lost in the abort
-      std::cerr << "train (rank " << parallel.world_rank << "): error: rank " << parallel.world_rank
-                << " was started with a configuration that differs from rank 0's: "
-                << first_difference(json::parse(first), resolved) << "; start every rank with the same options"
-                << std::endl;
-    world.all_reduce(&differs, 1, mb::comm::ReduceOp::kMax);
-    mb::check(differs == 0.0, mine == first ? "another rank was started with a different configuration (see its error)"
-                                            : "this rank's configuration differs from rank 0's (see above)");
-  }
+  check_ranks_agree(parallel, resolved);
   if (logger) std::filesystem::create_directories(run_dir);
   if (logger) std::filesystem::remove(run_dir / "DIVERGED");  // this attempt decides afresh
   if (logger) mb::write_file_atomic(run_dir / "config.json", resolved.dump(2) + "\n");
