@@ -11,7 +11,6 @@
 
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
-#include "core/util/error.h"
 #include "core/util/files.h"
 #include "sweeps/run_dir.h"
 

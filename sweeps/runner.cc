@@ -205,6 +205,11 @@ class Scheduler {
 
  private:
   void save_state() { write_file_atomic(root_ / "sweep.json", state_json(ps_, sweep_).dump(2) + "\n"); }
+  int running() const {
+    int n = 0;
+    for (const auto& p : ps_) n += p.state == "running";
+    return n;
+  }
   void start_waiting_points();
   void start(PointState& p);
   void reap();
@@ -239,9 +244,7 @@ int Scheduler::run() {
   }
   while (true) {
     if (!g_stop) start_waiting_points();
-    int running = 0;
-    for (const auto& p : ps_) running += p.state == "running";
-    if (running == 0) break;
+    if (running() == 0) break;
     reap();
     if (g_stop)  // forward the stop: every running point checkpoints and exits 3
       for (auto& p : ps_)
@@ -277,8 +280,7 @@ int Scheduler::run() {
 // failed ones with retries left; with --gpus, a point waits for enough free GPUs while
 // later, smaller points that fit start.
 void Scheduler::start_waiting_points() {
-  int running = 0;
-  for (const auto& p : ps_) running += p.state == "running";
+  int running = this->running();
   for (auto& p : ps_) {
     if (running >= jobs_) break;
     const bool retry = p.state == "failed" && p.attempts <= o_.retries;

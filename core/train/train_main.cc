@@ -328,7 +328,6 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
   opt.divergence_loss = v.contains("divergence_loss") ? v["divergence_loss"].get<double>()
                                                       : 2.0 * std::log(static_cast<double>(mc.padded_vocab_size()));
   opt.divergence_intervals = v["divergence_intervals"].get<int64_t>();
-
   return opt;
 }
 
@@ -480,7 +479,6 @@ int run(int argc, char** argv) {
   const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};
   mb::check(train_docs.end > train_docs.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
             paths[0], " (", ds->num_documents(), " documents)");
-  const uint64_t seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
 
   // --- processes: tensor-parallel groups of contiguous ranks, data parallelism across them
   auto parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
@@ -494,6 +492,7 @@ int run(int argc, char** argv) {
   const bool logger = parallel.world_rank == 0;  // one rank writes the console, config.json and metrics.h5
   if (!logger) std::cout.rdbuf(nullptr);
   mb::train::TrainOptions opt = train_options(r, mc, dtype, dp_size);
+  const uint64_t seed = opt.seed;
   const int64_t gbs = opt.global_batch_size;
   const auto& s = opt.schedule;
 
