@@ -90,8 +90,10 @@ bool selected(const std::string& id, const std::string& only) {
 // discarded), as is a point needing more GPUs than --gpus gives; nothing is deleted here.
 std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, const fs::path& root) {
   std::map<std::string, json> previous;  // id -> its state when the sweep last ran
-  if (fs::exists(root / "sweep.json"))
-    for (const auto& p : read_sweep_state(root)["points"]) previous[p["id"].get<std::string>()] = p;
+  if (fs::exists(root / "sweep.json")) {
+    const json state = read_sweep_state(root);  // named: a range-for over a temporary's member dangles
+    for (const auto& p : state["points"]) previous[p["id"].get<std::string>()] = p;
+  }
   std::vector<PointState> ps(sweep.points.size());
   std::vector<std::string> changes;  // "id (key: old -> new, ...)" of points that ran with another configuration
   for (size_t i = 0; i < ps.size(); ++i) {
