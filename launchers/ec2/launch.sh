@@ -9,12 +9,13 @@
 # reachable by passwordless ssh, megabatch built at the same path on each). Checks that TP
 # divides the ranks and stays inside a node (launchers/plan.py checks memory too).
 # --ranks-per-node N overrides one rank per GPU; --mpirun-arg ARG passes ARG to mpirun.
+# The programs are taken from $MEGABATCH_BIN (default: build/bin of this checkout).
 # --selftest (run it first on a new cluster): launchers/selftest.sh over the same mpirun, a
 # short TP x DP run checked against one GPU, in ./megabatch-selftest (a shared directory).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 itype="" hostfile="" dry=0 selftest=0 per_node="" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -31,6 +32,8 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n $itype && -n $hostfile ]] || usage
 [[ -f $hostfile ]] || { echo "launch.sh: no hostfile $hostfile" >&2; exit 2; }
+bin=${MEGABATCH_BIN:-$root/build/bin}
+[[ -x $bin/train ]] || { echo "launch.sh: $bin/train is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
 gpus=$(/usr/bin/python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); print(t[sys.argv[2]]["gpus"]) if sys.argv[2] in t else sys.exit("unknown instance type " + sys.argv[2] + "; known: " + ", ".join(k for k in t if not k.startswith("_")))' "$here/../instances.json" "$itype")
 nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile")
 gpus=${per_node:-$gpus}
@@ -51,7 +54,7 @@ for ((i = 1; i < $#; i++)); do
 done
 if [[ -n $model && -z $per_node ]]; then
   /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
-    --micro-batch "$micro" --global-batch "$global" --train "$root/build/bin/train" >&2 || {
+    --micro-batch "$micro" --global-batch "$global" --train "$bin/train" >&2 || {
     echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
 fi
 
@@ -69,7 +72,7 @@ launch=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind
 if ((selftest)); then  # TP 2 where a node has 2 GPUs, DP over the rest; in a shared directory
   cmd=("$root/launchers/selftest.sh" --tp $((gpus >= 2 ? 2 : 1)) --dir "$PWD/megabatch-selftest" -- "${launch[@]}")
 else
-  cmd=("${launch[@]}" "$root/build/bin/train" "$@")
+  cmd=("${launch[@]}" "$bin/train" "$@")
 fi
 if ((dry)); then printf '%q ' "${cmd[@]}"; echo; exit 0; fi
 exec "${cmd[@]}"

@@ -54,7 +54,8 @@ TEST_F(TwoHosts, DataParallelAcrossTwoHostsMatchesOneProcess) {
   const auto r = mb::testing::run_command(
       // mpirun and each daemon keep their session directories in this test's own folders
       "mkdir -p " + (tmp / "mpirun").string() + " && ip netns exec mbhost1 env OMPI_ALLOW_RUN_AS_ROOT=1 "
-      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TMPDIR=" + (tmp / "mpirun").string() + " MB_NETNS_TMPDIR=" + tmp.path().string() +
+      "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MEGABATCH_BIN=" + mb::testing::bin_dir() + " TMPDIR=" + (tmp / "mpirun").string() +
+      " MB_NETNS_TMPDIR=" + tmp.path().string() +
       " timeout 120 " + src +
       "/launchers/ec2/launch.sh --instance-type g4dn.12xlarge --hostfile " + (tmp / "hosts").string() +
       " --ranks-per-node 1 --mpirun-arg --mca --mpirun-arg plm_rsh_agent --mpirun-arg " + src + "/tests/mpi/netns_rsh.sh" +
