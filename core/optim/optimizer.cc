@@ -117,11 +117,11 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
   if (values.is_null()) return out;
   check(values.is_object(), where, ": expected an object of hyperparameters for plugin '", e.name, "'");
   for (const auto& [key, v] : values.items()) {
-    size_t i = 0;
-    while (i < e.num_hparams && key != e.hparams[i].name) ++i;
-    if (i == e.num_hparams)
+    const int index = hparam_index(plugin, key);
+    if (index < 0)
       fail(where, ".", key, ": plugin '", e.name, "' has no hyperparameter '", key, "'", did_you_mean(key, names),
            "; its hyperparameters: ", names.empty() ? std::string("none") : join(names, ", "));
+    const size_t i = static_cast<size_t>(index);
     const mb_hparam_spec& h = e.hparams[i];
     double x = 0;
     if (h.type == MB_HPARAM_BOOL) {
@@ -137,6 +137,20 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
           " is out of range [", h.min_value, ", ", h.max_value, "] for plugin '", e.name, "'");
     out[i] = x;
   }
+  return out;
+}
+
+int hparam_index(const Plugin& plugin, const std::string& name) {
+  for (size_t i = 0; i < plugin.entry->num_hparams; ++i)
+    if (name == plugin.entry->hparams[i].name) return static_cast<int>(i);
+  return -1;
+}
+
+nlohmann::json hparams_json(const Plugin& plugin, const std::vector<double>& values) {
+  check(values.size() == plugin.entry->num_hparams, "plugin '", plugin.name(), "': ", values.size(),
+        " hyperparameter values for a schema of ", plugin.entry->num_hparams);
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t i = 0; i < values.size(); ++i) out[plugin.entry->hparams[i].name] = values[i];
   return out;
 }
 

@@ -51,6 +51,10 @@ Plugin load_plugin_file(const std::filesystem::path& path);
 // the schema default. Errors name `where` (e.g. "optimizer_params") and the key: unknown
 // name (with the nearest and the schema), wrong type, out of range.
 std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& values, const std::string& where);
+// The position of hyperparameter `name` in the plugin's schema, or -1 when it has none.
+int hparam_index(const Plugin& plugin, const std::string& name);
+// Values in schema order (from resolve_hparams) as a JSON object {name: value}.
+nlohmann::json hparams_json(const Plugin& plugin, const std::vector<double>& values);
 // The schema as text (for --help and error messages).
 std::string describe_hparams(const Plugin& plugin);
 

@@ -390,9 +390,7 @@ json optimizer_params(const mb::config::Resolved& r, const mb::optim::Plugin& pl
                                                          {"sgd_momentum", "momentum"}};
   for (const auto& [flag, name] : aliases) {
     if (!r.given(flag)) continue;
-    bool known = false;
-    for (size_t i = 0; i < plugin.entry->num_hparams; ++i) known |= std::string(plugin.entry->hparams[i].name) == name;
-    mb::check(known, flag, " was given but optimizer plugin '", plugin.name(), "' has no hyperparameter '", name,
+    mb::check(mb::optim::hparam_index(plugin, name) >= 0, flag, " was given but optimizer plugin '", plugin.name(), "' has no hyperparameter '", name,
               "'; drop it or pick an optimizer that has one");
     hp[name] = v[flag];
   }
@@ -545,8 +543,7 @@ int run(int argc, char** argv) {
   if (test_docs.end > test_docs.begin && evaluating) test_src = make_source(test_docs, eval_seed + 2);
 
   json resolved = v;
-  json hp_resolved = json::object();
-  for (size_t i = 0; i < plugin.entry->num_hparams; ++i) hp_resolved[plugin.entry->hparams[i].name] = hparams[i];
+  const json hp_resolved = mb::optim::hparams_json(plugin, hparams);
   resolved["optimizer_params"] = hp_resolved;
   resolved["padded_vocab_size"] = mc.padded_vocab_size();
   resolved["num_parameters"] = model->parameters().num_full_parameters();

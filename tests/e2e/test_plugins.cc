@@ -70,6 +70,11 @@ TEST(PluginLoader, HyperparametersAreCheckedAgainstTheSchema) {
   expect_error([&] { mb::optim::resolve_hparams(s, {{"nesterov", 1}}, "x"); }, "x.nesterov: expected true or false");
   const auto v = mb::optim::resolve_hparams(p, {{"beta2", 0.95}}, "x");
   EXPECT_EQ(v, (std::vector<double>{0.9, 0.95, 1e-8, 0.01})) << "schema order, defaults filled in";
+  EXPECT_EQ(mb::optim::hparam_index(p, "beta2"), 1);
+  EXPECT_EQ(mb::optim::hparam_index(p, "momentum"), -1) << "adamw has no momentum";
+  EXPECT_EQ(mb::optim::hparams_json(p, v),
+            (nlohmann::json{{"beta1", 0.9}, {"beta2", 0.95}, {"eps", 1e-8}, {"weight_decay", 0.01}}));
+  expect_error([&] { mb::optim::hparams_json(p, {0.9}); }, "1 hyperparameter values for a schema of 4");
 }
 
 TEST(PluginLoader, LibraryStaysLoadedWhileAnOptimizerFromItLives) {
