@@ -390,8 +390,8 @@ json optimizer_params(const mb::config::Resolved& r, const mb::optim::Plugin& pl
                                                          {"sgd_momentum", "momentum"}};
   for (const auto& [flag, name] : aliases) {
     if (!r.given(flag)) continue;
-    mb::check(mb::optim::hparam_index(plugin, name) >= 0, flag, " was given but optimizer plugin '", plugin.name(), "' has no hyperparameter '", name,
-              "'; drop it or pick an optimizer that has one");
+    mb::check(mb::optim::hparam_index(plugin, name) >= 0, flag, " was given but optimizer plugin '", plugin.name(),
+              "' has no hyperparameter '", name, "'; drop it or pick an optimizer that has one");
     hp[name] = v[flag];
   }
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
