@@ -31,7 +31,7 @@ std::string shape_text(const std::vector<int64_t>& s) {
 // The full tensor of a (possibly sharded) parameter-sized fp32 tensor (on any device), on
 // every rank.
 std::vector<float> gather_full(const nn::ParamInfo& info, const Tensor& local_t, comm::Communicator& tp) {
-  const std::vector<float> local = to_host_f32(local_t);
+  std::vector<float> local = to_host_f32(local_t);  // not const: returned by move
   if (!info.sharding.sharded || tp.size() == 1) return local;
   const size_t full = static_cast<size_t>(info.full_numel());
   std::vector<float> out(full);
@@ -51,7 +51,7 @@ std::vector<float> gather_full(const nn::ParamInfo& info, const Tensor& local_t,
 // The full tensor of a plugin state buffer of any shape, on every rank: replicated state is
 // this rank's (every rank holds the same), split state is gathered and placed.
 std::vector<float> gather_state(const optim::PluginState& s, comm::Communicator& tp) {
-  const std::vector<float> local = to_host_f32(s.tensor);
+  std::vector<float> local = to_host_f32(s.tensor);  // not const: returned by move
   if (s.partition_dim < 0 || tp.size() == 1) return local;
   const size_t n = local.size();
   std::vector<float> gathered(n * static_cast<size_t>(tp.size())), out(gathered.size());

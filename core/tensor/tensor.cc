@@ -152,7 +152,7 @@ std::vector<double> to_host_f64(const Tensor& t) {
 
 Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, DType dtype, Device device) {
   check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
-  Tensor h(shape, dtype, Device::cpu());
+  Tensor h(std::move(shape), dtype, Device::cpu());
   switch (dtype) {
     case DType::kF32: std::memcpy(h.raw(), values.data(), h.nbytes()); break;
     case DType::kBF16:

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 #include <ostream>
+#include <utility>
 
 #include "core/comm/collectives.h"
 #include "core/ops/gradients.h"
@@ -115,7 +116,7 @@ int stop_signal() { return static_cast<int>(g_stop_signal); }
 
 Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
                  BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
-    : opt_(options), model_(model), optimizer_(optimizer), tp_(tp), train_(train), valid_(validation),
+    : opt_(std::move(options)), model_(model), optimizer_(optimizer), tp_(tp), train_(train), valid_(validation),
       metrics_(metrics), console_(console), device_(model.parameters().device()) {
   check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
   check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
