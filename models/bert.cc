@@ -14,7 +14,7 @@ namespace megabatch::models {
 using nn::Role;
 using nn::Sharding;
 
-Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
+Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   check_model_group(cfg_, tp);
   check(cfg_.num_tokentypes >= 1, "num_tokentypes must be >= 1");
   const int64_t C = cfg_.hidden_size;

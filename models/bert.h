@@ -32,7 +32,6 @@ class Bert final : public train::Model {
   void allocate(int64_t B, int64_t T);
 
   ModelConfig cfg_;
-  comm::Communicator* tp_;
   nn::ParameterStore store_;
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1, wtt_ = -1, lm_bias_ = -1;

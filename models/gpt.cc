@@ -12,7 +12,7 @@ namespace megabatch::models {
 using nn::Role;
 using nn::Sharding;
 
-Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), tp_(&tp), head_(tp) {
+Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   check_model_group(cfg_, tp);
   const int64_t C = cfg_.hidden_size, L = cfg_.num_layers;
   const double std = cfg_.init_method_std;

@@ -34,7 +34,6 @@ class Gpt final : public train::Model {
   void allocate(int64_t B, int64_t T);
 
   ModelConfig cfg_;
-  comm::Communicator* tp_;
   nn::ParameterStore store_;
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1;

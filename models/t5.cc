@@ -12,7 +12,7 @@ using nn::Role;
 using nn::Sharding;
 
 T5::T5(const ModelConfig& c, comm::Communicator& tp)
-    : cfg_(c), tp_(&tp), head_(tp), heads_local_(c.num_attention_heads / tp.size()) {
+    : cfg_(c), head_(tp), heads_local_(c.num_attention_heads / tp.size()) {
   check_model_group(cfg_, tp);
   check(cfg_.decoder_layers() >= 1 && cfg_.decoder_seq() >= 1, "T5: decoder layers and decoder seq length must be >= 1");
   check(cfg_.max_positions() >= cfg_.decoder_seq(), "max_position_embeddings (", cfg_.max_positions(),

@@ -45,7 +45,6 @@ class T5 final : public train::Model {
   void buckets(Tensor& out, int64_t T, bool bidirectional) const;
 
   ModelConfig cfg_;
-  comm::Communicator* tp_;
   nn::ParameterStore store_;
   std::unique_ptr<nn::VocabParallelEmbedding> wte_;
   int wpe_ = -1, lm_bias_ = -1;

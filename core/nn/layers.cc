@@ -56,7 +56,7 @@ void Linear::backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
                                            int64_t in, int64_t out, int layer, double init_std, bool bias)
-    : store_(&store), tp_(&tp), in_(in), out_local_(out / tp.size()) {
+    : store_(&store), tp_(&tp), out_local_(out / tp.size()) {
   const Sharding s = Sharding::split(0, tp.rank(), tp.size());
   w_ = store.add({prefix + ".weight", Role::kWeight, layer, {out, in}, s, Init::normal(init_std)});
   if (bias) b_ = store.add({prefix + ".bias", Role::kBias, layer, {out}, s, Init::zeros()});
@@ -82,7 +82,7 @@ void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout_local,
 
 RowParallelLinear::RowParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
                                      int64_t in, int64_t out, int layer, double init_std, bool bias)
-    : store_(&store), tp_(&tp), in_local_(in / tp.size()), out_(out) {
+    : store_(&store), tp_(&tp), in_local_(in / tp.size()) {
   w_ = store.add({prefix + ".weight", Role::kWeight, layer, {out, in}, Sharding::split(1, tp.rank(), tp.size()),
                   Init::normal(init_std)});
   if (bias)

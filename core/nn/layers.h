@@ -79,7 +79,7 @@ class ColumnParallelLinear {
  private:
   ParameterStore* store_;
   comm::Communicator* tp_;
-  int64_t in_, out_local_;
+  int64_t out_local_;
   int w_, b_ = -1;
   Tensor scratch_;
 };
@@ -96,7 +96,7 @@ class RowParallelLinear {
  private:
   ParameterStore* store_;
   comm::Communicator* tp_;
-  int64_t in_local_, out_;
+  int64_t in_local_;
   int w_, b_ = -1;
 };
 
