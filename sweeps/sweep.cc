@@ -13,6 +13,7 @@
 #include "core/train/options.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 #include "core/util/strings.h"
 
 namespace megabatch::sweeps {
@@ -26,12 +27,10 @@ const std::set<std::string> kTopLevel = {"name", "description", "cluster", "incl
                                          "seeds", "derive", "jobs", "threads", "checkpoints", "random"};
 
 ordered_json read_json(const fs::path& file) {
-  const std::string text = read_file(file, "sweep file");  // a regular file only
-  try {
-    return ordered_json::parse(text);
-  } catch (const ordered_json::parse_error& e) {
-    fail(file.string(), ": not valid JSON (", e.what(), ")");
-  }
+  std::string why;
+  auto j = parse_json<ordered_json>(read_file(file, "sweep file"), &why);  // a regular file only
+  if (!j) fail(file.string(), ": not valid JSON (", why, ")");
+  return std::move(*j);
 }
 
 // Objects merge key by key (over wins); everything else is replaced.

@@ -7,6 +7,7 @@
 
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 #include "core/util/strings.h"
 
 namespace megabatch::config {
@@ -212,12 +213,10 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
       } else {
         path = a.substr(9);
       }
-      const std::string text = read_file(path, "config file");
-      try {
-        file_values = json::parse(text);
-      } catch (const json::parse_error& e) {
-        fail(path, ": not valid JSON (", e.what(), ")");
-      }
+      std::string why;
+      auto parsed = parse_json(read_file(path, "config file"), &why);
+      if (!parsed) fail(path, ": not valid JSON (", why, ")");
+      file_values = std::move(*parsed);
       file_where = path;
     }
   }
@@ -277,12 +276,9 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
         const std::string kv = parse_text(Option{name, Type::kString, nullptr, "", ""}, next_value(), a).get<std::string>();
         const size_t eq = kv.find('=');
         check(eq != std::string::npos && eq > 0, a, ": expected KEY=VALUE, got '", kv, "'");
-        json v;
-        try {
-          v = json::parse(kv.substr(eq + 1));
-        } catch (const json::parse_error&) {
-          v = kv.substr(eq + 1);
-        }
+        // a JSON value where it is one (0.9, true, [1,2]), else the text as a string
+        auto parsed = parse_json(kv.substr(eq + 1));
+        const json v = parsed ? std::move(*parsed) : json(kv.substr(eq + 1));
         if (!r.values.contains(name) || !r.values[name].is_object()) r.values[name] = json::object();
         r.values[name][kv.substr(0, eq)] = v;
         break;

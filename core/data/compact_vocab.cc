@@ -8,6 +8,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 namespace megabatch::data {
 
@@ -77,12 +78,10 @@ fs::path compact_vocab_path(const fs::path& prefix) { return fs::path(prefix.str
 
 CompactVocab read_compact_vocab(const fs::path& file) {
   const std::string where = file.string();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(file, "compact vocabulary"));
-  } catch (const nlohmann::json::exception& e) {
-    fail(where, ": not valid JSON (", e.what(), "); rebuild it with `preprocess compact`");
-  }
+  std::string why;
+  auto parsed = parse_json(read_file(file, "compact vocabulary"), &why);
+  if (!parsed) fail(where, ": not valid JSON (", why, "); rebuild it with `preprocess compact`");
+  const nlohmann::json j = std::move(*parsed);
   auto need = [&](const char* key, bool ok, const char* what) {
     if (!j.is_object() || !j.contains(key)) fail(where, ": no \"", key, "\"; rebuild it with `preprocess compact`");
     if (!ok) fail(where, ": \"", key, "\" must be ", what, "; rebuild it with `preprocess compact`");

@@ -10,6 +10,7 @@
 #include "core/data/unicode.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 namespace megabatch::data {
 
@@ -82,13 +83,12 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
 
   // ---- encoder.json: {"token": id, ...}, ids dense from 0
   const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
-    fail(encoder_json.string(), ": not valid JSON at byte ", e.byte,
-         "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
-  }
+  std::string why;
+  auto parsed = parse_json(text, &why);
+  if (!parsed)
+    fail(encoder_json.string(), ": not valid JSON (", why,
+         "); expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
+  const nlohmann::json j = std::move(*parsed);
   if (!j.is_object() || j.empty())
     fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
   id_bytes_.assign(j.size(), std::string());

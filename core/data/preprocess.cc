@@ -18,6 +18,7 @@
 #include "core/data/sentence_splitter.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 namespace megabatch::data {
 
@@ -180,13 +181,13 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
     auto parse = [&](size_t r) {
       std::vector<std::string> texts(o.json_keys.size());
       if (format == "jsonl") {
-        nlohmann::json j;
-        try {
-          j = nlohmann::json::parse(raw[r].text);
-        } catch (const nlohmann::json::parse_error& e) {
-          errors[r] = "not valid JSON (" + std::string(e.what()).substr(std::string(e.what()).find(']') + 2) + ")";
+        std::string why;
+        auto parsed = parse_json(raw[r].text, &why);
+        if (!parsed) {
+          errors[r] = "not valid JSON (" + why + ")";
           return;
         }
+        const nlohmann::json j = std::move(*parsed);
         if (!j.is_object()) {
           errors[r] = "expected a JSON object with the key(s) of --json-keys";
           return;

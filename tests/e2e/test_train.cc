@@ -92,7 +92,9 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
       {R"({"seed": 18446744073709551615})", ".seed: 18446744073709551615 is too large for an integer option"},
       {R"({"lr": -0.5})", ".lr: -0.5 is out of range: lr must be >= 0"},
       {R"({"weight_decay": -1})", ".weight_decay: -1 is out of range: weight_decay must be >= 0"},
-      {"{\"run_dir\": \"a\xff\"}", "not valid JSON ([json.exception.parse_error.101] parse error at line 1, column 15"},
+      {"{\"run_dir\": \"a\xff\"}", "c.json: not valid JSON (parse error at line 1, column 15"},
+      // a number beyond a double's range: nlohmann's out_of_range, not its parse_error
+      {R"({"lr": 1e999})", "c.json: not valid JSON (number overflow parsing '1e999')"},
   };
   for (const auto& [text, message] : files) {
     mb::testing::write_text(tmp_ / "c.json", text);

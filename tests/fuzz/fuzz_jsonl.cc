@@ -1,7 +1,7 @@
-// Fuzz target: JSON-lines corpus input as preprocess reads it: each line parsed as JSON
-// (a parse error is the caller's "bad line"), its "text" split into sentences and encoded
-// with GPT-2's BPE and BERT's WordPiece. Only megabatch::Error and JSON parse errors may
-// come out; a crash or any other exception is a bug.
+// Fuzz target: JSON-lines corpus input as preprocess reads it: each line parsed as JSON by
+// preprocess's parser (a line it refuses is the caller's "bad line"), its "text" split into
+// sentences and encoded with GPT-2's BPE and BERT's WordPiece. Only megabatch::Error may come
+// out; a crash or any other exception is a bug.
 #include <nlohmann/json.hpp>
 
 #include <string>
@@ -13,6 +13,7 @@
 #include "core/data/wordpiece_tokenizer.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace megabatch;
@@ -25,12 +26,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (nl == std::string_view::npos) nl = text.size();
     const std::string_view line = text.substr(at, nl - at);
     at = nl + 1;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error&) {
-      continue;
-    }
+    const auto parsed = parse_json(line);
+    if (!parsed) continue;
+    const nlohmann::json& j = *parsed;
     if (!j.is_object() || !j.contains("text") || !j["text"].is_string()) continue;
     const std::string doc = j["text"].get<std::string>();
     try {

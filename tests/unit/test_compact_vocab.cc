@@ -91,6 +91,7 @@ TEST(CompactVocab, DamagedFilesNameTheFileAndTheKey) {
   const std::string head = R"("format": "megabatch compact vocabulary 1", "tokenizer_type": "GPT2BPETokenizer")";
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"{not json", "not valid JSON"},
+      {"{" + head + R"(, "base_vocab_size": 9e999, "ids": [1]})", "not valid JSON (number overflow parsing '9e999')"},
       {R"({"format": "other", "tokenizer_type": "GPT2BPETokenizer", "base_vocab_size": 9, "ids": [1]})", "\"format\" must be"},
       {"{" + head + R"(, "ids": [1]})", "no \"base_vocab_size\""},
       {"{" + head + R"(, "base_vocab_size": 9})", "no \"ids\""},
