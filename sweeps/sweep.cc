@@ -319,7 +319,11 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
     if (k != "lr" && std::find(id_keys.begin(), id_keys.end(), k) == id_keys.end()) id_keys.push_back(k);
   if (lr_varies) id_keys.push_back("lr");
   const bool seed_varies = seeds.size() > 1 || !seeds.empty();
-  if (seeds.empty()) seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
+  if (seeds.empty()) {
+    check(!base.contains("seed") || (base["seed"].is_number_integer() && base["seed"].get<int64_t>() >= 0), where,
+          ": base.seed: expected an integer >= 0, got ", base.contains("seed") ? base["seed"].dump() : "");
+    seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
+  }
 
   // the product, counted before it is made
   uint64_t count = seeds.size();
@@ -356,8 +360,18 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
         if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(seed);
         return safe_point_id(id);
       };
-      const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>()
-                                                          : (c.contains("micro_batch_size") ? c["micro_batch_size"].get<int64_t>() : 8);
+      // the batch size that lr scaling and the sample budget divide by (train's default: 8)
+      int64_t B = 8;
+      if (rule != "none" || budget > 0) {
+        const char* key = c.contains("global_batch_size") ? "global_batch_size"
+                          : c.contains("micro_batch_size") ? "micro_batch_size"
+                                                           : nullptr;
+        if (key) {
+          check(c[key].is_number_integer() && c[key].get<int64_t>() >= 1, where, ": point ", point_name(), ": ", key,
+                ": expected an integer >= 1, got ", c[key].dump());
+          B = c[key].get<int64_t>();
+        }
+      }
       if (rule != "none") {
         check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
         const double r = static_cast<double>(B) / static_cast<double>(ref_batch);

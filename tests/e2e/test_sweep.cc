@@ -180,6 +180,31 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   r = mb::testing::run_command(sweep("run " + odd.string() + " --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
+  // batch sizes the derived values would divide by (0: a division by zero, found by the
+  // fuzz preset), a number beyond a double's range, a seed that is not one
+  const std::string text = mb::testing::read_text(odd);
+  using Edits = std::vector<std::pair<std::string, std::string>>;
+  const std::vector<std::pair<Edits, std::string>> cases = {
+      {{{R"("global_batch_size": [4, 8])", R"("global_batch_size": [0, 8])"}},
+       "point adamw-bs0-lr0.002-s3: global_batch_size: expected an integer >= 1, got 0"},
+      {{{R"("global_batch_size": [4, 8])", R"("global_batch_size": ["4", 8])"}},
+       "global_batch_size: expected an integer >= 1, got \"4\""},
+      {{{R"("lr": 0.002)", R"("lr": 1e999)"}}, "case.json: not valid JSON (number overflow parsing '1e999')"},
+      {{{R"("seeds": [3],)", ""}, {R"("eval_iters": 2,)", R"("eval_iters": 2, "seed": "3",)"}},
+       "case.json: base.seed: expected an integer >= 0, got \"3\""},
+  };
+  for (const auto& [edits, message] : cases) {
+    std::string changed = text;
+    for (const auto& [from, to] : edits) {
+      ASSERT_NE(changed.find(from), std::string::npos) << from;
+      changed.replace(changed.find(from), from.size(), to);
+    }
+    mb::testing::write_text(tmp / "case.json", changed);
+    r = mb::testing::run_command(sweep("run " + (tmp / "case.json").string() + " --runs-dir " + (tmp / "runs").string()));
+    EXPECT_EQ(r.exit_code, 2) << message << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "runs"));
 }
 
 // Swept strings never steer where points go: a path contributes its last component, other
