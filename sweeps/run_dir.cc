@@ -9,6 +9,7 @@
 #include "core/io/checkpoint.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
@@ -42,13 +43,32 @@ int checkpoints_kept(const fs::path& dir, const std::string& keep) {
 json read_sweep_state(const fs::path& sweep_dir) {
   const fs::path file = sweep_dir / "sweep.json";
   check(fs::exists(file), file.string(), ": no sweep here (sweep run writes runs/<name>/sweep.json)");
-  try {
-    json s = json::parse(read_file(file, "sweep state"));
-    for (const auto& p : s.at("points")) (void)p.at("id").get<std::string>();
-    return s;
-  } catch (const json::exception& e) {
-    fail(file.string(), ": unreadable (", e.what(), "); move it away to start the sweep afresh");
+  const std::string advice = "; move it away to start the sweep afresh";
+  std::string why;
+  auto parsed = parse_json(read_file(file, "sweep state"), &why);
+  if (!parsed) fail(file.string(), ": unreadable (", why, ")", advice);
+  const json& s = *parsed;
+  // the fields sweep run and sweep status read back, with their types (a hand edit or a
+  // damaged file is named here, not met as a library error later)
+  auto need = [&](bool ok, const std::string& what) {
+    if (!ok) fail(file.string(), ": ", what, advice);
+  };
+  need(s.is_object() && s.contains("points") && s["points"].is_array(), "no \"points\" list");
+  need(!s.contains("sweep_pid") || s["sweep_pid"].is_number_integer(), "\"sweep_pid\" is not an integer");
+  for (size_t i = 0; i < s["points"].size(); ++i) {
+    const json& p = s["points"][i];
+    const std::string at = "points[" + std::to_string(i) + "]";
+    need(p.is_object() && p.contains("id") && p["id"].is_string(), at + " has no \"id\" string");
+    auto typed = [&](const char* key, bool (json::*is)() const noexcept, const char* type) {
+      need(!p.contains(key) || (p[key].*is)(), at + "." + key + " is not " + type);
+    };
+    typed("config", &json::is_object, "an object");
+    typed("state", &json::is_string, "a string");
+    typed("reason", &json::is_string, "a string");
+    typed("train_iters", &json::is_number_integer, "an integer");
+    typed("wall_s", &json::is_number, "a number");
   }
+  return std::move(*parsed);
 }
 
 std::vector<fs::path> finished_point_dirs(const fs::path& sweep_dir, const json& state) {

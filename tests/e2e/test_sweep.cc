@@ -207,6 +207,31 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   EXPECT_FALSE(fs::exists(tmp / "runs"));
 }
 
+// sweep.json edited by hand or damaged: status names the file and the field instead of
+// meeting a library error ("internal error") later.
+TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
+  mb::testing::TempDir tmp;
+  const fs::path root = tmp / "runs" / "s";
+  fs::create_directories(root);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"points": [{"id": "a", "wall_s": 1.5}, {"id": "b", "wall_s": "1.5"}]})", "points[1].wall_s is not a number"},
+      {R"({"points": [{"id": "a", "state": 5}]})", "points[0].state is not a string"},
+      {R"({"points": [{"id": "a", "config": []}]})", "points[0].config is not an object"},
+      {R"({"points": [{"id": 7}]})", "points[0] has no \"id\" string"},
+      {R"({"points": {}})", "no \"points\" list"},
+      {R"({"sweep_pid": "1", "points": []})", "\"sweep_pid\" is not an integer"},
+      {R"({"points": [{"id": "a", "wall_s": 1e999}]})", "unreadable (number overflow parsing '1e999')"},
+      {R"({"points": [{"id": "a")", "unreadable (parse error at line 1"},
+  };
+  for (const auto& [text, message] : cases) {
+    mb::testing::write_text(root / "sweep.json", text);
+    const auto r = mb::testing::run_command(sweep("status " + root.string()));
+    EXPECT_EQ(r.exit_code, 2) << text << "\n" << r.output;
+    EXPECT_NE(r.output.find((root / "sweep.json").string() + ": " + message), std::string::npos) << text << "\n" << r.output;
+    EXPECT_NE(r.output.find("move it away to start the sweep afresh"), std::string::npos) << r.output;
+  }
+}
+
 // Swept strings never steer where points go: a path contributes its last component, other
 // characters become '_', ids are length-limited; nothing is created outside runs/<name>/.
 TEST_F(Sweep, PointIdsAreFileNamesOfTheirOwn) {
