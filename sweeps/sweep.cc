@@ -27,10 +27,7 @@ const std::set<std::string> kTopLevel = {"name", "description", "cluster", "incl
                                          "seeds", "derive", "jobs", "threads", "checkpoints", "random"};
 
 ordered_json read_json(const fs::path& file) {
-  std::string why;
-  auto j = parse_json<ordered_json>(read_file(file, "sweep file"), &why);  // a regular file only
-  if (!j) fail(file.string(), ": not valid JSON (", why, ")");
-  return std::move(*j);
+  return parse_json_or_fail<ordered_json>(read_file(file, "sweep file"), file.string());  // a regular file only
 }
 
 // Objects merge key by key (over wins); everything else is replaced.

@@ -213,10 +213,7 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
       } else {
         path = a.substr(9);
       }
-      std::string why;
-      auto parsed = parse_json(read_file(path, "config file"), &why);
-      if (!parsed) fail(path, ": not valid JSON (", why, ")");
-      file_values = std::move(*parsed);
+      file_values = parse_json_or_fail(read_file(path, "config file"), path);
       file_where = path;
     }
   }

@@ -78,10 +78,8 @@ fs::path compact_vocab_path(const fs::path& prefix) { return fs::path(prefix.str
 
 CompactVocab read_compact_vocab(const fs::path& file) {
   const std::string where = file.string();
-  std::string why;
-  auto parsed = parse_json(read_file(file, "compact vocabulary"), &why);
-  if (!parsed) fail(where, ": not valid JSON (", why, "); rebuild it with `preprocess compact`");
-  const nlohmann::json j = std::move(*parsed);
+  const nlohmann::json j =
+      parse_json_or_fail(read_file(file, "compact vocabulary"), where, "; rebuild it with `preprocess compact`");
   auto need = [&](const char* key, bool ok, const char* what) {
     if (!j.is_object() || !j.contains(key)) fail(where, ": no \"", key, "\"; rebuild it with `preprocess compact`");
     if (!ok) fail(where, ": \"", key, "\" must be ", what, "; rebuild it with `preprocess compact`");

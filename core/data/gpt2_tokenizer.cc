@@ -83,12 +83,8 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
 
   // ---- encoder.json: {"token": id, ...}, ids dense from 0
   const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
-  std::string why;
-  auto parsed = parse_json(text, &why);
-  if (!parsed)
-    fail(encoder_json.string(), ": not valid JSON (", why,
-         "); expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
-  const nlohmann::json j = std::move(*parsed);
+  const nlohmann::json j = parse_json_or_fail(
+      text, encoder_json.string(), "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
   if (!j.is_object() || j.empty())
     fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
   id_bytes_.assign(j.size(), std::string());

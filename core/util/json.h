@@ -7,10 +7,13 @@
 #pragma once
 
 #include <optional>
+#include <utility>
 #include <string>
 #include <string_view>
 
 #include <nlohmann/json.hpp>
+
+#include "core/util/error.h"
 
 namespace megabatch {
 
@@ -29,6 +32,16 @@ std::optional<Json> parse_json(std::string_view text, std::string* why = nullptr
     }
     return std::nullopt;
   }
+}
+
+// The value of a whole file's text; refused text fails with "<where>: not valid JSON (<what
+// is wrong>)<advice>", advice being what to do ("; re-run ./setup.sh").
+template <class Json = nlohmann::json>
+Json parse_json_or_fail(std::string_view text, const std::string& where, std::string_view advice = "") {
+  std::string why;
+  std::optional<Json> j = parse_json<Json>(text, &why);
+  if (!j) fail(where, ": not valid JSON (", why, ")", advice);
+  return std::move(*j);
 }
 
 }  // namespace megabatch
