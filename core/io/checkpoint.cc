@@ -12,6 +12,7 @@
 #include "core/io/h5.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 
 namespace megabatch::io {
 namespace fs = std::filesystem;
@@ -308,19 +309,45 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   check(f.id >= 0, p, ": cannot open the checkpoint (missing, or not an HDF5 file)");
   check(H5Aexists(f.id, "format") > 0 && read_attr(f.id, "format", p) == kFormat, p,
         ": not a megabatch checkpoint");
-  const int64_t version = read_attr(f.id, "format_version", p).get<int64_t>();
+  // Each attribute with the type save_checkpoint gave it: a hand-edited or damaged one is
+  // refused naming the attribute, not met later as a JSON library's type error.
+  const char* damaged = kDamagedCheckpoint;
+  auto integer = [&](const char* name, bool counts) {
+    const nlohmann::json v = read_attr(f.id, name, p);
+    check(v.is_number_integer() && (!counts || v.get<int64_t>() >= 0), p, ": attribute '", name, "' is ", v.dump(),
+          counts ? ", not an integer >= 0" : ", not an integer", damaged);
+    return v.get<int64_t>();
+  };
+  auto text = [&](const char* name) {
+    const nlohmann::json v = read_attr(f.id, name, p);
+    check(v.is_string(), p, ": attribute '", name, "' is ", v.dump(), ", not a string", damaged);
+    return v.get<std::string>();
+  };
+  auto object = [&](const char* name) {
+    auto v = parse_json_or_fail(text(name), p + ": attribute '" + name + "'", damaged);
+    check(v.is_object(), p, ": attribute '", name, "' is ", v.dump(), ", not a JSON object", damaged);
+    return v;
+  };
+  const int64_t version = integer("format_version", true);
   check(version == kFormatVersion, p, ": checkpoint format version ", version, " but this megabatch reads version ",
         kFormatVersion);
   CheckpointState s;
-  s.iteration = read_attr(f.id, "iteration", p).get<int64_t>();
-  s.consumed_samples = read_attr(f.id, "consumed_samples", p).get<int64_t>();
-  s.seed = static_cast<uint64_t>(read_attr(f.id, "seed", p).get<int64_t>());
-  s.loss_scale = read_attr(f.id, "loss_scale", p).get<double>();
-  s.model = nlohmann::json::parse(read_attr(f.id, "model", p).get<std::string>());
-  s.optimizer = read_attr(f.id, "optimizer", p).get<std::string>();
-  s.optimizer_version = read_attr(f.id, "optimizer_version", p).get<std::string>();
-  s.optimizer_params = nlohmann::json::parse(read_attr(f.id, "optimizer_params", p).get<std::string>());
-  s.trainer = nlohmann::json::parse(read_attr(f.id, "trainer", p).get<std::string>());
+  s.file = file;
+  s.iteration = integer("iteration", true);
+  s.consumed_samples = integer("consumed_samples", true);
+  s.seed = static_cast<uint64_t>(integer("seed", false));  // a uint64 stored as int64 bits
+  const nlohmann::json scale = read_attr(f.id, "loss_scale", p);
+  check(scale.is_number() && scale.get<double>() > 0, p, ": attribute 'loss_scale' is ", scale.dump(),
+        ", not a number > 0", damaged);
+  s.loss_scale = scale.get<double>();
+  s.model = object("model");
+  check(!s.model.contains("padded_vocab_size") || s.model["padded_vocab_size"].is_number_integer(), p,
+        ": attribute 'model': padded_vocab_size is ", s.model.value("padded_vocab_size", nlohmann::json()).dump(),
+        ", not an integer", damaged);
+  s.optimizer = text("optimizer");
+  s.optimizer_version = text("optimizer_version");
+  s.optimizer_params = object("optimizer_params");
+  s.trainer = object("trainer");
   return s;
 }
 

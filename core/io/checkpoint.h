@@ -33,6 +33,7 @@
 namespace megabatch::io {
 
 struct CheckpointState {
+  std::filesystem::path file;        // where it was read from (empty when it is being written)
   int64_t iteration = 0;
   int64_t consumed_samples = 0;
   uint64_t seed = 0;
@@ -43,6 +44,12 @@ struct CheckpointState {
   nlohmann::json optimizer_params;   // resolved hyperparameters
   nlohmann::json trainer;            // the trainer's own state (noise-scale averages, ...)
 };
+
+// What a refused attribute's message ends with: a checkpoint this code wrote has every
+// field right, so a wrong one was edited by hand or damaged on disk.
+inline constexpr const char* kDamagedCheckpoint =
+    "; the file was edited or damaged: move it away (and remove latest_checkpointed_iteration.txt) to resume from "
+    "the newest checkpoint left";
 
 // Optimizer state by (parameter name, state name), as PluginOptimizer keeps it.
 using OptimizerState = optim::OptimizerState;

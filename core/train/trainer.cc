@@ -8,7 +8,10 @@
 #include <ctime>
 #include <signal.h>
 #include <unistd.h>
+#include <optional>
 #include <ostream>
+#include <string>
+#include <type_traits>
 #include <utility>
 
 #include "core/comm/collectives.h"
@@ -40,6 +43,34 @@ double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_
 double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
 
 namespace {
+// A field of a checkpoint's trainer state ("lr_samples", "loss_scaler.scale") as
+// save_checkpoint() writes it, T being int64_t or double; `fallback` where a checkpoint from
+// before the field lacks it. A hand-edited or damaged attribute is refused naming the file
+// and the field, not met as a JSON library's type error.
+template <class T>
+T trainer_field(const io::CheckpointState& state, const std::string& path, std::optional<T> fallback = std::nullopt) {
+  const std::string where = state.file.string() + ": attribute 'trainer': ";
+  const char* damaged = io::kDamagedCheckpoint;
+  const size_t dot = path.find('.');
+  const nlohmann::json* o = &state.trainer;
+  if (dot != std::string::npos) {
+    const std::string outer = path.substr(0, dot);
+    check(state.trainer.contains(outer), where, "no '", outer, "'", damaged);
+    o = &state.trainer[outer];
+    check(o->is_object(), where, outer, " is ", o->dump(), ", not an object", damaged);
+  }
+  const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+  if (!o->contains(key)) {
+    check(fallback.has_value(), where, "no '", path, "'", damaged);
+    return *fallback;
+  }
+  const nlohmann::json& v = (*o)[key];
+  constexpr bool integer = std::is_integral_v<T>;
+  check(integer ? v.is_number_integer() : v.is_number(), where, path, " is ", v.dump(), ", not ",
+        integer ? "an integer" : "a number", damaged);
+  return v.get<T>();
+}
+
 volatile std::sig_atomic_t g_stop_signal = 0;
 extern "C" void on_stop_signal(int sig) {
   if (sig == SIGINT) {  // the handler is installed with SA_RESETHAND: a second Ctrl-C ends the process
@@ -511,20 +542,23 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data)
 }
 
 void Trainer::restore(const io::CheckpointState& state) {
+  const nlohmann::json& t = state.trainer;
   iteration_ = state.iteration;
   consumed_ = state.consumed_samples;
-  const nlohmann::json& t = state.trainer;
-  if (t.contains("noise_scale")) noise_scale_.restore(t["noise_scale"]);
-  // checkpoints before loss scaling: every iteration was an optimizer step
-  optimizer_steps_ = t.value("optimizer_steps", state.iteration);
-  lr_samples_ = t.value("lr_samples", state.consumed_samples);
-  skipped_total_ = t.value("skipped_iterations", int64_t{0});
-  if (t.contains("loss_scaler")) {
-    const auto& s = t["loss_scaler"];
-    copy(scaler_, from_host(std::vector<float>{s.at("scale").get<float>(), s.at("growth_tracker").get<float>(),
-                                               s.at("hysteresis_tracker").get<float>()},
-                            {3}));
+  if (t.contains("noise_scale")) {
+    for (const char* f : {"noise_scale.g2", "noise_scale.trace", "noise_scale.decay_pow"}) trainer_field<double>(state, f);
+    trainer_field<int64_t>(state, "noise_scale.count");
+    noise_scale_.restore(t["noise_scale"]);
   }
+  // checkpoints before loss scaling: every iteration was an optimizer step
+  optimizer_steps_ = trainer_field<int64_t>(state, "optimizer_steps", state.iteration);
+  lr_samples_ = trainer_field<int64_t>(state, "lr_samples", state.consumed_samples);
+  skipped_total_ = trainer_field<int64_t>(state, "skipped_iterations", int64_t{0});
+  if (t.contains("loss_scaler"))
+    copy(scaler_, from_host(std::vector<float>{static_cast<float>(trainer_field<double>(state, "loss_scaler.scale")),
+                                               static_cast<float>(trainer_field<double>(state, "loss_scaler.growth_tracker")),
+                                               static_cast<float>(trainer_field<double>(state, "loss_scaler.hysteresis_tracker"))},
+                            {3}));
   last_saved_ = iteration_;
 }
 
