@@ -67,6 +67,10 @@ json read_sweep_state(const fs::path& sweep_dir) {
     typed("reason", &json::is_string, "a string");
     typed("train_iters", &json::is_number_integer, "an integer");
     typed("wall_s", &json::is_number, "a number");
+    if (p.contains("config") && p["config"].contains("global_batch_size")) {  // sweep export's samples axis
+      const json& b = p["config"]["global_batch_size"];
+      need(b.is_number_integer() && b.get<int64_t>() >= 1, at + ".config.global_batch_size is not an integer >= 1");
+    }
   }
   return std::move(*parsed);
 }

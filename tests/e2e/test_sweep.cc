@@ -217,6 +217,8 @@ TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
       {R"({"points": [{"id": "a", "wall_s": 1.5}, {"id": "b", "wall_s": "1.5"}]})", "points[1].wall_s is not a number"},
       {R"({"points": [{"id": "a", "state": 5}]})", "points[0].state is not a string"},
       {R"({"points": [{"id": "a", "config": []}]})", "points[0].config is not an object"},
+      {R"({"points": [{"id": "a", "config": {"global_batch_size": "8"}}]})",
+       "points[0].config.global_batch_size is not an integer >= 1"},
       {R"({"points": [{"id": 7}]})", "points[0] has no \"id\" string"},
       {R"({"points": {}})", "no \"points\" list"},
       {R"({"sweep_pid": "1", "points": []})", "\"sweep_pid\" is not an integer"},
@@ -225,10 +227,14 @@ TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
   };
   for (const auto& [text, message] : cases) {
     mb::testing::write_text(root / "sweep.json", text);
-    const auto r = mb::testing::run_command(sweep("status " + root.string()));
-    EXPECT_EQ(r.exit_code, 2) << text << "\n" << r.output;
-    EXPECT_NE(r.output.find((root / "sweep.json").string() + ": " + message), std::string::npos) << text << "\n" << r.output;
-    EXPECT_NE(r.output.find("move it away to start the sweep afresh"), std::string::npos) << r.output;
+    // status, and export (which reads the batch size for its samples column)
+    for (const std::string& command :
+         {"status " + root.string(), "export " + root.string() + " --csv " + (tmp / "x.csv").string()}) {
+      const auto r = mb::testing::run_command(sweep(command));
+      EXPECT_EQ(r.exit_code, 2) << text << "\n" << r.output;
+      EXPECT_NE(r.output.find((root / "sweep.json").string() + ": " + message), std::string::npos) << text << "\n" << r.output;
+      EXPECT_NE(r.output.find("move it away to start the sweep afresh"), std::string::npos) << r.output;
+    }
   }
 }
 
