@@ -21,8 +21,13 @@ import numpy as np
 
 
 def read_sweep(sweep_dir):
+    """sweep.json as sweep run writes it. The sweep tool has checked the types of the fields
+    read here before starting this script; a name or file a hand edit removed is filled in."""
     with open(os.path.join(sweep_dir, "sweep.json")) as f:
-        return json.load(f)
+        sweep = json.load(f)
+    sweep.setdefault("name", os.path.basename(os.path.normpath(sweep_dir)))
+    sweep.setdefault("file", "")
+    return sweep
 
 
 def _open(path, attempts=20):
@@ -76,7 +81,7 @@ class Point:
 
     def __init__(self, sweep_dir, entry):
         self.id = entry["id"]
-        self.config = entry["config"]
+        self.config = entry.get("config", {})
         self.state = entry.get("state", "pending")
         self.reason = entry.get("reason", "")
         self.wall_s = entry.get("wall_s", 0.0)

@@ -55,6 +55,8 @@ json read_sweep_state(const fs::path& sweep_dir) {
   };
   need(s.is_object() && s.contains("points") && s["points"].is_array(), "no \"points\" list");
   need(!s.contains("sweep_pid") || s["sweep_pid"].is_number_integer(), "\"sweep_pid\" is not an integer");
+  need(!s.contains("name") || s["name"].is_string(), "\"name\" is not a string");
+  need(!s.contains("file") || s["file"].is_string(), "\"file\" is not a string");
   for (size_t i = 0; i < s["points"].size(); ++i) {
     const json& p = s["points"][i];
     const std::string at = "points[" + std::to_string(i) + "]";

@@ -14,6 +14,7 @@
 #include "core/util/strings.h"
 #include "sweeps/export.h"
 #include "sweeps/placement.h"
+#include "sweeps/run_dir.h"
 #include "sweeps/runner.h"
 #include "sweeps/status.h"
 #include "sweeps/sweep.h"
@@ -103,8 +104,12 @@ int run_python(const std::string& script, const std::vector<std::string>& args) 
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : 1;
 }
 
+// A sweep's directory whose sweep.json reads back with every field the tools use of the
+// right type (read_sweep_state), checked here for the Python analysis too, so that a
+// damaged file is named the same way by every command, not met as a traceback in report.py.
 void check_sweep_dir(const std::string& dir) {
   mb::check(fs::exists(fs::path(dir) / "sweep.json"), dir, "/sweep.json: no sweep here (sweep run writes runs/<name>/)");
+  mb::sweeps::read_sweep_state(dir);
 }
 
 int run(int argc, char** argv) {

@@ -207,8 +207,8 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   EXPECT_FALSE(fs::exists(tmp / "runs"));
 }
 
-// sweep.json edited by hand or damaged: status names the file and the field instead of
-// meeting a library error ("internal error") later.
+// sweep.json edited by hand or damaged: every command that reads it names the file and the
+// field instead of meeting a library error ("internal error", a Python traceback) later.
 TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
   mb::testing::TempDir tmp;
   const fs::path root = tmp / "runs" / "s";
@@ -222,14 +222,17 @@ TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
       {R"({"points": [{"id": 7}]})", "points[0] has no \"id\" string"},
       {R"({"points": {}})", "no \"points\" list"},
       {R"({"sweep_pid": "1", "points": []})", "\"sweep_pid\" is not an integer"},
+      {R"({"name": 3, "points": []})", "\"name\" is not a string"},
       {R"({"points": [{"id": "a", "wall_s": 1e999}]})", "unreadable (number overflow parsing '1e999')"},
       {R"({"points": [{"id": "a")", "unreadable (parse error at line 1"},
   };
   for (const auto& [text, message] : cases) {
     mb::testing::write_text(root / "sweep.json", text);
-    // status, and export (which reads the batch size for its samples column)
+    // every command that reads it: export reads the batch size for its samples column, and
+    // report, plot and analyze read it in Python (report.py ended in a TypeError traceback)
     for (const std::string& command :
-         {"status " + root.string(), "export " + root.string() + " --csv " + (tmp / "x.csv").string()}) {
+         {"status " + root.string(), "export " + root.string() + " --csv " + (tmp / "x.csv").string(),
+          "report " + root.string(), "plot " + root.string(), "analyze " + root.string()}) {
       const auto r = mb::testing::run_command(sweep(command));
       EXPECT_EQ(r.exit_code, 2) << text << "\n" << r.output;
       EXPECT_NE(r.output.find((root / "sweep.json").string() + ": " + message), std::string::npos) << text << "\n" << r.output;
