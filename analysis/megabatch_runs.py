@@ -8,12 +8,15 @@ unfinished point has no result (NaN). Training loss is only ever labelled as suc
 Points that differ only by their seed are one setting: `settings()` groups them, and
 `Setting.result()` gives the mean with the min-max spread over seeds.
 
-Metrics files may still be written by a running sweep: `train` opens, appends and closes
-them once per log interval, so a read that collides with a write is retried.
+Metrics files may be read while a sweep runs: `train` writes each version whole and
+renames it over metrics.h5, so a read sees one complete version. A failed read is retried
+briefly (a rename racing the open on a network file system), not for long: a damaged file
+stays damaged, and 400 retries of one made a report wait two minutes and say nothing.
 """
 import json
 import math
 import os
+import sys
 import time
 
 import h5py
@@ -30,26 +33,19 @@ def read_sweep(sweep_dir):
     return sweep
 
 
-def _open(path, attempts=20):
-    for i in range(attempts):
-        try:
-            return h5py.File(path, "r", locking=False)
-        except (OSError, TypeError):
-            if i == attempts - 1:
-                raise
-            time.sleep(0.1)
+_warned = set()  # files already named in a warning (report reads the points twice)
 
 
-def read_metrics(path):
+def read_metrics(path, attempts=3):
     """Every dataset of metrics.h5 as numpy arrays ({"train/lm_loss": array, ...}), the
     optimizer tensor names as a list, and the config attribute; None when the file does not
-    exist (yet)."""
+    exist (yet) or cannot be read (a warning on stderr names it)."""
     if not os.path.exists(path):
         return None
-    for attempt in range(20):
+    for attempt in range(attempts):
         try:
             out = {}
-            with _open(path) as f:
+            with h5py.File(path, "r", locking=False) as f:
                 def visit(name, obj):
                     if isinstance(obj, h5py.Dataset):
                         data = obj[()]
@@ -67,9 +63,13 @@ def read_metrics(path):
                     for k in keys:
                         out[k] = out[k][:n]
             return out
-        except (OSError, KeyError, ValueError):
+        except (OSError, KeyError, ValueError, TypeError) as e:
+            if attempt == attempts - 1:
+                if path not in _warned:
+                    _warned.add(path)
+                    print(f"warning: {path}: unreadable ({e}); its point is shown without metrics", file=sys.stderr)
+                return None
             time.sleep(0.1)
-    return None
 
 
 RESULT_LABEL = "final validation loss"

@@ -1,5 +1,7 @@
 """Seeds averaged, diverged points kept off the axes, one result: on a fake sweep directory
 (sweep.json, metrics.h5 written with h5py, DONE / DIVERGED files) as sweep run leaves it."""
+import contextlib
+import io
 import json
 import math
 import os
@@ -107,6 +109,21 @@ class Aggregation(unittest.TestCase):
         self.assertIn("2 seeds", page)
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
+
+    def test_a_damaged_metrics_file_is_named_once_and_its_point_kept(self):
+        # before: 400 silent retries (two minutes per read) and no word of the file
+        bad = os.path.join(self.root, "lamb-bs8-s2", "metrics.h5")
+        with open(bad, "w") as f:
+            f.write("not an HDF5 file\n")
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            _, points = runs.load_points(self.root)
+            runs.load_points(self.root)
+        self.assertEqual(err.getvalue().count(f"warning: {bad}: unreadable (Unable to open file"), 1, err.getvalue())
+        damaged = [p for p in points if p.id == "lamb-bs8-s2"][0]
+        self.assertEqual(len(damaged.series("train/lm_loss")), 0)
+        self.assertTrue(math.isnan(damaged.result()))
+        self.assertEqual(len([p for p in points if len(p.series("train/lm_loss"))]), 6)
 
 
 if __name__ == "__main__":
