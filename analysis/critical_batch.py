@@ -281,10 +281,15 @@ def run(sweep_dir, targets=None):
 
 
 def parse_targets(text):
+    """--targets L1,L2,...: one or more finite losses > 0 (Python's float() also takes nan,
+    inf and 1e999, which no run reaches)."""
     try:
-        return [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        sys.exit(f"sweep analyze: --targets: expected comma-separated losses, got '{text}'")
+        values = []
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        sys.exit(f"sweep analyze: --targets: expected comma-separated losses > 0 such as 7.5,8; got '{text}'")
+    return values
 
 
 if __name__ == "__main__":

@@ -38,6 +38,13 @@ def sweep(b_crit, batches, seeds=(1,), noise=0.0, budget=200000, optimizer="lamb
 
 
 class CriticalBatch(unittest.TestCase):
+    def test_targets_are_finite_positive_losses(self):
+        self.assertEqual(cb.parse_targets("7.5, 8,"), [7.5, 8.0])
+        for bad in ("abc", "", ",", "nan", "inf", "1e999", "-1", "0", "7,nan"):
+            with self.assertRaises(SystemExit, msg=bad) as caught:
+                cb.parse_targets(bad)
+            self.assertIn("expected comma-separated losses > 0", str(caught.exception))
+
     def test_exact_hyperbola_is_recovered_by_the_fit(self):
         batches = [8, 16, 32, 64, 128, 256]
         s_min, e_min = 120.0, 120.0 * 96
