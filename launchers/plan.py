@@ -190,20 +190,36 @@ def validate(overlap=True):
     return efficiency, rows
 
 
+def positive(kind, at_most=math.inf):
+    """An argparse type: a finite number > 0 read with kind (int: a whole number), at most at_most."""
+    what = "a whole number >= 1" if kind is int else "a number > 0" + (f" and <= {at_most:g}" if at_most < math.inf else "")
+
+    def parse(text):
+        try:
+            v = kind(text)
+        except ValueError:
+            v = None
+        if v is None or not (math.isfinite(v) and 0 < v <= at_most):
+            raise argparse.ArgumentTypeError(f"expected {what}, got '{text}'")
+        return v
+    return parse
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["check", "scaling", "validate"])
     p.add_argument("--instance")
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--nodes", type=positive(int), default=1)
     p.add_argument("--model")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--micro-batch", type=int, default=8)
-    p.add_argument("--global-batch", type=int, default=0)
-    p.add_argument("--efficiency", type=float, default=0.4, help="achieved fraction of peak FLOP/s (default 0.4)")
+    p.add_argument("--tp", type=positive(int), default=1)
+    p.add_argument("--micro-batch", type=positive(int), default=8)
+    p.add_argument("--global-batch", type=positive(int))
+    p.add_argument("--efficiency", type=positive(float, at_most=1.0), default=0.4,
+                   help="achieved fraction of peak FLOP/s (default 0.4)")
     for k in ["params", "layers", "hidden", "seq"]:
-        p.add_argument(f"--{k}", type=int)
-    p.add_argument("--state-bytes", type=float, help="per-rank bytes of weights + optimizer state")
-    p.add_argument("--act-bytes", type=float, help="per-rank activation bytes per sample")
+        p.add_argument(f"--{k}", type=positive(int))
+    p.add_argument("--state-bytes", type=positive(float), help="per-rank bytes of weights + optimizer state")
+    p.add_argument("--act-bytes", type=positive(float), help="per-rank activation bytes per sample")
     p.add_argument("--train", help="the train program (default: ../build/bin/train)")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="gradient buckets overlap the backward pass")
     p.add_argument("--use-distributed-optimizer", action="store_true", help="Adam moments sharded over DP")

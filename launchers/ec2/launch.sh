@@ -35,15 +35,19 @@ done
 bin=${MEGABATCH_BIN:-$root/build/bin}
 [[ -x $bin/train ]] || { echo "launch.sh: $bin/train is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
 gpus=$(/usr/bin/python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); print(t[sys.argv[2]]["gpus"]) if sys.argv[2] in t else sys.exit("unknown instance type " + sys.argv[2] + "; known: " + ", ".join(k for k in t if not k.startswith("_")))' "$here/../instances.json" "$itype")
-nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile")
+count() { [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || { echo "launch.sh: $1 must be a whole number >= 1, got '$2'" >&2; exit 2; }; }
+nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile" || true)
+(( nodes >= 1 )) || { echo "launch.sh: $hostfile lists no host (one private IP or name per line)" >&2; exit 2; }
+[[ -z $per_node ]] || count --ranks-per-node "$per_node"
 gpus=${per_node:-$gpus}
 np=$((nodes * gpus))
 tp=1
-for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j}; }; done
+for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j:-}; }; done
+count --tensor-model-parallel-size "$tp"
 (( np % tp == 0 )) || { echo "launch.sh: $nodes nodes x $gpus GPUs = $np ranks is not a multiple of TP $tp" >&2; exit 2; }
 (( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
 # With a model preset, the memory estimate too (launchers/plan.py check).
-model="" micro=8 global=0
+model="" micro=8 global=""
 for ((i = 1; i < $#; i++)); do
   j=$((i + 1))
   case ${!i} in
@@ -54,7 +58,7 @@ for ((i = 1; i < $#; i++)); do
 done
 if [[ -n $model && -z $per_node ]]; then
   /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
-    --micro-batch "$micro" --global-batch "$global" --train "$bin/train" >&2 || {
+    --micro-batch "$micro" ${global:+--global-batch "$global"} --train "$bin/train" >&2 || {
     echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
 fi
 

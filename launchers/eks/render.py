@@ -94,6 +94,8 @@ def main(argv=None):
     what.add_argument("--selftest", metavar="DIR", help="the cluster self-test instead, in DIR on the FSx volume")
     p.add_argument("--fsx-claim", default="fsx-claim")
     a = p.parse_args(argv)
+    if a.nodes < 1:
+        p.error(f"--nodes: expected a whole number >= 1, got {a.nodes}")
     yaml.safe_dump(render(a.instance_type, a.nodes, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
                    sort_keys=False)
 

@@ -35,6 +35,11 @@ while [[ $# -gt 0 ]]; do
     *) echo "submit.sh: unknown option $1" >&2; usage ;;
   esac
 done
+count() { [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || { echo "submit.sh: $1 must be a whole number >= 1, got '$2'" >&2; exit 2; }; }
+count --nodes "$nodes"
+count --ntasks-per-node "$ntasks"
+count --max-running "$max_running"
+[[ -z $gpus ]] || count --gpus-per-node "$gpus"
 bin=${MEGABATCH_BIN:-$root/build/bin}
 if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tasks
   tp=$((ntasks >= 2 ? 2 : 1))

@@ -106,6 +106,44 @@ class CommandLines(unittest.TestCase):
         self.assertIn("exceeds the T4's 16 GiB", r.stderr)
         self.assertNotIn("mpirun", r.stdout)
 
+    def test_counts_are_whole_numbers_and_an_empty_hostfile_is_named(self):
+        # before: an empty hostfile ended launch.sh silently (grep -c's status under set -e),
+        # TP 0 or abc in a bash "division by 0", --ranks-per-node 0 in "mpirun -np 0"; submit.sh
+        # handed 0 nodes to sbatch and render.py rendered "-np 0"
+        with tempfile.TemporaryDirectory() as d:
+            empty, hosts = os.path.join(d, "empty"), os.path.join(d, "hosts")
+            with open(empty, "w") as f:
+                f.write("# no host yet\n\n")
+            with open(hosts, "w") as f:
+                f.write("10.0.0.1\n")
+            r = self.launch("p4d.24xlarge", empty, "--dry-run", "--")
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn(f"launch.sh: {empty} lists no host", r.stderr)
+            tp = ["--dry-run", "--", "--tensor-model-parallel-size"]
+            for args, message in [(["--ranks-per-node", "0", "--dry-run", "--"],
+                                   "--ranks-per-node must be a whole number >= 1, got '0'"),
+                                  (tp + ["0"], "--tensor-model-parallel-size must be a whole number >= 1, got '0'"),
+                                  (tp + ["abc"], "--tensor-model-parallel-size must be a whole number >= 1, got 'abc'"),
+                                  (tp, "--tensor-model-parallel-size must be a whole number >= 1, got ''")]:
+                r = self.launch("p4d.24xlarge", hosts, *args)
+                self.assertEqual(r.returncode, 2, args)
+                self.assertIn("launch.sh: " + message, r.stderr)
+                self.assertNotIn("mpirun", r.stdout)
+        submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
+        for args, message in [(["--selftest", "--nodes", "0"], "--nodes must be a whole number >= 1, got '0'"),
+                              (["--selftest", "--ntasks-per-node", "x"], "--ntasks-per-node must be a whole number >= 1"),
+                              (["--selftest", "--gpus-per-node", "0"], "--gpus-per-node must be a whole number >= 1"),
+                              ([os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--max-running", "0"],
+                               "--max-running must be a whole number >= 1")]:
+            r = self.run_([submit, *args, "--dry-run"])
+            self.assertEqual(r.returncode, 2, args)
+            self.assertIn("submit.sh: " + message, r.stderr)
+            self.assertNotIn("sbatch", r.stdout)
+        r = self.run_(["/usr/bin/python3", os.path.join(ROOT, "launchers", "eks", "render.py"), "--instance-type",
+                       "p4d.24xlarge", "--nodes", "0", "--image", "img", "--point", "/fsx/p"])
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("--nodes: expected a whole number >= 1, got 0", r.stderr)
+
     def test_ec2_launch_takes_the_programs_from_megabatch_bin(self):
         with tempfile.TemporaryDirectory() as d:
             hosts = os.path.join(d, "hosts")
@@ -168,7 +206,8 @@ class CommandLines(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(runs, "lamb_bsz", ids[0], "point.json")))
             self.assertIn("--array=0-9%3", r.stdout)
             self.assertIn("point.sbatch", r.stdout)
-        sbatch = open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")).read()
+        with open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")) as f:
+            sbatch = f.read()
         for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "srun --mpi=pmix", "scontrol requeue"):
             self.assertIn(line, sbatch)
 

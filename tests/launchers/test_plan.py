@@ -84,6 +84,27 @@ class Validate(unittest.TestCase):
         self.assertIn("| 18.4B | 8 | 256 | 1024 | 135 |", out.getvalue())
 
 
+class Arguments(unittest.TestCase):
+    def test_counts_and_fractions_are_range_checked(self):
+        # before: "0 x p4d.24xlarge = 0 A100-40GB", "-2 x ... = -16", efficiency nan or 2 taken
+        import contextlib
+        import io
+        for flag, value, message in [("--nodes", "0", "expected a whole number >= 1, got '0'"),
+                                     ("--nodes", "-2", "expected a whole number >= 1, got '-2'"),
+                                     ("--tp", "x", "expected a whole number >= 1, got 'x'"),
+                                     ("--micro-batch", "0", "expected a whole number >= 1"),
+                                     ("--global-batch", "-8", "expected a whole number >= 1"),
+                                     ("--efficiency", "nan", "expected a number > 0 and <= 1, got 'nan'"),
+                                     ("--efficiency", "2", "expected a number > 0 and <= 1, got '2'"),
+                                     ("--act-bytes", "inf", "expected a number > 0, got 'inf'")]:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), self.assertRaises(SystemExit) as e:
+                plan.main(["check", "--instance", "p4d.24xlarge", "--params", "1000", "--layers", "2", "--hidden", "64",
+                           "--seq", "128", "--state-bytes", "1e9", "--act-bytes", "1e6", flag, value])
+            self.assertEqual(e.exception.code, 2, flag)
+            self.assertIn(f"argument {flag}: {message}", err.getvalue())
+
+
 class Check(unittest.TestCase):
     sizes = {"params": 3 * 10**8, "layers": 24, "hidden": 1024, "seq": 128,
              "state_bytes": 6 * GiB, "act_bytes": 0.25 * GiB}
