@@ -13,7 +13,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 sys.path.insert(0, os.path.join(ROOT, "launchers", "eks"))
 import render  # noqa: E402
 
-INSTANCES = {k: v for k, v in json.load(open(os.path.join(ROOT, "launchers", "instances.json"))).items()
+with open(os.path.join(ROOT, "launchers", "instances.json")) as _f:
+    INSTANCES = {k: v for k, v in json.load(_f).items()
              if not k.startswith("_")}
 
 
@@ -201,7 +202,8 @@ class CommandLines(unittest.TestCase):
                            os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
                            "--max-running", "3", "--runs-dir", runs, "--dry-run"])
             self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
-            ids = open(os.path.join(runs, "lamb_bsz", "points.txt")).read().split()
+            with open(os.path.join(runs, "lamb_bsz", "points.txt")) as f:
+                ids = f.read().split()
             self.assertEqual(len(ids), 10)
             self.assertTrue(os.path.exists(os.path.join(runs, "lamb_bsz", ids[0], "point.json")))
             self.assertIn("--array=0-9%3", r.stdout)
