@@ -14,8 +14,7 @@ sys.path.insert(0, os.path.join(ROOT, "launchers", "eks"))
 import render  # noqa: E402
 
 with open(os.path.join(ROOT, "launchers", "instances.json")) as _f:
-    INSTANCES = {k: v for k, v in json.load(_f).items()
-             if not k.startswith("_")}
+    INSTANCES = {k: v for k, v in json.load(_f).items() if not k.startswith("_")}
 
 
 class EksManifest(unittest.TestCase):
