@@ -9,7 +9,6 @@
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "core/data/brown.h"
 #include "core/data/compact_vocab.h"
@@ -19,6 +18,7 @@
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/json.h"
+#include "core/util/threads.h"
 
 namespace megabatch::data {
 
@@ -59,14 +59,11 @@ void encode_documents(const Tokenizer& tokenizer, const std::vector<std::vector<
     return;
   }
   // Interleaved chunks keep the threads busy when document sizes vary.
-  std::vector<std::thread> threads;
   const size_t chunk = std::max<size_t>(1, n / (w * 8));
   std::atomic<size_t> next{0};
-  for (size_t t = 0; t < w; ++t)
-    threads.emplace_back([&] {
-      for (size_t b; (b = next.fetch_add(chunk)) < n;) work(b, std::min(n, b + chunk));
-    });
-  for (auto& t : threads) t.join();
+  run_on_threads(w, "preprocess: --workers " + std::to_string(workers), [&](size_t) {
+    for (size_t b; (b = next.fetch_add(chunk)) < n;) work(b, std::min(n, b + chunk));
+  });
 }
 
 namespace {
@@ -225,15 +222,10 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
         }
       }
     };
-    {
-      std::vector<std::thread> threads;
-      const size_t w = static_cast<size_t>(o.workers);
-      for (size_t t = 0; t < w; ++t)
-        threads.emplace_back([&, t] {
-          for (size_t r = t; r < raw.size(); r += w) parse(r);
-        });
-      for (auto& t : threads) t.join();
-    }
+    const size_t w = static_cast<size_t>(o.workers);
+    run_on_threads(w, "preprocess: --workers " + std::to_string(o.workers), [&](size_t t) {
+      for (size_t r = t; r < raw.size(); r += w) parse(r);
+    });
     std::vector<bool> keep(raw.size(), true);
     for (size_t r = 0; r < raw.size(); ++r) {
       if (errors[r].empty()) continue;

@@ -158,6 +158,24 @@ TEST(Preprocess, BadLinesNameFileAndLineAndCanBeSkipped) {
   EXPECT_NE(k.output.find("no documents found"), std::string::npos) << k.output;
 }
 
+// More --workers than the system gives threads: an error naming the flag, and no dataset.
+// Before, std::thread's exception destroyed the joinable threads and the process aborted
+// ("terminate called without an active exception", exit 134). A 2 GB address-space limit
+// refuses the 8 MiB stacks of 1,000 threads (RLIMIT_NPROC does not bind root).
+TEST(Preprocess, MoreWorkersThanTheSystemGivesIsAnError) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  TempDir dir;
+  write_text(dir / "in.jsonl", "{\"text\": \"one document\"}\n{\"text\": \"and another\"}\n");
+  const auto r = run_command("ulimit -v 2000000 && " + preprocess() + " --input " + (dir / "in.jsonl").string() +
+                             " --output-prefix " + (dir / "o").string() + " --tokenizer-type GPT2BPETokenizer --workers 1000");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("preprocess: --workers 1000: the system refused to start thread "), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("ask for fewer"), std::string::npos) << r.output;
+  for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(e.path().filename(), "in.jsonl") << "left behind: " << e.path();
+}
+
 TEST(Preprocess, PlainTextAndFlagErrors) {
   MB_REQUIRE_ASSET("bert/vocab.txt");
   TempDir dir;
