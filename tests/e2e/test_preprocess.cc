@@ -167,7 +167,8 @@ TEST(Preprocess, MoreWorkersThanTheSystemGivesIsAnError) {
   TempDir dir;
   write_text(dir / "in.jsonl", "{\"text\": \"one document\"}\n{\"text\": \"and another\"}\n");
   const auto r = run_command("ulimit -v 2000000 && " + preprocess() + " --input " + (dir / "in.jsonl").string() +
-                             " --output-prefix " + (dir / "o").string() + " --tokenizer-type GPT2BPETokenizer --workers 1000");
+                             " --output-prefix " + (dir / "o").string() +
+                             " --tokenizer-type GPT2BPETokenizer --workers 1000");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("preprocess: --workers 1000: the system refused to start thread "), std::string::npos)
       << r.output;
