@@ -18,6 +18,7 @@
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
+#include "core/util/threads.h"
 #include "sweeps/placement.h"
 #include "sweeps/run_dir.h"
 #include "sweeps/table.h"
@@ -196,11 +197,10 @@ class Scheduler {
  public:
   Scheduler(const Sweep& sweep, const RunOptions& o, fs::path root, std::vector<PointState>& ps)
       : sweep_(sweep), o_(o), root_(std::move(root)), ps_(ps), placer_(o.gpus) {
-    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
     threads_ = o.threads ? o.threads : sweep.threads;
     if (!threads_) threads_ = 1;
     jobs_ = o.jobs ? o.jobs : sweep.jobs;
-    if (!jobs_) jobs_ = o.gpus.empty() ? std::max(1, static_cast<int>(cores) / threads_) : static_cast<int>(o.gpus.size());
+    if (!jobs_) jobs_ = o.gpus.empty() ? std::max(1, available_cpus() / threads_) : static_cast<int>(o.gpus.size());
   }
 
   int run();
@@ -436,6 +436,9 @@ void Scheduler::display(bool force) {
 
 int run_sweep(const Sweep& sweep, const RunOptions& o) {
   const fs::path root = o.runs_dir / sweep.name;
+  // every point runs `train --threads N`, which refuses more threads than this machine's CPUs
+  if (o.threads) check_thread_count(o.threads, "--threads");
+  else if (sweep.threads) check_thread_count(sweep.threads, sweep.file.string() + ": threads");
   std::vector<PointState> ps = point_states(sweep, o, root);
   discard_rerun_points(ps, root, o.dry_run);
   if (o.dry_run) return dry_run(sweep, o, root, ps);

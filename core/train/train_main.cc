@@ -27,6 +27,7 @@
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
+#include "core/util/threads.h"
 #include "models/presets.h"
 #include "models/registry.h"
 
@@ -423,7 +424,9 @@ int run(int argc, char** argv) {
     return 0;
   }
   json& v = r.values;
-  if (v["threads"].get<int64_t>() > 0) omp_set_num_threads(static_cast<int>(v["threads"].get<int64_t>()));
+  const int64_t threads = v["threads"].get<int64_t>();
+  mb::check_thread_count(threads, "--threads");
+  if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
   std::vector<std::string> extra_dirs = v["plugin_path"].get<std::vector<std::string>>();
   const auto search = mb::optim::plugin_search_path(extra_dirs);
 

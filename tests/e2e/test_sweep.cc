@@ -320,6 +320,17 @@ TEST_F(Sweep, SweepNumbersAndSizeAreChecked) {
   auto r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --jobs -1"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--jobs: must be >= 1"), std::string::npos) << r.output;
+  // more threads per point than this machine's CPUs: every point's train would refuse them
+  // (train --threads 100000 ended in a segmentation fault)
+  r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --threads 4096"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("--threads: 4096 is more than the "), std::string::npos) << r.output;
+  mb::testing::write_text(tmp / "t.json", mb::testing::read_text(file).substr(0, mb::testing::read_text(file).rfind('}')) +
+                                              ", \"threads\": 4096}");
+  r = mb::testing::run_command(sweep("run " + (tmp / "t.json").string() + " --dry-run"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find((tmp / "t.json").string() + ": threads: 4096 is more than the "), std::string::npos)
+      << r.output;
   r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --max-points 1"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("the sweep has 2 points (grid x zip groups x seeds), more than the limit of 1; raise it with --max-points N"), std::string::npos)

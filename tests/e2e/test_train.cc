@@ -69,6 +69,7 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
       {"--seed -5", "--seed: -5 is out of range: seed must be >= 0"},
       {"--seed 99999999999999999999", "--seed: expected an integer, got '99999999999999999999' (too large)"},
       {"--threads -1", "threads must be >= 0"},
+      {"--threads 100000", "--threads: 100000 is more than the "},  // a segmentation fault before
       {"--log-interval 0", "log_interval must be >= 1"},
       {"--lr-warmup-iters -3", "lr_warmup_iters must be >= 0"},
       {"--lr-decay-iters 0", "lr_decay_iters must be >= 1"},
