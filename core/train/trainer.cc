@@ -545,8 +545,9 @@ void Trainer::restore(const io::CheckpointState& state) {
   const nlohmann::json& t = state.trainer;
   iteration_ = state.iteration;
   consumed_ = state.consumed_samples;
-  if (t.contains("noise_scale")) {
-    for (const char* f : {"noise_scale.g2", "noise_scale.trace", "noise_scale.decay_pow"}) trainer_field<double>(state, f);
+  if (t.contains("noise_scale")) {  // checked field by field, then read by the estimator
+    for (const char* f : {"noise_scale.g2", "noise_scale.trace", "noise_scale.decay_pow"})
+      trainer_field<double>(state, f);
     trainer_field<int64_t>(state, "noise_scale.count");
     noise_scale_.restore(t["noise_scale"]);
   }
@@ -554,11 +555,12 @@ void Trainer::restore(const io::CheckpointState& state) {
   optimizer_steps_ = trainer_field<int64_t>(state, "optimizer_steps", state.iteration);
   lr_samples_ = trainer_field<int64_t>(state, "lr_samples", state.consumed_samples);
   skipped_total_ = trainer_field<int64_t>(state, "skipped_iterations", int64_t{0});
-  if (t.contains("loss_scaler"))
-    copy(scaler_, from_host(std::vector<float>{static_cast<float>(trainer_field<double>(state, "loss_scaler.scale")),
-                                               static_cast<float>(trainer_field<double>(state, "loss_scaler.growth_tracker")),
-                                               static_cast<float>(trainer_field<double>(state, "loss_scaler.hysteresis_tracker"))},
-                            {3}));
+  if (t.contains("loss_scaler")) {
+    std::vector<float> scaler;
+    for (const char* f : {"loss_scaler.scale", "loss_scaler.growth_tracker", "loss_scaler.hysteresis_tracker"})
+      scaler.push_back(static_cast<float>(trainer_field<double>(state, f)));
+    copy(scaler_, from_host(scaler, {3}));
+  }
   last_saved_ = iteration_;
 }
 

@@ -23,7 +23,8 @@ namespace megabatch {
 inline int available_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (sched_getaffinity(0, sizeof set, &set) != 0)
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   return std::max(1, CPU_COUNT(&set));
 }
 
