@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -156,7 +157,12 @@ void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, boo
 // --dry-run: lists the points with their swept values and checks each that has still to
 // run with train --check; 2 when one cannot run.
 int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const std::vector<PointState>& ps) {
-  std::cout << sweep.name << ": " << sweep.points.size() << " points (runs in " << root.string() << ")\n";
+  const auto n_selected = std::count_if(ps.begin(), ps.end(), [](const PointState& p) { return p.state != "skipped"; });
+  std::cout << sweep.name << ": " << sweep.points.size() << " points"
+            << (static_cast<size_t>(n_selected) == ps.size()
+                    ? ""
+                    : ", " + std::to_string(n_selected) + " selected by --only")
+            << " (runs in " << root.string() << ")\n";
   int bad = 0;
   // A sweep sized for a cluster ("cluster" in its file) has its data and memory there:
   // its points are checked where they run (train --check), not on this machine.
@@ -188,6 +194,12 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
   else if (!o.train_binary.empty())
     std::cout << "> every point checked (train --check: plugin and hyperparameters, data, memory)" << std::endl;
   return 0;
+}
+
+// A point this invocation still has to start: not yet run, interrupted, or failed with
+// retries left.
+bool to_start(const PointState& p, int retries) {
+  return p.state == "pending" || p.state == "interrupted" || (p.state == "failed" && p.attempts <= retries);
 }
 
 // Runs the points as train processes, `jobs` at a time (with --gpus, each on GPUs of its
@@ -231,7 +243,11 @@ class Scheduler {
 
 int Scheduler::run() {
   fs::create_directories(root_);
-  std::cout << "> sweep " << sweep_.name << ": " << sweep_.points.size() << " points, " << jobs_ << " at a time, "
+  const auto n_to_start =
+      std::count_if(ps_.begin(), ps_.end(), [&](const PointState& p) { return to_start(p, o_.retries); });
+  std::cout << "> sweep " << sweep_.name << ": " << sweep_.points.size() << " points"
+            << (static_cast<size_t>(n_to_start) == ps_.size() ? "" : " (" + std::to_string(n_to_start) + " to run)")
+            << ", " << jobs_ << " at a time, "
             << threads_ << " thread(s) each" << (o_.gpus.empty() ? "" : " on GPUs " + gpu_list(o_.gpus))
             << "; runs in " << root_.string() << std::endl;
   g_stop = 0;
@@ -285,8 +301,7 @@ void Scheduler::start_waiting_points() {
   int running = this->running();
   for (auto& p : ps_) {
     if (running >= jobs_) break;
-    const bool retry = p.state == "failed" && p.attempts <= o_.retries;
-    if (p.state != "pending" && p.state != "interrupted" && !retry) continue;
+    if (!to_start(p, o_.retries)) continue;
     if (!o_.gpus.empty()) {
       p.gpus = placer_.take(p.ranks);
       if (p.gpus.empty()) continue;
@@ -413,8 +428,7 @@ void Scheduler::display(bool force) {
   for (const auto& p : ps_)
     if (p.state != "skipped") {
       work_now += static_cast<double>(work_of(p));
-      open = open || p.state == "running" || p.state == "pending" || p.state == "interrupted" ||
-             (p.state == "failed" && p.attempts <= o_.retries);
+      open = open || p.state == "running" || to_start(p, o_.retries);
     }
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
   const double gained = work_now - static_cast<double>(work_done_at_start_);

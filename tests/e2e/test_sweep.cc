@@ -68,6 +68,7 @@ TEST_F(Sweep, RunsPlotsAndReportsAMiniatureSweep) {
 
   r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> sweep mini: 4 points, 2 at a time, 1 thread(s) each;"), std::string::npos) << r.output;
   for (const auto& id : kIds) {
     for (const char* f : {"point.json", "config.json", "metrics.h5", "stdout.log", "DONE"})
       EXPECT_TRUE(fs::exists(dir / id / f)) << id << "/" << f;
@@ -297,12 +298,14 @@ TEST_F(Sweep, RerunDeletesOnlyWhatTheSweepToolMade) {
   fs::remove_all(root);
   r = run_sweep(file, runs, " --only bs4");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> sweep mine: 2 points (1 to run), "), std::string::npos) << r.output;
   const fs::path made = root / "adamw-bs4-lr0.002-s3";
   ASSERT_TRUE(fs::exists(made / ".megabatch-point"));
   fs::create_directory_symlink(outside, made / "link");
   mb::testing::write_text(made / "point.json", changed);
   r = run_sweep(file, runs, " --only bs4 --rerun --dry-run");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("mine: 2 points, 1 selected by --only (runs in "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("--rerun discards"), std::string::npos) << r.output;
   EXPECT_TRUE(fs::exists(made / "link")) << "--dry-run deletes nothing";
   r = run_sweep(file, runs, " --only bs4 --rerun");
