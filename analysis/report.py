@@ -37,6 +37,19 @@ def fmt(v, digits=4):
     return html.escape(str(v))
 
 
+def fmt_loss(v):
+    """A loss with three decimals, so a column of them lines up (7.110, not 7.11); a diverged
+    one's 1e+08 stays short."""
+    if v is None or not math.isfinite(v):
+        return "-"
+    return f"{v:.3f}" if abs(v) < 1e5 else f"{v:.3g}"
+
+
+def fmt_rate(v):
+    """A throughput as a whole number with thousands separators (152,340, not 1.523e+05)."""
+    return "-" if v is None or not math.isfinite(v) else f"{v:,.0f}"
+
+
 def result_table(groups, analysis, other_keys):
     """Optimizer (and other swept values) x batch size: result mean (min-max), best per batch in bold,
     steps / samples to the first target from the analysis."""
@@ -69,9 +82,9 @@ def result_table(groups, analysis, other_keys):
                 tds.append("<td>-</td>")
                 continue
             m, lo, hi = g.result()
-            text = fmt(m)
+            text = fmt_loss(m)
             if len(g.points) > 1 and math.isfinite(m):
-                text += f" <small>({fmt(lo)}-{fmt(hi)}, {len(g.points)} seeds)</small>"
+                text += f" <small>({fmt_loss(lo)}-{fmt_loss(hi)}, {len(g.points)} seeds)</small>"
             if g.diverged:
                 text += f" <span class='diverged'>{len(g.diverged)}/{len(g.points)} diverged</span>"
             if best.get(B) == key:
@@ -123,9 +136,9 @@ def report(sweep_dir):
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]
         cells += [f"<td>{fmt(p.config.get(k, ''))}</td>" for k in keys]
         state = p.state + (f": {html.escape(p.reason)}" if p.reason and p.state in ("failed", "diverged") else "")
-        cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt(p.result())}</td>",
-                  f"<td>{fmt(p.final_train_loss())}</td>", f"<td>{p.wall_s / 60:.1f}</td>",
-                  f"<td>{fmt(p.tokens_per_second())}</td>"]
+        cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt_loss(p.result())}</td>",
+                  f"<td>{fmt_loss(p.final_train_loss())}</td>", f"<td>{p.wall_s / 60:.1f}</td>",
+                  f"<td>{fmt_rate(p.tokens_per_second())}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["point"] + keys + [
         "state", RESULT_LABEL, "final train loss", "wall (min)", "tokens/s"])

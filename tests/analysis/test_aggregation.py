@@ -28,6 +28,7 @@ def write_point(root, pid, config, loss, valid=None, diverged_at=None):
         f["train/lm_loss"] = np.asarray(loss, dtype=float)
         f["train/consumed_samples"] = it * config["global_batch_size"]
         f["train/learning_rate"] = np.full(n, config["lr"])
+        f["train/tokens_per_second"] = np.full(n, 152340.0)  # a GPU's rate, in the points table
         if valid is not None:
             f["validation/iteration"] = np.array([float(config["train_iters"])])
             f["validation/lm_loss"] = np.array([valid])
@@ -107,6 +108,11 @@ class Aggregation(unittest.TestCase):
         self.assertIn("lamb-bs64-s1</code>: iteration 3: lm loss is nan", page)
         self.assertIn("1/1 diverged", page)
         self.assertIn("2 seeds", page)
+        # losses with three decimals, so a column lines up; rates as whole numbers
+        self.assertIn("7.260 <small>(7.160-7.360, 2 seeds)</small>", page)
+        self.assertIn("<td>152,340</td>", page)
+        self.assertNotIn("e+05", page)
+        self.assertIn("<td>1e+08</td>", page)  # the diverged point's final train loss, not 100000000.000
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
 
