@@ -142,7 +142,7 @@ def scaling(groups, keys, title, out_dir, written):
                 hi.append(z - m)
             if g.diverged:
                 diverged.append((g.batch, color, len(g.diverged), len(g.points)))
-        name = opt + "".join(f", {v}" for _, v in other)
+        name = opt + "".join(f", {v}" if k == "sweep" else f", {k}={v}" for k, v in other)
         if b:
             ax.errorbar(b, mean, yerr=[lo, hi], fmt="o-", color=color, capsize=3, label=name)
             healthy.append(np.array(mean) - np.array(lo))
@@ -270,28 +270,31 @@ def noise_scale(groups, keys, title, out_dir, written):
 
 
 def load_many(sweep_dirs):
-    """Points of one or several sweeps; with several, the sweep name becomes an axis."""
-    names, points = [], []
+    """Points of one or several sweeps, and the configuration keys that tell their settings
+    apart. With several, the sweep name becomes the first axis, and the other axes are those
+    swept within a sweep: keys that differ only between the sweeps' bases (data path, model
+    size, intervals) are told apart by the sweep's name, not spelled out in every label."""
+    names, points, keys = [], [], []
     for d in sweep_dirs:
         sweep, ps = load_points(d)
         names.append(sweep["name"])
+        ps = [p for p in ps if p.metrics]
+        keys += [k for k in swept_keys(ps) if k not in keys]
         if len(sweep_dirs) > 1:
             for p in ps:
                 p.config = dict(p.config, sweep=sweep["name"])
         points += ps
-    return " + ".join(names), points
+    if len(sweep_dirs) > 1:
+        keys.insert(0, "sweep")
+    return " + ".join(names), points, keys
 
 
 def plot(*sweep_dirs):
-    name, points = load_many(list(sweep_dirs))
-    points = [p for p in points if p.metrics]
+    name, points, keys = load_many(list(sweep_dirs))
     if not points:
         sys.exit(f"sweep plot: no point of {', '.join(sweep_dirs)} has metrics yet")
     out_dir = os.path.join(sweep_dirs[0], "figures" if len(sweep_dirs) == 1 else "figures-overlay")
     os.makedirs(out_dir, exist_ok=True)
-    keys = swept_keys(points)
-    if len(sweep_dirs) > 1 and "sweep" not in keys:
-        keys.insert(0, "sweep")
     groups = settings(points, [k for k in keys if k != "seed"])
     axes = " x ".join(k for k in keys if k not in ("lr", "min_lr", "train_iters", "seed")) or "one point"
     written = []

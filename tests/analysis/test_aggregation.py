@@ -100,6 +100,35 @@ class Aggregation(unittest.TestCase):
         for name in ("loss_vs_samples", "scaling", "lr_schedule"):
             self.assertTrue(os.path.exists(os.path.join(self.root, "figures", name + ".png")))
 
+    def test_overlaid_sweeps_are_labelled_by_sweep_name_and_their_own_axes(self):
+        # a second sweep whose base differs in model size and data path: those keys tell the two
+        # sweeps apart, so the sweep's name stands for them; its own axis (the optimizer) stays
+        other = os.path.join(self.tmp.name, "other")
+        os.makedirs(other)
+        pts = []
+        for opt in ("adamw", "lamb"):
+            cfg = {"optimizer": opt, "global_batch_size": 16, "lr": 0.002, "seed": 1, "train_iters": 16,
+                   "hidden_size": 64, "data_path": ["/data/other_text_document"]}
+            pts.append(write_point(other, f"{opt}-bs16-s1", cfg, 9.0 - np.arange(16) / 8, valid=7.5))
+        with open(os.path.join(other, "sweep.json"), "w") as f:
+            json.dump({"name": "other", "file": "/nonexistent.json", "points": pts}, f)
+        legends = {}
+        real_save = plot.save
+
+        def keep(fig, out_dir, name, written):
+            legends[name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+            real_save(fig, out_dir, name, written)
+        plot.save = keep
+        try:
+            plot.plot(self.root, other)
+        finally:
+            plot.save = real_save
+        self.assertEqual(sorted(legends["scaling"]), ["adamw, other", "lamb, fake", "lamb, other"])
+        for text in legends["loss_vs_samples"]:
+            self.assertNotIn("hidden_size", text)
+            self.assertNotIn("data_path", text)
+        self.assertIn("other, B=16", legends["loss_vs_samples"])
+
     def test_report_has_the_result_table_critical_batch_and_diverged_points(self):
         with open(report.report(self.root)) as f:
             page = f.read()
