@@ -231,12 +231,15 @@ def trust_ratios(groups, title, out_dir, written, max_panels=6):
         names = p.metrics.get("optimizer/tensor_names", [str(i) for i in range(r.shape[1])])
         rows, img = aggregate_rows(list(names), r)
         panels.append((p, rows, img))
+    # one color scale for every panel, so a color reads the same trust ratio in each
+    finite = np.concatenate([img[np.isfinite(img)] for _, _, img in panels])
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
     height = sum(1.2 + 0.16 * len(rows) for _, rows, _ in panels)
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, max(3.0, height)), squeeze=False,
                              gridspec_kw={"height_ratios": [max(1, len(rows)) for _, rows, _ in panels]})
     for ax, (p, rows, img) in zip(axes[:, 0], panels):
         it = p.series("optimizer/iteration")
-        m = ax.imshow(img, aspect="auto", interpolation="nearest", cmap="magma",
+        m = ax.imshow(img, aspect="auto", interpolation="nearest", cmap="magma", vmin=vmin, vmax=vmax,
                       extent=[it[0] if len(it) else 0, it[-1] if len(it) else 1, len(rows) - 0.5, -0.5])
         ax.set_yticks(range(len(rows)))
         ax.set_yticklabels(rows, fontsize=7)

@@ -129,6 +129,29 @@ class Aggregation(unittest.TestCase):
             self.assertNotIn("data_path", text)
         self.assertIn("other, B=16", legends["loss_vs_samples"])
 
+    def test_trust_ratio_panels_share_one_color_scale(self):
+        # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
+        for B, (lo, hi) in ((8, (0.01, 1.0)), (32, (1.0, 10.0))):
+            with h5py.File(os.path.join(self.root, f"lamb-bs{B}-s1", "metrics.h5"), "a") as f:
+                f["optimizer/trust_ratio"] = np.array([[lo, hi], [hi, lo]])
+                f["optimizer/iteration"] = np.array([1.0, 2.0])
+                f["optimizer/tensor_names"] = np.array([b"layers.0.weight", b"layers.0.bias"])
+        limits = {}
+        real_save = plot.save
+
+        def keep(fig, out_dir, name, written):
+            limits[name] = [im.get_clim() for ax in fig.axes for im in ax.images]
+            real_save(fig, out_dir, name, written)
+        plot.save = keep
+        try:
+            plot.plot(self.root)
+        finally:
+            plot.save = real_save
+        self.assertEqual(len(limits["trust_ratio"]), 2)
+        for clim in limits["trust_ratio"]:
+            self.assertAlmostEqual(clim[0], -2.0)
+            self.assertAlmostEqual(clim[1], 1.0)
+
     def test_report_has_the_result_table_critical_batch_and_diverged_points(self):
         with open(report.report(self.root)) as f:
             page = f.read()
