@@ -112,11 +112,12 @@ class Aggregation(unittest.TestCase):
             pts.append(write_point(other, f"{opt}-bs16-s1", cfg, 9.0 - np.arange(16) / 8, valid=7.5))
         with open(os.path.join(other, "sweep.json"), "w") as f:
             json.dump({"name": "other", "file": "/nonexistent.json", "points": pts}, f)
-        legends = {}
+        legends, ylims = {}, {}
         real_save = plot.save
 
         def keep(fig, out_dir, name, written):
             legends[name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+            ylims[name] = {ax.get_title(): ax.get_ylim() for ax in fig.axes}
             real_save(fig, out_dir, name, written)
         plot.save = keep
         try:
@@ -128,6 +129,10 @@ class Aggregation(unittest.TestCase):
             self.assertNotIn("hidden_size", text)
             self.assertNotIn("data_path", text)
         self.assertIn("other, B=16", legends["loss_vs_samples"])
+        # learning rates a panel per optimizer: adamw's 0.002 is not squeezed under lamb's 0.01
+        self.assertEqual(sorted(ylims["lr_schedule"]), ["adamw", "lamb"])
+        self.assertLess(ylims["lr_schedule"]["adamw"][1], 0.005)
+        self.assertGreater(ylims["lr_schedule"]["lamb"][1], 0.0099)
 
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
