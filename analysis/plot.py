@@ -256,24 +256,30 @@ def trust_ratios(groups, title, out_dir, written, max_panels=6):
 
 
 def noise_scale(groups, keys, title, out_dir, written):
+    """B_simple by iteration, a panel per optimizer (as the loss curves), one shared log axis."""
     curves = [(g, g.curve("noise_scale/iteration", "noise_scale/b_simple")) for g in groups]
     curves = [(g, c) for g, c in curves if c is not None]
     if not curves:
         return
-    fig, ax = plt.subplots(figsize=(6.5, 4))
     by_opt = {}
     for g, c in curves:
         by_opt.setdefault(g.optimizer, []).append((g, c))
-    for k, (opt, og) in enumerate(by_opt.items()):
-        for i, (g, (x, mean, lo, hi)) in enumerate(sorted(og, key=lambda gc: gc[0].batch)):
-            ax.plot(x, mean, color=plt.get_cmap("tab10")(k), alpha=0.35 + 0.65 * (i + 1) / len(og), lw=1,
-                    label=f"{opt}, {label(g, keys)}")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("B_simple = tr(Sigma) / |G|^2")
-    ax.set_yscale("log")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=6)
-    ax.set_title(title)
+    fig, axes = plt.subplots(1, len(by_opt), figsize=(5.5 * len(by_opt), 4), sharey=True, squeeze=False)
+    for ax, (opt, og) in zip(axes[0], by_opt.items()):
+        og.sort(key=lambda gc: (gc[0].batch, gc[0].points[0].id))
+        cmap = plt.get_cmap("viridis", max(2, len(og)))
+        for i, (g, (x, mean, lo, hi)) in enumerate(og):
+            ax.plot(x, mean, color=cmap(i), lw=1.2, label=label(g, keys))
+            if len(g.points) > 1:
+                ax.fill_between(x, lo, hi, color=cmap(i), alpha=0.2, lw=0)
+        ax.set_title(opt)
+        ax.set_xlabel("iteration")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("B_simple = tr(Sigma) / |G|^2")
+    fig.suptitle(title + ("; lines: mean over seeds, bands: " + SPREAD_LABEL
+                          if any(len(g.points) > 1 for g, _ in curves) else ""))
     save(fig, out_dir, "noise_scale", written)
 
 

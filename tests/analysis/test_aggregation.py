@@ -29,6 +29,8 @@ def write_point(root, pid, config, loss, valid=None, diverged_at=None):
         f["train/consumed_samples"] = it * config["global_batch_size"]
         f["train/learning_rate"] = np.full(n, config["lr"])
         f["train/tokens_per_second"] = np.full(n, 152340.0)  # a GPU's rate, in the points table
+        f["noise_scale/iteration"] = it
+        f["noise_scale/b_simple"] = np.full(n, 4.0)
         if valid is not None:
             f["validation/iteration"] = np.array([float(config["train_iters"])])
             f["validation/lm_loss"] = np.array([valid])
@@ -133,6 +135,7 @@ class Aggregation(unittest.TestCase):
         self.assertEqual(sorted(ylims["lr_schedule"]), ["adamw", "lamb"])
         self.assertLess(ylims["lr_schedule"]["adamw"][1], 0.005)
         self.assertGreater(ylims["lr_schedule"]["lamb"][1], 0.0099)
+        self.assertEqual(sorted(ylims["noise_scale"]), ["adamw", "lamb"])
 
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
