@@ -83,12 +83,12 @@ int export_csv(const fs::path& dir, const fs::path& file) {
     std::string prefix = csv_field(id);
     for (const auto& a : sp.axes) prefix += "," + csv_field(config.contains(a) ? value_text(config[a]) : "");
     const double batch = config.value("global_batch_size", 0.0);
-    for (const auto& [name, values] : series) {
-      const auto slash = name.rfind('/');
-      if (slash == std::string::npos || name.substr(slash + 1) == "iteration") continue;
+    for (const auto& [name, values] : series) {  // steps: "<group>/iteration", group the first component
+      const auto slash = name.find('/');
+      if (slash == std::string::npos) continue;
       const std::string group = name.substr(0, slash);
       const auto steps = series.find(group + "/iteration");
-      if (steps == series.end()) continue;
+      if (steps == series.end() || steps->first == name) continue;
       const auto samples = series.find(group + "/consumed_samples");
       for (size_t r = 0; r < values.size() && r < steps->second.size(); ++r) {
         const double step = steps->second[r];

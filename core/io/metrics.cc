@@ -54,6 +54,52 @@ void truncate_group(hid_t f, const std::string& group, int64_t last, const std::
   }
 }
 
+// A 1-D string dataset (variable or fixed length, as train or h5py writes it) as strings;
+// empty when `name` is no such dataset.
+std::vector<std::string> read_strings(hid_t f, const std::string& name) {
+  if (H5Lexists(f, name.c_str(), H5P_DEFAULT) <= 0) return {};
+  Handle d(H5Dopen2(f, name.c_str(), H5P_DEFAULT), H5Dclose);
+  if (d.id < 0) return {};
+  Handle type(H5Dget_type(d.id), H5Tclose);
+  Handle space(H5Dget_space(d.id), H5Sclose);
+  if (H5Tget_class(type.id) != H5T_STRING || H5Sget_simple_extent_ndims(space.id) != 1) return {};
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.id, &n, nullptr);
+  std::vector<std::string> out;
+  Handle mem(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_cset(mem.id, H5Tget_cset(type.id));  // HDF5 converts no strings between ASCII and UTF-8
+  if (H5Tis_variable_str(type.id) > 0) {
+    H5Tset_size(mem.id, H5T_VARIABLE);
+    std::vector<char*> ptrs(n, nullptr);
+    if (n && H5Dread(d.id, mem.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0) return {};
+    for (char* p : ptrs) {
+      out.emplace_back(p ? p : "");
+      if (p) H5free_memory(p);
+    }
+  } else {
+    const size_t width = H5Tget_size(type.id);
+    H5Tset_size(mem.id, width);
+    H5Tset_strpad(mem.id, H5T_STR_NULLPAD);
+    std::vector<char> buf(n * width);
+    if (n && H5Dread(d.id, mem.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) return {};
+    for (size_t i = 0; i < n; ++i) out.emplace_back(buf.data() + i * width, strnlen(buf.data() + i * width, width));
+  }
+  return out;
+}
+
+// The names of the `width` columns of 2-D series "group/name": "group/tensor_names" where
+// it has that many, else the column indices.
+std::vector<std::string> column_names(hid_t f, const std::string& series, size_t width) {
+  const auto slash = series.find('/');
+  std::vector<std::string> names;
+  if (slash != std::string::npos) names = read_strings(f, series.substr(0, slash) + "/tensor_names");
+  if (names.size() != width) {
+    names.clear();
+    for (size_t c = 0; c < width; ++c) names.push_back(std::to_string(c));
+  }
+  return names;
+}
+
 // File access through HDF5's core driver without a backing store: the file lives in
 // memory, and persist() writes its image to disk.
 hid_t in_memory_access() {
@@ -210,10 +256,20 @@ void MetricsFile::flush() {
     written_strings_[name] = values;
   }
   strings_.clear();
-  if (listener_) {  // the new rows of the 1-D series, before they are written
+  if (listener_) {  // the new rows of every series, before they are written; a 2-D one's columns by name
     std::map<std::string, std::vector<double>> rows;
-    for (const auto& [series, p] : pending_)
-      if (p.width == 0 && !p.values.empty()) rows[series] = p.values;
+    for (const auto& [series, p] : pending_) {
+      if (p.values.empty()) continue;
+      if (p.width == 0) {
+        rows[series] = p.values;
+        continue;
+      }
+      const auto names = column_names(file_, series, p.width);
+      for (size_t c = 0; c < p.width; ++c) {
+        std::vector<double>& column = rows[series + "/" + names[c]];
+        for (size_t r = c; r < p.values.size(); r += p.width) column.push_back(p.values[r]);
+      }
+    }
     if (!rows.empty()) listener_(rows);
   }
   for (auto& [series, p] : pending_) {
@@ -263,7 +319,10 @@ std::map<std::string, std::vector<double>> read_metric_series(const std::filesys
   silence_hdf5();
   Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, path.string(), ": cannot open as HDF5 (not a metrics.h5 written by train?)");
-  std::map<std::string, std::vector<double>> out;
+  struct Found {
+    std::map<std::string, std::vector<double>> series;
+    std::map<std::string, std::pair<size_t, std::vector<double>>> tables;  // 2-D: width, row-major values
+  } found;
   H5Lvisit(
       f.id, H5_INDEX_NAME, H5_ITER_INC,
       [](hid_t root, const char* name, const H5L_info_t*, void* data) -> herr_t {
@@ -273,16 +332,28 @@ std::map<std::string, std::vector<double>> read_metric_series(const std::filesys
         const H5T_class_t c = H5Tget_class(type.id);
         if (c != H5T_FLOAT && c != H5T_INTEGER) return 0;
         Handle space(H5Dget_space(d.id), H5Sclose);
-        if (H5Sget_simple_extent_ndims(space.id) != 1) return 0;
-        hsize_t n = 0;
-        H5Sget_simple_extent_dims(space.id, &n, nullptr);
-        std::vector<double> v(n);
-        if (n && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) return -1;
-        (*static_cast<std::map<std::string, std::vector<double>>*>(data))[name] = std::move(v);
+        const int rank = H5Sget_simple_extent_ndims(space.id);
+        if (rank != 1 && rank != 2) return 0;
+        hsize_t dims[2] = {0, 1};
+        H5Sget_simple_extent_dims(space.id, dims, nullptr);
+        if (dims[1] == 0) return 0;
+        std::vector<double> v(dims[0] * dims[1]);
+        if (!v.empty() && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) return -1;
+        Found& out = *static_cast<Found*>(data);
+        if (rank == 1) out.series[name] = std::move(v);
+        else out.tables[name] = {static_cast<size_t>(dims[1]), std::move(v)};
         return 0;
       },
-      &out);
-  return out;
+      &found);
+  for (const auto& [name, table] : found.tables) {
+    const auto& [width, values] = table;
+    const auto names = column_names(f.id, name, width);
+    for (size_t c = 0; c < width; ++c) {
+      std::vector<double>& column = found.series[name + "/" + names[c]];
+      for (size_t r = c; r < values.size(); r += width) column.push_back(values[r]);
+    }
+  }
+  return std::move(found.series);
 }
 
 }  // namespace megabatch::io

@@ -47,8 +47,9 @@ class MetricsFile {
   void set_strings(const std::string& name, const std::vector<std::string>& values);
   // Writes buffered values. Error naming the file on failure (disk full, ...).
   void flush();
-  // Called at each flush with the new rows of every 1-D series ("train/lm_loss": values
-  // appended since the last flush), e.g. to mirror them into TensorBoard.
+  // Called at each flush with the new rows of every series ("train/lm_loss": values
+  // appended since the last flush; a 2-D series a column each, named as
+  // read_metric_series names them), e.g. to mirror them into TensorBoard.
   using Listener = std::function<void(const std::map<std::string, std::vector<double>>&)>;
   void on_flush(Listener listener) { listener_ = std::move(listener); }
   const std::filesystem::path& path() const { return path_; }
@@ -70,7 +71,11 @@ class MetricsFile {
   Listener listener_;
 };
 
-// Every 1-D numeric series of a metrics.h5 ("train/lm_loss" -> values), for exports.
+// Every numeric series of a metrics.h5, for exports: 1-D ones as they are ("train/lm_loss"
+// -> values), 2-D ones a column each, named by the group's tensor_names
+// ("optimizer/trust_ratio/embedding.word_embeddings.weight" -> values; the column index
+// where the names are missing). A series' steps are "<group>/iteration" (group: the name's
+// first component).
 std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path);
 
 }  // namespace megabatch::io

@@ -92,17 +92,12 @@ void TensorBoardWriter::scalar(const std::string& tag, int64_t step, double valu
 
 void TensorBoardWriter::series(const std::map<std::string, std::vector<double>>& columns, size_t first,
                                double wall_time) {
-  std::map<std::string, const std::vector<double>*> steps;  // group -> its iteration column
-  for (const auto& [name, values] : columns) {
-    const auto slash = name.rfind('/');
-    if (slash != std::string::npos && name.substr(slash + 1) == "iteration") steps[name.substr(0, slash)] = &values;
-  }
-  for (const auto& [name, values] : columns) {
-    const auto slash = name.rfind('/');
+  for (const auto& [name, values] : columns) {  // a series' steps: "<group>/iteration", group its first component
+    const auto slash = name.find('/');
     if (slash == std::string::npos) continue;
-    const auto it = steps.find(name.substr(0, slash));
-    if (it == steps.end() || name.substr(slash + 1) == "iteration") continue;
-    const std::vector<double>& s = *it->second;
+    const auto steps = columns.find(name.substr(0, slash) + "/iteration");
+    if (steps == columns.end() || steps->first == name) continue;
+    const std::vector<double>& s = steps->second;
     for (size_t r = first; r < values.size() && r < s.size(); ++r)
       if (std::isfinite(s[r])) scalar(name, static_cast<int64_t>(s[r]), values[r], wall_time);
   }

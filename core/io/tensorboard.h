@@ -31,9 +31,10 @@ class TensorBoardWriter {
 
   // One scalar event; wall_time in seconds since the epoch (< 0: now).
   void scalar(const std::string& tag, int64_t step, double value, double wall_time = -1);
-  // Series of one metrics group as MetricsFile holds them ("train/iteration",
-  // "train/lm_loss", ...): each series other than the group's iteration becomes the tag
-  // of the same name, its rows at the steps of "<group>/iteration" (rows `first` on).
+  // Series as read_metric_series gives them ("train/iteration", "train/lm_loss",
+  // "optimizer/trust_ratio/<tensor>", ...): each series other than a group's iteration
+  // becomes the tag of the same name, its rows at the steps of "<group>/iteration" (group:
+  // the name's first component; rows `first` on).
   void series(const std::map<std::string, std::vector<double>>& columns, size_t first = 0, double wall_time = -1);
   void flush();
   const std::filesystem::path& path() const { return path_; }

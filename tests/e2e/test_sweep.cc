@@ -467,12 +467,14 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
                                " " + tb.string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.rfind("ok: ", 0), 0u) << r.output;
+  // LAMB's per-tensor diagnostics (optimizer/trust_ratio, ...: step x tensor) are exported too
+  EXPECT_EQ(r.output.find(", 0 of them per tensor"), std::string::npos) << r.output;
 
   // train --tensorboard-dir: the same scalars, written as the run goes
   const fs::path live = tmp / "live";
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
                                "--seq-length 16 --micro-batch-size 4 --global-batch-size 4 --train-iters 6 --lr 1e-3 "
-                               "--log-interval 2 --eval-iters 1 --threads 1 --data-path " +
+                               "--log-interval 2 --eval-iters 1 --threads 1 --optimizer lamb --data-path " +
                                (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " +
                                (live / "run").string() + " --tensorboard-dir " + (live / "tb").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -486,8 +488,13 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
                                "assert [x[1] for x in loss] == [int(i) for i in f['train/iteration']], loss\n"
                                "assert all(abs(x[2] - v) < 1e-5 * v for x, v in zip(loss, f['train/lm_loss'])), loss\n"
                                "assert [x[2] for x in s if x[0] == 'validation/lm_loss'], s\n"
-                               "print('ok', len(loss))\"");
-  EXPECT_EQ(r.output, "ok 6\n") << r.output;
+                               "names = [n.decode() for n in f['optimizer/tensor_names']]\n"
+                               "tr = [x for x in s if x[0] == 'optimizer/trust_ratio/' + names[0]]\n"
+                               "assert [x[1] for x in tr] == [int(i) for i in f['optimizer/iteration']], tr\n"
+                               "ref = f['optimizer/trust_ratio'][:, 0]\n"
+                               "assert all(abs(x[2] - v) < 1e-5 * abs(v) for x, v in zip(tr, ref)), tr\n"
+                               "print('ok', len(loss), len(tr))\"");
+  EXPECT_EQ(r.output, "ok 6 3\n") << r.output;
 }
 
 // A sweep that keeps its checkpoints ("checkpoints": "all"): status says how much sweep prune

@@ -1,9 +1,11 @@
 #!/usr/bin/python3
 """Checks a sweep's exports against its metrics.h5 files read with h5py: the CSV (read
 with Python's csv module) and the TensorBoard event files (read by read_tfevents.py) hold
-every logged value of every point at its iteration, with the point's swept values.
+every logged value of every point at its iteration, with the point's swept values; a 2-D
+series (logged step x tensor, such as optimizer/trust_ratio) as a series per column named
+"<series>/<tensor name>" from the group's tensor_names.
 
-usage: check_exports.py SWEEP_DIR CSV_FILE TB_DIR   (prints "ok: N values" or fails)
+usage: check_exports.py SWEEP_DIR CSV_FILE TB_DIR   (prints "ok: N values, M of them per tensor" or fails)
 """
 import csv
 import glob
@@ -22,8 +24,17 @@ def series(path):
     out = {}
     with h5py.File(path, "r") as f:
         def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and obj.ndim == 1 and obj.dtype.kind in "fiu":
+            if not isinstance(obj, h5py.Dataset) or obj.dtype.kind not in "fiu":
+                return
+            if obj.ndim == 1:
                 out[name] = [float(x) for x in obj[()]]
+            elif obj.ndim == 2:
+                names = f.get(name.split("/")[0] + "/tensor_names")
+                names = [n.decode() if isinstance(n, bytes) else str(n) for n in names[()]] if names is not None else []
+                if len(names) != obj.shape[1]:
+                    names = [str(c) for c in range(obj.shape[1])]
+                for c, tensor in enumerate(names):
+                    out[f"{name}/{tensor}"] = [float(x) for x in obj[:, c]]
         f.visititems(visit)
     return out
 
@@ -36,7 +47,7 @@ def main(sweep_dir, csv_file, tb_dir):
     assert rows, "empty CSV"
     for col in ("point", "global_batch_size", "step", "samples", "metric", "value"):
         assert col in rows[0], f"CSV has no column {col}: {list(rows[0])}"
-    checked = 0
+    checked = per_tensor = 0
     for p in points:
         s = series(os.path.join(sweep_dir, p["id"], "metrics.h5"))
         mine = [r for r in rows if r["point"] == p["id"]]
@@ -46,8 +57,8 @@ def main(sweep_dir, csv_file, tb_dir):
         tb = read_tfevents.read(events[0])
         assert tb["file_version"] == "brain.Event:2", tb["file_version"]
         for name, values in s.items():
-            group, metric = name.rsplit("/", 1)
-            if metric == "iteration" or group + "/iteration" not in s:
+            group = name.split("/")[0]
+            if name == group + "/iteration" or group + "/iteration" not in s:
                 continue
             steps = s[group + "/iteration"]
             csv_rows = [r for r in mine if r["metric"] == name]
@@ -62,8 +73,9 @@ def main(sweep_dir, csv_file, tb_dir):
                 if group == "train":
                     assert float(r["samples"]) == s["train/consumed_samples"][steps.index(step)], r
                 checked += 1
+                per_tensor += name.count("/") > 1
     assert checked > 0
-    print(f"ok: {checked} values")
+    print(f"ok: {checked} values, {per_tensor} of them per tensor")
 
 
 if __name__ == "__main__":
