@@ -44,6 +44,27 @@ def write_point(root, pid, config, loss, valid=None, diverged_at=None):
     return {"id": pid, "state": "done" if diverged_at is None else "diverged", "config": config}
 
 
+def plotted(*sweep_dirs):
+    """plot.plot(*sweep_dirs), and per figure what its axes show: y-limits (in axis order and
+    by axis title), legend texts and the color limits of its images."""
+    shown = {}
+    real_save = plot.save
+
+    def keep(fig, out_dir, name, written):
+        shown[name] = {"ylims": [ax.get_ylim() for ax in fig.axes],
+                       "ylim_by_title": {ax.get_title(): ax.get_ylim() for ax in fig.axes},
+                       "legend": [t.get_text() for ax in fig.axes if ax.get_legend()
+                                  for t in ax.get_legend().get_texts()],
+                       "clims": [im.get_clim() for ax in fig.axes for im in ax.images]}
+        real_save(fig, out_dir, name, written)
+    plot.save = keep
+    try:
+        plot.plot(*sweep_dirs)
+    finally:
+        plot.save = real_save
+    return shown
+
+
 class Aggregation(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.TemporaryDirectory()
@@ -84,20 +105,10 @@ class Aggregation(unittest.TestCase):
         self.assertEqual(d.state, "diverged")
         self.assertTrue(math.isnan(d.result()))
         self.assertIn("iteration 3: lm loss is nan", d.reason)
-        captured = {}
-        real_save = plot.save
-
-        def keep(fig, out_dir, name, written):
-            captured[name] = [ax.get_ylim() for ax in fig.axes]
-            real_save(fig, out_dir, name, written)
-        plot.save = keep
-        try:
-            plot.plot(self.root)
-        finally:
-            plot.save = real_save
-        top = max(hi for _, hi in captured["loss_vs_iteration"])
+        shown = plotted(self.root)
+        top = max(hi for _, hi in shown["loss_vs_iteration"]["ylims"])
         self.assertLess(top, 20.0, "the diverged curve (1e8) must not set the y-axis")
-        lo, hi = captured["scaling"][0]
+        lo, hi = shown["scaling"]["ylims"][0]
         self.assertLess(hi - lo, 1.0)
         for name in ("loss_vs_samples", "scaling", "lr_schedule"):
             self.assertTrue(os.path.exists(os.path.join(self.root, "figures", name + ".png")))
@@ -114,28 +125,18 @@ class Aggregation(unittest.TestCase):
             pts.append(write_point(other, f"{opt}-bs16-s1", cfg, 9.0 - np.arange(16) / 8, valid=7.5))
         with open(os.path.join(other, "sweep.json"), "w") as f:
             json.dump({"name": "other", "file": "/nonexistent.json", "points": pts}, f)
-        legends, ylims = {}, {}
-        real_save = plot.save
-
-        def keep(fig, out_dir, name, written):
-            legends[name] = [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
-            ylims[name] = {ax.get_title(): ax.get_ylim() for ax in fig.axes}
-            real_save(fig, out_dir, name, written)
-        plot.save = keep
-        try:
-            plot.plot(self.root, other)
-        finally:
-            plot.save = real_save
-        self.assertEqual(sorted(legends["scaling"]), ["adamw, other", "lamb, fake", "lamb, other"])
-        for text in legends["loss_vs_samples"]:
+        shown = plotted(self.root, other)
+        self.assertEqual(sorted(shown["scaling"]["legend"]), ["adamw, other", "lamb, fake", "lamb, other"])
+        for text in shown["loss_vs_samples"]["legend"]:
             self.assertNotIn("hidden_size", text)
             self.assertNotIn("data_path", text)
-        self.assertIn("other, B=16", legends["loss_vs_samples"])
+        self.assertIn("other, B=16", shown["loss_vs_samples"]["legend"])
         # learning rates a panel per optimizer: adamw's 0.002 is not squeezed under lamb's 0.01
-        self.assertEqual(sorted(ylims["lr_schedule"]), ["adamw", "lamb"])
-        self.assertLess(ylims["lr_schedule"]["adamw"][1], 0.005)
-        self.assertGreater(ylims["lr_schedule"]["lamb"][1], 0.0099)
-        self.assertEqual(sorted(ylims["noise_scale"]), ["adamw", "lamb"])
+        lr = shown["lr_schedule"]["ylim_by_title"]
+        self.assertEqual(sorted(lr), ["adamw", "lamb"])
+        self.assertLess(lr["adamw"][1], 0.005)
+        self.assertGreater(lr["lamb"][1], 0.0099)
+        self.assertEqual(sorted(shown["noise_scale"]["ylim_by_title"]), ["adamw", "lamb"])
 
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
@@ -144,19 +145,9 @@ class Aggregation(unittest.TestCase):
                 f["optimizer/trust_ratio"] = np.array([[lo, hi], [hi, lo]])
                 f["optimizer/iteration"] = np.array([1.0, 2.0])
                 f["optimizer/tensor_names"] = np.array([b"layers.0.weight", b"layers.0.bias"])
-        limits = {}
-        real_save = plot.save
-
-        def keep(fig, out_dir, name, written):
-            limits[name] = [im.get_clim() for ax in fig.axes for im in ax.images]
-            real_save(fig, out_dir, name, written)
-        plot.save = keep
-        try:
-            plot.plot(self.root)
-        finally:
-            plot.save = real_save
-        self.assertEqual(len(limits["trust_ratio"]), 2)
-        for clim in limits["trust_ratio"]:
+        clims = plotted(self.root)["trust_ratio"]["clims"]
+        self.assertEqual(len(clims), 2)
+        for clim in clims:
             self.assertAlmostEqual(clim[0], -2.0)
             self.assertAlmostEqual(clim[1], 1.0)
 
