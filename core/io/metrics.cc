@@ -87,17 +87,18 @@ std::vector<std::string> read_strings(hid_t f, const std::string& name) {
   return out;
 }
 
-// The names of the `width` columns of 2-D series "group/name": "group/tensor_names" where
-// it has that many, else the column indices.
-std::vector<std::string> column_names(hid_t f, const std::string& series, size_t width) {
+// The rows of 2-D series "group/name" (row-major, `width` values a row) as a series per
+// column in `out`, "group/name/<column>": the column named by "group/tensor_names" where it
+// has `width` names, else by its index.
+void add_columns(hid_t f, const std::string& series, size_t width, const std::vector<double>& values,
+                 std::map<std::string, std::vector<double>>& out) {
   const auto slash = series.find('/');
   std::vector<std::string> names;
   if (slash != std::string::npos) names = read_strings(f, series.substr(0, slash) + "/tensor_names");
-  if (names.size() != width) {
-    names.clear();
-    for (size_t c = 0; c < width; ++c) names.push_back(std::to_string(c));
+  for (size_t c = 0; c < width; ++c) {
+    std::vector<double>& column = out[series + "/" + (names.size() == width ? names[c] : std::to_string(c))];
+    for (size_t r = c; r < values.size(); r += width) column.push_back(values[r]);
   }
-  return names;
 }
 
 // File access through HDF5's core driver without a backing store: the file lives in
@@ -260,15 +261,8 @@ void MetricsFile::flush() {
     std::map<std::string, std::vector<double>> rows;
     for (const auto& [series, p] : pending_) {
       if (p.values.empty()) continue;
-      if (p.width == 0) {
-        rows[series] = p.values;
-        continue;
-      }
-      const auto names = column_names(file_, series, p.width);
-      for (size_t c = 0; c < p.width; ++c) {
-        std::vector<double>& column = rows[series + "/" + names[c]];
-        for (size_t r = c; r < p.values.size(); r += p.width) column.push_back(p.values[r]);
-      }
+      if (p.width == 0) rows[series] = p.values;
+      else add_columns(file_, series, p.width, p.values, rows);
     }
     if (!rows.empty()) listener_(rows);
   }
@@ -345,14 +339,7 @@ std::map<std::string, std::vector<double>> read_metric_series(const std::filesys
         return 0;
       },
       &found);
-  for (const auto& [name, table] : found.tables) {
-    const auto& [width, values] = table;
-    const auto names = column_names(f.id, name, width);
-    for (size_t c = 0; c < width; ++c) {
-      std::vector<double>& column = found.series[name + "/" + names[c]];
-      for (size_t r = c; r < values.size(); r += width) column.push_back(values[r]);
-    }
-  }
+  for (const auto& [name, table] : found.tables) add_columns(f.id, name, table.first, table.second, found.series);
   return std::move(found.series);
 }
 
