@@ -5,6 +5,7 @@ import io
 import json
 import math
 import os
+import shutil
 import sys
 import tempfile
 import unittest
@@ -137,6 +138,21 @@ class Aggregation(unittest.TestCase):
         self.assertLess(lr["adamw"][1], 0.005)
         self.assertGreater(lr["lamb"][1], 0.0099)
         self.assertEqual(sorted(shown["noise_scale"]["ylim_by_title"]), ["adamw", "lamb"])
+
+    def test_two_runs_of_one_sweep_file_stay_two_lines_not_seeds_of_one(self):
+        # the same sweep (same name, same seeds) run twice, say at two commits: runs/fake and
+        # again/fake are told apart by their directories, not averaged as 4 seeds
+        first = os.path.join(self.tmp.name, "runs", "fake")
+        second = os.path.join(self.tmp.name, "again", "fake")
+        for d in (first, second):
+            shutil.copytree(self.root, d, ignore=shutil.ignore_patterns("runs", "again", "figures*"))
+        legend = plotted(first, second)["loss_vs_samples"]["legend"]
+        self.assertIn("runs/fake, B=16, 2 seeds", legend)
+        self.assertIn("again/fake, B=16, 2 seeds", legend)
+        self.assertFalse([t for t in legend if "4 seeds" in t], legend)
+        with self.assertRaises(SystemExit) as e:
+            plot.plot(first, os.path.join(first, "."))
+        self.assertIn("is given twice", str(e.exception))
 
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
