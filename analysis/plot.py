@@ -14,6 +14,7 @@ min-max band. Every other swept value (and, with several DIRs, the sweep) is its
 Diverged points are drawn up to where they left the axes and marked with an x at the top
 edge; the axes are scaled to the points that did not diverge. Works on running sweeps.
 """
+import json
 import math
 import os
 import re
@@ -121,12 +122,27 @@ def loss_curves(groups, keys, title, x_name, x_label, out_dir, name, written):
     save(fig, out_dir, name, written)
 
 
+def line_keys(groups, keys):
+    """The keys that split the scaling figure into lines (besides the optimizer): the swept
+    axes other than the batch size, and any derived key (lr, train_iters, ...) that still
+    differs between settings of one batch size within a line. The learning rate scaled with
+    the batch stays inside a line; an lr grid at one batch size is a line per lr, not a
+    vertical zig-zag through all of them."""
+    base = [k for k in keys if k not in HIDDEN and k not in ("global_batch_size", "lr")]
+    derived = [k for k in keys if k not in base and k not in ("global_batch_size", "seed", "optimizer")]
+    same_batch = {}
+    for g in groups:
+        same_batch.setdefault((g.optimizer, g.batch, json.dumps([g.config.get(k) for k in base])), []).append(g)
+    return base + [k for k in derived
+                   if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
+
+
 def scaling(groups, keys, title, out_dir, written):
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
     lines = {}
+    split = line_keys(groups, keys)
     for g in groups:
-        other = tuple((k, str(g.config.get(k))) for k in keys
-                      if k not in HIDDEN and k not in ("global_batch_size", "lr"))
+        other = tuple((k, g.config.get(k)) for k in split)
         lines.setdefault((g.optimizer, other), []).append(g)
     healthy, diverged = [], []
     for k, ((opt, other), gs) in enumerate(sorted(lines.items(), key=lambda kv: str(kv[0]))):
@@ -142,7 +158,8 @@ def scaling(groups, keys, title, out_dir, written):
                 hi.append(z - m)
             if g.diverged:
                 diverged.append((g.batch, color, len(g.diverged), len(g.points)))
-        name = opt + "".join(f", {v}" if k == "sweep" else f", {k}={v}" for k, v in other)
+        name = opt + "".join(f", {v}" if k == "sweep" else f", {k}={v:.3g}" if isinstance(v, float) else f", {k}={v}"
+                             for k, v in other)
         if b:
             ax.errorbar(b, mean, yerr=[lo, hi], fmt="o-", color=color, capsize=3, label=name)
             healthy.append(np.array(mean) - np.array(lo))

@@ -56,8 +56,8 @@ def result_table(groups, analysis, other_keys):
     batches = sorted({g.batch for g in groups})
     rows = {}
     for g in groups:
-        other = ", ".join(f"{k}={g.config[k]}" for k in sorted(g.config)
-                          if k in other_keys and k not in ("optimizer", "global_batch_size"))
+        other = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                          for k, v in ((k, g.config[k]) for k in other_keys if k in g.config))
         rows.setdefault((g.optimizer, other), {})[g.batch] = g
     best = {}
     for B in batches:
@@ -129,8 +129,8 @@ def report(sweep_dir):
     analysis, _ = critical_batch.run(sweep_dir)
     sweep, points = load_points(sweep_dir)
     keys = [k for k in swept_keys(points) if k != "min_lr"]
-    other_keys = {k for k in keys if k not in ("seed", "lr", "train_iters", "lr_warmup_iters")}
     groups = settings(points, [k for k in keys if k != "seed"])
+    other_keys = plot.line_keys(groups, keys)  # a row per line of the scaling figure
     rows = []
     for p in points:
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]

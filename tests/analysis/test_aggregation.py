@@ -154,6 +154,29 @@ class Aggregation(unittest.TestCase):
             plot.plot(first, os.path.join(first, "."))
         self.assertIn("is given twice", str(e.exception))
 
+    def test_an_lr_grid_at_one_batch_size_is_a_line_and_a_row_per_lr(self):
+        # as experiments/lamb_bsz_lr.json: the lr swept at batch 8 is a line (here a point) per
+        # lr; as lamb_bsz.json: an lr scaled with the batch stays inside one line
+        def sweep(name, batches_lrs):
+            d = os.path.join(self.tmp.name, name)
+            os.makedirs(d)
+            pts = []
+            for B, lr in batches_lrs:
+                cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": lr, "seed": 1, "train_iters": 8}
+                pts.append(write_point(d, f"lamb-bs{B}-lr{lr}-s1", cfg, 9.0 - np.arange(8) / 8, valid=7.0 + lr))
+            with open(os.path.join(d, "sweep.json"), "w") as f:
+                json.dump({"name": name, "file": "/nonexistent.json", "points": pts}, f)
+            return d, plotted(d)["scaling"]["legend"]
+        grid, legend = sweep("grid", [(8, 0.01), (8, 0.02), (8, 0.04)])
+        self.assertEqual(legend, ["lamb, lr=0.01", "lamb, lr=0.02", "lamb, lr=0.04"])
+        # the report's result table: a row per lr, where the three shared one cell (two lost)
+        with open(report.report(grid)) as f:
+            page = f.read()
+        for lr, valid in ((0.01, "7.010"), (0.02, "7.020"), (0.04, "7.040")):
+            self.assertIn(f"<td>lamb (lr={lr})</td><td>", page)
+            self.assertIn(valid, page)
+        self.assertEqual(sweep("scaled", [(8, 0.01), (16, 0.01 * 2 ** 0.5), (32, 0.02)])[1], ["lamb"])
+
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
         for B, (lo, hi) in ((8, (0.01, 1.0)), (32, (1.0, 10.0))):
