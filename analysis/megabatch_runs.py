@@ -205,6 +205,29 @@ def settings(points, keys=None):
     return [Setting(g) for g in groups.values()]
 
 
+# Keys that never name a line or a row by themselves: the optimizer has its own place, the
+# rest are derived from the batch size or are seeds.
+HIDDEN = ("optimizer", "train_iters", "min_lr", "seed", "lr_warmup_iters", "lr_decay_iters")
+
+
+def line_keys(items, keys, derived=True):
+    """The keys that, besides the optimizer, tell the lines of a figure against batch size (the
+    rows of the result table, the series of the critical-batch analysis) apart: the swept axes
+    other than the batch size, and (with `derived`) any key derived from the batch (lr,
+    train_iters, ...) that still differs between items of one batch size within a line. The
+    learning rate scaled with the batch stays inside a line; an lr grid at one batch size is a
+    line per lr, not a vertical zig-zag. Items: points or settings (.optimizer, .batch, .config)."""
+    base = [k for k in keys if k not in HIDDEN and k not in ("global_batch_size", "lr")]
+    if not derived:
+        return base
+    rest = [k for k in keys if k not in base and k not in ("global_batch_size", "seed", "optimizer")]
+    same_batch = {}
+    for g in items:
+        same_batch.setdefault((g.optimizer, g.batch, json.dumps([g.config.get(k) for k in base])), []).append(g)
+    return base + [k for k in rest
+                   if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
+
+
 def swept_keys(points):
     """Configuration keys whose values differ between points (the sweep's axes and derived values)."""
     keys = []

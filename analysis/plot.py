@@ -14,7 +14,6 @@ min-max band. Every other swept value (and, with several DIRs, the sweep) is its
 Diverged points are drawn up to where they left the axes and marked with an x at the top
 edge; the axes are scaled to the points that did not diverge. Works on running sweeps.
 """
-import json
 import math
 import os
 import re
@@ -28,10 +27,10 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, load_points, settings, swept_keys  # noqa: E402
+from megabatch_runs import (HIDDEN, RESULT_LABEL, SPREAD_LABEL, line_keys, load_points, settings,  # noqa: E402
+                            swept_keys)
 
 MAX_HEATMAP_ROWS = 36
-HIDDEN = ("optimizer", "train_iters", "min_lr", "seed", "lr_warmup_iters", "lr_decay_iters")
 
 
 def label(setting, keys):
@@ -120,21 +119,6 @@ def loss_curves(groups, keys, title, x_name, x_label, out_dir, name, written):
     fig.suptitle(title + ("; lines: mean over seeds, bands: " + SPREAD_LABEL
                           if any(len(g.points) > 1 for g in groups) else ""))
     save(fig, out_dir, name, written)
-
-
-def line_keys(groups, keys):
-    """The keys that split the scaling figure into lines (besides the optimizer): the swept
-    axes other than the batch size, and any derived key (lr, train_iters, ...) that still
-    differs between settings of one batch size within a line. The learning rate scaled with
-    the batch stays inside a line; an lr grid at one batch size is a line per lr, not a
-    vertical zig-zag through all of them."""
-    base = [k for k in keys if k not in HIDDEN and k not in ("global_batch_size", "lr")]
-    derived = [k for k in keys if k not in base and k not in ("global_batch_size", "seed", "optimizer")]
-    same_batch = {}
-    for g in groups:
-        same_batch.setdefault((g.optimizer, g.batch, json.dumps([g.config.get(k) for k in base])), []).append(g)
-    return base + [k for k in derived
-                   if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
 
 
 def scaling(groups, keys, title, out_dir, written):

@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import critical_batch  # noqa: E402
 import plot  # noqa: E402
-from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, load_points, settings, swept_keys  # noqa: E402
+from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, line_keys, load_points, settings, swept_keys  # noqa: E402
 
 FIGURES = [
     ("scaling", f"The result ({RESULT_LABEL}) after the same sample budget, against global batch size"),
@@ -130,7 +130,7 @@ def report(sweep_dir):
     sweep, points = load_points(sweep_dir)
     keys = [k for k in swept_keys(points) if k != "min_lr"]
     groups = settings(points, [k for k in keys if k != "seed"])
-    other_keys = plot.line_keys(groups, keys)  # a row per line of the scaling figure
+    other_keys = line_keys(groups, keys)  # a row per line of the scaling figure
     rows = []
     for p in points:
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]
