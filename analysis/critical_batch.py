@@ -22,6 +22,12 @@ losses every non-diverged point reaches; `--targets` sets them.
 
 B_crit is set against the gradient noise scale B_simple = tr(Sigma) / |G|^2 that the runs
 logged (--log-noise-scale), read at the iteration where each point reached the target.
+
+A series is an optimizer with the values of the sweep's other axes (model width, tensor
+parallelism, ...: megabatch_runs.line_keys), each fitted on its own. Where a batch size has
+several settings within a series (a learning-rate grid at each batch size), S(B) is that of
+the setting reaching the target in the fewest steps, as the paper tunes hyperparameters per
+batch size; the table records which one ("chosen"). Only seeds are averaged.
 """
 import json
 import math
@@ -31,6 +37,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from megabatch_runs import line_keys, swept_keys  # noqa: E402
 
 BOOTSTRAP = 1000
 MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
@@ -147,6 +154,17 @@ def noise_scale_at(p, iteration):
     return float(np.interp(iteration, it[ok], b[ok]))
 
 
+def series_label(point, axes):
+    """The optimizer, and the other swept axes' values ("lamb, tensor_model_parallel_size=2")."""
+    return point.optimizer + "".join(f", {k}={point.config.get(k)}" for k in axes)
+
+
+def tuned_keys(curves, keys, batch):
+    """The keys whose values differ between the settings of one batch size (the tuned ones)."""
+    at_b = [c["point"].config for c in curves if c["point"].batch == batch]
+    return [k for k in keys if len({json.dumps(cfg.get(k)) for cfg in at_b}) > 1]
+
+
 def analyze(points, targets=None, seed=0):
     """Per optimizer and target: S(B), E(B), the fit and B_crit with a bootstrap interval,
     and B_simple at the target. Returns a JSON-ready dict."""
@@ -155,26 +173,38 @@ def analyze(points, targets=None, seed=0):
     if targets is None:
         targets = default_targets(curves)
     result = {"targets": targets, "method": "S(B) = S_min + E_min/B, weighted least squares; "
-              "bootstrap over batch sizes and seeds (16th-84th percentiles)", "optimizers": {}}
-    by_opt = {}
+              "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
+              "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
+              "optimizers": {}}
+    keys = [k for k in swept_keys(points) if k != "seed"]
+    axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
+    by_series = {}
     for c in curves:
-        by_opt.setdefault(c["point"].optimizer, []).append(c)
-    for opt, cs in sorted(by_opt.items()):
+        by_series.setdefault(series_label(c["point"], axes), []).append(c)
+    for opt, cs in sorted(by_series.items()):
         rows = []
         for target in targets:
-            per_batch, table, b_simple = {}, [], []
+            per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
             for c in cs:
                 s = steps_to(c["iteration"], c["smooth"], target)
                 if s is None:
                     continue
-                B = c["point"].batch
-                per_batch.setdefault(B, []).append(s)
+                key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
+                per_setting.setdefault(key, []).append(s)
                 ns = noise_scale_at(c["point"], s)
                 if ns is not None:
-                    b_simple.append(ns)
+                    b_simple.setdefault(key, []).append(ns)
+            per_batch, chosen = {}, {}  # each batch size's fastest setting (tuned hyperparameters)
+            for (B, setting), steps in sorted(per_setting.items(), key=lambda kv: np.mean(kv[1])):
+                if B not in per_batch:
+                    per_batch[B], chosen[B] = steps, setting
+            b_simple = [v for B, setting in chosen.items() for v in b_simple.get((B, setting), [])]
             for B in sorted(per_batch):
                 S = float(np.mean(per_batch[B]))
-                table.append({"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])})
+                row = {"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])}
+                if sum(b == B for b, _ in per_setting) > 1:  # which of the settings at B it is
+                    row["chosen"] = {k: v for k, v in zip(keys, json.loads(chosen[B])) if k in tuned_keys(cs, keys, B)}
+                table.append(row)
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,
                    "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None}
             fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None

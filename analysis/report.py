@@ -50,9 +50,11 @@ def fmt_rate(v):
     return "-" if v is None or not math.isfinite(v) else f"{v:,.0f}"
 
 
-def result_table(groups, analysis, other_keys):
+def result_table(groups, analysis, other_keys, axes):
     """Optimizer (and other swept values) x batch size: result mean (min-max), best per batch in bold,
-    steps / samples to the first target from the analysis."""
+    steps / samples to the first target from the analysis: in the cell of the analysis series
+    (critical_batch.series_label over `axes`) and, where a batch size had several settings, of the
+    one the analysis took."""
     batches = sorted({g.batch for g in groups})
     rows = {}
     for g in groups:
@@ -89,7 +91,9 @@ def result_table(groups, analysis, other_keys):
                 text += f" <span class='diverged'>{len(g.diverged)}/{len(g.points)} diverged</span>"
             if best.get(B) == key:
                 text = f"<b>{text}</b>"
-            t = to_target.get((opt, B))
+            t = to_target.get((critical_batch.series_label(g, axes), B))
+            if t and "chosen" in t and any(g.config.get(k) != v for k, v in t["chosen"].items()):
+                t = None  # another setting of this batch size reached the target first
             if t and target is not None:
                 text += f"<br><small>to {target:.3f}: {t['steps']:.0f} steps, {t['samples']:.0f} samples</small>"
             tds.append(f"<td>{text}</td>")
@@ -181,7 +185,7 @@ img {{ max-width: 100%; }} figure {{ margin: 2em 0; }} figcaption {{ font-style:
 split (the same held-out samples for every point when the sweep sets eval_samples). Cells give the mean over
 seeds with the {SPREAD_LABEL}; the best optimizer per batch size is in bold. Below each: optimizer steps and
 samples to the first target train loss of the analysis.</p>
-{result_table(groups, analysis, other_keys)}
+{result_table(groups, analysis, other_keys, line_keys(groups, keys, derived=False))}
 <h2>Critical batch size</h2>
 {critical_section(analysis)}
 <h2>Diverged points</h2>

@@ -175,6 +175,8 @@ class Aggregation(unittest.TestCase):
         for lr, valid in ((0.01, "7.010"), (0.02, "7.020"), (0.04, "7.040")):
             self.assertIn(f"<td>lamb (lr={lr})</td><td>", page)
             self.assertIn(valid, page)
+        # steps to the target: in the row of the lr the analysis took, not repeated in every row
+        self.assertEqual(page.count("<br><small>to "), 1, page[page.find("<table>"):page.find("</table>")])
         self.assertEqual(sweep("scaled", [(8, 0.01), (16, 0.01 * 2 ** 0.5), (32, 0.02)])[1], ["lamb"])
 
     def test_trust_ratio_panels_share_one_color_scale(self):

@@ -20,6 +20,7 @@ def ideal_steps(target):
 class FakePoint:
     def __init__(self, optimizer, batch, b_crit, seed, noise, budget):
         self.optimizer, self.batch, self.state = optimizer, batch, "done"
+        self.config = {"optimizer": optimizer, "global_batch_size": batch, "seed": seed}  # as a Point's
         steps = int(budget / batch)
         it = np.arange(1, steps + 1, dtype=float)
         u = it / (1.0 + b_crit / batch)
@@ -72,6 +73,31 @@ class CriticalBatch(unittest.TestCase):
         large = cb.analyze(sweep(256.0, [8, 16, 32, 64, 128, 256, 512, 1024], optimizer="b"), [4.0])
         self.assertAlmostEqual(small["optimizers"]["a"][0]["b_crit"] / 16.0, 1.0, delta=0.1)
         self.assertAlmostEqual(large["optimizers"]["b"][0]["b_crit"] / 256.0, 1.0, delta=0.1)
+
+    def test_an_lr_grid_takes_each_batch_sizes_fastest_lr_and_other_axes_are_series(self):
+        # at every batch size two learning rates: the tuned one follows B_crit 64, the other is
+        # slower (as if B_crit were 512); the analysis takes the faster (McCandlish et al.'s
+        # tuned hyperparameters), where averaging them bent the frontier
+        batches = [8, 16, 32, 64, 128, 256, 512]
+        points = []
+        for lr, b_crit in ((0.01, 64.0), (0.1, 512.0)):
+            for p in sweep(b_crit, batches):
+                p.config["lr"] = lr
+                points.append(p)
+        row = cb.analyze(points, [4.0])["optimizers"]["lamb"][0]
+        self.assertAlmostEqual(row["b_crit"] / 64.0, 1.0, delta=0.1, msg=row)
+        self.assertEqual({p["seeds"] for p in row["points"]}, {1})
+        self.assertEqual([p["chosen"] for p in row["points"]], [{"lr": 0.01}] * len(batches))
+        # another swept axis (the model's width here) is a series of its own, each its own B_crit
+        points = []
+        for width, b_crit in ((64, 16.0), (128, 256.0)):
+            for p in sweep(b_crit, batches + [1024]):
+                p.config["hidden_size"] = width
+                points.append(p)
+        res = cb.analyze(points, [4.0])["optimizers"]
+        self.assertEqual(sorted(res), ["lamb, hidden_size=128", "lamb, hidden_size=64"])
+        self.assertAlmostEqual(res["lamb, hidden_size=64"][0]["b_crit"] / 16.0, 1.0, delta=0.1)
+        self.assertAlmostEqual(res["lamb, hidden_size=128"][0]["b_crit"] / 256.0, 1.0, delta=0.1)
 
     def test_too_few_points_are_said_plainly(self):
         res = cb.analyze(sweep(64.0, [8, 16]), [4.0])
