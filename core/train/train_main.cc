@@ -671,6 +671,7 @@ int run(int argc, char** argv) {
               << (test_src ? describe("test", *test_src) + " after training" : std::string()) << std::endl;
   }
   trainer.set_data_parallel(*parallel.dp);
+  trainer.set_world(*parallel.world);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();
   if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;

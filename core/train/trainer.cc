@@ -143,8 +143,6 @@ enum Slot : size_t {
 constexpr int64_t kRingCapacity = 512;
 }  // namespace
 
-int stop_signal() { return static_cast<int>(g_stop_signal); }
-
 Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
                  BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
     : opt_(std::move(options)), model_(model), optimizer_(optimizer), tp_(tp), train_(train), valid_(validation),
@@ -171,6 +169,13 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
 }
 
 Trainer::~Trainer() = default;
+
+bool Trainer::stop_agreed() {
+  float sig = static_cast<float>(g_stop_signal);  // 2, 10 or 15: exact in a float
+  if (world_->size() > 1) world_->all_reduce(&sig, 1, comm::ReduceOp::kMax);
+  stop_signal_ = static_cast<int>(sig);
+  return stop_signal_ != 0;
+}
 
 void Trainer::set_data_parallel(comm::Communicator& dp) {
   check(opt_.global_batch_size % (opt_.micro_batch_size * dp.size()) == 0, "global_batch_size (",
@@ -632,6 +637,7 @@ StopReason Trainer::run() {
     if (saving && last_saved_ != iteration_) save_checkpoint();
   };
   g_stop_signal = 0;
+  stop_signal_ = 0;
   const StopSignals handlers;
   interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
@@ -648,7 +654,7 @@ StopReason Trainer::run() {
         if (metrics_) metrics_->flush();  // the metrics of every checkpointed iteration are on disk
         save_checkpoint();
       }
-      if (g_stop_signal != 0) {
+      if (stop_agreed()) {
         reason = StopReason::kSignal;
         break;
       }
@@ -673,7 +679,7 @@ StopReason Trainer::run() {
     if (reason == StopReason::kFinished && test_ && evaluating()) validate(*test_, "test");
     save_once();
     if (reason == StopReason::kSignal)
-      console_ << " stopped by signal " << static_cast<int>(g_stop_signal) << " after iteration " << iteration_
+      console_ << " stopped by signal " << stop_signal_ << " after iteration " << iteration_
                << (saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved")
                << std::endl;
     if (reason == StopReason::kExitInterval)

@@ -104,9 +104,6 @@ struct TrainOptions {
 // Why run() returned.
 enum class StopReason { kFinished, kExitInterval, kSignal, kDiverged };
 
-// The signal (SIGTERM, SIGUSR1 or SIGINT) that asked the running trainer to stop, 0 if none.
-int stop_signal();
-
 class Trainer {
  public:
   Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
@@ -114,9 +111,9 @@ class Trainer {
   ~Trainer();
   // Test data: evaluated once at the end of training ("on test set"), as Megatron does.
   void set_test_data(BatchSource* test) { test_ = test; }
-  // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 arrives (then
-  // it finishes the current iteration, writes a checkpoint when save_dir is set, and
-  // returns kSignal). A diverged run (see TrainOptions) stops with kDiverged, its metrics
+  // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 / SIGINT arrives
+  // at any rank (then every rank finishes the current iteration, a checkpoint is written
+  // when save_dir is set, and it returns kSignal). A diverged run (see TrainOptions) stops with kDiverged, its metrics
   // flushed and no checkpoint written. On an error (a plugin failure) the metrics are
   // flushed first, then the Error propagates.
   StopReason run();
@@ -129,6 +126,11 @@ class Trainer {
   // optimizer has shards (the distributed optimizer, over the same group) gradients are
   // reduce-scattered into them, and clipping and the overflow check run on the shards.
   void set_data_parallel(comm::Communicator& dp);
+  // The whole job (default: this process alone), for the decision to stop on a signal:
+  // a signal reaches the ranks at different moments (scancel, a time limit), so after each
+  // iteration the ranks agree on whether any of them has one, and all stop after the same
+  // iteration. A host communicator (MPI), so that the GPU need not wait. Must outlive the trainer.
+  void set_world(comm::Communicator& world) { world_ = &world; }
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
   // Mean validation losses over eval_iters global batches, or eval_samples samples (no dropout, no gradients):
@@ -169,6 +171,7 @@ class Trainer {
   const Tensor& main_grads() const;
   void resolve_overflow();    // the host learns the last started overflow flag
   void write_log_line();
+  bool stop_agreed();  // after an iteration: did any rank of the job receive a stop signal?
   bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }
   bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
 
@@ -178,6 +181,8 @@ class Trainer {
   comm::Communicator& tp_;
   comm::LocalCommunicator no_dp_;
   comm::Communicator* dp_ = &no_dp_;
+  comm::Communicator* world_ = &no_dp_;
+  int stop_signal_ = 0;  // the signal every rank stops for (the largest any rank received)
   std::unique_ptr<GradientBuckets> buckets_;  // with data parallelism
   bool bucket_line_said_ = false;
   BatchSource& train_;

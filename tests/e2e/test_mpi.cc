@@ -1,8 +1,9 @@
 // Multi-process training under mpirun (Open MPI, oversubscribed on this machine): tensor
 // parallel, data parallel (with and without the distributed optimizer) and both together
 // reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a checkpoint
-// written at TP 2 loads at TP 1 and TP 4, and a job whose ranks disagree or die ends with a
-// non-zero status that names the rank.
+// written at TP 2 loads at TP 1 and TP 4, a job whose ranks disagree or die ends with a
+// non-zero status that names the rank, and a signal to one rank stops every rank after the
+// same iteration.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -234,6 +235,30 @@ TEST_F(Mpi, ARankThatDiesEndsTheJob) {
   EXPECT_NE(r.output.find("exit="), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "mpirun names the rank that died:\n" << r.output;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 90.0);
+}
+
+// A scheduler's signal reaches the ranks of a job at different moments; here it reaches one
+// rank only (the newest process), the extreme case. Every rank stops after the same
+// iteration, the checkpoint of that iteration is written, and the job exits 3, where the
+// signalled rank used to leave the loop alone and the other wait for it in a collective.
+TEST_F(Mpi, ASignalToOneRankStopsEveryRankAfterTheSameIteration) {
+  mb::testing::TempDir tmp;
+  const std::string log = (tmp / "log").string(), ckpt = (tmp / "ckpt").string();
+  const auto r = mb::testing::run_command(
+      "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 " + train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log +
+      " 2>&1; echo exit=$? >> " + log + ") & " +
+      "for i in $(seq 600); do grep -q 'iteration  *3/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
+      "pkill -TERM -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
+  EXPECT_NE(r.output.find("exit=3"), std::string::npos) << "the job did not stop with status 3:\n" << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex("stopped by signal 15 after iteration (\\d+)"))) << r.output;
+  const int64_t stopped = std::stoll(m[1].str());
+  const auto it = series(tmp / "run", "train/iteration");
+  ASSERT_FALSE(it.empty());
+  EXPECT_EQ(it.back(), static_cast<double>(stopped)) << "the metrics end at the iteration the job stopped after";
+  char name[32];
+  std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(stopped));
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / name)) << "the checkpoint of iteration " << stopped << "\n" << r.output;
 }
 
 // Data-parallel gradient buckets: the same buckets summed after the backward pass, or each
