@@ -226,6 +226,7 @@ class Scheduler {
   }
   void start_waiting_points();
   void start(PointState& p);
+  void stop_running_points();
   void reap();
   void ended(PointState& p, int status);
   void display(bool force);
@@ -264,9 +265,7 @@ int Scheduler::run() {
     if (!g_stop) start_waiting_points();
     if (running() == 0) break;
     reap();
-    if (g_stop)  // forward the stop: every running point checkpoints and exits 3
-      for (auto& p : ps_)
-        if (p.state == "running" && p.pid > 0) ::kill(p.pid, SIGTERM);
+    if (g_stop) stop_running_points();
     for (auto& p : ps_)
       if (p.state == "running") p.progress = parse_progress(p.dir / "stdout.log");
     display(false);
@@ -364,12 +363,27 @@ void Scheduler::start(PointState& p) {
   ::close(fd);
   p.pid = pid;
   p.state = "running";
+  p.stopping = false;
   p.started = Clock::now();
   ++p.attempts;
   if (!o_.tty)
     std::cout << "> start " << p.point->id << " (attempt " << p.attempts << ")"
               << (p.gpus.empty() ? "" : " on GPU" + std::string(p.gpus.size() > 1 ? "s " : " ") + gpu_list(p.gpus))
               << std::endl;
+}
+
+// Forwards the sweep's stop to every running point, again at each look until it has ended
+// (a process still starting has no handler yet, and mpirun passes a signal on only to the
+// ranks it has started), so that each finishes its iteration, checkpoints and exits 3. A
+// process of its own gets SIGTERM; mpirun gets SIGUSR1, which it passes on to the ranks
+// (train takes either as the stop), where a SIGTERM would make it end the job itself: the
+// ranks killed a moment later, whatever they were writing, and the point "failed".
+void Scheduler::stop_running_points() {
+  for (auto& p : ps_)
+    if (p.state == "running" && p.pid > 0) {
+      ::kill(p.pid, p.ranks > 1 ? SIGUSR1 : SIGTERM);
+      p.stopping = true;
+    }
 }
 
 // Every point process that has ended since the last look.
@@ -404,7 +418,9 @@ void Scheduler::ended(PointState& p, int status) {
     p.reason = divergence_reason(p.dir);
     std::cout << (o_.tty ? "" : "> ") << "diverged " << p.point->id << ": " << p.reason << std::endl;
     printed_ = 0;
-  } else if (code == train::kExitStoppedBySignal) {
+  } else if (code == train::kExitStoppedBySignal || p.stopping) {
+    // asked to stop: at a checkpoint (3), or ended by the signal before its first
+    // iteration; either way it resumes from its newest checkpoint
     p.state = "interrupted";
     if (!o_.tty) std::cout << "> interrupted " << p.point->id << " (resumable)" << std::endl;
   } else {

@@ -29,6 +29,7 @@ struct PointState {
   Progress progress;
   int ranks = 1;          // processes (and with --gpus, GPUs) the point needs
   std::vector<int> gpus;  // the GPUs it holds while running
+  bool stopping = false;  // the sweep has asked this attempt to stop (Ctrl-C, SIGTERM)
 };
 
 // A point's end as its directory records it: DONE (done) or DIVERGED (diverged, with the

@@ -2,6 +2,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <iomanip>
@@ -674,7 +675,13 @@ int run(int argc, char** argv) {
   trainer.set_world(*parallel.world);
   if (resuming) trainer.restore(resume_state);
   const auto reason = trainer.run();
-  if (reason == mb::train::StopReason::kSignal) return kExitStoppedBySignal;
+  if (reason == mb::train::StopReason::kSignal) {
+    // The stop is done (checkpoint written): a repeat of the request, as sweep run sends
+    // until the point has exited, must not kill the process on its way out.
+    std::signal(SIGTERM, SIG_IGN);
+    std::signal(SIGUSR1, SIG_IGN);
+    return kExitStoppedBySignal;
+  }
   if (reason == mb::train::StopReason::kDiverged) {
     if (logger)
       mb::write_file_atomic(run_dir / "DIVERGED",
