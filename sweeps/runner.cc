@@ -35,8 +35,10 @@ volatile std::sig_atomic_t g_stop = 0;
 extern "C" void on_stop(int) { g_stop = 1; }
 
 // train --check of a point's configuration (plugin and its hyperparameters, data files,
-// memory), from a temporary copy of it; "" when fine, else train's error line(s).
-std::string check_point(const fs::path& train, const Point& point) {
+// memory), from a temporary copy of it, as the point will run: a point of more than one
+// rank under `mpirun -np` (its layout checked, its memory per rank); "" when fine, else
+// train's error line(s).
+std::string check_point(const fs::path& train, const Point& point, const std::string& mpirun) {
   char path[] = "/tmp/megabatch-check-XXXXXX";
   const int fd = mkstemp(path);
   check(fd >= 0, "cannot make a temporary file to check point ", point.id, ": ", std::strerror(errno));
@@ -45,7 +47,9 @@ std::string check_point(const fs::path& train, const Point& point) {
   ::close(fd);
   std::string out;
   if (wrote) {
-    const std::string cmd = shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1";
+    const int ranks = ranks_needed(point.config);
+    const std::string cmd = (ranks > 1 ? shell_quote(mpirun) + " -np " + std::to_string(ranks) + " " : std::string()) +
+                            shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1";
     if (std::FILE* pipe = ::popen(cmd.c_str(), "r")) {
       char buf[4096];
       size_t n;
@@ -53,11 +57,16 @@ std::string check_point(const fs::path& train, const Point& point) {
       const int rc = ::pclose(pipe);
       ::unlink(path);
       if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) return "";
-      std::string errors;
+      // "train: error: ..." or, from each rank of an MPI check, "train (rank N): error: ...":
+      // each message once (the ranks of a job mostly say the same), mpirun's own lines left out
+      std::vector<std::string> messages;
       for_each_line(out, [&](std::string_view line, size_t) {
-        if (line.find("error") != std::string_view::npos) errors += (errors.empty() ? "" : "; ") + std::string(line);
+        const size_t at = line.find("error: ");
+        if (line.substr(0, 5) != "train" || at == std::string_view::npos) return;
+        const std::string said(line.substr(at));
+        if (std::find(messages.begin(), messages.end(), said) == messages.end()) messages.push_back(said);
       });
-      return errors.empty() ? "train --check failed: " + out : errors;
+      return messages.empty() ? "train --check failed: " + out : "train: " + join(messages, "; ");
     }
   }
   ::unlink(path);
@@ -164,6 +173,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
                     : ", " + std::to_string(n_selected) + " selected by --only")
             << " (runs in " << root.string() << ")\n";
   int bad = 0;
+  std::map<std::string, std::string> first_with;  // an error -> the first point it was printed for
   // A sweep sized for a cluster ("cluster" in its file) has its data and memory there:
   // its points are checked where they run (train --check), not on this machine.
   const bool sized_elsewhere = sweep.spec.contains("cluster");
@@ -176,10 +186,11 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
     if (!o.train_binary.empty() && p.state != "done" && !sized_elsewhere) {
-      const std::string error = check_point(o.train_binary, *p.point);
+      const std::string error = check_point(o.train_binary, *p.point, o.mpirun);
       if (!error.empty()) {
         ++bad;
-        std::cout << "    cannot run: " << error << "\n";
+        const auto [at, first] = first_with.emplace(error, p.point->id);
+        std::cout << "    cannot run: " << (first ? error : "as " + at->second + " above") << "\n";
       }
     }
   }

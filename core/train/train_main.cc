@@ -274,6 +274,8 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
   mb::check(opt.micro_batch_size >= 1 && opt.global_batch_size >= 1, "micro_batch_size and global_batch_size must be >= 1");
   mb::check(opt.global_batch_size % opt.micro_batch_size == 0, "global_batch_size (", opt.global_batch_size,
             ") must be a multiple of micro_batch_size (", opt.micro_batch_size, ")");
+  mb::check(opt.global_batch_size % (opt.micro_batch_size * dp_size) == 0, "global_batch_size (", opt.global_batch_size,
+            ") must be a multiple of micro_batch_size x data-parallel size (", opt.micro_batch_size, " x ", dp_size, ")");
   const bool by_iters = v.contains("train_iters"), by_samples = v.contains("train_samples");
   mb::check(by_iters != by_samples, "give exactly one of --train-iters and --train-samples");
   const int64_t gbs = opt.global_batch_size;
@@ -711,11 +713,11 @@ int main(int argc, char** argv) {
   int status = 0;
   try {
     status = run(argc, argv);
-  } catch (const mb::Error& e) {
-    std::cerr << who << ": error: " << e.what() << std::endl;
+  } catch (const mb::Error& e) {  // one write, so that the ranks' lines do not interleave
+    std::cerr << who + ": error: " + e.what() + "\n" << std::flush;
     status = 1;
   } catch (const std::exception& e) {
-    std::cerr << who << ": internal error: " << e.what() << std::endl;
+    std::cerr << who + ": internal error: " + e.what() + "\n" << std::flush;
     status = 2;
   }
   // A failing rank ends the whole job at once, so no other rank waits in a collective.

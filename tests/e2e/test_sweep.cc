@@ -661,6 +661,30 @@ TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
   EXPECT_FALSE(fs::exists(tmp / "runs" / "chk")) << "a dry run writes nothing";
 }
 
+// A point of more than one rank is checked as it will run, under mpirun -np TP x DP: a TP 2
+// point passes (one process said it "needs 2 processes"), a DP 2 point whose global batch is
+// no multiple of micro batch x DP is refused with that, once per distinct error.
+TEST_F(Sweep, DryRunChecksMultiRankPointsUnderMpirun) {
+  mb::testing::TempDir tmp;
+  const fs::path f = tmp / "ranks.json";
+  mb::testing::write_text(f, R"({"name": "ranks", "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+    "seq_length": 16, "micro_batch_size": 2, "global_batch_size": 6, "train_iters": 4, "lr": 0.001,
+    "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+    "grid": {"tensor_model_parallel_size": [1, 2], "data_parallel_size": [1, 2]}})");
+  const auto r = mb::testing::run_command(
+      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
+      sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(r.output.find("needs 2 processes"), std::string::npos) << r.output;
+  const std::string said = "cannot run: train: error: global_batch_size (6) must be a multiple of micro_batch_size x "
+                           "data-parallel size (2 x 2)\n";
+  const size_t first = r.output.find(said);
+  ASSERT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(said, first + 1), std::string::npos) << "said once:\n" << r.output;
+  EXPECT_NE(r.output.find("cannot run: as "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> 2 point(s) cannot run"), std::string::npos) << r.output;
+}
+
 // On a terminal the live table is redrawn in place, so none of its lines may wrap: each fits
 // the terminal's width (a pseudo-terminal of 60 columns made by script(1)). Lines printed
 // once (the start and end messages) may wrap.
