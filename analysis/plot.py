@@ -257,7 +257,9 @@ def trust_ratios(groups, title, out_dir, written, max_panels=6):
 
 
 def noise_scale(groups, keys, title, out_dir, written):
-    """B_simple by iteration, a panel per optimizer (as the loss curves), one shared log axis."""
+    """B_simple by consumed samples (where runs of every batch size share an axis, as in the
+    loss curves; by iteration a batch-8 run stretched 8x as far as one of batch 64), a panel
+    per optimizer, one shared log axis."""
     curves = [(g, g.curve("noise_scale/iteration", "noise_scale/b_simple")) for g in groups]
     curves = [(g, c) for g, c in curves if c is not None]
     if not curves:
@@ -269,12 +271,13 @@ def noise_scale(groups, keys, title, out_dir, written):
     for ax, (opt, og) in zip(axes[0], by_opt.items()):
         og.sort(key=lambda gc: (gc[0].batch, gc[0].points[0].id))
         cmap = plt.get_cmap("viridis", max(2, len(og)))
-        for i, (g, (x, mean, lo, hi)) in enumerate(og):
+        for i, (g, (it, mean, lo, hi)) in enumerate(og):
+            x = np.asarray(it, dtype=float) * g.batch  # a constant batch: samples after each iteration
             ax.plot(x, mean, color=cmap(i), lw=1.2, label=label(g, keys))
             if len(g.points) > 1:
                 ax.fill_between(x, lo, hi, color=cmap(i), alpha=0.2, lw=0)
         ax.set_title(opt)
-        ax.set_xlabel("iteration")
+        ax.set_xlabel("consumed samples")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)

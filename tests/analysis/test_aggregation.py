@@ -47,7 +47,7 @@ def write_point(root, pid, config, loss, valid=None, diverged_at=None):
 
 def plotted(*sweep_dirs):
     """plot.plot(*sweep_dirs), and per figure what its axes show: y-limits (in axis order and
-    by axis title), legend texts and the color limits of its images."""
+    by axis title), legend texts, the color limits of its images and where its lines end on x."""
     shown = {}
     real_save = plot.save
 
@@ -56,7 +56,9 @@ def plotted(*sweep_dirs):
                        "ylim_by_title": {ax.get_title(): ax.get_ylim() for ax in fig.axes},
                        "legend": [t.get_text() for ax in fig.axes if ax.get_legend()
                                   for t in ax.get_legend().get_texts()],
-                       "clims": [im.get_clim() for ax in fig.axes for im in ax.images]}
+                       "clims": [im.get_clim() for ax in fig.axes for im in ax.images],
+                       "line_x_ends": [float(np.max(line.get_xdata())) for ax in fig.axes for line in ax.lines
+                                       if len(line.get_xdata())]}
         real_save(fig, out_dir, name, written)
     plot.save = keep
     try:
@@ -178,6 +180,13 @@ class Aggregation(unittest.TestCase):
         # steps to the target: in the row of the lr the analysis took, not repeated in every row
         self.assertEqual(page.count("<br><small>to "), 1, page[page.find("<table>"):page.find("</table>")])
         self.assertEqual(sweep("scaled", [(8, 0.01), (16, 0.01 * 2 ** 0.5), (32, 0.02)])[1], ["lamb"])
+
+    def test_noise_scale_runs_of_every_batch_size_share_the_samples_axis(self):
+        # batch 8, 16 and 32 over the same 256 samples: their lines end together, where by
+        # iteration they ended at 32, 16 and 8
+        ends = plotted(self.root)["noise_scale"]["line_x_ends"]
+        self.assertEqual(len(ends), 3)
+        self.assertEqual(ends, [256.0] * 3)
 
     def test_trust_ratio_panels_share_one_color_scale(self):
         # batch 8 logs ratios from 0.01 to 1, batch 32 from 1 to 10: one scale spans both
