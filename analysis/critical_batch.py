@@ -143,15 +143,21 @@ def point_curves(points, window_samples=None):
 
 
 def noise_scale_at(p, iteration):
+    """B_simple at `iteration`, interpolated between the logged values around it; None where
+    either is undefined (<= 0: the |G|^2 estimate <= 0) or it lies outside the logged span.
+    (Interpolating over the defined values only carried a value logged long before across
+    an undefined stretch: after a heavy-tailed micro-batch drove an AdamW run's estimate
+    below zero for the rest of the run, its last positive value stood for every later loss.)"""
     it, b = p.series("noise_scale/iteration"), p.series("noise_scale/b_simple")
     n = min(len(it), len(b))
-    if n == 0:
+    if n == 0 or iteration < it[0] or iteration > it[n - 1]:
         return None
     it, b = it[:n], b[:n]
-    ok = np.isfinite(b) & (b > 0)
-    if not ok.any():
+    i = int(np.searchsorted(it, iteration))  # it[i - 1] < iteration <= it[i]
+    around = b[max(i - 1, 0):i + 1] if it[i] != iteration else b[i:i + 1]
+    if not np.all(np.isfinite(around) & (around > 0)):
         return None
-    return float(np.interp(iteration, it[ok], b[ok]))
+    return float(np.interp(iteration, it, b))
 
 
 def series_label(point, axes):
@@ -206,7 +212,9 @@ def analyze(points, targets=None, seed=0):
                     row["chosen"] = {k: v for k, v in zip(keys, json.loads(chosen[B])) if k in tuned_keys(cs, keys, B)}
                 table.append(row)
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,
-                   "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None}
+                   "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None,
+                   # the runs whose B_simple is defined where they reach the target, of all taken
+                   "b_simple_runs": [len(b_simple), sum(len(v) for v in per_batch.values())]}
             fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None
             if fit is None:
                 row["fit"] = None
@@ -227,6 +235,12 @@ def analyze(points, targets=None, seed=0):
     return result
 
 
+def b_simple_runs(row):
+    """" (2 of 5 runs)" where B_simple is undefined for some runs at the target, else ""."""
+    have, of = row.get("b_simple_runs", [0, 0])
+    return f" ({have} of {of} runs)" if have < of else ""
+
+
 def fmt(v, digits=3):
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}g}"
 
@@ -244,7 +258,8 @@ def text_table(res):
             ci = r.get("b_crit_interval")
             ci_s = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
             lines.append(head + f"S_min {fmt(f['s_min'])}, E_min {fmt(f['e_min'])}, B_crit {crit}{ci_s}, "
-                                f"B_simple {fmt(r['b_simple'])}" + (f" ({r['note']})" if r.get("note") else ""))
+                                f"B_simple {fmt(r['b_simple'])}{b_simple_runs(r)}" +
+                                (f" ({r['note']})" if r.get("note") else ""))
             lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}"
                                             for t in r["points"]))
     return "\n".join(lines)

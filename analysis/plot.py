@@ -268,14 +268,20 @@ def noise_scale(groups, keys, title, out_dir, written):
     for g, c in curves:
         by_opt.setdefault(g.optimizer, []).append((g, c))
     fig, axes = plt.subplots(1, len(by_opt), figsize=(5.5 * len(by_opt), 4), sharey=True, squeeze=False)
+    undefined = False
     for ax, (opt, og) in zip(axes[0], by_opt.items()):
         og.sort(key=lambda gc: (gc[0].batch, gc[0].points[0].id))
         cmap = plt.get_cmap("viridis", max(2, len(og)))
         for i, (g, (it, mean, lo, hi)) in enumerate(og):
             x = np.asarray(it, dtype=float) * g.batch  # a constant batch: samples after each iteration
-            ax.plot(x, mean, color=cmap(i), lw=1.2, label=label(g, keys))
+            # B_simple <= 0 (the |G|^2 estimate <= 0, noise drowning the signal) has no place on a
+            # log axis: a gap, said in the title, where matplotlib drew a plunge to the bottom
+            bad = ~(np.isfinite(mean) & (mean > 0))
+            undefined = undefined or bool(bad.any())
+            ax.plot(x, np.where(bad, np.nan, mean), color=cmap(i), lw=1.2, label=label(g, keys))
             if len(g.points) > 1:
-                ax.fill_between(x, lo, hi, color=cmap(i), alpha=0.2, lw=0)
+                ok = np.isfinite(lo) & (lo > 0) & ~bad
+                ax.fill_between(x, np.where(ok, lo, np.nan), np.where(ok, hi, np.nan), color=cmap(i), alpha=0.2, lw=0)
         ax.set_title(opt)
         ax.set_xlabel("consumed samples")
         ax.set_yscale("log")
@@ -283,7 +289,9 @@ def noise_scale(groups, keys, title, out_dir, written):
         ax.legend(fontsize=7)
     axes[0][0].set_ylabel("B_simple = tr(Sigma) / |G|^2")
     fig.suptitle(title + ("; lines: mean over seeds, bands: " + SPREAD_LABEL
-                          if any(len(g.points) > 1 for g, _ in curves) else ""))
+                          if any(len(g.points) > 1 for g, _ in curves) else "")
+                 + ("\ngaps: B_simple <= 0 (the |G|^2 estimate <= 0: undefined)" if undefined else ""))
+    fig.tight_layout()  # room for a two-line title above the panels' own
     save(fig, out_dir, "noise_scale", written)
 
 

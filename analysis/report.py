@@ -123,7 +123,8 @@ def critical_section(analysis):
             rows.append(f"<tr><td>{html.escape(opt)}</td><td>{r['target']:.3f}</td><td>{bs}</td>"
                         f"<td>{fmt(f['s_min'], 3)}</td><td>{fmt(f['e_min'], 3)}</td><td>{crit}</td>"
                         f"<td>{'%s - %s' % (fmt(ci[0], 3), fmt(ci[1], 3)) if ci else '-'}</td>"
-                        f"<td>{fmt(ns, 3)}{' (%s - %s)' % (fmt(nr[0], 3), fmt(nr[1], 3)) if nr else ''}</td></tr>")
+                        f"<td>{fmt(ns, 3)}{' (%s - %s)' % (fmt(nr[0], 3), fmt(nr[1], 3)) if nr else ''}"
+                        f"{html.escape(critical_batch.b_simple_runs(r))}</td></tr>")
     parts.append("<table>" + "\n".join(rows) + "</table>")
     return "\n".join(parts)
 

@@ -68,6 +68,27 @@ class CriticalBatch(unittest.TestCase):
             self.assertEqual([p["batch"] for p in row["points"]], [8, 16, 32, 64, 128, 256, 512])
             self.assertEqual({p["seeds"] for p in row["points"]}, {3})
 
+    def test_noise_scale_is_none_where_the_logged_estimate_is_undefined(self):
+        # positive through iteration 10, then <= 0 (the |G|^2 estimate went negative) to the end:
+        # a loss reached at iteration 20 has no B_simple, where the old lookup gave iteration 10's
+        p = FakePoint("adamw", 16, 8.0, 1, 0.0, 16 * 40)
+        b = np.linspace(4.0, 6.0, 40)
+        b[10:] = -26.5
+        p._s["noise_scale/b_simple"] = b
+        self.assertAlmostEqual(cb.noise_scale_at(p, 5.5), float(np.interp(5.5, np.arange(1, 41), b)))
+        self.assertAlmostEqual(cb.noise_scale_at(p, 10), b[9])
+        self.assertIsNone(cb.noise_scale_at(p, 10.5))
+        self.assertIsNone(cb.noise_scale_at(p, 20))
+        self.assertIsNone(cb.noise_scale_at(p, 0.5), "before the first logged value")
+        # in the analysis: a run whose estimate is undefined at the target is counted out, and said
+        points = sweep(64.0, [8, 16, 32, 64, 128])
+        points[1]._s["noise_scale/b_simple"] = np.full(len(points[1]._s["train/iteration"]), -3.0)
+        res = cb.analyze(points, [4.0])
+        row = res["optimizers"]["lamb"][0]
+        self.assertEqual(row["b_simple_runs"], [4, 5])
+        self.assertAlmostEqual(row["b_simple"], 1.5 * 64.0)
+        self.assertIn("B_simple 96 (4 of 5 runs)", cb.text_table(res))
+
     def test_two_b_crits_are_told_apart(self):
         small = cb.analyze(sweep(16.0, [8, 16, 32, 64, 128, 256], optimizer="a"), [4.0])
         large = cb.analyze(sweep(256.0, [8, 16, 32, 64, 128, 256, 512, 1024], optimizer="b"), [4.0])
