@@ -294,8 +294,7 @@ namespace {
 
 std::string mpirun(int np) {
   const char* e = std::getenv("MEGABATCH_MPIRUN");
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
-         std::string(e && *e ? e : "mpirun") + " --bind-to none -np " + std::to_string(np) + " ";  // each rank --threads 2
+  return mb::testing::mpi_env() + std::string(e && *e ? e : "mpirun") + " --bind-to none -np " + std::to_string(np) + " ";  // each rank --threads 2
 }
 
 // A tensor of n elements of type t on `d`, start + (i mod 128): integers of at most 8

@@ -21,8 +21,7 @@ namespace mb = megabatch;
 namespace {
 
 std::string mpirun(int np) {
-  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 mpirun -np " +
-         std::to_string(np) + " ";
+  return mb::testing::mpi_env() + "mpirun -np " + std::to_string(np) + " ";
 }
 
 // 4 heads, so TP 1, 2 and 4 all split it. The vocabulary is padded to a multiple of
@@ -209,7 +208,7 @@ TEST_F(Mpi, RanksStartedWithDifferentConfigurationsAreRefused) {
   mb::testing::TempDir tmp;
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = mb::testing::run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 1 " + train(tmp / "run", "--lr 1e-3") +
+      mb::testing::mpi_env() + "timeout 120 mpirun -np 1 " + train(tmp / "run", "--lr 1e-3") +
       " : -np 1 " + train(tmp / "run", "--lr 2e-3"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
@@ -226,7 +225,7 @@ TEST_F(Mpi, ARankThatDiesEndsTheJob) {
   const auto t0 = std::chrono::steady_clock::now();
   // start a long DP=2 run, wait for its second iteration line, SIGKILL one rank
   const auto r = mb::testing::run_command(
-      "(" + std::string("OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 ") +
+      "(" + mb::testing::mpi_env() + "timeout 120 mpirun -np 2 " +
       train(tmp / "run", "--train-iters 100000") + " > " + log + " 2>&1; echo exit=$? >> " + log + ") & " +
       "for i in $(seq 600); do grep -q 'iteration  *2/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
       "pkill -9 -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
@@ -245,7 +244,7 @@ TEST_F(Mpi, ASignalToOneRankStopsEveryRankAfterTheSameIteration) {
   mb::testing::TempDir tmp;
   const std::string log = (tmp / "log").string(), ckpt = (tmp / "ckpt").string();
   const auto r = mb::testing::run_command(
-      "(OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun -np 2 " + train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log +
+      "(" + mb::testing::mpi_env() + "timeout 120 mpirun -np 2 " + train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log +
       " 2>&1; echo exit=$? >> " + log + ") & " +
       "for i in $(seq 600); do grep -q 'iteration  *3/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
       "pkill -TERM -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);

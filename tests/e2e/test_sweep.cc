@@ -163,8 +163,7 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
            "global_batch_size": 4, "train_iters": 60, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
            "save_interval": 1000, "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
   "grid": {"data_parallel_size": [1, 2]}, "threads": 1, "jobs": 2})");
-  const std::string env = "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ";
-  const std::string run = env + sweep("run " + file.string() + " --runs-dir " + runs.string());
+  const std::string run = mb::testing::mpi_env() + sweep("run " + file.string() + " --runs-dir " + runs.string());
   const std::string log1 = (dir / "dps1" / "stdout.log").string(), log2 = (dir / "dps2" / "stdout.log").string();
   auto r = mb::testing::run_command(
       run + " > " + (tmp / "sweep.log").string() + " 2>&1 & pid=$!; for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " +
@@ -672,8 +671,7 @@ TEST_F(Sweep, DryRunChecksMultiRankPointsUnderMpirun) {
     "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
     "grid": {"tensor_model_parallel_size": [1, 2], "data_parallel_size": [1, 2]}})");
   const auto r = mb::testing::run_command(
-      "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 " +
-      sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
+      mb::testing::mpi_env() + sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_EQ(r.output.find("needs 2 processes"), std::string::npos) << r.output;
   const std::string said = "cannot run: train: error: global_batch_size (6) must be a multiple of micro_batch_size x "

@@ -62,6 +62,12 @@ inline std::string read_text(const std::filesystem::path& p) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// The environment an Open MPI command line of the tests starts with: the tests run as root
+// (allowed explicitly) on 2 cores (more ranks than cores allowed).
+inline std::string mpi_env() {
+  return "OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1 ";
+}
+
 // fn() must throw megabatch::Error with `needle` in its message.
 template <typename Fn>
 void expect_error(Fn&& fn, const std::string& needle) {
