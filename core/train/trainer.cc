@@ -15,8 +15,10 @@
 #include <utility>
 
 #include "core/comm/collectives.h"
+#include "core/ops/elementwise.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
+#include "core/ops/residual.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -137,7 +139,7 @@ enum Slot : size_t {
   kSqSharded = 0, kSqReplicated,       // squared gradient norm, by sharding (summed over TP)
   kNorm, kClipCoeff, kClippedNorm,     // global norm, clip coefficient, norm after clipping
   kFoundInf, kLossScale,               // fp16: overflow flag, the loss scale of the step
-  kSmallSharded, kSmallReplicated,     // the first micro-batch's squared norm (noise scale)
+  kSmallSharded, kSmallReplicated,     // a micro-batch's squared norm, mean over micro-batches (noise scale)
   kSlotsAfterLosses
 };
 constexpr int64_t kRingCapacity = 512;
@@ -212,6 +214,10 @@ void Trainer::allocate_step_buffers(size_t extra_terms) {
   step_.resize({static_cast<int64_t>(slots_)}, DType::kF64, device_);
   ring_.resize({std::min<int64_t>(kRingCapacity, std::max<int64_t>(opt_.log_interval, 1)), static_cast<int64_t>(slots_)},
                DType::kF64, device_);
+  if (opt_.noise_scale) {
+    noise_sums_.resize({2}, DType::kF64, device_);
+    noise_before_.resize({static_cast<int64_t>(model_.parameters().grads().numel())}, DType::kF32, device_);
+  }
 }
 
 // ---- the step ---------------------------------------------------------------------------
@@ -237,6 +243,14 @@ void Trainer::forward_backward() {
   const int64_t D = dp_->size(), r = dp_->rank();
   const int64_t local = opt_.global_batch_size / (opt_.micro_batch_size * D);  // micro-batches on this rank
   const int64_t micro_batches = local * D;                                    // in the whole global batch
+  // The noise scale's small-batch term: the mean over micro-batches of |gradient of one
+  // micro-batch|^2, each read as the accumulated gradient's growth over its backward pass
+  // (the training gradients untouched). Under data parallelism the last micro-batch of a
+  // rank is left out where it is not the only one: its buckets may start reducing during
+  // its backward pass.
+  auto measured = [&](int64_t k) { return opt_.noise_scale && (k == 0 || !buckets_ || k < local - 1); };
+  int64_t n_measured = 0;
+  for (int64_t k = 0; k < local; ++k) n_measured += measured(k);
   nn::ParameterStore& P = model_.parameters();
   P.zero_grad();
   for (int64_t k = 0; k < local; ++k) {
@@ -244,10 +258,12 @@ void Trainer::forward_backward() {
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     StepContext ctx{opt_.seed, iteration_, m, true};
     if (fp16()) ctx.loss_scale = scaler_.flat(0, 1);
+    // the sum of the micro-batches before (taken before the forward pass: the LM head adds
+    // its weight gradient there, with the loss)
+    if (k > 0 && measured(k)) copy(noise_before_, P.grads());
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
-    // the last micro-batch: buckets may start during its backward pass (not when the noise
-    // scale still has to read this rank's own gradient of the first micro-batch)
-    if (buckets_ && k == local - 1 && !(k == 0 && opt_.noise_scale)) buckets_->arm();
+    // the last micro-batch: buckets may start during its backward pass
+    if (buckets_ && k == local - 1 && !measured(k)) buckets_->arm();
     model_.backward();
     if (!step_.defined()) {
       for (const auto& [name, count] : out.extra) extra_names_.push_back(name);
@@ -257,13 +273,18 @@ void Trainer::forward_backward() {
     std::vector<double> w = out.mean_weights();
     for (double& x : w) x /= static_cast<double>(micro_batches);
     ops::weighted_accumulate(step_.flat(0, w.size()), out.sums, w);
-    if (k == 0 && opt_.noise_scale) {  // the first micro-batch's gradient alone (scaled by 1 / micro_batches)
+    if (measured(k)) {  // this micro-batch's gradient alone (scaled by 1 / micro_batches)
       const size_t L = 1 + extra_names_.size();
-      const Tensor small = step_.flat(L + kSmallSharded, 2);
-      ops::split_sum_squares(small, P.grads(), sharded_, replicated_);
-      comm::all_reduce(tp_, small.flat(0, 1), comm::ReduceOp::kSum);
+      if (k > 0) {  // noise_before_ = gradients now - gradients before
+        ops::scale(noise_before_, -1.0f);
+        ops::residual_backward(noise_before_, Tensor(), P.grads());
+      }
+      ops::split_sum_squares(noise_sums_, k > 0 ? noise_before_ : P.grads(), sharded_, replicated_);
+      const double mean = 1.0 / static_cast<double>(n_measured * D);  // summed over the DP group later
+      ops::weighted_accumulate(step_.flat(L + kSmallSharded, 2), noise_sums_, {mean, mean});
     }
   }
+  if (opt_.noise_scale) comm::all_reduce(tp_, step_.flat(1 + extra_names_.size() + kSmallSharded, 1), comm::ReduceOp::kSum);
 }
 
 void Trainer::reduce_gradients() {
@@ -280,6 +301,8 @@ void Trainer::reduce_gradients() {
     console_ << std::endl;
   }
   comm::all_reduce(*dp_, step_.flat(0, 1 + extra_names_.size()), comm::ReduceOp::kSum);
+  if (opt_.noise_scale)  // the mean over every rank's micro-batches
+    comm::all_reduce(*dp_, step_.flat(1 + extra_names_.size() + kSmallSharded, 2), comm::ReduceOp::kSum);
 }
 
 void Trainer::unscale_and_check() {

@@ -34,7 +34,10 @@ namespace megabatch::train {
 // A), from the squared norms of a small-batch gradient (b samples) and of the global-batch
 // gradient (B samples) of the same step, whose expectations are |G|^2 + tr(Sigma)/b and
 // |G|^2 + tr(Sigma)/B. Each step gives unbiased estimates of |G|^2 and tr(Sigma); both are
-// smoothed by bias-corrected exponential moving averages and B_simple is their ratio.
+// smoothed by bias-corrected exponential moving averages and B_simple is their ratio. The
+// trainer's small-batch term is the mean over the step's micro-batches (b = micro batch) of
+// their squared norms: from the first alone, one outlier sample in it made |G|^2 hugely
+// negative (and one in the others hugely positive) for as long as the average remembered.
 class NoiseScaleEstimator {
  public:
   explicit NoiseScaleEstimator(double ema = 0.99) : ema_(ema) {}
@@ -209,6 +212,7 @@ class Trainer {
   int64_t ring_rows_ = 0, ring_first_ = 0;  // rows held, iteration of the first
   std::vector<double> ring_seconds_, ring_lr_;  // host-side values of those rows
   std::vector<int64_t> ring_consumed_;
+  Tensor noise_before_, noise_sums_;       // noise scale: gradients before a micro-batch f32, its |g|^2 f64 (2)
   Tensor scaler_, found_inf_;              // fp16: LossScalerState f32 (3), overflow flag f32 (1)
   std::unique_ptr<runtime::Readback> overflow_;  // the overflow flag of the last step, for the host
   int64_t overflow_iteration_ = 0;         // whose flag overflow_ holds

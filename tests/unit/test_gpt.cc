@@ -251,6 +251,61 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
   EXPECT_GT(moved, 1e-3) << "the step changed the parameters";
 }
 
+// The noise scale's small-batch term against a reference computed apart: each micro-batch's
+// gradient by a forward and backward pass of its own from zeroed gradients, the mean of their
+// squared norms (and the global batch's squared norm). With an EMA of 0 the estimator holds
+// one step's estimates, from which both terms follow. (The first version read each
+// micro-batch's gradient as the sum's growth over its backward pass and missed the LM head's
+// weight gradient, which the forward pass adds: 100x too small in the embedding.)
+TEST(Trainer, NoiseScaleSmallBatchTermIsTheMeanOverMicroBatchesOfEachOnesSquaredGradientNorm) {
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
+  const auto hp = mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "test");
+  const mb::train::Batch all = random_batch(8, 11, 203, 9);
+  auto model = mb::models::make_model(tiny(), tp, 5);
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
+  FixedSource src(all);
+  mb::train::TrainOptions o;
+  o.micro_batch_size = 2;
+  o.global_batch_size = 8;
+  o.train_iters = 1;
+  o.schedule.max_lr = o.schedule.min_lr = 0.0;
+  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  o.clip_grad = 0;
+  o.eval_iters = 0;
+  o.noise_scale = true;
+  o.noise_scale_ema = 0.0;
+  std::ostringstream console;
+  mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
+  t.run();
+  const double b = 2, B = 8, g2 = t.noise_scale().grad_sq_norm(), tr = t.noise_scale().trace_cov();
+  const double d = tr * (1 / b - 1 / B), big = g2 + b * d / (B - b), small = big + d;
+
+  auto ref = mb::models::make_model(tiny(), tp, 5);
+  mb::nn::ParameterStore& P = ref->parameters();
+  auto sq = [&] {
+    double q = 0;
+    for (float g : mb::to_host_f32(P.grads())) q += static_cast<double>(g) * g;
+    return q;
+  };
+  double mean_small = 0;
+  std::vector<double> sum(P.flat_size(), 0.0);
+  for (int64_t m = 0; m < 4; ++m) {
+    mb::train::Batch mbatch;
+    src.fill(static_cast<uint64_t>(m * 2), 2, mbatch);
+    P.zero_grad();
+    ref->forward(mbatch, {o.seed, 1, m, true}, 1.0f);
+    ref->backward();
+    mean_small += sq() / 4;
+    const auto g = mb::to_host_f32(P.grads());
+    for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i] / 4.0;
+  }
+  double big_ref = 0;
+  for (double x : sum) big_ref += x * x;
+  EXPECT_NEAR(small, mean_small, 1e-4 * mean_small);
+  EXPECT_NEAR(big, big_ref, 1e-4 * big_ref);
+}
+
 TEST(Trainer, EvalSamplesCoverASmallerSplitOnceAndEvalItersRepeatItAsMegatronDoes) {
   // A held-out split of 7 samples, micro-batches of 4. --eval-samples 16 must give the mean
   // token loss of the 7 samples, each once (the last micro-batch has 3); Megatron's

@@ -121,10 +121,13 @@ namespace {
 // loss_i(w) = 0.5 |w - x_i|^2 with x_i = mu + sigma * z_i (z_i standard normal, keyed by
 // the sample index): per-sample gradient w - x_i, so G = w - mu and the per-sample
 // covariance is sigma^2 I, tr(Sigma) = sigma^2 d, and B_simple = sigma^2 d / |w - mu|^2.
+// Heavy-tailed: a sample is an outlier with probability p = P(z > 2.2) (z keyed by the
+// sample), its noise `outlier` times larger; tr(Sigma) = sigma^2 d (1 + p (outlier^2 - 1)).
 class QuadraticModel final : public mb::train::Model {
  public:
   static constexpr int64_t kDim = 64;
-  QuadraticModel(double sigma) : sigma_(sigma) {
+  static constexpr double kOutlierZ = 2.2;
+  explicit QuadraticModel(double sigma, double outlier = 1.0) : sigma_(sigma), outlier_(outlier) {
     store_.add({"w", mb::nn::Role::kWeight, 0, {kDim}, {}, mb::nn::Init::zeros()});
     store_.finalize();
     for (int64_t k = 0; k < kDim; ++k) store_.param(0)[k] = static_cast<float>(0.05 * std::cos(static_cast<double>(k)));
@@ -132,7 +135,8 @@ class QuadraticModel final : public mb::train::Model {
   double true_noise_scale() const {
     double g2 = 0;
     for (int64_t k = 0; k < kDim; ++k) g2 += std::pow(store_.param(0)[k] - mu(k), 2);
-    return sigma_ * sigma_ * static_cast<double>(kDim) / g2;
+    const double p = 0.5 * std::erfc(kOutlierZ / std::sqrt(2.0));
+    return sigma_ * sigma_ * (1.0 + p * (outlier_ * outlier_ - 1.0)) * static_cast<double>(kDim) / g2;
   }
   mb::nn::ParameterStore& parameters() override { return store_; }
   mb::train::LossOutput forward(const mb::train::Batch& batch, const mb::train::StepContext&, float scale) override {
@@ -140,8 +144,9 @@ class QuadraticModel final : public mb::train::Model {
     double loss = 0;
     for (int64_t i = 0; i < batch.batch; ++i) {
       const uint64_t sample = static_cast<uint64_t>(batch.tokens[static_cast<size_t>(i)]);
+      const double s = mb::philox_normal(sample, kDim) > kOutlierZ ? outlier_ : 1.0;
       for (int64_t k = 0; k < kDim; ++k) {
-        const double x = mu(k) + sigma_ * mb::philox_normal(sample, static_cast<uint64_t>(k));
+        const double x = mu(k) + s * sigma_ * mb::philox_normal(sample, static_cast<uint64_t>(k));
         const double d = store_.param(0)[k] - x;
         loss += 0.5 * d * d;
         grad_[static_cast<size_t>(k)] += scale * d / static_cast<double>(batch.batch);
@@ -159,51 +164,82 @@ class QuadraticModel final : public mb::train::Model {
 
  private:
   static double mu(int64_t k) { return 0.02 * static_cast<double>(k % 5); }
-  double sigma_;
+  double sigma_, outlier_;
   mb::nn::ParameterStore store_;
   std::vector<double> grad_;
 };
 
+// Sample i of the run is sample offset + i of the model's data.
 class SampleIndexSource final : public mb::train::BatchSource {
  public:
+  explicit SampleIndexSource(uint64_t offset = 0) : offset_(offset) {}
   void fill(uint64_t first, int64_t count, mb::train::Batch& out) override {
     out.batch = count;
     out.seq = 1;
     out.tokens.resize(static_cast<size_t>(count));
-    for (int64_t i = 0; i < count; ++i) out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(first + i);
+    for (int64_t i = 0; i < count; ++i)
+      out.tokens[static_cast<size_t>(i)] = static_cast<int32_t>(offset_ + first + static_cast<uint64_t>(i));
   }
+
+ private:
+  uint64_t offset_;
 };
 
-}  // namespace
-
-TEST(GradientNoiseScale, EstimateMatchesTheClosedFormOfASyntheticProblem) {
+// B_simple after `iters` steps of micro batch 4 in a global batch of 64, w held still
+// (lr 0), with the console the trainer wrote.
+std::pair<double, std::string> estimate_noise_scale(QuadraticModel& model, int64_t iters, double ema,
+                                                    uint64_t offset = 0) {
   mb::comm::LocalCommunicator tp;
-  QuadraticModel model(0.3);
-  const double expected = model.true_noise_scale();
   const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
   mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp,
                                  mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
-  SampleIndexSource source;
+  SampleIndexSource source(offset);
   mb::train::TrainOptions o;
   o.micro_batch_size = 4;
   o.global_batch_size = 64;
-  o.train_iters = 3000;
+  o.train_iters = iters;
   o.schedule.max_lr = o.schedule.min_lr = 0.0;  // w stays put: the noise scale is constant
   o.schedule.style = mb::optim::DecayStyle::kConstant;
   o.clip_grad = 0.0;
   o.eval_iters = 0;
   o.log_interval = 1000;
   o.noise_scale = true;
-  o.noise_scale_ema = 0.999;
+  o.noise_scale_ema = ema;
   std::ostringstream console;
   mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, nullptr, console);
   trainer.run();
+  return {trainer.noise_scale().b_simple(), console.str()};
+}
+
+}  // namespace
+
+TEST(GradientNoiseScale, EstimateMatchesTheClosedFormOfASyntheticProblem) {
+  QuadraticModel model(0.3);
+  const double expected = model.true_noise_scale();
+  const auto [estimate, console] = estimate_noise_scale(model, 3000, 0.999);
   // B_simple here is about 60 (between the micro batch 4 and the global batch 64);
   // 3000 steps of estimates average to within a few percent.
   EXPECT_GT(expected, 4.0);
   EXPECT_LT(expected, 1000.0);
-  EXPECT_NEAR(trainer.noise_scale().b_simple(), expected, 0.05 * expected);
-  EXPECT_NE(console.str().find("noise scale:"), std::string::npos);
+  EXPECT_NEAR(estimate, expected, 0.05 * expected);
+  EXPECT_NE(console.find("noise scale:"), std::string::npos);
+}
+
+// Heavy-tailed samples (1.4% of them with 10x the noise, as around a loss spike): with
+// the small-batch term from the first micro-batch alone, the estimate swung with whether
+// an outlier fell in it (over 8 stretches of data, 200 steps at EMA 0.99: 39% RMS error,
+// 73% at worst, and at 100 steps 88% and 240%); the mean over all 16 micro-batches holds
+// it to about 5%.
+TEST(GradientNoiseScale, EveryMicroBatchCountsSoHeavyTailedSamplesDoNotSwingTheEstimate) {
+  double sq = 0, worst = 0;
+  for (uint64_t r = 0; r < 8; ++r) {
+    QuadraticModel model(0.3, 10.0);
+    const double rel = estimate_noise_scale(model, 200, 0.99, r * 1000000).first / model.true_noise_scale() - 1.0;
+    sq += rel * rel;
+    worst = std::max(worst, std::abs(rel));
+  }
+  EXPECT_LT(std::sqrt(sq / 8), 0.12);
+  EXPECT_LT(worst, 0.2);
 }
 
 TEST(GradientNoiseScale, NeedsAtLeastTwoMicroBatches) {
