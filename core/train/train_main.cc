@@ -173,21 +173,24 @@ void print_params(const mb::models::ModelConfig& c) {
 // optimizer states (Adam, LAMB: the most the shipped plugins keep), and activations for one
 // micro-batch (Korthikanti et al.'s count, doubled in fp32). More than is available stops
 // the run at once, with the figures, instead of the kernel killing it later.
-void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device, int64_t micro_batch, bool skip,
-                  bool logger) {
+void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device, int64_t micro_batch,
+                  bool noise_scale, bool skip, bool logger) {
   const auto r = mb::models::size_report(mc);
   const double p = static_cast<double>(r.parameters_per_rank);
   const bool fp32 = dtype == mb::DType::kF32;
   const double params = p * static_cast<double>(mb::dtype_size(dtype)), grads = 4 * p, masters = fp32 ? 0.0 : 4 * p,
                state = 8 * p, acts = r.activation_bytes * static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
-  const double need = params + grads + masters + state + acts;
+  const double noise = noise_scale ? grads : 0.0;  // --log-noise-scale: the gradients before a micro-batch
+  const double need = params + grads + masters + state + noise + acts;
   double ranks_here = 1;  // ranks of this job on this host share its memory
   if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, std::atof(l));
   const auto avail = mb::runtime::available_memory(device);
   const double have = static_cast<double>(avail.bytes) / ranks_here;
   const std::string parts = "parameters " + human_bytes(params) + ", gradients " + human_bytes(grads) +
                             (masters > 0 ? ", master weights " + human_bytes(masters) : std::string()) +
-                            ", optimizer state " + human_bytes(state) + ", activations " + human_bytes(acts) +
+                            ", optimizer state " + human_bytes(state) +
+                            (noise > 0 ? ", noise-scale buffer " + human_bytes(noise) : std::string()) +
+                            ", activations " + human_bytes(acts) +
                             " for micro batch " + std::to_string(micro_batch);
   if (logger)
     std::cout << "> memory: about " << human_bytes(need) << " per rank on " << device.str() << " (" << parts << "); "
@@ -509,7 +512,8 @@ int run(int argc, char** argv) {
   parallel.connect(device, v["distributed_backend"].get<std::string>());
   if (parallel.collectives != "local") std::cout << "> collectives: " << parallel.collectives << std::endl;
   mb::comm::Communicator& tp = *parallel.tp;
-  check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["skip_memory_check"].get<bool>(), logger);
+  check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["log_noise_scale"].get<bool>(),
+               v["skip_memory_check"].get<bool>(), logger);
   if (v["check"].get<bool>()) {
     std::cout << "> check: configuration, optimizer " << plugin.name() << ", data " << paths[0] << " and memory are fine"
               << std::endl;

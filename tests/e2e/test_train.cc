@@ -143,6 +143,16 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
   EXPECT_NEAR(state, 2 * params, 0.11);
   EXPECT_GT(need, 4 * params);
   EXPECT_NE(r.output.find("is available (MemAvailable in /proc/meminfo"), std::string::npos) << r.output;
+  // --log-noise-scale keeps the gradients before each micro-batch: one more gradient's size
+  const auto n = mb::testing::run_command("timeout 60 " + train("--model gpt-7.5b --micro-batch-size 1 --global-batch-size 2 "
+                                                                "--log-noise-scale --train-iters 2 --lr 1e-3 --run-dir " +
+                                                                (tmp_ / "big").string()));
+  std::smatch k;
+  ASSERT_TRUE(std::regex_search(n.output, k, std::regex("needs about ([0-9.]+) GiB .*optimizer state [0-9.]+ GiB, "
+                                                         "noise-scale buffer ([0-9.]+) GiB, activations")))
+      << n.output;
+  EXPECT_EQ(k[2].str(), m[3].str()) << "the size of the gradients";
+  EXPECT_NEAR(std::stod(k[1]) - need, std::stod(m[3]), 0.11);
   // a small run says its estimate and runs
   const auto ok = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --eval-iters 0 --run-dir " + (tmp_ / "small").string()));
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
