@@ -244,8 +244,8 @@ void Trainer::forward_backward() {
   const int64_t local = opt_.global_batch_size / (opt_.micro_batch_size * D);  // micro-batches on this rank
   const int64_t micro_batches = local * D;                                    // in the whole global batch
   // The noise scale's small-batch term: the mean over micro-batches of |gradient of one
-  // micro-batch|^2, each read as the accumulated gradient's growth over its backward pass
-  // (the training gradients untouched). Under data parallelism the last micro-batch of a
+  // micro-batch|^2, each read as the accumulated gradient's growth over its forward and
+  // backward passes (the training gradients untouched). Under data parallelism the last micro-batch of a
   // rank is left out where it is not the only one: its buckets may start reducing during
   // its backward pass.
   auto measured = [&](int64_t k) { return opt_.noise_scale && (k == 0 || !buckets_ || k < local - 1); };

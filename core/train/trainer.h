@@ -116,9 +116,9 @@ class Trainer {
   void set_test_data(BatchSource* test) { test_ = test; }
   // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 / SIGINT arrives
   // at any rank (then every rank finishes the current iteration, a checkpoint is written
-  // when save_dir is set, and it returns kSignal). A diverged run (see TrainOptions) stops with kDiverged, its metrics
-  // flushed and no checkpoint written. On an error (a plugin failure) the metrics are
-  // flushed first, then the Error propagates.
+  // when save_dir is set, and it returns kSignal). A diverged run (see TrainOptions) stops
+  // with kDiverged, its metrics flushed and no checkpoint written. On an error (a plugin
+  // failure) the metrics are flushed first, then the Error propagates.
   StopReason run();
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
   // trainer's own state (loss scaler, noise-scale averages, optimizer steps). Parameters
@@ -132,7 +132,8 @@ class Trainer {
   // The whole job (default: this process alone), for the decision to stop on a signal:
   // a signal reaches the ranks at different moments (scancel, a time limit), so after each
   // iteration the ranks agree on whether any of them has one, and all stop after the same
-  // iteration. A host communicator (MPI), so that the GPU need not wait. Must outlive the trainer.
+  // iteration. A host communicator (MPI), so that the GPU need not wait. Must outlive the
+  // trainer.
   void set_world(comm::Communicator& world) { world_ = &world; }
   // Writes a checkpoint of the current state to save_dir; returns its path.
   std::filesystem::path save_checkpoint();
