@@ -154,21 +154,29 @@ TEST_F(Sweep, KilledSweepResumesToTheMetricsOfAnUninterruptedOne) {
 // Ctrl-C to a sweep whose points run at once, one a process of its own, one two MPI ranks
 // under mpirun: each finishes its iteration, writes a checkpoint and is "interrupted" (where
 // mpirun, sent SIGTERM, ended its job itself and the point "failed"); run again, both go on
-// from their checkpoints to a metrics file with every iteration once.
+// from their checkpoints to a metrics file with every iteration once. The one-process point
+// is paused (SIGSTOP) from its third iteration until mpirun's ranks reach theirs, so that on
+// a loaded machine it cannot finish before the Ctrl-C.
 TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
   mb::testing::TempDir tmp;
   const fs::path file = tmp / "stopme.json", runs = tmp / "runs", dir = runs / "stopme";
   mb::testing::write_text(file, R"({"name": "stopme",
   "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
-           "global_batch_size": 4, "train_iters": 60, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
+           "global_batch_size": 4, "train_iters": 100, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
            "save_interval": 1000, "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
   "grid": {"data_parallel_size": [1, 2]}, "threads": 1, "jobs": 2})");
   const std::string run = mb::testing::mpi_env() + sweep("run " + file.string() + " --runs-dir " + runs.string());
   const std::string log1 = (dir / "dps1" / "stdout.log").string(), log2 = (dir / "dps2" / "stdout.log").string();
-  auto r = mb::testing::run_command(
-      run + " > " + (tmp / "sweep.log").string() + " 2>&1 & pid=$!; for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " +
-      log1 + " 2>/dev/null && grep -q 'iteration  *[3-9]/' " + log2 + " 2>/dev/null && break; sleep 0.05; done; " +
-      "kill -INT $pid; wait $pid; echo exit=$?; cat " + (tmp / "sweep.log").string());
+  const auto wait_for_third = [](const std::string& log) {
+    return "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log + " 2>/dev/null && break; sleep 0.05; done; ";
+  };
+  // "dps[1]": a pattern that matches the point's train process, not this shell's command line
+  const std::string dps1_train = "-f '" + (dir / "dps[1]" / "point.json").string() + "'";
+  auto r = mb::testing::run_command(run + " > " + (tmp / "sweep.log").string() + " 2>&1 & pid=$!; " + wait_for_third(log1) +
+                                    "pkill -STOP " + dps1_train + " && echo paused; " + wait_for_third(log2) +
+                                    "pkill -CONT " + dps1_train + "; kill -INT $pid; wait $pid; echo exit=$?; cat " +
+                                    (tmp / "sweep.log").string());
+  ASSERT_NE(r.output.find("paused"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> interrupted dps1 (resumable)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> interrupted dps2 (resumable)"), std::string::npos) << r.output;
@@ -179,7 +187,7 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
     const std::string text = mb::testing::read_text(log);
     ASSERT_TRUE(std::regex_search(text, m, std::regex("stopped by signal (10|15) after iteration (\\d+)"))) << text;
     const int stopped = std::stoi(m[2]);
-    ASSERT_LT(stopped, 60) << "the stop came too late to test anything";
+    ASSERT_LT(stopped, 100) << "the stop came too late to test anything";
     char name[32];
     std::snprintf(name, sizeof name, "iter_%07d.h5", stopped);
     EXPECT_TRUE(fs::exists(fs::path(log).parent_path() / "checkpoints" / name)) << text;
@@ -191,7 +199,7 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
     EXPECT_NE(text.find("> loaded " + (dir / id / "checkpoints" / "iter_").string()), std::string::npos) << text;
     mb::testing::H5File f((dir / id / "metrics.h5").string(), mb::testing::H5File::kRead);
     const auto it = f.read<double>("train/iteration");
-    ASSERT_EQ(it.size(), 60u) << id << ": every iteration once, none twice";
+    ASSERT_EQ(it.size(), 100u) << id << ": every iteration once, none twice";
     for (size_t i = 0; i < it.size(); ++i) ASSERT_EQ(it[i], static_cast<double>(i + 1)) << id;
   }
 }
