@@ -274,17 +274,16 @@ void Trainer::forward_backward() {
     for (double& x : w) x /= static_cast<double>(micro_batches);
     ops::weighted_accumulate(step_.flat(0, w.size()), out.sums, w);
     if (measured(k)) {  // this micro-batch's gradient alone (scaled by 1 / micro_batches)
-      const size_t L = 1 + extra_names_.size();
       if (k > 0) {  // noise_before_ = gradients now - gradients before
         ops::scale(noise_before_, -1.0f);
         ops::residual_backward(noise_before_, Tensor(), P.grads());
       }
       ops::split_sum_squares(noise_sums_, k > 0 ? noise_before_ : P.grads(), sharded_, replicated_);
       const double mean = 1.0 / static_cast<double>(n_measured * D);  // summed over the DP group later
-      ops::weighted_accumulate(step_.flat(L + kSmallSharded, 2), noise_sums_, {mean, mean});
+      ops::weighted_accumulate(step_.flat(loss_slots() + kSmallSharded, 2), noise_sums_, {mean, mean});
     }
   }
-  if (opt_.noise_scale) comm::all_reduce(tp_, step_.flat(1 + extra_names_.size() + kSmallSharded, 1), comm::ReduceOp::kSum);
+  if (opt_.noise_scale) comm::all_reduce(tp_, step_.flat(loss_slots() + kSmallSharded, 1), comm::ReduceOp::kSum);
 }
 
 void Trainer::reduce_gradients() {
@@ -300,14 +299,14 @@ void Trainer::reduce_gradients() {
       console_ << ", " << buckets_->started_early() << " started during the backward pass";
     console_ << std::endl;
   }
-  comm::all_reduce(*dp_, step_.flat(0, 1 + extra_names_.size()), comm::ReduceOp::kSum);
+  comm::all_reduce(*dp_, step_.flat(0, loss_slots()), comm::ReduceOp::kSum);
   if (opt_.noise_scale)  // the mean over every rank's micro-batches
-    comm::all_reduce(*dp_, step_.flat(1 + extra_names_.size() + kSmallSharded, 2), comm::ReduceOp::kSum);
+    comm::all_reduce(*dp_, step_.flat(loss_slots() + kSmallSharded, 2), comm::ReduceOp::kSum);
 }
 
 void Trainer::unscale_and_check() {
   if (!fp16()) return;
-  const size_t L = 1 + extra_names_.size();
+  const size_t L = loss_slots();
   ops::weighted_accumulate(step_.flat(L + kLossScale, 1), scaler_.flat(0, 1), {1.0});  // the scale of this step
   ops::unscale_and_check(main_grads(), found_inf_, scaler_);
   // one overflowing rank skips the step everywhere (a local flag would let scales diverge)
@@ -318,7 +317,7 @@ void Trainer::unscale_and_check() {
 }
 
 void Trainer::clip_gradients() {
-  const size_t L = 1 + extra_names_.size();
+  const size_t L = loss_slots();
   const Tensor& g = main_grads();
   const Tensor sums = step_.flat(L + kSqSharded, 2), norm = step_.flat(L + kNorm, 3);
   ops::split_sum_squares(sums, g, sharded_, replicated_);
@@ -340,7 +339,7 @@ void Trainer::resolve_overflow() {
 }
 
 void Trainer::optimizer_step() {
-  const size_t L = 1 + extra_names_.size();
+  const size_t L = loss_slots();
   const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
   const Tensor clipped_norm = step_.flat(L + kClippedNorm, 1);
   if (!fp16()) {  // every step is applied
@@ -385,7 +384,7 @@ void Trainer::record_step(double seconds) {
   // On the CPU the row is already in host memory: catch a diverged run at once.
   if (device_.is_cpu()) {
     const double* row = step_.data<double>();
-    const size_t L = 1 + extra_names_.size();
+    const size_t L = loss_slots();
     double objective = 0;
     for (size_t k = 0; k < L; ++k) objective += row[k];
     const bool skipped = fp16() && row[L + kFoundInf] != 0.0;
@@ -402,7 +401,7 @@ void Trainer::record_step(double seconds) {
 void Trainer::drain() {
   if (ring_rows_ == 0) return;
   const std::vector<double> rows = to_host_f64(ring_.rows(0, ring_rows_));  // the one read of the interval
-  const size_t L = 1 + extra_names_.size(), S = slots_;
+  const size_t L = loss_slots(), S = slots_;
   const int64_t micro_batches = opt_.global_batch_size / opt_.micro_batch_size;
   if (interval_extra_.size() != extra_names_.size()) interval_extra_.assign(extra_names_.size(), 0.0);
   for (int64_t r = 0; r < ring_rows_; ++r) {

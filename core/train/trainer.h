@@ -177,6 +177,7 @@ class Trainer {
   void write_log_line();
   bool stop_agreed();  // after an iteration: did any rank of the job receive a stop signal?
   bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }
+  size_t loss_slots() const { return 1 + extra_names_.size(); }  // step_'s loss and extra losses, before the Slots
   bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
 
   TrainOptions opt_;

@@ -216,6 +216,20 @@ class FixedSource final : public mb::train::BatchSource {
  private:
   mb::train::Batch all_;
 };
+
+// One step of plain SGD at a constant lr, without clipping or evaluation: what the trainer
+// tests below start from.
+mb::train::TrainOptions one_sgd_step(int64_t micro_batch, int64_t global_batch, double lr) {
+  mb::train::TrainOptions o;
+  o.micro_batch_size = micro_batch;
+  o.global_batch_size = global_batch;
+  o.train_iters = 1;
+  o.schedule.max_lr = o.schedule.min_lr = lr;
+  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  o.clip_grad = 0;
+  o.eval_iters = 0;
+  return o;
+}
 }  // namespace
 
 TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
@@ -229,14 +243,7 @@ TEST(Trainer, AccumulatedMicroBatchesGiveTheMeanGradientOfTheGlobalBatch) {
     auto model = mb::models::make_model(tiny(), tp, 5);
     mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
     FixedSource src(random_batch(8, 11, 203, 9));
-    mb::train::TrainOptions o;
-    o.micro_batch_size = k == 0 ? 8 : 2;
-    o.global_batch_size = 8;
-    o.train_iters = 1;
-    o.schedule.max_lr = o.schedule.min_lr = 0.5;
-    o.schedule.style = mb::optim::DecayStyle::kConstant;
-    o.clip_grad = 0;
-    o.eval_iters = 0;
+    const mb::train::TrainOptions o = one_sgd_step(k == 0 ? 8 : 2, 8, 0.5);
     std::ostringstream console;
     mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
     t.run();
@@ -265,14 +272,7 @@ TEST(Trainer, NoiseScaleSmallBatchTermIsTheMeanOverMicroBatchesOfEachOnesSquared
   auto model = mb::models::make_model(tiny(), tp, 5);
   mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, hp, 0);
   FixedSource src(all);
-  mb::train::TrainOptions o;
-  o.micro_batch_size = 2;
-  o.global_batch_size = 8;
-  o.train_iters = 1;
-  o.schedule.max_lr = o.schedule.min_lr = 0.0;
-  o.schedule.style = mb::optim::DecayStyle::kConstant;
-  o.clip_grad = 0;
-  o.eval_iters = 0;
+  mb::train::TrainOptions o = one_sgd_step(2, 8, 0.0);
   o.noise_scale = true;
   o.noise_scale_ema = 0.0;
   std::ostringstream console;
@@ -371,13 +371,8 @@ TEST(Trainer, ClipsTheGlobalGradientNormBeforeTheOptimizerStep) {
   const std::vector<float> before = mb::to_host_f32(model->parameters().params());
   mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
   FixedSource src(random_batch(4, 11, 203, 10));
-  mb::train::TrainOptions o;
-  o.micro_batch_size = o.global_batch_size = 4;
-  o.train_iters = 1;
-  o.schedule.max_lr = o.schedule.min_lr = 0.1;
-  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  mb::train::TrainOptions o = one_sgd_step(4, 4, 0.1);
   o.clip_grad = 0.05;  // far below the gradient norm of a fresh model (about 1)
-  o.eval_iters = 0;
   std::ostringstream console;
   mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
   t.run();
