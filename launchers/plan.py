@@ -24,9 +24,9 @@ per parameter of the rank's shard, plus activations per sample times the micro b
 With --overlap-grad-reduce the gradient buckets (Megatron's default size, max(40M, 1M x DP)
 elements) are summed during the last micro-batch's backward pass (2/3 of its compute): only
 what does not fit behind it is exposed, and never less than the last bucket's own time.
-With --use-distributed-optimizer the gradients are reduce-scattered and the fp32 masters
-all-gathered (the same bytes on the wire as one all-reduce) and the Adam moments take 8/DP
-bytes per parameter instead of 8. Otherwise communication is not overlapped (an upper bound
+With --use-distributed-optimizer the fp32 gradients are reduce-scattered and the bf16
+parameters all-gathered (3/4 of the bytes of the fp32 all-reduce), and each rank keeps
+1/DP of the fp32 masters and Adam moments: 6 + 12/DP bytes per parameter instead of 18. Otherwise communication is not overlapped (an upper bound
 on step time). It says which term dominates and the smallest global batch for which compute
 is at least all communication ("keeps the GPUs busy").
 
@@ -110,8 +110,15 @@ def default_bucket_elems(dp):
     return max(40_000_000, 1_000_000 * dp)
 
 
+def distributed_state_bytes(state_bytes, dp):
+    """Weights and optimizer state per GPU with the distributed optimizer: of the 18 bytes per
+    parameter (bf16 weight, fp32 gradient, fp32 master, two fp32 moments) the master and the
+    moments (12) are split over the DP ranks."""
+    return state_bytes * (6 + 12 / max(1, dp)) / 18
+
+
 def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency, overlap=False, flops_per_token=None,
-            tp_collectives_per_layer=4, network_Gbps=None):
+            tp_collectives_per_layer=4, network_Gbps=None, distributed=False):
     gpus = inst["gpus"] * nodes
     dp = gpus // tp
     N, L, H, S = sizes["params"], sizes["layers"], sizes["hidden"], sizes["seq"]
@@ -128,7 +135,10 @@ def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency, overlap=Fal
         dp_bw = float("inf")
     else:
         dp_bw = link if nodes == 1 else (network_Gbps or inst["network_Gbps"]) / 8 * 1e9 / inst["gpus"]
-        dp_time = (2 * (dp - 1) / dp) * grad_bytes / dp_bw
+        if distributed:  # reduce-scatter of the fp32 gradients, all-gather of the bf16 parameters
+            dp_time = ((dp - 1) / dp) * (grad_bytes + grad_bytes / 2) / dp_bw
+        else:
+            dp_time = (2 * (dp - 1) / dp) * grad_bytes / dp_bw
     exposed = dp_time
     if overlap and dp > 1:
         # buckets of whole parameters; all but the last (the first layers) can hide behind the
@@ -136,8 +146,8 @@ def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency, overlap=Fal
         buckets = max(1, math.ceil((N / tp) / default_bucket_elems(dp)))
         backward = (compute + tp_time) / max(1, micro_batches) * 2 / 3
         exposed = max(dp_time / buckets, dp_time - backward)
-    terms = {"compute": compute, "tensor-parallel all-reduces": tp_time,
-             "data-parallel gradient all-reduce" + (" (exposed)" if overlap else ""): exposed}
+    dp_name = "data-parallel reduce-scatter + all-gather" if distributed else "data-parallel gradient all-reduce"
+    terms = {"compute": compute, "tensor-parallel all-reduces": tp_time, dp_name + (" (exposed)" if overlap else ""): exposed}
     # compute and TP time grow with the global batch, the gradient all-reduce does not:
     # a G + b G >= c -> smallest G with compute >= communication
     a, b = compute / global_batch, tp_time / global_batch
@@ -222,7 +232,7 @@ def main(argv=None):
     p.add_argument("--act-bytes", type=positive(float), help="per-rank activation bytes per sample")
     p.add_argument("--train", help="the train program (default: ../build/bin/train)")
     p.add_argument("--overlap-grad-reduce", action="store_true", help="gradient buckets overlap the backward pass")
-    p.add_argument("--use-distributed-optimizer", action="store_true", help="Adam moments sharded over DP")
+    p.add_argument("--use-distributed-optimizer", action="store_true", help="fp32 masters and Adam moments sharded over DP")
     a = p.parse_args(argv)
     if a.command == "validate":
         efficiency, rows = validate()
@@ -243,9 +253,8 @@ def main(argv=None):
     inst = table[a.instance]
     if a.model:
         sizes = model_sizes(a.model, a.tp, a.train)
-        if a.use_distributed_optimizer:  # the Adam moments (8 of the 18 bytes per parameter) over DP
-            dp = max(1, inst["gpus"] * a.nodes // a.tp)
-            sizes["state_bytes"] *= (10 + 8 / dp) / 18
+        if a.use_distributed_optimizer:
+            sizes["state_bytes"] = distributed_state_bytes(sizes["state_bytes"], inst["gpus"] * a.nodes // a.tp)
     else:
         missing = [k for k in ["params", "layers", "hidden", "seq", "state_bytes", "act_bytes"] if getattr(a, k) is None]
         if missing:
@@ -263,8 +272,9 @@ def main(argv=None):
     if a.command == "scaling":
         if not a.global_batch:
             sys.exit("plan.py scaling: give --global-batch")
-        r = scaling(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.efficiency, overlap=a.overlap_grad_reduce)
-        how = ("gradient buckets overlapped with the backward pass: " f"{r['dp_total_s'] * 1e3:.2f} ms of all-reduce"
+        r = scaling(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.efficiency, overlap=a.overlap_grad_reduce,
+                    distributed=a.use_distributed_optimizer)
+        how = ("gradient buckets overlapped with the backward pass: " f"{r['dp_total_s'] * 1e3:.2f} ms of DP communication"
                if a.overlap_grad_reduce else "no overlap of communication with compute")
         print(f"step time estimate {r['step_s'] * 1e3:.1f} ms ({how}):")
         for k, v in r["terms"].items():
@@ -275,9 +285,10 @@ def main(argv=None):
         else:
             print("tensor-parallel traffic alone exceeds compute at any global batch: lower TP")
         print(f"assumptions: {a.efficiency:.0%} of {inst['peak_tflops']} TFLOP/s {inst['precision']} peak per GPU; "
-              f"TP all-reduces over {inst['gpu_link']} at {inst['gpu_link_GBps']} GB/s per GPU; gradient all-reduce "
+              f"TP all-reduces over {inst['gpu_link']} at {inst['gpu_link_GBps']} GB/s per GPU; DP communication "
               f"over {'EFA at ' + str(inst['network_Gbps']) + ' Gbit/s per node shared by ' + str(inst['gpus']) + ' GPUs' if a.nodes > 1 else inst['gpu_link']}; "
-              f"ring all-reduce, fp32 gradients, bf16 activations, "
+              f"ring collectives, fp32 gradients, bf16 activations, "
+              f"{'fp32 gradients reduce-scattered and bf16 parameters all-gathered, ' if a.use_distributed_optimizer else ''}"
               f"{'bucket overlap' if a.overlap_grad_reduce else 'no overlap'}")
     else:
         print("fits")

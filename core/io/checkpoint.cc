@@ -216,7 +216,10 @@ std::optional<fs::path> latest_checkpoint(const fs::path& dir) {
 }
 
 fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::ParameterStore& store,
-                         comm::Communicator& tp, const OptimizerState* optimizer, int keep) {
+                         comm::Communicator& tp, const OptimizerState* optimizer, int keep,
+                         const std::vector<Tensor>* masters) {
+  check(!masters || masters->size() == store.count(), "internal error: ", masters ? masters->size() : 0,
+        " masters for ", store.count(), " parameters");
   silence_hdf5();
   const fs::path final_path = checkpoint_path(dir, state.iteration);
   const fs::path tmp = final_path.string() + ".tmp";
@@ -247,7 +250,8 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     }
     for (size_t i = 0; i < store.count(); ++i) {
       const nn::ParamInfo& info = store.info(static_cast<int>(i));
-      const auto full = gather_full(info, store.master(static_cast<int>(i)), tp);  // fp32, whatever the run's dtype
+      const Tensor master = masters ? (*masters)[i] : store.master(static_cast<int>(i));
+      const auto full = gather_full(info, master, tp);  // fp32, whatever the run's dtype
       if (!writer) continue;
       const std::string name = "params/" + info.name;
       write_tensor(f.id, name, full, info.full_shape, tmp.string());
@@ -352,7 +356,10 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
 }
 
 void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer, int64_t expected_padded_vocab) {
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab,
+                     std::vector<Tensor>* masters) {
+  check(!masters || masters->size() == store.count(), "internal error: ", masters ? masters->size() : 0,
+        " masters for ", store.count(), " parameters");
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -374,10 +381,10 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     int64_t valid = 0;
     const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
-    copy_in(info, full, valid, store.master(static_cast<int>(i)));
+    copy_in(info, full, valid, masters ? (*masters)[i] : store.master(static_cast<int>(i)));
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
-  store.copy_masters_to_params();
+  if (!masters) store.copy_masters_to_params();
   check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
         "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
         "; load it into the same model configuration");

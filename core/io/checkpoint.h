@@ -22,6 +22,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -70,12 +71,15 @@ int64_t old_checkpoint_bytes(const std::filesystem::path& dir, int keep);
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir);
 
-// Writes a checkpoint of the parameters (gathered over the tensor-parallel group; rank 0
-// writes) and, when given, the optimizer state, then keeps the newest `keep` checkpoints
-// (0: all). Returns the checkpoint's path. Errors name the file (disk full, ...).
+// Writes a checkpoint of the parameters' fp32 masters (gathered over the tensor-parallel
+// group; rank 0 writes) and, when given, the optimizer state, then keeps the newest `keep`
+// checkpoints (0: all). Returns the checkpoint's path. Errors name the file (disk full,
+// ...). `masters`, when given, are the whole (TP-local) masters by parameter id where the
+// store does not hold them (the distributed optimizer's: optim::DpShards::whole_masters()).
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const CheckpointState& state,
                                       nn::ParameterStore& store, comm::Communicator& tp,
-                                      const OptimizerState* optimizer, int keep);
+                                      const OptimizerState* optimizer, int keep,
+                                      const std::vector<Tensor>* masters = nullptr);
 
 // The root attributes of a checkpoint.
 CheckpointState read_checkpoint_state(const std::filesystem::path& file);
@@ -87,8 +91,11 @@ CheckpointState read_checkpoint_state(const std::filesystem::path& file);
 // vocabulary entry may differ in their padding (the vocabulary is padded to a multiple of
 // 128 x TP, so a checkpoint written at TP 2 has more rows than the model at TP 1): given
 // this run's padded vocabulary, the rows both have are loaded and the rest keep their
-// values.
+// values. With `masters` (whole masters by parameter id, as for save_checkpoint) the
+// parameters are loaded into those, for the caller to restore
+// (optim::DpShards::restore_masters), and the store is left as it was.
 void load_checkpoint(const std::filesystem::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer, int64_t expected_padded_vocab = -1);
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab = -1,
+                     std::vector<Tensor>* masters = nullptr);
 
 }  // namespace megabatch::io

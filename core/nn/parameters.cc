@@ -76,8 +76,27 @@ Tensor ParameterStore::param(int id) const { return view(params_, id); }
 Tensor ParameterStore::grad(int id) const { return view(grads_, id); }
 Tensor ParameterStore::master(int id) const { return view(masters(), id); }
 
+namespace {
+constexpr const char* kReleased =
+    "internal error: the fp32 master weights are sharded over the data-parallel ranks (--use-distributed-optimizer); "
+    "read this rank's pieces through optim::DpShards";
+}  // namespace
+
+const Tensor& ParameterStore::masters() const {
+  check(!masters_released_, kReleased);
+  return mixed() ? masters_ : params_;
+}
+
+void ParameterStore::release_masters() {
+  check(finalized_, "release_masters() before finalize()");
+  if (!mixed()) return;
+  masters_ = Tensor();
+  masters_released_ = true;
+}
+
 void ParameterStore::initialize(uint64_t seed) {
   check(finalized_, "initialize() before finalize()");
+  check(!masters_released_, kReleased);
   Tensor host({static_cast<int64_t>(next_offset_)});  // fp32 values on the host, then to the device
   for (size_t id = 0; id < infos_.size(); ++id) {
     const ParamInfo& p = infos_[id];
@@ -105,6 +124,7 @@ void ParameterStore::initialize(uint64_t seed) {
 }
 
 void ParameterStore::copy_masters_to_params() {
+  check(!masters_released_, kReleased);
   if (mixed()) ops::cast(params_, masters_);
 }
 

@@ -93,13 +93,19 @@ class ParameterStore {
   // The flat buffers (including alignment padding between parameters).
   const Tensor& params() const { return params_; }
   const Tensor& grads() const { return grads_; }
-  const Tensor& masters() const { return mixed() ? masters_ : params_; }
+  const Tensor& masters() const;
   size_t flat_size() const { return params_.numel(); }
   int64_t num_parameters() const;       // local elements, without padding
   int64_t num_full_parameters() const;  // unsharded elements
   void zero_grad();
   // params = masters rounded to the run's dtype (nothing to do in an f32 run).
   void copy_masters_to_params();
+  // Frees the whole fp32 masters of a mixed-precision run: the distributed optimizer
+  // (optim::DpShards) has taken this rank's shards of them and keeps only those, as
+  // Megatron's does. From then on master(), masters(), copy_masters_to_params() and
+  // initialize() are errors. Nothing to free in an f32 run (the masters are the parameters).
+  void release_masters();
+  bool masters_released() const { return masters_released_; }
 
   // Backward-pass progress, for gradient reduction that overlaps the backward pass: a
   // layer whose parameters' gradients are final (nothing later in this backward pass
@@ -120,6 +126,7 @@ class ParameterStore {
   Device device_;
   size_t next_offset_ = 0;
   bool finalized_ = false;
+  bool masters_released_ = false;
   GradsFinalHook grads_final_hook_;
 };
 

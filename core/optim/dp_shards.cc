@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/comm/collectives.h"
+#include "core/ops/elementwise.h"
 #include "core/util/error.h"
 
 namespace megabatch::optim {
@@ -55,6 +56,21 @@ DpShards::DpShards(nn::ParameterStore& store, std::vector<Range> ranges, comm::C
       }
     }
   }
+  if (!store.mixed()) return;
+  // this rank's shards of the fp32 masters; the store's whole copy goes
+  masters_ = Tensor({static_cast<int64_t>(std::max<size_t>(at, 1))}, DType::kF32, store.device());
+  for (const Bucket& b : buckets_) {
+    const size_t L = b.end - b.begin, mine = std::min(r * b.shard, L), n = std::min(b.shard, L - mine);
+    if (n > 0) copy(masters_.flat(b.at, n), store.masters().flat(b.begin + mine, n));
+  }
+  store.release_masters();
+}
+
+Tensor DpShards::master_piece(int id) const {
+  const Piece& p = piece(id);
+  const auto n = static_cast<size_t>(p.numel());
+  if (masters_.defined()) return masters_.flat(p.at, n);
+  return store_.params().flat(store_.info(id).offset + static_cast<size_t>(p.begin), n);
 }
 
 std::vector<DpShards::Range> DpShards::ranges() const {
@@ -80,19 +96,65 @@ void DpShards::start_reduce_scatter(size_t i) {
   comm::start_reduce_scatter(dp_, b.staging, out);
 }
 
-void DpShards::all_gather_masters() {
-  const Tensor& masters = store_.masters();
+void DpShards::all_gather_params() {
+  const Tensor& params = store_.params();
+  const DType t = params.dtype();
   const size_t r = static_cast<size_t>(dp_.rank());
   for (Bucket& b : buckets_) {
     const size_t L = b.end - b.begin, mine = std::min(r * b.shard, L), n = std::min(b.shard, L - mine);
-    const Tensor send = send_.flat(0, b.shard);
+    // the f32 send and staging buffers hold the parameters' dtype (2 or 4 bytes) as well
+    const Tensor send = Tensor::borrow(send_.raw(), {static_cast<int64_t>(b.shard)}, t, store_.device());
     if (n < b.shard) send.flat(n, b.shard - n).zero();
-    if (n > 0) copy(send.flat(0, n), masters.flat(b.begin + mine, n));
+    if (n > 0) {
+      if (masters_.defined()) {  // this rank's half parameters: its masters rounded
+        ops::cast(send.flat(0, n), masters_.flat(b.at, n));
+      } else {
+        copy(send.flat(0, n), params.flat(b.begin + mine, n));
+      }
+    }
     if (!b.staging.defined()) {
-      comm::all_gather(dp_, send, masters.flat(b.begin, L));
+      comm::all_gather(dp_, send, params.flat(b.begin, L));
     } else {
-      comm::all_gather(dp_, send, b.staging);
-      copy(masters.flat(b.begin, L), b.staging.flat(0, L));
+      const Tensor staging = Tensor::borrow(b.staging.raw(), {static_cast<int64_t>(b.shard * static_cast<size_t>(dp_.size()))}, t,
+                                            store_.device());
+      comm::all_gather(dp_, send, staging);
+      copy(params.flat(b.begin, L), staging.flat(0, L));
+    }
+  }
+}
+
+Tensor DpShards::gather_pieces(const Tensor& piece, int64_t offset, const std::vector<int64_t>& shape) const {
+  Tensor whole(shape, DType::kF32, store_.device());
+  ops::scale(whole, -1.0f);  // -0.0 everywhere: the identity of the sum below
+  if (piece.numel() > 0) copy(whole.flat(static_cast<size_t>(offset), piece.numel()), piece);
+  comm::all_reduce(dp_, whole, comm::ReduceOp::kSum);
+  return whole;
+}
+
+std::vector<Tensor> DpShards::whole_masters() const {
+  std::vector<Tensor> whole;
+  for (size_t i = 0; i < store_.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    whole.push_back(masters_.defined() ? gather_pieces(master_piece(id), piece(id).begin, store_.info(id).shape)
+                                       : store_.param(id));
+  }
+  return whole;
+}
+
+void DpShards::restore_masters(const std::vector<Tensor>& whole) {
+  check(whole.size() == store_.count(), "internal error: ", whole.size(), " whole masters for ", store_.count(),
+        " parameters");
+  for (size_t i = 0; i < store_.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    const Tensor param = store_.param(id);
+    check(whole[i].numel() == param.numel() && whole[i].dtype() == DType::kF32, "internal error: whole master ",
+          whole[i].describe(), " for ", store_.info(id).name);
+    if (masters_.defined()) {
+      const Piece& p = piece(id);
+      copy(master_piece(id), whole[i].flat(static_cast<size_t>(p.begin), static_cast<size_t>(p.numel())));
+      ops::cast(param, whole[i]);
+    } else if (whole[i].raw() != param.raw()) {
+      copy(param, whole[i]);
     }
   }
 }

@@ -2,8 +2,11 @@
 // gradient bucket [begin, end) of the flat buffers is cut into D equal shards over the D
 // data-parallel ranks (the bucket padded to a multiple of D where it is not one), and rank
 // r owns the r-th. Gradients are reduce-scattered bucket by bucket into this rank's shard
-// buffer; the optimizer updates only the masters (and keeps only the state) of its shards;
-// the masters are all-gathered after the step, so every rank computes with the whole model.
+// buffer; the optimizer updates only the fp32 masters (and keeps only the state) of its
+// shards; the parameters of every shard are then all-gathered, so every rank computes with
+// the whole model. In a mixed-precision run this rank keeps the masters of its shards only
+// (a buffer laid out as the gradient shards) and the all-gather moves the half parameters,
+// rounded from them by their owner; in an f32 run the masters are the parameters.
 // Per parameter, this rank holds one contiguous range of its local elements, its piece,
 // possibly empty: the ranks' pieces of a parameter cover it exactly once.
 #pragma once
@@ -33,6 +36,8 @@ class DpShards {
     size_t begin = 0, end = 0;  // flat-buffer elements
   };
   // `buckets` partition the store's flat buffers (any order, each of whole parameters).
+  // In a mixed-precision run this takes this rank's shards of the store's (initialized)
+  // fp32 masters and releases the store's whole copy (nn::ParameterStore::release_masters).
   DpShards(nn::ParameterStore& store, std::vector<Range> buckets, comm::Communicator& dp);
 
   comm::Communicator& dp() const { return dp_; }
@@ -42,6 +47,12 @@ class DpShards {
   const Piece& piece(int id) const { return pieces_.at(static_cast<size_t>(id)); }
   // This rank's reduced fp32 gradients: its shard of every bucket, in bucket order.
   const Tensor& grads() const { return grads_; }
+  // This rank's piece of parameter `id`'s fp32 master (flat): in its shard of the masters
+  // (mixed precision, laid out as grads()) or the parameter itself (f32).
+  Tensor master_piece(int id) const;
+  // Elements of fp32 masters this rank keeps: its shards (mixed precision), else 0 (the
+  // masters are the parameters).
+  size_t master_elements() const { return masters_.defined() ? masters_.numel() : 0; }
   // Segments of grads() that hold pieces of tensor-parallel sharded / replicated
   // parameters (for norms: sharded ones are summed over the TP group, replicated once).
   const std::vector<std::pair<size_t, size_t>>& segments(bool sharded) const { return sharded ? sharded_ : replicated_; }
@@ -52,8 +63,21 @@ class DpShards {
   // Starts the sum over the ranks of bucket b of the store's flat gradients into this
   // rank's shard of grads() (complete after dp().wait_all()).
   void start_reduce_scatter(size_t b);
-  // Every rank's shard of the fp32 masters to every rank (after the optimizer step).
-  void all_gather_masters();
+  // After the optimizer step: every rank's shard of the parameters to every rank, in the
+  // parameters' dtype (each rank's half parameters rounded from its masters first).
+  void all_gather_params();
+  // The whole (TP-local) fp32 master of every parameter, for checkpoints: the pieces
+  // gathered over the data-parallel group (every DP rank calls it; f32: views of the
+  // parameters, which are whole after every step).
+  std::vector<Tensor> whole_masters() const;
+  // Sets every parameter, and this rank's pieces of the masters, from whole fp32 masters
+  // (as whole_masters() gives them, loaded from a checkpoint written at any DP size).
+  void restore_masters(const std::vector<Tensor>& whole);
+  // A whole tensor of `shape` on every DP rank from each rank's piece of it (`piece`, at
+  // flat element `offset`; the ranks' pieces disjoint and covering it): a sum over the
+  // group of tensors that are -0.0 outside each rank's piece, exact bit for bit (x + -0.0
+  // is x for every x, +0.0 included).
+  Tensor gather_pieces(const Tensor& piece, int64_t offset, const std::vector<int64_t>& shape) const;
 
  private:
   struct Bucket {
@@ -68,6 +92,7 @@ class DpShards {
   std::vector<Piece> pieces_;
   std::vector<std::pair<size_t, size_t>> sharded_, replicated_;
   Tensor grads_, send_;
+  Tensor masters_;  // mixed precision: this rank's fp32 masters, laid out as grads_
 };
 
 }  // namespace megabatch::optim

@@ -181,7 +181,6 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
         plugin_.path.string(), ") has no GPU code: it was compiled without nvcc. Rebuild it with CUDA (in the tree: ",
         "configure megabatch where nvcc is found; out of the tree: find_package(megabatch) from a CUDA build compiles ",
         "megabatch_add_plugin sources with nvcc), or run with --device cpu");
-  check(store.masters().dtype() == DType::kF32, "optimizer plugins step fp32 master weights");
   check(!shards_ || (plugin_.entry->flags & MB_PLUGIN_DP_SHARDS), "optimizer plugin '", plugin_.name(), "' (",
         plugin_.path.string(), ") cannot run with --use-distributed-optimizer: it does not declare ",
         "MB_PLUGIN_DP_SHARDS (its math may need whole tensors, e.g. factored state); run without the flag, or make ",
@@ -200,13 +199,14 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
     p.sharded = info.sharding.sharded ? 1 : 0;
     p.partition_dim = info.sharding.partition_dim;
     p.numel = static_cast<int64_t>(info.numel);
-    p.data = store.master(static_cast<int>(i)).data<float>();
-    p.grad = store.grad(static_cast<int>(i)).data<float>();
-    if (shards_) {  // this rank's piece: its masters in place, its reduced gradients in the shard buffer
+    if (!shards_) {
+      p.data = store.master(static_cast<int>(i)).data<float>();
+      p.grad = store.grad(static_cast<int>(i)).data<float>();
+    } else {  // this rank's piece: its masters, its reduced gradients in the shard buffer
       const Piece& piece = shards_->piece(static_cast<int>(i));
       p.numel = piece.numel();
       p.offset = piece.begin;
-      p.data += piece.begin;
+      p.data = shards_->master_piece(static_cast<int>(i)).data<float>();
       p.grad = shards_->grads().data<float>() + piece.at;
     }
     params_.push_back(p);
@@ -259,8 +259,11 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   scratch_.clear();  // freed in stream order: the step's kernels are queued before any reuse
   if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step_count, ": ", err[0] ? err : "no message");
-  if (shards_) shards_->all_gather_masters();  // every rank's updated pieces to every rank
-  store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
+  if (shards_) {
+    shards_->all_gather_params();  // every rank's updated pieces to every rank
+  } else {
+    store_->copy_masters_to_params();  // mixed precision: the half weights follow the fp32 masters
+  }
 }
 
 void PluginOptimizer::draw_normal(size_t index, int64_t step, float* out, size_t n) {
@@ -372,9 +375,7 @@ PluginOptimizer::State PluginOptimizer::whole_state() const {
     PluginState w = s;
     w.piece_of.clear();
     w.piece_offset = 0;
-    w.tensor = Tensor(s.piece_of, DType::kF32, device_);  // zeros but for this rank's piece: summed, each rank's
-    copy(w.tensor.flat(static_cast<size_t>(s.piece_offset), s.tensor.numel()), s.tensor);
-    comm::all_reduce(shards_->dp(), w.tensor, comm::ReduceOp::kSum);  // pieces are disjoint: exact
+    w.tensor = shards_->gather_pieces(s.tensor, s.piece_offset, s.piece_of);
     whole[key] = std::move(w);
   }
   return whole;

@@ -76,7 +76,7 @@ class PluginOptimizer {
   // Errors: a plugin without device code on a GPU run (naming it and how to rebuild it),
   // a plugin that fails to start. With `shards` (the distributed optimizer) the plugin
   // steps this rank's pieces of the parameters, with their gradients from shards->grads(),
-  // keeps state for the pieces only, and step() all-gathers the masters afterwards; a
+  // keeps state for the pieces only, and step() all-gathers the parameters afterwards; a
   // plugin that does not declare MB_PLUGIN_DP_SHARDS is refused.
   PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp, const std::vector<double>& hparams,
                   uint64_t seed, LogSink log = {}, DpShards* shards = nullptr);

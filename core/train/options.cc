@@ -77,7 +77,8 @@ const config::Schema& train_schema() {
        "has finished it, overlapping the rest of the backward pass", "run"},
       {"use_distributed_optimizer", Type::kBool, false,
        "Megatron's distributed optimizer: gradients reduce-scattered over the DP group, each rank keeps and steps "
-       "only its shard of the optimizer state, parameters all-gathered after the step (plugins that declare "
+       "only its shard of the optimizer state and (bf16, fp16) of the fp32 master weights, parameters all-gathered after "
+       "the step (plugins that declare "
        "MB_PLUGIN_DP_SHARDS)", "run"},
       {"ddp_bucket_size", Type::kInt, nullptr,
        "gradient elements per data-parallel bucket (default: max(40M, 1M x DP) with --overlap-grad-reduce, else one "

@@ -171,24 +171,28 @@ void print_params(const mb::models::ModelConfig& c) {
 // Memory the run will need on its device, estimated before anything is allocated:
 // parameters (in the run's dtype), fp32 gradients, fp32 master weights (bf16/fp16), two fp32
 // optimizer states (Adam, LAMB: the most the shipped plugins keep), and activations for one
-// micro-batch (Korthikanti et al.'s count, doubled in fp32). More than is available stops
-// the run at once, with the figures, instead of the kernel killing it later.
+// micro-batch (Korthikanti et al.'s count, doubled in fp32). With the distributed optimizer
+// over D ranks (`shards` D > 1) a rank keeps 1/D of the masters and of the state, and its
+// 1/D of the reduced gradients beside the whole gradient buffer. More than is available
+// stops the run at once, with the figures, instead of the kernel killing it later.
 void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device, int64_t micro_batch,
-                  bool noise_scale, bool skip, bool logger) {
+                  int64_t shards, bool noise_scale, bool skip, bool logger) {
   const auto r = mb::models::size_report(mc);
-  const double p = static_cast<double>(r.parameters_per_rank);
+  const double p = static_cast<double>(r.parameters_per_rank), d = static_cast<double>(std::max<int64_t>(shards, 1));
   const bool fp32 = dtype == mb::DType::kF32;
-  const double params = p * static_cast<double>(mb::dtype_size(dtype)), grads = 4 * p, masters = fp32 ? 0.0 : 4 * p,
-               state = 8 * p, acts = r.activation_bytes * static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
-  const double noise = noise_scale ? grads : 0.0;  // --log-noise-scale: the gradients before a micro-batch
+  const double params = p * static_cast<double>(mb::dtype_size(dtype)), grads = 4 * p + (d > 1 ? 4 * p / d : 0.0),
+               masters = fp32 ? 0.0 : 4 * p / d, state = 8 * p / d,
+               acts = r.activation_bytes * static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
+  const double noise = noise_scale ? 4 * p : 0.0;  // --log-noise-scale: the gradients before a micro-batch
   const double need = params + grads + masters + state + noise + acts;
+  const std::string sharded = d > 1 ? " (this rank's 1/" + std::to_string(shards) + ")" : std::string();
   double ranks_here = 1;  // ranks of this job on this host share its memory
   if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, std::atof(l));
   const auto avail = mb::runtime::available_memory(device);
   const double have = static_cast<double>(avail.bytes) / ranks_here;
   const std::string parts = "parameters " + human_bytes(params) + ", gradients " + human_bytes(grads) +
-                            (masters > 0 ? ", master weights " + human_bytes(masters) : std::string()) +
-                            ", optimizer state " + human_bytes(state) +
+                            (masters > 0 ? ", master weights " + human_bytes(masters) + sharded : std::string()) +
+                            ", optimizer state " + human_bytes(state) + sharded +
                             (noise > 0 ? ", noise-scale buffer " + human_bytes(noise) : std::string()) +
                             ", activations " + human_bytes(acts) +
                             " for micro batch " + std::to_string(micro_batch);
@@ -512,7 +516,8 @@ int run(int argc, char** argv) {
   parallel.connect(device, v["distributed_backend"].get<std::string>());
   if (parallel.collectives != "local") std::cout << "> collectives: " << parallel.collectives << std::endl;
   mb::comm::Communicator& tp = *parallel.tp;
-  check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(), v["log_noise_scale"].get<bool>(),
+  check_memory(mc, dtype, device, v["micro_batch_size"].get<int64_t>(),
+               v["use_distributed_optimizer"].get<bool>() ? dp_size : 1, v["log_noise_scale"].get<bool>(),
                v["skip_memory_check"].get<bool>(), logger);
   if (v["check"].get<bool>()) {
     std::cout << "> check: configuration, optimizer " << plugin.name() << ", data " << paths[0] << " and memory are fine"
@@ -638,9 +643,10 @@ int run(int argc, char** argv) {
     const size_t elems =
         mb::train::bucket_elems(opt.ddp_bucket_size, P.flat_size(), static_cast<int>(dp_size), opt.overlap_grad_reduce);
     shards = std::make_unique<mb::optim::DpShards>(model->parameters(), mb::train::bucket_ranges(P, elems), *parallel.dp);
-    std::cout << "> distributed optimizer: this rank steps and keeps optimizer state for " << shards->piece_elements()
-              << " of " << P.num_parameters() << " local parameters (DP " << dp_size << ", " << shards->buckets()
-              << " bucket(s))" << std::endl;
+    std::cout << "> distributed optimizer: this rank steps and keeps optimizer state"
+              << (P.mixed() ? " and fp32 master weights" : "") << " for " << shards->piece_elements() << " of "
+              << P.num_parameters() << " local parameters (DP " << dp_size << ", " << shards->buckets() << " bucket(s))"
+              << std::endl;
   }
   mb::optim::PluginOptimizer optimizer(plugin, model->parameters(), tp, hparams, seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; },
@@ -649,9 +655,11 @@ int run(int argc, char** argv) {
     // checkpoints hold whole tensors: the distributed optimizer takes its pieces of them
     const bool load_optim = !finetune && !no_load_optim;
     mb::optim::OptimizerState whole = load_optim ? optimizer.whole_state() : mb::optim::OptimizerState{};
+    std::vector<mb::Tensor> masters = shards ? shards->whole_masters() : std::vector<mb::Tensor>{};
     mb::io::load_checkpoint(*resume_from, model->parameters(), load_optim ? &whole : nullptr, plugin.name(),
-                            mc.padded_vocab_size());
+                            mc.padded_vocab_size(), shards ? &masters : nullptr);
     if (load_optim) optimizer.restore_pieces(whole);
+    if (shards) shards->restore_masters(masters);
     std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
               << resume_from->string() << " (iteration " << resume_state.iteration << ", "
               << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")

@@ -509,13 +509,15 @@ void Trainer::write_log_line() {
 // tensor-parallel group, replicated ones counted once.
 double Trainer::params_norm() {
   nn::ParameterStore& P = model_.parameters();
+  const optim::DpShards* shards = optimizer_.shards();
   double sums[2] = {0, 0};  // sharded, replicated
   for (size_t i = 0; i < P.count(); ++i) {
     const auto id = static_cast<int>(i);
     double s = 0;
-    for (const float x : to_host_f32(P.master(id))) s += static_cast<double>(x) * x;
+    for (const float x : to_host_f32(shards ? shards->master_piece(id) : P.master(id))) s += static_cast<double>(x) * x;
     sums[P.info(id).sharding.sharded ? 0 : 1] += s;
   }
+  if (shards) dp_->all_reduce(sums, 2, comm::ReduceOp::kSum);  // the ranks' pieces
   tp_.all_reduce(&sums[0], 1, comm::ReduceOp::kSum);
   return std::sqrt(sums[0] + sums[1]);
 }
@@ -617,11 +619,15 @@ std::filesystem::path Trainer::save_checkpoint() {
                  {"lr", sc.lr(lr_samples_)}}}};
   const auto t0 = std::chrono::steady_clock::now();
   // Data-parallel replicas are identical: the first tensor-parallel group writes.
-  // With the distributed optimizer the state's pieces are gathered first (every DP rank).
+  // With the distributed optimizer the pieces of the state and of the fp32 masters are
+  // gathered first (every DP rank).
   std::filesystem::path path = io::checkpoint_path(opt_.save_dir, iteration_);
   const optim::OptimizerState state = optimizer_.whole_state();
+  const optim::DpShards* shards = optimizer_.shards();
+  const std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
   if (dp_->rank() == 0)
-    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &state, opt_.keep_checkpoints);
+    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &state, opt_.keep_checkpoints,
+                               shards ? &masters : nullptr);
   dp_->barrier();
   last_saved_ = iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

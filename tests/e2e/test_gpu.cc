@@ -380,6 +380,19 @@ TEST_F(Gpu, FourProcessesSharingTheGpuAtTpTwoByDpTwoFollowTheCpuLayout) {
   const auto dist = series(tmp / "dist" / "metrics.h5", "train/lm_loss");
   ASSERT_EQ(dist.size(), 10u);
   for (size_t i = 0; i < cpu.size(); ++i) EXPECT_NEAR(dist[i], cpu[i], 1e-4 * cpu[i]) << "distributed optimizer, iteration " << i + 1;
+  // bf16: each rank keeps the fp32 masters of its shard only and the bf16 parameters are
+  // all-gathered; the losses follow the bf16 run without the distributed optimizer
+  ok(mpirun(4) + train("gpt", tmp / "bf16", layout + "--device cuda --optimizer lamb --bf16", 10));
+  const auto hd = mb::testing::run_command(
+      mpirun(4) + train("gpt", tmp / "bf16dist", layout + "--device cuda --optimizer lamb --bf16 --use-distributed-optimizer", 10));
+  ASSERT_EQ(hd.exit_code, 0) << hd.output;
+  EXPECT_NE(hd.output.find("keeps optimizer state and fp32 master weights for"), std::string::npos) << hd.output;
+  const auto half = series(tmp / "bf16" / "metrics.h5", "train/lm_loss"),
+             half_dist = series(tmp / "bf16dist" / "metrics.h5", "train/lm_loss");
+  ASSERT_EQ(half.size(), 10u);
+  ASSERT_EQ(half_dist.size(), 10u);
+  for (size_t i = 0; i < half.size(); ++i)
+    EXPECT_NEAR(half_dist[i], half[i], 1e-4 * half[i]) << "bf16 distributed optimizer, iteration " << i + 1;
   // NCCL itself is refused by name for this layout, before any work
   const auto refused = mb::testing::run_command(mpirun(4) + train("gpt", tmp / "nccl", layout + "--device cuda --distributed-backend nccl", 2));
   EXPECT_NE(refused.exit_code, 0);

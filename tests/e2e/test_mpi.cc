@@ -147,6 +147,51 @@ TEST(MpiDistributedOptimizer, OverlappedUnevenBucketsAtDataParallelThreeMatchOne
     expect_close(series(tmp / "dp3", s), series(tmp / "one", s), 2e-5, std::string("DP 3: ") + s);
 }
 
+// Mixed precision: each rank keeps the fp32 masters of its shards only, so a checkpoint
+// gathers them. bf16 at DP 2: the checkpoint of the distributed optimizer holds the same
+// masters and state as that of the plain DP run (to fp32 tolerance: the trust ratios' norms
+// are summed over the pieces in another order), and it resumes in one process without the
+// flag and at DP 4 with it, each continuing to the losses of the uninterrupted run.
+TEST(MpiDistributedOptimizer, HalfPrecisionCheckpointGathersTheShardedMastersAndResumesAtAnotherSize) {
+  mb::testing::TempDir tmp;
+  const std::string common = "--optimizer lamb --bf16" + same_padding(1);
+  const std::string c = (tmp / "c").string(), p = (tmp / "p").string();
+  auto r = mb::testing::run_command(mpirun(2) + train(tmp / "whole", common + " --use-distributed-optimizer"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> distributed optimizer: this rank steps and keeps optimizer state and fp32 master weights for "),
+            std::string::npos) << r.output;
+  // the memory estimate: 4 bytes of masters per parameter over 2 ranks, the 2 of a bf16 parameter
+  const std::regex memory(R"(parameters ([0-9.]+ [KMG]iB), gradients [^,]+, master weights \1 \(this rank's 1/2\), )"
+                          R"(optimizer state [0-9.]+ [KMG]iB \(this rank's 1/2\))");
+  EXPECT_TRUE(std::regex_search(r.output, memory)) << r.output;
+  r = mb::testing::run_command(mpirun(2) + train(tmp / "dist", common + " --use-distributed-optimizer --exit-interval 2 --save " + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(2) + train(tmp / "plain", common + " --exit-interval 2 --save " + p));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "a, b = h5py.File('" + c + "/iter_0000002.h5'), h5py.File('" + p + "/iter_0000002.h5')\n"
+      "names = []\n"
+      "a.visit(lambda n: names.append(n) if isinstance(a[n], h5py.Dataset) else None)\n"
+      "bad = [n for n in names if n not in b or not np.allclose(a[n][()], b[n][()], rtol=1e-5, atol=1e-8)]\n"
+      "moved = sum(int(np.count_nonzero(a[n][()])) for n in names if n.startswith('optimizer/'))\n"
+      "print(len([n for n in names if n.startswith('params/')]), 'parameters', 'differ:', bad[:3], 'state nonzero:', moved)\"");
+  EXPECT_NE(r.output.find("28 parameters differ: []"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("state nonzero: 0\n"), std::string::npos) << "the checkpoints hold no optimizer state: " << r.output;
+  r = mb::testing::run_command(train(tmp / "one", common + " --load " + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(4) + train(tmp / "dp4", common + " --use-distributed-optimizer --load " + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
+  const auto whole = series(tmp / "whole", "train/lm_loss");
+  ASSERT_EQ(whole.size(), 4u);
+  for (const char* run : {"one", "dp4"}) {
+    const auto a = series(tmp / run, "train/lm_loss");
+    ASSERT_EQ(a.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
+  }
+}
+
 // BERT and T5 under mpirun at TP 2 against one process (WordPiece + sentinels padded to
 // the same rows at both sizes).
 TEST(MpiModels, BertAndT5AtTensorParallelTwoMatchOneProcess) {

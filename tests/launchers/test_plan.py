@@ -62,6 +62,19 @@ class Scaling(unittest.TestCase):
         self.assertEqual(r["dominant"], "compute")
 
 
+    def test_the_distributed_optimizer_moves_three_quarters_of_the_bytes_and_shards_masters_and_moments(self):
+        # The two-p4d case (DP 8): the all-reduce of 2 x 7/8 x 4 N/T bytes took 0.56 s; a
+        # reduce-scatter of the fp32 gradients and an all-gather of the bf16 parameters move
+        # 7/8 x (4 + 2) N/T bytes: 0.56 x 6/8 = 0.42 s.
+        inst = plan.instances()["p4d.24xlarge"]
+        sizes = {"params": 10**9, "layers": 24, "hidden": 2048, "seq": 1024}
+        r = plan.scaling(inst, 2, 2, 4, 64, sizes, 0.5, distributed=True)
+        self.assertAlmostEqual(r["terms"]["data-parallel reduce-scatter + all-gather"], 0.42, places=9)
+        # 18 bytes per parameter -> 2 (bf16 weight) + 4 (fp32 gradient) + 12 / DP (master, moments)
+        self.assertAlmostEqual(plan.distributed_state_bytes(18.0, 8), 7.5)
+        self.assertAlmostEqual(plan.distributed_state_bytes(18.0, 1), 18.0)
+
+
 class Validate(unittest.TestCase):
     def test_the_model_is_within_15_percent_of_published_megatron_figures(self):
         # Narayanan et al. 2021, Table 1 (1.7B to 18.4B, TP 1 to 8, 32 to 256 A100s): the GEMM

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "core/comm/thread_communicator.h"
+#include "core/ops/elementwise.h"
 #include "core/optim/optimizer.h"
 #include "core/train/grad_buckets.h"
 #include "core/util/error.h"
@@ -280,5 +281,166 @@ TEST(DistributedOptimizer, APluginWithoutTheFlagIsRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("optimizer plugin 'adafactor'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--use-distributed-optimizer: it does not declare MB_PLUGIN_DP_SHARDS"),
               std::string::npos) << e.what();
+  }
+}
+
+// Mixed precision: a rank keeps the fp32 masters of its shards only (the store's whole
+// copy is released), steps them, and all-gathers the half parameters its peers rounded
+// from theirs. bf16 at TP 1 x DP 2 and 3 and TP 2 x DP 2: the gathered masters are the whole
+// run's, every rank's parameters are exactly those masters rounded, and masters restored
+// from whole tensors (a checkpoint) land in the pieces and the parameters.
+namespace {
+
+struct HalfRun {
+  std::vector<float> params, masters;  // flat, TP-local: bf16 values widened, fp32 masters
+  size_t flat = 0, buckets = 0, master_elements = 0;
+  bool refused_whole_masters = false;
+  std::vector<float> restored_params, restored_pieces, pieces_want;
+};
+
+std::vector<float> flat_of(const mb::nn::ParameterStore& store, const std::vector<mb::Tensor>& per_param) {
+  std::vector<float> out;
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto v = mb::to_host_f32(per_param[i]);
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::vector<float> params_of(const mb::nn::ParameterStore& store) {
+  std::vector<mb::Tensor> p;
+  for (size_t i = 0; i < store.count(); ++i) p.push_back(store.param(static_cast<int>(i)));
+  return flat_of(store, p);
+}
+
+void run_half(const mb::optim::Plugin& plugin, const std::vector<double>& hp, mb::comm::Communicator& tp, int tp_size,
+              mb::comm::Communicator* dp, HalfRun& out) {
+  auto model = mb::models::make_model(config(tp_size), tp, 11, mb::DType::kBF16);
+  auto& store = model->parameters();
+  std::unique_ptr<mb::optim::DpShards> shards;
+  if (dp) shards = std::make_unique<mb::optim::DpShards>(store, mb::train::bucket_ranges(store, 3000), *dp);
+  mb::optim::PluginOptimizer opt(plugin, store, tp, hp, 5, {}, shards.get());
+  const double share = dp ? static_cast<double>(dp->rank() + 1) / (dp->size() * (dp->size() + 1) / 2.0) : 1.0;
+  for (int step = 1; step <= 3; ++step) {
+    fill_grads(store, 0.05 * step * share);
+    if (shards) {
+      for (size_t b = 0; b < shards->buckets(); ++b) shards->start_reduce_scatter(b);
+      dp->wait_all();
+    }
+    opt.step(step, 0.01, 64);
+  }
+  out.params = params_of(store);
+  out.flat = store.flat_size();
+  if (!shards) {
+    std::vector<float> m;
+    for (size_t i = 0; i < store.count(); ++i) {
+      const auto v = mb::to_host_f32(store.master(static_cast<int>(i)));
+      m.insert(m.end(), v.begin(), v.end());
+    }
+    out.masters = m;
+    return;
+  }
+  out.master_elements = shards->master_elements();
+  out.buckets = shards->buckets();
+  try {
+    (void)store.masters();
+  } catch (const mb::Error&) {
+    out.refused_whole_masters = true;
+  }
+  out.masters = flat_of(store, shards->whole_masters());
+  // restore: masters of 1.5 x the current ones (as a checkpoint would bring other values)
+  std::vector<mb::Tensor> other = shards->whole_masters();
+  for (auto& t : other) mb::ops::scale(t, 1.5f);
+  shards->restore_masters(other);
+  out.restored_params = params_of(store);
+  for (size_t i = 0; i < store.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    const auto piece = mb::to_host_f32(shards->master_piece(id));
+    out.restored_pieces.insert(out.restored_pieces.end(), piece.begin(), piece.end());
+    const auto whole = mb::to_host_f32(other[i]);
+    const auto& p = shards->piece(id);
+    out.pieces_want.insert(out.pieces_want.end(), whole.begin() + p.begin, whole.begin() + p.end);
+  }
+}
+
+}  // namespace
+
+TEST(DistributedOptimizer, HalfPrecisionRanksKeepOnlyTheirShardOfTheMasters) {
+  const auto plugin = mb::optim::load_plugin("lamb", mb::optim::plugin_search_path({MEGABATCH_TEST_PLUGIN_DIR}));
+  const auto hp = mb::optim::resolve_hparams(plugin, {{"max_grad_norm", 1.0}}, "test");
+  for (const auto& [tp_size, dp_size] : std::vector<std::pair<int, int>>{{1, 2}, {1, 3}, {2, 2}}) {
+    SCOPED_TRACE("TP " + std::to_string(tp_size) + " x DP " + std::to_string(dp_size));
+    // the whole run at this TP size, no DP
+    mb::comm::ThreadGroup whole_tp(tp_size);
+    std::vector<HalfRun> whole(static_cast<size_t>(tp_size));
+    {
+      std::vector<std::thread> threads;
+      for (int t = 0; t < tp_size; ++t)
+        threads.emplace_back([&, t] { run_half(plugin, hp, whole_tp.rank(t), tp_size, nullptr, whole[static_cast<size_t>(t)]); });
+      for (auto& th : threads) th.join();
+    }
+    std::vector<std::unique_ptr<mb::comm::ThreadGroup>> tp_groups, dp_groups;
+    for (int d = 0; d < dp_size; ++d) tp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(tp_size));
+    for (int t = 0; t < tp_size; ++t) dp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(dp_size));
+    std::vector<HalfRun> runs(static_cast<size_t>(tp_size * dp_size));
+    {
+      std::vector<std::thread> threads;
+      for (int d = 0; d < dp_size; ++d)
+        for (int t = 0; t < tp_size; ++t)
+          threads.emplace_back([&, d, t] {
+            run_half(plugin, hp, tp_groups[static_cast<size_t>(d)]->rank(t), tp_size,
+                     &dp_groups[static_cast<size_t>(t)]->rank(d), runs[static_cast<size_t>(d * tp_size + t)]);
+          });
+      for (auto& th : threads) th.join();
+    }
+    for (size_t k = 0; k < runs.size(); ++k) {
+      SCOPED_TRACE("rank " + std::to_string(k));
+      const HalfRun& r = runs[k];
+      const HalfRun& want = whole[k % static_cast<size_t>(tp_size)];
+      EXPECT_TRUE(r.refused_whole_masters) << "the store still hands out whole masters";
+      // its shard of every bucket: 1/DP of the flat buffer, up to each bucket's padding to DP
+      const size_t elems = want.masters.size(), D = static_cast<size_t>(dp_size);
+      EXPECT_GE(r.master_elements * D, r.flat);
+      EXPECT_LT(r.master_elements * D, r.flat + r.buckets * D) << "fp32 masters kept: " << r.master_elements << " of " << r.flat;
+      ASSERT_EQ(r.masters.size(), elems);
+      ASSERT_EQ(r.params.size(), elems);
+      for (size_t j = 0; j < elems; ++j) {
+        // fp32 masters: the gradient shares are summed in another order
+        ASSERT_NEAR(r.masters[j], want.masters[j], 4e-6f * std::max(1.0f, std::abs(want.masters[j]))) << "master " << j;
+        // the parameters this rank computes with are the (gathered) masters rounded, bit for bit
+        ASSERT_EQ(r.params[j], mb::round_to(mb::DType::kBF16, r.masters[j])) << "parameter " << j;
+        ASSERT_EQ(r.restored_params[j], mb::round_to(mb::DType::kBF16, 1.5f * r.masters[j])) << "restored parameter " << j;
+      }
+      // every DP rank gathers the same masters
+      EXPECT_EQ(r.masters, runs[k % static_cast<size_t>(tp_size)].masters);
+      ASSERT_EQ(r.restored_pieces.size(), r.pieces_want.size());
+      EXPECT_EQ(r.restored_pieces, r.pieces_want);
+    }
+  }
+}
+
+// Gathering pieces into whole tensors (checkpoints of the state and the masters) is exact
+// bit for bit, the sign of a zero included.
+TEST(DistributedOptimizer, GatheredPiecesKeepEveryBitNegativeZeroIncluded) {
+  mb::comm::ThreadGroup dp(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      mb::comm::LocalCommunicator local;
+      auto model = mb::models::make_model(config(1), local, 11);
+      mb::optim::DpShards shards(model->parameters(), mb::train::bucket_ranges(model->parameters(), 3000), dp.rank(r));
+      const std::vector<float> mine = r == 0 ? std::vector<float>{-0.0f, 1.0f, 0.0f} : std::vector<float>{-2.5e-38f, -0.0f};
+      got[static_cast<size_t>(r)] = mb::to_host_f32(shards.gather_pieces(mb::from_host(mine, {static_cast<int64_t>(mine.size())}),
+                                                                         r == 0 ? 0 : 3, {5}));
+    });
+  for (auto& th : threads) th.join();
+  const std::vector<float> want{-0.0f, 1.0f, 0.0f, -2.5e-38f, -0.0f};
+  for (const auto& g : got) {
+    ASSERT_EQ(g.size(), want.size());
+    for (size_t j = 0; j < want.size(); ++j) {
+      EXPECT_EQ(g[j], want[j]) << j;
+      EXPECT_EQ(std::signbit(g[j]), std::signbit(want[j])) << "element " << j;
+    }
   }
 }
