@@ -121,7 +121,7 @@ SizeReport size_report(const ModelConfig& c) {
     int size() const override { return n; }
     void all_reduce(float*, size_t, comm::ReduceOp) override {}
     void all_reduce(double*, size_t, comm::ReduceOp) override {}
-    void all_gather(const float*, float*, size_t) override {}
+    void all_gather_bytes(const void*, void*, size_t) override {}
     void reduce_scatter(const float*, float*, size_t) override {}
     void broadcast(float*, size_t, int) override {}
     void barrier() override {}

@@ -1,5 +1,6 @@
 #include "core/comm/collectives.h"
 
+#include "core/device/runtime.h"
 #include "core/util/error.h"
 
 namespace megabatch::comm {
@@ -55,10 +56,12 @@ void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
         in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
   check_float(in, "all_gather");
   if (native(c, in)) return c.all_gather_device(in.raw(), out.raw(), in.numel(), in.dtype());
-  if (in.device().is_cpu() && in.dtype() == DType::kF32) return c.all_gather(in.data<float>(), out.data<float>(), in.numel());
-  std::vector<float> a = host(in), b(out.numel());
-  c.all_gather(a.data(), b.data(), a.size());
-  back(out, b);
+  // the bits, whatever the dtype: no conversion, no rounding
+  if (in.device().is_cpu() && out.device().is_cpu()) return c.all_gather_bytes(in.raw(), out.raw(), in.nbytes());
+  std::vector<char> a(in.nbytes()), b(out.nbytes());  // a GPU tensor through host memory
+  runtime::copy_bytes(a.data(), Device::cpu(), in.raw(), in.device(), a.size());
+  c.all_gather_bytes(a.data(), b.data(), a.size());
+  runtime::copy_bytes(out.raw(), out.device(), b.data(), Device::cpu(), b.size());
 }
 
 void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {

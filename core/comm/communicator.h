@@ -24,8 +24,11 @@ class Communicator {
   // In place over n elements: every rank ends with the reduction over all ranks.
   virtual void all_reduce(float* data, size_t n, ReduceOp op) = 0;
   virtual void all_reduce(double* data, size_t n, ReduceOp op) = 0;
-  // out (size() * n) = the n elements of every rank, in rank order.
-  virtual void all_gather(const float* in, float* out, size_t n) = 0;
+  // out (size() * bytes) = the `bytes` bytes of every rank, in rank order (in and out do
+  // not overlap). It moves bits, so it serves every dtype.
+  virtual void all_gather_bytes(const void* in, void* out, size_t bytes) = 0;
+  // The same over n floats.
+  void all_gather(const float* in, float* out, size_t n) { all_gather_bytes(in, out, n * sizeof(float)); }
   // in (size() * n) summed over ranks; this rank keeps its n-element slice in out.
   virtual void reduce_scatter(const float* in, float* out, size_t n) = 0;
   virtual void broadcast(float* data, size_t n, int root) = 0;
@@ -67,8 +70,8 @@ class LocalCommunicator final : public Communicator {
   int size() const override { return 1; }
   void all_reduce(float*, size_t, ReduceOp) override {}
   void all_reduce(double*, size_t, ReduceOp) override {}
-  void all_gather(const float* in, float* out, size_t n) override {
-    if (in != out) std::memmove(out, in, n * sizeof(float));
+  void all_gather_bytes(const void* in, void* out, size_t bytes) override {
+    if (in != out) std::memmove(out, in, bytes);
   }
   void reduce_scatter(const float* in, float* out, size_t n) override {
     if (in != out) std::memmove(out, in, n * sizeof(float));

@@ -87,10 +87,13 @@ void MpiCommunicator::all_reduce(double* data, size_t n, ReduceOp op) {
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), handle(comm_)), "all-reduce");
 }
 
-void MpiCommunicator::all_gather(const float* in, float* out, size_t n) {
-  check_mpi(MPI_Allgather(in == out ? MPI_IN_PLACE : in, static_cast<int>(n), MPI_FLOAT, out, static_cast<int>(n), MPI_FLOAT,
-                          handle(comm_)),
-            "all-gather");
+void MpiCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) {
+  // in the widest unit that divides the bytes, so that large buffers keep within an MPI count
+  const size_t unit = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : bytes % 2 == 0 ? 2 : 1;
+  const MPI_Datatype type = unit == 8 ? MPI_UINT64_T : unit == 4 ? MPI_UINT32_T : unit == 2 ? MPI_UINT16_T : MPI_BYTE;
+  const size_t count = bytes / unit;
+  check(count <= static_cast<size_t>(INT32_MAX), "MPI all-gather of ", bytes, " bytes: more than an MPI count holds");
+  check_mpi(MPI_Allgather(in, static_cast<int>(count), type, out, static_cast<int>(count), type, handle(comm_)), "all-gather");
 }
 
 void MpiCommunicator::reduce_scatter(const float* in, float* out, size_t n) {

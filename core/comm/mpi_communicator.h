@@ -35,7 +35,7 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   void all_reduce(float* data, size_t n, ReduceOp op) override;
   void all_reduce(double* data, size_t n, ReduceOp op) override;
-  void all_gather(const float* in, float* out, size_t n) override;
+  void all_gather_bytes(const void* in, void* out, size_t bytes) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void broadcast(float* data, size_t n, int root) override;
   void barrier() override;

@@ -116,11 +116,12 @@ class NcclCommunicator final : public Communicator {
   // ---- host buffers: through a device buffer, waiting for the result ----
   void all_reduce(float* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF32, op); }
   void all_reduce(double* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF64, op); }
-  void all_gather(const float* in, float* out, size_t n) override {
-    const size_t bytes = n * sizeof(float);
+  void all_gather_bytes(const void* in, void* out, size_t bytes) override {
     char* d = static_cast<char*>(scratch(bytes * (static_cast<size_t>(size_) + 1)));
     up(d, in, bytes);
-    all_gather_device(d, d + bytes, n, DType::kF32);
+    begin();
+    MB_NCCL_CHECK(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, stream_));
+    end();
     down(out, d + bytes, bytes * static_cast<size_t>(size_));
   }
   void reduce_scatter(const float* in, float* out, size_t n) override {

@@ -30,7 +30,7 @@ class ThreadCommunicator final : public Communicator {
   int size() const override;
   void all_reduce(float* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
   void all_reduce(double* data, size_t n, ReduceOp op) override { reduce(data, n, op); }
-  void all_gather(const float* in, float* out, size_t n) override;
+  void all_gather_bytes(const void* in, void* out, size_t bytes) override;
   void reduce_scatter(const float* in, float* out, size_t n) override;
   void broadcast(float* data, size_t n, int root) override;
   void barrier() override;
@@ -76,14 +76,14 @@ void ThreadCommunicator::reduce(T* data, size_t n, ReduceOp op) {
   barrier();  // no rank reuses its buffer before all have finished
 }
 
-inline void ThreadCommunicator::all_gather(const float* in, float* out, size_t n) {
+inline void ThreadCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) {
   group_.posted_[static_cast<size_t>(rank_)] = in;
   barrier();
-  std::vector<float> result(n * static_cast<size_t>(size()));
+  std::vector<char> result(bytes * static_cast<size_t>(size()));
   for (int r = 0; r < size(); ++r)
-    std::memcpy(result.data() + static_cast<size_t>(r) * n, group_.posted_[static_cast<size_t>(r)], n * sizeof(float));
+    std::memcpy(result.data() + static_cast<size_t>(r) * bytes, group_.posted_[static_cast<size_t>(r)], bytes);
   barrier();
-  std::memcpy(out, result.data(), result.size() * sizeof(float));
+  std::memcpy(out, result.data(), result.size());
   barrier();
 }
 

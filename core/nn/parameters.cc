@@ -115,10 +115,13 @@ void ParameterStore::initialize(uint64_t seed) {
     copy(params_, host);
     return;
   }
-  // the masters are the fp32 values of the rounded parameters
-  Tensor rounded({static_cast<int64_t>(next_offset_)}, dtype_);
-  ops::cast(rounded, host);
-  ops::cast(host, rounded);
+  // the masters are the fp32 values of the rounded parameters (rounded in place: a cast
+  // to the half type and back would widen a whole-model copy through the CPU kernels'
+  // scratch pool, which keeps it)
+  float* w = host.data();
+  const DType t = dtype_;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < static_cast<int64_t>(next_offset_); ++i) w[i] = round_to(t, w[i]);
   copy(masters_, host);
   copy_masters_to_params();
 }
