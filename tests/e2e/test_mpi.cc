@@ -41,6 +41,18 @@ std::vector<double> series(const fs::path& run, const std::string& name) {
   return f.read<double>(name);
 }
 
+// Runs resumed from the checkpoint of iteration 2 (each 2 iterations, in tmp/<run>) continue
+// the lm loss of the uninterrupted 4-iteration run `whole` to fp32 tolerance.
+void expect_resumed_runs_continue(const fs::path& tmp, std::initializer_list<const char*> runs, const fs::path& whole_run) {
+  const auto whole = series(whole_run, "train/lm_loss");
+  ASSERT_EQ(whole.size(), 4u);
+  for (const char* run : runs) {
+    const auto a = series(tmp / run, "train/lm_loss");
+    ASSERT_EQ(a.size(), 2u) << run;
+    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
+  }
+}
+
 void expect_close(const std::vector<double>& a, const std::vector<double>& b, double rel, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i)
@@ -119,13 +131,7 @@ TEST_F(Mpi, DistributedOptimizerCheckpointResumesAtAnotherDataParallelSize) {
   r = mb::testing::run_command(mpirun(2) + train(tmp / "dp2", "--optimizer lamb --use-distributed-optimizer --load " + c + same_padding(1)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
-  const auto whole = series(reference(), "train/lm_loss");
-  ASSERT_EQ(whole.size(), 4u);
-  for (const char* run : {"one", "dp2"}) {
-    const auto a = series(tmp / run, "train/lm_loss");
-    ASSERT_EQ(a.size(), 2u) << run;
-    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
-  }
+  expect_resumed_runs_continue(tmp.path(), {"one", "dp2"}, reference());
 }
 
 // DP 3: buckets that are no multiple of 3 (padded), reduce-scattered during the backward
@@ -183,13 +189,7 @@ TEST(MpiDistributedOptimizer, HalfPrecisionCheckpointGathersTheShardedMastersAnd
   r = mb::testing::run_command(mpirun(4) + train(tmp / "dp4", common + " --use-distributed-optimizer --load " + c));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
-  const auto whole = series(tmp / "whole", "train/lm_loss");
-  ASSERT_EQ(whole.size(), 4u);
-  for (const char* run : {"one", "dp4"}) {
-    const auto a = series(tmp / run, "train/lm_loss");
-    ASSERT_EQ(a.size(), 2u) << run;
-    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
-  }
+  expect_resumed_runs_continue(tmp.path(), {"one", "dp4"}, tmp / "whole");
 }
 
 // BERT and T5 under mpirun at TP 2 against one process (WordPiece + sentinels padded to
@@ -230,13 +230,7 @@ TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = mb::testing::run_command(train(tmp / "whole", same_padding(1)));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  const auto whole = series(tmp / "whole", "train/lm_loss");
-  ASSERT_EQ(whole.size(), 4u);
-  for (const char* run : {"tp1", "tp4"}) {
-    const auto a = series(tmp / run, "train/lm_loss");
-    ASSERT_EQ(a.size(), 2u) << run;
-    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(a[i], whole[i + 2], 2e-5 * whole[i + 2]) << run << " iteration " << i + 3;
-  }
+  expect_resumed_runs_continue(tmp.path(), {"tp1", "tp4"}, tmp / "whole");
   // With the default padding (128 x TP) the vocabulary-row tensors differ in padding rows
   // only; the rows both have load and the run continues.
   const std::string d = (tmp / "d").string();
