@@ -118,6 +118,7 @@ Tensor to_device(const Tensor& t, Device d) {
 
 void to_host_f32(const Tensor& t, float* out) {
   check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
+  if (t.numel() == 0) return;  // out may be null (an empty vector's data())
   const Tensor h = to_device(t, Device::cpu());
   const size_t n = t.numel();
   switch (t.dtype()) {
