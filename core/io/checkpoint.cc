@@ -29,6 +29,15 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+// Parameter i's whole (TP-local) fp32 master: from `masters` where the caller holds them
+// (the distributed optimizer's), else the store's.
+Tensor master_of(const nn::ParameterStore& store, const std::vector<Tensor>* masters, size_t i) {
+  if (!masters) return store.master(static_cast<int>(i));
+  check(masters->size() == store.count(), "internal error: ", masters->size(), " masters for ", store.count(),
+        " parameters");
+  return (*masters)[i];
+}
+
 // The full tensor of a (possibly sharded) parameter-sized fp32 tensor (on any device), on
 // every rank.
 std::vector<float> gather_full(const nn::ParamInfo& info, const Tensor& local_t, comm::Communicator& tp) {
@@ -218,8 +227,6 @@ std::optional<fs::path> latest_checkpoint(const fs::path& dir) {
 fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::ParameterStore& store,
                          comm::Communicator& tp, const OptimizerState* optimizer, int keep,
                          const std::vector<Tensor>* masters) {
-  check(!masters || masters->size() == store.count(), "internal error: ", masters ? masters->size() : 0,
-        " masters for ", store.count(), " parameters");
   silence_hdf5();
   const fs::path final_path = checkpoint_path(dir, state.iteration);
   const fs::path tmp = final_path.string() + ".tmp";
@@ -250,8 +257,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     }
     for (size_t i = 0; i < store.count(); ++i) {
       const nn::ParamInfo& info = store.info(static_cast<int>(i));
-      const Tensor master = masters ? (*masters)[i] : store.master(static_cast<int>(i));
-      const auto full = gather_full(info, master, tp);  // fp32, whatever the run's dtype
+      const auto full = gather_full(info, master_of(store, masters, i), tp);  // fp32, whatever the run's dtype
       if (!writer) continue;
       const std::string name = "params/" + info.name;
       write_tensor(f.id, name, full, info.full_shape, tmp.string());
@@ -358,8 +364,6 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
 void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
                      const std::string& expected_optimizer, int64_t expected_padded_vocab,
                      std::vector<Tensor>* masters) {
-  check(!masters || masters->size() == store.count(), "internal error: ", masters ? masters->size() : 0,
-        " masters for ", store.count(), " parameters");
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
@@ -381,7 +385,7 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     int64_t valid = 0;
     const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
-    copy_in(info, full, valid, masters ? (*masters)[i] : store.master(static_cast<int>(i)));
+    copy_in(info, full, valid, master_of(store, masters, i));
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
   if (!masters) store.copy_masters_to_params();

@@ -60,10 +60,15 @@ DpShards::DpShards(nn::ParameterStore& store, std::vector<Range> ranges, comm::C
   // this rank's shards of the fp32 masters; the store's whole copy goes
   masters_ = Tensor({static_cast<int64_t>(std::max<size_t>(at, 1))}, DType::kF32, store.device());
   for (const Bucket& b : buckets_) {
-    const size_t L = b.end - b.begin, mine = std::min(r * b.shard, L), n = std::min(b.shard, L - mine);
+    const auto [mine, n] = own(b);
     if (n > 0) copy(masters_.flat(b.at, n), store.masters().flat(b.begin + mine, n));
   }
   store.release_masters();
+}
+
+std::pair<size_t, size_t> DpShards::own(const Bucket& b) const {
+  const size_t L = b.end - b.begin, first = std::min(static_cast<size_t>(dp_.rank()) * b.shard, L);
+  return {first, std::min(b.shard, L - first)};
 }
 
 Tensor DpShards::master_piece(int id) const {
@@ -99,9 +104,9 @@ void DpShards::start_reduce_scatter(size_t i) {
 void DpShards::all_gather_params() {
   const Tensor& params = store_.params();
   const DType t = params.dtype();
-  const size_t r = static_cast<size_t>(dp_.rank());
   for (Bucket& b : buckets_) {
-    const size_t L = b.end - b.begin, mine = std::min(r * b.shard, L), n = std::min(b.shard, L - mine);
+    const size_t L = b.end - b.begin;
+    const auto [mine, n] = own(b);
     // the f32 send and staging buffers hold the parameters' dtype (2 or 4 bytes) as well
     const Tensor send = Tensor::borrow(send_.raw(), {static_cast<int64_t>(b.shard)}, t, store_.device());
     if (n < b.shard) send.flat(n, b.shard - n).zero();

@@ -86,6 +86,9 @@ class DpShards {
     size_t at = 0;              // this rank's shard in grads_
     Tensor staging;             // shard x D elements where the bucket is not a multiple of D
   };
+  // This rank's shard of bucket b within the bucket: elements [first, first + n) of it (n
+  // short of the shard, or 0, where the shard reaches into the bucket's padding).
+  std::pair<size_t, size_t> own(const Bucket& b) const;
   nn::ParameterStore& store_;
   comm::Communicator& dp_;
   std::vector<Bucket> buckets_;
