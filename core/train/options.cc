@@ -39,6 +39,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
       {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
+      {"noise_scale_window", at_least(1)},
   };
   return r;
 }
@@ -178,7 +179,11 @@ const config::Schema& train_schema() {
        "(default: log_interval; 0: off)", "logging"},
       {"log_noise_scale", Type::kBool, false,
        "estimate the gradient noise scale B_simple (needs >= 2 micro-batches per global batch)", "logging"},
-      {"noise_scale_ema", Type::kFloat, 0.99, "moving-average decay of the noise-scale estimates", "logging"},
+      {"noise_scale_ema", Type::kFloat, nullptr,
+       "moving-average decay a step of the noise-scale estimates (default 0.99)", "logging"},
+      {"noise_scale_window", Type::kInt, nullptr,
+       "instead of --noise-scale-ema, the moving averages' window in samples (decay exp(-global batch / window) a "
+       "step): runs at different batch sizes then average over the same samples and compare at the same loss", "logging"},
       {"log_throughput", Type::kBool, false, "add Megatron's throughput per GPU (TFLOP/s/GPU) to the iteration line", "logging"},
       {"log_params_norm", Type::kBool, false, "add the parameters' L2 norm (params norm) to the iteration line", "logging"},
       {"log_num_zeros_in_grad", Type::kBool, false, "add the number of zeros in the gradients (num zeros) to the iteration line",

@@ -322,7 +322,10 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
   mb::check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
             opt.diagnostics_interval);
   opt.noise_scale = v["log_noise_scale"].get<bool>();
-  opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
+  mb::check(!v.contains("noise_scale_ema") || !v.contains("noise_scale_window"),
+            "--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set; give one");
+  if (v.contains("noise_scale_ema")) opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
+  if (v.contains("noise_scale_window")) opt.noise_scale_window = static_cast<double>(v["noise_scale_window"].get<int64_t>());
   if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
   opt.save_interval = v["save_interval"].get<int64_t>();
   opt.exit_interval = v["exit_interval"].get<int64_t>();

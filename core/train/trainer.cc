@@ -27,9 +27,10 @@ void NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B
   check(B > b && b > 0, "noise scale: the small batch (", b, ") must be smaller than the big batch (", B, ")");
   const double g2 = (B * big_sq - b * small_sq) / (B - b);
   const double tr = (small_sq - big_sq) / (1.0 / b - 1.0 / B);
-  g2_ = ema_ * g2_ + (1 - ema_) * g2;
-  tr_ = ema_ * tr_ + (1 - ema_) * tr;
-  decay_pow_ *= ema_;
+  const double d = window_ > 0 ? std::exp(-B / window_) : ema_;
+  g2_ = d * g2_ + (1 - d) * g2;
+  tr_ = d * tr_ + (1 - d) * tr;
+  decay_pow_ *= d;
   ++n_;
 }
 nlohmann::json NoiseScaleEstimator::state() const {
@@ -158,7 +159,8 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
         "); lower --micro-batch-size");
   check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
         opt_.noise_scale_ema, ")");
-  noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema);
+  check(opt_.noise_scale_window >= 0, "--noise-scale-window must be > 0 samples (got ", opt_.noise_scale_window, ")");
+  noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema, opt_.noise_scale_window);
   const nn::ParameterStore& P = model_.parameters();
   for (const auto& info : P.infos())
     (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);

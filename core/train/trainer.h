@@ -38,9 +38,14 @@ namespace megabatch::train {
 // trainer's small-batch term is the mean over the step's micro-batches (b = micro batch) of
 // their squared norms: from the first alone, one outlier sample in it made |G|^2 hugely
 // negative (and one in the others hugely positive) for as long as the average remembered.
+// The averages decay by `ema` a step or, given a window of `window_samples`, by
+// exp(-B / window_samples) a step of B samples: runs at different batch sizes then average
+// over the same number of samples, so they lag alike behind a change of the noise (a loss
+// spike, a phase of training) and compare at the same loss; a decay per step makes a run at
+// 16x the batch remember 16x the samples.
 class NoiseScaleEstimator {
  public:
-  explicit NoiseScaleEstimator(double ema = 0.99) : ema_(ema) {}
+  explicit NoiseScaleEstimator(double ema = 0.99, double window_samples = 0) : ema_(ema), window_(window_samples) {}
   void add(double small_sq_norm, double small_batch, double big_sq_norm, double big_batch);
   double grad_sq_norm() const;  // |G|^2 estimate
   double trace_cov() const;     // tr(Sigma) estimate (per-sample covariance)
@@ -50,7 +55,7 @@ class NoiseScaleEstimator {
   void restore(const nlohmann::json& state);
 
  private:
-  double ema_, g2_ = 0, tr_ = 0, decay_pow_ = 1;
+  double ema_, window_, g2_ = 0, tr_ = 0, decay_pow_ = 1;
   int64_t n_ = 0;
 };
 
@@ -72,7 +77,8 @@ struct TrainOptions {
   int64_t eval_samples = 0;          // > 0: samples per evaluation (at most one pass over the split) instead of eval_iters global batches
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
-  double noise_scale_ema = 0.99;     // decay of its moving averages
+  double noise_scale_ema = 0.99;     // decay of its moving averages, a step
+  double noise_scale_window = 0;     // > 0: their window in samples instead (decay exp(-B / window) a step)
   // fp16 loss scaling (used when the model's parameters are f16; bf16 and f32 need none)
   optim::LossScalerConfig loss_scaler;
   // Checkpoints: written to save_dir every save_interval iterations (0: none on a

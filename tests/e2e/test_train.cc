@@ -49,6 +49,10 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_NE(r.output.find("adam_beta1 was given but optimizer plugin 'sgd' has no hyperparameter 'beta1'"), std::string::npos) << r.output;
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --micro-batch-size 3 --global-batch-size 8"));
   EXPECT_NE(r.output.find("global_batch_size (8) must be a multiple of micro_batch_size (3)"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-ema 0.9 --noise-scale-window 512"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set"),
+            std::string::npos) << r.output;
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
@@ -75,6 +79,7 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
       {"--lr-decay-iters 0", "lr_decay_iters must be >= 1"},
       {"--ffn-hidden-size 0", "ffn_hidden_size must be >= 1"},
       {"--hidden-dropout 1", "hidden_dropout must be in [0, 1)"},
+      {"--noise-scale-window 0", "noise_scale_window must be >= 1"},
       {"--adam-eps 0", "adam_eps must be > 0"},
       {"--lr-warmup-fraction 1.5", "lr_warmup_fraction must be in [0, 1]"},
       {"--initial-loss-scale 0", "initial_loss_scale must be > 0"},

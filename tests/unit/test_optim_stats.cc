@@ -123,11 +123,13 @@ namespace {
 // covariance is sigma^2 I, tr(Sigma) = sigma^2 d, and B_simple = sigma^2 d / |w - mu|^2.
 // Heavy-tailed: a sample is an outlier with probability p = P(z > 2.2) (z keyed by the
 // sample), its noise `outlier` times larger; tr(Sigma) = sigma^2 d (1 + p (outlier^2 - 1)).
+// A change of regime: from sample `change_at` on, sigma is `sigma_after`.
 class QuadraticModel final : public mb::train::Model {
  public:
   static constexpr int64_t kDim = 64;
   static constexpr double kOutlierZ = 2.2;
-  explicit QuadraticModel(double sigma, double outlier = 1.0) : sigma_(sigma), outlier_(outlier) {
+  explicit QuadraticModel(double sigma, double outlier = 1.0, uint64_t change_at = UINT64_MAX, double sigma_after = 0)
+      : sigma_(sigma), outlier_(outlier), change_at_(change_at), sigma_after_(sigma_after) {
     store_.add({"w", mb::nn::Role::kWeight, 0, {kDim}, {}, mb::nn::Init::zeros()});
     store_.finalize();
     for (int64_t k = 0; k < kDim; ++k) store_.param(0)[k] = static_cast<float>(0.05 * std::cos(static_cast<double>(k)));
@@ -144,9 +146,10 @@ class QuadraticModel final : public mb::train::Model {
     double loss = 0;
     for (int64_t i = 0; i < batch.batch; ++i) {
       const uint64_t sample = static_cast<uint64_t>(batch.tokens[static_cast<size_t>(i)]);
-      const double s = mb::philox_normal(sample, kDim) > kOutlierZ ? outlier_ : 1.0;
+      const double s = (mb::philox_normal(sample, kDim) > kOutlierZ ? outlier_ : 1.0) *
+                       (sample < change_at_ ? sigma_ : sigma_after_);
       for (int64_t k = 0; k < kDim; ++k) {
-        const double x = mu(k) + s * sigma_ * mb::philox_normal(sample, static_cast<uint64_t>(k));
+        const double x = mu(k) + s * mb::philox_normal(sample, static_cast<uint64_t>(k));
         const double d = store_.param(0)[k] - x;
         loss += 0.5 * d * d;
         grad_[static_cast<size_t>(k)] += scale * d / static_cast<double>(batch.batch);
@@ -165,6 +168,8 @@ class QuadraticModel final : public mb::train::Model {
  private:
   static double mu(int64_t k) { return 0.02 * static_cast<double>(k % 5); }
   double sigma_, outlier_;
+  uint64_t change_at_;
+  double sigma_after_;
   mb::nn::ParameterStore store_;
   std::vector<double> grad_;
 };
@@ -185,10 +190,13 @@ class SampleIndexSource final : public mb::train::BatchSource {
   uint64_t offset_;
 };
 
-// B_simple after `iters` steps of micro batch 4 in a global batch of 64, w held still
-// (lr 0), with the console the trainer wrote.
-std::pair<double, std::string> estimate_noise_scale(QuadraticModel& model, int64_t iters, double ema,
-                                                    uint64_t offset = 0) {
+// The estimator after `iters` steps of micro batch 4 in a global batch of 64 (or
+// `global_batch`), w held still (lr 0), with the console the trainer wrote. Its moving
+// averages decay by `ema` a step, or over `window` samples where that is > 0.
+std::pair<mb::train::NoiseScaleEstimator, std::string> estimate_noise_scale(QuadraticModel& model, int64_t iters,
+                                                                             double ema, uint64_t offset = 0,
+                                                                             int64_t global_batch = 64,
+                                                                             double window = 0) {
   mb::comm::LocalCommunicator tp;
   const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
   mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp,
@@ -196,7 +204,7 @@ std::pair<double, std::string> estimate_noise_scale(QuadraticModel& model, int64
   SampleIndexSource source(offset);
   mb::train::TrainOptions o;
   o.micro_batch_size = 4;
-  o.global_batch_size = 64;
+  o.global_batch_size = global_batch;
   o.train_iters = iters;
   o.schedule.max_lr = o.schedule.min_lr = 0.0;  // w stays put: the noise scale is constant
   o.schedule.style = mb::optim::DecayStyle::kConstant;
@@ -205,10 +213,11 @@ std::pair<double, std::string> estimate_noise_scale(QuadraticModel& model, int64
   o.log_interval = 1000;
   o.noise_scale = true;
   o.noise_scale_ema = ema;
+  o.noise_scale_window = window;
   std::ostringstream console;
   mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, nullptr, console);
   trainer.run();
-  return {trainer.noise_scale().b_simple(), console.str()};
+  return {trainer.noise_scale(), console.str()};
 }
 
 }  // namespace
@@ -216,7 +225,8 @@ std::pair<double, std::string> estimate_noise_scale(QuadraticModel& model, int64
 TEST(GradientNoiseScale, EstimateMatchesTheClosedFormOfASyntheticProblem) {
   QuadraticModel model(0.3);
   const double expected = model.true_noise_scale();
-  const auto [estimate, console] = estimate_noise_scale(model, 3000, 0.999);
+  const auto [estimator, console] = estimate_noise_scale(model, 3000, 0.999);
+  const double estimate = estimator.b_simple();
   // B_simple here is about 60 (between the micro batch 4 and the global batch 64);
   // 3000 steps of estimates average to within a few percent.
   EXPECT_GT(expected, 4.0);
@@ -234,12 +244,35 @@ TEST(GradientNoiseScale, EveryMicroBatchCountsSoHeavyTailedSamplesDoNotSwingTheE
   double sq = 0, worst = 0;
   for (uint64_t r = 0; r < 8; ++r) {
     QuadraticModel model(0.3, 10.0);
-    const double rel = estimate_noise_scale(model, 200, 0.99, r * 1000000).first / model.true_noise_scale() - 1.0;
+    const double rel = estimate_noise_scale(model, 200, 0.99, r * 1000000).first.b_simple() / model.true_noise_scale() - 1.0;
     sq += rel * rel;
     worst = std::max(worst, std::abs(rel));
   }
   EXPECT_LT(std::sqrt(sq / 8), 0.12);
   EXPECT_LT(worst, 0.2);
+}
+
+// The noise grows 16x in variance (sigma 0.1 to 0.4) after 4096 samples; 512 samples later,
+// with a window of 512 samples, tr(Sigma)'s average is e^-1 old and 1 - e^-1 new,
+// 10.5x the old value, at batch 16 (32 steps after the change) as at batch 128 (4 steps).
+// (Measured: 10.4x and 10.3x.) A decay of 0.99 a step gave 5.3x and 2.9x: 32 steps of 16
+// samples forget more than 4 steps of 128 (plus a bias correction 36 steps cannot settle).
+TEST(GradientNoiseScale, AWindowInSamplesLagsAlikeAtEveryBatchSize) {
+  constexpr double kWindow = 512, kBefore = 0.1, kAfter = 0.4;
+  constexpr uint64_t kChange = 4096, kSince = 512;
+  const double old_trace = kBefore * kBefore * QuadraticModel::kDim, new_trace = kAfter * kAfter * QuadraticModel::kDim;
+  const double w = std::exp(-static_cast<double>(kSince) / kWindow);
+  const double expected = w * old_trace + (1 - w) * new_trace;  // bias correction: e^-9 of it
+  std::vector<double> traces;
+  for (const int64_t batch : {16, 128}) {
+    QuadraticModel model(kBefore, 1.0, kChange, kAfter);
+    const auto iters = static_cast<int64_t>(kChange + kSince) / batch;
+    const double trace = estimate_noise_scale(model, iters, 0.99, 0, batch, kWindow).first.trace_cov();
+    // 512 samples of 64-dimensional noise in the window: a few percent
+    EXPECT_NEAR(trace, expected, 0.08 * expected) << "batch " << batch << " (old " << old_trace << ", new " << new_trace << ")";
+    traces.push_back(trace);
+  }
+  EXPECT_NEAR(traces[0], traces[1], 0.1 * traces[1]);
 }
 
 TEST(GradientNoiseScale, NeedsAtLeastTwoMicroBatches) {
