@@ -160,6 +160,23 @@ def noise_scale_at(p, iteration):
     return float(np.interp(iteration, it, b))
 
 
+def noise_smoothing(points):
+    """How the runs' B_simple was averaged, from their configurations ("a moving average over
+    128 samples"; several kinds joined by "; "), or None where none logged it."""
+    kinds = []
+    for p in points:
+        c = p.config
+        if not c.get("log_noise_scale"):
+            continue
+        if c.get("noise_scale_window"):
+            kind = f"a moving average over {c['noise_scale_window']} samples"
+        else:
+            kind = f"a moving average decaying by {c.get('noise_scale_ema', 0.99)} a step"
+        if kind not in kinds:
+            kinds.append(kind)
+    return "; ".join(kinds) or None
+
+
 def series_label(point, axes):
     """The optimizer, and the other swept axes' values ("lamb, tensor_model_parallel_size=2")."""
     return point.optimizer + "".join(f", {k}={point.config.get(k)}" for k in axes)
@@ -181,7 +198,7 @@ def analyze(points, targets=None, seed=0):
     result = {"targets": targets, "method": "S(B) = S_min + E_min/B, weighted least squares; "
               "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
               "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
-              "optimizers": {}}
+              "b_simple_smoothing": noise_smoothing(points), "optimizers": {}}
     keys = [k for k in swept_keys(points) if k != "seed"]
     axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
     by_series = {}
@@ -247,6 +264,8 @@ def fmt(v, digits=3):
 
 def text_table(res):
     lines = [f"critical batch size (McCandlish et al. 2018): {res['method']}"]
+    if res.get("b_simple_smoothing"):
+        lines.append(f"B_simple at the target: as logged, {res['b_simple_smoothing']}")
     for opt, rows in res["optimizers"].items():
         for r in rows:
             head = f"{opt:8s} loss {r['target']:.3f}: "

@@ -89,6 +89,19 @@ class CriticalBatch(unittest.TestCase):
         self.assertAlmostEqual(row["b_simple"], 1.5 * 64.0)
         self.assertIn("B_simple 96 (4 of 5 runs)", cb.text_table(res))
 
+    def test_the_smoothing_of_b_simple_is_said(self):
+        points = sweep(64.0, [8, 16, 32])
+        self.assertIsNone(cb.analyze(points, [4.0])["b_simple_smoothing"], "no run logged it")
+        for p in points:
+            p.config["log_noise_scale"] = True
+        self.assertEqual(cb.analyze(points, [4.0])["b_simple_smoothing"], "a moving average decaying by 0.99 a step")
+        for p in points[1:]:
+            p.config["noise_scale_window"] = 128
+        res = cb.analyze(points, [4.0])
+        self.assertEqual(res["b_simple_smoothing"],
+                         "a moving average decaying by 0.99 a step; a moving average over 128 samples")
+        self.assertIn("B_simple at the target: as logged, a moving average decaying", cb.text_table(res))
+
     def test_two_b_crits_are_told_apart(self):
         small = cb.analyze(sweep(16.0, [8, 16, 32, 64, 128, 256], optimizer="a"), [4.0])
         large = cb.analyze(sweep(256.0, [8, 16, 32, 64, 128, 256, 512, 1024], optimizer="b"), [4.0])
