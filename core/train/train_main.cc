@@ -322,6 +322,9 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
   mb::check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
             opt.diagnostics_interval);
   opt.noise_scale = v["log_noise_scale"].get<bool>();
+  for (const char* key : {"noise_scale_ema", "noise_scale_window"})
+    mb::check(opt.noise_scale || !v.contains(key), "--", mb::config::flag_name(key),
+              " averages the gradient noise scale, which only --log-noise-scale estimates; add it or drop the option");
   mb::check(!v.contains("noise_scale_ema") || !v.contains("noise_scale_window"),
             "--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set; give one");
   if (v.contains("noise_scale_ema")) opt.noise_scale_ema = v["noise_scale_ema"].get<double>();

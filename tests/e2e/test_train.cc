@@ -49,7 +49,12 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_NE(r.output.find("adam_beta1 was given but optimizer plugin 'sgd' has no hyperparameter 'beta1'"), std::string::npos) << r.output;
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --micro-batch-size 3 --global-batch-size 8"));
   EXPECT_NE(r.output.find("global_batch_size (8) must be a multiple of micro_batch_size (3)"), std::string::npos) << r.output;
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-ema 0.9 --noise-scale-window 512"));
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-window 512"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--noise-scale-window averages the gradient noise scale, which only --log-noise-scale estimates"),
+            std::string::npos) << r.output;
+  r = mb::testing::run_command(
+      train(kSmall + "--train-iters 2 --lr 1e-3 --log-noise-scale --noise-scale-ema 0.9 --noise-scale-window 512"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set"),
             std::string::npos) << r.output;
