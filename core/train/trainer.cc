@@ -159,7 +159,8 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
         "); lower --micro-batch-size");
   check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
         opt_.noise_scale_ema, ")");
-  check(opt_.noise_scale_window >= 0, "--noise-scale-window must be > 0 samples (got ", opt_.noise_scale_window, ")");
+  check(opt_.noise_scale_window >= 0, "--noise-scale-window must be >= 0 samples (0: a decay a step), got ",
+        opt_.noise_scale_window);
   noise_scale_ = NoiseScaleEstimator(opt_.noise_scale_ema, opt_.noise_scale_window);
   const nn::ParameterStore& P = model_.parameters();
   for (const auto& info : P.infos())
