@@ -482,6 +482,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   else if (sweep.threads) check_thread_count(sweep.threads, sweep.file.string() + ": threads");
   std::vector<PointState> ps = point_states(sweep, o, root);
   discard_rerun_points(ps, root, o.dry_run);
+  if (const std::string note = noise_scale_note(sweep); !note.empty()) std::cout << "> " << note << std::endl;
   if (o.dry_run) return dry_run(sweep, o, root, ps);
   return Scheduler(sweep, o, root, ps).run();
 }

@@ -403,4 +403,21 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
   return s;
 }
 
+std::string noise_scale_note(const Sweep& sweep) {
+  std::set<int64_t> batches;
+  for (const Point& p : sweep.points) {
+    const json& c = p.config;
+    if (!c.value("log_noise_scale", false) || c.contains("noise_scale_window") || c.contains("noise_scale_ema")) continue;
+    if (c.contains("global_batch_size") && c["global_batch_size"].is_number_integer())
+      batches.insert(c["global_batch_size"].get<int64_t>());
+  }
+  if (batches.size() < 2) return "";
+  const std::string lo = std::to_string(*batches.begin()), hi = std::to_string(*batches.rbegin());
+  return "note: points at global batch " + lo + " to " + hi + " log the noise scale averaged by 0.99 a step (100 steps: " +
+         std::to_string(100 * *batches.begin()) + " samples at batch " + lo + ", " +
+         std::to_string(100 * *batches.rbegin()) + " at " + hi +
+         "), so their B_simple at the same loss is not averaged alike; \"noise_scale_window\": " + hi +
+         " in base (the largest batch) averages every point over the same samples";
+}
+
 }  // namespace megabatch::sweeps

@@ -455,6 +455,8 @@ TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
       EXPECT_NE(r.output.find(" points (runs in "), std::string::npos) << r.output;
       EXPECT_TRUE(r.output.find("> every point checked") != std::string::npos ||
                   r.output.find("> sized for {") != std::string::npos) << r.output;
+      EXPECT_EQ(r.output.find("log the noise scale averaged by 0.99 a step"), std::string::npos)
+          << "a shipped sweep averages B_simple alike at every batch size: " << r.output;
     }
   EXPECT_GE(files, 7u);
 }
@@ -666,6 +668,28 @@ TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
   EXPECT_NE(r.output.find("build/bin/preprocess brown"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> 3 point(s) cannot run"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "runs" / "chk")) << "a dry run writes nothing";
+}
+
+// Points that log the noise scale at several batch sizes with the default decay a step are
+// told what it does and which window would average them alike; with a window (or a decay
+// chosen on purpose) nothing is said.
+TEST_F(Sweep, ANoiseScaleAveragedByStepsAtSeveralBatchSizesIsPointedOut) {
+  mb::testing::TempDir tmp;
+  const std::string base = R"({"name": "ns", "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2,
+    "seq_length": 16, "micro_batch_size": 4, "train_iters": 4, "lr": 0.001, "log_noise_scale": true, "data_path": [")" +
+                           (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("])";
+  const std::string axes = R"(}, "grid": {"global_batch_size": [8, 32]}})";
+  const std::vector<std::pair<std::string, bool>> cases = {
+      {"", true}, {R"(, "noise_scale_window": 32)", false}, {R"(, "noise_scale_ema": 0.9)", false}};
+  for (const auto& [extra, noted] : cases) {
+    mb::testing::write_text(tmp / "ns.json", base + extra + axes);
+    const auto r = mb::testing::run_command(sweep("run " + (tmp / "ns.json").string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    const std::string note = "> note: points at global batch 8 to 32 log the noise scale averaged by 0.99 a step (100 steps: 800 "
+                             "samples at batch 8, 3200 at 32), so their B_simple at the same loss is not averaged alike; "
+                             "\"noise_scale_window\": 32 in base (the largest batch) averages every point over the same samples";
+    EXPECT_EQ(r.output.find(note) != std::string::npos, noted) << extra << "\n" << r.output;
+  }
 }
 
 // A point of more than one rank is checked as it will run, under mpirun -np TP x DP: a TP 2
