@@ -23,7 +23,7 @@
 
 namespace megabatch::train {
 
-void NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B) {
+NoiseScaleEstimator::Step NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B) {
   check(B > b && b > 0, "noise scale: the small batch (", b, ") must be smaller than the big batch (", B, ")");
   const double g2 = (B * big_sq - b * small_sq) / (B - b);
   const double tr = (small_sq - big_sq) / (1.0 / b - 1.0 / B);
@@ -32,6 +32,7 @@ void NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B
   tr_ = d * tr_ + (1 - d) * tr;
   decay_pow_ *= d;
   ++n_;
+  return {g2, tr};
 }
 nlohmann::json NoiseScaleEstimator::state() const {
   return {{"g2", g2_}, {"trace", tr_}, {"decay_pow", decay_pow_}, {"count", n_}};
@@ -421,12 +422,13 @@ void Trainer::drain() {
       divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
                            format("%g", !std::isfinite(objective) ? objective : norm);
     }
+    NoiseScaleEstimator::Step noise{std::nan(""), std::nan("")};  // NaN: not estimated at this step
     if (opt_.noise_scale && !skipped) {
       const double mb = static_cast<double>(micro_batches);
       const double small_sq = (v[L + kSmallSharded] + v[L + kSmallReplicated]) * mb * mb / (scale * scale);
       if (std::isfinite(small_sq))
-        noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
-                         static_cast<double>(opt_.global_batch_size));
+        noise = noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
+                                 static_cast<double>(opt_.global_batch_size));
     }
     if (skipped) ++skipped_total_, ++interval_skipped_;
     const double dt = ring_seconds_[static_cast<size_t>(r)];
@@ -443,6 +445,10 @@ void Trainer::drain() {
       for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + series_name(extra_names_[k]), v[1 + k]);
       metrics_->append("train/learning_rate", ring_lr_[static_cast<size_t>(r)]);
       metrics_->append("train/grad_norm", norm);
+      if (opt_.noise_scale) {  // each step's own estimates, for averages centred anywhere (sweep analyze)
+        metrics_->append("train/noise_grad_sq_norm", noise.grad_sq_norm);
+        metrics_->append("train/noise_trace_cov", noise.trace_cov);
+      }
       if (fp16()) {
         metrics_->append("train/loss_scale", scale);
         metrics_->append("train/skipped", skipped ? 1.0 : 0.0);

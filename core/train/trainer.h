@@ -46,7 +46,10 @@ namespace megabatch::train {
 class NoiseScaleEstimator {
  public:
   explicit NoiseScaleEstimator(double ema = 0.99, double window_samples = 0) : ema_(ema), window_(window_samples) {}
-  void add(double small_sq_norm, double small_batch, double big_sq_norm, double big_batch);
+  struct Step {
+    double grad_sq_norm, trace_cov;  // this step's unbiased estimates, before any averaging
+  };
+  Step add(double small_sq_norm, double small_batch, double big_sq_norm, double big_batch);
   double grad_sq_norm() const;  // |G|^2 estimate
   double trace_cov() const;     // tr(Sigma) estimate (per-sample covariance)
   double b_simple() const { return trace_cov() / grad_sq_norm(); }

@@ -5,12 +5,15 @@
 #include <omp.h>
 
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "core/comm/communicator.h"
+#include "core/io/metrics.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
 #include "core/util/philox.h"
+#include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
 
@@ -190,32 +193,40 @@ class SampleIndexSource final : public mb::train::BatchSource {
   uint64_t offset_;
 };
 
-// The estimator after `iters` steps of micro batch 4 in a global batch of 64 (or
-// `global_batch`), w held still (lr 0), with the console the trainer wrote. Its moving
-// averages decay by `ema` a step, or over `window` samples where that is > 0.
-std::pair<mb::train::NoiseScaleEstimator, std::string> estimate_noise_scale(QuadraticModel& model, int64_t iters,
-                                                                             double ema, uint64_t offset = 0,
-                                                                             int64_t global_batch = 64,
-                                                                             double window = 0) {
+// A run of the quadratic: `iters` steps of micro batch 4 in a global batch of
+// `global_batch`, w held still (lr 0). Its moving averages decay by `ema` a step, or over
+// `window` samples where that is > 0; `metrics`, where given, receives the series.
+struct NoiseRun {
+  int64_t iters = 0;
+  double ema = 0.99;
+  uint64_t offset = 0;  // the run's first sample in the model's data
+  int64_t global_batch = 64;
+  double window = 0;
+  int64_t log_interval = 1000;
+  mb::io::MetricsFile* metrics = nullptr;
+};
+
+// The estimator after the run, with the console the trainer wrote.
+std::pair<mb::train::NoiseScaleEstimator, std::string> estimate_noise_scale(QuadraticModel& model, const NoiseRun& run) {
   mb::comm::LocalCommunicator tp;
   const auto plugin = mb::optim::load_plugin("sgd", mb::optim::plugin_search_path());
   mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp,
                                  mb::optim::resolve_hparams(plugin, {{"momentum", 0.0}}, "t"), 0);
-  SampleIndexSource source(offset);
+  SampleIndexSource source(run.offset);
   mb::train::TrainOptions o;
   o.micro_batch_size = 4;
-  o.global_batch_size = global_batch;
-  o.train_iters = iters;
+  o.global_batch_size = run.global_batch;
+  o.train_iters = run.iters;
   o.schedule.max_lr = o.schedule.min_lr = 0.0;  // w stays put: the noise scale is constant
   o.schedule.style = mb::optim::DecayStyle::kConstant;
   o.clip_grad = 0.0;
   o.eval_iters = 0;
-  o.log_interval = 1000;
+  o.log_interval = run.log_interval;
   o.noise_scale = true;
-  o.noise_scale_ema = ema;
-  o.noise_scale_window = window;
+  o.noise_scale_ema = run.ema;
+  o.noise_scale_window = run.window;
   std::ostringstream console;
-  mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, nullptr, console);
+  mb::train::Trainer trainer(o, model, opt, tp, source, nullptr, run.metrics, console);
   trainer.run();
   return {trainer.noise_scale(), console.str()};
 }
@@ -225,7 +236,7 @@ std::pair<mb::train::NoiseScaleEstimator, std::string> estimate_noise_scale(Quad
 TEST(GradientNoiseScale, EstimateMatchesTheClosedFormOfASyntheticProblem) {
   QuadraticModel model(0.3);
   const double expected = model.true_noise_scale();
-  const auto [estimator, console] = estimate_noise_scale(model, 3000, 0.999);
+  const auto [estimator, console] = estimate_noise_scale(model, {.iters = 3000, .ema = 0.999});
   const double estimate = estimator.b_simple();
   // B_simple here is about 60 (between the micro batch 4 and the global batch 64);
   // 3000 steps of estimates average to within a few percent.
@@ -244,7 +255,7 @@ TEST(GradientNoiseScale, EveryMicroBatchCountsSoHeavyTailedSamplesDoNotSwingTheE
   double sq = 0, worst = 0;
   for (uint64_t r = 0; r < 8; ++r) {
     QuadraticModel model(0.3, 10.0);
-    const double rel = estimate_noise_scale(model, 200, 0.99, r * 1000000).first.b_simple() / model.true_noise_scale() - 1.0;
+    const double rel = estimate_noise_scale(model, {.iters = 200, .offset = r * 1000000}).first.b_simple() / model.true_noise_scale() - 1.0;
     sq += rel * rel;
     worst = std::max(worst, std::abs(rel));
   }
@@ -267,12 +278,52 @@ TEST(GradientNoiseScale, AWindowInSamplesLagsAlikeAtEveryBatchSize) {
   for (const int64_t batch : {16, 128}) {
     QuadraticModel model(kBefore, 1.0, kChange, kAfter);
     const auto iters = static_cast<int64_t>(kChange + kSince) / batch;
-    const double trace = estimate_noise_scale(model, iters, 0.99, 0, batch, kWindow).first.trace_cov();
+    const double trace = estimate_noise_scale(model, {.iters = iters, .global_batch = batch, .window = kWindow}).first.trace_cov();
     // 512 samples of 64-dimensional noise in the window: a few percent
     EXPECT_NEAR(trace, expected, 0.08 * expected) << "batch " << batch << " (old " << old_trace << ", new " << new_trace << ")";
     traces.push_back(trace);
   }
   EXPECT_NEAR(traces[0], traces[1], 0.1 * traces[1]);
+}
+
+// Each step's own estimates reach metrics.h5 beside the loss (train/noise_grad_sq_norm,
+// train/noise_trace_cov, one per iteration): averaged here apart, bias-corrected at 0.9 a
+// step, they give the logged noise_scale/ series at every log interval; their mean over the
+// run is tr(Sigma) = sigma^2 d of the quadratic, to a few percent.
+TEST(GradientNoiseScale, EachStepsEstimatesAreLoggedAndAverageToTheLoggedSeries) {
+  mb::testing::TempDir tmp;
+  const auto path = tmp / "metrics.h5";
+  constexpr double kSigma = 0.3, kEma = 0.9;
+  {
+    QuadraticModel model(kSigma);
+    mb::io::MetricsFile metrics(path, nlohmann::json::object());
+    estimate_noise_scale(model, {.iters = 300, .ema = kEma, .log_interval = 7, .metrics = &metrics});
+  }
+  auto series = mb::io::read_metric_series(path);
+  const auto& it = series["train/iteration"];
+  const auto& g2 = series["train/noise_grad_sq_norm"];
+  const auto& tr = series["train/noise_trace_cov"];
+  ASSERT_EQ(it.size(), 300u);
+  ASSERT_EQ(g2.size(), 300u);
+  ASSERT_EQ(tr.size(), 300u);
+  double a = 0, b = 0, w = 1, mean_tr = 0;
+  std::map<double, std::pair<double, double>> averaged;  // iteration -> (|G|^2, tr) averages
+  for (size_t i = 0; i < it.size(); ++i) {
+    a = kEma * a + (1 - kEma) * g2[i];
+    b = kEma * b + (1 - kEma) * tr[i];
+    w *= kEma;
+    averaged[it[i]] = {a / (1 - w), b / (1 - w)};
+    mean_tr += tr[i] / static_cast<double>(tr.size());
+  }
+  const auto& logged_it = series["noise_scale/iteration"];
+  ASSERT_GE(logged_it.size(), 40u);
+  for (size_t k = 0; k < logged_it.size(); ++k) {
+    const auto [ga, ta] = averaged.at(logged_it[k]);
+    EXPECT_NEAR(series["noise_scale/grad_sq_norm"][k], ga, 1e-9 * std::abs(ga)) << "iteration " << logged_it[k];
+    EXPECT_NEAR(series["noise_scale/trace_cov"][k], ta, 1e-9 * std::abs(ta)) << "iteration " << logged_it[k];
+  }
+  const double expected_tr = kSigma * kSigma * QuadraticModel::kDim;
+  EXPECT_NEAR(mean_tr, expected_tr, 0.05 * expected_tr);
 }
 
 TEST(GradientNoiseScale, NeedsAtLeastTwoMicroBatches) {
