@@ -142,6 +142,32 @@ def point_curves(points, window_samples=None):
     return curves
 
 
+def noise_scale_centred(p, iteration, window_samples):
+    """B_simple from the run's per-step estimates (train/noise_grad_sq_norm and
+    train/noise_trace_cov, one per iteration): the sum of tr(Sigma) over the sum of |G|^2 of
+    the steps within window_samples / 2 samples (at least the nearest step) of where the run
+    is at `iteration`. Centred, unlike the moving average the trainer logs, so it carries
+    neither early training nor a distant loss spike into the value at a loss. None where
+    the run has no per-step estimates, or their |G|^2 sums to <= 0 (noise drowning the
+    signal)."""
+    it, g2, tr = p.series("train/iteration"), p.series("train/noise_grad_sq_norm"), p.series("train/noise_trace_cov")
+    samples = p.series("train/consumed_samples")
+    n = min(len(it), len(g2), len(tr), len(samples))
+    if n == 0:
+        return None
+    it, g2, tr, samples = it[:n], g2[:n], tr[:n], samples[:n]
+    at = float(np.interp(iteration, it, samples))
+    half = 0.5 * max(window_samples, p.batch)
+    near = (np.abs(samples - at) <= half) & np.isfinite(g2) & np.isfinite(tr)
+    if not near.any() or g2[near].sum() <= 0:
+        return None
+    return float(tr[near].sum() / g2[near].sum())
+
+
+def has_step_estimates(p):
+    return len(p.series("train/noise_grad_sq_norm")) > 0
+
+
 def noise_scale_at(p, iteration):
     """B_simple at `iteration`, interpolated between the logged values around it; None where
     either is undefined (<= 0: the |G|^2 estimate <= 0) or it lies outside the logged span.
@@ -160,18 +186,23 @@ def noise_scale_at(p, iteration):
     return float(np.interp(iteration, it, b))
 
 
-def noise_smoothing(points):
-    """How the runs' B_simple was averaged, from their configurations ("a moving average over
-    128 samples"; several kinds joined by "; "), or None where none logged it."""
+def noise_smoothing(points, window_samples):
+    """How B_simple at a target is formed ("per-step estimates summed over the 128 samples
+    centred on ..."; for runs without them, the logged average, from their configurations:
+    "as logged, a moving average over 128 samples"; several kinds joined by "; "), or None
+    where no run logged it."""
     kinds = []
     for p in points:
         c = p.config
         if not c.get("log_noise_scale"):
             continue
-        if c.get("noise_scale_window"):
-            kind = f"a moving average over {c['noise_scale_window']} samples"
+        if has_step_estimates(p):
+            kind = (f"the per-step estimates summed over the {window_samples:g} samples centred on where the run "
+                    "reaches the target (sum of tr(Sigma) / sum of |G|^2)")
+        elif c.get("noise_scale_window"):
+            kind = f"as logged, a moving average over {c['noise_scale_window']} samples"
         else:
-            kind = f"a moving average decaying by {c.get('noise_scale_ema', 0.99)} a step"
+            kind = f"as logged, a moving average decaying by {c.get('noise_scale_ema', 0.99)} a step"
         if kind not in kinds:
             kinds.append(kind)
     return "; ".join(kinds) or None
@@ -193,12 +224,13 @@ def analyze(points, targets=None, seed=0):
     and B_simple at the target. Returns a JSON-ready dict."""
     rng = np.random.default_rng(seed)
     curves = point_curves(points)
+    window = max((p.batch for p in points), default=1)  # as point_curves smooths the losses
     if targets is None:
         targets = default_targets(curves)
     result = {"targets": targets, "method": "S(B) = S_min + E_min/B, weighted least squares; "
               "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
               "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
-              "b_simple_smoothing": noise_smoothing(points), "optimizers": {}}
+              "b_simple_smoothing": noise_smoothing(points, window), "optimizers": {}}
     keys = [k for k in swept_keys(points) if k != "seed"]
     axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
     by_series = {}
@@ -214,7 +246,8 @@ def analyze(points, targets=None, seed=0):
                     continue
                 key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
                 per_setting.setdefault(key, []).append(s)
-                ns = noise_scale_at(c["point"], s)
+                pt = c["point"]
+                ns = noise_scale_centred(pt, s, window) if has_step_estimates(pt) else noise_scale_at(pt, s)
                 if ns is not None:
                     b_simple.setdefault(key, []).append(ns)
             per_batch, chosen = {}, {}  # each batch size's fastest setting (tuned hyperparameters)
@@ -265,7 +298,7 @@ def fmt(v, digits=3):
 def text_table(res):
     lines = [f"critical batch size (McCandlish et al. 2018): {res['method']}"]
     if res.get("b_simple_smoothing"):
-        lines.append(f"B_simple at the target: as logged, {res['b_simple_smoothing']}")
+        lines.append(f"B_simple at the target: {res['b_simple_smoothing']}")
     for opt, rows in res["optimizers"].items():
         for r in rows:
             head = f"{opt:8s} loss {r['target']:.3f}: "

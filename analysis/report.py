@@ -105,7 +105,7 @@ def critical_section(analysis):
     parts = [f"<p>Method: {html.escape(analysis['method'])}. Targets are train losses "
              f"({', '.join(f'{t:.3f}' for t in analysis['targets'])}); S(B) is interpolated in each point's "
              "smoothed train-loss curve; E = B S."
-             + (f" B_simple at the target is the runs' logged estimate, {html.escape(analysis['b_simple_smoothing'])}."
+             + (f" B_simple at the target: {html.escape(analysis['b_simple_smoothing'])}."
                 if analysis.get("b_simple_smoothing") else "") + "</p>"]
     rows = ["<tr><th>optimizer</th><th>target train loss</th><th>batch sizes reaching it</th><th>S_min</th>"
             "<th>E_min</th><th>B_crit = E_min / S_min</th><th>68% interval (bootstrap)</th>"

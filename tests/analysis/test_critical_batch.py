@@ -89,17 +89,54 @@ class CriticalBatch(unittest.TestCase):
         self.assertAlmostEqual(row["b_simple"], 1.5 * 64.0)
         self.assertIn("B_simple 96 (4 of 5 runs)", cb.text_table(res))
 
+    def test_per_step_estimates_give_b_simple_centred_on_the_target(self):
+        # |G|^2 = 1 at every step; tr(Sigma) = 10 before sample 1600, 40 from it on; one spike
+        # step (|G|^2 1e4, tr 1e6) at sample 640. Batch 32, window 128: the steps within 64
+        # samples of where the run is at the target, at a whole or a fractional iteration.
+        p = FakePoint("lamb", 32, 64.0, 1, 0.0, 200000)
+        it = p._s["train/iteration"]
+        samples = it * 32
+        g2, tr = np.ones(len(it)), np.where(samples < 1600, 10.0, 40.0)
+        g2[19], tr[19] = 1e4, 1e6  # sample 640
+        tr[60] = np.nan  # a step without an estimate (an fp16 skip) is left out
+        p._s.update({"train/noise_grad_sq_norm": g2, "train/noise_trace_cov": tr})
+        # iteration 40 = sample 1280: samples 1216..1344 (iterations 38..42), all 10
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 40, 128), 10.0)
+        # iteration 50 = sample 1600: iterations 48..52 at 10, 10, 40, 40, 40
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 50, 128), (2 * 10 + 3 * 40) / 5)
+        # iteration 50.5 = sample 1616: samples 1552..1680 (iterations 49..52)
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 50.5, 128), (10 + 3 * 40) / 4)
+        # the NaN step at iteration 61 drops out of 59..63
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 61, 128), 40.0)
+        # a window narrower than a step still takes the nearest step
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 40, 1), 10.0)
+        # the spike counts only where it is in the window
+        self.assertAlmostEqual(cb.noise_scale_centred(p, 20, 128), (4 * 10 + 1e6) / (4 + 1e4))
+        del p._s["train/noise_grad_sq_norm"]
+        self.assertIsNone(cb.noise_scale_centred(p, 40, 128), "no per-step estimates")
+
+    def test_analyze_takes_the_centred_estimate_where_runs_have_per_step_ones(self):
+        points = sweep(64.0, [8, 16, 32])
+        for p in points:
+            p.config["log_noise_scale"] = True
+            n = len(p._s["train/iteration"])
+            p._s["train/noise_grad_sq_norm"], p._s["train/noise_trace_cov"] = np.full(n, 2.0), np.full(n, 50.0)
+        res = cb.analyze(points, [4.0])
+        self.assertAlmostEqual(res["optimizers"]["lamb"][0]["b_simple"], 25.0)  # not the logged 96
+        self.assertEqual(res["b_simple_smoothing"], "the per-step estimates summed over the 32 samples centred on "
+                         "where the run reaches the target (sum of tr(Sigma) / sum of |G|^2)")
+
     def test_the_smoothing_of_b_simple_is_said(self):
         points = sweep(64.0, [8, 16, 32])
         self.assertIsNone(cb.analyze(points, [4.0])["b_simple_smoothing"], "no run logged it")
         for p in points:
             p.config["log_noise_scale"] = True
-        self.assertEqual(cb.analyze(points, [4.0])["b_simple_smoothing"], "a moving average decaying by 0.99 a step")
+        self.assertEqual(cb.analyze(points, [4.0])["b_simple_smoothing"], "as logged, a moving average decaying by 0.99 a step")
         for p in points[1:]:
             p.config["noise_scale_window"] = 128
         res = cb.analyze(points, [4.0])
         self.assertEqual(res["b_simple_smoothing"],
-                         "a moving average decaying by 0.99 a step; a moving average over 128 samples")
+                         "as logged, a moving average decaying by 0.99 a step; as logged, a moving average over 128 samples")
         self.assertIn("B_simple at the target: as logged, a moving average decaying", cb.text_table(res))
 
     def test_two_b_crits_are_told_apart(self):
