@@ -165,6 +165,7 @@ def noise_scale_centred(p, iteration, window_samples):
 
 
 def has_step_estimates(p):
+    """Whether the run logged each step's noise-scale estimates (runs since 2026-11-25)."""
     return len(p.series("train/noise_grad_sq_norm")) > 0
 
 
