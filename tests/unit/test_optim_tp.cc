@@ -8,8 +8,10 @@
 
 #include <cmath>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/comm/thread_communicator.h"
 #include "core/ops/elementwise.h"
@@ -162,6 +164,23 @@ TEST(TensorParallelNorms, LambEmbscaleNormsAndTrustRatiosOfSplitTensorsEqualTheW
 // norms and trust ratios, and hold (gathered) its optimizer state.
 namespace {
 
+// Runs rank(tp, dp, index) on TP x DP threads, each in its own TP group (of its DP index) and
+// DP group (of its TP index), index = d x TP + t, and waits for all of them.
+template <class Rank>
+void on_tp_by_dp(int tp_size, int dp_size, Rank rank) {
+  std::vector<std::unique_ptr<mb::comm::ThreadGroup>> tp_groups, dp_groups;
+  for (int d = 0; d < dp_size; ++d) tp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(tp_size));
+  for (int t = 0; t < tp_size; ++t) dp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(dp_size));
+  std::vector<std::thread> threads;
+  for (int d = 0; d < dp_size; ++d)
+    for (int t = 0; t < tp_size; ++t)
+      threads.emplace_back([&, d, t] {
+        rank(tp_groups[static_cast<size_t>(d)]->rank(t), dp_groups[static_cast<size_t>(t)]->rank(d),
+             static_cast<size_t>(d * tp_size + t));
+      });
+  for (auto& th : threads) th.join();
+}
+
 struct ShardedRun {
   RunResult result;
   mb::optim::OptimizerState whole_state;
@@ -205,18 +224,10 @@ void expect_pieces_equal_whole(const std::string& plugin_name, const nlohmann::j
     ref_opt.step(step, 0.01, global_batch, mb::optim::grad_norm(ref->parameters(), local), false);
   }
 
-  std::vector<std::unique_ptr<mb::comm::ThreadGroup>> tp_groups, dp_groups;
-  for (int d = 0; d < dp_size; ++d) tp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(tp_size));
-  for (int t = 0; t < tp_size; ++t) dp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(dp_size));
   std::vector<ShardedRun> runs(static_cast<size_t>(tp_size * dp_size));
-  std::vector<std::thread> threads;
-  for (int d = 0; d < dp_size; ++d)
-    for (int t = 0; t < tp_size; ++t)
-      threads.emplace_back([&, d, t] {
-        run_sharded(plugin_name, hp, global_batch, tp_groups[static_cast<size_t>(d)]->rank(t), tp_size,
-                    dp_groups[static_cast<size_t>(t)]->rank(d), runs[static_cast<size_t>(d * tp_size + t)]);
-      });
-  for (auto& th : threads) th.join();
+  on_tp_by_dp(tp_size, dp_size, [&](mb::comm::Communicator& tp, mb::comm::Communicator& dp, size_t i) {
+    run_sharded(plugin_name, hp, global_batch, tp, tp_size, dp, runs[i]);
+  });
 
   for (int t = 0; t < tp_size; ++t) {  // each TP rank's pieces over DP: every element once
     int64_t pieces = 0;
@@ -379,20 +390,10 @@ TEST(DistributedOptimizer, HalfPrecisionRanksKeepOnlyTheirShardOfTheMasters) {
         threads.emplace_back([&, t] { run_half(plugin, hp, whole_tp.rank(t), tp_size, nullptr, whole[static_cast<size_t>(t)]); });
       for (auto& th : threads) th.join();
     }
-    std::vector<std::unique_ptr<mb::comm::ThreadGroup>> tp_groups, dp_groups;
-    for (int d = 0; d < dp_size; ++d) tp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(tp_size));
-    for (int t = 0; t < tp_size; ++t) dp_groups.push_back(std::make_unique<mb::comm::ThreadGroup>(dp_size));
     std::vector<HalfRun> runs(static_cast<size_t>(tp_size * dp_size));
-    {
-      std::vector<std::thread> threads;
-      for (int d = 0; d < dp_size; ++d)
-        for (int t = 0; t < tp_size; ++t)
-          threads.emplace_back([&, d, t] {
-            run_half(plugin, hp, tp_groups[static_cast<size_t>(d)]->rank(t), tp_size,
-                     &dp_groups[static_cast<size_t>(t)]->rank(d), runs[static_cast<size_t>(d * tp_size + t)]);
-          });
-      for (auto& th : threads) th.join();
-    }
+    on_tp_by_dp(tp_size, dp_size, [&](mb::comm::Communicator& tp, mb::comm::Communicator& dp, size_t i) {
+      run_half(plugin, hp, tp, tp_size, &dp, runs[i]);
+    });
     for (size_t k = 0; k < runs.size(); ++k) {
       SCOPED_TRACE("rank " + std::to_string(k));
       const HalfRun& r = runs[k];
