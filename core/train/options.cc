@@ -179,8 +179,7 @@ const config::Schema& train_schema() {
        "(default: log_interval; 0: off)", "logging"},
       {"log_noise_scale", Type::kBool, false,
        "estimate the gradient noise scale B_simple (needs >= 2 micro-batches per global batch)", "logging"},
-      {"noise_scale_ema", Type::kFloat, nullptr,
-       "moving-average decay a step of the noise-scale estimates (default 0.99)", "logging"},
+      {"noise_scale_ema", Type::kFloat, 0.99, "moving-average decay a step of the noise-scale estimates", "logging"},
       {"noise_scale_window", Type::kInt, nullptr,
        "instead of --noise-scale-ema, the moving averages' window in samples (decay exp(-global batch / window) a "
        "step): runs at different batch sizes then average over the same samples and compare at the same loss", "logging"},

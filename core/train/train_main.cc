@@ -323,11 +323,11 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
             opt.diagnostics_interval);
   opt.noise_scale = v["log_noise_scale"].get<bool>();
   for (const char* key : {"noise_scale_ema", "noise_scale_window"})
-    mb::check(opt.noise_scale || !v.contains(key), "--", mb::config::flag_name(key),
+    mb::check(opt.noise_scale || !r.given(key), "--", mb::config::flag_name(key),
               " averages the gradient noise scale, which only --log-noise-scale estimates; add it or drop the option");
-  mb::check(!v.contains("noise_scale_ema") || !v.contains("noise_scale_window"),
+  mb::check(!r.given("noise_scale_ema") || !r.given("noise_scale_window"),
             "--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set; give one");
-  if (v.contains("noise_scale_ema")) opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
+  opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
   if (v.contains("noise_scale_window")) opt.noise_scale_window = static_cast<double>(v["noise_scale_window"].get<int64_t>());
   if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
   opt.save_interval = v["save_interval"].get<int64_t>();
