@@ -412,10 +412,12 @@ std::string noise_scale_note(const Sweep& sweep) {
       batches.insert(c["global_batch_size"].get<int64_t>());
   }
   if (batches.size() < 2) return "";
+  const json& decay = train::train_schema().find("noise_scale_ema")->default_value;  // train's default
+  const int64_t steps = std::llround(1.0 / (1.0 - decay.get<double>()));  // the average's memory
   const std::string lo = std::to_string(*batches.begin()), hi = std::to_string(*batches.rbegin());
-  return "note: points at global batch " + lo + " to " + hi + " log the noise scale averaged by 0.99 a step (100 steps: " +
-         std::to_string(100 * *batches.begin()) + " samples at batch " + lo + ", " +
-         std::to_string(100 * *batches.rbegin()) + " at " + hi +
+  return "note: points at global batch " + lo + " to " + hi + " log the noise scale averaged by " + decay.dump() +
+         " a step (" + std::to_string(steps) + " steps: " + std::to_string(steps * *batches.begin()) +
+         " samples at batch " + lo + ", " + std::to_string(steps * *batches.rbegin()) + " at " + hi +
          "), so their B_simple at the same loss is not averaged alike; \"noise_scale_window\": " + hi +
          " in base (the largest batch) averages every point over the same samples";
 }

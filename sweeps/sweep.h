@@ -67,8 +67,8 @@ inline constexpr size_t kDefaultMaxPoints = 10000;
 Sweep load_sweep(const std::filesystem::path& file, size_t max_points = kDefaultMaxPoints);
 
 // Where points log the gradient noise scale at several global batch sizes and none says how
-// to average it (noise_scale_window or noise_scale_ema), a note for the console: the default
-// decay of 0.99 a step remembers 100 steps, so more samples at a larger batch, and B_simple
+// to average it (noise_scale_window or noise_scale_ema), a note for the console: train's
+// default decay a step (0.99) remembers 100 steps, so more samples at a larger batch, and B_simple
 // at the same loss is not averaged alike; "noise_scale_window" = the largest batch would.
 // Otherwise "".
 std::string noise_scale_note(const Sweep& sweep);
