@@ -17,8 +17,11 @@ Steps to a target are read from the logged training loss (every iteration is in
 metrics.h5), smoothed by a centred moving average over as many samples as the largest batch of the
 sweep (the same for every batch size, so each curve is about as noisy as the largest
 batch's; centred, so a smooth curve is not delayed), and interpolated
-linearly between the two iterations around the first crossing. Targets default to three
-losses every non-diverged point reaches; `--targets` sets them.
+linearly between the two iterations around the first crossing. S counts the updates made
+before that point: the loss logged at iteration k was measured on the weights of k - 1
+updates. A run that starts at or below a target has no measured S for it and is left
+out, and said. Targets default to three losses every non-diverged point reaches from
+above; `--targets` sets them.
 
 B_crit is set against the gradient noise scale B_simple = tr(Sigma) / |G|^2 that the runs
 logged (--log-noise-scale), read at the iteration where each point reached the target.
@@ -59,8 +62,9 @@ def smoothed(samples, loss, window_samples):
     return np.convolve(padded, kernel, mode="valid")
 
 
-def steps_to(iterations, values, target):
-    """Fractional iteration where `values` first reaches `target` (linear interpolation), or None."""
+def iteration_reaching(iterations, values, target):
+    """Fractional iteration where `values` first reaches `target` (linear interpolation), or
+    None; the first iteration where `values` starts at or below it."""
     below = np.nonzero(values <= target)[0]
     if len(below) == 0:
         return None
@@ -69,6 +73,14 @@ def steps_to(iterations, values, target):
         return float(iterations[0])
     x0, x1, y0, y1 = iterations[i - 1], iterations[i], values[i - 1], values[i]
     return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1)) if y0 != y1 else float(x1)
+
+
+def updates_before(iteration):
+    """Optimizer updates made before the train loss logged at `iteration` was measured. The
+    trainer, as Megatron's, logs iteration k's loss from its forward pass, on the weights
+    that k - 1 updates made (iteration 1's is the initial model's); the update follows. So a
+    run whose loss reaches the target at iteration k took k - 1 steps to get there."""
+    return iteration - 1.0
 
 
 def fit_hyperbola(batches, steps):
@@ -241,14 +253,18 @@ def analyze(points, targets=None, seed=0):
         rows = []
         for target in targets:
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
+            starts_below = 0  # runs at or below the target from their first logged loss on
             for c in cs:
-                s = steps_to(c["iteration"], c["smooth"], target)
-                if s is None:
+                at = iteration_reaching(c["iteration"], c["smooth"], target)
+                if at is None:
+                    continue
+                if at <= c["iteration"][0]:  # how few steps it took is not measured
+                    starts_below += 1
                     continue
                 key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
-                per_setting.setdefault(key, []).append(s)
-                pt = c["point"]
-                ns = noise_scale_centred(pt, s, window) if has_step_estimates(pt) else noise_scale_at(pt, s)
+                per_setting.setdefault(key, []).append(updates_before(at))
+                pt = c["point"]  # B_simple where the run is as it reaches the target: at the same iteration
+                ns = noise_scale_centred(pt, at, window) if has_step_estimates(pt) else noise_scale_at(pt, at)
                 if ns is not None:
                     b_simple.setdefault(key, []).append(ns)
             per_batch, chosen = {}, {}  # each batch size's fastest setting (tuned hyperparameters)
@@ -269,7 +285,7 @@ def analyze(points, targets=None, seed=0):
             fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None
             if fit is None:
                 row["fit"] = None
-                row["note"] = (f"too few points for a fit: {len(table)} batch size(s) reach loss {target} "
+                row["note"] = (f"too few points for a fit: {len(table)} batch size(s) reach loss {target} from above "
                                f"(needs {MIN_BATCH_SIZES})")
             else:
                 s_min, e_min = fit
@@ -281,6 +297,12 @@ def analyze(points, targets=None, seed=0):
                     row["b_crit_interval"] = [float(lo), float(hi)]
                     row["b_crit_bootstrap_median"] = float(mid)
                     row["bootstrap_valid"] = int(len(boot))
+            if starts_below:
+                row["starts_below"] = starts_below
+                row["note"] = "; ".join(x for x in (row.get("note"), (
+                    f"{starts_below} run(s) start at or below loss {target} (their first logged train loss, "
+                    "smoothed), so their steps to it are not measured and they are left out: choose a lower "
+                    "target")) if x)
             rows.append(row)
         result["optimizers"][opt] = rows
     return result

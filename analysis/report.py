@@ -104,7 +104,8 @@ def result_table(groups, analysis, other_keys, axes):
 def critical_section(analysis):
     parts = [f"<p>Method: {html.escape(analysis['method'])}. Targets are train losses "
              f"({', '.join(f'{t:.3f}' for t in analysis['targets'])}); S(B) is interpolated in each point's "
-             "smoothed train-loss curve; E = B S."
+             "smoothed train-loss curve and counts the optimizer updates made before it reaches the target "
+             "(the loss logged at iteration k is measured after k - 1 updates); E = B S."
              + (f" B_simple at the target: {html.escape(analysis['b_simple_smoothing'])}."
                 if analysis.get("b_simple_smoothing") else "") + "</p>"]
     rows = ["<tr><th>optimizer</th><th>target train loss</th><th>batch sizes reaching it</th><th>S_min</th>"

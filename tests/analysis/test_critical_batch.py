@@ -10,22 +10,25 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis"))
 import critical_batch as cb  # noqa: E402
 
-TAU = 40.0  # loss(u) = 3 + 7 exp(-u / TAU) in "ideal steps" u
+TAU = 40.0  # loss(u) = 3 + 7 exp(-u / TAU) after u "ideal steps"
 
 
-def ideal_steps(target):
-    return -TAU * math.log((target - 3.0) / 7.0)
+def ideal_steps(target, tau=TAU):
+    return -tau * math.log((target - 3.0) / 7.0)
 
 
 class FakePoint:
-    def __init__(self, optimizer, batch, b_crit, seed, noise, budget):
+    """A run as the trainer logs it: at iteration k the loss of its forward pass, on the
+    weights of k - 1 updates, each update worth 1 / (1 + B_crit / B) ideal steps."""
+
+    def __init__(self, optimizer, batch, b_crit, seed, noise, budget, tau=TAU):
         self.optimizer, self.batch, self.state = optimizer, batch, "done"
         self.config = {"optimizer": optimizer, "global_batch_size": batch, "seed": seed}  # as a Point's
         steps = int(budget / batch)
         it = np.arange(1, steps + 1, dtype=float)
-        u = it / (1.0 + b_crit / batch)
+        u = (it - 1.0) / (1.0 + b_crit / batch)
+        loss = 3.0 + 7.0 * np.exp(-u / tau)
         rng = np.random.default_rng(seed * 1000 + batch)
-        loss = 3.0 + 7.0 * np.exp(-u / TAU)
         loss = loss * (1.0 + noise * math.sqrt(8.0 / batch) * rng.standard_normal(len(it)))
         self._s = {"train/iteration": it, "train/lm_loss": loss, "train/consumed_samples": it * batch,
                    "noise_scale/iteration": it, "noise_scale/b_simple": np.full(len(it), b_crit * 1.5)}
@@ -34,8 +37,8 @@ class FakePoint:
         return np.asarray(self._s.get(name, []), dtype=float)
 
 
-def sweep(b_crit, batches, seeds=(1,), noise=0.0, budget=200000, optimizer="lamb"):
-    return [FakePoint(optimizer, B, b_crit, s, noise, budget) for B in batches for s in seeds]
+def sweep(b_crit, batches, seeds=(1,), noise=0.0, budget=200000, optimizer="lamb", tau=TAU):
+    return [FakePoint(optimizer, B, b_crit, s, noise, budget, tau) for B in batches for s in seeds]
 
 
 class CriticalBatch(unittest.TestCase):
@@ -184,10 +187,36 @@ class CriticalBatch(unittest.TestCase):
         self.assertIsNone(d["b_crit"])
         self.assertEqual(d["bound"], "above 32")
 
-    def test_steps_to_interpolates_the_first_crossing(self):
+    def test_the_first_crossing_is_interpolated(self):
         it = np.array([1.0, 2.0, 3.0, 4.0])
-        self.assertAlmostEqual(cb.steps_to(it, np.array([10.0, 8.0, 6.0, 7.0]), 7.0), 2.5)
-        self.assertIsNone(cb.steps_to(it, np.array([10.0, 9.0, 8.0, 7.5]), 7.0))
+        self.assertAlmostEqual(cb.iteration_reaching(it, np.array([10.0, 8.0, 6.0, 7.0]), 7.0), 2.5)
+        self.assertIsNone(cb.iteration_reaching(it, np.array([10.0, 9.0, 8.0, 7.5]), 7.0))
+        self.assertEqual(cb.updates_before(2.5), 1.5, "iteration 2.5's loss: after 1.5 updates")
+
+    def test_short_runs_count_the_updates_before_the_logged_loss(self):
+        # the default sweep's regime: the lowest target a few ideal steps in (S_min 5.8), 20
+        # steps at batch 128. Counting the iteration itself as the steps put S_min one step
+        # high (6.8) and B_crit 15% low (41 for 48).
+        tau, b_crit, target = 3.0, 48.0, 4.0
+        row = cb.analyze(sweep(b_crit, [8, 16, 32, 64, 128], budget=2560, tau=tau), [target])["optimizers"]["lamb"][0]
+        s_min = ideal_steps(target, tau)
+        self.assertAlmostEqual(row["fit"]["s_min"] / s_min, 1.0, delta=0.05, msg=row)
+        self.assertAlmostEqual(row["b_crit"] / b_crit, 1.0, delta=0.05, msg=row)
+        # batch 128 reaches it after s_min (1 + 48 / 128) updates, at iteration one more
+        self.assertAlmostEqual(row["points"][-1]["steps"], s_min * (1 + b_crit / 128), delta=0.05)
+        self.assertAlmostEqual(row["points"][-1]["samples"], 128 * row["points"][-1]["steps"])
+
+    def test_a_target_runs_start_below_is_left_out_and_said(self):
+        # every run starts at 10: a target of 12 is 'reached' before any update
+        res = cb.analyze(sweep(64.0, [8, 16, 32, 64]), [12.0, 4.0])
+        high, low = res["optimizers"]["lamb"]
+        self.assertIsNone(high["fit"])
+        self.assertEqual(high["starts_below"], 4)
+        self.assertIn("too few points for a fit: 0 batch size(s) reach loss 12.0 from above", high["note"])
+        self.assertIn("4 run(s) start at or below loss 12.0", high["note"])
+        self.assertIn("choose a lower target", cb.text_table(res))
+        self.assertNotIn("starts_below", low)
+        self.assertEqual(len(low["points"]), 4)
 
 
 if __name__ == "__main__":
