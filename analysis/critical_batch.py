@@ -47,7 +47,11 @@ MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
 
 
 def smoothed(samples, loss, window_samples):
-    """Centred moving average of `loss` over about `window_samples` samples."""
+    """Centred moving average of `loss` over about `window_samples` samples: w steps, as
+    many on either side of each one (an even w takes the two outermost steps at half weight,
+    so the average stays centred on the step instead of half a step before it, which would
+    delay the crossing of a falling curve by half a step). The ends are padded with the
+    first and last values."""
     loss = np.asarray(loss, dtype=float)
     if len(loss) < 3:
         return loss
@@ -57,8 +61,11 @@ def smoothed(samples, loss, window_samples):
     if w == 1:
         return loss
     half = w // 2
-    padded = np.concatenate([np.full(half, loss[0]), loss, np.full(w - 1 - half, loss[-1])])
-    kernel = np.ones(w) / w
+    kernel = np.ones(2 * half + 1)
+    if w % 2 == 0:
+        kernel[0] = kernel[-1] = 0.5
+    kernel /= kernel.sum()
+    padded = np.concatenate([np.full(half, loss[0]), loss, np.full(half, loss[-1])])
     return np.convolve(padded, kernel, mode="valid")
 
 

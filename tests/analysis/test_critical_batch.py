@@ -193,6 +193,19 @@ class CriticalBatch(unittest.TestCase):
         self.assertIsNone(cb.iteration_reaching(it, np.array([10.0, 9.0, 8.0, 7.5]), 7.0))
         self.assertEqual(cb.updates_before(2.5), 1.5, "iteration 2.5's loss: after 1.5 updates")
 
+    def test_the_smoothing_is_centred_on_each_step(self):
+        # a straight line comes back unchanged away from the ends, whether the window is an
+        # odd or an even number of steps (an even one of equal weights lagged half a step)
+        loss = 20.0 - 0.5 * np.arange(24)
+        for batch, window in ((64, 128), (32, 128), (16, 48), (8, 128)):  # 2, 4, 3, 16 steps
+            samples = batch * np.arange(1, 25, dtype=float)
+            w = window // batch
+            got = cb.smoothed(samples, loss, window)
+            inner = slice(w // 2, len(loss) - w // 2)
+            np.testing.assert_allclose(got[inner], loss[inner], atol=1e-12, err_msg=f"{w} steps")
+        np.testing.assert_allclose(cb.smoothed(64 * np.arange(1, 7.0), np.array([6.0, 5, 4, 3, 2, 1]), 128),
+                                   [5.75, 5, 4, 3, 2, 1.25])  # the ends padded with the first and last
+
     def test_short_runs_count_the_updates_before_the_logged_loss(self):
         # the default sweep's regime: the lowest target a few ideal steps in (S_min 5.8), 20
         # steps at batch 128. Counting the iteration itself as the steps put S_min one step
