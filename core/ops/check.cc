@@ -34,6 +34,16 @@ void expect_numel(const char* op, const char* name, const Tensor& t, size_t n) {
   check(!t.defined() || t.numel() == n, op, ": ", name, " must have ", n, " elements, got ", t.describe());
 }
 
+void expect_segments(const char* op, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
+  for (const auto& [b, e] : segments) check(b <= e && e <= x.numel(), op, ": segment [", b, ", ", e, ") outside ", x.describe());
+}
+
+void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev) {
+  expect_dtype(op, "prev", prev, DType::kF32);
+  expect_numel(op, "prev", prev, x.numel());
+  check(prev.raw() != x.raw(), op, ": prev and x are one buffer");
+}
+
 void expect_activation(const char* op, const char* name, const Tensor& t) {
   expect_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16, DType::kF64});
 }

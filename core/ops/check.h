@@ -3,6 +3,7 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/device/dispatch.h"
@@ -23,6 +24,10 @@ void expect_dtype(const char* op, const char* name, const Tensor& t, std::initia
 void expect_numel(const char* op, const char* name, const Tensor& t, size_t n);
 void expect_activation(const char* op, const char* name, const Tensor& t);  // f32, bf16, f16 or f64
 void expect_same(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b);  // dtype and numel
+// Element ranges [begin, end) of the flat x, each within it.
+void expect_segments(const char* op, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments);
+// The growth base `prev` of a flat f32 x: f32, as long as x, and not x itself.
+void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev);
 
 // Rows (all leading dimensions) and columns (the last dimension).
 int64_t rows(const Tensor& t);

@@ -30,10 +30,22 @@ void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std
   expect_dtype("split_sum_squares", "x", x, DType::kF32);
   expect_dtype("split_sum_squares", "out", out, DType::kF64);
   expect_numel("split_sum_squares", "out", out, 2);
-  for (const auto* list : {&sharded, &replicated})
-    for (const auto& [b, e] : *list)
-      check(b <= e && e <= x.numel(), "split_sum_squares: segment [", b, ", ", e, ") outside ", x.describe());
+  expect_segments("split_sum_squares", x, sharded);
+  expect_segments("split_sum_squares", x, replicated);
   MB_OP_DISPATCH(d, split_sum_squares, out, x, sharded, replicated);
+}
+
+void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                 const std::vector<std::pair<size_t, size_t>>& sharded,
+                                 const std::vector<std::pair<size_t, size_t>>& replicated) {
+  const Device d = common_device("split_sum_squares_of_growth", {&out, &x, &prev});
+  expect_dtype("split_sum_squares_of_growth", "x", x, DType::kF32);
+  expect_growth_base("split_sum_squares_of_growth", x, prev);
+  expect_dtype("split_sum_squares_of_growth", "out", out, DType::kF64);
+  expect_numel("split_sum_squares_of_growth", "out", out, 2);
+  expect_segments("split_sum_squares_of_growth", x, sharded);
+  expect_segments("split_sum_squares_of_growth", x, replicated);
+  MB_OP_DISPATCH(d, split_sum_squares_of_growth, out, x, prev, sharded, replicated);
 }
 
 void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {

@@ -26,6 +26,13 @@ void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const opt
 void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
                        const std::vector<std::pair<size_t, size_t>>& replicated);
 
+// As split_sum_squares, of x - prev, then prev = x within the segments, in one pass
+// (segment_sum_squares_of_growth): a micro-batch's own gradient norm as the growth of the
+// accumulated gradients x since prev was taken, without a copy of the difference.
+void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                 const std::vector<std::pair<size_t, size_t>>& sharded,
+                                 const std::vector<std::pair<size_t, size_t>>& replicated);
+
 // From out f64 (2) of split_sum_squares (already reduced over the group), norm f64 (3) =
 // (global norm, clip coefficient, norm after clipping) with Megatron's coefficient
 // max_norm / (norm + 1e-6) when it is below 1 (max_norm 0: no clipping, coefficient 1).

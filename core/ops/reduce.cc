@@ -27,9 +27,19 @@ void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<s
   expect_dtype("segment_sum_squares", "x", x, DType::kF32);
   expect_dtype("segment_sum_squares", "out", out, DType::kF64);
   expect_numel("segment_sum_squares", "out", out, segments.size());
-  for (const auto& [b, e] : segments)
-    check(b <= e && e <= x.numel(), "segment_sum_squares: segment [", b, ", ", e, ") outside ", x.describe());
+  expect_segments("segment_sum_squares", x, segments);
   MB_OP_DISPATCH(d, segment_sum_squares, out, x, segments);
+}
+
+void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                   const std::vector<std::pair<size_t, size_t>>& segments) {
+  const Device d = common_device("segment_sum_squares_of_growth", {&out, &x, &prev});
+  expect_dtype("segment_sum_squares_of_growth", "x", x, DType::kF32);
+  expect_growth_base("segment_sum_squares_of_growth", x, prev);
+  expect_dtype("segment_sum_squares_of_growth", "out", out, DType::kF64);
+  expect_numel("segment_sum_squares_of_growth", "out", out, segments.size());
+  expect_segments("segment_sum_squares_of_growth", x, segments);
+  MB_OP_DISPATCH(d, segment_sum_squares_of_growth, out, x, prev, segments);
 }
 
 }  // namespace megabatch::ops

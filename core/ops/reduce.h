@@ -23,4 +23,11 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
 // a flat f32 buffer (the gradients), segments its parameters.
 void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments);
 
+// As segment_sum_squares, of x - prev (what x has grown by since prev was taken), then
+// prev = x within the segments, in one pass (prev: f32 as x; outside the segments
+// untouched). The elements' differences are rounded to f32 as x - prev would be, and
+// summed in the order segment_sum_squares sums.
+void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                   const std::vector<std::pair<size_t, size_t>>& segments);
+
 }  // namespace megabatch::ops

@@ -15,10 +15,8 @@
 #include <utility>
 
 #include "core/comm/collectives.h"
-#include "core/ops/elementwise.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
-#include "core/ops/residual.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -249,7 +247,9 @@ void Trainer::forward_backward() {
   const int64_t micro_batches = local * D;                                    // in the whole global batch
   // The noise scale's small-batch term: the mean over micro-batches of |gradient of one
   // micro-batch|^2, each read as the accumulated gradient's growth over its forward and
-  // backward passes (the training gradients untouched). Under data parallelism the last micro-batch of a
+  // backward passes (the training gradients untouched): noise_before_ holds the sum of the
+  // micro-batches before, taken after the last one's backward pass (the LM head adds its
+  // weight gradient during the forward pass, so the forward counts). Under data parallelism the last micro-batch of a
   // rank is left out where it is not the only one: its buckets may start reducing during
   // its backward pass.
   auto measured = [&](int64_t k) { return opt_.noise_scale && (k == 0 || !buckets_ || k < local - 1); };
@@ -262,9 +262,6 @@ void Trainer::forward_backward() {
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     StepContext ctx{opt_.seed, iteration_, m, true};
     if (fp16()) ctx.loss_scale = scaler_.flat(0, 1);
-    // the sum of the micro-batches before (taken before the forward pass: the LM head adds
-    // its weight gradient there, with the loss)
-    if (k > 0 && measured(k)) copy(noise_before_, P.grads());
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
     // the last micro-batch: buckets may start during its backward pass
     if (buckets_ && k == local - 1 && !measured(k)) buckets_->arm();
@@ -278,11 +275,12 @@ void Trainer::forward_backward() {
     for (double& x : w) x /= static_cast<double>(micro_batches);
     ops::weighted_accumulate(step_.flat(0, w.size()), out.sums, w);
     if (measured(k)) {  // this micro-batch's gradient alone (scaled by 1 / micro_batches)
-      if (k > 0) {  // noise_before_ = gradients now - gradients before
-        ops::scale(noise_before_, -1.0f);
-        ops::residual_backward(noise_before_, Tensor(), P.grads());
+      if (k == 0) {  // the gradients grew from zero
+        ops::split_sum_squares(noise_sums_, P.grads(), sharded_, replicated_);
+        if (k + 1 < local && measured(k + 1)) copy(noise_before_, P.grads());
+      } else {  // |gradients now - noise_before_|^2, and noise_before_ = gradients now, in one pass
+        ops::split_sum_squares_of_growth(noise_sums_, P.grads(), noise_before_, sharded_, replicated_);
       }
-      ops::split_sum_squares(noise_sums_, k > 0 ? noise_before_ : P.grads(), sharded_, replicated_);
       const double mean = 1.0 / static_cast<double>(n_measured * D);  // summed over the DP group later
       ops::weighted_accumulate(step_.flat(loss_slots() + kSmallSharded, 2), noise_sums_, {mean, mean});
     }

@@ -17,6 +17,7 @@
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
 #include "core/ops/gather.h"
+#include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
@@ -355,6 +356,39 @@ TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {
   }
   out.ref = ref;
   h.expect_close(out, 0, "segment sums of squares", 1.0);
+  // of what g grew by since `before` (a micro-batch's gradient in the accumulated ones), in
+  // one pass that also sets `before` to g: within the segments, and nothing outside them
+  const Pair before = h.input({200000}, 0.01, DType::kF32);
+  const auto bv = mb::to_host_f64(before.dev);
+  Pair grown = h.output({4}, DType::kF64), split = h.output({2}, DType::kF64);
+  ops::segment_sum_squares_of_growth(grown.dev, g.dev, before.dev, segs);
+  mb::Tensor grown_ref({4}, DType::kF64);
+  for (size_t k = 0; k < segs.size(); ++k) {
+    double acc = 0;
+    for (size_t i = segs[k].first; i < segs[k].second; ++i) acc += (gv[i] - bv[i]) * (gv[i] - bv[i]);
+    grown_ref.data<double>()[k] = acc;
+  }
+  grown.ref = grown_ref;
+  h.expect_close(grown, 1, "segment sums of squares of growth", 2.0);  // g - before rounded to f32
+  const auto after = mb::to_host_f64(before.dev);
+  size_t wrong = 0, i = 0;
+  for (size_t k = 0; k <= segs.size(); ++k) {  // the gap before segment k, then segment k
+    for (; i < (k < segs.size() ? segs[k].first : after.size()); ++i) wrong += after[i] != bv[i];
+    for (; k < segs.size() && i < segs[k].second; ++i) wrong += after[i] != gv[i];
+  }
+  EXPECT_EQ(wrong, 0u) << "before = g within the segments, untouched outside them";
+  EXPECT_THROW(ops::segment_sum_squares_of_growth(grown.dev, g.dev, g.dev, segs), std::exception) << "prev is x";
+  // split in two as the trainer splits a gradient norm (TP-sharded, replicated): nothing
+  // grew since `before` became g; then g's own squares
+  ops::split_sum_squares_of_growth(split.dev, g.dev, before.dev, {segs[2]}, {segs[0], segs[3]});
+  EXPECT_EQ(mb::to_host_f64(split.dev), (std::vector<double>{0.0, 0.0}));
+  ops::scale(before.dev, 0.0f);
+  ops::split_sum_squares_of_growth(split.dev, g.dev, before.dev, {segs[2]}, {segs[0], segs[3]});
+  mb::Tensor split_ref({2}, DType::kF64);
+  split_ref.data<double>()[0] = ref.data<double>()[2];
+  split_ref.data<double>()[1] = ref.data<double>()[0] + ref.data<double>()[3];
+  split.ref = split_ref;
+  h.expect_close(split, 0, "split sums of squares of growth from zero", 1.0);
 }
 
 INSTANTIATE_TEST_SUITE_P(MB_TEST_DEVICE_NAME, OnDevice, ::testing::Values(DType::kF32, DType::kBF16, DType::kF16), dtype_param_name);

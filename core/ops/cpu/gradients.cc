@@ -30,17 +30,36 @@ void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const opt
   s[2] = st.hysteresis_tracker;
 }
 
-void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
-                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+namespace {
+
+// out[0], out[1] = the totals of segment_sums (f64 (S) per segment) over the sharded and
+// the replicated segments, each added in parameter order.
+template <typename SegmentSums>
+void split_totals(const Tensor& out, const std::vector<std::pair<size_t, size_t>>& sharded,
+                  const std::vector<std::pair<size_t, size_t>>& replicated, SegmentSums segment_sums) {
   double* o = out.data<double>();
   for (int part = 0; part < 2; ++part) {
     const auto& segs = part == 0 ? sharded : replicated;
     Tensor per({static_cast<int64_t>(std::max<size_t>(segs.size(), 1))}, DType::kF64);
-    cpu::segment_sum_squares(per.flat(0, segs.size()), x, segs);
+    segment_sums(per.flat(0, segs.size()), segs);
     double total = 0;
-    for (size_t s = 0; s < segs.size(); ++s) total += per.data<double>()[s];  // in parameter order
+    for (size_t s = 0; s < segs.size(); ++s) total += per.data<double>()[s];
     o[part] = total;
   }
+}
+
+}  // namespace
+
+void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
+                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+  split_totals(out, sharded, replicated, [&](const Tensor& per, const auto& segs) { segment_sum_squares(per, x, segs); });
+}
+
+void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                 const std::vector<std::pair<size_t, size_t>>& sharded,
+                                 const std::vector<std::pair<size_t, size_t>>& replicated) {
+  split_totals(out, sharded, replicated,
+               [&](const Tensor& per, const auto& segs) { segment_sum_squares_of_growth(per, x, prev, segs); });
 }
 
 void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {

@@ -30,9 +30,12 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
   }
 }
 
-void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
-  // Fixed chunks of each segment, summed into per-chunk partials that are added in order:
-  // the result does not depend on the thread count.
+namespace {
+
+// out[s] = the sum over segment s of chunk_sum(begin, end) over fixed chunks of it, the
+// chunks' partials added in order: the result does not depend on the thread count.
+template <typename ChunkSum>
+void segment_sums(const Tensor& out, const std::vector<std::pair<size_t, size_t>>& segments, ChunkSum chunk_sum) {
   constexpr int64_t kChunk = 16384;
   struct Piece {
     size_t segment;
@@ -42,19 +45,41 @@ void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<s
   for (size_t s = 0; s < segments.size(); ++s)
     for (int64_t b = static_cast<int64_t>(segments[s].first); b < static_cast<int64_t>(segments[s].second); b += kChunk)
       pieces.push_back({s, b, std::min<int64_t>(b + kChunk, static_cast<int64_t>(segments[s].second))});
-  const float* g = x.data<float>();
   std::vector<double> partial(pieces.size());
   const int64_t count = static_cast<int64_t>(pieces.size());
 #pragma omp parallel for schedule(static) if (count > 1)
-  for (int64_t p = 0; p < count; ++p) {
-    double acc = 0;
-#pragma omp simd reduction(+ : acc)
-    for (int64_t j = pieces[p].begin; j < pieces[p].end; ++j) acc += static_cast<double>(g[j]) * g[j];
-    partial[p] = acc;
-  }
+  for (int64_t p = 0; p < count; ++p) partial[p] = chunk_sum(pieces[p].begin, pieces[p].end);
   double* o = out.data<double>();
   for (size_t s = 0; s < segments.size(); ++s) o[s] = 0;
   for (size_t p = 0; p < pieces.size(); ++p) o[pieces[p].segment] += partial[p];
+}
+
+}  // namespace
+
+void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
+  const float* g = x.data<float>();
+  segment_sums(out, segments, [g](int64_t begin, int64_t end) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = begin; j < end; ++j) acc += static_cast<double>(g[j]) * g[j];
+    return acc;
+  });
+}
+
+void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                   const std::vector<std::pair<size_t, size_t>>& segments) {
+  const float* g = x.data<float>();
+  float* before = prev.data<float>();
+  segment_sums(out, segments, [g, before](int64_t begin, int64_t end) {
+    double acc = 0;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t j = begin; j < end; ++j) {
+      const float d = g[j] - before[j];
+      acc += static_cast<double>(d) * d;
+      before[j] = g[j];
+    }
+    return acc;
+  });
 }
 
 }  // namespace megabatch::ops::cpu

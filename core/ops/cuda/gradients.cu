@@ -81,15 +81,34 @@ void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const opt
   MB_CUDA_LAUNCHED("scaler_kernel");
 }
 
-void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
-                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+namespace {
+
+// out[0], out[1] = the totals over the sharded and the replicated segments of what
+// segment_sums(per, segments) gives per segment (f64 (S)), each added in parameter order
+template <typename SegmentSums>
+void split_totals(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
+                  const std::vector<std::pair<size_t, size_t>>& replicated, SegmentSums segment_sums) {
   std::vector<std::pair<size_t, size_t>> all = sharded;
   all.insert(all.end(), replicated.begin(), replicated.end());
   Tensor per({static_cast<int64_t>(std::max<size_t>(all.size(), 1))}, DType::kF64, x.device());
-  segment_sum_squares(per.flat(0, all.size()), x, all);
+  segment_sums(per.flat(0, all.size()), all);
   add_segments_kernel<<<1, 1, 0, stream_of(x)>>>(ptr<double>(out), ptr<double>(per),
                                                   static_cast<int64_t>(sharded.size()), static_cast<int64_t>(all.size()));
   MB_CUDA_LAUNCHED("add_segments_kernel");
+}
+
+}  // namespace
+
+void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
+                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+  split_totals(out, x, sharded, replicated, [&](const Tensor& per, const auto& all) { segment_sum_squares(per, x, all); });
+}
+
+void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                 const std::vector<std::pair<size_t, size_t>>& sharded,
+                                 const std::vector<std::pair<size_t, size_t>>& replicated) {
+  split_totals(out, x, sharded, replicated,
+               [&](const Tensor& per, const auto& all) { segment_sum_squares_of_growth(per, x, prev, all); });
 }
 
 void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {

@@ -30,12 +30,21 @@ __global__ void weighted_accumulate_kernel(O* out, const float* x, Weights w, in
   if (k < n) out[k] = static_cast<O>(static_cast<double>(out[k]) + w.w[k] * static_cast<double>(x[k]));
 }
 
-// partial[p] = sum of x[begin_p, end_p)^2
-__global__ void square_partials_kernel(double* partial, const float* x, const int64_t* begin, const int64_t* end) {
+// partial[p] = sum of x[begin_p, end_p)^2; with prev, of (x - prev)^2, and prev = x there
+__global__ void square_partials_kernel(double* partial, const float* x, float* prev, const int64_t* begin,
+                                       const int64_t* end) {
   __shared__ double scratch[32];
   const int64_t p = blockIdx.x;
   double s = 0;
-  for (int64_t i = begin[p] + threadIdx.x; i < end[p]; i += blockDim.x) s += static_cast<double>(x[i]) * x[i];
+  for (int64_t i = begin[p] + threadIdx.x; i < end[p]; i += blockDim.x) {
+    float v = x[i];
+    if (prev) {
+      const float d = v - prev[i];
+      prev[i] = v;
+      v = d;
+    }
+    s += static_cast<double>(v) * v;
+  }
   s = block_sum(s, scratch);
   if (threadIdx.x == 0) partial[p] = s;
 }
@@ -47,6 +56,38 @@ __global__ void segment_totals_kernel(double* out, const double* partial, const 
   double t = 0;
   for (int64_t p = first[s]; p < first[s + 1]; ++p) t += partial[p];
   out[s] = t;
+}
+
+// out[s] = the sum over segment s of x^2 or, with prev, of (x - prev)^2 (then prev = x)
+void sum_squares_over(const Tensor& out, const Tensor& x, float* prev, const std::vector<std::pair<size_t, size_t>>& segments) {
+  std::vector<int64_t> begin, end, first{0};
+  for (const auto& [b, e] : segments) {
+    for (int64_t p = static_cast<int64_t>(b); p < static_cast<int64_t>(e); p += kPiece) {
+      begin.push_back(p);
+      end.push_back(std::min<int64_t>(p + kPiece, static_cast<int64_t>(e)));
+    }
+    first.push_back(static_cast<int64_t>(begin.size()));
+  }
+  const Device dev = x.device();
+  const cudaStream_t s = stream_of(x);
+  const int64_t pieces = static_cast<int64_t>(begin.size());
+  Tensor partial({std::max<int64_t>(pieces, 1)}, DType::kF64, dev);
+  Tensor bt({std::max<int64_t>(pieces, 1)}, DType::kF64, dev), et(bt.shape(), DType::kF64, dev),
+      ft({static_cast<int64_t>(first.size())}, DType::kF64, dev);  // int64 payloads in 8-byte tensors
+  if (pieces > 0) {
+    runtime::copy_bytes(bt.raw(), dev, begin.data(), Device::cpu(), begin.size() * 8);
+    runtime::copy_bytes(et.raw(), dev, end.data(), Device::cpu(), end.size() * 8);
+    square_partials_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, s>>>(
+        ptr<double>(partial), ptr<float>(x), prev, static_cast<const int64_t*>(bt.raw()),
+        static_cast<const int64_t*>(et.raw()));
+    MB_CUDA_LAUNCHED("square_partials_kernel");
+  }
+  runtime::copy_bytes(ft.raw(), dev, first.data(), Device::cpu(), first.size() * 8);
+  const int64_t S = static_cast<int64_t>(segments.size());
+  if (S == 0) return;
+  segment_totals_kernel<<<blocks_for(S, 128), 128, 0, s>>>(ptr<double>(out), ptr<double>(partial),
+                                                           static_cast<const int64_t*>(ft.raw()), S);
+  MB_CUDA_LAUNCHED("segment_totals_kernel");
 }
 
 }  // namespace
@@ -74,33 +115,12 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
 }
 
 void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
-  std::vector<int64_t> begin, end, first{0};
-  for (const auto& [b, e] : segments) {
-    for (int64_t p = static_cast<int64_t>(b); p < static_cast<int64_t>(e); p += kPiece) {
-      begin.push_back(p);
-      end.push_back(std::min<int64_t>(p + kPiece, static_cast<int64_t>(e)));
-    }
-    first.push_back(static_cast<int64_t>(begin.size()));
-  }
-  const Device dev = x.device();
-  const cudaStream_t s = stream_of(x);
-  const int64_t pieces = static_cast<int64_t>(begin.size());
-  Tensor partial({std::max<int64_t>(pieces, 1)}, DType::kF64, dev);
-  Tensor bt({std::max<int64_t>(pieces, 1)}, DType::kF64, dev), et(bt.shape(), DType::kF64, dev),
-      ft({static_cast<int64_t>(first.size())}, DType::kF64, dev);  // int64 payloads in 8-byte tensors
-  if (pieces > 0) {
-    runtime::copy_bytes(bt.raw(), dev, begin.data(), Device::cpu(), begin.size() * 8);
-    runtime::copy_bytes(et.raw(), dev, end.data(), Device::cpu(), end.size() * 8);
-    square_partials_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, s>>>(
-        ptr<double>(partial), ptr<float>(x), static_cast<const int64_t*>(bt.raw()), static_cast<const int64_t*>(et.raw()));
-    MB_CUDA_LAUNCHED("square_partials_kernel");
-  }
-  runtime::copy_bytes(ft.raw(), dev, first.data(), Device::cpu(), first.size() * 8);
-  const int64_t S = static_cast<int64_t>(segments.size());
-  if (S == 0) return;
-  segment_totals_kernel<<<blocks_for(S, 128), 128, 0, s>>>(ptr<double>(out), ptr<double>(partial),
-                                                           static_cast<const int64_t*>(ft.raw()), S);
-  MB_CUDA_LAUNCHED("segment_totals_kernel");
+  sum_squares_over(out, x, nullptr, segments);
+}
+
+void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
+                                   const std::vector<std::pair<size_t, size_t>>& segments) {
+  sum_squares_over(out, x, ptr<float>(prev), segments);
 }
 
 }  // namespace megabatch::ops::cuda
