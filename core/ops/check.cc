@@ -35,7 +35,8 @@ void expect_numel(const char* op, const char* name, const Tensor& t, size_t n) {
 }
 
 void expect_segments(const char* op, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
-  for (const auto& [b, e] : segments) check(b <= e && e <= x.numel(), op, ": segment [", b, ", ", e, ") outside ", x.describe());
+  for (const auto& [b, e] : segments)
+    check(b <= e && e <= x.numel(), op, ": segment [", b, ", ", e, ") outside ", x.describe());
 }
 
 void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev) {

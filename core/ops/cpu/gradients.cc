@@ -52,14 +52,15 @@ void split_totals(const Tensor& out, const std::vector<std::pair<size_t, size_t>
 
 void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
                        const std::vector<std::pair<size_t, size_t>>& replicated) {
-  split_totals(out, sharded, replicated, [&](const Tensor& per, const auto& segs) { segment_sum_squares(per, x, segs); });
+  split_totals(out, sharded, replicated,
+               [&](const Tensor& per, const auto& segs) { cpu::segment_sum_squares(per, x, segs); });
 }
 
 void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
                                  const std::vector<std::pair<size_t, size_t>>& sharded,
                                  const std::vector<std::pair<size_t, size_t>>& replicated) {
   split_totals(out, sharded, replicated,
-               [&](const Tensor& per, const auto& segs) { segment_sum_squares_of_growth(per, x, prev, segs); });
+               [&](const Tensor& per, const auto& segs) { cpu::segment_sum_squares_of_growth(per, x, prev, segs); });
 }
 
 void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {

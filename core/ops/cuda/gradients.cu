@@ -101,7 +101,8 @@ void split_totals(const Tensor& out, const Tensor& x, const std::vector<std::pai
 
 void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
                        const std::vector<std::pair<size_t, size_t>>& replicated) {
-  split_totals(out, x, sharded, replicated, [&](const Tensor& per, const auto& all) { segment_sum_squares(per, x, all); });
+  split_totals(out, x, sharded, replicated,
+               [&](const Tensor& per, const auto& all) { segment_sum_squares(per, x, all); });
 }
 
 void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,

@@ -59,7 +59,8 @@ __global__ void segment_totals_kernel(double* out, const double* partial, const 
 }
 
 // out[s] = the sum over segment s of x^2 or, with prev, of (x - prev)^2 (then prev = x)
-void sum_squares_over(const Tensor& out, const Tensor& x, float* prev, const std::vector<std::pair<size_t, size_t>>& segments) {
+void sum_squares_over(const Tensor& out, const Tensor& x, float* prev,
+                      const std::vector<std::pair<size_t, size_t>>& segments) {
   std::vector<int64_t> begin, end, first{0};
   for (const auto& [b, e] : segments) {
     for (int64_t p = static_cast<int64_t>(b); p < static_cast<int64_t>(e); p += kPiece) {
