@@ -1,6 +1,8 @@
 // What `sweep run` keeps on disk, and how the sweep tool reads it back:
 //
 //   runs/<name>/sweep.json          the expanded sweep and each point's state
+//   runs/<name>/.megabatch.lock     held by the running `sweep run` (core/util/dir_lock.h);
+//                                   <id>/ and <id>/checkpoints/ have train's
 //   runs/<name>/<id>/.megabatch-point   the mark: the sweep tool made this directory
 //   runs/<name>/<id>/point.json     the point's train configuration (its input)
 //   runs/<name>/<id>/config.json    train's resolved configuration

@@ -13,9 +13,11 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <thread>
 
 #include "core/train/exit_status.h"
+#include "core/util/dir_lock.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
@@ -480,7 +482,18 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   // every point runs `train --threads N`, which refuses more threads than this machine's CPUs
   if (o.threads) check_thread_count(o.threads, "--threads");
   else if (sweep.threads) check_thread_count(sweep.threads, sweep.file.string() + ": threads");
+  // One sweep run per directory: started again while it runs, it is refused, naming the first.
+  std::optional<DirLock> lock;
+  auto take_lock = [&] {
+    if (o.dry_run || lock) return;
+    lock.emplace(root, "sweep run",
+                 "a second sweep run would run the same points into the same directories; follow this one with "
+                 "`sweep status " + root.string() + "`, or stop it (Ctrl-C stops its points at a checkpoint) and run "
+                 "the sweep again to resume");
+  };
+  if (fs::exists(root)) take_lock();  // it may be running: locked before its state is read
   std::vector<PointState> ps = point_states(sweep, o, root);
+  take_lock();  // a new sweep's directory is made once its points are valid
   discard_rerun_points(ps, root, o.dry_run);
   if (const std::string note = noise_scale_note(sweep); !note.empty()) std::cout << "> " << note << std::endl;
   if (o.dry_run) return dry_run(sweep, o, root, ps);

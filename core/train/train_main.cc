@@ -25,6 +25,7 @@
 #include "core/optim/schedule.h"
 #include "core/train/options.h"
 #include "core/train/trainer.h"
+#include "core/util/dir_lock.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
@@ -580,7 +581,19 @@ int run(int argc, char** argv) {
   resolved["device"] = device.str();
   resolved["params_dtype"] = mb::dtype_name(dtype);
   check_ranks_agree(parallel, resolved);
-  if (logger) std::filesystem::create_directories(run_dir);
+  // One run per directory: a second train given the same --run-dir or --save while this one
+  // runs is refused, naming this one (held until the end of run(), however it ends).
+  std::optional<mb::DirLock> run_lock, save_lock;
+  if (logger) {
+    run_lock.emplace(run_dir, "train",
+                     "two runs writing one directory would mix their logs and metrics; wait for it to end, or give "
+                     "this run another --run-dir");
+    std::error_code ec;
+    if (!opt.save_dir.empty() && !std::filesystem::equivalent(opt.save_dir, run_dir, ec))
+      save_lock.emplace(opt.save_dir, "train",
+                        "two runs saving into one directory would overwrite each other's checkpoints and resume "
+                        "from the other's; wait for it to end, or give this run another --save");
+  }
   if (logger) std::filesystem::remove(run_dir / "DIVERGED");  // this attempt decides afresh
   if (logger) mb::write_file_atomic(run_dir / "config.json", resolved.dump(2) + "\n");
   if (logger && !opt.save_dir.empty()) mb::io::remove_unfinished_checkpoints(opt.save_dir);

@@ -108,7 +108,8 @@ TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(tmp / "c")) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"iter_0000005.h5", "iter_0000006.h5", "latest_checkpointed_iteration.txt"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".megabatch.lock", "iter_0000005.h5", "iter_0000006.h5",
+                                            "latest_checkpointed_iteration.txt"}));  // the lock: one run at a time
 }
 
 TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {

@@ -140,3 +140,40 @@ TEST(Durability, UnfinishedCheckpointFilesGoAtTheNextStartAndNothingElseDoes) {
   EXPECT_EQ(mb::testing::read_text(tmp / "elsewhere" / "iter_0000006.h5.tmp"), "precious");
   EXPECT_TRUE(fs::exists(ckpt / "iter_0000002.h5"));
 }
+
+// One run per directory: while a run goes on, a second train given its --run-dir, or only its
+// --save, is refused naming it and writes nothing; killed with -9, the run leaves no lock
+// behind, and the next run into the same directories starts.
+TEST(Durability, ASecondRunIntoARunningRunsDirectoriesIsRefusedAndAKilledRunLeavesNoLock) {
+  mb::testing::TempDir tmp;
+  const fs::path run = tmp / "run", ckpt = tmp / "ckpt", log = tmp / "log";
+  auto r = mb::testing::run_command(train(run, ckpt, "--train-iters 1000000 --save-interval 2") + " > " + log.string() +
+                                    " 2>&1 & pid=$!; echo pid=$pid; until [ $(grep -c '] iteration' " + log.string() +
+                                    ") -ge 3 ] || ! kill -0 $pid; do sleep 0.02; done; kill -0 $pid && echo running");
+  ASSERT_NE(r.output.find("running"), std::string::npos) << r.output << mb::testing::read_text(log);
+  const std::string pid = r.output.substr(4, r.output.find('\n') - 4);
+  auto kill_first = [&] {
+    mb::testing::run_command("kill -9 " + pid + "; while [ -e /proc/" + pid + " ] && [ \"$(cut -d' ' -f3 /proc/" + pid +
+                             "/stat)\" != Z ]; do sleep 0.02; done");
+  };
+  const std::string holder = " is in use by train (pid " + pid + " on host ";
+  const std::string config = mb::testing::read_text(run / "config.json");
+  ASSERT_NE(config.find("\"train_iters\": 1000000"), std::string::npos) << config;
+
+  const auto same_dirs = mb::testing::run_command(train(run, ckpt, "--train-iters 2") + " 2>&1");
+  EXPECT_NE(same_dirs.exit_code, 0) << same_dirs.output;
+  EXPECT_NE(same_dirs.output.find(run.string() + holder), std::string::npos) << same_dirs.output;
+  EXPECT_NE(same_dirs.output.find("give this run another --run-dir"), std::string::npos) << same_dirs.output;
+
+  const auto same_save = mb::testing::run_command(train(tmp / "other", ckpt, "--train-iters 2") + " 2>&1");
+  EXPECT_NE(same_save.exit_code, 0) << same_save.output;
+  EXPECT_NE(same_save.output.find(ckpt.string() + holder), std::string::npos) << same_save.output;
+  EXPECT_NE(same_save.output.find("give this run another --save"), std::string::npos) << same_save.output;
+  EXPECT_FALSE(fs::exists(tmp / "other" / "config.json")) << "the refused run wrote nothing";
+
+  EXPECT_EQ(mb::testing::read_text(run / "config.json"), config) << "the refused run left the first's configuration";
+  kill_first();
+  EXPECT_EQ(check_metrics(run / "metrics.h5").rfind("ok ", 0), 0u) << "the first run's metrics are its own";
+  r = mb::testing::run_command(train(run, ckpt, "--train-iters 2") + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << "the killed run left a lock behind: " << r.output;
+}

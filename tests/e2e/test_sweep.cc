@@ -204,6 +204,46 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
   }
 }
 
+// One sweep run per sweep directory: while a sweep runs, running it again (even for other
+// points) is refused naming the first, and touches nothing; --dry-run still lists. The lock
+// goes with the first sweep.
+TEST_F(Sweep, ASecondSweepRunOfARunningSweepIsRefusedNamingIt) {
+  mb::testing::TempDir tmp;
+  const fs::path file = tmp / "long.json", runs = tmp / "runs", dir = runs / "long";
+  mb::testing::write_text(file, R"({"name": "long",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
+           "global_batch_size": 2, "train_iters": 1000000, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
+           "save_interval": 1000000, "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+  "grid": {"optimizer": ["adamw", "lamb"]}, "threads": 1, "jobs": 1})");
+  const std::string log = (dir / "adamw" / "stdout.log").string();
+  auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only adamw") +
+                                    " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; echo pid=$pid; "
+                                    "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log +
+                                    " 2>/dev/null && break; sleep 0.05; done; kill -0 $pid && echo running");
+  ASSERT_NE(r.output.find("running"), std::string::npos) << r.output << mb::testing::read_text(tmp / "first.log");
+  const std::string pid = r.output.substr(4, r.output.find('\n') - 4);
+  const std::string state = mb::testing::read_text(dir / "sweep.json");
+  const std::string lock_free = "flock -n " + (dir / ".megabatch.lock").string() + " -c 'echo free'";
+
+  // (not refused, it would run its point for good: stopped after 30 s to fail, not hang)
+  const auto second = mb::testing::run_command("timeout -s INT 30 " + sweep("run " + file.string() + " --runs-dir " +
+                                                                              runs.string() + " --only lamb"));
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("sweep: error: " + dir.string() + " is in use by sweep run (pid " + pid + " on host "),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(second.output.find("follow this one with `sweep status " + dir.string() + "`"), std::string::npos)
+      << second.output;
+  EXPECT_FALSE(fs::exists(dir / "lamb")) << "the refused sweep started nothing";
+  EXPECT_EQ(mb::testing::read_text(dir / "sweep.json"), state) << "nor wrote the state";
+  EXPECT_EQ(run_sweep(file, runs, " --only lamb --dry-run").exit_code, 0) << "a dry run writes nothing: not refused";
+  EXPECT_NE(mb::testing::run_command(lock_free).exit_code, 0) << "the running sweep holds the lock";
+
+  r = mb::testing::run_command("kill -INT " + pid + "; while [ -e /proc/" + pid + " ] && [ \"$(cut -d' ' -f3 /proc/" +
+                               pid + "/stat)\" != Z ]; do sleep 0.05; done; " + lock_free);
+  EXPECT_EQ(r.output, "free\n") << "the lock ends with the sweep";
+}
+
 TEST_F(Sweep, AFailingPointIsMarkedWithItsReasonAndTheOthersComplete) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "broken", 32, R"("adamw", "no_such_plugin")");
