@@ -41,6 +41,22 @@ class Sweep : public ::testing::Test {
 })");
     return file;
   }
+  // A sweep file of one tiny GPT logging every iteration: `base` adds to its base, `rest` is
+  // the file's other keys (grid, threads, jobs).
+  static fs::path write_tiny_sweep(const fs::path& dir, const std::string& name, const std::string& base,
+                                   const std::string& rest) {
+    const fs::path file = dir / (name + ".json");
+    mb::testing::write_text(file, R"({"name": ")" + name + R"(",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
+           "lr": 0.001, "log_interval": 1, "eval_iters": 0, )" + base + R"(,
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+  )" + rest + "}");
+    return file;
+  }
+  // Shell: wait (up to a minute) until the log shows the third iteration.
+  static std::string wait_for_third(const std::string& log) {
+    return "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log + " 2>/dev/null && break; sleep 0.05; done; ";
+  }
   static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
   // sweep run FILE --runs-dir RUNS [extra flags]
   static mb::testing::CommandResult run_sweep(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
@@ -159,17 +175,11 @@ TEST_F(Sweep, KilledSweepResumesToTheMetricsOfAnUninterruptedOne) {
 // a loaded machine it cannot finish before the Ctrl-C.
 TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
   mb::testing::TempDir tmp;
-  const fs::path file = tmp / "stopme.json", runs = tmp / "runs", dir = runs / "stopme";
-  mb::testing::write_text(file, R"({"name": "stopme",
-  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
-           "global_batch_size": 4, "train_iters": 100, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
-           "save_interval": 1000, "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
-  "grid": {"data_parallel_size": [1, 2]}, "threads": 1, "jobs": 2})");
+  const fs::path runs = tmp / "runs", dir = runs / "stopme";
+  const fs::path file = write_tiny_sweep(tmp.path(), "stopme", R"("global_batch_size": 4, "train_iters": 100, "save_interval": 1000)",
+                                         R"("grid": {"data_parallel_size": [1, 2]}, "threads": 1, "jobs": 2)");
   const std::string run = mb::testing::mpi_env() + sweep("run " + file.string() + " --runs-dir " + runs.string());
   const std::string log1 = (dir / "dps1" / "stdout.log").string(), log2 = (dir / "dps2" / "stdout.log").string();
-  const auto wait_for_third = [](const std::string& log) {
-    return "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log + " 2>/dev/null && break; sleep 0.05; done; ";
-  };
   // "dps[1]": a pattern that matches the point's train process, not this shell's command line
   const std::string dps1_train = "-f '" + (dir / "dps[1]" / "point.json").string() + "'";
   auto r = mb::testing::run_command(run + " > " + (tmp / "sweep.log").string() + " 2>&1 & pid=$!; " + wait_for_third(log1) +
@@ -209,17 +219,14 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
 // goes with the first sweep.
 TEST_F(Sweep, ASecondSweepRunOfARunningSweepIsRefusedNamingIt) {
   mb::testing::TempDir tmp;
-  const fs::path file = tmp / "long.json", runs = tmp / "runs", dir = runs / "long";
-  mb::testing::write_text(file, R"({"name": "long",
-  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
-           "global_batch_size": 2, "train_iters": 1000000, "lr": 0.001, "log_interval": 1, "eval_iters": 0,
-           "save_interval": 1000000, "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
-  "grid": {"optimizer": ["adamw", "lamb"]}, "threads": 1, "jobs": 1})");
-  const std::string log = (dir / "adamw" / "stdout.log").string();
+  const fs::path runs = tmp / "runs", dir = runs / "long";
+  const fs::path file =
+      write_tiny_sweep(tmp.path(), "long", R"("global_batch_size": 2, "train_iters": 1000000, "save_interval": 1000000)",
+                       R"("grid": {"optimizer": ["adamw", "lamb"]}, "threads": 1, "jobs": 1)");
   auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + " --only adamw") +
-                                    " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; echo pid=$pid; "
-                                    "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log +
-                                    " 2>/dev/null && break; sleep 0.05; done; kill -0 $pid && echo running");
+                                    " > " + (tmp / "first.log").string() + " 2>&1 & pid=$!; echo pid=$pid; " +
+                                    wait_for_third((dir / "adamw" / "stdout.log").string()) +
+                                    "kill -0 $pid && echo running");
   ASSERT_NE(r.output.find("running"), std::string::npos) << r.output << mb::testing::read_text(tmp / "first.log");
   const std::string pid = r.output.substr(4, r.output.find('\n') - 4);
   const std::string state = mb::testing::read_text(dir / "sweep.json");
