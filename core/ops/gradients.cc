@@ -24,14 +24,23 @@ void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const opt
   MB_OP_DISPATCH(d, loss_scaler_update, scaler, found_inf, config);
 }
 
+namespace {
+// What both split sums of squares take: x f32, both segment lists within it, out f64 (2).
+void expect_split_sums(const char* op, const Tensor& out, const Tensor& x,
+                       const std::vector<std::pair<size_t, size_t>>& sharded,
+                       const std::vector<std::pair<size_t, size_t>>& replicated) {
+  expect_dtype(op, "x", x, DType::kF32);
+  expect_dtype(op, "out", out, DType::kF64);
+  expect_numel(op, "out", out, 2);
+  expect_segments(op, x, sharded);
+  expect_segments(op, x, replicated);
+}
+}  // namespace
+
 void split_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& sharded,
                        const std::vector<std::pair<size_t, size_t>>& replicated) {
   const Device d = common_device("split_sum_squares", {&out, &x});
-  expect_dtype("split_sum_squares", "x", x, DType::kF32);
-  expect_dtype("split_sum_squares", "out", out, DType::kF64);
-  expect_numel("split_sum_squares", "out", out, 2);
-  expect_segments("split_sum_squares", x, sharded);
-  expect_segments("split_sum_squares", x, replicated);
+  expect_split_sums("split_sum_squares", out, x, sharded, replicated);
   MB_OP_DISPATCH(d, split_sum_squares, out, x, sharded, replicated);
 }
 
@@ -39,12 +48,8 @@ void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tenso
                                  const std::vector<std::pair<size_t, size_t>>& sharded,
                                  const std::vector<std::pair<size_t, size_t>>& replicated) {
   const Device d = common_device("split_sum_squares_of_growth", {&out, &x, &prev});
-  expect_dtype("split_sum_squares_of_growth", "x", x, DType::kF32);
+  expect_split_sums("split_sum_squares_of_growth", out, x, sharded, replicated);
   expect_growth_base("split_sum_squares_of_growth", x, prev);
-  expect_dtype("split_sum_squares_of_growth", "out", out, DType::kF64);
-  expect_numel("split_sum_squares_of_growth", "out", out, 2);
-  expect_segments("split_sum_squares_of_growth", x, sharded);
-  expect_segments("split_sum_squares_of_growth", x, replicated);
   MB_OP_DISPATCH(d, split_sum_squares_of_growth, out, x, prev, sharded, replicated);
 }
 

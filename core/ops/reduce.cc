@@ -22,23 +22,28 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
   MB_OP_DISPATCH(d, weighted_accumulate, out, x, weights);
 }
 
+namespace {
+// What both segment sums of squares take: x f32, segments within it, out f64 (S).
+void expect_segment_sums(const char* op, const Tensor& out, const Tensor& x,
+                         const std::vector<std::pair<size_t, size_t>>& segments) {
+  expect_dtype(op, "x", x, DType::kF32);
+  expect_dtype(op, "out", out, DType::kF64);
+  expect_numel(op, "out", out, segments.size());
+  expect_segments(op, x, segments);
+}
+}  // namespace
+
 void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
   const Device d = common_device("segment_sum_squares", {&out, &x});
-  expect_dtype("segment_sum_squares", "x", x, DType::kF32);
-  expect_dtype("segment_sum_squares", "out", out, DType::kF64);
-  expect_numel("segment_sum_squares", "out", out, segments.size());
-  expect_segments("segment_sum_squares", x, segments);
+  expect_segment_sums("segment_sum_squares", out, x, segments);
   MB_OP_DISPATCH(d, segment_sum_squares, out, x, segments);
 }
 
 void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
                                    const std::vector<std::pair<size_t, size_t>>& segments) {
   const Device d = common_device("segment_sum_squares_of_growth", {&out, &x, &prev});
-  expect_dtype("segment_sum_squares_of_growth", "x", x, DType::kF32);
+  expect_segment_sums("segment_sum_squares_of_growth", out, x, segments);
   expect_growth_base("segment_sum_squares_of_growth", x, prev);
-  expect_dtype("segment_sum_squares_of_growth", "out", out, DType::kF64);
-  expect_numel("segment_sum_squares_of_growth", "out", out, segments.size());
-  expect_segments("segment_sum_squares_of_growth", x, segments);
   MB_OP_DISPATCH(d, segment_sum_squares_of_growth, out, x, prev, segments);
 }
 

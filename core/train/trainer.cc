@@ -249,9 +249,9 @@ void Trainer::forward_backward() {
   // micro-batch|^2, each read as the accumulated gradient's growth over its forward and
   // backward passes (the training gradients untouched): noise_before_ holds the sum of the
   // micro-batches before, taken after the last one's backward pass (the LM head adds its
-  // weight gradient during the forward pass, so the forward counts). Under data parallelism the last micro-batch of a
-  // rank is left out where it is not the only one: its buckets may start reducing during
-  // its backward pass.
+  // weight gradient during the forward pass, so the forward counts). Under data
+  // parallelism the last micro-batch of a rank is left out where it is not the only one:
+  // its buckets may start reducing during its backward pass.
   auto measured = [&](int64_t k) { return opt_.noise_scale && (k == 0 || !buckets_ || k < local - 1); };
   int64_t n_measured = 0;
   for (int64_t k = 0; k < local; ++k) n_measured += measured(k);
