@@ -21,9 +21,10 @@ void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const
     logits_.resize({R, Vl}, X.dtype(), X.device());
     ops::gemm(logits_, x, ops::Trans::N, w.W, ops::Trans::T);
     if (w.bias.defined()) ops::bias_add(logits_, w.bias);
-    ce_.forward(losses_.flat(static_cast<size_t>(r0), static_cast<size_t>(R)), logits_, y, w.v0);  // -> exps
+    // logits -> dlogits in place (without grads: logits -> exps, or read only)
+    ce_.forward_backward(losses_.flat(static_cast<size_t>(r0), static_cast<size_t>(R)), logits_, y, w.v0, grads, dl,
+                         loss_scale);
     if (!grads) continue;
-    ce_.backward(logits_, logits_, y, w.v0, dl, loss_scale);  // exps -> dlogits, in place
     const Tensor& dlogits = logits_;
     const Tensor dx = dX.rows(r0, r0 + R);
     ops::gemm(dx, dlogits, ops::Trans::N, w.W, ops::Trans::N);

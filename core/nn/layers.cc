@@ -137,4 +137,13 @@ void VocabParallelCrossEntropy::backward(const Tensor& dlogits_local, const Tens
   ops::ce_backward_exps(dlogits_local, exps_local, sumexp_, targets, v_begin, ignore_, scale, loss_scale);
 }
 
+void VocabParallelCrossEntropy::forward_backward(const Tensor& losses, const Tensor& logits_local,
+                                                 const Tensor& targets, int64_t v_begin, bool grad, float scale,
+                                                 const Tensor& loss_scale) {
+  if (tp_->size() == 1 && v_begin == 0)
+    return ops::ce_whole_rows(losses, logits_local, targets, ignore_, grad, scale, loss_scale);
+  forward(losses, logits_local, targets, v_begin);
+  if (grad) backward(logits_local, logits_local, targets, v_begin, scale, loss_scale);
+}
+
 }  // namespace megabatch::nn

@@ -133,6 +133,10 @@ class VocabParallelCrossEntropy {
   // exps_local; dlogits_local may be exps_local itself.
   void backward(const Tensor& dlogits_local, const Tensor& exps_local, const Tensor& targets, int64_t v_begin,
                 float scale, const Tensor& loss_scale) const;
+  // forward, then (with `grad`) backward into the logits themselves: without tensor
+  // parallelism in one pass over each row (ops::ce_whole_rows), else as the two calls.
+  void forward_backward(const Tensor& losses, const Tensor& logits_local, const Tensor& targets, int64_t v_begin,
+                        bool grad, float scale, const Tensor& loss_scale);
 
  private:
   comm::Communicator* tp_;

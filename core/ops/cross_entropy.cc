@@ -77,4 +77,14 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
   MB_OP_DISPATCH(d, ce_backward_exps, dlogits, exps, sumexp, targets, v_begin, ignore, scale, loss_scale);
 }
 
+void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
+                   float scale, const Tensor& loss_scale) {
+  const Device d = common_device("ce_whole_rows", {&losses, &logits, &targets, &loss_scale});
+  check_rows("ce_whole_rows", logits, {&losses});
+  check_targets("ce_whole_rows", targets, logits.dim(0));
+  expect_dtype("ce_whole_rows", "loss_scale", loss_scale, DType::kF32);
+  expect_numel("ce_whole_rows", "loss_scale", loss_scale, 1);
+  MB_OP_DISPATCH(d, ce_whole_rows, losses, logits, targets, ignore, grad, scale, loss_scale);
+}
+
 }  // namespace megabatch::ops

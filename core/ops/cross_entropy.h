@@ -38,4 +38,16 @@ void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax);
 void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
                       int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale);
 
+// Rows that hold the whole vocabulary (no tensor parallelism: v_begin 0, nothing to reduce
+// between the pieces): the five steps above for one row at a time, while it is in cache.
+// losses(n) as ce_loss gives them; with `grad`, logits <- d (softmax - onehot) as
+// ce_row_max, ce_target_logit, ce_exps and ce_backward_exps leave them (0 on ignored rows;
+// d as in ce_backward), else the logits are only read. The arithmetic is theirs, element
+// for element (for the half types, without rounding the exps to the half type between
+// the steps); the memory traffic is a row read and written once, where the pieces pass
+// over all n rows four times (a GEMM's 256 x 32,768 logits are 32 MiB, beyond any cache).
+// On a GPU it runs those pieces (their kernels already take a row per block).
+void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
+                   float scale, const Tensor& loss_scale);
+
 }  // namespace megabatch::ops

@@ -11,6 +11,7 @@
 #include <cfloat>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <random>
 #include <sstream>
 #include <vector>
@@ -640,6 +641,29 @@ TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) 
   ops::ce_backward_exps(E, E, s2, targets, 0, -1, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
   const Vec de = vec(E);
   for (size_t k = 0; k < dv.size(); ++k) EXPECT_NEAR(de[k], dv[k], 1e-14) << k;
+  // rows that hold the whole vocabulary, in one pass per row: the same losses and gradient,
+  // a gradient that finite differences of its own losses confirm, and without the gradient
+  // the logits only read
+  auto whole = [&targets, n, V](const Vec& l, bool grad) {
+    const mb::Tensor lt = t64(l, {n, V});
+    mb::Tensor ls({n}, mb::DType::kF64);
+    ops::ce_whole_rows(ls, lt, targets, -1, grad, 0.7f, mb::from_host(std::vector<float>{4.0f}, {1}));
+    return std::make_pair(vec(ls), vec(lt));
+  };
+  const auto with_grad = whole(logits, true), read_only = whole(logits, false);
+  for (int i = 0; i < n; ++i) {
+    EXPECT_NEAR(with_grad.first[i], losses[i], 1e-12) << i;
+    EXPECT_EQ(read_only.first[i], with_grad.first[i]) << i;
+  }
+  EXPECT_EQ(read_only.second, logits);
+  for (size_t k = 0; k < dv.size(); ++k) EXPECT_NEAR(with_grad.second[k], dv[k], 1e-14) << k;
+  expect_fd(
+      [&](const Vec& l) {
+        double total = 0;
+        for (double x : whole(l, false).first) total += x;
+        return 0.7 * 4.0 * total;
+      },
+      logits, with_grad.second, "whole-row dlogits");
   // the same loss from two vocabulary shards combined as VocabParallelCrossEntropy does
   if (V >= 2) {
     const int V0 = V / 2, V1 = V - V0;
@@ -675,3 +699,36 @@ TEST_P(CrossEntropyShapes, LossIsLogSoftmaxAndBackwardMatchesFiniteDifferences) 
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, CrossEntropyShapes, ::testing::Values(1, 7, 33));
+
+// The LM head's f32 path without tensor parallelism: one pass per row against the pieces it
+// replaces, on rows long enough for the vector loops and their remainders (V = 3001), with
+// an ignored row (the ignore label a real column, 7, as a padding id would be), a loss scale
+// and a saturated row; to a few f32 roundings.
+TEST(Ops, CrossEntropyWholeRowsEqualsThePiecesInF32) {
+  const int n = 6, V = 3001;
+  std::vector<float> l(static_cast<size_t>(n * V));
+  std::mt19937 g(5);
+  std::normal_distribution<float> d(0.0f, 4.0f);
+  for (auto& x : l) x = d(g);
+  for (int j = 0; j < V; ++j) l[static_cast<size_t>(5 * V + j)] = j == 17 ? 300.0f : -300.0f;  // saturated
+  const mb::Tensor targets = ids({3, 7, 0, V - 1, 1500, 17});
+  const mb::Tensor scale = mb::from_host(std::vector<float>{1024.0f}, {1});
+  const mb::Tensor pieces = mb::from_host(l, {n, V}), fused = mb::from_host(l, {n, V});
+  mb::Tensor m({n}, mb::DType::kF32), s({n}, mb::DType::kF32), t({n}, mb::DType::kF32), lp({n}, mb::DType::kF32),
+      lf({n}, mb::DType::kF32);
+  ops::ce_row_max(m, pieces);
+  ops::ce_target_logit(t, pieces, targets, 0);
+  ops::ce_exps(s, pieces, m);
+  ops::ce_loss(lp, m, s, t, targets, 7);
+  ops::ce_backward_exps(pieces, pieces, s, targets, 0, 7, 1.0f / 300, scale);
+  ops::ce_whole_rows(lf, fused, targets, 7, true, 1.0f / 300, scale);
+  const double eps = std::numeric_limits<float>::epsilon();
+  const std::vector<float> a = mb::to_host_f32(lp), b = mb::to_host_f32(lf);
+  for (int i = 0; i < n; ++i) EXPECT_NEAR(b[i], a[i], 4 * eps * (1 + std::abs(a[i]))) << "loss of row " << i;
+  EXPECT_EQ(b[1], 0.0f) << "an ignored row has no loss";
+  const std::vector<float> da = mb::to_host_f32(pieces), db = mb::to_host_f32(fused);
+  size_t worse = 0;
+  for (size_t k = 0; k < da.size(); ++k) worse += std::abs(db[k] - da[k]) > 4 * eps * (std::abs(da[k]) + 1e-30);
+  EXPECT_EQ(worse, 0u) << "of " << da.size() << " dlogits";
+  for (int j = 0; j < V; ++j) EXPECT_EQ(db[static_cast<size_t>(V + j)], 0.0f) << "ignored row, column " << j;
+}

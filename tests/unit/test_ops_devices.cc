@@ -243,6 +243,19 @@ TEST_P(OnDevice, CrossEntropyPiecesAndBackward) {
   ops::ce_backward_exps(e.dev, e.dev, s2.dev, targets.dev, 0, -1, 0.25f, scale_dev);
   ops::ce_backward_exps(e.ref, e.ref, s2.ref, targets.ref, 0, -1, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
   h.expect_close(e, V, "dlogits from exps, in place");
+  // rows that hold the whole vocabulary (no tensor parallelism), one pass each: losses,
+  // and the gradient in place or the logits only read
+  Pair w = h.output({n, V}), lw = h.output({n}, DType::kF32);
+  for (const bool grad : {false, true}) {
+    SCOPED_TRACE(grad ? "whole rows, with the gradient" : "whole rows, losses only");
+    mb::copy(w.dev, logits.dev);
+    mb::copy(w.ref, logits.ref);
+    ops::ce_whole_rows(lw.dev, w.dev, targets.dev, -1, grad, 0.25f, scale_dev);
+    ops::ce_whole_rows(lw.ref, w.ref, targets.ref, -1, grad, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
+    h.expect_close(lw, V, "losses");
+    if (grad) h.expect_close(w, V, "dlogits");
+    else EXPECT_EQ(mb::to_host_f32(w.dev), mb::to_host_f32(logits.dev)) << "the logits were written";
+  }
 }
 
 struct AttnConfig {
