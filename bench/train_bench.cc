@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench/bench_util.h"
+#include "core/ops/cpu/blas.h"
 #include "core/comm/communicator.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
@@ -40,24 +41,6 @@ double sgemm_gflops() {
   const auto t0 = Clock::now();
   for (int r = 0; r < reps; ++r) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
   return 2.0 * n * n * n * reps / std::chrono::duration<double>(Clock::now() - t0).count() / 1e9;
-}
-
-// The machine and the sgemm kernel OpenBLAS chose for it (a CPU it does not know, or one
-// seen through a hypervisor, can get an older kernel: OPENBLAS_CORETYPE overrides it).
-std::string cpu_and_blas() {
-  std::string model = "unknown CPU";
-  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
-  if (f) {
-    char line[512];
-    while (std::fgets(line, sizeof line, f))
-      if (std::string l = line; l.rfind("model name", 0) == 0 && l.find(':') != std::string::npos) {
-        model = l.substr(l.find(':') + 2);
-        if (!model.empty() && model.back() == '\n') model.pop_back();
-        break;
-      }
-    std::fclose(f);
-  }
-  return model + "; " + openblas_get_config() + "; sgemm kernel " + openblas_get_corename();
 }
 
 // Median tokens/s of `steps` training steps (after one warm-up step) of megabatch.
@@ -138,7 +121,7 @@ int main(int argc, char** argv) {
   // the tied LM head V C) + 12 L T C for the attention score and value products.
   const double L = 4, C = 256, T = 128, V = 50304;
   const double flops_per_token = 6.0 * (12.0 * C * C * L + V * C) + 12.0 * L * T * C;
-  std::printf("%s\n", cpu_and_blas().c_str());
+  std::printf("%s\n", mb::ops::cpu::cpu_and_blas().c_str());
   std::printf("gpt-mini training, micro batch 8, seq 128, fp32, AdamW, %d threads; fp32 GEMM peak (sgemm 1024^3): %.1f GFLOP/s\n",
               threads, peak);
   std::printf("%-30s %10s %10s %13s %13s\n", "", "tokens/s", "GFLOP/s", "of GEMM peak", "peak RSS MiB");

@@ -20,6 +20,7 @@
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
+#include "core/ops/cpu/blas.h"
 #include "core/train/exit_status.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
@@ -365,7 +366,7 @@ mb::Device run_device(const json& v, mb::DType dtype, int local_rank) {
                   : mb::runtime::built_with_cuda() ? " (no GPU visible)"
                                                   : " (this build has no CUDA)")
               << ", " << mb::dtype_name(dtype) << (dtype == mb::DType::kF32 ? "" : " emulated (stored rounded, computed in f32)")
-              << std::endl;
+              << "; " << mb::ops::cpu::cpu_and_blas() << std::endl;
   }
   return d;
 }

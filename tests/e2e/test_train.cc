@@ -204,6 +204,22 @@ TEST_F(Train, LogLinesAsMegatronPrintsThem) {
   EXPECT_EQ(t.output, "[4.0] 2\n") << t.output;
 }
 
+// The sgemm kernel sets a CPU run's speed and the last bits of its results, and OpenBLAS
+// picks it anew in every process (the development VM got Haswell and Cooperlake within one
+// hour), so the device line names the one this run got: the override's, here two of them.
+TEST_F(Train, TheDeviceLineNamesTheSgemmKernelThisRunGot) {
+  for (const std::string kernel : {"Nehalem", "Sandybridge"}) {
+    const auto r = mb::testing::run_command("OPENBLAS_CORETYPE=" + kernel + " " +
+                                            train(kSmall + "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 "
+                                                           "--lr 1e-3 --eval-iters 0 --run-dir " + (tmp_ / kernel).string()));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::regex device(R"(> device: cpu[^\n]*; OpenBLAS [0-9.]+ sgemm kernel ([A-Za-z]+)\n)");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.output, m, device)) << r.output;
+    EXPECT_EQ(m[1].str(), kernel);
+  }
+}
+
 // Divergence is a state, not an error: a NaN loss, or an lm loss that stays above
 // --divergence-loss for --divergence-intervals log intervals, stops the run with exit
 // status 4 and run_dir/DIVERGED (iteration, reason); no checkpoint of the diverged weights
