@@ -10,6 +10,38 @@
 namespace megabatch::ops::cpu {
 
 namespace {
+// One row's steps, shared by the pieces and ce_whole_rows so that both compute the same.
+// The largest logit, as std::max(m, l[j]) (a NaN logit is passed over here and poisons
+// the sum of exps).
+template <typename T>
+T row_max(const T* l, int64_t V) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < V; ++j) m = l[j] > m ? l[j] : m;
+  return m;
+}
+
+// sum_j exp(l_j - m); with kKeep the logits become those exps.
+template <bool kKeep, typename T>
+T row_sum_exps(T* l, int64_t V, T m) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t j = 0; j < V; ++j) {
+    const T e = vexp(l[j] - m);
+    if constexpr (kKeep) l[j] = e;
+    s += e;
+  }
+  return s;
+}
+
+// d = g e (d may be e), then the target column, when the row is counted and holds it, less dloss.
+template <typename T>
+void row_gradient(T* d, const T* e, int64_t V, T g, int64_t target, bool counted, T dloss) {
+#pragma omp simd
+  for (int64_t j = 0; j < V; ++j) d[j] = g * e[j];
+  if (counted && target >= 0 && target < V) d[target] -= dloss;
+}
+
 // sumexp(n) = sum_j exp(l_ij - rowmax_i); with kKeep the logits become those exps.
 template <bool kKeep>
 void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
@@ -20,18 +52,7 @@ void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) 
     Out<T> ss(sumexp, false);
     const int64_t n = logits.dim(0), V = logits.dim(1);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      T* l = ls.get() + i * V;
-      const T m = ms.get()[i];
-      T s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < V; ++j) {
-        const T e = vexp(l[j] - m);
-        if constexpr (kKeep) l[j] = e;
-        s += e;
-      }
-      ss.get()[i] = s;
-    }
+    for (int64_t i = 0; i < n; ++i) ss.get()[i] = row_sum_exps<kKeep>(ls.get() + i * V, V, ms.get()[i]);
     if constexpr (kKeep) ls.commit();
   });
 }
@@ -44,14 +65,7 @@ void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
     Out<T> ms(rowmax, false);
     const int64_t n = logits.dim(0), V = logits.dim(1);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      const T* l = ls.get() + i * V;
-      T m = -std::numeric_limits<T>::infinity();
-      // as std::max(m, l[j]) (a NaN logit is passed over here and poisons the sum of exps)
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < V; ++j) m = l[j] > m ? l[j] : m;
-      ms.get()[i] = m;
-    }
+    for (int64_t i = 0; i < n; ++i) ms.get()[i] = row_max(ls.get() + i * V, V);
   });
 }
 
@@ -126,21 +140,17 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
     const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
     for (int64_t i = 0; i < n; ++i) {
-      const T* e = es.get() + i * V;
-      T* d = ds.get() + i * V;
-      const T g = tg[i] == ignore ? T(0) : dloss / ss.get()[i];
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) d[j] = g * e[j];
-      const int64_t t = static_cast<int64_t>(tg[i]) - v_begin;
-      if (tg[i] != ignore && t >= 0 && t < V) d[t] -= dloss;
+      const bool counted = tg[i] != ignore;
+      row_gradient(ds.get() + i * V, es.get() + i * V, V, counted ? dloss / ss.get()[i] : T(0),
+                   static_cast<int64_t>(tg[i]) - v_begin, counted, dloss);
     }
     ds.commit();
   });
 }
 
-// Each row as ce_row_max, ce_target_logit, ce_exps (or ce_sum_exp), ce_loss and
-// ce_backward_exps compute it, the same loops on the same row, here one after another
-// while the row (V floats: 128 KiB at 32,768) stays in cache.
+// Each row through ce_row_max, ce_target_logit, ce_exps (or ce_sum_exp), ce_loss and
+// ce_backward_exps's steps, one after another while the row (V floats: 128 KiB at
+// 32,768) stays in cache.
 void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
                    float scale, const Tensor& loss_scale) {
   const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
@@ -154,30 +164,13 @@ void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& tar
 #pragma omp parallel for schedule(static) if (n * V > 65536)
     for (int64_t i = 0; i < n; ++i) {
       T* l = ls.get() + i * V;
-      T m = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : m)
-      for (int64_t j = 0; j < V; ++j) m = l[j] > m ? l[j] : m;
+      const T m = row_max(l, V);
       const int64_t t = tg[i];
-      const bool counted = tg[i] != ignore, local = t >= 0 && t < V;
-      const T target = local ? l[t] : T(0);
-      T s = 0;
-      if (grad) {
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < V; ++j) {
-          const T e = vexp(l[j] - m);
-          l[j] = e;
-          s += e;
-        }
-      } else {
-#pragma omp simd reduction(+ : s)
-        for (int64_t j = 0; j < V; ++j) s += vexp(l[j] - m);
-      }
+      const bool counted = tg[i] != ignore;
+      const T target = t >= 0 && t < V ? l[t] : T(0);
+      const T s = grad ? row_sum_exps<true>(l, V, m) : row_sum_exps<false>(l, V, m);
       out.get()[i] = counted ? std::log(s) + m - target : T(0);
-      if (!grad) continue;
-      const T g = counted ? dloss / s : T(0);
-#pragma omp simd
-      for (int64_t j = 0; j < V; ++j) l[j] = g * l[j];
-      if (counted && local) l[t] -= dloss;
+      if (grad) row_gradient(l, l, V, counted ? dloss / s : T(0), t, counted, dloss);
     }
     if (grad) ls.commit();
   });
