@@ -103,6 +103,19 @@ class Point:
     def series(self, name):
         return np.asarray(self.metrics.get(name, []), dtype=float)
 
+    def devices(self):
+        """What train's first line said it ran on ("cpu (no GPU visible), f32; AMD EPYC; OpenBLAS
+        0.3.21 sgemm kernel Haswell"), once per distinct line over the point's attempts, in order."""
+        seen = []
+        try:
+            with open(os.path.join(self.dir, "stdout.log"), errors="replace") as f:
+                for line in f:
+                    if line.startswith("> device: ") and line[10:].strip() not in seen:
+                        seen.append(line[10:].strip())
+        except OSError:
+            pass
+        return seen
+
     @property
     def optimizer(self):
         return self.config.get("optimizer", "adamw")

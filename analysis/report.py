@@ -132,6 +132,27 @@ def critical_section(analysis):
     return "\n".join(parts)
 
 
+def devices_section(points):
+    """Where the points ran, as train's first line says: the device, and on a CPU the sgemm kernel
+    OpenBLAS chose, which sets the last bits of the results (the same point differs in its third
+    decimal between two kernels). More than one is said plainly, with the points of each."""
+    by_device = {}
+    for p in points:
+        for d in p.devices() or ["not recorded (no stdout.log)"]:
+            by_device.setdefault(d, []).append(p.id)
+    if not by_device:
+        return "<p>No points.</p>"
+    if len(by_device) == 1:
+        (d, ids), = by_device.items()
+        return f"<p>All {len(ids)} points ran on <code>{html.escape(d)}</code>.</p>"
+    items = "".join(f"<li><code>{html.escape(d)}</code>: {len(ids)} point(s): "
+                    + ", ".join(f"<code>{html.escape(i)}</code>" for i in ids) + "</li>"
+                    for d, ids in by_device.items())
+    return ("<p class='failed'>The points ran on " + str(len(by_device)) + " different devices or sgemm kernels; "
+            "results that differ by rounding alone (a kernel sums in another order) are not comparable to the "
+            "last digits across them:</p><ul>" + items + "</ul>")
+
+
 def report(sweep_dir):
     plot.plot(sweep_dir)
     analysis, _ = critical_batch.run(sweep_dir)
@@ -194,6 +215,8 @@ samples to the first target train loss of the analysis.</p>
 {critical_section(analysis)}
 <h2>Diverged points</h2>
 {div_html}
+<h2>Where the points ran</h2>
+{devices_section(points)}
 <h2>Figures</h2>
 {chr(10).join(figs)}
 <h2>Points</h2>

@@ -217,6 +217,29 @@ class Aggregation(unittest.TestCase):
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
 
+    def test_the_report_says_where_the_points_ran_and_when_kernels_differ(self):
+        def log(pid, *devices):
+            with open(os.path.join(self.root, pid, "stdout.log"), "w") as f:
+                for d in devices:
+                    f.write(f"> device: {d}\n> memory: about 93.2 MiB per rank\n iteration 1/ 4 | lm loss: 1\n")
+        haswell = "cpu (no GPU visible), f32; AMD EPYC; OpenBLAS 0.3.21 sgemm kernel Haswell"
+        cooperlake = haswell.replace("Haswell", "Cooperlake")
+        for pid in ("lamb-bs8-s1", "lamb-bs8-s2", "lamb-bs16-s1", "lamb-bs16-s2", "lamb-bs32-s1", "lamb-bs32-s2",
+                    "lamb-bs64-s1"):
+            log(pid, haswell, haswell)  # a resumed point: the same line twice, counted once
+        with open(report.report(self.root)) as f:
+            page = f.read()
+        self.assertIn(f"All 7 points ran on <code>{haswell}</code>.", page)
+        log("lamb-bs16-s2", haswell, cooperlake)  # resumed after OpenBLAS picked another kernel
+        os.remove(os.path.join(self.root, "lamb-bs32-s1", "stdout.log"))
+        with open(report.report(self.root)) as f:
+            page = f.read()
+        self.assertIn("ran on 3 different devices or sgemm kernels", page)
+        self.assertIn(f"<li><code>{cooperlake}</code>: 1 point(s): <code>lamb-bs16-s2</code></li>", page)
+        self.assertIn(f"<li><code>{haswell}</code>: 6 point(s): ", page)
+        self.assertIn("not recorded (no stdout.log)</code>: 1 point(s): "
+                      "<code>lamb-bs32-s1</code>", page)
+
     def test_a_damaged_metrics_file_is_named_once_and_its_point_kept(self):
         # before: 400 silent retries (two minutes per read) and no word of the file
         bad = os.path.join(self.root, "lamb-bs8-s2", "metrics.h5")
