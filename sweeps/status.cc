@@ -4,9 +4,11 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/util/dir_lock.h"
 #include "sweeps/run_dir.h"
 #include "sweeps/table.h"
 
@@ -61,6 +63,13 @@ int print_status(const fs::path& dir) {
 }
 
 int prune_sweep(const fs::path& dir) {
+  // Not while a sweep run uses the directory: a point it reruns (--rerun diverged) starts
+  // again in a directory this read as finished, and would lose the checkpoint it resumes from.
+  std::optional<DirLock> lock;
+  if (fs::is_directory(dir))
+    lock.emplace(dir, "sweep prune",
+                 "a running sweep already keeps only the final checkpoint of each point it finishes (unless the "
+                 "sweep says \"checkpoints\": \"all\"); prune once it has ended");
   const json s = read_sweep_state(dir);
   const DiskUsage before = disk_usage(dir);
   int64_t freed = 0;

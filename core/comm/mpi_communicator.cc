@@ -30,6 +30,14 @@ void check_mpi(int rc, const char* what) {
   fail("MPI ", what, " failed: ", std::string(msg, static_cast<size_t>(len)));
 }
 
+// An MPI count is an int: a larger buffer is refused with its size rather than cut to a wrong
+// (or negative) count.
+int mpi_count(size_t n, const char* what) {
+  check(n <= static_cast<size_t>(INT32_MAX), "MPI ", what, " of ", n, " elements: more than an MPI count holds (",
+        INT32_MAX, ")");
+  return static_cast<int>(n);
+}
+
 void finalize_at_exit() {
   int finalized = 0;
   MPI_Finalized(&finalized);
@@ -80,11 +88,11 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_reduce(float* data, size_t n, ReduceOp op) {
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, mpi_op(op), handle(comm_)), "all-reduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(n, "all-reduce"), MPI_FLOAT, mpi_op(op), handle(comm_)), "all-reduce");
 }
 
 void MpiCommunicator::all_reduce(double* data, size_t n, ReduceOp op) {
-  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_DOUBLE, mpi_op(op), handle(comm_)), "all-reduce");
+  check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(n, "all-reduce"), MPI_DOUBLE, mpi_op(op), handle(comm_)), "all-reduce");
 }
 
 void MpiCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) {
@@ -92,28 +100,27 @@ void MpiCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) 
   const size_t unit = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : bytes % 2 == 0 ? 2 : 1;
   const MPI_Datatype type = unit == 8 ? MPI_UINT64_T : unit == 4 ? MPI_UINT32_T : unit == 2 ? MPI_UINT16_T : MPI_BYTE;
   const size_t count = bytes / unit;
-  check(count <= static_cast<size_t>(INT32_MAX), "MPI all-gather of ", bytes, " bytes: more than an MPI count holds");
-  check_mpi(MPI_Allgather(in, static_cast<int>(count), type, out, static_cast<int>(count), type, handle(comm_)), "all-gather");
+  const int c = mpi_count(count, unit == 1 ? "all-gather (bytes)" : "all-gather (words)");
+  check_mpi(MPI_Allgather(in, c, type, out, c, type, handle(comm_)), "all-gather");
 }
 
 void MpiCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
+  mpi_count(n * static_cast<size_t>(size_), "reduce-scatter (whole input)");
   check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_)), "reduce-scatter");
 }
 
 void MpiCommunicator::broadcast(float* data, size_t n, int root) {
-  check_mpi(MPI_Bcast(data, static_cast<int>(n), MPI_FLOAT, root, handle(comm_)), "broadcast");
+  check_mpi(MPI_Bcast(data, mpi_count(n, "broadcast"), MPI_FLOAT, root, handle(comm_)), "broadcast");
 }
 
 void MpiCommunicator::start_all_reduce(float* data, size_t n) {
-  check(n <= static_cast<size_t>(INT32_MAX), "MPI all-reduce of ", n, " elements: more than an MPI count holds");
   MPI_Request r = MPI_REQUEST_NULL;
-  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_), &r), "all-reduce (start)");
+  check_mpi(MPI_Iallreduce(MPI_IN_PLACE, data, mpi_count(n, "all-reduce"), MPI_FLOAT, MPI_SUM, handle(comm_), &r), "all-reduce (start)");
   pending_->requests.push_back(r);
 }
 
 void MpiCommunicator::start_reduce_scatter(const float* in, float* out, size_t n) {
-  check(n * static_cast<size_t>(size_) <= static_cast<size_t>(INT32_MAX), "MPI reduce-scatter of ", n, " x ", size_,
-        " elements: more than an MPI count holds");
+  mpi_count(n * static_cast<size_t>(size_), "reduce-scatter (whole input)");
   MPI_Request r = MPI_REQUEST_NULL;
   check_mpi(MPI_Ireduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_), &r),
             "reduce-scatter (start)");
@@ -137,7 +144,7 @@ void MpiCommunicator::wait_all() {
 void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(handle(comm_)), "barrier"); }
 
 std::string MpiCommunicator::broadcast_string(const std::string& s, int root) {
-  int n = static_cast<int>(s.size());
+  int n = mpi_count(s.size(), "broadcast (string)");
   check_mpi(MPI_Bcast(&n, 1, MPI_INT, root, handle(comm_)), "broadcast");
   std::string out = rank_ == root ? s : std::string(static_cast<size_t>(n), '\0');
   check_mpi(MPI_Bcast(out.data(), n, MPI_CHAR, root, handle(comm_)), "broadcast");

@@ -215,8 +215,8 @@ TEST_F(Sweep, CtrlCStopsEveryPointAtACheckpointAndARunAgainGoesOn) {
 }
 
 // One sweep run per sweep directory: while a sweep runs, running it again (even for other
-// points) is refused naming the first, and touches nothing; --dry-run still lists. The lock
-// goes with the first sweep.
+// points) or pruning it is refused naming the first, and touches nothing; --dry-run still
+// lists. The lock goes with the first sweep.
 TEST_F(Sweep, ASecondSweepRunOfARunningSweepIsRefusedNamingIt) {
   mb::testing::TempDir tmp;
   const fs::path runs = tmp / "runs", dir = runs / "long";
@@ -244,6 +244,13 @@ TEST_F(Sweep, ASecondSweepRunOfARunningSweepIsRefusedNamingIt) {
   EXPECT_FALSE(fs::exists(dir / "lamb")) << "the refused sweep started nothing";
   EXPECT_EQ(mb::testing::read_text(dir / "sweep.json"), state) << "nor wrote the state";
   EXPECT_EQ(run_sweep(file, runs, " --only lamb --dry-run").exit_code, 0) << "a dry run writes nothing: not refused";
+  // prune neither: a point the running sweep starts again would lose what it resumes from
+  const auto prune = mb::testing::run_command(sweep("prune " + dir.string()));
+  EXPECT_EQ(prune.exit_code, 2) << prune.output;
+  EXPECT_NE(prune.output.find("sweep: error: " + dir.string() + " is in use by sweep run (pid " + pid + " on host "),
+            std::string::npos)
+      << prune.output;
+  EXPECT_NE(prune.output.find("prune once it has ended"), std::string::npos) << prune.output;
   EXPECT_NE(mb::testing::run_command(lock_free).exit_code, 0) << "the running sweep holds the lock";
 
   r = mb::testing::run_command("kill -INT " + pid + "; while [ -e /proc/" + pid + " ] && [ \"$(cut -d' ' -f3 /proc/" +
