@@ -144,8 +144,8 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
   EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
 }
 
-// A checkpoint's attributes edited by hand (h5py) or damaged: each is refused naming the
-// file, the attribute and the field, with what to do; before, the JSON library's type or
+// A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
+// refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
 TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
   mb::testing::TempDir tmp;
@@ -179,6 +179,13 @@ TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
     EXPECT_NE(r.output.find(file + ": " + expected), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("edited or damaged: move it away"), std::string::npos) << r.output;
   }
+  // cut short (a disk that failed, a copy that stopped): no longer HDF5
+  fs::resize_file(file, 3000);
+  r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --train-iters 3"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(file + ": not a readable HDF5 file (cut short?); the file was edited or damaged: move it away"),
+            std::string::npos)
+      << r.output;
   fs::copy_file(tmp / "original.h5", file, fs::copy_options::overwrite_existing);
   r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --train-iters 3"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
