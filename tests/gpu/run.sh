@@ -14,14 +14,17 @@ mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
 source tests/gpu/unpack.sh
 { echo "commit $(cat gpu-bundle/commit 2>/dev/null)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
   "$b/run.sh" env; } 2>&1 | tee "$logs/machine.txt"
-status=0
+status=0; ran=0
 for t in test_ops_gpu test_gpu; do
   "$b/run.sh" bin/$t --gtest_filter="$filter" --gtest_output=xml:"$logs/$t.xml" >"$logs/$t.log" 2>&1 || status=1
   echo "$t: $(gtest_tally "$logs/$t.log")"
+  ran=$((ran + $(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$logs/$t.log" | head -1)))
   grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true
   # on a GPU machine nothing may skip: a skipped gpu test checked nothing
   grep -qE '^\[  SKIPPED \] [0-9]' "$logs/$t.log" && { status=1; grep -E '^\[  SKIPPED \] [A-Z]' "$logs/$t.log" | sed 's/ ([0-9]* ms)$//' | sort -u; }
 done
+# a filter that matches nothing passes "0 tests" in both: that checked nothing either
+((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
 if [[ $filter == "*" ]]; then
   "$b/run.sh" bin/gpu_train_bench >"$logs/gpu_train_bench.log" 2>&1 || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
