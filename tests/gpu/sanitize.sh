@@ -12,7 +12,8 @@
 # "timed out" (SANITIZE_TIMEOUT seconds each, default 120; racecheck is the slowest). No leak
 # check: the device context and the caching allocator's blocks live until exit. Needs
 # a GPU whose runtime lets the sanitizer in (a Firecracker VM does, gVisor does not).
-# Exit status: 0 when every run reported 0 errors (and every test passed, none skipped), 1
+# Exit status: 0 when every run reported 0 errors (and every test passed, none skipped, and
+# the filter matched some), 1
 # otherwise, 2 when it cannot run (no GPU, no sanitizer, no bundle).
 #
 #   tests/gpu/sanitize.sh LOG_DIR [kernels|trainer|all] [gtest filter]   # from the repository root
@@ -46,6 +47,7 @@ sanitize() {
   tests=$(gtest_tally "$logs/$name.log")
   [[ -n $tests ]] && line="$line; $tests"
   grep -qE '^\[  (FAILED|SKIPPED) +\] [0-9]' "$logs/$name.log" && status=1
+  if grep -qE '^\[==========\] 0 tests from' "$logs/$name.log"; then line="$line; the filter matched no test"; status=1; fi
   printf '%-24s %-10s %s (%d s)\n' "$name" "$tool" "$line" $((SECONDS - start)) | tee -a "$logs/sanitize.txt"
 }
 
