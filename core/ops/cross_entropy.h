@@ -46,7 +46,7 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
 // for element (for the half types, without rounding the exps to the half type between
 // the steps); the memory traffic is a row read and written once, where the pieces pass
 // over all n rows four times (a GEMM's 256 x 32,768 logits are 32 MiB, beyond any cache).
-// On a GPU it runs those pieces (their kernels already take a row per block).
+// On a GPU one kernel takes a row per block through the same steps (core/ops/cuda/cross_entropy.cu).
 void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
                    float scale, const Tensor& loss_scale);
 

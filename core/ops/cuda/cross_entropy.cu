@@ -1,5 +1,6 @@
 // The pieces of the vocabulary-parallel cross entropy on a GPU: a block per row for the
-// reductions over the vocabulary, a thread per row for the rest. Per-row values in f32.
+// reductions over the vocabulary, a thread per row for the rest; and ce_whole_rows, the
+// pieces in one kernel for rows that hold the whole vocabulary. Per-row values in f32.
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
@@ -86,6 +87,43 @@ __global__ void backward_exps_kernel(T* dlogits, const T* exps, const float* sum
   }
 }
 
+// ce_whole_rows: a block per row through the pieces' steps in one launch, with no
+// temporaries. It reads the row for its max, for its sum of exps and, with the gradient, for
+// the gradient written over it (each exp recomputed in f32, not stored in the logits' type
+// between the steps): three reads and at most one write, where the pieces make three reads
+// and two writes over five launches. Blocks of 1024 threads keep at most two rows per SM in
+// flight (an H100: 264 rows, 26 MiB of bf16 rows 50,304 wide, inside its 50 MiB L2), so the
+// second and third reads can come from L2.
+constexpr int kWholeRowThreads = 1024;
+
+template <typename T>
+__global__ void __launch_bounds__(kWholeRowThreads) whole_rows_kernel(float* losses, T* logits, const int32_t* targets, int64_t V, int32_t ignore,
+                                  bool grad, float scale, const float* loss_scale) {
+  __shared__ float scratch[32];
+  const int64_t i = blockIdx.x;
+  T* l = logits + i * V;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f32(l[j]));
+  m = block_max(m, scratch);
+  const int64_t t = targets[i];
+  const bool counted = targets[i] != ignore;
+  // read by every thread before the barrier in block_sum, so before any thread writes below
+  const float target = (t >= 0 && t < V) ? to_f32(l[t]) : 0.0f;
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f32(l[j]) - m);
+  s = block_sum(s, scratch);
+  if (threadIdx.x == 0) losses[i] = counted ? logf(s) + m - target : 0.0f;
+  if (!grad) return;
+  const float dloss = scale * (loss_scale ? loss_scale[0] : 1.0f);
+  const float g = counted ? dloss / s : 0.0f;
+  const int64_t tc = counted ? t : -1;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    float v = g * expf(to_f32(l[j]) - m);
+    if (j == tc) v -= dloss;
+    l[j] = from_f32<T>(v);
+  }
+}
+
 template <bool kKeep>
 void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
@@ -166,20 +204,17 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
   });
 }
 
-// The pieces in turn: their kernels already read a row per block, and a GPU has no cache
-// to keep a 32,768-wide row in between that the CPU version's one pass exploits.
 void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
                    float scale, const Tensor& loss_scale) {
-  const int64_t n = logits.dim(0);
+  const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  const Device dev = logits.device();
-  Tensor rowmax({n}, losses.dtype(), dev), sumexp({n}, losses.dtype(), dev), target({n}, losses.dtype(), dev);
-  ce_row_max(rowmax, logits);
-  ce_target_logit(target, logits, targets, 0);
-  if (grad) ce_exps(sumexp, logits, rowmax);
-  else ce_sum_exp(sumexp, logits, rowmax);
-  ce_loss(losses, rowmax, sumexp, target, targets, ignore);
-  if (grad) ce_backward_exps(logits, logits, sumexp, targets, 0, ignore, scale, loss_scale);
+  check(losses.dtype() == DType::kF32, "ce_whole_rows: f32 losses on a GPU");
+  with_type(logits.dtype(), "ce_whole_rows", [&](auto zero) {
+    using T = decltype(zero);
+    whole_rows_kernel<T><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
+        ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
+    MB_CUDA_LAUNCHED("whole_rows_kernel");
+  });
 }
 
 }  // namespace megabatch::ops::cuda
