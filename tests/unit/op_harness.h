@@ -64,6 +64,12 @@ class OpHarness {
     for (auto& x : v) x = round_to(dtype, static_cast<float>(nd(rng_)));
     return pair_of(v, shape, dtype);
   }
+  // These values rounded to `dtype` (default: the dtype under test), on both sides.
+  Pair values(std::vector<float> v, std::vector<int64_t> shape, std::optional<DType> as = std::nullopt) {
+    const DType dtype = as.value_or(dtype_);
+    for (auto& x : v) x = round_to(dtype, x);
+    return pair_of(v, shape, dtype);
+  }
   // An output written with `=`: NaN on the device, zeros in the reference.
   Pair output(std::vector<int64_t> shape, std::optional<DType> as = std::nullopt) {
     const DType dtype = as.value_or(dtype_);

@@ -256,6 +256,24 @@ TEST_P(OnDevice, CrossEntropyPiecesAndBackward) {
     if (grad) h.expect_close(w, V, "dlogits");
     else EXPECT_EQ(mb::to_host_f32(w.dev), mb::to_host_f32(logits.dev)) << "the logits were written";
   }
+  // rows wider than a GPU block's threads (several elements a thread), targets in the first
+  // and last columns, an ignore label that is a real column (7), and one row's logits far
+  // above the rest (the max matters)
+  const int64_t V2 = 5003;
+  std::vector<int32_t> tw = random_ids(n, 0, static_cast<int32_t>(V2 - 1), 10);
+  tw[0] = 0;
+  tw[1] = static_cast<int32_t>(V2 - 1);
+  tw[2] = 7;
+  std::vector<float> wv(static_cast<size_t>(n * V2));
+  std::mt19937 g(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  for (size_t k = 0; k < wv.size(); ++k) wv[k] = nd(g) + (k / static_cast<size_t>(V2) == 5 ? 40.0f : 0.0f);
+  Pair wide = h.values(wv, {n, V2}), wide_targets = h.ids(tw, {n}), lw2 = h.output({n}, DType::kF32);
+  ops::ce_whole_rows(lw2.dev, wide.dev, wide_targets.dev, 7, true, 0.25f, scale_dev);
+  ops::ce_whole_rows(lw2.ref, wide.ref, wide_targets.ref, 7, true, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
+  h.expect_close(lw2, V2, "losses, rows of 5,003");
+  h.expect_close(wide, V2, "dlogits, rows of 5,003");
+  EXPECT_EQ(mb::to_host_f32(lw2.dev)[2], 0.0f) << "the ignored row has a loss";
 }
 
 struct AttnConfig {
