@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: unpacks gpu-bundle/ (made by tests/gpu/pack.sh) and runs the `gpu`
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
-# trainer) and gpu_train_bench (GPT-2 124M bf16 against PyTorch on the same GPU), each
+# trainer), gpu_train_bench (GPT-2 124M bf16 against PyTorch on the same GPU) and
+# cross_entropy_bench (the LM head's fused cross entropy against its five pieces), each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
 #
@@ -28,5 +29,8 @@ done
 if [[ $filter == "*" ]]; then
   "$b/run.sh" bin/gpu_train_bench >"$logs/gpu_train_bench.log" 2>&1 || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
+  "$b/run.sh" bin/cross_entropy_bench --device cuda >"$logs/cross_entropy_bench.log" 2>&1 ||
+    echo "cross_entropy_bench failed (exit $?)"
+  cat "$logs/cross_entropy_bench.log"
 fi
 exit $status
