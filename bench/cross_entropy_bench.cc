@@ -82,6 +82,7 @@ int main(int argc, char** argv) {
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   try {
     const mb::Device dev = mb::select_device(a.get("device"));
+    mb::runtime::use_device(dev);
     const bool gpu = dev.is_cuda();
     const int64_t n = a.get_int("rows") > 0 ? a.get_int("rows") : (gpu ? 8192 : 256);
     const int64_t V = a.get_int("vocab") > 0 ? a.get_int("vocab") : (gpu ? 50304 : 32735);
