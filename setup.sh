@@ -29,6 +29,7 @@ PACKAGES=(
   libopenblas-openmp-dev python3-torch slurm-wlm munge iproute2 procps
   zlib1g-dev liblzma-dev libzstd-dev gzip xz-utils zstd
   libprotobuf-dev protobuf-compiler python3-protobuf
+  qemu-user  # runs the programs on an emulated older CPU: the CPU-level test
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -1,0 +1,62 @@
+// Refuses to run on a CPU older than the one the build's CPU code was compiled for
+// (MEGABATCH_REQUIRED_CPU_LEVEL, set by CMake from -march: x86-64-v2, -v3 or -v4), with a
+// message that says how to rebuild, where the program would otherwise stop at its first
+// AVX2 or FMA instruction with "Illegal instruction" and nothing else (an older Xeon, or a
+// virtual machine whose CPU model hides AVX2, such as QEMU's and Proxmox's defaults).
+//
+// It runs as a constructor ahead of every other in the program, and this file alone is
+// compiled for baseline x86-64 (core/CMakeLists.txt): it calls the C library only, since
+// an inline C++ function used here could be merged with a copy built for the newer CPU.
+// Every program that links megabatch_core pulls it in (the linker's --undefined).
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+extern "C" void megabatch_require_cpu_level(void) __attribute__((constructor(101)));
+
+#if defined(__x86_64__) && defined(MEGABATCH_REQUIRED_CPU_LEVEL)
+namespace {
+
+// The psABI's micro-architecture levels, by the features compilers use at each.
+int cpu_level() {
+  __builtin_cpu_init();
+  if (!(__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("ssse3")))
+    return 1;
+  if (!(__builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2")))
+    return 2;
+  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512cd")))
+    return 3;
+  return 4;
+}
+
+const char* level_name(int level) {
+  return level >= 4 ? "x86-64-v4" : level == 3 ? "x86-64-v3" : level == 2 ? "x86-64-v2" : "x86-64";
+}
+
+}  // namespace
+
+void megabatch_require_cpu_level(void) {
+  const int required = MEGABATCH_REQUIRED_CPU_LEVEL, have = cpu_level();
+  if (have >= required) return;
+  char msg[1024];
+  const int n = snprintf(
+      msg, sizeof msg,
+      "%s: error: this megabatch was built for %s CPUs (-march=%s%s) and this CPU is %s: it would stop at the "
+      "first instruction this CPU lacks (Illegal instruction). Rebuild it for this machine: cmake -B build "
+      "-DMEGABATCH_CPU_ARCH=%s && cmake --build build (a new build directory picks this machine's level by itself)\n",
+      program_invocation_short_name, level_name(required), level_name(required),
+      required == 3 ? ": AVX2, FMA, BMI2" : required == 4 ? ": AVX-512" : ": SSE4.2, POPCNT", level_name(have),
+      level_name(have));
+  if (n > 0) {
+    ssize_t unused = write(STDERR_FILENO, msg, strlen(msg));
+    (void)unused;
+  }
+  _exit(1);
+}
+#else
+void megabatch_require_cpu_level(void) {}  // built for baseline x86-64, this machine (native), or not x86
+#endif
