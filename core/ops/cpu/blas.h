@@ -14,9 +14,9 @@ namespace megabatch::ops::cpu {
 // "AMD EPYC; OpenBLAS 0.3.21 sgemm kernel Cooperlake": the CPU and
 // the kernel OpenBLAS chose for it at load time, which sets both the speed of a CPU run and
 // the last bits of its results. OpenBLAS picks it from the CPU's model and what the OS
-// enables; a CPU it does not know, or one seen through a hypervisor, can get an older one
-// (OPENBLAS_CORETYPE overrides it), and a VM that moves between hosts may get another one
-// from run to run.
+// enables; a CPU it does not know, or one seen through a hypervisor, can get an older one,
+// and OPENBLAS_CORETYPE overrides it (the development machine's environment sets it to
+// Haswell on its AVX-512 EPYC; a process without it gets Cooperlake there).
 std::string cpu_and_blas();
 
 inline CBLAS_TRANSPOSE blas_trans(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
