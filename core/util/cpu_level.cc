@@ -7,18 +7,19 @@
 // It runs as a constructor ahead of every other in the program, and this file alone is
 // compiled for baseline x86-64 (core/CMakeLists.txt): it calls the C library only, since
 // an inline C++ function used here could be merged with a copy built for the newer CPU.
-// Every program that links megabatch_core pulls it in (the linker's --undefined).
+// Every program that links megabatch_core pulls it in (the linker's --undefined). Built with
+// MEGABATCH_CPU_LEVEL_PROBE it is instead a program that prints this CPU's level.
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
-extern "C" void megabatch_require_cpu_level(void) __attribute__((constructor(101)));
-
-#if defined(__x86_64__) && defined(MEGABATCH_REQUIRED_CPU_LEVEL)
+#if defined(__x86_64__) && (defined(MEGABATCH_REQUIRED_CPU_LEVEL) || defined(MEGABATCH_CPU_LEVEL_PROBE))
 namespace {
 
-// The psABI's micro-architecture levels, by the features compilers use at each.
+// The psABI's micro-architecture levels (1 = baseline x86-64, 2 = x86-64-v2 ...), by the
+// features compilers use at each, as this CPU's CPUID reports them (the kernel's
+// /proc/cpuinfo can leave some out: the development VM's lists no "abm" for LZCNT).
 int cpu_level() {
   __builtin_cpu_init();
   if (!(__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("ssse3")))
@@ -33,12 +34,28 @@ int cpu_level() {
   return 4;
 }
 
-const char* level_name(int level) {
+[[maybe_unused]] const char* level_name(int level) {
   return level >= 4 ? "x86-64-v4" : level == 3 ? "x86-64-v3" : level == 2 ? "x86-64-v2" : "x86-64";
 }
 
 }  // namespace
+#endif
 
+#if defined(MEGABATCH_CPU_LEVEL_PROBE)
+// The probe: this CPU's level on stdout. CMakeLists.txt runs it at configure time (a build
+// machine below x86-64-v3 builds for its own level), and the Build.CpuLevel test runs it
+// on emulated CPUs, so both use the check the programs make at run time.
+int main() {
+#if defined(__x86_64__)
+  printf("%d\n", cpu_level());
+#else
+  printf("0\n");
+#endif
+  return 0;
+}
+#else
+extern "C" void megabatch_require_cpu_level(void) __attribute__((constructor(101)));
+#if defined(__x86_64__) && defined(MEGABATCH_REQUIRED_CPU_LEVEL)
 void megabatch_require_cpu_level(void) {
   const int required = MEGABATCH_REQUIRED_CPU_LEVEL, have = cpu_level();
   if (have >= required) return;
@@ -59,4 +76,5 @@ void megabatch_require_cpu_level(void) {
 }
 #else
 void megabatch_require_cpu_level(void) {}  // built for baseline x86-64, this machine (native), or not x86
+#endif
 #endif

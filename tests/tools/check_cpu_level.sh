@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# Checks that programs built for x86-64-vLEVEL refuse a CPU below that level by name and
-# with the rebuild to do, where they would otherwise die of "Illegal instruction" (SIGILL,
-# exit 132) at their first AVX2 instruction: each PROGRAM is started under QEMU's user-mode
-# emulator (qemu-user) as a CPU one level down (v4: Haswell, v3: Nehalem, v2: qemu64) and,
-# for levels QEMU's own CPU reaches (-cpu max: x86-64-v3), as that CPU, where it must run.
+# The CPU-level check of core/util/cpu_level.cc on CPUs emulated by QEMU's user mode
+# (qemu-user), two ways:
+# - probe PROBE: the probe (cpu_level.cc built with MEGABATCH_CPU_LEVEL_PROBE, which picks a
+#   build machine's default -march) prints each CPU model's level as the psABI defines it:
+#   qemu64 1 (no SSE4.2), Nehalem 2, SandyBridge 2 (AVX, no AVX2), Haswell 3, and QEMU's own
+#   max 3 (its emulation has AVX2, not AVX-512);
+# - LEVEL PROGRAM...: programs built for x86-64-vLEVEL refuse a CPU below that level by name
+#   and with the rebuild to do, where they would otherwise die of "Illegal instruction"
+#   (SIGILL, exit 132) at their first AVX2 instruction: each is started as a CPU one level
+#   down (v4: Haswell, v3: Nehalem, v2: qemu64) and, for levels QEMU's max CPU reaches
+#   (x86-64-v3), as that CPU, where it must run.
 #
-#   check_cpu_level.sh LEVEL PROGRAM...     (LEVEL 2, 3 or 4; exit 0: every check held)
+#   check_cpu_level.sh probe PROBE | check_cpu_level.sh LEVEL PROGRAM...   (exit 0: all held)
 set -uo pipefail
-level=${1:?usage: check_cpu_level.sh LEVEL PROGRAM...}; shift
-(($#)) || { echo "usage: check_cpu_level.sh LEVEL PROGRAM..." >&2; exit 2; }
+level=${1:?usage: check_cpu_level.sh probe PROBE | check_cpu_level.sh LEVEL PROGRAM...}; shift
+(($#)) || { echo "usage: check_cpu_level.sh probe PROBE | check_cpu_level.sh LEVEL PROGRAM..." >&2; exit 2; }
 command -v qemu-x86_64 >/dev/null || { echo "check_cpu_level.sh: qemu-x86_64 (qemu-user) is missing: run ./setup.sh" >&2; exit 2; }
+if [[ $level == probe ]]; then
+  status=0
+  for case in qemu64:1 Nehalem:2 SandyBridge:2 Haswell:3 max:3; do
+    model=${case%:*} expected=${case#*:}
+    got=$(qemu-x86_64 -cpu "$model" "$1" 2>/dev/null)
+    if [[ $got == "$expected" ]]; then echo "$model: level $got"
+    else echo "$model: level '$got', expected $expected"; status=1; fi
+  done
+  exit $status
+fi
 case $level in
   2) older=qemu64 older_name=x86-64 ;;
   3) older=Nehalem older_name=x86-64-v2 ;;
