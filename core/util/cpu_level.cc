@@ -4,8 +4,9 @@
 // AVX2 or FMA instruction with "Illegal instruction" and nothing else (an older Xeon, or a
 // virtual machine whose CPU model hides AVX2, such as QEMU's and Proxmox's defaults).
 //
-// It runs as a constructor ahead of every other in the program, and this file alone is
-// compiled for baseline x86-64 (core/CMakeLists.txt): it calls the C library only, since
+// It runs as a constructor ahead of the program's others (priority 101; the shared
+// libraries' constructors run earlier, and none of them is built with megabatch's -march),
+// and this file alone is compiled for baseline x86-64 (core/CMakeLists.txt): it calls the C library only, since
 // an inline C++ function used here could be merged with a copy built for the newer CPU.
 // Every program that links megabatch_core pulls it in (the linker's --undefined). Built with
 // MEGABATCH_CPU_LEVEL_PROBE it is instead a program that prints this CPU's level.
