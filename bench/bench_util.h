@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <optional>
@@ -80,6 +81,12 @@ inline double value_of(const std::string& output, const std::string& key) {
   const size_t at = output.find(key + " ");
   if (at == std::string::npos) throw std::runtime_error("benchmark child printed no '" + key + "': " + output);
   return std::stod(output.substr(at + key.size() + 1));
+}
+
+// The median of timings (the upper one of an even count).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
 }
 
 }  // namespace megabatch::bench

@@ -33,11 +33,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 struct Result {
   double seconds = 0;
   std::vector<float> losses, grad;
@@ -57,7 +52,7 @@ Result time_it(const mb::Tensor& pristine, int reps, Fn&& fn) {
     mb::runtime::synchronize(dev);
     if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return {median(times), mb::to_host_f32(losses), mb::to_host_f32(logits)};
+  return {mb::bench::median(times), mb::to_host_f32(losses), mb::to_host_f32(logits)};
 }
 
 double largest_difference(const std::vector<float>& a, const std::vector<float>& b) {

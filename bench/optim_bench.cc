@@ -33,11 +33,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // Copy bandwidth: read + write bytes per second of copying n floats, the faster of two
 // ways: each thread memcpy-ing its slice (glibc streams large copies past the cache) and
 // an OpenMP vectorized copy loop (which also reads the destination's cache lines).
@@ -61,7 +56,8 @@ double copy_bandwidth(size_t n, int reps) {
   }
   volatile float sink = a[n / 2] + b[n / 3];
   (void)sink;
-  return 2.0 * static_cast<double>(n) * sizeof(float) / std::min(median(memcpy_times), median(loop_times));
+  return 2.0 * static_cast<double>(n) * sizeof(float) /
+         std::min(mb::bench::median(memcpy_times), mb::bench::median(loop_times));
 }
 
 struct Measured {
@@ -79,7 +75,7 @@ double plugin_step_seconds(const std::string& name, mb::train::Model& model, int
     opt.step(s + 1, 1e-4, 256, 0.5);  // the trainer passes the gradient norm it already has
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return median(times);
+  return mb::bench::median(times);
 }
 
 Measured measure(const std::string& preset, int steps, int threads, const std::string& tmp_shapes) {

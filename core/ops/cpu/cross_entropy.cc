@@ -42,6 +42,12 @@ void row_gradient(T* d, const T* e, int64_t V, T g, int64_t target, bool counted
   if (counted && target >= 0 && target < V) d[target] -= dloss;
 }
 
+// The loss's gradient scale: scale times the loss scaler's value (1 without one).
+template <typename T>
+T dloss_of(float scale, const Tensor& loss_scale) {
+  return static_cast<T>(scale) * static_cast<T>(loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f);
+}
+
 // sumexp(n) = sum_j exp(l_ij - rowmax_i); with kKeep the logits become those exps.
 template <bool kKeep>
 void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
@@ -101,14 +107,13 @@ void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, c
 
 void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
                  const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
-  const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
   with_compute_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     In<T> ls(logits), ms(rowmax), ss(sumexp);
     Out<T> ds(dlogits, true);
     const int32_t* tg = targets.data<int32_t>();
     const int64_t n = logits.dim(0), V = logits.dim(1);
-    const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
+    const T dloss = dloss_of<T>(scale, loss_scale);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
     for (int64_t i = 0; i < n; ++i) {
       if (tg[i] == ignore) continue;
@@ -130,14 +135,13 @@ void ce_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
 
 void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& sumexp, const Tensor& targets,
                       int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
-  const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
   with_compute_type(exps.dtype(), [&](auto zero) {
     using T = decltype(zero);
     In<T> es(exps), ss(sumexp);
     Out<T> ds(dlogits, false);  // a half dlogits that is exps: In copied them first
     const int32_t* tg = targets.data<int32_t>();
     const int64_t n = exps.dim(0), V = exps.dim(1);
-    const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
+    const T dloss = dloss_of<T>(scale, loss_scale);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
     for (int64_t i = 0; i < n; ++i) {
       const bool counted = tg[i] != ignore;
@@ -153,14 +157,13 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
 // 32,768) stays in cache.
 void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& targets, int32_t ignore, bool grad,
                    float scale, const Tensor& loss_scale) {
-  const float ls_value = loss_scale.defined() ? loss_scale.data<float>()[0] : 1.0f;
   with_compute_type(logits.dtype(), [&](auto zero) {
     using T = decltype(zero);
     Out<T> ls(logits, true);  // read, and written back only with the gradient
     Out<T> out(losses, false);
     const int32_t* tg = targets.data<int32_t>();
     const int64_t n = logits.dim(0), V = logits.dim(1);
-    const T dloss = static_cast<T>(scale) * static_cast<T>(ls_value);
+    const T dloss = dloss_of<T>(scale, loss_scale);
 #pragma omp parallel for schedule(static) if (n * V > 65536)
     for (int64_t i = 0; i < n; ++i) {
       T* l = ls.get() + i * V;

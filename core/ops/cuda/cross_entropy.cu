@@ -9,13 +9,32 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// One row's reductions by the whole block (every thread gets the result), shared by the
+// pieces and ce_whole_rows's kernel so that both compute the same.
+// The largest logit (fmaxf passes over a NaN, which then poisons the sum of exps).
+template <typename T>
+__device__ float block_row_max(const T* l, int64_t V, float* scratch) {
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f32(l[j]));
+  return block_max(m, scratch);
+}
+
+// sum_j exp(l_j - m); with kKeep the logits become those exps.
+template <bool kKeep, typename T>
+__device__ float block_row_sum_exps(T* l, int64_t V, float m, float* scratch) {
+  float s = 0;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
+    const float e = expf(to_f32(l[j]) - m);
+    if constexpr (kKeep) l[j] = from_f32<T>(e);
+    s += e;
+  }
+  return block_sum(s, scratch);
+}
+
 template <typename T>
 __global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
   __shared__ float scratch[32];
-  const T* l = logits + blockIdx.x * V;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f32(l[j]));
-  m = block_max(m, scratch);
+  const float m = block_row_max(logits + blockIdx.x * V, V, scratch);
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
 
@@ -23,15 +42,7 @@ __global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
 template <typename T, bool kKeep>
 __global__ void sum_exp_kernel(float* sumexp, T* logits, const float* rowmax, int64_t V) {
   __shared__ float scratch[32];
-  T* l = logits + blockIdx.x * V;
-  const float m = rowmax[blockIdx.x];
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    const float e = expf(to_f32(l[j]) - m);
-    if constexpr (kKeep) l[j] = from_f32<T>(e);
-    s += e;
-  }
-  s = block_sum(s, scratch);
+  const float s = block_row_sum_exps<kKeep>(logits + blockIdx.x * V, V, rowmax[blockIdx.x], scratch);
   if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
 }
 
@@ -102,16 +113,12 @@ __global__ void __launch_bounds__(kWholeRowThreads) whole_rows_kernel(float* los
   __shared__ float scratch[32];
   const int64_t i = blockIdx.x;
   T* l = logits + i * V;
-  float m = -INFINITY;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) m = fmaxf(m, to_f32(l[j]));
-  m = block_max(m, scratch);
+  const float m = block_row_max(l, V, scratch);
   const int64_t t = targets[i];
   const bool counted = targets[i] != ignore;
   // read by every thread before the barrier in block_sum, so before any thread writes below
   const float target = (t >= 0 && t < V) ? to_f32(l[t]) : 0.0f;
-  float s = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) s += expf(to_f32(l[j]) - m);
-  s = block_sum(s, scratch);
+  const float s = block_row_sum_exps<false>(l, V, m, scratch);
   if (threadIdx.x == 0) losses[i] = counted ? logf(s) + m - target : 0.0f;
   if (!grad) return;
   const float dloss = scale * (loss_scale ? loss_scale[0] : 1.0f);
