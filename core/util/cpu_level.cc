@@ -1,8 +1,10 @@
-// Refuses to run on a CPU older than the one the build's CPU code was compiled for
-// (MEGABATCH_REQUIRED_CPU_LEVEL, set by CMake from -march: x86-64-v2, -v3 or -v4), with a
-// message that says how to rebuild, where the program would otherwise stop at its first
-// AVX2 or FMA instruction with "Illegal instruction" and nothing else (an older Xeon, or a
-// virtual machine whose CPU model hides AVX2, such as QEMU's and Proxmox's defaults).
+// Refuses to run on a CPU that lacks an instruction-set extension the build's -march let
+// the compiler use (cpu_build_features.cc: x86-64-v3 by default, or whatever
+// -DMEGABATCH_CPU_ARCH / -DMEGABATCH_NATIVE=ON chose), with a message that names them and
+// says how to rebuild, where the program would otherwise stop at its first AVX2, FMA or
+// AVX-512 instruction with "Illegal instruction" and nothing else: an older Xeon, a
+// virtual machine whose CPU model hides AVX2 (QEMU's and Proxmox's defaults), or a cluster
+// node older than the login node a -march=native build was made on.
 //
 // It runs as a constructor ahead of the program's others (priority 101; the shared
 // libraries' constructors run earlier, and none of them is built with megabatch's -march),
@@ -15,24 +17,32 @@
 #include <string.h>
 #include <unistd.h>
 
-#if defined(__x86_64__) && (defined(MEGABATCH_REQUIRED_CPU_LEVEL) || defined(MEGABATCH_CPU_LEVEL_PROBE))
+#include "core/util/cpu_features.h"
+
+#if defined(__x86_64__)
 namespace {
 
-// The psABI's micro-architecture levels (1 = baseline x86-64, 2 = x86-64-v2 ...), by the
-// features compilers use at each, as this CPU's CPUID reports them (the kernel's
-// /proc/cpuinfo can leave some out: the development VM's lists no "abm" for LZCNT).
-int cpu_level() {
+namespace cf = megabatch::cpu_features;
+
+// The features of cpu_features.h this CPU has, as its CPUID (and the OS's saved vector
+// state) report them through __builtin_cpu_supports (the kernel's /proc/cpuinfo can leave
+// some out: the development VM's lists no "abm" for LZCNT).
+uint64_t cpu_has() {
   __builtin_cpu_init();
-  if (!(__builtin_cpu_supports("sse4.2") && __builtin_cpu_supports("popcnt") && __builtin_cpu_supports("ssse3")))
-    return 1;
-  if (!(__builtin_cpu_supports("avx") && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("bmi") && __builtin_cpu_supports("bmi2")))
-    return 2;
-  if (!(__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512cd")))
-    return 3;
-  return 4;
+  uint64_t have = 0;
+#define MEGABATCH_CPU_FEATURE_HAVE(id, name) \
+  if (__builtin_cpu_supports(name)) have |= cf::k##id;
+  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_HAVE)
+#undef MEGABATCH_CPU_FEATURE_HAVE
+  return have;
+}
+
+// The psABI's micro-architecture level of a feature set: 1 (baseline x86-64) to 4.
+int level_of(uint64_t have) {
+  if ((have & cf::kLevel4) == cf::kLevel4) return 4;
+  if ((have & cf::kLevel3) == cf::kLevel3) return 3;
+  if ((have & cf::kLevel2) == cf::kLevel2) return 2;
+  return 1;
 }
 
 [[maybe_unused]] const char* level_name(int level) {
@@ -48,7 +58,7 @@ int cpu_level() {
 // on emulated CPUs, so both use the check the programs make at run time.
 int main() {
 #if defined(__x86_64__)
-  printf("%d\n", cpu_level());
+  printf("%d\n", level_of(cpu_has()));
 #else
   printf("0\n");
 #endif
@@ -56,19 +66,29 @@ int main() {
 }
 #else
 extern "C" void megabatch_require_cpu_level(void) __attribute__((constructor(101)));
-#if defined(__x86_64__) && defined(MEGABATCH_REQUIRED_CPU_LEVEL)
+#if defined(__x86_64__)
 void megabatch_require_cpu_level(void) {
-  const int required = MEGABATCH_REQUIRED_CPU_LEVEL, have = cpu_level();
-  if (have >= required) return;
-  char msg[1024];
+  const uint64_t have = cpu_has(), missing = megabatch_build_cpu_features & ~have;
+  if (missing == 0) return;
+  char lacks[512] = "";
+  size_t used = 0;
+#define MEGABATCH_CPU_FEATURE_NAME(id, name)                                                      \
+  if ((missing & cf::k##id) && used + sizeof(name) + 2 < sizeof lacks)                            \
+    used += static_cast<size_t>(snprintf(lacks + used, sizeof lacks - used, "%s%s", used ? ", " : "", name));
+  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_NAME)
+#undef MEGABATCH_CPU_FEATURE_NAME
+  const char* march = megabatch_build_march;
+  const bool native = strcmp(march, "native") == 0;
+  const char* here = level_name(level_of(have));
+  char msg[2048];
   const int n = snprintf(
       msg, sizeof msg,
-      "%s: error: this megabatch was built for %s CPUs (-march=%s%s) and this CPU is %s: it would stop at the "
-      "first instruction this CPU lacks (Illegal instruction). Rebuild it for this machine: cmake -B build "
-      "-DMEGABATCH_CPU_ARCH=%s && cmake --build build (a new build directory picks this machine's level by itself)\n",
-      program_invocation_short_name, level_name(required), level_name(required),
-      required == 3 ? ": AVX2, FMA, BMI2" : required == 4 ? ": AVX-512" : ": SSE4.2, POPCNT", level_name(have),
-      level_name(have));
+      "%s: error: this megabatch was built for %s%s (-march=%s) and this CPU lacks %s (it is %s): it would "
+      "stop at the first instruction this CPU lacks (Illegal instruction). Rebuild it for this machine: cmake "
+      "-B build%s -DMEGABATCH_CPU_ARCH=%s && cmake --build build (a new build directory picks this machine's "
+      "level by itself)\n",
+      program_invocation_short_name, native ? "the CPU it was built on" : march, native ? "" : " CPUs", march,
+      lacks, here, native ? " -DMEGABATCH_NATIVE=OFF" : "", here);
   if (n > 0) {
     ssize_t unused = write(STDERR_FILENO, msg, strlen(msg));
     (void)unused;
@@ -76,6 +96,6 @@ void megabatch_require_cpu_level(void) {
   _exit(1);
 }
 #else
-void megabatch_require_cpu_level(void) {}  // built for baseline x86-64, this machine (native), or not x86
+void megabatch_require_cpu_level(void) {}  // not x86: the compiler's -march is the machine's own
 #endif
 #endif
