@@ -89,6 +89,19 @@ Bytes mutate(const Bytes& in, const std::vector<Bytes>& corpus, std::mt19937_64&
 }
 }  // namespace
 
+void usage(const char* program, std::ostream& out) {
+  const std::string name = fs::path(program).filename().string();
+  out << "usage: " << name << " --corpus DIR [--seconds 10] [--seed 1] [--max-len 4096] [--crash-dir DIR]\n"
+      << "       " << name << " --replay FILE\n"
+      << "Runs this fuzz target on every file of the seed corpus DIR, then on random mutations of them for\n"
+      << "--seconds; an input that crashes it, or makes it let an exception out, is kept in --crash-dir\n"
+      << "(crash-input-PID) and ends the run with a nonzero status. --replay runs one such input again.\n"
+      << "Examples (from the repository root; ctest -L fuzz runs each target for a few seconds):\n"
+      << "  build/bin/" << name << " --corpus tests/fuzz/corpus/" << name.substr(name.find('_') + 1)
+      << " --seconds 60\n"
+      << "  build/bin/" << name << " --replay build/fuzz-crashes/crash-input-12345\n";
+}
+
 int main(int argc, char** argv) {
   std::string corpus_dir, crash_dir = ".", replay;
   double seconds = 10;
@@ -97,24 +110,42 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto next = [&]() -> std::string {
-      if (i + 1 >= argc) { std::cerr << "fuzz: " << a << " needs a value\n"; std::exit(2); }
+      if (i + 1 >= argc) { std::cerr << "fuzz: " << a << " needs a value (see --help)\n"; std::exit(2); }
       return argv[++i];
     };
-    if (a == "--corpus") corpus_dir = next();
-    else if (a == "--seconds") seconds = std::stod(next());
-    else if (a == "--seed") seed = std::stoull(next());
-    else if (a == "--max-len") max_len = std::stoul(next());
+    // a number, or a message naming the option
+    auto number = [&](auto parse) {
+      const std::string v = next();
+      try {
+        size_t used = 0;
+        const auto x = parse(v, &used);
+        if (used == v.size() && v[0] != '-') return x;
+      } catch (const std::exception&) {
+      }
+      std::cerr << "fuzz: " << a << " takes a non-negative number, not '" << v << "'\n";
+      std::exit(2);
+    };
+    if (a == "--help" || a == "-h") { usage(argv[0], std::cout); return 0; }
+    else if (a == "--corpus") corpus_dir = next();
+    else if (a == "--seconds") seconds = number([](const std::string& v, size_t* n) { return std::stod(v, n); });
+    else if (a == "--seed") seed = number([](const std::string& v, size_t* n) { return std::stoull(v, n); });
+    else if (a == "--max-len") max_len = number([](const std::string& v, size_t* n) { return std::stoul(v, n); });
     else if (a == "--crash-dir") crash_dir = next();
     else if (a == "--replay") replay = next();
-    else { std::cerr << "fuzz: unknown option " << a << "\n"; return 2; }
+    else { std::cerr << "fuzz: unknown option " << a << "\n"; usage(argv[0], std::cerr); return 2; }
   }
   if (!replay.empty()) {
+    if (!fs::is_regular_file(replay)) { std::cerr << "fuzz: --replay " << replay << ": no such file\n"; return 2; }
     const Bytes b = read_all(replay);
     LLVMFuzzerTestOneInput(b.data(), b.size());
     std::cout << "fuzz: " << replay << " ran without a crash\n";
     return 0;
   }
   std::vector<Bytes> corpus;
+  if (!corpus_dir.empty() && !fs::is_directory(corpus_dir)) {
+    std::cerr << "fuzz: --corpus " << corpus_dir << ": no such directory (the seeds are in tests/fuzz/corpus/)\n";
+    return 2;
+  }
   if (!corpus_dir.empty())
     for (const auto& e : fs::directory_iterator(corpus_dir))
       if (e.is_regular_file()) corpus.push_back(read_all(e.path()));
