@@ -20,7 +20,8 @@ while [[ $# -gt 0 ]]; do
     --iters) iters=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --) shift; break ;;
-    *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "selftest: unknown option $1" >&2; sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
   esac
 done
 [[ $# -gt 0 ]] || { echo "selftest: give the launch command after -- (e.g. -- mpirun -np 4)" >&2; exit 2; }

@@ -15,7 +15,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+# usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
 itype="" hostfile="" dry=0 selftest=0 per_node="" extra=()
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -26,7 +27,7 @@ while [[ $# -gt 0 ]]; do
     --ranks-per-node) per_node=$2; shift 2 ;;       # default: one rank per GPU
     --mpirun-arg) extra+=("$2"); shift 2 ;;         # passed to mpirun as is (repeatable)
     --) shift; break ;;
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
     *) echo "launch.sh: unknown option $1 (train options go after --)" >&2; usage ;;
   esac
 done

@@ -14,10 +14,16 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+# usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
 [[ $# -ge 1 ]] || usage
+[[ $1 == -h || $1 == --help ]] && usage 0
 sweep_file=""
-[[ $1 == --selftest ]] || { sweep_file=$1; }
+case $1 in
+  --selftest) ;;
+  -*) echo "submit.sh: the sweep file (or --selftest) comes first, before $1" >&2; usage ;;
+  *) sweep_file=$1 ;;
+esac
 shift
 nodes=1 ntasks=1 partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
 while [[ $# -gt 0 ]]; do
@@ -31,7 +37,7 @@ while [[ $# -gt 0 ]]; do
     --container) container=$2; shift 2 ;;
     --runs-dir) runs_dir=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) usage ;;
+    -h|--help) usage 0 ;;
     *) echo "submit.sh: unknown option $1" >&2; usage ;;
   esac
 done

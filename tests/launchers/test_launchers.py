@@ -144,6 +144,25 @@ class CommandLines(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout)
         self.assertIn("--nodes: expected a whole number >= 1, got 0", r.stderr)
 
+    def test_each_launcher_answers_help_with_its_own_usage(self):
+        # before: submit.sh --help took "--help" for the sweep file and printed sweep's usage
+        # (exit 2), and launch.sh and selftest.sh answered --help with exit 2
+        for script, usage in [(["launchers/ec2/launch.sh"], "launchers/ec2/launch.sh --instance-type"),
+                              (["launchers/slurm/submit.sh"], "launchers/slurm/submit.sh experiments/"),
+                              (["launchers/selftest.sh"], "launchers/selftest.sh [--tp T]"),
+                              (["/usr/bin/python3", "launchers/eks/render.py"], "usage: render.py")]:
+            path = [os.path.join(ROOT, a) if a.startswith("launchers") else a for a in script]
+            r = self.run_([*path, "--help"])
+            self.assertEqual(r.returncode, 0, script)
+            self.assertIn(usage, r.stdout)
+            self.assertNotIn("sweep run FILE.json", r.stdout)
+        # an option before the sweep file is named, not taken for the file
+        r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"), "--nodes", "2",
+                       os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--dry-run"])
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("submit.sh: the sweep file (or --selftest) comes first, before --nodes", r.stderr)
+        self.assertNotIn("sbatch", r.stdout)
+
     def test_ec2_launch_takes_the_programs_from_megabatch_bin(self):
         with tempfile.TemporaryDirectory() as d:
             hosts = os.path.join(d, "hosts")
