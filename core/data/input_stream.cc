@@ -188,7 +188,8 @@ struct InputStream::Pipe {
 
 InputStream::InputStream(const fs::path& path) : path_(path), pipe_(std::make_unique<Pipe>()) {
   struct stat st {};
-  check(::stat(path.c_str(), &st) == 0, path.string(), ": cannot open the input file (", std::strerror(errno), ")");
+  // errno read after the call (check's arguments are evaluated in no fixed order)
+  if (::stat(path.c_str(), &st) != 0) fail(path.string(), ": cannot open the input file (", std::strerror(errno), ")");
   check(S_ISREG(st.st_mode), path.string(), ": not a regular file; give the path of a corpus file");
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   check(fd >= 0, path.string(), ": cannot open the input file (", std::strerror(errno), ")");

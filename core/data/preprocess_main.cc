@@ -149,10 +149,10 @@ int main(int argc, char** argv) {
     }
     return run_preprocess(argc, argv);
   } catch (const Error& e) {
-    std::cerr << "error: " << e.what() << std::endl;
+    std::cerr << "preprocess: error: " << e.what() << std::endl;
     return 2;
   } catch (const std::exception& e) {
-    std::cerr << "error: internal: " << e.what() << std::endl;
+    std::cerr << "preprocess: error: internal: " << e.what() << std::endl;
     return 3;
   }
 }

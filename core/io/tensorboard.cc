@@ -104,7 +104,8 @@ void TensorBoardWriter::series(const std::map<std::string, std::vector<double>>&
 }
 
 void TensorBoardWriter::flush() {
-  check(std::fflush(file_) == 0, path_.string(), ": cannot write the TensorBoard event file (", std::strerror(errno), ")");
+  if (std::fflush(file_) != 0)  // errno read after the call, not among check's arguments
+    fail(path_.string(), ": cannot write the TensorBoard event file (", std::strerror(errno), ")");
 }
 
 }  // namespace megabatch::io

@@ -193,6 +193,15 @@ TEST(Preprocess, PlainTextAndFlagErrors) {
                              (dir / "t").string() + " --tokenizer-type GPT2BPETokenizer --vocab-file " +
                              (dir / "none.json").string());
   EXPECT_NE(m.output.find("none.json: cannot open GPT-2 vocabulary"), std::string::npos) << m.output;
+  // a missing input is named with the system's reason, from the program by name (before:
+  // "error: ...: cannot open the input file (Success)", errno read before stat() had run)
+  const auto missing = run_command(preprocess() + " --input " + (dir / "absent.jsonl").string() +
+                                   " --output-prefix " + (dir / "a").string() + " --tokenizer-type GPT2BPETokenizer");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("preprocess: error: " + (dir / "absent.jsonl").string() +
+                                ": cannot open the input file (No such file or directory)"),
+            std::string::npos)
+      << missing.output;
   const auto h = run_command(preprocess() + " --help");
   EXPECT_EQ(h.exit_code, 0);
   EXPECT_NE(h.output.find("examples:"), std::string::npos);
