@@ -10,28 +10,30 @@
 
 #include <cstdint>
 
-// X(identifier, the name __builtin_cpu_supports takes, which is also the name a message gives)
-#define MEGABATCH_CPU_FEATURES(X)                                                                        \
-  X(SSE3, "sse3") X(SSSE3, "ssse3") X(SSE4_1, "sse4.1") X(SSE4_2, "sse4.2") X(POPCNT, "popcnt")          \
-  X(AVX, "avx") X(AVX2, "avx2") X(FMA, "fma") X(F16C, "f16c") X(BMI, "bmi") X(BMI2, "bmi2")               \
-  X(LZCNT, "lzcnt") X(MOVBE, "movbe")                                                                    \
-  X(AVX512F, "avx512f") X(AVX512BW, "avx512bw") X(AVX512DQ, "avx512dq") X(AVX512VL, "avx512vl")          \
-  X(AVX512CD, "avx512cd") X(AVX512VNNI, "avx512vnni") X(AVX512BF16, "avx512bf16")                        \
-  X(AVX512VBMI, "avx512vbmi") X(AVX512VBMI2, "avx512vbmi2") X(AVX512IFMA, "avx512ifma")                  \
-  X(AVX512BITALG, "avx512bitalg") X(AVX512VPOPCNTDQ, "avx512vpopcntdq") X(AVX512FP16, "avx512fp16")      \
-  X(AVXVNNI, "avxvnni")
+// B(identifier, name) for the features both GCC's and clang's __builtin_cpu_supports know,
+// C(identifier, name) for those cpu_level.cc reads from CPUID itself (clang 14 knows neither
+// name); the name is GCC's __builtin_cpu_supports name, and the one a message gives.
+#define MEGABATCH_CPU_FEATURES(B, C)                                                                     \
+  B(SSE3, "sse3") B(SSSE3, "ssse3") B(SSE4_1, "sse4.1") B(SSE4_2, "sse4.2") B(POPCNT, "popcnt")          \
+  B(AVX, "avx") B(AVX2, "avx2") B(FMA, "fma") C(F16C, "f16c") B(BMI, "bmi") B(BMI2, "bmi2")               \
+  C(LZCNT, "lzcnt") C(MOVBE, "movbe")                                                                    \
+  B(AVX512F, "avx512f") B(AVX512BW, "avx512bw") B(AVX512DQ, "avx512dq") B(AVX512VL, "avx512vl")          \
+  B(AVX512CD, "avx512cd") B(AVX512VNNI, "avx512vnni") B(AVX512BF16, "avx512bf16")                        \
+  B(AVX512VBMI, "avx512vbmi") B(AVX512VBMI2, "avx512vbmi2") B(AVX512IFMA, "avx512ifma")                  \
+  B(AVX512BITALG, "avx512bitalg") B(AVX512VPOPCNTDQ, "avx512vpopcntdq") C(AVX512FP16, "avx512fp16")      \
+  C(AVXVNNI, "avxvnni")
 
 namespace megabatch::cpu_features {
 
 enum Index : int {
 #define MEGABATCH_CPU_FEATURE_INDEX(id, name) k##id##Index,
-  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_INDEX)
+  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_INDEX, MEGABATCH_CPU_FEATURE_INDEX)
 #undef MEGABATCH_CPU_FEATURE_INDEX
   kCount
 };
 
 #define MEGABATCH_CPU_FEATURE_BIT(id, name) constexpr uint64_t k##id = uint64_t{1} << k##id##Index;
-MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_BIT)
+MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_BIT, MEGABATCH_CPU_FEATURE_BIT)
 #undef MEGABATCH_CPU_FEATURE_BIT
 
 // The psABI's micro-architecture levels in these bits (x86-64 itself needs none of them).

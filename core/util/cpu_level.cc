@@ -17,6 +17,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "core/util/cpu_features.h"
 
 #if defined(__x86_64__)
@@ -25,15 +29,32 @@ namespace {
 namespace cf = megabatch::cpu_features;
 
 // The features of cpu_features.h this CPU has, as its CPUID (and the OS's saved vector
-// state) report them through __builtin_cpu_supports (the kernel's /proc/cpuinfo can leave
-// some out: the development VM's lists no "abm" for LZCNT).
+// state) report them: through __builtin_cpu_supports where both GCC and clang know the
+// name, else from CPUID here, gated on the vector state their registers need (the
+// kernel's /proc/cpuinfo can leave some out: the development VM's lists no "abm" for LZCNT).
 uint64_t cpu_has() {
   __builtin_cpu_init();
   uint64_t have = 0;
 #define MEGABATCH_CPU_FEATURE_HAVE(id, name) \
   if (__builtin_cpu_supports(name)) have |= cf::k##id;
-  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_HAVE)
+#define MEGABATCH_CPU_FEATURE_BY_CPUID(id, name)
+  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_HAVE, MEGABATCH_CPU_FEATURE_BY_CPUID)
 #undef MEGABATCH_CPU_FEATURE_HAVE
+  unsigned a = 0, b = 0, c = 0, d = 0;  // CPUID's registers; the bits are Intel's and AMD's manuals'
+  if (__get_cpuid(1, &a, &b, &c, &d)) {
+    if (c & (1u << 22)) have |= cf::kMOVBE;
+    if ((c & (1u << 29)) && (have & cf::kAVX)) have |= cf::kF16C;
+  }
+  if (__get_cpuid(0x80000001u, &a, &b, &c, &d) && (c & (1u << 5))) have |= cf::kLZCNT;  // ABM
+  if (__get_cpuid_count(7, 0, &a, &b, &c, &d) && (d & (1u << 23)) && (have & cf::kAVX512F)) have |= cf::kAVX512FP16;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) && (have & cf::kAVX)) have |= cf::kAVXVNNI;
+  // every C() feature of cpu_features.h is one of those read above
+#define MEGABATCH_CPU_FEATURE_BY_CPUID_BIT(id, name) | cf::k##id
+  constexpr uint64_t kListed = 0 MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_BY_CPUID, MEGABATCH_CPU_FEATURE_BY_CPUID_BIT);
+#undef MEGABATCH_CPU_FEATURE_BY_CPUID_BIT
+#undef MEGABATCH_CPU_FEATURE_BY_CPUID
+  static_assert(kListed == (cf::kMOVBE | cf::kF16C | cf::kLZCNT | cf::kAVX512FP16 | cf::kAVXVNNI),
+                "cpu_features.h lists a C() feature that cpu_has() does not read from CPUID");
   return have;
 }
 
@@ -75,7 +96,7 @@ void megabatch_require_cpu_level(void) {
 #define MEGABATCH_CPU_FEATURE_NAME(id, name)                                                      \
   if ((missing & cf::k##id) && used + sizeof(name) + 2 < sizeof lacks)                            \
     used += static_cast<size_t>(snprintf(lacks + used, sizeof lacks - used, "%s%s", used ? ", " : "", name));
-  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_NAME)
+  MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_NAME, MEGABATCH_CPU_FEATURE_NAME)
 #undef MEGABATCH_CPU_FEATURE_NAME
   const char* march = megabatch_build_march;
   const bool native = strcmp(march, "native") == 0;
