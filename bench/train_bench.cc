@@ -5,6 +5,7 @@
 // machine's fp32 GEMM peak (OpenBLAS sgemm 1024^3, measured here) each one reaches.
 //
 //   build/bin/train_bench [--threads 2] [--steps 8] [--baseline OTHER/bin/train_bench]
+//   build/bin/train_bench --sgemm [--threads 1]       # the machine and its sgemm rate alone
 //
 // --baseline runs another build's train_bench (an older commit, or another -march) as a
 // second megabatch row in the same run, alternating with this build's child --rounds times,
@@ -93,9 +94,16 @@ int main(int argc, char** argv) {
   a.option("child", "WHAT", "internal: run one side and print its tokens/s", "");
   a.option("baseline", "PATH", "another build's train_bench, measured in the same run", "");
   a.option("rounds", "N", "alternating rounds of this build and the baseline (best of each)", "3");
+  a.flag("sgemm", "print only the machine, OpenBLAS's kernel and its sgemm rate with --threads threads");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
   omp_set_num_threads(threads);
+  if (a.has("sgemm")) {  // bench/default_sweep_bench.sh's machine facts (no PyTorch needed)
+    const double first = sgemm_gflops(), second = sgemm_gflops();
+    std::printf("%s\nsgemm 1024^3 with %d thread%s: %.1f GFLOP/s (best of 2 runs of 20)\n",
+                mb::ops::cpu::cpu_and_blas().c_str(), threads, threads == 1 ? "" : "s", std::max(first, second));
+    return 0;
+  }
   const std::string src = MEGABATCH_SOURCE_DIR;
   if (a.get("child") == "megabatch") {
     std::printf("tokens_per_second %.3f\n", megabatch_tokens_per_second(steps));
