@@ -98,18 +98,21 @@ void megabatch_require_cpu_level(void) {
     used += static_cast<size_t>(snprintf(lacks + used, sizeof lacks - used, "%s%s", used ? ", " : "", name));
   MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_NAME, MEGABATCH_CPU_FEATURE_NAME)
 #undef MEGABATCH_CPU_FEATURE_NAME
+  // what the build was for, in words and as its flag
   const char* march = megabatch_build_march;
-  const bool native = strcmp(march, "native") == 0;
+  const bool native = strcmp(march, "native") == 0, none = march[0] == '\0';
+  char built_for[160], flag[160];
+  snprintf(built_for, sizeof built_for, "%s%s", native ? "the CPU it was built on" : none ? "the compiler's default CPU" : march,
+           native || none ? "" : " CPUs");
+  snprintf(flag, sizeof flag, "%s%s", none ? "no -march" : "-march=", march);
   const char* here = level_name(level_of(have));
   char msg[2048];
   const int n = snprintf(
       msg, sizeof msg,
-      "%s: error: this megabatch was built for %s%s (-march=%s) and this CPU lacks %s (it is %s): it would "
-      "stop at the first instruction this CPU lacks (Illegal instruction). Rebuild it for this machine: cmake "
-      "-B build%s -DMEGABATCH_CPU_ARCH=%s && cmake --build build (a new build directory picks this machine's "
-      "level by itself)\n",
-      program_invocation_short_name, native ? "the CPU it was built on" : march, native ? "" : " CPUs", march,
-      lacks, here, native ? " -DMEGABATCH_NATIVE=OFF" : "", here);
+      "%s: error: this megabatch was built for %s (%s) and this CPU lacks %s (it is %s): it would stop at the "
+      "first instruction this CPU lacks (Illegal instruction). Rebuild it for this machine: cmake -B build%s "
+      "-DMEGABATCH_CPU_ARCH=%s && cmake --build build (a new build directory picks this machine's level by itself)\n",
+      program_invocation_short_name, built_for, flag, lacks, here, native ? " -DMEGABATCH_NATIVE=OFF" : "", here);
   if (n > 0) {
     ssize_t unused = write(STDERR_FILENO, msg, strlen(msg));
     (void)unused;
