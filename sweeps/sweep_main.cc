@@ -152,6 +152,11 @@ int run(int argc, char** argv) {
     return 0;
   }
   if (cmd == "export") {
+    // neither a directory nor a file: say which two things export takes (the parser would
+    // otherwise refuse --csv as an option of the sweep-file form)
+    mb::check(argc < 3 || std::string(argv[2]).rfind("-", 0) == 0 || fs::exists(argv[2]), "sweep export: ", argv[2],
+              ": no such sweep file (export FILE.json: points for other launchers) or sweep directory (export DIR "
+              "--csv FILE / --tensorboard OUT: its metrics; DIR = runs/<name>)");
     mb::ArgParser e("sweep export", kUsage);
     e.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
     e.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));

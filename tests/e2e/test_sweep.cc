@@ -570,6 +570,11 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
   EXPECT_NE(r.output.find("freed 0 kB in 0 point(s)"), std::string::npos) << r.output;
 
   const fs::path csv = tmp / "exp.csv", tb = tmp / "tb";
+  // a mistyped sweep directory is named as such (before: "sweep export: unknown option --csv")
+  r = mb::testing::run_command(sweep("export " + dir.string() + "-typo --csv " + csv.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("sweep export: " + dir.string() + "-typo: no such sweep file"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(csv));
   r = mb::testing::run_command(sweep("export " + dir.string() + " --csv " + csv.string() + " --tensorboard " + tb.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string tools = mb::testing::source_dir() + "/tests/tools/";
