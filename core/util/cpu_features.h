@@ -31,6 +31,7 @@ enum Index : int {
 #undef MEGABATCH_CPU_FEATURE_INDEX
   kCount
 };
+static_assert(kCount <= 64, "the features are bits of one uint64_t");
 
 #define MEGABATCH_CPU_FEATURE_BIT(id, name) constexpr uint64_t k##id = uint64_t{1} << k##id##Index;
 MEGABATCH_CPU_FEATURES(MEGABATCH_CPU_FEATURE_BIT, MEGABATCH_CPU_FEATURE_BIT)
