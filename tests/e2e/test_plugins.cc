@@ -354,6 +354,56 @@ TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
     }
 }
 
+// The plugin that plugins/README.md shows ("The shape of a plugin"), copied out of the page as
+// a reader would, with the three-line CMakeLists.txt that the page describes: it builds against
+// the installed package and is an optimizer. At beta 0 its update is w -= lr * g, which is the
+// shipped sgd plugin with momentum 0 and no weight decay, so the two train to the same losses,
+// bit for bit; and its momentum lands in checkpoints under the name the page gives it.
+TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
+  mb::testing::TempDir tmp;
+  const fs::path build_dir = fs::path(mb::testing::bin_dir()).parent_path();
+  const fs::path prefix = tmp / "prefix", src = tmp / "my_optimizer";
+  auto run = [](const std::string& cmd) {
+    const auto r = mb::testing::run_command(cmd + " 2>&1");
+    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+    return r;
+  };
+  const std::string page = mb::testing::read_text(fs::path(mb::testing::source_dir()) / "plugins" / "README.md");
+  const size_t open = page.find("```cpp\n");
+  ASSERT_NE(open, std::string::npos) << "plugins/README.md has no ```cpp block";
+  const size_t body = open + 7, close = page.find("```", body);
+  ASSERT_NE(close, std::string::npos);
+  fs::create_directories(src);
+  mb::testing::write_text(src / "my_optimizer.cc", page.substr(body, close - body));
+  mb::testing::write_text(src / "CMakeLists.txt",
+                          "cmake_minimum_required(VERSION 3.20)\nproject(my_optimizer CXX)\n"
+                          "set(CMAKE_CXX_STANDARD 17)\nfind_package(megabatch REQUIRED)\n"
+                          "megabatch_add_plugin(my_optimizer my_optimizer.cc)\n");
+  run("cmake --install " + build_dir.string() + " --prefix " + prefix.string());
+  run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
+      " -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=75");
+  run("cmake --build " + (src / "build").string());
+  ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_my_optimizer.so"));
+
+  run(prefix.string() + "/bin/preprocess brown --output-dir " + (tmp / "data").string());
+  const std::string train = prefix.string() + "/bin/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
+                            "--seq-length 16 --micro-batch-size 2 --train-iters 6 --lr 0.5 --log-interval 1 "
+                            "--eval-iters 0 --threads 1 --plugin-path " + (src / "build" / "plugins").string() +
+                            " --data-path " + (tmp / "data" / "brown_gpt2_text_document").string();
+  const auto mine = run(train + " --optimizer my_optimizer --optimizer-params beta=0 --run-dir " + (tmp / "mine").string() +
+                        " --save " + (tmp / "mine" / "ckpt").string());
+  EXPECT_NE(mine.output.find("optimizer: my_optimizer 0.1.0"), std::string::npos) << mine.output;
+  run(train + " --optimizer sgd --optimizer-params momentum=0 --optimizer-params weight_decay=0 --run-dir " +
+      (tmp / "sgd").string());
+  const auto a = mb::testing::H5File((tmp / "mine" / "metrics.h5").string(), mb::testing::H5File::kRead).read<double>("train/lm_loss");
+  const auto b = mb::testing::H5File((tmp / "sgd" / "metrics.h5").string(), mb::testing::H5File::kRead).read<double>("train/lm_loss");
+  ASSERT_EQ(a.size(), 6u);
+  EXPECT_EQ(a, b) << "the README's plugin at beta 0 and sgd at momentum 0 step identically";
+  EXPECT_LT(a.back(), a.front()) << "SGD at lr 0.5 lowers the loss of a fresh model within 6 steps";
+  mb::testing::H5File c((tmp / "mine" / "ckpt" / "iter_0000006.h5").string(), mb::testing::H5File::kRead);
+  EXPECT_EQ(c.read<float>("optimizer/decoder.layers.0.self_attention.linear_qkv.weight/exp_avg").size(), 96u * 32u);
+}
+
 // The plugin kit: install megabatch, build plugins/example (Adafactor, with per-row and
 // per-column state) out of tree against the installed CMake package (with nvcc where the
 // package was built with CUDA), train with it from --plugin-path, checkpoint its factored
