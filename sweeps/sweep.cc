@@ -68,6 +68,23 @@ ordered_json load_with_includes(const fs::path& file, std::vector<fs::path>& cha
   return j;
 }
 
+// A null value unsets its key (JSON merge patch, RFC 7396): `"weight_decay": null` in the base
+// of a file that includes another, or in one entry of an axis, leaves that option at train's
+// default for the points it reaches, as if it had never been given; so do nulls inside objects
+// (optimizer_params, derive) and at the top level. Lists are values, and keep theirs.
+template <class Json>
+void drop_nulls(Json& j) {
+  if (!j.is_object()) return;
+  for (auto it = j.begin(); it != j.end();) {
+    if (it->is_null()) {
+      it = j.erase(it);
+    } else {
+      drop_nulls(*it);
+      ++it;
+    }
+  }
+}
+
 // Formats a value for a point id: integers as is, floats with 3 significant digits, a
 // string with slashes (a path) by its last component.
 std::string id_value(const json& v) {
@@ -203,6 +220,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
   Sweep s;
   s.file = file;
   s.spec = load_with_includes(file, chain);
+  drop_nulls(s.spec);
   const ordered_json& j = s.spec;
   const std::string where = file.string();
   check(j.contains("name") && j["name"].is_string() && !j["name"].get<std::string>().empty(), where,
@@ -336,6 +354,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       for (const auto& row : a.values) {
         json p = c;
         for (size_t k = 0; k < a.keys.size(); ++k) p[a.keys[k]] = row[k];
+        drop_nulls(p);
         next.push_back(p);
       }
     configs = next;

@@ -27,7 +27,10 @@
 // slashes (a data path) contributes its last component, and nothing but letters, digits
 // and '-', '_', '.', '+' reaches the file system (no separators, no '..', no leading dot,
 // at most 120 characters). Objects of an included file are merged key by key (the including file
-// wins); arrays and scalars are replaced.
+// wins); arrays and scalars are replaced. A null unsets its key, as in a JSON merge patch:
+// `"base": {"weight_decay": null}` over an included base, or a null in one entry of an axis
+// (`"weight_decay": [0.01, null]` zipped with the optimizers), leaves that option at train's
+// default for the points it reaches; `"grid": null` drops an included file's grid.
 #pragma once
 
 #include <filesystem>

@@ -13,6 +13,8 @@
 #include <regex>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
@@ -709,6 +711,37 @@ TEST_F(Sweep, RandomAxisIsReproducibleBySeed) {
   const auto bs = dry(bad_seed);
   EXPECT_EQ(bs.exit_code, 2);
   EXPECT_NE(bs.output.find("random.seed: expected an integer >= 0, got 1.5"), std::string::npos) << bs.output;
+}
+
+// A null unsets a key (JSON merge patch): a file that includes the default sweep can compare
+// an optimizer that lacks one of its hyperparameters. Here the included file sets clip_grad,
+// adamw's beta2 and a grid; the including one drops clip_grad from the base (the points run
+// at train's default), drops the grid, and gives sgd, which has no beta2, no optimizer_params.
+TEST_F(Sweep, ANullUnsetsAKeyOfAnIncludedFileOrOfOnePoint) {
+  mb::testing::TempDir tmp;
+  mb::testing::write_text(tmp / "inc.json", R"({"name": "inc", "base": {"num_layers": 1, "hidden_size": 32,
+    "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2, "train_iters": 2, "lr": 0.001, "eval_iters": 0,
+    "clip_grad": 0.5, "optimizer_params": {"beta2": 0.95},
+    "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+    "grid": {"optimizer": ["adamw", "lamb"]}})");
+  mb::testing::write_text(tmp / "top.json", R"({"include": "inc.json", "name": "top", "grid": null,
+    "base": {"clip_grad": null},
+    "zip": {"optimizer": ["adamw", "sgd"], "optimizer_params": [{"beta2": 0.9}, null]}})");
+  const auto r = run_sweep(tmp / "top.json", tmp / "runs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path root = tmp / "runs" / "top";
+  std::vector<std::string> points;
+  for (const auto& e : fs::directory_iterator(root))
+    if (e.is_directory()) points.push_back(e.path().filename().string());
+  std::sort(points.begin(), points.end());
+  EXPECT_EQ(points, (std::vector<std::string>{"adamw", "sgd"})) << "two points, from the zip alone";
+  const auto adamw = nlohmann::json::parse(mb::testing::read_text(root / "adamw" / "point.json"));
+  const auto sgd = nlohmann::json::parse(mb::testing::read_text(root / "sgd" / "point.json"));
+  EXPECT_FALSE(adamw.contains("clip_grad")) << adamw;
+  EXPECT_EQ(adamw["optimizer_params"], nlohmann::json({{"beta2", 0.9}}));
+  EXPECT_FALSE(sgd.contains("optimizer_params")) << sgd;
+  const auto resolved = nlohmann::json::parse(mb::testing::read_text(root / "sgd" / "config.json"));
+  EXPECT_EQ(resolved["clip_grad"], 1.0) << "train's default, as if clip_grad had never been given";
 }
 
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have
