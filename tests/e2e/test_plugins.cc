@@ -354,6 +354,25 @@ TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
     }
 }
 
+namespace {
+// The plugin kit's commands, as a user types them: each must succeed.
+mb::testing::CommandResult run(const std::string& cmd) {
+  const auto r = mb::testing::run_command(cmd + " 2>&1");
+  EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
+  return r;
+}
+// Installs this build under `prefix` (bin/, the header, the CMake package) and builds the plugin
+// project in `src` against it, in src/build, for one CUDA architecture (which keeps it short).
+void build_out_of_tree(const fs::path& prefix, const fs::path& src) {
+  run("cmake --install " + fs::path(mb::testing::bin_dir()).parent_path().string() + " --prefix " + prefix.string());
+  EXPECT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
+  EXPECT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
+  run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
+      " -DCMAKE_CUDA_ARCHITECTURES=75");
+  run("cmake --build " + (src / "build").string());
+}
+}  // namespace
+
 // The plugin that plugins/README.md shows ("The shape of a plugin"), copied out of the page as
 // a reader would, with the three-line CMakeLists.txt that the page describes: it builds against
 // the installed package and is an optimizer. At beta 0 its update is w -= lr * g, which is the
@@ -361,13 +380,7 @@ TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
 // bit for bit; and its momentum lands in checkpoints under the name the page gives it.
 TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
   mb::testing::TempDir tmp;
-  const fs::path build_dir = fs::path(mb::testing::bin_dir()).parent_path();
   const fs::path prefix = tmp / "prefix", src = tmp / "my_optimizer";
-  auto run = [](const std::string& cmd) {
-    const auto r = mb::testing::run_command(cmd + " 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-    return r;
-  };
   const std::string page = mb::testing::read_text(fs::path(mb::testing::source_dir()) / "plugins" / "README.md");
   const size_t open = page.find("```cpp\n");
   ASSERT_NE(open, std::string::npos) << "plugins/README.md has no ```cpp block";
@@ -379,10 +392,7 @@ TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
                           "cmake_minimum_required(VERSION 3.20)\nproject(my_optimizer CXX)\n"
                           "set(CMAKE_CXX_STANDARD 17)\nfind_package(megabatch REQUIRED)\n"
                           "megabatch_add_plugin(my_optimizer my_optimizer.cc)\n");
-  run("cmake --install " + build_dir.string() + " --prefix " + prefix.string());
-  run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
-      " -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=75");
-  run("cmake --build " + (src / "build").string());
+  build_out_of_tree(prefix, src);
   ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_my_optimizer.so"));
 
   run(prefix.string() + "/bin/preprocess brown --output-dir " + (tmp / "data").string());
@@ -411,20 +421,9 @@ TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
 // and train again without --plugin-path.
 TEST(PluginKit, ExamplePluginBuildsOutOfTreeAgainstTheInstalledPackageAndTrains) {
   mb::testing::TempDir tmp;
-  const fs::path build_dir = fs::path(mb::testing::bin_dir()).parent_path();
   const fs::path prefix = tmp / "prefix", src = tmp / "adafactor";
-  auto run = [](const std::string& cmd) {
-    const auto r = mb::testing::run_command(cmd + " 2>&1");
-    EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-    return r;
-  };
-  run("cmake --install " + build_dir.string() + " --prefix " + prefix.string());
-  ASSERT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
-  ASSERT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
   fs::copy(fs::path(mb::testing::source_dir()) / "plugins" / "example", src, fs::copy_options::recursive);
-  run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
-      " -DCMAKE_CUDA_ARCHITECTURES=75");  // one architecture keeps the test short
-  run("cmake --build " + (src / "build").string());
+  build_out_of_tree(prefix, src);
   ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_adafactor.so"));
   const std::string plugins = " --plugin-path " + (src / "build" / "plugins").string();
   const auto listed = run(prefix.string() + "/bin/train --list-optimizers" + plugins);
