@@ -40,7 +40,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import line_keys, swept_keys  # noqa: E402
+from megabatch_runs import axis_values, line_keys, swept_keys  # noqa: E402
 
 BOOTSTRAP = 1000
 MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
@@ -230,7 +230,7 @@ def noise_smoothing(points, window_samples):
 
 def series_label(point, axes):
     """The optimizer, and the other swept axes' values ("lamb, tensor_model_parallel_size=2")."""
-    return point.optimizer + "".join(f", {k}={point.config.get(k)}" for k in axes)
+    return ", ".join([point.optimizer] + axis_values(point.config, axes))
 
 
 def tuned_keys(curves, keys, batch):

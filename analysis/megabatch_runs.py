@@ -241,6 +241,20 @@ def line_keys(items, keys, derived=True):
                    if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
 
 
+def axis_values(config, keys):
+    """The values of `keys` in `config` as legends, tables and series read them: "key=value", a
+    float to 3 significant digits, the sweep (several sweeps overlaid) by its name alone. A key
+    the configuration leaves unset (a null in the sweep file: train's default) says nothing."""
+    parts = []
+    for k in keys:
+        v = config.get(k)
+        if v is None:
+            continue
+        text = f"{v:.3g}" if isinstance(v, float) else f"{v}"
+        parts.append(text if k == "sweep" else f"{k}={text}")
+    return parts
+
+
 def swept_keys(points):
     """Configuration keys whose values differ between points (the sweep's axes and derived values)."""
     keys = []

@@ -27,21 +27,15 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import (HIDDEN, RESULT_LABEL, SPREAD_LABEL, line_keys, load_points, settings,  # noqa: E402
-                            swept_keys)
+from megabatch_runs import (HIDDEN, RESULT_LABEL, SPREAD_LABEL, axis_values, line_keys, load_points,  # noqa: E402
+                            settings, swept_keys)
 
 MAX_HEATMAP_ROWS = 36
 
 
 def label(setting, keys):
-    parts = []
-    for k in keys:
-        if k in HIDDEN or k not in setting.config:
-            continue
-        v = setting.config[k]
-        name = {"global_batch_size": "B", "lr": "lr", "sweep": ""}.get(k, k)
-        text = f"{v:.3g}" if isinstance(v, float) else f"{v}"
-        parts.append(f"{name}={text}" if name else text)
+    shown = {("B" if k == "global_batch_size" else k): setting.config.get(k) for k in keys if k not in HIDDEN}
+    parts = axis_values(shown, list(shown))
     if len(setting.points) > 1:
         parts.append(f"{len(setting.points)} seeds")
     return ", ".join(parts) or setting.points[0].id
@@ -142,8 +136,7 @@ def scaling(groups, keys, title, out_dir, written):
                 hi.append(z - m)
             if g.diverged:
                 diverged.append((g.batch, color, len(g.diverged), len(g.points)))
-        name = opt + "".join(f", {v}" if k == "sweep" else f", {k}={v:.3g}" if isinstance(v, float) else f", {k}={v}"
-                             for k, v in other)
+        name = ", ".join([opt] + axis_values(dict(other), split))
         if b:
             ax.errorbar(b, mean, yerr=[lo, hi], fmt="o-", color=color, capsize=3, label=name)
             healthy.append(np.array(mean) - np.array(lo))

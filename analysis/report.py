@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import critical_batch  # noqa: E402
 import plot  # noqa: E402
-from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, line_keys, load_points, settings, swept_keys  # noqa: E402
+from megabatch_runs import RESULT_LABEL, SPREAD_LABEL, axis_values, line_keys, load_points, settings, swept_keys  # noqa: E402
 
 FIGURES = [
     ("scaling", f"The result ({RESULT_LABEL}) after the same sample budget, against global batch size"),
@@ -58,8 +58,7 @@ def result_table(groups, analysis, other_keys, axes):
     batches = sorted({g.batch for g in groups})
     rows = {}
     for g in groups:
-        other = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                          for k, v in ((k, g.config[k]) for k in other_keys if k in g.config))
+        other = ", ".join(axis_values(g.config, other_keys))
         rows.setdefault((g.optimizer, other), {})[g.batch] = g
     best = {}
     for B in batches:

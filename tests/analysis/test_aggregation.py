@@ -181,6 +181,28 @@ class Aggregation(unittest.TestCase):
         self.assertEqual(page.count("<br><small>to "), 1, page[page.find("<table>"):page.find("</table>")])
         self.assertEqual(sweep("scaled", [(8, 0.01), (16, 0.01 * 2 ** 0.5), (32, 0.02)])[1], ["lamb"])
 
+    def test_a_key_that_one_optimizer_leaves_unset_is_not_named_for_it(self):
+        # "weight_decay": [0.01, null] zipped with the optimizers (plugins/README.md): sgd runs at
+        # train's default, and its line, row and series say nothing of weight decay
+        d = os.path.join(self.tmp.name, "unset")
+        os.makedirs(d)
+        pts = []
+        for opt, extra in (("lamb", {"weight_decay": 0.01}), ("sgd", {})):
+            for B in (8, 16):
+                cfg = {"optimizer": opt, "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": 8, **extra}
+                pts.append(write_point(d, f"{opt}-bs{B}-s1", cfg, 9.0 - np.arange(8) / 8, valid=7.0 + B / 100))
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "unset", "file": "/nonexistent.json", "points": pts}, f)
+        shown = plotted(d)
+        self.assertEqual(sorted(shown["scaling"]["legend"]), ["lamb, weight_decay=0.01", "sgd"])
+        self.assertIn("B=8, weight_decay=0.01", shown["loss_vs_samples"]["legend"])
+        self.assertIn("B=8", shown["loss_vs_samples"]["legend"])
+        with open(report.report(d)) as f:
+            page = f.read()
+        self.assertIn("<td>lamb (weight_decay=0.01)</td><td>", page)
+        self.assertIn("<td>sgd</td><td>", page)
+        self.assertNotIn("weight_decay=None", page)
+
     def test_noise_scale_runs_of_every_batch_size_share_the_samples_axis(self):
         # batch 8, 16 and 32 over the same 256 samples: their lines end together, where by
         # iteration they ended at 32, 16 and 8
