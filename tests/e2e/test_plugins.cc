@@ -363,13 +363,14 @@ mb::testing::CommandResult run(const std::string& cmd) {
 }
 // Installs this build under `prefix` (bin/, the header, the CMake package) and builds the plugin
 // project in `src` against it, in src/build, for one CUDA architecture (which keeps it short).
-void build_out_of_tree(const fs::path& prefix, const fs::path& src) {
+// Returns the build's output, its compile lines included.
+std::string build_out_of_tree(const fs::path& prefix, const fs::path& src) {
   run("cmake --install " + fs::path(mb::testing::bin_dir()).parent_path().string() + " --prefix " + prefix.string());
   EXPECT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
   EXPECT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
   run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
       " -DCMAKE_CUDA_ARCHITECTURES=75");
-  run("cmake --build " + (src / "build").string());
+  return run("cmake --build " + (src / "build").string() + " --verbose").output;
 }
 }  // namespace
 
@@ -392,8 +393,11 @@ TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
                           "cmake_minimum_required(VERSION 3.20)\nproject(my_optimizer CXX)\n"
                           "set(CMAKE_CXX_STANDARD 17)\nfind_package(megabatch REQUIRED)\n"
                           "megabatch_add_plugin(my_optimizer my_optimizer.cc)\n");
-  build_out_of_tree(prefix, src);
+  const std::string built = build_out_of_tree(prefix, src);
   ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_my_optimizer.so"));
+  // the page's CMakeLists.txt names no build type: the plugin is optimized all the same (built at
+  // -O0, it made an iteration of an 82M-parameter GPT take 293 ms, against 177 ms at -O3)
+  EXPECT_NE(built.find(" -O3 "), std::string::npos) << built;
 
   run(prefix.string() + "/bin/preprocess brown --output-dir " + (tmp / "data").string());
   const std::string train = prefix.string() + "/bin/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
