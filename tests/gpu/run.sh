@@ -5,6 +5,8 @@
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces), each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
+# Each program has GPU_TEST_TIMEOUT seconds (default 240), so that one that hangs leaves the
+# device time to the next; its log keeps what it wrote, and the summary says it timed out.
 #
 #   tests/gpu/run.sh LOG_DIR [gtest filter]        # from the repository root
 set -uo pipefail
@@ -15,10 +17,20 @@ mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
 source tests/gpu/unpack.sh
 { echo "commit $(cat gpu-bundle/commit 2>/dev/null)"; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || echo "no nvidia-smi"
   "$b/run.sh" env; } 2>&1 | tee "$logs/machine.txt"
+limit=${GPU_TEST_TIMEOUT:-240}
+# timed NAME COMMAND...: runs it under the time limit, its output in LOG_DIR/NAME.log; says how
+# long it took, and whether it was stopped
+timed() {
+  local name=$1 start=$SECONDS rc; shift
+  timeout -k 10 "$limit" "$@" >"$logs/$name.log" 2>&1; rc=$?
+  ((rc == 124 || rc == 137)) && echo "$name: timed out after $limit s (GPU_TEST_TIMEOUT); its log has what it wrote"
+  echo "$name: $((SECONDS - start)) s" >>"$logs/times.txt"
+  return $rc
+}
 status=0; ran=0
 for t in test_ops_gpu test_gpu; do
-  "$b/run.sh" bin/$t --gtest_filter="$filter" --gtest_output=xml:"$logs/$t.xml" >"$logs/$t.log" 2>&1 || status=1
-  echo "$t: $(gtest_tally "$logs/$t.log")"
+  timed $t "$b/run.sh" bin/$t --gtest_filter="$filter" --gtest_output=xml:"$logs/$t.xml" || status=1
+  echo "$t: $(gtest_tally "$logs/$t.log") ($(tail -1 "$logs/times.txt" | cut -d' ' -f2-))"
   ran=$((ran + $(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$logs/$t.log" | head -1)))
   grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true
   # on a GPU machine nothing may skip: a skipped gpu test checked nothing
@@ -27,10 +39,9 @@ done
 # a filter that matches nothing passes "0 tests" in both: that checked nothing either
 ((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
 if [[ $filter == "*" ]]; then
-  "$b/run.sh" bin/gpu_train_bench >"$logs/gpu_train_bench.log" 2>&1 || echo "gpu_train_bench failed (exit $?)"
+  timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
-  "$b/run.sh" bin/cross_entropy_bench --device cuda >"$logs/cross_entropy_bench.log" 2>&1 ||
-    echo "cross_entropy_bench failed (exit $?)"
+  timed cross_entropy_bench "$b/run.sh" bin/cross_entropy_bench --device cuda || echo "cross_entropy_bench failed (exit $?)"
   cat "$logs/cross_entropy_bench.log"
 fi
 exit $status
