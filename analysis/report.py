@@ -162,7 +162,8 @@ def report(sweep_dir):
     rows = []
     for p in points:
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]
-        cells += [f"<td>{fmt(p.config.get(k, ''))}</td>" for k in keys]
+        # a key this point leaves unset (a null in the sweep file) runs at train's default
+        cells += [f"<td>{fmt(p.config[k]) if k in p.config else '(default)'}</td>" for k in keys]
         state = p.state + (f": {html.escape(p.reason)}" if p.reason and p.state in ("failed", "diverged") else "")
         cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt_loss(p.result())}</td>",
                   f"<td>{fmt_loss(p.final_train_loss())}</td>", f"<td>{p.wall_s / 60:.1f}</td>",

@@ -202,6 +202,8 @@ class Aggregation(unittest.TestCase):
         self.assertIn("<td>lamb (weight_decay=0.01)</td><td>", page)
         self.assertIn("<td>sgd</td><td>", page)
         self.assertNotIn("weight_decay=None", page)
+        points = page[page.find("<h2>Points</h2>"):]  # the points table: sgd's weight decay is train's
+        self.assertIn("<td>sgd</td><td>8</td><td>(default)</td>", points)
 
     def test_noise_scale_runs_of_every_batch_size_share_the_samples_axis(self):
         # batch 8, 16 and 32 over the same 256 samples: their lines end together, where by
