@@ -418,6 +418,46 @@ TEST(PluginKit, TheReadmesPluginBuildsAndTrainsAsPlainSgdAtBetaZero) {
   EXPECT_EQ(c.read<float>("optimizer/decoder.layers.0.self_attention.linear_qkv.weight/exp_avg").size(), 96u * 32u);
 }
 
+// A LAMB variant out of tree: lamb_embscale's own source, with its include of LAMB's math
+// pointed at the installed <megabatch/plugins/lamb.h> and a name of its own, builds against
+// the installed package and steps exactly as the shipped lamb_embscale (losses bit for bit,
+// with an embedding multiplier that makes it differ from plain LAMB).
+TEST(PluginKit, ALambVariantSubclassesTheInstalledLambOutOfTree) {
+  mb::testing::TempDir tmp;
+  const fs::path prefix = tmp / "prefix", src = tmp / "my_embscale";
+  std::string code = mb::testing::read_text(fs::path(mb::testing::source_dir()) / "plugins" / "lamb_embscale" / "lamb_embscale.cc");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{"\"../lamb/lamb.h\"", "<megabatch/plugins/lamb.h>"},
+                                 {"\"lamb_embscale\"", "\"my_embscale\""}}) {
+    const size_t at = code.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    code.replace(at, from.size(), to);
+  }
+  fs::create_directories(src);
+  mb::testing::write_text(src / "my_embscale.cc", code);
+  mb::testing::write_text(src / "CMakeLists.txt",
+                          "cmake_minimum_required(VERSION 3.20)\nproject(my_embscale CXX)\n"
+                          "find_package(megabatch REQUIRED)\nmegabatch_add_plugin(my_embscale my_embscale.cc)\n");
+  build_out_of_tree(prefix, src);
+  ASSERT_TRUE(fs::exists(src / "build" / "plugins" / "megabatch_my_embscale.so"));
+
+  run(prefix.string() + "/bin/preprocess brown --output-dir " + (tmp / "data").string());
+  const std::string train = prefix.string() + "/bin/train --num-layers 1 --hidden-size 32 --num-attention-heads 2 "
+                            "--seq-length 16 --micro-batch-size 2 --train-iters 6 --lr 0.01 --log-interval 1 "
+                            "--eval-iters 0 --threads 1 --plugin-path " +
+                            (src / "build" / "plugins").string() + " --data-path " +
+                            (tmp / "data" / "brown_gpt2_text_document").string();
+  std::vector<std::vector<double>> losses;
+  for (const char* name : {"my_embscale", "lamb_embscale", "lamb"}) {
+    const std::string hp = std::string(name) == "lamb" ? "" : " --optimizer-params multiplier=4";
+    const auto r = run(train + " --optimizer " + name + hp + " --run-dir " + (tmp / name).string());
+    EXPECT_NE(r.output.find(std::string("optimizer: ") + name), std::string::npos) << r.output;
+    losses.push_back(mb::testing::H5File((tmp / name / "metrics.h5").string(), mb::testing::H5File::kRead).read<double>("train/lm_loss"));
+  }
+  ASSERT_EQ(losses[0].size(), 6u);
+  EXPECT_EQ(losses[0], losses[1]) << "the variant built out of tree steps as the shipped one";
+  EXPECT_NE(losses[0], losses[2]) << "its embedding multiplier (the overridden hook) takes effect: not plain LAMB";
+}
+
 // The plugin kit: install megabatch, build plugins/example (Adafactor, with per-row and
 // per-column state) out of tree against the installed CMake package (with nvcc where the
 // package was built with CUDA), train with it from --plugin-path, checkpoint its factored
