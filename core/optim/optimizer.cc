@@ -80,7 +80,10 @@ Plugin load_plugin(const std::string& name, const std::vector<fs::path>& search)
   if (it == found.end()) {
     std::vector<std::string> names, dirs;
     for (const auto& [n, path] : found) names.push_back(n);
-    for (const auto& d : search) dirs.push_back(d.string());
+    for (const auto& d : search) {  // a mistyped --plugin-path shows here
+      std::error_code ec;
+      dirs.push_back(d.string() + (fs::is_directory(d, ec) ? "" : " (no such directory)"));
+    }
     fail("unknown optimizer plugin '", name, "'", did_you_mean(name, names), "; available: ",
          names.empty() ? std::string("none") : join(names, ", "), " (searched for ", plugin_file_name(name), " in ",
          dirs.empty() ? std::string("no directories") : join(dirs, ", "),

@@ -27,6 +27,15 @@ TEST(PluginLoader, UnknownNameListsAvailablePluginsAndSearchedDirectories) {
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "available: adamw, lamb, lamb_embscale, lamb_noise, lars, sgd");
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "lib/megabatch/plugins");
   expect_error([] { mb::optim::load_plugin("adamx", default_dirs()); }, "--plugin-path");
+  // a mistyped --plugin-path is pointed out; a directory that exists is not
+  auto dirs = default_dirs();
+  dirs.insert(dirs.begin(), "/nonexistent/plugins");
+  expect_error([&] { mb::optim::load_plugin("adamx", dirs); }, "in /nonexistent/plugins (no such directory), ");
+  try {
+    mb::optim::load_plugin("adamx", dirs);
+  } catch (const std::exception& e) {
+    EXPECT_EQ(std::string(e.what()).find(default_dirs().front().string() + " (no such"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PluginLoader, WrongAbiVersionNamesBothVersions) {
