@@ -2,8 +2,11 @@
 #include "core/optim/optimizer.h"
 
 #include <boost/dll/shared_library.hpp>
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 
 #include "core/comm/collectives.h"
@@ -50,6 +53,35 @@ std::map<std::string, fs::path> available_plugins(const std::vector<fs::path>& s
   return found;
 }
 
+// A plugin's schema is what users type (--optimizer-params name=value) and what every value
+// is checked against: a schema that contradicts itself is the plugin author's mistake, named
+// when the plugin loads rather than met as a confusing refusal (or a default out of range
+// that the plugin then gets) in someone's run.
+void check_plugin_schema(const mb_plugin_entry& e, const fs::path& path) {
+  std::set<std::string> seen;
+  for (size_t i = 0; i < e.num_hparams; ++i) {
+    const mb_hparam_spec& h = e.hparams[i];
+    const std::string where = path.string() + ": plugin '" + e.name + "', hyperparameter " + std::to_string(i) + " (" +
+                              (h.name ? "'" + std::string(h.name) + "'" : std::string("no name")) + ") of its schema";
+    const std::string name = h.name ? h.name : "";
+    check(!name.empty() && std::all_of(name.begin(), name.end(), [](unsigned char c) {
+            return std::islower(c) || std::isdigit(c) || c == '_';
+          }) && !std::isdigit(static_cast<unsigned char>(name[0])),
+          where, ": a name is snake_case (lower-case letters, digits, '_'), as users type it in --optimizer-params NAME=VALUE");
+    check(seen.insert(name).second, where, ": declared twice in the schema");
+    check(h.type == MB_HPARAM_FLOAT || h.type == MB_HPARAM_INT || h.type == MB_HPARAM_BOOL, where, ": type ",
+          static_cast<int>(h.type), " is none of MB_HPARAM_FLOAT, MB_HPARAM_INT, MB_HPARAM_BOOL");
+    check(!std::isnan(h.min_value) && !std::isnan(h.max_value) && h.min_value <= h.max_value, where, ": range [",
+          h.min_value, ", ", h.max_value, "] is empty");
+    check(std::isfinite(h.default_value) && h.default_value >= h.min_value && h.default_value <= h.max_value, where,
+          ": default ", h.default_value, " is outside its range [", h.min_value, ", ", h.max_value, "]");
+    check(h.type != MB_HPARAM_INT || h.default_value == std::floor(h.default_value), where, ": default ",
+          h.default_value, " of an int is not a whole number");
+    check(h.type != MB_HPARAM_BOOL || h.default_value == 0.0 || h.default_value == 1.0, where, ": default ",
+          h.default_value, " of a bool is neither 0 nor 1");
+  }
+}
+
 Plugin load_plugin_file(const fs::path& path) {
   Plugin p;
   p.path = path;
@@ -71,6 +103,7 @@ Plugin load_plugin_file(const fs::path& path) {
         ": plugin entry is incomplete (name, create, step and destroy are required)");
   check(p.entry->num_hparams == 0 || p.entry->hparams, path.string(), ": plugin declares ",
         p.entry->num_hparams, " hyperparameters but no schema");
+  check_plugin_schema(*p.entry, path);
   return p;
 }
 

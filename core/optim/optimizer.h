@@ -43,9 +43,14 @@ std::string plugin_file_name(const std::string& name);
 std::map<std::string, std::filesystem::path> available_plugins(const std::vector<std::filesystem::path>& search);
 // Loads plugin `name` from the search path. Errors: unknown name (listing those
 // available and where they were searched), missing entry symbol, wrong ABI version
-// (both versions named), entry name differing from the file name.
+// (both versions named), entry name differing from the file name, a schema at odds with
+// itself (check_plugin_schema).
 Plugin load_plugin(const std::string& name, const std::vector<std::filesystem::path>& search);
 Plugin load_plugin_file(const std::filesystem::path& path);
+// A plugin's hyperparameter schema, as the loader checks it: snake_case names declared once,
+// a known type, a non-empty range holding the default, whole-number ints, 0/1 bools. Throws
+// naming `path`, the plugin and the entry.
+void check_plugin_schema(const mb_plugin_entry& entry, const std::filesystem::path& path);
 
 // Hyperparameters in schema order from a JSON object {name: value}; missing ones take
 // the schema default. Errors name `where` (e.g. "optimizer_params") and the key: unknown

@@ -43,12 +43,44 @@ TEST(PluginLoader, WrongAbiVersionNamesBothVersions) {
                "plugin ABI version 999 but this megabatch speaks ABI version " + std::to_string(MB_PLUGIN_ABI_VERSION));
 }
 
+// A schema at odds with itself is the plugin author's mistake: named when the plugin loads,
+// with the file, the plugin and the entry, for each way a schema can contradict itself.
+TEST(PluginLoader, ASchemaAtOddsWithItselfIsRefusedNamingTheEntry) {
+  expect_error([] { mb::optim::load_plugin("bad_schema", test_dirs()); },
+               "megabatch_bad_schema.so: plugin 'bad_schema', hyperparameter 0 ('beta') of its schema: default 2 is "
+               "outside its range [0, 1]");
+  auto refused = [](std::vector<mb_hparam_spec> schema, const std::string& why) {
+    mb_plugin_entry e{};
+    e.name = "mine";
+    e.hparams = schema.data();
+    e.num_hparams = schema.size();
+    expect_error([&] { mb::optim::check_plugin_schema(e, "mine.so"); }, why);
+  };
+  const mb_hparam_spec beta{"beta", MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, "momentum"};
+  refused({beta, {"lr_scale", MB_HPARAM_FLOAT, 1.0, 0.0, 2.0, ""}, beta},
+          "mine.so: plugin 'mine', hyperparameter 2 ('beta') of its schema: declared twice");
+  refused({{"Beta 2", MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, ""}}, "('Beta 2') of its schema: a name is snake_case");
+  refused({{"a=b", MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, ""}}, "('a=b') of its schema: a name is snake_case");
+  refused({{nullptr, MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, ""}}, "hyperparameter 0 (no name) of its schema: a name is");
+  refused({{"beta", static_cast<mb_hparam_type>(3), 0.9, 0.0, 1.0, ""}}, "type 3 is none of MB_HPARAM_FLOAT");
+  refused({{"beta", MB_HPARAM_FLOAT, 0.9, 1.0, 0.0, ""}}, "range [1, 0] is empty");
+  refused({{"beta", MB_HPARAM_FLOAT, -0.5, 0.0, 1.0, ""}}, "default -0.5 is outside its range [0, 1]");
+  refused({{"steps", MB_HPARAM_INT, 2.5, 0.0, 10.0, ""}}, "default 2.5 of an int is not a whole number");
+  refused({{"on", MB_HPARAM_BOOL, 0.5, 0.0, 1.0, ""}}, "default 0.5 of a bool is neither 0 nor 1");
+  const std::vector<mb_hparam_spec> good = {beta, {"warmup_steps", MB_HPARAM_INT, 0, 0, 1e6, ""}, {"nesterov", MB_HPARAM_BOOL, 1, 0, 1, ""}};
+  mb_plugin_entry e{};
+  e.name = "mine";
+  e.hparams = good.data();
+  e.num_hparams = good.size();
+  EXPECT_NO_THROW(mb::optim::check_plugin_schema(e, "mine.so"));
+}
+
 TEST(PluginLoader, MissingEntrySymbolIsNamed) {
   expect_error([] { mb::optim::load_plugin("no_entry", test_dirs()); },
                "the symbol 'megabatch_optimizer_plugin' is missing");
 }
 
-// One broken file in the plugin path (a wrong ABI, no entry symbol, not a library at all)
+// One broken file in the plugin path (a wrong ABI, no entry symbol, a bad schema, not a library)
 // is listed as broken with why; the good plugins are still listed.
 TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
   mb::testing::TempDir tmp;
@@ -61,7 +93,8 @@ TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
   EXPECT_NE(r.output.find("no_entry  BROKEN: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("garbage  BROKEN: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("cannot load the plugin library"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("3 plugin file(s) could not be loaded"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bad_schema  BROKEN: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("4 plugin file(s) could not be loaded"), std::string::npos) << r.output;
   for (const char* good : {"adamw 1.0.0", "lamb 1.0.0", "sgd 1.0.0", "adafactor "})
     EXPECT_NE(r.output.find(good), std::string::npos) << good << " is still listed:\n" << r.output;
 }
