@@ -91,7 +91,9 @@ typedef struct mb_param {
 typedef enum mb_hparam_type { MB_HPARAM_FLOAT = 0, MB_HPARAM_INT = 1, MB_HPARAM_BOOL = 2 } mb_hparam_type;
 
 /* One hyperparameter of the plugin's schema. Values reach create() as doubles in schema
- * order (ints as whole numbers, bools as 0 or 1), each already checked against min/max. */
+ * order (ints as whole numbers, bools as 0 or 1), each already checked against min/max.
+ * The loader refuses a schema at odds with itself: names not snake_case or declared twice,
+ * an empty range, a default outside it, an int default not whole, a bool default not 0/1. */
 typedef struct mb_hparam_spec {
   const char* name;        /* snake_case, e.g. "beta1" */
   mb_hparam_type type;
