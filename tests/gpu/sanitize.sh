@@ -9,7 +9,8 @@
 #            step, evaluation, diagnostics, the noise scale and a checkpoint: GPT fp32 LAMB,
 #            BERT bf16 AdamW, T5 fp16 (loss scaler) lamb_noise.
 # Each run has its log in LOG_DIR and a line in the summary: the sanitizer's error count, or
-# "timed out" (SANITIZE_TIMEOUT seconds each, default 120; racecheck is the slowest). No leak
+# "timed out" (SANITIZE_TIMEOUT seconds each, default 120; racecheck is the slowest;
+# SANITIZE_TOOLS="memcheck" runs the kernels under that tool alone, for a short budget). No leak
 # check: the device context and the caching allocator's blocks live until exit. Needs
 # a GPU whose runtime lets the sanitizer in (a Firecracker VM does, gVisor does not).
 # Exit status: 0 when every run reported 0 errors (and every test passed, none skipped, and
@@ -22,6 +23,11 @@ cd "$(dirname "$0")/../.." || exit 2
 logs=${1:?usage: tests/gpu/sanitize.sh LOG_DIR [kernels|trainer|all] [gtest filter]}
 what=${2:-all}; filter=${3:-*}; limit=${SANITIZE_TIMEOUT:-120}
 [[ $what == kernels || $what == trainer || $what == all ]] || { echo "sanitize.sh: kernels, trainer or all, not '$what'" >&2; exit 2; }
+tools=${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}
+for tool in $tools; do
+  [[ $tool =~ ^(memcheck|racecheck|initcheck|synccheck)$ ]] ||
+    { echo "sanitize.sh: SANITIZE_TOOLS: '$tool' is none of memcheck racecheck initcheck synccheck" >&2; exit 2; }
+done
 mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
 cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 [[ -n $cs && -x $cs ]] || { echo "sanitize.sh: no compute-sanitizer on PATH or in /usr/local/cuda*/bin" >&2; exit 2; }
@@ -52,7 +58,7 @@ sanitize() {
 }
 
 if [[ $what != trainer ]]; then
-  for tool in memcheck racecheck initcheck synccheck; do
+  for tool in $tools; do
     sanitize "ops-$tool" "$tool" bin/test_ops_gpu --gtest_filter="$filter"
   done
 fi
