@@ -77,6 +77,22 @@ const char* kUsage =
     "  train --config run.json --optimizer sgd --optimizer-params momentum=0.95 --optimizer-params nesterov=true\n"
     "  train --list-optimizers\n";
 
+// The command that makes the default Brown corpus into `dir`: the preprocess program beside
+// this train (build/bin/preprocess from the source tree, PREFIX/bin/preprocess installed;
+// relative to the working directory where it lies under it), with --output-dir unless the
+// directory is data/, its default.
+std::string preprocess_brown_command(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  fs::path program = ec ? fs::path("preprocess") : exe.parent_path() / "preprocess";
+  const fs::path cwd = fs::current_path(ec);
+  const fs::path rel = ec ? fs::path() : program.lexically_relative(cwd);
+  if (!rel.empty() && *rel.begin() != "..") program = rel;
+  const fs::path out = dir.empty() ? fs::path(".") : dir;
+  return program.string() + " brown" + (out.lexically_normal() == fs::path("data") ? "" : " --output-dir " + out.string());
+}
+
 std::string human_bytes(double b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   int u = 0;
@@ -491,8 +507,8 @@ int run(int argc, char** argv) {
   mc.validate();
   if (!std::filesystem::exists(paths[0] + ".idx") && !std::filesystem::exists(paths[0] + ".bin") &&
       std::filesystem::path(paths[0]).filename().string().rfind("brown_", 0) == 0)
-    mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `build/bin/preprocess "
-             "brown` (into data/), run it first");
+    mb::fail("data_path: ", paths[0], ".bin/.idx are missing; the default Brown corpus is made by `",
+             preprocess_brown_command(std::filesystem::path(paths[0]).parent_path()), "`, run it first");
   auto ds = std::make_shared<const mb::data::IndexedDataset>(paths[0]);
   const auto cut = split_documents(v["split"].get<std::string>(), ds->num_documents());
   const mb::data::DocumentRange train_docs{0, cut[0]}, valid_docs{cut[0], cut[1]}, test_docs{cut[1], cut[2]};

@@ -757,7 +757,9 @@ TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
   const auto r = mb::testing::run_command(sweep("run " + f.string() + " --dry-run --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("plugin 'sgd' has no hyperparameter 'beta2'"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("build/bin/preprocess brown"), std::string::npos) << r.output;
+  // the preprocess beside this train, into the directory the point names
+  EXPECT_NE(r.output.find("/preprocess brown --output-dir " + (tmp / "nowhere").string() + "`, run it first"),
+            std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> 3 point(s) cannot run"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "runs" / "chk")) << "a dry run writes nothing";
 }
