@@ -11,6 +11,7 @@
 #include "core/device/runtime.h"
 #include "core/util/args.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 #include "core/util/strings.h"
 #include "sweeps/export.h"
 #include "sweeps/placement.h"
@@ -45,10 +46,10 @@ const char* kUsage =
     "  sweep run experiments/lamb_bsz.json --only 'lamb-*'\n"
     "  sweep status runs/lamb_bsz && sweep plot runs/lamb_bsz && sweep report runs/lamb_bsz\n";
 
+// This program's directory (the current one where it cannot be read).
 fs::path self_dir() {
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  return ec ? fs::path(".") : exe.parent_path();
+  const fs::path d = megabatch::program_dir();
+  return d.empty() ? fs::path(".") : d;
 }
 
 // analysis/<script>: next to an installed sweep (share/megabatch/analysis), else the source tree's.

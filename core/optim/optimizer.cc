@@ -14,6 +14,7 @@
 #include "core/ops/gradients.h"
 #include "core/ops/random.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 #include "core/util/philox.h"
 #include "core/util/strings.h"
 
@@ -32,9 +33,8 @@ std::vector<fs::path> plugin_search_path(const std::vector<std::string>& extra) 
       pos = colon + 1;
     }
   }
-  std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) dirs.push_back((exe.parent_path().parent_path() / "lib" / "megabatch" / "plugins").lexically_normal());
+  if (const fs::path bin = program_dir(); !bin.empty())
+    dirs.push_back((bin.parent_path() / "lib" / "megabatch" / "plugins").lexically_normal());
   return dirs;
 }
 

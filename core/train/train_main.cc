@@ -83,9 +83,9 @@ const char* kUsage =
 // directory is data/, its default.
 std::string preprocess_brown_command(const std::filesystem::path& dir) {
   namespace fs = std::filesystem;
+  const fs::path bin = mb::program_dir();
+  fs::path program = bin.empty() ? fs::path("preprocess") : bin / "preprocess";
   std::error_code ec;
-  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  fs::path program = ec ? fs::path("preprocess") : exe.parent_path() / "preprocess";
   const fs::path cwd = fs::current_path(ec);
   const fs::path rel = ec ? fs::path() : program.lexically_relative(cwd);
   if (!rel.empty() && *rel.begin() != "..") program = rel;

@@ -140,6 +140,12 @@ void write_file_atomic(const fs::path& path, std::string_view text) {
   f.commit();
 }
 
+fs::path program_dir() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? fs::path() : exe.parent_path();
+}
+
 fs::path asset_dir() {
   if (const char* env = std::getenv("MEGABATCH_ASSETS"); env != nullptr && *env != '\0') return env;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg != '\0')

@@ -77,6 +77,11 @@ void for_each_line(std::string_view text, Fn&& fn) {
   }
 }
 
+// The directory of the running program (build/bin, or PREFIX/bin installed), where its
+// sibling programs are and from which ../lib and ../share are found; empty when
+// /proc/self/exe cannot be read.
+std::filesystem::path program_dir();
+
 // The asset cache that setup.sh fills: $MEGABATCH_ASSETS, else
 // ${XDG_CACHE_HOME:-$HOME/.cache}/megabatch.
 std::filesystem::path asset_dir();
