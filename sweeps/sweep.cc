@@ -85,6 +85,14 @@ void drop_nulls(Json& j) {
   }
 }
 
+// One value of an axis, as train options hold it (unordered), with the nulls inside an object
+// value dropped; a null value itself stays, and unsets its key for the points it reaches.
+json axis_value(const ordered_json& v) {
+  json out = json::parse(v.dump());
+  drop_nulls(out);
+  return out;
+}
+
 // Formats a value for a point id: integers as is, floats with 3 significant digits, a
 // string with slashes (a path) by its last component.
 std::string id_value(const json& v) {
@@ -239,7 +247,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       check(it.value().is_array() && !it.value().empty(), where, ": grid.", it.key(), ": expected a non-empty list");
       Axis a;
       a.keys = {it.key()};
-      for (const auto& v : it.value()) a.values.push_back({json::parse(v.dump())});
+      for (const auto& v : it.value()) a.values.push_back({axis_value(v)});
       axes.push_back(a);
     }
   }
@@ -260,7 +268,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       }
       for (size_t i = 0; i < n; ++i) {
         std::vector<json> row;
-        for (const auto& k : a.keys) row.push_back(json::parse(groups[g][k][i].dump()));
+        for (const auto& k : a.keys) row.push_back(axis_value(groups[g][k][i]));
         a.values.push_back(row);
       }
       axes.push_back(a);
@@ -353,8 +361,12 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
     for (const auto& c : configs)
       for (const auto& row : a.values) {
         json p = c;
-        for (size_t k = 0; k < a.keys.size(); ++k) p[a.keys[k]] = row[k];
-        drop_nulls(p);
+        for (size_t k = 0; k < a.keys.size(); ++k) {
+          if (row[k].is_null())
+            p.erase(a.keys[k]);  // unset for these points
+          else
+            p[a.keys[k]] = row[k];
+        }
         next.push_back(p);
       }
     configs = next;

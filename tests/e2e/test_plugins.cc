@@ -49,12 +49,15 @@ TEST(PluginLoader, ASchemaAtOddsWithItselfIsRefusedNamingTheEntry) {
   expect_error([] { mb::optim::load_plugin("bad_schema", test_dirs()); },
                "megabatch_bad_schema.so: plugin 'bad_schema', hyperparameter 0 ('beta') of its schema: default 2 is "
                "outside its range [0, 1]");
-  auto refused = [](std::vector<mb_hparam_spec> schema, const std::string& why) {
+  auto check = [](const std::vector<mb_hparam_spec>& schema) {  // plugin 'mine' in mine.so with this schema
     mb_plugin_entry e{};
     e.name = "mine";
     e.hparams = schema.data();
     e.num_hparams = schema.size();
-    expect_error([&] { mb::optim::check_plugin_schema(e, "mine.so"); }, why);
+    mb::optim::check_plugin_schema(e, "mine.so");
+  };
+  auto refused = [&](const std::vector<mb_hparam_spec>& schema, const std::string& why) {
+    expect_error([&] { check(schema); }, why);
   };
   const mb_hparam_spec beta{"beta", MB_HPARAM_FLOAT, 0.9, 0.0, 1.0, "momentum"};
   refused({beta, {"lr_scale", MB_HPARAM_FLOAT, 1.0, 0.0, 2.0, ""}, beta},
@@ -67,12 +70,7 @@ TEST(PluginLoader, ASchemaAtOddsWithItselfIsRefusedNamingTheEntry) {
   refused({{"beta", MB_HPARAM_FLOAT, -0.5, 0.0, 1.0, ""}}, "default -0.5 is outside its range [0, 1]");
   refused({{"steps", MB_HPARAM_INT, 2.5, 0.0, 10.0, ""}}, "default 2.5 of an int is not a whole number");
   refused({{"on", MB_HPARAM_BOOL, 0.5, 0.0, 1.0, ""}}, "default 0.5 of a bool is neither 0 nor 1");
-  const std::vector<mb_hparam_spec> good = {beta, {"warmup_steps", MB_HPARAM_INT, 0, 0, 1e6, ""}, {"nesterov", MB_HPARAM_BOOL, 1, 0, 1, ""}};
-  mb_plugin_entry e{};
-  e.name = "mine";
-  e.hparams = good.data();
-  e.num_hparams = good.size();
-  EXPECT_NO_THROW(mb::optim::check_plugin_schema(e, "mine.so"));
+  EXPECT_NO_THROW(check({beta, {"warmup_steps", MB_HPARAM_INT, 0, 0, 1e6, ""}, {"nesterov", MB_HPARAM_BOOL, 1, 0, 1, ""}}));
 }
 
 TEST(PluginLoader, MissingEntrySymbolIsNamed) {
