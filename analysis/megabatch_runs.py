@@ -89,6 +89,12 @@ class Point:
         self.diverged_at = None
         if os.path.exists(os.path.join(self.dir, "DONE")):
             self.state = "done"
+            if not self.wall_s:  # an exported sweep's point: the wall time its launcher gave sweep finish
+                try:
+                    with open(os.path.join(self.dir, "DONE")) as f:
+                        self.wall_s = float(json.load(f).get("wall_s", 0.0))
+                except (OSError, ValueError, TypeError, AttributeError):
+                    pass
         elif os.path.exists(os.path.join(self.dir, "DIVERGED")):
             self.state = "diverged"
             try:

@@ -2,6 +2,7 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -57,6 +58,10 @@ json read_sweep_state(const fs::path& sweep_dir) {
   need(!s.contains("sweep_pid") || s["sweep_pid"].is_number_integer(), "\"sweep_pid\" is not an integer");
   need(!s.contains("name") || s["name"].is_string(), "\"name\" is not a string");
   need(!s.contains("file") || s["file"].is_string(), "\"file\" is not a string");
+  need(!s.contains("checkpoints") ||
+           (s["checkpoints"].is_string() &&
+            (s["checkpoints"] == "final" || s["checkpoints"] == "all" || s["checkpoints"] == "none")),
+       "\"checkpoints\" is not \"final\", \"all\" or \"none\"");
   for (size_t i = 0; i < s["points"].size(); ++i) {
     const json& p = s["points"][i];
     const std::string at = "points[" + std::to_string(i) + "]";
@@ -142,6 +147,17 @@ std::vector<std::string> config_changes(const fs::path& dir, const json& config)
   return out;
 }
 
+double done_wall_s(const fs::path& dir) {
+  try {
+    if (!fs::exists(dir / "DONE")) return 0;
+    const auto done = parse_json(read_file(dir / "DONE", "point's DONE record"));  // an older launcher's: a date
+    if (!done || !done->is_object() || !done->contains("wall_s") || !(*done)["wall_s"].is_number()) return 0;
+    return std::max(0.0, (*done)["wall_s"].get<double>());
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::string divergence_reason(const fs::path& dir) {
   try {
     const json d = json::parse(read_file(dir / "DIVERGED", "divergence record"));
@@ -206,6 +222,12 @@ std::vector<std::string> last_log_lines(const fs::path& log, size_t n, const std
 int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
   const int k = checkpoints_kept(dir, keep);
   return k < 0 ? 0 : io::remove_old_checkpoints(dir, k);
+}
+
+int64_t mark_done(const fs::path& point_dir, const std::string& keep, const json& record) {
+  const int64_t freed = prune_checkpoints(point_dir / "checkpoints", keep);
+  write_file_atomic(point_dir / "DONE", record.dump() + "\n");
+  return freed;
 }
 
 int64_t prunable_checkpoint_bytes(const fs::path& dir, const std::string& keep) {

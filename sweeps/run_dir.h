@@ -54,6 +54,10 @@ void remove_point_dir(const std::filesystem::path& sweep_dir, const std::filesys
 // that cannot change results differ (plugin_path, threads, checkpoint intervals, ...).
 std::vector<std::string> config_changes(const std::filesystem::path& dir, const nlohmann::json& config);
 
+// The wall time a point's DONE records (sweep run's, or its launcher's through sweep
+// finish --wall-s); 0 where it records none or cannot be read.
+double done_wall_s(const std::filesystem::path& dir);
+
 // Why a point diverged, from its DIVERGED file: "iteration N: reason".
 std::string divergence_reason(const std::filesystem::path& dir);
 
@@ -84,6 +88,10 @@ std::vector<std::string> last_log_lines(const std::filesystem::path& log, size_t
 // iter_*.h5), "all" or "none"; returns the bytes freed. Only regular iter_*.h5 files in
 // that directory are removed.
 int64_t prune_checkpoints(const std::filesystem::path& dir, const std::string& keep);
+
+// A point whose train ended with status 0 (point_dir): its checkpoints/ pruned as `keep`
+// says, then DONE written whole with `record` (JSON); returns the bytes freed.
+int64_t mark_done(const std::filesystem::path& point_dir, const std::string& keep, const nlohmann::json& record);
 
 // The bytes prune_checkpoints(dir, keep) would free; removes nothing.
 int64_t prunable_checkpoint_bytes(const std::filesystem::path& dir, const std::string& keep);

@@ -81,6 +81,17 @@ int64_t iters_of(const json& c) {
   return c.contains("train_samples") ? c["train_samples"].get<int64_t>() / B : 0;
 }
 
+// The configuration a point's train runs with, its point.json whatever launches it (sweep
+// run, a Slurm array task, an EKS job): the point's own, with the sweep's checkpoint schedule
+// where the point sets none: a checkpoint every tenth of its iterations, the newest two kept
+// while it runs. A point killed outright (a node lost) then loses at most a tenth of its work.
+json launch_config(const Point& point) {
+  json c = point.config;
+  if (!c.contains("save_interval")) c["save_interval"] = std::max<int64_t>(1, iters_of(c) / 10);
+  if (!c.contains("keep_checkpoints")) c["keep_checkpoints"] = 2;
+  return c;
+}
+
 json state_json(const std::vector<PointState>& ps, const Sweep& s) {
   json points = json::array();
   for (const auto& p : ps)
@@ -89,7 +100,7 @@ json state_json(const std::vector<PointState>& ps, const Sweep& s) {
                       {"iteration", p.progress.iteration}, {"ranks", p.ranks}, {"gpus", p.gpus},
                       {"config", p.point->config}});
   return {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
-          {"points", points}};
+          {"checkpoints", s.checkpoints}, {"points", points}};
 }
 
 bool selected(const std::string& id, const std::string& only) {
@@ -101,7 +112,9 @@ bool selected(const std::string& id, const std::string& only) {
 // with the wall time of earlier invocations; points --only leaves out are "skipped". Points
 // whose configuration changed since they ran are refused unless --rerun (then marked to be
 // discarded), as is a point needing more GPUs than --gpus gives; nothing is deleted here.
-std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, const fs::path& root) {
+// `remedy` ends the refusal of changed points.
+std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, const fs::path& root,
+                                     const std::string& remedy) {
   std::map<std::string, json> previous;  // id -> its state when the sweep last ran
   if (fs::exists(root / "sweep.json")) {
     const json state = read_sweep_state(root);  // named: a range-for over a temporary's member dangles
@@ -133,8 +146,7 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
   if (!changes.empty() && !o.rerun_changed)
     fail(sweep.file.string(), ": the configuration of ", changes.size(), " point(s) that already ran differs from ",
          "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
-         "results, such as plugin_path and threads, are not compared). Run with --rerun to ",
-         "discard those points and run them again, or give the sweep a new name");
+         "results, such as plugin_path and threads, are not compared). ", remedy);
   if (!o.gpus.empty()) {  // every point must fit on the GPUs it may use
     std::vector<std::string> too_big;
     for (const auto& p : ps)
@@ -335,20 +347,16 @@ void Scheduler::start_waiting_points() {
 }
 
 // One attempt of a point: train (under mpirun for more than one rank) in its own process
-// group, output appended to its stdout.log, checkpoints every tenth of its iterations
-// unless the point says otherwise.
+// group, output appended to its stdout.log, checkpointing as launch_config says.
 void Scheduler::start(PointState& p) {
   make_point_dir(p.dir);
-  write_file_atomic(p.dir / "point.json", p.point->config.dump(2) + "\n");
+  write_file_atomic(p.dir / "point.json", launch_config(*p.point).dump(2) + "\n");
   const fs::path ckpt = p.dir / "checkpoints";
-  const int64_t save_interval = std::max<int64_t>(1, p.train_iters / 10);
   std::vector<std::string> args;
   if (p.ranks > 1) args = {o_.mpirun, "-np", std::to_string(p.ranks)};  // one process per rank (and GPU)
   args.insert(args.end(), {o_.train_binary.string(), "--config", (p.dir / "point.json").string(), "--run-dir",
                            p.dir.string(), "--save", ckpt.string(), "--load", ckpt.string(), "--threads",
                            std::to_string(threads_)});
-  if (!p.point->config.contains("save_interval")) args.insert(args.end(), {"--save-interval", std::to_string(save_interval)});
-  if (!p.point->config.contains("keep_checkpoints")) args.insert(args.end(), {"--keep-checkpoints", "2"});
   const int fd = ::open((p.dir / "stdout.log").c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
   check(fd >= 0, (p.dir / "stdout.log").string(), ": cannot open the point's log");
   const pid_t pid = fork();
@@ -421,10 +429,8 @@ void Scheduler::ended(PointState& p, int status) {
   if (code == 0) {
     p.state = "done";
     p.reason.clear();
-    prune_checkpoints(p.dir / "checkpoints", sweep_.checkpoints);
-    write_file_atomic(p.dir / "DONE",
-                      json({{"wall_s", p.wall_s}, {"iteration", p.progress.iteration}, {"lm_loss", p.progress.loss}})
-                              .dump() + "\n");
+    mark_done(p.dir, sweep_.checkpoints,
+              {{"wall_s", p.wall_s}, {"iteration", p.progress.iteration}, {"lm_loss", p.progress.loss}});
     if (!o_.tty) std::cout << "> done " << p.point->id << " (" << fmt_duration(p.wall_s) << ")" << std::endl;
   } else if (code == train::kExitDiverged) {
     p.state = "diverged";
@@ -492,7 +498,8 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
                  "the sweep again to resume");
   };
   if (fs::exists(root)) take_lock();  // it may be running: locked before its state is read
-  std::vector<PointState> ps = point_states(sweep, o, root);
+  std::vector<PointState> ps =
+      point_states(sweep, o, root, "Run with --rerun to discard those points and run them again, or give the sweep a new name");
   take_lock();  // a new sweep's directory is made once its points are valid
   discard_rerun_points(ps, root, o.dry_run);
   if (const std::string note = noise_scale_note(sweep); !note.empty()) std::cout << "> " << note << std::endl;
@@ -502,17 +509,49 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
 
 int export_points(const Sweep& sweep, const fs::path& runs_dir) {
   const fs::path root = runs_dir / sweep.name;
+  // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
+  DirLock lock(root, "sweep export",
+               "it is running these points here; export once it has ended (Ctrl-C stops its points at a checkpoint)");
+  // refused, naming the keys, where a point ran (or was exported) with another configuration
+  std::vector<PointState> ps =
+      point_states(sweep, RunOptions{}, root, "Remove those points' directories to run them again, or give the sweep a new name");
   std::string ids;
-  for (const auto& p : sweep.points) {
-    const fs::path dir = root / p.id;
-    check(config_changes(dir, p.config).empty(), (dir / "point.json").string(),
-          ": this point already ran with another configuration; give the sweep a new name or remove ", dir.string());
-    make_point_dir(dir);
-    write_file_atomic(dir / "point.json", p.config.dump(2) + "\n");
-    ids += p.id + "\n";
+  for (const auto& p : ps) {
+    make_point_dir(p.dir);
+    write_file_atomic(p.dir / "point.json", launch_config(*p.point).dump(2) + "\n");
+    ids += p.point->id + "\n";
   }
+  // the state sweep run keeps, so that status, plot and report read an exported sweep too:
+  // each point pending until its DONE or DIVERGED says otherwise
+  write_file_atomic(root / "sweep.json", state_json(ps, sweep).dump(2) + "\n");
   write_file_atomic(root / "points.txt", ids);
   std::cout << root.string() << "/points.txt: " << sweep.points.size() << " points" << std::endl;
+  return 0;
+}
+
+int finish_point(const fs::path& point_dir, double wall_s) {
+  const fs::path dir = point_dir.filename().empty() ? point_dir.parent_path() : point_dir;
+  const fs::path root = dir.parent_path();
+  const json state = read_sweep_state(root);
+  const std::string id = dir.filename().string();
+  const json* entry = nullptr;
+  for (const auto& p : state["points"])
+    if (p["id"] == id) entry = &p;
+  check(entry != nullptr, dir.string(), ": no point '", id, "' in ", (root / "sweep.json").string(),
+        "; give a point directory of an exported sweep (runs/<name>/<id>)");
+  const int64_t iters = entry->value("train_iters", int64_t{0});
+  check(fs::exists(dir / "stdout.log"), (dir / "stdout.log").string(), ": no such file; a launcher appends train's ",
+        "output to it (what sweep status reads, and what says that train has finished the point)");
+  const Progress progress = parse_progress(dir / "stdout.log");
+  check(iters == 0 || progress.iteration >= iters, dir.string(), ": train has not finished this point (",
+        (dir / "stdout.log").string(), " ends at iteration ", progress.iteration, " of ", iters,
+        "); run it to the end first");
+  const std::string keep = state.value("checkpoints", std::string("final"));
+  json record = {{"iteration", progress.iteration}, {"lm_loss", progress.loss}};
+  if (wall_s > 0) record["wall_s"] = wall_s;
+  const int64_t freed = mark_done(dir, keep, record);
+  std::cout << id << ": done" << (freed > 0 ? " (" + std::to_string(freed / 1000000) + " MB of checkpoints freed)" : "")
+            << std::endl;
   return 0;
 }
 

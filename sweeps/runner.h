@@ -38,9 +38,17 @@ struct RunOptions {
 // rerun_diverged; 1: some failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
 int run_sweep(const Sweep& sweep, const RunOptions& options);
 
-// Writes runs/<name>/points.txt (one id per line, in order) and each point's point.json,
-// for launchers that run points elsewhere (a Slurm job array task runs line i+1). Points
-// that already ran with another configuration are refused as in run_sweep.
+// Writes runs/<name>/points.txt (one id per line, in order), each point's point.json (as
+// sweep run would start it: its checkpoint schedule included) and the sweep's state,
+// sweep.json, for launchers that run points elsewhere (a Slurm job array task runs line
+// i+1); status, plot and report then read the sweep as one sweep run ran. Points that
+// already ran with another configuration are refused as in run_sweep, naming the keys.
 int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
+
+// What sweep run does when a point's train exits 0, for a launcher that ran the point of an
+// exported sweep (runs/<name>/<id>): its checkpoints pruned as the sweep's "checkpoints"
+// says, then DONE written. Refused where the point's log has not reached its last iteration.
+// `wall_s`: the point's wall time as its launcher measured it (0: unknown), kept in DONE.
+int finish_point(const std::filesystem::path& point_dir, double wall_s);
 
 }  // namespace megabatch::sweeps

@@ -46,10 +46,17 @@ int print_status(const fs::path& dir) {
     ps[i].progress = parse_progress(ps[i].dir / "stdout.log");
     if (ps[i].state != "running" || fs::exists(ps[i].dir / "DONE")) read_finished_state(ps[i]);
     else if (!live) ps[i].state = "interrupted";  // its sweep is gone
+    // a point of an exported sweep that its launcher (a Slurm array task) has started: running
+    // there, or stopped until it is submitted again; this machine cannot tell which
+    if (ps[i].state == "pending" && ps[i].progress.iteration > 0) ps[i].state = "started";
   }
-  double wall = 0;
-  for (const auto& p : s["points"]) wall += p.value("wall_s", 0.0);
-  for (const auto& l : table_lines(ps, -1, wall)) std::cout << l << "\n";
+  double wall = 0;  // sweep run's record, else (an exported sweep) what its launcher put in DONE
+  for (size_t i = 0; i < ps.size(); ++i) {
+    const double w = s["points"][i].value("wall_s", 0.0);
+    wall += w > 0 ? w : done_wall_s(ps[i].dir);
+  }
+  // "-" where no time was recorded (an exported sweep's points: their launcher keeps it)
+  for (const auto& l : table_lines(ps, -1, wall > 0 ? wall : -1)) std::cout << l << "\n";
   const DiskUsage used = disk_usage(dir);
   int64_t prunable = 0;  // what prune_sweep frees
   for (const auto& pd : finished_point_dirs(dir, s)) prunable += prunable_checkpoint_bytes(pd / "checkpoints", "final");

@@ -38,6 +38,8 @@ const char* kUsage =
     "                             the S-E frontier fit, B_crit against the gradient noise scale\n"
     "       sweep report DIR      DIR/report.html: result table, critical batch size, diverged points, figures\n"
     "       sweep prune DIR       delete all but the final checkpoint of finished points (also diverged ones')\n"
+    "       sweep finish DIR/ID [--wall-s S]  for launchers (launchers/slurm/point.sbatch): what sweep run does when an exported\n"
+    "                             point's train exits 0: its checkpoints pruned as the sweep says, DONE written\n"
     "analysis runs in $MEGABATCH_PYTHON, else the first python3 on PATH with numpy, h5py and matplotlib\n"
     "\n"
     "examples:\n"
@@ -126,6 +128,14 @@ int run(int argc, char** argv) {
     if (cmd == "prune") return mb::sweeps::prune_sweep(argv[2]);
     return run_python("report.py", {argv[2]});
   }
+  if (cmd == "finish") {
+    mb::ArgParser f("sweep finish", kUsage);
+    f.option("wall-s", "S", "the point's wall time over its attempts, as its launcher measured it", "0");
+    if (!f.parse(argc, argv, 2)) return 0;
+    mb::check(f.positional().size() == 1, "sweep finish: give the point's directory (runs/<name>/<id>)\n", kUsage);
+    mb::check(f.get_double("wall-s") >= 0, "sweep finish: --wall-s: expected seconds >= 0, got ", f.get("wall-s"));
+    return mb::sweeps::finish_point(f.positional()[0], f.get_double("wall-s"));
+  }
   if (cmd == "plot") {
     mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);
     std::vector<std::string> dirs(argv + 2, argv + argc);
@@ -167,7 +177,7 @@ int run(int argc, char** argv) {
     return mb::sweeps::export_points(
         mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points"))), e.get("runs-dir"));
   }
-  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export\n", kUsage);
+  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export, finish\n", kUsage);
   mb::ArgParser a("sweep run", kUsage);
   a.flag("dry-run", "list the points and exit");
   a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");

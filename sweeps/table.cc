@@ -37,8 +37,9 @@ std::string fmt_duration(double s) {
 }
 
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
-  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0;
+  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0;
   for (const auto& p : ps) {
+    started += p.state == "started";
     done += p.state == "done";
     diverged += p.state == "diverged";
     running += p.state == "running";
@@ -47,13 +48,14 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   }
   std::vector<std::string> out;
   char buf[512];
-  if (elapsed >= 0)
-    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | elapsed %s | ETA %s",
-                  done, diverged, running, failed, pending, fmt_duration(elapsed).c_str(), fmt_duration(eta).c_str());
-  else
-    std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting | point time %s", done,
-                  diverged, running, failed, pending, fmt_duration(eta).c_str());
-  out.push_back(buf);
+  std::snprintf(buf, sizeof buf, "sweep: %d done, %d diverged, %d running, %d failed, %d waiting", done, diverged,
+                running, failed, pending);
+  std::string head = buf;
+  // sweep status of an exported sweep (launchers/slurm): its launcher's points in progress
+  if (started) head += ", " + std::to_string(started) + " started under their launcher";
+  if (elapsed >= 0) head += " | elapsed " + fmt_duration(elapsed) + " | ETA " + fmt_duration(eta);
+  else head += " | point time " + fmt_duration(eta);
+  out.push_back(head);
   size_t w = 5;
   for (const auto& p : ps) w = std::max(w, p.point->id.size());
   for (const auto& p : ps) {

@@ -18,7 +18,8 @@ namespace megabatch::sweeps {
 struct PointState {
   const Point* point = nullptr;
   std::filesystem::path dir;
-  std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped
+  std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped; in sweep
+                                  // status also started (an exported point its launcher has begun)
   std::string reason;
   std::string discard;  // why --rerun discards the point's directory ("": kept)
   int attempts = 0;

@@ -62,7 +62,7 @@ echo "$out"
 sweep_dir=$(cd "${out%%/points.txt:*}" && pwd)
 n=$(wc -l < "$sweep_dir/points.txt")
 args=(--array="0-$((n - 1))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks"
-      --export="ALL,SWEEP_DIR=$sweep_dir,TRAIN=$bin/train,CONTAINER_ARGS=${container:+--container-image=$container --container-mounts=$sweep_dir:$sweep_dir}")
+      --export="ALL,SWEEP_DIR=$sweep_dir,TRAIN=$bin/train,SWEEP=$bin/sweep,CONTAINER_ARGS=${container:+--container-image=$container --container-mounts=$sweep_dir:$sweep_dir}")
 [[ -n $partition ]] && args+=(--partition="$partition")
 [[ -n $time_limit ]] && args+=(--time="$time_limit")
 [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")

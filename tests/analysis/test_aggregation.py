@@ -241,6 +241,28 @@ class Aggregation(unittest.TestCase):
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
 
+    def test_an_exported_sweeps_wall_time_is_read_from_its_launchers_done_record(self):
+        # a Slurm or EKS point: sweep.json (written by sweep export) has no wall time; its
+        # launcher's sweep finish --wall-s put it in DONE. sweep run's own record comes first.
+        for pid, text in (("lamb-bs8-s1", '{"iteration": 32, "wall_s": 90}\n'), ("lamb-bs16-s1", '2026-11-26\n')):
+            with open(os.path.join(self.root, pid, "DONE"), "w") as f:
+                f.write(text)  # the second: the date an older point.sbatch wrote
+        with open(os.path.join(self.root, "sweep.json")) as f:
+            sweep = json.load(f)
+        for p in sweep["points"]:
+            p["wall_s"] = 30.0 if p["id"] == "lamb-bs32-s1" else 0.0
+        with open(os.path.join(self.root, "sweep.json"), "w") as f:
+            json.dump(sweep, f)
+        with open(os.path.join(self.root, "lamb-bs32-s1", "DONE"), "w") as f:
+            f.write('{"wall_s": 90}\n')
+        _, points = runs.load_points(self.root)
+        wall = {p.id: p.wall_s for p in points}
+        self.assertEqual(wall["lamb-bs8-s1"], 90.0)
+        self.assertEqual(wall["lamb-bs16-s1"], 0.0)
+        self.assertEqual(wall["lamb-bs32-s1"], 30.0)
+        with open(report.report(self.root)) as f:
+            self.assertIn("<td>1.5</td>", f.read())  # 90 s in the points table's wall (min)
+
     def test_the_report_says_where_the_points_ran_and_when_kernels_differ(self):
         def log(pid, *devices):
             with open(os.path.join(self.root, pid, "stdout.log"), "w") as f:

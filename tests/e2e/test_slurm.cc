@@ -1,14 +1,21 @@
 // A real Slurm cluster on this machine (tests/slurm/start_slurm.sh: munged, slurmctld and
 // slurmd from Debian's slurm-wlm): launchers/slurm/submit.sh runs a tiny sweep as a job array
-// whose tasks each run 2 MPI ranks through srun --mpi=pmix; and a task sent USR1 (as Slurm
-// does before a time limit, --signal=B:USR1@120) checkpoints, requeues itself and resumes
-// from its checkpoint to a complete, gap-free metrics file.
+// whose tasks each run 2 MPI ranks through srun --mpi=pmix, each point checkpointed and
+// marked done as sweep run does it; a task sent USR1 (as Slurm does before a time limit,
+// --signal=B:USR1@120) checkpoints, requeues itself and resumes from its checkpoint to a
+// complete, gap-free metrics file; and a point killed outright, as when its node is lost,
+// resumes from its last periodic checkpoint when submitted again.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
 #include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
@@ -29,7 +36,7 @@ class Slurm : public ::testing::Test {
     const fs::path file = dir / (name + ".json");
     mb::testing::write_text(file, R"({"name": ")" + name + R"(",
  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
-          "micro_batch_size": 2, "lr": 0.002, "log_interval": 1, "eval_iters": 0, "threads": 1, "save_interval": 5,
+          "micro_batch_size": 2, "lr": 0.002, "log_interval": 1, "eval_iters": 0, "threads": 1,
           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("])" +
                                        extra_base + R"(},
  "zip": {"global_batch_size": [4, 8]}, "derive": {"sample_budget": )" + budget + "}}");
@@ -71,8 +78,60 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
     ASSERT_TRUE(fs::exists(dir / "DONE")) << id << ":\n" << read(dir / "stdout.log");
     EXPECT_NE(read(dir / "config.json").find("\"world_size\": 2"), std::string::npos) << id << " ran as 2 ranks";
     mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
-    EXPECT_EQ(f.read<double>("train/lm_loss").size(), std::string(id) == "bs4" ? 8u : 4u) << id;
+    const size_t iters = std::string(id) == "bs4" ? 8 : 4;
+    EXPECT_EQ(f.read<double>("train/lm_loss").size(), iters) << id;
+    // as under sweep run: a checkpoint every tenth of the iterations (here every one, the
+    // newest two kept), and once done only the final one, as the sweep's "checkpoints" says
+    EXPECT_NE(read(dir / "stdout.log").find("saved checkpoint at iteration        1 "), std::string::npos) << id;
+    std::vector<std::string> kept;
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints"))
+      if (e.path().extension() == ".h5") kept.push_back(e.path().filename().string());
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(kept, std::vector<std::string>{"iter_000000" + std::to_string(iters) + ".h5"}) << id;
+    EXPECT_NE(read(dir / "DONE").find("\"iteration\":" + std::to_string(iters)), std::string::npos) << read(dir / "DONE");
   }
+  // sweep status reads the exported sweep as one that sweep run ran
+  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "tiny").string());
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos)
+      << status.output;
+}
+
+// A point killed outright (SIGKILL to its ranks, as when its node is lost: no signal to
+// checkpoint on) has lost no more than its checkpoint interval, a tenth of its iterations:
+// submitted again, it resumes from its last periodic checkpoint and finishes with every
+// iteration once. Before, a Slurm point wrote no checkpoint until it ended and started over.
+TEST_F(Slurm, APointKilledOutrightResumesFromItsLastPeriodicCheckpoint) {
+  mb::testing::TempDir tmp;
+  const fs::path file = write_sweep(tmp.path(), "kill", "800");  // bs4: 200 iterations, a checkpoint every 20
+  const auto job = submit(file, tmp / "runs");
+  ASSERT_FALSE(job.empty());
+  const fs::path dir = tmp / "runs" / "kill" / "bs4", log = dir / "stdout.log";
+  // "bs[4]": a pattern that matches the ranks' command lines, not this shell's
+  const auto r = mb::testing::run_command(
+      "for i in $(seq 600); do grep -q 'iteration  *[5-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; "
+      "pkill -KILL -f 'kill/bs[4]/point.json' && echo killed");
+  ASSERT_NE(r.output.find("killed"), std::string::npos) << r.output << read(log);
+  ASSERT_TRUE(wait_until_gone(job, 240)) << read(log);
+  ASSERT_FALSE(fs::exists(dir / "DONE")) << read(log);
+  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "kill").string());
+  EXPECT_NE(status.output.find("1 started under their launcher"), std::string::npos) << status.output;
+  EXPECT_NE(status.output.find("bs4    started"), std::string::npos) << status.output;
+
+  const auto again = submit(file, tmp / "runs");
+  ASSERT_TRUE(wait_until_gone(again, 240)) << read(log);
+  const std::string text = read(log);
+  ASSERT_TRUE(fs::exists(dir / "DONE")) << text;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(text, m, std::regex("> loaded \\S+/iter_0*(\\d+)\\.h5"))) << text;
+  EXPECT_GE(std::stoi(m[1]), 40) << "killed after iteration 50, it lost at most the 20 of its checkpoint interval";
+  mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+  const auto it = f.read<double>("train/iteration");
+  ASSERT_EQ(it.size(), 200u) << "every iteration once, none twice";
+  for (size_t i = 0; i < it.size(); ++i) ASSERT_EQ(it[i], static_cast<double>(i + 1));
+  // the wall time of both attempts, as point.sbatch measured them, for status and report
+  const auto done = nlohmann::json::parse(read(dir / "DONE"));
+  EXPECT_GE(done.value("wall_s", 0.0), 2.0) << done;
 }
 
 // A diverged point (train's exit status 4) is a result under Slurm too: the task ends

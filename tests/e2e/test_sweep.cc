@@ -744,6 +744,30 @@ TEST_F(Sweep, ANullUnsetsAKeyOfAnIncludedFileOrOfOnePoint) {
   EXPECT_EQ(resolved["clip_grad"], 1.0) << "train's default, as if clip_grad had never been given";
 }
 
+// sweep export (for launchers/slurm and eks) leaves what sweep run would: each point.json
+// with the checkpoint schedule sweep run gives it (a checkpoint every tenth of its
+// iterations: a lost node costs no more), and the sweep's state, which status reads (before,
+// "no sweep here"); exported again with a changed value, the refusal names the key.
+TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs";
+  const fs::path file = write_tiny_sweep(tmp.path(), "ex", R"("train_iters": 40)", R"("zip": {"global_batch_size": [2, 4]})");
+  auto r = mb::testing::run_command(sweep("export " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto point = nlohmann::json::parse(mb::testing::read_text(runs / "ex" / "bs2" / "point.json"));
+  EXPECT_EQ(point.value("save_interval", 0), 4) << point;
+  EXPECT_EQ(point.value("keep_checkpoints", 0), 2) << point;
+  r = mb::testing::run_command(sweep("status " + (runs / "ex").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sweep: 0 done, 0 diverged, 0 running, 0 failed, 2 waiting"), std::string::npos) << r.output;
+  const fs::path changed = write_tiny_sweep(tmp.path(), "ex", R"("train_iters": 50)",
+                                            R"("zip": {"global_batch_size": [2, 4]})");
+  r = mb::testing::run_command(sweep("export " + changed.string() + " --runs-dir " + runs.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("bs2 (train_iters: 40 -> 50)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Remove those points' directories"), std::string::npos) << r.output;
+}
+
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have
 // and a missing dataset are reported per point, with the command that makes the default data.
 TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
