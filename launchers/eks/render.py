@@ -13,12 +13,18 @@ DIR on the FSx volume; the launcher pod's log holds the table and its exit statu
 Workers: one pod per node of the instance type, requesting every GPU (nvidia.com/gpu), every
 EFA interface (vpc.amazonaws.com/efa) and 5 GiB of 2 MiB hugepages (libfabric's EFA
 buffers), with /dev/shm as a memory-backed volume (NCCL) and the FSx for Lustre claim at
-/fsx, where the point's directory lives. The launcher runs mpirun with one rank per GPU;
-`train --load` makes a restarted job continue from the point's last checkpoint.
+/fsx, where the point's directory lives. The launcher runs mpirun with one rank per GPU,
+`train` with the point.json `sweep export` wrote (a checkpoint every tenth of the point's
+iterations); `train --load` makes a restarted job continue from the point's last
+checkpoint. As in a Slurm array task (launchers/slurm/point.sbatch): a point already DONE or
+DIVERGED is not run again, a diverged one (train's exit status 4) ends the job as a result,
+and a finished one is marked by `sweep finish` (its checkpoints pruned as the sweep says,
+DONE written), so that `sweep status`, `plot` and `report` read the sweep.
 """
 import argparse
 import json
 import os
+import shlex
 import sys
 
 import yaml
@@ -50,7 +56,17 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
         command = [f"{root}/launchers/selftest.sh", "--tp", str(2 if gpus >= 2 else 1), "--dir", selftest, "--"] + command
     else:
         command += [train, "--config", f"{point}/point.json", "--run-dir", point, "--save", f"{point}/checkpoints",
-                    "--load", f"{point}/checkpoints", "--keep-checkpoints", "2"]
+                    "--load", f"{point}/checkpoints"]
+        sweep = os.path.join(os.path.dirname(train), "sweep")
+        p = shlex.quote(point)
+        # train's output in the pod's log and, as sweep run and Slurm keep it, in the point's stdout.log
+        command = ["/bin/bash", "-c", f"if [ -e {p}/DONE ] || [ -e {p}/DIVERGED ]; then echo {p}: finished already; exit 0; fi; "
+                   f"{shlex.join(command)} 2>&1 | tee -a {p}/stdout.log; rc=${{PIPESTATUS[0]}}; "
+                   # the point's wall time over the job's attempts, as in point.sbatch
+                   f"w=$(cat {p}/launcher_wall_s 2>/dev/null); [[ $w =~ ^[0-9]+$ ]] || w=0; w=$((w + SECONDS)); "
+                   f"echo $w > {p}/launcher_wall_s; "
+                   f"if [ $rc -eq 4 ]; then echo {p}: diverged; exit 0; fi; "
+                   f"[ $rc -eq 0 ] || exit $rc; exec {shlex.join([sweep, 'finish', point])} --wall-s $w"]
     resources = {"nvidia.com/gpu": gpus, "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
     if efa > 0:  # the EFA interfaces and libfabric's 2 MiB hugepages
         resources.update({"vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"})

@@ -1,7 +1,10 @@
 """The launchers' rendered output: EKS MPIJob manifests (structure, resources per instance
-type), and the EC2 and Slurm command lines (their --dry-run)."""
+type; a point's job run here as its launcher pod would run it), and the EC2 and Slurm
+command lines (their --dry-run)."""
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -15,6 +18,17 @@ import render  # noqa: E402
 
 with open(os.path.join(ROOT, "launchers", "instances.json")) as _f:
     INSTANCES = {k: v for k, v in json.load(_f).items() if not k.startswith("_")}
+
+
+def launcher_command(job):
+    return job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
+
+
+def mpirun_argv(job):
+    """The mpirun command line of a point's job (its launcher runs it in /bin/bash -c)."""
+    cmd = launcher_command(job)
+    assert cmd[:2] == ["/bin/bash", "-c"], cmd
+    return shlex.split(re.search(r"(mpirun .*?) 2>&1 \| tee", cmd[2]).group(1))
 
 
 class EksManifest(unittest.TestCase):
@@ -45,7 +59,7 @@ class EksManifest(unittest.TestCase):
                 self.assertEqual(vols["fsx"]["persistentVolumeClaim"]["claimName"], "fsx-claim")
                 mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
                 self.assertEqual(mounts, {"/dev/shm", "/fsx"})
-                cmd = specs["Launcher"]["template"]["spec"]["containers"][0]["command"]
+                cmd = mpirun_argv(job)
                 self.assertEqual(cmd[cmd.index("-np") + 1], str(3 * inst["gpus"]))
                 self.assertIn("/fsx/runs/s/lamb-bs8-lr0.04-s1/point.json", cmd)
                 self.assertIn("--load", cmd)
@@ -55,6 +69,60 @@ class EksManifest(unittest.TestCase):
                     self.assertIn("FI_PROVIDER=efa", cmd)
                 else:
                     self.assertFalse([a for a in cmd if a.startswith("FI_")], cmd)
+
+    def test_a_point_job_runs_its_point_to_done_once_and_a_diverged_point_is_a_result(self):
+        """The launcher pod's command, run here with this build's train and sweep on two points of
+        an exported sweep: one finishes (checkpointed every tenth of its iterations as sweep
+        export wrote it, marked DONE by sweep finish, only its final checkpoint kept), one
+        diverges (train's exit status 4 ends the job as a result: not a failure MPIJob would
+        retry, no DONE); run again, neither point runs again."""
+        bin_dir = os.environ["MEGABATCH_BIN"]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([os.path.join(bin_dir, "preprocess"), "brown", "--output-dir", os.path.join(d, "data")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            sweep_file = os.path.join(d, "eks.json")
+            with open(sweep_file, "w") as f:
+                json.dump({"name": "eks", "base": {
+                    "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
+                    "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 20, "lr": 0.002, "log_interval": 1,
+                    "eval_iters": 0, "threads": 1, "divergence_intervals": 2,
+                    "data_path": [os.path.join(d, "data", "brown_gpt2_text_document")]},
+                    "zip": {"divergence_loss": [100, 5]}}, f)
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export", sweep_file, "--runs-dir",
+                                os.path.join(d, "runs")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(os.path.join(d, "runs", "eks", "points.txt")) as f:
+                finishing, diverging = [os.path.join(d, "runs", "eks", i) for i in f.read().split()]
+
+            def run_job(point):
+                job = render.render("g4dn.2xlarge", 1, "img", point, train=os.path.join(bin_dir, "train"))
+                return subprocess.run(launcher_command(job), capture_output=True, text=True, env=env)
+
+            r = run_job(finishing)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            with open(os.path.join(finishing, "DONE")) as f:
+                self.assertIn('"iteration":20', f.read())
+            with open(os.path.join(finishing, "stdout.log")) as f:
+                log = f.read()
+            self.assertIn("saved checkpoint at iteration        2 ", log)
+            self.assertEqual(sorted(n for n in os.listdir(os.path.join(finishing, "checkpoints")) if n.endswith(".h5")),
+                             ["iter_0000020.h5"])
+            r = run_job(diverging)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("diverged", r.stdout)
+            self.assertTrue(os.path.exists(os.path.join(diverging, "DIVERGED")))
+            self.assertFalse(os.path.exists(os.path.join(diverging, "DONE")))
+            for point in (finishing, diverging):  # a job applied again (or restarted) does not run it again
+                r = run_job(point)
+                self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                self.assertIn("finished already", r.stdout)
+            with open(os.path.join(finishing, "stdout.log")) as f:
+                self.assertEqual(f.read(), log)
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "status", os.path.join(d, "runs", "eks")],
+                               capture_output=True, text=True)
+            self.assertIn("sweep: 1 done, 1 diverged, 0 running, 0 failed, 0 waiting", r.stdout, r.stdout + r.stderr)
 
     def test_selftest_job_runs_selftest_over_the_same_mpirun(self):
         job = render.render("p5.48xlarge", 2, "img", None, selftest="/fsx/selftest")
