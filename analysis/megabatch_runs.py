@@ -104,6 +104,13 @@ class Point:
                 self.reason = f"iteration {self.diverged_at}: {d.get('reason', '')}"
             except (OSError, ValueError):
                 pass
+        elif os.path.exists(os.path.join(self.dir, "FAILED")):  # under an exported sweep's launcher
+            self.state = "failed"
+            try:
+                with open(os.path.join(self.dir, "FAILED")) as f:
+                    self.reason = str(json.load(f).get("reason", ""))
+            except (OSError, ValueError, AttributeError):
+                pass
         self.metrics = read_metrics(os.path.join(self.dir, "metrics.h5")) or {}
 
     def series(self, name):

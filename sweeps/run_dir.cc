@@ -158,6 +158,21 @@ double done_wall_s(const fs::path& dir) {
   }
 }
 
+void mark_failed(const fs::path& dir, const std::string& reason) {
+  write_file_atomic(dir / "FAILED", json({{"reason", reason}}).dump() + "\n");
+}
+
+std::string failed_reason(const fs::path& dir) {
+  try {
+    if (!fs::exists(dir / "FAILED")) return "";
+    const auto failed = parse_json(read_file(dir / "FAILED", "point's FAILED record"));
+    if (failed && failed->is_object() && failed->contains("reason") && (*failed)["reason"].is_string())
+      return (*failed)["reason"].get<std::string>();
+  } catch (const std::exception&) {
+  }
+  return "failed under its launcher (FAILED unreadable)";
+}
+
 std::string divergence_reason(const fs::path& dir) {
   try {
     const json d = json::parse(read_file(dir / "DIVERGED", "divergence record"));
@@ -199,10 +214,15 @@ Progress parse_progress(const fs::path& log) {
 }
 
 std::string failure_reason(const fs::path& log, int status) {
-  std::string reason;
+  // train's own error ("train: error: ...", "train (rank N): error: ..."), not a launcher's
+  // line after it (mpirun's "MPI_ABORT ... with errorcode 1."); else any line that says error
+  std::string train_error, reason;
   for_each_line(read_file_tail(log, 8192), [&](std::string_view line, size_t) {
-    if (line.find("error") != std::string_view::npos) reason = std::string(line);
+    if (line.find("error") == std::string_view::npos) return;
+    reason = std::string(line);
+    if (line.substr(0, 5) == "train" && line.find("error: ") != std::string_view::npos) train_error = reason;
   });
+  if (!train_error.empty()) return train_error;
   if (!reason.empty()) return reason;
   if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
   return "exit status " + std::to_string(WIFEXITED(status) ? WEXITSTATUS(status) : -1);

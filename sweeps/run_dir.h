@@ -7,7 +7,8 @@
 //   runs/<name>/<id>/point.json     the point's train configuration (its input)
 //   runs/<name>/<id>/config.json    train's resolved configuration
 //   runs/<name>/<id>/stdout.log     train's output (Megatron's log lines)
-//   runs/<name>/<id>/metrics.h5, checkpoints/, DONE or DIVERGED
+//   runs/<name>/<id>/metrics.h5, checkpoints/, DONE or DIVERGED (or FAILED, from a launcher
+//                                   of an exported sweep: sweep finish --exit-status)
 //
 // The sweep tool deletes only directories that carry its mark, never through a symlink.
 #pragma once
@@ -61,6 +62,12 @@ double done_wall_s(const std::filesystem::path& dir);
 // Why a point diverged, from its DIVERGED file: "iteration N: reason".
 std::string divergence_reason(const std::filesystem::path& dir);
 
+// A point of an exported sweep whose train failed under its launcher (sweep finish
+// --exit-status): FAILED, written whole, says why; the launcher's next attempt (and sweep
+// run's) removes it. failed_reason reads it back ("" where there is none).
+void mark_failed(const std::filesystem::path& dir, const std::string& reason);
+std::string failed_reason(const std::filesystem::path& dir);
+
 // ---- a point's log ------------------------------------------------------------------------
 
 // Progress from a point's stdout.log: the last iteration line's iteration and lm loss, and
@@ -74,8 +81,9 @@ struct Progress {
 };
 Progress parse_progress(const std::filesystem::path& log);
 
-// Why a point failed: the last line of its log that says "error", else how the process
-// ended (`status` as waitpid gives it).
+// Why a point failed: the last error line of train's in its log (rather than the launcher's
+// after it: mpirun's MPI_ABORT notice), else the last line that says "error", else how the
+// process ended (`status` as waitpid gives it).
 std::string failure_reason(const std::filesystem::path& log, int status);
 
 // The log's last `n` lines (of its last 1,500 bytes), without `except` (the error already

@@ -350,6 +350,7 @@ void Scheduler::start_waiting_points() {
 // group, output appended to its stdout.log, checkpointing as launch_config says.
 void Scheduler::start(PointState& p) {
   make_point_dir(p.dir);
+  fs::remove(p.dir / "FAILED");  // a launcher's record of an earlier attempt (sweep finish)
   write_file_atomic(p.dir / "point.json", launch_config(*p.point).dump(2) + "\n");
   const fs::path ckpt = p.dir / "checkpoints";
   std::vector<std::string> args;
@@ -529,7 +530,7 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir) {
   return 0;
 }
 
-int finish_point(const fs::path& point_dir, double wall_s) {
+int finish_point(const fs::path& point_dir, int exit_status, double wall_s) {
   const fs::path dir = point_dir.filename().empty() ? point_dir.parent_path() : point_dir;
   const fs::path root = dir.parent_path();
   const json state = read_sweep_state(root);
@@ -539,13 +540,31 @@ int finish_point(const fs::path& point_dir, double wall_s) {
     if (p["id"] == id) entry = &p;
   check(entry != nullptr, dir.string(), ": no point '", id, "' in ", (root / "sweep.json").string(),
         "; give a point directory of an exported sweep (runs/<name>/<id>)");
+  const fs::path log = dir / "stdout.log";
+  check(fs::exists(log), log.string(), ": no such file; a launcher appends train's output to it (what sweep status ",
+        "reads, and what says that train has finished the point)");
+  if (exit_status == train::kExitStoppedBySignal) {
+    std::cout << id << ": stopped at a checkpoint; it resumes from there when run again" << std::endl;
+    return 0;
+  }
+  if (exit_status == train::kExitDiverged && fs::exists(dir / "DIVERGED")) {
+    std::cout << id << ": diverged, " << divergence_reason(dir) << " (a result)" << std::endl;
+    return 0;
+  }
+  if (exit_status != 0) {  // as sweep run says it: the error in full once, then the lines before it
+    // a shell's status: 128 + N where signal N ended the program
+    const int status = exit_status > 128 && exit_status < 160 ? exit_status - 128 : (exit_status & 0xff) << 8;
+    const std::string reason = failure_reason(log, status);
+    mark_failed(dir, reason);
+    std::cout << id << ": failed: " << reason << "\n  last lines of " << log.string() << ":\n";
+    for (const auto& line : last_log_lines(log, 5, reason)) std::cout << "    " << line << "\n";
+    std::cout << std::flush;
+    return 1;
+  }
   const int64_t iters = entry->value("train_iters", int64_t{0});
-  check(fs::exists(dir / "stdout.log"), (dir / "stdout.log").string(), ": no such file; a launcher appends train's ",
-        "output to it (what sweep status reads, and what says that train has finished the point)");
-  const Progress progress = parse_progress(dir / "stdout.log");
-  check(iters == 0 || progress.iteration >= iters, dir.string(), ": train has not finished this point (",
-        (dir / "stdout.log").string(), " ends at iteration ", progress.iteration, " of ", iters,
-        "); run it to the end first");
+  const Progress progress = parse_progress(log);
+  check(iters == 0 || progress.iteration >= iters, dir.string(), ": train has not finished this point (", log.string(),
+        " ends at iteration ", progress.iteration, " of ", iters, "); run it to the end first");
   const std::string keep = state.value("checkpoints", std::string("final"));
   json record = {{"iteration", progress.iteration}, {"lm_loss", progress.loss}};
   if (wall_s > 0) record["wall_s"] = wall_s;

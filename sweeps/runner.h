@@ -45,10 +45,13 @@ int run_sweep(const Sweep& sweep, const RunOptions& options);
 // already ran with another configuration are refused as in run_sweep, naming the keys.
 int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
 
-// What sweep run does when a point's train exits 0, for a launcher that ran the point of an
-// exported sweep (runs/<name>/<id>): its checkpoints pruned as the sweep's "checkpoints"
-// says, then DONE written. Refused where the point's log has not reached its last iteration.
-// `wall_s`: the point's wall time as its launcher measured it (0: unknown), kept in DONE.
-int finish_point(const std::filesystem::path& point_dir, double wall_s);
+// What sweep run does when a point's train ends, for a launcher that ran the point of an
+// exported sweep (runs/<name>/<id>), by train's `exit_status` (as a shell gives it): 0, its
+// checkpoints pruned as the sweep's "checkpoints" says, then DONE written (refused where the
+// log has not reached the last iteration); 4 (diverged) and 3 (stopped at a checkpoint),
+// said; any other, FAILED written with the reason, which is printed with the log's last
+// lines, and 1 returned. `wall_s`: the point's wall time as its launcher measured it (0:
+// unknown), kept in DONE.
+int finish_point(const std::filesystem::path& point_dir, int exit_status, double wall_s);
 
 }  // namespace megabatch::sweeps

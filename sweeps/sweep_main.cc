@@ -38,8 +38,9 @@ const char* kUsage =
     "                             the S-E frontier fit, B_crit against the gradient noise scale\n"
     "       sweep report DIR      DIR/report.html: result table, critical batch size, diverged points, figures\n"
     "       sweep prune DIR       delete all but the final checkpoint of finished points (also diverged ones')\n"
-    "       sweep finish DIR/ID [--wall-s S]  for launchers (launchers/slurm/point.sbatch): what sweep run does when an exported\n"
-    "                             point's train exits 0: its checkpoints pruned as the sweep says, DONE written\n"
+    "       sweep finish DIR/ID [--exit-status N] [--wall-s S]  for launchers (launchers/slurm/point.sbatch): what\n"
+    "                             sweep run does when an exported point's train ends: done (its checkpoints pruned\n"
+    "                             as the sweep says, DONE written), diverged, or failed (FAILED, its error)\n"
     "analysis runs in $MEGABATCH_PYTHON, else the first python3 on PATH with numpy, h5py and matplotlib\n"
     "\n"
     "examples:\n"
@@ -130,11 +131,14 @@ int run(int argc, char** argv) {
   }
   if (cmd == "finish") {
     mb::ArgParser f("sweep finish", kUsage);
+    f.option("exit-status", "N", "train's exit status (as the shell gives it: 128 + N for signal N)", "0");
     f.option("wall-s", "S", "the point's wall time over its attempts, as its launcher measured it", "0");
     if (!f.parse(argc, argv, 2)) return 0;
     mb::check(f.positional().size() == 1, "sweep finish: give the point's directory (runs/<name>/<id>)\n", kUsage);
     mb::check(f.get_double("wall-s") >= 0, "sweep finish: --wall-s: expected seconds >= 0, got ", f.get("wall-s"));
-    return mb::sweeps::finish_point(f.positional()[0], f.get_double("wall-s"));
+    mb::check(f.get_int("exit-status") >= 0 && f.get_int("exit-status") <= 255,
+              "sweep finish: --exit-status: expected 0 to 255, got ", f.get("exit-status"));
+    return mb::sweeps::finish_point(f.positional()[0], static_cast<int>(f.get_int("exit-status")), f.get_double("wall-s"));
   }
   if (cmd == "plot") {
     mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);

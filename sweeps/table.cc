@@ -17,6 +17,9 @@ void read_finished_state(PointState& p) {
   } else if (std::filesystem::exists(p.dir / "DIVERGED")) {
     p.state = "diverged";
     p.reason = divergence_reason(p.dir);
+  } else if (const std::string why = failed_reason(p.dir); !why.empty()) {
+    p.state = "failed";  // under the launcher of an exported sweep
+    p.reason = why;
   }
 }
 

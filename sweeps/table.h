@@ -33,8 +33,9 @@ struct PointState {
   bool stopping = false;  // the sweep has asked this attempt to stop (Ctrl-C, SIGTERM)
 };
 
-// A point's end as its directory records it: DONE (done) or DIVERGED (diverged, with the
-// reason); otherwise the state is left as it is.
+// A point's end as its directory records it: DONE (done), DIVERGED (diverged, with the
+// reason) or FAILED (failed under an exported sweep's launcher, with the reason); otherwise
+// the state is left as it is.
 void read_finished_state(PointState& p);
 
 // Samples of a point's work that are behind it: all of them once it is done or diverged

@@ -17,9 +17,10 @@ buffers), with /dev/shm as a memory-backed volume (NCCL) and the FSx for Lustre 
 `train` with the point.json `sweep export` wrote (a checkpoint every tenth of the point's
 iterations); `train --load` makes a restarted job continue from the point's last
 checkpoint. As in a Slurm array task (launchers/slurm/point.sbatch): a point already DONE or
-DIVERGED is not run again, a diverged one (train's exit status 4) ends the job as a result,
-and a finished one is marked by `sweep finish` (its checkpoints pruned as the sweep says,
-DONE written), so that `sweep status`, `plot` and `report` read the sweep.
+DIVERGED is not run again, and `sweep finish` records how it ended, so that `sweep status`,
+`plot` and `report` read the sweep: done (its checkpoints pruned as the sweep says, DONE),
+diverged (train's exit status 4: a result, the job succeeds rather than being retried) or
+failed (FAILED with the error; the job fails, and MPIJob's retries run it again).
 """
 import argparse
 import json
@@ -61,12 +62,14 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
         p = shlex.quote(point)
         # train's output in the pod's log and, as sweep run and Slurm keep it, in the point's stdout.log
         command = ["/bin/bash", "-c", f"if [ -e {p}/DONE ] || [ -e {p}/DIVERGED ]; then echo {p}: finished already; exit 0; fi; "
+                   f"rm -f {p}/FAILED; "
                    f"{shlex.join(command)} 2>&1 | tee -a {p}/stdout.log; rc=${{PIPESTATUS[0]}}; "
                    # the point's wall time over the job's attempts, as in point.sbatch
                    f"w=$(cat {p}/launcher_wall_s 2>/dev/null); [[ $w =~ ^[0-9]+$ ]] || w=0; w=$((w + SECONDS)); "
                    f"echo $w > {p}/launcher_wall_s; "
-                   f"if [ $rc -eq 4 ]; then echo {p}: diverged; exit 0; fi; "
-                   f"[ $rc -eq 0 ] || exit $rc; exec {shlex.join([sweep, 'finish', point])} --wall-s $w"]
+                   # stopped at a checkpoint (evicted): the job's restart resumes it
+                   f"[ $rc -eq 3 ] && exit 3; "
+                   f"exec {shlex.join([sweep, 'finish', point])} --exit-status $rc --wall-s $w"]
     resources = {"nvidia.com/gpu": gpus, "memory": f"{int(inst['memory_GiB'] * 0.9)}Gi"}
     if efa > 0:  # the EFA interfaces and libfabric's 2 MiB hugepages
         resources.update({"vpc.amazonaws.com/efa": efa, "hugepages-2Mi": "5120Mi"})

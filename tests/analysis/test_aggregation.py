@@ -263,6 +263,19 @@ class Aggregation(unittest.TestCase):
         with open(report.report(self.root)) as f:
             self.assertIn("<td>1.5</td>", f.read())  # 90 s in the points table's wall (min)
 
+    def test_a_point_that_failed_under_its_launcher_is_failed_with_its_reason(self):
+        # sweep finish --exit-status N (a Slurm task, an EKS job) wrote FAILED; sweep.json,
+        # written by sweep export, still says pending
+        d = os.path.join(self.root, "lamb-bs8-s1")
+        os.remove(os.path.join(d, "DONE"))
+        with open(os.path.join(d, "FAILED"), "w") as f:
+            json.dump({"reason": "train (rank 0): error: out of memory"}, f)
+        _, points = runs.load_points(self.root)
+        failed = {p.id: p for p in points}["lamb-bs8-s1"]
+        self.assertEqual((failed.state, failed.reason), ("failed", "train (rank 0): error: out of memory"))
+        with open(report.report(self.root)) as f:
+            self.assertIn("failed: train (rank 0): error: out of memory", f.read())
+
     def test_the_report_says_where_the_points_ran_and_when_kernels_differ(self):
         def log(pid, *devices):
             with open(os.path.join(self.root, pid, "stdout.log"), "w") as f:

@@ -101,27 +101,34 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
 // checkpoint on) has lost no more than its checkpoint interval, a tenth of its iterations:
 // submitted again, it resumes from its last periodic checkpoint and finishes with every
 // iteration once. Before, a Slurm point wrote no checkpoint until it ended and started over.
-TEST_F(Slurm, APointKilledOutrightResumesFromItsLastPeriodicCheckpoint) {
+// sweep status shows it "started" while it runs and "failed", with the reason, once its task
+// has ended so (before: "no sweep here").
+TEST_F(Slurm, APointKilledOutrightIsFailedAndResumesFromItsLastPeriodicCheckpoint) {
   mb::testing::TempDir tmp;
   const fs::path file = write_sweep(tmp.path(), "kill", "800");  // bs4: 200 iterations, a checkpoint every 20
   const auto job = submit(file, tmp / "runs");
   ASSERT_FALSE(job.empty());
   const fs::path dir = tmp / "runs" / "kill" / "bs4", log = dir / "stdout.log";
-  // "bs[4]": a pattern that matches the ranks' command lines, not this shell's
-  const auto r = mb::testing::run_command(
-      "for i in $(seq 600); do grep -q 'iteration  *[5-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; "
-      "pkill -KILL -f 'kill/bs[4]/point.json' && echo killed");
+  // sweep status while it runs, then SIGKILL to its ranks ("bs[4]": a pattern that matches
+  // the ranks' command lines, not this shell's)
+  const std::string status = mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "kill").string();
+  auto r = mb::testing::run_command(
+      "for i in $(seq 600); do grep -q 'iteration  *[5-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; " +
+      status + "; pkill -KILL -f 'kill/bs[4]/point.json' && echo killed");
   ASSERT_NE(r.output.find("killed"), std::string::npos) << r.output << read(log);
+  EXPECT_NE(r.output.find("bs4    started"), std::string::npos) << "running under Slurm:\n" << r.output;
   ASSERT_TRUE(wait_until_gone(job, 240)) << read(log);
   ASSERT_FALSE(fs::exists(dir / "DONE")) << read(log);
-  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "kill").string());
-  EXPECT_NE(status.output.find("1 started under their launcher"), std::string::npos) << status.output;
-  EXPECT_NE(status.output.find("bs4    started"), std::string::npos) << status.output;
+  // the task recorded the failure (sweep finish --exit-status): status shows it with its reason
+  r = mb::testing::run_command(status);
+  EXPECT_NE(r.output.find("1 failed"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("bs4 +failed +.*(Killed|signal 9)"))) << r.output;
 
   const auto again = submit(file, tmp / "runs");
   ASSERT_TRUE(wait_until_gone(again, 240)) << read(log);
   const std::string text = read(log);
   ASSERT_TRUE(fs::exists(dir / "DONE")) << text;
+  EXPECT_FALSE(fs::exists(dir / "FAILED")) << "the attempt that finished it replaced the failed one's record";
   std::smatch m;
   ASSERT_TRUE(std::regex_search(text, m, std::regex("> loaded \\S+/iter_0*(\\d+)\\.h5"))) << text;
   EXPECT_GE(std::stoi(m[1]), 40) << "killed after iteration 50, it lost at most the 20 of its checkpoint interval";

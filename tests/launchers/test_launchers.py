@@ -70,12 +70,13 @@ class EksManifest(unittest.TestCase):
                 else:
                     self.assertFalse([a for a in cmd if a.startswith("FI_")], cmd)
 
-    def test_a_point_job_runs_its_point_to_done_once_and_a_diverged_point_is_a_result(self):
-        """The launcher pod's command, run here with this build's train and sweep on two points of
-        an exported sweep: one finishes (checkpointed every tenth of its iterations as sweep
+    def test_a_point_job_runs_its_point_to_done_once_and_records_divergence_and_failure(self):
+        """The launcher pod's command, run here with this build's train and sweep on points of
+        exported sweeps: one finishes (checkpointed every tenth of its iterations as sweep
         export wrote it, marked DONE by sweep finish, only its final checkpoint kept), one
         diverges (train's exit status 4 ends the job as a result: not a failure MPIJob would
-        retry, no DONE); run again, neither point runs again."""
+        retry, no DONE), and neither runs again when the job does; one fails (FAILED, shown by
+        sweep status)."""
         bin_dir = os.environ["MEGABATCH_BIN"]
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
         with tempfile.TemporaryDirectory() as d:
@@ -123,6 +124,28 @@ class EksManifest(unittest.TestCase):
             r = subprocess.run([os.path.join(bin_dir, "sweep"), "status", os.path.join(d, "runs", "eks")],
                                capture_output=True, text=True)
             self.assertIn("sweep: 1 done, 1 diverged, 0 running, 0 failed, 0 waiting", r.stdout, r.stdout + r.stderr)
+            # a point whose train fails: the job fails (MPIJob retries it), FAILED says why, and
+            # sweep status shows it (before: a point that never finished, with no reason anywhere)
+            with open(sweep_file) as f:
+                spec = json.load(f)
+            spec.update(name="eksbad", zip={"divergence_loss": [100]})
+            spec["base"]["data_path"] = [os.path.join(d, "nowhere", "brown_gpt2_text_document")]
+            with open(sweep_file, "w") as f:
+                json.dump(spec, f)
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export", sweep_file, "--runs-dir",
+                                os.path.join(d, "runs")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            failing = os.path.join(d, "runs", "eksbad", "dl100")
+            r = run_job(failing)
+            self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("dl100: failed: ", r.stdout)
+            with open(os.path.join(failing, "FAILED")) as f:
+                reason = json.load(f)["reason"]
+            self.assertIn("nowhere", reason)
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "status", os.path.join(d, "runs", "eksbad")],
+                               capture_output=True, text=True)
+            self.assertIn("0 done, 0 diverged, 0 running, 1 failed", r.stdout)
+            self.assertIn(reason, r.stdout)
 
     def test_selftest_job_runs_selftest_over_the_same_mpirun(self):
         job = render.render("p5.48xlarge", 2, "img", None, selftest="/fsx/selftest")
