@@ -4,6 +4,7 @@
 #include <set>
 #include <sstream>
 
+#include "core/train/options.h"
 #include "core/util/error.h"
 
 namespace megabatch::sweeps {
@@ -11,6 +12,24 @@ namespace megabatch::sweeps {
 int ranks_needed(const nlohmann::json& c) {
   const int64_t tp = c.value("tensor_model_parallel_size", int64_t{1}), dp = c.value("data_parallel_size", int64_t{1});
   return static_cast<int>(std::max<int64_t>(1, tp) * std::max<int64_t>(1, dp));
+}
+
+std::string layout_problem(const nlohmann::json& c, int ranks) {
+  const int64_t tp = c.value("tensor_model_parallel_size", int64_t{1});
+  if (ranks % tp != 0)
+    return "tensor_model_parallel_size " + std::to_string(tp) + " does not divide the job's " + std::to_string(ranks) +
+           " ranks";
+  const int64_t dp = ranks / tp;
+  if (c.contains("data_parallel_size") && c["data_parallel_size"].get<int64_t>() != dp)
+    return "data_parallel_size " + c["data_parallel_size"].dump() + ", but " + std::to_string(ranks) + " ranks at TP " +
+           std::to_string(tp) + " are DP " + std::to_string(dp);
+  const int64_t micro =
+      c.value("micro_batch_size", train::train_schema().find("micro_batch_size")->default_value.get<int64_t>());
+  const int64_t global = c.value("global_batch_size", micro * dp);
+  if (global % (micro * dp) != 0)
+    return "global_batch_size " + std::to_string(global) + " is not a multiple of micro_batch_size x DP (" +
+           std::to_string(micro) + " x " + std::to_string(dp) + ")";
+  return "";
 }
 
 std::vector<int> parse_gpus(const std::string& spec, int visible) {

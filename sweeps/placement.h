@@ -15,6 +15,12 @@ namespace megabatch::sweeps {
 // The processes (and GPUs) a point's configuration needs: TP x DP, each 1 when unset.
 int ranks_needed(const nlohmann::json& config);
 
+// Why a point's configuration cannot run as one job of `ranks` processes, DP = ranks / TP as
+// train derives it (a Slurm array task: nodes x tasks per node): TP does not divide the
+// ranks, a data_parallel_size other than that DP, or a global batch that micro-batch x DP
+// does not divide; "" when it can. train checks the same when it starts, after the queue.
+std::string layout_problem(const nlohmann::json& config, int ranks);
+
 // --gpus: "all" (every one of `visible` GPUs) or a comma-separated list of distinct GPU
 // indices below `visible`. Errors name the flag and what is wrong.
 std::vector<int> parse_gpus(const std::string& spec, int visible);

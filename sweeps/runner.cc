@@ -75,6 +75,26 @@ std::string check_point(const fs::path& train, const Point& point, const std::st
   return "could not run train --check";
 }
 
+// The cluster a sweep file says it was sized for ("cluster": instance_type, nodes,
+// gpus_per_node), its fields checked; none when the file names none.
+struct Cluster {
+  int64_t nodes = 0, gpus_per_node = 0;
+  std::string instance_type;
+  int ranks() const { return static_cast<int>(nodes * gpus_per_node); }
+};
+std::optional<Cluster> sweep_cluster(const Sweep& sweep) {
+  if (!sweep.spec.contains("cluster")) return std::nullopt;
+  const json& c = sweep.spec["cluster"];
+  const std::string where = sweep.file.string() + ": cluster";
+  check(c.is_object(), where, ": expected an object (instance_type, nodes, gpus_per_node), got ", c.dump());
+  for (const char* k : {"nodes", "gpus_per_node"})
+    check(c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() >= 1 && c[k].get<int64_t>() <= 100000, where,
+          ".", k, ": expected a whole number >= 1, got ", c.contains(k) ? c[k].dump() : "nothing");
+  check(c.contains("instance_type") && c["instance_type"].is_string(), where,
+        ".instance_type: expected a string (p4d.24xlarge), got ", c.contains("instance_type") ? c["instance_type"].dump() : "nothing");
+  return Cluster{c["nodes"].get<int64_t>(), c["gpus_per_node"].get<int64_t>(), c["instance_type"].get<std::string>()};
+}
+
 int64_t iters_of(const json& c) {
   if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
   const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
@@ -188,9 +208,11 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
             << " (runs in " << root.string() << ")\n";
   int bad = 0;
   std::map<std::string, std::string> first_with;  // an error -> the first point it was printed for
-  // A sweep sized for a cluster ("cluster" in its file) has its data and memory there:
-  // its points are checked where they run (train --check), not on this machine.
-  const bool sized_elsewhere = sweep.spec.contains("cluster");
+  // A sweep sized for a cluster ("cluster" in its file) has its data and memory there: its
+  // points are checked where they run (train --check), not on this machine; here, that each
+  // fits a job of the cluster's GPUs (one rank each).
+  const std::optional<Cluster> cluster = sweep_cluster(sweep);
+  const bool sized_elsewhere = cluster.has_value();
   for (const auto& p : ps) {
     if (p.state == "skipped") continue;
     json diff = json::object();
@@ -199,8 +221,14 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     for (const char* k : {"lr", "train_iters", "seed"})
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
-    if (!o.train_binary.empty() && p.state != "done" && !sized_elsewhere) {
-      const std::string error = check_point(o.train_binary, *p.point, o.mpirun);
+    if (!o.train_binary.empty() && p.state != "done") {
+      const std::string error =
+          !sized_elsewhere ? check_point(o.train_binary, *p.point, o.mpirun)
+          : layout_problem(p.point->config, cluster->ranks()).empty()
+              ? ""
+              : "as a job of " + std::to_string(cluster->ranks()) + " ranks (the cluster's " + std::to_string(cluster->nodes) +
+                    " x " + std::to_string(cluster->gpus_per_node) + " GPUs): " +
+                    layout_problem(p.point->config, cluster->ranks());
       if (!error.empty()) {
         ++bad;
         const auto [at, first] = first_with.emplace(error, p.point->id);
@@ -214,7 +242,8 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     return 2;
   }
   if (sized_elsewhere)
-    std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": data and memory are not checked on this machine; "
+    std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": every point fits a job of its "
+              << cluster->ranks() << " GPUs; data and memory are not checked on this machine: "
               << "run train --check --config <point.json> where it runs" << std::endl;
   else if (!o.train_binary.empty())
     std::cout << "> every point checked (train --check: plugin and hyperparameters, data, memory)" << std::endl;
@@ -508,8 +537,22 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   return Scheduler(sweep, o, root, ps).run();
 }
 
-int export_points(const Sweep& sweep, const fs::path& runs_dir) {
+int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks) {
   const fs::path root = runs_dir / sweep.name;
+  if (ranks > 0) {
+    std::vector<std::string> misfits;
+    for (const auto& p : sweep.points)
+      if (const std::string why = layout_problem(p.config, ranks); !why.empty()) misfits.push_back(p.id + ": " + why);
+    const size_t n = misfits.size(), shown = 3;  // most misfits of one sweep share their reason
+    if (n > shown + 1) {
+      misfits.resize(shown);
+      misfits.push_back("and " + std::to_string(n - shown) + " more");
+    }
+    if (n)
+      fail(sweep.file.string(), ": ", n, " point(s) cannot run as a job of ", ranks, " ranks (--ranks; ",
+           "launchers/slurm/submit.sh: --nodes x --ntasks-per-node): ", join(misfits, "; "),
+           ". Give the job another size, or change those points");
+  }
   // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
   DirLock lock(root, "sweep export",
                "it is running these points here; export once it has ended (Ctrl-C stops its points at a checkpoint)");
@@ -527,6 +570,12 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir) {
   write_file_atomic(root / "sweep.json", state_json(ps, sweep).dump(2) + "\n");
   write_file_atomic(root / "points.txt", ids);
   std::cout << root.string() << "/points.txt: " << sweep.points.size() << " points" << std::endl;
+  return 0;
+}
+
+int print_cluster(const Sweep& sweep) {
+  if (const auto c = sweep_cluster(sweep))
+    std::cout << c->nodes << " " << c->gpus_per_node << " " << c->instance_type << std::endl;
   return 0;
 }
 

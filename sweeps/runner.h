@@ -43,7 +43,15 @@ int run_sweep(const Sweep& sweep, const RunOptions& options);
 // sweep.json, for launchers that run points elsewhere (a Slurm job array task runs line
 // i+1); status, plot and report then read the sweep as one sweep run ran. Points that
 // already ran with another configuration are refused as in run_sweep, naming the keys.
-int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir);
+// `ranks` > 0: the processes of the job each point will run as (a Slurm array task's nodes x
+// tasks per node); points whose layout does not fit it (layout_problem) are refused, named,
+// before anything is written.
+int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir, int ranks);
+
+// What the sweep file's "cluster" names, for launchers/slurm/submit.sh to size its jobs by:
+// "NODES GPUS_PER_NODE INSTANCE_TYPE" on one line; nothing when it names no cluster. An
+// error names a field of another type.
+int print_cluster(const Sweep& sweep);
 
 // What sweep run does when a point's train ends, for a launcher that ran the point of an
 // exported sweep (runs/<name>/<id>), by train's `exit_status` (as a shell gives it): 0, its

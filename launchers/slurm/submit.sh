@@ -3,9 +3,12 @@
 # each task `train` under srun --mpi=pmix on --nodes nodes with --ntasks-per-node ranks,
 # requeued (and resumed from its checkpoint) when preempted or near its time limit.
 #
-#   launchers/slurm/submit.sh experiments/paper/bert4_lamb_bsz.json --nodes 2 --ntasks-per-node 8 \
-#       --partition p4d --time 24:00:00 [--max-running 4] [--container IMAGE] [--runs-dir runs] [--dry-run]
+#   launchers/slurm/submit.sh experiments/paper/bert4_lamb_bsz.json --partition p4d --time 24:00:00 \
+#       [--nodes 2 --ntasks-per-node 8 --gpus-per-node 8] [--max-running 4] [--container IMAGE] [--runs-dir runs] [--dry-run]
 #
+# Sizes the sweep file's "cluster" names (nodes, gpus_per_node) are the defaults of --nodes,
+# --ntasks-per-node and --gpus-per-node (0: ask for no GPUs); else 1 node, 1 task, no GPUs.
+# Every point must fit a job of nodes x tasks ranks (refused before anything is submitted).
 # Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
 # `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
 #   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] ...
@@ -15,7 +18,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
 [[ $# -ge 1 ]] || usage
 [[ $1 == -h || $1 == --help ]] && usage 0
 sweep_file=""
@@ -25,7 +28,7 @@ case $1 in
   *) sweep_file=$1 ;;
 esac
 shift
-nodes=1 ntasks=1 partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
+nodes="" ntasks="" partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -42,11 +45,22 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 count() { [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || { echo "submit.sh: $1 must be a whole number >= 1, got '$2'" >&2; exit 2; }; }
-count --nodes "$nodes"
-count --ntasks-per-node "$ntasks"
+[[ -z $nodes ]] || count --nodes "$nodes"
+[[ -z $ntasks ]] || count --ntasks-per-node "$ntasks"
 count --max-running "$max_running"
-[[ -z $gpus ]] || count --gpus-per-node "$gpus"
+[[ -z $gpus || $gpus =~ ^(0|[1-9][0-9]{0,5})$ ]] || { echo "submit.sh: --gpus-per-node must be a whole number (0: no GPUs), got '$gpus'" >&2; exit 2; }
 bin=${MEGABATCH_BIN:-$root/build/bin}
+if [[ -n $sweep_file && ( -z $nodes || -z $ntasks || -z $gpus ) ]]; then  # the sizes the sweep was made for
+  [[ -x $bin/sweep ]] || { echo "submit.sh: $bin/sweep is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
+  cluster=$("$bin/sweep" export "$sweep_file" --cluster) || exit 2
+  if [[ -n $cluster ]]; then
+    read -r c_nodes c_gpus c_type <<< "$cluster"
+    nodes=${nodes:-$c_nodes} ntasks=${ntasks:-$c_gpus} gpus=${gpus:-$c_gpus}
+    echo "submit.sh: sized as the sweep's cluster says ($c_type): --nodes $nodes --ntasks-per-node $ntasks --gpus-per-node $gpus"
+  fi
+fi
+nodes=${nodes:-1} ntasks=${ntasks:-1}
+[[ $gpus == 0 ]] && gpus=""
 if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tasks
   tp=$((ntasks >= 2 ? 2 : 1))
   args=(--nodes="$nodes" --ntasks-per-node="$ntasks" --job-name=megabatch-selftest --output="$runs_dir/selftest-%j.out")
@@ -57,7 +71,7 @@ if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tas
   mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
 fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
-out=$("$bin/sweep" export "$sweep_file" --runs-dir "$runs_dir")  # ".../<name>/points.txt: N points"
+out=$("$bin/sweep" export "$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))  # ".../<name>/points.txt: N points"
 echo "$out"
 sweep_dir=$(cd "${out%%/points.txt:*}" && pwd)
 n=$(wc -l < "$sweep_dir/points.txt")

@@ -53,6 +53,25 @@ TEST(GpuPlacement, GpusFlagAndRanksOfAPoint) {
   EXPECT_EQ(sw::ranks_needed({{"lr", 1e-3}}), 1);
 }
 
+// Whether a point runs as a job of N ranks (a Slurm array task of nodes x tasks), DP = N / TP
+// as train derives it; each refusal says which of train's rules it breaks, with the numbers.
+TEST(GpuPlacement, APointFitsAJobOfNRanksOrSaysWhyNot) {
+  using nlohmann::json;
+  EXPECT_EQ(sw::layout_problem({{"global_batch_size", 1024}, {"micro_batch_size", 64}}, 16), "");
+  EXPECT_EQ(sw::layout_problem({{"global_batch_size", 512}, {"micro_batch_size", 32}}, 16), "");
+  EXPECT_EQ(sw::layout_problem({{"global_batch_size", 512}, {"micro_batch_size", 64}}, 16),
+            "global_batch_size 512 is not a multiple of micro_batch_size x DP (64 x 16)");
+  // train's default micro batch (8) where the point gives none; a global batch left out is micro x DP
+  EXPECT_EQ(sw::layout_problem({{"global_batch_size", 64}}, 16),
+            "global_batch_size 64 is not a multiple of micro_batch_size x DP (8 x 16)");
+  EXPECT_EQ(sw::layout_problem(json::object(), 16), "");
+  EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 8}}, 4),
+            "tensor_model_parallel_size 8 does not divide the job's 4 ranks");
+  EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 2}, {"global_batch_size", 64}}, 8), "");  // DP 4: 8 x 4 = 32
+  EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 2}, {"data_parallel_size", 2}}, 8),
+            "data_parallel_size 2, but 8 ranks at TP 2 are DP 4");
+}
+
 namespace {
 
 fs::path write_sweep(const fs::path& dir, const std::string& grid_tp) {

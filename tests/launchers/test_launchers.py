@@ -223,7 +223,7 @@ class CommandLines(unittest.TestCase):
         submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
         for args, message in [(["--selftest", "--nodes", "0"], "--nodes must be a whole number >= 1, got '0'"),
                               (["--selftest", "--ntasks-per-node", "x"], "--ntasks-per-node must be a whole number >= 1"),
-                              (["--selftest", "--gpus-per-node", "0"], "--gpus-per-node must be a whole number >= 1"),
+                              (["--selftest", "--gpus-per-node", "-1"], "--gpus-per-node must be a whole number (0: no GPUs)"),
                               ([os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--max-running", "0"],
                                "--max-running must be a whole number >= 1")]:
             r = self.run_([submit, *args, "--dry-run"])
@@ -253,6 +253,40 @@ class CommandLines(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("submit.sh: the sweep file (or --selftest) comes first, before --nodes", r.stderr)
         self.assertNotIn("sbatch", r.stdout)
+
+    def test_submit_sizes_jobs_by_the_sweeps_cluster_and_refuses_points_that_do_not_fit(self):
+        """A paper sweep names its cluster: submit.sh asks Slurm for those nodes, tasks and GPUs
+        unless told otherwise (before: 1 node, 1 task and no GPU, each point then run on one
+        CPU process), and refuses, before anything is submitted, a job size some point cannot
+        run as (before: each array task failed after its wait in the queue)."""
+        submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
+        paper = os.path.join(ROOT, "experiments", "paper")
+        with tempfile.TemporaryDirectory() as d:
+            r = self.run_([submit, os.path.join(paper, "bert4_lamb_bsz.json"), "--partition", "p4d", "--runs-dir", d,
+                           "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("sized as the sweep's cluster says (p4d.24xlarge): --nodes 2 --ntasks-per-node 8 "
+                          "--gpus-per-node 8", r.stdout)
+            sbatch = [l for l in r.stdout.splitlines() if l.startswith("sbatch ")]
+            self.assertEqual(len(sbatch), 1, r.stdout)
+            for arg in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=p4d", "--array=0-17%4"):
+                self.assertIn(arg, sbatch[0].split())
+            # flags win over the file; --gpus-per-node 0 asks for none
+            r = self.run_([submit, os.path.join(paper, "bert4_lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "4",
+                           "--gpus-per-node", "0", "--runs-dir", d, "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            sbatch = [l for l in r.stdout.splitlines() if l.startswith("sbatch ")][0].split()
+            self.assertIn("--ntasks-per-node=4", sbatch)
+            self.assertFalse([a for a in sbatch if a.startswith("--gpus-per-node")], sbatch)
+            # TP 8 does not fit a job of 4 ranks
+            r = self.run_([submit, os.path.join(paper, "bert4_lamb_tp.json"), "--ntasks-per-node", "4", "--runs-dir", d,
+                           "--dry-run"])
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn("1 point(s) cannot run as a job of 4 ranks", r.stderr)
+            self.assertIn("lamb-bs4096-tp8-lr0.0141-s1: tensor_model_parallel_size 8 does not divide the job's 4 ranks",
+                          r.stderr)
+            self.assertNotIn("sbatch", r.stdout)
+            self.assertFalse(os.path.exists(os.path.join(d, "bert4_lamb_tp")), "nothing written for a refused sweep")
 
     def test_ec2_launch_takes_the_programs_from_megabatch_bin(self):
         with tempfile.TemporaryDirectory() as d:
