@@ -222,13 +222,12 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
     if (!o.train_binary.empty() && p.state != "done") {
-      const std::string error =
-          !sized_elsewhere ? check_point(o.train_binary, *p.point, o.mpirun)
-          : layout_problem(p.point->config, cluster->ranks()).empty()
-              ? ""
-              : "as a job of " + std::to_string(cluster->ranks()) + " ranks (the cluster's " + std::to_string(cluster->nodes) +
-                    " x " + std::to_string(cluster->gpus_per_node) + " GPUs): " +
-                    layout_problem(p.point->config, cluster->ranks());
+      std::string error;
+      if (!sized_elsewhere)
+        error = check_point(o.train_binary, *p.point, o.mpirun);
+      else if (const std::string why = layout_problem(p.point->config, cluster->ranks()); !why.empty())
+        error = "as a job of " + std::to_string(cluster->ranks()) + " ranks (the cluster's " +
+                std::to_string(cluster->nodes) + " x " + std::to_string(cluster->gpus_per_node) + " GPUs): " + why;
       if (!error.empty()) {
         ++bad;
         const auto [at, first] = first_with.emplace(error, p.point->id);
