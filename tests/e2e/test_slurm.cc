@@ -188,3 +188,38 @@ TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
   ASSERT_EQ(it.size(), 200u) << "every iteration once, none twice";
   for (size_t i = 0; i < it.size(); ++i) ASSERT_EQ(it[i], static_cast<double>(i + 1));
 }
+
+// scancel of a running sweep (the user's way to stop it): every running point finishes its
+// iteration, checkpoints and ends, and none comes back; submitted again, each resumes from
+// its checkpoint. Before, point.sbatch requeued a point stopped by scancel's SIGTERM as it
+// does one stopped before its time limit (USR1), and the cancelled sweep ran on.
+TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
+  mb::testing::TempDir tmp;
+  const fs::path file = write_sweep(tmp.path(), "cancel", "800");  // bs4: 200 iterations, bs8: 100
+  const auto job = submit(file, tmp / "runs");
+  ASSERT_FALSE(job.empty());
+  const fs::path root = tmp / "runs" / "cancel";
+  const auto r = mb::testing::run_command(
+      "for log in " + (root / "bs4" / "stdout.log").string() + " " + (root / "bs8" / "stdout.log").string() +
+      "; do for i in $(seq 600); do grep -q 'iteration  *[1-9][0-9]/' $log 2>/dev/null && break; sleep 0.1; done; done; "
+      "scancel " + job + " && echo cancelled");
+  ASSERT_NE(r.output.find("cancelled"), std::string::npos) << r.output;
+  EXPECT_TRUE(wait_until_gone(job, 60)) << "a cancelled task came back:\n" << mb::testing::run_command("squeue").output;
+  for (const char* id : {"bs4", "bs8"}) {
+    const std::string text = read(root / id / "stdout.log");
+    EXPECT_NE(text.find("stopped by signal 15 after iteration"), std::string::npos) << id << ":\n" << text;
+    EXPECT_FALSE(fs::exists(root / id / "DONE")) << id;
+  }
+  const auto again = submit(file, tmp / "runs");
+  ASSERT_TRUE(wait_until_gone(again, 240)) << read(root / "bs4" / "stdout.log");
+  for (const char* id : {"bs4", "bs8"}) {
+    const fs::path dir = root / id;
+    const std::string text = read(dir / "stdout.log");
+    ASSERT_TRUE(fs::exists(dir / "DONE")) << id << ":\n" << text;
+    EXPECT_NE(text.find("> loaded " + (dir / "checkpoints" / "iter_").string()), std::string::npos) << text;
+    mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    const auto it = f.read<double>("train/iteration");
+    ASSERT_EQ(it.size(), std::string(id) == "bs4" ? 200u : 100u) << id << ": every iteration once, none twice";
+    for (size_t i = 0; i < it.size(); ++i) ASSERT_EQ(it[i], static_cast<double>(i + 1)) << id;
+  }
+}
