@@ -11,14 +11,15 @@
 # Every point must fit a job of nodes x tasks ranks (refused before anything is submitted).
 # Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
 # `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
-#   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] ...
+#   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] [--device cpu] ...
 # (run it first on a new cluster) submits launchers/selftest.sh instead: a short TP x DP run
-# under the same srun, checked against one GPU, in RUNS_DIR/selftest.
+# under the same srun, checked against one GPU (--device cpu: one CPU process, on a cluster
+# without GPUs), in RUNS_DIR/selftest; its table and verdict in RUNS_DIR/selftest-<job>.out.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
+usage() { sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
 [[ $# -ge 1 ]] || usage
 [[ $1 == -h || $1 == --help ]] && usage 0
 sweep_file=""
@@ -28,7 +29,7 @@ case $1 in
   *) sweep_file=$1 ;;
 esac
 shift
-nodes="" ntasks="" partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus=""
+nodes="" ntasks="" partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus="" device=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -38,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --time) time_limit=$2; shift 2 ;;
     --max-running) max_running=$2; shift 2 ;;
     --container) container=$2; shift 2 ;;
+    --device) device=$2; shift 2 ;;
     --runs-dir) runs_dir=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     -h|--help) usage 0 ;;
@@ -48,6 +50,8 @@ count() { [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || { echo "submit.sh: $1 must be a whole
 [[ -z $nodes ]] || count --nodes "$nodes"
 [[ -z $ntasks ]] || count --ntasks-per-node "$ntasks"
 count --max-running "$max_running"
+[[ -z $device || ( -z $sweep_file && $device =~ ^(cuda|cpu)$ ) ]] || {
+  echo "submit.sh: --device is the self-test's (--selftest --device cuda|cpu), got '$device'; a sweep's points name their device in the sweep file" >&2; exit 2; }
 [[ -z $gpus || $gpus =~ ^(0|[1-9][0-9]{0,5})$ ]] || { echo "submit.sh: --gpus-per-node must be a whole number (0: no GPUs), got '$gpus'" >&2; exit 2; }
 bin=${MEGABATCH_BIN:-$root/build/bin}
 if [[ -n $sweep_file && ( -z $nodes || -z $ntasks || -z $gpus ) ]]; then  # the sizes the sweep was made for
@@ -66,7 +70,7 @@ if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tas
   args=(--nodes="$nodes" --ntasks-per-node="$ntasks" --job-name=megabatch-selftest --output="$runs_dir/selftest-%j.out")
   [[ -n $partition ]] && args+=(--partition="$partition")
   [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
-  args+=(--wrap="MEGABATCH_BIN=$bin $root/launchers/selftest.sh --tp $tp --dir $(cd "$runs_dir" 2>/dev/null && pwd || echo "$runs_dir")/selftest -- srun --mpi=pmix ${container:+--container-image=$container}")
+  args+=(--wrap="MEGABATCH_BIN=$bin $root/launchers/selftest.sh --tp $tp ${device:+--device $device} --dir $(cd "$runs_dir" 2>/dev/null && pwd || echo "$runs_dir")/selftest -- srun --mpi=pmix ${container:+--container-image=$container}")
   if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
   mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
 fi

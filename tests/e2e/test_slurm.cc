@@ -223,3 +223,20 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
     for (size_t i = 0; i < it.size(); ++i) ASSERT_EQ(it[i], static_cast<double>(i + 1)) << id;
   }
 }
+
+// The README's first command on a new cluster, here on a real one: submit.sh --selftest runs
+// launchers/selftest.sh as one job whose layout run is TP 2 x DP 2 under srun --mpi=pmix
+// (--device cpu: this cluster has no GPU), and its output file holds the table and the verdict.
+TEST_F(Slurm, SelftestRunsTheLayoutUnderSrunAndPasses) {
+  mb::testing::TempDir tmp;
+  const auto r = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh --selftest --nodes 1 "
+                                          "--ntasks-per-node 4 --device cpu --runs-dir " + tmp.path().string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.rfind("Submitted batch job ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string job = std::to_string(std::atoll(r.output.c_str() + at + 20));
+  ASSERT_TRUE(wait_until_gone(job, 240));
+  const std::string out = read(tmp / ("selftest-" + job + ".out"));
+  EXPECT_NE(out.find("selftest: 4 ranks: TP 2 x DP 2 (MPI) against one process"), std::string::npos) << out;
+  EXPECT_NE(out.find("selftest: passed"), std::string::npos) << out;
+}
