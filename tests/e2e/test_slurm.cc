@@ -191,7 +191,7 @@ TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
 
 // scancel of a running sweep (the user's way to stop it): every running point finishes its
 // iteration, checkpoints and ends, and none comes back; submitted again, each resumes from
-// its checkpoint. Before, point.sbatch requeued a point stopped by scancel's SIGTERM as it
+// its checkpoint. Submitted again while it still runs, the sweep is refused. Before, point.sbatch requeued a point stopped by scancel's SIGTERM as it
 // does one stopped before its time limit (USR1), and the cancelled sweep ran on.
 TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
   mb::testing::TempDir tmp;
@@ -199,6 +199,11 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
   const auto job = submit(file, tmp / "runs");
   ASSERT_FALSE(job.empty());
   const fs::path root = tmp / "runs" / "cancel";
+  // submitted again while it runs: refused, naming the job (it would run the points twice)
+  const auto twice = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh " + file.string() +
+                                              " --nodes 1 --ntasks-per-node 2 --runs-dir " + (tmp / "runs").string());
+  EXPECT_EQ(twice.exit_code, 2) << twice.output;
+  EXPECT_NE(twice.output.find("is already queued or running as job " + job + "; "), std::string::npos) << twice.output;
   const auto r = mb::testing::run_command(
       "for log in " + (root / "bs4" / "stdout.log").string() + " " + (root / "bs8" / "stdout.log").string() +
       "; do for i in $(seq 600); do grep -q 'iteration  *[1-9][0-9]/' $log 2>/dev/null && break; sleep 0.1; done; done; "
