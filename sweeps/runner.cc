@@ -119,8 +119,10 @@ json state_json(const std::vector<PointState>& ps, const Sweep& s) {
                       {"wall_s", p.wall_s}, {"train_iters", p.train_iters}, {"global_batch_size", p.global_batch},
                       {"iteration", p.progress.iteration}, {"ranks", p.ranks}, {"gpus", p.gpus},
                       {"config", p.point->config}});
-  return {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
-          {"checkpoints", s.checkpoints}, {"points", points}};
+  json state = {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
+                {"checkpoints", s.checkpoints}, {"points", points}};
+  if (s.spec.contains("cluster")) state["cluster"] = s.spec["cluster"];  // for the launchers (eks/render.py --sweep)
+  return state;
 }
 
 bool selected(const std::string& id, const std::string& only) {

@@ -5,6 +5,12 @@
             --point /fsx/runs/bert4_lamb_bsz/lamb-bs4096-lr0.0141-s1 [--fsx-claim fsx-claim] > job.yaml
   kubectl apply -f job.yaml
   render.py --instance-type p4d.24xlarge --nodes 2 --image ... --selftest /fsx/selftest > job.yaml
+  render.py --image <registry>/megabatch:latest --sweep /fsx/runs/bert4_lamb_bsz > jobs.yaml
+
+--sweep DIR renders the job of every point of a sweep that `sweep export FILE --runs-dir
+/fsx/runs` wrote (each of its points not yet done or diverged), one YAML document each; the
+instance type and nodes default to the sweep file's "cluster" (`sweep export --ranks N`
+checks that every point runs as a job of N = nodes x GPUs ranks).
 
 --selftest DIR (run it first on a new cluster) renders a job that runs launchers/selftest.sh
 through the same mpirun instead of a point: a short TP x DP run checked against one GPU, in
@@ -24,13 +30,27 @@ failed (FAILED with the error; the job fails, and MPIJob's retries run it again)
 """
 import argparse
 import json
+import hashlib
 import os
+import re
 import shlex
 import sys
 
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def job_name(dir_name):
+    """A Kubernetes name for a point's job (DNS-1123: lowercase letters, digits and '-', at most
+    50 characters so that its pods' names fit 63), distinct for distinct points: a name that had
+    to be cut or changed ends in a hash of the whole."""
+    base = "megabatch-" + dir_name.lower()
+    name = "-".join(p for p in re.split(r"[^a-z0-9]+", base) if p)
+    if name != base or len(name) > 50:
+        digest = hashlib.sha1(dir_name.encode()).hexdigest()[:8]
+        name = name[:41].rstrip("-") + "-" + digest
+    return name
 
 
 def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/opt/megabatch/build/bin/train",
@@ -43,7 +63,7 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
                          f"{', '.join(k for k in table if not k.startswith('_'))}")
     inst = table[instance_type]
     gpus, efa = inst["gpus"], inst["efa_interfaces"]
-    name = "megabatch-" + os.path.basename((selftest or point).rstrip("/")).lower().replace(".", "-").replace("_", "-")[:50]
+    name = job_name(os.path.basename((selftest or point).rstrip("/")))
     rdma = "1" if instance_type.split(".")[0] in ("p4d", "p4de", "p5", "p5en") else "0"
     env = {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": "1"}
     if efa > 0:  # NCCL over EFA; sizes without EFA use NCCL's sockets and ask for no EFA device
@@ -103,19 +123,54 @@ def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/op
     }
 
 
+def render_sweep(sweep_dir, image, instance_type=None, nodes=None, fsx_claim="fsx-claim",
+                 train="/opt/megabatch/build/bin/train"):
+    """The jobs of the points of an exported sweep that are not done or diverged yet, sized by
+    instance_type and nodes, else by the sweep's "cluster"; (jobs, what was skipped)."""
+    path = os.path.join(sweep_dir, "sweep.json")
+    try:
+        with open(path) as f:
+            sweep = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"render.py: {path}: {e}; export the sweep first (sweep export FILE --runs-dir /fsx/runs)")
+    cluster = sweep.get("cluster") or {}
+    instance_type = instance_type or cluster.get("instance_type")
+    nodes = nodes or cluster.get("nodes")
+    if not instance_type or not nodes:
+        raise SystemExit(f"render.py: {path} names no cluster; give --instance-type and --nodes")
+    jobs, skipped = [], []
+    for p in sweep.get("points", []):
+        point = os.path.join(os.path.abspath(sweep_dir), p["id"])
+        if os.path.exists(os.path.join(point, "DONE")) or os.path.exists(os.path.join(point, "DIVERGED")):
+            skipped.append(p["id"])
+        else:
+            jobs.append(render(instance_type, nodes, image, point, fsx_claim, train))
+    return jobs, skipped
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--instance-type", required=True)
-    p.add_argument("--nodes", type=int, default=1)
+    p.add_argument("--instance-type", help="required but with --sweep of a sweep that names its cluster")
+    p.add_argument("--nodes", type=int, help="default 1, or with --sweep the sweep's cluster's")
     p.add_argument("--image", required=True)
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--point", help="the point's directory on the FSx volume (sweep export writes it)")
     what.add_argument("--selftest", metavar="DIR", help="the cluster self-test instead, in DIR on the FSx volume")
+    what.add_argument("--sweep", metavar="DIR", help="every unfinished point of an exported sweep, a document each")
     p.add_argument("--fsx-claim", default="fsx-claim")
     a = p.parse_args(argv)
-    if a.nodes < 1:
+    if a.nodes is not None and a.nodes < 1:
         p.error(f"--nodes: expected a whole number >= 1, got {a.nodes}")
-    yaml.safe_dump(render(a.instance_type, a.nodes, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
+    if a.sweep:
+        jobs, skipped = render_sweep(a.sweep, a.image, a.instance_type, a.nodes, a.fsx_claim)
+        if skipped:
+            print(f"render.py: {len(skipped)} point(s) done or diverged already, not rendered: {', '.join(skipped)}",
+                  file=sys.stderr)
+        yaml.safe_dump_all(jobs, sys.stdout, sort_keys=False)
+        return
+    if not a.instance_type:
+        p.error("--instance-type is required (but with --sweep of a sweep that names its cluster)")
+    yaml.safe_dump(render(a.instance_type, a.nodes or 1, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
                    sort_keys=False)
 
 

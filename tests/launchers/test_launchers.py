@@ -147,6 +147,54 @@ class EksManifest(unittest.TestCase):
             self.assertIn("0 done, 0 diverged, 0 running, 1 failed", r.stdout)
             self.assertIn(reason, r.stdout)
 
+    def test_a_sweep_renders_a_job_per_unfinished_point_sized_by_its_cluster(self):
+        """render.py --sweep: every point of an exported paper sweep in one file (before: one
+        render.py call per point, each given the cluster's size again), sized as the sweep's
+        "cluster" says, a finished point left out; every job name a valid, distinct
+        Kubernetes name."""
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "sweep"), "export",
+                                os.path.join(ROOT, "experiments", "paper", "bert4_lamb_bsz.json"), "--runs-dir", d,
+                                "--ranks", "16"], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            sweep_dir = os.path.join(d, "bert4_lamb_bsz")
+            with open(os.path.join(sweep_dir, "lamb-bs512-lr0.01-s1", "DONE"), "w") as f:
+                f.write("{}\n")
+            jobs, skipped = render.render_sweep(sweep_dir, "img")
+            self.assertEqual(skipped, ["lamb-bs512-lr0.01-s1"])
+            self.assertEqual(len(jobs), 17)
+            names = [j["metadata"]["name"] for j in jobs]
+            self.assertEqual(len(set(names)), 17, names)
+            for name, job in zip(names, jobs):
+                self.assertRegex(name, r"^[a-z0-9]([a-z0-9-]{0,48}[a-z0-9])?$")
+                cmd = mpirun_argv(job)
+                self.assertEqual(cmd[cmd.index("-np") + 1], "16")
+                self.assertIn("ppr:8:node", cmd)
+                self.assertEqual(job["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"], 2)
+                pod = job["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+                self.assertEqual(pod["nodeSelector"]["node.kubernetes.io/instance-type"], "p4d.24xlarge")
+            self.assertIn(os.path.join(sweep_dir, "lamb_embscale-bs16384-lr0.02-s1", "point.json"), mpirun_argv(jobs[-1]))
+            # the flags win over the cluster; a long id is cut to a name that stays distinct
+            jobs, _ = render.render_sweep(sweep_dir, "img", "p5.48xlarge", 4)
+            self.assertEqual(mpirun_argv(jobs[0])[mpirun_argv(jobs[0]).index("-np") + 1], "32")
+            long_a, long_b = render.job_name("x" * 60 + "-a"), render.job_name("x" * 60 + "-b")
+            self.assertNotEqual(long_a, long_b)
+            self.assertLessEqual(max(len(long_a), len(long_b)), 50)
+            # the CLI: one YAML document per job; a sweep without a cluster needs the size
+            r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "launchers", "eks", "render.py"), "--image", "img",
+                                "--sweep", sweep_dir], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual(len([doc for doc in yaml.safe_load_all(r.stdout)]), 17)
+            self.assertIn("1 point(s) done or diverged already, not rendered: lamb-bs512-lr0.01-s1", r.stderr)
+            with open(os.path.join(sweep_dir, "sweep.json")) as f:
+                state = json.load(f)
+            del state["cluster"]
+            with open(os.path.join(sweep_dir, "sweep.json"), "w") as f:
+                json.dump(state, f)
+            with self.assertRaises(SystemExit) as e:
+                render.render_sweep(sweep_dir, "img")
+            self.assertIn("names no cluster; give --instance-type and --nodes", str(e.exception))
+
     def test_selftest_job_runs_selftest_over_the_same_mpirun(self):
         job = render.render("p5.48xlarge", 2, "img", None, selftest="/fsx/selftest")
         cmd = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
