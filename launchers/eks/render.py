@@ -29,8 +29,8 @@ diverged (train's exit status 4: a result, the job succeeds rather than being re
 failed (FAILED with the error; the job fails, and MPIJob's retries run it again).
 """
 import argparse
-import json
 import hashlib
+import json
 import os
 import re
 import shlex
