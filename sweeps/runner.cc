@@ -95,6 +95,23 @@ std::optional<Cluster> sweep_cluster(const Sweep& sweep) {
   return Cluster{c["nodes"].get<int64_t>(), c["gpus_per_node"].get<int64_t>(), c["instance_type"].get<std::string>()};
 }
 
+// Refuses the points that cannot run as a job of `ranks` ranks (layout_problem), naming
+// three and counting the rest (most misfits of one sweep share their reason); `how` says
+// where the job size came from.
+void check_layouts(const Sweep& sweep, const std::vector<const Point*>& points, int ranks, const std::string& how) {
+  std::vector<std::string> misfits;
+  for (const Point* p : points)
+    if (const std::string why = layout_problem(p->config, ranks); !why.empty()) misfits.push_back(p->id + ": " + why);
+  const size_t n = misfits.size(), shown = 3;
+  if (n == 0) return;
+  if (n > shown + 1) {
+    misfits.resize(shown);
+    misfits.push_back("and " + std::to_string(n - shown) + " more");
+  }
+  fail(sweep.file.string(), ": ", n, " point(s) cannot run as a job of ", ranks, " ranks (", how, "): ",
+       join(misfits, "; "), ". Give the job another size, or change those points");
+}
+
 int64_t iters_of(const json& c) {
   if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
   const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
@@ -149,7 +166,7 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     p.point = &sweep.points[i];
     p.dir = root / p.point->id;
     p.train_iters = iters_of(p.point->config);
-    p.ranks = ranks_needed(p.point->config);
+    p.ranks = o.ranks > 0 ? o.ranks : ranks_needed(p.point->config);
     p.global_batch = p.point->config.contains("global_batch_size") ? p.point->config["global_batch_size"].get<int64_t>()
                                                                    : p.point->config.value("micro_batch_size", int64_t{8});
     if (!selected(p.point->id, o.only)) {
@@ -169,6 +186,12 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     fail(sweep.file.string(), ": the configuration of ", changes.size(), " point(s) that already ran differs from ",
          "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
          "results, such as plugin_path and threads, are not compared). ", remedy);
+  if (o.ranks > 0) {  // every point must run as a job of that many ranks
+    std::vector<const Point*> selected_points;
+    for (const auto& p : ps)
+      if (p.state != "skipped") selected_points.push_back(p.point);
+    check_layouts(sweep, selected_points, o.ranks, "--ranks");
+  }
   if (!o.gpus.empty()) {  // every point must fit on the GPUs it may use
     std::vector<std::string> too_big;
     for (const auto& p : ps)
@@ -223,7 +246,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     for (const char* k : {"lr", "train_iters", "seed"})
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
-    if (!o.train_binary.empty() && p.state != "done") {
+    if (!o.train_binary.empty() && p.state != "done" && o.ranks == 0) {  // --ranks: checked in point_states
       std::string error;
       if (!sized_elsewhere)
         error = check_point(o.train_binary, *p.point, o.mpirun);
@@ -242,7 +265,10 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     std::cout << "> " << bad << " point(s) cannot run (above); fix the sweep file" << std::endl;
     return 2;
   }
-  if (sized_elsewhere)
+  if (o.ranks > 0)
+    std::cout << "> every point fits a job of " << o.ranks << " ranks (--ranks); data and memory are checked by "
+              << "train where the points run (a point that cannot run fails with train's error)" << std::endl;
+  else if (sized_elsewhere)
     std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": every point fits a job of its "
               << cluster->ranks() << " GPUs; data and memory are not checked on this machine: "
               << "run train --check --config <point.json> where it runs" << std::endl;
@@ -274,6 +300,9 @@ class Scheduler {
 
  private:
   void save_state() { write_file_atomic(root_ / "sweep.json", state_json(ps_, sweep_).dump(2) + "\n"); }
+  // A point of more than one rank runs under mpirun, and with --ranks every point (mpirun may
+  // place even one rank on another host).
+  bool under_mpirun(const PointState& p) const { return p.ranks > 1 || o_.ranks > 0; }
   int running() const {
     int n = 0;
     for (const auto& p : ps_) n += p.state == "running";
@@ -384,7 +413,8 @@ void Scheduler::start(PointState& p) {
   write_file_atomic(p.dir / "point.json", launch_config(*p.point).dump(2) + "\n");
   const fs::path ckpt = p.dir / "checkpoints";
   std::vector<std::string> args;
-  if (p.ranks > 1) args = {o_.mpirun, "-np", std::to_string(p.ranks)};  // one process per rank (and GPU)
+  // one process per rank (and GPU)
+  if (under_mpirun(p)) args = {o_.mpirun, "-np", std::to_string(p.ranks)};
   args.insert(args.end(), {o_.train_binary.string(), "--config", (p.dir / "point.json").string(), "--run-dir",
                            p.dir.string(), "--save", ckpt.string(), "--load", ckpt.string(), "--threads",
                            std::to_string(threads_)});
@@ -403,7 +433,7 @@ void Scheduler::start(PointState& p) {
       std::printf("> sweep: %s on GPU%s %s (CUDA_VISIBLE_DEVICES=%s)\n", p.point->id.c_str(), p.gpus.size() > 1 ? "s" : "",
                   list.c_str(), list.c_str());
     }
-    if (p.ranks > 1) std::printf("> sweep: %d ranks: %s -np %d\n", p.ranks, o_.mpirun.c_str(), p.ranks);
+    if (under_mpirun(p)) std::printf("> sweep: %d ranks: %s -np %d\n", p.ranks, o_.mpirun.c_str(), p.ranks);
     std::fflush(stdout);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
@@ -433,7 +463,7 @@ void Scheduler::start(PointState& p) {
 void Scheduler::stop_running_points() {
   for (auto& p : ps_)
     if (p.state == "running" && p.pid > 0) {
-      ::kill(p.pid, p.ranks > 1 ? SIGUSR1 : SIGTERM);
+      ::kill(p.pid, under_mpirun(p) ? SIGUSR1 : SIGTERM);
       p.stopping = true;
     }
 }
@@ -541,18 +571,9 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
 int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks) {
   const fs::path root = runs_dir / sweep.name;
   if (ranks > 0) {
-    std::vector<std::string> misfits;
-    for (const auto& p : sweep.points)
-      if (const std::string why = layout_problem(p.config, ranks); !why.empty()) misfits.push_back(p.id + ": " + why);
-    const size_t n = misfits.size(), shown = 3;  // most misfits of one sweep share their reason
-    if (n > shown + 1) {
-      misfits.resize(shown);
-      misfits.push_back("and " + std::to_string(n - shown) + " more");
-    }
-    if (n)
-      fail(sweep.file.string(), ": ", n, " point(s) cannot run as a job of ", ranks, " ranks (--ranks; ",
-           "launchers/slurm/submit.sh: --nodes x --ntasks-per-node): ", join(misfits, "; "),
-           ". Give the job another size, or change those points");
+    std::vector<const Point*> points;
+    for (const auto& p : sweep.points) points.push_back(&p);
+    check_layouts(sweep, points, ranks, "--ranks; launchers/slurm/submit.sh: --nodes x --ntasks-per-node");
   }
   // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
   DirLock lock(root, "sweep export",

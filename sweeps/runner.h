@@ -31,6 +31,8 @@ struct RunOptions {
   bool tty = false;                    // redraw a live table instead of printing lines
   std::vector<int> gpus;               // --gpus: the GPUs points are placed on (sweeps/placement.h); empty: none
   std::string mpirun = "mpirun";       // starts a point of more than one rank (TP x DP > 1)
+  int ranks = 0;                       // > 0: every point under `mpirun -np ranks` (DP = ranks / TP), whatever
+                                       // its TP x DP says (launchers/ec2/launch.sh --sweep: the whole cluster)
 };
 
 // Runs the sweep; returns the process exit status (0: every selected point done or

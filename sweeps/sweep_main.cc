@@ -27,7 +27,7 @@ namespace {
 
 const char* kUsage =
     "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged]]\n"
-    "                           [--runs-dir DIR]\n"
+    "                           [--ranks N] [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
     "       sweep export FILE.json [--runs-dir DIR] [--ranks N] [--cluster]   points.txt and point.json files for\n"
     "                             other launchers (--ranks: each point checked to fit a job of N ranks)\n"
@@ -199,10 +199,17 @@ int run(int argc, char** argv) {
   a.optional_choice("rerun", {"changed", "diverged"}, "changed",
                     "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
                     "diverged: discard and rerun the points that diverged");
+  a.option("ranks", "N", "run every point as a job of N ranks under $MEGABATCH_MPIRUN (DP = N / TP; "
+           "launchers/ec2/launch.sh --sweep: the hostfile's nodes x GPUs)", "0");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
   a.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
   if (!a.parse(argc, argv, 2)) return 0;
   mb::check(a.positional().size() == 1, "sweep run: give one sweep file\n", kUsage);
+  mb::check(a.get_int("ranks") >= 0 && a.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
+            a.get("ranks"));
+  mb::check(a.get_int("ranks") == 0 || a.get("gpus").empty(),
+            "sweep run: --ranks and --gpus: give one (--ranks: each point on the whole cluster, one after another; "
+            "--gpus: points side by side on one node's GPUs)");
   mb::check(a.get_int("jobs") >= 0, "--jobs: must be >= 1 (or 0: cores / threads), got ", a.get_int("jobs"));
   mb::check(a.get_int("threads") >= 0, "--threads: must be >= 1 (or 0: the file's), got ", a.get_int("threads"));
   mb::check(a.get_int("retries") >= 0 && a.get_int("retries") <= 100, "--retries: must be in [0, 100], got ", a.get_int("retries"));
@@ -215,6 +222,7 @@ int run(int argc, char** argv) {
   o.jobs = static_cast<int>(a.get_int("jobs"));
   o.threads = static_cast<int>(a.get_int("threads"));
   o.retries = static_cast<int>(a.get_int("retries"));
+  o.ranks = static_cast<int>(a.get_int("ranks"));
   o.only = a.get("only");
   o.dry_run = a.has("dry-run");
   const std::string rerun = a.has("rerun") ? a.get("rerun") : "";

@@ -12,18 +12,26 @@
 # The programs are taken from $MEGABATCH_BIN (default: build/bin of this checkout).
 # --selftest (run it first on a new cluster): launchers/selftest.sh over the same mpirun, a
 # short TP x DP run checked against one GPU, in ./megabatch-selftest (a shared directory).
+#
+#   launchers/ec2/launch.sh --instance-type p4d.24xlarge --hostfile hosts --sweep FILE.json [-- SWEEP_RUN_OPTIONS]
+# --sweep runs a sweep's points one after another, each over every GPU of the hostfile's
+# nodes: `sweep run FILE --ranks NODESxGPUS --jobs 1` with this mpirun (a script in $TMPDIR,
+# as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks (checked first); the
+# runs directory (--runs-dir, after --) must be shared by the nodes. Run it again to resume;
+# Ctrl-C stops the running point at a checkpoint; `sweep status` and `plot` read it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
-itype="" hostfile="" dry=0 selftest=0 per_node="" extra=()
+usage() { sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
+itype="" hostfile="" dry=0 selftest=0 per_node="" extra=() sweep_file=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --instance-type) itype=$2; shift 2 ;;
     --hostfile) hostfile=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
     --selftest) selftest=1; shift ;;                # a short TP x DP run against one GPU first
+    --sweep) sweep_file=$2; shift 2 ;;              # a sweep's points, each over the whole cluster
     --ranks-per-node) per_node=$2; shift 2 ;;       # default: one rank per GPU
     --mpirun-arg) extra+=("$2"); shift 2 ;;         # passed to mpirun as is (repeatable)
     --) shift; break ;;
@@ -72,8 +80,22 @@ if ((efa > 0)); then  # NCCL over EFA (libfabric, aws-ofi-nccl); sizes without E
     g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
   esac
 fi
-launch=(mpirun --hostfile "$hostfile" -np "$np" --map-by "ppr:$gpus:node" --bind-to none
-        --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}")
+placing=(--map-by "ppr:$gpus:node" --bind-to none --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}")
+launch=(mpirun --hostfile "$hostfile" -np "$np" "${placing[@]}")
+if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN -np N train ...
+  ((!selftest)) || { echo "launch.sh: --selftest or --sweep, not both" >&2; exit 2; }
+  [[ -x $bin/sweep ]] || { echo "launch.sh: $bin/sweep is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
+  wrapper=$(mktemp "${TMPDIR:-/tmp}/megabatch-mpirun.XXXXXX")
+  { echo '#!/bin/bash'; echo "# mpirun over $hostfile for sweep run --ranks $np (launchers/ec2/launch.sh --sweep)"
+    printf 'exec mpirun --hostfile %q' "$hostfile"; printf ' %q' "${placing[@]}"; echo ' "$@"'; } > "$wrapper"
+  chmod +x "$wrapper"
+  cmd=(env "MEGABATCH_MPIRUN=$wrapper" "$bin/sweep" run "$sweep_file" --ranks "$np" --jobs 1 "$@")
+  if ((dry)); then  # the mpirun and the command, then the sweep's own dry run: its points, each checked to fit
+    cat "$wrapper"; rm -f "$wrapper"; printf '%q ' "${cmd[@]}"; echo
+    exec "$bin/sweep" run "$sweep_file" --ranks "$np" --dry-run "$@"
+  fi
+  exec "${cmd[@]}"
+fi
 if ((selftest)); then  # TP 2 where a node has 2 GPUs, DP over the rest; in a shared directory
   cmd=("$root/launchers/selftest.sh" --tp $((gpus >= 2 ? 2 : 1)) --dir "$PWD/megabatch-selftest" -- "${launch[@]}")
 else

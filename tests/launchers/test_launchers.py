@@ -336,6 +336,56 @@ class CommandLines(unittest.TestCase):
             self.assertNotIn("sbatch", r.stdout)
             self.assertFalse(os.path.exists(os.path.join(d, "bert4_lamb_tp")), "nothing written for a refused sweep")
 
+    def test_ec2_sweep_runs_every_point_over_the_hostfiles_ranks(self):
+        """launch.sh --sweep, run here over a hostfile of this machine at 2 ranks per node: each
+        point of a sweep that sets no data_parallel_size runs as one job of every rank (DP 2)
+        under the hostfile's mpirun, to DONE; a sweep with a point that cannot run as such a job
+        is refused before anything runs. Before, plain EC2 had no way to run a sweep: launch.sh
+        starts one train, and sweep run starts TP x DP ranks (1 here) on its own machine."""
+        bin_dir = os.environ["MEGABATCH_BIN"]
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        with tempfile.TemporaryDirectory() as d:
+            r = subprocess.run([os.path.join(bin_dir, "preprocess"), "brown", "--output-dir", os.path.join(d, "data")],
+                               capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            hosts = os.path.join(d, "hosts")
+            with open(hosts, "w") as f:
+                f.write("localhost\n")
+
+            def sweep_file(name, batches):
+                path = os.path.join(d, name + ".json")
+                with open(path, "w") as f:
+                    json.dump({"name": name, "base": {
+                        "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
+                        "micro_batch_size": 2, "train_iters": 3, "lr": 0.002, "log_interval": 1, "eval_iters": 0,
+                        "data_path": [os.path.join(d, "data", "brown_gpt2_text_document")]},
+                        "zip": {"global_batch_size": batches}}, f)
+                return path
+
+            def launch(path):
+                # two ranks of one host talk over loopback (the launcher allows only TCP between ranks)
+                return subprocess.run([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type",
+                                       "g4dn.2xlarge", "--hostfile", hosts, "--ranks-per-node", "2",
+                                       "--mpirun-arg", "--mca", "--mpirun-arg", "btl_tcp_if_include",
+                                       "--mpirun-arg", "lo", "--sweep", path, "--", "--runs-dir",
+                                       os.path.join(d, "runs")], capture_output=True, text=True, env=env)
+
+            r = launch(sweep_file("ec2", [4, 8]))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            for point in ("bs4", "bs8"):
+                pd = os.path.join(d, "runs", "ec2", point)
+                self.assertTrue(os.path.exists(os.path.join(pd, "DONE")), r.stdout)
+                with open(os.path.join(pd, "config.json")) as f:
+                    config = json.load(f)
+                self.assertEqual((config["world_size"], config["data_parallel_size"]), (2, 2), point)
+                with open(os.path.join(pd, "stdout.log")) as f:
+                    self.assertRegex(f.read(), r"> sweep: 2 ranks: \S*megabatch-mpirun\.\w+ -np 2")
+            r = launch(sweep_file("ec2bad", [2, 4]))
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("1 point(s) cannot run as a job of 2 ranks (--ranks): bs2: global_batch_size 2 is not a "
+                          "multiple of micro_batch_size x DP (2 x 2)", r.stderr)
+            self.assertFalse(os.path.exists(os.path.join(d, "runs", "ec2bad")))
+
     def test_ec2_launch_takes_the_programs_from_megabatch_bin(self):
         with tempfile.TemporaryDirectory() as d:
             hosts = os.path.join(d, "hosts")
