@@ -20,6 +20,17 @@ with open(os.path.join(ROOT, "launchers", "instances.json")) as _f:
     INSTANCES = {k: v for k, v in json.load(_f).items() if not k.startswith("_")}
 
 
+MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def preprocess_brown(test, d):
+    """The default dataset, made in d/data by this build's preprocess; its prefix."""
+    r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "preprocess"), "brown", "--output-dir",
+                        os.path.join(d, "data")], capture_output=True, text=True)
+    test.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+    return os.path.join(d, "data", "brown_gpt2_text_document")
+
+
 def launcher_command(job):
     return job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"]
 
@@ -78,18 +89,16 @@ class EksManifest(unittest.TestCase):
         retry, no DONE), and neither runs again when the job does; one fails (FAILED, shown by
         sweep status)."""
         bin_dir = os.environ["MEGABATCH_BIN"]
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = dict(os.environ, **MPI_AS_ROOT)
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run([os.path.join(bin_dir, "preprocess"), "brown", "--output-dir", os.path.join(d, "data")],
-                               capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            data = preprocess_brown(self, d)
             sweep_file = os.path.join(d, "eks.json")
             with open(sweep_file, "w") as f:
                 json.dump({"name": "eks", "base": {
                     "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
                     "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 20, "lr": 0.002, "log_interval": 1,
                     "eval_iters": 0, "threads": 1, "divergence_intervals": 2,
-                    "data_path": [os.path.join(d, "data", "brown_gpt2_text_document")]},
+                    "data_path": [data]},
                     "zip": {"divergence_loss": [100, 5]}}, f)
             r = subprocess.run([os.path.join(bin_dir, "sweep"), "export", sweep_file, "--runs-dir",
                                 os.path.join(d, "runs")], capture_output=True, text=True)
@@ -343,11 +352,9 @@ class CommandLines(unittest.TestCase):
         is refused before anything runs. Before, plain EC2 had no way to run a sweep: launch.sh
         starts one train, and sweep run starts TP x DP ranks (1 here) on its own machine."""
         bin_dir = os.environ["MEGABATCH_BIN"]
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        env = dict(os.environ, **MPI_AS_ROOT)
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run([os.path.join(bin_dir, "preprocess"), "brown", "--output-dir", os.path.join(d, "data")],
-                               capture_output=True, text=True)
-            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            data = preprocess_brown(self, d)
             hosts = os.path.join(d, "hosts")
             with open(hosts, "w") as f:
                 f.write("localhost\n")
@@ -358,7 +365,7 @@ class CommandLines(unittest.TestCase):
                     json.dump({"name": name, "base": {
                         "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
                         "micro_batch_size": 2, "train_iters": 3, "lr": 0.002, "log_interval": 1, "eval_iters": 0,
-                        "data_path": [os.path.join(d, "data", "brown_gpt2_text_document")]},
+                        "data_path": [data]},
                         "zip": {"global_batch_size": batches}}, f)
                 return path
 
