@@ -4,12 +4,17 @@
 
 #include <cstdio>
 #include <iostream>
+#include <map>
+#include <regex>
+#include <set>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "core/util/dir_lock.h"
+#include "core/util/files.h"
 #include "sweeps/run_dir.h"
+#include "sweeps/slurm_queue.h"
 #include "sweeps/table.h"
 
 namespace megabatch::sweeps {
@@ -25,6 +30,37 @@ std::string fmt_bytes(int64_t b) {
   else if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.1f MB", v / 1e6);
   else std::snprintf(buf, sizeof buf, "%.0f kB", v / 1e3);
   return buf;
+}
+
+// An exported sweep submitted to Slurm (launchers/slurm/submit.sh): what its queue says of
+// each point (task i runs line i+1 of points.txt). A queued or running task's point is so
+// named, with its job; a started point that ran as a task (point.sbatch's output,
+// megabatch-<job>_<i>.out, is in the sweep's directory) but is in none now has stopped
+// (scancel, a lost node). A point another launcher started (EKS) stays "started".
+void apply_slurm_queue(const fs::path& dir, std::vector<PointState>& ps) {
+  const auto queue = slurm_queue(dir);
+  if (!queue) return;  // no Slurm here: "started" stays as it is
+  std::set<int> ran;  // indices of tasks that have run
+  static const std::regex task_output(R"(megabatch-\d+_(\d+)\.out)");
+  std::smatch m;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, task_output)) ran.insert(std::stoi(m[1]));
+  }
+  std::map<std::string, int> index_of;
+  int index = 0;
+  for_each_line(read_file(dir / "points.txt", "the sweep's points"),
+                [&](std::string_view id, size_t) { index_of[std::string(id)] = index++; });
+  for (auto& p : ps) {
+    const auto at = index_of.find(p.point->id);
+    if (p.state == "done" || p.state == "diverged" || at == index_of.end()) continue;
+    if (const auto it = queue->find(at->second); it != queue->end()) {
+      p.state = it->second.state;
+      p.slurm_job = it->second.job;
+    } else if (p.state == "started" && ran.count(at->second)) {
+      p.state = "stopped";  // resumes from its checkpoint when the sweep is submitted again
+    }
+  }
 }
 
 }  // namespace
@@ -46,10 +82,11 @@ int print_status(const fs::path& dir) {
     ps[i].progress = parse_progress(ps[i].dir / "stdout.log");
     if (ps[i].state != "running" || fs::exists(ps[i].dir / "DONE")) read_finished_state(ps[i]);
     else if (!live) ps[i].state = "interrupted";  // its sweep is gone
-    // a point of an exported sweep that its launcher (a Slurm array task) has started: running
-    // there, or stopped until it is submitted again; this machine cannot tell which
+    // a point of an exported sweep that its launcher has started: running there, or stopped
+    // until it is submitted again (below, where Slurm's queue tells which)
     if (ps[i].state == "pending" && ps[i].progress.iteration > 0) ps[i].state = "started";
   }
+  if (fs::exists(dir / "points.txt")) apply_slurm_queue(dir, ps);
   double wall = 0;  // sweep run's record, else (an exported sweep) what its launcher put in DONE
   for (size_t i = 0; i < ps.size(); ++i) {
     const double w = s["points"][i].value("wall_s", 0.0);

@@ -40,14 +40,15 @@ std::string fmt_duration(double s) {
 }
 
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
-  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0;
+  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0, stopped = 0;
   for (const auto& p : ps) {
     started += p.state == "started";
+    stopped += p.state == "stopped";
     done += p.state == "done";
     diverged += p.state == "diverged";
     running += p.state == "running";
     failed += p.state == "failed";
-    pending += p.state == "pending" || p.state == "interrupted";
+    pending += p.state == "pending" || p.state == "interrupted" || p.state == "queued";
   }
   std::vector<std::string> out;
   char buf[512];
@@ -56,6 +57,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   std::string head = buf;
   // sweep status of an exported sweep (launchers/slurm): its launcher's points in progress
   if (started) head += ", " + std::to_string(started) + " started under their launcher";
+  if (stopped) head += ", " + std::to_string(stopped) + " stopped (submit the sweep again to resume)";
   if (elapsed >= 0) head += " | elapsed " + fmt_duration(elapsed) + " | ETA " + fmt_duration(eta);
   else head += " | point time " + fmt_duration(eta);
   out.push_back(head);
@@ -74,6 +76,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       detail += buf;
     }
     if (p.state == "failed" || p.state == "diverged") detail = p.reason;
+    if (!p.slurm_job.empty()) detail = "slurm job " + p.slurm_job + (detail.empty() ? "" : "  " + detail);
     if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;
     std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
                   detail.c_str());

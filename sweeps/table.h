@@ -19,7 +19,8 @@ struct PointState {
   const Point* point = nullptr;
   std::filesystem::path dir;
   std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped; in sweep
-                                  // status also started (an exported point its launcher has begun)
+                                  // status also started (an exported point its launcher has begun), and
+                                  // with Slurm's queue (sweeps/slurm_queue.h) queued and stopped
   std::string reason;
   std::string discard;  // why --rerun discards the point's directory ("": kept)
   int attempts = 0;
@@ -30,6 +31,7 @@ struct PointState {
   Progress progress;
   int ranks = 1;          // processes (and with --gpus, GPUs) the point needs
   std::vector<int> gpus;  // the GPUs it holds while running
+  std::string slurm_job;  // sweep status of an exported sweep: the array task running or queued for it
   bool stopping = false;  // the sweep has asked this attempt to stop (Ctrl-C, SIGTERM)
 };
 

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "sweeps/slurm_queue.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
@@ -101,8 +102,8 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
 // checkpoint on) has lost no more than its checkpoint interval, a tenth of its iterations:
 // submitted again, it resumes from its last periodic checkpoint and finishes with every
 // iteration once. Before, a Slurm point wrote no checkpoint until it ended and started over.
-// sweep status shows it "started" while it runs and "failed", with the reason, once its task
-// has ended so (before: "no sweep here").
+// sweep status shows it running, with its Slurm job, while it runs and "failed", with the
+// reason, once its task has ended so (before: "no sweep here").
 TEST_F(Slurm, APointKilledOutrightIsFailedAndResumesFromItsLastPeriodicCheckpoint) {
   mb::testing::TempDir tmp;
   const fs::path file = write_sweep(tmp.path(), "kill", "800");  // bs4: 200 iterations, a checkpoint every 20
@@ -116,7 +117,8 @@ TEST_F(Slurm, APointKilledOutrightIsFailedAndResumesFromItsLastPeriodicCheckpoin
       "for i in $(seq 600); do grep -q 'iteration  *[5-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; " +
       status + "; pkill -KILL -f 'kill/bs[4]/point.json' && echo killed");
   ASSERT_NE(r.output.find("killed"), std::string::npos) << r.output << read(log);
-  EXPECT_NE(r.output.find("bs4    started"), std::string::npos) << "running under Slurm:\n" << r.output;
+  EXPECT_NE(r.output.find("bs4    running     slurm job " + job + "_0  iter "), std::string::npos)
+      << "running under Slurm, as its queue says:\n" << r.output;
   ASSERT_TRUE(wait_until_gone(job, 240)) << read(log);
   ASSERT_FALSE(fs::exists(dir / "DONE")) << read(log);
   // the task recorded the failure (sweep finish --exit-status): status shows it with its reason
@@ -191,7 +193,8 @@ TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
 
 // scancel of a running sweep (the user's way to stop it): every running point finishes its
 // iteration, checkpoints and ends, and none comes back; submitted again, each resumes from
-// its checkpoint. Submitted again while it still runs, the sweep is refused. Before, point.sbatch requeued a point stopped by scancel's SIGTERM as it
+// its checkpoint; sweep status calls them stopped. Submitted again while it still runs, the
+// sweep is refused. Before, point.sbatch requeued a point stopped by scancel's SIGTERM as it
 // does one stopped before its time limit (USR1), and the cancelled sweep ran on.
 TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
   mb::testing::TempDir tmp;
@@ -215,6 +218,9 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
     EXPECT_NE(text.find("stopped by signal 15 after iteration"), std::string::npos) << id << ":\n" << text;
     EXPECT_FALSE(fs::exists(root / id / "DONE")) << id;
   }
+  // sweep status: started, in no queued task, so stopped until the sweep is submitted again
+  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + root.string());
+  EXPECT_NE(status.output.find("2 stopped (submit the sweep again to resume)"), std::string::npos) << status.output;
   const auto again = submit(file, tmp / "runs");
   ASSERT_TRUE(wait_until_gone(again, 240)) << read(root / "bs4" / "stdout.log");
   for (const char* id : {"bs4", "bs8"}) {
@@ -244,4 +250,22 @@ TEST_F(Slurm, SelftestRunsTheLayoutUnderSrunAndPasses) {
   const std::string out = read(tmp / ("selftest-" + job + ".out"));
   EXPECT_NE(out.find("selftest: 4 ranks: TP 2 x DP 2 (MPI) against one process"), std::string::npos) << out;
   EXPECT_NE(out.find("selftest: passed"), std::string::npos) << out;
+}
+
+// squeue's lines for sweep status: the array tasks whose working directory is the sweep's
+// (not another sweep's, not a job that is no array), a pending range expanded, its "%N"
+// (most running at once) dropped; RUNNING and COMPLETING run, anything else waits.
+TEST(SlurmQueue, ATaskOfTheSweepsArrayIsRunningOrQueuedByItsIndex) {
+  mb::testing::TempDir tmp;
+  const fs::path dir = tmp / "runs" / "s";
+  fs::create_directories(dir);
+  const std::string d = dir.string();
+  const auto q = megabatch::sweeps::parse_queue("41_0|" + d + "|RUNNING\n41_1|" + d + "/|COMPLETING\n"
+                                                 "41_[2-4,7%2]|" + d + "|PENDING\n42_5|" + d + "-other|RUNNING\n"
+                                                 "43|" + d + "|RUNNING\n41_6|" + (tmp / "runs" / "." / "s").string() +
+                                                 "|REQUEUED\nnot a line\n", dir);
+  std::string got;
+  for (const auto& [i, t] : q) got += std::to_string(i) + ":" + t.state + ":" + t.job + " ";
+  EXPECT_EQ(got, "0:running:41_0 1:running:41_1 2:queued:41_2 3:queued:41_3 4:queued:41_4 6:queued:41_6 "
+                 "7:queued:41_7 ");
 }
