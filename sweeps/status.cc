@@ -5,9 +5,9 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,7 +41,7 @@ void apply_slurm_queue(const fs::path& dir, std::vector<PointState>& ps) {
   const auto queue = slurm_queue(dir);
   if (!queue) return;  // no Slurm here: "started" stays as it is
   std::set<int> ran;  // indices of tasks that have run
-  static const std::regex task_output(R"(megabatch-\d+_(\d+)\.out)");
+  static const std::regex task_output(R"(megabatch-\d+_(\d{1,9})\.out)");
   std::smatch m;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
