@@ -71,10 +71,13 @@ TEST(Durability, KillNineAtAnyInstantLeavesMetricsReadableAndTheRunContinuesThem
   // reading train/iteration, which a run that started afresh has not written before its
   // first flush).
   const auto r = mb::testing::run_command(
-      cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; /usr/bin/python3 -c \"import h5py, os, time\n"
+      cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; /usr/bin/python3 -c \"import h5py, time\n"
       "opened = failed = 0\n"
       "while True:\n"
-      "    done = not os.path.exists('/proc/$pid') or open('/proc/$pid/stat').read().split()[2] == 'Z'\n"  // exited, not yet waited for
+      "    try:\n"  // exited and not yet waited for (a zombie), or gone: reaped between two looks
+      "        done = open('/proc/$pid/stat').read().split()[2] == 'Z'\n"
+      "    except OSError:\n"
+      "        done = True\n"
       "    try:\n"
       "        with h5py.File('" + (run / "metrics.h5").string() + "', 'r') as f: 'train' in f and f['train/iteration'][:]\n"
       "        opened += 1\n"
