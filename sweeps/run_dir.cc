@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "core/io/checkpoint.h"
@@ -35,6 +36,18 @@ const std::set<std::string> kResultNeutral = {"plugin_path", "threads", "tensorb
 int checkpoints_kept(const fs::path& dir, const std::string& keep) {
   if (keep == "all" || !is_real_dir(dir)) return -1;
   return keep == "final" ? 1 : 0;
+}
+
+// A point's record file (DONE, DIVERGED, FAILED) as a JSON object; none where it is missing,
+// unreadable or not an object (an older point.sbatch's DONE held a date).
+std::optional<json> read_record(const fs::path& file) {
+  try {
+    if (!fs::exists(file)) return std::nullopt;
+    auto record = parse_json(read_file(file, "point's record"));
+    if (record && record->is_object()) return record;
+  } catch (const std::exception&) {
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -148,14 +161,9 @@ std::vector<std::string> config_changes(const fs::path& dir, const json& config)
 }
 
 double done_wall_s(const fs::path& dir) {
-  try {
-    if (!fs::exists(dir / "DONE")) return 0;
-    const auto done = parse_json(read_file(dir / "DONE", "point's DONE record"));  // an older launcher's: a date
-    if (!done || !done->is_object() || !done->contains("wall_s") || !(*done)["wall_s"].is_number()) return 0;
-    return std::max(0.0, (*done)["wall_s"].get<double>());
-  } catch (const std::exception&) {
-    return 0;
-  }
+  const auto done = read_record(dir / "DONE");
+  return done && done->contains("wall_s") && (*done)["wall_s"].is_number() ? std::max(0.0, (*done)["wall_s"].get<double>())
+                                                                           : 0.0;
 }
 
 void mark_failed(const fs::path& dir, const std::string& reason) {
@@ -163,20 +171,17 @@ void mark_failed(const fs::path& dir, const std::string& reason) {
 }
 
 std::string failed_reason(const fs::path& dir) {
-  try {
-    if (!fs::exists(dir / "FAILED")) return "";
-    const auto failed = parse_json(read_file(dir / "FAILED", "point's FAILED record"));
-    if (failed && failed->is_object() && failed->contains("reason") && (*failed)["reason"].is_string())
-      return (*failed)["reason"].get<std::string>();
-  } catch (const std::exception&) {
-  }
+  if (!fs::exists(dir / "FAILED")) return "";
+  const auto failed = read_record(dir / "FAILED");
+  if (failed && failed->contains("reason") && (*failed)["reason"].is_string()) return (*failed)["reason"].get<std::string>();
   return "failed under its launcher (FAILED unreadable)";
 }
 
 std::string divergence_reason(const fs::path& dir) {
-  try {
-    const json d = json::parse(read_file(dir / "DIVERGED", "divergence record"));
-    return "iteration " + std::to_string(d.value("iteration", int64_t{0})) + ": " + d.value("reason", std::string("?"));
+  const auto d = read_record(dir / "DIVERGED");
+  if (!d) return "diverged (DIVERGED unreadable)";
+  try {  // a field of another type
+    return "iteration " + std::to_string(d->value("iteration", int64_t{0})) + ": " + d->value("reason", std::string("?"));
   } catch (const std::exception&) {
     return "diverged (DIVERGED unreadable)";
   }

@@ -237,7 +237,6 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
   // points are checked where they run (train --check), not on this machine; here, that each
   // fits a job of the cluster's GPUs (one rank each).
   const std::optional<Cluster> cluster = sweep_cluster(sweep);
-  const bool sized_elsewhere = cluster.has_value();
   for (const auto& p : ps) {
     if (p.state == "skipped") continue;
     json diff = json::object();
@@ -248,7 +247,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
     if (!o.train_binary.empty() && p.state != "done" && o.ranks == 0) {  // --ranks: checked in point_states
       std::string error;
-      if (!sized_elsewhere)
+      if (!cluster)
         error = check_point(o.train_binary, *p.point, o.mpirun);
       else if (const std::string why = layout_problem(p.point->config, cluster->ranks()); !why.empty())
         error = "as a job of " + std::to_string(cluster->ranks()) + " ranks (the cluster's " +
@@ -268,7 +267,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
   if (o.ranks > 0)
     std::cout << "> every point fits a job of " << o.ranks << " ranks (--ranks); data and memory are checked by "
               << "train where the points run (a point that cannot run fails with train's error)" << std::endl;
-  else if (sized_elsewhere)
+  else if (cluster)
     std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": every point fits a job of its "
               << cluster->ranks() << " GPUs; data and memory are not checked on this machine: "
               << "run train --check --config <point.json> where it runs" << std::endl;
