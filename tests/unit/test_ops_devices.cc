@@ -373,6 +373,15 @@ TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {
   ops::weighted_accumulate(w.dev, terms.dev, {0.5, 2.0, 1.0 / 3.0});
   ops::weighted_accumulate(w.ref, terms.ref, {0.5, 2.0, 1.0 / 3.0});
   h.expect_close(w, 1, "weighted accumulate");
+  // f64 terms (the noise scale's squared norms) into f64 and f32 slots
+  const Pair norms = h.input({2}, 1e3, DType::kF64);
+  Pair w64 = h.accumulator({2}, DType::kF64), w32 = h.accumulator({2}, DType::kF32);
+  for (Pair* acc : {&w64, &w32}) {
+    ops::weighted_accumulate(acc->dev, norms.dev, {0.25, 1.0 / 7.0});
+    ops::weighted_accumulate(acc->ref, norms.ref, {0.25, 1.0 / 7.0});
+  }
+  h.expect_close(w64, 1, "weighted accumulate of f64 terms");
+  h.expect_close(w32, 1, "weighted accumulate of f64 terms into f32");
   // per-segment squared norms of an f32 gradient buffer, segments longer than one piece
   const Pair g = h.input({200000}, 0.01, DType::kF32);
   const std::vector<std::pair<size_t, size_t>> segs = {{0, 16}, {16, 16}, {32, 150000}, {150016, 200000}};

@@ -24,8 +24,8 @@ struct Weights {
   double w[8];
 };
 
-template <typename O>
-__global__ void weighted_accumulate_kernel(O* out, const float* x, Weights w, int n) {
+template <typename O, typename I>
+__global__ void weighted_accumulate_kernel(O* out, const I* x, Weights w, int n) {
   const int k = threadIdx.x;
   if (k < n) out[k] = static_cast<O>(static_cast<double>(out[k]) + w.w[k] * static_cast<double>(x[k]));
 }
@@ -103,15 +103,21 @@ void sum(const Tensor& out, const Tensor& x, bool accumulate) {
 }
 
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
-  check(x.dtype() == DType::kF32, "weighted_accumulate: f32 terms on a GPU");
   Weights w{};
   for (size_t k = 0; k < weights.size(); ++k) w.w[k] = weights[k];
+  const int n = static_cast<int>(weights.size());
+  // f32 or f64 terms (a loss's sums, the noise scale's f64 norms) into f32 or f64 slots
+  const auto launch = [&](auto out_zero) {
+    using O = decltype(out_zero);
+    if (x.dtype() == DType::kF64)
+      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<double>(x), w, n);
+    else
+      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<float>(x), w, n);
+  };
   if (out.dtype() == DType::kF64)
-    weighted_accumulate_kernel<double><<<1, 32, 0, stream_of(x)>>>(ptr<double>(out), ptr<float>(x), w,
-                                                                   static_cast<int>(weights.size()));
+    launch(0.0);
   else
-    weighted_accumulate_kernel<float><<<1, 32, 0, stream_of(x)>>>(ptr<float>(out), ptr<float>(x), w,
-                                                                  static_cast<int>(weights.size()));
+    launch(0.0f);
   MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
 }
 
