@@ -43,7 +43,10 @@ sanitize() {
   local start=$SECONDS
   timeout "$limit" "$b/run.sh" "$cs" --tool "$tool" --error-exitcode 99 --print-limit 50 "$@" >"$logs/$name.log" 2>&1
   local rc=$? errors
-  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+' "$logs/$name.log" | tail -1 | grep -oE '[0-9]+$')
+  # memcheck, initcheck and synccheck end with "ERROR SUMMARY: N errors"; racecheck with
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"
+  errors=$(grep -oE 'ERROR SUMMARY: [0-9]+|RACECHECK SUMMARY: [0-9]+ hazards? displayed \([0-9]+' "$logs/$name.log" |
+    tail -1 | grep -oE '[0-9]+$')
   local line
   if ((rc == 124)); then line="timed out after ${limit} s"; status=1
   elif [[ -z $errors ]]; then line="no sanitizer summary (exit $rc): see $name.log"; status=1
