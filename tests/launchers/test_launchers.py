@@ -21,6 +21,8 @@ with open(os.path.join(ROOT, "launchers", "instances.json")) as _f:
 
 
 MPI_AS_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+# the smallest GPT the launchers' sweeps train (a few iterations of it take about a second)
+TINY_GPT = {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16}
 
 
 def preprocess_brown(test, d):
@@ -95,8 +97,7 @@ class EksManifest(unittest.TestCase):
             sweep_file = os.path.join(d, "eks.json")
             with open(sweep_file, "w") as f:
                 json.dump({"name": "eks", "base": {
-                    "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
-                    "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 20, "lr": 0.002, "log_interval": 1,
+                    **TINY_GPT, "micro_batch_size": 4, "global_batch_size": 4, "train_iters": 20, "lr": 0.002, "log_interval": 1,
                     "eval_iters": 0, "threads": 1, "divergence_intervals": 2,
                     "data_path": [data]},
                     "zip": {"divergence_loss": [100, 5]}}, f)
@@ -363,8 +364,7 @@ class CommandLines(unittest.TestCase):
                 path = os.path.join(d, name + ".json")
                 with open(path, "w") as f:
                     json.dump({"name": name, "base": {
-                        "num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
-                        "micro_batch_size": 2, "train_iters": 3, "lr": 0.002, "log_interval": 1, "eval_iters": 0,
+                        **TINY_GPT, "micro_batch_size": 2, "train_iters": 3, "lr": 0.002, "log_interval": 1, "eval_iters": 0,
                         "data_path": [data]},
                         "zip": {"global_batch_size": batches}}, f)
                 return path
