@@ -368,6 +368,10 @@ TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {
   ops::sum(s.dev, x.dev, true);
   ops::sum(s.ref, x.ref, true);
   h.expect_close(s, 16, "sum");
+  Pair s64 = h.accumulator({1}, DType::kF64);  // an f64 result, as the dispatcher allows
+  ops::sum(s64.dev, x.dev, true);
+  ops::sum(s64.ref, x.ref, true);
+  h.expect_close(s64, 16, "sum into f64");
   const Pair terms = h.input({3}, 1.0, DType::kF32);
   Pair w = h.accumulator({3}, DType::kF32);
   ops::weighted_accumulate(w.dev, terms.dev, {0.5, 2.0, 1.0 / 3.0});

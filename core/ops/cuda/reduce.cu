@@ -11,13 +11,13 @@ namespace {
 constexpr int kThreads = 512;
 constexpr int64_t kPiece = 65536;
 
-template <typename T>
-__global__ void sum_kernel(float* out, const T* x, int64_t n, bool accumulate) {
+template <typename O, typename T>
+__global__ void sum_kernel(O* out, const T* x, int64_t n, bool accumulate) {
   __shared__ double scratch[32];
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(to_f32(x[i]));
   s = block_sum(s, scratch);
-  if (threadIdx.x == 0) out[0] = static_cast<float>((accumulate ? static_cast<double>(out[0]) : 0.0) + s);
+  if (threadIdx.x == 0) out[0] = static_cast<O>((accumulate ? static_cast<double>(out[0]) : 0.0) + s);
 }
 
 struct Weights {
@@ -94,10 +94,14 @@ void sum_squares_over(const Tensor& out, const Tensor& x, float* prev,
 }  // namespace
 
 void sum(const Tensor& out, const Tensor& x, bool accumulate) {
-  check(out.dtype() == DType::kF32, "sum: an f32 result on a GPU");
+  // into an f32 or f64 result, as the dispatcher allows
   with_type(x.dtype(), "sum", [&](auto zero) {
     using T = decltype(zero);
-    sum_kernel<T><<<1, 1024, 0, stream_of(x)>>>(ptr<float>(out), ptr<T>(x), static_cast<int64_t>(x.numel()), accumulate);
+    const auto n = static_cast<int64_t>(x.numel());
+    if (out.dtype() == DType::kF64)
+      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<double>(out), ptr<T>(x), n, accumulate);
+    else
+      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<float>(out), ptr<T>(x), n, accumulate);
     MB_CUDA_LAUNCHED("sum_kernel");
   });
 }
