@@ -48,3 +48,5 @@ constexpr uint64_t kLevel4 = kLevel3 | kAVX512F | kAVX512BW | kAVX512DQ | kAVX51
 // and that -march as CMake gave it ("x86-64-v3", "native", "" for the compiler's default).
 extern "C" const uint64_t megabatch_build_cpu_features;
 extern "C" const char megabatch_build_march[];
+// What this CPU has, in the same bits (cpu_level.cc; 0 off x86-64).
+extern "C" uint64_t megabatch_cpu_features(void);

@@ -86,6 +86,11 @@ int main() {
   return 0;
 }
 #else
+#if defined(__x86_64__)
+extern "C" uint64_t megabatch_cpu_features(void) { return cpu_has(); }
+#else
+extern "C" uint64_t megabatch_cpu_features(void) { return 0; }
+#endif
 extern "C" void megabatch_require_cpu_level(void) __attribute__((constructor(101)));
 #if defined(__x86_64__)
 void megabatch_require_cpu_level(void) {

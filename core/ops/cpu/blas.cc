@@ -1,5 +1,7 @@
 #include "core/ops/cpu/blas.h"
 
+#include "core/ops/cpu/blas_kernel.h"
+
 #include <cstdio>
 
 namespace megabatch::ops::cpu {
@@ -18,7 +20,7 @@ std::string cpu_and_blas() {
   }
   std::string blas = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH ...": its first two words
   if (const size_t a = blas.find(' '); a != std::string::npos) blas = blas.substr(0, blas.find(' ', a + 1));
-  return model + "; " + blas + " sgemm kernel " + openblas_get_corename();
+  return model + "; " + blas + " sgemm kernel " + openblas_get_corename() + blas_kernel_note();
 }
 
 }  // namespace megabatch::ops::cpu

@@ -16,7 +16,8 @@ namespace megabatch::ops::cpu {
 // the last bits of its results. OpenBLAS picks it from the CPU's model and what the OS
 // enables; a CPU it does not know, or one seen through a hypervisor, can get an older one,
 // and OPENBLAS_CORETYPE overrides it (the development machine's environment sets it to
-// Haswell on its AVX-512 EPYC; a process without it gets Cooperlake there).
+// Haswell on its AVX-512 EPYC; a process without it gets Cooperlake there). Where megabatch
+// replaced OpenBLAS's pick (blas_kernel.h), the line says so and names OpenBLAS's own.
 std::string cpu_and_blas();
 
 inline CBLAS_TRANSPOSE blas_trans(Trans t) { return t == Trans::N ? CblasNoTrans : CblasTrans; }
