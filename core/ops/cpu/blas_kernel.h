@@ -2,7 +2,7 @@
 // as Debian's) picks its kernel from the CPU's family and model when the library loads. A
 // model newer than the OpenBLAS build gets its fallback, Prescott (SSE3): measured on an
 // H200 machine's Intel Xeon (family 6, model 207, AVX-512), OpenBLAS 0.3.21 picks Prescott
-// there and sgemm runs at 38 GFLOP/s with 2 threads. So every program that links
+// there and sgemm runs at 28-38 GFLOP/s with 2 threads (SkylakeX: 170-180). So every program that links
 // megabatch_core checks the pick as it starts: where OpenBLAS chose a kernel without AVX2 on
 // a CPU that has AVX2 and FMA (and the user has not set OPENBLAS_CORETYPE), the program
 // starts itself again with OPENBLAS_CORETYPE naming the kernel for what the CPU has
