@@ -33,6 +33,9 @@ bool without_avx2(const std::string& kernel) {
   return false;
 }
 
+// What the kernel megabatch chose uses of the CPU, for the machine line and the warning.
+const char* uses(const std::string& chosen) { return chosen == "SkylakeX" ? "AVX-512" : "AVX2 and FMA"; }
+
 }  // namespace
 
 std::string better_blas_kernel(const std::string& picked, uint64_t features) {
@@ -49,8 +52,8 @@ std::string blas_kernel_note() {
   const size_t gt = c.find('>');
   if (gt == std::string::npos || strcasecmp(c.substr(gt + 1).c_str(), openblas_get_corename()) != 0) return "";
   const std::string chosen = c.substr(gt + 1);
-  return " (megabatch's choice for this CPU's " + std::string(chosen == "SkylakeX" ? "AVX-512" : "AVX2 and FMA") +
-         "; OpenBLAS's own was " + c.substr(0, gt) + ")";
+  return " (megabatch's choice for this CPU's " + std::string(uses(chosen)) + "; OpenBLAS's own was " + c.substr(0, gt) +
+         ")";
 }
 
 }  // namespace megabatch::ops::cpu
@@ -79,6 +82,6 @@ extern "C" void megabatch_choose_blas_kernel(int argc, char** argv, char** /*env
           "%s: warning: OpenBLAS chose its %s sgemm kernel for this CPU, which has %s, and starting again with "
           "OPENBLAS_CORETYPE=%s failed (%s); sgemm runs several times slower than it can here: set "
           "OPENBLAS_CORETYPE=%s\n",
-          program_invocation_short_name, picked.c_str(), better == "SkylakeX" ? "AVX-512" : "AVX2 and FMA",
+          program_invocation_short_name, picked.c_str(), megabatch::ops::cpu::uses(better),
           better.c_str(), strerror(errno), better.c_str());
 }
