@@ -47,32 +47,25 @@ std::string check_point(const fs::path& train, const Point& point, const std::st
   const std::string text = point.config.dump();
   const bool wrote = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   ::close(fd);
-  std::string out;
+  std::optional<CommandOutput> r;
   if (wrote) {
     const int ranks = ranks_needed(point.config);
-    const std::string cmd = (ranks > 1 ? shell_quote(mpirun) + " -np " + std::to_string(ranks) + " " : std::string()) +
-                            shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1";
-    if (std::FILE* pipe = ::popen(cmd.c_str(), "r")) {
-      char buf[4096];
-      size_t n;
-      while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
-      const int rc = ::pclose(pipe);
-      ::unlink(path);
-      if (WIFEXITED(rc) && WEXITSTATUS(rc) == 0) return "";
-      // "train: error: ..." or, from each rank of an MPI check, "train (rank N): error: ...":
-      // each message once (the ranks of a job mostly say the same), mpirun's own lines left out
-      std::vector<std::string> messages;
-      for_each_line(out, [&](std::string_view line, size_t) {
-        const size_t at = line.find("error: ");
-        if (line.substr(0, 5) != "train" || at == std::string_view::npos) return;
-        const std::string said(line.substr(at));
-        if (std::find(messages.begin(), messages.end(), said) == messages.end()) messages.push_back(said);
-      });
-      return messages.empty() ? "train --check failed: " + out : "train: " + join(messages, "; ");
-    }
+    r = read_command((ranks > 1 ? shell_quote(mpirun) + " -np " + std::to_string(ranks) + " " : std::string()) +
+                     shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1");
   }
   ::unlink(path);
-  return "could not run train --check";
+  if (!r) return "could not run train --check";
+  if (r->status == 0) return "";
+  // "train: error: ..." or, from each rank of an MPI check, "train (rank N): error: ...":
+  // each message once (the ranks of a job mostly say the same), mpirun's own lines left out
+  std::vector<std::string> messages;
+  for_each_line(r->text, [&](std::string_view line, size_t) {
+    const size_t at = line.find("error: ");
+    if (line.substr(0, 5) != "train" || at == std::string_view::npos) return;
+    const std::string said(line.substr(at));
+    if (std::find(messages.begin(), messages.end(), said) == messages.end()) messages.push_back(said);
+  });
+  return messages.empty() ? "train --check failed: " + r->text : "train: " + join(messages, "; ");
 }
 
 // The cluster a sweep file says it was sized for ("cluster": instance_type, nodes,

@@ -1,8 +1,5 @@
 #include "sweeps/slurm_queue.h"
 
-#include <sys/wait.h>
-
-#include <cstdio>
 #include <cstdlib>
 #include <vector>
 
@@ -61,15 +58,9 @@ std::map<int, QueuedTask> parse_queue(std::string_view squeue_output, const fs::
 }
 
 std::optional<std::map<int, QueuedTask>> slurm_queue(const fs::path& dir) {
-  std::FILE* pipe = ::popen("squeue -h --me -o '%i|%Z|%T' 2>/dev/null", "r");
-  if (!pipe) return std::nullopt;
-  std::string text;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) text.append(buf, n);
-  const int rc = ::pclose(pipe);
-  if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 0) return std::nullopt;
-  return parse_queue(text, dir);
+  const auto r = read_command("squeue -h --me -o '%i|%Z|%T' 2>/dev/null");
+  if (!r || r->status != 0) return std::nullopt;
+  return parse_queue(r->text, dir);
 }
 
 }  // namespace megabatch::sweeps

@@ -3,9 +3,11 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -90,6 +92,18 @@ std::string read_file_tail(const fs::path& path, size_t bytes) {
   in.read(s.data(), static_cast<std::streamsize>(s.size()));
   s.resize(static_cast<size_t>(in.gcount()));
   return s;
+}
+
+std::optional<CommandOutput> read_command(const std::string& command) {
+  std::FILE* pipe = ::popen(command.c_str(), "r");
+  if (!pipe) return std::nullopt;
+  CommandOutput out;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) out.text.append(buf, n);
+  const int rc = ::pclose(pipe);
+  out.status = rc != -1 && WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+  return out;
 }
 
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {

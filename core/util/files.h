@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -37,6 +38,14 @@ std::string read_file(const std::filesystem::path& path, std::string_view what =
 // The last `bytes` bytes of a file (all of it when shorter); "" when it cannot be read (a
 // log that is not there yet).
 std::string read_file_tail(const std::filesystem::path& path, size_t bytes);
+
+// What a shell command wrote to its stdout, and its exit status (-1 where it did not exit
+// normally); none where it could not be started.
+struct CommandOutput {
+  std::string text;
+  int status = -1;
+};
+std::optional<CommandOutput> read_command(const std::string& command);
 
 // Writes to PATH.tmp, flushes it to disk and renames it over PATH, so a reader (or a
 // crash) only ever sees the old or the complete new file.
