@@ -88,7 +88,8 @@ args+=(--chdir="$sweep_dir" "$here/point.sbatch")
 if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
 # Not while an array of this sweep is queued or running (its tasks run in the sweep's
 # directory): a second would run its points again beside the first, and fail on their locks.
-if queued=$(squeue -h --me -o "%A %Z" 2>/dev/null); then
+# %F: the array's job id, which each of its running tasks (a job id of its own, %A) shares.
+if queued=$(squeue -h --me -o "%F %Z" 2>/dev/null); then
   held=$(awk -v d="$sweep_dir" '$2 == d {print $1}' <<< "$queued" | sort -u | tr '\n' ' ')
   [[ -z $held ]] || { echo "submit.sh: $sweep_dir is already queued or running as job ${held% }; it goes on by itself (a point near its time limit requeues itself). To submit it again, scancel ${held% } first: each running point stops at a checkpoint and resumes from there" >&2; exit 2; }
 fi
