@@ -197,8 +197,8 @@ TEST_F(Checkpoint, SigusrOneCheckpointsAtTheEndOfTheIterationAndExitsThree) {
   const std::string log = (tmp / "log").string(), c = (tmp / "c").string();
   const auto r = mb::testing::run_command(
       "(" + train(tmp / "run", "--train-iters 100000 --save " + c) + " > " + log + " 2>&1 & echo $! > " + (tmp / "pid").string() +
-      "; wait $!; echo exit=$? >> " + log + ") & for i in $(seq 600); do grep -q 'iteration  *3/' " + log +
-      " && break; sleep 0.05; done; kill -USR1 $(cat " + (tmp / "pid").string() + "); wait; cat " + log);
+      "; wait $!; echo exit=$? >> " + log + ") & " + mb::testing::wait_for_line(log, "iteration  *3/") +
+      "kill -USR1 $(cat " + (tmp / "pid").string() + "); wait; cat " + log);
   EXPECT_NE(r.output.find("exit=3"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopped by signal 10"), std::string::npos) << r.output;
   // The checkpoint is of the last finished iteration, and the run continues from it.
@@ -220,7 +220,7 @@ TEST_F(Checkpoint, CtrlCCheckpointsAndASecondCtrlCExitsAtOnce) {
   // then leaves it so)
   auto run = [&](const std::string& cmd, const std::string& signals) {
     return mb::testing::run_command("bash -c 'set -m; " + cmd + " > " + log +
-                                    " 2>&1 & pid=$!; for i in $(seq 1200); do grep -q \"iteration  *3/\" " + log +
+                                    " 2>&1 & pid=$!; for i in $(seq 6000); do grep -q \"iteration  *3/\" " + log +
                                     " && break; sleep 0.05; done; " + signals + "; wait $pid; echo exit=$? >> " + log +
                                     "; cat " + log + "'");
   };
@@ -232,13 +232,17 @@ TEST_F(Checkpoint, CtrlCCheckpointsAndASecondCtrlCExitsAtOnce) {
   ASSERT_FALSE(iters.empty());
   EXPECT_EQ(mb::testing::read_text(fs::path(c) / "latest_checkpointed_iteration.txt"), std::to_string(static_cast<int>(iters.back())) + "\n")
       << "the checkpoint is of the last finished iteration";
-  // Iterations of about a second: the second Ctrl-C comes while the first waits for the
-  // iteration's end, and ends the process (128 + 2) before it writes a checkpoint.
+  // The second Ctrl-C is sent as soon as the first has been heard ("received SIGINT" in the
+  // log), while the run finishes its iteration: iterations of a few seconds here (gpt-mini,
+  // two micro-batches of 8), so the rest of one and the checkpoint that would follow are far
+  // longer than the wait for that line, on any machine. It ends the process (128 + 2) before
+  // it writes a checkpoint.
   const std::string c2 = (tmp / "c2").string();
-  r = run(mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 8 --global-batch-size 8 --train-iters 1000 "
+  r = run(mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 8 --global-batch-size 16 --train-iters 1000 "
           "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c2 + " --data-path " +
           (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + (tmp / "run2").string(),
-          "kill -INT $pid; sleep 0.3; kill -INT $pid");
+          "kill -INT $pid; for i in $(seq 12000); do grep -q \"received SIGINT\" " + log +
+              " && break; sleep 0.005; done; kill -INT $pid");
   EXPECT_NE(r.output.find("received SIGINT"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("exit=130"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(fs::path(c2) / "latest_checkpointed_iteration.txt")) << r.output;
@@ -261,7 +265,8 @@ TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
     const auto r = mb::testing::run_command(
         "(" + cmd + " --train-iters 1000 > " + log + " 2>&1 & echo $! > " + pid + ") ; for i in $(seq 20000); do "
         "if [ -e " + c + "/iter_0000004.h5.tmp ]; then kill -9 $(cat " + pid + "); echo caught; break; fi; "
-        "sleep 0.001; done; sleep 0.3; kill -9 $(cat " + pid + ") 2>/dev/null; true");
+        "sleep 0.001; done; kill -9 $(cat " + pid + ") 2>/dev/null; while kill -0 $(cat " + pid +
+        ") 2>/dev/null; do sleep 0.01; done; true");
     caught = r.output.find("caught") != std::string::npos && !fs::exists(fs::path(c) / "iter_0000004.h5");
   }
   ASSERT_TRUE(caught) << "never killed the process during the write of iteration 4's checkpoint";

@@ -44,55 +44,78 @@ std::string check_metrics(const fs::path& metrics) {
 
 }  // namespace
 
+// Kills at instants set by what the run has done, not by the clock: the run is a million
+// iterations long by its configuration, so however fast the machine, every kill finds it
+// running. Each kill waits for an event of this attempt (it started, printed its plan, logged
+// k iterations) and then a few milliseconds more, so that the kills land at different points
+// of an iteration (during a metrics flush, a checkpoint write, the step). Every attempt
+// resumes from the checkpoint the last one left (one every 2 iterations).
 TEST(Durability, KillNineAtAnyInstantLeavesMetricsReadableAndTheRunContinuesThem) {
   mb::testing::TempDir tmp;
-  const fs::path run = tmp / "run", ckpt = tmp / "ckpt";
-  const std::string cmd = train(run, ckpt, "--train-iters 150 --save-interval 2 --load " + ckpt.string());
+  const fs::path run = tmp / "run", ckpt = tmp / "ckpt", log = tmp / "log";
+  const std::string cmd = train(run, ckpt, "--train-iters 1000000 --save-interval 2 --load " + ckpt.string());
+  auto logged = [&](const std::string& pattern, int count) {  // shell: wait until the log has `count` such lines
+    return "until [ $(grep -c '" + pattern + "' " + log.string() + ") -ge " + std::to_string(count) +
+           " ] || ! kill -0 $pid; do sleep 0.01; done; ";
+  };
+  const std::vector<std::string> waits = {
+      "",                                                     // at once: during the start
+      logged("^> memory", 1),                                 // configuration read, nothing written yet
+      logged("^> writing", 1),                                // metrics.h5 created or continued
+      logged("] iteration", 1),                               // right after the first flush
+      logged("] iteration", 1) + "sleep 0.003; ",             // within the next iteration
+      logged("] iteration", 2) + "sleep 0.007; ",             // within a checkpoint write or the step after
+      logged("] iteration", 3) + "sleep 0.001; ",
+      logged("] iteration", 4),                               // surely after a flush and a checkpoint
+  };
   int last = 0;
-  // Kills at fixed instants (on a loaded machine the first ones come during the start), then
-  // one once the run has logged four intervals: it surely follows a flush and a checkpoint
-  // (every 2 iterations), so the last run resumes.
-  const std::string after_four = "until [ $(grep -c '] iteration' " + (tmp / "log").string() +
-                                 ") -ge 4 ] || ! kill -0 $pid; do sleep 0.02; done";
-  const std::vector<std::string> waits = {"sleep 0.7", "sleep 0.9", "sleep 1.1", "sleep 1.3",
-                                         "sleep 1.6", "sleep 1.9", after_four};
   for (const std::string& wait_for : waits) {
-    const auto r = mb::testing::run_command(cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; " + wait_for +
-                                            "; kill -9 $pid; wait $pid; echo killed=$?");
+    const auto r = mb::testing::run_command(cmd + " > " + log.string() + " 2>&1 & pid=$!; " + wait_for +
+                                            "kill -9 $pid; wait $pid; echo killed=$?");
     ASSERT_NE(r.output.find("killed=137"), std::string::npos)
-        << "the run ended before the kill: " << r.output << mb::testing::read_text(tmp / "log");
+        << "the run (a million iterations) ended before the kill after `" << wait_for << "`: " << r.output
+        << mb::testing::read_text(log);
     if (!fs::exists(run / "metrics.h5")) continue;  // killed before its first write
     const std::string seen = check_metrics(run / "metrics.h5");
     ASSERT_EQ(seen.rfind("ok ", 0), 0u) << "after kill -9 following `" << wait_for << "`: " << seen;
     last = std::stoi(seen.substr(3));
   }
   EXPECT_GT(last, 0) << "the kill after four logged intervals found none in metrics.h5";
-  // The last run, to the end, with a reader opening the file over and over meanwhile (and
-  // reading train/iteration, which a run that started afresh has not written before its
-  // first flush).
+  // The last attempt, with a reader opening the file over and over while the run writes it
+  // (and reading train/iteration, which a run that started afresh has not written before its
+  // first flush). Once the reader has seen the file grow three times, it stops the run with
+  // SIGUSR1 (a checkpoint at the end of the iteration, exit 3), and reads on until the run
+  // has ended.
   const auto r = mb::testing::run_command(
-      cmd + " > " + (tmp / "log").string() + " 2>&1 & pid=$!; /usr/bin/python3 -c \"import h5py, time\n"
-      "opened = failed = 0\n"
+      cmd + " > " + log.string() + " 2>&1 & pid=$!; /usr/bin/python3 -c \"import h5py, os, signal, time\n"
+      "opened = failed = 0; sizes = set(); stopped = False; deadline = time.time() + 600\n"
       "while True:\n"
       "    try:\n"  // exited and not yet waited for (a zombie), or gone: reaped between two looks
       "        done = open('/proc/$pid/stat').read().split()[2] == 'Z'\n"
       "    except OSError:\n"
       "        done = True\n"
       "    try:\n"
-      "        with h5py.File('" + (run / "metrics.h5").string() + "', 'r') as f: 'train' in f and f['train/iteration'][:]\n"
+      "        with h5py.File('" + (run / "metrics.h5").string() + "', 'r') as f:\n"
+      "            'train' in f and sizes.add(len(f['train/iteration'][:]))\n"
       "        opened += 1\n"
       "    except Exception as e:\n"
       "        failed += 1; print(e)\n"
       "    if done: break\n"
+      "    if not stopped and (len(sizes) >= 4 or time.time() > deadline):\n"
+      "        os.kill($pid, signal.SIGUSR1); stopped = True\n"
       "    time.sleep(0.01)\n"
-      "print('opened', opened, 'failed', failed)\"; wait $pid; echo exit=$?");
-  EXPECT_NE(r.output.find("exit=0"), std::string::npos) << r.output;
+      "print('opened', opened, 'failed', failed, 'sizes seen', len(sizes))\"; wait $pid; echo exit=$?");
+  EXPECT_NE(r.output.find("exit=3"), std::string::npos) << "stopped by SIGUSR1 at a checkpoint: " << r.output
+                                                        << mb::testing::read_text(log);
   EXPECT_NE(r.output.find("failed 0"), std::string::npos) << "a reader could not open metrics.h5 while the run wrote it:\n"
                                                            << r.output;
-  const size_t at = r.output.find("opened ");
-  ASSERT_NE(at, std::string::npos) << r.output;
-  EXPECT_GE(std::stoi(r.output.substr(at + 7)), 5) << "the reader ran while the run wrote: " << r.output;
-  EXPECT_EQ(check_metrics(run / "metrics.h5"), "ok 150\n") << "every iteration once, in order";
+  const size_t sizes = r.output.find("sizes seen ");
+  ASSERT_NE(sizes, std::string::npos) << r.output;
+  EXPECT_GE(std::stoi(r.output.substr(sizes + 11)), 4) << "the reader saw the run write: " << r.output;
+  const std::string stopped_at = mb::testing::read_text(ckpt / "latest_checkpointed_iteration.txt");
+  ASSERT_FALSE(stopped_at.empty());
+  EXPECT_EQ(check_metrics(run / "metrics.h5"), "ok " + stopped_at) << "every iteration once, in order, up to the stop";
+  EXPECT_GT(std::stoi(stopped_at), last) << "the last attempt went on from the earlier ones";
   for (const auto& e : fs::directory_iterator(run)) EXPECT_NE(e.path().extension(), ".tmp") << e.path();
 }
 

@@ -6,7 +6,6 @@
 // same iteration.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <regex>
@@ -245,9 +244,9 @@ TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
 
 TEST_F(Mpi, RanksStartedWithDifferentConfigurationsAreRefused) {
   mb::testing::TempDir tmp;
-  const auto t0 = std::chrono::steady_clock::now();
+  // a hang is timeout's exit status 124 (a deadline for a loaded machine, not a pace)
   const auto r = mb::testing::run_command(
-      mb::testing::mpi_env() + "timeout 120 mpirun -np 1 " + train(tmp / "run", "--lr 1e-3") +
+      mb::testing::mpi_env() + "timeout 300 mpirun -np 1 " + train(tmp / "run", "--lr 1e-3") +
       " : -np 1 " + train(tmp / "run", "--lr 2e-3"));
   EXPECT_NE(r.exit_code, 0) << r.output;
   EXPECT_NE(r.exit_code, 124) << "the job hung:\n" << r.output;
@@ -255,24 +254,22 @@ TEST_F(Mpi, RanksStartedWithDifferentConfigurationsAreRefused) {
       << r.output;
   EXPECT_NE(r.output.find("0.002 here, 0.001 on rank 0"), std::string::npos)
       << r.output;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 60.0);
 }
 
 TEST_F(Mpi, ARankThatDiesEndsTheJob) {
   mb::testing::TempDir tmp;
   const std::string log = (tmp / "log").string();
-  const auto t0 = std::chrono::steady_clock::now();
-  // start a long DP=2 run, wait for its second iteration line, SIGKILL one rank
+  // start a long DP=2 run, wait for its second iteration line, SIGKILL one rank; a hang is
+  // timeout's exit status 124
   const auto r = mb::testing::run_command(
-      "(" + mb::testing::mpi_env() + "timeout 120 mpirun -np 2 " +
+      "(" + mb::testing::mpi_env() + "timeout 300 mpirun -np 2 " +
       train(tmp / "run", "--train-iters 100000") + " > " + log + " 2>&1; echo exit=$? >> " + log + ") & " +
-      "for i in $(seq 600); do grep -q 'iteration  *2/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
+      mb::testing::wait_for_line(log, "iteration  *2/") +
       "pkill -9 -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
   EXPECT_EQ(r.output.find("exit=0"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("exit=124"), std::string::npos) << "the job hung:\n" << r.output;
   EXPECT_NE(r.output.find("exit="), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "mpirun names the rank that died:\n" << r.output;
-  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 90.0);
 }
 
 // A scheduler's signal reaches the ranks of a job at different moments; here it reaches one
@@ -283,9 +280,9 @@ TEST_F(Mpi, ASignalToOneRankStopsEveryRankAfterTheSameIteration) {
   mb::testing::TempDir tmp;
   const std::string log = (tmp / "log").string(), ckpt = (tmp / "ckpt").string();
   const auto r = mb::testing::run_command(
-      "(" + mb::testing::mpi_env() + "timeout 120 mpirun -np 2 " + train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log +
+      "(" + mb::testing::mpi_env() + "timeout 300 mpirun -np 2 " + train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log +
       " 2>&1; echo exit=$? >> " + log + ") & " +
-      "for i in $(seq 600); do grep -q 'iteration  *3/' " + log + " 2>/dev/null && break; sleep 0.05; done; " +
+      mb::testing::wait_for_line(log, "iteration  *3/") +
       "pkill -TERM -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
   EXPECT_NE(r.output.find("exit=3"), std::string::npos) << "the job did not stop with status 3:\n" << r.output;
   std::smatch m;

@@ -341,8 +341,8 @@ TEST(PluginRun, KilledRunKeepsEveryFlushedIntervalReadable) {
   const std::string log = (tmp / "log").string(), pid = (tmp / "pid").string();
   const auto r = mb::testing::run_command(
       "(" + train_cmd(tmp / "data", tmp / "run", "--train-iters 100000") + " > " + log + " 2>&1 & echo $! > " + pid +
-      "); for i in $(seq 600); do grep -q 'iteration  *3/' " + log + " && break; sleep 0.05; done; kill -9 $(cat " + pid +
-      "); sleep 0.2; grep -c 'iteration  *[0-9]*/' " + log);
+      "); " + mb::testing::wait_for_line(log, "iteration  *3/") + "kill -9 $(cat " + pid + "); while kill -0 $(cat " + pid +
+      ") 2>/dev/null; do sleep 0.01; done; grep -c 'iteration  *[0-9]*/' " + log);
   const int lines = std::atoi(r.output.c_str());
   ASSERT_GE(lines, 3) << r.output;
   // An independent reader opens the killed run's file and finds at least the logged rows.

@@ -52,6 +52,26 @@ class Slurm : public ::testing::Test {
     EXPECT_NE(at, std::string::npos) << r.output;
     return at == std::string::npos ? "" : std::to_string(std::atoll(r.output.c_str() + at + 20));
   }
+  // Shell: SIGSTOP to the ranks of one point, matched by train's own command line (srun's,
+  // which names point.json too, starts with srun): however fast the machine, they go no
+  // further until continued.
+  static std::string pause_ranks(const fs::path& point_dir) {
+    return "pkill -STOP -f " + ranks_pattern(point_dir) + " && echo paused " + point_dir.filename().string() + "; ";
+  }
+  // Shell: waits until every paused rank of the point has a SIGTERM pending (sent by Slurm or
+  // by point.sbatch's trap) or has been continued by Slurm, then continues them: they handle
+  // it at the end of the iteration they were in.
+  static std::string continue_after_term(const fs::path& point_dir) {
+    const std::string p = ranks_pattern(point_dir);
+    return "for i in $(seq 15000); do w=0; for r in $(pgrep -f " + p + "); do "
+           "s=$(awk '$1 == \"State:\" {print $2}' /proc/$r/status 2>/dev/null); "
+           "m=$(awk '$1 == \"ShdPnd:\" {print $2}' /proc/$r/status 2>/dev/null); "
+           "[ \"$s\" = T ] && [ $(( 0x${m:-0} & 0x4000 )) = 0 ] && w=1; done; [ $w = 0 ] && break; sleep 0.02; done; "
+           "pkill -CONT -f " + p + "; ";
+  }
+  static std::string ranks_pattern(const fs::path& point_dir) {
+    return "'^" + mb::testing::bin_dir() + "/train .*" + (point_dir / "point.json").string() + "'";
+  }
   static bool wait_until_gone(const std::string& job, int seconds) {
     for (int i = 0; i < seconds * 2; ++i) {
       if (mb::testing::run_command("squeue -h -j " + job).output.empty()) return true;
@@ -73,7 +93,7 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
   mb::testing::TempDir tmp;
   const auto job = submit(write_sweep(tmp.path(), "tiny", "32"), tmp / "runs");
   ASSERT_FALSE(job.empty());
-  ASSERT_TRUE(wait_until_gone(job, 240)) << "the array did not finish in 4 minutes";
+  ASSERT_TRUE(wait_until_gone(job, 600)) << "the array did not finish in 10 minutes";
   for (const char* id : {"bs4", "bs8"}) {
     const fs::path dir = tmp / "runs" / "tiny" / id;
     ASSERT_TRUE(fs::exists(dir / "DONE")) << id << ":\n" << read(dir / "stdout.log");
@@ -110,16 +130,16 @@ TEST_F(Slurm, APointKilledOutrightIsFailedAndResumesFromItsLastPeriodicCheckpoin
   const auto job = submit(file, tmp / "runs");
   ASSERT_FALSE(job.empty());
   const fs::path dir = tmp / "runs" / "kill" / "bs4", log = dir / "stdout.log";
-  // sweep status while it runs, then SIGKILL to its ranks ("bs[4]": a pattern that matches
-  // the ranks' command lines, not this shell's)
+  // past iteration 50 of 200, its ranks paused (they go no further, however fast the
+  // machine), sweep status while it runs, then SIGKILL to the ranks
   const std::string status = mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "kill").string();
-  auto r = mb::testing::run_command(
-      "for i in $(seq 600); do grep -q 'iteration  *[5-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; " +
-      status + "; pkill -KILL -f 'kill/bs[4]/point.json' && echo killed");
+  auto r = mb::testing::run_command(mb::testing::wait_for_line(log.string(), "iteration  *[5-9][0-9]/") +
+                                    pause_ranks(dir) + status + "; pkill -KILL -f " + ranks_pattern(dir) +
+                                    " && echo killed");
   ASSERT_NE(r.output.find("killed"), std::string::npos) << r.output << read(log);
   EXPECT_NE(r.output.find("bs4    running     slurm job " + job + "_0  iter "), std::string::npos)
       << "running under Slurm, as its queue says:\n" << r.output;
-  ASSERT_TRUE(wait_until_gone(job, 240)) << read(log);
+  ASSERT_TRUE(wait_until_gone(job, 600)) << read(log);
   ASSERT_FALSE(fs::exists(dir / "DONE")) << read(log);
   // the task recorded the failure (sweep finish --exit-status): status shows it with its reason
   r = mb::testing::run_command(status);
@@ -127,7 +147,7 @@ TEST_F(Slurm, APointKilledOutrightIsFailedAndResumesFromItsLastPeriodicCheckpoin
   EXPECT_TRUE(std::regex_search(r.output, std::regex("bs4 +failed +.*(Killed|signal 9)"))) << r.output;
 
   const auto again = submit(file, tmp / "runs");
-  ASSERT_TRUE(wait_until_gone(again, 240)) << read(log);
+  ASSERT_TRUE(wait_until_gone(again, 600)) << read(log);
   const std::string text = read(log);
   ASSERT_TRUE(fs::exists(dir / "DONE")) << text;
   EXPECT_FALSE(fs::exists(dir / "FAILED")) << "the attempt that finished it replaced the failed one's record";
@@ -150,7 +170,7 @@ TEST_F(Slurm, ADivergedPointEndsItsTaskWithDivergedNotDone) {
   const auto job = submit(write_sweep(tmp.path(), "div", "32", R"(, "divergence_loss": 5, "divergence_intervals": 2)"),
                           tmp / "runs");
   ASSERT_FALSE(job.empty());
-  ASSERT_TRUE(wait_until_gone(job, 240)) << "the array did not finish in 4 minutes";
+  ASSERT_TRUE(wait_until_gone(job, 600)) << "the array did not finish in 10 minutes";
   for (const char* id : {"bs4", "bs8"}) {
     const fs::path dir = tmp / "runs" / "div" / id;
     EXPECT_TRUE(fs::exists(dir / "DIVERGED")) << id << ":\n" << read(dir / "stdout.log");
@@ -161,7 +181,7 @@ TEST_F(Slurm, ADivergedPointEndsItsTaskWithDivergedNotDone) {
   const std::string log_before = read(tmp / "runs" / "div" / "bs4" / "stdout.log");
   const auto again = submit(write_sweep(tmp.path(), "div", "32", R"(, "divergence_loss": 5, "divergence_intervals": 2)"),
                             tmp / "runs");
-  ASSERT_TRUE(wait_until_gone(again, 120));
+  ASSERT_TRUE(wait_until_gone(again, 600));
   EXPECT_EQ(read(tmp / "runs" / "div" / "bs4" / "stdout.log"), log_before);
   EXPECT_TRUE(fs::exists(tmp / "runs" / "div" / "bs4" / "DIVERGED"));
 }
@@ -172,13 +192,15 @@ TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
   ASSERT_FALSE(job.empty());
   const fs::path dir = tmp / "runs" / "requeue" / "bs4", log = dir / "stdout.log";
   // USR1 to the batch shell of task 0 once it is past iteration 20, as Slurm sends it
-  // 120 s before a time limit; then release the requeued task at once (Slurm otherwise holds
-  // a requeued job for about two minutes).
+  // 120 s before a time limit, its ranks paused meanwhile (however fast the machine, the
+  // point cannot end before the SIGTERM the batch shell sends them); then release the
+  // requeued task at once (Slurm otherwise holds a requeued job for about two minutes).
   const auto r = mb::testing::run_command(
-      "for i in $(seq 600); do grep -q 'iteration  *[2-9][0-9]/' " + log.string() + " 2>/dev/null && break; sleep 0.1; done; "
-      "scancel --signal=USR1 --batch " + job + "_0; "
-      "for i in $(seq 120); do squeue -h -j " + job + "_0 -o %r | grep -q BeginTime && break; sleep 0.5; done; "
+      mb::testing::wait_for_line(log.string(), "iteration  *[2-9][0-9]/") + pause_ranks(dir) +
+      "scancel --signal=USR1 --batch " + job + "_0; " + continue_after_term(dir) +
+      "for i in $(seq 600); do squeue -h -j " + job + "_0 -o %r | grep -q BeginTime && break; sleep 0.5; done; "
       "scontrol update JobId=" + job + "_0 StartTime=now; echo released");
+  EXPECT_NE(r.output.find("paused bs4"), std::string::npos) << r.output;
   ASSERT_NE(r.output.find("released"), std::string::npos) << r.output;
   ASSERT_TRUE(wait_until_gone(job, 300)) << read(log);
   const std::string text = read(log);
@@ -207,12 +229,19 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
                                               " --nodes 1 --ntasks-per-node 2 --runs-dir " + (tmp / "runs").string());
   EXPECT_EQ(twice.exit_code, 2) << twice.output;
   EXPECT_NE(twice.output.find("is already queued or running as job " + job + "; "), std::string::npos) << twice.output;
-  const auto r = mb::testing::run_command(
-      "for log in " + (root / "bs4" / "stdout.log").string() + " " + (root / "bs8" / "stdout.log").string() +
-      "; do for i in $(seq 600); do grep -q 'iteration  *[1-9][0-9]/' $log 2>/dev/null && break; sleep 0.1; done; done; "
-      "scancel " + job + " && echo cancelled");
+  // each point paused once past iteration 10 (neither can end before the cancel, however
+  // fast the machine), then scancel, and the points go on to the SIGTERM it sends
+  std::string pause_both, continue_both;
+  for (const char* id : {"bs4", "bs8"}) {
+    pause_both += mb::testing::wait_for_line((root / id / "stdout.log").string(), "iteration  *[1-9][0-9]/") +
+                  pause_ranks(root / id);
+    continue_both += continue_after_term(root / id);
+  }
+  const auto r = mb::testing::run_command(pause_both + "scancel " + job + " && echo cancelled; " + continue_both);
   ASSERT_NE(r.output.find("cancelled"), std::string::npos) << r.output;
-  EXPECT_TRUE(wait_until_gone(job, 60)) << "a cancelled task came back:\n" << mb::testing::run_command("squeue").output;
+  EXPECT_NE(r.output.find("paused bs4"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("paused bs8"), std::string::npos) << r.output;
+  EXPECT_TRUE(wait_until_gone(job, 600)) << "a cancelled task came back:\n" << mb::testing::run_command("squeue").output;
   for (const char* id : {"bs4", "bs8"}) {
     const std::string text = read(root / id / "stdout.log");
     EXPECT_NE(text.find("stopped by signal 15 after iteration"), std::string::npos) << id << ":\n" << text;
@@ -222,7 +251,7 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
   const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + root.string());
   EXPECT_NE(status.output.find("2 stopped (submit the sweep again to resume)"), std::string::npos) << status.output;
   const auto again = submit(file, tmp / "runs");
-  ASSERT_TRUE(wait_until_gone(again, 240)) << read(root / "bs4" / "stdout.log");
+  ASSERT_TRUE(wait_until_gone(again, 600)) << read(root / "bs4" / "stdout.log");
   for (const char* id : {"bs4", "bs8"}) {
     const fs::path dir = root / id;
     const std::string text = read(dir / "stdout.log");
@@ -246,7 +275,7 @@ TEST_F(Slurm, SelftestRunsTheLayoutUnderSrunAndPasses) {
   const size_t at = r.output.rfind("Submitted batch job ");
   ASSERT_NE(at, std::string::npos) << r.output;
   const std::string job = std::to_string(std::atoll(r.output.c_str() + at + 20));
-  ASSERT_TRUE(wait_until_gone(job, 240));
+  ASSERT_TRUE(wait_until_gone(job, 600));
   const std::string out = read(tmp / ("selftest-" + job + ".out"));
   EXPECT_NE(out.find("selftest: 4 ranks: TP 2 x DP 2 (MPI) against one process"), std::string::npos) << out;
   EXPECT_NE(out.find("selftest: passed"), std::string::npos) << out;

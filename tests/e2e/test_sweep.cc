@@ -55,9 +55,9 @@ class Sweep : public ::testing::Test {
   )" + rest + "}");
     return file;
   }
-  // Shell: wait (up to a minute) until the log shows the third iteration.
+  // Shell: wait (up to five minutes on a loaded machine) until the log shows the third iteration.
   static std::string wait_for_third(const std::string& log) {
-    return "for i in $(seq 1200); do grep -q 'iteration  *[3-9]/' " + log + " 2>/dev/null && break; sleep 0.05; done; ";
+    return mb::testing::wait_for_line(log, "iteration  *[3-9]/");
   }
   static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
   // sweep run FILE --runs-dir RUNS [extra flags]
@@ -148,14 +148,22 @@ TEST_F(Sweep, KilledSweepResumesToTheMetricsOfAnUninterruptedOne) {
   const fs::path ref_runs = tmp / "ref", runs = tmp / "runs", dir = runs / "killme";
   auto r = mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + ref_runs.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // SIGKILL the sweep once its first point is past iteration 12 of 40 (checkpoints every 4).
+  // Once the first point is past iteration 4 of 40 (checkpoints every 4), pause its train
+  // (SIGSTOP: however fast the machine, it goes no further) and SIGKILL the sweep, which takes
+  // the paused train with it (PR_SET_PDEATHSIG); then wait until that train is gone.
   const std::string log = (dir / kIds[0] / "stdout.log").string();
+  std::string point = (dir / kIds[0] / "point.json").string();
+  point.insert(point.size() - 5, "[").insert(point.size() - 4, "]");  // "point[.]json": matches train's line, not this shell's
+  const std::string first_train = "-f '" + point + "'";
   r = mb::testing::run_command("(" + sweep("run " + file.string() + " --runs-dir " + runs.string()) + " > " +
                                (tmp / "sweep.log").string() + " 2>&1 & echo $! > " + (tmp / "pid").string() +
-                               "); for i in $(seq 1200); do grep -q 'iteration  *1[3-9]/' " + log +
-                               " 2>/dev/null && break; sleep 0.05; done; kill -9 $(cat " + (tmp / "pid").string() +
-                               "); sleep 0.5; grep -c 'iteration  *[0-9]*/' " + log);
-  ASSERT_GE(std::atoi(r.output.c_str()), 13) << r.output;
+                               "); for i in $(seq 30000); do grep -q 'iteration  *[5-9]/' " + log +
+                               " 2>/dev/null && break; sleep 0.01; done; pkill -STOP " + first_train + "; kill -9 $(cat " +
+                               (tmp / "pid").string() + "); for i in $(seq 6000); do pgrep " + first_train +
+                               " >/dev/null || break; sleep 0.05; done; pgrep " + first_train +
+                               " >/dev/null && echo still running; grep -c 'iteration  *[0-9]*/' " + log);
+  ASSERT_GE(std::atoi(r.output.c_str()), 5) << r.output;
+  EXPECT_EQ(r.output.find("still running"), std::string::npos) << "the killed sweep's train went on: " << r.output;
   EXPECT_FALSE(fs::exists(dir / kIds[0] / "DONE")) << "the kill came too late to test anything";
   r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -234,8 +242,8 @@ TEST_F(Sweep, ASecondSweepRunOfARunningSweepIsRefusedNamingIt) {
   const std::string state = mb::testing::read_text(dir / "sweep.json");
   const std::string lock_free = "flock -n " + (dir / ".megabatch.lock").string() + " -c 'echo free'";
 
-  // (not refused, it would run its point for good: stopped after 30 s to fail, not hang)
-  const auto second = mb::testing::run_command("timeout -s INT 30 " + sweep("run " + file.string() + " --runs-dir " +
+  // (not refused, it would run its point for good: stopped after 300 s to fail, not hang)
+  const auto second = mb::testing::run_command("timeout -s INT 300 " + sweep("run " + file.string() + " --runs-dir " +
                                                                               runs.string() + " --only lamb"));
   EXPECT_EQ(second.exit_code, 2) << second.output;
   EXPECT_NE(second.output.find("sweep: error: " + dir.string() + " is in use by sweep run (pid " + pid + " on host "),

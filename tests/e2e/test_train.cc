@@ -125,13 +125,13 @@ TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
   const fs::path prefix = tmp_ / "fifo";
   ASSERT_EQ(::mkfifo((prefix.string() + ".idx").c_str(), 0644), 0);
   mb::testing::write_text(prefix.string() + ".bin", "");
-  auto r = mb::testing::run_command("timeout 60 " + mb::testing::bin_dir() + "/train " + kSmall +
+  auto r = mb::testing::run_command("timeout 300 " + mb::testing::bin_dir() + "/train " + kSmall +
                                     "--train-iters 2 --lr 1e-3 --data-path " + prefix.string());
   EXPECT_EQ(r.exit_code, 1) << "an error, not a hang (124) or a crash:\n" << r.output;
   EXPECT_NE(r.output.find(prefix.string() + ".idx: not a regular file (a FIFO)"), std::string::npos) << r.output;
   fs::create_symlink("/dev/zero", tmp_ / "dev.idx");
   fs::create_symlink("/dev/zero", tmp_ / "dev.bin");
-  r = mb::testing::run_command("timeout 60 " + mb::testing::bin_dir() + "/train " + kSmall +
+  r = mb::testing::run_command("timeout 300 " + mb::testing::bin_dir() + "/train " + kSmall +
                                "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "dev").string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("dev.idx: not a regular file (a device or socket)"), std::string::npos) << r.output;
@@ -140,7 +140,7 @@ TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
 // A run that cannot fit stops before allocating, with what it needs against what there is
 // (gpt-7.5b needs about 175 GiB in fp32 on one rank; no CI machine has that).
 TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
-  const auto r = mb::testing::run_command("timeout 60 " + train("--model gpt-7.5b --micro-batch-size 1 --train-iters 2 --lr 1e-3 --run-dir " +
+  const auto r = mb::testing::run_command("timeout 300 " + train("--model gpt-7.5b --micro-batch-size 1 --train-iters 2 --lr 1e-3 --run-dir " +
                                                                 (tmp_ / "big").string()));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   // 7.5 G parameters in fp32: 4 bytes each for weights and gradients, 8 for two optimizer states
@@ -156,7 +156,7 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
   EXPECT_GT(need, 4 * params);
   EXPECT_NE(r.output.find("is available (MemAvailable in /proc/meminfo"), std::string::npos) << r.output;
   // --log-noise-scale keeps the gradients before each micro-batch: one more gradient's size
-  const auto n = mb::testing::run_command("timeout 60 " + train("--model gpt-7.5b --micro-batch-size 1 --global-batch-size 2 "
+  const auto n = mb::testing::run_command("timeout 300 " + train("--model gpt-7.5b --micro-batch-size 1 --global-batch-size 2 "
                                                                 "--log-noise-scale --train-iters 2 --lr 1e-3 --run-dir " +
                                                                 (tmp_ / "big").string()));
   std::smatch k;

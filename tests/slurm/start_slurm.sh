@@ -7,7 +7,9 @@
 set -euo pipefail
 if sinfo -h >/dev/null 2>&1 && [[ $(sinfo -h -o %T | head -1) =~ idle|mix|alloc ]]; then exit 0; fi
 [[ $(id -u) == 0 ]] || { echo "start_slurm.sh: needs root" >&2; exit 2; }
-command -v slurmctld >/dev/null && command -v munged >/dev/null || { echo "start_slurm.sh: slurm-wlm and munge are not installed (run setup.sh)" >&2; exit 2; }
+if ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+  echo "start_slurm.sh: slurm-wlm and munge are not installed (run setup.sh)" >&2; exit 2
+fi
 host=$(hostname -s)
 conf_dir=/etc/slurm
 mkdir -p "$conf_dir" /var/spool/slurmctld /var/spool/slurmd /var/log/slurm /run/munge
@@ -37,7 +39,7 @@ PartitionName=test Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscri
 CONF
 pgrep -x slurmctld >/dev/null || /usr/sbin/slurmctld
 pgrep -x slurmd >/dev/null || /usr/sbin/slurmd
-for i in $(seq 60); do
+for _ in $(seq 300); do  # a deadline for a loaded machine
   if [[ $(sinfo -h -o %T 2>/dev/null | head -1) =~ idle|mix|alloc ]]; then exit 0; fi
   sleep 1
 done

@@ -53,6 +53,14 @@ inline CommandResult run_command(const std::string& cmd) {
   return r;
 }
 
+// Shell: waits until `log` has a line matching `pattern` (grep's basic regular expression,
+// in single quotes: no ' in it), for at most `seconds`: a deadline for a loaded machine, not
+// a pace; the command after it finds out whether the line came.
+inline std::string wait_for_line(const std::string& log, const std::string& pattern, int seconds = 300) {
+  return "for i in $(seq " + std::to_string(seconds * 50) + "); do grep -q '" + pattern + "' " + log +
+         " 2>/dev/null && break; sleep 0.02; done; ";
+}
+
 inline void write_text(const std::filesystem::path& p, const std::string& s) {
   std::ofstream out(p, std::ios::binary);
   out << s;
