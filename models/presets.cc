@@ -1,6 +1,8 @@
 #include "models/presets.h"
 
 #include <algorithm>
+#include <limits>
+#include <utility>
 #include <sstream>
 
 #include "core/comm/communicator.h"
@@ -16,6 +18,19 @@ int64_t ModelConfig::padded_vocab_size() const {
 }
 
 void ModelConfig::validate() const {
+  // Every size fits an int32 (token ids are int32, kernels index rows with it), so that the
+  // products below and the parameter counts cannot wrap an int64.
+  constexpr int64_t kMax = std::numeric_limits<int32_t>::max();
+  for (const auto& [name, value] :
+       {std::pair<const char*, int64_t>{"num_layers", num_layers}, {"hidden_size", hidden_size},
+        {"num_attention_heads", num_attention_heads}, {"ffn_hidden_size", ffn_hidden_size}, {"seq_length", seq_length},
+        {"max_position_embeddings", max_position_embeddings}, {"vocab_size", vocab_size},
+        {"make_vocab_size_divisible_by", make_vocab_size_divisible_by},
+        {"tensor_model_parallel_size", tensor_model_parallel_size}, {"num_tokentypes", num_tokentypes},
+        {"decoder_num_layers", decoder_num_layers}, {"decoder_seq_length", decoder_seq_length},
+        {"relative_attention_num_buckets", relative_attention_num_buckets},
+        {"relative_attention_max_distance", relative_attention_max_distance}})
+    check(value <= kMax, name, " is ", value, "; sizes above ", kMax, " (2^31 - 1) are not supported");
   check(num_layers >= 1, "num_layers must be >= 1 (got ", num_layers, ")");
   check(hidden_size >= 1 && num_attention_heads >= 1, "hidden_size and num_attention_heads must be >= 1");
   check(hidden_size % num_attention_heads == 0, "hidden_size (", hidden_size,
@@ -126,11 +141,34 @@ SizeReport size_report(const ModelConfig& c) {
     void broadcast(float*, size_t, int) override {}
     void barrier() override {}
   } rank0(static_cast<int>(c.tensor_model_parallel_size));
-  {
-    const auto model = declare_model(c, rank0);
-    r.parameters = model->parameters().num_full_parameters();
-    r.parameters_per_rank = model->parameters().num_parameters();
-  }
+  // Every layer after the first of a stack has the same tensors (T5's relative-position
+  // table sits in the first), so the counts are linear in the layer counts: declared with at
+  // most two layers a stack and extrapolated, exactly, a model of any depth is counted at
+  // once (declaring each of a million layers took seconds and gigabytes before the memory
+  // check could refuse it). Products are checked: an absurd size is refused, not wrapped.
+  auto counts = [&](int64_t layers, int64_t decoder_layers) {
+    ModelConfig small = c;
+    small.num_layers = layers;
+    small.decoder_num_layers = decoder_layers;
+    const auto model = declare_model(small, rank0);
+    return std::pair<int64_t, int64_t>{model->parameters().num_full_parameters(), model->parameters().num_parameters()};
+  };
+  const bool two_stacks = c.family == "t5";
+  const int64_t encoder = c.num_layers, decoder = two_stacks ? c.decoder_layers() : 0;
+  const auto base = counts(1, two_stacks ? 1 : 0);
+  const auto more_encoder = counts(2, two_stacks ? 1 : 0);
+  const auto more_decoder = two_stacks ? counts(1, 2) : base;
+  auto extrapolate = [&](int64_t at1, int64_t per_encoder, int64_t per_decoder) {
+    int64_t total = at1, a = 0, b = 0;
+    const bool wrapped = __builtin_mul_overflow(per_encoder, encoder - 1, &a) ||
+                         (two_stacks && __builtin_mul_overflow(per_decoder, decoder - 1, &b)) ||
+                         __builtin_add_overflow(total, a, &total) || __builtin_add_overflow(total, b, &total);
+    check(!wrapped && total < (int64_t{1} << 62), "the model's ", encoder, two_stacks ? " + " + std::to_string(decoder) : "",
+          " layers of hidden size ", c.hidden_size, " add up to more parameters than any machine holds; check its sizes");
+    return total;
+  };
+  r.parameters = extrapolate(base.first, more_encoder.first - base.first, more_decoder.first - base.first);
+  r.parameters_per_rank = extrapolate(base.second, more_encoder.second - base.second, more_decoder.second - base.second);
   const double p = static_cast<double>(r.parameters_per_rank);
   r.fp32_adam_bytes = 16.0 * p;
   r.mixed_adam_bytes = 18.0 * p;

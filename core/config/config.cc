@@ -8,6 +8,7 @@
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/json.h"
+#include "core/util/numbers.h"
 #include "core/util/strings.h"
 
 namespace megabatch::config {
@@ -102,22 +103,14 @@ json parse_text(const Option& o, const std::string& text, const std::string& whe
     fail(where, ": the value is not valid UTF-8 (byte ", bad, " of '",
          json(text.substr(0, bad)).dump(), "...'); options are UTF-8 text");
   auto number = [&](bool integer) -> json {
-    size_t used = 0;
-    try {
-      if (integer) {
-        const long long x = std::stoll(text, &used);
-        if (used == text.size()) return json(static_cast<int64_t>(x));
-      } else {
-        const double x = std::stod(text, &used);
-        if (used == text.size()) return json(x);
-      }
-    } catch (const std::exception&) {
+    std::string why;
+    if (integer) {
+      if (const auto x = parse_int(text, &why)) return json(*x);
+    } else {
+      if (const auto x = parse_finite(text, &why)) return json(*x);
+      if (why == "not finite") fail(where, ": ", text, " is not a finite number");
     }
-    fail(where, ": expected ", integer ? "an integer" : "a number", ", got '", text, "'",
-         integer && !text.empty() && std::isdigit(static_cast<unsigned char>(text.back())) &&
-                 text.find_first_not_of("+-0123456789") == std::string::npos
-             ? " (too large)"
-             : "");
+    fail(where, ": expected ", integer ? "an integer" : "a number", ", got '", text, "' (", why, ")");
   };
   switch (o.type) {
     case Type::kInt: return number(true);

@@ -103,6 +103,19 @@ IndexedDataset::IndexedDataset(const fs::path& prefix) : prefix_(prefix) {
   if (bin_.size() < need)
     fail(bin_path.string(), ": shorter than the index says (", bin_.size(), " bytes, the index needs ", need,
          "); the file was truncated or belongs to another index: rebuild the dataset");
+  // Megatron writes the tokens back to back: the .bin is exactly the sum of the lengths
+  // times the item size. Any other size means the .idx describes another .bin (most often
+  // its dtype: a uint16 index over int32 tokens reads every id wrong, silently).
+  const uint64_t expected_bin = num_tokens_ * item;
+  if (bin_.size() != expected_bin) {
+    std::string hint;
+    for (const uint64_t other : {1, 2, 4, 8})
+      if (other != item && num_tokens_ * other == bin_.size())
+        hint = " (the size of as many " + std::to_string(other) + "-byte tokens: the index's dtype is not its .bin's)";
+    fail(name, " and ", bin_path.string(), " do not match: the index's ", s, " sequences hold ", num_tokens_, " ",
+         dtype_name(dtype_), " tokens, ", expected_bin, " bytes, but the .bin has ", bin_.size(), hint,
+         "; rebuild both with the same preprocess run");
+  }
 }
 
 void IndexedDataset::read(size_t seq, size_t offset, size_t count, int32_t* out, int64_t vocab_limit) const {
@@ -113,6 +126,17 @@ void IndexedDataset::read(size_t seq, size_t offset, size_t count, int32_t* out,
     fail(prefix_.string(), ": read of tokens [", offset, ", ", offset + count, ") past the end of sequence ", seq,
          " (", len, " tokens)");
   if (count == 0) return;  // an empty read touches nothing (an empty .bin maps to no memory)
+  // a .bin cut short under the running job is an Error naming it, not a SIGBUS
+  bin_.read_guarded([&] { copy_tokens(seq, offset, count, out); });
+  if (vocab_limit > 0)
+    for (size_t i = 0; i < count; ++i)
+      if (out[i] < 0 || out[i] >= vocab_limit)
+        fail(prefix_.string(), ".bin: token id ", out[i], " at position ", offset + i, " of sequence ", seq,
+             " (byte ", sequence_pointer(seq) + static_cast<int64_t>((offset + i) * dtype_size(dtype_)),
+             ") is outside the vocabulary [0, ", vocab_limit, "); was the dataset built with another tokenizer?");
+}
+
+void IndexedDataset::copy_tokens(size_t seq, size_t offset, size_t count, int32_t* out) const {
   const uint8_t* base = raw(seq) + offset * dtype_size(dtype_);
   switch (dtype_) {
     case DType::kU16: {
@@ -139,12 +163,6 @@ void IndexedDataset::read(size_t seq, size_t offset, size_t count, int32_t* out,
     }
     default: fail(prefix_.string(), ": cannot read tokens of dtype ", dtype_name(dtype_));
   }
-  if (vocab_limit > 0)
-    for (size_t i = 0; i < count; ++i)
-      if (out[i] < 0 || out[i] >= vocab_limit)
-        fail(prefix_.string(), ".bin: token id ", out[i], " at position ", offset + i, " of sequence ", seq,
-             " (byte ", sequence_pointer(seq) + static_cast<int64_t>((offset + i) * dtype_size(dtype_)),
-             ") is outside the vocabulary [0, ", vocab_limit, "); was the dataset built with another tokenizer?");
 }
 
 std::vector<int32_t> IndexedDataset::sequence(size_t seq, int64_t vocab_limit) const {

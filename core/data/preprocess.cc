@@ -179,7 +179,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
       std::vector<std::string> texts(o.json_keys.size());
       if (format == "jsonl") {
         std::string why;
-        auto parsed = parse_json(raw[r].text, &why);
+        auto parsed = parse_json(raw[r].text, &why, JsonRules{.unique_keys = false});  // as json.loads
         if (!parsed) {
           errors[r] = "not valid JSON (" + why + ")";
           return;

@@ -2,6 +2,7 @@
 
 #include "core/device/runtime.h"
 #include "core/util/error.h"
+#include "core/util/numbers.h"
 
 namespace megabatch {
 
@@ -10,8 +11,9 @@ std::string Device::str() const { return is_cpu() ? "cpu" : "cuda:" + std::to_st
 Device parse_device(const std::string& text, const std::string& where) {
   if (text == "cpu") return Device::cpu();
   if (text == "cuda") return Device::cuda(0);
-  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.find_first_not_of("0123456789", 5) == std::string::npos)
-    return Device::cuda(std::stoi(text.substr(5)));
+  if (text.rfind("cuda:", 0) == 0 && text.size() > 5 && text.size() < 10 &&
+      text.find_first_not_of("0123456789", 5) == std::string::npos)
+    return Device::cuda(static_cast<int>(to_int(text.substr(5), where)));
   fail(where, ": '", text, "' is not a device; use cpu, cuda or cuda:N");
 }
 

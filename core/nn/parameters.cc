@@ -48,10 +48,26 @@ int ParameterStore::add(ParamSpec spec) {
           ") is not divisible by the tensor-parallel size ", p.sharding.tp_size);
     p.shape[d] /= p.sharding.tp_size;
   }
-  p.numel = 1;
-  for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
+  // Sizes of absurd models are refused here, before anything wraps: the element count of
+  // one tensor and of the flat buffer stay below 2^62 (an int64 in bytes for f32 and f64).
+  constexpr int64_t kMaxElements = int64_t{1} << 62;
+  int64_t numel = 1, full = 1;
+  for (size_t k = 0; k < p.shape.size(); ++k) {
+    check(p.full_shape[k] >= 0, "parameter '", p.name, "': dimension ", k, " is ", p.full_shape[k], ", not >= 0");
+    check(!__builtin_mul_overflow(numel, p.shape[k], &numel) && !__builtin_mul_overflow(full, p.full_shape[k], &full) &&
+              full < kMaxElements,
+          "parameter '", p.name, "': ", p.full_shape[0], p.full_shape.size() > 1 ? " x " + std::to_string(p.full_shape[1]) : "",
+          " elements is more than any machine holds; check the model's sizes");
+  }
+  p.numel = static_cast<size_t>(numel);
   p.offset = next_offset_;
   next_offset_ += (p.numel + 15) / 16 * 16;
+  check(next_offset_ < static_cast<size_t>(kMaxElements), "parameter '", p.name, "': the model's parameters add up to ",
+        "more than 2^62 elements, more than any machine holds; check the model's sizes");
+  check(!__builtin_add_overflow(full_elements_, full, &full_elements_) && full_elements_ < kMaxElements, "parameter '",
+        p.name, "': the model's parameters add up to more than 2^62 elements, more than any machine holds; check the "
+        "model's sizes");
+  index_.emplace(p.name, static_cast<int>(infos_.size()));
   infos_.push_back(std::move(p));
   return static_cast<int>(infos_.size() - 1);
 }
@@ -132,9 +148,8 @@ void ParameterStore::copy_masters_to_params() {
 }
 
 int ParameterStore::find(const std::string& name) const {
-  for (size_t i = 0; i < infos_.size(); ++i)
-    if (infos_[i].name == name) return static_cast<int>(i);
-  return -1;
+  const auto it = index_.find(name);
+  return it == index_.end() ? -1 : it->second;
 }
 
 int64_t ParameterStore::num_parameters() const {

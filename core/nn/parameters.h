@@ -17,6 +17,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "core/tensor/tensor.h"
@@ -121,10 +122,12 @@ class ParameterStore {
  private:
   Tensor view(const Tensor& flat, int id) const;
   std::vector<ParamInfo> infos_;
+  std::unordered_map<std::string, int> index_;  // name -> id: declaring L layers is linear in L
   Tensor params_, grads_, masters_;
   DType dtype_ = DType::kF32;
   Device device_;
   size_t next_offset_ = 0;
+  int64_t full_elements_ = 0;
   bool finalized_ = false;
   bool masters_released_ = false;
   GradsFinalHook grads_final_hook_;

@@ -29,6 +29,7 @@
 #include "core/util/dir_lock.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/numbers.h"
 #include "core/util/strings.h"
 #include "core/util/threads.h"
 #include "models/presets.h"
@@ -205,7 +206,7 @@ void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device
   const double need = params + grads + masters + state + noise + acts;
   const std::string sharded = d > 1 ? " (this rank's 1/" + std::to_string(shards) + ")" : std::string();
   double ranks_here = 1;  // ranks of this job on this host share its memory
-  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, std::atof(l));
+  if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, mb::parse_finite(l).value_or(1.0));
   const auto avail = mb::runtime::available_memory(device);
   const double have = static_cast<double>(avail.bytes) / ranks_here;
   const std::string parts = "parameters " + human_bytes(params) + ", gradients " + human_bytes(grads) +
@@ -232,12 +233,10 @@ std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
   std::stringstream ss(s);
   std::string part;
   while (std::getline(ss, part, ',')) {
-    try {
-      size_t used = 0;
-      w.push_back(std::stod(part, &used));
-    } catch (const std::exception&) {
-      mb::fail("split: '", spec, "' is not a list of numbers like 969,30,1");
-    }
+    std::string why;
+    const auto x = mb::parse_finite(mb::trim(part), &why);
+    if (!x) mb::fail("split: '", spec, "': '", part, "' is not a proportion (", why, "); give numbers like 969,30,1");
+    w.push_back(*x);
   }
   mb::check(!w.empty() && w.size() <= 3, "split: '", spec, "': give 1 to 3 proportions (train, validation, test)");
   while (w.size() < 3) w.push_back(0);

@@ -1,11 +1,11 @@
 #include "core/util/args.h"
 
 #include <algorithm>
-#include <charconv>
 #include <iostream>
 #include <sstream>
 
 #include "core/util/error.h"
+#include "core/util/numbers.h"
 
 namespace megabatch {
 
@@ -118,24 +118,8 @@ std::vector<std::string> ArgParser::get_list(const std::string& name) const {
 
 std::string ArgParser::get(const std::string& name) const { return get_list(name).front(); }
 
-int64_t ArgParser::get_int(const std::string& name) const {
-  const std::string v = get(name);
-  int64_t out = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
-  if (ec != std::errc() || p != v.data() + v.size())
-    fail(program_, ": --", name, " expects an integer, got '", v, "'");
-  return out;
-}
+int64_t ArgParser::get_int(const std::string& name) const { return to_int(get(name), program_ + ": --" + name); }
 
-double ArgParser::get_double(const std::string& name) const {
-  const std::string v = get(name);
-  try {
-    size_t used = 0;
-    const double d = std::stod(v, &used);
-    if (used == v.size()) return d;
-  } catch (const std::exception&) {
-  }
-  fail(program_, ": --", name, " expects a number, got '", v, "'");
-}
+double ArgParser::get_double(const std::string& name) const { return to_finite(get(name), program_ + ": --" + name); }
 
 }  // namespace megabatch

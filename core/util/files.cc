@@ -1,16 +1,20 @@
 #include "core/util/files.h"
 
 #include <fcntl.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -19,6 +23,95 @@
 namespace megabatch {
 
 namespace fs = std::filesystem;
+
+// ---- SIGBUS from a mapped file that shrank -------------------------------------------
+namespace {
+
+// The mappings the handler knows: a fixed table (the handler may neither lock nor
+// allocate); a slot is free while its begin is null.
+struct MappedRange {
+  std::atomic<const uint8_t*> begin{nullptr};
+  std::atomic<size_t> size{0};
+  char path[1024] = {};
+};
+constexpr int kMappedSlots = 256;
+MappedRange g_mapped[kMappedSlots];
+thread_local sigjmp_buf* t_guard = nullptr;  // set inside MappedFile::guarded_call
+thread_local int t_fault_slot = -1;
+
+int mapped_slot_of(const void* address) {
+  const auto* a = static_cast<const uint8_t*>(address);
+  for (int i = 0; i < kMappedSlots; ++i) {
+    const uint8_t* b = g_mapped[i].begin.load(std::memory_order_acquire);
+    if (b && a >= b && a < b + g_mapped[i].size.load(std::memory_order_relaxed)) return i;
+  }
+  return -1;
+}
+
+extern "C" void on_sigbus(int sig, siginfo_t* info, void*) {
+  const int slot = mapped_slot_of(info->si_addr);
+  if (slot >= 0 && t_guard) {
+    t_fault_slot = slot;
+    siglongjmp(*t_guard, 1);
+  }
+  if (slot >= 0) {  // outside a guarded read: say which file, and end as an error (status 1)
+    const char* head = "error: ";
+    const char* tail =
+        ": the file became shorter while this process read it (truncated or rewritten in place); restore it, or "
+        "write a new dataset under another name, and start again\n";
+    (void)!::write(2, head, std::strlen(head));
+    (void)!::write(2, g_mapped[slot].path, std::strlen(g_mapped[slot].path));
+    (void)!::write(2, tail, std::strlen(tail));
+    ::_exit(1);
+  }
+  ::signal(sig, SIG_DFL);  // not ours: the default action when the access repeats
+}
+
+int register_mapping(const uint8_t* data, size_t size, const fs::path& path) {
+  static const bool installed = [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    return ::sigaction(SIGBUS, &sa, nullptr) == 0;
+  }();
+  static std::mutex slots;
+  if (!installed || data == nullptr) return -1;
+  std::lock_guard<std::mutex> lock(slots);
+  for (int i = 0; i < kMappedSlots; ++i) {
+    if (g_mapped[i].begin.load(std::memory_order_relaxed) != nullptr) continue;
+    std::snprintf(g_mapped[i].path, sizeof g_mapped[i].path, "%s", path.c_str());
+    g_mapped[i].size.store(size, std::memory_order_relaxed);
+    g_mapped[i].begin.store(data, std::memory_order_release);
+    return i;
+  }
+  return -1;  // more than kMappedSlots mappings at once: the rest are not guarded
+}
+
+}  // namespace
+
+void MappedFile::guarded_call(void (*fn)(void*), void* ctx) const {
+  sigjmp_buf here;
+  sigjmp_buf* const outer = t_guard;
+  if (sigsetjmp(here, 1) != 0) {  // a SIGBUS in one of the mappings
+    t_guard = outer;
+    std::error_code ec;
+    const auto now = fs::file_size(path_, ec);
+    const int slot = t_fault_slot;
+    fail(slot >= 0 ? g_mapped[slot].path : path_.c_str(), ": the file is shorter than when this run opened it (",
+         size_, " bytes then, ", ec ? std::string("unreadable") : std::to_string(now) + " now",
+         "): it was truncated or rewritten in place while the run read it; restore it, or write a new dataset under "
+         "another name, and start again");
+  }
+  t_guard = &here;
+  try {
+    fn(ctx);
+  } catch (...) {
+    t_guard = outer;
+    throw;
+  }
+  t_guard = outer;
+}
 
 MappedFile::MappedFile(const fs::path& path) : path_(path) {
   // A FIFO or a device would block the open or never end: only regular files are read.
@@ -43,13 +136,14 @@ MappedFile::MappedFile(const fs::path& path) : path_(path) {
       fail(path.string(), ": cannot mmap ", size_, " bytes (", std::strerror(e), ")");
     }
     data_ = static_cast<const uint8_t*>(p);
+    slot_ = register_mapping(data_, size_, path_);
   }
   ::close(fd);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : path_(std::move(other.path_)), data_(std::exchange(other.data_, nullptr)),
-      size_(std::exchange(other.size_, 0)) {}
+      size_(std::exchange(other.size_, 0)), slot_(std::exchange(other.slot_, -1)) {}
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
@@ -57,6 +151,7 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     path_ = std::move(other.path_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
+    slot_ = std::exchange(other.slot_, -1);
   }
   return *this;
 }
@@ -64,6 +159,8 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
 MappedFile::~MappedFile() { reset(); }
 
 void MappedFile::reset() {
+  if (slot_ >= 0) g_mapped[slot_].begin.store(nullptr, std::memory_order_release);
+  slot_ = -1;
   if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
   data_ = nullptr;
   size_ = 0;

@@ -7,10 +7,16 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 namespace megabatch {
 
 // A read-only memory map of a whole file. Move-only; unmaps on destruction.
+//
+// A file that shrinks while it is mapped (truncated, or rewritten in place, under a running
+// job) makes a read past its new end raise SIGBUS. Every mapping is registered with a
+// SIGBUS handler: inside read_guarded() the read becomes an Error naming the file; anywhere
+// else the process prints that error and exits 1, instead of dying of a signal.
 class MappedFile {
  public:
   MappedFile() = default;
@@ -25,11 +31,21 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::filesystem::path& path() const { return path_; }
 
+  // Runs read(), which reads this mapping; a SIGBUS inside it (the file shrank) is an Error
+  // "<path>: the file is shorter than when it was opened (...)". read() must leave nothing to
+  // clean up when it is cut short (it copies bytes out; it may throw).
+  template <typename Fn>
+  void read_guarded(Fn&& read) const {
+    guarded_call([](void* f) { (*static_cast<std::remove_reference_t<Fn>*>(f))(); }, &read);
+  }
+
  private:
+  void guarded_call(void (*fn)(void*), void* ctx) const;
   void reset();
   std::filesystem::path path_;
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int slot_ = -1;  // in the SIGBUS handler's table of mappings
 };
 
 // The whole file as bytes; throws Error naming the path when it cannot be read.

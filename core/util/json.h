@@ -7,9 +7,11 @@
 #pragma once
 
 #include <optional>
-#include <utility>
 #include <string>
 #include <string_view>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -17,13 +19,58 @@
 
 namespace megabatch {
 
+// What text from outside may hold beyond JSON's grammar. A key twice in one object is
+// refused (nlohmann, like Python's json, would keep the last value and drop the first
+// silently: a second "grid" in a sweep file dropped the first); a corpus line follows
+// Megatron's json.loads instead and keeps the last. Nesting deeper than max_depth is
+// refused: no file megabatch reads needs more than a few levels, and code that walks a
+// value recursively would run out of stack on a deep one (train, sweep run and sweep status
+// crashed on 100,000 nested arrays).
+struct JsonRules {
+  bool unique_keys = true;
+  int max_depth = 64;
+};
+
 // The value, or nullopt with *why (when given) set to what is wrong and where, without
 // nlohmann's "[json.exception...]" tag: "parse error at line 3, column 1: syntax error while
-// parsing object - unexpected end of input; expected '}'", "number overflow parsing '1e999'".
+// parsing object - unexpected end of input; expected '}'", "number overflow parsing '1e999'",
+// "the key \"grid\" appears twice in one object", "nested deeper than 64 levels".
 template <class Json = nlohmann::json>
-std::optional<Json> parse_json(std::string_view text, std::string* why = nullptr) {
+std::optional<Json> parse_json(std::string_view text, std::string* why = nullptr, JsonRules rules = {}) {
+  struct Refused {
+    std::string what;
+  };
+  std::vector<std::unordered_set<std::string>> keys;  // of each open object, innermost last
+  int open = 0;                                       // open objects and arrays
+  using Event = typename Json::parse_event_t;
+  auto rule = [&](int /*depth*/, Event event, Json& parsed) -> bool {
+    switch (event) {
+      case Event::object_start:
+      case Event::array_start:
+        if (++open > rules.max_depth)
+          throw Refused{"nested deeper than " + std::to_string(rules.max_depth) + " levels"};
+        if (event == Event::object_start && rules.unique_keys) keys.emplace_back();
+        break;
+      case Event::object_end:
+      case Event::array_end:
+        --open;
+        if (event == Event::object_end && rules.unique_keys) keys.pop_back();
+        break;
+      case Event::key:
+        if (rules.unique_keys && !keys.back().insert(parsed.template get<std::string>()).second)
+          throw Refused{"the key " + parsed.dump(-1, ' ', false, Json::error_handler_t::replace) +
+                        " appears twice in one object; give each key once"};
+        break;
+      case Event::value:
+        break;
+    }
+    return true;
+  };
   try {
-    return Json::parse(text);
+    return Json::parse(text, rule);
+  } catch (const Refused& r) {
+    if (why) *why = r.what;
+    return std::nullopt;
   } catch (const typename Json::exception& e) {
     if (why) {
       const std::string w = e.what();

@@ -78,7 +78,14 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
       {"--clip-grad -1", "--clip-grad: -1.0 is out of range: clip_grad must be >= 0"},
       {"--min-lr -1e-3", "min_lr must be >= 0"},
       {"--seed -5", "--seed: -5 is out of range: seed must be >= 0"},
-      {"--seed 99999999999999999999", "--seed: expected an integer, got '99999999999999999999' (too large)"},
+      {"--seed 99999999999999999999", "--seed: expected an integer, got '99999999999999999999' (too large for a 64-bit integer)"},
+      // the whole text is the number: no trailing text, no fraction for an integer, no spaces
+      {"--lr 1e-3x", "--lr: expected a number, got '1e-3x' (trailing text 'x')"},
+      {"--seed 12abc", "--seed: expected an integer, got '12abc' (trailing text 'abc')"},
+      {"--seed 1.5", "--seed: expected an integer, got '1.5' (not a whole number)"},
+      {"--lr ' 0.1'", "--lr: expected a number, got ' 0.1' (not a number)"},
+      {"--lr 0x10", "--lr: expected a number, got '0x10' (trailing text 'x10')"},
+      {"--lr 1e999", "--lr: expected a number, got '1e999' (out of the range of a double)"},
       {"--threads -1", "threads must be >= 0"},
       {"--threads 100000", "--threads: 100000 is more than the "},  // a segmentation fault before
       {"--log-interval 0", "log_interval must be >= 1"},
@@ -108,6 +115,12 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
       {"{\"run_dir\": \"a\xff\"}", "c.json: not valid JSON (parse error at line 1, column 15"},
       // a number beyond a double's range: nlohmann's out_of_range, not its parse_error
       {R"({"lr": 1e999})", "c.json: not valid JSON (number overflow parsing '1e999')"},
+      // a key twice: refused, where the second value silently won
+      {R"({"lr": 0.1, "seed": 3, "lr": 0.2})", "c.json: not valid JSON (the key \"lr\" appears twice in one object; give each key once)"},
+      {R"({"optimizer_params": {"beta1": 0.9, "beta1": 0.8}})", "c.json: not valid JSON (the key \"beta1\" appears twice in one object"},
+      // nested past any configuration (a stack overflow before): refused at parse time
+      {"{\"optimizer_params\": " + std::string(100000, '[') + std::string(100000, ']') + "}",
+       "c.json: not valid JSON (nested deeper than 64 levels)"},
   };
   for (const auto& [text, message] : files) {
     mb::testing::write_text(tmp_ / "c.json", text);
@@ -115,6 +128,18 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
     EXPECT_EQ(r.exit_code, 1) << text << "\n" << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << text << "\n" << r.output;
   }
+  // --split: each proportion a finite number, all of its text (spaces around it allowed, as
+  // Megatron's float() allows them)
+  for (const auto& [split, message] : std::vector<std::pair<std::string, std::string>>{
+           {"969,30,1x", "split: '969,30,1x': '1x' is not a proportion (trailing text 'x')"},
+           {"inf,1,1", "split: 'inf,1,1': 'inf' is not a proportion (not finite)"},
+           {"98,,2", "split: '98,,2': '' is not a proportion (empty)"}}) {
+    const auto r = mb::testing::run_command(train(base + "--split '" + split + "'"));
+    EXPECT_EQ(r.exit_code, 1) << split << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << split << "\n" << r.output;
+  }
+  const auto spaced = mb::testing::run_command(train(base + "--eval-iters 1 --split ' 98, 1 ,1 ' --run-dir " + (tmp_ / "split").string()));
+  EXPECT_EQ(spaced.exit_code, 0) << "spaces around the numbers: " << spaced.output;
   const auto r = mb::testing::run_command(train(base + "--run-dir $(printf '/tmp/a\\377b')"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("--run-dir: the value is not valid UTF-8 (byte 6 of"), std::string::npos) << r.output;
@@ -165,6 +190,27 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
       << n.output;
   EXPECT_EQ(k[2].str(), m[3].str()) << "the size of the gradients";
   EXPECT_NEAR(std::stod(k[1]) - need, std::stod(m[3]), 0.11);
+  // Ten million layers: counted at once, not declared one by one (declaring them was
+  // quadratic in their number, and never reached this refusal); sizes whose products would
+  // wrap an int64 are refused by name
+  const auto deep = mb::testing::run_command("timeout 300 " + train(kSmall + "--num-layers 10000000 --train-iters 1 --lr 1e-3 "
+                                                                   "--run-dir " + (tmp_ / "deep").string()));
+  EXPECT_EQ(deep.exit_code, 1) << deep.output;
+  EXPECT_NE(deep.output.find("train: error: this run needs about "), std::string::npos) << deep.output;
+  for (const auto& [flags, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--num-layers 2000000000 --hidden-size 1048576 --num-attention-heads 2",
+            "the model's 2000000000 layers of hidden size 1048576 add up to more parameters than any machine holds"},
+           {"--hidden-size 2000000000 --num-attention-heads 2",
+            "parameter 'decoder.layers.0.self_attention.linear_qkv.weight': 6000000000 x 2000000000 elements is more "
+            "than any machine holds"},
+           {"--hidden-size 4611686018427387904 --num-attention-heads 2",
+            "hidden_size is 4611686018427387904; sizes above 2147483647 (2^31 - 1) are not supported"}}) {
+    const auto absurd = mb::testing::run_command("timeout 300 " + train("--num-layers 2 --seq-length 32 --threads 2 " +
+                                                                          flags + " --train-iters 1 --lr 1e-3 --run-dir " +
+                                                                          (tmp_ / "absurd").string()));
+    EXPECT_EQ(absurd.exit_code, 1) << flags << "\n" << absurd.output;
+    EXPECT_NE(absurd.output.find(message), std::string::npos) << flags << "\n" << absurd.output;
+  }
   // a small run says its estimate and runs
   const auto ok = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --eval-iters 0 --run-dir " + (tmp_ / "small").string()));
   EXPECT_EQ(ok.exit_code, 0) << ok.output;

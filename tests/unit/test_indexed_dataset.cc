@@ -114,6 +114,17 @@ TEST(IndexedDataset, DamagedFilesGiveOneClearErrorEach) {
   EXPECT_NE(variant("shortbin", idx, bin.substr(0, bin.size() - 2)).find("shortbin.bin: shorter than the index says"),
             std::string::npos);
   EXPECT_NE(expect_error(dir / "nothing").find("nothing.idx: dataset index not found"), std::string::npos);
+  // an .idx whose dtype is not its .bin's: uint16 ids over int32 tokens read every id wrong
+  write_docs(dir / "wide", DType::kI32, {{{1, 2, 3}, {4, 5}}, {{6}}});
+  // good.idx (uint16, 6 tokens) beside wide.bin (the same 6 tokens as int32, 24 bytes)
+  const std::string mismatch = variant("mixed", idx, read_file(dir / "wide.bin"));
+  EXPECT_NE(mismatch.find((dir / "mixed.idx").string() + " and " + (dir / "mixed.bin").string() +
+                          " do not match: the index's 3 sequences hold 6 uint16 tokens, 12 bytes, but the .bin has 24 (the "
+                          "size of as many 4-byte tokens: the index's dtype is not its .bin's); rebuild both"),
+            std::string::npos) << mismatch;
+  EXPECT_NE(variant("longbin", idx, bin + "xy").find("longbin.bin do not match: the index's 3 sequences hold 6 uint16 "
+                                                      "tokens, 12 bytes, but the .bin has 14;"),
+            std::string::npos);
 
   const IndexedDataset ds(dir / "good");
   try {
@@ -131,6 +142,38 @@ TEST(IndexedDataset, DamagedFilesGiveOneClearErrorEach) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("past the end of sequence 1"), std::string::npos) << e.what();
   }
+}
+
+// A dataset cut short while it is open (truncated in place under a running job): a read
+// past the new end is an Error naming the .bin, where the mapped read died of SIGBUS; and an
+// access outside a guarded read (the .idx's arrays) ends the process with that error, exit 1.
+TEST(IndexedDataset, AFileCutShortUnderAReaderIsAnErrorNotASignal) {
+  TempDir dir;
+  std::vector<std::vector<int32_t>> doc(64, std::vector<int32_t>(4096, 7));  // 64 sequences of 8 KiB (u16)
+  write_docs(dir / "big", DType::kU16, {doc});
+  const IndexedDataset ds(dir / "big");
+  std::vector<int32_t> out(4096);
+  ds.read(63, 0, 4096, out.data());  // mapped and read once: its pages are in memory
+  EXPECT_EQ(out[4095], 7);
+  std::filesystem::resize_file(dir / "big.bin", 4096);
+  try {
+    ds.read(63, 0, 4096, out.data());
+    ADD_FAILURE() << "a read past the end of a truncated .bin should fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find((dir / "big.bin").string() + ": the file is shorter than when this run opened it "
+                                         "(524288 bytes then, 4096 now): it was truncated or rewritten in place"),
+              std::string::npos) << e.what();
+  }
+  ds.read(0, 0, 2048, out.data());  // what is left reads as before
+  EXPECT_EQ(out[0], 7);
+  std::filesystem::resize_file(dir / "big.idx", 0);
+  EXPECT_EXIT(
+      {
+        volatile int32_t length = ds.sequence_length(63);  // a read the compiler keeps
+        (void)length;
+      },
+      ::testing::ExitedWithCode(1),
+              "error: " + (dir / "big.idx").string() + ": the file became shorter while this process read it");
 }
 
 TEST(IndexedDataset, InterruptedBuildLeavesNoDataset) {
