@@ -20,7 +20,13 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kFormat = "megabatch checkpoint";
-constexpr int64_t kFormatVersion = 1;
+// 2: every tensor carries HDF5's Fletcher-32 checksum (of each chunk), verified by every
+// read, and the file's metadata (object headers, attributes) the checksums of HDF5 1.10's
+// format. Version 1 (no checksums) still loads.
+constexpr int64_t kFormatVersion = 2;
+constexpr int64_t kOldestReadable = 1;
+// Chunks of at most this many elements (4 MiB of f32): each carries its own checksum.
+constexpr hsize_t kChunkElements = hsize_t{1} << 20;
 constexpr const char* kLatest = "latest_checkpointed_iteration.txt";
 
 std::string shape_text(const std::vector<int64_t>& s) {
@@ -72,15 +78,46 @@ std::vector<float> gather_state(const optim::PluginState& s, comm::Communicator&
   return out;
 }
 
+// A tensor as a chunked dataset whose chunks carry Fletcher-32 checksums (HDF5's own
+// filter: h5py and h5dump verify them as well). Chunks are whole rows, up to kChunkElements.
 void write_tensor(hid_t file, const std::string& name, const std::vector<float>& data, const std::vector<int64_t>& shape,
                   const std::string& path) {
   std::vector<hsize_t> dims(shape.begin(), shape.end());
   Handle lcpl(H5Pcreate(H5P_LINK_CREATE), H5Pclose);
   H5Pset_create_intermediate_group(lcpl.id, 1);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  const bool empty = dims.empty() || std::find(dims.begin(), dims.end(), hsize_t{0}) != dims.end();
+  if (!empty) {  // HDF5 chunks no empty or scalar dataset (nothing there to damage)
+    std::vector<hsize_t> chunk = dims;
+    hsize_t row = 1;
+    for (size_t k = 1; k < dims.size(); ++k) row *= dims[k];
+    chunk[0] = std::max<hsize_t>(1, std::min(dims[0], kChunkElements / std::max<hsize_t>(row, 1)));
+    for (size_t k = 1; k < dims.size() && row > kChunkElements; ++k)  // rows longer than a chunk: split them
+      chunk[k] = std::max<hsize_t>(1, dims[k] * kChunkElements / row);
+    if (H5Pset_chunk(dcpl.id, static_cast<int>(chunk.size()), chunk.data()) < 0 || H5Pset_fletcher32(dcpl.id) < 0)
+      fail(path, ": cannot set up the checksum of ", name);
+  }
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
-  Handle d(H5Dcreate2(file, name.c_str(), H5T_NATIVE_FLOAT, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  Handle d(H5Dcreate2(file, name.c_str(), H5T_NATIVE_FLOAT, space.id, lcpl.id, dcpl.id, H5P_DEFAULT), H5Dclose);
   const bool ok = d.id >= 0 && H5Dwrite(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) >= 0;
   if (!ok) fail(path, ": cannot write ", name, h5_os_reason());
+}
+
+// Reads a dataset of floats into `out` (its size); a chunk whose Fletcher-32 checksum does
+// not match (HDF5 refuses the read, and says so on its error stack) is an Error that names
+// the file and the tensor.
+void read_dataset(hid_t d, std::vector<float>& out, const std::string& path, const std::string& what) {
+  if (H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()) >= 0) return;
+  bool checksum = false;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* seen) -> herr_t {
+        if (e->desc && std::string(e->desc).find("Fletcher32") != std::string::npos) *static_cast<bool*>(seen) = true;
+        return 0;
+      },
+      &checksum);
+  if (checksum) fail(path, ": ", what, " does not match its checksum: the file was damaged after it was written");
+  fail(path, ": cannot read ", what, " (the file is damaged or cut short)");
 }
 
 // The padded vocabulary of the checkpoint's model and of this run's: tensors with one row
@@ -110,7 +147,7 @@ std::vector<float> read_tensor(hid_t file, const std::string& name, const std::v
   check(stored == shape || repadded, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
         shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
   std::vector<float> in(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
-  check(H5Dread(d.id, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, in.data()) >= 0, path, ": cannot read ", what);
+  read_dataset(d.id, in, path, what);
   if (!repadded) return in;
   int64_t row = 1;
   for (size_t k = 1; k < shape.size(); ++k) row *= shape[k];
@@ -239,7 +276,10 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
   // Writes PATH.tmp; on any failure (a full disk: HDF5's errors name the file) the
   // unfinished file is removed and the previous checkpoints stay as they were.
   auto write_unfinished = [&]() {
-    Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT) : -1, H5Fclose);
+    // HDF5 1.10's format: checksums on the metadata (object headers and their attributes) too
+    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+    H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_V110);
+    Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id) : -1, H5Fclose);
     if (writer) {
       check(f.id >= 0, tmp.string(), ": cannot create the checkpoint (is the directory writable?)");
       const std::string p = tmp.string();
@@ -339,10 +379,11 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
     return v;
   };
   const int64_t version = integer("format_version", true);
-  check(version == kFormatVersion, p, ": checkpoint format version ", version, " but this megabatch reads version ",
-        kFormatVersion);
+  check(version >= kOldestReadable && version <= kFormatVersion, p, ": checkpoint format version ", version,
+        " but this megabatch reads versions ", kOldestReadable, " to ", kFormatVersion);
   CheckpointState s;
   s.file = file;
+  s.checksummed = version >= 2;
   s.iteration = integer("iteration", true);
   s.consumed_samples = integer("consumed_samples", true);
   s.seed = static_cast<uint64_t>(integer("seed", false));  // a uint64 stored as int64 bits
@@ -415,5 +456,46 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
     copy(s.tensor, from_host(local, s.tensor.shape(), DType::kF32, s.tensor.device()));
   }
 }
+
+std::optional<std::string> checkpoint_damage(const fs::path& file) {
+  try {
+    silence_hdf5();
+    (void)read_checkpoint_state(file);
+    const std::string p = file.string();
+    Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+    check(f.id >= 0, p, ": cannot open the checkpoint", kDamagedCheckpoint);
+    // every dataset under params/ and optimizer/ (optimizer/<parameter>/<state>), read whole
+    std::vector<std::string> pending = {"params", "optimizer"};
+    while (!pending.empty()) {
+      const std::string name = pending.back();
+      pending.pop_back();
+      if (H5Lexists(f.id, name.c_str(), H5P_DEFAULT) <= 0) continue;
+      H5O_info_t info{};
+      check(H5Oget_info_by_name2(f.id, name.c_str(), &info, H5O_INFO_BASIC, H5P_DEFAULT) >= 0, p, ": cannot read ", name,
+            " (the file is damaged)");
+      if (info.type == H5O_TYPE_GROUP) {
+        for (const auto& m : members(f.id, name)) pending.push_back(name + "/" + m);
+        continue;
+      }
+      Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
+      check(d.id >= 0, p, ": cannot open tensor ", name, " (the file is damaged)");
+      Handle space(H5Dget_space(d.id), H5Sclose);
+      std::vector<float> data(static_cast<size_t>(std::max<hssize_t>(H5Sget_simple_extent_npoints(space.id), 0)));
+      read_dataset(d.id, data, p, "tensor '" + name + "'");
+    }
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+  return std::nullopt;
+}
+
+std::optional<fs::path> newest_intact_checkpoint(const fs::path& dir, int64_t before_iteration) {
+  auto all = list_checkpoints(dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it)
+    if (it->first < before_iteration && !checkpoint_damage(it->second)) return it->second;
+  return std::nullopt;
+}
+
+std::optional<int64_t> checkpoint_iteration(const fs::path& file) { return iteration_of(file); }
 
 }  // namespace megabatch::io

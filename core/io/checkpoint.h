@@ -11,6 +11,11 @@
 // iteration, so this is the whole RNG state), the loss scale, the model configuration,
 // the optimizer plugin's name, version and hyperparameters, and the trainer's own state.
 //
+// Every tensor is stored in chunks that carry HDF5's Fletcher-32 checksum, and the file's
+// metadata the checksums of HDF5 1.10's format: every read verifies them, so a file damaged
+// after it was written is refused naming the file and the tensor (checkpoint_damage reads
+// a whole file that way, to choose one before loading it).
+//
 // Writing goes to iter_N.h5.tmp, which is flushed, fsync'ed and renamed; only then is the
 // latest file replaced (also atomically). A kill at any moment leaves the previous
 // checkpoint complete and named by the latest file. Because shards are stored whole, a
@@ -44,6 +49,7 @@ struct CheckpointState {
   std::string optimizer_version;
   nlohmann::json optimizer_params;   // resolved hyperparameters
   nlohmann::json trainer;            // the trainer's own state (noise-scale averages, ...)
+  bool checksummed = true;           // written with checksums (format 2); format 1 had none
 };
 
 // What a refused attribute's message ends with: a checkpoint this code wrote has every
@@ -83,6 +89,18 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const Ch
 
 // The root attributes of a checkpoint.
 CheckpointState read_checkpoint_state(const std::filesystem::path& file);
+
+// What is wrong with a checkpoint file, as an error message that names the file and the
+// attribute or tensor (missing, unreadable, failing its checksum), or nullopt when all of
+// it reads back intact. Reads every tensor.
+std::optional<std::string> checkpoint_damage(const std::filesystem::path& file);
+
+// The newest iter_NNNNNNN.h5 in dir below `before_iteration` that checkpoint_damage finds
+// intact; nullopt when there is none.
+std::optional<std::filesystem::path> newest_intact_checkpoint(const std::filesystem::path& dir, int64_t before_iteration);
+
+// The iteration in a checkpoint's file name (iter_NNNNNNN.h5), or nullopt for another name.
+std::optional<int64_t> checkpoint_iteration(const std::filesystem::path& file);
 
 // Loads every parameter (each shard its slice of the stored full tensor) and, when
 // `optimizer` is given, its state, refusing with a message that names the mismatch: a

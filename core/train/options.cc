@@ -161,7 +161,12 @@ const config::Schema& train_schema() {
 
       {"save", Type::kString, nullptr, "directory for checkpoints (iter_NNNNNNN.h5)", "checkpointing"},
       {"save_interval", Type::kInt, 0, "iterations between checkpoints (0: only at the end and on exit)", "checkpointing"},
-      {"load", Type::kString, nullptr, "resume from the newest checkpoint in this directory (none there: start fresh)", "checkpointing"},
+      {"load", Type::kString, nullptr,
+       "resume from the newest checkpoint in this directory (none there: start fresh), or from this checkpoint file",
+       "checkpointing"},
+      {"load_fallback", Type::kBool, false,
+       "when the newest checkpoint in --load is damaged (a tensor fails its checksum), resume from the newest intact "
+       "one instead of stopping", "checkpointing"},
       {"exit_interval", Type::kInt, 0, "stop after this iteration, writing a checkpoint first when --save is set", "checkpointing"},
       {"keep_checkpoints", Type::kInt, 0, "keep only the newest K checkpoints (0: all)", "checkpointing"},
       {"finetune", Type::kBool, false, "load only the model from --load and start at iteration 0", "checkpointing"},

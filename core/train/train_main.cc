@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <optional>
 #include <sstream>
 
@@ -223,6 +224,30 @@ void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device
              " is available (", avail.source, ranks_here > 1 ? ", shared by this host's ranks" : "",
              "); use a smaller model or micro batch, more tensor parallelism, ", dtype == mb::DType::kF32 ? "--bf16, " : "",
              "or --skip-memory-check if the estimate is wrong for your optimizer");
+}
+
+// The checkpoint --load names: the file itself, or the newest in a directory (nullopt when it
+// has none). A damaged one (checkpoint_damage: a tensor failing its checksum, ...) is refused
+// naming the file and the tensor, offering the newest intact checkpoint in the directory,
+// which `fallback` (--load-fallback) takes instead.
+std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback) {
+  const bool file = std::filesystem::is_regular_file(load);
+  std::optional<std::filesystem::path> chosen = file ? std::optional(load) : mb::io::latest_checkpoint(load);
+  if (!chosen) return chosen;
+  const auto damage = mb::io::checkpoint_damage(*chosen);
+  if (!damage) return chosen;
+  if (file) mb::fail(*damage, "; give --load another checkpoint, or its directory to resume from the newest there");
+  const auto intact = mb::io::newest_intact_checkpoint(
+      load, mb::io::checkpoint_iteration(*chosen).value_or(std::numeric_limits<int64_t>::max()));
+  mb::check(intact.has_value(), *damage, "; ", load.string(), " holds no intact checkpoint before it: move the damaged file ",
+            "away to start from scratch");
+  const std::string which = intact->string() + " (iteration " +
+                            std::to_string(mb::io::checkpoint_iteration(*intact).value_or(-1)) + ")";
+  mb::check(fallback, *damage, "; the newest intact checkpoint in ", load.string(), " is ", which,
+            ": resume from it with --load-fallback (or --load ", intact->string(), ")");
+  std::cout << "> warning: " << *damage << "; resuming from the newest intact checkpoint, " << which
+            << " (--load-fallback)" << std::endl;
+  return intact;
 }
 
 std::array<size_t, 3> split_documents(const std::string& spec, size_t docs) {
@@ -618,7 +643,7 @@ int run(int argc, char** argv) {
   mb::io::CheckpointState resume_state;
   const bool finetune = v["finetune"].get<bool>(), no_load_optim = v["no_load_optim"].get<bool>();
   if (v.contains("load")) {
-    resume_from = mb::io::latest_checkpoint(v["load"].get<std::string>());
+    resume_from = intact_checkpoint(v["load"].get<std::string>(), v["load_fallback"].get<bool>());
     if (resume_from) {
       resume_state = mb::io::read_checkpoint_state(*resume_from);
       mb::check(finetune || resume_state.seed == seed, resume_from->string(), ": written with --seed ",
@@ -698,6 +723,7 @@ int run(int argc, char** argv) {
     std::cout << "> loaded " << (finetune ? "the model from " : no_load_optim ? "the model and position from " : "")
               << resume_from->string() << " (iteration " << resume_state.iteration << ", "
               << resume_state.consumed_samples << " samples)" << (finetune ? "; starting at iteration 0" : "")
+              << (resume_state.checksummed ? "" : "; written before checkpoints carried checksums, so not verified")
               << std::endl;
   }
   opt.checkpoint.model = model_json(mc);

@@ -192,6 +192,65 @@ TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
   EXPECT_NE(r.output.find("iter_0000002.h5 (iteration 2,"), std::string::npos) << r.output;
 }
 
+// Tensor data altered on disk (one byte of a chunk, as a failing disk or a bad copy does)
+// is refused naming the file and the tensor: every tensor carries HDF5's Fletcher-32
+// checksum, which h5py checks too. --load DIR then offers the newest intact checkpoint, and
+// --load-fallback takes it; --load FILE loads that file (before, it trained from scratch).
+TEST_F(Checkpoint, ADamagedTensorIsRefusedAndTheNewestIntactCheckpointIsOffered) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string();
+  auto r = mb::testing::run_command(train(tmp / "run", "--save " + c + " --save-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string newest = (tmp / "c" / "iter_0000006.h5").string(), older = (tmp / "c" / "iter_0000004.h5").string();
+  // flip one byte in the middle of the first chunk of the largest parameter
+  r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py\n"
+      "f = h5py.File('" + newest + "', 'r')\n"
+      "sets = []\n"
+      "f['params'].visititems(lambda n, d: sets.append((d.size, 'params/' + n)) if isinstance(d, h5py.Dataset) else None)\n"
+      "name = max(sets)[1]; chunk = f[name].id.get_chunk_info(0)\n"
+      "f.close()\n"
+      "with open('" + newest + "', 'r+b') as out:\n"
+      "    out.seek(chunk.byte_offset + chunk.size // 2); b = out.read(1); out.seek(-1, 1); out.write(bytes([b[0] ^ 0x10]))\n"
+      "print(name)\n"
+      "try:\n"
+      "    h5py.File('" + newest + "', 'r')[name][()]\n"
+      "except OSError as e:\n"
+      "    print('h5py:', e)\"");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string tensor = r.output.substr(0, r.output.find('\n'));
+  EXPECT_NE(r.output.find("h5py: Can't read data"), std::string::npos) << "h5py verifies the checksum too: " << r.output;
+
+  r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --train-iters 8"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: " + newest + ": tensor '" + tensor +
+                          "' does not match its checksum: the file was damaged after it was written; the newest intact "
+                          "checkpoint in " + c + " is " + older + " (iteration 4): resume from it with --load-fallback (or "
+                          "--load " + older + ")"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "resumed" / "metrics.h5")) << "refused before anything was written";
+
+  r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --load-fallback --train-iters 8"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: " + newest + ": tensor '" + tensor + "' does not match its checksum"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resuming from the newest intact checkpoint, " + older + " (iteration 4) (--load-fallback)"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> loaded " + older + " (iteration 4, 16 samples)"), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "resumed" / "metrics.h5", "train/iteration"), (std::vector<double>{5, 6, 7, 8}));
+
+  // --load FILE: that checkpoint, whatever is newer beside it
+  const std::string oldest = (tmp / "c" / "iter_0000002.h5").string();
+  r = mb::testing::run_command(train(tmp / "from_file", "--load " + oldest + " --train-iters 3"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> loaded " + oldest + " (iteration 2, 8 samples)"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(tmp / "from_file", "--load " + newest + " --train-iters 8"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(newest + ": tensor '" + tensor + "' does not match its checksum"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("give --load another checkpoint"), std::string::npos) << r.output;
+}
+
 TEST_F(Checkpoint, SigusrOneCheckpointsAtTheEndOfTheIterationAndExitsThree) {
   mb::testing::TempDir tmp;
   const std::string log = (tmp / "log").string(), c = (tmp / "c").string();
