@@ -395,6 +395,8 @@ def frontier_figure(res, out_dir, name, written):
 def run(sweep_dir, targets=None):
     from megabatch_runs import load_points
     sweep, points = load_points(sweep_dir)
+    if not any(p.metrics for p in points):  # nothing to analyze: say so, and write nothing
+        sys.exit(f"sweep analyze: no point of {sweep_dir} has metrics yet; run the sweep first")
     res = analyze(points, targets)
     out_dir = os.path.join(sweep_dir, "figures")
     os.makedirs(out_dir, exist_ok=True)

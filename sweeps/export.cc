@@ -1,5 +1,6 @@
 #include "sweeps/export.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -11,6 +12,7 @@
 
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
+#include "core/util/error.h"
 #include "core/util/files.h"
 #include "sweeps/run_dir.h"
 
@@ -98,6 +100,8 @@ int export_csv(const fs::path& dir, const fs::path& file) {
       }
     }
   }
+  check(skipped < sp.points.size(), dir.string(), ": none of its ", sp.points.size(),
+        " point(s) has metrics yet (no metrics.h5): nothing to export; run the sweep first");
   write_file_atomic(file, out);
   std::cout << file.string() << ": " << rows << " rows from " << sp.points.size() - skipped << " point(s)"
             << (skipped ? " (" + std::to_string(skipped) + " without metrics yet)" : std::string()) << std::endl;
@@ -107,6 +111,9 @@ int export_csv(const fs::path& dir, const fs::path& file) {
 int export_tensorboard(const fs::path& dir, const fs::path& out_dir) {
   const SweepPoints sp = read_points(dir);
   size_t written = 0;
+  check(std::any_of(sp.points.begin(), sp.points.end(), [&](const auto& p) { return fs::exists(dir / p.first / "metrics.h5"); }),
+        dir.string(), ": none of its ", sp.points.size(), " point(s) has metrics yet (no metrics.h5): nothing to export; ",
+        "run the sweep first");
   for (const auto& [id, config] : sp.points) {
     const fs::path m = dir / id / "metrics.h5";
     if (!fs::exists(m)) continue;

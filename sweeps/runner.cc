@@ -175,6 +175,12 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     if (p.state == "diverged" && o.rerun_diverged) p.discard = p.reason;
     p.progress = parse_progress(p.dir / "stdout.log");
   }
+  if (!o.only.empty() && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return p.state != "skipped"; })) {
+    std::vector<std::string> some;
+    for (size_t i = 0; i < sweep.points.size() && i < 4; ++i) some.push_back(sweep.points[i].id);
+    fail("--only '", o.only, "' matches none of the ", sweep.points.size(), " points of ", sweep.file.string(),
+         " (ids such as ", join(some, ", "), "); give a glob such as 'lamb-*' or a part of an id");
+  }
   if (!changes.empty() && !o.rerun_changed)
     fail(sweep.file.string(), ": the configuration of ", changes.size(), " point(s) that already ran differs from ",
          "this file: ", join(changes, "; "), ". Results of two configurations are not mixed (keys that cannot change "
@@ -554,6 +560,9 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   std::vector<PointState> ps =
       point_states(sweep, o, root, "Run with --rerun to discard those points and run them again, or give the sweep a new name");
   take_lock();  // a new sweep's directory is made once its points are valid
+  if (o.rerun_diverged && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return !p.discard.empty(); }))
+    std::cout << "> warning: --rerun diverged: no point " << (o.only.empty() ? "" : "selected by --only ")
+              << "has diverged, so none is run again" << std::endl;
   discard_rerun_points(ps, root, o.dry_run);
   if (const std::string note = noise_scale_note(sweep); !note.empty()) std::cout << "> " << note << std::endl;
   if (o.dry_run) return dry_run(sweep, o, root, ps);

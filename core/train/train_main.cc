@@ -602,8 +602,26 @@ int run(int argc, char** argv) {
   const bool evaluating = opt.eval_iters > 0 || opt.eval_samples > 0;
   const uint64_t eval_seed = opt.eval_samples > 0 ? 1234 : seed;
   if (valid_docs.end > valid_docs.begin && evaluating) valid_src = make_source(valid_docs, eval_seed + 1);
+  if (valid_src && valid_src->samples_per_epoch() == 0) valid_src.reset();  // documents too short for one sample
   std::unique_ptr<mb::train::BatchSource> test_src;  // the test split, evaluated once at the end
   if (test_docs.end > test_docs.begin && evaluating) test_src = make_source(test_docs, eval_seed + 2);
+  if (test_src && test_src->samples_per_epoch() == 0) test_src.reset();
+  std::string no_validation;  // evaluation asked for, nothing to evaluate on: said below, once the log is open
+  if (evaluating && !valid_src) {
+    const std::string why = "the validation split of --split '" + v["split"].get<std::string>() + "' holds " +
+                            (valid_docs.end > valid_docs.begin ? "no sample of " + std::to_string(mc.seq_length) +
+                                                                     " tokens (its " +
+                                                                     std::to_string(valid_docs.end - valid_docs.begin) +
+                                                                     " documents are too short)"
+                                                               : std::string("no document")) +
+                            " of " + paths[0] + "'s " + std::to_string(ds->num_documents());
+    // asked for by name: an error; the default --eval-iters: training goes on, with a warning
+    const char* asked = r.given("eval_samples") ? "eval_samples" : r.given("eval_iters") ? "eval_iters" : nullptr;
+    if (asked)
+      mb::fail("--", mb::config::flag_name(asked), " asks for validation, but ", why,
+               "; give the validation split a share (e.g. --split 969,30,1), or drop --", mb::config::flag_name(asked));
+    no_validation = "no validation loss will be logged: " + why + " (--eval-iters 0 says there is none to take)";
+  }
 
   json resolved = v;
   const json hp_resolved = mb::optim::hparams_json(plugin, hparams);
@@ -670,6 +688,7 @@ int run(int argc, char** argv) {
     }
   }
 
+  if (!no_validation.empty()) std::cout << "> warning: " << no_validation << std::endl;
   std::cout << "> " << model->summary() << "\n"
             << "> optimizer: " << plugin.name() << " " << plugin.entry->version << " (" << plugin.path.string()
             << ") " << hp_resolved.dump() << "\n"

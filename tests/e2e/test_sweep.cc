@@ -328,6 +328,53 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
 
 // sweep.json edited by hand or damaged: every command that reads it names the file and the
 // field instead of meeting a library error ("internal error", a Python traceback) later.
+// Commands that find nothing to do say so and exit non-zero (each exited 0 before, as if it
+// had done its work): a --only that matches no point, exports and the analysis of a sweep
+// whose points have no metrics yet (nothing written); --rerun diverged when none diverged
+// is a warning (the sweep goes on with its other points). A sweep file with a key twice is
+// refused naming the key (a second "grid" dropped the first).
+TEST_F(Sweep, CommandsThatFindNothingToDoSaySo) {
+  mb::testing::TempDir tmp;
+  const auto file = write_sweep(tmp.path(), "idle", 16, R"("lamb", "adamw")");
+  const fs::path runs = tmp / "runs", dir = runs / "idle";
+  auto r = run_sweep(file, runs, " --only 'sgd-*'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("sweep: error: --only 'sgd-*' matches none of the 4 points of " + file.string() +
+                          " (ids such as lamb-bs4-lr0.002-s3, lamb-bs8-lr0.00283-s3, "),
+            std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir)) << "nothing was started";
+  r = run_sweep(file, runs, " --rerun diverged --dry-run --only lamb-bs4");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: --rerun diverged: no point selected by --only has diverged, so none is run again"),
+            std::string::npos) << r.output;
+  // the sweep's directory as `sweep export` leaves it for other launchers: every point
+  // pending, none with metrics
+  ASSERT_EQ(mb::testing::run_command(sweep("export " + file.string() + " --runs-dir " + runs.string())).exit_code, 0);
+  for (const std::string& command : {"export " + dir.string() + " --csv " + (tmp / "x.csv").string(),
+                                     "export " + dir.string() + " --tensorboard " + (tmp / "tb").string()}) {
+    r = mb::testing::run_command(sweep(command));
+    EXPECT_EQ(r.exit_code, 2) << command << "\n" << r.output;
+    EXPECT_NE(r.output.find("sweep: error: " + dir.string() + ": none of its 4 point(s) has metrics yet (no metrics.h5): "
+                            "nothing to export; run the sweep first"),
+              std::string::npos) << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "x.csv"));
+  EXPECT_FALSE(fs::exists(tmp / "tb"));
+  r = mb::testing::run_command(sweep("analyze " + dir.string()));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sweep analyze: no point of " + dir.string() + " has metrics yet; run the sweep first"),
+            std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "analysis.json"));
+  // a key given twice
+  mb::testing::write_text(tmp / "twice.json", R"({"name": "twice", "base": {"lr": 0.1}, "grid": {"optimizer": ["lamb"]},
+ "grid": {"seed": [1, 2]}})");
+  r = run_sweep(tmp / "twice.json", runs, " --dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find((tmp / "twice.json").string() + ": not valid JSON (the key \"grid\" appears twice in one object; "
+                          "give each key once)"),
+            std::string::npos) << r.output;
+}
+
 TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
   mb::testing::TempDir tmp;
   const fs::path root = tmp / "runs" / "s";

@@ -146,6 +146,31 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
 }
 
 // A FIFO (or a device) where a dataset file should be is refused at once instead of blocking.
+// Evaluation on an empty validation split: with the default --eval-iters a warning (the run
+// trains, and says no validation loss will be logged), asked for by name an error; before, the
+// run never evaluated and said nothing.
+TEST_F(Train, EvaluationOnAnEmptyValidationSplitIsSaid) {
+  const std::string data = (*data_ / "d" / "brown_gpt2_text_document").string();
+  auto r = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --split 100,0,0 --run-dir " + (tmp_ / "a").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: no validation loss will be logged: the validation split of --split '100,0,0' holds "
+                          "no document of " + data + "'s 500 (--eval-iters 0 says there is none to take)"),
+            std::string::npos) << r.output;
+  for (const std::string asked : {"--eval-iters 5", "--eval-samples 16"}) {
+    r = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --micro-batch-size 8 --split 100,0,0 " + asked +
+                                       " --run-dir " + (tmp_ / "b").string()));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("train: error: " + asked.substr(0, asked.find(' ')) + " asks for validation, but the validation "
+                            "split of --split '100,0,0' holds no document of " + data + "'s 500; give the validation split "
+                            "a share (e.g. --split 969,30,1), or drop " + asked.substr(0, asked.find(' '))),
+              std::string::npos) << r.output;
+  }
+  r = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --split 100,0,0 --eval-iters 0 --run-dir " +
+                                     (tmp_ / "c").string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << "no evaluation asked for, nothing to say: " << r.output;
+}
+
 TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
   const fs::path prefix = tmp_ / "fifo";
   ASSERT_EQ(::mkfifo((prefix.string() + ".idx").c_str(), 0644), 0);
