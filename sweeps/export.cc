@@ -6,6 +6,7 @@
 #include <iostream>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "core/io/tensorboard.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/numbers.h"
 #include "sweeps/run_dir.h"
 
 namespace megabatch::sweeps {
@@ -43,10 +45,16 @@ SweepPoints read_points(const fs::path& dir) {
   return out;
 }
 
+// A text cell of the CSV (RFC 4180: quoted when it holds a comma, a quote or a line break).
+// Text that a spreadsheet program would run as a formula, starting with =, +, -, @, a tab
+// or a carriage return, gets a leading apostrophe, which those programs show as text
+// (OWASP's advice on CSV injection); text that is a plain number is left as it is.
 std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string t = s;
+  if (!t.empty() && std::string_view("=+-@\t\r").find(t[0]) != std::string_view::npos && !parse_finite(t)) t = "'" + t;
+  if (t.find_first_of(",\"\n\r") == std::string::npos) return t;
   std::string q = "\"";
-  for (const char c : s) {
+  for (const char c : t) {
     if (c == '"') q.push_back('"');
     q.push_back(c);
   }
@@ -54,10 +62,11 @@ std::string csv_field(const std::string& s) {
   return q;
 }
 
-std::string value_text(const json& v) {
-  if (v.is_string()) return v.get<std::string>();
+// A swept value's cell: numbers and booleans as they are, strings as text cells.
+std::string value_cell(const json& v) {
+  if (v.is_string()) return csv_field(v.get<std::string>());
   if (v.is_null()) return "";
-  return v.dump();
+  return csv_field(v.dump());  // a number, a boolean, or a list or object as JSON text
 }
 
 std::string number(double x) {
@@ -83,7 +92,7 @@ int export_csv(const fs::path& dir, const fs::path& file) {
     }
     const auto series = io::read_metric_series(m);
     std::string prefix = csv_field(id);
-    for (const auto& a : sp.axes) prefix += "," + csv_field(config.contains(a) ? value_text(config[a]) : "");
+    for (const auto& a : sp.axes) prefix += "," + (config.contains(a) ? value_cell(config[a]) : std::string());
     const double batch = config.value("global_batch_size", 0.0);
     for (const auto& [name, values] : series) {  // steps: "<group>/iteration", group the first component
       const auto slash = name.find('/');

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/util/strings.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
@@ -373,6 +374,45 @@ TEST_F(Sweep, CommandsThatFindNothingToDoSaySo) {
   EXPECT_NE(r.output.find((tmp / "twice.json").string() + ": not valid JSON (the key \"grid\" appears twice in one object; "
                           "give each key once)"),
             std::string::npos) << r.output;
+}
+
+// CSV cells a spreadsheet would run as formulas (text starting with =, +, -, @) are written
+// with a leading apostrophe; numbers stay numbers (a negative loss, a negative swept value);
+// Python's csv reads the file back cell for cell. Point ids and swept strings are the text
+// that reaches the file from a sweep file.
+TEST_F(Sweep, CsvTextCellsCannotRunAsFormulasAndNumbersStayNumbers) {
+  mb::testing::TempDir tmp;
+  const fs::path root = tmp / "runs" / "hostile";
+  const std::vector<std::string> ids = {"=HYPERLINK(\"http://x\")", "@SUM(1+1)"};
+  nlohmann::json state = {{"name", "hostile"}, {"points", nlohmann::json::array()}};
+  state["points"].push_back({{"id", ids[0]}, {"config", {{"global_batch_size", 4}, {"lr", -0.5}, {"note", "+cmd|' /C calc'!A0"}}}});
+  state["points"].push_back({{"id", ids[1]}, {"config", {{"global_batch_size", 8}, {"lr", 0.1}, {"note", "-2+3"}}}});
+  for (const auto& id : ids) fs::create_directories(root / id);
+  mb::testing::write_text(root / "sweep.json", state.dump());
+  auto r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, sys\n"
+      "for d in sys.argv[1:]:\n"
+      "    with h5py.File(d + '/metrics.h5', 'w') as f:\n"
+      "        f['train/iteration'] = [1.0, 2.0]; f['train/lm_loss'] = [-1.5, 2.0]\" " +
+      mb::shell_quote((root / ids[0]).string()) + " " + mb::shell_quote((root / ids[1]).string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path csv = tmp / "out.csv";
+  r = mb::testing::run_command(sweep("export " + root.string() + " --csv " + csv.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command("/usr/bin/python3 -c \"import csv, sys\n"
+                               "rows = list(csv.reader(open(sys.argv[1], newline='')))\n"
+                               "print(rows[0]); print(rows[1]); print(rows[-1])\n"
+                               "risky = [c for row in rows for c in row if c[:1] in '=+-@']\n"
+                               "[float(c) for c in risky]; print('risky cells are all numbers:', len(risky))\" " +
+                               csv.string());
+  ASSERT_EQ(r.exit_code, 0) << r.output << mb::testing::read_text(csv);
+  EXPECT_NE(r.output.find("['point', 'global_batch_size', 'lr', 'note', 'step', 'samples', 'metric', 'value']"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("['\\'=HYPERLINK(\"http://x\")', '4', '-0.5', \"'+cmd|' /C calc'!A0\", '1', '4', 'train/lm_loss', '-1.5']"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[\"'@SUM(1+1)\", '8', '0.1', \"'-2+3\", '2', '16', 'train/lm_loss', '2']"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("risky cells are all numbers: 4"), std::string::npos) << r.output;  // -0.5 and -1.5, twice
 }
 
 TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
