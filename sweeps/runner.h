@@ -48,7 +48,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& options);
 // `ranks` > 0: the processes of the job each point will run as (a Slurm array task's nodes x
 // tasks per node); points whose layout does not fit it (layout_problem) are refused, named,
 // before anything is written.
-int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir, int ranks);
+int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir, int ranks, bool dry_run = false);
 
 // What the sweep file's "cluster" names, for launchers/slurm/submit.sh to size its jobs by:
 // "NODES GPUS_PER_NODE INSTANCE_TYPE" on one line; nothing when it names no cluster. An

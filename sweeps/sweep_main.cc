@@ -29,7 +29,7 @@ const char* kUsage =
     "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged]]\n"
     "                           [--ranks N] [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
-    "       sweep export FILE.json [--runs-dir DIR] [--ranks N] [--cluster]   points.txt and point.json files for\n"
+    "       sweep export FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and point.json files for\n"
     "                             other launchers (--ranks: each point checked to fit a job of N ranks)\n"
     "       sweep export DIR [--csv FILE] [--tensorboard OUT]  a sweep's metrics as one long CSV table\n"
     "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"
@@ -178,6 +178,7 @@ int run(int argc, char** argv) {
     e.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
     e.option("ranks", "N", "refuse points that cannot run as a job of N ranks (TP x DP, DP = N / TP)", "0");
     e.flag("cluster", "print the nodes, GPUs per node and instance type the file's \"cluster\" names; write nothing");
+    e.flag("dry-run", "check the points and say what would be written; write nothing");
     if (!e.parse(argc, argv, 2)) return 0;
     mb::check(e.positional().size() == 1, "sweep export: give one sweep file\n", kUsage);
     mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
@@ -185,7 +186,7 @@ int run(int argc, char** argv) {
               e.get("ranks"));
     const auto sweep = mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")));
     if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
-    return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")));
+    return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
   }
   mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export, finish\n", kUsage);
   mb::ArgParser a("sweep run", kUsage);

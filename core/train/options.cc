@@ -61,6 +61,9 @@ const config::Schema& train_schema() {
       {"model", Type::kString, nullptr, "model preset (gpt-mini, gpt2-124m, gpt-1.7b, ...; see --list-models)", "run"},
       {"list_models", Type::kBool, false, "print the model presets and exit", "run"},
       {"print_params", Type::kBool, false, "print parameter count and memory estimate, then exit", "run"},
+      {"print_config", Type::kBool, false,
+       "print the options as train reads them (--config file, then the flags, in either --flag value or --flag=value "
+       "form; defaults filled in) as one JSON object, then exit; launchers read their layout checks from it", "run"},
       {"skip_memory_check", Type::kBool, false,
        "start even when the memory estimate exceeds the memory available (the estimate assumes two fp32 "
        "optimizer states per parameter)", "run"},

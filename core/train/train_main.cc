@@ -482,6 +482,12 @@ int run(int argc, char** argv) {
     return 0;
   }
   json& v = r.values;
+  if (v["print_config"].get<bool>()) {  // before any check of this machine: a launcher asks on a head node
+    json shown = v;
+    shown.erase("print_config");
+    std::cout << shown.dump(2) << std::endl;
+    return 0;
+  }
   const int64_t threads = v["threads"].get<int64_t>();
   mb::check_thread_count(threads, "--threads");
   if (threads > 0) omp_set_num_threads(static_cast<int>(threads));

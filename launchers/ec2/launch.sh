@@ -50,21 +50,22 @@ nodes=$(grep -cv '^\s*\(#\|$\)' "$hostfile" || true)
 [[ -z $per_node ]] || count --ranks-per-node "$per_node"
 gpus=${per_node:-$gpus}
 np=$((nodes * gpus))
-tp=1
-for ((i = 1; i <= $#; i++)); do [[ ${!i} == --tensor-model-parallel-size ]] && { j=$((i + 1)); tp=${!j:-}; }; done
+# The layout flags as train reads them (--flag value or --flag=value, a --config file): train
+# itself resolves the options, so this check cannot read them otherwise than the run will.
+tp=1 model="" micro=8 global=""
+if [[ -z $sweep_file ]] && ((!selftest)); then
+  config=$("$bin/train" --print-config "$@") || { echo "launch.sh: train refuses these options (above)" >&2; exit 2; }
+  read -r tp model micro global < <(/usr/bin/python3 -c '
+import json, sys
+c = json.load(sys.stdin)
+print(c.get("tensor_model_parallel_size", 1), c.get("model") or "-", c.get("micro_batch_size", 8), c.get("global_batch_size") or "-")' <<< "$config")
+  [[ $model == - ]] && model=""
+  [[ $global == - ]] && global=""
+fi
 count --tensor-model-parallel-size "$tp"
 (( np % tp == 0 )) || { echo "launch.sh: $nodes nodes x $gpus GPUs = $np ranks is not a multiple of TP $tp" >&2; exit 2; }
 (( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
 # With a model preset, the memory estimate too (launchers/plan.py check).
-model="" micro=8 global=""
-for ((i = 1; i < $#; i++)); do
-  j=$((i + 1))
-  case ${!i} in
-    --model) model=${!j} ;;
-    --micro-batch-size) micro=${!j} ;;
-    --global-batch-size) global=${!j} ;;
-  esac
-done
 if [[ -n $model && -z $per_node ]]; then
   /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
     --micro-batch "$micro" ${global:+--global-batch "$global"} --train "$bin/train" >&2 || {
@@ -72,7 +73,7 @@ if [[ -n $model && -z $per_node ]]; then
 fi
 
 efa=$(/usr/bin/python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]]["efa_interfaces"])' "$here/../instances.json" "$itype")
-env=(-x NCCL_SOCKET_IFNAME=^lo,docker -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
+env=(-x "NCCL_SOCKET_IFNAME=^lo,docker" -x NCCL_DEBUG=WARN -x OMP_NUM_THREADS=1)
 if ((efa > 0)); then  # NCCL over EFA (libfabric, aws-ofi-nccl); sizes without EFA use NCCL's sockets
   env+=(-x FI_PROVIDER=efa -x FI_EFA_FORK_SAFE=1)
   case $itype in
@@ -80,7 +81,7 @@ if ((efa > 0)); then  # NCCL over EFA (libfabric, aws-ofi-nccl); sizes without E
     g4dn.*) env+=(-x FI_EFA_USE_DEVICE_RDMA=0) ;;                       # no GPUDirect on g4dn
   esac
 fi
-placing=(--map-by "ppr:$gpus:node" --bind-to none --mca pml ^ucx --mca btl tcp,self "${env[@]}" "${extra[@]}")
+placing=(--map-by "ppr:$gpus:node" --bind-to none --mca pml ^ucx --mca btl "tcp,self" "${env[@]}" "${extra[@]}")
 launch=(mpirun --hostfile "$hostfile" -np "$np" "${placing[@]}")
 if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN -np N train ...
   ((!selftest)) || { echo "launch.sh: --selftest or --sweep, not both" >&2; exit 2; }

@@ -47,6 +47,18 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 count() { [[ $2 =~ ^[1-9][0-9]{0,5}$ ]] || { echo "submit.sh: $1 must be a whole number >= 1, got '$2'" >&2; exit 2; }; }
+# shown WORD...: the words as one command line to paste, quoted only where they need it
+shown() {
+  local w words=()
+  for w; do if [[ $w =~ ^[A-Za-z0-9_./:=%,+@-]+$ ]]; then words+=("$w"); else words+=("${w@Q}"); fi; done
+  echo "${words[*]}"
+}
+# sweep_points DIR EXPORT_LINE: the number of points, from points.txt (or, for a dry run that
+# wrote none, from sweep export's line "DIR/points.txt: N points ...")
+sweep_points() {
+  if [[ -f $1/points.txt ]] && ! ((dry)); then wc -l < "$1/points.txt"; return; fi
+  local n=${2##*/points.txt: }; echo "${n%% points*}"
+}
 [[ -z $nodes ]] || count --nodes "$nodes"
 [[ -z $ntasks ]] || count --ntasks-per-node "$ntasks"
 count --max-running "$max_running"
@@ -67,30 +79,52 @@ nodes=${nodes:-1} ntasks=${ntasks:-1}
 [[ $gpus == 0 ]] && gpus=""
 if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tasks
   tp=$((ntasks >= 2 ? 2 : 1))
+  selftest_dir="$(cd "$runs_dir" 2>/dev/null && pwd || echo "$runs_dir")/selftest"
+  run=(env "MEGABATCH_BIN=$bin" "$root/launchers/selftest.sh" --tp "$tp" ${device:+--device "$device"} --dir "$selftest_dir"
+       -- srun --mpi=pmix ${container:+"--container-image=$container"})
   args=(--nodes="$nodes" --ntasks-per-node="$ntasks" --job-name=megabatch-selftest --output="$runs_dir/selftest-%j.out")
   [[ -n $partition ]] && args+=(--partition="$partition")
   [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
-  args+=(--wrap="MEGABATCH_BIN=$bin $root/launchers/selftest.sh --tp $tp ${device:+--device $device} --dir $(cd "$runs_dir" 2>/dev/null && pwd || echo "$runs_dir")/selftest -- srun --mpi=pmix ${container:+--container-image=$container}")
-  if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
+  args+=(--wrap="$(printf '%q ' "${run[@]}")")  # each word quoted for the job's shell: any path survives
+  if ((dry)); then shown sbatch "${args[@]}"; exit 0; fi
   mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
 fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
-out=$("$bin/sweep" export "$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))  # ".../<name>/points.txt: N points"
+export_args=("$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))
+((dry)) && export_args+=(--dry-run)
+out=$("$bin/sweep" export "${export_args[@]}")  # ".../<name>/points.txt: N points"
 echo "$out"
-sweep_dir=$(cd "${out%%/points.txt:*}" && pwd)
-n=$(wc -l < "$sweep_dir/points.txt")
-args=(--array="0-$((n - 1))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks"
-      --export="ALL,SWEEP_DIR=$sweep_dir,TRAIN=$bin/train,SWEEP=$bin/sweep,CONTAINER_ARGS=${container:+--container-image=$container --container-mounts=$sweep_dir:$sweep_dir}")
+sweep_dir=$(realpath -m -- "${out%%/points.txt:*}")  # absolute: the tasks' working directory
+# pyxis takes --container-mounts=SRC:DST[,SRC:DST...]: a comma or colon in the path would split it
+if [[ -n $container && $sweep_dir == *[,:]* ]]; then
+  echo "submit.sh: --container mounts the sweep's directory into the container, and pyxis cannot mount $sweep_dir (a comma or colon in its path); give --runs-dir a path without them" >&2; exit 2
+fi
+# What each task needs, in a file the batch script sources from its working directory (the
+# sweep's): values quoted for bash, so that commas, quotes, spaces and $ in paths survive
+# (sbatch --export=VAR=value,... splits at commas).
+env_text=$(
+  printf '# written by launchers/slurm/submit.sh; sourced by point.sbatch\n'
+  printf 'SWEEP_DIR=%q\nTRAIN=%q\nSWEEP=%q\n' "$sweep_dir" "$bin/train" "$bin/sweep"
+  printf 'CONTAINER_ARGS=('
+  [[ -n $container ]] && printf '%q ' "--container-image=$container" "--container-mounts=$sweep_dir:$sweep_dir"
+  printf ')\n')
+args=(--array="0-$(( $(sweep_points "$sweep_dir" "$out") - 1 ))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks")
 [[ -n $partition ]] && args+=(--partition="$partition")
 [[ -n $time_limit ]] && args+=(--time="$time_limit")
 [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
 args+=(--chdir="$sweep_dir" "$here/point.sbatch")
-if ((dry)); then echo sbatch "${args[@]}"; exit 0; fi
+if ((dry)); then  # what would be written and submitted; nothing is
+  echo "$sweep_dir/slurm.env would hold:"; echo "$env_text"
+  shown sbatch "${args[@]}"; exit 0
+fi
 # Not while an array of this sweep is queued or running (its tasks run in the sweep's
 # directory): a second would run its points again beside the first, and fail on their locks.
 # %F: the array's job id, which each of its running tasks (a job id of its own, %A) shares.
-if queued=$(squeue -h --me -o "%F %Z" 2>/dev/null); then
-  held=$(awk -v d="$sweep_dir" '$2 == d {print $1}' <<< "$queued" | sort -u | tr '\n' ' ')
+# "ID|DIR" lines: the directory is the rest of the line after the first '|' (spaces and all).
+if queued=$(squeue -h --me -o "%F|%Z" 2>/dev/null); then
+  held=$(while IFS= read -r line; do if [[ ${line#*|} == "$sweep_dir" ]]; then echo "${line%%|*}"; fi; done <<< "$queued" |
+         sort -u | tr '\n' ' ')
   [[ -z $held ]] || { echo "submit.sh: $sweep_dir is already queued or running as job ${held% }; it goes on by itself (a point near its time limit requeues itself). To submit it again, scancel ${held% } first: each running point stops at a checkpoint and resumes from there" >&2; exit 2; }
 fi
+printf '%s\n' "$env_text" > "$sweep_dir/slurm.env.tmp" && mv "$sweep_dir/slurm.env.tmp" "$sweep_dir/slurm.env"
 sbatch "${args[@]}"

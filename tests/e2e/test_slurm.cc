@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/util/strings.h"
 #include "sweeps/slurm_queue.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
@@ -45,8 +46,9 @@ class Slurm : public ::testing::Test {
   }
   // submit.sh's job id ("Submitted batch job N")
   static std::string submit(const fs::path& file, const fs::path& runs) {
-    const auto r = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh " + file.string() +
-                                            " --nodes 1 --ntasks-per-node 2 --runs-dir " + runs.string());
+    const auto r = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh " +
+                                            mb::shell_quote(file.string()) + " --nodes 1 --ntasks-per-node 2 --runs-dir " +
+                                            mb::shell_quote(runs.string()));
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const size_t at = r.output.rfind("Submitted batch job ");
     EXPECT_NE(at, std::string::npos) << r.output;
@@ -88,6 +90,28 @@ std::string read(const fs::path& p) {
 }
 
 }  // namespace
+
+// A runs directory whose path holds a comma, a space, a quote and a $: everything the tasks
+// receive survives, as submit.sh writes it to a file that point.sbatch sources (sbatch
+// --export=VAR=value,... split it at the comma, and every task failed while submit.sh exited
+// 0), and the points finish; sweep status finds the array's tasks by that directory.
+TEST_F(Slurm, ARunsDirectoryWithACommaAQuoteASpaceAndADollarWorks) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs, it's $HOME";
+  const auto job = submit(write_sweep(tmp.path(), "odd", "32"), runs);
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_until_gone(job, 600)) << "the array did not finish in 10 minutes";
+  for (const char* id : {"bs4", "bs8"}) {
+    const fs::path dir = runs / "odd" / id;
+    ASSERT_TRUE(fs::exists(dir / "DONE")) << id << ":\n" << read(dir / "stdout.log");
+    mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    EXPECT_EQ(f.read<double>("train/iteration").size(), std::string(id) == "bs4" ? 8u : 4u) << id;
+  }
+  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " +
+                                               mb::shell_quote((runs / "odd").string()));
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_NE(status.output.find("2 done"), std::string::npos) << status.output;
+}
 
 TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
   mb::testing::TempDir tmp;

@@ -38,4 +38,4 @@ export LD_LIBRARY_PATH=$here/usr/lib/x86_64-linux-gnu/openmpi/lib:$here/usr/lib/
 export MEGABATCH_MPIRUN=$here/usr/bin/mpirun
 ENV
 tar -C "$stage" -cJf "$out/openmpi.tar.xz" .
-echo "pack-openmpi.sh: $out/openmpi.tar.xz ($(du -m "$out/openmpi.tar.xz" | cut -f1) MiB, $(ls "$p/deps" | wc -l) libraries beside Open MPI's own)"
+echo "pack-openmpi.sh: $out/openmpi.tar.xz ($(du -m "$out/openmpi.tar.xz" | cut -f1) MiB, $(find "$p/deps" -mindepth 1 -maxdepth 1 | wc -l) libraries beside Open MPI's own)"

@@ -29,7 +29,7 @@ for tool in $tools; do
     { echo "sanitize.sh: SANITIZE_TOOLS: '$tool' is none of memcheck racecheck initcheck synccheck" >&2; exit 2; }
 done
 mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
-cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+cs=$(command -v compute-sanitizer || find /usr/local -maxdepth 3 -path '/usr/local/cuda*/bin/compute-sanitizer' 2>/dev/null | head -1)
 [[ -n $cs && -x $cs ]] || { echo "sanitize.sh: no compute-sanitizer on PATH or in /usr/local/cuda*/bin" >&2; exit 2; }
 nvidia-smi -L >/dev/null 2>&1 || { echo "sanitize.sh: no GPU here (nvidia-smi -L fails): every run would only skip" >&2; exit 2; }
 # shellcheck source=tests/gpu/unpack.sh

@@ -11,6 +11,7 @@ tar -xJf gpu-bundle/bundle.tar.xz -C "$b" || {
   exit 2
 }
 if ! command -v mpirun >/dev/null && [[ -f gpu-bundle/openmpi.tar.xz ]]; then  # the packed Open MPI
+  # shellcheck source=/dev/null
   mkdir -p "$b/openmpi" && tar -xJf gpu-bundle/openmpi.tar.xz -C "$b/openmpi" && source "$b/openmpi/env.sh"
 fi
 py=$(command -v python3)

@@ -248,6 +248,22 @@ class CommandLines(unittest.TestCase):
         r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", "--tensor-model-parallel-size", "8")
         self.assertEqual(r.returncode, 2)
         self.assertIn("TP 8 would span nodes", r.stderr)
+        # the layout as train reads it, in every spelling train takes: --flag=value (skipped
+        # by the check before), underscores, a --config file
+        with tempfile.TemporaryDirectory() as d:
+            config = os.path.join(d, "run.json")
+            with open(config, "w") as c:
+                json.dump({"tensor_model_parallel_size": 8}, c)
+            for spelling in (["--tensor-model-parallel-size=8"], ["--tensor_model_parallel_size", "8"],
+                             ["--config", config]):
+                r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", *spelling)
+                self.assertEqual(r.returncode, 2, spelling)
+                self.assertIn("TP 8 would span nodes", r.stderr, spelling)
+                self.assertNotIn("mpirun", r.stdout)
+            r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", "--model=bert-large", "--micro-batch-size=256",
+                            "--tensor-model-parallel-size=2")
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn("exceeds the T4's 16 GiB", r.stderr)
         # a model that does not fit in the GPUs' memory is refused before anything starts
         r = self.launch("g4dn.12xlarge", f.name, "--dry-run", "--", "--model", "bert-large", "--micro-batch-size", "256",
                         "--tensor-model-parallel-size", "2")
@@ -269,14 +285,17 @@ class CommandLines(unittest.TestCase):
             self.assertEqual(r.returncode, 2, r.stdout)
             self.assertIn(f"launch.sh: {empty} lists no host", r.stderr)
             tp = ["--dry-run", "--", "--tensor-model-parallel-size"]
-            for args, message in [(["--ranks-per-node", "0", "--dry-run", "--"],
-                                   "--ranks-per-node must be a whole number >= 1, got '0'"),
-                                  (tp + ["0"], "--tensor-model-parallel-size must be a whole number >= 1, got '0'"),
-                                  (tp + ["abc"], "--tensor-model-parallel-size must be a whole number >= 1, got 'abc'"),
-                                  (tp, "--tensor-model-parallel-size must be a whole number >= 1, got ''")]:
+            r = self.launch("p4d.24xlarge", hosts, "--ranks-per-node", "0", "--dry-run", "--")
+            self.assertEqual(r.returncode, 2)
+            self.assertIn("launch.sh: --ranks-per-node must be a whole number >= 1, got '0'", r.stderr)
+            # train's own parser reads the train options, and its refusal is what launch.sh says
+            for args, message in [(tp + ["0"], "--tensor-model-parallel-size: 0 is out of range"),
+                                  (tp + ["abc"], "--tensor-model-parallel-size: expected an integer, got 'abc'"),
+                                  (tp, "--tensor-model-parallel-size: expected a value")]:
                 r = self.launch("p4d.24xlarge", hosts, *args)
                 self.assertEqual(r.returncode, 2, args)
-                self.assertIn("launch.sh: " + message, r.stderr)
+                self.assertIn("train: error: " + message, r.stderr)
+                self.assertIn("launch.sh: train refuses these options (above)", r.stderr)
                 self.assertNotIn("mpirun", r.stdout)
         submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
         for args, message in [(["--selftest", "--nodes", "0"], "--nodes must be a whole number >= 1, got '0'"),
@@ -444,18 +463,29 @@ class CommandLines(unittest.TestCase):
             self.assertIn("selftest.sh --tp 2", r.stdout)
             self.assertIn("srun --mpi=pmix", r.stdout)
 
-    def test_slurm_submit_writes_the_points_and_an_array(self):
-        with tempfile.TemporaryDirectory() as runs:
+    def test_slurm_submit_dry_run_says_what_it_would_submit_and_writes_nothing(self):
+        # before: --dry-run wrote points.txt, every point.json and sweep.json
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = os.path.join(tmp, "runs, it's $HOME")  # a comma, a space, a quote and a $
+            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
+                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
+                           "--max-running", "3", "--runs-dir", runs, "--dry-run", "--container", "img:1"])
+            self.assertEqual(r.returncode, 2, r.stderr + r.stdout)  # pyxis cannot mount a path with a comma
+            self.assertIn("pyxis cannot mount", r.stderr)
             r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
                            os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
                            "--max-running", "3", "--runs-dir", runs, "--dry-run"])
             self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
-            with open(os.path.join(runs, "lamb_bsz", "points.txt")) as f:
-                ids = f.read().split()
-            self.assertEqual(len(ids), 10)
-            self.assertTrue(os.path.exists(os.path.join(runs, "lamb_bsz", ids[0], "point.json")))
+            self.assertEqual(os.listdir(tmp), [], "a dry run writes nothing")
+            self.assertIn("/lamb_bsz/points.txt: 10 points (--dry-run: nothing written)", r.stdout)
             self.assertIn("--array=0-9%3", r.stdout)
             self.assertIn("point.sbatch", r.stdout)
+            # the environment file the tasks would source: every value survives bash's reading
+            env = r.stdout.split("slurm.env would hold:\n", 1)[1].split("\nsbatch", 1)[0]
+            sweep_dir = os.path.join(os.path.realpath(tmp), "runs, it's $HOME", "lamb_bsz")
+            out = subprocess.run(["bash", "-c", env + '\nprintf "%s\\n" "$SWEEP_DIR" "${#CONTAINER_ARGS[@]}"'],
+                                 capture_output=True, text=True)
+            self.assertEqual(out.stdout, sweep_dir + "\n0\n", env)
         with open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")) as f:
             sbatch = f.read()
         for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "srun --mpi=pmix", "scontrol requeue"):

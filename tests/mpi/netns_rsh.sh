@@ -9,6 +9,6 @@
 # $MB_NETNS_TMPDIR (set by the test to a directory of its own).
 host=$1
 shift
-tmp=${MB_NETNS_TMPDIR:?MB_NETNS_TMPDIR: the test's own directory for the hosts\' temporary files}/$host
+tmp=${MB_NETNS_TMPDIR:?MB_NETNS_TMPDIR: the directory the test made for the temporary files of its hosts}/$host
 mkdir -p "$tmp"
 exec ip netns exec "$host" env TMPDIR="$tmp" /bin/sh -c "$*"
