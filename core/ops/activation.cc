@@ -7,14 +7,14 @@ using namespace detail;
 
 void gelu_forward(const Tensor& out, const Tensor& in) {
   const Device d = common_device("gelu_forward", {&out, &in});
-  expect_activation("gelu_forward", "in", in);
+  expect_accepted(accepts::gelu_forward_in, in, d);
   expect_same("gelu_forward", "in", in, "out", out);
   MB_OP_DISPATCH(d, gelu_forward, out, in);
 }
 
 void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
   const Device d = common_device("gelu_backward", {&din, &dout, &in});
-  expect_activation("gelu_backward", "in", in);
+  expect_accepted(accepts::gelu_backward_in, in, d);
   expect_same("gelu_backward", "in", in, "dout", dout);
   expect_same("gelu_backward", "in", in, "din", din);
   MB_OP_DISPATCH(d, gelu_backward, din, dout, in);
@@ -22,14 +22,14 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
 
 void tanh_forward(const Tensor& out, const Tensor& in) {
   const Device d = common_device("tanh_forward", {&out, &in});
-  expect_activation("tanh_forward", "in", in);
+  expect_accepted(accepts::tanh_forward_in, in, d);
   expect_same("tanh_forward", "in", in, "out", out);
   MB_OP_DISPATCH(d, tanh_forward, out, in);
 }
 
 void tanh_backward(const Tensor& din, const Tensor& dout, const Tensor& out) {
   const Device d = common_device("tanh_backward", {&din, &dout, &out});
-  expect_activation("tanh_backward", "out", out);
+  expect_accepted(accepts::tanh_backward_out, out, d);
   expect_same("tanh_backward", "out", out, "dout", dout);
   expect_same("tanh_backward", "out", out, "din", din);
   MB_OP_DISPATCH(d, tanh_backward, din, dout, out);

@@ -6,12 +6,13 @@ namespace megabatch::ops {
 using namespace detail;
 
 namespace {
-void check_common(const char* op, const Tensor& x, const Tensor& probs, const Tensor& key_mask, int64_t B,
-                  int64_t H, int64_t Tq, int64_t Tk, const DropoutKey* dropout) {
-  expect_activation(op, "input", x);
+void check_common(const Accepts& input, const Accepts& mask, Device d, const Tensor& x, const Tensor& probs,
+                  const Tensor& key_mask, int64_t B, int64_t H, int64_t Tq, int64_t Tk, const DropoutKey* dropout) {
+  const char* op = input.op;
+  expect_accepted(input, x, d);
   expect_dtype(op, "probs", probs, x.dtype());
   expect_numel(op, "probs", probs, static_cast<size_t>(B * H * Tq * Tk));
-  expect_dtype(op, "key_mask", key_mask, DType::kU8);
+  expect_accepted(mask, key_mask, d);
   expect_numel(op, "key_mask", key_mask, static_cast<size_t>(B * Tk));
   check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
 }
@@ -20,7 +21,8 @@ void check_common(const char* op, const Tensor& x, const Tensor& probs, const Te
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
                        const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
   const Device d = common_device("attention_forward", {&out, &probs, &qkv, &key_mask, &bias});
-  check_common("attention_forward", qkv, probs, key_mask, s.B, s.H, s.T, s.T, dropout);
+  check_common(accepts::attention_forward_qkv, accepts::attention_forward_key_mask, d, qkv, probs, key_mask, s.B, s.H,
+               s.T, s.T, dropout);
   expect_numel("attention_forward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
   expect_dtype("attention_forward", "out", out, qkv.dtype());
   expect_numel("attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
@@ -33,7 +35,8 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
                         const Tensor& key_mask, const AttentionShape& s, const DropoutKey* dropout,
                         const Tensor& dbias) {
   const Device d = common_device("attention_backward", {&dqkv, &dout, &qkv, &probs, &key_mask, &dbias});
-  check_common("attention_backward", qkv, probs, key_mask, s.B, s.H, s.T, s.T, dropout);
+  check_common(accepts::attention_backward_qkv, accepts::attention_backward_key_mask, d, qkv, probs, key_mask, s.B, s.H,
+               s.T, s.T, dropout);
   expect_numel("attention_backward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
   expect_same("attention_backward", "qkv", qkv, "dqkv", dqkv);
   expect_dtype("attention_backward", "dout", dout, qkv.dtype());
@@ -46,7 +49,8 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
 void cross_attention_forward(const Tensor& out, const Tensor& probs, const Tensor& q, const Tensor& kv,
                              const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
   const Device d = common_device("cross_attention_forward", {&out, &probs, &q, &kv, &key_mask});
-  check_common("cross_attention_forward", q, probs, key_mask, s.B, s.H, s.Tq, s.Tk, dropout);
+  check_common(accepts::cross_attention_forward_q, accepts::cross_attention_forward_key_mask, d, q, probs, key_mask, s.B,
+               s.H, s.Tq, s.Tk, dropout);
   expect_numel("cross_attention_forward", "q", q, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
   expect_dtype("cross_attention_forward", "kv", kv, q.dtype());
   expect_numel("cross_attention_forward", "kv", kv, static_cast<size_t>(s.B * s.Tk * s.H * 2 * s.D));
@@ -58,7 +62,8 @@ void cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor&
                               const Tensor& kv, const Tensor& probs, const Tensor& key_mask,
                               const CrossAttentionShape& s, const DropoutKey* dropout) {
   const Device d = common_device("cross_attention_backward", {&dq, &dkv, &dout, &q, &kv, &probs, &key_mask});
-  check_common("cross_attention_backward", q, probs, key_mask, s.B, s.H, s.Tq, s.Tk, dropout);
+  check_common(accepts::cross_attention_backward_q, accepts::cross_attention_backward_key_mask, d, q, probs, key_mask,
+               s.B, s.H, s.Tq, s.Tk, dropout);
   expect_numel("cross_attention_backward", "q", q, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
   expect_dtype("cross_attention_backward", "kv", kv, q.dtype());
   expect_numel("cross_attention_backward", "kv", kv, static_cast<size_t>(s.B * s.Tk * s.H * 2 * s.D));

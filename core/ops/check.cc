@@ -16,6 +16,16 @@ Device common_device(const char* op, std::initializer_list<const Tensor*> tensor
   return first ? first->device() : Device::cpu();
 }
 
+void expect_accepted(const Accepts& row, const Tensor& t, Device d) {
+  if (!t.defined()) return;
+  const DTypes allowed = row.on_cuda(d.is_cuda());
+  if (allowed.has(t.dtype())) return;
+  if (d.is_cuda() && row.cpu.has(t.dtype()))
+    fail(row.op, ": ", row.arg, " is ", dtype_name(t.dtype()), ", which the CUDA kernels do not take (", allowed.names(),
+         "): ", row.narrowed);
+  fail(row.op, ": ", row.arg, " must be ", allowed.names(), ", got ", t.describe());
+}
+
 void expect_dtype(const char* op, const char* name, const Tensor& t, DType d) {
   check(!t.defined() || t.dtype() == d, op, ": ", name, " must be ", dtype_name(d), ", got ", t.describe());
 }
@@ -43,10 +53,6 @@ void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev) {
   expect_dtype(op, "prev", prev, DType::kF32);
   expect_numel(op, "prev", prev, x.numel());
   check(prev.raw() != x.raw(), op, ": prev and x are one buffer");
-}
-
-void expect_activation(const char* op, const char* name, const Tensor& t) {
-  expect_dtype(op, name, t, {DType::kF32, DType::kBF16, DType::kF16, DType::kF64});
 }
 
 void expect_same(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {

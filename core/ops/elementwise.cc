@@ -7,8 +7,8 @@ using namespace detail;
 
 void cast(const Tensor& dst, const Tensor& src) {
   const Device d = common_device("cast", {&dst, &src});
-  expect_activation("cast", "src", src);
-  expect_activation("cast", "dst", dst);
+  expect_accepted(accepts::cast_src, src, d);
+  expect_accepted(accepts::cast_dst, dst, d);
   expect_numel("cast", "dst", dst, src.numel());
   if (dst.dtype() == src.dtype()) {
     copy(dst, src);
@@ -19,7 +19,7 @@ void cast(const Tensor& dst, const Tensor& src) {
 
 void scale(const Tensor& x, float s) {
   const Device d = common_device("scale", {&x});
-  expect_activation("scale", "x", x);
+  expect_accepted(accepts::scale_x, x, d);
   MB_OP_DISPATCH(d, scale, x, s);
 }
 

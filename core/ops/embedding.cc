@@ -7,9 +7,9 @@ using namespace detail;
 
 void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin, bool accumulate) {
   const Device d = common_device("embedding_forward", {&out, &ids, &table});
-  expect_activation("embedding_forward", "table", table);
+  expect_accepted(accepts::embedding_forward_table, table, d);
   expect_dtype("embedding_forward", "out", out, table.dtype());
-  expect_dtype("embedding_forward", "ids", ids, DType::kI32);
+  expect_accepted(accepts::embedding_forward_ids, ids, d);
   check(table.ndim() == 2 && cols(out) == table.dim(1) && rows(out) == static_cast<int64_t>(ids.numel()),
         "embedding_forward: out ", out.describe(), ", ids ", ids.describe(), ", table ", table.describe(),
         " do not agree");
@@ -18,9 +18,9 @@ void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table
 
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin) {
   const Device d = common_device("embedding_backward", {&dtable, &dout, &ids});
-  expect_activation("embedding_backward", "dout", dout);
+  expect_accepted(accepts::embedding_backward_dout, dout, d);
   expect_dtype("embedding_backward", "dtable", dtable, acc_type(dout.dtype()));
-  expect_dtype("embedding_backward", "ids", ids, DType::kI32);
+  expect_accepted(accepts::embedding_backward_ids, ids, d);
   check(dtable.ndim() == 2 && cols(dout) == dtable.dim(1) && rows(dout) == static_cast<int64_t>(ids.numel()),
         "embedding_backward: dtable ", dtable.describe(), ", dout ", dout.describe(), ", ids ", ids.describe(),
         " do not agree");

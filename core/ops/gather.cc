@@ -7,9 +7,9 @@ using namespace detail;
 
 void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows_) {
   const Device d = common_device("gather_rows", {&out, &in, &rows_});
-  expect_activation("gather_rows", "in", in);
+  expect_accepted(accepts::gather_rows_in, in, d);
   expect_dtype("gather_rows", "out", out, in.dtype());
-  expect_dtype("gather_rows", "rows", rows_, DType::kI32);
+  expect_accepted(accepts::gather_rows_rows, rows_, d);
   check(cols(out) == cols(in) && rows(out) == static_cast<int64_t>(rows_.numel()), "gather_rows: out ",
         out.describe(), ", in ", in.describe(), ", rows ", rows_.describe(), " do not agree");
   MB_OP_DISPATCH(d, gather_rows, out, in, rows_);
@@ -17,9 +17,9 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows_) {
 
 void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows_) {
   const Device d = common_device("scatter_add_rows", {&dst, &src, &rows_});
-  expect_activation("scatter_add_rows", "src", src);
+  expect_accepted(accepts::scatter_add_rows_src, src, d);
   expect_dtype("scatter_add_rows", "dst", dst, src.dtype());
-  expect_dtype("scatter_add_rows", "rows", rows_, DType::kI32);
+  expect_accepted(accepts::scatter_add_rows_rows, rows_, d);
   check(cols(dst) == cols(src) && rows(src) == static_cast<int64_t>(rows_.numel()), "scatter_add_rows: dst ",
         dst.describe(), ", src ", src.describe(), ", rows ", rows_.describe(), " do not agree");
   MB_OP_DISPATCH(d, scatter_add_rows, dst, src, rows_);

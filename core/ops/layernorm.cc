@@ -6,9 +6,10 @@ namespace megabatch::ops {
 using namespace detail;
 
 namespace {
-void check_norm(const char* op, const Tensor& x, const Tensor& y, const Tensor& weight, const Tensor& bias,
-                const Tensor& mean, const Tensor& rstd) {
-  expect_activation(op, "input", x);
+void check_norm(const Accepts& input, Device d, const Tensor& x, const Tensor& y, const Tensor& weight,
+                const Tensor& bias, const Tensor& mean, const Tensor& rstd) {
+  const char* op = input.op;
+  expect_accepted(input, x, d);
   expect_same(op, "input", x, "output", y);
   expect_dtype(op, "weight", weight, x.dtype());
   expect_numel(op, "weight", weight, static_cast<size_t>(cols(x)));
@@ -31,14 +32,14 @@ void layernorm_forward(const Tensor& out, const Tensor& mean, const Tensor& rstd
                        const Tensor& weight, const Tensor& bias, double eps) {
   const Device d = common_device("layernorm_forward", {&out, &mean, &rstd, &in, &weight, &bias});
   check(mean.defined() && rstd.defined() && weight.defined() && bias.defined(), "layernorm_forward: missing argument");
-  check_norm("layernorm_forward", in, out, weight, bias, mean, rstd);
+  check_norm(accepts::layernorm_forward_in, d, in, out, weight, bias, mean, rstd);
   MB_OP_DISPATCH(d, layernorm_forward, out, mean, rstd, in, weight, bias, eps);
 }
 
 void layernorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                         const Tensor& in, const Tensor& weight, const Tensor& mean, const Tensor& rstd) {
   const Device d = common_device("layernorm_backward", {&din, &dweight, &dbias, &dout, &in, &weight, &mean, &rstd});
-  check_norm("layernorm_backward", in, dout, weight, Tensor(), mean, rstd);
+  check_norm(accepts::layernorm_backward_in, d, in, dout, weight, Tensor(), mean, rstd);
   expect_same("layernorm_backward", "input", in, "din", din);
   check_grads("layernorm_backward", in, dweight, dbias);
   MB_OP_DISPATCH(d, layernorm_backward, din, dweight, dbias, dout, in, weight, mean, rstd);
@@ -47,14 +48,14 @@ void layernorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& weight, double eps) {
   const Device d = common_device("rmsnorm_forward", {&out, &rstd, &in, &weight});
   check(rstd.defined() && weight.defined(), "rmsnorm_forward: missing argument");
-  check_norm("rmsnorm_forward", in, out, weight, Tensor(), Tensor(), rstd);
+  check_norm(accepts::rmsnorm_forward_in, d, in, out, weight, Tensor(), Tensor(), rstd);
   MB_OP_DISPATCH(d, rmsnorm_forward, out, rstd, in, weight, eps);
 }
 
 void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dout, const Tensor& in,
                       const Tensor& weight, const Tensor& rstd) {
   const Device d = common_device("rmsnorm_backward", {&din, &dweight, &dout, &in, &weight, &rstd});
-  check_norm("rmsnorm_backward", in, dout, weight, Tensor(), Tensor(), rstd);
+  check_norm(accepts::rmsnorm_backward_in, d, in, dout, weight, Tensor(), Tensor(), rstd);
   expect_same("rmsnorm_backward", "input", in, "din", din);
   check_grads("rmsnorm_backward", in, dweight, Tensor());
   MB_OP_DISPATCH(d, rmsnorm_backward, din, dweight, dout, in, weight, rstd);

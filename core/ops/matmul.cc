@@ -9,7 +9,7 @@ void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
   const Device d = common_device("gemm", {&C, &A, &B});
   check(A.ndim() == 2 && B.ndim() == 2 && C.ndim() == 2, "gemm: 2-D tensors expected, got ", A.describe(), ", ",
         B.describe(), ", ", C.describe());
-  expect_activation("gemm", "A", A);
+  expect_accepted(accepts::gemm_A, A, d);
   expect_dtype("gemm", "B", B, A.dtype());
   expect_dtype("gemm", "C", C, {A.dtype(), acc_type(A.dtype())});
   const int64_t M = ta == Trans::N ? A.dim(0) : A.dim(1), K = ta == Trans::N ? A.dim(1) : A.dim(0);
@@ -21,7 +21,7 @@ void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
 
 void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
   const Device d = common_device("linear_forward", {&out, &in, &weight, &bias});
-  expect_activation("linear_forward", "in", in);
+  expect_accepted(accepts::linear_forward_in, in, d);
   expect_dtype("linear_forward", "weight", weight, in.dtype());
   expect_dtype("linear_forward", "out", out, in.dtype());
   expect_dtype("linear_forward", "bias", bias, in.dtype());
@@ -34,7 +34,7 @@ void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, c
 void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
                      const Tensor& in, const Tensor& weight) {
   const Device d = common_device("linear_backward", {&din, &dweight, &dbias, &dout, &in, &weight});
-  expect_activation("linear_backward", "dout", dout);
+  expect_accepted(accepts::linear_backward_dout, dout, d);
   expect_dtype("linear_backward", "in", in, dout.dtype());
   expect_dtype("linear_backward", "weight", weight, dout.dtype());
   expect_dtype("linear_backward", "din", din, dout.dtype());
@@ -51,7 +51,7 @@ void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbi
 
 void bias_add(const Tensor& x, const Tensor& bias) {
   const Device d = common_device("bias_add", {&x, &bias});
-  expect_activation("bias_add", "x", x);
+  expect_accepted(accepts::bias_add_x, x, d);
   expect_dtype("bias_add", "bias", bias, x.dtype());
   expect_numel("bias_add", "bias", bias, static_cast<size_t>(cols(x)));
   MB_OP_DISPATCH(d, bias_add, x, bias);
@@ -59,7 +59,7 @@ void bias_add(const Tensor& x, const Tensor& bias) {
 
 void bias_backward(const Tensor& dbias, const Tensor& dx) {
   const Device d = common_device("bias_backward", {&dbias, &dx});
-  expect_activation("bias_backward", "dx", dx);
+  expect_accepted(accepts::bias_backward_dx, dx, d);
   expect_dtype("bias_backward", "dbias", dbias, acc_type(dx.dtype()));
   expect_numel("bias_backward", "dbias", dbias, static_cast<size_t>(cols(dx)));
   MB_OP_DISPATCH(d, bias_backward, dbias, dx);

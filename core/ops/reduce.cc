@@ -7,42 +7,43 @@ using namespace detail;
 
 void sum(const Tensor& out, const Tensor& x, bool accumulate) {
   const Device d = common_device("sum", {&out, &x});
-  expect_activation("sum", "x", x);
-  expect_dtype("sum", "out", out, {DType::kF32, DType::kF64});
+  expect_accepted(accepts::sum_x, x, d);
+  expect_accepted(accepts::sum_out, out, d);
   expect_numel("sum", "out", out, 1);
   MB_OP_DISPATCH(d, sum, out, x, accumulate);
 }
 
 void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<double>& weights) {
   const Device d = common_device("weighted_accumulate", {&out, &x});
-  expect_dtype("weighted_accumulate", "x", x, {DType::kF32, DType::kF64});
-  expect_dtype("weighted_accumulate", "out", out, {DType::kF32, DType::kF64});
+  expect_accepted(accepts::weighted_accumulate_x, x, d);
+  expect_accepted(accepts::weighted_accumulate_out, out, d);
   check(weights.size() == x.numel() && out.numel() >= x.numel() && weights.size() <= 8, "weighted_accumulate: ",
         weights.size(), " weights for x ", x.describe(), " into ", out.describe(), " (at most 8 terms)");
   MB_OP_DISPATCH(d, weighted_accumulate, out, x, weights);
 }
 
 namespace {
-// What both segment sums of squares take: x f32, segments within it, out f64 (S).
-void expect_segment_sums(const char* op, const Tensor& out, const Tensor& x,
+// What both segment sums of squares take: x (f32), segments within it, out (f64, S).
+void expect_segment_sums(const Accepts& x_row, const Accepts& out_row, Device d, const Tensor& out, const Tensor& x,
                          const std::vector<std::pair<size_t, size_t>>& segments) {
-  expect_dtype(op, "x", x, DType::kF32);
-  expect_dtype(op, "out", out, DType::kF64);
-  expect_numel(op, "out", out, segments.size());
-  expect_segments(op, x, segments);
+  expect_accepted(x_row, x, d);
+  expect_accepted(out_row, out, d);
+  expect_numel(x_row.op, "out", out, segments.size());
+  expect_segments(x_row.op, x, segments);
 }
 }  // namespace
 
 void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
   const Device d = common_device("segment_sum_squares", {&out, &x});
-  expect_segment_sums("segment_sum_squares", out, x, segments);
+  expect_segment_sums(accepts::segment_sum_squares_x, accepts::segment_sum_squares_out, d, out, x, segments);
   MB_OP_DISPATCH(d, segment_sum_squares, out, x, segments);
 }
 
 void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tensor& prev,
                                    const std::vector<std::pair<size_t, size_t>>& segments) {
   const Device d = common_device("segment_sum_squares_of_growth", {&out, &x, &prev});
-  expect_segment_sums("segment_sum_squares_of_growth", out, x, segments);
+  expect_segment_sums(accepts::segment_sum_squares_of_growth_x, accepts::segment_sum_squares_of_growth_out, d, out, x,
+                      segments);
   expect_growth_base("segment_sum_squares_of_growth", x, prev);
   MB_OP_DISPATCH(d, segment_sum_squares_of_growth, out, x, prev, segments);
 }

@@ -28,9 +28,9 @@ int relative_position_bucket(int64_t i, int64_t j, bool bidirectional, int num_b
 
 void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor& buckets) {
   const Device d = common_device("relative_bias_forward", {&out, &table, &buckets});
-  expect_activation("relative_bias_forward", "table", table);
+  expect_accepted(accepts::relative_bias_forward_table, table, d);
   expect_dtype("relative_bias_forward", "out", out, table.dtype());
-  expect_dtype("relative_bias_forward", "buckets", buckets, DType::kI32);
+  expect_accepted(accepts::relative_bias_forward_buckets, buckets, d);
   check(table.ndim() == 2 && out.numel() == static_cast<size_t>(table.dim(1)) * buckets.numel(),
         "relative_bias_forward: out ", out.describe(), ", table ", table.describe(), ", buckets ", buckets.describe(),
         " do not agree");
@@ -39,9 +39,9 @@ void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor&
 
 void relative_bias_backward(const Tensor& dtable, const Tensor& dout, const Tensor& buckets) {
   const Device d = common_device("relative_bias_backward", {&dtable, &dout, &buckets});
-  expect_activation("relative_bias_backward", "dout", dout);
+  expect_accepted(accepts::relative_bias_backward_dout, dout, d);
   expect_dtype("relative_bias_backward", "dtable", dtable, acc_type(dout.dtype()));
-  expect_dtype("relative_bias_backward", "buckets", buckets, DType::kI32);
+  expect_accepted(accepts::relative_bias_backward_buckets, buckets, d);
   check(dtable.ndim() == 2 && dout.numel() == static_cast<size_t>(dtable.dim(1)) * buckets.numel(),
         "relative_bias_backward: dtable ", dtable.describe(), ", dout ", dout.describe(), ", buckets ",
         buckets.describe(), " do not agree");

@@ -48,7 +48,7 @@ __global__ void tanh_backward_kernel(T* din, const T* dout, const T* out, int64_
 
 void gelu_forward(const Tensor& out, const Tensor& in) {
   const int64_t n = static_cast<int64_t>(in.numel());
-  with_type(in.dtype(), "gelu_forward", [&](auto zero) {
+  with_type<accepts::gelu_forward_in.cuda.bits>(in.dtype(), "gelu_forward", [&](auto zero) {
     using T = decltype(zero);
     gelu_forward_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), n);
     MB_CUDA_LAUNCHED("gelu_forward_kernel");
@@ -57,7 +57,7 @@ void gelu_forward(const Tensor& out, const Tensor& in) {
 
 void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
   const int64_t n = static_cast<int64_t>(in.numel());
-  with_type(in.dtype(), "gelu_backward", [&](auto zero) {
+  with_type<accepts::gelu_backward_in.cuda.bits>(in.dtype(), "gelu_backward", [&](auto zero) {
     using T = decltype(zero);
     gelu_backward_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(in)>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(in), n);
     MB_CUDA_LAUNCHED("gelu_backward_kernel");
@@ -66,7 +66,7 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
 
 void tanh_forward(const Tensor& out, const Tensor& in) {
   const int64_t n = static_cast<int64_t>(in.numel());
-  with_type(in.dtype(), "tanh_forward", [&](auto zero) {
+  with_type<accepts::tanh_forward_in.cuda.bits>(in.dtype(), "tanh_forward", [&](auto zero) {
     using T = decltype(zero);
     tanh_forward_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), n);
     MB_CUDA_LAUNCHED("tanh_forward_kernel");
@@ -75,7 +75,7 @@ void tanh_forward(const Tensor& out, const Tensor& in) {
 
 void tanh_backward(const Tensor& din, const Tensor& dout, const Tensor& out) {
   const int64_t n = static_cast<int64_t>(out.numel());
-  with_type(out.dtype(), "tanh_backward", [&](auto zero) {
+  with_type<accepts::tanh_backward_out.cuda.bits>(out.dtype(), "tanh_backward", [&](auto zero) {
     using T = decltype(zero);
     tanh_backward_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(out)>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(out), n);
     MB_CUDA_LAUNCHED("tanh_backward_kernel");

@@ -11,6 +11,14 @@
 #include "core/util/philox.h"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::attention_forward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::attention_backward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::cross_attention_forward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::cross_attention_backward_key_mask.cuda.bits, uint8_t>());
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -254,7 +262,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
   const Geometry g = self_geometry(sh);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(qkv);
-  with_type(qkv.dtype(), "attention_forward", [&](auto zero) {
+  with_type<accepts::attention_forward_qkv.cuda.bits>(qkv.dtype(), "attention_forward", [&](auto zero) {
     using T = decltype(zero);
     const Device dev = qkv.device();
     Tensor q({g.B, g.H, g.Tq, g.D}, qkv.dtype(), dev), k(q.shape(), qkv.dtype(), dev), v(q.shape(), qkv.dtype(), dev),
@@ -274,7 +282,7 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
   const Geometry g = self_geometry(sh);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(qkv);
-  with_type(qkv.dtype(), "attention_backward", [&](auto zero) {
+  with_type<accepts::attention_backward_qkv.cuda.bits>(qkv.dtype(), "attention_backward", [&](auto zero) {
     using T = decltype(zero);
     const Device dev = qkv.device();
     const std::vector<int64_t> shape{g.B, g.H, g.Tq, g.D};
@@ -296,7 +304,7 @@ void cross_attention_forward(const Tensor& out, const Tensor& probs, const Tenso
   const Geometry g = cross_geometry(sh);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(q_in);
-  with_type(q_in.dtype(), "cross_attention_forward", [&](auto zero) {
+  with_type<accepts::cross_attention_forward_q.cuda.bits>(q_in.dtype(), "cross_attention_forward", [&](auto zero) {
     using T = decltype(zero);
     const Device dev = q_in.device();
     Tensor q({g.B, g.H, g.Tq, g.D}, q_in.dtype(), dev), oh(q.shape(), q_in.dtype(), dev);
@@ -316,7 +324,7 @@ void cross_attention_backward(const Tensor& dq_out, const Tensor& dkv, const Ten
   const Geometry g = cross_geometry(sh);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(q_in);
-  with_type(q_in.dtype(), "cross_attention_backward", [&](auto zero) {
+  with_type<accepts::cross_attention_backward_q.cuda.bits>(q_in.dtype(), "cross_attention_backward", [&](auto zero) {
     using T = decltype(zero);
     const Device dev = q_in.device();
     const DType t = q_in.dtype();

@@ -15,6 +15,7 @@
 
 #include "core/device/cuda/check.h"
 #include "core/device/runtime.h"
+#include "core/ops/accepts.h"
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
@@ -39,16 +40,38 @@ __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x
 // The stream every op of a tensor's device is issued on.
 inline cudaStream_t stream_of(const Tensor& t) { return static_cast<cudaStream_t>(runtime::cuda_stream(t.device())); }
 
-// Calls fn(T{}) with the element type of an activation dtype (f32, bf16, f16). f64 is the
-// CPU's alone (the finite-difference checks).
-template <typename Fn>
+// Calls fn(T{}) with the element type of dtype d, which is one of `Accepted`: the CUDA
+// column of the argument's row in core/ops/accepts.inc (with_type<accepts::sum_out.cuda.bits>).
+// fn is compiled for each of those dtypes and for no other, so a row cannot promise a dtype
+// its kernel does not take; the public op has checked d against the same row, so another
+// dtype here is a bug of megabatch's.
+template <uint32_t Accepted, typename Fn>
 void with_type(DType d, const char* op, Fn&& fn) {
+  constexpr DTypes accepted = DTypes::of_bits(Accepted);
   switch (d) {
-    case DType::kF32: fn(float{}); break;
-    case DType::kBF16: fn(bf16{}); break;
-    case DType::kF16: fn(f16{}); break;
-    default: fail(op, ": ", dtype_name(d), " tensors are not supported on a GPU (f32, bf16, f16)");
+    case DType::kF32:
+      if constexpr (accepted.has(DType::kF32)) return fn(float{});
+      break;
+    case DType::kBF16:
+      if constexpr (accepted.has(DType::kBF16)) return fn(bf16{});
+      break;
+    case DType::kF16:
+      if constexpr (accepted.has(DType::kF16)) return fn(f16{});
+      break;
+    case DType::kF64:
+      if constexpr (accepted.has(DType::kF64)) return fn(double{});
+      break;
+    default:
+      break;
   }
+  fail("internal error: ", op, ": a ", dtype_name(d), " tensor reached a CUDA kernel that takes ", accepted.names());
+}
+
+// The CUDA column of a row whose argument a kernel reads as exactly one type (a raw
+// ptr<float>, ptr<int32_t>): compiled only while the row says so.
+template <uint32_t Accepted, typename T>
+constexpr bool takes_only() {
+  return DTypes::of_bits(Accepted) == DTypes{dtype_of<T>()};
 }
 
 // Typed device pointers of a tensor (null for an undefined one).

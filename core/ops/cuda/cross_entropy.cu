@@ -5,6 +5,18 @@
 #include "core/ops/cuda/common.cuh"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::ce_target_logit_targets.cuda.bits, int32_t>() &&
+              takes_only<accepts::ce_loss_targets.cuda.bits, int32_t>() &&
+              takes_only<accepts::ce_backward_targets.cuda.bits, int32_t>() &&
+              takes_only<accepts::ce_backward_loss_scale.cuda.bits, float>() &&
+              takes_only<accepts::ce_backward_exps_targets.cuda.bits, int32_t>() &&
+              takes_only<accepts::ce_backward_exps_loss_scale.cuda.bits, float>() &&
+              takes_only<accepts::ce_whole_rows_targets.cuda.bits, int32_t>() &&
+              takes_only<accepts::ce_whole_rows_loss_scale.cuda.bits, float>());
+
 namespace {
 
 constexpr int kThreads = 256;
@@ -135,7 +147,8 @@ template <bool kKeep>
 void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  with_type(logits.dtype(), kKeep ? "ce_exps" : "ce_sum_exp", [&](auto zero) {
+  constexpr const Accepts& row = kKeep ? accepts::ce_exps_logits : accepts::ce_sum_exp_logits;
+  with_type<row.cuda.bits>(logits.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     sum_exp_kernel<T, kKeep><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
         ptr<float>(sumexp), ptr<T>(logits), ptr<float>(rowmax), V);
@@ -148,7 +161,7 @@ void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) 
 void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  with_type(logits.dtype(), "ce_row_max", [&](auto zero) {
+  with_type<accepts::ce_row_max_logits.cuda.bits>(logits.dtype(), "ce_row_max", [&](auto zero) {
     using T = decltype(zero);
     row_max_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(rowmax), ptr<T>(logits), V);
     MB_CUDA_LAUNCHED("row_max_kernel");
@@ -162,7 +175,7 @@ void ce_sum_exp(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax
 void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& targets, int64_t v_begin) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  with_type(logits.dtype(), "ce_target_logit", [&](auto zero) {
+  with_type<accepts::ce_target_logit_logits.cuda.bits>(logits.dtype(), "ce_target_logit", [&](auto zero) {
     using T = decltype(zero);
     target_logit_kernel<T><<<blocks_for(n, 128), 128, 0, stream_of(logits)>>>(ptr<float>(target), ptr<T>(logits),
                                                                               ptr<int32_t>(targets), n, V, v_begin);
@@ -174,7 +187,7 @@ void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, c
              const Tensor& targets, int32_t ignore) {
   const int64_t n = static_cast<int64_t>(losses.numel());
   if (n == 0) return;
-  check(losses.dtype() == DType::kF32, "ce_loss: f32 losses on a GPU");
+  static_assert(takes_only<accepts::ce_loss_losses.cuda.bits, float>(), "loss_kernel reads f32 losses");
   loss_kernel<<<blocks_for(n, 128), 128, 0, stream_of(losses)>>>(ptr<float>(losses), ptr<float>(rowmax),
                                                                   ptr<float>(sumexp), ptr<float>(target),
                                                                   ptr<int32_t>(targets), n, ignore);
@@ -185,7 +198,7 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
                  const Tensor& targets, int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  with_type(logits.dtype(), "ce_backward", [&](auto zero) {
+  with_type<accepts::ce_backward_logits.cuda.bits>(logits.dtype(), "ce_backward", [&](auto zero) {
     using T = decltype(zero);
     ce_backward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
         ptr<T>(dlogits), ptr<T>(logits), ptr<float>(rowmax), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
@@ -202,7 +215,7 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
                       int64_t v_begin, int32_t ignore, float scale, const Tensor& loss_scale) {
   const int64_t n = exps.dim(0), V = exps.dim(1);
   if (n == 0) return;
-  with_type(exps.dtype(), "ce_backward_exps", [&](auto zero) {
+  with_type<accepts::ce_backward_exps_exps.cuda.bits>(exps.dtype(), "ce_backward_exps", [&](auto zero) {
     using T = decltype(zero);
     backward_exps_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(exps)>>>(
         ptr<T>(dlogits), ptr<T>(exps), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin, ignore, scale,
@@ -215,8 +228,9 @@ void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& tar
                    float scale, const Tensor& loss_scale) {
   const int64_t n = logits.dim(0), V = logits.dim(1);
   if (n == 0) return;
-  check(losses.dtype() == DType::kF32, "ce_whole_rows: f32 losses on a GPU");
-  with_type(logits.dtype(), "ce_whole_rows", [&](auto zero) {
+  // the losses follow the logits (their accumulator type): f32 for every dtype a GPU takes
+  static_assert(!DTypes::of_bits(accepts::ce_whole_rows_logits.cuda.bits).has(DType::kF64), "f32 losses only");
+  with_type<accepts::ce_whole_rows_logits.cuda.bits>(logits.dtype(), "ce_whole_rows", [&](auto zero) {
     using T = decltype(zero);
     whole_rows_kernel<T><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
         ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));

@@ -44,7 +44,8 @@ void run(const Tensor& out, const Tensor& in, uint64_t offset, const DropoutKey&
   const int64_t n = static_cast<int64_t>(in.numel());
   if (n == 0) return;
   const int64_t blocks = static_cast<int64_t>((offset + n + 3) / 4 - offset / 4);
-  with_type(in.dtype(), "dropout", [&](auto zero) {
+  constexpr const Accepts& row = kBackward ? accepts::dropout_backward_dout : accepts::dropout_forward_in;
+  with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     dropout_kernel<T, kBackward><<<blocks_for(blocks, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), n,
                                                                                      args(k, offset));

@@ -24,9 +24,9 @@ __global__ void scale_kernel(T* x, float s, int64_t n) {
 void cast(const Tensor& dst, const Tensor& src) {
   const int64_t n = static_cast<int64_t>(src.numel());
   if (n == 0) return;
-  with_type(dst.dtype(), "cast", [&](auto dz) {
+  with_type<accepts::cast_dst.cuda.bits>(dst.dtype(), "cast", [&](auto dz) {
     using D = decltype(dz);
-    with_type(src.dtype(), "cast", [&](auto sz) {
+    with_type<accepts::cast_src.cuda.bits>(src.dtype(), "cast", [&](auto sz) {
       using S = decltype(sz);
       cast_kernel<D, S><<<blocks_for(n, 256), 256, 0, stream_of(src)>>>(ptr<D>(dst), ptr<S>(src), n);
       MB_CUDA_LAUNCHED("cast_kernel");
@@ -37,7 +37,7 @@ void cast(const Tensor& dst, const Tensor& src) {
 void scale(const Tensor& x, float s) {
   const int64_t n = static_cast<int64_t>(x.numel());
   if (n == 0) return;
-  with_type(x.dtype(), "scale", [&](auto zero) {
+  with_type<accepts::scale_x.cuda.bits>(x.dtype(), "scale", [&](auto zero) {
     using T = decltype(zero);
     scale_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(x)>>>(ptr<T>(x), s, n);
     MB_CUDA_LAUNCHED("scale_kernel");

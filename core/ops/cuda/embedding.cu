@@ -8,6 +8,12 @@
 #include "core/ops/cuda/common.cuh"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::embedding_forward_ids.cuda.bits, int32_t>() &&
+              takes_only<accepts::embedding_backward_ids.cuda.bits, int32_t>());
+
 namespace {
 
 template <typename T>
@@ -58,7 +64,7 @@ __global__ void iota_kernel(int32_t* out, int64_t n) {
 void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin, bool accumulate) {
   const int64_t n = static_cast<int64_t>(ids.numel()), C = table.dim(1);
   if (n == 0) return;
-  with_type(table.dtype(), "embedding_forward", [&](auto zero) {
+  with_type<accepts::embedding_forward_table.cuda.bits>(table.dtype(), "embedding_forward", [&](auto zero) {
     using T = decltype(zero);
     embedding_forward_kernel<T><<<blocks_for(n * C, 256), 256, 0, stream_of(table)>>>(
         ptr<T>(out), ptr<int32_t>(ids), ptr<T>(table), n, C, row_begin, table.dim(0), accumulate);
@@ -81,7 +87,7 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
   Tensor temp({static_cast<int64_t>(temp_bytes) + 1}, DType::kU8, dev);
   MB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, ptr<int32_t>(ids), ptr<int32_t>(sorted_ids),
                                                 ptr<int32_t>(pos), ptr<int32_t>(sorted_pos), static_cast<int>(n), 0, 32, s));
-  with_type(dout.dtype(), "embedding_backward", [&](auto zero) {
+  with_type<accepts::embedding_backward_dout.cuda.bits>(dout.dtype(), "embedding_backward", [&](auto zero) {
     using T = decltype(zero);
     embedding_backward_kernel<T><<<static_cast<unsigned>(n), 128, 0, s>>>(
         ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(sorted_ids), ptr<int32_t>(sorted_pos), n, C, row_begin,

@@ -3,6 +3,12 @@
 #include "core/ops/cuda/common.cuh"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::gather_rows_rows.cuda.bits, int32_t>() &&
+              takes_only<accepts::scatter_add_rows_rows.cuda.bits, int32_t>());
+
 namespace {
 
 template <typename T>
@@ -27,7 +33,7 @@ __global__ void scatter_add_rows_kernel(T* dst, const T* src, const int32_t* row
 void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows) {
   const int64_t m = static_cast<int64_t>(rows.numel()), C = in.shape().back();
   if (m == 0) return;
-  with_type(in.dtype(), "gather_rows", [&](auto zero) {
+  with_type<accepts::gather_rows_in.cuda.bits>(in.dtype(), "gather_rows", [&](auto zero) {
     using T = decltype(zero);
     gather_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), ptr<int32_t>(rows),
                                                                             m, C);
@@ -38,7 +44,7 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows) {
 void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) {
   const int64_t m = static_cast<int64_t>(rows.numel()), C = src.shape().back();
   if (m == 0) return;
-  with_type(src.dtype(), "scatter_add_rows", [&](auto zero) {
+  with_type<accepts::scatter_add_rows_src.cuda.bits>(src.dtype(), "scatter_add_rows", [&](auto zero) {
     using T = decltype(zero);
     scatter_add_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(src)>>>(ptr<T>(dst), ptr<T>(src),
                                                                                    ptr<int32_t>(rows), m, C);

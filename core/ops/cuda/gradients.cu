@@ -4,6 +4,23 @@
 #include "core/ops/cuda/common.cuh"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::unscale_and_check_grads.cuda.bits, float>() &&
+              takes_only<accepts::unscale_and_check_found_inf.cuda.bits, float>() &&
+              takes_only<accepts::unscale_and_check_scaler.cuda.bits, float>() &&
+              takes_only<accepts::loss_scaler_update_scaler.cuda.bits, float>() &&
+              takes_only<accepts::loss_scaler_update_found_inf.cuda.bits, float>() &&
+              takes_only<accepts::split_sum_squares_x.cuda.bits, float>() &&
+              takes_only<accepts::split_sum_squares_out.cuda.bits, double>() &&
+              takes_only<accepts::split_sum_squares_of_growth_x.cuda.bits, float>() &&
+              takes_only<accepts::split_sum_squares_of_growth_out.cuda.bits, double>() &&
+              takes_only<accepts::clip_coefficient_norm.cuda.bits, double>() &&
+              takes_only<accepts::clip_coefficient_sums.cuda.bits, double>() &&
+              takes_only<accepts::scale_by_x.cuda.bits, float>() &&
+              takes_only<accepts::scale_by_factor.cuda.bits, double>());
+
 namespace {
 
 constexpr int kThreads = 256;

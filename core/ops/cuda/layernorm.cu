@@ -96,7 +96,8 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
              const Tensor& bias, double eps) {
   const int64_t n = rows(in), C = in.shape().back();
   if (n == 0) return;
-  with_type(in.dtype(), "norm_forward", [&](auto zero) {
+  constexpr const Accepts& row = kRms ? accepts::rmsnorm_forward_in : accepts::layernorm_forward_in;
+  with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     norm_forward_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, stream_of(in)>>>(
         ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), C,
@@ -111,7 +112,8 @@ void backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, con
   const int64_t n = rows(in), C = in.shape().back();
   if (n == 0) return;
   const cudaStream_t s = stream_of(in);
-  with_type(in.dtype(), "norm_backward", [&](auto zero) {
+  constexpr const Accepts& row = kRms ? accepts::rmsnorm_backward_in : accepts::layernorm_backward_in;
+  with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     if (din.defined()) {
       norm_din_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, s>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(in),

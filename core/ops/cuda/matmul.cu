@@ -16,12 +16,16 @@ namespace {
 
 constexpr size_t kWorkspace = size_t{32} << 20;
 
+// cuBLASLt's type of each dtype the GEMM rows of core/ops/accepts.inc give CUDA (and a
+// failure here for any other would be a bug: the public op refused it)
+static_assert(accepts::gemm_A.cuda == accepts::kDeviceActivations && accepts::linear_forward_in.cuda == accepts::kDeviceActivations &&
+              accepts::linear_backward_dout.cuda == accepts::kDeviceActivations);
 cudaDataType_t cuda_type(DType d) {
   switch (d) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kF16: return CUDA_R_16F;
-    default: fail("gemm: ", dtype_name(d), " is not supported on a GPU");
+    default: fail("internal error: gemm: a ", dtype_name(d), " tensor reached cuBLASLt");
   }
 }
 
@@ -232,7 +236,7 @@ void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbi
 
 void bias_add(const Tensor& x, const Tensor& bias) {
   const int64_t O = bias.numel(), n = rows(x);
-  with_type(x.dtype(), "bias_add", [&](auto zero) {
+  with_type<accepts::bias_add_x.cuda.bits>(x.dtype(), "bias_add", [&](auto zero) {
     using T = decltype(zero);
     bias_add_kernel<T><<<blocks_for(n * O, 256), 256, 0, stream_of(x)>>>(ptr<T>(x), ptr<T>(bias), n, O);
     MB_CUDA_LAUNCHED("bias_add_kernel");
@@ -243,7 +247,7 @@ void bias_backward(const Tensor& dbias, const Tensor& dx) {
   const int64_t O = dbias.numel(), n = rows(dx), chunks = (n + kSumRows - 1) / kSumRows;
   if (n == 0) return;
   Tensor partial({chunks, O}, DType::kF32, dx.device());
-  with_type(dx.dtype(), "bias_backward", [&](auto zero) {
+  with_type<accepts::bias_backward_dx.cuda.bits>(dx.dtype(), "bias_backward", [&](auto zero) {
     using T = decltype(zero);
     const dim3 grid(static_cast<unsigned>((O + 127) / 128), static_cast<unsigned>(chunks));
     column_partials_kernel<T><<<grid, 128, 0, stream_of(dx)>>>(ptr<float>(partial), ptr<T>(dx), n, O);

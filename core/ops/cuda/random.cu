@@ -4,6 +4,11 @@
 #include "core/util/philox.h"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::normal_fill_out.cuda.bits, float>());
+
 namespace {
 __global__ void normal_kernel(float* out, int64_t n, uint64_t key, ShardLayout layout) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;

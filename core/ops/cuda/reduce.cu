@@ -95,14 +95,13 @@ void sum_squares_over(const Tensor& out, const Tensor& x, float* prev,
 
 void sum(const Tensor& out, const Tensor& x, bool accumulate) {
   // into an f32 or f64 result, as the dispatcher allows
-  with_type(x.dtype(), "sum", [&](auto zero) {
+  with_type<accepts::sum_x.cuda.bits>(x.dtype(), "sum", [&](auto zero) {
     using T = decltype(zero);
-    const auto n = static_cast<int64_t>(x.numel());
-    if (out.dtype() == DType::kF64)
-      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<double>(out), ptr<T>(x), n, accumulate);
-    else
-      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<float>(out), ptr<T>(x), n, accumulate);
-    MB_CUDA_LAUNCHED("sum_kernel");
+    with_type<accepts::sum_out.cuda.bits>(out.dtype(), "sum", [&](auto out_zero) {
+      using O = decltype(out_zero);
+      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<O>(out), ptr<T>(x), static_cast<int64_t>(x.numel()), accumulate);
+      MB_CUDA_LAUNCHED("sum_kernel");
+    });
   });
 }
 
@@ -111,19 +110,21 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
   for (size_t k = 0; k < weights.size(); ++k) w.w[k] = weights[k];
   const int n = static_cast<int>(weights.size());
   // f32 or f64 terms (a loss's sums, the noise scale's f64 norms) into f32 or f64 slots
-  const auto launch = [&](auto out_zero) {
+  with_type<accepts::weighted_accumulate_out.cuda.bits>(out.dtype(), "weighted_accumulate", [&](auto out_zero) {
     using O = decltype(out_zero);
-    if (x.dtype() == DType::kF64)
-      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<double>(x), w, n);
-    else
-      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<float>(x), w, n);
-  };
-  if (out.dtype() == DType::kF64)
-    launch(0.0);
-  else
-    launch(0.0f);
-  MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
+    with_type<accepts::weighted_accumulate_x.cuda.bits>(x.dtype(), "weighted_accumulate", [&](auto x_zero) {
+      using X = decltype(x_zero);
+      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<X>(x), w, n);
+      MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
+    });
+  });
 }
+
+// sum_squares_over reads x as f32 and writes f64 sums
+static_assert(takes_only<accepts::segment_sum_squares_x.cuda.bits, float>() &&
+              takes_only<accepts::segment_sum_squares_out.cuda.bits, double>() &&
+              takes_only<accepts::segment_sum_squares_of_growth_x.cuda.bits, float>() &&
+              takes_only<accepts::segment_sum_squares_of_growth_out.cuda.bits, double>());
 
 void segment_sum_squares(const Tensor& out, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
   sum_squares_over(out, x, nullptr, segments);

@@ -4,6 +4,12 @@
 #include "core/ops/cuda/common.cuh"
 
 namespace megabatch::ops::cuda {
+
+// The arguments these kernels read as one type (raw pointers), as their rows in
+// core/ops/accepts.inc say: a row that widened would not build.
+static_assert(takes_only<accepts::relative_bias_forward_buckets.cuda.bits, int32_t>() &&
+              takes_only<accepts::relative_bias_backward_buckets.cuda.bits, int32_t>());
+
 namespace {
 
 template <typename T>
@@ -31,7 +37,7 @@ __global__ void relative_bias_backward_kernel(float* dtable, const T* dout, cons
 
 void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor& buckets) {
   const int64_t H = table.dim(1), E = static_cast<int64_t>(buckets.numel());
-  with_type(table.dtype(), "relative_bias_forward", [&](auto zero) {
+  with_type<accepts::relative_bias_forward_table.cuda.bits>(table.dtype(), "relative_bias_forward", [&](auto zero) {
     using T = decltype(zero);
     relative_bias_forward_kernel<T><<<blocks_for(H * E, 256), 256, 0, stream_of(table)>>>(
         ptr<T>(out), ptr<T>(table), ptr<int32_t>(buckets), H, E);
@@ -42,7 +48,7 @@ void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor&
 void relative_bias_backward(const Tensor& dtable, const Tensor& dout, const Tensor& buckets) {
   const int64_t NB = dtable.dim(0), H = dtable.dim(1), E = static_cast<int64_t>(buckets.numel());
   if (NB * H == 0) return;
-  with_type(dout.dtype(), "relative_bias_backward", [&](auto zero) {
+  with_type<accepts::relative_bias_backward_dout.cuda.bits>(dout.dtype(), "relative_bias_backward", [&](auto zero) {
     using T = decltype(zero);
     relative_bias_backward_kernel<T><<<static_cast<unsigned>(NB * H), 256, 0, stream_of(dout)>>>(
         ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(buckets), H, E);

@@ -23,7 +23,7 @@ __global__ void accumulate_kernel(T* d, const T* g, int64_t n) {
 
 void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) {
   const int64_t n = static_cast<int64_t>(a.numel());
-  with_type(a.dtype(), "residual_forward", [&](auto zero) {
+  with_type<accepts::residual_forward_a.cuda.bits>(a.dtype(), "residual_forward", [&](auto zero) {
     using T = decltype(zero);
     add_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(a)>>>(ptr<T>(out), ptr<T>(a), ptr<T>(b), n);
     MB_CUDA_LAUNCHED("add_kernel");
@@ -32,7 +32,7 @@ void residual_forward(const Tensor& out, const Tensor& a, const Tensor& b) {
 
 void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
   const int64_t n = static_cast<int64_t>(dout.numel());
-  with_type(dout.dtype(), "residual_backward", [&](auto zero) {
+  with_type<accepts::residual_backward_dout.cuda.bits>(dout.dtype(), "residual_backward", [&](auto zero) {
     using T = decltype(zero);
     for (const Tensor* d : {&da, &db}) {
       if (!d->defined()) continue;
