@@ -13,6 +13,7 @@
 #include <deque>
 #include <exception>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -203,7 +204,7 @@ InputStream::InputStream(const fs::path& path) : path_(path), pipe_(std::make_un
   }
   Pipe* p = pipe_.get();
   const std::string name = path.string();
-  p->thread = std::thread([p, fd, name, d = std::move(dec)]() mutable {
+  auto reader = [p, fd, name, d = std::move(dec)]() mutable {
     try {
       std::vector<uint8_t> in(kIn);
       std::string out;
@@ -230,7 +231,13 @@ InputStream::InputStream(const fs::path& path) : path_(path), pipe_(std::make_un
     std::lock_guard<std::mutex> lock(p->mu);
     p->finished = true;
     p->cv.notify_all();
-  });
+  };
+  try {
+    p->thread = std::thread(std::move(reader));
+  } catch (const std::system_error& e) {  // the system refused a thread (a process or memory limit)
+    ::close(fd);
+    fail(name, ": cannot start the thread that reads it (", e.what(), ")");
+  }
 }
 
 InputStream::~InputStream() {

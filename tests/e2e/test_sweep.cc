@@ -533,8 +533,9 @@ TEST_F(Sweep, SweepNumbersAndSizeAreChecked) {
   r = mb::testing::run_command(sweep("run " + file.string() + " --dry-run --threads 4096"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("--threads: 4096 is more than the "), std::string::npos) << r.output;
-  mb::testing::write_text(tmp / "t.json", mb::testing::read_text(file).substr(0, mb::testing::read_text(file).rfind('}')) +
-                                              ", \"threads\": 4096}");
+  std::string text = mb::testing::read_text(file);  // its "threads": 1 made 4096 (a second key would be refused)
+  ASSERT_NE(text.find("\"threads\": 1"), std::string::npos);
+  mb::testing::write_text(tmp / "t.json", text.replace(text.find("\"threads\": 1"), 12, "\"threads\": 4096"));
   r = mb::testing::run_command(sweep("run " + (tmp / "t.json").string() + " --dry-run"));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find((tmp / "t.json").string() + ": threads: 4096 is more than the "), std::string::npos)

@@ -56,7 +56,7 @@ TEST_F(TwoHosts, DataParallelAcrossTwoHostsMatchesOneProcess) {
       "mkdir -p " + (tmp / "mpirun").string() + " && ip netns exec mbhost1 env OMPI_ALLOW_RUN_AS_ROOT=1 "
       "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 MEGABATCH_BIN=" + mb::testing::bin_dir() + " TMPDIR=" + (tmp / "mpirun").string() +
       " MB_NETNS_TMPDIR=" + tmp.path().string() +
-      " timeout 120 " + src +
+      " timeout 300 " + src +
       "/launchers/ec2/launch.sh --instance-type g4dn.12xlarge --hostfile " + (tmp / "hosts").string() +
       " --ranks-per-node 1 --mpirun-arg --mca --mpirun-arg plm_rsh_agent --mpirun-arg " + src + "/tests/mpi/netns_rsh.sh" +
       " --mpirun-arg --mca --mpirun-arg oob_tcp_if_include --mpirun-arg 10.77.0.0/24" +

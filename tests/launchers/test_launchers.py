@@ -430,8 +430,6 @@ class CommandLines(unittest.TestCase):
     def test_selftest_compares_a_layout_with_one_process_and_the_launchers_start_it(self):
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1")
-        if "ASAN_OPTIONS" in env:  # the sanitize preset: Open MPI's leaks are suppressed by library, from full stacks
-            env["ASAN_OPTIONS"] += ":fast_unwind_on_malloc=0"
         selftest = os.path.join(ROOT, "launchers", "selftest.sh")
         with tempfile.TemporaryDirectory() as d:
             r = subprocess.run([selftest, "--tp", "2", "--device", "cpu", "--iters", "4", "--dir", d, "--",
