@@ -431,6 +431,8 @@ TEST_F(Sweep, ADamagedStateFileIsNamedWithTheField) {
       {R"({"name": 3, "points": []})", "\"name\" is not a string"},
       {R"({"points": [{"id": "a", "wall_s": 1e999}]})", "unreadable (number overflow parsing '1e999')"},
       {R"({"points": [{"id": "a")", "unreadable (parse error at line 1"},
+      // nested past any state (a stack overflow in sweep status before)
+      {"{\"points\": " + std::string(100000, '[') + std::string(100000, ']') + "}", "unreadable (nested deeper than 64 levels)"},
   };
   for (const auto& [text, message] : cases) {
     mb::testing::write_text(root / "sweep.json", text);

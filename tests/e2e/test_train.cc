@@ -171,6 +171,24 @@ TEST_F(Train, EvaluationOnAnEmptyValidationSplitIsSaid) {
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << "no evaluation asked for, nothing to say: " << r.output;
 }
 
+// The dataset cut short in place while the run reads it (truncate, or a copy over it): an
+// error naming the .bin, exit 1, where the run died of SIGBUS. The run is long by its
+// configuration; the cut comes once it has logged an iteration.
+TEST_F(Train, ADatasetCutShortUnderTheRunIsAnErrorNamingIt) {
+  const fs::path copy = tmp_ / "copy_text_document";
+  for (const char* ext : {".bin", ".idx"})
+    fs::copy_file((*data_ / "d" / "brown_gpt2_text_document").string() + ext, copy.string() + ext);
+  const std::string log = (tmp_ / "log").string();
+  const auto r = mb::testing::run_command(
+      mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 1000000 --lr 1e-3 --log-interval 1 --eval-iters 0 "
+      "--data-path " + copy.string() + " --run-dir " + (tmp_ / "run").string() + " > " + log + " 2>&1 & pid=$!; " +
+      mb::testing::wait_for_line(log, "iteration  *1/") + "truncate -s 4096 " + copy.string() + ".bin; wait $pid; echo exit=$?");
+  const std::string out = mb::testing::read_text(log);
+  EXPECT_NE(r.output.find("exit=1"), std::string::npos) << "an error, not a signal (135 was SIGBUS): " << r.output << out;
+  EXPECT_NE(out.find("train: error: " + copy.string() + ".bin: the file is shorter than when this run opened it"),
+            std::string::npos) << out;
+}
+
 TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
   const fs::path prefix = tmp_ / "fifo";
   ASSERT_EQ(::mkfifo((prefix.string() + ".idx").c_str(), 0644), 0);
