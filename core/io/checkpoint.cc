@@ -6,13 +6,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <vector>
 
 #include "core/io/h5.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/json.h"
+#include "core/util/numbers.h"
 
 namespace megabatch::io {
 namespace fs = std::filesystem;
@@ -248,11 +248,15 @@ fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {
 }
 
 std::optional<fs::path> latest_checkpoint(const fs::path& dir) {
-  std::ifstream in(dir / kLatest);
-  int64_t it = -1;
-  if (in >> it && it >= 0) {
-    const fs::path p = checkpoint_path(dir, it);
-    check(fs::exists(p), (dir / kLatest).string(), " names iteration ", it, " but ", p.string(),
+  const fs::path latest = dir / kLatest;
+  if (fs::is_regular_file(latest)) {  // what save_checkpoint wrote: one iteration number and a newline
+    std::string text = read_file(latest, "latest checkpoint file");
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    const std::optional<int64_t> it = parse_int(text);
+    check(it && *it >= 0, latest.string(), ": '", text.substr(0, 40), "' is not an iteration number (it was damaged); ",
+          "remove it to fall back to the newest checkpoint present");
+    const fs::path p = checkpoint_path(dir, *it);
+    check(fs::exists(p), latest.string(), " names iteration ", *it, " but ", p.string(),
           " is missing; remove the latest file to fall back to the newest checkpoint present");
     return p;
   }

@@ -249,6 +249,14 @@ TEST_F(Checkpoint, ADamagedTensorIsRefusedAndTheNewestIntactCheckpointIsOffered)
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find(newest + ": tensor '" + tensor + "' does not match its checksum"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("give --load another checkpoint"), std::string::npos) << r.output;
+  // the latest file damaged: refused naming it (before, read as no number, and the run
+  // started from scratch or from whichever checkpoint was newest)
+  mb::testing::write_text(tmp / "c" / "latest_checkpointed_iteration.txt", "6x\n");
+  r = mb::testing::run_command(train(tmp / "latest", "--load " + c + " --train-iters 8"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((tmp / "c" / "latest_checkpointed_iteration.txt").string() +
+                          ": '6x' is not an iteration number (it was damaged); remove it to fall back"),
+            std::string::npos) << r.output;
 }
 
 TEST_F(Checkpoint, SigusrOneCheckpointsAtTheEndOfTheIterationAndExitsThree) {
