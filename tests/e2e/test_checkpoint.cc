@@ -306,7 +306,7 @@ TEST_F(Checkpoint, CtrlCCheckpointsAndASecondCtrlCExitsAtOnce) {
   // it writes a checkpoint.
   const std::string c2 = (tmp / "c2").string();
   r = run(mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 8 --global-batch-size 16 --train-iters 1000 "
-          "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c2 + " --data-path " +
+          "--lr 1e-4 --log-interval 1 --eval-iters 0 " + mb::testing::threads_flag() + "--save " + c2 + " --data-path " +
           (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + (tmp / "run2").string(),
           "kill -INT $pid; for i in $(seq 12000); do grep -q \"received SIGINT\" " + log +
               " && break; sleep 0.005; done; kill -INT $pid");
@@ -323,7 +323,7 @@ TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
   const std::string c = (tmp / "c").string(), log = (tmp / "log").string(), pid = (tmp / "pid").string();
   // gpt-mini's shapes: a checkpoint of 16 M parameters and two AdamW buffers takes a while to write.
   const std::string cmd = mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 1 --seq-length 32 "
-                          "--lr 1e-4 --log-interval 1 --eval-iters 0 --threads 2 --save " + c +
+                          "--lr 1e-4 --log-interval 1 --eval-iters 0 " + mb::testing::threads_flag() + "--save " + c +
                           " --save-interval 2 --data-path " + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
                           " --run-dir " + (tmp / "run").string();
   bool caught = false;

@@ -26,8 +26,8 @@ namespace {
 
 std::string train(const fs::path& run, const std::string& extra, int iters = 20) {
   return mb::testing::bin_dir() + "/train --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
-         "--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --eval-iters 0 --threads 2 "
-         "--train-iters " + std::to_string(iters) + " --data-path " +
+         "--micro-batch-size 4 --global-batch-size 8 --lr 3e-3 --log-interval 1 --eval-iters 0 " +
+         mb::testing::threads_flag() + "--train-iters " + std::to_string(iters) + " --data-path " +
          (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " + run.string() + " " + extra;
 }
 

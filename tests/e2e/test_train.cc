@@ -32,7 +32,7 @@ class Train : public ::testing::Test {
   mb::testing::TempDir tmp_;
 };
 mb::testing::TempDir* Train::data_ = nullptr;
-const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --threads 2 ";
+const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 " + mb::testing::threads_flag();
 }  // namespace
 
 TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
@@ -182,7 +182,7 @@ TEST_F(Train, ADatasetCutShortUnderTheRunIsAnErrorNamingIt) {
   const auto r = mb::testing::run_command(
       mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 1000000 --lr 1e-3 --log-interval 1 --eval-iters 0 "
       "--data-path " + copy.string() + " --run-dir " + (tmp_ / "run").string() + " > " + log + " 2>&1 & pid=$!; " +
-      mb::testing::wait_for_line(log, "iteration  *1/") + "truncate -s 4096 " + copy.string() + ".bin; wait $pid; echo exit=$?");
+      mb::testing::wait_for_line(log, "iteration  *1/", 300, "$pid") + "truncate -s 4096 " + copy.string() + ".bin; wait $pid; echo exit=$?");
   const std::string out = mb::testing::read_text(log);
   EXPECT_NE(r.output.find("exit=1"), std::string::npos) << "an error, not a signal (135 was SIGBUS): " << r.output << out;
   EXPECT_NE(out.find("train: error: " + copy.string() + ".bin: the file is shorter than when this run opened it"),
@@ -248,7 +248,7 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
             "than any machine holds"},
            {"--hidden-size 4611686018427387904 --num-attention-heads 2",
             "hidden_size is 4611686018427387904; sizes above 2147483647 (2^31 - 1) are not supported"}}) {
-    const auto absurd = mb::testing::run_command("timeout 300 " + train("--num-layers 2 --seq-length 32 --threads 2 " +
+    const auto absurd = mb::testing::run_command("timeout 300 " + train("--num-layers 2 --seq-length 32 " + mb::testing::threads_flag() +
                                                                           flags + " --train-iters 1 --lr 1e-3 --run-dir " +
                                                                           (tmp_ / "absurd").string()));
     EXPECT_EQ(absurd.exit_code, 1) << flags << "\n" << absurd.output;
@@ -387,7 +387,7 @@ TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
   mb::testing::write_text(tmp_ / "run.json", R"({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 2,
     "seq_length": 32, "micro_batch_size": 4, "global_batch_size": 8, "train_iters": 99, "lr": 3e-3,
     "lr_warmup_iters": 2, "lr_decay_style": "cosine", "log_interval": 4, "eval_interval": 4, "eval_iters": 1,
-    "threads": 2, "optimizer_params": {"beta2": 0.95}})");
+    "threads": )" + std::to_string(mb::testing::test_threads()) + R"(, "optimizer_params": {"beta2": 0.95}})");
   const fs::path run = tmp_ / "run";
   const auto r = mb::testing::run_command(train("--config " + (tmp_ / "run.json").string() + " --train-iters 8 --run-dir " + run.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -13,6 +13,7 @@
 
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/threads.h"
 
 namespace megabatch::testing {
 
@@ -55,10 +56,13 @@ inline CommandResult run_command(const std::string& cmd) {
 
 // Shell: waits until `log` has a line matching `pattern` (grep's basic regular expression,
 // in single quotes: no ' in it), for at most `seconds`: a deadline for a loaded machine, not
-// a pace; the command after it finds out whether the line came.
-inline std::string wait_for_line(const std::string& log, const std::string& pattern, int seconds = 300) {
+// a pace; the command after it finds out whether the line came. With `pid` (a shell
+// expression such as "$pid"), also no longer than that process lives.
+inline std::string wait_for_line(const std::string& log, const std::string& pattern, int seconds = 300,
+                                 const std::string& pid = "") {
   return "for i in $(seq " + std::to_string(seconds * 50) + "); do grep -q '" + pattern + "' " + log +
-         " 2>/dev/null && break; sleep 0.02; done; ";
+         " 2>/dev/null && break; " + (pid.empty() ? "" : "kill -0 " + pid + " 2>/dev/null || break; ") +
+         "sleep 0.02; done; ";
 }
 
 inline void write_text(const std::filesystem::path& p, const std::string& s) {
@@ -69,6 +73,11 @@ inline std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
+
+// A thread count for a test's train: `want`, or fewer on a machine (or under taskset) that
+// gives this process fewer CPUs, which train refuses to oversubscribe.
+inline int test_threads(int want = 2) { return std::min(want, ::megabatch::available_cpus()); }
+inline std::string threads_flag(int want = 2) { return "--threads " + std::to_string(test_threads(want)) + " "; }
 
 // The environment an Open MPI command line of the tests starts with: the tests run as root
 // (allowed explicitly) on 2 cores (more ranks than cores allowed).
