@@ -2,12 +2,15 @@
 // hidden 768, seq 1024, bf16, AdamW, micro batch 8) through the real trainer step, against
 // PyTorch training the same model on the same GPU in the same run
 // (tests/reference/gpt_torch.py bench_cuda: autocast bf16, fused AdamW; with the same
-// explicit attention as megabatch's, and with F.scaled_dot_product_attention). It also
+// explicit attention as megabatch's, with F.scaled_dot_product_attention, and with SDPA
+// under torch.compile: --torch-modes). It also
 // reports MFU (6 N + 6 L C T FLOPs per token against the GPU's dense peak, --peak-tflops)
 // and checks the steady state: raw device allocations (cudaMalloc) during the timed steps.
+// --profile then runs --profile-steps more steps under the profiler (core/device/profile.h)
+// and prints where their GPU time went, by op family, and the costliest kernels.
 //
 //   build/bin/gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]
-//                             [--steps 20] [--peak-tflops 989] [--torch true]
+//                             [--steps 20] [--peak-tflops 989] [--torch true] [--profile]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -18,6 +21,7 @@
 
 #include "bench/bench_util.h"
 #include "core/comm/communicator.h"
+#include "core/device/profile.h"
 #include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
@@ -63,6 +67,10 @@ int main(int argc, char** argv) {
   a.option("steps", "N", "timed steps (after 3 warm-up steps)", "20");
   a.option("peak-tflops", "X", "the GPU's dense peak for the dtype, for MFU (H100 SXM bf16: 989)", "989");
   a.option("torch", "BOOL", "also measure PyTorch on the same GPU", "true");
+  a.list("torch-modes", "M", "PyTorch's attention: explicit, sdpa, compile (SDPA under torch.compile)",
+         {"explicit", "sdpa", "compile"});
+  a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
+  a.option("profile-steps", "N", "steps under the profiler", "5");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   try {
     const mb::Device dev = mb::select_device("cuda");
@@ -98,6 +106,15 @@ int main(int argc, char** argv) {
     mb::runtime::synchronize(dev);
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const mb::runtime::AllocStats after = mb::runtime::alloc_stats(dev);
+    std::string profile;
+    if (a.has("profile")) {  // after the timed steps, so the profiler's overhead stays out of them
+      const int64_t n = a.get_int("profile-steps");
+      mb::check(n >= 1, "--profile-steps must be at least 1, got ", n);
+      mb::profile::Recorder rec(dev);
+      for (int64_t s = 0; s < n; ++s) trainer.train_step();
+      trainer.drain();
+      profile = mb::profile::format(rec.stop(n));
+    }
     const double ours = static_cast<double>(B * T * steps) / seconds;
 
     const double N = static_cast<double>(model->parameters().num_full_parameters());
@@ -107,30 +124,43 @@ int main(int argc, char** argv) {
     std::printf("%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, AdamW, %lld timed steps; MFU against %.0f TFLOP/s\n",
                 c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype),
                 static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps), peak / 1e12);
-    std::printf("%-34s %12s %8s %10s\n", "", "tokens/s", "MFU", "step ms");
-    auto row = [&](const char* name, double tps) {
-      std::printf("%-34s %12.0f %7.1f%% %10.1f\n", name, tps, 100.0 * tps * flops_per_token / peak,
-                  1e3 * static_cast<double>(B * T) / tps);
+    std::printf("%-34s %12s %8s %10s %13s\n", "", "tokens/s", "MFU", "step ms", "GiB reserved");
+    auto row = [&](const char* name, double tps, double reserved) {
+      std::printf("%-34s %12.0f %7.1f%% %10.1f %13.2f\n", name, tps, 100.0 * tps * flops_per_token / peak,
+                  1e3 * static_cast<double>(B * T) / tps, reserved / (1 << 30));
     };
-    row("megabatch", ours);
+    row("megabatch", ours, static_cast<double>(after.bytes_reserved));
+    int status = after.raw_allocs == before.raw_allocs ? 0 : 1;
     if (a.get("torch") == "true") {
       const std::string src_dir = MEGABATCH_SOURCE_DIR;
       const char* py = std::getenv("MEGABATCH_PYTHON");
-      for (const char* attn : {"explicit", "sdpa"}) {
-        const auto r = mb::bench::run_child({py ? py : "/usr/bin/python3", src_dir + "/tests/reference/gpt_torch.py",
-                                             "bench_cuda", std::to_string(c.num_layers), std::to_string(c.hidden_size),
-                                             std::to_string(c.num_attention_heads), std::to_string(T),
-                                             std::to_string(c.padded_vocab_size()), std::to_string(B),
-                                             std::to_string(steps), a.get("dtype"), attn});
-        const double tps = mb::bench::value_of(r.output, "tokens_per_second");
-        row(attn == std::string("explicit") ? "PyTorch (explicit attention)" : "PyTorch (SDPA attention)", tps);
+      for (const std::string& mode : a.get_list("torch-modes")) {
+        mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
+                  "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
+        const std::string name = mode == "explicit" ? "PyTorch (explicit attention)"
+                                 : mode == "sdpa"   ? "PyTorch (SDPA attention)"
+                                                    : "PyTorch (SDPA, torch.compile)";
+        try {
+          const auto r = mb::bench::run_child({py ? py : "/usr/bin/python3", src_dir + "/tests/reference/gpt_torch.py",
+                                               "bench_cuda", std::to_string(c.num_layers), std::to_string(c.hidden_size),
+                                               std::to_string(c.num_attention_heads), std::to_string(T),
+                                               std::to_string(c.padded_vocab_size()), std::to_string(B),
+                                               std::to_string(steps), a.get("dtype"), mode});
+          row(name.c_str(), mb::bench::value_of(r.output, "tokens_per_second"),
+              mb::bench::value_of(r.output, "peak_reserved_bytes"));
+        } catch (const std::exception& e) {  // the other rows still count; the run fails (its stderr is above)
+          const std::string what = e.what();
+          std::printf("%-34s failed: %s\n", name.c_str(), what.substr(0, 300).c_str());
+          status = 1;
+        }
       }
     }
     std::printf("raw device allocations during the timed steps: %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
                 static_cast<long long>(after.raw_allocs - before.raw_allocs),
                 static_cast<long long>(after.raw_frees - before.raw_frees),
                 static_cast<double>(after.bytes_reserved) / (1 << 30));
-    return after.raw_allocs == before.raw_allocs ? 0 : 1;
+    if (!profile.empty()) std::printf("\n%s", profile.c_str());
+    return status;
   } catch (const std::exception& e) {
     std::cerr << "gpu_train_bench: " << e.what() << std::endl;
     return 1;

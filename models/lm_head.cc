@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/comm/collectives.h"
+#include "core/device/profile.h"
 #include "core/ops/matmul.h"
 #include "core/ops/reduce.h"
 
@@ -10,6 +11,7 @@ namespace megabatch::models {
 
 void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const Weights& w, float grad_scale,
                      const Tensor& loss_scale, const Tensor& dX, const Tensor& loss_sum) {
+  const profile::Region mark(profile::Family::kLmHeadLoss);
   const int64_t n = X.dim(0), Vl = w.W.dim(0);
   const bool grads = grad_scale != 0.0f && dX.defined();
   losses_.resize({std::max<int64_t>(n, 1)}, DType::kF32, X.device());

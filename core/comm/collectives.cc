@@ -1,5 +1,6 @@
 #include "core/comm/collectives.h"
 
+#include "core/device/profile.h"
 #include "core/device/runtime.h"
 #include "core/util/error.h"
 
@@ -36,6 +37,7 @@ void back(const Tensor& t, const std::vector<float>& v) { copy(t, from_host(v, t
 
 void all_reduce(Communicator& c, const Tensor& t, ReduceOp op) {
   if (c.size() == 1 || t.numel() == 0) return;
+  const profile::Region mark(profile::Family::kCommunication);
   check_float(t, "all_reduce");
   if (native(c, t)) return c.all_reduce_device(t.raw(), t.numel(), t.dtype(), op);
   if (t.device().is_cpu() && t.dtype() == DType::kF32) return c.all_reduce(t.data<float>(), t.numel(), op);
@@ -52,6 +54,7 @@ void all_reduce(Communicator& c, const Tensor& t, ReduceOp op) {
 }
 
 void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
+  const profile::Region mark(profile::Family::kCommunication);
   check(out.numel() == in.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "all_gather of ",
         in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
   check_float(in, "all_gather");
@@ -65,6 +68,7 @@ void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
 }
 
 void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
+  const profile::Region mark(profile::Family::kCommunication);
   check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "reduce_scatter of ",
         in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
   check_float(in, "reduce_scatter");
@@ -78,6 +82,7 @@ void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
 
 void start_all_reduce(Communicator& c, const Tensor& t) {
   if (c.size() == 1 || t.numel() == 0) return;
+  const profile::Region mark(profile::Family::kCommunication);
   check(t.dtype() == DType::kF32, "start_all_reduce of a ", t.describe(), " tensor (f32 gradients only)");
   if (native(c, t)) return c.start_all_reduce_device(t.raw(), t.numel(), t.dtype());
   if (t.device().is_cpu()) return c.start_all_reduce(t.data<float>(), t.numel());
@@ -85,6 +90,7 @@ void start_all_reduce(Communicator& c, const Tensor& t) {
 }
 
 void start_reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
+  const profile::Region mark(profile::Family::kCommunication);
   check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == DType::kF32 &&
             out.dtype() == DType::kF32,
         "start_reduce_scatter of ", in.describe(), " into ", out.describe(), " (f32, size() times the output)");
@@ -97,6 +103,7 @@ void start_reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) 
 
 void broadcast(Communicator& c, const Tensor& t, int root) {
   if (c.size() == 1 || t.numel() == 0) return;
+  const profile::Region mark(profile::Family::kCommunication);
   check_float(t, "broadcast");
   if (native(c, t)) return c.broadcast_device(t.raw(), t.numel(), t.dtype(), root);
   if (t.device().is_cpu() && t.dtype() == DType::kF32) return c.broadcast(t.data<float>(), t.numel(), root);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/device/dispatch.h"
+#include "core/device/profile.h"
 #include "core/ops/accepts.h"
 #include "core/ops/backends.h"
 #include "core/util/error.h"
@@ -41,9 +42,11 @@ int64_t cols(const Tensor& t);
 
 }  // namespace megabatch::ops::detail
 
-// Calls the backend of `device` (a CUDA tensor in a CPU-only build: the build error).
+// Calls the backend of `device` (a CUDA tensor in a CPU-only build: the build error),
+// marked for the profile (core/device/profile.h) with the op's family.
 #define MB_OP_DISPATCH(device, fn, ...)  \
   do {                                   \
+    ::megabatch::profile::OpMark mb_op_mark_(#fn); \
     if ((device).is_cuda()) {            \
       MB_CUDA(::megabatch::ops::cuda::fn(__VA_ARGS__)); \
     } else {                             \

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/comm/collectives.h"
+#include "core/device/profile.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -87,7 +88,10 @@ void GradientBuckets::finish() {
   armed_ = false;
   for (size_t b = 0; b < buckets_.size(); ++b)
     if (!buckets_[b].started) start(b);
-  dp_.wait_all();
+  {
+    const profile::Region mark(profile::Family::kCommunication);
+    dp_.wait_all();
+  }
   for (auto& b : buckets_) b.started = false;
 }
 

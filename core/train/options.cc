@@ -39,7 +39,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
       {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
-      {"noise_scale_window", at_least(1)},
+      {"noise_scale_window", at_least(1)}, {"profile_steps", at_least(0)},
   };
   return r;
 }
@@ -178,6 +178,9 @@ const config::Schema& train_schema() {
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
       {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
       {"eval_iters", Type::kInt, 100, "global batches per validation run (0: none)", "logging"},
+      {"profile_steps", Type::kInt, 0,
+       "after 2 warm-up iterations, time N iterations by op family (on a GPU: each kernel's time, from CUPTI) and print "
+       "the table once (0: off)", "logging"},
       {"eval_samples", Type::kInt, nullptr,
        "samples per validation run instead of eval_iters global batches, in an order that does not depend on --seed: "
        "the same held-out samples for every batch size and seed (a multiple of micro_batch_size); a split with fewer "

@@ -374,6 +374,7 @@ mb::train::TrainOptions train_options(const mb::config::Resolved& r, const mb::m
   if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
   opt.save_interval = v["save_interval"].get<int64_t>();
   opt.exit_interval = v["exit_interval"].get<int64_t>();
+  opt.profile_steps = v["profile_steps"].get<int64_t>();
   opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
   mb::check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");

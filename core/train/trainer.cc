@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "core/comm/collectives.h"
+#include "core/device/profile.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
 #include "core/util/error.h"
@@ -307,6 +308,7 @@ void Trainer::reduce_gradients() {
 }
 
 void Trainer::unscale_and_check() {
+  const profile::Region mark(profile::Family::kOptimizer);
   if (!fp16()) return;
   const size_t L = loss_slots();
   ops::weighted_accumulate(step_.flat(L + kLossScale, 1), scaler_.flat(0, 1), {1.0});  // the scale of this step
@@ -319,6 +321,7 @@ void Trainer::unscale_and_check() {
 }
 
 void Trainer::clip_gradients() {
+  const profile::Region mark(profile::Family::kOptimizer);
   const size_t L = loss_slots();
   const Tensor& g = main_grads();
   const Tensor sums = step_.flat(L + kSqSharded, 2), norm = step_.flat(L + kNorm, 3);
@@ -341,6 +344,7 @@ void Trainer::resolve_overflow() {
 }
 
 void Trainer::optimizer_step() {
+  const profile::Region mark(profile::Family::kOptimizer);
   const size_t L = loss_slots();
   const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
   const Tensor clipped_norm = step_.flat(L + kClippedNorm, 1);
@@ -676,9 +680,22 @@ StopReason Trainer::run() {
   const StopSignals handlers;
   interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
+  // --profile-steps: from the third iteration of this run, opt_.profile_steps of them
+  std::optional<profile::Recorder> recorder;
+  const int64_t profile_from = iteration_ + 2;
+  bool profiled = false;
+  auto profile_end = [&]() {
+    drain();
+    const int64_t steps = iteration_ - profile_from;
+    console_ << profile::format(recorder->stop(steps)) << std::flush;
+    recorder.reset();
+    profiled = true;
+  };
   try {
     while (iteration_ < opt_.train_iters) {
+      if (opt_.profile_steps > 0 && iteration_ == profile_from) recorder.emplace(device_);
       train_step();
+      if (recorder && iteration_ - profile_from == opt_.profile_steps) profile_end();
       const bool save_now = saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0;
       if (save_now) drain();  // a GPU run learns of a NaN here at the latest: never checkpoint one
       if (diverged_at_ != 0) {
@@ -701,6 +718,10 @@ StopReason Trainer::run() {
           iteration_ < opt_.train_iters)
         validate(*valid_, "");
     }
+    if (recorder) profile_end();  // the run ended first: the iterations it had
+    if (opt_.profile_steps > 0 && !profiled)
+      console_ << " warning: --profile-steps " << opt_.profile_steps << ": nothing was profiled, the run ended within "
+               << "its first 2 iterations (warm-up); ask for more --train-iters" << std::endl;
     drain();
     if (device_.is_cuda()) resolve_overflow();
     if (diverged_at_ != 0) reason = StopReason::kDiverged;

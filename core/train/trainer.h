@@ -90,6 +90,7 @@ struct TrainOptions {
   int64_t save_interval = 0;
   int keep_checkpoints = 0;          // newest K kept (0: all)
   int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
+  int64_t profile_steps = 0;         // print where N iterations' time went, after 2 warm-up ones (0: off)
   io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s

@@ -348,6 +348,29 @@ TEST_F(Gpu, NcclWithOneRankMovesDeviceBuffersInOrderOnTheRunsStream) {
   EXPECT_EQ(wrong, 0u);
 }
 
+// --profile-steps on the GPU reads every kernel from CUPTI: each family of a GPT step has
+// kernels, the rows and the idle time add up to the step, and profiling changes no result.
+TEST_F(Gpu, ProfileStepsTimesEveryKernelByFamilyAndChangesNothing) {
+  mb::testing::TempDir tmp;
+  ok(train("gpt", tmp / "plain", "--device cuda --bf16", 8));
+  const auto r = mb::testing::run_command(train("gpt", tmp / "profiled", "--device cuda --bf16 --profile-steps 4", 8));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto t = mb::testing::parse_profile(r.output);
+  ASSERT_GT(t.step_ms, 0) << r.output;
+  EXPECT_EQ(t.clock, "GPU (CUPTI)") << r.output;
+  for (const char* family : {"attention forward", "attention backward", "GEMMs (linear layers)", "LM head + loss",
+                             "LayerNorm", "elementwise", "optimizer", "embedding", "idle (GPU waiting)"})
+    EXPECT_EQ(t.rows.count(family), 1u) << family << "\n" << r.output;
+  for (const char* family : {"attention forward", "GEMMs (linear layers)", "LM head + loss", "optimizer"})
+    EXPECT_GE(t.rows.count(family) ? t.rows.at(family).count : 0.0, 1.0) << family << "\n" << r.output;
+  double sum = 0;
+  for (const auto& [name, row] : t.rows) sum += row.ms;
+  EXPECT_NEAR(sum, t.step_ms, 0.001 * 14) << r.output;
+  EXPECT_NE(r.output.find("costliest kernels:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("CUPTI dropped"), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "profiled" / "metrics.h5", "train/lm_loss"), series(tmp / "plain" / "metrics.h5", "train/lm_loss"));
+}
+
 TEST_F(Gpu, TrainOverNcclInOneProcessIsTheLocalRunBitwise) {
   mb::testing::TempDir tmp;
   ok(train("gpt", tmp / "local", "--device cuda", 6));

@@ -458,3 +458,27 @@ TEST_F(Train, PrintParamsNeedsNoDataAndHelpShowsExamples) {
   EXPECT_NE(r.output.find("--micro-batch-size"), std::string::npos);
   EXPECT_NE(r.output.find("examples:"), std::string::npos);
 }
+
+TEST_F(Train, ProfileStepsPrintsWhereTheStepTimeWentByOpFamily) {
+  auto r = mb::testing::run_command(train(kSmall + "--train-iters 6 --lr 1e-3 --micro-batch-size 2 --global-batch-size 4 " +
+                                          "--eval-iters 0 --profile-steps 3 --run-dir " + (tmp_ / "run").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto t = mb::testing::parse_profile(r.output);
+  ASSERT_GT(t.step_ms, 0) << r.output;
+  EXPECT_EQ(t.clock, "host");
+  // the families of a GPT step
+  for (const char* family : {"attention forward", "attention backward", "GEMMs (linear layers)", "LM head + loss",
+                             "LayerNorm", "optimizer", "embedding", "outside ops (host)"})
+    EXPECT_EQ(t.rows.count(family), 1u) << family << "\n" << r.output;
+  EXPECT_EQ(t.rows.at("attention forward").count, 4.0) << r.output;  // 2 layers x 2 micro-batches
+  // the rows and the time outside ops add up to the step
+  double sum = 0, share = 0;
+  for (const auto& [name, row] : t.rows) sum += row.ms, share += row.share;
+  EXPECT_NEAR(sum, t.step_ms, 0.001 * 12) << r.output;  // each row rounded to 0.001 ms
+  EXPECT_NEAR(share, 100.0, 0.1 * 12) << r.output;
+  // a run too short to profile says so
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --eval-iters 0 --profile-steps 3 --run-dir " +
+                                     (tmp_ / "run2").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--profile-steps 3: nothing was profiled"), std::string::npos) << r.output;
+}

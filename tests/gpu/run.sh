@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: unpacks gpu-bundle/ (made by tests/gpu/pack.sh) and runs the `gpu`
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
-# trainer), gpu_train_bench (GPT-2 124M bf16 against PyTorch on the same GPU) and
+# trainer), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
+# same GPU, each with its --profile table) and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces), each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
@@ -39,8 +40,11 @@ done
 # a filter that matches nothing passes "0 tests" in both: that checked nothing either
 ((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
 if [[ $filter == "*" ]]; then
-  timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench || echo "gpu_train_bench failed (exit $?)"
+  timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench --profile || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
+  timed gpu_train_bench_mb16 "$b/run.sh" bin/gpu_train_bench --micro-batch-size 16 --torch-modes sdpa compile --profile ||
+    echo "gpu_train_bench --micro-batch-size 16 failed (exit $?)"
+  cat "$logs/gpu_train_bench_mb16.log"
   timed cross_entropy_bench "$b/run.sh" bin/cross_entropy_bench --device cuda || echo "cross_entropy_bench failed (exit $?)"
   cat "$logs/cross_entropy_bench.log"
 fi

@@ -105,10 +105,15 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention
     tokens = torch.randint(0, 50257, (batch, seq), generator=g).to(dev)
     labels = torch.randint(0, 50257, (batch, seq), generator=g).to(dev)
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
+    # attention: "explicit" (megabatch's form), "sdpa" (scaled_dot_product_attention) or
+    # "compile" (sdpa, the forward and loss through torch.compile; compiled in the warm-up)
+    fwd = lambda: forward(P, tokens, labels, layers, heads, 1e-5, sdpa=attention != "explicit")
+    if attention == "compile":
+        fwd = torch.compile(fwd)
     def step():
         opt.zero_grad(set_to_none=True)
         with ctx:
-            loss = forward(P, tokens, labels, layers, heads, 1e-5, sdpa=attention == "sdpa")
+            loss = fwd()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
         opt.step()
@@ -122,6 +127,7 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention
     t = (time.perf_counter() - t0) / steps
     print(f"tokens_per_second {batch * seq / t:.1f}")
     print(f"peak_memory_bytes {torch.cuda.max_memory_allocated()}")
+    print(f"peak_reserved_bytes {torch.cuda.max_memory_reserved()}")
 
 
 def main():

@@ -9,6 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <regex>
 #include <string>
 
 #include "core/util/error.h"
@@ -76,6 +78,30 @@ inline std::string read_text(const std::filesystem::path& p) {
 
 // A thread count for a test's train: `want`, or fewer on a machine (or under taskset) that
 // gives this process fewer CPUs, which train refuses to oversubscribe.
+// The table `train --profile-steps` prints (core/device/profile.h): the step's milliseconds
+// and, per row (a family, the idle or outside-ops row), ms per step, share and count per step.
+struct ProfileTable {
+  double step_ms = -1;
+  std::string clock;
+  struct Row {
+    double ms = 0, share = 0, count = 0;
+  };
+  std::map<std::string, Row> rows;  // without the sum line
+};
+inline ProfileTable parse_profile(const std::string& out) {
+  ProfileTable t;
+  std::smatch m;
+  if (!std::regex_search(out, m, std::regex(R"(profile: [0-9]+ step\(s\) on [^,]+, ([^;]+) time; ([0-9.]+) ms a step)"))) return t;
+  t.clock = m[1];
+  t.step_ms = std::stod(m[2]);
+  const std::regex line(R"(\n([A-Za-z][A-Za-z +()]+?) +([0-9.]+) +([0-9.]+)%(?: +([0-9.]+))?)");
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), line); it != std::sregex_iterator(); ++it) {
+    if ((*it)[1] == "step (sum of the above)") continue;
+    t.rows[(*it)[1]] = {std::stod((*it)[2]), std::stod((*it)[3]), (*it)[4].matched ? std::stod((*it)[4]) : 0.0};
+  }
+  return t;
+}
+
 inline int test_threads(int want = 2) { return std::min(want, ::megabatch::available_cpus()); }
 inline std::string threads_flag(int want = 2) { return "--threads " + std::to_string(test_threads(want)) + " "; }
 
