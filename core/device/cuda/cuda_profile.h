@@ -21,6 +21,9 @@ struct Collected {
   uint64_t dropped = 0;
 };
 
+// A kernel's demangled name, shortened to what a reader needs (cuda/profile.cc).
+std::string short_kernel_name(std::string demangled);
+
 // Starts recording kernels, memsets, memcpys and external correlations (an Error with
 // CUPTI's message where it cannot, e.g. another profiler holds the device).
 void start();

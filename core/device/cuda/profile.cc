@@ -31,10 +31,29 @@ std::string demangled(const char* name) {
   int status = 0;
   std::unique_ptr<char, void (*)(void*)> d(abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
   std::string s = status == 0 && d ? d.get() : name;
-  const size_t paren = s.find('(');  // the parameter list says nothing a reader needs
-  if (paren != std::string::npos && paren > 0) s.resize(paren);
-  return s;
+  return short_kernel_name(s);
 }
+
+}  // namespace
+
+// "void megabatch::ops::cuda::(anonymous namespace)::softmax<float, true>(float*, int)" ->
+// "ops::cuda::softmax": no return type, anonymous namespaces, template arguments or
+// parameter list; cuBLASLt's names ("nvjet_sm90_tss_...") stay as they are.
+std::string short_kernel_name(std::string s) {
+  for (const std::string cut : {"(anonymous namespace)::", "megabatch::"})
+    for (size_t at; (at = s.find(cut)) != std::string::npos;) s.erase(at, cut.size());
+  std::string out;
+  int depth = 0;  // inside <...> or (...)
+  for (char ch : s) {
+    if (ch == '<' || ch == '(') ++depth;
+    if (depth == 0) out += ch;
+    if ((ch == '>' || ch == ')') && depth > 0) --depth;
+  }
+  if (out.rfind("void ", 0) == 0) out.erase(0, 5);
+  return out;
+}
+
+namespace {
 
 void CUPTIAPI requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   *buffer = static_cast<uint8_t*>(std::aligned_alloc(kAlign, kBufferBytes));
