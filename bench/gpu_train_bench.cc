@@ -63,6 +63,7 @@ int main(int argc, char** argv) {
   mb::ArgParser a("gpu_train_bench", "usage: gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]");
   a.option("model", "PRESET", "GPT preset", "gpt2-124m");
   a.option("micro-batch-size", "N", "samples per step", "8");
+  a.option("seq-length", "T", "tokens per sample (0: the preset's; longer ones get as many learned positions)", "0");
   a.option("dtype", "T", "f32, bf16 or fp16", "bf16");
   a.option("steps", "N", "timed steps (after 3 warm-up steps)", "20");
   a.option("peak-tflops", "X", "the GPU's dense peak for the dtype, for MFU (H100 SXM bf16: 989)", "989");
@@ -79,6 +80,7 @@ int main(int argc, char** argv) {
     const mb::DType dtype = parse_dtype(a.get("dtype"));
     mb::models::ModelConfig c = mb::models::preset(a.get("model"));
     c.hidden_dropout = c.attention_dropout = 0.0;  // as the PyTorch side
+    if (const int64_t t = a.get_int("seq-length"); t > 0) c.seq_length = c.max_position_embeddings = t;
     const int64_t B = a.get_int("micro-batch-size"), T = c.seq_length, steps = a.get_int("steps");
     mb::comm::LocalCommunicator tp;
     auto model = mb::models::make_model(c, tp, 1, dtype, dev);

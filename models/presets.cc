@@ -177,6 +177,7 @@ SizeReport size_report(const ModelConfig& c) {
   const double s = static_cast<double>(c.seq_length), h = static_cast<double>(c.hidden_size),
                a = static_cast<double>(c.num_attention_heads), t = static_cast<double>(c.tensor_model_parallel_size);
   r.activation_bytes = static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+  r.attention_score_bytes = static_cast<double>(c.num_layers) * s * h * (5.0 * a * s / (h * t));
   return r;
 }
 

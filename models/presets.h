@@ -59,6 +59,7 @@ struct SizeReport {
   double fp32_adam_bytes = 0;        // fp32 weights + grads + two Adam moments: 16 B / param
   double mixed_adam_bytes = 0;       // bf16 weights + fp32 grads, master, moments: 18 B / param
   double activation_bytes = 0;       // per micro-batch sample, 16-bit, no recompute
+  double attention_score_bytes = 0;  // of which the saved attention probabilities (none with flash attention)
 };
 SizeReport size_report(const ModelConfig& c);
 

@@ -4,6 +4,7 @@
 
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
+#include "core/ops/flash_attention.h"
 #include "core/ops/residual.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
@@ -100,8 +101,9 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
   first_param_.push_back(static_cast<int>(store.count()));
 }
 
-void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm) {
-  if (B == B_ && T == T_ && Tm == Tm_) return;
+void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
+  if (B == B_ && T == T_ && Tm == Tm_ && flash == flash_) return;
+  flash_ = flash;
   B_ = B;
   T_ = T;
   Tm_ = Tm;
@@ -117,7 +119,13 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm) {
     if (!rms)
       for (Tensor* t : {&s.ln1_mean, &s.ln2_mean}) alloc_acc(*t, {n}, P);
     alloc(s.qkv, {n, 3 * Cl}, P);
-    alloc(s.probs, {B, heads_local_, T, T}, P);
+    if (flash_) {
+      alloc_acc(s.lse, {B, heads_local_, T}, P);
+      s.probs = Tensor();
+    } else {
+      alloc(s.probs, {B, heads_local_, T, T}, P);
+      s.lse = Tensor();
+    }
     alloc(s.attn, {n, Cl}, P);
     alloc(s.fc1, {n, Fl}, P);
     alloc(s.gelu, {n, Fl}, P);
@@ -145,7 +153,11 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
-  allocate(B, T, memory.T);
+  // the flash kernels where they take the dtype and head size; the explicit attention for
+  // f32 and T5's position bias
+  const bool flash = !attn_bias.defined() && store_->device().is_cuda() &&
+                     ops::flash_attention_supported(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads);
+  allocate(B, T, memory.T, flash);
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;
@@ -165,7 +177,10 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
     } else {
       b.qkv.forward(s.qkv, s.x_in);
     }
-    ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
+    if (flash_)
+      ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop);
+    else
+      ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
     b.proj.forward(s.proj, s.attn);
     dropout_or_copy(g_c_, s.proj, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kProj)));
     if (!cfg_.post_layernorm) {
@@ -268,8 +283,11 @@ void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tens
     g_attn_.zero();
     b.proj.backward(g_attn_, g_c_, s.attn);
     g_qkv_.zero();
-    ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop,
-                            bias_.defined() ? dattn_bias : Tensor());
+    if (flash_)
+      ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop);
+    else
+      ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop,
+                              bias_.defined() ? dattn_bias : Tensor());
     if (!cfg_.post_layernorm) {
       g_c_.zero();
       b.qkv.backward(g_c_, g_qkv_, s.ln1);

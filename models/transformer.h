@@ -96,11 +96,11 @@ class TransformerStack {
     nn::RowParallelLinear fc2;
   };
   struct Saved {  // activations of one block, (n, ...) with n = B * T
-    Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
+    Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, lse, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
     Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xattn, xproj, x2;  // cross-attention
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
-  void allocate(int64_t B, int64_t T, int64_t Tm);
+  void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
   uint64_t stream(int layer, int site) const {
     return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
   }
@@ -112,6 +112,8 @@ class TransformerStack {
   std::vector<Block> blocks_;
   std::vector<int> first_param_;  // block l declared parameter ids [first_param_[l], first_param_[l + 1])
   int64_t heads_local_;
+  // self-attention through the flash kernels (ops/flash_attention.h): lse saved, not probs
+  bool flash_ = false;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
   Tensor mask_, bias_;
   StackMemory memory_;

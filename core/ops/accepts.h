@@ -57,9 +57,14 @@ inline constexpr DTypes kActivations{DType::kF32, DType::kBF16, DType::kF16, DTy
 inline constexpr DTypes kDeviceActivations{DType::kF32, DType::kBF16, DType::kF16};           // the GPU's
 inline constexpr DTypes kF32{DType::kF32}, kF64{DType::kF64}, kF32OrF64{DType::kF32, DType::kF64};
 inline constexpr DTypes kI32{DType::kI32}, kU8{DType::kU8};
+inline constexpr DTypes kHalves{DType::kBF16, DType::kF16};
 // Why the GPU's activations are not the CPU's.
 inline constexpr const char* kF64IsTheReference =
     "f64 activations are the CPU reference's alone (the finite-difference and f64 checks); a GPU computes in f32";
+// Why the flash kernels take only the half types.
+inline constexpr const char* kFlashTakesHalves =
+    "the flash kernels multiply on bf16/fp16 tensor cores; f32 takes the explicit attention (attention.h), and f64 "
+    "is the CPU reference's";
 
 #define MB_OP_ACCEPTS(op, arg, cpu, cuda, narrowed) inline constexpr Accepts op##_##arg{#op, #arg, cpu, cuda, narrowed};
 #include "core/ops/accepts.inc"

@@ -13,6 +13,7 @@
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
+#include "core/ops/flash_attention.h"
 #include "core/ops/gather.h"
 #include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"

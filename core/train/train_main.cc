@@ -22,6 +22,7 @@
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
 #include "core/ops/cpu/blas.h"
+#include "core/ops/flash_attention.h"
 #include "core/train/exit_status.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
@@ -195,14 +196,23 @@ void print_params(const mb::models::ModelConfig& c) {
 // over D ranks (`shards` D > 1) a rank keeps 1/D of the masters and of the state, and its
 // 1/D of the reduced gradients beside the whole gradient buffer. More than is available
 // stops the run at once, with the figures, instead of the kernel killing it later.
+// Whether the model's self-attention runs the flash kernels (models/transformer.cc), which
+// keep no (T, T) probabilities: T5's position bias takes the explicit attention.
+bool flash_attention(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device) {
+  return device.is_cuda() && !mc.relative_attention &&
+         mb::ops::flash_attention_supported(device, dtype, mc.hidden_size / mc.num_attention_heads);
+}
+
 void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device device, int64_t micro_batch,
                   int64_t shards, bool noise_scale, bool skip, bool logger) {
   const auto r = mb::models::size_report(mc);
+  const bool flash = flash_attention(mc, dtype, device);
   const double p = static_cast<double>(r.parameters_per_rank), d = static_cast<double>(std::max<int64_t>(shards, 1));
   const bool fp32 = dtype == mb::DType::kF32;
   const double params = p * static_cast<double>(mb::dtype_size(dtype)), grads = 4 * p + (d > 1 ? 4 * p / d : 0.0),
                masters = fp32 ? 0.0 : 4 * p / d, state = 8 * p / d,
-               acts = r.activation_bytes * static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
+               acts = (r.activation_bytes - (flash ? r.attention_score_bytes : 0.0)) *
+                      static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
   const double noise = noise_scale ? 4 * p : 0.0;  // --log-noise-scale: the gradients before a micro-batch
   const double need = params + grads + masters + state + noise + acts;
   const std::string sharded = d > 1 ? " (this rank's 1/" + std::to_string(shards) + ")" : std::string();
@@ -214,8 +224,8 @@ void check_memory(const mb::models::ModelConfig& mc, mb::DType dtype, mb::Device
                             (masters > 0 ? ", master weights " + human_bytes(masters) + sharded : std::string()) +
                             ", optimizer state " + human_bytes(state) + sharded +
                             (noise > 0 ? ", noise-scale buffer " + human_bytes(noise) : std::string()) +
-                            ", activations " + human_bytes(acts) +
-                            " for micro batch " + std::to_string(micro_batch);
+                            ", activations " + human_bytes(acts) + " for micro batch " + std::to_string(micro_batch) +
+                            (flash ? ", flash attention" : "");
   if (logger)
     std::cout << "> memory: about " << human_bytes(need) << " per rank on " << device.str() << " (" << parts << "); "
               << human_bytes(have) << " available" << (ranks_here > 1 ? " per rank" : "") << std::endl;

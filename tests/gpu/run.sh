@@ -3,7 +3,9 @@
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
 # trainer), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
 # same GPU, each with its --profile table) and
-# cross_entropy_bench (the LM head's fused cross entropy against its five pieces), each
+# cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
+# attention_bench (the flash kernels against PyTorch's SDPA) and GPT-2 124M at sequence
+# lengths 4096 and 8192, each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
 # Each program has GPU_TEST_TIMEOUT seconds (default 240), so that one that hangs leaves the
@@ -47,5 +49,14 @@ if [[ $filter == "*" ]]; then
   cat "$logs/gpu_train_bench_mb16.log"
   timed cross_entropy_bench "$b/run.sh" bin/cross_entropy_bench --device cuda || echo "cross_entropy_bench failed (exit $?)"
   cat "$logs/cross_entropy_bench.log"
+  timed attention_bench "$b/run.sh" bin/attention_bench || echo "attention_bench failed (exit $?)"
+  cat "$logs/attention_bench.log"
+  # long sequences: GPT-2 124M at 4096 and 8192 tokens a sample, with the memory they take
+  timed gpu_train_bench_seq4096 "$b/run.sh" bin/gpu_train_bench --seq-length 4096 --micro-batch-size 2 --steps 5 \
+    --torch-modes sdpa || echo "gpu_train_bench --seq-length 4096 failed (exit $?)"
+  cat "$logs/gpu_train_bench_seq4096.log"
+  timed gpu_train_bench_seq8192 "$b/run.sh" bin/gpu_train_bench --seq-length 8192 --micro-batch-size 1 --steps 5 \
+    --torch-modes sdpa || echo "gpu_train_bench --seq-length 8192 failed (exit $?)"
+  cat "$logs/gpu_train_bench_seq8192.log"
 fi
 exit $status

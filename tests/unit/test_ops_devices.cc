@@ -12,6 +12,7 @@
 
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
+#include "core/ops/flash_attention.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
@@ -308,6 +309,119 @@ TEST_P(OnDevice, SelfAttentionForwardAndBackward) {
     h.expect_close(dqkv, terms, "dqkv", 16.0);
     if (c.bias) h.expect_close(dbias, terms, "dbias", 16.0);
   }
+}
+
+// Flash attention against the f64 CPU reference (each row in f64), which is itself checked
+// against the explicit attention (the same outputs, dropout masks included) and by finite
+// differences. Head sizes 64 and 128, sequences that are not multiples of the 64-row tiles,
+// causal and not, padding (batch row 1 entirely padded in one case: output and gradient 0,
+// lse +inf), dropout on a tensor-parallel shard. Where the device's kernels do not take the
+// dtype (CUDA and f32), the op must say so.
+TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
+  struct Config {
+    int64_t B, T, H, D;
+    bool causal, mask, all_padded;
+    double p;
+  };
+  for (const Config c : {Config{2, 37, 2, 64, true, false, false, 0.0}, Config{1, 130, 2, 64, true, true, false, 0.0},
+                         Config{2, 100, 1, 128, false, true, true, 0.0}, Config{2, 70, 2, 64, true, true, false, 0.2},
+                         Config{1, 65, 1, 128, true, false, false, 0.1}}) {
+    auto h = harness(13);
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
+                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + (c.all_padded ? " (a row all padding)" : "") +
+                 " p " + std::to_string(c.p));
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
+    const ops::DropoutKey dk{c.p, 57, 4};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's tail padded
+    if (c.all_padded)
+      for (int64_t t = 0; t < c.T; ++t) mv[static_cast<size_t>(c.T + t)] = 0;
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);  // (f64 in the reference)
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) {  // CUDA and f32: refused by name
+      try {
+        ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk);
+        ADD_FAILURE() << "flash attention took " << mb::dtype_name(h.dtype()) << " on " << h.device().str();
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("flash_attention_forward: qkv is f32, which the CUDA kernels do not take"),
+                  std::string::npos) << e.what();
+      }
+      continue;
+    }
+    ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
+    const double terms = static_cast<double>(c.D + c.T);
+    h.expect_close(out, terms, "out", 8.0);
+    {
+      const std::vector<double> got = mb::to_host_f64(lse.dev), ref = mb::to_host_f64(lse.ref);
+      int infinite = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        if (std::isinf(ref[i])) {
+          EXPECT_TRUE(std::isinf(got[i]) && got[i] > 0) << "lse " << i << ": " << got[i];
+          ++infinite;
+        } else {
+          EXPECT_NEAR(got[i], ref[i], 1e-4 * (std::abs(ref[i]) + 1) * terms / 64) << "lse " << i;
+        }
+      }
+      EXPECT_EQ(infinite, c.all_padded ? c.H * c.T : 0);
+    }
+    Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+    ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk);
+    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk);
+    h.expect_close(dqkv, terms, "dqkv", 16.0);
+
+    // the reference is the explicit attention (f64, the same dropout draws)
+    Pair eout = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});
+    ops::attention_forward(eout.ref, probs.ref, qkv.ref, mask.ref, s, &dk);
+    const std::vector<double> fo = mb::to_host_f64(out.ref), eo = mb::to_host_f64(eout.ref);
+    for (size_t i = 0; i < fo.size(); ++i) ASSERT_NEAR(fo[i], eo[i], 1e-12 * (std::abs(eo[i]) + 1)) << "out " << i;
+    mb::Tensor flash_grad = mb::Tensor(qkv.ref.shape(), DType::kF64), explicit_grad = mb::Tensor(qkv.ref.shape(), DType::kF64);
+    flash_grad.zero();
+    explicit_grad.zero();
+    ops::flash_attention_backward(flash_grad, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk);
+    ops::attention_backward(explicit_grad, dy.ref, qkv.ref, probs.ref, mask.ref, s, &dk);
+    const std::vector<double> fg = mb::to_host_f64(flash_grad), eg = mb::to_host_f64(explicit_grad);
+    for (size_t i = 0; i < fg.size(); ++i) ASSERT_NEAR(fg[i], eg[i], 1e-10 * (std::abs(eg[i]) + 1)) << "dqkv " << i;
+  }
+}
+
+// The f64 flash backward against finite differences of its forward: L = sum(dy * out).
+TEST(FlashAttention, GradientsMatchFiniteDifferences) {
+  const ops::AttentionShape s{2, 11, 2, 8, true, 0, 0};
+  const ops::DropoutKey dk{0.15, 58, 5};
+  std::mt19937 g(3);
+  std::normal_distribution<double> nd;
+  std::vector<double> q(static_cast<size_t>(2 * 11 * 2 * 3 * 8)), y(static_cast<size_t>(2 * 11 * 2 * 8));
+  for (auto& x : q) x = nd(g);
+  for (auto& x : y) x = nd(g);
+  std::vector<uint8_t> mv(22, 1);
+  mv[10] = mv[9] = 0;
+  const mb::Tensor mask = mb::from_host(mv, {2, 11}), dy = mb::from_host(y, {2, 11, 2, 8});
+  auto loss = [&](const std::vector<double>& x) {
+    mb::Tensor out({2, 11, 2, 8}, DType::kF64), lse({2, 2, 11}, DType::kF64);
+    ops::flash_attention_forward(out, lse, mb::from_host(x, {2, 11, 2, 3, 8}), mask, s, &dk);
+    const std::vector<double> o = mb::to_host_f64(out);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * y[i];
+    return l;
+  };
+  const mb::Tensor qkv = mb::from_host(q, {2, 11, 2, 3, 8});
+  mb::Tensor out({2, 11, 2, 8}, DType::kF64), lse({2, 2, 11}, DType::kF64), grad({2, 11, 2, 3, 8}, DType::kF64);
+  grad.zero();
+  ops::flash_attention_forward(out, lse, qkv, mask, s, &dk);
+  ops::flash_attention_backward(grad, dy, qkv, out, lse, mask, s, &dk);
+  const std::vector<double> an = mb::to_host_f64(grad);
+  int checked = 0;
+  for (size_t i = 0; i < q.size(); i += 7) {
+    std::vector<double> plus = q, minus = q;
+    plus[i] += 1e-6;
+    minus[i] -= 1e-6;
+    const double fd = (loss(plus) - loss(minus)) / 2e-6;
+    EXPECT_NEAR(an[i], fd, 1e-6 * (std::abs(fd) + 1)) << "qkv element " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
 }
 
 TEST_P(OnDevice, CrossAttentionForwardAndBackward) {

@@ -1,0 +1,132 @@
+// attention_bench: megabatch's flash attention kernels (core/ops/cuda/flash_attention.cu)
+// against PyTorch's scaled_dot_product_attention on the same GPU in the same run
+// (tests/reference/sdpa_bench.py), forward and forward + backward, at sequence lengths
+// 512 to 4096, head sizes 64 and 128, causal and not. Each configuration keeps the tokens
+// (batch x seq, default 16,384) and the hidden size (default 2,048: 32 heads of 64, 16 of
+// 128) fixed. Time: the median of --reps calls, each waited for; TFLOP/s counts 4 B H T^2 D
+// for the forward (half of it when causal) and 2.5 times that for the backward.
+//
+//   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
+//                             [--tokens 16384] [--hidden 2048] [--reps 20] [--torch true]
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bench/bench_util.h"
+#include "core/device/runtime.h"
+#include "core/ops/flash_attention.h"
+#include "core/tensor/tensor.h"
+#include "core/util/args.h"
+#include "core/util/error.h"
+#include "core/util/numbers.h"
+
+namespace mb = megabatch;
+namespace ops = megabatch::ops;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+template <typename Fn>
+double median_ms(Fn&& fn, mb::Device dev, int reps) {
+  for (int i = 0; i < 3; ++i) fn();
+  mb::runtime::synchronize(dev);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    mb::runtime::synchronize(dev);
+    t.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return mb::bench::median(t);
+}
+
+mb::Tensor random_tensor(std::vector<int64_t> shape, mb::DType dtype, mb::Device dev, std::mt19937& g) {
+  size_t n = 1;
+  for (auto d : shape) n *= static_cast<size_t>(d);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (auto& x : v) x = nd(g);
+  return mb::from_host(v, shape, dtype, dev);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  mb::ArgParser a("attention_bench", "usage: attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128]");
+  a.list("seqs", "T", "sequence lengths", {"512", "1024", "2048", "4096"});
+  a.list("head-sizes", "D", "head sizes (64, 128)", {"64", "128"});
+  a.option("dtype", "T", "bf16 or fp16", "bf16");
+  a.option("tokens", "N", "batch x sequence length of every configuration", "16384");
+  a.option("hidden", "C", "heads x head size of every configuration", "2048");
+  a.option("reps", "N", "timed calls per configuration", "20");
+  a.option("torch", "BOOL", "also time PyTorch's scaled_dot_product_attention", "true");
+  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
+  try {
+    const mb::Device dev = mb::select_device("cuda");
+    mb::runtime::use_device(dev);
+    const auto gpu = mb::runtime::gpu_info(dev.index);
+    const std::string dname = a.get("dtype");
+    mb::check(dname == "bf16" || dname == "fp16", "--dtype: bf16 or fp16, not '", dname, "'");
+    const mb::DType dtype = dname == "bf16" ? mb::DType::kBF16 : mb::DType::kF16;
+    const int64_t tokens = a.get_int("tokens"), hidden = a.get_int("hidden");
+    const int reps = static_cast<int>(a.get_int("reps"));
+    std::vector<std::tuple<int64_t, int64_t, bool>> configs;
+    for (const auto& d : a.get_list("head-sizes"))
+      for (const auto& t : a.get_list("seqs"))
+        for (bool causal : {true, false}) configs.emplace_back(mb::parse_int(t).value(), mb::parse_int(d).value(), causal);
+    // PyTorch first (its own process), then ours
+    std::map<std::tuple<int64_t, int64_t, bool>, std::pair<double, double>> torch_ms;
+    if (a.get("torch") == "true") {
+      const char* py = std::getenv("MEGABATCH_PYTHON");
+      std::vector<std::string> cmd = {py ? py : "/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/tests/reference/sdpa_bench.py",
+                                      std::to_string(tokens), std::to_string(hidden), dname, std::to_string(reps)};
+      for (const auto& [T, D, causal] : configs)
+        cmd.push_back(std::to_string(T) + ":" + std::to_string(D) + ":" + (causal ? "1" : "0"));
+      std::istringstream out(mb::bench::run_child(cmd).output);
+      std::string tag;
+      for (int64_t T, D, c; out >> tag >> T >> D >> c;) {
+        double f, fb;
+        out >> f >> fb;
+        torch_ms[{T, D, c != 0}] = {f, fb};
+      }
+    }
+    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld; median of %d calls\n", gpu.name.c_str(),
+                gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens), static_cast<long long>(hidden), reps);
+    std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s\n", "seq", "D", "causal", "fwd ms", "TFLOP/s",
+                "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio");
+    std::mt19937 g(1);
+    for (const auto& [T, D, causal] : configs) {
+      const int64_t B = std::max<int64_t>(tokens / T, 1), H = hidden / D;
+      const ops::AttentionShape s{B, T, H, D, causal, 0, 0};
+      const mb::Tensor qkv = random_tensor({B, T, H, 3, D}, dtype, dev, g), dy = random_tensor({B, T, H, D}, dtype, dev, g);
+      mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv({B, T, H, 3, D}, dtype, dev);
+      dqkv.zero();
+      const double fwd = median_ms([&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); }, dev, reps);
+      const double both = median_ms(
+          [&] {
+            ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr);
+            ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr);
+          },
+          dev, reps);
+      const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T) *
+                           static_cast<double>(D) * (causal ? 0.5 : 1.0);
+      const auto it = torch_ms.find({T, D, causal});
+      const double tf = it == torch_ms.end() ? 0 : it->second.first, tb = it == torch_ms.end() ? 0 : it->second.second;
+      std::printf("%6lld %4lld %6s | %9.3f %8.1f %9.3f %6.2fx | %10.3f %8.1f %10.3f %6.2fx\n", static_cast<long long>(T),
+                  static_cast<long long>(D), causal ? "yes" : "no", fwd, flops / fwd * 1e-9, tf, tf > 0 ? fwd / tf : 0.0,
+                  both, 3.5 * flops / both * 1e-9, tb, tb > 0 ? both / tb : 0.0);
+    }
+    std::printf("ratio: megabatch's time over PyTorch's (below 1: faster)\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "attention_bench: %s\n", e.what());
+    return 1;
+  }
+}

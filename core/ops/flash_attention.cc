@@ -1,0 +1,65 @@
+#include "core/ops/flash_attention.h"
+
+#include <map>
+#include <mutex>
+
+#include "core/device/runtime.h"
+#include "core/ops/check.h"
+
+namespace megabatch::ops {
+using namespace detail;
+
+bool flash_attention_supported(Device d, DType t, int64_t head_size) {
+  if (d.is_cpu()) return true;
+  if (!accepts::flash_attention_forward_qkv.cuda.has(t) || (head_size != 64 && head_size != 128)) return false;
+  // mma.sync m16n8k16 with bf16/f16 operands: sm_80 and later (asked once per GPU: the
+  // layers ask every step)
+  static std::mutex mu;
+  static std::map<int, bool> tensor_cores;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = tensor_cores.find(d.index);
+  if (it != tensor_cores.end()) return it->second;
+  return tensor_cores[d.index] = runtime::gpu_info(d.index).major >= 8;
+}
+
+namespace {
+void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
+                  const DropoutKey* dropout) {
+  expect_numel(op, "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  expect_numel(op, "lse", lse, static_cast<size_t>(s.B * s.H * s.T));
+  expect_numel(op, "key_mask", key_mask, static_cast<size_t>(s.B * s.T));
+  check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
+  check(qkv.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
+        " (flash_attention_supported says which; the explicit attention takes any)");
+}
+}  // namespace
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
+                             const AttentionShape& s, const DropoutKey* dropout) {
+  const Device d = common_device("flash_attention_forward", {&out, &lse, &qkv, &key_mask});
+  expect_accepted(accepts::flash_attention_forward_qkv, qkv, d);
+  expect_accepted(accepts::flash_attention_forward_lse, lse, d);
+  expect_accepted(accepts::flash_attention_forward_key_mask, key_mask, d);
+  check_shapes("flash_attention_forward", qkv, lse, key_mask, s, dropout);
+  expect_dtype("flash_attention_forward", "out", out, qkv.dtype());
+  expect_numel("flash_attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
+  MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout);
+}
+
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
+                              const DropoutKey* dropout) {
+  const Device d = common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask});
+  expect_accepted(accepts::flash_attention_backward_qkv, qkv, d);
+  expect_accepted(accepts::flash_attention_backward_lse, lse, d);
+  expect_accepted(accepts::flash_attention_backward_key_mask, key_mask, d);
+  check_shapes("flash_attention_backward", qkv, lse, key_mask, s, dropout);
+  expect_same("flash_attention_backward", "qkv", qkv, "dqkv", dqkv);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"out", &out}}) {
+    expect_dtype("flash_attention_backward", name, *t, qkv.dtype());
+    expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
+  }
+  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout);
+}
+
+}  // namespace megabatch::ops

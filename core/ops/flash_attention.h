@@ -1,0 +1,31 @@
+// Flash attention: the self-attention of attention.h without the (B, H, T, T)
+// probabilities. The forward walks the keys in tiles with an online softmax and saves, per
+// query row, lse (B, H, T) f32: the natural log of the softmax denominator over the scaled
+// scores (+inf for a row whose keys are all masked, whose output and gradient are 0). The
+// backward recomputes the probabilities from q, k and lse, and reads `out` for the row sums
+// of the softmax gradient (dout . out). Layouts, masks, dropout (the same Philox element
+// of the full (B, total heads, T, T) tensor, so the same masks) and tensor-parallel head
+// offsets are attention_forward's; no bias (T5's relative position bias stays on the
+// explicit attention).
+//
+// CUDA: bf16 and fp16 with f32 accumulation on tensor cores (sm_80 and later), head size
+// 64 or 128 (flash_attention_supported); f32 stays on the explicit attention, which is also
+// the reference. The CPU computes each row in f64 (the kernels' reference).
+#pragma once
+
+#include "core/ops/attention.h"
+
+namespace megabatch::ops {
+
+// Whether the flash kernels take this device, dtype and head size (on the CPU: always).
+bool flash_attention_supported(Device d, DType t, int64_t head_size);
+
+// out (B, T, H, D) and lse (B, H, T) f32 written.
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
+                             const AttentionShape& s, const DropoutKey* dropout);
+// dqkv += the gradient with respect to qkv.
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
+                              const DropoutKey* dropout);
+
+}  // namespace megabatch::ops

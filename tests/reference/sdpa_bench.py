@@ -1,0 +1,45 @@
+"""PyTorch's scaled_dot_product_attention timed as attention_bench times megabatch's flash
+kernels: q, k, v (B, H, T, D) in bf16/fp16 on the GPU, forward and forward + backward, the
+median of `reps` calls timed with CUDA events after warm-up. One line per configuration:
+"sdpa T D causal fwd_ms fwdbwd_ms".
+
+    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL [T:D:CAUSAL ...]
+"""
+import sys
+
+import torch
+import torch.nn.functional as F
+
+
+def median_ms(fn, reps):
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def main():
+    tokens, hidden, dtype, reps = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for spec in sys.argv[5:]:
+        T, D, causal = (int(x) for x in spec.split(":"))
+        B, H = max(tokens // T, 1), hidden // D
+        q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True) for _ in range(3))
+        dy = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g)
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        def both():
+            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)).backward(dy)
+        print(f"sdpa {T} {D} {causal} {median_ms(fwd, reps):.4f} {median_ms(both, reps):.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
