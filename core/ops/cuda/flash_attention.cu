@@ -1,6 +1,8 @@
 // Flash attention on a GPU (FlashAttention-2's scheme, our own kernels): tiles of 64 queries
 // by 64 keys, four warps of 16 rows each, products on tensor cores (mma.sync m16n8k16,
-// bf16/fp16 operands, f32 accumulators), the softmax online in registers.
+// bf16/fp16 operands, f32 accumulators), the softmax online in registers. Tiles are copied
+// into shared memory with cp.async, the next under the current one's math, and the
+// operands that must be read across rows come through ldmatrix's transposing load.
 // - forward: a block per 64 queries of a (batch, head) walks the key tiles (a causal block
 //   stops at its diagonal) and writes out and the rows' log-sum-exp;
 // - backward, deterministic (no atomics): one kernel per 64 keys walks the query tiles for
@@ -136,35 +138,70 @@ __device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const T* src,
   b1 = ld32(src + (n0 + g) * stride + k0 + 8 + 2 * t);
 }
 
-// Copies rows [row0, row0 + 64) of one of q/k/v/out-like tensors into shared memory, as
-// rows (`rows`, stride D + 8) and/or transposed (`cols`, D rows of stride 64 + 8); rows past
-// T are zeros. `at(t)` is the element offset of token t's head vector.
+// B fragments of two n-tiles (n0.., n0 + 8..) over k rows k0..k0 + 15 of a row-major [k][n]
+// source: ldmatrix's transposing load gives each thread its two neighbours along k.
+template <typename T>
+__device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T* src, int stride, int k0, int n0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int m = lane / 8, r = lane % 8;
+  const T* p = src + (k0 + (m & 1) * 8 + r) * stride + n0 + (m >> 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(lo[0]), "=r"(lo[1]), "=r"(hi[0]), "=r"(hi[1])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+#else
+  __trap();
+#endif
+}
+
+// Starts copying rows [row0, row0 + 64) of a q/k/v/dout-like tensor into shared memory
+// (`rows`, stride D + 8) without waiting (cp.async; rows past T become zeros). `at(t)` is
+// the element offset of token t's head vector.
 template <typename T, int D, typename At>
-__device__ __forceinline__ void load_tile(T* rows, T* cols, const T* src, int row0, int T_, At at) {
+__device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0, int T_, At at) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int chunks = D / 8;  // 16-byte pieces of a row
   for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
     const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (t < T_) v = *reinterpret_cast<const uint4*>(src + at(t) + d0);
-    if (rows) *reinterpret_cast<uint4*>(rows + r * (D + 8) + d0) = v;
-    if (cols) {
-      const T* e = reinterpret_cast<const T*>(&v);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) cols[(d0 + k) * (kTile + 8) + r] = e[k];
-    }
+    const T* from = t < T_ ? src + at(t) + d0 : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(rows + r * (D + 8) + d0))), "l"(from),
+                 "r"(t < T_ ? 16 : 0));
   }
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// waits until at most N of this thread's copy groups are still in flight
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 // ---- forward ----------------------------------------------------------------------------
+// Key and value tiles are double-buffered: the next tile's copy runs under this one's math.
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  T* Ks = reinterpret_cast<T*>(smem);  // [64][D + 8]
-  T* Vt = Ks + kTile * (D + 8);        // [D][64 + 8]
+  constexpr int RS = D + 8;
+  T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
+  T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
   const T* qkv = static_cast<const T*>(a.qkv);
+  auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
+  auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
+  const int q_last = min(q_block + kRows, a.T) - 1;
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
+  load_tile_async<T, D>(Kb, qkv, 0, a.T, k_at);
+  load_tile_async<T, D>(Vb, qkv, 0, a.T, v_at);
+  cp_commit();
   // this warp's 16 query rows as A fragments (rows past T read as zeros)
   uint32_t qf[D / 16][4];
   {
@@ -181,72 +218,80 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-  const int q_last = min(q_block + kRows, a.T) - 1;
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
   for (int kt = 0; kt < tiles; ++kt) {
-    const int k0 = kt * kTile;
+    const int k0 = kt * kTile, buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile_async<T, D>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
+      load_tile_async<T, D>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
-    load_tile<T, D>(Ks, static_cast<T*>(nullptr), qkv, k0, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
-    load_tile<T, D>(static_cast<T*>(nullptr), Vt, qkv, k0, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
-    __syncthreads();
-    if (a.causal && k0 > q0 + 15) continue;  // every key of the tile is after this warp's rows
-    float s[8][4];
+    const T* Ks = Kb + buf * kTile * RS;
+    const T* Vs = Vb + buf * kTile * RS;
+    if (!(a.causal && k0 > q0 + 15)) {  // else every key of the tile is after this warp's rows
+      float s[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+      for (int n = 0; n < 8; ++n) {
+        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Ks, D + 8, n * 8, ks * 16, g, t);
-        mma<T>(s[n], qf[ks], b0, b1);
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
+          mma<T>(s[n], qf[ks], b0, b1);
+        }
       }
-    }
-    // mask, scale (log2 units), row maxima
-    float mx[2] = {-INFINITY, -INFINITY};
+      // mask, scale (log2 units), row maxima
+      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int i = q0 + g + (e >= 2 ? 8 : 0), j = k0 + n * 8 + 2 * t + (e & 1);
-        s[n][e] = valid(a, b, i, j) ? s[n][e] * a.scale_log2 : -INFINITY;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        for (int e = 0; e < 4; ++e) {
+          const int i = q0 + g + (e >= 2 ? 8 : 0), j = k0 + n * 8 + 2 * t + (e & 1);
+          s[n][e] = valid(a, b, i, j) ? s[n][e] * a.scale_log2 : -INFINITY;
+          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+        }
+      float alpha[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float m_new = fmaxf(m[r], mx[r]);
+        alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
+        m[r] = m_new;
+        l[r] *= alpha[r];
       }
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float m_new = fmaxf(m[r], mx[r]);
-      alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
-      m[r] = m_new;
-      l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n) {
-      o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-      o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-    }
-    // probabilities (unnormalized), their sums before dropout, dropped ones for the product
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const float p = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[r]);
-        l[r] += p;
-        s[n][e] = a.drop && p != 0.0f ? p * keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : p;
-      }
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4];
-      a_from_acc<T>(pa, s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
       for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Vt, kTile + 8, n * 8, kk * 16, g, t);
-        mma<T>(o[n], pa, b0, b1);
+        o[n][0] *= alpha[0], o[n][1] *= alpha[0];
+        o[n][2] *= alpha[1], o[n][3] *= alpha[1];
+      }
+      // probabilities (unnormalized), their sums before dropout, dropped ones for the product
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1;
+          const float p = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[r]);
+          l[r] += p;
+          s[n][e] = a.drop && p != 0.0f ? p * keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : p;
+        }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t pa[4];
+        a_from_acc<T>(pa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t lo[2], hi[2];
+          load_b_trans(lo, hi, Vs, RS, kk * 16, n * 8, lane);
+          mma<T>(o[n], pa, lo[0], lo[1]);
+          mma<T>(o[n + 1], pa, hi[0], hi[1]);
+        }
       }
     }
+    __syncthreads();  // the next iteration's copy overwrites this buffer
   }
   T* out = static_cast<T*>(a.dst);
 #pragma unroll
@@ -298,108 +343,134 @@ __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, 
   }
 }
 
-// dK and dV of 64 keys: each warp 16 keys, over the query tiles.
+// dK and dV of 64 keys: each warp 16 keys, over the query tiles (double-buffered).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int RS = D + 8, CS = kTile + 8;
+  constexpr int RS = D + 8;
   T* Kown = reinterpret_cast<T*>(smem);  // this block's keys [64][RS]
   T* Vown = Kown + kRows * RS;           // and values
-  T* Qs = Vown + kRows * RS;             // the query tile [64][RS]
-  T* Qt = Qs + kTile * RS;               // transposed [D][CS]
-  T* dOs = Qt + D * CS;                  // dout tile [64][RS]
-  T* dOt = dOs + kTile * RS;             // transposed [D][CS]
-  float* lse2 = reinterpret_cast<float*>(dOt + D * CS);  // [64], log2 units
-  float* rd = lse2 + kTile;                               // [64]
+  T* Qb = Vown + kRows * RS;             // query tiles [2][64][RS]
+  T* dOb = Qb + 2 * kTile * RS;          // dout tiles [2][64][RS]
+  float* lse2 = reinterpret_cast<float*>(dOb + 2 * kTile * RS);  // [2][64], log2 units
+  float* rd = lse2 + 2 * kTile;                                   // [2][64]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
   const T* qkv = static_cast<const T*>(a.qkv);
   const T* dout = static_cast<const T*>(a.dout);
-  load_tile<T, D>(Kown, static_cast<T*>(nullptr), qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
-  load_tile<T, D>(Vown, static_cast<T*>(nullptr), qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
+  auto q_at = [&](int tok) { return qkv_at(a, b, tok, h, 0); };
+  auto o_at = [&](int tok) { return out_at(a, b, tok, h); };
+  // stage the query tile qt into buffer buf: q and dout by copy, lse and D by the threads
+  auto stage = [&](int qt, int buf) {
+    const int i0 = qt * kTile;
+    load_tile_async<T, D>(Qb + buf * kTile * RS, qkv, i0, a.T, q_at);
+    load_tile_async<T, D>(dOb + buf * kTile * RS, dout, i0, a.T, o_at);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const int i = i0 + r;
+      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + i;
+      lse2[buf * kTile + r] = i < a.T ? a.lse[at] * kLog2e : INFINITY;
+      rd[buf * kTile + r] = i < a.T ? a.rowdot[at] : 0.0f;
+    }
+  };
+  const int first = a.causal ? k_block / kTile : 0, tiles = (a.T + kTile - 1) / kTile;
+  load_tile_async<T, D>(Kown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
+  load_tile_async<T, D>(Vown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
+  stage(first, 0);
+  cp_commit();
   float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
-  const int first = a.causal ? k_block / kTile : 0, tiles = (a.T + kTile - 1) / kTile;
   for (int qt = first; qt < tiles; ++qt) {
-    const int i0 = qt * kTile;
-    __syncthreads();
-    load_tile<T, D>(Qs, Qt, qkv, i0, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 0); });
-    load_tile<T, D>(dOs, dOt, dout, i0, a.T, [&](int tok) { return out_at(a, b, tok, h); });
-    for (int r = threadIdx.x; r < kTile; r += kThreads) {
-      const int i = i0 + r;
-      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + i;
-      lse2[r] = i < a.T ? a.lse[at] * kLog2e : INFINITY;
-      rd[r] = i < a.T ? a.rowdot[at] : 0.0f;
+    const int i0 = qt * kTile, buf = (qt - first) & 1;
+    if (qt + 1 < tiles) {
+      stage(qt + 1, buf ^ 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
     }
     __syncthreads();
-    if (a.causal && i0 + kTile - 1 < j0) continue;  // every query of the tile is before this warp's keys
-    // S^T (16 keys x 64 queries) = K Q^T and dP^T = V dout^T
-    float st[8][4], dpt[8][4];
+    const T* Qs = Qb + buf * kTile * RS;
+    const T* dOs = dOb + buf * kTile * RS;
+    const float* L = lse2 + buf * kTile;
+    const float* R = rd + buf * kTile;
+    if (!(a.causal && i0 + kTile - 1 < j0)) {  // else every query of the tile is before this warp's keys
+      // S^T (16 keys x 64 queries) = K Q^T and dP^T = V dout^T
+      float st[8][4], dpt[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+      for (int n = 0; n < 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      uint32_t ka[4], va[4];
-      load_a(ka, Kown, RS, kw, ks * 16, g, t);
-      load_a(va, Vown, RS, kw, ks * 16, g, t);
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t ka[4], va[4];
+        load_a(ka, Kown, RS, kw, ks * 16, g, t);
+        load_a(va, Vown, RS, kw, ks * 16, g, t);
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Qs, RS, n * 8, ks * 16, g, t);
-        mma<T>(st[n], ka, b0, b1);
-        load_b(b0, b1, dOs, RS, n * 8, ks * 16, g, t);
-        mma<T>(dpt[n], va, b0, b1);
+        for (int n = 0; n < 8; ++n) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Qs, RS, n * 8, ks * 16, g, t);
+          mma<T>(st[n], ka, b0, b1);
+          load_b(b0, b1, dOs, RS, n * 8, ks * 16, g, t);
+          mma<T>(dpt[n], va, b0, b1);
+        }
+      }
+      // P^T, and st <- (P Z)^T for dV, dpt <- dS^T for dK
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + g + (e >= 2 ? 8 : 0), il = n * 8 + 2 * t + (e & 1), i = i0 + il;
+          const float p = valid(a, b, i, j) ? exp2f(st[n][e] * a.scale_log2 - L[il]) : 0.0f;
+          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
+          st[n][e] = p * z;
+          dpt[n][e] = p * (z * dpt[n][e] - R[il]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t pa[4], sa[4];
+        a_from_acc<T>(pa, st[2 * kk], st[2 * kk + 1]);
+        a_from_acc<T>(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t lo[2], hi[2];
+          load_b_trans(lo, hi, dOs, RS, kk * 16, n * 8, lane);
+          mma<T>(dv[n], pa, lo[0], lo[1]);
+          mma<T>(dv[n + 1], pa, hi[0], hi[1]);
+          load_b_trans(lo, hi, Qs, RS, kk * 16, n * 8, lane);
+          mma<T>(dk[n], sa, lo[0], lo[1]);
+          mma<T>(dk[n + 1], sa, hi[0], hi[1]);
+        }
       }
     }
-    // P^T, and st <- (P Z)^T for dV, dpt <- dS^T for dK
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = j0 + g + (e >= 2 ? 8 : 0), il = n * 8 + 2 * t + (e & 1), i = i0 + il;
-        const float p = valid(a, b, i, j) ? exp2f(st[n][e] * a.scale_log2 - lse2[il]) : 0.0f;
-        const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
-        st[n][e] = p * z;
-        dpt[n][e] = p * (z * dpt[n][e] - rd[il]);
-      }
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t pa[4], sa[4];
-      a_from_acc<T>(pa, st[2 * kk], st[2 * kk + 1]);
-      a_from_acc<T>(sa, dpt[2 * kk], dpt[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, dOt, CS, n * 8, kk * 16, g, t);
-        mma<T>(dv[n], pa, b0, b1);
-        load_b(b0, b1, Qt, CS, n * 8, kk * 16, g, t);
-        mma<T>(dk[n], sa, b0, b1);
-      }
-    }
+    __syncthreads();  // the next iteration's copy overwrites this buffer
   }
   add_rows<T, D>(a, b, h, j0, 1, dk, a.scale, g, t);
   add_rows<T, D>(a, b, h, j0, 2, dv, 1.0f, g, t);
 }
 
-// dQ of 64 queries: each warp 16 queries, over the key tiles.
+// dQ of 64 queries: each warp 16 queries, over the key tiles (double-buffered).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
-  constexpr int RS = D + 8, CS = kTile + 8;
-  T* Ks = reinterpret_cast<T*>(smem);  // [64][RS]
-  T* Kt = Ks + kTile * RS;             // [D][CS]
-  T* Vs = Kt + D * CS;                 // [64][RS]
+  constexpr int RS = D + 8;
+  T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
+  T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
   const T* qkv = static_cast<const T*>(a.qkv);
   const T* dout = static_cast<const T*>(a.dout);
+  auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
+  auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
+  const int q_last = min(q_block + kRows, a.T) - 1;
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
+  load_tile_async<T, D>(Kb, qkv, 0, a.T, k_at);
+  load_tile_async<T, D>(Vb, qkv, 0, a.T, v_at);
+  cp_commit();
   uint32_t qf[D / 16][4], df[D / 16][4];
   float lse2[2], rd[2];
   {
@@ -422,49 +493,57 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-  const int q_last = min(q_block + kRows, a.T) - 1;
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
   for (int kt = 0; kt < tiles; ++kt) {
-    const int k0 = kt * kTile;
+    const int k0 = kt * kTile, buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile_async<T, D>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
+      load_tile_async<T, D>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
     __syncthreads();
-    load_tile<T, D>(Ks, Kt, qkv, k0, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
-    load_tile<T, D>(Vs, static_cast<T*>(nullptr), qkv, k0, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
-    __syncthreads();
-    if (a.causal && k0 > q0 + 15) continue;
-    float s[8][4], dp[8][4];
+    const T* Ks = Kb + buf * kTile * RS;
+    const T* Vs = Vb + buf * kTile * RS;
+    if (!(a.causal && k0 > q0 + 15)) {
+      float s[8][4], dp[8][4];
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
-        mma<T>(s[n], qf[ks], b0, b1);
-        load_b(b0, b1, Vs, RS, n * 8, ks * 16, g, t);
-        mma<T>(dp[n], df[ks], b0, b1);
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
+          mma<T>(s[n], qf[ks], b0, b1);
+          load_b(b0, b1, Vs, RS, n * 8, ks * 16, g, t);
+          mma<T>(dp[n], df[ks], b0, b1);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, i = q0 + g + 8 * r, j = k0 + n * 8 + 2 * t + (e & 1);
+          const float p = valid(a, b, i, j) ? exp2f(s[n][e] * a.scale_log2 - lse2[r]) : 0.0f;
+          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
+          s[n][e] = p * (z * dp[n][e] - rd[r]);  // dS
+        }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t sa[4];
+        a_from_acc<T>(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t lo[2], hi[2];
+          load_b_trans(lo, hi, Ks, RS, kk * 16, n * 8, lane);
+          mma<T>(dq[n], sa, lo[0], lo[1]);
+          mma<T>(dq[n + 1], sa, hi[0], hi[1]);
+        }
       }
     }
-#pragma unroll
-    for (int n = 0; n < 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1, i = q0 + g + 8 * r, j = k0 + n * 8 + 2 * t + (e & 1);
-        const float p = valid(a, b, i, j) ? exp2f(s[n][e] * a.scale_log2 - lse2[r]) : 0.0f;
-        const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
-        s[n][e] = p * (z * dp[n][e] - rd[r]);  // dS
-      }
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      uint32_t sa[4];
-      a_from_acc<T>(sa, s[2 * kk], s[2 * kk + 1]);
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        uint32_t b0, b1;
-        load_b(b0, b1, Kt, CS, n * 8, kk * 16, g, t);
-        mma<T>(dq[n], sa, b0, b1);
-      }
-    }
+    __syncthreads();
   }
   add_rows<T, D>(a, b, h, q0, 0, dq, a.scale, g, t);
 }
@@ -501,16 +580,15 @@ void launch(Kernel k, dim3 grid, size_t smem, cudaStream_t st, const Args& a, co
 template <typename T, int D>
 void forward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
-  launch(flash_forward_kernel<T, D>, grid, (kTile * (D + 8) + D * (kTile + 8)) * sizeof(T), st, a, "flash_forward_kernel");
+  launch(flash_forward_kernel<T, D>, grid, 4 * kTile * (D + 8) * sizeof(T), st, a, "flash_forward_kernel");
 }
 
 template <typename T, int D>
 void backward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
-  constexpr size_t RS = D + 8, CS = kTile + 8;
-  launch(flash_dkdv_kernel<T, D>, grid, (4 * kTile * RS + 2 * D * CS) * sizeof(T) + 2 * kTile * sizeof(float), st, a,
-         "flash_dkdv_kernel");
-  launch(flash_dq_kernel<T, D>, grid, (2 * kTile * RS + D * CS) * sizeof(T), st, a, "flash_dq_kernel");
+  constexpr size_t RS = D + 8;
+  launch(flash_dkdv_kernel<T, D>, grid, 6 * kTile * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a, "flash_dkdv_kernel");
+  launch(flash_dq_kernel<T, D>, grid, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
 }
 
 }  // namespace
