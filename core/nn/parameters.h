@@ -106,7 +106,6 @@ class ParameterStore {
   // Megatron's does. From then on master(), masters(), copy_masters_to_params() and
   // initialize() are errors. Nothing to free in an f32 run (the masters are the parameters).
   void release_masters();
-  bool masters_released() const { return masters_released_; }
 
   // Backward-pass progress, for gradient reduction that overlaps the backward pass: a
   // layer whose parameters' gradients are final (nothing later in this backward pass

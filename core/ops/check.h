@@ -1,4 +1,4 @@
-// Argument checks shared by the dispatching op functions, and the dispatch itself.
+// Argument checks shared by the dispatching op functions (the dispatch: op_dispatch.h).
 #pragma once
 
 #include <initializer_list>
@@ -6,8 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/device/dispatch.h"
-#include "core/device/profile.h"
 #include "core/ops/accepts.h"
 #include "core/ops/backends.h"
 #include "core/util/error.h"
@@ -41,15 +39,3 @@ int64_t rows(const Tensor& t);
 int64_t cols(const Tensor& t);
 
 }  // namespace megabatch::ops::detail
-
-// Calls the backend of `device` (a CUDA tensor in a CPU-only build: the build error),
-// marked for the profile (core/device/profile.h) with the op's family.
-#define MB_OP_DISPATCH(device, fn, ...)  \
-  do {                                   \
-    ::megabatch::profile::OpMark mb_op_mark_(#fn); \
-    if ((device).is_cuda()) {            \
-      MB_CUDA(::megabatch::ops::cuda::fn(__VA_ARGS__)); \
-    } else {                             \
-      ::megabatch::ops::cpu::fn(__VA_ARGS__);           \
-    }                                    \
-  } while (0)

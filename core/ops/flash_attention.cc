@@ -5,6 +5,7 @@
 
 #include "core/device/runtime.h"
 #include "core/ops/check.h"
+#include "core/ops/op_dispatch.h"
 
 namespace megabatch::ops {
 using namespace detail;

@@ -1,6 +1,7 @@
 #include "core/ops/gather.h"
 
 #include "core/ops/check.h"
+#include "core/ops/op_dispatch.h"
 
 namespace megabatch::ops {
 using namespace detail;

@@ -1,6 +1,7 @@
 #include "core/ops/gradients.h"
 
 #include "core/ops/check.h"
+#include "core/ops/op_dispatch.h"
 
 namespace megabatch::ops {
 using namespace detail;
@@ -15,7 +16,7 @@ void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tenso
   MB_OP_DISPATCH(d, unscale_and_check, grads, found_inf, scaler);
 }
 
-void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config) {
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const ops::LossScalerConfig& config) {
   const Device d = common_device("loss_scaler_update", {&scaler, &found_inf});
   expect_accepted(accepts::loss_scaler_update_scaler, scaler, d);
   expect_numel("loss_scaler_update", "scaler", scaler, 3);

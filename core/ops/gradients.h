@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/optim/loss_scaler.h"
+#include "core/ops/loss_scaler.h"
 #include "core/tensor/tensor.h"
 
 namespace megabatch::ops {
@@ -18,7 +18,7 @@ namespace megabatch::ops {
 void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tensor& scaler);
 
 // The loss scaler's update from found_inf (LossScalerState as f32 (3), in place).
-void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config);
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const ops::LossScalerConfig& config);
 
 // out f64 (2) = (sum of x^2 over the `sharded` segments, over the `replicated` ones) of
 // the flat f32 buffer x: the two parts of a global norm under tensor parallelism (the

@@ -1,6 +1,7 @@
 #include "core/ops/random.h"
 
 #include "core/ops/check.h"
+#include "core/ops/op_dispatch.h"
 
 namespace megabatch::ops {
 using namespace detail;

@@ -6,12 +6,8 @@
 #include <cstdint>
 
 #include "core/tensor/tensor.h"
+#include "core/util/host_device.h"
 
-#if defined(__CUDACC__)
-#define MB_SHARD_HOST_DEVICE __host__ __device__
-#else
-#define MB_SHARD_HOST_DEVICE
-#endif
 
 namespace megabatch::ops {
 
@@ -23,7 +19,7 @@ struct ShardLayout {
   int partition_dim = -1;      // -1: not sharded
   int64_t rank = 0;            // this shard's index along partition_dim
   int64_t offset = 0;          // element i is local element offset + i (a distributed optimizer's piece)
-  MB_SHARD_HOST_DEVICE int64_t full_index(int64_t i) const {
+  MB_HOST_DEVICE int64_t full_index(int64_t i) const {
     i += offset;
     if (partition_dim < 0) return i;
     const int64_t r = i / cols, c = i % cols;

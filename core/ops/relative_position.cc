@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/ops/check.h"
+#include "core/ops/op_dispatch.h"
 
 namespace megabatch::ops {
 using namespace detail;

@@ -167,7 +167,7 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
     (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);
   scaler_.resize({3}, DType::kF32, device_);
   found_inf_.resize({1}, DType::kF32, device_);
-  const optim::LossScalerState s = optim::initial_state(opt_.loss_scaler);
+  const ops::LossScalerState s = ops::initial_scaler_state(opt_.loss_scaler);
   copy(scaler_, from_host(std::vector<float>{s.scale, s.growth_tracker, s.hysteresis_tracker}, {3}));
   overflow_ = std::make_unique<runtime::Readback>(device_, sizeof(float));
   interval_start_ = std::chrono::steady_clock::now();
@@ -207,7 +207,7 @@ const Tensor& Trainer::main_grads() const {
   return optimizer_.shards() ? optimizer_.shards()->grads() : model_.parameters().grads();
 }
 
-optim::LossScalerState Trainer::loss_scaler_state() const {
+ops::LossScalerState Trainer::loss_scaler_state() const {
   const std::vector<float> s = to_host_f32(scaler_);
   return {s[0], s[1], s[2]};
 }
@@ -612,7 +612,7 @@ std::filesystem::path Trainer::save_checkpoint() {
   s.iteration = iteration_;
   s.consumed_samples = consumed_;
   s.seed = opt_.seed;
-  const optim::LossScalerState scaler = loss_scaler_state();
+  const ops::LossScalerState scaler = loss_scaler_state();
   s.loss_scale = fp16() ? scaler.scale : 1.0;
   // The LR schedule is a pure function of the applied steps' samples and these settings;
   // they are stored so that a checkpoint says which schedule produced it.

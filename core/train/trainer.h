@@ -22,7 +22,7 @@
 #include "core/device/runtime.h"
 #include "core/io/checkpoint.h"
 #include "core/io/metrics.h"
-#include "core/optim/loss_scaler.h"
+#include "core/ops/loss_scaler.h"
 #include "core/optim/optimizer.h"
 #include "core/optim/schedule.h"
 #include "core/train/grad_buckets.h"
@@ -83,7 +83,7 @@ struct TrainOptions {
   double noise_scale_ema = 0.99;     // decay of its moving averages, a step
   double noise_scale_window = 0;     // > 0: their window in samples instead (decay exp(-B / window) a step)
   // fp16 loss scaling (used when the model's parameters are f16; bf16 and f32 need none)
-  optim::LossScalerConfig loss_scaler;
+  ops::LossScalerConfig loss_scaler;
   // Checkpoints: written to save_dir every save_interval iterations (0: none on a
   // schedule), at the end of training, at exit_interval, and on SIGTERM / SIGUSR1.
   std::string save_dir;              // empty: no checkpoints
@@ -169,7 +169,7 @@ class Trainer {
   // After run() returned kDiverged: the iteration it was detected at and why.
   int64_t diverged_at() const { return diverged_at_; }
   const std::string& divergence_reason() const { return divergence_reason_; }
-  optim::LossScalerState loss_scaler_state() const;
+  ops::LossScalerState loss_scaler_state() const;
 
  private:
   // The phases of train_step, in order.

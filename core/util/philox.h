@@ -9,11 +9,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MB_HOST_DEVICE __host__ __device__
-#else
-#define MB_HOST_DEVICE
-#endif
+#include "core/util/host_device.h"
 
 namespace megabatch {
 
@@ -70,7 +66,6 @@ class PhiloxStream {
       if (low >= n || low >= (0 - n) % n) return static_cast<uint64_t>(m >> 64);
     }
   }
-  MB_HOST_DEVICE bool bernoulli(double p) { return uniform() < p; }
 
  private:
   uint64_t key_, stream_, counter_ = 0;

@@ -10,20 +10,20 @@
 #include <limits>
 #include <vector>
 
-#include "core/optim/loss_scaler.h"
+#include "core/ops/loss_scaler.h"
 #include "core/ops/gradients.h"
 #include "core/tensor/tensor.h"
 
 namespace mb = megabatch;
-using mb::optim::LossScalerConfig;
-using mb::optim::LossScalerState;
+using mb::ops::LossScalerConfig;
+using mb::ops::LossScalerState;
 
 namespace {
 std::vector<float> scales(LossScalerConfig c, const std::vector<bool>& infs) {
-  LossScalerState s = mb::optim::initial_state(c);
+  LossScalerState s = mb::ops::initial_scaler_state(c);
   std::vector<float> out;
   for (bool inf : infs) {
-    mb::optim::update(s, inf, c);
+    mb::ops::update_loss_scale(s, inf, c);
     out.push_back(s.scale);
   }
   return out;
@@ -71,13 +71,13 @@ TEST(LossScaler, TheOpUpdatesTheDeviceStateAsTheHostFunction) {
   LossScalerConfig c;
   c.initial_scale = 64;
   c.window = 2;
-  const LossScalerState s0 = mb::optim::initial_state(c);
+  const LossScalerState s0 = mb::ops::initial_scaler_state(c);
   mb::Tensor state = mb::from_host(std::vector<float>{s0.scale, s0.growth_tracker, s0.hysteresis_tracker}, {3});
   LossScalerState host = s0;
   for (bool inf : {false, false, true, true, false}) {
     const mb::Tensor flag = mb::from_host(std::vector<float>{inf ? 1.0f : 0.0f}, {1});
     mb::ops::loss_scaler_update(state, flag, c);
-    mb::optim::update(host, inf, c);
+    mb::ops::update_loss_scale(host, inf, c);
     EXPECT_EQ(mb::to_host_f32(state), (std::vector<float>{host.scale, host.growth_tracker, host.hysteresis_tracker}));
   }
 }

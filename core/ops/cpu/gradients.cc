@@ -21,10 +21,10 @@ void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tenso
   found_inf.data<float>()[0] = bad ? 1.0f : 0.0f;
 }
 
-void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config) {
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const ops::LossScalerConfig& config) {
   float* s = scaler.data<float>();
-  optim::LossScalerState st{s[0], s[1], s[2]};
-  optim::update(st, found_inf.data<float>()[0] != 0.0f, config);
+  ops::LossScalerState st{s[0], s[1], s[2]};
+  ops::update_loss_scale(st, found_inf.data<float>()[0] != 0.0f, config);
   s[0] = st.scale;
   s[1] = st.growth_tracker;
   s[2] = st.hysteresis_tracker;

@@ -48,9 +48,9 @@ __global__ void any_kernel(float* found_inf, const int* block_bad, int blocks) {
   found_inf[0] = bad ? 1.0f : 0.0f;
 }
 
-__global__ void scaler_kernel(float* s, const float* found_inf, optim::LossScalerConfig c) {
-  optim::LossScalerState st{s[0], s[1], s[2]};
-  optim::update(st, found_inf[0] != 0.0f, c);
+__global__ void scaler_kernel(float* s, const float* found_inf, ops::LossScalerConfig c) {
+  ops::LossScalerState st{s[0], s[1], s[2]};
+  ops::update_loss_scale(st, found_inf[0] != 0.0f, c);
   s[0] = st.scale;
   s[1] = st.growth_tracker;
   s[2] = st.hysteresis_tracker;
@@ -93,7 +93,7 @@ void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tenso
   MB_CUDA_LAUNCHED("any_kernel");
 }
 
-void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const optim::LossScalerConfig& config) {
+void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const ops::LossScalerConfig& config) {
   scaler_kernel<<<1, 1, 0, stream_of(scaler)>>>(ptr<float>(scaler), ptr<float>(found_inf), config);
   MB_CUDA_LAUNCHED("scaler_kernel");
 }

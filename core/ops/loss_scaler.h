@@ -1,6 +1,7 @@
 // Megatron-LM's gradient scalers (megatron/core/optimizer/grad_scaler.py) as
 // device-independent logic: the same update runs on the host for a CPU run and in a
-// one-thread kernel for a GPU run, so the scale never has to travel to the host.
+// one-thread kernel for a GPU run (ops::loss_scaler_update, gradients.h), so the scale
+// never has to travel to the host.
 //
 // fp16 training multiplies the loss by `scale` before backward; an iteration whose
 // gradients are not all finite is skipped (no optimizer step) and updates the scaler:
@@ -15,13 +16,10 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define MB_SCALER_HOST_DEVICE __host__ __device__
-#else
-#define MB_SCALER_HOST_DEVICE
-#endif
+#include "core/util/host_device.h"
 
-namespace megabatch::optim {
+
+namespace megabatch::ops {
 
 struct LossScalerConfig {
   bool dynamic = true;
@@ -39,11 +37,11 @@ struct LossScalerState {
   float hysteresis_tracker = 0.0f;  // inf steps still tolerated before a backoff
 };
 
-inline LossScalerState initial_state(const LossScalerConfig& c) {
+inline LossScalerState initial_scaler_state(const LossScalerConfig& c) {
   return {c.initial_scale, 0.0f, static_cast<float>(c.hysteresis)};
 }
 
-MB_SCALER_HOST_DEVICE inline void update(LossScalerState& s, bool found_inf, const LossScalerConfig& c) {
+MB_HOST_DEVICE inline void update_loss_scale(LossScalerState& s, bool found_inf, const LossScalerConfig& c) {
   if (!c.dynamic) return;
   if (found_inf) {
     s.growth_tracker = 0.0f;
@@ -62,4 +60,4 @@ MB_SCALER_HOST_DEVICE inline void update(LossScalerState& s, bool found_inf, con
   }
 }
 
-}  // namespace megabatch::optim
+}  // namespace megabatch::ops

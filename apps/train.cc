@@ -301,13 +301,13 @@ mb::DType run_dtype(const json& v) {
   return bf16 ? mb::DType::kBF16 : fp16 ? mb::DType::kF16 : mb::DType::kF32;
 }
 
-mb::optim::LossScalerConfig loss_scaler(const mb::config::Resolved& r, mb::DType dtype) {
+mb::ops::LossScalerConfig loss_scaler(const mb::config::Resolved& r, mb::DType dtype) {
   const json& v = r.values;
   for (const char* k : {"loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})
     mb::check(!r.given(k) || dtype == mb::DType::kF16, "--", mb::config::flag_name(k),
               " is for --fp16 runs (loss scaling); ", dtype == mb::DType::kBF16 ? "bf16 needs none" : "add --fp16",
               " or drop it");
-  mb::optim::LossScalerConfig c;
+  mb::ops::LossScalerConfig c;
   c.dynamic = !v.contains("loss_scale");
   c.initial_scale = static_cast<float>(c.dynamic ? v["initial_loss_scale"].get<double>() : v["loss_scale"].get<double>());
   c.min_scale = static_cast<float>(v["min_loss_scale"].get<double>());
