@@ -94,7 +94,7 @@ Plugin load_plugin_file(const fs::path& path) {
   }
   if (!p.library->has(MB_PLUGIN_ENTRY_SYMBOL))
     fail(path.string(), ": not a megabatch optimizer plugin: the symbol '", MB_PLUGIN_ENTRY_SYMBOL,
-         "' is missing; define it with MEGABATCH_OPTIMIZER_PLUGIN(...) from core/optim/plugin.h");
+         "' is missing; define it with MEGABATCH_OPTIMIZER_PLUGIN(...) from core/optim/plugin_kit.h");
   p.entry = &p.library->get<const mb_plugin_entry>(MB_PLUGIN_ENTRY_SYMBOL);
   if (p.entry->abi_version != MB_PLUGIN_ABI_VERSION)
     fail(path.string(), ": plugin ABI version ", p.entry->abi_version, " but this megabatch speaks ABI version ",

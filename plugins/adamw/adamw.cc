@@ -3,7 +3,7 @@
 //   m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2
 //   p <- p - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 // Biases and norms get no weight decay (Megatron's default grouping).
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <cmath>
 #include <vector>

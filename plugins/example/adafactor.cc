@@ -10,7 +10,7 @@
 // Row and column statistics are sums over jobs of one row or one column each. Under
 // tensor parallelism a matrix split by rows has whole rows here (its column sums, the
 // mean of R and rms(u) are summed over the group), one split by columns whole columns.
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <cmath>
 #include <vector>

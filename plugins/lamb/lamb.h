@@ -17,7 +17,7 @@
 // more traffic than storing it, and needs no scratch buffer.
 #pragma once
 
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <cmath>
 #include <vector>

@@ -4,7 +4,7 @@
 //   v <- momentum * v + lr * local * (g + wd * w);   w <- w - v
 // Biases and norms are excluded: local = 1 and no weight decay (plain momentum SGD).
 // Norms of sharded tensors are summed over the tensor-parallel group.
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <cmath>
 #include <vector>

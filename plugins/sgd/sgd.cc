@@ -3,7 +3,7 @@
 //   b  = g' at the first step, then momentum * b + (1 - dampening) * g'
 //   d  = g' + momentum * b (Nesterov) or b;   p <- p - lr * d
 // With momentum 0 this is plain SGD and no state is kept.
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <stdexcept>
 #include <vector>

@@ -29,6 +29,7 @@ mb::testing::CommandResult run(const std::string& cmd) {
 std::string build_out_of_tree(const fs::path& prefix, const fs::path& src) {
   run("cmake --install " + fs::path(mb::testing::bin_dir()).parent_path().string() + " --prefix " + prefix.string());
   EXPECT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin.h"));
+  EXPECT_TRUE(fs::exists(prefix / "include" / "megabatch" / "plugin_kit.h"));
   EXPECT_TRUE(fs::exists(prefix / "lib" / "cmake" / "megabatch" / "megabatchConfig.cmake"));
   run("cmake -S " + src.string() + " -B " + (src / "build").string() + " -DCMAKE_PREFIX_PATH=" + prefix.string() +
       " -DCMAKE_CUDA_ARCHITECTURES=75");

@@ -353,16 +353,27 @@ TEST(PluginRun, KilledRunKeepsEveryFlushedIntervalReadable) {
   EXPECT_EQ(py.output, "True True [1.0, 2.0, 3.0]\n") << py.output;
 }
 
-TEST(PluginHeader, CompilesAloneAsCAndCxxWithPedanticWarnings) {
+// The ABI header is plain C: it compiles alone as C11 and C99 (and as C++); the C++ kit
+// compiles alone as C++17, and refuses a C compiler by name.
+TEST(PluginHeader, TheAbiCompilesAloneAsCAndTheKitAsCxxWithPedanticWarnings) {
   const std::string inc = fs::path(mb::testing::bin_dir()).parent_path().string() + "/include";
   mb::testing::TempDir tmp;
   mb::testing::write_text(tmp / "a.c", "#include <megabatch/plugin.h>\nint main(void) { return MB_PLUGIN_ABI_VERSION == 0u; }\n");
   mb::testing::write_text(tmp / "b.cc", "#include <megabatch/plugin.h>\nint main() { return MB_PLUGIN_ABI_VERSION == 0u; }\n");
-  for (const std::string& cmd : {"cc -std=c99 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "a.c").string() + " -o " + (tmp / "a").string(),
-                                "c++ -std=c++17 -Wall -Wextra -pedantic -Werror -I" + inc + " " + (tmp / "b.cc").string() + " -o " + (tmp / "b").string()}) {
+  mb::testing::write_text(tmp / "k.cc", "#include <megabatch/plugin_kit.h>\nint main() { return sizeof(megabatch::plugin::Context) == 0; }\n");
+  mb::testing::write_text(tmp / "k.c", "#include <megabatch/plugin_kit.h>\nint main(void) { return 0; }\n");
+  const std::string flags = " -Wall -Wextra -pedantic -Werror -I" + inc + " ";
+  for (const std::string& cmd : {"cc -std=c11" + flags + (tmp / "a.c").string() + " -o " + (tmp / "a11").string(),
+                                "cc -std=c99" + flags + (tmp / "a.c").string() + " -o " + (tmp / "a99").string(),
+                                "c++ -std=c++17" + flags + (tmp / "b.cc").string() + " -o " + (tmp / "b").string(),
+                                "c++ -std=c++17" + flags + (tmp / "k.cc").string() + " -o " + (tmp / "k").string()}) {
     const auto r = mb::testing::run_command(cmd);
     EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
   }
+  const auto c = mb::testing::run_command("cc -std=c11" + flags + (tmp / "k.c").string() + " -o " + (tmp / "kc").string());
+  EXPECT_NE(c.exit_code, 0);
+  EXPECT_NE(c.output.find("plugin_kit.h is C++; a plugin written in C includes <megabatch/plugin.h> alone"), std::string::npos)
+      << c.output;
 }
 
 TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {

@@ -1,5 +1,5 @@
 // Test plugin: plain SGD that throws from step() at the step given by `fail_at`.
-#include <megabatch/plugin.h>
+#include <megabatch/plugin_kit.h>
 
 #include <stdexcept>
 #include <string>

@@ -1,0 +1,442 @@
+/* megabatch optimizer plugin kit: the C++ layer over the C ABI of plugin.h (included here).
+ * Write a class, get the C entry.
+ *
+ *   struct SgdUpdate {                       // the math, once, as a host/device functor
+ *     float* w; const float* g; float lr;
+ *     MB_HOST_DEVICE void operator()(int64_t j) const { w[j] -= lr * g[j]; }
+ *   };
+ *   class MySgd : public megabatch::plugin::Optimizer {
+ *    public:
+ *     explicit MySgd(const megabatch::plugin::Context& ctx) : Optimizer(ctx) {}
+ *     void step(const mb_step_info& info) override {
+ *       std::vector<megabatch::plugin::TensorJob<SgdUpdate>> jobs;
+ *       for (size_t i = 0; i < num_params(); ++i)
+ *         jobs.push_back({param(i).numel, {param(i).data, param(i).grad, float(info.lr)}});
+ *       apply(jobs);   // every tensor: one OpenMP region on the CPU, one kernel on a GPU
+ *     }
+ *   };
+ *   static const mb_hparam_spec kSchema[] = {{"momentum", MB_HPARAM_FLOAT, 0.0, 0.0, 1.0, "momentum"}};
+ *   MEGABATCH_OPTIMIZER_PLUGIN(MySgd, "my_sgd", "1.0.0", "plain SGD", kSchema)
+ *
+ * Compiled by a C++ compiler the plugin runs on the CPU; compiled by nvcc (the plugin kit
+ * does so where CUDA is present) the same functors also become CUDA kernels. Exceptions
+ * thrown by the constructor or step() become the error message.
+ * ---------------------------------------------------------------------------------- */
+#ifndef MEGABATCH_OPTIM_PLUGIN_KIT_H_
+#define MEGABATCH_OPTIM_PLUGIN_KIT_H_
+
+#ifndef __cplusplus
+#error "plugin_kit.h is C++; a plugin written in C includes <megabatch/plugin.h> alone"
+#endif
+
+#include "plugin.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#ifdef _OPENMP
+#define MB_PLUGIN_PRAGMA(x) _Pragma(x)
+#else
+#define MB_PLUGIN_PRAGMA(x)
+#endif
+
+/* Marks optimizer functors so the same math compiles for the CPU and, under nvcc, for
+ * CUDA kernels. */
+#if defined(__CUDACC__)
+#define MB_HOST_DEVICE __host__ __device__
+#define MB_PLUGIN_DEVICES (MB_DEVICES_CPU | MB_DEVICES_CUDA)
+#else
+#define MB_HOST_DEVICE
+#define MB_PLUGIN_DEVICES MB_DEVICES_CPU
+#endif
+
+namespace megabatch::plugin {
+
+// ---- jobs -----------------------------------------------------------------------------
+// Elementwise optimizer math is a small functor (pointers and scalars of one tensor, an
+// operator() for element j). A TensorJob pairs it with an element count; Optimizer::apply
+// and Optimizer::sum run a whole list of jobs. A job is usually one tensor, but any
+// index space works (one row or one column of a matrix: factored statistics).
+template <typename Fn>
+struct TensorJob {
+  int64_t n;  // elements (indices 0 .. n - 1)
+  Fn fn;
+};
+
+// K per-element quantities (e.g. a squared update and a squared weight), returned by a
+// sum functor's operator()(j); returned by value so that the loop vectorizes.
+template <int K>
+struct Sums {
+  double v[K];
+};
+
+inline constexpr int64_t kChunk = 16384;         // CPU: elements per OpenMP work item
+inline constexpr int64_t kDeviceChunk = 65536;   // GPU: elements per thread block
+
+namespace detail {
+// A functor may have `Fn prepared() const`: it then computes, once per chunk (CPU) or per
+// thread (GPU) rather than per element, scalars it derives from device values (a trust
+// ratio from norms in device memory), and the loop runs the prepared copy.
+template <typename Fn, typename = void>
+struct has_prepared : std::false_type {};
+template <typename Fn>
+struct has_prepared<Fn, std::void_t<decltype(std::declval<const Fn&>().prepared())>> : std::true_type {};
+template <typename Fn>
+MB_HOST_DEVICE inline Fn prepare(const Fn& fn) {
+  if constexpr (has_prepared<Fn>::value)
+    return fn.prepared();
+  else
+    return fn;
+}
+
+struct Chunk {
+  int64_t job;
+  int64_t begin, end;
+};
+template <typename Fn>
+std::vector<Chunk> make_chunks(const std::vector<TensorJob<Fn>>& jobs, int64_t size, std::vector<int64_t>* first = nullptr) {
+  std::vector<Chunk> chunks;
+  if (first) first->assign(1, 0);
+  for (size_t t = 0; t < jobs.size(); ++t) {
+    for (int64_t b = 0; b < jobs[t].n; b += size)
+      chunks.push_back({static_cast<int64_t>(t), b, b + size < jobs[t].n ? b + size : jobs[t].n});
+    if (first) first->push_back(static_cast<int64_t>(chunks.size()));
+  }
+  return chunks;
+}
+
+// ---- the CPU: fixed chunks shared by OpenMP threads ------------------------------------
+template <typename Fn>
+void cpu_apply(const std::vector<TensorJob<Fn>>& jobs) {
+  const std::vector<Chunk> chunks = make_chunks(jobs, kChunk);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
+  for (int64_t c = 0; c < count; ++c) {
+    const Fn fn = prepare(jobs[static_cast<size_t>(chunks[c].job)].fn);  // a private copy keeps the scalars in registers
+    const int64_t end = chunks[c].end;
+    MB_PLUGIN_PRAGMA("omp simd")
+    for (int64_t j = chunks[c].begin; j < end; ++j) fn(j);
+  }
+}
+
+// out[job * K + k]: chunks summed in double, chunk partials added in order.
+template <int K, typename Fn>
+void cpu_sum(const std::vector<TensorJob<Fn>>& jobs, double* out) {
+  static_assert(K >= 1 && K <= 4, "sum: 1 to 4 sums per element");
+  const std::vector<Chunk> chunks = make_chunks(jobs, kChunk);
+  const int64_t count = static_cast<int64_t>(chunks.size());
+  std::vector<std::array<double, K>> partial(chunks.size());
+  MB_PLUGIN_PRAGMA("omp parallel for schedule(static) if (count > 1)")
+  for (int64_t c = 0; c < count; ++c) {
+    const Fn fn = prepare(jobs[static_cast<size_t>(chunks[c].job)].fn);
+    double a0 = 0, a1 = 0, a2 = 0, a3 = 0;  // scalars, not an array: a vectorizable reduction
+    const int64_t end = chunks[c].end;
+    MB_PLUGIN_PRAGMA("omp simd reduction(+ : a0, a1, a2, a3)")
+    for (int64_t j = chunks[c].begin; j < end; ++j) {
+      const Sums<K> t = fn(j);
+      a0 += t.v[0];
+      if constexpr (K > 1) a1 += t.v[1];
+      if constexpr (K > 2) a2 += t.v[2];
+      if constexpr (K > 3) a3 += t.v[3];
+    }
+    const double a[4] = {a0, a1, a2, a3};
+    for (int k = 0; k < K; ++k) partial[static_cast<size_t>(c)][k] = a[k];
+  }
+  for (size_t i = 0; i < jobs.size() * K; ++i) out[i] = 0.0;
+  for (size_t c = 0; c < chunks.size(); ++c)
+    for (int k = 0; k < K; ++k) out[chunks[c].job * K + k] += partial[c][k];
+}
+
+#if defined(__CUDACC__)
+// ---- a GPU: one thread block per chunk, job tables in device memory --------------------
+template <typename Fn>
+struct DeviceJob {
+  Fn fn;
+  int64_t n;
+};
+
+template <typename Fn>
+__global__ void apply_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, const float* skip) {
+  if (skip && *skip != 0.0f) return;
+  const Chunk c = chunks[blockIdx.x];
+  const Fn fn = prepare(jobs[c.job].fn);
+  for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) fn(j);
+}
+
+__device__ inline double block_sum_of(double v, double* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = (threadIdx.x & 31) < (blockDim.x >> 5) ? scratch[threadIdx.x & 31] : 0.0;
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// partial[chunk * K + k]; a fixed tree per block: deterministic
+template <int K, typename Fn>
+__global__ void sum_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, double* partial, const float* skip) {
+  __shared__ double scratch[32];
+  double acc[K];
+  for (int k = 0; k < K; ++k) acc[k] = 0.0;
+  const Chunk c = chunks[blockIdx.x];
+  if (!(skip && *skip != 0.0f)) {
+    const Fn fn = prepare(jobs[c.job].fn);
+    for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) {
+      const Sums<K> t = fn(j);
+      for (int k = 0; k < K; ++k) acc[k] += t.v[k];
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    const double s = block_sum_of(acc[k], scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x * K + k] = s;
+  }
+}
+
+// out[job * K + k] = the job's chunk partials added in order
+template <int K>
+__global__ void combine_kernel(double* out, const double* partial, const int64_t* first, int64_t jobs) {
+  const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (t >= jobs) return;
+  for (int k = 0; k < K; ++k) {
+    double s = 0.0;
+    for (int64_t c = first[t]; c < first[t + 1]; ++c) s += partial[c * K + k];
+    out[t * K + k] = s;
+  }
+}
+
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// The job and chunk tables in device memory (uploaded through the host).
+template <typename Fn>
+const DeviceJob<Fn>* upload_jobs(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs) {
+  std::vector<DeviceJob<Fn>> table;
+  table.reserve(jobs.size());
+  for (const auto& j : jobs) table.push_back({j.fn, j.n});
+  const size_t bytes = table.size() * sizeof(DeviceJob<Fn>);
+  void* d = h.scratch(h.ctx, bytes);
+  h.upload(h.ctx, d, table.data(), bytes);
+  return static_cast<const DeviceJob<Fn>*>(d);
+}
+template <typename T>
+const T* upload_vector(const mb_host& h, const std::vector<T>& v) {
+  const size_t bytes = v.size() * sizeof(T);
+  void* d = h.scratch(h.ctx, bytes ? bytes : 1);
+  if (bytes) h.upload(h.ctx, d, v.data(), bytes);
+  return static_cast<const T*>(d);
+}
+
+template <typename Fn>
+void cuda_apply(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, const float* skip) {
+  const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk);
+  if (chunks.empty()) return;
+  const DeviceJob<Fn>* dj = upload_jobs(h, jobs);
+  const Chunk* dc = upload_vector(h, chunks);
+  apply_kernel<Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, static_cast<cudaStream_t>(h.stream)>>>(dj, dc, skip);
+  check_launch("multi-tensor apply kernel");
+}
+
+template <int K, typename Fn>
+void cuda_sum(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, double* out, const float* skip) {
+  std::vector<int64_t> first;
+  const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk, &first);
+  const cudaStream_t s = static_cast<cudaStream_t>(h.stream);
+  double* partial = static_cast<double*>(h.scratch(h.ctx, (chunks.size() + 1) * K * sizeof(double)));
+  if (!chunks.empty()) {
+    sum_kernel<K, Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(upload_jobs(h, jobs), upload_vector(h, chunks),
+                                                                          partial, skip);
+    check_launch("multi-tensor sum kernel");
+  }
+  const int64_t n = static_cast<int64_t>(jobs.size());
+  if (n == 0) return;
+  combine_kernel<K><<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(out, partial, upload_vector(h, first), n);
+  check_launch("multi-tensor sum combine kernel");
+}
+#endif  // __CUDACC__
+}  // namespace detail
+
+// Per-job sums of K quantities, on the run's device (host memory on the CPU), valid until
+// step() returns: data()[job * K + k]. A kernel functor can read them (a trust ratio from
+// the norms); host() copies them to the host (waiting for the device) for diagnostics.
+template <int K>
+class TensorSums {
+ public:
+  TensorSums(const mb_host* host, double* data, size_t jobs) : host_(host), data_(data), jobs_(jobs) {}
+  const double* data() const { return data_; }
+  double* data() { return data_; }
+  size_t jobs() const { return jobs_; }
+  std::vector<std::array<double, K>> host() const {
+    std::vector<std::array<double, K>> out(jobs_);
+    if (jobs_) host_->download(host_->ctx, out.data(), data_, jobs_ * K * sizeof(double));
+    return out;
+  }
+
+ private:
+  const mb_host* host_;
+  double* data_;
+  size_t jobs_;
+};
+
+// ---- the optimizer base class -------------------------------------------------------
+struct Context {
+  const mb_host* host;
+  const mb_param* params;
+  size_t num_params;
+  const double* hparams;
+  const mb_hparam_spec* schema;
+  size_t num_hparams;
+};
+
+class Optimizer {
+ public:
+  explicit Optimizer(const Context& ctx) : ctx_(ctx) {}
+  virtual ~Optimizer() = default;
+  virtual void step(const mb_step_info& info) = 0;
+  // entry.flags: a class whose math is elementwise and whose per-tensor sums go through
+  // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`.
+  static constexpr uint32_t kFlags = 0;
+  // Called by the entry's step() around step(): the step's skip flag for the kernels.
+  void begin_step(const mb_step_info& info) { skip_ = info.skip; }
+
+ protected:
+  size_t num_params() const { return ctx_.num_params; }
+  const mb_param& param(size_t i) const { return ctx_.params[i]; }
+  bool on_gpu() const { return ctx_.host->device == MB_DEVICE_CUDA; }
+  // The value of hyperparameter `name` (it must be in the schema).
+  double hparam(const char* name) const {
+    for (size_t i = 0; i < ctx_.num_hparams; ++i)
+      if (std::strcmp(ctx_.schema[i].name, name) == 0) return ctx_.hparams[i];
+    throw std::logic_error(std::string("plugin asked for hyperparameter '") + name + "' missing from its schema");
+  }
+  // State the shape of parameter i, sharded as the parameter.
+  float* alloc_state(size_t i, const char* state_name) const {
+    const mb_param& p = param(i);
+    return alloc_state(i, state_name, std::vector<int64_t>(p.shape, p.shape + p.ndim), p.sharded ? p.partition_dim : -1);
+  }
+  // State of any shape (e.g. per-row factors: {rows}), `partition_dim` split across the
+  // tensor-parallel group as the parameter (-1: the same on every rank); scratch
+  // (checkpointed false) is not saved.
+  float* alloc_state(size_t i, const char* state_name, const std::vector<int64_t>& shape, int32_t partition_dim,
+                     bool checkpointed = true) const {
+    float* p = ctx_.host->alloc_state(ctx_.host->ctx, i, state_name, static_cast<int32_t>(shape.size()), shape.data(),
+                                      partition_dim, checkpointed ? 1 : 0);
+    if (!p) throw std::runtime_error(std::string("host refused state '") + state_name + "'");
+    return p;
+  }
+
+  // fn(j) for every element j of every job (fn touches element j of its arrays only).
+  template <typename Fn>
+  void apply(const std::vector<TensorJob<Fn>>& jobs) const {
+    if (!on_gpu()) return detail::cpu_apply(jobs);
+#if defined(__CUDACC__)
+    detail::cuda_apply(*ctx_.host, jobs, skip_);
+#else
+    throw std::logic_error("this plugin was built without CUDA");  // the host refuses it before
+#endif
+  }
+  // Per-job sums of K (1 to 4) quantities: fn(j) may update element j of its arrays and
+  // returns its K contributions as Sums<K>. Summed in double in fixed chunks added in
+  // order: the same result for any thread count. Local: make per-parameter sums whole-
+  // tensor sums with sum_shards.
+  template <int K, typename Fn>
+  TensorSums<K> sum(const std::vector<TensorJob<Fn>>& jobs) const {
+    double* out = static_cast<double*>(ctx_.host->scratch(ctx_.host->ctx, (jobs.size() + 1) * K * sizeof(double)));
+    if (!on_gpu()) {
+      detail::cpu_sum<K>(jobs, out);
+    } else {
+#if defined(__CUDACC__)
+      detail::cuda_sum<K>(*ctx_.host, jobs, out, skip_);
+#else
+      throw std::logic_error("this plugin was built without CUDA");
+#endif
+    }
+    return TensorSums<K>(ctx_.host, out, jobs.size());
+  }
+  // Makes per-parameter sums whole-tensor sums: added over the data-parallel pieces
+  // (distributed optimizer) and, for sharded parameters, over the tensor-parallel group.
+  // The jobs of `sums` must be the parameters in order.
+  template <int K>
+  void sum_shards(TensorSums<K>& sums) const {
+    if (sums.jobs() != num_params()) throw std::logic_error("sum_shards: one job per parameter expected");
+    ctx_.host->sum_shards(ctx_.host->ctx, sums.data(), K);
+  }
+  // Sums any values over the tensor-parallel group (e.g. column statistics of a tensor
+  // split by rows).
+  void tp_sum(double* values, size_t n) const { ctx_.host->tp_sum(ctx_.host->ctx, values, n); }
+  // Elements of parameter i's full (unsharded) tensor.
+  int64_t full_numel(size_t i) const {
+    const mb_param& p = param(i);
+    return p.ndim == 1 ? p.full_shape[0] : p.full_shape[0] * p.full_shape[1];
+  }
+  void metric(const char* series, size_t i, double value) const {
+    ctx_.host->metric(ctx_.host->ctx, series, i, value);
+  }
+  void log(const std::string& line) const { ctx_.host->log(ctx_.host->ctx, line.c_str()); }
+  const mb_host& host() const { return *ctx_.host; }
+
+ private:
+  Context ctx_;
+  const float* skip_ = nullptr;
+};
+
+namespace detail {
+inline void set_error(char* err, size_t len, const char* msg) {
+  if (!err || len == 0) return;
+  std::strncpy(err, msg, len - 1);
+  err[len - 1] = '\0';
+}
+template <typename T>
+void* create(const mb_host* host, const mb_param* params, size_t n, const double* hparams, char* err, size_t len,
+             const mb_hparam_spec* schema, size_t num_hparams) {
+  try {
+    return new T(Context{host, params, n, hparams, schema, num_hparams});
+  } catch (const std::exception& e) {
+    set_error(err, len, e.what());
+  } catch (...) {
+    set_error(err, len, "unknown exception in create()");
+  }
+  return nullptr;
+}
+template <typename T>
+int step(void* self, const mb_step_info* info, char* err, size_t len) {
+  try {
+    T* opt = static_cast<T*>(self);
+    opt->begin_step(*info);
+    opt->step(*info);
+    return 0;
+  } catch (const std::exception& e) {
+    set_error(err, len, e.what());
+  } catch (...) {
+    set_error(err, len, "unknown exception in step()");
+  }
+  return 1;
+}
+template <typename T>
+void destroy(void* self) {
+  delete static_cast<T*>(self);
+}
+}  // namespace detail
+}  // namespace megabatch::plugin
+
+#define MEGABATCH_OPTIMIZER_PLUGIN(Class, NAME, VERSION, DESCRIPTION, SCHEMA)                                     \
+  namespace {                                                                                                     \
+  void* mb_create_(const mb_host* h, const mb_param* p, size_t n, const double* hp, char* e, size_t l) {          \
+    return ::megabatch::plugin::detail::create<Class>(h, p, n, hp, e, l, SCHEMA, sizeof(SCHEMA) / sizeof(SCHEMA[0])); \
+  }                                                                                                               \
+  }                                                                                                               \
+  extern "C" __attribute__((visibility("default"))) const mb_plugin_entry megabatch_optimizer_plugin = {          \
+      MB_PLUGIN_ABI_VERSION, MB_PLUGIN_DEVICES, NAME, VERSION, DESCRIPTION, SCHEMA,                               \
+      sizeof(SCHEMA) / sizeof(SCHEMA[0]), mb_create_, ::megabatch::plugin::detail::step<Class>,                   \
+      ::megabatch::plugin::detail::destroy<Class>, Class::kFlags};
+
+#endif /* MEGABATCH_OPTIM_PLUGIN_KIT_H_ */
