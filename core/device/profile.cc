@@ -54,6 +54,23 @@ void close_stretch(uint64_t now) {
   g_host.push_back({t_last, now, top.family, false, top.name, !top.resumed});
 }
 
+// The `top` costliest names of `in` by the time credited to each interval.
+std::vector<TopEntry> costliest(const std::vector<Interval>& in, const std::vector<double>& credited, size_t top) {
+  std::map<std::pair<std::string, Family>, TopEntry> by_name;
+  for (size_t i = 0; i < in.size(); ++i) {
+    TopEntry& e = by_name[{in[i].name, in[i].family}];
+    e.name = in[i].name;
+    e.family = in[i].family;
+    e.seconds += credited[i];
+    e.count += in[i].counted ? 1 : 0;
+  }
+  std::vector<TopEntry> out;
+  for (auto& [key, e] : by_name) out.push_back(std::move(e));
+  std::stable_sort(out.begin(), out.end(), [](const TopEntry& a, const TopEntry& b) { return a.seconds > b.seconds; });
+  if (out.size() > top) out.resize(top);
+  return out;
+}
+
 }  // namespace
 
 const char* family_name(Family f) {
@@ -176,18 +193,7 @@ Table attribute(std::vector<Interval> intervals, uint64_t begin, uint64_t end, i
   for (size_t f = 0; f < seconds.size(); ++f)
     if (counts[f] > 0 || seconds[f] > 0) t.rows.push_back({static_cast<Family>(f), seconds[f], counts[f], copy_seconds[f]});
   t.idle_seconds = static_cast<double>((end - begin) - busy) * 1e-9;
-  // the costliest kernels by name
-  std::map<std::pair<std::string, Family>, TopEntry> by_name;
-  for (size_t i = 0; i < in.size(); ++i) {
-    TopEntry& e = by_name[{in[i].name, in[i].family}];
-    e.name = in[i].name;
-    e.family = in[i].family;
-    e.seconds += credited[i];
-    e.count += in[i].counted ? 1 : 0;
-  }
-  for (auto& [key, e] : by_name) t.top.push_back(std::move(e));
-  std::stable_sort(t.top.begin(), t.top.end(), [](const TopEntry& a, const TopEntry& b) { return a.seconds > b.seconds; });
-  if (t.top.size() > top) t.top.resize(top);
+  t.top = costliest(in, credited, top);
   return t;
 }
 

@@ -15,9 +15,10 @@
 #include <utility>
 
 #include "core/comm/collectives.h"
-#include "core/device/profile.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
+#include "core/device/profile.h"
+#include "core/train/step_profile.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -680,22 +681,13 @@ StopReason Trainer::run() {
   const StopSignals handlers;
   interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
-  // --profile-steps: from the third iteration of this run, opt_.profile_steps of them
-  std::optional<profile::Recorder> recorder;
-  const int64_t profile_from = iteration_ + 2;
-  bool profiled = false;
-  auto profile_end = [&]() {
-    drain();
-    const int64_t steps = iteration_ - profile_from;
-    console_ << profile::format(recorder->stop(steps)) << std::flush;
-    recorder.reset();
-    profiled = true;
-  };
+  StepProfile profile(opt_.profile_steps, iteration_, device_, console_);
+  const auto drained = [this] { drain(); };
   try {
     while (iteration_ < opt_.train_iters) {
-      if (opt_.profile_steps > 0 && iteration_ == profile_from) recorder.emplace(device_);
+      profile.before_step(iteration_);
       train_step();
-      if (recorder && iteration_ - profile_from == opt_.profile_steps) profile_end();
+      profile.after_step(iteration_, drained);
       const bool save_now = saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0;
       if (save_now) drain();  // a GPU run learns of a NaN here at the latest: never checkpoint one
       if (diverged_at_ != 0) {
@@ -718,10 +710,7 @@ StopReason Trainer::run() {
           iteration_ < opt_.train_iters)
         validate(*valid_, "");
     }
-    if (recorder) profile_end();  // the run ended first: the iterations it had
-    if (opt_.profile_steps > 0 && !profiled)
-      console_ << " warning: --profile-steps " << opt_.profile_steps << ": nothing was profiled, the run ended within "
-               << "its first 2 iterations (warm-up); ask for more --train-iters" << std::endl;
+    profile.finish(iteration_, drained);
     drain();
     if (device_.is_cuda()) resolve_overflow();
     if (diverged_at_ != 0) reason = StopReason::kDiverged;
