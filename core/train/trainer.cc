@@ -19,32 +19,10 @@
 #include "core/ops/reduce.h"
 #include "core/device/profile.h"
 #include "core/train/step_profile.h"
+#include "core/train/stop_signals.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
-
-NoiseScaleEstimator::Step NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B) {
-  check(B > b && b > 0, "noise scale: the small batch (", b, ") must be smaller than the big batch (", B, ")");
-  const double g2 = (B * big_sq - b * small_sq) / (B - b);
-  const double tr = (small_sq - big_sq) / (1.0 / b - 1.0 / B);
-  const double d = window_ > 0 ? std::exp(-B / window_) : ema_;
-  g2_ = d * g2_ + (1 - d) * g2;
-  tr_ = d * tr_ + (1 - d) * tr;
-  decay_pow_ *= d;
-  ++n_;
-  return {g2, tr};
-}
-nlohmann::json NoiseScaleEstimator::state() const {
-  return {{"g2", g2_}, {"trace", tr_}, {"decay_pow", decay_pow_}, {"count", n_}};
-}
-void NoiseScaleEstimator::restore(const nlohmann::json& s) {
-  g2_ = s.at("g2").get<double>();
-  tr_ = s.at("trace").get<double>();
-  decay_pow_ = s.at("decay_pow").get<double>();
-  n_ = s.at("count").get<int64_t>();
-}
-double NoiseScaleEstimator::grad_sq_norm() const { return n_ ? g2_ / (1 - decay_pow_) : std::nan(""); }
-double NoiseScaleEstimator::trace_cov() const { return n_ ? tr_ / (1 - decay_pow_) : std::nan(""); }
 
 namespace {
 // A field of a checkpoint's trainer state ("lr_samples", "loss_scaler.scale") as
@@ -74,49 +52,6 @@ T trainer_field(const io::CheckpointState& state, const std::string& path, std::
         integer ? "an integer" : "a number", damaged);
   return v.get<T>();
 }
-
-volatile std::sig_atomic_t g_stop_signal = 0;
-extern "C" void on_stop_signal(int sig) {
-  if (sig == SIGINT) {  // the handler is installed with SA_RESETHAND: a second Ctrl-C ends the process
-    static const char msg[] =
-        "\n received SIGINT: stopping at the end of this iteration (with a checkpoint where --save is set); "
-        "Ctrl-C again exits at once\n";
-    [[maybe_unused]] const auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
-  }
-  g_stop_signal = sig;
-}
-
-// The stop signals' handlers for the duration of a run: SIGTERM and SIGUSR1 (schedulers),
-// SIGINT (Ctrl-C, once; left ignored where the parent ignores it, as for background jobs
-// of a script). The destructor puts the previous handlers back.
-class StopSignals {
- public:
-  StopSignals() {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    ::sigaction(SIGTERM, &sa, &old_[0]);
-    ::sigaction(SIGUSR1, &sa, &old_[1]);
-    struct sigaction current {};
-    ::sigaction(SIGINT, nullptr, &current);
-    if (current.sa_handler != SIG_IGN) {
-      sa.sa_flags = SA_RESETHAND;
-      ::sigaction(SIGINT, &sa, &old_[2]);
-      int_installed_ = true;
-    }
-  }
-  ~StopSignals() {
-    ::sigaction(SIGTERM, &old_[0], nullptr);
-    ::sigaction(SIGUSR1, &old_[1], nullptr);
-    if (int_installed_) ::sigaction(SIGINT, &old_[2], nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-
- private:
-  struct sigaction old_[3] {};
-  bool int_installed_ = false;
-};
 
 std::string timestamp() {
   char buf[32];
@@ -177,7 +112,7 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
 Trainer::~Trainer() = default;
 
 bool Trainer::stop_agreed() {
-  float sig = static_cast<float>(g_stop_signal);  // 2, 10 or 15: exact in a float
+  float sig = static_cast<float>(stop_signal_received());  // 2, 10 or 15: exact in a float
   if (world_->size() > 1) world_->all_reduce(&sig, 1, comm::ReduceOp::kMax);
   stop_signal_ = static_cast<int>(sig);
   return stop_signal_ != 0;
@@ -676,9 +611,8 @@ StopReason Trainer::run() {
   auto save_once = [&]() {
     if (saving && last_saved_ != iteration_) save_checkpoint();
   };
-  g_stop_signal = 0;
   stop_signal_ = 0;
-  const StopSignals handlers;
+  const StopSignals handlers;  // (clears the signal received)
   interval_start_ = std::chrono::steady_clock::now();
   StopReason reason = StopReason::kFinished;
   StepProfile profile(opt_.profile_steps, iteration_, device_, console_);
