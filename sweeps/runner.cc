@@ -125,7 +125,7 @@ json launch_config(const Point& point) {
 json state_json(const std::vector<PointState>& ps, const Sweep& s) {
   json points = json::array();
   for (const auto& p : ps)
-    points.push_back({{"id", p.point->id}, {"state", p.state}, {"reason", p.reason}, {"attempts", p.attempts},
+    points.push_back({{"id", p.point->id}, {"state", status_name(p.state)}, {"reason", p.reason}, {"attempts", p.attempts},
                       {"wall_s", p.wall_s}, {"train_iters", p.train_iters}, {"global_batch_size", p.global_batch},
                       {"iteration", p.progress.iteration}, {"ranks", p.ranks}, {"gpus", p.gpus},
                       {"config", p.point->config}});
@@ -163,7 +163,7 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     p.global_batch = p.point->config.contains("global_batch_size") ? p.point->config["global_batch_size"].get<int64_t>()
                                                                    : p.point->config.value("micro_batch_size", int64_t{8});
     if (!selected(p.point->id, o.only)) {
-      p.state = "skipped";
+      p.state = PointStatus::kSkipped;
       continue;
     }
     if (auto it = previous.find(p.point->id); it != previous.end()) p.wall_s = it->second.value("wall_s", 0.0);
@@ -172,10 +172,10 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
       p.discard = "its configuration changed";
     }
     read_finished_state(p);
-    if (p.state == "diverged" && o.rerun_diverged) p.discard = p.reason;
+    if (p.state == PointStatus::kDiverged && o.rerun_diverged) p.discard = p.reason;
     p.progress = parse_progress(p.dir / "stdout.log");
   }
-  if (!o.only.empty() && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return p.state != "skipped"; })) {
+  if (!o.only.empty() && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return p.state != PointStatus::kSkipped; })) {
     std::vector<std::string> some;
     for (size_t i = 0; i < sweep.points.size() && i < 4; ++i) some.push_back(sweep.points[i].id);
     fail("--only '", o.only, "' matches none of the ", sweep.points.size(), " points of ", sweep.file.string(),
@@ -188,13 +188,13 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
   if (o.ranks > 0) {  // every point must run as a job of that many ranks
     std::vector<const Point*> selected_points;
     for (const auto& p : ps)
-      if (p.state != "skipped") selected_points.push_back(p.point);
+      if (p.state != PointStatus::kSkipped) selected_points.push_back(p.point);
     check_layouts(sweep, selected_points, o.ranks, "--ranks");
   }
   if (!o.gpus.empty()) {  // every point must fit on the GPUs it may use
     std::vector<std::string> too_big;
     for (const auto& p : ps)
-      if (p.state != "skipped" && static_cast<size_t>(p.ranks) > o.gpus.size())
+      if (p.state != PointStatus::kSkipped && static_cast<size_t>(p.ranks) > o.gpus.size())
         too_big.push_back(p.point->id + " needs " + std::to_string(p.ranks));
     if (!too_big.empty())
       fail(sweep.file.string(), ": ", too_big.size(), " point(s) need more GPUs (tensor_model_parallel_size x ",
@@ -214,7 +214,7 @@ void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, boo
       continue;
     }
     remove_point_dir(root, p.dir);
-    p.state = "pending";
+    p.state = PointStatus::kPending;
     p.reason.clear();
     p.wall_s = 0;
     p.progress = {};
@@ -224,7 +224,7 @@ void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, boo
 // --dry-run: lists the points with their swept values and checks each that has still to
 // run with train --check; 2 when one cannot run.
 int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const std::vector<PointState>& ps) {
-  const auto n_selected = std::count_if(ps.begin(), ps.end(), [](const PointState& p) { return p.state != "skipped"; });
+  const auto n_selected = std::count_if(ps.begin(), ps.end(), [](const PointState& p) { return p.state != PointStatus::kSkipped; });
   std::cout << sweep.name << ": " << sweep.points.size() << " points"
             << (static_cast<size_t>(n_selected) == ps.size()
                     ? ""
@@ -237,14 +237,14 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
   // fits a job of the cluster's GPUs (one rank each).
   const std::optional<Cluster> cluster = sweep_cluster(sweep);
   for (const auto& p : ps) {
-    if (p.state == "skipped") continue;
+    if (p.state == PointStatus::kSkipped) continue;
     json diff = json::object();
     for (const auto& k : p.point->swept)
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     for (const char* k : {"lr", "train_iters", "seed"})
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
-    std::cout << "  " << p.point->id << "  " << (p.state == "done" ? "[done] " : "") << diff.dump() << "\n";
-    if (!o.train_binary.empty() && p.state != "done" && o.ranks == 0) {  // --ranks: checked in point_states
+    std::cout << "  " << p.point->id << "  " << (p.state == PointStatus::kDone ? "[done] " : "") << diff.dump() << "\n";
+    if (!o.train_binary.empty() && p.state != PointStatus::kDone && o.ranks == 0) {  // --ranks: checked in point_states
       std::string error;
       if (!cluster)
         error = check_point(o.train_binary, *p.point, o.mpirun);
@@ -278,7 +278,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
 // A point this invocation still has to start: not yet run, interrupted, or failed with
 // retries left.
 bool to_start(const PointState& p, int retries) {
-  return p.state == "pending" || p.state == "interrupted" || (p.state == "failed" && p.attempts <= retries);
+  return p.state == PointStatus::kPending || p.state == PointStatus::kInterrupted || (p.state == PointStatus::kFailed && p.attempts <= retries);
 }
 
 // Runs the points as train processes, `jobs` at a time (with --gpus, each on GPUs of its
@@ -303,7 +303,7 @@ class Scheduler {
   bool under_mpirun(const PointState& p) const { return p.ranks > 1 || o_.ranks > 0; }
   int running() const {
     int n = 0;
-    for (const auto& p : ps_) n += p.state == "running";
+    for (const auto& p : ps_) n += p.state == PointStatus::kRunning;
     return n;
   }
   void start_waiting_points();
@@ -339,7 +339,7 @@ int Scheduler::run() {
   save_state();
   t0_ = Clock::now();
   for (const auto& p : ps_) {
-    if (p.state == "skipped") continue;
+    if (p.state == PointStatus::kSkipped) continue;
     work_total_ += p.train_iters * p.global_batch;
     work_done_at_start_ += work_of(p);
   }
@@ -349,12 +349,12 @@ int Scheduler::run() {
     reap();
     if (g_stop) stop_running_points();
     for (auto& p : ps_)
-      if (p.state == "running") p.progress = parse_progress(p.dir / "stdout.log");
+      if (p.state == PointStatus::kRunning) p.progress = parse_progress(p.dir / "stdout.log");
     display(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   int failed = 0, diverged = 0;
-  for (const auto& p : ps_) failed += p.state == "failed", diverged += p.state == "diverged";
+  for (const auto& p : ps_) failed += p.state == PointStatus::kFailed, diverged += p.state == PointStatus::kDiverged;
   save_state();
   display(true);
   std::signal(SIGINT, old_int);
@@ -391,7 +391,7 @@ void Scheduler::start_waiting_points() {
       start(p);
       ++running;
     } catch (const std::exception& e) {  // its directory unwritable, say: this point fails, the sweep goes on
-      p.state = "failed";
+      p.state = PointStatus::kFailed;
       p.attempts = o_.retries + 1;  // the file system will not change by retrying at once
       p.reason = std::string("cannot start: ") + e.what();
       placer_.give_back(p.gpus);
@@ -442,7 +442,7 @@ void Scheduler::start(PointState& p) {
   }
   ::close(fd);
   p.pid = pid;
-  p.state = "running";
+  p.state = PointStatus::kRunning;
   p.stopping = false;
   p.started = Clock::now();
   ++p.attempts;
@@ -460,7 +460,7 @@ void Scheduler::start(PointState& p) {
 // ranks killed a moment later, whatever they were writing, and the point "failed".
 void Scheduler::stop_running_points() {
   for (auto& p : ps_)
-    if (p.state == "running" && p.pid > 0) {
+    if (p.state == PointStatus::kRunning && p.pid > 0) {
       ::kill(p.pid, under_mpirun(p) ? SIGUSR1 : SIGTERM);
       p.stopping = true;
     }
@@ -486,23 +486,23 @@ void Scheduler::ended(PointState& p, int status) {
   p.progress = parse_progress(p.dir / "stdout.log");
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   if (code == 0) {
-    p.state = "done";
+    p.state = PointStatus::kDone;
     p.reason.clear();
     mark_done(p.dir, sweep_.checkpoints,
               {{"wall_s", p.wall_s}, {"iteration", p.progress.iteration}, {"lm_loss", p.progress.loss}});
     if (!o_.tty) std::cout << "> done " << p.point->id << " (" << fmt_duration(p.wall_s) << ")" << std::endl;
   } else if (code == train::kExitDiverged) {
-    p.state = "diverged";
+    p.state = PointStatus::kDiverged;
     p.reason = divergence_reason(p.dir);
     std::cout << (o_.tty ? "" : "> ") << "diverged " << p.point->id << ": " << p.reason << std::endl;
     printed_ = 0;
   } else if (code == train::kExitStoppedBySignal || p.stopping) {
     // asked to stop: at a checkpoint (3), or ended by the signal before its first
     // iteration; either way it resumes from its newest checkpoint
-    p.state = "interrupted";
+    p.state = PointStatus::kInterrupted;
     if (!o_.tty) std::cout << "> interrupted " << p.point->id << " (resumable)" << std::endl;
   } else {
-    p.state = "failed";
+    p.state = PointStatus::kFailed;
     const fs::path log = p.dir / "stdout.log";
     p.reason = failure_reason(log, status);
     std::cout << (o_.tty ? "" : "> ") << "failed " << p.point->id << ": " << p.reason << "\n  last lines of "
@@ -520,9 +520,9 @@ void Scheduler::display(bool force) {
   double work_now = 0;
   bool open = false;  // points still to run or running
   for (const auto& p : ps_)
-    if (p.state != "skipped") {
+    if (p.state != PointStatus::kSkipped) {
       work_now += static_cast<double>(work_of(p));
-      open = open || p.state == "running" || to_start(p, o_.retries);
+      open = open || p.state == PointStatus::kRunning || to_start(p, o_.retries);
     }
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
   const double gained = work_now - static_cast<double>(work_done_at_start_);

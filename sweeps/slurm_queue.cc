@@ -52,7 +52,7 @@ std::map<int, QueuedTask> parse_queue(std::string_view squeue_output, const fs::
     if (underscore == std::string_view::npos) return;  // not an array's task
     const std::string job(id.substr(0, underscore));
     for (const int i : array_indices(id.substr(underscore + 1)))
-      out[i] = {state == "RUNNING" || state == "COMPLETING" ? "running" : "queued", job + "_" + std::to_string(i)};
+      out[i] = {state == "RUNNING" || state == "COMPLETING" ? PointStatus::kRunning : PointStatus::kQueued, job + "_" + std::to_string(i)};
   });
   return out;
 }

@@ -10,10 +10,12 @@
 #include <string>
 #include <string_view>
 
+#include "sweeps/point_status.h"
+
 namespace megabatch::sweeps {
 
 struct QueuedTask {
-  std::string state;  // "running" (RUNNING, COMPLETING) or "queued" (any other state squeue lists)
+  PointStatus state;  // running (RUNNING, COMPLETING) or queued (any other state squeue lists)
   std::string job;    // "123_4"
 };
 

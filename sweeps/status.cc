@@ -53,12 +53,12 @@ void apply_slurm_queue(const fs::path& dir, std::vector<PointState>& ps) {
                 [&](std::string_view id, size_t) { index_of[std::string(id)] = index++; });
   for (auto& p : ps) {
     const auto at = index_of.find(p.point->id);
-    if (p.state == "done" || p.state == "diverged" || at == index_of.end()) continue;
+    if (p.state == PointStatus::kDone || p.state == PointStatus::kDiverged || at == index_of.end()) continue;
     if (const auto it = queue->find(at->second); it != queue->end()) {
       p.state = it->second.state;
       p.slurm_job = it->second.job;
-    } else if (p.state == "started" && ran.count(at->second)) {
-      p.state = "stopped";  // resumes from its checkpoint when the sweep is submitted again
+    } else if (p.state == PointStatus::kStarted && ran.count(at->second)) {
+      p.state = PointStatus::kStopped;  // resumes from its checkpoint when the sweep is submitted again
     }
   }
 }
@@ -76,15 +76,15 @@ int print_status(const fs::path& dir) {
     const auto& j = s["points"][i];
     ps[i].point = &points[i];
     ps[i].dir = dir / points[i].id;
-    ps[i].state = j.value("state", "pending");
+    ps[i].state = parse_status(j.value("state", "pending"), (dir / "sweep.json").string());
     ps[i].reason = j.value("reason", "");
     ps[i].train_iters = j.value("train_iters", int64_t{0});
     ps[i].progress = parse_progress(ps[i].dir / "stdout.log");
-    if (ps[i].state != "running" || fs::exists(ps[i].dir / "DONE")) read_finished_state(ps[i]);
-    else if (!live) ps[i].state = "interrupted";  // its sweep is gone
+    if (ps[i].state != PointStatus::kRunning || fs::exists(ps[i].dir / "DONE")) read_finished_state(ps[i]);
+    else if (!live) ps[i].state = PointStatus::kInterrupted;  // its sweep is gone
     // a point of an exported sweep that its launcher has started: running there, or stopped
     // until it is submitted again (below, where Slurm's queue tells which)
-    if (ps[i].state == "pending" && ps[i].progress.iteration > 0) ps[i].state = "started";
+    if (ps[i].state == PointStatus::kPending && ps[i].progress.iteration > 0) ps[i].state = PointStatus::kStarted;
   }
   if (fs::exists(dir / "points.txt")) apply_slurm_queue(dir, ps);
   double wall = 0;  // sweep run's record, else (an exported sweep) what its launcher put in DONE

@@ -13,18 +13,18 @@ namespace megabatch::sweeps {
 
 void read_finished_state(PointState& p) {
   if (std::filesystem::exists(p.dir / "DONE")) {
-    p.state = "done";
+    p.state = PointStatus::kDone;
   } else if (std::filesystem::exists(p.dir / "DIVERGED")) {
-    p.state = "diverged";
+    p.state = PointStatus::kDiverged;
     p.reason = divergence_reason(p.dir);
   } else if (const std::string why = failed_reason(p.dir); !why.empty()) {
-    p.state = "failed";  // under the launcher of an exported sweep
+    p.state = PointStatus::kFailed;  // under the launcher of an exported sweep
     p.reason = why;
   }
 }
 
 int64_t work_of(const PointState& p) {
-  if (p.state == "done" || p.state == "diverged") return p.train_iters * p.global_batch;
+  if (p.state == PointStatus::kDone || p.state == PointStatus::kDiverged) return p.train_iters * p.global_batch;
   return p.progress.iteration * p.global_batch;
 }
 
@@ -42,13 +42,13 @@ std::string fmt_duration(double s) {
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
   int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0, stopped = 0;
   for (const auto& p : ps) {
-    started += p.state == "started";
-    stopped += p.state == "stopped";
-    done += p.state == "done";
-    diverged += p.state == "diverged";
-    running += p.state == "running";
-    failed += p.state == "failed";
-    pending += p.state == "pending" || p.state == "interrupted" || p.state == "queued";
+    started += p.state == PointStatus::kStarted;
+    stopped += p.state == PointStatus::kStopped;
+    done += p.state == PointStatus::kDone;
+    diverged += p.state == PointStatus::kDiverged;
+    running += p.state == PointStatus::kRunning;
+    failed += p.state == PointStatus::kFailed;
+    pending += p.state == PointStatus::kPending || p.state == PointStatus::kInterrupted || p.state == PointStatus::kQueued;
   }
   std::vector<std::string> out;
   char buf[512];
@@ -64,21 +64,21 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   size_t w = 5;
   for (const auto& p : ps) w = std::max(w, p.point->id.size());
   for (const auto& p : ps) {
-    if (p.state == "skipped") continue;
+    if (p.state == PointStatus::kSkipped) continue;
     std::string detail;
     if (p.progress.has_loss) {
       std::snprintf(buf, sizeof buf, "iter %lld/%lld  lm loss %.4f", static_cast<long long>(p.progress.iteration),
                     static_cast<long long>(p.train_iters), p.progress.loss);
       detail = buf;
     }
-    if (p.progress.has_valid && p.state == "done") {
+    if (p.progress.has_valid && p.state == PointStatus::kDone) {
       std::snprintf(buf, sizeof buf, "  final valid loss %.4f", p.progress.valid_loss);
       detail += buf;
     }
-    if (p.state == "failed" || p.state == "diverged") detail = p.reason;
+    if (p.state == PointStatus::kFailed || p.state == PointStatus::kDiverged) detail = p.reason;
     if (!p.slurm_job.empty()) detail = "slurm job " + p.slurm_job + (detail.empty() ? "" : "  " + detail);
     if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;
-    std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), p.state.c_str(),
+    std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), status_name(p.state),
                   detail.c_str());
     out.push_back(buf);
   }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "sweeps/point_status.h"
 #include "sweeps/run_dir.h"
 #include "sweeps/sweep.h"
 
@@ -18,9 +19,7 @@ namespace megabatch::sweeps {
 struct PointState {
   const Point* point = nullptr;
   std::filesystem::path dir;
-  std::string state = "pending";  // pending, running, done, diverged, failed, interrupted, skipped; in sweep
-                                  // status also started (an exported point its launcher has begun), and
-                                  // with Slurm's queue (sweeps/slurm_queue.h) queued and stopped
+  PointStatus state = PointStatus::kPending;
   std::string reason;
   std::string discard;  // why --rerun discards the point's directory ("": kept)
   int attempts = 0;

@@ -318,7 +318,7 @@ TEST(SlurmQueue, ATaskOfTheSweepsArrayIsRunningOrQueuedByItsIndex) {
                                                  "43|" + d + "|RUNNING\n41_6|" + (tmp / "runs" / "." / "s").string() +
                                                  "|REQUEUED\nnot a line\n", dir);
   std::string got;
-  for (const auto& [i, t] : q) got += std::to_string(i) + ":" + t.state + ":" + t.job + " ";
+  for (const auto& [i, t] : q) got += std::to_string(i) + ":" + mb::sweeps::status_name(t.state) + ":" + t.job + " ";
   EXPECT_EQ(got, "0:running:41_0 1:running:41_1 2:queued:41_2 3:queued:41_3 4:queued:41_4 6:queued:41_6 "
                  "7:queued:41_7 ");
 }
