@@ -269,7 +269,7 @@ void Trainer::clip_gradients() {
 }
 
 void Trainer::resolve_overflow() {
-  if (!overflow_->pending()) return;
+  if (overflow_iteration_ == 0) return;  // none started, or this one counted already
   const float flag = *static_cast<const float*>(overflow_->get());
   if (flag == 0.0f) {
     ++optimizer_steps_;
@@ -291,6 +291,7 @@ void Trainer::optimizer_step() {
   } else if (device_.is_cpu()) {
     // The flag is in host memory already: an overflowing step is not given to the optimizer.
     overflow_->start(found_inf_.raw());
+    overflow_iteration_ = iteration_;
     const bool skip = *static_cast<const float*>(overflow_->get()) != 0.0f;
     step_lr_ = opt_.schedule.lr(lr_samples_);
     if (!skip) optimizer_.step(optimizer_steps_ + 1, step_lr_, opt_.global_batch_size, clipped_norm, diagnostics);

@@ -196,7 +196,7 @@ class Trainer {
   Tensor noise_before_, noise_sums_;       // noise scale: gradients before a micro-batch f32, its |g|^2 f64 (2)
   Tensor scaler_, found_inf_;              // fp16: LossScalerState f32 (3), overflow flag f32 (1)
   std::unique_ptr<runtime::Readback> overflow_;  // the overflow flag of the last step, for the host
-  int64_t overflow_iteration_ = 0;         // whose flag overflow_ holds
+  int64_t overflow_iteration_ = 0;         // whose flag overflow_ holds, until counted (0: none)
   std::vector<std::pair<size_t, size_t>> sharded_, replicated_;  // gradient segments by sharding
   double step_lr_ = 0;
 

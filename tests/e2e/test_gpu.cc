@@ -18,6 +18,7 @@
 #include "core/comm/communicator.h"
 #include "core/comm/nccl_communicator.h"
 #include "core/device/runtime.h"
+#include "core/io/checkpoint.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
 #include "core/util/philox.h"
@@ -143,8 +144,10 @@ TEST_F(Gpu, FlashAttentionTrainsNearFp32AndRepeatsBitwise) {
 
 TEST_F(Gpu, ForcedFp16OverflowSkipsStepsAndBacksTheScaleOffAsOnTheCpu) {
   mb::testing::TempDir tmp;
-  ok(train("gpt", tmp / "cpu", "--device cpu --fp16", 8));
-  ok(train("gpt", tmp / "gpu", "--device cuda --fp16", 8));  // 2^32: the first steps overflow
+  // checkpoints on the way: saving must not count a step's overflow flag twice
+  for (const std::string d : {"cpu", "gpu"})
+    ok(train("gpt", tmp / d, std::string("--device ") + (d == "cpu" ? "cpu" : "cuda") +  // 2^32: the first steps overflow
+                                 " --fp16 --save-interval 3 --save " + (tmp / d / "ckpt").string(), 8));
   const auto sg = series(tmp / "gpu" / "metrics.h5", "train/loss_scale"), kg = series(tmp / "gpu" / "metrics.h5", "train/skipped");
   EXPECT_EQ(sg[0], 4294967296.0);
   EXPECT_EQ(kg[0], 1.0);
@@ -154,6 +157,13 @@ TEST_F(Gpu, ForcedFp16OverflowSkipsStepsAndBacksTheScaleOffAsOnTheCpu) {
   EXPECT_EQ(series(tmp / "cpu" / "metrics.h5", "train/skipped"), kg) << "the same skipped steps";
   EXPECT_EQ(series(tmp / "cpu" / "metrics.h5", "train/learning_rate"), series(tmp / "gpu" / "metrics.h5", "train/learning_rate"))
       << "the LR schedule held on the same steps (read one step late on the GPU)";
+  double skipped = 0;
+  for (double k : kg) skipped += k;
+  for (const std::string d : {"cpu", "gpu"}) {
+    const auto state = mb::io::read_checkpoint_state(*mb::io::latest_checkpoint(tmp / d / "ckpt"));
+    EXPECT_EQ(state.trainer["optimizer_steps"].get<int64_t>(), 8 - static_cast<int64_t>(skipped)) << d;
+    EXPECT_EQ(state.trainer["lr_samples"].get<int64_t>(), (8 - static_cast<int64_t>(skipped)) * 8) << d;
+  }
 }
 
 TEST_F(Gpu, RunsAreBitwiseRepeatableAndResumeIsBitwise) {
