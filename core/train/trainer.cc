@@ -101,6 +101,8 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
   const nn::ParameterStore& P = model_.parameters();
   for (const auto& info : P.infos())
     (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);
+  grad_sharded_ = sharded_;
+  grad_replicated_ = replicated_;
   scaler_.resize({3}, DType::kF32, device_);
   found_inf_.resize({1}, DType::kF32, device_);
   const ops::LossScalerState s = ops::initial_scaler_state(opt_.loss_scaler);
@@ -213,10 +215,10 @@ void Trainer::forward_backward() {
     ops::weighted_accumulate(step_.flat(0, w.size()), out.sums, w);
     if (measured(k)) {  // this micro-batch's gradient alone (scaled by 1 / micro_batches)
       if (k == 0) {  // the gradients grew from zero
-        ops::split_sum_squares(noise_sums_, P.grads(), sharded_, replicated_);
+        ops::split_sum_squares(noise_sums_, P.grads(), grad_sharded_, grad_replicated_);
         if (k + 1 < local && measured(k + 1)) copy(noise_before_, P.grads());
       } else {  // |gradients now - noise_before_|^2, and noise_before_ = gradients now, in one pass
-        ops::split_sum_squares_of_growth(noise_sums_, P.grads(), noise_before_, sharded_, replicated_);
+        ops::split_sum_squares_of_growth(noise_sums_, P.grads(), noise_before_, grad_sharded_, grad_replicated_);
       }
       const double mean = 1.0 / static_cast<double>(n_measured * D);  // summed over the DP group later
       ops::weighted_accumulate(step_.flat(loss_slots() + kSmallSharded, 2), noise_sums_, {mean, mean});

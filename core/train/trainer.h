@@ -197,7 +197,8 @@ class Trainer {
   Tensor scaler_, found_inf_;              // fp16: LossScalerState f32 (3), overflow flag f32 (1)
   std::unique_ptr<runtime::Readback> overflow_;  // the overflow flag of the last step, for the host
   int64_t overflow_iteration_ = 0;         // whose flag overflow_ holds, until counted (0: none)
-  std::vector<std::pair<size_t, size_t>> sharded_, replicated_;  // gradient segments by sharding
+  std::vector<std::pair<size_t, size_t>> sharded_, replicated_;  // main_grads() segments by sharding
+  std::vector<std::pair<size_t, size_t>> grad_sharded_, grad_replicated_;  // the same of the whole local gradients
   double step_lr_ = 0;
 
   // interval accumulators (host, filled at drain)

@@ -135,6 +135,21 @@ TEST_F(Mpi, DistributedOptimizerCheckpointResumesAtAnotherDataParallelSize) {
 
 // DP 3: buckets that are no multiple of 3 (padded), reduce-scattered during the backward
 // pass, against one process with the same global batch.
+// The noise scale's micro-batch norms are of each rank's whole local gradients, not of the
+// shards the distributed optimizer keeps: with it the estimates are those of a run without.
+TEST(MpiDistributedOptimizer, TheNoiseScaleIsThatOfARunWithoutIt) {
+  mb::testing::TempDir tmp;
+  const std::string flags = "--optimizer lamb --log-noise-scale" + same_padding(1);
+  for (const std::string run : {"plain", "dist"}) {
+    const auto r = mb::testing::run_command(
+        mpirun(2) + train(tmp / run, flags + (run == "dist" ? " --use-distributed-optimizer" : "")));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  for (const char* s : {"train/noise_grad_sq_norm", "train/noise_trace_cov", "noise_scale/b_simple"})
+    expect_close(series(tmp / "dist", s), series(tmp / "plain", s), 1e-4, s);
+  for (double b : series(tmp / "dist", "noise_scale/b_simple")) EXPECT_GT(b, 0) << "B_simple of a real run";
+}
+
 TEST(MpiDistributedOptimizer, OverlappedUnevenBucketsAtDataParallelThreeMatchOneProcess) {
   mb::testing::TempDir tmp;
   const std::string common = "--optimizer lamb --global-batch-size 12" + same_padding(1);
