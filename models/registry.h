@@ -7,7 +7,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/data/samples.h"
 #include "core/train/model.h"
-#include "core/train/trainer.h"
+#include "core/train/batch_source.h"
 #include "models/presets.h"
 
 namespace megabatch::models {

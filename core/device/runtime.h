@@ -55,6 +55,8 @@ void synchronize(Device d);
 void use_device(Device d);
 
 // ---- reading device values later, without waiting now ---------------------------------
+// Whether the host reads d's memory in place, at no cost and with nothing to wait for (the CPU).
+inline bool host_reads_directly(Device d) { return d.is_cpu(); }
 // start() queues a copy of `bytes` from device memory into host memory behind everything
 // issued on the device's stream so far, and returns at once; get() waits for that copy
 // only (usually long finished by then). The trainer reads each step's flags one step late

@@ -1,0 +1,111 @@
+#include "core/optim/mixed_precision.h"
+
+#include "core/comm/collectives.h"
+#include "core/device/profile.h"
+#include "core/ops/gradients.h"
+#include "core/ops/reduce.h"
+#include "core/util/error.h"
+
+namespace megabatch::optim {
+
+MixedPrecisionOptimizer::MixedPrecisionOptimizer(Options options, PluginOptimizer& plugin, nn::ParameterStore& params,
+                                                 comm::Communicator& tp)
+    : opt_(std::move(options)), plugin_(plugin), params_(params), tp_(tp) {
+  const Device device = params_.device();
+  for (const auto& info : params_.infos())
+    (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);
+  scaler_.resize({3}, DType::kF32, device);
+  found_inf_.resize({1}, DType::kF32, device);
+  const ops::LossScalerState s = ops::initial_scaler_state(opt_.loss_scaler);
+  copy(scaler_, from_host(std::vector<float>{s.scale, s.growth_tracker, s.hysteresis_tracker}, {3}));
+  overflow_ = std::make_unique<runtime::Readback>(device, sizeof(float));
+}
+
+MixedPrecisionOptimizer::~MixedPrecisionOptimizer() = default;
+
+void MixedPrecisionOptimizer::set_data_parallel(comm::Communicator& dp) {
+  const DpShards* shards = plugin_.shards();
+  check(!shards || &shards->dp() == &dp, "internal error: the optimizer's shards are over another data-parallel group");
+  dp_ = &dp;
+  if (shards) {  // norms over the pieces of this rank's shards
+    sharded_ = shards->segments(true);
+    replicated_ = shards->segments(false);
+  }
+}
+
+const Tensor& MixedPrecisionOptimizer::main_grads() const {
+  return plugin_.shards() ? plugin_.shards()->grads() : params_.grads();
+}
+
+ops::LossScalerState MixedPrecisionOptimizer::loss_scaler_state() const {
+  const std::vector<float> s = to_host_f32(scaler_);
+  return {s[0], s[1], s[2]};
+}
+
+void MixedPrecisionOptimizer::restore(StepCounts counts, const ops::LossScalerState* scaler) {
+  counts_ = counts;
+  if (scaler)
+    copy(scaler_, from_host(std::vector<float>{scaler->scale, scaler->growth_tracker, scaler->hysteresis_tracker}, {3}));
+}
+
+void MixedPrecisionOptimizer::unscale_and_check(const Tensor& scale_used, const Tensor& found_inf) {
+  const profile::Region mark(profile::Family::kOptimizer);
+  if (!fp16()) return;
+  ops::weighted_accumulate(scale_used, scaler_.flat(0, 1), {1.0});  // the scale of this step
+  ops::unscale_and_check(main_grads(), found_inf_, scaler_);
+  // one overflowing rank skips the step everywhere (a local flag would let scales diverge)
+  comm::all_reduce(tp_, found_inf_, comm::ReduceOp::kMax);
+  comm::all_reduce(*dp_, found_inf_, comm::ReduceOp::kMax);
+  ops::weighted_accumulate(found_inf, found_inf_, {1.0});
+  ops::loss_scaler_update(scaler_, found_inf_, opt_.loss_scaler);
+}
+
+void MixedPrecisionOptimizer::clip(const Tensor& sums, const Tensor& norms) {
+  const profile::Region mark(profile::Family::kOptimizer);
+  const Tensor& g = main_grads();
+  ops::split_sum_squares(sums, g, sharded_, replicated_);
+  if (plugin_.shards()) comm::all_reduce(*dp_, sums, comm::ReduceOp::kSum);  // the ranks' pieces
+  comm::all_reduce(tp_, sums.flat(0, 1), comm::ReduceOp::kSum);  // sharded tensors: their squares over the group
+  ops::clip_coefficient(norms, sums, opt_.clip_grad);
+  ops::scale_by(g, norms, 1);
+}
+
+void MixedPrecisionOptimizer::resolve_overflow() {
+  if (!unresolved_) return;
+  const float flag = *static_cast<const float*>(overflow_->get());
+  if (flag == 0.0f) {
+    ++counts_.optimizer_steps;
+    counts_.lr_samples += opt_.global_batch_size;
+  }
+  unresolved_ = false;
+}
+
+void MixedPrecisionOptimizer::settle() { resolve_overflow(); }
+
+void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, bool diagnostics) {
+  const profile::Region mark(profile::Family::kOptimizer);
+  const int64_t gbs = opt_.global_batch_size;
+  if (!fp16()) {  // every step is applied
+    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    plugin_.step(++counts_.optimizer_steps, lr_, gbs, clipped_norm, diagnostics);
+    counts_.lr_samples += gbs;
+  } else if (params_.device().is_cpu()) {
+    // The flag is in host memory already: an overflowing step is not given to the plugin.
+    overflow_->start(found_inf_.raw());
+    unresolved_ = true;
+    const bool skip = *static_cast<const float*>(overflow_->get()) != 0.0f;
+    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    if (!skip) plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics);
+    resolve_overflow();
+  } else {
+    // The previous step's flag (read one step late, long since produced) decides this step's
+    // count and learning rate; this step's own flag makes its kernels skip on the device.
+    resolve_overflow();
+    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics, found_inf_);
+    overflow_->start(found_inf_.raw());
+    unresolved_ = true;
+  }
+}
+
+}  // namespace megabatch::optim

@@ -1,0 +1,182 @@
+#include "core/train/step_recorder.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <ostream>
+
+#include "core/device/runtime.h"
+#include "core/ops/reduce.h"
+
+namespace megabatch::train {
+
+namespace {
+constexpr int64_t kRingCapacity = 512;
+
+std::string timestamp() {
+  char buf[32];
+  const std::time_t t = std::time(nullptr);
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
+  return buf;
+}
+// "sop loss" -> "sop_loss": the metrics.h5 series of a console loss name.
+std::string series_name(std::string name) {
+  for (char& c : name)
+    if (c == ' ') c = '_';
+  return name;
+}
+std::string format(const char* fmt, auto... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+}  // namespace
+
+StepRecorder::StepRecorder(const TrainOptions& options, bool fp16, io::MetricsFile* metrics, std::ostream& console)
+    : opt_(options), fp16_(fp16), metrics_(metrics), console_(console),
+      noise_scale_(options.noise_scale_ema, options.noise_scale_window) {
+  restart_interval_clock();
+}
+
+void StepRecorder::allocate(const std::vector<std::string>& extra_names, Device device) {
+  extra_names_ = extra_names;
+  slots_ = loss_slots() + kSlotsAfterLosses;
+  step_.resize({static_cast<int64_t>(slots_)}, DType::kF64, device);
+  ring_.resize({std::min<int64_t>(kRingCapacity, std::max<int64_t>(opt_.log_interval, 1)), static_cast<int64_t>(slots_)},
+               DType::kF64, device);
+  step_.zero();
+}
+
+void StepRecorder::begin_step() {
+  if (ring_.defined() && ring_rows_ == ring_.dim(0)) drain();
+  if (step_.defined()) step_.zero();
+}
+
+void StepRecorder::record(int64_t iteration, int64_t consumed, double lr, double seconds) {
+  if (ring_rows_ == 0) ring_first_ = iteration;
+  copy(ring_.rows(ring_rows_, ring_rows_ + 1).view({static_cast<int64_t>(slots_)}), step_);
+  ring_seconds_.push_back(seconds);
+  ring_lr_.push_back(lr);
+  ring_consumed_.push_back(consumed);
+  ++ring_rows_;
+  if (!runtime::host_reads_directly(step_.device())) return;
+  // The row is in host memory already: catch a diverged run at once.
+  const double* row = step_.data<double>();
+  const size_t L = loss_slots();
+  double objective = 0;
+  for (size_t k = 0; k < L; ++k) objective += row[k];
+  const bool skipped = fp16_ && row[L + kFoundInf] != 0.0;
+  if (!skipped && (!std::isfinite(objective) || !std::isfinite(row[L + kNorm]))) drain();
+}
+
+// ---- what the host learns at a drain ------------------------------------------------------
+
+void StepRecorder::drain() {
+  if (ring_rows_ == 0) return;
+  const std::vector<double> rows = to_host_f64(ring_.rows(0, ring_rows_));  // the one read of the interval
+  if (interval_extra_.size() != extra_names_.size()) interval_extra_.assign(extra_names_.size(), 0.0);
+  for (int64_t r = 0; r < ring_rows_; ++r)
+    drain_row(rows.data() + static_cast<size_t>(r) * slots_, ring_first_ + r, static_cast<size_t>(r));
+  ring_rows_ = 0;
+  ring_seconds_.clear();
+  ring_lr_.clear();
+  ring_consumed_.clear();
+}
+
+void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
+  const size_t L = loss_slots();
+  const bool skipped = fp16_ && v[L + kFoundInf] != 0.0;
+  const double loss = v[0], norm = v[L + kNorm];
+  double objective = 0;
+  for (size_t k = 0; k < L; ++k) objective += v[k];
+  const double scale = fp16_ ? v[L + kLossScale] : 1.0;
+  if (skipped && !std::isfinite(objective)) ++interval_nan_;  // fp16: counted and skipped, as Megatron
+  if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm)) && diverged_at_ == 0) {
+    diverged_at_ = it;  // recorded in the metrics below; the loop stops after this step
+    divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
+                         format("%g", !std::isfinite(objective) ? objective : norm);
+  }
+  NoiseScaleEstimator::Step noise{std::nan(""), std::nan("")};  // NaN: not estimated at this step
+  if (opt_.noise_scale && !skipped) {
+    const double mb = static_cast<double>(opt_.global_batch_size / opt_.micro_batch_size);
+    const double small_sq = (v[L + kSmallSharded] + v[L + kSmallReplicated]) * mb * mb / (scale * scale);
+    if (std::isfinite(small_sq))
+      noise = noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
+                               static_cast<double>(opt_.global_batch_size));
+  }
+  if (skipped) ++skipped_total_, ++interval_skipped_;
+  const double dt = ring_seconds_[r];
+  losses_.push_back(loss);
+  interval_loss_ += loss;
+  for (size_t k = 0; k < extra_names_.size(); ++k) interval_extra_[k] += v[1 + k];
+  interval_grad_norm_ = norm;
+  interval_loss_scale_ = scale;
+  ++interval_iters_;
+  if (!metrics_) return;
+  metrics_->append("train/iteration", static_cast<double>(it));
+  metrics_->append("train/consumed_samples", static_cast<double>(ring_consumed_[r]));
+  metrics_->append("train/lm_loss", loss);
+  for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + series_name(extra_names_[k]), v[1 + k]);
+  metrics_->append("train/learning_rate", ring_lr_[r]);
+  metrics_->append("train/grad_norm", norm);
+  if (opt_.noise_scale) {  // each step's own estimates, for averages centred anywhere (sweep analyze)
+    metrics_->append("train/noise_grad_sq_norm", noise.grad_sq_norm);
+    metrics_->append("train/noise_trace_cov", noise.trace_cov);
+  }
+  if (fp16_) {
+    metrics_->append("train/loss_scale", scale);
+    metrics_->append("train/skipped", skipped ? 1.0 : 0.0);
+  }
+  metrics_->append("train/tokens_per_second", static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) / dt);
+  metrics_->append("train/iteration_time_ms", dt * 1e3);
+}
+
+void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr, const LineExtras& extras) {
+  if (interval_iters_ == 0) return;
+  const double k = static_cast<double>(interval_iters_);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start_).count();
+  std::string line = " [" + timestamp() + "]";
+  line += format(" iteration %8lld/%8lld |", static_cast<long long>(iteration), static_cast<long long>(opt_.train_iters));
+  line += format(" consumed samples: %12lld |", static_cast<long long>(consumed));
+  line += format(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
+  if (opt_.log_throughput)
+    line += format(" throughput per GPU (TFLOP/s/GPU): %.1f |",
+                   opt_.flops_per_iteration / (seconds / k * 1e12 * static_cast<double>(opt_.world_size)));
+  line += format(" throughput (tokens/s): %.0f |",
+                 static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / seconds);
+  line += format(" learning rate: %.6E |", lr);
+  line += format(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
+  line += format(" lm loss: %.6E |", interval_loss_ / k);
+  for (size_t e = 0; e < extra_names_.size(); ++e) line += format(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
+  line += format(" loss scale: %.1f |", interval_loss_scale_);
+  line += format(" grad norm: %.3f |", interval_grad_norm_);
+  if (extras.num_zeros) line += format(" num zeros: %lld |", static_cast<long long>(*extras.num_zeros));
+  if (extras.params_norm) line += format(" params norm: %.3f |", *extras.params_norm);
+  if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
+  line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
+  line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
+  const double mean_loss = interval_loss_ / k;
+  intervals_above_ = opt_.divergence_loss > 0 && mean_loss > opt_.divergence_loss ? intervals_above_ + 1 : 0;
+  if (diverged_at_ == 0 && opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals) {
+    diverged_at_ = iteration;
+    divergence_reason_ = format("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
+                                static_cast<long long>(intervals_above_), mean_loss);
+  }
+  if (metrics_ && opt_.noise_scale) {
+    metrics_->append("noise_scale/iteration", static_cast<double>(iteration));
+    metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
+    metrics_->append("noise_scale/grad_sq_norm", noise_scale_.grad_sq_norm());
+    metrics_->append("noise_scale/trace_cov", noise_scale_.trace_cov());
+  }
+  interval_loss_ = 0;
+  std::fill(interval_extra_.begin(), interval_extra_.end(), 0.0);
+  interval_iters_ = interval_skipped_ = interval_nan_ = 0;
+  restart_interval_clock();
+  // the metrics first: a logged line means its interval is on disk (a kill right after the
+  // line appears loses nothing of it)
+  if (metrics_) metrics_->flush();
+  console_ << line << std::endl;
+}
+
+}  // namespace megabatch::train

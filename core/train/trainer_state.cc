@@ -1,0 +1,81 @@
+#include "core/train/trainer_state.h"
+
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "core/util/error.h"
+
+namespace megabatch::train {
+
+namespace {
+// A field of a checkpoint's trainer state ("lr_samples", "loss_scaler.scale") as
+// trainer_state_json() writes it, T being int64_t or double; `fallback` where a checkpoint from
+// before the field lacks it. A hand-edited or damaged attribute is refused naming the file
+// and the field, not met as a JSON library's type error.
+template <class T>
+T trainer_field(const io::CheckpointState& state, const std::string& path, std::optional<T> fallback = std::nullopt) {
+  const std::string where = state.file.string() + ": attribute 'trainer': ";
+  const char* damaged = io::kDamagedCheckpoint;
+  const size_t dot = path.find('.');
+  const nlohmann::json* o = &state.trainer;
+  if (dot != std::string::npos) {
+    const std::string outer = path.substr(0, dot);
+    check(state.trainer.contains(outer), where, "no '", outer, "'", damaged);
+    o = &state.trainer[outer];
+    check(o->is_object(), where, outer, " is ", o->dump(), ", not an object", damaged);
+  }
+  const std::string key = dot == std::string::npos ? path : path.substr(dot + 1);
+  if (!o->contains(key)) {
+    check(fallback.has_value(), where, "no '", path, "'", damaged);
+    return *fallback;
+  }
+  const nlohmann::json& v = (*o)[key];
+  constexpr bool integer = std::is_integral_v<T>;
+  check(integer ? v.is_number_integer() : v.is_number(), where, path, " is ", v.dump(), ", not ",
+        integer ? "an integer" : "a number", damaged);
+  return v.get<T>();
+}
+}  // namespace
+
+nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimizer, const NoiseScaleEstimator& noise,
+                                  int64_t skipped_iterations) {
+  const optim::StepCounts counts = optimizer.counts();
+  const ops::LossScalerState scaler = optimizer.loss_scaler_state();
+  const auto& sc = optimizer.schedule();
+  return {{"noise_scale", noise.state()},
+          {"optimizer_steps", counts.optimizer_steps},
+          {"lr_samples", counts.lr_samples},
+          {"skipped_iterations", skipped_iterations},
+          {"loss_scaler",
+           {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker},
+            {"hysteresis_tracker", scaler.hysteresis_tracker}, {"dynamic", optimizer.loss_scaler_config().dynamic}}},
+          {"lr_schedule",
+           {{"max_lr", sc.max_lr}, {"min_lr", sc.min_lr}, {"warmup_samples", sc.warmup_samples},
+            {"decay_samples", sc.decay_samples}, {"style", optim::decay_style_name(sc.style)}, {"power", sc.power},
+            {"lr", sc.lr(counts.lr_samples)}}}};
+}
+
+TrainerState read_trainer_state(const io::CheckpointState& state) {
+  const nlohmann::json& t = state.trainer;
+  TrainerState out;
+  if (t.contains("noise_scale")) {  // checked field by field, then read by the estimator
+    for (const char* f : {"noise_scale.g2", "noise_scale.trace", "noise_scale.decay_pow"})
+      trainer_field<double>(state, f);
+    trainer_field<int64_t>(state, "noise_scale.count");
+    out.noise_scale = t["noise_scale"];
+  }
+  // checkpoints before loss scaling: every iteration was an optimizer step
+  out.counts.optimizer_steps = trainer_field<int64_t>(state, "optimizer_steps", state.iteration);
+  out.counts.lr_samples = trainer_field<int64_t>(state, "lr_samples", state.consumed_samples);
+  out.skipped_iterations = trainer_field<int64_t>(state, "skipped_iterations", int64_t{0});
+  if (t.contains("loss_scaler")) {
+    std::vector<float> s;
+    for (const char* f : {"loss_scaler.scale", "loss_scaler.growth_tracker", "loss_scaler.hysteresis_tracker"})
+      s.push_back(static_cast<float>(trainer_field<double>(state, f)));
+    out.loss_scaler = ops::LossScalerState{s[0], s[1], s[2]};
+  }
+  return out;
+}
+
+}  // namespace megabatch::train
