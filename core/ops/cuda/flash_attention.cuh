@@ -1,0 +1,201 @@
+// The flash attention kernels' shared parts (flash_attention.cu: the forward,
+// flash_attention_backward.cu: the backward): the tile sizes, the kernels' arguments, the
+// tensor-core product and its fragment loads, the asynchronous tile copies. See
+// flash_attention.cu for the scheme.
+#pragma once
+
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+#include "core/util/philox.h"
+
+namespace megabatch::ops::cuda::flash {
+
+constexpr int kRows = 64;   // queries (forward, dQ) or keys (dK dV) of a block
+constexpr int kTile = 64;   // keys (forward, dQ) or queries (dK dV) of a tile
+constexpr int kThreads = 128;
+constexpr float kLog2e = 1.4426950408889634f;
+
+struct Args {
+  const void* qkv;
+  const void* out;
+  const void* dout;
+  void* dst;          // forward: out; backward: dqkv
+  float* lse;         // (B, H, T), natural log
+  const float* rowdot;  // backward: dout . out per row (B, H, T)
+  const uint8_t* mask;
+  int B, H, T, D;
+  bool causal;
+  float scale_log2;  // softmax scale x log2(e)
+  float scale;       // softmax scale
+  // dropout
+  bool drop;
+  uint64_t key, stream;
+  uint32_t threshold;
+  float keep_scale;
+  int64_t head_offset, total_heads;
+};
+
+// element (b, t, h, which, 0) of qkv: tokens are H * 3 * D apart, heads 3 * D
+__device__ __forceinline__ int64_t qkv_at(const Args& a, int b, int t, int h, int which) {
+  return ((static_cast<int64_t>(b) * a.T + t) * a.H + h) * 3 * a.D + which * a.D;
+}
+__device__ __forceinline__ int64_t out_at(const Args& a, int b, int t, int h) {
+  return ((static_cast<int64_t>(b) * a.T + t) * a.H + h) * a.D;
+}
+
+__device__ __forceinline__ bool valid(const Args& a, int b, int i, int j) {
+  if (j >= a.T || i >= a.T) return false;
+  if (a.causal && j > i) return false;
+  return !a.mask || a.mask[static_cast<int64_t>(b) * a.T + j] != 0;
+}
+
+// the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p)
+__device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
+  if (!a.drop) return 1.0f;
+  const uint64_t e = static_cast<uint64_t>(((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.T + i) *
+                                               static_cast<int64_t>(a.T) + j);
+  const auto r = Philox4x32::generate(a.key, a.stream, e / 4);
+  return r[e % 4] >= a.threshold ? a.keep_scale : 0.0f;
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float lo, float hi) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+template <typename T>
+__device__ __forceinline__ float2 unpack(uint32_t u) {
+  if constexpr (std::is_same_v<T, bf16>) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&u));
+  } else {
+    return __half22float2(*reinterpret_cast<const __half2*>(&u));
+  }
+}
+
+// c (16x8 f32) += a (16x16) b (16x8)
+template <typename T>
+__device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (std::is_same_v<T, bf16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+#else
+  __trap();  // flash_attention_supported keeps sm_75 on the explicit attention
+#endif
+}
+
+__device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
+
+// A fragment (16 rows x 16 columns, row-major source with `stride` elements per row) of
+// rows r0.. and columns c0..: register k holds two neighbours of one row.
+template <typename T>
+__device__ __forceinline__ void load_a(uint32_t* a, const T* src, int stride, int r0, int c0, int g, int t) {
+  a[0] = ld32(src + (r0 + g) * stride + c0 + 2 * t);
+  a[1] = ld32(src + (r0 + g + 8) * stride + c0 + 2 * t);
+  a[2] = ld32(src + (r0 + g) * stride + c0 + 8 + 2 * t);
+  a[3] = ld32(src + (r0 + g + 8) * stride + c0 + 8 + 2 * t);
+}
+// The A fragment of a product's left operand from the accumulators of the previous one:
+// two 16x8 tiles c_lo, c_hi (columns k..k+7, k+8..k+15) of f32 become one 16x16 operand.
+template <typename T>
+__device__ __forceinline__ void a_from_acc(uint32_t* a, const float* c_lo, const float* c_hi) {
+  a[0] = pack<T>(c_lo[0], c_lo[1]);
+  a[1] = pack<T>(c_lo[2], c_lo[3]);
+  a[2] = pack<T>(c_hi[0], c_hi[1]);
+  a[3] = pack<T>(c_hi[2], c_hi[3]);
+}
+// B fragment (16 k x 8 n) where the source holds row n, column k contiguous (stride per n).
+template <typename T>
+__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const T* src, int stride, int n0, int k0, int g, int t) {
+  b0 = ld32(src + (n0 + g) * stride + k0 + 2 * t);
+  b1 = ld32(src + (n0 + g) * stride + k0 + 8 + 2 * t);
+}
+
+// B fragments of two n-tiles (n0.., n0 + 8..) over k rows k0..k0 + 15 of a row-major [k][n]
+// source: ldmatrix's transposing load gives each thread its two neighbours along k.
+template <typename T>
+__device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T* src, int stride, int k0, int n0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int m = lane / 8, r = lane % 8;
+  const T* p = src + (k0 + (m & 1) * 8 + r) * stride + n0 + (m >> 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(lo[0]), "=r"(lo[1]), "=r"(hi[0]), "=r"(hi[1])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+#else
+  __trap();
+#endif
+}
+
+// Starts copying rows [row0, row0 + 64) of a q/k/v/dout-like tensor into shared memory
+// (`rows`, stride D + 8) without waiting (cp.async; rows past T become zeros). `at(t)` is
+// the element offset of token t's head vector.
+template <typename T, int D, typename At>
+__device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0, int T_, At at) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int chunks = D / 8;  // 16-byte pieces of a row
+  for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
+    const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
+    const T* from = t < T_ ? src + at(t) + d0 : src;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(rows + r * (D + 8) + d0))), "l"(from),
+                 "r"(t < T_ ? 16 : 0));
+  }
+#else
+  __trap();
+#endif
+}
+__device__ __forceinline__ void cp_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// waits until at most N of this thread's copy groups are still in flight
+template <int N>
+__device__ __forceinline__ void cp_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
+}
+
+inline Args args_of(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
+             const Tensor& lse) {
+  Args a{};
+  a.qkv = qkv.raw();
+  a.lse = ptr<float>(lse);
+  a.mask = ptr<uint8_t>(key_mask);
+  a.B = static_cast<int>(s.B), a.H = static_cast<int>(s.H), a.T = static_cast<int>(s.T), a.D = static_cast<int>(s.D);
+  a.causal = s.causal;
+  a.scale = 1.0f / sqrtf(static_cast<float>(s.D));
+  a.scale_log2 = a.scale * kLog2e;
+  a.drop = dropout && dropout->p > 0;
+  if (a.drop) {
+    a.key = dropout->key;
+    a.stream = dropout->stream;
+    a.threshold = static_cast<uint32_t>(static_cast<uint64_t>(dropout->p * 4294967296.0));
+    a.keep_scale = static_cast<float>(1.0 / (1.0 - dropout->p));
+  }
+  a.head_offset = s.head_offset;
+  a.total_heads = s.total_heads ? s.total_heads : s.H;
+  return a;
+}
+
+template <typename Kernel>
+void launch(Kernel k, dim3 grid, size_t smem, cudaStream_t st, const Args& a, const char* name) {
+  MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k<<<grid, kThreads, smem, st>>>(a);
+  MB_CUDA_LAUNCHED(name);
+}
+
+}  // namespace megabatch::ops::cuda::flash

@@ -1,0 +1,284 @@
+// Flash attention's backward on a GPU (the scheme: flash_attention.cu), deterministic (no
+// atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per 64 keys walks
+// the query tiles for dK and dV, and another per 64 queries walks the key tiles for dQ; both
+// recompute the probabilities from the forward's log-sum-exp.
+#include "core/ops/cuda/flash_attention.cuh"
+
+namespace megabatch::ops::cuda {
+
+namespace {
+using namespace flash;
+
+// ---- backward ---------------------------------------------------------------------------
+// D_i = dout_i . out_i (f32), a warp per row
+template <typename T>
+__global__ void rowdot_kernel(float* rowdot, Args a) {
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // (b, h, i)
+  const int lane = threadIdx.x % 32;
+  if (row >= static_cast<int64_t>(a.B) * a.H * a.T) return;
+  const int i = static_cast<int>(row % a.T), h = static_cast<int>((row / a.T) % a.H), b = static_cast<int>(row / (static_cast<int64_t>(a.T) * a.H));
+  const T* o = static_cast<const T*>(a.out) + out_at(a, b, i, h);
+  const T* d = static_cast<const T*>(a.dout) + out_at(a, b, i, h);
+  float acc = 0;
+  for (int k = lane; k < a.D; k += 32) acc += to_f32(o[k]) * to_f32(d[k]);
+  acc = warp_sum(acc);
+  if (lane == 0) rowdot[row] = acc;
+}
+
+// Adds the 16 x D accumulator of rows r (per thread: rows g, g + 8) into dqkv slot `which`.
+template <typename T, int D>
+__device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, int which, float (*acc)[4], float factor,
+                                         int g, int t) {
+  T* dst = static_cast<T*>(a.dst);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int tok = row0 + g + 8 * r;
+    if (tok >= a.T) continue;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      uint32_t* p = reinterpret_cast<uint32_t*>(dst + qkv_at(a, b, tok, h, which) + n * 8 + 2 * t);
+      const float2 old = unpack<T>(*p);
+      *p = pack<T>(old.x + acc[n][2 * r] * factor, old.y + acc[n][2 * r + 1] * factor);
+    }
+  }
+}
+
+// dK and dV of 64 keys: each warp 16 keys, over the query tiles (double-buffered).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int RS = D + 8;
+  T* Kown = reinterpret_cast<T*>(smem);  // this block's keys [64][RS]
+  T* Vown = Kown + kRows * RS;           // and values
+  T* Qb = Vown + kRows * RS;             // query tiles [2][64][RS]
+  T* dOb = Qb + 2 * kTile * RS;          // dout tiles [2][64][RS]
+  float* lse2 = reinterpret_cast<float*>(dOb + 2 * kTile * RS);  // [2][64], log2 units
+  float* rd = lse2 + 2 * kTile;                                   // [2][64]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
+  const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
+  const T* qkv = static_cast<const T*>(a.qkv);
+  const T* dout = static_cast<const T*>(a.dout);
+  auto q_at = [&](int tok) { return qkv_at(a, b, tok, h, 0); };
+  auto o_at = [&](int tok) { return out_at(a, b, tok, h); };
+  // stage the query tile qt into buffer buf: q and dout by copy, lse and D by the threads
+  auto stage = [&](int qt, int buf) {
+    const int i0 = qt * kTile;
+    load_tile_async<T, D>(Qb + buf * kTile * RS, qkv, i0, a.T, q_at);
+    load_tile_async<T, D>(dOb + buf * kTile * RS, dout, i0, a.T, o_at);
+    for (int r = threadIdx.x; r < kTile; r += kThreads) {
+      const int i = i0 + r;
+      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + i;
+      lse2[buf * kTile + r] = i < a.T ? a.lse[at] * kLog2e : INFINITY;
+      rd[buf * kTile + r] = i < a.T ? a.rowdot[at] : 0.0f;
+    }
+  };
+  const int first = a.causal ? k_block / kTile : 0, tiles = (a.T + kTile - 1) / kTile;
+  load_tile_async<T, D>(Kown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
+  load_tile_async<T, D>(Vown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
+  stage(first, 0);
+  cp_commit();
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+  for (int qt = first; qt < tiles; ++qt) {
+    const int i0 = qt * kTile, buf = (qt - first) & 1;
+    if (qt + 1 < tiles) {
+      stage(qt + 1, buf ^ 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const T* Qs = Qb + buf * kTile * RS;
+    const T* dOs = dOb + buf * kTile * RS;
+    const float* L = lse2 + buf * kTile;
+    const float* R = rd + buf * kTile;
+    if (!(a.causal && i0 + kTile - 1 < j0)) {  // else every query of the tile is before this warp's keys
+      // S^T (16 keys x 64 queries) = K Q^T and dP^T = V dout^T
+      float st[8][4], dpt[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks) {
+        uint32_t ka[4], va[4];
+        load_a(ka, Kown, RS, kw, ks * 16, g, t);
+        load_a(va, Vown, RS, kw, ks * 16, g, t);
+#pragma unroll
+        for (int n = 0; n < 8; ++n) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Qs, RS, n * 8, ks * 16, g, t);
+          mma<T>(st[n], ka, b0, b1);
+          load_b(b0, b1, dOs, RS, n * 8, ks * 16, g, t);
+          mma<T>(dpt[n], va, b0, b1);
+        }
+      }
+      // P^T, and st <- (P Z)^T for dV, dpt <- dS^T for dK
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = j0 + g + (e >= 2 ? 8 : 0), il = n * 8 + 2 * t + (e & 1), i = i0 + il;
+          const float p = valid(a, b, i, j) ? exp2f(st[n][e] * a.scale_log2 - L[il]) : 0.0f;
+          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
+          st[n][e] = p * z;
+          dpt[n][e] = p * (z * dpt[n][e] - R[il]);
+        }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t pa[4], sa[4];
+        a_from_acc<T>(pa, st[2 * kk], st[2 * kk + 1]);
+        a_from_acc<T>(sa, dpt[2 * kk], dpt[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t lo[2], hi[2];
+          load_b_trans(lo, hi, dOs, RS, kk * 16, n * 8, lane);
+          mma<T>(dv[n], pa, lo[0], lo[1]);
+          mma<T>(dv[n + 1], pa, hi[0], hi[1]);
+          load_b_trans(lo, hi, Qs, RS, kk * 16, n * 8, lane);
+          mma<T>(dk[n], sa, lo[0], lo[1]);
+          mma<T>(dk[n + 1], sa, hi[0], hi[1]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's copy overwrites this buffer
+  }
+  add_rows<T, D>(a, b, h, j0, 1, dk, a.scale, g, t);
+  add_rows<T, D>(a, b, h, j0, 2, dv, 1.0f, g, t);
+}
+
+// dQ of 64 queries: each warp 16 queries, over the key tiles (double-buffered).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int RS = D + 8;
+  T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
+  T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
+  const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
+  const T* qkv = static_cast<const T*>(a.qkv);
+  const T* dout = static_cast<const T*>(a.dout);
+  auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
+  auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
+  const int q_last = min(q_block + kRows, a.T) - 1;
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
+  load_tile_async<T, D>(Kb, qkv, 0, a.T, k_at);
+  load_tile_async<T, D>(Vb, qkv, 0, a.T, v_at);
+  cp_commit();
+  uint32_t qf[D / 16][4], df[D / 16][4];
+  float lse2[2], rd[2];
+  {
+    const int r[2] = {q0 + g, q0 + g + 8};
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
+        qf[ks][k] = row < a.T ? ld32(qkv + qkv_at(a, b, row, h, 0) + col) : 0u;
+        df[ks][k] = row < a.T ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
+      }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + r[k];
+      lse2[k] = r[k] < a.T ? a.lse[at] * kLog2e : INFINITY;
+      rd[k] = r[k] < a.T ? a.rowdot[at] : 0.0f;
+    }
+  }
+  float dq[D / 8][4];
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int k0 = kt * kTile, buf = kt & 1;
+    if (kt + 1 < tiles) {
+      load_tile_async<T, D>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
+      load_tile_async<T, D>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
+    const T* Ks = Kb + buf * kTile * RS;
+    const T* Vs = Vb + buf * kTile * RS;
+    if (!(a.causal && k0 > q0 + 15)) {
+      float s[8][4], dp[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t b0, b1;
+          load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
+          mma<T>(s[n], qf[ks], b0, b1);
+          load_b(b0, b1, Vs, RS, n * 8, ks * 16, g, t);
+          mma<T>(dp[n], df[ks], b0, b1);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int r = e >> 1, i = q0 + g + 8 * r, j = k0 + n * 8 + 2 * t + (e & 1);
+          const float p = valid(a, b, i, j) ? exp2f(s[n][e] * a.scale_log2 - lse2[r]) : 0.0f;
+          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
+          s[n][e] = p * (z * dp[n][e] - rd[r]);  // dS
+        }
+#pragma unroll
+      for (int kk = 0; kk < kTile / 16; ++kk) {
+        uint32_t sa[4];
+        a_from_acc<T>(sa, s[2 * kk], s[2 * kk + 1]);
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+          uint32_t lo[2], hi[2];
+          load_b_trans(lo, hi, Ks, RS, kk * 16, n * 8, lane);
+          mma<T>(dq[n], sa, lo[0], lo[1]);
+          mma<T>(dq[n + 1], sa, hi[0], hi[1]);
+        }
+      }
+    }
+    __syncthreads();
+  }
+  add_rows<T, D>(a, b, h, q0, 0, dq, a.scale, g, t);
+}
+
+template <typename T, int D>
+void backward(const Args& a, cudaStream_t st) {
+  const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
+  constexpr size_t RS = D + 8;
+  launch(flash_dkdv_kernel<T, D>, grid, 6 * kTile * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a, "flash_dkdv_kernel");
+  launch(flash_dq_kernel<T, D>, grid, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+}
+
+}  // namespace
+
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
+                              const DropoutKey* dropout) {
+  if (s.B * s.H * s.T == 0) return;
+  Args a = args_of(s, dropout, qkv, key_mask, lse);
+  a.out = out.raw();
+  a.dout = dout.raw();
+  a.dst = dqkv.raw();
+  const cudaStream_t st = stream_of(qkv);
+  Tensor rowdot({s.B, s.H, s.T}, DType::kF32, qkv.device());
+  a.rowdot = ptr<float>(rowdot);
+  with_type<accepts::flash_attention_backward_qkv.cuda.bits>(qkv.dtype(), "flash_attention_backward", [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t rows = s.B * s.H * s.T;
+    rowdot_kernel<T><<<blocks_for(rows * 32, 256, rows * 32), 256, 0, st>>>(ptr<float>(rowdot), a);
+    MB_CUDA_LAUNCHED("rowdot_kernel");
+    if (s.D == 64)
+      backward<T, 64>(a, st);
+    else
+      backward<T, 128>(a, st);
+  });
+}
+
+}  // namespace megabatch::ops::cuda
