@@ -1,5 +1,7 @@
 #include "models/registry.h"
 
+#include "core/ops/flash_attention.h"
+
 
 #include "core/util/error.h"
 #include "models/bert.h"
@@ -99,5 +101,30 @@ void T5BatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
       out.labels[b * Td + t] = sample_.loss_mask[t] ? sample_.decoder_target[t] : train::kIgnoreLabel;
   }
 }
+
+std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std::shared_ptr<const data::IndexedDataset> ds,
+                                                      data::DocumentRange docs, const data::Tokenizer& tokenizer,
+                                                      uint64_t seed) {
+  const int seq = static_cast<int>(c.seq_length);
+  if (c.family == "t5")
+    return std::make_unique<T5BatchSource>(std::move(ds), docs, seq, static_cast<int>(c.decoder_seq()), tokenizer.special(),
+                                           tokenizer.vocab_size(), seed);
+  if (c.family == "bert")
+    return std::make_unique<BertBatchSource>(std::move(ds), docs, seq, tokenizer.special(), tokenizer.vocab_size(), seed,
+                                             c.binary_head);
+  return std::make_unique<GptBatchSource>(std::move(ds), docs, seq, seed, c.padded_vocab_size());
+}
+
+bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {
+  return device.is_cuda() && !c.relative_attention &&
+         ops::flash_attention_supported(device, dtype, c.hidden_size / c.num_attention_heads);
+}
+
+train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device) {
+  const SizeReport r = size_report(c);
+  return {r.parameters_per_rank, r.activation_bytes, r.attention_score_bytes, uses_flash_attention(c, dtype, device)};
+}
+
+int64_t tokens_per_sample(const ModelConfig& c) { return c.seq_length + (c.family == "t5" ? c.decoder_seq() : 0); }
 
 }  // namespace megabatch::models

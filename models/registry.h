@@ -6,6 +6,8 @@
 #include "core/comm/communicator.h"
 #include "core/data/indexed_dataset.h"
 #include "core/data/samples.h"
+#include "core/data/tokenizer.h"
+#include "core/train/memory_check.h"
 #include "core/train/model.h"
 #include "core/train/batch_source.h"
 #include "models/presets.h"
@@ -18,6 +20,21 @@ std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Commun
                                          DType dtype = DType::kF32, Device device = Device::cpu());
 // Declares the model's parameters only (nothing allocated): for counting any size.
 std::unique_ptr<train::Model> declare_model(const ModelConfig& config, comm::Communicator& tp);
+
+// The batch source of the model's family over documents `docs` of `ds`, its sample order
+// drawn from `seed`.
+std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& config,
+                                                      std::shared_ptr<const data::IndexedDataset> ds,
+                                                      data::DocumentRange docs, const data::Tokenizer& tokenizer,
+                                                      uint64_t seed);
+
+// Whether the model's self-attention runs the flash kernels (models/transformer.cc), which
+// keep no (T, T) probabilities: T5's position bias takes the explicit attention.
+bool uses_flash_attention(const ModelConfig& config, DType dtype, Device device);
+// What the memory check needs of the model, per rank.
+train::ModelMemory model_memory(const ModelConfig& config, DType dtype, Device device);
+// Tokens a sample feeds the model (T5: encoder and decoder), for tokens/s.
+int64_t tokens_per_sample(const ModelConfig& config);
 
 // GPT samples: tokens [0, T) and labels [1, T].
 class GptBatchSource final : public train::BatchSource {

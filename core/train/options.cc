@@ -1,9 +1,12 @@
 #include "core/train/options.h"
 
+#include <cmath>
 #include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/util/error.h"
 
 namespace megabatch::train {
 using config::Option;
@@ -208,6 +211,126 @@ const config::Schema& train_schema() {
        "logging"},
   });
   return schema;
+}
+
+// The dtype of --bf16 / --fp16 (f32 otherwise) and the fp16 loss scaler of Megatron's flags.
+DType run_dtype(const json& v) {
+  const bool bf16 = v["bf16"].get<bool>(), fp16 = v["fp16"].get<bool>();
+  check(!(bf16 && fp16), "--bf16 and --fp16 are mutually exclusive; pick one (bf16 needs no loss scaling)");
+  return bf16 ? DType::kBF16 : fp16 ? DType::kF16 : DType::kF32;
+}
+
+ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype) {
+  const json& v = r.values;
+  for (const char* k : {"loss_scale", "initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis"})
+    check(!r.given(k) || dtype == DType::kF16, "--", config::flag_name(k),
+              " is for --fp16 runs (loss scaling); ", dtype == DType::kBF16 ? "bf16 needs none" : "add --fp16",
+              " or drop it");
+  ops::LossScalerConfig c;
+  c.dynamic = !v.contains("loss_scale");
+  c.initial_scale = static_cast<float>(c.dynamic ? v["initial_loss_scale"].get<double>() : v["loss_scale"].get<double>());
+  c.min_scale = static_cast<float>(v["min_loss_scale"].get<double>());
+  c.window = static_cast<int32_t>(v["loss_scale_window"].get<int64_t>());
+  c.hysteresis = static_cast<int32_t>(v["hysteresis"].get<int64_t>());
+  check(std::isfinite(c.initial_scale) && c.initial_scale > 0, c.dynamic ? "--initial-loss-scale" : "--loss-scale",
+            " must be a positive finite number");
+  check(c.min_scale > 0 && c.min_scale <= c.initial_scale, "--min-loss-scale must be in (0, initial loss scale]");
+  check(c.window >= 1 && c.hysteresis >= 1, "--loss-scale-window and --hysteresis must be >= 1");
+  return c;
+}
+
+namespace {
+// The learning-rate schedule of the flags (--lr, --min-lr, --lr-decay-*, --lr-warmup-*,
+// --lr-scaling), in samples of a global batch of `gbs`.
+optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
+  const bool by_iters = v.contains("train_iters");
+  check(v.contains("lr"), "--lr is required");
+  const auto rule = optim::parse_lr_scaling(v["lr_scaling"].get<std::string>());
+  const int64_t ref = v.contains("lr_scaling_ref_batch") ? v["lr_scaling_ref_batch"].get<int64_t>() : 0;
+  optim::LrSchedule s;
+  s.max_lr = optim::scaled_lr(v["lr"].get<double>(), rule, gbs, ref);
+  s.min_lr = optim::scaled_lr(v["min_lr"].get<double>(), rule, gbs, ref);
+  s.style = optim::parse_decay_style(v["lr_decay_style"].get<std::string>());
+  s.power = v["lr_decay_power"].get<double>();
+  if (by_iters) {
+    s.decay_samples = (v.contains("lr_decay_iters") ? v["lr_decay_iters"].get<int64_t>() : train_iters) * gbs;
+    s.warmup_samples = v["lr_warmup_iters"].get<int64_t>() * gbs;
+  } else {
+    s.decay_samples = v.contains("lr_decay_samples") ? v["lr_decay_samples"].get<int64_t>() : v["train_samples"].get<int64_t>();
+    s.warmup_samples = v["lr_warmup_samples"].get<int64_t>();
+  }
+  if (v.contains("lr_warmup_fraction"))
+    s.warmup_samples = static_cast<int64_t>(v["lr_warmup_fraction"].get<double>() * static_cast<double>(s.decay_samples));
+  check(s.warmup_samples <= s.decay_samples || s.style == optim::DecayStyle::kConstant ||
+            s.style == optim::DecayStyle::kInverseSquareRoot,
+        "lr warmup (", s.warmup_samples, " samples) is longer than the decay span (", s.decay_samples, " samples)");
+  return s;
+}
+
+// Clipping, logging, evaluation, diagnostics and noise-scale options.
+void logging_options(const config::Resolved& r, TrainOptions& opt) {
+  const json& v = r.values;
+  opt.clip_grad = v["clip_grad"].get<double>();
+  opt.log_interval = std::max<int64_t>(1, v["log_interval"].get<int64_t>());
+  opt.eval_interval = v["eval_interval"].get<int64_t>();
+  opt.eval_iters = v["eval_iters"].get<int64_t>();
+  if (v.contains("eval_samples")) {
+    opt.eval_samples = v["eval_samples"].get<int64_t>();
+    check(opt.eval_samples % opt.micro_batch_size == 0, "--eval-samples (", opt.eval_samples,
+              ") must be a multiple of --micro-batch-size (", opt.micro_batch_size, ")");
+  }
+  opt.diagnostics_interval =
+      v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;
+  check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
+            opt.diagnostics_interval);
+  opt.noise_scale = v["log_noise_scale"].get<bool>();
+  for (const char* key : {"noise_scale_ema", "noise_scale_window"})
+    check(opt.noise_scale || !r.given(key), "--", config::flag_name(key),
+              " averages the gradient noise scale, which only --log-noise-scale estimates; add it or drop the option");
+  check(!r.given("noise_scale_ema") || !r.given("noise_scale_window"),
+            "--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set; give one");
+  opt.noise_scale_ema = v["noise_scale_ema"].get<double>();
+  if (v.contains("noise_scale_window")) opt.noise_scale_window = static_cast<double>(v["noise_scale_window"].get<int64_t>());
+}
+}  // namespace
+
+// The run's batch, iterations, learning-rate schedule, logging, evaluation, checkpoint,
+// loss-scaling and divergence options from its flags (errors name the flag); dp_size: the
+// data-parallel ranks launched. What depends on the model (tokens per sample, FLOPs per
+// iteration) is the caller's to fill in.
+TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_size, int64_t padded_vocab) {
+  const json& v = r.values;
+  TrainOptions opt;
+  opt.micro_batch_size = v["micro_batch_size"].get<int64_t>();
+  opt.global_batch_size =
+      v.contains("global_batch_size") ? v["global_batch_size"].get<int64_t>() : opt.micro_batch_size * dp_size;
+  check(opt.micro_batch_size >= 1 && opt.global_batch_size >= 1, "micro_batch_size and global_batch_size must be >= 1");
+  check(opt.global_batch_size % opt.micro_batch_size == 0, "global_batch_size (", opt.global_batch_size,
+            ") must be a multiple of micro_batch_size (", opt.micro_batch_size, ")");
+  check(opt.global_batch_size % (opt.micro_batch_size * dp_size) == 0, "global_batch_size (", opt.global_batch_size,
+            ") must be a multiple of micro_batch_size x data-parallel size (", opt.micro_batch_size, " x ", dp_size, ")");
+  const bool by_iters = v.contains("train_iters"), by_samples = v.contains("train_samples");
+  check(by_iters != by_samples, "give exactly one of --train-iters and --train-samples");
+  opt.train_iters = by_iters ? v["train_iters"].get<int64_t>() : v["train_samples"].get<int64_t>() / opt.global_batch_size;
+  check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
+  opt.schedule = lr_schedule(v, opt.global_batch_size, opt.train_iters);
+  logging_options(r, opt);
+  if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
+  opt.save_interval = v["save_interval"].get<int64_t>();
+  opt.exit_interval = v["exit_interval"].get<int64_t>();
+  opt.profile_steps = v["profile_steps"].get<int64_t>();
+  opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
+  check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
+            "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
+  opt.seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
+  opt.loss_scaler = loss_scaler(r, dtype);
+  opt.log_throughput = v["log_throughput"].get<bool>();
+  opt.log_params_norm = v["log_params_norm"].get<bool>();
+  opt.log_num_zeros_in_grad = v["log_num_zeros_in_grad"].get<bool>();
+  opt.divergence_loss = v.contains("divergence_loss") ? v["divergence_loss"].get<double>()
+                                                      : 2.0 * std::log(static_cast<double>(padded_vocab));
+  opt.divergence_intervals = v["divergence_intervals"].get<int64_t>();
+  return opt;
 }
 
 }  // namespace megabatch::train

@@ -4,11 +4,30 @@
 #include <cstdint>
 
 #include <algorithm>
+#include <cstdio>
 #include <string>
 #include <string_view>
 #include <vector>
 
 namespace megabatch {
+
+// printf's formatting into a string (at most 255 characters: log lines' fields).
+template <typename... Args>
+std::string printf_string(const char* fmt, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, fmt, args...);
+  return buf;
+}
+
+// 1536 -> "1.5 KiB", 100 -> "100 B" (binary units, one decimal past bytes).
+inline std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (b >= 1024 && u < 4) b /= 1024, ++u;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.*f %s", u ? 1 : 0, b, units[u]);
+  return buf;
+}
 
 inline std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;

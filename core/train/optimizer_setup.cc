@@ -1,0 +1,52 @@
+#include "core/train/optimizer_setup.h"
+
+#include <ostream>
+
+#include "core/train/grad_buckets.h"
+#include "core/util/error.h"
+
+namespace megabatch::train {
+
+void list_optimizers(const std::vector<std::filesystem::path>& search, std::ostream& out) {
+  int broken = 0;
+  for (const auto& [name, path] : optim::available_plugins(search)) {
+    try {
+      out << optim::describe_hparams(optim::load_plugin(name, search)) << "  file: " << path.string()
+                << "\n";
+    } catch (const std::exception& e) {
+      ++broken;
+      out << name << "  BROKEN: " << e.what() << "\n  file: " << path.string() << "\n";
+    }
+  }
+  if (broken) out << broken << " plugin file(s) could not be loaded (see BROKEN above)\n";
+}
+
+nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& plugin) {
+  const nlohmann::json& v = r.values;
+  nlohmann::json hp = nlohmann::json::object();
+  const std::pair<const char*, const char*> aliases[] = {{"weight_decay", "weight_decay"}, {"adam_beta1", "beta1"},
+                                                         {"adam_beta2", "beta2"}, {"adam_eps", "eps"},
+                                                         {"sgd_momentum", "momentum"}};
+  for (const auto& [flag, name] : aliases) {
+    if (!r.given(flag)) continue;
+    check(optim::hparam_index(plugin, name) >= 0, flag, " was given but optimizer plugin '", plugin.name(),
+              "' has no hyperparameter '", name, "'; drop it or pick an optimizer that has one");
+    hp[name] = v[flag];
+  }
+  for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
+  return hp;
+}
+
+std::unique_ptr<optim::DpShards> make_dp_shards(nn::ParameterStore& params, comm::Communicator& dp, int64_t bucket_size,
+                                                bool overlap_grad_reduce, std::ostream& console) {
+  if (dp.size() <= 1) return nullptr;
+  const size_t elems = bucket_elems(bucket_size, params.flat_size(), dp.size(), overlap_grad_reduce);
+  auto shards = std::make_unique<optim::DpShards>(params, bucket_ranges(params, elems), dp);
+  console << "> distributed optimizer: this rank steps and keeps optimizer state"
+          << (params.mixed() ? " and fp32 master weights" : "") << " for " << shards->piece_elements() << " of "
+          << params.num_parameters() << " local parameters (DP " << dp.size() << ", " << shards->buckets()
+          << " bucket(s))" << std::endl;
+  return shards;
+}
+
+}  // namespace megabatch::train

@@ -1,0 +1,69 @@
+#include "core/train/resume.h"
+
+#include <iostream>
+#include <limits>
+#include <ostream>
+
+#include "core/util/error.h"
+
+namespace megabatch::train {
+
+std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback) {
+  const bool file = std::filesystem::is_regular_file(load);
+  std::optional<std::filesystem::path> chosen = file ? std::optional(load) : io::latest_checkpoint(load);
+  if (!chosen) return chosen;
+  const auto damage = io::checkpoint_damage(*chosen);
+  if (!damage) return chosen;
+  if (file) fail(*damage, "; give --load another checkpoint, or its directory to resume from the newest there");
+  const auto intact =
+      io::newest_intact_checkpoint(load, io::checkpoint_iteration(*chosen).value_or(std::numeric_limits<int64_t>::max()));
+  check(intact.has_value(), *damage, "; ", load.string(), " holds no intact checkpoint before it: move the damaged file ",
+        "away to start from scratch");
+  const std::string which =
+      intact->string() + " (iteration " + std::to_string(io::checkpoint_iteration(*intact).value_or(-1)) + ")";
+  check(fallback, *damage, "; the newest intact checkpoint in ", load.string(), " is ", which,
+        ": resume from it with --load-fallback (or --load ", intact->string(), ")");
+  std::cout << "> warning: " << *damage << "; resuming from the newest intact checkpoint, " << which
+            << " (--load-fallback)" << std::endl;
+  return intact;
+}
+
+ResumePoint find_resume_point(const std::string& load, bool fallback, bool finetune, bool no_load_optim, uint64_t seed,
+                              int64_t train_iters, std::ostream& console) {
+  ResumePoint p;
+  p.finetune = finetune;
+  p.no_load_optim = no_load_optim;
+  if (load.empty()) return p;
+  p.from = intact_checkpoint(load, fallback);
+  if (!p.from) {
+    console << "> no checkpoint in " << load << "; starting from scratch\n";
+    return p;
+  }
+  p.state = io::read_checkpoint_state(*p.from);
+  check(finetune || p.state.seed == seed, p.from->string(), ": written with --seed ", p.state.seed,
+        " but this run has --seed ", seed,
+        "; resume with the same seed (data order and dropout depend on it), or use --finetune");
+  check(finetune || p.state.iteration <= train_iters, p.from->string(), ": the checkpoint is at iteration ",
+        p.state.iteration, ", past --train-iters ", train_iters);
+  return p;
+}
+
+void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
+                       optim::DpShards* shards, int64_t padded_vocab, std::ostream& console) {
+  if (!point.from) return;
+  const bool load_optim = !point.finetune && !point.no_load_optim;
+  optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
+  std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
+  io::load_checkpoint(*point.from, params, load_optim ? &whole : nullptr, optimizer.plugin().name(), padded_vocab,
+                      shards ? &masters : nullptr);
+  if (load_optim) optimizer.restore_pieces(whole);
+  if (shards) shards->restore_masters(masters);
+  const auto& s = point.state;
+  console << "> loaded "
+          << (point.finetune ? "the model from " : point.no_load_optim ? "the model and position from " : "")
+          << point.from->string() << " (iteration " << s.iteration << ", " << s.consumed_samples << " samples)"
+          << (point.finetune ? "; starting at iteration 0" : "")
+          << (s.checksummed ? "" : "; written before checkpoints carried checksums, so not verified") << std::endl;
+}
+
+}  // namespace megabatch::train

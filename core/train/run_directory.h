@@ -1,0 +1,34 @@
+// A run's directory while `train` runs in it: RUN_DIR/config.json (the fully resolved
+// configuration), RUN_DIR/DIVERGED when the run diverged, and the locks that refuse a second
+// run writing the same --run-dir or --save. Held by the rank that logs, for the whole run.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/util/dir_lock.h"
+
+namespace megabatch::train {
+
+class RunDirectory {
+ public:
+  // Takes the locks (an error naming the running holder), forgets an earlier attempt's
+  // DIVERGED, writes config.json and removes unfinished checkpoints from `save_dir` (empty:
+  // none).
+  RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir, const nlohmann::json& resolved);
+  const std::filesystem::path& path() const { return dir_; }
+  std::filesystem::path metrics_path() const { return dir_ / "metrics.h5"; }
+  // RUN_DIR/DIVERGED: when, why, and the thresholds that decided it (read by `sweep`).
+  void write_diverged(int64_t iteration, const std::string& reason, double divergence_loss,
+                      int64_t divergence_intervals) const;
+
+ private:
+  std::filesystem::path dir_;
+  std::optional<DirLock> run_lock_, save_lock_;
+};
+
+}  // namespace megabatch::train

@@ -1,0 +1,155 @@
+#include "models/model_flags.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <iomanip>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "core/data/compact_vocab.h"
+#include "core/util/error.h"
+#include "core/util/strings.h"
+
+namespace megabatch::models {
+
+namespace {
+// The family and the starting sizes: a --model preset, or --model-type with the sizes given
+// as flags (all four required).
+ModelConfig model_family(const nlohmann::json& v) {
+  ModelConfig c;
+  if (v.contains("model")) {
+    c = preset(v["model"].get<std::string>());
+  } else {
+    if (v.contains("model_type")) c.family = v["model_type"].get<std::string>();
+    check(c.family == "gpt" || c.family == "bert" || c.family == "t5", "model_type: '", c.family,
+              "' is not a model type (gpt, bert, t5)");
+    const bool t5 = c.family == "t5";
+    for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "seq_length"}) {
+      const bool has = v.contains(k) || (t5 && std::string(k) == "num_layers" && v.contains("encoder_num_layers")) ||
+                       (t5 && std::string(k) == "seq_length" && v.contains("encoder_seq_length"));
+      check(has, "no model given: use --model PRESET (see --list-models) or give --num-layers, "
+                     "--hidden-size, --num-attention-heads and --seq-length (missing --", std::string(k), ")");
+    }
+    c.preset.clear();
+    if (c.family == "bert") c.vocab_size = 30522;
+    if (t5) {
+      c.vocab_extra_ids = 100;
+      c.vocab_size = 30522 + 100;
+    }
+  }
+  return c;
+}
+
+// Megatron's position embedding flags (learned absolute, or T5's relative buckets).
+void set_positions(const nlohmann::json& v, ModelConfig& c) {
+  const std::string pos = v["position_embedding_type"].get<std::string>();
+  check(pos == "learned_absolute" || pos == "relative", "position_embedding_type: '", pos,
+        "' is not one of learned_absolute, relative");
+  check(pos != "relative" || c.family == "t5", "position_embedding_type relative is T5's; this model is ", c.family);
+  c.relative_attention = pos == "relative";
+  c.relative_attention_num_buckets = v["relative_attention_num_buckets"].get<int64_t>();
+  c.relative_attention_max_distance = v["relative_attention_max_distance"].get<int64_t>();
+  check(c.relative_attention_num_buckets >= 4 && c.relative_attention_max_distance >= c.relative_attention_num_buckets / 2,
+        "relative_attention_num_buckets must be >= 4 and relative_attention_max_distance >= half of it");
+}
+
+void print_sizes(const ModelConfig& c, std::ostream& out) {
+  const auto r = size_report(c);
+  const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
+                                               : std::to_string(c.num_layers);
+  out << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden "
+            << c.hidden_size << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << ", seq "
+            << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
+            << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
+            << static_cast<double>(r.parameters) / 1e9 << " B)\n"
+            << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
+            << "parameters per rank:        " << r.parameters_per_rank << "\n"
+            << "fp32 + Adam state per rank: " << human_bytes(r.fp32_adam_bytes) << " (16 B/param: weights, grads, 2 moments)\n"
+            << "bf16 mixed precision + Adam per rank: " << human_bytes(r.mixed_adam_bytes)
+            << " (18 B/param: bf16 weights, fp32 grads, master, 2 moments)\n"
+            << "activations per sample per rank: " << human_bytes(r.activation_bytes)
+            << " (16-bit, no recomputation; x micro-batch size)\n";
+}
+
+}  // namespace
+
+ModelConfig model_config(const config::Resolved& r) {
+  const nlohmann::json& v = r.values;
+  ModelConfig c = model_family(v);
+  check(!v.contains("model_type") || !v.contains("model") || v["model_type"].get<std::string>() == c.family,
+            "model_type '", v.contains("model_type") ? v["model_type"].get<std::string>() : "",
+            "' contradicts --model ", v.contains("model") ? v["model"].get<std::string>() : "", " (a ", c.family,
+            "); drop one");
+  c.post_layernorm = v["post_layernorm"].get<bool>();
+  set_positions(v, c);
+  c.binary_head = !v["bert_no_binary_head"].get<bool>();
+  auto set = [&](const char* key, int64_t& field) {
+    if (v.contains(key)) field = v[key].get<int64_t>();
+  };
+  set("num_layers", c.num_layers);
+  set("hidden_size", c.hidden_size);
+  set("num_attention_heads", c.num_attention_heads);
+  set("ffn_hidden_size", c.ffn_hidden_size);
+  set("seq_length", c.seq_length);
+  set("max_position_embeddings", c.max_position_embeddings);
+  set("make_vocab_size_divisible_by", c.make_vocab_size_divisible_by);
+  set("tensor_model_parallel_size", c.tensor_model_parallel_size);
+  set("encoder_num_layers", c.num_layers);
+  set("encoder_seq_length", c.seq_length);
+  set("decoder_num_layers", c.decoder_num_layers);
+  set("decoder_seq_length", c.decoder_seq_length);
+  set("vocab_extra_ids", c.vocab_extra_ids);
+  const bool t5_lengths = v.contains("seq_length") || v.contains("encoder_seq_length") || v.contains("decoder_seq_length");
+  if (c.family == "t5" && t5_lengths && !v.contains("max_position_embeddings"))
+    c.max_position_embeddings = std::max(c.seq_length, c.decoder_seq());
+  if (v.contains("seq_length") && !v.contains("max_position_embeddings") && c.max_position_embeddings < c.seq_length)
+    c.max_position_embeddings = c.seq_length;
+  c.hidden_dropout = v["hidden_dropout"].get<double>();
+  c.attention_dropout = v["attention_dropout"].get<double>();
+  c.init_method_std = v["init_method_std"].get<double>();
+  c.normalization = v["normalization"].get<std::string>();
+  return c;
+}
+
+
+void set_family_defaults(nlohmann::json& v, const ModelConfig& c) {
+  const bool wordpiece = c.family == "bert" || c.family == "t5";
+  if (!v.contains("tokenizer_type")) v["tokenizer_type"] = wordpiece ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
+  if (!v.contains("data_path"))
+    v["data_path"] = nlohmann::json::array({wordpiece ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
+}
+
+data::TokenizerOptions tokenizer_options(const nlohmann::json& v, const ModelConfig& mc) {
+  data::TokenizerOptions to;
+  to.type = v["tokenizer_type"].get<std::string>();
+  if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
+  if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
+  to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
+  return to;
+}
+
+nlohmann::json model_json(const ModelConfig& c) {
+  return {{"family", c.family}, {"post_layernorm", c.post_layernorm}, {"binary_head", c.binary_head},
+          {"relative_attention", c.relative_attention},
+          {"decoder_num_layers", c.decoder_layers()}, {"decoder_seq_length", c.decoder_seq()},
+          {"vocab_extra_ids", c.vocab_extra_ids}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
+          {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
+          {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
+          {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
+          {"tensor_model_parallel_size", c.tensor_model_parallel_size}, {"normalization", c.normalization}};
+}
+
+void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {
+  if (v.contains("vocab_file")) {
+    c.vocab_size = data::make_tokenizer(tokenizer_options(v, c))->vocab_size();
+  } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
+    c.vocab_size = 30522 + c.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
+  }
+  const auto data = v["data_path"].get<std::vector<std::string>>();
+  if (data.size() == 1 && std::filesystem::exists(data::compact_vocab_path(data[0])))
+    c.vocab_size = static_cast<int64_t>(data::read_compact_vocab(data::compact_vocab_path(data[0])).ids.size());  // the corpus's own
+  print_sizes(c, out);
+}
+
+}  // namespace megabatch::models

@@ -1,0 +1,36 @@
+// A model from `train`'s flags (Megatron's names): the family and sizes, the family's
+// defaults (tokenizer, dataset), the configuration as checkpoints store it, and the figures
+// --print-params shows.
+#pragma once
+
+#include <iosfwd>
+
+#include <nlohmann/json.hpp>
+
+#include "core/config/config.h"
+#include "core/data/tokenizer.h"
+#include "models/presets.h"
+
+namespace megabatch::models {
+
+// The model the flags describe: a --model preset or --model-type with its sizes, then any
+// size flag over it; errors name the flag.
+ModelConfig model_config(const config::Resolved& r);
+
+// Megatron's defaults of the family (pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py)
+// where the flags give none: --tokenizer-type and --data-path (the Brown corpus made by
+// `preprocess brown`).
+void set_family_defaults(nlohmann::json& values, const ModelConfig& c);
+
+// The tokenizer the flags name (--tokenizer-type, --vocab-file, --merge-file), with T5's
+// sentinel tokens.
+data::TokenizerOptions tokenizer_options(const nlohmann::json& values, const ModelConfig& c);
+
+// The model's configuration as stored in checkpoints.
+nlohmann::json model_json(const ModelConfig& c);
+
+// --print-params: the sizes, parameters and memory per rank, with the vocabulary the run
+// would have (its tokenizer's, or a compact dataset's own), without reading the data.
+void print_params(const nlohmann::json& values, ModelConfig c, std::ostream& out);
+
+}  // namespace megabatch::models
