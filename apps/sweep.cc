@@ -16,6 +16,7 @@
 #include "sweeps/export.h"
 #include "sweeps/placement.h"
 #include "sweeps/run_dir.h"
+#include "sweeps/handoff.h"
 #include "sweeps/runner.h"
 #include "sweeps/status.h"
 #include "sweeps/sweep.h"

@@ -1,6 +1,8 @@
-// Running a sweep's points locally (`sweep run`), resuming, and exporting them for
-// launchers that run them elsewhere. What it keeps on disk is in sweeps/run_dir.h; the
-// table it shows in sweeps/table.h; `sweep status` and `sweep prune` in sweeps/status.h.
+// Running a sweep's points locally (`sweep run`) and resuming: the checks before
+// (sweeps/preflight.h), then the scheduler (sweeps/scheduler.h). What it keeps on disk is in
+// sweeps/run_dir.h and sweeps/sweep_state.h; the table it shows in sweeps/table.h; `sweep
+// status` and `sweep prune` in sweeps/status.h; handing points to launchers that run them
+// elsewhere in sweeps/handoff.h.
 //
 // Each point is a `train` process started with --config point.json --run-dir <id>
 // --save/--load <id>/checkpoints, so an interrupted point resumes from its last
@@ -39,29 +41,5 @@ struct RunOptions {
 // diverged — a diverged point, train's exit status 4, is a result and is not retried unless
 // rerun_diverged; 1: some failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
 int run_sweep(const Sweep& sweep, const RunOptions& options);
-
-// Writes runs/<name>/points.txt (one id per line, in order), each point's point.json (as
-// sweep run would start it: its checkpoint schedule included) and the sweep's state,
-// sweep.json, for launchers that run points elsewhere (a Slurm job array task runs line
-// i+1); status, plot and report then read the sweep as one sweep run ran. Points that
-// already ran with another configuration are refused as in run_sweep, naming the keys.
-// `ranks` > 0: the processes of the job each point will run as (a Slurm array task's nodes x
-// tasks per node); points whose layout does not fit it (layout_problem) are refused, named,
-// before anything is written.
-int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir, int ranks, bool dry_run = false);
-
-// What the sweep file's "cluster" names, for launchers/slurm/submit.sh to size its jobs by:
-// "NODES GPUS_PER_NODE INSTANCE_TYPE" on one line; nothing when it names no cluster. An
-// error names a field of another type.
-int print_cluster(const Sweep& sweep);
-
-// What sweep run does when a point's train ends, for a launcher that ran the point of an
-// exported sweep (runs/<name>/<id>), by train's `exit_status` (as a shell gives it): 0, its
-// checkpoints pruned as the sweep's "checkpoints" says, then DONE written (refused where the
-// log has not reached the last iteration); 4 (diverged) and 3 (stopped at a checkpoint),
-// said; any other, FAILED written with the reason, which is printed with the log's last
-// lines, and 1 returned. `wall_s`: the point's wall time as its launcher measured it (0:
-// unknown), kept in DONE.
-int finish_point(const std::filesystem::path& point_dir, int exit_status, double wall_s);
 
 }  // namespace megabatch::sweeps

@@ -2,6 +2,7 @@
 
 #include <cctype>
 #include <cmath>
+#include <functional>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -221,102 +222,105 @@ Axis random_axis(const ordered_json& r, const std::string& w) {
   return a;
 }
 
-}  // namespace
+// grid: {option: [values...]}: one axis per option.
+void grid_axes(const ordered_json& j, const std::string& where, std::vector<Axis>& axes) {
+  if (!j.contains("grid")) return;
+  check(j["grid"].is_object(), where, ": grid: expected an object {option: [values...]}");
+  for (auto it = j["grid"].begin(); it != j["grid"].end(); ++it) {
+    check(it.value().is_array() && !it.value().empty(), where, ": grid.", it.key(), ": expected a non-empty list");
+    Axis a;
+    a.keys = {it.key()};
+    for (const auto& v : it.value()) a.values.push_back({axis_value(v)});
+    axes.push_back(a);
+  }
+}
 
-Sweep load_sweep(const fs::path& file, size_t max_points) {
-  std::vector<fs::path> chain;
-  Sweep s;
-  s.file = file;
-  s.spec = load_with_includes(file, chain);
-  drop_nulls(s.spec);
-  const ordered_json& j = s.spec;
-  const std::string where = file.string();
+// zip: a group (or a list of groups) of options whose lists vary together: one axis each.
+void zip_axes(const ordered_json& j, const std::string& where, std::vector<Axis>& axes) {
+  if (!j.contains("zip")) return;
+  ordered_json groups = j["zip"].is_array() ? j["zip"] : ordered_json::array({j["zip"]});
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const std::string w = where + ": zip[" + std::to_string(g) + "]";
+    check(groups[g].is_object() && !groups[g].empty(), w, ": expected an object {option: [values...]}");
+    Axis a;
+    size_t n = 0;
+    for (auto it = groups[g].begin(); it != groups[g].end(); ++it) {
+      check(it.value().is_array() && !it.value().empty(), w, ".", it.key(), ": expected a non-empty list");
+      if (a.keys.empty()) n = it.value().size();
+      check(it.value().size() == n, w, ".", it.key(), ": ", it.value().size(), " values, but ",
+            a.keys.empty() ? it.key() : a.keys.front(), " has ", n, "; lists that vary together need the same length");
+      a.keys.push_back(it.key());
+    }
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<json> row;
+      for (const auto& k : a.keys) row.push_back(axis_value(groups[g][k][i]));
+      a.values.push_back(row);
+    }
+    axes.push_back(a);
+  }
+}
+
+// seeds: [integers >= 0] (empty: not given).
+std::vector<int64_t> read_seeds(const ordered_json& j, const std::string& where) {
+  std::vector<int64_t> seeds;
+  if (!j.contains("seeds")) return seeds;
+  check(j["seeds"].is_array() && !j["seeds"].empty(), where, ": seeds: expected a non-empty list of integers");
+  for (const auto& v : j["seeds"]) {
+    check(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) && v.get<int64_t>() >= 0,
+          where, ": seeds: ", v.dump(), " is not an integer >= 0");
+    seeds.push_back(v.get<int64_t>());
+  }
+  return seeds;
+}
+
+// derive: values computed per point from its batch size.
+struct Derive {
+  std::string rule = "none";  // lr_scaling: sqrt, linear or none
+  int64_t ref_batch = 0;      // the batch at which lr is given
+  int64_t budget = 0;         // sample_budget: samples every point trains on (0: none)
+};
+
+Derive read_derive(const ordered_json& j, const std::string& where) {
+  Derive out;
+  if (!j.contains("derive")) return out;
+  const auto& d = j["derive"];
+  check(d.is_object(), where, ": derive: expected an object");
+  for (auto it = d.begin(); it != d.end(); ++it)
+    check(it.key() == "lr_scaling" || it.key() == "sample_budget", where, ": derive.", it.key(),
+          ": unknown; derive has lr_scaling and sample_budget");
+  if (d.contains("lr_scaling")) {
+    const auto& ls = d["lr_scaling"];
+    check(ls.is_object() && ls.contains("rule") && ls["rule"].is_string(), where,
+          ": derive.lr_scaling: expected {\"rule\": \"sqrt\"|\"linear\", \"ref_batch\": N}");
+    out.rule = ls["rule"].get<std::string>();
+    check(out.rule == "sqrt" || out.rule == "linear" || out.rule == "none", where, ": derive.lr_scaling.rule: '", out.rule,
+          "' is not sqrt, linear or none");
+    check(ls.contains("ref_batch") && ls["ref_batch"].is_number_integer() && ls["ref_batch"].get<int64_t>() > 0,
+          where, ": derive.lr_scaling.ref_batch: expected a positive integer (the batch at which lr is given)");
+    out.ref_batch = ls["ref_batch"].get<int64_t>();
+  }
+  if (d.contains("sample_budget")) {
+    check(d["sample_budget"].is_number_integer() && d["sample_budget"].get<int64_t>() > 0, where,
+          ": derive.sample_budget: expected a positive integer (samples every point trains on)");
+    out.budget = d["sample_budget"].get<int64_t>();
+  }
+  return out;
+}
+
+// name, jobs, threads and checkpoints of the sweep file.
+void read_settings(const ordered_json& j, const std::string& where, Sweep& s) {
   check(j.contains("name") && j["name"].is_string() && !j["name"].get<std::string>().empty(), where,
         ": 'name' (a string) is required: it names runs/<name>/");
   s.name = j["name"].get<std::string>();
   for (char c : s.name)
     check(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.', where, ": name '", s.name,
           "' may only contain letters, digits, '_', '-' and '.'");
-  json base = j.contains("base") ? json::parse(j["base"].dump()) : json::object();
-  check(base.is_object(), where, ": base: expected an object of train options");
-
-  std::vector<Axis> axes;
-  if (j.contains("grid")) {
-    check(j["grid"].is_object(), where, ": grid: expected an object {option: [values...]}");
-    for (auto it = j["grid"].begin(); it != j["grid"].end(); ++it) {
-      check(it.value().is_array() && !it.value().empty(), where, ": grid.", it.key(), ": expected a non-empty list");
-      Axis a;
-      a.keys = {it.key()};
-      for (const auto& v : it.value()) a.values.push_back({axis_value(v)});
-      axes.push_back(a);
-    }
-  }
-  if (j.contains("zip")) {
-    ordered_json groups = j["zip"].is_array() ? j["zip"] : ordered_json::array({j["zip"]});
-    for (size_t g = 0; g < groups.size(); ++g) {
-      const std::string w = where + ": zip[" + std::to_string(g) + "]";
-      check(groups[g].is_object() && !groups[g].empty(), w, ": expected an object {option: [values...]}");
-      Axis a;
-      size_t n = 0;
-      for (auto it = groups[g].begin(); it != groups[g].end(); ++it) {
-        check(it.value().is_array() && !it.value().empty(), w, ".", it.key(), ": expected a non-empty list");
-        if (a.keys.empty()) n = it.value().size();
-        check(it.value().size() == n, w, ".", it.key(), ": ", it.value().size(), " values, but ",
-              a.keys.empty() ? it.key() : a.keys.front(),
-              " has ", n, "; lists that vary together need the same length");
-        a.keys.push_back(it.key());
-      }
-      for (size_t i = 0; i < n; ++i) {
-        std::vector<json> row;
-        for (const auto& k : a.keys) row.push_back(axis_value(groups[g][k][i]));
-        a.values.push_back(row);
-      }
-      axes.push_back(a);
-    }
-  }
-  if (j.contains("random")) axes.push_back(random_axis(j["random"], where + ": random"));
-  std::vector<int64_t> seeds;
-  if (j.contains("seeds")) {
-    check(j["seeds"].is_array() && !j["seeds"].empty(), where, ": seeds: expected a non-empty list of integers");
-    for (const auto& v : j["seeds"]) {
-      check(v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{INT64_MAX}) && v.get<int64_t>() >= 0,
-            where, ": seeds: ", v.dump(), " is not an integer >= 0");
-      seeds.push_back(v.get<int64_t>());
-    }
-  }
-  // derived values
-  std::string rule = "none";
-  int64_t ref_batch = 0, budget = 0;
-  if (j.contains("derive")) {
-    const auto& d = j["derive"];
-    check(d.is_object(), where, ": derive: expected an object");
-    for (auto it = d.begin(); it != d.end(); ++it)
-      check(it.key() == "lr_scaling" || it.key() == "sample_budget", where, ": derive.", it.key(),
-            ": unknown; derive has lr_scaling and sample_budget");
-    if (d.contains("lr_scaling")) {
-      const auto& ls = d["lr_scaling"];
-      check(ls.is_object() && ls.contains("rule") && ls["rule"].is_string(), where,
-            ": derive.lr_scaling: expected {\"rule\": \"sqrt\"|\"linear\", \"ref_batch\": N}");
-      rule = ls["rule"].get<std::string>();
-      check(rule == "sqrt" || rule == "linear" || rule == "none", where, ": derive.lr_scaling.rule: '", rule,
-            "' is not sqrt, linear or none");
-      check(ls.contains("ref_batch") && ls["ref_batch"].is_number_integer() && ls["ref_batch"].get<int64_t>() > 0,
-            where, ": derive.lr_scaling.ref_batch: expected a positive integer (the batch at which lr is given)");
-      ref_batch = ls["ref_batch"].get<int64_t>();
-    }
-    if (d.contains("sample_budget")) {
-      check(d["sample_budget"].is_number_integer() && d["sample_budget"].get<int64_t>() > 0, where,
-            ": derive.sample_budget: expected a positive integer (samples every point trains on)");
-      budget = d["sample_budget"].get<int64_t>();
-    }
-  }
   for (const char* key : {"jobs", "threads"}) {
     if (!j.contains(key)) continue;
     check(j[key].is_number_integer() && j[key].get<int64_t>() >= 1 && j[key].get<int64_t>() <= 4096, where, ": ", key,
           ": expected an integer in [1, 4096], got ", j[key].dump());
     (std::string(key) == "jobs" ? s.jobs : s.threads) = static_cast<int>(j[key].get<int64_t>());
   }
-
   if (j.contains("checkpoints")) {
     check(j["checkpoints"].is_string() &&
               (j["checkpoints"] == "final" || j["checkpoints"] == "all" || j["checkpoints"] == "none"),
@@ -324,32 +328,37 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
           j["checkpoints"].dump());
     s.checkpoints = j["checkpoints"].get<std::string>();
   }
+}
 
-  // swept keys, in file order; ids use each grid key and the first key of each zip group
-  // (the others vary with it), plus lr when it varies
-  std::vector<std::string> swept, leading;
+// The swept keys, in file order, and the keys of point ids: each grid key and the first key
+// of each zip group (the others vary with it), optimizer, model and global batch first, lr
+// last when it varies.
+struct IdKeys {
+  std::vector<std::string> swept, id;
+};
+
+IdKeys id_keys(const std::vector<Axis>& axes, bool lr_derived) {
+  IdKeys out;
+  std::vector<std::string> leading;
   for (const auto& a : axes) {
     for (const auto& k : a.keys)
-      if (std::find(swept.begin(), swept.end(), k) == swept.end()) swept.push_back(k);
+      if (std::find(out.swept.begin(), out.swept.end(), k) == out.swept.end()) out.swept.push_back(k);
     for (size_t k = 0; k < (a.every_key_in_id ? a.keys.size() : 1); ++k)
       if (std::find(leading.begin(), leading.end(), a.keys[k]) == leading.end()) leading.push_back(a.keys[k]);
   }
-  const bool lr_varies = rule != "none" || std::find(swept.begin(), swept.end(), "lr") != swept.end();
-  std::vector<std::string> id_keys;
+  const bool lr_varies = lr_derived || std::find(out.swept.begin(), out.swept.end(), "lr") != out.swept.end();
   for (const char* first : {"optimizer", "model", "global_batch_size"})
-    if (std::find(leading.begin(), leading.end(), first) != leading.end()) id_keys.push_back(first);
+    if (std::find(leading.begin(), leading.end(), first) != leading.end()) out.id.push_back(first);
   for (const auto& k : leading)
-    if (k != "lr" && std::find(id_keys.begin(), id_keys.end(), k) == id_keys.end()) id_keys.push_back(k);
-  if (lr_varies) id_keys.push_back("lr");
-  const bool seed_varies = seeds.size() > 1 || !seeds.empty();
-  if (seeds.empty()) {
-    check(!base.contains("seed") || (base["seed"].is_number_integer() && base["seed"].get<int64_t>() >= 0), where,
-          ": base.seed: expected an integer >= 0, got ", base.contains("seed") ? base["seed"].dump() : "");
-    seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
-  }
+    if (k != "lr" && std::find(out.id.begin(), out.id.end(), k) == out.id.end()) out.id.push_back(k);
+  if (lr_varies) out.id.push_back("lr");
+  return out;
+}
 
-  // the product, counted before it is made
-  uint64_t count = seeds.size();
+// The product of the axes over `base`, counted before it is made (refused past max_points).
+std::vector<json> expand(const json& base, const std::vector<Axis>& axes, size_t seeds, size_t max_points,
+                         const std::string& where) {
+  uint64_t count = seeds;
   bool overflow = false;
   for (const auto& a : axes) overflow = overflow || __builtin_mul_overflow(count, uint64_t{a.values.size()}, &count);
   check(!overflow && count <= max_points, where, ": the sweep has ", overflow ? std::string("over 2^64") : std::to_string(count),
@@ -371,60 +380,91 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       }
     configs = next;
   }
+  return configs;
+}
+
+// The derived values of a point (config c, its id as name(c) gives it): lr scaled by its
+// batch, train_iters from the sample budget. The batch they divide by: global_batch_size,
+// else micro_batch_size, else train's default, 8.
+void derive_values(json& c, const Derive& d, const std::string& where,
+                   const std::function<std::string(const json&)>& name) {
+  if (d.rule == "none" && d.budget <= 0) return;
+  int64_t B = 8;
+  const char* key = c.contains("global_batch_size") ? "global_batch_size"
+                    : c.contains("micro_batch_size") ? "micro_batch_size"
+                                                     : nullptr;
+  if (key) {
+    check(c[key].is_number_integer() && c[key].get<int64_t>() >= 1, where, ": point ", name(c), ": ", key,
+          ": expected an integer >= 1, got ", c[key].dump());
+    B = c[key].get<int64_t>();
+  }
+  if (d.rule != "none") {
+    check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
+    const double r = static_cast<double>(B) / static_cast<double>(d.ref_batch);
+    c["lr"] = c["lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
+    if (c.contains("min_lr") && c["min_lr"].is_number())
+      c["min_lr"] = c["min_lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
+  }
+  if (d.budget > 0) {
+    check(d.budget % B == 0, where, ": point ", name(c), ": the sample budget ", d.budget,
+          " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
+    c["train_iters"] = d.budget / B;
+    c.erase("train_samples");
+  }
+}
+
+}  // namespace
+
+Sweep load_sweep(const fs::path& file, size_t max_points) {
+  std::vector<fs::path> chain;
+  Sweep s;
+  s.file = file;
+  s.spec = load_with_includes(file, chain);
+  drop_nulls(s.spec);
+  const ordered_json& j = s.spec;
+  const std::string where = file.string();
+  read_settings(j, where, s);
+  json base = j.contains("base") ? json::parse(j["base"].dump()) : json::object();
+  check(base.is_object(), where, ": base: expected an object of train options");
+  std::vector<Axis> axes;
+  grid_axes(j, where, axes);
+  zip_axes(j, where, axes);
+  if (j.contains("random")) axes.push_back(random_axis(j["random"], where + ": random"));
+  std::vector<int64_t> seeds = read_seeds(j, where);
+  const Derive derive = read_derive(j, where);
+  const IdKeys keys = id_keys(axes, derive.rule != "none");
+  const bool seed_varies = !seeds.empty();
+  if (seeds.empty()) {
+    check(!base.contains("seed") || (base["seed"].is_number_integer() && base["seed"].get<int64_t>() >= 0), where,
+          ": base.seed: expected an integer >= 0, got ", base.contains("seed") ? base["seed"].dump() : "");
+    seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
+  }
+  auto name = [&](const json& c) {  // the id of the point of config c
+    std::string id;
+    for (const auto& k : keys.id) {
+      if (!c.contains(k)) continue;
+      id += (id.empty() ? "" : "-") + id_prefix(k) + id_value(c[k]);
+    }
+    if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(c["seed"].get<int64_t>());
+    return safe_point_id(id);
+  };
   const auto& schema = train::train_schema();
   std::map<std::string, size_t> seen;
-  for (const auto& c0 : configs)
+  for (const auto& c0 : expand(base, axes, seeds.size(), max_points, where))
     for (int64_t seed : seeds) {
-      json c = c0;
-      c["seed"] = seed;
-      // derived values
-      auto point_name = [&] {
-        std::string id;
-        for (const auto& k : id_keys) {
-          if (!c.contains(k)) continue;
-          if (!id.empty()) id += "-";
-          id += id_prefix(k) + id_value(c[k]);
-        }
-        if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(seed);
-        return safe_point_id(id);
-      };
-      // the batch size that lr scaling and the sample budget divide by (train's default: 8)
-      int64_t B = 8;
-      if (rule != "none" || budget > 0) {
-        const char* key = c.contains("global_batch_size") ? "global_batch_size"
-                          : c.contains("micro_batch_size") ? "micro_batch_size"
-                                                           : nullptr;
-        if (key) {
-          check(c[key].is_number_integer() && c[key].get<int64_t>() >= 1, where, ": point ", point_name(), ": ", key,
-                ": expected an integer >= 1, got ", c[key].dump());
-          B = c[key].get<int64_t>();
-        }
-      }
-      if (rule != "none") {
-        check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
-        const double r = static_cast<double>(B) / static_cast<double>(ref_batch);
-        c["lr"] = c["lr"].get<double>() * (rule == "sqrt" ? std::sqrt(r) : r);
-        if (c.contains("min_lr") && c["min_lr"].is_number())
-          c["min_lr"] = c["min_lr"].get<double>() * (rule == "sqrt" ? std::sqrt(r) : r);
-      }
-      if (budget > 0) {
-        check(budget % B == 0, where, ": point ", point_name(), ": the sample budget ", budget,
-              " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
-        c["train_iters"] = budget / B;
-        c.erase("train_samples");
-      }
       Point p;
-      p.id = point_name();
-      p.config = c;
-      p.swept = swept;
-      // validate against train's options (keys and types)
-      try {
-        (void)config::resolve_json(schema, c, where + ": point " + p.id);
+      p.config = c0;
+      p.config["seed"] = seed;
+      derive_values(p.config, derive, where, name);
+      p.id = name(p.config);  // with the derived lr
+      p.swept = keys.swept;
+      try {  // validated against train's options (keys and types)
+        (void)config::resolve_json(schema, p.config, where + ": point " + p.id);
       } catch (const Error& e) {
         fail(e.what());
       }
-      check(c.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
-      check(c.contains("train_iters") || c.contains("train_samples"), where, ": point ", p.id,
+      check(p.config.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
+      check(p.config.contains("train_iters") || p.config.contains("train_samples"), where, ": point ", p.id,
             ": no train_iters, train_samples or derive.sample_budget");
       auto [it, fresh] = seen.emplace(p.id, s.points.size());
       check(fresh, where, ": points ", it->second, " and ", s.points.size(), " both get the id '", p.id,

@@ -1,0 +1,39 @@
+#include "sweeps/sweep_state.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace megabatch::sweeps {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+int64_t iters_of(const json& c) {
+  if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
+  const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
+  return c.contains("train_samples") ? c["train_samples"].get<int64_t>() / B : 0;
+}
+
+
+json launch_config(const Point& point) {
+  json c = point.config;
+  if (!c.contains("save_interval")) c["save_interval"] = std::max<int64_t>(1, iters_of(c) / 10);
+  if (!c.contains("keep_checkpoints")) c["keep_checkpoints"] = 2;
+  return c;
+}
+
+
+json state_json(const std::vector<PointState>& ps, const Sweep& s) {
+  json points = json::array();
+  for (const auto& p : ps)
+    points.push_back({{"id", p.point->id}, {"state", status_name(p.state)}, {"reason", p.reason}, {"attempts", p.attempts},
+                      {"wall_s", p.wall_s}, {"train_iters", p.train_iters}, {"global_batch_size", p.global_batch},
+                      {"iteration", p.progress.iteration}, {"ranks", p.ranks}, {"gpus", p.gpus},
+                      {"config", p.point->config}});
+  json state = {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
+                {"checkpoints", s.checkpoints}, {"points", points}};
+  if (s.spec.contains("cluster")) state["cluster"] = s.spec["cluster"];  // for the launchers (eks/render.py --sweep)
+  return state;
+}
+
+}  // namespace megabatch::sweeps

@@ -1,0 +1,29 @@
+// What the sweep tool writes for a sweep's points to run from: each point's point.json
+// (its train configuration, with the sweep's checkpoint schedule) and runs/<name>/sweep.json
+// (the expanded sweep and each point's state), as `sweep run` and `sweep export-points`
+// write them alike. Read back by sweeps/run_dir.h.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "sweeps/sweep.h"
+#include "sweeps/table.h"
+
+namespace megabatch::sweeps {
+
+// A configuration's iterations (train_iters, or train_samples over the global batch).
+int64_t iters_of(const nlohmann::json& config);
+
+// The configuration a point's train runs with, its point.json whatever launches it (sweep
+// run, a Slurm array task, an EKS job): the point's own, with the sweep's checkpoint schedule
+// where the point sets none: a checkpoint every tenth of its iterations, the newest two kept
+// while it runs. A point killed outright (a node lost) then loses at most a tenth of its work.
+nlohmann::json launch_config(const Point& point);
+
+// runs/<name>/sweep.json's content: the sweep and each point's state.
+nlohmann::json state_json(const std::vector<PointState>& points, const Sweep& sweep);
+
+}  // namespace megabatch::sweeps
