@@ -118,79 +118,58 @@ void check_sweep_dir(const std::string& dir) {
   mb::sweeps::read_sweep_state(dir);
 }
 
-int run(int argc, char** argv) {
-  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::cout << kUsage;
-    return argc < 2 ? 2 : 0;
-  }
-  const std::string cmd = argv[1];
-  if (cmd == "status" || cmd == "report" || cmd == "prune") {
-    mb::check(argc == 3, "sweep ", cmd, ": give the sweep's directory (runs/<name>)\n", kUsage);
-    check_sweep_dir(argv[2]);
-    if (cmd == "status") return mb::sweeps::print_status(argv[2]);
-    if (cmd == "prune") return mb::sweeps::prune_sweep(argv[2]);
-    return run_python("report.py", {argv[2]});
-  }
-  if (cmd == "finish") {
-    mb::ArgParser f("sweep finish", kUsage);
-    f.option("exit-status", "N", "train's exit status (as the shell gives it: 128 + N for signal N)", "0");
-    f.option("wall-s", "S", "the point's wall time over its attempts, as its launcher measured it", "0");
-    if (!f.parse(argc, argv, 2)) return 0;
-    mb::check(f.positional().size() == 1, "sweep finish: give the point's directory (runs/<name>/<id>)\n", kUsage);
-    mb::check(f.get_double("wall-s") >= 0, "sweep finish: --wall-s: expected seconds >= 0, got ", f.get("wall-s"));
-    mb::check(f.get_int("exit-status") >= 0 && f.get_int("exit-status") <= 255,
-              "sweep finish: --exit-status: expected 0 to 255, got ", f.get("exit-status"));
-    return mb::sweeps::finish_point(f.positional()[0], static_cast<int>(f.get_int("exit-status")), f.get_double("wall-s"));
-  }
-  if (cmd == "plot") {
-    mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);
-    std::vector<std::string> dirs(argv + 2, argv + argc);
-    for (const auto& d : dirs) check_sweep_dir(d);
-    return run_python("plot.py", dirs);
-  }
-  if (cmd == "analyze") {
-    mb::check(argc == 3 || (argc == 5 && std::string(argv[3]) == "--targets"),
-              "sweep analyze: give the sweep's directory and optionally --targets L1,L2,...\n", kUsage);
-    check_sweep_dir(argv[2]);
-    std::vector<std::string> args(argv + 2, argv + argc);
-    return run_python("critical_batch.py", args);
-  }
-  if (cmd == "export" && argc >= 3 && fs::is_directory(argv[2])) {  // a sweep's runs: CSV or TensorBoard
-    mb::ArgParser e("sweep export", kUsage);
-    e.option("csv", "FILE", "one long table: point, axes, step, samples, metric, value", "");
-    e.option("tensorboard", "DIR", "TensorBoard event files, one run per point", "");
-    if (!e.parse(argc, argv, 2)) return 0;
-    mb::check(e.positional().size() == 1, "sweep export: give one sweep directory\n", kUsage);
-    mb::check(!e.get("csv").empty() || !e.get("tensorboard").empty(),
-              "sweep export DIR: say what to write: --csv FILE and/or --tensorboard DIR\n", kUsage);
-    check_sweep_dir(e.positional()[0]);
-    if (!e.get("csv").empty()) mb::sweeps::export_csv(e.positional()[0], e.get("csv"));
-    if (!e.get("tensorboard").empty()) mb::sweeps::export_tensorboard(e.positional()[0], e.get("tensorboard"));
-    return 0;
-  }
-  if (cmd == "export") {
-    // neither a directory nor a file: say which two things export takes (the parser would
-    // otherwise refuse --csv as an option of the sweep-file form)
-    mb::check(argc < 3 || std::string(argv[2]).rfind("-", 0) == 0 || fs::exists(argv[2]), "sweep export: ", argv[2],
-              ": no such sweep file (export FILE.json: points for other launchers) or sweep directory (export DIR "
-              "--csv FILE / --tensorboard OUT: its metrics; DIR = runs/<name>)");
-    mb::ArgParser e("sweep export", kUsage);
-    e.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
-    e.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
-    e.option("ranks", "N", "refuse points that cannot run as a job of N ranks (TP x DP, DP = N / TP)", "0");
-    e.flag("cluster", "print the nodes, GPUs per node and instance type the file's \"cluster\" names; write nothing");
-    e.flag("dry-run", "check the points and say what would be written; write nothing");
-    if (!e.parse(argc, argv, 2)) return 0;
-    mb::check(e.positional().size() == 1, "sweep export: give one sweep file\n", kUsage);
-    mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
-    mb::check(e.get_int("ranks") >= 0 && e.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
-              e.get("ranks"));
-    const auto sweep = mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")));
-    if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
-    return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
-  }
-  mb::check(cmd == "run", "unknown command '", cmd, "'; commands: run, status, plot, analyze, report, prune, export, finish\n", kUsage);
-  mb::ArgParser a("sweep run", kUsage);
+// sweep finish DIR/ID: what sweep run does when a point's train ends, for launchers.
+int finish(int argc, char** argv) {
+  mb::ArgParser f("sweep finish", kUsage);
+  f.option("exit-status", "N", "train's exit status (as the shell gives it: 128 + N for signal N)", "0");
+  f.option("wall-s", "S", "the point's wall time over its attempts, as its launcher measured it", "0");
+  if (!f.parse(argc, argv, 2)) return 0;
+  mb::check(f.positional().size() == 1, "sweep finish: give the point's directory (runs/<name>/<id>)\n", kUsage);
+  mb::check(f.get_double("wall-s") >= 0, "sweep finish: --wall-s: expected seconds >= 0, got ", f.get("wall-s"));
+  mb::check(f.get_int("exit-status") >= 0 && f.get_int("exit-status") <= 255,
+            "sweep finish: --exit-status: expected 0 to 255, got ", f.get("exit-status"));
+  return mb::sweeps::finish_point(f.positional()[0], static_cast<int>(f.get_int("exit-status")), f.get_double("wall-s"));
+}
+
+// sweep export DIR: a sweep's metrics as one long CSV table and TensorBoard event files.
+int export_metrics(int argc, char** argv) {
+  mb::ArgParser e("sweep export", kUsage);
+  e.option("csv", "FILE", "one long table: point, axes, step, samples, metric, value", "");
+  e.option("tensorboard", "DIR", "TensorBoard event files, one run per point", "");
+  if (!e.parse(argc, argv, 2)) return 0;
+  mb::check(e.positional().size() == 1, "sweep export: give one sweep directory (runs/<name>)\n", kUsage);
+  const std::string dir = e.positional()[0];
+  mb::check(fs::is_directory(dir), "sweep export: ", dir, ": no such sweep directory (runs/<name>)",
+            fs::is_regular_file(dir) ? "; to write a sweep file's points for launchers, use sweep export-points " + dir
+                                     : std::string());
+  mb::check(!e.get("csv").empty() || !e.get("tensorboard").empty(),
+            "sweep export DIR: say what to write: --csv FILE and/or --tensorboard DIR\n", kUsage);
+  check_sweep_dir(dir);
+  if (!e.get("csv").empty()) mb::sweeps::export_csv(dir, e.get("csv"));
+  if (!e.get("tensorboard").empty()) mb::sweeps::export_tensorboard(dir, e.get("tensorboard"));
+  return 0;
+}
+
+// sweep export-points FILE.json: points.txt and point.json files for other launchers.
+int export_points(int argc, char** argv, const std::string& name) {
+  mb::ArgParser e("sweep " + name, kUsage);
+  e.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
+  e.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
+  e.option("ranks", "N", "refuse points that cannot run as a job of N ranks (TP x DP, DP = N / TP)", "0");
+  e.flag("cluster", "print the nodes, GPUs per node and instance type the file's \"cluster\" names; write nothing");
+  e.flag("dry-run", "check the points and say what would be written; write nothing");
+  if (!e.parse(argc, argv, 2)) return 0;
+  mb::check(e.positional().size() == 1, "sweep ", name, ": give one sweep file\n", kUsage);
+  mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
+  mb::check(e.get_int("ranks") >= 0 && e.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
+            e.get("ranks"));
+  const auto sweep = mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")));
+  if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
+  return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
+}
+
+// sweep run's options, declared.
+void run_options(mb::ArgParser& a) {
   a.flag("dry-run", "list the points and exit");
   a.option("only", "PATTERN", "run only points whose id matches this glob (or contains it)", "");
   a.option("retries", "N", "retry failed points up to N times", "0");
@@ -205,6 +184,12 @@ int run(int argc, char** argv) {
            "launchers/ec2/launch.sh --sweep: the hostfile's nodes x GPUs)", "0");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
   a.option("max-points", "N", "refuse a sweep of more points than this", std::to_string(mb::sweeps::kDefaultMaxPoints));
+}
+
+// sweep run FILE.json: every point of the sweep, resuming what an earlier run left.
+int run_sweep(int argc, char** argv) {
+  mb::ArgParser a("sweep run", kUsage);
+  run_options(a);
   if (!a.parse(argc, argv, 2)) return 0;
   mb::check(a.positional().size() == 1, "sweep run: give one sweep file\n", kUsage);
   mb::check(a.get_int("ranks") >= 0 && a.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
@@ -234,6 +219,46 @@ int run(int argc, char** argv) {
   if (!a.get("gpus").empty()) o.gpus = mb::sweeps::parse_gpus(a.get("gpus"), mb::runtime::cuda_device_count());
   if (const char* m = std::getenv("MEGABATCH_MPIRUN"); m && *m) o.mpirun = m;
   return mb::sweeps::run_sweep(sweep, o);
+}
+
+int run(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    std::cout << kUsage;
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string cmd = argv[1];
+  if (cmd == "status" || cmd == "report" || cmd == "prune") {
+    mb::check(argc == 3, "sweep ", cmd, ": give the sweep's directory (runs/<name>)\n", kUsage);
+    check_sweep_dir(argv[2]);
+    if (cmd == "status") return mb::sweeps::print_status(argv[2]);
+    if (cmd == "prune") return mb::sweeps::prune_sweep(argv[2]);
+    return run_python("report.py", {argv[2]});
+  }
+  if (cmd == "plot") {
+    mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);
+    std::vector<std::string> dirs(argv + 2, argv + argc);
+    for (const auto& d : dirs) check_sweep_dir(d);
+    return run_python("plot.py", dirs);
+  }
+  if (cmd == "analyze") {
+    mb::check(argc == 3 || (argc == 5 && std::string(argv[3]) == "--targets"),
+              "sweep analyze: give the sweep's directory and optionally --targets L1,L2,...\n", kUsage);
+    check_sweep_dir(argv[2]);
+    std::vector<std::string> args(argv + 2, argv + argc);
+    return run_python("critical_batch.py", args);
+  }
+  if (cmd == "finish") return finish(argc, argv);
+  if (cmd == "export-points") return export_points(argc, argv, cmd);
+  if (cmd == "export" && argc >= 3 && fs::is_regular_file(argv[2])) {  // the form export-points replaced
+    std::cerr << "sweep: note: `sweep export FILE.json` is `sweep export-points FILE.json` now; the old form still "
+                 "works for a while"
+              << std::endl;
+    return export_points(argc, argv, "export-points");
+  }
+  if (cmd == "export") return export_metrics(argc, argv);
+  mb::check(cmd == "run", "unknown command '", cmd,
+            "'; commands: run, status, plot, analyze, report, prune, export, export-points, finish\n", kUsage);
+  return run_sweep(argc, argv);
 }
 
 }  // namespace

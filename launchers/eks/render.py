@@ -7,9 +7,9 @@
   render.py --instance-type p4d.24xlarge --nodes 2 --image ... --selftest /fsx/selftest > job.yaml
   render.py --image <registry>/megabatch:latest --sweep /fsx/runs/bert4_lamb_bsz > jobs.yaml
 
---sweep DIR renders the job of every point of a sweep that `sweep export FILE --runs-dir
+--sweep DIR renders the job of every point of a sweep that `sweep export-points FILE --runs-dir
 /fsx/runs` wrote (each of its points not yet done or diverged), one YAML document each; the
-instance type and nodes default to the sweep file's "cluster" (`sweep export --ranks N`
+instance type and nodes default to the sweep file's "cluster" (`sweep export-points --ranks N`
 checks that every point runs as a job of N = nodes x GPUs ranks).
 
 --selftest DIR (run it first on a new cluster) renders a job that runs launchers/selftest.sh
@@ -20,7 +20,7 @@ Workers: one pod per node of the instance type, requesting every GPU (nvidia.com
 EFA interface (vpc.amazonaws.com/efa) and 5 GiB of 2 MiB hugepages (libfabric's EFA
 buffers), with /dev/shm as a memory-backed volume (NCCL) and the FSx for Lustre claim at
 /fsx, where the point's directory lives. The launcher runs mpirun with one rank per GPU,
-`train` with the point.json `sweep export` wrote (a checkpoint every tenth of the point's
+`train` with the point.json `sweep export-points` wrote (a checkpoint every tenth of the point's
 iterations); `train --load` makes a restarted job continue from the point's last
 checkpoint. As in a Slurm array task (launchers/slurm/point.sbatch): a point already DONE or
 DIVERGED is not run again, and `sweep finish` records how it ended, so that `sweep status`,
@@ -132,7 +132,7 @@ def render_sweep(sweep_dir, image, instance_type=None, nodes=None, fsx_claim="fs
         with open(path) as f:
             sweep = json.load(f)
     except (OSError, ValueError) as e:
-        raise SystemExit(f"render.py: {path}: {e}; export the sweep first (sweep export FILE --runs-dir /fsx/runs)")
+        raise SystemExit(f"render.py: {path}: {e}; export the sweep first (sweep export-points FILE --runs-dir /fsx/runs)")
     cluster = sweep.get("cluster") or {}
     instance_type = instance_type or cluster.get("instance_type")
     nodes = nodes or cluster.get("nodes")
@@ -154,7 +154,7 @@ def main(argv=None):
     p.add_argument("--nodes", type=int, help="default 1, or with --sweep the sweep's cluster's")
     p.add_argument("--image", required=True)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--point", help="the point's directory on the FSx volume (sweep export writes it)")
+    what.add_argument("--point", help="the point's directory on the FSx volume (sweep export-points writes it)")
     what.add_argument("--selftest", metavar="DIR", help="the cluster self-test instead, in DIR on the FSx volume")
     what.add_argument("--sweep", metavar="DIR", help="every unfinished point of an exported sweep, a document each")
     p.add_argument("--fsx-claim", default="fsx-claim")

@@ -54,7 +54,7 @@ shown() {
   echo "${words[*]}"
 }
 # sweep_points DIR EXPORT_LINE: the number of points, from points.txt (or, for a dry run that
-# wrote none, from sweep export's line "DIR/points.txt: N points ...")
+# wrote none, from sweep export-points' line "DIR/points.txt: N points ...")
 sweep_points() {
   if [[ -f $1/points.txt ]] && ! ((dry)); then wc -l < "$1/points.txt"; return; fi
   local n=${2##*/points.txt: }; echo "${n%% points*}"
@@ -68,7 +68,7 @@ count --max-running "$max_running"
 bin=${MEGABATCH_BIN:-$root/build/bin}
 if [[ -n $sweep_file && ( -z $nodes || -z $ntasks || -z $gpus ) ]]; then  # the sizes the sweep was made for
   [[ -x $bin/sweep ]] || { echo "submit.sh: $bin/sweep is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
-  cluster=$("$bin/sweep" export "$sweep_file" --cluster) || exit 2
+  cluster=$("$bin/sweep" export-points "$sweep_file" --cluster) || exit 2
   if [[ -n $cluster ]]; then
     read -r c_nodes c_gpus c_type <<< "$cluster"
     nodes=${nodes:-$c_nodes} ntasks=${ntasks:-$c_gpus} gpus=${gpus:-$c_gpus}
@@ -92,7 +92,7 @@ fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
 export_args=("$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))
 ((dry)) && export_args+=(--dry-run)
-out=$("$bin/sweep" export "${export_args[@]}")  # ".../<name>/points.txt: N points"
+out=$("$bin/sweep" export-points "${export_args[@]}")  # ".../<name>/points.txt: N points"
 echo "$out"
 sweep_dir=$(realpath -m -- "${out%%/points.txt:*}")  # absolute: the tasks' working directory
 # pyxis takes --container-mounts=SRC:DST[,SRC:DST...]: a comma or colon in the path would split it

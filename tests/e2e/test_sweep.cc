@@ -351,7 +351,7 @@ TEST_F(Sweep, CommandsThatFindNothingToDoSaySo) {
             std::string::npos) << r.output;
   // the sweep's directory as `sweep export` leaves it for other launchers: every point
   // pending, none with metrics
-  ASSERT_EQ(mb::testing::run_command(sweep("export " + file.string() + " --runs-dir " + runs.string())).exit_code, 0);
+  ASSERT_EQ(mb::testing::run_command(sweep("export-points " + file.string() + " --runs-dir " + runs.string())).exit_code, 0);
   for (const std::string& command : {"export " + dir.string() + " --csv " + (tmp / "x.csv").string(),
                                      "export " + dir.string() + " --tensorboard " + (tmp / "tb").string()}) {
     r = mb::testing::run_command(sweep(command));
@@ -674,7 +674,7 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
   // a mistyped sweep directory is named as such (before: "sweep export: unknown option --csv")
   r = mb::testing::run_command(sweep("export " + dir.string() + "-typo --csv " + csv.string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("sweep export: " + dir.string() + "-typo: no such sweep file"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("sweep export: " + dir.string() + "-typo: no such sweep directory"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(csv));
   r = mb::testing::run_command(sweep("export " + dir.string() + " --csv " + csv.string() + " --tensorboard " + tb.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -843,15 +843,16 @@ TEST_F(Sweep, ANullUnsetsAKeyOfAnIncludedFileOrOfOnePoint) {
   EXPECT_EQ(resolved["clip_grad"], 1.0) << "train's default, as if clip_grad had never been given";
 }
 
-// sweep export (for launchers/slurm and eks) leaves what sweep run would: each point.json
-// with the checkpoint schedule sweep run gives it (a checkpoint every tenth of its
+// sweep export-points (for launchers/slurm and eks) leaves what sweep run would: each
+// point.json with the checkpoint schedule sweep run gives it (a checkpoint every tenth of its
 // iterations: a lost node costs no more), and the sweep's state, which status reads (before,
-// "no sweep here"); exported again with a changed value, the refusal names the key.
+// "no sweep here"); exported again with a changed value, the refusal names the key. The old
+// name of the command (sweep export FILE.json) still works, and says its new name.
 TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
   mb::testing::TempDir tmp;
   const fs::path runs = tmp / "runs";
   const fs::path file = write_tiny_sweep(tmp.path(), "ex", R"("train_iters": 40)", R"("zip": {"global_batch_size": [2, 4]})");
-  auto r = mb::testing::run_command(sweep("export " + file.string() + " --runs-dir " + runs.string()));
+  auto r = mb::testing::run_command(sweep("export-points " + file.string() + " --runs-dir " + runs.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto point = nlohmann::json::parse(mb::testing::read_text(runs / "ex" / "bs2" / "point.json"));
   EXPECT_EQ(point.value("save_interval", 0), 4) << point;
@@ -863,6 +864,8 @@ TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
                                             R"("zip": {"global_batch_size": [2, 4]})");
   r = mb::testing::run_command(sweep("export " + changed.string() + " --runs-dir " + runs.string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("`sweep export FILE.json` is `sweep export-points FILE.json` now"), std::string::npos)
+      << r.output;
   EXPECT_NE(r.output.find("bs2 (train_iters: 40 -> 50)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Remove those points' directories"), std::string::npos) << r.output;
 }

@@ -101,7 +101,7 @@ class EksManifest(unittest.TestCase):
                     "eval_iters": 0, "threads": 1, "divergence_intervals": 2,
                     "data_path": [data]},
                     "zip": {"divergence_loss": [100, 5]}}, f)
-            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export", sweep_file, "--runs-dir",
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export-points", sweep_file, "--runs-dir",
                                 os.path.join(d, "runs")], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             with open(os.path.join(d, "runs", "eks", "points.txt")) as f:
@@ -142,7 +142,7 @@ class EksManifest(unittest.TestCase):
             spec["base"]["data_path"] = [os.path.join(d, "nowhere", "brown_gpt2_text_document")]
             with open(sweep_file, "w") as f:
                 json.dump(spec, f)
-            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export", sweep_file, "--runs-dir",
+            r = subprocess.run([os.path.join(bin_dir, "sweep"), "export-points", sweep_file, "--runs-dir",
                                 os.path.join(d, "runs")], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
             failing = os.path.join(d, "runs", "eksbad", "dl100")
@@ -163,7 +163,7 @@ class EksManifest(unittest.TestCase):
         "cluster" says, a finished point left out; every job name a valid, distinct
         Kubernetes name."""
         with tempfile.TemporaryDirectory() as d:
-            r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "sweep"), "export",
+            r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "sweep"), "export-points",
                                 os.path.join(ROOT, "experiments", "paper", "bert4_lamb_bsz.json"), "--runs-dir", d,
                                 "--ranks", "16"], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
