@@ -80,9 +80,21 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
   ctx_ = ctx;
   have_grad_ = grad_scale != 0.0f;
   grad_scale_ = grad_scale;
-  const int64_t n = B_ * T_, C = cfg_.hidden_size, vocab = cfg_.padded_vocab_size();
+  std::vector<int32_t> rows, targets;
+  upload_batch(batch, rows, targets);
+  encode();
+  train::LossOutput out;
+  sums_.zero();
+  out.sums = sums_;
+  masked_lm_head(rows, targets, out);
+  if (binary_head_) sentence_order_head(batch, out);
+  return out;
+}
+
+void Bert::upload_batch(const train::Batch& batch, std::vector<int32_t>& rows, std::vector<int32_t>& targets) {
+  const int64_t n = B_ * T_, vocab = cfg_.padded_vocab_size();
   const Device dev = store_.device();
-  std::vector<int32_t> types(static_cast<size_t>(n), 0), rows, targets;
+  std::vector<int32_t> types(static_cast<size_t>(n), 0);
   for (int64_t i = 0; i < n; ++i) {
     check(batch.tokens[i] >= 0 && batch.tokens[i] < vocab, "BERT: token id ", batch.tokens[i], " at position ", i,
           " is outside the vocabulary (", vocab, ")");
@@ -102,7 +114,9 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
     upload(mask_, batch.padding_mask, {B_, T_}, dev);
   else
     mask_ = Tensor();
+}
 
+void Bert::encode() {
   // embeddings: word + position + token type
   wte_->forward(emb_, tokens_);
   ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
@@ -118,44 +132,43 @@ train::LossOutput Bert::forward(const train::Batch& batch, const train::StepCont
     lnf_->forward(h_, h_mean_, h_rstd_, x_final_);
   else
     copy(h_, x_final_);
+}
 
-  // masked-LM head on the masked positions only
-  train::LossOutput out;
-  sums_.zero();
-  out.sums = sums_;
+// The masked-LM head on the masked positions only.
+void Bert::masked_lm_head(const std::vector<int32_t>& rows, const std::vector<int32_t>& targets, train::LossOutput& out) {
   m_ = static_cast<int64_t>(rows.size());
   out.count = m_;
-  if (m_ > 0) {
-    upload(rows_, rows, {m_}, dev);
-    upload(targets_, targets, {m_}, dev);
-    for (Tensor* t : {&hm_, &d1_, &g1_, &l1_, &dl1_}) alloc(*t, {m_, C}, store_);
-    for (Tensor* t : {&l1_mean_, &l1_rstd_}) alloc_acc(*t, {m_}, store_);
-    ops::gather_rows(hm_, h_, rows_);
-    lm_dense_->forward(d1_, hm_);
-    ops::gelu_forward(g1_, d1_);
-    lm_ln_->forward(l1_, l1_mean_, l1_rstd_, g1_);
-    // decoder tied to the word embedding, with its own bias; dl1_ gets d loss / d l1
-    const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
-                                store_.grad(lm_bias_), wte_->vocab_begin()};
-    head_.run(l1_, targets_, m_, w, grad_scale, ctx.loss_scale, have_grad_ ? dl1_ : Tensor(), sums_.flat(0, 1));
-  }
+  if (m_ == 0) return;
+  const int64_t C = cfg_.hidden_size;
+  const Device dev = store_.device();
+  upload(rows_, rows, {m_}, dev);
+  upload(targets_, targets, {m_}, dev);
+  for (Tensor* t : {&hm_, &d1_, &g1_, &l1_, &dl1_}) alloc(*t, {m_, C}, store_);
+  for (Tensor* t : {&l1_mean_, &l1_rstd_}) alloc_acc(*t, {m_}, store_);
+  ops::gather_rows(hm_, h_, rows_);
+  lm_dense_->forward(d1_, hm_);
+  ops::gelu_forward(g1_, d1_);
+  lm_ln_->forward(l1_, l1_mean_, l1_rstd_, g1_);
+  // decoder tied to the word embedding, with its own bias; dl1_ gets d loss / d l1
+  const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
+                              store_.grad(lm_bias_), wte_->vocab_begin()};
+  head_.run(l1_, targets_, m_, w, grad_scale_, ctx_.loss_scale, have_grad_ ? dl1_ : Tensor(), sums_.flat(0, 1));
+}
 
-  // sentence-order head on the [CLS] position: a two-class cross entropy
-  if (binary_head_) {
-    for (int32_t y : batch.sample_labels) check(y == 0 || y == 1, "BERT: sentence-order label ", y, " is not 0 or 1");
-    upload(sop_labels_, batch.sample_labels, {B_}, dev);
-    ops::gather_rows(cls_, h_, cls_rows_);
-    pooler_->forward(pooled_, cls_);
-    ops::tanh_forward(pooled_act_, pooled_);
-    binary_head_->forward(sop_logits_, pooled_act_);
-    ops::ce_row_max(sop_max_, sop_logits_);
-    ops::ce_sum_exp(sop_sumexp_, sop_logits_, sop_max_);
-    ops::ce_target_logit(sop_target_, sop_logits_, sop_labels_, 0);
-    ops::ce_loss(sop_losses_, sop_max_, sop_sumexp_, sop_target_, sop_labels_, train::kIgnoreLabel);
-    ops::sum(sums_.flat(1, 1), sop_losses_);
-    out.extra.emplace_back("sop loss", B_);
-  }
-  return out;
+// The sentence-order head on the [CLS] position: a two-class cross entropy.
+void Bert::sentence_order_head(const train::Batch& batch, train::LossOutput& out) {
+  for (int32_t y : batch.sample_labels) check(y == 0 || y == 1, "BERT: sentence-order label ", y, " is not 0 or 1");
+  upload(sop_labels_, batch.sample_labels, {B_}, store_.device());
+  ops::gather_rows(cls_, h_, cls_rows_);
+  pooler_->forward(pooled_, cls_);
+  ops::tanh_forward(pooled_act_, pooled_);
+  binary_head_->forward(sop_logits_, pooled_act_);
+  ops::ce_row_max(sop_max_, sop_logits_);
+  ops::ce_sum_exp(sop_sumexp_, sop_logits_, sop_max_);
+  ops::ce_target_logit(sop_target_, sop_logits_, sop_labels_, 0);
+  ops::ce_loss(sop_losses_, sop_max_, sop_sumexp_, sop_target_, sop_labels_, train::kIgnoreLabel);
+  ops::sum(sums_.flat(1, 1), sop_losses_);
+  out.extra.emplace_back("sop loss", B_);
 }
 
 void Bert::backward() {

@@ -30,6 +30,12 @@ class Bert final : public train::Model {
 
  private:
   void allocate(int64_t B, int64_t T);
+  // forward's parts, in order: the batch checked and on the device (the masked positions
+  // and their targets returned), the encoder (into h_), the two heads.
+  void upload_batch(const train::Batch& batch, std::vector<int32_t>& rows, std::vector<int32_t>& targets);
+  void encode();
+  void masked_lm_head(const std::vector<int32_t>& rows, const std::vector<int32_t>& targets, train::LossOutput& out);
+  void sentence_order_head(const train::Batch& batch, train::LossOutput& out);
 
   ModelConfig cfg_;
   nn::ParameterStore store_;

@@ -149,6 +149,10 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   }
 }
 
+ops::AttentionShape TransformerStack::attention_shape() const {
+  return {B_, T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
+}
+
 void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
@@ -162,143 +166,174 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
   mask_ = key_mask;
   bias_ = attn_bias;
   memory_ = memory;
-  const int64_t C = cfg_.hidden;
-  const ops::AttentionShape as{B, T, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
   copy(saved_[0].x_in, x);
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    Block& b = blocks_[l];
-    Saved& s = saved_[l];
-    const int li = static_cast<int>(l);
-    const Tensor& next = l + 1 < blocks_.size() ? saved_[l + 1].x_in : out;
-    const ops::DropoutKey attn_drop = dropout_key(ctx, cfg_.attention_dropout, stream(li, kAttn));
-    if (!cfg_.post_layernorm) {
-      b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
-      b.qkv.forward(s.qkv, s.ln1);
-    } else {
-      b.qkv.forward(s.qkv, s.x_in);
-    }
-    if (flash_)
-      ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop);
-    else
-      ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
-    b.proj.forward(s.proj, s.attn);
-    dropout_or_copy(g_c_, s.proj, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kProj)));
-    if (!cfg_.post_layernorm) {
-      ops::residual_forward(s.x_mid, s.x_in, g_c_);
-      const Tensor* mlp_in = &s.x_mid;
-      if (cfg_.cross_attention) {
-        const ops::CrossAttentionShape cs{B, T, memory.T, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(),
-                                          cfg_.heads};
-        const ops::DropoutKey xdrop = dropout_key(ctx, cfg_.attention_dropout, stream(li, kCrossAttn));
-        b.lnx->forward(s.lnx, s.lnx_mean, s.lnx_rstd, s.x_mid);
-        b.q->forward(s.q, s.lnx);
-        b.kv->forward(s.kv, memory.values);
-        ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory.mask, cs, &xdrop);
-        b.xproj->forward(s.xproj, s.xattn);
-        dropout_or_copy(g_c_, s.xproj, dropout_key(ctx, cfg_.hidden_dropout, stream(li, kCrossProj)));
-        ops::residual_forward(s.x2, s.x_mid, g_c_);
-        mlp_in = &s.x2;
-      }
-      b.ln2.forward(s.ln2, s.ln2_mean, s.ln2_rstd, *mlp_in);
-      b.fc1.forward(s.fc1, s.ln2);
-    } else {
-      ops::residual_forward(s.r1, s.x_in, g_c_);
-      b.ln1.forward(s.x_mid, s.ln1_mean, s.ln1_rstd, s.r1);
-      b.fc1.forward(s.fc1, s.x_mid);
-    }
-    ops::gelu_forward(s.gelu, s.fc1);
-    b.fc2.forward(s.fc2, s.gelu);
-    dropout_or_copy(g_c_, s.fc2, dropout_key(ctx, cfg_.hidden_dropout, stream(li, mlp_site())));
-    if (!cfg_.post_layernorm) {
-      ops::residual_forward(next, cfg_.cross_attention ? s.x2 : s.x_mid, g_c_);
-    } else {
-      ops::residual_forward(s.r2, s.x_mid, g_c_);
-      b.ln2.forward(next, s.ln2_mean, s.ln2_rstd, s.r2);
-    }
+  for (size_t l = 0; l < blocks_.size(); ++l) block_forward(l, l + 1 < blocks_.size() ? saved_[l + 1].x_in : out);
+}
+
+void TransformerStack::block_forward(size_t l, const Tensor& next) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  self_attention_forward(l);
+  if (!cfg_.post_layernorm) {
+    ops::residual_forward(s.x_mid, s.x_in, g_c_);
+    if (cfg_.cross_attention) cross_attention_forward(l);
+    b.ln2.forward(s.ln2, s.ln2_mean, s.ln2_rstd, cfg_.cross_attention ? s.x2 : s.x_mid);
+    b.fc1.forward(s.fc1, s.ln2);
+  } else {
+    ops::residual_forward(s.r1, s.x_in, g_c_);
+    b.ln1.forward(s.x_mid, s.ln1_mean, s.ln1_rstd, s.r1);
+    b.fc1.forward(s.fc1, s.x_mid);
+  }
+  mlp_forward(l, next);
+}
+
+void TransformerStack::self_attention_forward(size_t l) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int li = static_cast<int>(l);
+  const ops::AttentionShape as = attention_shape();
+  const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
+  if (!cfg_.post_layernorm) {
+    b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
+    b.qkv.forward(s.qkv, s.ln1);
+  } else {
+    b.qkv.forward(s.qkv, s.x_in);
+  }
+  if (flash_)
+    ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop);
+  else
+    ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
+  b.proj.forward(s.proj, s.attn);
+  dropout_or_copy(g_c_, s.proj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
+}
+
+void TransformerStack::cross_attention_forward(size_t l) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int li = static_cast<int>(l);
+  const int64_t C = cfg_.hidden;
+  const ops::CrossAttentionShape cs{B_, T_, memory_.T, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(),
+                                    cfg_.heads};
+  const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
+  b.lnx->forward(s.lnx, s.lnx_mean, s.lnx_rstd, s.x_mid);
+  b.q->forward(s.q, s.lnx);
+  b.kv->forward(s.kv, memory_.values);
+  ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory_.mask, cs, &xdrop);
+  b.xproj->forward(s.xproj, s.xattn);
+  dropout_or_copy(g_c_, s.xproj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
+  ops::residual_forward(s.x2, s.x_mid, g_c_);
+}
+
+void TransformerStack::mlp_forward(size_t l, const Tensor& next) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  ops::gelu_forward(s.gelu, s.fc1);
+  b.fc2.forward(s.fc2, s.gelu);
+  dropout_or_copy(g_c_, s.fc2, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
+  if (!cfg_.post_layernorm) {
+    ops::residual_forward(next, cfg_.cross_attention ? s.x2 : s.x_mid, g_c_);
+  } else {
+    ops::residual_forward(s.r2, s.x_mid, g_c_);
+    b.ln2.forward(next, s.ln2_mean, s.ln2_rstd, s.r2);
   }
 }
 
 void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tensor& dattn_bias, const Tensor& dmemory) {
   check(!cfg_.cross_attention || dmemory.defined(), "transformer stack: backward of a cross-attention stack needs dmemory");
-  const int64_t C = cfg_.hidden;
-  const ops::AttentionShape as{B_, T_, heads_local_, C / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
   Tensor* dres = &g_a_;  // gradient of the current block's output
   Tensor* dnext = &g_b_;
   copy(*dres, dout);
   for (size_t l = blocks_.size(); l-- > 0;) {
-    Block& b = blocks_[l];
-    Saved& s = saved_[l];
-    const int li = static_cast<int>(l);
-    const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
-    const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
-    // --- MLP half: out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid]
-    const Tensor* d_sum = dres;  // gradient of the residual sum
-    if (cfg_.post_layernorm) {
-      out_copy_.zero();
-      b.ln2.backward(out_copy_, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
-      d_sum = &out_copy_;
-    }
-    copy(*dnext, *d_sum);  // d of the MLP's input through the residual path
-    g_c_.zero();
-    dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, mlp_site())));
-    g_ff_a_.zero();
-    b.fc2.backward(g_ff_a_, g_c_, s.gelu);
-    g_ff_b_.zero();
-    ops::gelu_backward(g_ff_b_, g_ff_a_, s.fc1);
-    if (!cfg_.post_layernorm) {
-      g_c_.zero();
-      b.fc1.backward(g_c_, g_ff_b_, s.ln2);
-      b.ln2.backward(*dnext, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
-    } else {
-      b.fc1.backward(*dnext, g_ff_b_, s.x_mid);
-    }
-    std::swap(dres, dnext);
-    if (cfg_.cross_attention) {  // x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory))))
-      const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
-      copy(*dnext, *dres);  // d x_mid through the residual path
-      g_c_.zero();
-      dropout_or_copy_backward(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
-      g_attn_.zero();
-      b.xproj->backward(g_attn_, g_c_, s.xattn);
-      g_q_.zero();
-      g_kv_.zero();
-      const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
-      ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
-      b.kv->backward(dmemory, g_kv_, memory_.values);
-      g_c_.zero();
-      b.q->backward(g_c_, g_q_, s.lnx);
-      b.lnx->backward(*dnext, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
-      std::swap(dres, dnext);
-    }
-    // --- attention half: x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
-    d_sum = dres;
-    if (cfg_.post_layernorm) {
-      out_copy_.zero();
-      b.ln1.backward(out_copy_, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
-      d_sum = &out_copy_;
-    }
-    copy(*dnext, *d_sum);  // d x_in through the residual path
-    g_c_.zero();
-    dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
-    g_attn_.zero();
-    b.proj.backward(g_attn_, g_c_, s.attn);
-    g_qkv_.zero();
-    if (flash_)
-      ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop);
-    else
-      ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop,
-                              bias_.defined() ? dattn_bias : Tensor());
-    if (!cfg_.post_layernorm) {
-      g_c_.zero();
-      b.qkv.backward(g_c_, g_qkv_, s.ln1);
-      b.ln1.backward(*dnext, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
-    } else {
-      b.qkv.backward(*dnext, g_qkv_, s.x_in);
-    }
-    std::swap(dres, dnext);
+    mlp_backward(l, dres, dnext);
+    if (cfg_.cross_attention) cross_attention_backward(l, dmemory, dres, dnext);
+    self_attention_backward(l, dattn_bias, dres, dnext);
     store_->grads_final(first_param_[l], first_param_[l + 1]);  // this block is done: its buckets may go
   }
   copy(dx, *dres);
+}
+
+// out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid]
+void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
+  const Tensor* d_sum = dres;  // gradient of the residual sum
+  if (cfg_.post_layernorm) {
+    out_copy_.zero();
+    b.ln2.backward(out_copy_, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
+    d_sum = &out_copy_;
+  }
+  copy(*dnext, *d_sum);  // d of the MLP's input through the residual path
+  g_c_.zero();
+  dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
+  g_ff_a_.zero();
+  b.fc2.backward(g_ff_a_, g_c_, s.gelu);
+  g_ff_b_.zero();
+  ops::gelu_backward(g_ff_b_, g_ff_a_, s.fc1);
+  if (!cfg_.post_layernorm) {
+    g_c_.zero();
+    b.fc1.backward(g_c_, g_ff_b_, s.ln2);
+    b.ln2.backward(*dnext, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
+  } else {
+    b.fc1.backward(*dnext, g_ff_b_, s.x_mid);
+  }
+  std::swap(dres, dnext);
+}
+
+// x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory))))
+void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int li = static_cast<int>(l);
+  const int64_t C = cfg_.hidden;
+  const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
+  copy(*dnext, *dres);  // d x_mid through the residual path
+  g_c_.zero();
+  dropout_or_copy_backward(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
+  g_attn_.zero();
+  b.xproj->backward(g_attn_, g_c_, s.xattn);
+  g_q_.zero();
+  g_kv_.zero();
+  const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
+  ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
+  b.kv->backward(dmemory, g_kv_, memory_.values);
+  g_c_.zero();
+  b.q->backward(g_c_, g_q_, s.lnx);
+  b.lnx->backward(*dnext, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
+  std::swap(dres, dnext);
+}
+
+// x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
+void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int li = static_cast<int>(l);
+  const ops::AttentionShape as = attention_shape();
+  const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
+  const Tensor* d_sum = dres;
+  if (cfg_.post_layernorm) {
+    out_copy_.zero();
+    b.ln1.backward(out_copy_, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
+    d_sum = &out_copy_;
+  }
+  copy(*dnext, *d_sum);  // d x_in through the residual path
+  g_c_.zero();
+  dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
+  g_attn_.zero();
+  b.proj.backward(g_attn_, g_c_, s.attn);
+  g_qkv_.zero();
+  if (flash_)
+    ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop);
+  else
+    ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
+  if (!cfg_.post_layernorm) {
+    g_c_.zero();
+    b.qkv.backward(g_c_, g_qkv_, s.ln1);
+    b.ln1.backward(*dnext, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
+  } else {
+    b.qkv.backward(*dnext, g_qkv_, s.x_in);
+  }
+  std::swap(dres, dnext);
 }
 
 }  // namespace megabatch::models

@@ -17,6 +17,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/nn/layers.h"
+#include "core/ops/attention.h"
 #include "core/ops/dropout.h"
 #include "core/tensor/tensor.h"
 #include "core/train/model.h"
@@ -101,6 +102,17 @@ class TransformerStack {
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
   void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
+  // One block's forward: its output into `next`; and its parts.
+  void block_forward(size_t l, const Tensor& next);
+  void self_attention_forward(size_t l);  // into g_c_: the dropped-out projection
+  void cross_attention_forward(size_t l);  // x2 = x_mid + the cross-attention
+  void mlp_forward(size_t l, const Tensor& next);
+  // One block's backward, from *dres (d of its output) to *dres (d of its input), each part
+  // swapping dres and dnext.
+  void mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext);
+  void cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext);
+  void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
+  ops::AttentionShape attention_shape() const;
   uint64_t stream(int layer, int site) const {
     return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
   }

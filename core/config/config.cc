@@ -192,10 +192,12 @@ Resolved resolve_json(const Schema& schema, const json& j, const std::string& wh
   return r;
 }
 
-Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
-  // Locate --config first: the file is the base, flags override it.
-  json file_values = json::object();
-  std::string file_where;
+namespace {
+// --config FILE (or --config=FILE) among the arguments: the file's options and its path
+// ({} and "" when there is none).
+std::pair<json, std::string> config_file(int argc, char** argv, int first) {
+  json values = json::object();
+  std::string where;
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--config" || a.rfind("--config=", 0) == 0) {
@@ -206,13 +208,59 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
       } else {
         path = a.substr(9);
       }
-      file_values = parse_json_or_fail(read_file(path, "config file"), path);
-      file_where = path;
+      values = parse_json_or_fail(read_file(path, "config file"), path);
+      where = path;
     }
   }
+  return {values, where};
+}
+
+// The value of flag `a` (option o) from the arguments at i (advanced past what it takes).
+json flag_value(const Option& o, const std::string& a, bool has_inline, const std::string& value, int& i, int argc,
+                char** argv, const json& current) {
+  auto next_value = [&]() -> std::string {
+    if (has_inline) return value;
+    check(i + 1 < argc, a, ": expected a value");
+    return argv[++i];
+  };
+  switch (o.type) {
+    case Type::kBool:
+      return has_inline ? parse_text(o, value, a) : json(true);
+    case Type::kIntList:
+    case Type::kStringList: {
+      json arr = json::array();
+      if (has_inline) {
+        arr.push_back(value);
+      } else {
+        while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) arr.push_back(std::string(argv[++i]));
+      }
+      check(!arr.empty(), a, ": expected at least one value");
+      Option scalar = o;
+      scalar.type = o.type == Type::kIntList ? Type::kInt : Type::kString;
+      for (auto& e : arr) e = typed(scalar, parse_text(scalar, e.get<std::string>(), a), a);
+      return arr;
+    }
+    case Type::kObject: {  // KEY=VALUE into the object
+      const std::string kv = parse_text(Option{o.name, Type::kString, nullptr, "", ""}, next_value(), a).get<std::string>();
+      const size_t eq = kv.find('=');
+      check(eq != std::string::npos && eq > 0, a, ": expected KEY=VALUE, got '", kv, "'");
+      // a JSON value where it is one (0.9, true, [1,2]), else the text as a string
+      auto parsed = parse_json(kv.substr(eq + 1));
+      json obj = current.is_object() ? current : json::object();
+      obj[kv.substr(0, eq)] = parsed ? std::move(*parsed) : json(kv.substr(eq + 1));
+      return obj;
+    }
+    default:
+      return typed(o, parse_text(o, next_value(), a), a);
+  }
+}
+}  // namespace
+
+Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
+  // Locate --config first: the file is the base, flags override it.
+  const auto [file_values, file_where] = config_file(argc, argv, first);
   Resolved r = resolve_json(schema, file_values, file_where.empty() ? "config" : file_where);
   if (!file_where.empty()) r.values["config"] = file_where;
-
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -238,44 +286,8 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
       if (!has_inline) ++i;
       continue;
     }
-    auto next_value = [&]() -> std::string {
-      if (has_inline) return value;
-      check(i + 1 < argc, a, ": expected a value");
-      return argv[++i];
-    };
-    switch (o->type) {
-      case Type::kBool:
-        r.values[name] = has_inline ? parse_text(*o, value, a) : json(true);
-        break;
-      case Type::kIntList:
-      case Type::kStringList: {
-        json arr = json::array();
-        if (has_inline) {
-          arr.push_back(value);
-        } else {
-          while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) arr.push_back(std::string(argv[++i]));
-        }
-        check(!arr.empty(), a, ": expected at least one value");
-        Option scalar = *o;
-        scalar.type = o->type == Type::kIntList ? Type::kInt : Type::kString;
-        for (auto& e : arr) e = typed(scalar, parse_text(scalar, e.get<std::string>(), a), a);
-        r.values[name] = arr;
-        break;
-      }
-      case Type::kObject: {
-        const std::string kv = parse_text(Option{name, Type::kString, nullptr, "", ""}, next_value(), a).get<std::string>();
-        const size_t eq = kv.find('=');
-        check(eq != std::string::npos && eq > 0, a, ": expected KEY=VALUE, got '", kv, "'");
-        // a JSON value where it is one (0.9, true, [1,2]), else the text as a string
-        auto parsed = parse_json(kv.substr(eq + 1));
-        const json v = parsed ? std::move(*parsed) : json(kv.substr(eq + 1));
-        if (!r.values.contains(name) || !r.values[name].is_object()) r.values[name] = json::object();
-        r.values[name][kv.substr(0, eq)] = v;
-        break;
-      }
-      default:
-        r.values[name] = typed(*o, parse_text(*o, next_value(), a), a);
-    }
+    const json current = r.values.contains(name) ? r.values[name] : json();
+    r.values[name] = flag_value(*o, a, has_inline, value, i, argc, argv, current);
     r.explicit_.insert(name);
   }
   return r;

@@ -63,25 +63,42 @@ std::array<char32_t, 256> bytes_to_unicode() {
 
 }  // namespace
 
+namespace {
+// A token's text in GPT-2's printable alphabet -> its raw bytes; false if it is not one.
+bool to_bytes(std::string_view tok, std::string& raw) {
+  static const std::unordered_map<char32_t, uint8_t> u2b = [] {
+    const auto b2u = bytes_to_unicode();
+    std::unordered_map<char32_t, uint8_t> m;
+    for (int b = 0; b < 256; ++b) m[b2u[b]] = static_cast<uint8_t>(b);
+    return m;
+  }();
+  raw.clear();
+  for (size_t i = 0, len = 0; i < tok.size(); i += len) {
+    auto it = u2b.find(unicode::decode_utf8(tok, i, len));
+    if (it == u2b.end()) return false;
+    raw.push_back(static_cast<char>(it->second));
+  }
+  return true;
+}
+}  // namespace
+
 Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
                              const std::filesystem::path& merges_path, int extra_ids) {
   static std::atomic<uint64_t> instances{0};
   instance_ = ++instances;
-  const auto b2u = bytes_to_unicode();
-  std::unordered_map<char32_t, uint8_t> u2b;
-  for (int b = 0; b < 256; ++b) u2b[b2u[b]] = static_cast<uint8_t>(b);
-  // A token's text in GPT-2's printable alphabet -> its raw bytes; false if it is not one.
-  auto to_bytes = [&](std::string_view tok, std::string& raw) {
-    raw.clear();
-    for (size_t i = 0, len = 0; i < tok.size(); i += len) {
-      auto it = u2b.find(unicode::decode_utf8(tok, i, len));
-      if (it == u2b.end()) return false;
-      raw.push_back(static_cast<char>(it->second));
-    }
-    return true;
-  };
+  const TokenIds token_id = read_vocabulary(encoder_json);
+  read_merges(merges_path, encoder_json, token_id);
+  build_merge_table();
+  if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);
+  if (extra_ids > 0) {
+    special_.first_sentinel = static_cast<int32_t>(id_bytes_.size());
+    special_.num_sentinels = extra_ids;
+    for (int i = 0; i < extra_ids; ++i) id_bytes_.push_back("<extra_id_" + std::to_string(i) + ">");
+  }
+}
 
-  // ---- encoder.json: {"token": id, ...}, ids dense from 0
+// encoder.json: {"token": id, ...}, ids dense from 0
+Gpt2Tokenizer::TokenIds Gpt2Tokenizer::read_vocabulary(const std::filesystem::path& encoder_json) {
   const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
   const nlohmann::json j = parse_json_or_fail(
       text, encoder_json.string(), "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
@@ -89,7 +106,7 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
     fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
   id_bytes_.assign(j.size(), std::string());
   std::vector<bool> seen(j.size(), false);
-  std::unordered_map<std::string, int32_t> token_id;  // raw bytes -> id
+  TokenIds token_id;
   token_id.reserve(j.size());
   for (const auto& [tok, val] : j.items()) {
     if (!val.is_number_integer() || val.get<int64_t>() < 0 ||
@@ -113,8 +130,12 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
   }
   if (special_.eod < 0)
     fail(encoder_json.string(), ": no <|endoftext|> token; GPT-2's vocabulary has it as id 50256");
+  return token_id;
+}
 
-  // ---- vocab.bpe: "#version: 0.2" then one merge "a b" per line, by priority
+// vocab.bpe: "#version: 0.2" then one merge "a b" per line, by priority
+void Gpt2Tokenizer::read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json,
+                                const TokenIds& token_id) {
   const std::string merges_text = read_file(merges_path, "GPT-2 merges (vocab.bpe)");
   uint32_t rank = 0;
   merges_.reserve(60000);
@@ -147,6 +168,9 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
   });
   if (rank == 0) fail(merges_path.string(), ": no merges found; expected GPT-2's vocab.bpe");
   num_merges_ = static_cast<size_t>(rank);
+}
+
+void Gpt2Tokenizer::build_merge_table() {
   size_t slots = 16;
   while (slots < 2 * merges_.size()) slots *= 2;
   table_mask_ = slots - 1;
@@ -157,13 +181,6 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
     while (table_keys_[s] != kEmptyKey) s = (s + 1) & table_mask_;
     table_keys_[s] = key;
     table_values_[s] = value;
-  }
-
-  if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);
-  if (extra_ids > 0) {
-    special_.first_sentinel = static_cast<int32_t>(id_bytes_.size());
-    special_.num_sentinels = extra_ids;
-    for (int i = 0; i < extra_ids; ++i) id_bytes_.push_back("<extra_id_" + std::to_string(i) + ">");
   }
 }
 

@@ -39,6 +39,13 @@ class Gpt2Tokenizer final : public Tokenizer {
   uint64_t merge_rank(int32_t a, int32_t b) const;  // (rank << 32 | merged id), or max
 
  private:
+  using TokenIds = std::unordered_map<std::string, int32_t>;  // raw bytes -> id
+  // The constructor's parts: encoder.json into id_bytes_, byte_id_ and the eod token;
+  // vocab.bpe into merges_; merges_ as the lookup table.
+  TokenIds read_vocabulary(const std::filesystem::path& encoder_json);
+  void read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json,
+                   const TokenIds& token_id);
+  void build_merge_table();
   struct PairHash {
     size_t operator()(uint64_t k) const { return k * 0x9E3779B97F4A7C15ull >> 20; }
   };

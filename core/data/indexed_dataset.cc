@@ -49,6 +49,11 @@ IndexedDataset::IndexedDataset(const fs::path& prefix) : prefix_(prefix) {
     fail(idx_path.string(), ": dataset index not found; expected PREFIX.idx and PREFIX.bin from `preprocess` ",
          "or Megatron's tools/preprocess_data.py (PREFIX is e.g. data/corpus_text_document)");
   if (!fs::exists(bin_path)) fail(bin_path.string(), ": dataset tokens not found (the .idx is there, the .bin is not)");
+  read_index(idx_path);
+  check_bin(bin_path);
+}
+
+void IndexedDataset::read_index(const fs::path& idx_path) {
   idx_ = MappedFile(idx_path);
   const std::string name = idx_path.string();
   const uint8_t* p = idx_.data();
@@ -87,7 +92,11 @@ IndexedDataset::IndexedDataset(const fs::path& prefix) : prefix_(prefix) {
       fail(name, ": document index ", i, " (", document_index(i), ") is below the previous one (", document_index(i - 1), ")");
   if (static_cast<uint64_t>(document_index(d - 1)) != s)
     fail(name, ": the last document index is ", document_index(d - 1), " but there are ", s, " sequences");
+}
 
+void IndexedDataset::check_bin(const fs::path& bin_path) {
+  const std::string name = with_suffix(prefix_, ".idx").string();
+  const uint64_t s = num_sequences_;
   bin_ = MappedFile(bin_path);
   const uint64_t item = dtype_size(dtype_);
   uint64_t need = 0;

@@ -62,6 +62,9 @@ class IndexedDataset {
   const uint8_t* raw(size_t seq) const { return bin_.data() + sequence_pointer(seq); }
 
  private:
+  // The constructor's checks: the .idx header and tables, then the .bin against them.
+  void read_index(const std::filesystem::path& idx_path);
+  void check_bin(const std::filesystem::path& bin_path);
   // read()'s copy of the tokens out of the mapped .bin, as int32 (a throw here must leave
   // nothing to clean up: it runs under MappedFile::read_guarded)
   void copy_tokens(size_t seq, size_t offset, size_t count, int32_t* out) const;

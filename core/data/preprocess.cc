@@ -97,7 +97,10 @@ class ProgressLog {
 
 }  // namespace
 
-PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
+namespace {
+
+// --input-format, with auto resolved from the file name; the options checked.
+std::string input_format(const PreprocessOptions& o) {
   if (o.input.empty()) fail("preprocess: --input is required");
   if (o.output_prefix.empty()) fail("preprocess: --output-prefix is required");
   if (o.json_keys.empty()) fail("preprocess: --json-keys needs at least one key");
@@ -111,10 +114,108 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
     fail("preprocess: --input-format must be auto, jsonl or text, got '", o.input_format, "'");
   if (format == "text" && (o.json_keys.size() != 1 || o.json_keys[0] != "text"))
     fail("preprocess: --json-keys applies to jsonl input; plain text input has the single key 'text'");
+  return format;
+}
+
+// Up to `batch` records from `in`: jsonl lines (blank ones skipped), or text documents
+// separated by blank lines. Returns whether the input has ended.
+bool read_records(InputStream& in, bool jsonl, size_t batch, std::vector<RawRecord>& raw, uint64_t& line_no,
+                  uint64_t& bytes) {
+  raw.clear();
+  std::string line;
+  bool done = false;
+  if (jsonl) {
+    while (raw.size() < batch && !(done = !in.getline(line))) {
+      ++line_no;
+      bytes += line.size() + 1;
+      if (is_blank(line)) continue;
+      raw.push_back({line_no, std::move(line)});
+    }
+    return done;
+  }
+  RawRecord cur;
+  while (raw.size() < batch && !(done = !in.getline(line))) {
+    ++line_no;
+    bytes += line.size() + 1;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (is_blank(line)) {
+      if (!cur.text.empty()) raw.push_back(std::move(cur));
+      cur = RawRecord{};
+      continue;
+    }
+    if (cur.text.empty()) cur.line = line_no;
+    else cur.text.push_back('\n');
+    cur.text += line;
+  }
+  if (!cur.text.empty()) raw.push_back(std::move(cur));
+  return done;
+}
+
+// The texts of a jsonl record under --json-keys, or why it has none ("" in `error`).
+std::vector<std::string> json_texts(const std::string& record, const std::vector<std::string>& keys, std::string& error) {
+  std::vector<std::string> texts(keys.size());
+  std::string why;
+  auto parsed = parse_json(record, &why, JsonRules{.unique_keys = false});  // as json.loads
+  if (!parsed) {
+    error = "not valid JSON (" + why + ")";
+    return {};
+  }
+  const nlohmann::json j = std::move(*parsed);
+  if (!j.is_object()) {
+    error = "expected a JSON object with the key(s) of --json-keys";
+    return {};
+  }
+  for (size_t k = 0; k < keys.size(); ++k) {
+    auto it = j.find(keys[k]);
+    if (it == j.end()) {
+      error = "no key \"" + keys[k] + "\" (set --json-keys to the keys that hold text)";
+      return {};
+    }
+    if (!it->is_string()) {
+      error = "key \"" + keys[k] + "\" is " + it->type_name() + ", expected a string";
+      return {};
+    }
+    texts[k] = it->get<std::string>();
+  }
+  return texts;
+}
+
+// A text as the dataset's sequences: the whole document, its lines (text input: one sentence
+// per line, BERT's pretraining layout) or its sentences.
+std::vector<std::string> sequences(std::string text, const PreprocessOptions& o, bool jsonl) {
+  if (!o.split_sentences) return {std::move(text)};
+  if (jsonl) return split_sentences(text, o.keep_newlines);
+  std::vector<std::string> lines;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t eol = text.find('\n', pos);
+    if (eol == std::string::npos) eol = text.size();
+    lines.push_back(text.substr(pos, eol - pos) + (o.keep_newlines ? "\n" : ""));
+    pos = eol + 1;
+  }
+  return lines;
+}
+
+std::string outputs_line(const PreprocessOptions& o, const std::string& format, const InputStream& in,
+                         const Tokenizer& tokenizer, DType dtype) {
+  std::string keys;
+  for (const auto& key : o.json_keys) keys += (keys.empty() ? "" : ",") + key;
+  const std::string compression =
+      in.compression() == Compression::kNone ? "" : std::string(", ") + compression_name(in.compression());
+  return "preprocess: " + o.input.string() + " (" + format + compression + ") -> " + o.output_prefix.string() + "_{" +
+         keys + "}_" + (o.split_sentences ? "sentence" : "document") + " with " + std::string(tokenizer.type()) +
+         ", vocab " + std::to_string(tokenizer.vocab_size()) + " (" + dtype_name(dtype) + "), " +
+         std::to_string(o.workers) + " worker(s)";
+}
+
+}  // namespace
+
+PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
+  const std::string format = input_format(o);
+  const bool jsonl = format == "jsonl";
   InputStream in(o.input);  // plain, gzip, xz or zstd
   if (!o.output_prefix.parent_path().empty() && !fs::exists(o.output_prefix.parent_path()))
     fail(o.output_prefix.parent_path().string(), ": the output directory does not exist; create it first");
-
   const auto tokenizer = make_tokenizer(o.tokenizer);
   if (o.append_eod && tokenizer->special().eod < 0)
     fail("preprocess: --append-eod: tokenizer ", tokenizer->type(), " has no end-of-document token");
@@ -125,106 +226,25 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
     stats.outputs.push_back(output_name(o.output_prefix, key, o.split_sentences));
     builders.push_back(std::make_unique<IndexedDatasetBuilder>(stats.outputs.back(), dtype));
   }
-  log << "preprocess: " << o.input.string() << " (" << format << (in.compression() == Compression::kNone ? "" : std::string(", ") + compression_name(in.compression())) << ") -> " << o.output_prefix.string() << "_{"
-      << [&] {
-           std::string k;
-           for (const auto& key : o.json_keys) k += (k.empty() ? "" : ",") + key;
-           return k;
-         }()
-      << "}_" << (o.split_sentences ? "sentence" : "document") << " with " << tokenizer->type() << ", vocab "
-      << tokenizer->vocab_size() << " (" << dtype_name(dtype) << "), " << o.workers << " worker(s)" << std::endl;
-
+  log << outputs_line(o, format, in, *tokenizer, dtype) << std::endl;
   ProgressLog progress(log, o.log_interval);
-  const size_t batch = static_cast<size_t>(o.workers) * 512;
+  const size_t batch = static_cast<size_t>(o.workers) * 512, w = static_cast<size_t>(o.workers);
   std::vector<RawRecord> raw;
-  std::vector<std::vector<std::vector<std::string>>> per_key(o.json_keys.size());
+  std::vector<std::vector<std::vector<std::string>>> per_key(o.json_keys.size());  // [key][record] sequences
   std::vector<EncodedDocument> encoded;
-  std::string line;
   uint64_t line_no = 0;
-  bool eof = false, input_done = false;
-  while (!eof) {
-    // ---- read a batch of records
-    raw.clear();
-    if (format == "jsonl") {
-      while (raw.size() < batch && !(input_done = !in.getline(line))) {
-        ++line_no;
-        stats.input_bytes += line.size() + 1;
-        if (is_blank(line)) continue;
-        raw.push_back({line_no, std::move(line)});
-      }
-    } else {  // text: documents separated by blank lines
-      RawRecord cur;
-      while (raw.size() < batch && !(input_done = !in.getline(line))) {
-        ++line_no;
-        stats.input_bytes += line.size() + 1;
-        if (!line.empty() && line.back() == '\r') line.pop_back();
-        if (is_blank(line)) {
-          if (!cur.text.empty()) raw.push_back(std::move(cur));
-          cur = RawRecord{};
-          continue;
-        }
-        if (cur.text.empty()) cur.line = line_no;
-        else cur.text.push_back('\n');
-        cur.text += line;
-      }
-      if (!cur.text.empty()) raw.push_back(std::move(cur));
-    }
-    eof = raw.empty() || input_done;
+  for (bool ended = false; !ended;) {
+    ended = read_records(in, jsonl, batch, raw, line_no, stats.input_bytes);
     if (raw.empty()) break;
-
-    // ---- parse (jsonl) and split into sentences
+    // parse (jsonl) and split into sentences, on the workers
     for (auto& k : per_key) k.assign(raw.size(), {});
     std::vector<std::string> errors(raw.size());
-    auto parse = [&](size_t r) {
-      std::vector<std::string> texts(o.json_keys.size());
-      if (format == "jsonl") {
-        std::string why;
-        auto parsed = parse_json(raw[r].text, &why, JsonRules{.unique_keys = false});  // as json.loads
-        if (!parsed) {
-          errors[r] = "not valid JSON (" + why + ")";
-          return;
-        }
-        const nlohmann::json j = std::move(*parsed);
-        if (!j.is_object()) {
-          errors[r] = "expected a JSON object with the key(s) of --json-keys";
-          return;
-        }
-        for (size_t k = 0; k < o.json_keys.size(); ++k) {
-          auto it = j.find(o.json_keys[k]);
-          if (it == j.end()) {
-            errors[r] = "no key \"" + o.json_keys[k] + "\" (set --json-keys to the keys that hold text)";
-            return;
-          }
-          if (!it->is_string()) {
-            errors[r] = "key \"" + o.json_keys[k] + "\" is " + it->type_name() + ", expected a string";
-            return;
-          }
-          texts[k] = it->get<std::string>();
-        }
-      } else {
-        texts[0] = std::move(raw[r].text);
-      }
-      for (size_t k = 0; k < texts.size(); ++k) {
-        if (!o.split_sentences) {
-          per_key[k][r] = {std::move(texts[k])};
-        } else if (format == "text") {  // one sentence per line (BERT's pretraining layout)
-          std::vector<std::string> lines;
-          size_t pos = 0;
-          while (pos <= texts[k].size()) {
-            size_t eol = texts[k].find('\n', pos);
-            if (eol == std::string::npos) eol = texts[k].size();
-            lines.push_back(texts[k].substr(pos, eol - pos) + (o.keep_newlines ? "\n" : ""));
-            pos = eol + 1;
-          }
-          per_key[k][r] = std::move(lines);
-        } else {
-          per_key[k][r] = split_sentences(texts[k], o.keep_newlines);
-        }
-      }
-    };
-    const size_t w = static_cast<size_t>(o.workers);
     run_on_threads(w, "preprocess: --workers " + std::to_string(o.workers), [&](size_t t) {
-      for (size_t r = t; r < raw.size(); r += w) parse(r);
+      for (size_t r = t; r < raw.size(); r += w) {
+        std::vector<std::string> texts = jsonl ? json_texts(raw[r].text, o.json_keys, errors[r])
+                                               : std::vector<std::string>{std::move(raw[r].text)};
+        for (size_t k = 0; k < texts.size(); ++k) per_key[k][r] = sequences(std::move(texts[k]), o, jsonl);
+      }
     });
     std::vector<bool> keep(raw.size(), true);
     for (size_t r = 0; r < raw.size(); ++r) {
@@ -234,7 +254,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
       if (stats.bad_lines++ == 0) stats.first_bad_line = where;
       keep[r] = false;
     }
-    // ---- encode and write, in input order
+    // encode and write, in input order
     for (size_t k = 0; k < o.json_keys.size(); ++k) {
       encode_documents(*tokenizer, per_key[k], o.append_eod, o.workers, encoded);
       for (size_t r = 0; r < raw.size(); ++r) {
@@ -249,7 +269,7 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   }
   if (stats.documents == 0)
     fail(o.input.string(), ": no documents found", stats.bad_lines ? " (every line was bad)" : "",
-         "; expected ", format == "jsonl" ? "one JSON object per line" : "text with documents separated by blank lines");
+         "; expected ", jsonl ? "one JSON object per line" : "text with documents separated by blank lines");
   for (auto& b : builders) b->finalize();
   stats.seconds = progress.seconds();
   progress.update(stats.documents, stats.input_bytes, true);
@@ -261,36 +281,69 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
 
 // ---------------------------------------------------------------- default dataset
 
-void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log) {
-  const fs::path gpt = dir / "brown_gpt2_text_document", bert = dir / "brown_bert_text_sentence",
-                 compact = dir / "brown_gpt2_compact_text_document";
-  auto write_compact = [&] {
-    TokenizerOptions to;
-    const auto v = compact_dataset(gpt, compact, *make_tokenizer(to));
-    log << "wrote " << compact.string() << ".bin/.idx/.vocab.json: the " << v.ids.size()
-        << " GPT-2 tokens the corpus uses" << std::endl;
-  };
-  if (!force) {
+namespace {
+
+// The default dataset's three files (GPT-2 documents, BERT sentences, the compact GPT-2
+// dataset with its own vocabulary).
+struct BrownFiles {
+  fs::path gpt, bert, compact;
+};
+
+void write_compact(const BrownFiles& f, std::ostream& log) {
+  TokenizerOptions to;
+  const auto v = compact_dataset(f.gpt, f.compact, *make_tokenizer(to));
+  log << "wrote " << f.compact.string() << ".bin/.idx/.vocab.json: the " << v.ids.size()
+      << " GPT-2 tokens the corpus uses" << std::endl;
+}
+
+// Whether `dir` holds the dataset already, intact (a compact dataset from an older version,
+// or damaged, is made again from the GPT-2 dataset); says so.
+bool brown_up_to_date(const fs::path& dir, const BrownFiles& f, std::ostream& log) {
+  try {
+    IndexedDataset a(f.gpt), b(f.bert);
+    if (!fs::exists(dir / "brown.jsonl")) return false;
+    bool compact_ok = false;
     try {
-      IndexedDataset a(gpt), b(bert);
-      if (fs::exists(dir / "brown.jsonl")) {
-        bool compact_ok = false;  // made by an older version, or damaged: made again from the GPT-2 dataset
-        try {
-          const IndexedDataset c(compact);
-          compact_ok = c.num_tokens() == a.num_tokens() && c.num_documents() == a.num_documents() &&
-                       read_compact_vocab(compact_vocab_path(compact)).tokenizer_type == "GPT2BPETokenizer";
-        } catch (const Error&) {
-        }
-        if (!compact_ok) write_compact();
-        log << "default dataset is up to date in " << dir.string() << " (" << a.num_documents() << " documents, "
-            << a.num_tokens() << " GPT-2 tokens; " << b.num_sequences() << " sentences, " << b.num_tokens()
-            << " WordPiece tokens); pass --force to rebuild" << std::endl;
-        return;
-      }
+      const IndexedDataset c(f.compact);
+      compact_ok = c.num_tokens() == a.num_tokens() && c.num_documents() == a.num_documents() &&
+                   read_compact_vocab(compact_vocab_path(f.compact)).tokenizer_type == "GPT2BPETokenizer";
     } catch (const Error&) {
-      // missing or damaged: rebuild
     }
+    if (!compact_ok) write_compact(f, log);
+    log << "default dataset is up to date in " << dir.string() << " (" << a.num_documents() << " documents, "
+        << a.num_tokens() << " GPT-2 tokens; " << b.num_sequences() << " sentences, " << b.num_tokens()
+        << " WordPiece tokens); pass --force to rebuild" << std::endl;
+    return true;
+  } catch (const Error&) {
+    return false;  // missing or damaged: rebuild
   }
+}
+
+// Writes the documents of `tokenizer_type` to `prefix` (.bin/.idx).
+void build_dataset(const fs::path& prefix, const std::string& tokenizer_type,
+                   const std::vector<std::vector<std::string>>& input, bool eod, int workers, std::ostream& log) {
+  TokenizerOptions to;
+  to.type = tokenizer_type;
+  const auto tok = make_tokenizer(to);
+  std::vector<EncodedDocument> enc;
+  encode_documents(*tok, input, eod, workers, enc);
+  IndexedDatasetBuilder b(prefix, token_dtype(tok->vocab_size()));
+  uint64_t tokens = 0;
+  for (const auto& e : enc) {
+    b.add_document(e.tokens, e.lengths);
+    tokens += e.tokens.size();
+  }
+  b.finalize();
+  log << "wrote " << prefix.string() << ".bin/.idx: " << tokenizer_type << ", " << b.num_sequences() << " sequences, "
+      << tokens << " tokens" << std::endl;
+}
+
+}  // namespace
+
+void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log) {
+  const BrownFiles f{dir / "brown_gpt2_text_document", dir / "brown_bert_text_sentence",
+                     dir / "brown_gpt2_compact_text_document"};
+  if (!force && brown_up_to_date(dir, f, log)) return;
   fs::create_directories(dir);
   const auto t0 = Clock::now();
   const auto docs = read_brown(asset_path("brown"));
@@ -298,44 +351,23 @@ void build_brown(const fs::path& dir, int workers, bool force, std::ostream& log
   std::vector<std::vector<std::string>> texts, sentence_lists;  // per document: {text}, its sentences
   texts.reserve(docs.size());
   sentence_lists.reserve(docs.size());
-  {
-    AtomicFile jsonl(dir / "brown.jsonl");
-    for (const auto& d : docs) {
-      std::string text;
-      for (const auto& s : d.sentences) text += (text.empty() ? "" : " ") + s;
-      bytes += text.size();
-      sentences += d.sentences.size();
-      const std::string line =
-          nlohmann::json{{"id", d.id}, {"category", d.category}, {"text", text}}.dump() + "\n";
-      texts.push_back({std::move(text)});
-      sentence_lists.push_back(d.sentences);
-      jsonl.write(line.data(), line.size());
-    }
-    jsonl.commit();
+  AtomicFile jsonl(dir / "brown.jsonl");
+  for (const auto& d : docs) {
+    std::string text;
+    for (const auto& s : d.sentences) text += (text.empty() ? "" : " ") + s;
+    bytes += text.size();
+    sentences += d.sentences.size();
+    const std::string line = nlohmann::json{{"id", d.id}, {"category", d.category}, {"text", text}}.dump() + "\n";
+    texts.push_back({std::move(text)});
+    sentence_lists.push_back(d.sentences);
+    jsonl.write(line.data(), line.size());
   }
+  jsonl.commit();
   log << "Brown corpus: " << docs.size() << " documents, " << sentences << " sentences, " << bytes
       << " bytes of de-tagged text -> " << (dir / "brown.jsonl").string() << std::endl;
-
-  auto build = [&](const fs::path& prefix, const std::string& type,
-                   const std::vector<std::vector<std::string>>& input, bool eod) {
-    TokenizerOptions to;
-    to.type = type;
-    const auto tok = make_tokenizer(to);
-    std::vector<EncodedDocument> enc;
-    encode_documents(*tok, input, eod, workers, enc);
-    IndexedDatasetBuilder b(prefix, token_dtype(tok->vocab_size()));
-    uint64_t tokens = 0;
-    for (const auto& e : enc) {
-      b.add_document(e.tokens, e.lengths);
-      tokens += e.tokens.size();
-    }
-    b.finalize();
-    log << "wrote " << prefix.string() << ".bin/.idx: " << type << ", " << b.num_sequences() << " sequences, "
-        << tokens << " tokens" << std::endl;
-  };
-  build(gpt, "GPT2BPETokenizer", texts, true);
-  build(bert, "BertWordPieceLowerCase", sentence_lists, false);
-  write_compact();
+  build_dataset(f.gpt, "GPT2BPETokenizer", texts, true, workers, log);
+  build_dataset(f.bert, "BertWordPieceLowerCase", sentence_lists, false, workers, log);
+  write_compact(f, log);
   log << "default dataset ready in " << dir.string() << " ("
       << std::chrono::duration<double>(Clock::now() - t0).count() << " s)" << std::endl;
 }

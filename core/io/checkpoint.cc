@@ -265,6 +265,76 @@ std::optional<fs::path> latest_checkpoint(const fs::path& dir) {
   return all.back().second;
 }
 
+namespace {
+// The checkpoint's header: its format and the run's state, as attributes of the file.
+void write_header(hid_t f, const CheckpointState& state, const std::string& p) {
+  write_attr(f, "format", kFormat, p);
+  write_attr(f, "format_version", kFormatVersion, p);
+  write_attr(f, "iteration", state.iteration, p);
+  write_attr(f, "consumed_samples", state.consumed_samples, p);
+  write_attr(f, "seed", static_cast<int64_t>(state.seed), p);
+  write_attr(f, "loss_scale", state.loss_scale, p);
+  write_attr(f, "model", state.model.dump(), p);
+  write_attr(f, "optimizer", state.optimizer, p);
+  write_attr(f, "optimizer_version", state.optimizer_version, p);
+  write_attr(f, "optimizer_params", state.optimizer_params.dump(), p);
+  write_attr(f, "trainer", state.trainer.dump(), p);
+}
+
+// Writes `tmp` (on the writer, rank 0 of the tensor-parallel group; every rank of the group
+// takes part in gathering the tensors).
+void write_unfinished(const fs::path& tmp, bool writer, const CheckpointState& state, nn::ParameterStore& store,
+                      comm::Communicator& tp, const OptimizerState* optimizer, const std::vector<Tensor>* masters) {
+  // HDF5 1.10's format: checksums on the metadata (object headers and their attributes) too
+  Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
+  H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_V110);
+  Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id) : -1, H5Fclose);
+  if (writer) {
+    check(f.id >= 0, tmp.string(), ": cannot create the checkpoint (is the directory writable?)");
+    write_header(f.id, state, tmp.string());
+  }
+  for (size_t i = 0; i < store.count(); ++i) {
+    const nn::ParamInfo& info = store.info(static_cast<int>(i));
+    const auto full = gather_full(info, master_of(store, masters, i), tp);  // fp32, whatever the run's dtype
+    if (!writer) continue;
+    const std::string name = "params/" + info.name;
+    write_tensor(f.id, name, full, info.full_shape, tmp.string());
+    Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
+    write_attr(d.id, "role", static_cast<int64_t>(info.role), tmp.string());
+    write_attr(d.id, "sharded", static_cast<int64_t>(info.sharding.sharded), tmp.string());
+    write_attr(d.id, "partition_dim", static_cast<int64_t>(info.sharding.partition_dim), tmp.string());
+  }
+  if (optimizer) {
+    for (const auto& [key, s] : *optimizer) {
+      if (!s.checkpointed) continue;
+      const auto full = gather_state(s, tp);
+      if (writer)
+        write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, s.full_shape(tp.size()), tmp.string());
+    }
+  }
+  if (!writer) return;
+  if (H5Fflush(f.id, H5F_SCOPE_GLOBAL) < 0) fail(tmp.string(), ": cannot flush", h5_os_reason());
+  const herr_t closed = H5Fclose(f.id);
+  f.id = -1;
+  if (closed < 0) fail(tmp.string(), ": cannot close", h5_os_reason());
+}
+
+// The finished file into place, durably, then latest_checkpointed_iteration.txt; the newest
+// `keep` kept (0: all).
+void publish(const fs::path& tmp, const fs::path& final_path, const fs::path& dir, int64_t iteration, int keep) {
+  fsync_path(tmp, O_RDONLY);
+  std::error_code ec;
+  fs::rename(tmp, final_path, ec);
+  check(!ec, final_path.string(), ": cannot rename the finished checkpoint into place (", ec.message(), ")");
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  AtomicFile latest(dir / kLatest);
+  const std::string text = std::to_string(iteration) + "\n";
+  latest.write(text.data(), text.size());
+  latest.commit();
+  if (keep > 0) remove_old_checkpoints(dir, keep);
+}
+}  // namespace
+
 fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::ParameterStore& store,
                          comm::Communicator& tp, const OptimizerState* optimizer, int keep,
                          const std::vector<Tensor>* masters) {
@@ -277,55 +347,10 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     fs::create_directories(dir, ec);
     check(!ec, dir.string(), ": cannot create the checkpoint directory (", ec.message(), ")");
   }
-  // Writes PATH.tmp; on any failure (a full disk: HDF5's errors name the file) the
-  // unfinished file is removed and the previous checkpoints stay as they were.
-  auto write_unfinished = [&]() {
-    // HDF5 1.10's format: checksums on the metadata (object headers and their attributes) too
-    Handle fapl(H5Pcreate(H5P_FILE_ACCESS), H5Pclose);
-    H5Pset_libver_bounds(fapl.id, H5F_LIBVER_V110, H5F_LIBVER_V110);
-    Handle f(writer ? H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.id) : -1, H5Fclose);
-    if (writer) {
-      check(f.id >= 0, tmp.string(), ": cannot create the checkpoint (is the directory writable?)");
-      const std::string p = tmp.string();
-      write_attr(f.id, "format", kFormat, p);
-      write_attr(f.id, "format_version", kFormatVersion, p);
-      write_attr(f.id, "iteration", state.iteration, p);
-      write_attr(f.id, "consumed_samples", state.consumed_samples, p);
-      write_attr(f.id, "seed", static_cast<int64_t>(state.seed), p);
-      write_attr(f.id, "loss_scale", state.loss_scale, p);
-      write_attr(f.id, "model", state.model.dump(), p);
-      write_attr(f.id, "optimizer", state.optimizer, p);
-      write_attr(f.id, "optimizer_version", state.optimizer_version, p);
-      write_attr(f.id, "optimizer_params", state.optimizer_params.dump(), p);
-      write_attr(f.id, "trainer", state.trainer.dump(), p);
-    }
-    for (size_t i = 0; i < store.count(); ++i) {
-      const nn::ParamInfo& info = store.info(static_cast<int>(i));
-      const auto full = gather_full(info, master_of(store, masters, i), tp);  // fp32, whatever the run's dtype
-      if (!writer) continue;
-      const std::string name = "params/" + info.name;
-      write_tensor(f.id, name, full, info.full_shape, tmp.string());
-      Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
-      write_attr(d.id, "role", static_cast<int64_t>(info.role), tmp.string());
-      write_attr(d.id, "sharded", static_cast<int64_t>(info.sharding.sharded), tmp.string());
-      write_attr(d.id, "partition_dim", static_cast<int64_t>(info.sharding.partition_dim), tmp.string());
-    }
-    if (optimizer) {
-      for (const auto& [key, s] : *optimizer) {
-        if (!s.checkpointed) continue;
-        const auto full = gather_state(s, tp);
-        if (writer)
-          write_tensor(f.id, "optimizer/" + key.first + "/" + key.second, full, s.full_shape(tp.size()), tmp.string());
-      }
-    }
-    if (!writer) return;
-    if (H5Fflush(f.id, H5F_SCOPE_GLOBAL) < 0) fail(tmp.string(), ": cannot flush", h5_os_reason());
-    const herr_t closed = H5Fclose(f.id);
-    f.id = -1;
-    if (closed < 0) fail(tmp.string(), ": cannot close", h5_os_reason());
-  };
+  // On any failure (a full disk: HDF5's errors name the file) the unfinished file is removed
+  // and the previous checkpoints stay as they were.
   try {
-    write_unfinished();
+    write_unfinished(tmp, writer, state, store, tp, optimizer, masters);
   } catch (const Error& e) {
     std::error_code ec;
     if (!writer) throw;
@@ -340,18 +365,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     if (writer) fs::remove(tmp, ec);
     throw;
   }
-  if (writer) {
-    fsync_path(tmp, O_RDONLY);
-    std::error_code ec;
-    fs::rename(tmp, final_path, ec);
-    check(!ec, final_path.string(), ": cannot rename the finished checkpoint into place (", ec.message(), ")");
-    fsync_path(dir, O_RDONLY | O_DIRECTORY);
-    AtomicFile latest(dir / kLatest);
-    const std::string text = std::to_string(state.iteration) + "\n";
-    latest.write(text.data(), text.size());
-    latest.commit();
-    if (keep > 0) remove_old_checkpoints(dir, keep);
-  }
+  if (writer) publish(tmp, final_path, dir, state.iteration, keep);
   tp.barrier();
   return final_path;
 }

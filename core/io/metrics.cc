@@ -236,24 +236,68 @@ hid_t create_link_props() {
 }
 }  // namespace
 
+namespace {
+// Writes a list of strings as a dataset of UTF-8 strings, once (an existing one is kept).
+void write_strings(hid_t file, const std::filesystem::path& path, const std::string& name,
+                   const std::vector<std::string>& values) {
+  if (H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0) return;
+  std::vector<const char*> ptrs;
+  for (const auto& v : values) ptrs.push_back(v.c_str());
+  Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
+  H5Tset_size(type.id, H5T_VARIABLE);
+  H5Tset_cset(type.id, H5T_CSET_UTF8);
+  const hsize_t n = values.size();
+  Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
+  Handle lcpl(create_link_props(), H5Pclose);
+  Handle d(H5Dcreate2(file, name.c_str(), type.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
+  check(d.id >= 0 && H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) >= 0, path.string(),
+        ": cannot write ", name);
+}
+
+// Appends rows (of `width` values; 0: a 1-D series) to an extendible series of doubles,
+// made chunked where it does not exist yet.
+void append_series(hid_t file, const std::filesystem::path& path, const std::string& series, size_t width0,
+                   const std::vector<double>& values) {
+  const int rank = width0 == 0 ? 1 : 2;
+  const hsize_t width = width0 == 0 ? 1 : width0;
+  const hsize_t rows = values.size() / width;
+  hid_t d = -1;
+  if (H5Lexists(file, series.c_str(), H5P_DEFAULT) > 0) {
+    d = H5Dopen2(file, series.c_str(), H5P_DEFAULT);
+  } else {
+    Handle lcpl(create_link_props(), H5Pclose);
+    const hsize_t zero[2] = {0, width}, max[2] = {H5S_UNLIMITED, width};
+    const hsize_t chunk[2] = {rank == 1 ? hsize_t{1024} : std::max<hsize_t>(1, 8192 / width), width};
+    Handle space(H5Screate_simple(rank, zero, max), H5Sclose);
+    Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+    H5Pset_chunk(dcpl.id, rank, chunk);
+    d = H5Dcreate2(file, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
+  }
+  Handle ds(d, H5Dclose);
+  check(ds.id >= 0, path.string(), ": cannot open or create series ", series);
+  Handle old_space(H5Dget_space(ds.id), H5Sclose);
+  check(H5Sget_simple_extent_ndims(old_space.id) == rank, path.string(), ": series ", series,
+        " exists with a different number of dimensions");
+  hsize_t old[2] = {0, 0};
+  H5Sget_simple_extent_dims(old_space.id, old, nullptr);
+  check(rank == 1 || old[1] == width, path.string(), ": series ", series, " has ", old[1], " columns; got rows of ", width);
+  const hsize_t total[2] = {old[0] + rows, width};
+  check(H5Dset_extent(ds.id, total) >= 0, path.string(), ": cannot extend series ", series);
+  Handle space(H5Dget_space(ds.id), H5Sclose);
+  const hsize_t start[2] = {old[0], 0}, count[2] = {rows, width};
+  H5Sselect_hyperslab(space.id, H5S_SELECT_SET, start, nullptr, count, nullptr);
+  Handle mem(H5Screate_simple(rank, count, nullptr), H5Sclose);
+  check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, values.data()) >= 0, path.string(),
+        ": cannot write series ", series);
+}
+}  // namespace
+
 void MetricsFile::flush() {
   bool any = !strings_.empty();
   for (const auto& [series, p] : pending_) any = any || !p.values.empty();
   if (!any) return;
   for (auto& [name, values] : strings_) {
-    if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) <= 0) {
-      std::vector<const char*> ptrs;
-      for (const auto& v : values) ptrs.push_back(v.c_str());
-      Handle type(H5Tcopy(H5T_C_S1), H5Tclose);
-      H5Tset_size(type.id, H5T_VARIABLE);
-      H5Tset_cset(type.id, H5T_CSET_UTF8);
-      const hsize_t n = values.size();
-      Handle space(H5Screate_simple(1, &n, nullptr), H5Sclose);
-      Handle lcpl(create_link_props(), H5Pclose);
-      Handle d(H5Dcreate2(file_, name.c_str(), type.id, space.id, lcpl.id, H5P_DEFAULT, H5P_DEFAULT), H5Dclose);
-      check(d.id >= 0 && H5Dwrite(d.id, type.id, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) >= 0, path_.string(),
-            ": cannot write ", name);
-    }
+    write_strings(file_, path_, name, values);
     written_strings_[name] = values;
   }
   strings_.clear();
@@ -268,38 +312,7 @@ void MetricsFile::flush() {
   }
   for (auto& [series, p] : pending_) {
     if (p.values.empty()) continue;
-    const int rank = p.width == 0 ? 1 : 2;
-    const hsize_t width = p.width == 0 ? 1 : p.width;
-    const hsize_t rows = p.values.size() / width;
-    hid_t d = -1;
-    if (H5Lexists(file_, series.c_str(), H5P_DEFAULT) > 0) {
-      d = H5Dopen2(file_, series.c_str(), H5P_DEFAULT);
-    } else {
-      Handle lcpl(create_link_props(), H5Pclose);
-      const hsize_t zero[2] = {0, width}, max[2] = {H5S_UNLIMITED, width};
-      const hsize_t chunk[2] = {rank == 1 ? hsize_t{1024} : std::max<hsize_t>(1, 8192 / width), width};
-      Handle space(H5Screate_simple(rank, zero, max), H5Sclose);
-      Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-      H5Pset_chunk(dcpl.id, rank, chunk);
-      d = H5Dcreate2(file_, series.c_str(), H5T_NATIVE_DOUBLE, space.id, lcpl.id, dcpl.id, H5P_DEFAULT);
-    }
-    Handle ds(d, H5Dclose);
-    check(ds.id >= 0, path_.string(), ": cannot open or create series ", series);
-    Handle old_space(H5Dget_space(ds.id), H5Sclose);
-    check(H5Sget_simple_extent_ndims(old_space.id) == rank, path_.string(), ": series ", series,
-          " exists with a different number of dimensions");
-    hsize_t old[2] = {0, 0};
-    H5Sget_simple_extent_dims(old_space.id, old, nullptr);
-    check(rank == 1 || old[1] == width, path_.string(), ": series ", series, " has ", old[1],
-          " columns; got rows of ", width);
-    const hsize_t total[2] = {old[0] + rows, width};
-    check(H5Dset_extent(ds.id, total) >= 0, path_.string(), ": cannot extend series ", series);
-    Handle space(H5Dget_space(ds.id), H5Sclose);
-    const hsize_t start[2] = {old[0], 0}, count[2] = {rows, width};
-    H5Sselect_hyperslab(space.id, H5S_SELECT_SET, start, nullptr, count, nullptr);
-    Handle mem(H5Screate_simple(rank, count, nullptr), H5Sclose);
-    check(H5Dwrite(ds.id, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, p.values.data()) >= 0, path_.string(),
-          ": cannot write series ", series);
+    append_series(file_, path_, series, p.width, p.values);
     p.values.clear();
   }
   persist();

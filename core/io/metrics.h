@@ -25,6 +25,13 @@
 
 namespace megabatch::io {
 
+// "sop loss" -> "sop_loss": the metrics.h5 series of a console loss name.
+inline std::string series_name(std::string name) {
+  for (char& c : name)
+    if (c == ' ') c = '_';
+  return name;
+}
+
 class MetricsFile {
  public:
   // Creates (replacing) the file and writes the configuration attributes.

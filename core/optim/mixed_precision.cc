@@ -1,5 +1,7 @@
 #include "core/optim/mixed_precision.h"
 
+#include <cmath>
+
 #include "core/comm/collectives.h"
 #include "core/device/profile.h"
 #include "core/ops/gradients.h"
@@ -106,6 +108,41 @@ void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, bool diagnostics)
     overflow_->start(found_inf_.raw());
     unresolved_ = true;
   }
+}
+
+// Computed on the host from copies, only when asked for (--log-params-norm,
+// --log-num-zeros-in-grad), at log intervals. Sharded tensors are summed over the
+// tensor-parallel group, replicated ones counted once.
+double MixedPrecisionOptimizer::params_norm() {
+  nn::ParameterStore& P = params_;
+  const DpShards* shards = plugin_.shards();
+  double sums[2] = {0, 0};  // sharded, replicated
+  for (size_t i = 0; i < P.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    double s = 0;
+    for (const float x : to_host_f32(shards ? shards->master_piece(id) : P.master(id))) s += static_cast<double>(x) * x;
+    sums[P.info(id).sharding.sharded ? 0 : 1] += s;
+  }
+  if (shards) dp_->all_reduce(sums, 2, comm::ReduceOp::kSum);  // the ranks' pieces
+  tp_.all_reduce(&sums[0], 1, comm::ReduceOp::kSum);
+  return std::sqrt(sums[0] + sums[1]);
+}
+
+int64_t MixedPrecisionOptimizer::num_zeros_in_grad() {
+  nn::ParameterStore& P = params_;
+  const DpShards* shards = plugin_.shards();
+  double zeros[2] = {0, 0};
+  for (size_t i = 0; i < P.count(); ++i) {
+    const auto id = static_cast<int>(i);
+    double z = 0;
+    const Tensor g = shards ? main_grads().flat(shards->piece(id).at, static_cast<size_t>(shards->piece(id).numel()))
+                            : P.grad(id);
+    for (const float x : to_host_f32(g)) z += x == 0.0f ? 1.0 : 0.0;
+    zeros[P.info(id).sharding.sharded ? 0 : 1] += z;
+  }
+  if (shards) dp_->all_reduce(zeros, 2, comm::ReduceOp::kSum);  // the ranks' pieces
+  tp_.all_reduce(&zeros[0], 1, comm::ReduceOp::kSum);
+  return static_cast<int64_t>(zeros[0] + zeros[1]);
 }
 
 }  // namespace megabatch::optim

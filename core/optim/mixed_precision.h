@@ -75,6 +75,10 @@ class MixedPrecisionOptimizer {
   ops::LossScalerState loss_scaler_state() const;
   const ops::LossScalerConfig& loss_scaler_config() const { return opt_.loss_scaler; }
   const LrSchedule& schedule() const { return opt_.schedule; }
+  // Megatron's optional fields of the log line, computed on the host from copies (only when
+  // asked for, at log intervals; collectives: every rank calls them in the same order):
+  double params_norm();          // L2 norm of the fp32 masters, over the TP (and DP pieces') group
+  int64_t num_zeros_in_grad();   // zeros in the main gradients, each element once over TP
   // From a checkpoint: the counts and, where it has one, the loss scaler's state.
   void restore(StepCounts counts, const ops::LossScalerState* scaler);
 

@@ -8,6 +8,7 @@
 
 #include "core/device/runtime.h"
 #include "core/ops/reduce.h"
+#include "core/util/strings.h"
 
 namespace megabatch::train {
 
@@ -18,17 +19,6 @@ std::string timestamp() {
   char buf[32];
   const std::time_t t = std::time(nullptr);
   std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S", std::localtime(&t));
-  return buf;
-}
-// "sop loss" -> "sop_loss": the metrics.h5 series of a console loss name.
-std::string series_name(std::string name) {
-  for (char& c : name)
-    if (c == ' ') c = '_';
-  return name;
-}
-std::string format(const char* fmt, auto... args) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, fmt, args...);
   return buf;
 }
 }  // namespace
@@ -95,7 +85,7 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm)) && diverged_at_ == 0) {
     diverged_at_ = it;  // recorded in the metrics below; the loop stops after this step
     divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
-                         format("%g", !std::isfinite(objective) ? objective : norm);
+                         printf_string("%g", !std::isfinite(objective) ? objective : norm);
   }
   NoiseScaleEstimator::Step noise{std::nan(""), std::nan("")};  // NaN: not estimated at this step
   if (opt_.noise_scale && !skipped) {
@@ -117,7 +107,7 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   metrics_->append("train/iteration", static_cast<double>(it));
   metrics_->append("train/consumed_samples", static_cast<double>(ring_consumed_[r]));
   metrics_->append("train/lm_loss", loss);
-  for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + series_name(extra_names_[k]), v[1 + k]);
+  for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + io::series_name(extra_names_[k]), v[1 + k]);
   metrics_->append("train/learning_rate", ring_lr_[r]);
   metrics_->append("train/grad_norm", norm);
   if (opt_.noise_scale) {  // each step's own estimates, for averages centred anywhere (sweep analyze)
@@ -137,30 +127,30 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   const double k = static_cast<double>(interval_iters_);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - interval_start_).count();
   std::string line = " [" + timestamp() + "]";
-  line += format(" iteration %8lld/%8lld |", static_cast<long long>(iteration), static_cast<long long>(opt_.train_iters));
-  line += format(" consumed samples: %12lld |", static_cast<long long>(consumed));
-  line += format(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
+  line += printf_string(" iteration %8lld/%8lld |", static_cast<long long>(iteration), static_cast<long long>(opt_.train_iters));
+  line += printf_string(" consumed samples: %12lld |", static_cast<long long>(consumed));
+  line += printf_string(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
   if (opt_.log_throughput)
-    line += format(" throughput per GPU (TFLOP/s/GPU): %.1f |",
+    line += printf_string(" throughput per GPU (TFLOP/s/GPU): %.1f |",
                    opt_.flops_per_iteration / (seconds / k * 1e12 * static_cast<double>(opt_.world_size)));
-  line += format(" throughput (tokens/s): %.0f |",
+  line += printf_string(" throughput (tokens/s): %.0f |",
                  static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / seconds);
-  line += format(" learning rate: %.6E |", lr);
-  line += format(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
-  line += format(" lm loss: %.6E |", interval_loss_ / k);
-  for (size_t e = 0; e < extra_names_.size(); ++e) line += format(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
-  line += format(" loss scale: %.1f |", interval_loss_scale_);
-  line += format(" grad norm: %.3f |", interval_grad_norm_);
-  if (extras.num_zeros) line += format(" num zeros: %lld |", static_cast<long long>(*extras.num_zeros));
-  if (extras.params_norm) line += format(" params norm: %.3f |", *extras.params_norm);
-  if (opt_.noise_scale) line += format(" noise scale: %.4g |", noise_scale_.b_simple());
-  line += format(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
-  line += format(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
+  line += printf_string(" learning rate: %.6E |", lr);
+  line += printf_string(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
+  line += printf_string(" lm loss: %.6E |", interval_loss_ / k);
+  for (size_t e = 0; e < extra_names_.size(); ++e) line += printf_string(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
+  line += printf_string(" loss scale: %.1f |", interval_loss_scale_);
+  line += printf_string(" grad norm: %.3f |", interval_grad_norm_);
+  if (extras.num_zeros) line += printf_string(" num zeros: %lld |", static_cast<long long>(*extras.num_zeros));
+  if (extras.params_norm) line += printf_string(" params norm: %.3f |", *extras.params_norm);
+  if (opt_.noise_scale) line += printf_string(" noise scale: %.4g |", noise_scale_.b_simple());
+  line += printf_string(" number of skipped iterations: %3lld |", static_cast<long long>(interval_skipped_));
+  line += printf_string(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
   const double mean_loss = interval_loss_ / k;
   intervals_above_ = opt_.divergence_loss > 0 && mean_loss > opt_.divergence_loss ? intervals_above_ + 1 : 0;
   if (diverged_at_ == 0 && opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals) {
     diverged_at_ = iteration;
-    divergence_reason_ = format("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
+    divergence_reason_ = printf_string("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
                                 static_cast<long long>(intervals_above_), mean_loss);
   }
   if (metrics_ && opt_.noise_scale) {

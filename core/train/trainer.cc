@@ -15,22 +15,10 @@
 #include "core/train/stop_signals.h"
 #include "core/train/trainer_state.h"
 #include "core/util/error.h"
+#include "core/util/strings.h"
 
 namespace megabatch::train {
 
-namespace {
-// "sop loss" -> "sop_loss": the metrics.h5 series of a console loss name.
-std::string series_name(std::string name) {
-  for (char& c : name)
-    if (c == ' ') c = '_';
-  return name;
-}
-std::string format(const char* fmt, auto... args) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, fmt, args...);
-  return buf;
-}
-}  // namespace
 
 Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
                  BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
@@ -191,8 +179,8 @@ void Trainer::record_step(double seconds) {
   if (iteration_ % opt_.log_interval == 0 || iteration_ == 1 || iteration_ == opt_.train_iters) {  // Megatron logs iteration 1 too
     recorder_.drain();
     StepRecorder::LineExtras extras;  // in this order on every rank: both are collectives
-    if (opt_.log_num_zeros_in_grad) extras.num_zeros = num_zeros_in_grad();
-    if (opt_.log_params_norm) extras.params_norm = params_norm();
+    if (opt_.log_num_zeros_in_grad) extras.num_zeros = optimizer_.num_zeros_in_grad();
+    if (opt_.log_params_norm) extras.params_norm = optimizer_.params_norm();
     recorder_.write_log_line(iteration_, consumed_, optimizer_.lr(), extras);
   }
 }
@@ -200,41 +188,6 @@ void Trainer::record_step(double seconds) {
 void Trainer::drain() { recorder_.drain(); }
 
 // ---- evaluation, checkpoints, the loop ---------------------------------------------------
-
-// Computed on the host from copies, only when asked for (--log-params-norm,
-// --log-num-zeros-in-grad), at log intervals. Sharded tensors are summed over the
-// tensor-parallel group, replicated ones counted once.
-double Trainer::params_norm() {
-  nn::ParameterStore& P = model_.parameters();
-  const optim::DpShards* shards = plugin_.shards();
-  double sums[2] = {0, 0};  // sharded, replicated
-  for (size_t i = 0; i < P.count(); ++i) {
-    const auto id = static_cast<int>(i);
-    double s = 0;
-    for (const float x : to_host_f32(shards ? shards->master_piece(id) : P.master(id))) s += static_cast<double>(x) * x;
-    sums[P.info(id).sharding.sharded ? 0 : 1] += s;
-  }
-  if (shards) dp_->all_reduce(sums, 2, comm::ReduceOp::kSum);  // the ranks' pieces
-  tp_.all_reduce(&sums[0], 1, comm::ReduceOp::kSum);
-  return std::sqrt(sums[0] + sums[1]);
-}
-
-int64_t Trainer::num_zeros_in_grad() {
-  nn::ParameterStore& P = model_.parameters();
-  const optim::DpShards* shards = plugin_.shards();
-  double zeros[2] = {0, 0};
-  for (size_t i = 0; i < P.count(); ++i) {
-    const auto id = static_cast<int>(i);
-    double z = 0;
-    const Tensor g = shards ? optimizer_.main_grads().flat(shards->piece(id).at, static_cast<size_t>(shards->piece(id).numel()))
-                            : P.grad(id);
-    for (const float x : to_host_f32(g)) z += x == 0.0f ? 1.0 : 0.0;
-    zeros[P.info(id).sharding.sharded ? 0 : 1] += z;
-  }
-  if (shards) dp_->all_reduce(zeros, 2, comm::ReduceOp::kSum);  // the ranks' pieces
-  tp_.all_reduce(&zeros[0], 1, comm::ReduceOp::kSum);
-  return static_cast<int64_t>(zeros[0] + zeros[1]);
-}
 
 int64_t Trainer::eval_sample_count(const BatchSource& data) const {
   if (opt_.eval_samples <= 0) return opt_.eval_iters * opt_.global_batch_size;  // Megatron's: the split repeats
@@ -272,16 +225,16 @@ std::vector<std::pair<std::string, double>> Trainer::evaluate(BatchSource& data)
 void Trainer::validate(BatchSource& data, const std::string& set) {
   drain();
   const auto losses = evaluate(data);
-  std::string line = format(" validation loss at iteration %lld", static_cast<long long>(iteration_)) +
+  std::string line = printf_string(" validation loss at iteration %lld", static_cast<long long>(iteration_)) +
                      (set.empty() ? std::string("") : " on " + set + " set") + " |";
   const std::string group = set == "test" ? "test/" : "validation/";
   if (metrics_) metrics_->append(group + "iteration", static_cast<double>(iteration_));
   for (const auto& [name, loss] : losses) {
     const double ppl = std::exp(std::min(20.0, loss));
-    line += format(" %s value: %.6E | %s PPL: %.6E |", name.c_str(), loss, name.c_str(), ppl);
+    line += printf_string(" %s value: %.6E | %s PPL: %.6E |", name.c_str(), loss, name.c_str(), ppl);
     if (metrics_) {
-      metrics_->append(group + series_name(name), loss);
-      metrics_->append(group + series_name(name) + "_ppl", ppl);
+      metrics_->append(group + io::series_name(name), loss);
+      metrics_->append(group + io::series_name(name) + "_ppl", ppl);
     }
   }
   line += " ";
@@ -324,7 +277,7 @@ std::filesystem::path Trainer::save_checkpoint() {
   dp_->barrier();
   last_saved_ = iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  console_ << format(" saved checkpoint at iteration %8lld to %s (%.1f s)", static_cast<long long>(iteration_),
+  console_ << printf_string(" saved checkpoint at iteration %8lld to %s (%.1f s)", static_cast<long long>(iteration_),
                      path.string().c_str(), dt)
            << std::endl;
   return path;

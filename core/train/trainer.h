@@ -68,8 +68,6 @@ class Trainer {
   // samples evaluates each of them once (the last micro-batch smaller), not the split repeated.
   std::vector<std::pair<std::string, double>> evaluate(BatchSource& data);
   int64_t eval_sample_count(const BatchSource& data) const;  // samples one evaluation of `data` covers
-  double params_norm();          // L2 norm of the (master) parameters, over the TP group
-  int64_t num_zeros_in_grad();   // zeros in the main gradients, each element once over TP
   // One iteration (run() calls it; tests may too). The host learns its values at drain().
   void train_step();
   // Reads the device rows of the iterations since the last drain: metrics rows, losses(),
