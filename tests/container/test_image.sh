@@ -27,10 +27,11 @@ fail() { echo "test_image: FAIL: $*" >&2; exit 1; }
 now() { date +%s; }
 
 t0=$(now)
-if [[ ! -s $cache/bookworm-minbase.tar ]]; then
-  mmdebstrap --variant=minbase bookworm "$cache/bookworm-minbase.tar.tmp" > "$log/mmdebstrap.log" 2>&1 ||
+if [[ ! -f $cache/bookworm-minbase.tar ]]; then  # (mmdebstrap picks the format by the name: say it)
+  rm -rf "$cache/bookworm-minbase.tmp.tar"
+  mmdebstrap --variant=minbase --format=tar bookworm "$cache/bookworm-minbase.tmp.tar" > "$log/mmdebstrap.log" 2>&1 ||
     fail "mmdebstrap failed: $log/mmdebstrap.log"
-  mv "$cache/bookworm-minbase.tar.tmp" "$cache/bookworm-minbase.tar"
+  mv "$cache/bookworm-minbase.tmp.tar" "$cache/bookworm-minbase.tar"
 fi
 "${pm[@]}" image exists "$base" || "${pm[@]}" import "$cache/bookworm-minbase.tar" "$base" > "$log/import.log" 2>&1 ||
   fail "podman import failed: $log/import.log"
