@@ -1,12 +1,10 @@
 #include "models/registry.h"
 
-#include "core/ops/flash_attention.h"
-
-
 #include "core/util/error.h"
 #include "models/bert.h"
 #include "models/gpt.h"
 #include "models/t5.h"
+#include "models/transformer.h"
 
 namespace megabatch::models {
 
@@ -116,8 +114,7 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {
-  return device.is_cuda() && !c.relative_attention &&
-         ops::flash_attention_supported(device, dtype, c.hidden_size / c.num_attention_heads);
+  return flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads, c.relative_attention);
 }
 
 train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device) {

@@ -149,6 +149,10 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   }
 }
 
+bool flash_attention_runs(Device device, DType dtype, int64_t head_dim, bool position_bias) {
+  return !position_bias && device.is_cuda() && ops::flash_attention_supported(device, dtype, head_dim);
+}
+
 ops::AttentionShape TransformerStack::attention_shape() const {
   return {B_, T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
 }
@@ -157,10 +161,7 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
-  // the flash kernels where they take the dtype and head size; the explicit attention for
-  // f32 and T5's position bias
-  const bool flash = !attn_bias.defined() && store_->device().is_cuda() &&
-                     ops::flash_attention_supported(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads);
+  const bool flash = flash_attention_runs(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads, attn_bias.defined());
   allocate(B, T, memory.T, flash);
   ctx_ = ctx;
   mask_ = key_mask;

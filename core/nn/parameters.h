@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/tensor/tensor.h"
@@ -79,6 +80,15 @@ class ParameterStore {
   size_t count() const { return infos_.size(); }
   const ParamInfo& info(int id) const { return infos_.at(id); }
   const std::vector<ParamInfo>& infos() const { return infos_; }
+  // Segments [begin, end) of the flat buffers that hold tensor-parallel sharded (or
+  // replicated) parameters, in declaration order: for norms, where sharded parameters are
+  // summed over the TP group and replicated ones counted once.
+  std::vector<std::pair<size_t, size_t>> segments(bool sharded) const {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& info : infos_)
+      if (info.sharding.sharded == sharded) out.emplace_back(info.offset, info.offset + info.numel);
+    return out;
+  }
   int find(const std::string& name) const;  // -1 when absent
 
   DType dtype() const { return dtype_; }

@@ -12,10 +12,9 @@ namespace megabatch::optim {
 
 MixedPrecisionOptimizer::MixedPrecisionOptimizer(Options options, PluginOptimizer& plugin, nn::ParameterStore& params,
                                                  comm::Communicator& tp)
-    : opt_(std::move(options)), plugin_(plugin), params_(params), tp_(tp) {
+    : opt_(std::move(options)), plugin_(plugin), params_(params), tp_(tp), sharded_(params.segments(true)),
+      replicated_(params.segments(false)) {
   const Device device = params_.device();
-  for (const auto& info : params_.infos())
-    (info.sharding.sharded ? sharded_ : replicated_).emplace_back(info.offset, info.offset + info.numel);
   scaler_.resize({3}, DType::kF32, device);
   found_inf_.resize({1}, DType::kF32, device);
   const ops::LossScalerState s = ops::initial_scaler_state(opt_.loss_scaler);

@@ -191,14 +191,8 @@ nlohmann::json hparams_json(const Plugin& plugin, const std::vector<double>& val
 }
 
 double grad_norm(nn::ParameterStore& store, comm::Communicator& tp, const DpShards* shards) {
-  std::vector<std::pair<size_t, size_t>> sharded, replicated;
-  if (shards) {
-    sharded = shards->segments(true);
-    replicated = shards->segments(false);
-  } else {
-    for (const auto& info : store.infos())
-      (info.sharding.sharded ? sharded : replicated).emplace_back(info.offset, info.offset + info.numel);
-  }
+  const auto sharded = shards ? shards->segments(true) : store.segments(true);
+  const auto replicated = shards ? shards->segments(false) : store.segments(false);
   const Tensor sums({2}, DType::kF64, store.device());
   ops::split_sum_squares(sums, shards ? shards->grads() : store.grads(), sharded, replicated);
   if (shards) comm::all_reduce(shards->dp(), sums, comm::ReduceOp::kSum);  // the ranks' pieces

@@ -1,6 +1,5 @@
 #include "core/train/resume.h"
 
-#include <iostream>
 #include <limits>
 #include <ostream>
 
@@ -8,7 +7,8 @@
 
 namespace megabatch::train {
 
-std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback) {
+std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback,
+                                                      std::ostream& console) {
   const bool file = std::filesystem::is_regular_file(load);
   std::optional<std::filesystem::path> chosen = file ? std::optional(load) : io::latest_checkpoint(load);
   if (!chosen) return chosen;
@@ -23,7 +23,7 @@ std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::pa
       intact->string() + " (iteration " + std::to_string(io::checkpoint_iteration(*intact).value_or(-1)) + ")";
   check(fallback, *damage, "; the newest intact checkpoint in ", load.string(), " is ", which,
         ": resume from it with --load-fallback (or --load ", intact->string(), ")");
-  std::cout << "> warning: " << *damage << "; resuming from the newest intact checkpoint, " << which
+  console << "> warning: " << *damage << "; resuming from the newest intact checkpoint, " << which
             << " (--load-fallback)" << std::endl;
   return intact;
 }
@@ -34,7 +34,7 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
   p.finetune = finetune;
   p.no_load_optim = no_load_optim;
   if (load.empty()) return p;
-  p.from = intact_checkpoint(load, fallback);
+  p.from = intact_checkpoint(load, fallback, console);
   if (!p.from) {
     console << "> no checkpoint in " << load << "; starting from scratch\n";
     return p;

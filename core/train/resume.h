@@ -17,8 +17,9 @@
 namespace megabatch::train {
 
 // The checkpoint `load` names: the file itself, or the newest in a directory (nullopt when
-// it has none); a damaged one as above.
-std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback);
+// it has none); a damaged one as above (the fallback taken is said on `console`).
+std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback,
+                                                      std::ostream& console);
 
 struct ResumePoint {
   std::optional<std::filesystem::path> from;  // the checkpoint, if any

@@ -26,7 +26,8 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
       optimizer_({opt_.schedule, opt_.clip_grad, opt_.loss_scaler, opt_.global_batch_size}, optimizer,
                  model.parameters(), tp),
       tp_(tp), train_(train), valid_(validation), metrics_(metrics), console_(console),
-      device_(model.parameters().device()), recorder_(opt_, fp16(), metrics, console) {
+      device_(model.parameters().device()), recorder_(opt_, fp16(), metrics, console),
+      grad_sharded_(model.parameters().segments(true)), grad_replicated_(model.parameters().segments(false)) {
   check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
   check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
         ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
@@ -38,8 +39,6 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
         opt_.noise_scale_ema, ")");
   check(opt_.noise_scale_window >= 0, "--noise-scale-window must be >= 0 samples (0: a decay a step), got ",
         opt_.noise_scale_window);
-  for (const auto& info : model_.parameters().infos())
-    (info.sharding.sharded ? grad_sharded_ : grad_replicated_).emplace_back(info.offset, info.offset + info.numel);
 }
 
 Trainer::~Trainer() = default;
