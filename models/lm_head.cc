@@ -9,6 +9,14 @@
 
 namespace megabatch::models {
 
+int64_t head_chunk_rows(int64_t n, int64_t vocab, DType dtype, Device device) {
+  if (device.is_cpu()) return 256;
+  const int64_t row_bytes = std::max<int64_t>(vocab, 1) * static_cast<int64_t>(dtype_size(dtype));
+  const int64_t most = std::max<int64_t>(kGpuLogitsBudget / row_bytes, 256);
+  const int64_t chunks = std::max<int64_t>((n + most - 1) / most, 1);
+  return std::max<int64_t>((n + chunks - 1) / chunks, 1);
+}
+
 void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const Weights& w, float grad_scale,
                      const Tensor& loss_scale, const Tensor& dX, const Tensor& loss_sum) {
   const profile::Region mark(profile::Family::kLmHeadLoss);
@@ -17,8 +25,9 @@ void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const
   losses_.resize({std::max<int64_t>(n, 1)}, DType::kF32, X.device());
   losses_.zero();
   const float dl = count ? grad_scale / static_cast<float>(count) : 0.0f;
-  for (int64_t r0 = 0; r0 < n; r0 += chunk_) {
-    const int64_t R = std::min(chunk_, n - r0);
+  const int64_t chunk = chunk_ > 0 ? chunk_ : head_chunk_rows(n, Vl, X.dtype(), X.device());
+  for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+    const int64_t R = std::min(chunk, n - r0);
     const Tensor x = X.rows(r0, r0 + R), y = labels.flat(static_cast<size_t>(r0), static_cast<size_t>(R));
     logits_.resize({R, Vl}, X.dtype(), X.device());
     ops::gemm(logits_, x, ops::Trans::N, w.W, ops::Trans::T);

@@ -1,5 +1,8 @@
 #include "models/registry.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "core/util/error.h"
 #include "models/bert.h"
 #include "models/gpt.h"
@@ -119,7 +122,18 @@ bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {
 
 train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device) {
   const SizeReport r = size_report(c);
-  return {r.parameters_per_rank, r.activation_bytes, r.attention_score_bytes, uses_flash_attention(c, dtype, device)};
+  // the head runs on the decoder's tokens (T5), on every token (GPT) or on the masked ones
+  // (BERT: counted as every token, an upper bound)
+  const int64_t head_rows = c.family == "t5" ? c.decoder_seq() : c.seq_length;
+  const int64_t vocab = c.padded_vocab_size() / std::max<int64_t>(c.tensor_model_parallel_size, 1);
+  const double row_bytes = static_cast<double>(vocab) * static_cast<double>(dtype_size(dtype));
+  const int64_t most_rows = head_chunk_rows(std::numeric_limits<int32_t>::max(), vocab, dtype, device);
+  return {r.parameters_per_rank,
+          r.activation_bytes,
+          r.attention_score_bytes,
+          uses_flash_attention(c, dtype, device),
+          static_cast<double>(head_rows) * row_bytes,
+          static_cast<double>(most_rows) * row_bytes};
 }
 
 int64_t tokens_per_sample(const ModelConfig& c) { return c.seq_length + (c.family == "t5" ? c.decoder_seq() : 0); }

@@ -22,7 +22,8 @@ void check_memory(const ModelMemory& m, DType dtype, Device device, int64_t micr
                acts = (m.activation_bytes - (flash ? m.attention_score_bytes : 0.0)) *
                       static_cast<double>(micro_batch) * (fp32 ? 2.0 : 1.0);
   const double noise = noise_scale ? 4 * p : 0.0;  // --log-noise-scale: the gradients before a micro-batch
-  const double need = params + grads + masters + state + noise + acts;
+  const double logits = std::min(m.head_logits_per_sample * static_cast<double>(micro_batch), m.head_logits_most);
+  const double need = params + grads + masters + state + noise + acts + logits;
   const std::string sharded = d > 1 ? " (this rank's 1/" + std::to_string(shards) + ")" : std::string();
   double ranks_here = 1;  // ranks of this job on this host share its memory
   if (const char* l = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"); l && device.is_cpu()) ranks_here = std::max(1.0, parse_finite(l).value_or(1.0));
@@ -33,6 +34,7 @@ void check_memory(const ModelMemory& m, DType dtype, Device device, int64_t micr
                             ", optimizer state " + human_bytes(state) + sharded +
                             (noise > 0 ? ", noise-scale buffer " + human_bytes(noise) : std::string()) +
                             ", activations " + human_bytes(acts) + " for micro batch " + std::to_string(micro_batch) +
+                            (logits > 0 ? ", LM-head logits " + human_bytes(logits) : std::string()) +
                             (flash ? ", flash attention" : "");
   if (logger)
     std::cout << "> memory: about " << human_bytes(need) << " per rank on " << device.str() << " (" << parts << "); "

@@ -215,7 +215,7 @@ TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {
   std::smatch m;
   ASSERT_TRUE(std::regex_search(r.output, m, std::regex("train: error: this run needs about ([0-9.]+) GiB on cpu \\(parameters "
                                                          "([0-9.]+) GiB, gradients ([0-9.]+) GiB, optimizer state ([0-9.]+) GiB, "
-                                                         "activations [0-9.]+ GiB for micro batch 1\\) but ")))
+                                                         "activations [0-9.]+ GiB for micro batch 1, LM-head logits [0-9.]+ MiB\\) but ")))
       << r.output;
   const double need = std::stod(m[1]), params = std::stod(m[2]), state = std::stod(m[4]);
   EXPECT_NEAR(params, 7.5e9 * 4 / (1 << 30), 0.1 * 7.5e9 * 4 / (1 << 30));

@@ -81,6 +81,21 @@ TEST(Gpt, HeadChunkingDoesNotChangeLossOrGradients) {
   for (size_t i = 0; i < grads[0].size(); ++i) ASSERT_NEAR(grads[0][i], grads[1][i], 1e-6) << i;
 }
 
+// The LM head's chunks: 256 rows on the CPU; on a GPU as few even chunks as keep one chunk's
+// logits within 1 GiB (GPT-2's 50,304 bf16 logits are 100,608 bytes a row: 10,672 rows).
+TEST(Gpt, HeadChunksAreSmallOnTheCpuAndFewOnAGpu) {
+  using mb::models::head_chunk_rows;
+  const auto cpu = mb::Device::cpu(), gpu = mb::Device::cuda(0);
+  EXPECT_EQ(head_chunk_rows(8192, 50304, mb::DType::kBF16, cpu), 256);
+  EXPECT_EQ(head_chunk_rows(8192, 50304, mb::DType::kBF16, gpu), 8192);        // one chunk
+  EXPECT_EQ(head_chunk_rows(16384, 50304, mb::DType::kBF16, gpu), 8192);       // two even ones
+  EXPECT_EQ(head_chunk_rows(10672, 50304, mb::DType::kBF16, gpu), 10672);      // exactly the budget
+  EXPECT_EQ(head_chunk_rows(10673, 50304, mb::DType::kBF16, gpu), 5337);       // one row past it: two
+  EXPECT_EQ(head_chunk_rows(8192, 50304, mb::DType::kF32, gpu), 4096);         // f32 logits: twice the bytes
+  EXPECT_EQ(head_chunk_rows(3, 50304, mb::DType::kBF16, gpu), 3);
+  EXPECT_EQ(head_chunk_rows(100000, 8'000'000, mb::DType::kBF16, gpu), 256);  // never below 256 rows
+}
+
 TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
   // Hugging Face's GPT-2 checkpoints (vocabulary 50257, not padded): 124,439,808 and 354,823,168.
   for (auto [name, published] : {std::pair{"gpt2-124m", 124439808LL}, std::pair{"gpt2-350m", 354823168LL}}) {
