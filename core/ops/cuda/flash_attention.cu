@@ -25,7 +25,8 @@ using namespace flash;
 
 // ---- forward ----------------------------------------------------------------------------
 // Key and value tiles are double-buffered: the next tile's copy runs under this one's math.
-template <typename T, int D>
+// kDrop: attention dropout (a kernel of its own, so that the others carry none of its code).
+template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
@@ -74,32 +75,35 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
     if (!(a.causal && k0 > q0 + 15)) {  // else every key of the tile is after this warp's rows
       float s[8][4];
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; n += 2) {
         s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        s[n + 1][0] = s[n + 1][1] = s[n + 1][2] = s[n + 1][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t b0, b1;
-          load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
-          mma<T>(s[n], qf[ks], b0, b1);
+          uint32_t kb[4];
+          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+          mma<T>(s[n], qf[ks], kb[0], kb[1]);
+          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
         }
       }
-      // mask, scale (log2 units), row maxima
+      // Only a tile that reaches past T, crosses the diagonal or has a key mask is masked:
+      // the others (most of them) skip the per-element test.
+      if (a.mask || k0 + kTile > a.T || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+      // row maxima (scores unscaled: the scale is positive), then the running max in log2 units
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = q0 + g + (e >= 2 ? 8 : 0), j = k0 + n * 8 + 2 * t + (e & 1);
-          s[n][e] = valid(a, b, i, j) ? s[n][e] * a.scale_log2 : -INFINITY;
-          mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-        }
-      float alpha[2];
+      for (int n = 0; n < 8; ++n) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
+      }
+      float alpha[2], m_use[2];
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r]);
-        alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - m_new);
+        const float m_new = fmaxf(m[r], mx[r] * a.scale_log2);
+        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: every p is 0
+        alpha[r] = fast_exp2(m[r] - m_use[r]);
         m[r] = m_new;
         l[r] *= alpha[r];
       }
@@ -108,16 +112,22 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
         o[n][0] *= alpha[0], o[n][1] *= alpha[0];
         o[n][2] *= alpha[1], o[n][3] *= alpha[1];
       }
-      // probabilities (unnormalized), their sums before dropout, dropped ones for the product
+      // probabilities (unnormalized) and their sums before dropout
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int r = e >> 1;
-          const float p = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[r]);
-          l[r] += p;
-          s[n][e] = a.drop && p != 0.0f ? p * keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : p;
+          s[n][e] = fast_exp2(fmaf(s[n][e], a.scale_log2, -m_use[r]));
+          l[r] += s[n][e];
         }
+      if constexpr (kDrop) {  // the dropped ones for the product
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if (s[n][e] != 0.0f) s[n][e] *= keep_factor(a, b, h, q0 + g + 8 * (e >> 1), k0 + n * 8 + 2 * t + (e & 1));
+      }
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
         uint32_t pa[4];
@@ -152,7 +162,11 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
 template <typename T, int D>
 void forward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
-  launch(flash_forward_kernel<T, D>, grid, 4 * kTile * (D + 8) * sizeof(T), st, a, "flash_forward_kernel");
+  const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
+  if (a.drop)
+    launch(flash_forward_kernel<T, D, true>, grid, smem, st, a, "flash_forward_kernel");
+  else
+    launch(flash_forward_kernel<T, D, false>, grid, smem, st, a, "flash_forward_kernel");
 }
 
 }  // namespace

@@ -58,6 +58,29 @@ __device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i,
   return r[e % 4] >= a.threshold ? a.keep_scale : 0.0f;
 }
 
+// 2^x by the special-function unit (ex2.approx.ftz: 2 ulp, -inf gives 0); what exp2f
+// compiles to, without its handling of results below the normal range, which the softmax's
+// probabilities, rounded to bf16/fp16 next, do not need.
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Sets to -inf the scores of a warp's 16 x 64 tile (a thread's s[n][e]: row base_row + g +
+// 8 (e >> 1), column base_col + 8 n + 2 t + (e & 1)) whose (query, key) pair is masked.
+// Rows are queries and columns keys, or the other way round (kKeyRows: dK dV).
+template <bool kKeyRows>
+__device__ __forceinline__ void mask_tile(const Args& a, int b, float (*s)[4], int base_row, int base_col, int g, int t) {
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = base_row + g + (e >= 2 ? 8 : 0), col = base_col + n * 8 + 2 * t + (e & 1);
+      if (!(kKeyRows ? valid(a, b, col, row) : valid(a, b, row, col))) s[n][e] = -INFINITY;
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ uint32_t pack(float lo, float hi) {
   if constexpr (std::is_same_v<T, bf16>) {
@@ -99,14 +122,21 @@ __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, ui
 
 __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-// A fragment (16 rows x 16 columns, row-major source with `stride` elements per row) of
-// rows r0.. and columns c0..: register k holds two neighbours of one row.
+// The A fragment (16 rows x 16 columns) of rows r0.. and columns c0.. of a row-major
+// shared-memory source (`stride` elements per row): register k holds two neighbours of
+// one row. One ldmatrix.x4: lanes 8m..8m+7 give the rows of 8x8 matrix m (rows +8 for odd m,
+// columns +8 for m >= 2).
 template <typename T>
-__device__ __forceinline__ void load_a(uint32_t* a, const T* src, int stride, int r0, int c0, int g, int t) {
-  a[0] = ld32(src + (r0 + g) * stride + c0 + 2 * t);
-  a[1] = ld32(src + (r0 + g + 8) * stride + c0 + 2 * t);
-  a[2] = ld32(src + (r0 + g) * stride + c0 + 8 + 2 * t);
-  a[3] = ld32(src + (r0 + g + 8) * stride + c0 + 8 + 2 * t);
+__device__ __forceinline__ void load_a(uint32_t* a, const T* src, int stride, int r0, int c0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int m = lane / 8, r = lane % 8;
+  const T* p = src + (r0 + (m & 1) * 8 + r) * stride + c0 + (m >> 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+#else
+  __trap();
+#endif
 }
 // The A fragment of a product's left operand from the accumulators of the previous one:
 // two 16x8 tiles c_lo, c_hi (columns k..k+7, k+8..k+15) of f32 become one 16x16 operand.
@@ -117,11 +147,20 @@ __device__ __forceinline__ void a_from_acc(uint32_t* a, const float* c_lo, const
   a[2] = pack<T>(c_hi[0], c_hi[1]);
   a[3] = pack<T>(c_hi[2], c_hi[3]);
 }
-// B fragment (16 k x 8 n) where the source holds row n, column k contiguous (stride per n).
+// B fragments (16 k x 8 n) of two n-tiles, n0.. (b[0], b[1]) and n0 + 8.. (b[2], b[3]), over
+// k0..k0 + 15, where the shared-memory source holds row n, column k contiguous (stride per
+// n): one ldmatrix.x4 (matrix m: rows n0 + 8 (m >> 1), columns k0 + 8 (m & 1)).
 template <typename T>
-__device__ __forceinline__ void load_b(uint32_t& b0, uint32_t& b1, const T* src, int stride, int n0, int k0, int g, int t) {
-  b0 = ld32(src + (n0 + g) * stride + k0 + 2 * t);
-  b1 = ld32(src + (n0 + g) * stride + k0 + 8 + 2 * t);
+__device__ __forceinline__ void load_b(uint32_t* b, const T* src, int stride, int n0, int k0, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const int m = lane / 8, r = lane % 8;
+  const T* p = src + (n0 + (m >> 1) * 8 + r) * stride + k0 + (m & 1) * 8;
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
+               : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
+#else
+  __trap();
+#endif
 }
 
 // B fragments of two n-tiles (n0.., n0 + 8..) over k rows k0..k0 + 15 of a row-major [k][n]

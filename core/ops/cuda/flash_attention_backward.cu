@@ -43,8 +43,9 @@ __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, 
   }
 }
 
-// dK and dV of 64 keys: each warp 16 keys, over the query tiles (double-buffered).
-template <typename T, int D>
+// dK and dV of 64 keys: each warp 16 keys, over the query tiles (double-buffered). kDrop:
+// attention dropout, as in the forward.
+template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
@@ -107,28 +108,43 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
 #pragma unroll
       for (int ks = 0; ks < D / 16; ++ks) {
         uint32_t ka[4], va[4];
-        load_a(ka, Kown, RS, kw, ks * 16, g, t);
-        load_a(va, Vown, RS, kw, ks * 16, g, t);
+        load_a(ka, Kown, RS, kw, ks * 16, lane);
+        load_a(va, Vown, RS, kw, ks * 16, lane);
 #pragma unroll
-        for (int n = 0; n < 8; ++n) {
-          uint32_t b0, b1;
-          load_b(b0, b1, Qs, RS, n * 8, ks * 16, g, t);
-          mma<T>(st[n], ka, b0, b1);
-          load_b(b0, b1, dOs, RS, n * 8, ks * 16, g, t);
-          mma<T>(dpt[n], va, b0, b1);
+        for (int n = 0; n < 8; n += 2) {
+          uint32_t qb[4], ob[4];
+          load_b(qb, Qs, RS, n * 8, ks * 16, lane);
+          mma<T>(st[n], ka, qb[0], qb[1]);
+          mma<T>(st[n + 1], ka, qb[2], qb[3]);
+          load_b(ob, dOs, RS, n * 8, ks * 16, lane);
+          mma<T>(dpt[n], va, ob[0], ob[1]);
+          mma<T>(dpt[n + 1], va, ob[2], ob[3]);
         }
       }
-      // P^T, and st <- (P Z)^T for dV, dpt <- dS^T for dK
+      // Queries past T have lse = inf (p = 0) and keys past T are not written: only a key
+      // mask or the diagonal needs the per-element test.
+      if (a.mask || (a.causal && i0 < j0 + 15)) mask_tile<true>(a, b, st, j0, i0, g, t);
+      // P^T, then st <- (P Z)^T for dV and dpt <- dS^T for dK
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + g + (e >= 2 ? 8 : 0), il = n * 8 + 2 * t + (e & 1), i = i0 + il;
-          const float p = valid(a, b, i, j) ? exp2f(st[n][e] * a.scale_log2 - L[il]) : 0.0f;
-          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
-          st[n][e] = p * z;
-          dpt[n][e] = p * (z * dpt[n][e] - R[il]);
-        }
+        for (int e = 0; e < 4; ++e) st[n][e] = fast_exp2(fmaf(st[n][e], a.scale_log2, -L[n * 8 + 2 * t + (e & 1)]));
+      if constexpr (kDrop) {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int il = n * 8 + 2 * t + (e & 1);
+            const float p = st[n][e], z = p != 0.0f ? keep_factor(a, b, h, i0 + il, j0 + g + (e >= 2 ? 8 : 0)) : 0.0f;
+            st[n][e] = p * z;
+            dpt[n][e] = p * (z * dpt[n][e] - R[il]);
+          }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dpt[n][e] = st[n][e] * (dpt[n][e] - R[n * 8 + 2 * t + (e & 1)]);
+      }
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
         uint32_t pa[4], sa[4];
@@ -153,7 +169,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
 }
 
 // dQ of 64 queries: each warp 16 queries, over the key tiles (double-buffered).
-template <typename T, int D>
+template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
@@ -206,28 +222,33 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
     __syncthreads();
     const T* Ks = Kb + buf * kTile * RS;
     const T* Vs = Vb + buf * kTile * RS;
-    if (!(a.causal && k0 > q0 + 15)) {
+    if (!(a.causal && k0 > q0 + 15)) {  // else every key of the tile is after this warp's rows
       float s[8][4], dp[8][4];
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
+      for (int n = 0; n < 8; n += 2) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = s[n + 1][e] = dp[n + 1][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t b0, b1;
-          load_b(b0, b1, Ks, RS, n * 8, ks * 16, g, t);
-          mma<T>(s[n], qf[ks], b0, b1);
-          load_b(b0, b1, Vs, RS, n * 8, ks * 16, g, t);
-          mma<T>(dp[n], df[ks], b0, b1);
+          uint32_t kb[4], vb[4];
+          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+          mma<T>(s[n], qf[ks], kb[0], kb[1]);
+          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
+          load_b(vb, Vs, RS, n * 8, ks * 16, lane);
+          mma<T>(dp[n], df[ks], vb[0], vb[1]);
+          mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
         }
       }
+      // keys past T (zero rows, not -inf scores) are masked like the diagonal and a key mask;
+      // rows past T have lse = inf (p = 0)
+      if (a.mask || k0 + kTile > a.T || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1, i = q0 + g + 8 * r, j = k0 + n * 8 + 2 * t + (e & 1);
-          const float p = valid(a, b, i, j) ? exp2f(s[n][e] * a.scale_log2 - lse2[r]) : 0.0f;
-          const float z = p != 0.0f ? keep_factor(a, b, h, i, j) : 0.0f;
+          const int r = e >> 1;
+          const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[r]));
+          const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
           s[n][e] = p * (z * dp[n][e] - rd[r]);  // dS
         }
 #pragma unroll
@@ -248,12 +269,20 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   add_rows<T, D>(a, b, h, q0, 0, dq, a.scale, g, t);
 }
 
-template <typename T, int D>
+template <typename T, int D, bool kDrop>
 void backward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
   constexpr size_t RS = D + 8;
-  launch(flash_dkdv_kernel<T, D>, grid, 6 * kTile * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a, "flash_dkdv_kernel");
-  launch(flash_dq_kernel<T, D>, grid, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+  launch(flash_dkdv_kernel<T, D, kDrop>, grid, 6 * kTile * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a,
+         "flash_dkdv_kernel");
+  launch(flash_dq_kernel<T, D, kDrop>, grid, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+}
+template <typename T, int D>
+void backward(const Args& a, cudaStream_t st) {
+  if (a.drop)
+    backward<T, D, true>(a, st);
+  else
+    backward<T, D, false>(a, st);
 }
 
 }  // namespace
