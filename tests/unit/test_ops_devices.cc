@@ -134,6 +134,15 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
   ops::residual_forward(sum.dev, x.dev, y.dev);
   ops::residual_forward(sum.ref, x.ref, y.ref);
   h.expect_close(gl, 8, "gelu");
+  // a view one element in: on a GPU not 16-byte aligned, so the kernels' one-at-a-time path
+  const size_t m = static_cast<size_t>(n - 1);
+  Pair gv = h.output({n - 1}), dgv = h.accumulator({n - 1});
+  ops::gelu_forward(gv.dev, x.dev.flat(1, m));
+  ops::gelu_forward(gv.ref, x.ref.flat(1, m));
+  h.expect_close(gv, 8, "gelu of an unaligned view");
+  ops::gelu_backward(dgv.dev, g.dev.flat(1, m), x.dev.flat(1, m));
+  ops::gelu_backward(dgv.ref, g.ref.flat(1, m), x.ref.flat(1, m));
+  h.expect_close(dgv, 64, "gelu backward of unaligned views");
   h.expect_close(th, 8, "tanh");
   h.expect_close(sum, 1, "residual");
   Pair dg = h.accumulator({n}), dt = h.accumulator({n}), da = h.accumulator({n}), db = h.accumulator({n});

@@ -12,6 +12,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
+#include <utility>
 
 #include "core/device/cuda/check.h"
 #include "core/device/runtime.h"
@@ -83,6 +85,53 @@ T* ptr(const Tensor& t) {
 inline int blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+// ---- elementwise maps, 16 bytes a thread ------------------------------------------------
+// out[j] = f(in_0[j], in_1[j], ...) (all of type T, computed in f32) for j < n. Each thread
+// loads and stores kVec<T> elements at a time (16 bytes: one vector instruction each) where
+// every pointer is 16-byte aligned, the last partial vector one element at a time; a view
+// that starts mid-vector takes the one-at-a-time kernel. `out` may be one of the inputs.
+template <typename T>
+constexpr int kVec = static_cast<int>(16 / sizeof(T));
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename F, typename T, int V, size_t... I>
+__device__ __forceinline__ float apply_at(const F& f, const Pack<T, V>* x, int k, std::index_sequence<I...>) {
+  return f(to_f32(x[I].v[k])...);
+}
+
+template <typename T, int V, typename F, typename... In>
+__global__ void map_kernel(T* out, int64_t n, F f, const In*... in) {
+  using P = Pack<T, V>;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i * V < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    if ((i + 1) * V <= n) {
+      const P x[] = {reinterpret_cast<const P*>(in)[i]...};
+      P y;
+#pragma unroll
+      for (int k = 0; k < V; ++k) y.v[k] = from_f32<T>(apply_at(f, x, k, std::index_sequence_for<In...>{}));
+      reinterpret_cast<P*>(out)[i] = y;
+    } else {
+      for (int64_t j = i * V; j < n; ++j) out[j] = from_f32<T>(f(to_f32(in[j])...));
+    }
+  }
+}
+
+template <typename T, typename F, typename... In>
+void map(const char* name, cudaStream_t st, T* out, int64_t n, F f, const In*... in) {
+  static_assert((std::is_same_v<In, T> && ...), "map: every input has the output's type");
+  if (n <= 0) return;
+  constexpr int V = kVec<T>;
+  const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && ((reinterpret_cast<uintptr_t>(in) % 16 == 0) && ...);
+  if (aligned)
+    map_kernel<T, V><<<blocks_for((n + V - 1) / V, 256), 256, 0, st>>>(out, n, f, in...);
+  else
+    map_kernel<T, 1><<<blocks_for(n, 256), 256, 0, st>>>(out, n, f, in...);
+  MB_CUDA_LAUNCHED(name);
 }
 
 // ---- deterministic reductions (fixed tree for a given block size) ---------------------
