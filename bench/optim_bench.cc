@@ -4,16 +4,21 @@
 // (foreach), measured in the same run (with glibc malloc keeping what PyTorch frees, and
 // with its defaults: bench/bench_util.h).
 //
+// --device cuda: the same on a GPU, the parameters and state in device memory, beside the
+// GPU's device-to-device copy bandwidth (cudaMemcpy of the parameters' size), PyTorch's
+// fused AdamW and a LAMB of torch._foreach ops (bench/optim_torch_bench.py).
+//
 // Bytes per parameter: AdamW reads g, m, v, w and writes m, v, w: 28. LAMB needs two
 // passes (the trust ratio of a tensor depends on the norm of its whole update): the
 // first reads g, m, v, w and writes m, v; the second reads m, v, w and writes w: 40.
 //
-//   build/bin/optim_bench [--threads 2] [--steps 10]
+//   build/bin/optim_bench [--threads 2] [--steps 10] [--device cpu|cuda]
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -22,6 +27,8 @@
 
 #include "bench/bench_util.h"
 #include "core/comm/communicator.h"
+#include "core/device/device.h"
+#include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
 #include "core/util/args.h"
 #include "core/util/philox.h"
@@ -60,37 +67,59 @@ double copy_bandwidth(size_t n, int reps) {
          std::min(mb::bench::median(memcpy_times), mb::bench::median(loop_times));
 }
 
+// The same on a GPU: read + write bytes per second of cudaMemcpy-ing n floats within it.
+double device_copy_bandwidth(mb::Device dev, size_t n, int reps) {
+  const size_t bytes = n * sizeof(float);
+  void* a = mb::runtime::raw_alloc(dev, bytes);
+  void* b = mb::runtime::raw_alloc(dev, bytes);
+  mb::runtime::fill_zero(a, dev, bytes);
+  std::vector<double> times;
+  for (int r = 0; r <= reps; ++r) {
+    mb::runtime::synchronize(dev);
+    const auto t0 = Clock::now();
+    mb::runtime::copy_bytes(b, dev, a, dev, bytes);
+    mb::runtime::synchronize(dev);
+    if (r > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  mb::runtime::raw_free(dev, a, bytes);
+  mb::runtime::raw_free(dev, b, bytes);
+  return 2.0 * static_cast<double>(bytes) / mb::bench::median(times);
+}
+
 struct Measured {
-  double adamw_s = 0, lamb_s = 0, copy_bps = 0, torch_s = 0, torch_default_s = 0;
+  double adamw_s = 0, lamb_s = 0, copy_bps = 0, torch_s = 0, torch_default_s = 0, torch_lamb_s = 0;
   size_t params = 0;
 };
 
-double plugin_step_seconds(const std::string& name, mb::train::Model& model, int steps) {
+double plugin_step_seconds(const std::string& name, mb::train::Model& model, int steps, mb::Device dev) {
   mb::comm::LocalCommunicator tp;
   const auto plugin = mb::optim::load_plugin(name, mb::optim::plugin_search_path());
   mb::optim::PluginOptimizer opt(plugin, model.parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
   std::vector<double> times;
   for (int s = 0; s <= steps; ++s) {
+    mb::runtime::synchronize(dev);
     const auto t0 = Clock::now();
     opt.step(s + 1, 1e-4, 256, 0.5);  // the trainer passes the gradient norm it already has
+    mb::runtime::synchronize(dev);    // a GPU's step has run (a no-op on the CPU)
     if (s > 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
   return mb::bench::median(times);
 }
 
-Measured measure(const std::string& preset, int steps, int threads, const std::string& tmp_shapes) {
+Measured measure(const std::string& preset, int steps, int threads, const std::string& tmp_shapes, mb::Device dev) {
   Measured m;
   mb::comm::LocalCommunicator tp;
-  auto model = mb::models::make_model(mb::models::preset(preset), tp, 1);
+  auto model = mb::models::make_model(mb::models::preset(preset), tp, 1, mb::DType::kF32, dev);
   auto& store = model->parameters();
   m.params = store.flat_size();
-  float* g = store.grads().data<float>();
   const int64_t n = static_cast<int64_t>(store.flat_size());
+  std::vector<float> g(store.flat_size());
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(1e-3 * mb::philox_normal(7, static_cast<uint64_t>(i)));
-  m.adamw_s = plugin_step_seconds("adamw", *model, steps);
-  m.lamb_s = plugin_step_seconds("lamb", *model, steps);
-  m.copy_bps = copy_bandwidth(store.flat_size(), steps);
+  for (int64_t i = 0; i < n; ++i) g[static_cast<size_t>(i)] = static_cast<float>(1e-3 * mb::philox_normal(7, static_cast<uint64_t>(i)));
+  mb::runtime::copy_bytes(store.grads().raw(), dev, g.data(), mb::Device::cpu(), g.size() * sizeof(float));
+  m.adamw_s = plugin_step_seconds("adamw", *model, steps, dev);
+  m.lamb_s = plugin_step_seconds("lamb", *model, steps, dev);
+  m.copy_bps = dev.is_cpu() ? copy_bandwidth(store.flat_size(), steps) : device_copy_bandwidth(dev, store.flat_size(), steps);
   {
     std::ofstream shapes(tmp_shapes);
     for (size_t i = 0; i < store.count(); ++i) {
@@ -99,11 +128,15 @@ Measured measure(const std::string& preset, int steps, int threads, const std::s
     }
   }
   model.reset();  // free our memory before PyTorch allocates its own
-  const std::vector<std::string> torch = {"/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
-                                          tmp_shapes, std::to_string(steps), std::to_string(threads)};
-  m.torch_s = mb::bench::value_of(
-      mb::bench::run_child(torch, {mb::bench::malloc_keeps_freed_env()}).output, "step_seconds");
-  m.torch_default_s = mb::bench::value_of(mb::bench::run_child(torch).output, "step_seconds");
+  const char* py = std::getenv("MEGABATCH_PYTHON");
+  const std::vector<std::string> torch = {py ? py : "/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/bench/optim_torch_bench.py",
+                                          tmp_shapes, std::to_string(steps), std::to_string(threads), dev.is_cpu() ? "cpu" : "cuda"};
+  const std::string out = mb::bench::run_child(torch, {mb::bench::malloc_keeps_freed_env()}).output;
+  m.torch_s = mb::bench::value_of(out, "step_seconds");
+  if (dev.is_cpu())
+    m.torch_default_s = mb::bench::value_of(mb::bench::run_child(torch).output, "step_seconds");
+  else
+    m.torch_lamb_s = mb::bench::value_of(out, "lamb_step_seconds");
   return m;
 }
 
@@ -114,12 +147,25 @@ int main(int argc, char** argv) {
   a.option("threads", "N", "threads for every side", "2");
   a.option("steps", "N", "timed steps (median reported)", "10");
   a.option("models", "LIST", "model presets whose parameters are stepped", "gpt-mini,gpt2-124m");
+  a.option("device", "D", "cpu, or cuda: the step on a GPU beside its device-to-device copy", "cpu");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
   omp_set_num_threads(threads);
   const std::string shapes = "/tmp/optim_bench_shapes." + std::to_string(getpid());
-  std::printf("optimizer step, fp32, %d threads, median of %d steps; bandwidth = bytes a step must move / time\n",
-              threads, steps);
+  mb::Device dev = mb::Device::cpu();
+  std::string where = std::to_string(threads) + " threads";
+  try {
+    dev = mb::select_device(a.get("device"));
+    if (dev.is_cuda()) {
+      mb::runtime::use_device(dev);
+      where = mb::runtime::gpu_info(dev.index).name;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "optim_bench: %s\n", e.what());
+    return 1;
+  }
+  std::printf("optimizer step, fp32, %s, median of %d steps; bandwidth = bytes a step must move / time\n", where.c_str(),
+              steps);
   std::printf("%-10s %-30s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
   std::string models = a.get("models");
   for (size_t pos = 0; pos <= models.size();) {
@@ -127,7 +173,7 @@ int main(int argc, char** argv) {
     if (comma == std::string::npos) comma = models.size();
     const std::string preset = models.substr(pos, comma - pos);
     pos = comma + 1;
-    const Measured m = measure(preset, steps, threads, shapes);
+    const Measured m = measure(preset, steps, threads, shapes, dev);
     const double P = static_cast<double>(m.params);
     char size[32];
     std::snprintf(size, sizeof size, "%.1fM", P / 1e6);
@@ -140,11 +186,17 @@ int main(int argc, char** argv) {
                 m.copy_bps / 1e9, 100.0);
     row("megabatch lamb", m.lamb_s, 40);
     row("megabatch adamw", m.adamw_s, 28);
-    row("PyTorch AdamW foreach", m.torch_s, 28);
-    row("PyTorch AdamW, default malloc", m.torch_default_s, 28);
+    if (dev.is_cpu()) {
+      row("PyTorch AdamW foreach", m.torch_s, 28);
+      row("PyTorch AdamW, default malloc", m.torch_default_s, 28);
+    } else {
+      row("PyTorch LAMB (torch._foreach)", m.torch_lamb_s, 40);
+      row("PyTorch AdamW (fused)", m.torch_s, 28);
+    }
   }
-  std::printf("(PyTorch AdamW foreach: glibc malloc keeping what it frees, GLIBC_TUNABLES=%s; default malloc: glibc's defaults)\n",
-              mb::bench::kMallocKeepsFreed);
+  if (dev.is_cpu())
+    std::printf("(PyTorch AdamW foreach: glibc malloc keeping what it frees, GLIBC_TUNABLES=%s; default malloc: glibc's defaults)\n",
+                mb::bench::kMallocKeepsFreed);
   std::remove(shapes.c_str());
   return 0;
 }

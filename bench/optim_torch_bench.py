@@ -1,9 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch side of optim_bench: median step time of torch.optim.AdamW (foreach) over the
-tensor shapes listed in SHAPES (one "rows cols" line per tensor, cols 1 for vectors).
+"""PyTorch side of optim_bench: median optimizer step time over the tensor shapes listed in
+SHAPES (one "rows cols" line per tensor, cols 1 for vectors), fp32.
 
-  optim_torch_bench.py SHAPES STEPS THREADS      -> prints "step_seconds X"
+  optim_torch_bench.py SHAPES STEPS THREADS [cpu|cuda]
+
+cpu (default): torch.optim.AdamW (foreach)         -> "step_seconds X"
+cuda: torch.optim.AdamW (fused), and a LAMB made of torch._foreach ops (Apex's update: Adam's
+      moments with bias correction, weight decay in the update, the trust ratio
+      |w| / |update| of each tensor, 1 where either is 0)
+                                                     -> "step_seconds X", "lamb_step_seconds Y"
 """
+import math
 import sys
 import time
 
@@ -11,20 +18,62 @@ import torch
 
 shapes = [tuple(int(x) for x in line.split()) for line in open(sys.argv[1]) if line.strip()]
 steps, threads = int(sys.argv[2]), int(sys.argv[3])
+device = sys.argv[4] if len(sys.argv) > 4 else "cpu"
 torch.set_num_threads(threads)
 gen = torch.Generator().manual_seed(0)
 params = []
 for r, c in shapes:
-    p = torch.randn(r, c, generator=gen) * 0.02
-    p.grad = torch.randn(r, c, generator=gen) * 1e-3
+    p = (torch.randn(r, c, generator=gen) * 0.02).to(device)
+    p.grad = (torch.randn(r, c, generator=gen) * 1e-3).to(device)
     params.append(p)
-opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=True)
-times = []
-with torch.no_grad():
-    for s in range(steps + 1):
-        t0 = time.perf_counter()
-        opt.step()
-        if s > 0:
-            times.append(time.perf_counter() - t0)
-times.sort()
-print(f"step_seconds {times[len(times) // 2]:.6f}")
+
+
+def sync():
+    if device != "cpu":
+        torch.cuda.synchronize()
+
+
+def median_seconds(step):
+    times = []
+    with torch.no_grad():
+        for s in range(steps + 1):
+            sync()
+            t0 = time.perf_counter()
+            step(s + 1)
+            sync()
+            if s > 0:
+                times.append(time.perf_counter() - t0)
+    times.sort()
+    return times[len(times) // 2]
+
+
+if device == "cpu":
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, foreach=True)
+else:
+    opt = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+print(f"step_seconds {median_seconds(lambda s: opt.step()):.6f}")
+
+if device != "cpu":
+    grads = [p.grad for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    lr, b1, b2, eps, wd = 1e-4, 0.9, 0.999, 1e-6, 0.01
+
+    def lamb(step):
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, grads, alpha=1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(1 - b2**step))
+        torch._foreach_add_(denom, eps)
+        update = torch._foreach_div(m, denom)
+        torch._foreach_div_(update, 1 - b1**step)
+        torch._foreach_add_(update, params, alpha=wd)
+        wn = torch.stack(torch._foreach_norm(params))
+        un = torch.stack(torch._foreach_norm(update))
+        ratio = torch.where((wn > 0) & (un > 0), wn / un, torch.ones_like(wn)) * -lr
+        torch._foreach_mul_(update, list(ratio.unbind()))
+        torch._foreach_add_(params, update)
+
+    print(f"lamb_step_seconds {median_seconds(lamb):.6f}")

@@ -18,9 +18,9 @@ assets=${MEGABATCH_ASSETS:-${XDG_CACHE_HOME:-$HOME/.cache}/megabatch}
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGABATCH_CUDA=ON -DMEGABATCH_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" -DMEGABATCH_WERROR=ON >/dev/null
 cmake --build build-gpu --target train sweep preprocess megabatch_plugins test_ops_gpu test_gpu gpu_train_bench train_bench \
-  cross_entropy_bench attention_bench test_plugin_adafactor test_plugin_throwing
+  cross_entropy_bench attention_bench optim_bench test_plugin_adafactor test_plugin_throwing
 # Only what the GPU run uses travels.
-keep='^(train|sweep|preprocess|test_ops_gpu|test_gpu|gpu_train_bench|train_bench|cross_entropy_bench|attention_bench)$'
+keep='^(train|sweep|preprocess|test_ops_gpu|test_gpu|gpu_train_bench|train_bench|cross_entropy_bench|attention_bench|optim_bench)$'
 stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/assets"
 for f in build-gpu/bin/*; do [[ $(basename "$f") =~ $keep ]] && cp -a "$f" "$stage/bin/"; done

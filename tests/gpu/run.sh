@@ -4,7 +4,8 @@
 # trainer), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
 # same GPU, each with its --profile table) and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
-# attention_bench (the flash kernels against PyTorch's SDPA) and GPT-2 124M at sequence
+# attention_bench (the flash kernels against PyTorch's SDPA), optim_bench --device cuda (the
+# LAMB and AdamW steps against the GPU's copy bandwidth and PyTorch) and GPT-2 124M at sequence
 # lengths 4096 and 8192, each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
@@ -51,6 +52,8 @@ if [[ $filter == "*" ]]; then
   cat "$logs/cross_entropy_bench.log"
   timed attention_bench "$b/run.sh" bin/attention_bench || echo "attention_bench failed (exit $?)"
   cat "$logs/attention_bench.log"
+  timed optim_bench "$b/run.sh" bin/optim_bench --device cuda --models gpt2-124m || echo "optim_bench failed (exit $?)"
+  cat "$logs/optim_bench.log"
   # long sequences: GPT-2 124M at 4096 and 8192 tokens a sample, with the memory they take
   timed gpu_train_bench_seq4096 "$b/run.sh" bin/gpu_train_bench --seq-length 4096 --micro-batch-size 2 --steps 5 \
     --torch-modes sdpa || echo "gpu_train_bench --seq-length 4096 failed (exit $?)"
