@@ -284,6 +284,18 @@ TEST_P(OnDevice, CrossEntropyPiecesAndBackward) {
   h.expect_close(lw2, V2, "losses, rows of 5,003");
   h.expect_close(wide, V2, "dlogits, rows of 5,003");
   EXPECT_EQ(mb::to_host_f32(lw2.dev)[2], 0.0f) << "the ignored row has a loss";
+  // rows of whole 16-byte vectors (10,000 is a multiple of 8 and 4): a GPU loads them 16
+  // bytes at a time, several vectors a thread; the same large row
+  const int64_t V3 = 10000;
+  std::vector<int32_t> t3 = random_ids(n, 0, static_cast<int32_t>(V3 - 1), 12);
+  t3[0] = static_cast<int32_t>(V3 - 1);
+  std::vector<float> vv(static_cast<size_t>(n * V3));
+  for (size_t k = 0; k < vv.size(); ++k) vv[k] = nd(g) + (k / static_cast<size_t>(V3) == 5 ? 40.0f : 0.0f);
+  Pair vec = h.values(vv, {n, V3}), vec_targets = h.ids(t3, {n}), lw3 = h.output({n}, DType::kF32);
+  ops::ce_whole_rows(lw3.dev, vec.dev, vec_targets.dev, -1, true, 0.25f, scale_dev);
+  ops::ce_whole_rows(lw3.ref, vec.ref, vec_targets.ref, -1, true, 0.25f, mb::from_host(std::vector<float>{8.0f}, {1}));
+  h.expect_close(lw3, V3, "losses, rows of 10,000");
+  h.expect_close(vec, V3, "dlogits, rows of 10,000");
 }
 
 struct AttnConfig {

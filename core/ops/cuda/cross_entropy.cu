@@ -110,34 +110,65 @@ __global__ void backward_exps_kernel(T* dlogits, const T* exps, const float* sum
   }
 }
 
-// ce_whole_rows: a block per row through the pieces' steps in one launch, with no
-// temporaries. It reads the row for its max, for its sum of exps and, with the gradient, for
-// the gradient written over it (each exp recomputed in f32, not stored in the logits' type
-// between the steps): three reads and at most one write, where the pieces make three reads
-// and two writes over five launches. Blocks of 1024 threads keep at most two rows per SM in
-// flight (an H100: 264 rows, 26 MiB of bf16 rows 50,304 wide, inside its 50 MiB L2), so the
-// second and third reads can come from L2.
+// ce_whole_rows: a block per row, no temporaries, two reads of the row and at most one
+// write, where the pieces make three reads and two writes over five launches. The first read
+// keeps each thread's running max and its sum of exps relative to it (rescaled when the max
+// grows), combined over the block in a fixed order; with the gradient, the second read
+// writes it over the row, each exp recomputed in f32. V elements a thread at a time (16
+// bytes, common.cuh's Pack) where the rows allow, the rest one by one. Blocks of 1024
+// threads keep at most two rows per SM in flight (an H100: 264 rows, 26 MiB of bf16 rows
+// 50,304 wide, inside its 50 MiB L2), so the second read can come from L2.
 constexpr int kWholeRowThreads = 1024;
 
-template <typename T>
-__global__ void __launch_bounds__(kWholeRowThreads) whole_rows_kernel(float* losses, T* logits, const int32_t* targets, int64_t V, int32_t ignore,
-                                  bool grad, float scale, const float* loss_scale) {
+// (m, s) <- the running max and sum of exps after one more logit x. A NaN leaves the max
+// and poisons the sum, as in the pieces; a -inf adds nothing, also while the max is -inf.
+__device__ __forceinline__ void online_add(float& m, float& s, float x) {
+  if (x > m) {
+    s = s * expf(m - x);  // m = -inf: s is 0 (or NaN) and stays so
+    m = x;
+  }
+  if (m != -INFINITY || x != x) s += expf(x - m);
+}
+
+template <typename T, int V>
+__global__ void __launch_bounds__(kWholeRowThreads) whole_rows_kernel(float* losses, T* logits, const int32_t* targets,
+                                                                      int64_t cols, int32_t ignore, bool grad,
+                                                                      float scale, const float* loss_scale) {
+  using P = Pack<T, V>;
   __shared__ float scratch[32];
-  const int64_t i = blockIdx.x;
-  T* l = logits + i * V;
-  const float m = block_row_max(l, V, scratch);
+  const int64_t i = blockIdx.x, packs = cols / V;
+  T* l = logits + i * cols;
+  float m = -INFINITY, s = 0.0f;
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    const P x = reinterpret_cast<const P*>(l)[p];
+#pragma unroll
+    for (int k = 0; k < V; ++k) online_add(m, s, to_f32(x.v[k]));
+  }
+  for (int64_t j = packs * V + threadIdx.x; j < cols; j += blockDim.x) online_add(m, s, to_f32(l[j]));
+  const float row_max = block_max(m, scratch);
+  const float s_rel = s == 0.0f ? 0.0f : s * expf(m - row_max);  // a NaN stays
   const int64_t t = targets[i];
   const bool counted = targets[i] != ignore;
   // read by every thread before the barrier in block_sum, so before any thread writes below
-  const float target = (t >= 0 && t < V) ? to_f32(l[t]) : 0.0f;
-  const float s = block_row_sum_exps<false>(l, V, m, scratch);
-  if (threadIdx.x == 0) losses[i] = counted ? logf(s) + m - target : 0.0f;
+  const float target = (t >= 0 && t < cols) ? to_f32(l[t]) : 0.0f;
+  const float sum = block_sum(s_rel, scratch);
+  if (threadIdx.x == 0) losses[i] = counted ? logf(sum) + row_max - target : 0.0f;
   if (!grad) return;
   const float dloss = scale * (loss_scale ? loss_scale[0] : 1.0f);
-  const float g = counted ? dloss / s : 0.0f;
+  const float g = counted ? dloss / sum : 0.0f;
   const int64_t tc = counted ? t : -1;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-    float v = g * expf(to_f32(l[j]) - m);
+  for (int64_t p = threadIdx.x; p < packs; p += blockDim.x) {
+    P x = reinterpret_cast<const P*>(l)[p];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      float v = g * expf(to_f32(x.v[k]) - row_max);
+      if (p * V + k == tc) v -= dloss;
+      x.v[k] = from_f32<T>(v);
+    }
+    reinterpret_cast<P*>(l)[p] = x;
+  }
+  for (int64_t j = packs * V + threadIdx.x; j < cols; j += blockDim.x) {
+    float v = g * expf(to_f32(l[j]) - row_max);
     if (j == tc) v -= dloss;
     l[j] = from_f32<T>(v);
   }
@@ -232,8 +263,13 @@ void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& tar
   static_assert(!DTypes::of_bits(accepts::ce_whole_rows_logits.cuda.bits).has(DType::kF64), "f32 losses only");
   with_type<accepts::ce_whole_rows_logits.cuda.bits>(logits.dtype(), "ce_whole_rows", [&](auto zero) {
     using T = decltype(zero);
-    whole_rows_kernel<T><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
-        ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
+    constexpr int W = kVec<T>;  // rows of whole 16-byte vectors: every row starts aligned
+    if (V % W == 0 && reinterpret_cast<uintptr_t>(ptr<T>(logits)) % 16 == 0)
+      whole_rows_kernel<T, W><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
+          ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
+    else
+      whole_rows_kernel<T, 1><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
+          ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
     MB_CUDA_LAUNCHED("whole_rows_kernel");
   });
 }
