@@ -96,30 +96,37 @@ TEST_P(OnDevice, LinearForwardAndBackward) {
 
 TEST_P(OnDevice, LayerNormAndRmsNormForwardAndBackward) {
   auto h = harness(3);
-  const int64_t n = 70, C = 300;  // C over a block of 256 threads, n over one row chunk
-  const Pair x = h.input({n, C}, 2.0), w = h.input({C}), b = h.input({C}), dy = h.input({n, C});
-  Pair y = h.output({n, C}), mean = h.output({n}, DType::kF32), rstd = h.output({n}, DType::kF32);
-  ops::layernorm_forward(y.dev, mean.dev, rstd.dev, x.dev, w.dev, b.dev, 1e-5);
-  ops::layernorm_forward(y.ref, mean.ref, rstd.ref, x.ref, w.ref, b.ref, 1e-5);
-  h.expect_close(y, C, "layernorm out");
-  h.expect_close(mean, C, "layernorm mean");
-  h.expect_close(rstd, C, "layernorm rstd");
-  Pair dx = h.accumulator({n, C}), dw = h.accumulator({C}, DType::kF32), db = h.accumulator({C}, DType::kF32);
-  ops::layernorm_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev);
-  ops::layernorm_backward(dx.ref, dw.ref, db.ref, dy.ref, x.ref, w.ref, mean.ref, rstd.ref);
-  h.expect_close(dx, C, "layernorm dx");
-  h.expect_close(dw, n, "layernorm dweight");
-  h.expect_close(db, n, "layernorm dbias");
+  // C 300: over a block of 256 threads, and not whole 16-byte vectors of 2-byte types (a GPU's
+  // block-per-row kernels there); 768 and 64: whole vectors (its warp-per-row kernels, 4 and 1
+  // vectors a lane). n over one row chunk of the parameter gradients.
+  for (const int64_t C : {300, 768, 64}) {
+    SCOPED_TRACE("C = " + std::to_string(C));
+    const int64_t n = 70;
+    const double roundings = static_cast<double>(C);  // a row's sums
+    const Pair x = h.input({n, C}, 2.0), w = h.input({C}), b = h.input({C}), dy = h.input({n, C});
+    Pair y = h.output({n, C}), mean = h.output({n}, DType::kF32), rstd = h.output({n}, DType::kF32);
+    ops::layernorm_forward(y.dev, mean.dev, rstd.dev, x.dev, w.dev, b.dev, 1e-5);
+    ops::layernorm_forward(y.ref, mean.ref, rstd.ref, x.ref, w.ref, b.ref, 1e-5);
+    h.expect_close(y, roundings, "layernorm out");
+    h.expect_close(mean, roundings, "layernorm mean");
+    h.expect_close(rstd, roundings, "layernorm rstd");
+    Pair dx = h.accumulator({n, C}), dw = h.accumulator({C}, DType::kF32), db = h.accumulator({C}, DType::kF32);
+    ops::layernorm_backward(dx.dev, dw.dev, db.dev, dy.dev, x.dev, w.dev, mean.dev, rstd.dev);
+    ops::layernorm_backward(dx.ref, dw.ref, db.ref, dy.ref, x.ref, w.ref, mean.ref, rstd.ref);
+    h.expect_close(dx, roundings, "layernorm dx");
+    h.expect_close(dw, n, "layernorm dweight");
+    h.expect_close(db, n, "layernorm dbias");
 
-  Pair ry = h.output({n, C}), rr = h.output({n}, DType::kF32);
-  ops::rmsnorm_forward(ry.dev, rr.dev, x.dev, w.dev, 1e-6);
-  ops::rmsnorm_forward(ry.ref, rr.ref, x.ref, w.ref, 1e-6);
-  h.expect_close(ry, C, "rmsnorm out");
-  Pair rdx = h.accumulator({n, C}), rdw = h.accumulator({C}, DType::kF32);
-  ops::rmsnorm_backward(rdx.dev, rdw.dev, dy.dev, x.dev, w.dev, rr.dev);
-  ops::rmsnorm_backward(rdx.ref, rdw.ref, dy.ref, x.ref, w.ref, rr.ref);
-  h.expect_close(rdx, C, "rmsnorm dx");
-  h.expect_close(rdw, n, "rmsnorm dweight");
+    Pair ry = h.output({n, C}), rr = h.output({n}, DType::kF32);
+    ops::rmsnorm_forward(ry.dev, rr.dev, x.dev, w.dev, 1e-6);
+    ops::rmsnorm_forward(ry.ref, rr.ref, x.ref, w.ref, 1e-6);
+    h.expect_close(ry, roundings, "rmsnorm out");
+    Pair rdx = h.accumulator({n, C}), rdw = h.accumulator({C}, DType::kF32);
+    ops::rmsnorm_backward(rdx.dev, rdw.dev, dy.dev, x.dev, w.dev, rr.dev);
+    ops::rmsnorm_backward(rdx.ref, rdw.ref, dy.ref, x.ref, w.ref, rr.ref);
+    h.expect_close(rdx, roundings, "rmsnorm dx");
+    h.expect_close(rdw, n, "rmsnorm dweight");
+  }
 }
 
 TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {

@@ -1,13 +1,155 @@
-// LayerNorm and RMSNorm on a GPU: a block per row for the forward and for din; the
-// parameter gradients in two fixed-order passes over row chunks (no atomics).
+// LayerNorm and RMSNorm on a GPU. The forward and din: a warp per row, the row in
+// registers, 16 bytes a load (common.cuh's Pack), where the rows are whole vectors of at
+// most kMaxPacks x 32 vectors (bf16: 2,048 columns; GPT-2's 768 and BERT-large's 1,024 among
+// them); otherwise a block per row. The parameter gradients in two fixed-order passes over
+// row chunks (no atomics).
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
+
+#include <initializer_list>
+#include <type_traits>
 
 namespace megabatch::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kChunkRows = 64;
+
+constexpr int kRowWarps = 8;  // rows (warps) a block of the warp-per-row kernels
+constexpr int kMaxPacks = 8;  // 16-byte vectors a lane holds, at most
+
+// Loads the kPacks vectors of a row (C / V of them) that lane `lane` holds, as f32: vector
+// lane + 32 k; those past the row's end read as 0 (and are never stored).
+template <typename T, int V, int kPacks>
+__device__ __forceinline__ void load_row(float (&x)[kPacks][V], const T* row, int64_t packs, int lane) {
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p < packs) {
+      const Pack<T, V> v = reinterpret_cast<const Pack<T, V>*>(row)[p];
+#pragma unroll
+      for (int e = 0; e < V; ++e) x[k][e] = to_f32(v.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; ++e) x[k][e] = 0.0f;
+    }
+  }
+}
+
+// The forward, a warp per row (see the top).
+template <typename T, bool kRms, int kPacks>
+__global__ void __launch_bounds__(32 * kRowWarps) norm_forward_rows_kernel(T* out, float* mean, float* rstd, const T* in,
+                                                                           const T* w, const T* b, int64_t n, int64_t C,
+                                                                           float eps) {
+  constexpr int V = kVec<T>;
+  using P = Pack<T, V>;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowWarps) + threadIdx.x / 32, packs = C / V;
+  if (row >= n) return;
+  float x[kPacks][V];
+  load_row<T, V, kPacks>(x, in + row * C, packs, lane);
+  float m = 0;
+  if (!kRms) {
+    float s = 0;
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k)
+#pragma unroll
+      for (int e = 0; e < V; ++e) s += x[k][e];
+    m = warp_sum(s) / static_cast<float>(C);
+  }
+  float v = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k)
+    if (lane + 32 * k < packs)
+#pragma unroll
+      for (int e = 0; e < V; ++e) v += (x[k][e] - m) * (x[k][e] - m);
+  const float r = rsqrtf(warp_sum(v) / static_cast<float>(C) + eps);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    const P wv = reinterpret_cast<const P*>(w)[p];
+    P bv;
+    if (!kRms) bv = reinterpret_cast<const P*>(b)[p];
+    P y;
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      const float xh = (x[k][e] - m) * r;
+      y.v[e] = from_f32<T>(kRms ? xh * to_f32(wv.v[e]) : xh * to_f32(wv.v[e]) + to_f32(bv.v[e]));
+    }
+    reinterpret_cast<P*>(out + row * C)[p] = y;
+  }
+  if (lane == 0) {
+    if (!kRms) mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// din += rstd (g - mean(g) - xhat mean(g xhat)), g = dout w, a warp per row (see the top).
+template <typename T, bool kRms, int kPacks>
+__global__ void __launch_bounds__(32 * kRowWarps) norm_din_rows_kernel(T* din, const T* dout, const T* in, const T* w,
+                                                                       const float* mean, const float* rstd, int64_t n,
+                                                                       int64_t C) {
+  constexpr int V = kVec<T>;
+  using P = Pack<T, V>;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kRowWarps) + threadIdx.x / 32, packs = C / V;
+  if (row >= n) return;
+  const float m = kRms ? 0.0f : mean[row], r = rstd[row];
+  float g[kPacks][V], xh[kPacks][V];
+  load_row<T, V, kPacks>(g, dout + row * C, packs, lane);
+  load_row<T, V, kPacks>(xh, in + row * C, packs, lane);
+  float sg = 0, sgx = 0;
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    const P wv = reinterpret_cast<const P*>(w)[p];
+#pragma unroll
+    for (int e = 0; e < V; ++e) {
+      g[k][e] *= to_f32(wv.v[e]);
+      xh[k][e] = (xh[k][e] - m) * r;
+      sg += g[k][e];
+      sgx += g[k][e] * xh[k][e];
+    }
+  }
+  sg = kRms ? 0.0f : warp_sum(sg) / static_cast<float>(C);
+  sgx = warp_sum(sgx) / static_cast<float>(C);
+#pragma unroll
+  for (int k = 0; k < kPacks; ++k) {
+    const int64_t p = lane + 32 * k;
+    if (p >= packs) continue;
+    P d = reinterpret_cast<const P*>(din + row * C)[p];
+#pragma unroll
+    for (int e = 0; e < V; ++e) d.v[e] = from_f32<T>(to_f32(d.v[e]) + r * (g[k][e] - sg - xh[k][e] * sgx));
+    reinterpret_cast<P*>(din + row * C)[p] = d;
+  }
+}
+
+// The vectors a lane holds for rows of C columns of T: 1, 2, 4 or 8, or 0 where the rows
+// are not whole vectors, start unaligned or are too wide (the block-per-row kernels).
+template <typename T>
+int packs_per_lane(int64_t C, std::initializer_list<const void*> pointers) {
+  constexpr int V = kVec<T>;
+  if (C % V != 0) return 0;
+  for (const void* p : pointers)
+    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  const int64_t per_lane = (C / V + 31) / 32;
+  for (int k = 1; k <= kMaxPacks; k *= 2)
+    if (per_lane <= k) return k;
+  return 0;
+}
+
+// Calls fn(std::integral_constant<int, K>{}) for K = kpl (1, 2, 4 or 8).
+template <typename Fn>
+void with_packs(int kpl, Fn&& fn) {
+  switch (kpl) {
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    case 4: return fn(std::integral_constant<int, 4>{});
+    default: return fn(std::integral_constant<int, 8>{});
+  }
+}
 
 // out = (x - mean) rstd w + b, or with rms: x rstd w. mean is null for RMSNorm.
 template <typename T, bool kRms>
@@ -99,6 +241,17 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
   constexpr const Accepts& row = kRms ? accepts::rmsnorm_forward_in : accepts::layernorm_forward_in;
   with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
+    const int kpl = packs_per_lane<T>(C, {out.raw(), in.raw(), weight.raw(), bias.defined() ? bias.raw() : nullptr});
+    if (kpl > 0) {
+      with_packs(kpl, [&](auto k) {
+        norm_forward_rows_kernel<T, kRms, decltype(k)::value>
+            <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(in)>>>(ptr<T>(out), ptr<float>(mean), ptr<float>(rstd),
+                                                                         ptr<T>(in), ptr<T>(weight), ptr<T>(bias), n, C,
+                                                                         static_cast<float>(eps));
+      });
+      MB_CUDA_LAUNCHED("norm_forward_rows_kernel");
+      return;
+    }
     norm_forward_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, stream_of(in)>>>(
         ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), C,
         static_cast<float>(eps));
@@ -116,10 +269,19 @@ void backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, con
   with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     if (din.defined()) {
-      norm_din_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, s>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(in),
-                                                                              ptr<T>(weight), ptr<float>(mean),
-                                                                              ptr<float>(rstd), C);
-      MB_CUDA_LAUNCHED("norm_din_kernel");
+      const int kpl = packs_per_lane<T>(C, {din.raw(), dout.raw(), in.raw(), weight.raw()});
+      if (kpl > 0) {
+        with_packs(kpl, [&](auto k) {
+          norm_din_rows_kernel<T, kRms, decltype(k)::value><<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, s>>>(
+              ptr<T>(din), ptr<T>(dout), ptr<T>(in), ptr<T>(weight), ptr<float>(mean), ptr<float>(rstd), n, C);
+        });
+        MB_CUDA_LAUNCHED("norm_din_rows_kernel");
+      } else {
+        norm_din_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, s>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(in),
+                                                                                ptr<T>(weight), ptr<float>(mean),
+                                                                                ptr<float>(rstd), C);
+        MB_CUDA_LAUNCHED("norm_din_kernel");
+      }
     }
     if (!dweight.defined() && !dbias.defined()) return;
     const int64_t chunks = (n + kChunkRows - 1) / kChunkRows;
