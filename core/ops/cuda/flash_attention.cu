@@ -1,13 +1,14 @@
-// Flash attention on a GPU (FlashAttention-2's scheme, our own kernels): tiles of 64 queries
-// by 64 keys, four warps of 16 rows each, products on tensor cores (mma.sync m16n8k16,
-// bf16/fp16 operands, f32 accumulators), the softmax online in registers. Tiles are copied
-// into shared memory with cp.async, the next under the current one's math, and the
-// operands that must be read across rows come through ldmatrix's transposing load.
-// - forward: a block per 64 queries of a (batch, head) walks the key tiles (a causal block
+// Flash attention on a GPU (FlashAttention-2's scheme, our own kernels): blocks of 64 or 128
+// rows (flash_attention.cuh says which) walking tiles of 64 (kTile), a warp per 16 rows, products on tensor
+// cores (mma.sync m16n8k16, bf16/fp16 operands, f32 accumulators, operands by ldmatrix), the
+// softmax online in registers. Tiles are copied into shared memory with cp.async, the next
+// under the current one's math.
+// - forward: a block of queries of a (batch, head) walks the key tiles (a causal block
 //   stops at its diagonal) and writes out and the rows' log-sum-exp;
-// - backward, deterministic (no atomics): one kernel per 64 keys walks the query tiles for
-//   dK and dV, another per 64 queries walks the key tiles for dQ; both recompute the
+// - backward, deterministic (no atomics): one kernel per 128 keys walks the query tiles for
+//   dK and dV, another per 128 queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
+// Only the tiles that cross the diagonal, reach past T or have a key mask test each element.
 // q, k and v are read in place from qkv (B, T, H, 3, D), out written as (B, T, H, D) and
 // the gradients added into dqkv: no permutes. Dropout draws each element's Philox bits as
 // the explicit attention does, so the masks are the CPU's.
@@ -27,21 +28,22 @@ using namespace flash;
 // Key and value tiles are double-buffered: the next tile's copy runs under this one's math.
 // kDrop: attention dropout (a kernel of its own, so that the others carry none of its code).
 template <typename T, int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
+__global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args a) {
+  constexpr int kBlockRows = kForwardRows<D>, kBlockThreads = 2 * kBlockRows;
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
-  const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
+  const int q_block = blockIdx.x * kBlockRows, q0 = q_block + warp * 16;
   const T* qkv = static_cast<const T*>(a.qkv);
   auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
   auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
-  const int q_last = min(q_block + kRows, a.T) - 1;
+  const int q_last = min(q_block + kBlockRows, a.T) - 1;
   const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D>(Kb, qkv, 0, a.T, k_at);
-  load_tile_async<T, D>(Vb, qkv, 0, a.T, v_at);
+  load_tile_async<T, D, kBlockThreads>(Kb, qkv, 0, a.T, k_at);
+  load_tile_async<T, D, kBlockThreads>(Vb, qkv, 0, a.T, v_at);
   cp_commit();
   // this warp's 16 query rows as A fragments (rows past T read as zeros)
   uint32_t qf[D / 16][4];
@@ -62,8 +64,8 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kTile, buf = kt & 1;
     if (kt + 1 < tiles) {
-      load_tile_async<T, D>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
-      load_tile_async<T, D>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      load_tile_async<T, D, kBlockThreads>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
+      load_tile_async<T, D, kBlockThreads>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -161,12 +163,13 @@ __global__ void __launch_bounds__(kThreads) flash_forward_kernel(Args a) {
 
 template <typename T, int D>
 void forward(const Args& a, cudaStream_t st) {
-  const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
+  constexpr int rows = kForwardRows<D>;
+  const dim3 grid((a.T + rows - 1) / rows, a.B * a.H);
   const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
   if (a.drop)
-    launch(flash_forward_kernel<T, D, true>, grid, smem, st, a, "flash_forward_kernel");
+    launch(flash_forward_kernel<T, D, true>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
   else
-    launch(flash_forward_kernel<T, D, false>, grid, smem, st, a, "flash_forward_kernel");
+    launch(flash_forward_kernel<T, D, false>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
 }
 
 }  // namespace

@@ -10,9 +10,16 @@
 
 namespace megabatch::ops::cuda::flash {
 
-constexpr int kRows = 64;   // queries (forward, dQ) or keys (dK dV) of a block
+// A block's rows are shared by its warps, 16 each; the tiles it walks are read from L2 once
+// for all of them. The backward's blocks hold 128 rows (eight warps): at 64, their
+// registers kept the same eight warps an SM, as two blocks reading every tile twice. The
+// forward's hold 128 rows at head size 128 (for the same reason) and 64 at head size 64,
+// where its fewer registers let three blocks of four warps share an SM.
+constexpr int kRows = 128;  // keys (dK dV) or queries (dQ) of a backward block
+constexpr int kThreads = 2 * kRows;  // a warp per 16 rows
+template <int D>
+constexpr int kForwardRows = D == 64 ? 64 : 128;  // queries of a forward block
 constexpr int kTile = 64;   // keys (forward, dQ) or queries (dK dV) of a tile
-constexpr int kThreads = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct Args {
@@ -178,14 +185,15 @@ __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T
 #endif
 }
 
-// Starts copying rows [row0, row0 + 64) of a q/k/v/dout-like tensor into shared memory
+// Starts copying rows [row0, row0 + Rows) of a q/k/v/dout-like tensor into shared memory
 // (`rows`, stride D + 8) without waiting (cp.async; rows past T become zeros). `at(t)` is
 // the element offset of token t's head vector.
-template <typename T, int D, typename At>
+// Threads: the block's (each copies every Threads-th piece).
+template <typename T, int D, int Threads, int Rows = kTile, typename At>
 __device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0, int T_, At at) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int chunks = D / 8;  // 16-byte pieces of a row
-  for (int c = threadIdx.x; c < kTile * chunks; c += kThreads) {
+  for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
     const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
     const T* from = t < T_ ? src + at(t) + d0 : src;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(rows + r * (D + 8) + d0))), "l"(from),
@@ -231,9 +239,9 @@ inline Args args_of(const AttentionShape& s, const DropoutKey* dropout, const Te
 }
 
 template <typename Kernel>
-void launch(Kernel k, dim3 grid, size_t smem, cudaStream_t st, const Args& a, const char* name) {
+void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, const Args& a, const char* name) {
   MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k<<<grid, kThreads, smem, st>>>(a);
+  k<<<grid, threads, smem, st>>>(a);
   MB_CUDA_LAUNCHED(name);
 }
 

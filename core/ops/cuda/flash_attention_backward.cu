@@ -1,6 +1,6 @@
 // Flash attention's backward on a GPU (the scheme: flash_attention.cu), deterministic (no
-// atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per 64 keys walks
-// the query tiles for dK and dV, and another per 64 queries walks the key tiles for dQ; both
+// atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per 128 keys walks
+// the query tiles for dK and dV, and another per 128 queries walks the key tiles for dQ; both
 // recompute the probabilities from the forward's log-sum-exp.
 #include "core/ops/cuda/flash_attention.cuh"
 
@@ -43,13 +43,13 @@ __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, 
   }
 }
 
-// dK and dV of 64 keys: each warp 16 keys, over the query tiles (double-buffered). kDrop:
+// dK and dV of kRows keys: each warp 16 keys, over the query tiles (double-buffered). kDrop:
 // attention dropout, as in the forward.
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
-  T* Kown = reinterpret_cast<T*>(smem);  // this block's keys [64][RS]
+  T* Kown = reinterpret_cast<T*>(smem);  // this block's keys [kRows][RS]
   T* Vown = Kown + kRows * RS;           // and values
   T* Qb = Vown + kRows * RS;             // query tiles [2][64][RS]
   T* dOb = Qb + 2 * kTile * RS;          // dout tiles [2][64][RS]
@@ -65,8 +65,8 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
   // stage the query tile qt into buffer buf: q and dout by copy, lse and D by the threads
   auto stage = [&](int qt, int buf) {
     const int i0 = qt * kTile;
-    load_tile_async<T, D>(Qb + buf * kTile * RS, qkv, i0, a.T, q_at);
-    load_tile_async<T, D>(dOb + buf * kTile * RS, dout, i0, a.T, o_at);
+    load_tile_async<T, D, kThreads>(Qb + buf * kTile * RS, qkv, i0, a.T, q_at);
+    load_tile_async<T, D, kThreads>(dOb + buf * kTile * RS, dout, i0, a.T, o_at);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const int i = i0 + r;
       const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + i;
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
     }
   };
   const int first = a.causal ? k_block / kTile : 0, tiles = (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D>(Kown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
-  load_tile_async<T, D>(Vown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
+  load_tile_async<T, D, kThreads, kRows>(Kown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
+  load_tile_async<T, D, kThreads, kRows>(Vown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
   stage(first, 0);
   cp_commit();
   float dk[D / 8][4], dv[D / 8][4];
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
   add_rows<T, D>(a, b, h, j0, 2, dv, 1.0f, g, t);
 }
 
-// dQ of 64 queries: each warp 16 queries, over the key tiles (double-buffered).
+// dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -184,8 +184,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
   const int q_last = min(q_block + kRows, a.T) - 1;
   const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D>(Kb, qkv, 0, a.T, k_at);
-  load_tile_async<T, D>(Vb, qkv, 0, a.T, v_at);
+  load_tile_async<T, D, kThreads>(Kb, qkv, 0, a.T, k_at);
+  load_tile_async<T, D, kThreads>(Vb, qkv, 0, a.T, v_at);
   cp_commit();
   uint32_t qf[D / 16][4], df[D / 16][4];
   float lse2[2], rd[2];
@@ -212,8 +212,8 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kTile, buf = kt & 1;
     if (kt + 1 < tiles) {
-      load_tile_async<T, D>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
-      load_tile_async<T, D>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      load_tile_async<T, D, kThreads>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
+      load_tile_async<T, D, kThreads>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -273,9 +273,9 @@ template <typename T, int D, bool kDrop>
 void backward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
   constexpr size_t RS = D + 8;
-  launch(flash_dkdv_kernel<T, D, kDrop>, grid, 6 * kTile * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a,
-         "flash_dkdv_kernel");
-  launch(flash_dq_kernel<T, D, kDrop>, grid, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+  launch(flash_dkdv_kernel<T, D, kDrop>, grid, kThreads, (2 * kRows + 4 * kTile) * RS * sizeof(T) + 4 * kTile * sizeof(float),
+         st, a, "flash_dkdv_kernel");
+  launch(flash_dq_kernel<T, D, kDrop>, grid, kThreads, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
 }
 template <typename T, int D>
 void backward(const Args& a, cudaStream_t st) {
