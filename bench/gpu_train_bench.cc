@@ -1,16 +1,23 @@
-// gpu_train_bench: training throughput of a GPT on one GPU (default GPT-2 124M: 12 layers,
-// hidden 768, seq 1024, bf16, AdamW, micro batch 8) through the real trainer step, against
-// PyTorch training the same model on the same GPU in the same run
-// (tests/reference/gpt_torch.py bench_cuda: autocast bf16, fused AdamW; with the same
-// explicit attention as megabatch's, with F.scaled_dot_product_attention, and with SDPA
-// under torch.compile: --torch-modes). It also
-// reports MFU (6 N + 6 L C T FLOPs per token against the GPU's dense peak, --peak-tflops)
-// and checks the steady state: raw device allocations (cudaMalloc) during the timed steps.
-// --profile then runs --profile-steps more steps under the profiler (core/device/profile.h)
-// and prints where their GPU time went, by op family, and the costliest kernels.
+// gpu_train_bench: training throughput on one GPU through the real trainer step, against
+// PyTorch training the same model on the same GPU in the same run.
+// - GPT (default GPT-2 124M: 12 layers, hidden 768, seq 1024, bf16, AdamW, micro batch 8)
+//   against tests/reference/gpt_torch.py bench_cuda (autocast bf16, fused AdamW; with the same
+//   explicit attention as megabatch's, with F.scaled_dot_product_attention, and with SDPA
+//   under torch.compile: --torch-modes);
+// - BERT (--model bert-large --seq-length 128 --micro-batch-size 64 --optimizers lamb adamw)
+//   against tests/reference/bert_torch.py bench_cuda (autocast bf16, SDPA) with fused AdamW
+//   and with a LAMB of torch._foreach ops; no padding, the same 1 in 7 positions masked on
+//   both sides, the masked-LM head on those rows only.
+// Each row: sequences/s, tokens/s, MFU (6 N + 6 L C T FLOPs per token against the GPU's
+// dense peak, --peak-tflops), step time and the memory reserved. It checks the steady state:
+// raw device allocations (cudaMalloc) during the timed steps. --profile then runs
+// --profile-steps more steps of the first optimizer under the profiler
+// (core/device/profile.h) and prints where their GPU time went, by op family, and the
+// costliest kernels.
 //
 //   build/bin/gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]
 //                             [--steps 20] [--peak-tflops 989] [--torch true] [--profile]
+//                             [--optimizers adamw lamb]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -34,15 +41,27 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// The same random micro-batch every step.
+// Every kMaskEvery-th position of a BERT sample (from 1) is masked: the rows of its LM head
+// (bert_torch.py bench_cuda masks the same ones).
+constexpr int64_t kMaskEvery = 7;
+
+// The same random micro-batch every step: a GPT's (every token a label), or a BERT's (two
+// segments, no padding, every kMaskEvery-th position masked, random sentence-order labels).
 class FixedSource final : public mb::train::BatchSource {
  public:
-  FixedSource(int64_t B, int64_t T) {
+  FixedSource(int64_t B, int64_t T, int64_t vocab, bool bert) {
     std::mt19937 g(0);
-    std::uniform_int_distribution<int> tok(0, 50256);
+    std::uniform_int_distribution<int> tok(0, static_cast<int>(vocab) - 1);
     b_.batch = B;
     b_.seq = T;
-    for (int64_t i = 0; i < B * T; ++i) b_.tokens.push_back(tok(g)), b_.labels.push_back(tok(g));
+    for (int64_t i = 0; i < B * T; ++i) {
+      const int64_t t = i % T;
+      b_.tokens.push_back(tok(g));
+      b_.labels.push_back(!bert || t % kMaskEvery == 1 ? tok(g) : mb::train::kIgnoreLabel);
+      if (bert) b_.token_types.push_back(t < T / 2 ? 0 : 1);
+    }
+    if (bert)
+      for (int64_t i = 0; i < B; ++i) b_.sample_labels.push_back(static_cast<int32_t>(g() % 2));
   }
   void fill(uint64_t, int64_t, mb::train::Batch& out) override { out = b_; }
 
@@ -57,11 +76,58 @@ mb::DType parse_dtype(const std::string& s) {
   mb::fail("--dtype: f32, bf16 or fp16, not '", s, "'");
 }
 
+struct Measured {
+  double tokens_per_second = 0;
+  mb::runtime::AllocStats before, after;
+  std::string profile;  // empty without --profile
+};
+
+// Times `steps` trainer steps (after 3 warm-up steps) of a fresh model with `optimizer`.
+Measured measure(const mb::models::ModelConfig& c, mb::DType dtype, mb::Device dev, int64_t B, int64_t steps,
+                 const std::string& optimizer, int64_t profile_steps) {
+  const int64_t T = c.seq_length;
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(c, tp, 1, dtype, dev);
+  const auto plugin = mb::optim::load_plugin(optimizer, mb::optim::plugin_search_path());
+  mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
+  FixedSource src(B, T, c.family == "bert" ? c.vocab_size : 50257, c.family == "bert");
+  mb::train::TrainOptions o;
+  o.micro_batch_size = o.global_batch_size = B;
+  o.train_iters = 1 << 30;
+  o.log_interval = 1 << 30;
+  o.eval_iters = 0;
+  o.schedule.max_lr = o.schedule.min_lr = 1e-4;
+  o.schedule.style = mb::optim::DecayStyle::kConstant;
+  o.loss_scaler.initial_scale = 1024.0f;
+  o.tokens_per_sample = T;
+  std::ostringstream console;
+  mb::train::Trainer trainer(o, *model, opt, tp, src, nullptr, nullptr, console);
+  for (int s = 0; s < 3; ++s) trainer.train_step();
+  trainer.drain();
+  mb::runtime::synchronize(dev);
+  Measured m;
+  m.before = mb::runtime::alloc_stats(dev);
+  const auto t0 = Clock::now();
+  for (int64_t s = 0; s < steps; ++s) trainer.train_step();
+  trainer.drain();  // reads the step rows back: everything has run
+  mb::runtime::synchronize(dev);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  m.after = mb::runtime::alloc_stats(dev);
+  if (profile_steps > 0) {  // after the timed steps, so the profiler's overhead stays out of them
+    mb::profile::Recorder rec(dev);
+    for (int64_t s = 0; s < profile_steps; ++s) trainer.train_step();
+    trainer.drain();
+    m.profile = mb::profile::format(rec.stop(profile_steps));
+  }
+  m.tokens_per_second = static_cast<double>(B * T * steps) / seconds;
+  return m;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   mb::ArgParser a("gpu_train_bench", "usage: gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]");
-  a.option("model", "PRESET", "GPT preset", "gpt2-124m");
+  a.option("model", "PRESET", "GPT or BERT preset", "gpt2-124m");
   a.option("micro-batch-size", "N", "samples per step", "8");
   a.option("seq-length", "T", "tokens per sample (0: the preset's; longer ones get as many learned positions)", "0");
   a.option("dtype", "T", "f32, bf16 or fp16", "bf16");
@@ -70,6 +136,7 @@ int main(int argc, char** argv) {
   a.option("torch", "BOOL", "also measure PyTorch on the same GPU", "true");
   a.list("torch-modes", "M", "PyTorch's attention: explicit, sdpa, compile (SDPA under torch.compile)",
          {"explicit", "sdpa", "compile"});
+  a.list("optimizers", "NAME", "optimizer plugins, one megabatch row each (BERT: PyTorch runs AdamW and LAMB)", {"adamw"});
   a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
   a.option("profile-steps", "N", "steps under the profiler", "5");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -79,89 +146,87 @@ int main(int argc, char** argv) {
     const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
     const mb::DType dtype = parse_dtype(a.get("dtype"));
     mb::models::ModelConfig c = mb::models::preset(a.get("model"));
+    const bool bert = c.family == "bert";
+    mb::check(c.family == "gpt" || bert, "--model: a GPT or BERT preset, not ", c.preset, " (", c.family, ")");
     c.hidden_dropout = c.attention_dropout = 0.0;  // as the PyTorch side
     if (const int64_t t = a.get_int("seq-length"); t > 0) c.seq_length = c.max_position_embeddings = t;
     const int64_t B = a.get_int("micro-batch-size"), T = c.seq_length, steps = a.get_int("steps");
-    mb::comm::LocalCommunicator tp;
-    auto model = mb::models::make_model(c, tp, 1, dtype, dev);
-    const auto plugin = mb::optim::load_plugin("adamw", mb::optim::plugin_search_path());
-    mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
-    FixedSource src(B, T);
-    mb::train::TrainOptions o;
-    o.micro_batch_size = o.global_batch_size = B;
-    o.train_iters = 1 << 30;
-    o.log_interval = 1 << 30;
-    o.eval_iters = 0;
-    o.schedule.max_lr = o.schedule.min_lr = 1e-4;
-    o.schedule.style = mb::optim::DecayStyle::kConstant;
-    o.loss_scaler.initial_scale = 1024.0f;
-    o.tokens_per_sample = T;
-    std::ostringstream console;
-    mb::train::Trainer trainer(o, *model, opt, tp, src, nullptr, nullptr, console);
-    for (int s = 0; s < 3; ++s) trainer.train_step();
-    trainer.drain();
-    mb::runtime::synchronize(dev);
-    const mb::runtime::AllocStats before = mb::runtime::alloc_stats(dev);
-    const auto t0 = Clock::now();
-    for (int64_t s = 0; s < steps; ++s) trainer.train_step();
-    trainer.drain();  // reads the step rows back: everything has run
-    mb::runtime::synchronize(dev);
-    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    const mb::runtime::AllocStats after = mb::runtime::alloc_stats(dev);
-    std::string profile;
-    if (a.has("profile")) {  // after the timed steps, so the profiler's overhead stays out of them
-      const int64_t n = a.get_int("profile-steps");
-      mb::check(n >= 1, "--profile-steps must be at least 1, got ", n);
-      mb::profile::Recorder rec(dev);
-      for (int64_t s = 0; s < n; ++s) trainer.train_step();
-      trainer.drain();
-      profile = mb::profile::format(rec.stop(n));
-    }
-    const double ours = static_cast<double>(B * T * steps) / seconds;
+    const int64_t profile_steps = a.has("profile") ? a.get_int("profile-steps") : 0;
+    mb::check(!a.has("profile") || profile_steps >= 1, "--profile-steps must be at least 1, got ", profile_steps);
+    const std::vector<std::string> optimizers = a.get_list("optimizers");
+    mb::check(!optimizers.empty(), "--optimizers: name at least one optimizer plugin");
+    std::vector<std::pair<std::string, Measured>> ours;
+    for (const std::string& name : optimizers)
+      ours.emplace_back(name, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
 
-    const double N = static_cast<double>(model->parameters().num_full_parameters());
+    mb::comm::LocalCommunicator tp;
+    const double N = static_cast<double>(mb::models::declare_model(c, tp)->parameters().num_full_parameters());
     const double flops_per_token =
         6.0 * N + 6.0 * static_cast<double>(c.num_layers * c.hidden_size * T);
     const double peak = std::stod(a.get("peak-tflops")) * 1e12;
-    std::printf("%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, AdamW, %lld timed steps; MFU against %.0f TFLOP/s\n",
+    std::string names;
+    for (const auto& n : optimizers) names += (names.empty() ? "" : ", ") + n;
+    std::printf("%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, %s, %lld timed steps; MFU against %.0f TFLOP/s\n",
                 c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype),
-                static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(steps), peak / 1e12);
-    std::printf("%-34s %12s %8s %10s %13s\n", "", "tokens/s", "MFU", "step ms", "GiB reserved");
-    auto row = [&](const char* name, double tps, double reserved) {
-      std::printf("%-34s %12.0f %7.1f%% %10.1f %13.2f\n", name, tps, 100.0 * tps * flops_per_token / peak,
-                  1e3 * static_cast<double>(B * T) / tps, reserved / (1 << 30));
+                static_cast<long long>(B), static_cast<long long>(T), names.c_str(), static_cast<long long>(steps),
+                peak / 1e12);
+    std::printf("%-40s %12s %12s %8s %10s %13s\n", "", "sequences/s", "tokens/s", "MFU", "step ms", "GiB reserved");
+    auto row = [&](const std::string& name, double tps, double reserved) {
+      std::printf("%-40s %12.1f %12.0f %7.1f%% %10.1f %13.2f\n", name.c_str(), tps / static_cast<double>(T), tps,
+                  100.0 * tps * flops_per_token / peak, 1e3 * static_cast<double>(B * T) / tps, reserved / (1 << 30));
     };
-    row("megabatch", ours, static_cast<double>(after.bytes_reserved));
-    int status = after.raw_allocs == before.raw_allocs ? 0 : 1;
+    int status = 0;
+    for (const auto& [name, m] : ours) {
+      row(optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name, m.tokens_per_second,
+          static_cast<double>(m.after.bytes_reserved));
+      if (m.after.raw_allocs != m.before.raw_allocs) status = 1;
+    }
     if (a.get("torch") == "true") {
       const std::string src_dir = MEGABATCH_SOURCE_DIR;
       const char* py = std::getenv("MEGABATCH_PYTHON");
-      for (const std::string& mode : a.get_list("torch-modes")) {
-        mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
-                  "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
-        const std::string name = mode == "explicit" ? "PyTorch (explicit attention)"
-                                 : mode == "sdpa"   ? "PyTorch (SDPA attention)"
-                                                    : "PyTorch (SDPA, torch.compile)";
+      // GPT: one run per attention mode, with fused AdamW; BERT: SDPA, one run per optimizer
+      std::vector<std::pair<std::string, std::vector<std::string>>> runs;
+      const std::vector<std::string> shape = {std::to_string(c.num_layers), std::to_string(c.hidden_size),
+                                              std::to_string(c.num_attention_heads), std::to_string(T),
+                                              std::to_string(c.padded_vocab_size()), std::to_string(B),
+                                              std::to_string(steps), a.get("dtype")};
+      auto args = [&](const std::string& script, std::vector<std::string> extra) {
+        std::vector<std::string> v = {py ? py : "/usr/bin/python3", src_dir + "/tests/reference/" + script, "bench_cuda"};
+        v.insert(v.end(), shape.begin(), shape.end());
+        v.insert(v.end(), extra.begin(), extra.end());
+        return v;
+      };
+      if (bert) {
+        const std::string every = std::to_string(kMaskEvery), post = c.post_layernorm ? "1" : "0";
+        runs.push_back({"PyTorch AdamW (fused), SDPA", args("bert_torch.py", {"adamw", post, every})});
+        runs.push_back({"PyTorch LAMB (torch._foreach), SDPA", args("bert_torch.py", {"lamb", post, every})});
+      } else {
+        for (const std::string& mode : a.get_list("torch-modes")) {
+          mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
+                    "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
+          runs.push_back({mode == "explicit" ? "PyTorch (explicit attention)"
+                          : mode == "sdpa"   ? "PyTorch (SDPA attention)"
+                                             : "PyTorch (SDPA, torch.compile)",
+                          args("gpt_torch.py", {mode})});
+        }
+      }
+      for (const auto& [name, cmd] : runs) {
         try {
-          const auto r = mb::bench::run_child({py ? py : "/usr/bin/python3", src_dir + "/tests/reference/gpt_torch.py",
-                                               "bench_cuda", std::to_string(c.num_layers), std::to_string(c.hidden_size),
-                                               std::to_string(c.num_attention_heads), std::to_string(T),
-                                               std::to_string(c.padded_vocab_size()), std::to_string(B),
-                                               std::to_string(steps), a.get("dtype"), mode});
-          row(name.c_str(), mb::bench::value_of(r.output, "tokens_per_second"),
-              mb::bench::value_of(r.output, "peak_reserved_bytes"));
+          const auto r = mb::bench::run_child(cmd);
+          row(name, mb::bench::value_of(r.output, "tokens_per_second"), mb::bench::value_of(r.output, "peak_reserved_bytes"));
         } catch (const std::exception& e) {  // the other rows still count; the run fails (its stderr is above)
           const std::string what = e.what();
-          std::printf("%-34s failed: %s\n", name.c_str(), what.substr(0, 300).c_str());
+          std::printf("%-40s failed: %s\n", name.c_str(), what.substr(0, 300).c_str());
           status = 1;
         }
       }
     }
-    std::printf("raw device allocations during the timed steps: %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
-                static_cast<long long>(after.raw_allocs - before.raw_allocs),
-                static_cast<long long>(after.raw_frees - before.raw_frees),
-                static_cast<double>(after.bytes_reserved) / (1 << 30));
-    if (!profile.empty()) std::printf("\n%s", profile.c_str());
+    const Measured& first = ours.front().second;
+    std::printf("raw device allocations during the timed steps (%s): %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
+                optimizers.front().c_str(), static_cast<long long>(first.after.raw_allocs - first.before.raw_allocs),
+                static_cast<long long>(first.after.raw_frees - first.before.raw_frees),
+                static_cast<double>(first.after.bytes_reserved) / (1 << 30));
+    if (!first.profile.empty()) std::printf("\n%s", first.profile.c_str());
     return status;
   } catch (const std::exception& e) {
     std::cerr << "gpu_train_bench: " << e.what() << std::endl;

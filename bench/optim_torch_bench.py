@@ -10,7 +10,7 @@ cuda: torch.optim.AdamW (fused), and a LAMB made of torch._foreach ops (Apex's u
       |w| / |update| of each tensor, 1 where either is 0)
                                                      -> "step_seconds X", "lamb_step_seconds Y"
 """
-import math
+import os
 import sys
 import time
 
@@ -54,26 +54,8 @@ else:
 print(f"step_seconds {median_seconds(lambda s: opt.step()):.6f}")
 
 if device != "cpu":
-    grads = [p.grad for p in params]
-    m = [torch.zeros_like(p) for p in params]
-    v = [torch.zeros_like(p) for p in params]
-    lr, b1, b2, eps, wd = 1e-4, 0.9, 0.999, 1e-6, 0.01
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "reference"))
+    from foreach_lamb import ForeachLamb
 
-    def lamb(step):
-        torch._foreach_mul_(m, b1)
-        torch._foreach_add_(m, grads, alpha=1 - b1)
-        torch._foreach_mul_(v, b2)
-        torch._foreach_addcmul_(v, grads, grads, value=1 - b2)
-        denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, math.sqrt(1 - b2**step))
-        torch._foreach_add_(denom, eps)
-        update = torch._foreach_div(m, denom)
-        torch._foreach_div_(update, 1 - b1**step)
-        torch._foreach_add_(update, params, alpha=wd)
-        wn = torch.stack(torch._foreach_norm(params))
-        un = torch.stack(torch._foreach_norm(update))
-        ratio = torch.where((wn > 0) & (un > 0), wn / un, torch.ones_like(wn)) * -lr
-        torch._foreach_mul_(update, list(ratio.unbind()))
-        torch._foreach_add_(params, update)
-
-    print(f"lamb_step_seconds {median_seconds(lamb):.6f}")
+    lamb = ForeachLamb(params, lr=1e-4, weight_decay=0.01)
+    print(f"lamb_step_seconds {median_seconds(lambda s: lamb.step()):.6f}")

@@ -2,7 +2,8 @@
 # On a GPU machine: unpacks gpu-bundle/ (made by tests/gpu/pack.sh) and runs the `gpu`
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
 # trainer), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
-# same GPU, each with its --profile table) and
+# same GPU, each with its --profile table), BERT-large (seq 128, micro-batch 64) with LAMB and
+# AdamW against PyTorch's fused AdamW and a torch._foreach LAMB, and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
 # attention_bench (the flash kernels against PyTorch's SDPA), optim_bench --device cuda (the
 # LAMB and AdamW steps against the GPU's copy bandwidth and PyTorch) and GPT-2 124M at sequence
@@ -43,11 +44,14 @@ done
 # a filter that matches nothing passes "0 tests" in both: that checked nothing either
 ((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
 if [[ $filter == "*" ]]; then
-  timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench --profile || echo "gpu_train_bench failed (exit $?)"
+  timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench --torch-modes sdpa compile --profile || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
   timed gpu_train_bench_mb16 "$b/run.sh" bin/gpu_train_bench --micro-batch-size 16 --torch-modes sdpa compile --profile ||
     echo "gpu_train_bench --micro-batch-size 16 failed (exit $?)"
   cat "$logs/gpu_train_bench_mb16.log"
+  timed gpu_train_bench_bert "$b/run.sh" bin/gpu_train_bench --model bert-large --seq-length 128 --micro-batch-size 64 \
+    --optimizers lamb adamw || echo "gpu_train_bench --model bert-large failed (exit $?)"
+  cat "$logs/gpu_train_bench_bert.log"
   timed cross_entropy_bench "$b/run.sh" bin/cross_entropy_bench --device cuda || echo "cross_entropy_bench failed (exit $?)"
   cat "$logs/cross_entropy_bench.log"
   timed attention_bench "$b/run.sh" bin/attention_bench || echo "attention_bench failed (exit $?)"
