@@ -17,11 +17,12 @@ GELU is the tanh form throughout (as megabatch's op); dropout is off.
 """
 import math
 import sys
-import time
 
 import h5py
 import torch
 import torch.nn.functional as F
+
+from cuda_timing import report_training_speed
 
 
 def layer_norm(x, P, name, eps):
@@ -124,16 +125,7 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, optimizer
         torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
         opt.step()
 
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    t = (time.perf_counter() - t0) / steps
-    print(f"tokens_per_second {batch * seq / t:.1f}")
-    print(f"peak_reserved_bytes {torch.cuda.max_memory_reserved()}")
+    report_training_speed(step, steps, batch * seq)
 
 
 def main():

@@ -24,6 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cuda_timing import report_training_speed
+
 
 def names(layers):
     out = ["embedding.word_embeddings.weight", "embedding.position_embeddings.weight"]
@@ -117,17 +119,7 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention
         loss.backward()
         torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
         opt.step()
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        step()
-    torch.cuda.synchronize()
-    t = (time.perf_counter() - t0) / steps
-    print(f"tokens_per_second {batch * seq / t:.1f}")
-    print(f"peak_memory_bytes {torch.cuda.max_memory_allocated()}")
-    print(f"peak_reserved_bytes {torch.cuda.max_memory_reserved()}")
+    report_training_speed(step, steps, batch * seq)
 
 
 def main():
