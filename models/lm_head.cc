@@ -9,10 +9,15 @@
 
 namespace megabatch::models {
 
-int64_t head_chunk_rows(int64_t n, int64_t vocab, DType dtype, Device device) {
+int64_t head_chunk_limit(int64_t vocab, DType dtype, Device device) {
   if (device.is_cpu()) return 256;
   const int64_t row_bytes = std::max<int64_t>(vocab, 1) * static_cast<int64_t>(dtype_size(dtype));
-  const int64_t most = std::max<int64_t>(kGpuLogitsBudget / row_bytes, 256);
+  return std::max<int64_t>(kGpuLogitsBudget / row_bytes, 256);
+}
+
+int64_t head_chunk_rows(int64_t n, int64_t vocab, DType dtype, Device device) {
+  const int64_t most = head_chunk_limit(vocab, dtype, device);
+  if (device.is_cpu()) return most;  // fixed chunks, the last one shorter
   const int64_t chunks = std::max<int64_t>((n + most - 1) / most, 1);
   return std::max<int64_t>((n + chunks - 1) / chunks, 1);
 }

@@ -23,8 +23,9 @@ namespace megabatch::models {
 
 constexpr int64_t kGpuLogitsBudget = int64_t{1} << 30;  // bytes of one chunk's logits on a GPU
 
-// The rows of one chunk for n rows of a vocabulary shard of `vocab` logits of `dtype` on
-// `device` (see above).
+// The most rows one chunk holds for a vocabulary shard of `vocab` logits of `dtype` on
+// `device`, and the rows of one chunk for n rows (see above).
+int64_t head_chunk_limit(int64_t vocab, DType dtype, Device device);
 int64_t head_chunk_rows(int64_t n, int64_t vocab, DType dtype, Device device);
 
 class TiedLmHead {

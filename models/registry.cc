@@ -1,7 +1,6 @@
 #include "models/registry.h"
 
 #include <algorithm>
-#include <limits>
 
 #include "core/util/error.h"
 #include "models/bert.h"
@@ -127,7 +126,7 @@ train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device
   const int64_t head_rows = c.family == "t5" ? c.decoder_seq() : c.seq_length;
   const int64_t vocab = c.padded_vocab_size() / std::max<int64_t>(c.tensor_model_parallel_size, 1);
   const double row_bytes = static_cast<double>(vocab) * static_cast<double>(dtype_size(dtype));
-  const int64_t most_rows = head_chunk_rows(std::numeric_limits<int32_t>::max(), vocab, dtype, device);
+  const int64_t most_rows = head_chunk_limit(vocab, dtype, device);
   return {r.parameters_per_rank,
           r.activation_bytes,
           r.attention_score_bytes,

@@ -60,13 +60,13 @@ void dropout_or_copy_backward(const Tensor& din, const Tensor& dout, const ops::
 void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
 void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
 
-// What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
-// may be undefined. Both must stay valid until backward.
 // Whether a stack's self-attention runs the flash kernels: on a GPU, where they take the
 // dtype and head size, and without a position bias (T5's takes the explicit attention, as f32
 // does). The memory estimate (models/registry.h) asks the same question.
 bool flash_attention_runs(Device device, DType dtype, int64_t head_dim, bool position_bias);
 
+// What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
+// may be undefined. Both must stay valid until backward.
 struct StackMemory {
   Tensor values;
   int64_t T = 0;

@@ -99,6 +99,13 @@ struct alignas(sizeof(T) * V) Pack {
   T v[V];
 };
 
+// Whether every pointer given is 16-byte aligned (null ones are skipped): the launchers'
+// test for the kernels that load Pack<T, kVec<T>>.
+template <typename... P>
+bool aligned16(const P*... p) {
+  return ((!p || reinterpret_cast<uintptr_t>(p) % 16 == 0) && ...);
+}
+
 template <typename F, typename T, int V, size_t... I>
 __device__ __forceinline__ float apply_at(const F& f, const Pack<T, V>* x, int k, std::index_sequence<I...>) {
   return f(to_f32(x[I].v[k])...);
@@ -126,8 +133,7 @@ void map(const char* name, cudaStream_t st, T* out, int64_t n, F f, const In*...
   static_assert((std::is_same_v<In, T> && ...), "map: every input has the output's type");
   if (n <= 0) return;
   constexpr int V = kVec<T>;
-  const bool aligned = reinterpret_cast<uintptr_t>(out) % 16 == 0 && ((reinterpret_cast<uintptr_t>(in) % 16 == 0) && ...);
-  if (aligned)
+  if (aligned16(out, in...))
     map_kernel<T, V><<<blocks_for((n + V - 1) / V, 256), 256, 0, st>>>(out, n, f, in...);
   else
     map_kernel<T, 1><<<blocks_for(n, 256), 256, 0, st>>>(out, n, f, in...);

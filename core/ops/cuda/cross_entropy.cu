@@ -21,8 +21,8 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// One row's reductions by the whole block (every thread gets the result), shared by the
-// pieces and ce_whole_rows's kernel so that both compute the same.
+// One row's reductions by the whole block (every thread gets the result), for the pieces
+// (ce_whole_rows makes one online pass instead).
 // The largest logit (fmaxf passes over a NaN, which then poisons the sum of exps).
 template <typename T>
 __device__ float block_row_max(const T* l, int64_t V, float* scratch) {
@@ -264,7 +264,7 @@ void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& tar
   with_type<accepts::ce_whole_rows_logits.cuda.bits>(logits.dtype(), "ce_whole_rows", [&](auto zero) {
     using T = decltype(zero);
     constexpr int W = kVec<T>;  // rows of whole 16-byte vectors: every row starts aligned
-    if (V % W == 0 && reinterpret_cast<uintptr_t>(ptr<T>(logits)) % 16 == 0)
+    if (V % W == 0 && aligned16(ptr<T>(logits)))
       whole_rows_kernel<T, W><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
           ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
     else

@@ -56,9 +56,9 @@ __device__ __forceinline__ bool valid(const Args& a, int b, int i, int j) {
   return !a.mask || a.mask[static_cast<int64_t>(b) * a.T + j] != 0;
 }
 
-// the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p)
+// the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p) (called by the kernels'
+// dropout instances only)
 __device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
-  if (!a.drop) return 1.0f;
   const uint64_t e = static_cast<uint64_t>(((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.T + i) *
                                                static_cast<int64_t>(a.T) + j);
   const auto r = Philox4x32::generate(a.key, a.stream, e / 4);

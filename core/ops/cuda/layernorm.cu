@@ -6,7 +6,6 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-#include <initializer_list>
 #include <type_traits>
 
 namespace megabatch::ops::cuda {
@@ -128,12 +127,10 @@ __global__ void __launch_bounds__(32 * kRowWarps) norm_din_rows_kernel(T* din, c
 
 // The vectors a lane holds for rows of C columns of T: 1, 2, 4 or 8, or 0 where the rows
 // are not whole vectors, start unaligned or are too wide (the block-per-row kernels).
-template <typename T>
-int packs_per_lane(int64_t C, std::initializer_list<const void*> pointers) {
+template <typename T, typename... P>
+int packs_per_lane(int64_t C, const P*... pointers) {
   constexpr int V = kVec<T>;
-  if (C % V != 0) return 0;
-  for (const void* p : pointers)
-    if (p && reinterpret_cast<uintptr_t>(p) % 16 != 0) return 0;
+  if (C % V != 0 || !aligned16(pointers...)) return 0;
   const int64_t per_lane = (C / V + 31) / 32;
   for (int k = 1; k <= kMaxPacks; k *= 2)
     if (per_lane <= k) return k;
@@ -241,7 +238,7 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
   constexpr const Accepts& row = kRms ? accepts::rmsnorm_forward_in : accepts::layernorm_forward_in;
   with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
-    const int kpl = packs_per_lane<T>(C, {out.raw(), in.raw(), weight.raw(), bias.defined() ? bias.raw() : nullptr});
+    const int kpl = packs_per_lane<T>(C, ptr<T>(out), ptr<T>(in), ptr<T>(weight), ptr<T>(bias));
     if (kpl > 0) {
       with_packs(kpl, [&](auto k) {
         norm_forward_rows_kernel<T, kRms, decltype(k)::value>
@@ -269,7 +266,7 @@ void backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, con
   with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
     if (din.defined()) {
-      const int kpl = packs_per_lane<T>(C, {din.raw(), dout.raw(), in.raw(), weight.raw()});
+      const int kpl = packs_per_lane<T>(C, ptr<T>(din), ptr<T>(dout), ptr<T>(in), ptr<T>(weight));
       if (kpl > 0) {
         with_packs(kpl, [&](auto k) {
           norm_din_rows_kernel<T, kRms, decltype(k)::value><<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, s>>>(
