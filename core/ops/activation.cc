@@ -13,12 +13,12 @@ void gelu_forward(const Tensor& out, const Tensor& in) {
   MB_OP_DISPATCH(d, gelu_forward, out, in);
 }
 
-void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Write w) {
   const Device d = common_device("gelu_backward", {&din, &dout, &in});
   expect_accepted(accepts::gelu_backward_in, in, d);
   expect_same("gelu_backward", "in", in, "dout", dout);
   expect_same("gelu_backward", "in", in, "din", din);
-  MB_OP_DISPATCH(d, gelu_backward, din, dout, in);
+  MB_OP_DISPATCH(d, gelu_backward, din, dout, in, w);
 }
 
 void tanh_forward(const Tensor& out, const Tensor& in) {

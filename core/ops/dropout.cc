@@ -14,12 +14,15 @@ void dropout_forward(const Tensor& out, const Tensor& in, uint64_t offset, const
   MB_OP_DISPATCH(d, dropout_forward, out, in, offset, k);
 }
 
-void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k) {
+void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k, Write w) {
   const Device d = common_device("dropout_backward", {&din, &dout});
   expect_accepted(accepts::dropout_backward_dout, dout, d);
   expect_same("dropout_backward", "dout", dout, "din", din);
   check(k.p >= 0 && k.p < 1, "dropout_backward: probability ", k.p, " is outside [0, 1)");
-  MB_OP_DISPATCH(d, dropout_backward, din, dout, offset, k);
+  if (w == Write::kSet)  // din = dout * keep / (1 - p): the forward's map
+    MB_OP_DISPATCH(d, dropout_forward, din, dout, offset, k);
+  else
+    MB_OP_DISPATCH(d, dropout_backward, din, dout, offset, k);
 }
 
 }  // namespace megabatch::ops

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/ops/write.h"
 #include "core/tensor/tensor.h"
 
 namespace megabatch::ops {
@@ -23,7 +24,8 @@ void dropout_mask(uint8_t* keep, int64_t n, uint64_t offset, const DropoutKey& k
 
 // out = in * keep / (1 - p)
 void dropout_forward(const Tensor& out, const Tensor& in, uint64_t offset, const DropoutKey& k);
-// din += dout * keep / (1 - p)
-void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k);
+// din += dout * keep / (1 - p) (= with kSet: the forward applied to dout)
+void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k,
+                      Write w = Write::kAdd);
 
 }  // namespace megabatch::ops

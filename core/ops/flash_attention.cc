@@ -49,7 +49,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout) {
+                              const DropoutKey* dropout, Write w) {
   const Device d = common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask});
   expect_accepted(accepts::flash_attention_backward_qkv, qkv, d);
   expect_accepted(accepts::flash_attention_backward_lse, lse, d);
@@ -60,7 +60,7 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
     expect_dtype("flash_attention_backward", name, *t, qkv.dtype());
     expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
   }
-  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout);
+  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w);
 }
 
 }  // namespace megabatch::ops

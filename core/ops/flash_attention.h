@@ -14,6 +14,7 @@
 #pragma once
 
 #include "core/ops/attention.h"
+#include "core/ops/write.h"
 
 namespace megabatch::ops {
 
@@ -23,9 +24,9 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size);
 // out (B, T, H, D) and lse (B, H, T) f32 written.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout);
-// dqkv += the gradient with respect to qkv.
+// dqkv += the gradient with respect to qkv (= with kSet).
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout);
+                              const DropoutKey* dropout, Write w = Write::kAdd);
 
 }  // namespace megabatch::ops

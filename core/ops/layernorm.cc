@@ -53,6 +53,27 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& in, co
   MB_OP_DISPATCH(d, rmsnorm_forward, out, rstd, in, weight, eps);
 }
 
+void layernorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  const Device d = common_device("layernorm_residual_forward", {&sum, &out, &mean, &rstd, &a, &b, &weight, &bias});
+  check(mean.defined() && rstd.defined() && weight.defined() && bias.defined(),
+        "layernorm_residual_forward: missing argument");
+  check_norm(accepts::layernorm_residual_forward_a, d, a, out, weight, bias, mean, rstd);
+  expect_same("layernorm_residual_forward", "a", a, "b", b);
+  expect_same("layernorm_residual_forward", "a", a, "sum", sum);
+  MB_OP_DISPATCH(d, layernorm_residual_forward, sum, out, mean, rstd, a, b, weight, bias, eps);
+}
+
+void rmsnorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& weight, double eps) {
+  const Device d = common_device("rmsnorm_residual_forward", {&sum, &out, &rstd, &a, &b, &weight});
+  check(rstd.defined() && weight.defined(), "rmsnorm_residual_forward: missing argument");
+  check_norm(accepts::rmsnorm_residual_forward_a, d, a, out, weight, Tensor(), Tensor(), rstd);
+  expect_same("rmsnorm_residual_forward", "a", a, "b", b);
+  expect_same("rmsnorm_residual_forward", "a", a, "sum", sum);
+  MB_OP_DISPATCH(d, rmsnorm_residual_forward, sum, out, rstd, a, b, weight, eps);
+}
+
 void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dout, const Tensor& in,
                       const Tensor& weight, const Tensor& rstd) {
   const Device d = common_device("rmsnorm_backward", {&din, &dweight, &dout, &in, &weight, &rstd});

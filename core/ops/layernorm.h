@@ -17,6 +17,14 @@ void layernorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& 
                         const Tensor& in, const Tensor& weight, const Tensor& mean, const Tensor& rstd);
 
 void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& in, const Tensor& weight, double eps);
+
+// The residual add fused with the norm after it: sum = a + b (rounded to the dtype, as
+// residual_forward), then the forward above of sum (a GPU reads a and b once and writes sum
+// and out in one pass where its warp-per-row kernel takes the rows; else the two ops).
+void layernorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps);
+void rmsnorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& weight, double eps);
 void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dout, const Tensor& in,
                       const Tensor& weight, const Tensor& rstd);
 

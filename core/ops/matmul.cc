@@ -33,7 +33,7 @@ void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, c
 }
 
 void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& in, const Tensor& weight) {
+                     const Tensor& in, const Tensor& weight, Write din_write) {
   const Device d = common_device("linear_backward", {&din, &dweight, &dbias, &dout, &in, &weight});
   expect_accepted(accepts::linear_backward_dout, dout, d);
   expect_dtype("linear_backward", "in", in, dout.dtype());
@@ -47,7 +47,40 @@ void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbi
   expect_numel("linear_backward", "din", din, in.numel());
   expect_numel("linear_backward", "dweight", dweight, weight.numel());
   expect_numel("linear_backward", "dbias", dbias, static_cast<size_t>(weight.dim(0)));
-  MB_OP_DISPATCH(d, linear_backward, din, dweight, dbias, dout, in, weight);
+  MB_OP_DISPATCH(d, linear_backward, din, dweight, dbias, dout, in, weight, din_write);
+}
+
+void linear_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias) {
+  const Device d = common_device("linear_gelu_forward", {&out, &pre, &in, &weight, &bias});
+  expect_accepted(accepts::linear_gelu_forward_in, in, d);
+  expect_dtype("linear_gelu_forward", "weight", weight, in.dtype());
+  expect_dtype("linear_gelu_forward", "bias", bias, in.dtype());
+  expect_same("linear_gelu_forward", "out", out, "pre", pre);
+  expect_dtype("linear_gelu_forward", "out", out, in.dtype());
+  check(weight.ndim() == 2 && cols(in) == weight.dim(1) && cols(out) == weight.dim(0) && rows(out) == rows(in),
+        "linear_gelu_forward: in ", in.describe(), ", weight ", weight.describe(), ", out ", out.describe(),
+        " do not agree");
+  expect_numel("linear_gelu_forward", "bias", bias, static_cast<size_t>(weight.dim(0)));
+  MB_OP_DISPATCH(d, linear_gelu_forward, out, pre, in, weight, bias);
+}
+
+void linear_backward_gelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& in, const Tensor& weight, const Tensor& pre) {
+  const Device d = common_device("linear_backward_gelu", {&dpre, &dweight, &dbias, &dout, &in, &weight, &pre});
+  expect_accepted(accepts::linear_backward_gelu_dout, dout, d);
+  expect_dtype("linear_backward_gelu", "weight", weight, dout.dtype());
+  expect_dtype("linear_backward_gelu", "dweight", dweight, acc_type(dout.dtype()));
+  expect_dtype("linear_backward_gelu", "dbias", dbias, acc_type(dout.dtype()));
+  expect_same("linear_backward_gelu", "in", in, "pre", pre);
+  expect_same("linear_backward_gelu", "in", in, "dpre", dpre);
+  expect_dtype("linear_backward_gelu", "in", in, dout.dtype());
+  check(weight.ndim() == 2 && cols(dout) == weight.dim(0) && rows(dout) == rows(in) && cols(in) == weight.dim(1),
+        "linear_backward_gelu: dout ", dout.describe(), ", in ", in.describe(), ", weight ", weight.describe(),
+        " do not agree");
+  expect_numel("linear_backward_gelu", "dweight", dweight, weight.numel());
+  expect_numel("linear_backward_gelu", "dbias", dbias, static_cast<size_t>(weight.dim(0)));
+  MB_OP_DISPATCH(d, linear_backward_gelu, dpre, dweight, dbias, dout, in, weight, pre);
 }
 
 void bias_add(const Tensor& x, const Tensor& bias) {

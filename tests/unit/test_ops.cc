@@ -247,6 +247,38 @@ TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
   expect_fp32_close(vecf(yf), vec(yd), 8, "gelu fp32");
 }
 
+// The MLP's fused halves are their parts: pre = x w^T + b, y = gelu(pre); and the second
+// layer's backward through the GELU (dpre, set) against finite differences of
+// L = r . (gelu(p) w2^T + b2).
+TEST(LinearGelu, FusedForwardIsItsPartsAndItsBackwardMatchesFiniteDifferences) {
+  const int n = 5, I = 7, O = 6, O2 = 4;
+  const Vec x = randn(n * I, 21), w = randn(O * I, 22), b = randn(O, 23);
+  mb::Tensor y({n, O}, mb::DType::kF64), pre({n, O}, mb::DType::kF64), lin({n, O}, mb::DType::kF64),
+      g({n, O}, mb::DType::kF64);
+  ops::linear_gelu_forward(y, pre, t64(x, {n, I}), t64(w, {O, I}), t64(b));
+  ops::linear_forward(lin, t64(x, {n, I}), t64(w, {O, I}), t64(b));
+  ops::gelu_forward(g, lin);
+  EXPECT_EQ(vec(pre), vec(lin));
+  EXPECT_EQ(vec(y), vec(g));
+  const Vec p = randn(n * O, 24, 2.0), w2 = randn(O2 * O, 25), b2 = randn(O2, 26), r = randn(n * O2, 27);
+  auto loss = [&](const Vec& pp) {
+    mb::Tensor a({n, O}, mb::DType::kF64), out({n, O2}, mb::DType::kF64);
+    ops::gelu_forward(a, t64(pp, {n, O}));
+    ops::linear_forward(out, a, t64(w2, {O2, O}), t64(b2));
+    return dot(vec(out), r);
+  };
+  mb::Tensor a({n, O}, mb::DType::kF64);
+  ops::gelu_forward(a, t64(p, {n, O}));
+  mb::Tensor dpre = t64(Vec(n * O, 7.0), {n, O});  // set, so the 7s must go
+  mb::Tensor dw2 = t64(Vec(O2 * O, 0.0), {O2, O}), db2 = t64(Vec(O2, 0.0));
+  ops::linear_backward_gelu(dpre, dw2, db2, t64(r, {n, O2}), a, t64(w2, {O2, O}), t64(p, {n, O}));
+  expect_fd(loss, p, vec(dpre), "dpre");
+  mb::Tensor dw_ref = t64(Vec(O2 * O, 0.0), {O2, O}), db_ref = t64(Vec(O2, 0.0));
+  ops::linear_backward(mb::Tensor(), dw_ref, db_ref, t64(r, {n, O2}), a, t64(w2, {O2, O}));
+  EXPECT_EQ(vec(dw2), vec(dw_ref));
+  EXPECT_EQ(vec(db2), vec(db_ref));
+}
+
 TEST(Tanh, BackwardFromTheOutputMatchesFiniteDifferences) {
   const Vec x = randn(23, 62, 2.0), r = randn(23, 63);
   mb::Tensor y({23}, mb::DType::kF64), dx({23}, mb::DType::kF64);

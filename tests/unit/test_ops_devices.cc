@@ -85,6 +85,10 @@ TEST_P(OnDevice, LinearForwardAndBackward) {
   h.expect_close(dx, O, "linear dx");
   h.expect_close(dw, n, "linear dweight");
   h.expect_close(db, n, "linear dbias");
+  Pair dx_set = h.output({n, I});  // written whole: the device side's NaN start must not show
+  ops::linear_backward(dx_set.dev, {}, {}, dy.dev, x.dev, w.dev, ops::Write::kSet);
+  ops::linear_backward(dx_set.ref, {}, {}, dy.ref, x.ref, w.ref, ops::Write::kSet);
+  h.expect_close(dx_set, O, "linear dx set");
   Pair z = h.accumulator({n, O}), dz = h.accumulator({O}, DType::kF32);
   ops::bias_add(z.dev, b.dev);
   ops::bias_add(z.ref, b.ref);
@@ -92,6 +96,32 @@ TEST_P(OnDevice, LinearForwardAndBackward) {
   ops::bias_backward(dz.ref, dy.ref);
   h.expect_close(z, 1, "bias_add");
   h.expect_close(dz, n, "bias_backward");
+}
+
+// The MLP's fused halves (on a GPU, cuBLASLt's GELU epilogues) against the reference: O 64,
+// rows of whole 16-byte vectors, takes the epilogues; O 36 in the half types does not, and
+// runs the unfused kernels. In f32 the bound is tight enough to tell the tanh form of GELU
+// from the erf form (up to 5e-4 apart).
+TEST_P(OnDevice, LinearWithGeluForwardAndBackwardThroughIt) {
+  auto h = harness(15);
+  for (const int64_t O : {64, 36}) {
+    SCOPED_TRACE("O = " + std::to_string(O));
+    const int64_t n = 67, I = 48, O2 = 40;
+    const Pair x = h.input({n, I}), w = h.input({O, I}, 0.3), b = h.input({O});
+    Pair y = h.output({n, O}), pre = h.output({n, O});
+    ops::linear_gelu_forward(y.dev, pre.dev, x.dev, w.dev, b.dev);
+    ops::linear_gelu_forward(y.ref, pre.ref, x.ref, w.ref, b.ref);
+    h.expect_close(pre, I + 1, "pre-activation");
+    h.expect_close(y, I + 9, "gelu of it");
+    // the second layer's backward (its input a, from the pre-activation p) through the GELU
+    const Pair a = h.input({n, O}), p = h.input({n, O}, 2.0), w2 = h.input({O2, O}, 0.3), dy = h.input({n, O2});
+    Pair dpre = h.output({n, O}), dw2 = h.accumulator({O2, O}, DType::kF32), db2 = h.accumulator({O2}, DType::kF32);
+    ops::linear_backward_gelu(dpre.dev, dw2.dev, db2.dev, dy.dev, a.dev, w2.dev, p.dev);
+    ops::linear_backward_gelu(dpre.ref, dw2.ref, db2.ref, dy.ref, a.ref, w2.ref, p.ref);
+    h.expect_close(dpre, O2 + 64, "dpre");
+    h.expect_close(dw2, n, "dweight");
+    h.expect_close(db2, n, "dbias");
+  }
 }
 
 TEST_P(OnDevice, LayerNormAndRmsNormForwardAndBackward) {
@@ -126,6 +156,23 @@ TEST_P(OnDevice, LayerNormAndRmsNormForwardAndBackward) {
     ops::rmsnorm_backward(rdx.ref, rdw.ref, dy.ref, x.ref, w.ref, rr.ref);
     h.expect_close(rdx, roundings, "rmsnorm dx");
     h.expect_close(rdw, n, "rmsnorm dweight");
+
+    // the residual add fused in: sum = a + b (rounded), then the norm of it (one pass on a
+    // GPU at C 768 and 64)
+    const Pair ra = h.input({n, C}, 2.0), rb = h.input({n, C});
+    Pair sum = h.output({n, C}), fy = h.output({n, C}), fm = h.output({n}, DType::kF32), fr = h.output({n}, DType::kF32);
+    ops::layernorm_residual_forward(sum.dev, fy.dev, fm.dev, fr.dev, ra.dev, rb.dev, w.dev, b.dev, 1e-5);
+    ops::layernorm_residual_forward(sum.ref, fy.ref, fm.ref, fr.ref, ra.ref, rb.ref, w.ref, b.ref, 1e-5);
+    h.expect_close(sum, 1, "residual sum");
+    h.expect_close(fy, roundings + 2, "layernorm of the sum");
+    h.expect_close(fm, roundings + 2, "layernorm of the sum: mean");
+    h.expect_close(fr, roundings + 2, "layernorm of the sum: rstd");
+    Pair rsum = h.output({n, C}), rfy = h.output({n, C}), rfr = h.output({n}, DType::kF32);
+    ops::rmsnorm_residual_forward(rsum.dev, rfy.dev, rfr.dev, ra.dev, rb.dev, w.dev, 1e-6);
+    ops::rmsnorm_residual_forward(rsum.ref, rfy.ref, rfr.ref, ra.ref, rb.ref, w.ref, 1e-6);
+    h.expect_close(rsum, 1, "rms residual sum");
+    h.expect_close(rfy, roundings + 2, "rmsnorm of the sum");
+    h.expect_close(rfr, roundings + 2, "rmsnorm of the sum: rstd");
   }
 }
 
@@ -161,6 +208,10 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
   ops::residual_backward(da.ref, db.ref, g.ref);
   // 1 - tanh^2 cancels at large |x| (inputs up to ~8 here): about 64 roundings' worth in f32
   h.expect_close(dg, 64, "gelu backward");
+  Pair dg_set = h.output({n});  // written whole: the device side's NaN start must not show
+  ops::gelu_backward(dg_set.dev, g.dev, x.dev, ops::Write::kSet);
+  ops::gelu_backward(dg_set.ref, g.ref, x.ref, ops::Write::kSet);
+  h.expect_close(dg_set, 64, "gelu backward set");
   h.expect_close(dt, 8, "tanh backward");
   h.expect_close(da, 1, "residual da");
   h.expect_close(db, 1, "residual db");
@@ -192,6 +243,10 @@ TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
   ops::dropout_backward(dx.ref, g.ref, 6, k);
   h.expect_close(y, 1, "dropout forward");
   h.expect_close(dx, 1, "dropout backward");
+  Pair dx_set = h.output({n});  // written whole, dropped elements as zeros
+  ops::dropout_backward(dx_set.dev, g.dev, 6, k, ops::Write::kSet);
+  ops::dropout_backward(dx_set.ref, g.ref, 6, k, ops::Write::kSet);
+  h.expect_close(dx_set, 1, "dropout backward set");
   const auto got = mb::to_host_f64(y.dev), ref = mb::to_host_f64(y.ref);
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(got[i] == 0.0, ref[i] == 0.0) << "element " << i << " dropped differently";
 }
@@ -398,6 +453,10 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
     ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk);
     ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk);
     h.expect_close(dqkv, terms, "dqkv", 16.0);
+    Pair dqkv_set = h.output({c.B, c.T, c.H, 3, c.D});  // written whole: the device's NaN start must not show
+    ops::flash_attention_backward(dqkv_set.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kSet);
+    ops::flash_attention_backward(dqkv_set.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet);
+    h.expect_close(dqkv_set, terms, "dqkv set", 16.0);
 
     // the reference is the explicit attention (f64, the same dropout draws)
     Pair eout = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});

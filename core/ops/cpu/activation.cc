@@ -27,11 +27,12 @@ void gelu_forward(const Tensor& out, const Tensor& in) {
   });
 }
 
-void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Write w) {
   with_compute_type(in.dtype(), [&](auto zero) {
     using T = decltype(zero);
     In<T> xs(in), gs(dout);
-    Out<T> ds(din, true);
+    const bool add = w == Write::kAdd;
+    Out<T> ds(din, add);
     const T *x = xs, *g = gs;
     T* d = ds;
     const int64_t n = static_cast<int64_t>(in.numel());
@@ -39,7 +40,8 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
     for (int64_t i = 0; i < n; ++i) {
       const T t = vtanh(kGeluS<T> * (x[i] + kGeluA<T> * x[i] * x[i] * x[i]));
       const T dt = kGeluS<T> * (T(1) + T(3) * kGeluA<T> * x[i] * x[i]);
-      d[i] += g[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * dt);
+      const T v = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * dt);
+      d[i] = add ? d[i] + v : v;
     }
     ds.commit();
   });

@@ -94,10 +94,10 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout) {
+                              const DropoutKey* dropout, Write w) {
   const Rows r = rows_of(s, qkv, key_mask);
   const std::vector<double> dO = to_host_f64(dout), O = to_host_f64(out), L = to_host_f64(lse);
-  std::vector<double> g = to_host_f64(dqkv);
+  std::vector<double> g = w == Write::kAdd ? to_host_f64(dqkv) : std::vector<double>(dqkv.numel(), 0.0);
   const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
   auto o_at = [&](int64_t b, int64_t t, int64_t h, int64_t d) { return static_cast<size_t>(((b * s.T + t) * s.H + h) * s.D + d); };
   for (int64_t b = 0; b < s.B; ++b)

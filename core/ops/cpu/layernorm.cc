@@ -132,4 +132,17 @@ void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& do
   });
 }
 
+// The reference of the fused forms: the two ops.
+void layernorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  cpu::residual_forward(sum, a, b);
+  cpu::layernorm_forward(out, mean, rstd, sum, weight, bias, eps);
+}
+
+void rmsnorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& weight, double eps) {
+  cpu::residual_forward(sum, a, b);
+  cpu::rmsnorm_forward(out, rstd, sum, weight, eps);
+}
+
 }  // namespace megabatch::ops::cpu

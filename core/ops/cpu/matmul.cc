@@ -48,19 +48,34 @@ void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, c
 }
 
 void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& in, const Tensor& weight) {
+                     const Tensor& in, const Tensor& weight, Write din_write) {
   with_compute_type(dout.dtype(), [&](auto zero) {
     using T = decltype(zero);
     In<T> dy(dout), x(in), w(weight);
-    Out<T> dx(din, true), dw(dweight, true), db(dbias, true);
+    const bool add = din_write == Write::kAdd;
+    Out<T> dx(din, add), dw(dweight, true), db(dbias, true);
     const int64_t n = rows_of(in), I = cols_of(in), O = weight.dim(0);
-    if (dx) blas_gemm(Trans::N, Trans::N, n, I, O, T(1), dy, O, w, I, T(1), dx, I);
+    if (dx) blas_gemm(Trans::N, Trans::N, n, I, O, T(1), dy, O, w, I, add ? T(1) : T(0), dx, I);
     if (dw) blas_gemm(Trans::T, Trans::N, O, I, n, T(1), dy, O, x, I, T(1), dw, I);
     if (db) add_column_sums<T>(db, dy, n, O);
     dx.commit();
     dw.commit();
     db.commit();
   });
+}
+
+// The reference of the fused forms: the two ops, each output rounded to its dtype as the
+// unfused layers have always done.
+void linear_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias) {
+  cpu::linear_forward(pre, in, weight, bias);
+  cpu::gelu_forward(out, pre);
+}
+
+void linear_backward_gelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& in, const Tensor& weight, const Tensor& pre) {
+  cpu::linear_backward(dpre, dweight, dbias, dout, in, weight, Write::kSet);
+  cpu::gelu_backward(dpre, dpre, pre, Write::kSet);  // in place: element i reads dpre[i], then writes it
 }
 
 void bias_add(const Tensor& x, const Tensor& bias) {

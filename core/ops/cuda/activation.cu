@@ -11,12 +11,16 @@ constexpr float kGeluA = 0.044715f;
 struct Gelu {
   __device__ float operator()(float x) const { return 0.5f * x * (1.0f + tanhf(kGeluS * (x + kGeluA * x * x * x))); }
 };
-struct GeluBackward {  // din + dout * gelu'(x)
-  __device__ float operator()(float din, float dout, float x) const {
-    const float t = tanhf(kGeluS * (x + kGeluA * x * x * x));
-    const float dt = kGeluS * (1.0f + 3.0f * kGeluA * x * x);
-    return din + dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dt);
-  }
+__device__ float gelu_grad(float dout, float x) {  // dout * gelu'(x)
+  const float t = tanhf(kGeluS * (x + kGeluA * x * x * x));
+  const float dt = kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+  return dout * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * dt);
+}
+struct GeluBackwardAdd {  // din + dout * gelu'(x)
+  __device__ float operator()(float din, float dout, float x) const { return din + gelu_grad(dout, x); }
+};
+struct GeluBackwardSet {  // dout * gelu'(x)
+  __device__ float operator()(float dout, float x) const { return gelu_grad(dout, x); }
 };
 struct Tanh {
   __device__ float operator()(float x) const { return tanhf(x); }
@@ -34,11 +38,15 @@ void gelu_forward(const Tensor& out, const Tensor& in) {
   });
 }
 
-void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Write w) {
   with_type<accepts::gelu_backward_in.cuda.bits>(in.dtype(), "gelu_backward", [&](auto zero) {
     using T = decltype(zero);
-    map("gelu_backward", stream_of(in), ptr<T>(din), static_cast<int64_t>(in.numel()), GeluBackward{}, ptr<const T>(din),
-        ptr<const T>(dout), ptr<const T>(in));
+    const int64_t n = static_cast<int64_t>(in.numel());
+    if (w == Write::kSet)
+      map("gelu_backward", stream_of(in), ptr<T>(din), n, GeluBackwardSet{}, ptr<const T>(dout), ptr<const T>(in));
+    else
+      map("gelu_backward", stream_of(in), ptr<T>(din), n, GeluBackwardAdd{}, ptr<const T>(din), ptr<const T>(dout),
+          ptr<const T>(in));
   });
 }
 

@@ -5,8 +5,8 @@
 // under the current one's math.
 // - forward: a block of queries of a (batch, head) walks the key tiles (a causal block
 //   stops at its diagonal) and writes out and the rows' log-sum-exp;
-// - backward, deterministic (no atomics): one kernel per 128 keys walks the query tiles for
-//   dK and dV, another per 128 queries walks the key tiles for dQ; both recompute the
+// - backward, deterministic (no atomics): one kernel per block of keys walks the query tiles for
+//   dK and dV, another per block of queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
 // Only the tiles that cross the diagonal, reach past T or have a key mask test each element.
 // q, k and v are read in place from qkv (B, T, H, 3, D), out written as (B, T, H, D) and

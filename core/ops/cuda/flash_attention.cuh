@@ -11,14 +11,15 @@
 namespace megabatch::ops::cuda::flash {
 
 // A block's rows are shared by its warps, 16 each; the tiles it walks are read from L2 once
-// for all of them. The backward's blocks hold 128 rows (eight warps): at 64, their
-// registers kept the same eight warps an SM, as two blocks reading every tile twice. The
-// forward's hold 128 rows at head size 128 (for the same reason) and 64 at head size 64,
-// where its fewer registers let three blocks of four warps share an SM.
-constexpr int kRows = 128;  // keys (dK dV) or queries (dQ) of a backward block
-constexpr int kThreads = 2 * kRows;  // a warp per 16 rows
+// for all of them. At head size 128 the blocks hold 128 rows (eight warps): at 64 rows their
+// registers kept the same eight warps an SM, as two blocks reading every tile twice, and 128
+// measured 1-8% faster from seq 1024 up. At head size 64 they hold 64 rows: the forward's
+// fewer registers let three blocks of four warps share an SM, and the backward measured up to
+// 9% slower at 128 rows (H200, docs/gpu-performance.md).
 template <int D>
 constexpr int kForwardRows = D == 64 ? 64 : 128;  // queries of a forward block
+template <int D>
+constexpr int kBackwardRows = D == 64 ? 64 : 128;  // keys (dK dV) or queries (dQ) of a backward block
 constexpr int kTile = 64;   // keys (forward, dQ) or queries (dK dV) of a tile
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -27,6 +28,7 @@ struct Args {
   const void* out;
   const void* dout;
   void* dst;          // forward: out; backward: dqkv
+  bool add;           // backward: dqkv += the gradient (else =)
   float* lse;         // (B, H, T), natural log
   const float* rowdot;  // backward: dout . out per row (B, H, T)
   const uint8_t* mask;

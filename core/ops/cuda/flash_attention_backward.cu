@@ -1,7 +1,7 @@
 // Flash attention's backward on a GPU (the scheme: flash_attention.cu), deterministic (no
-// atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per 128 keys walks
-// the query tiles for dK and dV, and another per 128 queries walks the key tiles for dQ; both
-// recompute the probabilities from the forward's log-sum-exp.
+// atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per block of keys
+// (kBackwardRows) walks the query tiles for dK and dV, and another per block of queries walks
+// the key tiles for dQ; both recompute the probabilities from the forward's log-sum-exp.
 #include "core/ops/cuda/flash_attention.cuh"
 
 namespace megabatch::ops::cuda {
@@ -25,7 +25,8 @@ __global__ void rowdot_kernel(float* rowdot, Args a) {
   if (lane == 0) rowdot[row] = acc;
 }
 
-// Adds the 16 x D accumulator of rows r (per thread: rows g, g + 8) into dqkv slot `which`.
+// Adds (a.add) or writes the 16 x D accumulator of rows r (per thread: rows g, g + 8) into
+// dqkv slot `which`.
 template <typename T, int D>
 __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, int which, float (*acc)[4], float factor,
                                          int g, int t) {
@@ -37,7 +38,7 @@ __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, 
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       uint32_t* p = reinterpret_cast<uint32_t*>(dst + qkv_at(a, b, tok, h, which) + n * 8 + 2 * t);
-      const float2 old = unpack<T>(*p);
+      const float2 old = a.add ? unpack<T>(*p) : float2{0.0f, 0.0f};
       *p = pack<T>(old.x + acc[n][2 * r] * factor, old.y + acc[n][2 * r + 1] * factor);
     }
   }
@@ -46,7 +47,8 @@ __device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, 
 // dK and dV of kRows keys: each warp 16 keys, over the query tiles (double-buffered). kDrop:
 // attention dropout, as in the forward.
 template <typename T, int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
+__global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a) {
+  constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
   T* Kown = reinterpret_cast<T*>(smem);  // this block's keys [kRows][RS]
@@ -170,7 +172,8 @@ __global__ void __launch_bounds__(kThreads) flash_dkdv_kernel(Args a) {
 
 // dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).
 template <typename T, int D, bool kDrop>
-__global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
+__global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) {
+  constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
   extern __shared__ __align__(16) unsigned char smem[];
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
@@ -271,6 +274,7 @@ __global__ void __launch_bounds__(kThreads) flash_dq_kernel(Args a) {
 
 template <typename T, int D, bool kDrop>
 void backward(const Args& a, cudaStream_t st) {
+  constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;
   const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
   constexpr size_t RS = D + 8;
   launch(flash_dkdv_kernel<T, D, kDrop>, grid, kThreads, (2 * kRows + 4 * kTile) * RS * sizeof(T) + 4 * kTile * sizeof(float),
@@ -289,12 +293,13 @@ void backward(const Args& a, cudaStream_t st) {
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout) {
+                              const DropoutKey* dropout, Write w) {
   if (s.B * s.H * s.T == 0) return;
   Args a = args_of(s, dropout, qkv, key_mask, lse);
   a.out = out.raw();
   a.dout = dout.raw();
   a.dst = dqkv.raw();
+  a.add = w == Write::kAdd;
   const cudaStream_t st = stream_of(qkv);
   Tensor rowdot({s.B, s.H, s.T}, DType::kF32, qkv.device());
   a.rowdot = ptr<float>(rowdot);

@@ -1,7 +1,7 @@
 // The one cuBLASLt entry of the CUDA ops (matmul.cu): every matrix product of the GPU
 // path goes through it, row-major, with f32 compute (no TF32), cached descriptors and
-// algorithm per shape, one workspace per device, and optional bias epilogue. CUDA sources
-// only.
+// algorithm per shape, one workspace per device, and optional bias and GELU epilogues. CUDA
+// sources only.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -25,8 +25,16 @@ struct GemmArgs {
   float alpha = 1.0f, beta = 0.0f;
   int64_t batch = 1, stride_a = 0, stride_b = 0, stride_c = 0;  // strided batches (elements)
   const void* bias = nullptr;            // (N) of C's dtype, added to every row (beta must be 0)
+  // A GELU epilogue (beta 0, one batch), with gelu_aux (M, N) of C's dtype, leading dimension
+  // ldc: kForward: gelu_aux = the product (+ bias), C = gelu(gelu_aux); kBackward: C = the
+  // product * gelu'(gelu_aux).
+  enum class Gelu { kNone, kForward, kBackward } gelu = Gelu::kNone;
+  void* gelu_aux = nullptr;
 };
 
 void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g);
+// Whether cuBLASLt has an algorithm for g's epilogue at g's shapes and alignments (answered
+// once per shape); lt_gemm fails on a GELU epilogue it has none for.
+bool lt_gemm_has_algorithm(Device device, const GemmArgs& g);
 
 }  // namespace megabatch::ops::cuda

@@ -35,11 +35,12 @@ __device__ __forceinline__ void load_row(float (&x)[kPacks][V], const T* row, in
   }
 }
 
-// The forward, a warp per row (see the top).
-template <typename T, bool kRms, int kPacks>
+// The forward, a warp per row (see the top). kResidual: the row is in + in2, rounded to T as
+// residual_forward rounds it, and written to sum.
+template <typename T, bool kRms, int kPacks, bool kResidual>
 __global__ void __launch_bounds__(32 * kRowWarps) norm_forward_rows_kernel(T* out, float* mean, float* rstd, const T* in,
                                                                            const T* w, const T* b, int64_t n, int64_t C,
-                                                                           float eps) {
+                                                                           float eps, T* sum, const T* in2) {
   constexpr int V = kVec<T>;
   using P = Pack<T, V>;
   const int lane = threadIdx.x % 32;
@@ -47,6 +48,21 @@ __global__ void __launch_bounds__(32 * kRowWarps) norm_forward_rows_kernel(T* ou
   if (row >= n) return;
   float x[kPacks][V];
   load_row<T, V, kPacks>(x, in + row * C, packs, lane);
+  if constexpr (kResidual) {
+#pragma unroll
+    for (int k = 0; k < kPacks; ++k) {
+      const int64_t p = lane + 32 * k;
+      if (p >= packs) continue;
+      const P y = reinterpret_cast<const P*>(in2 + row * C)[p];
+      P s;
+#pragma unroll
+      for (int e = 0; e < V; ++e) {
+        s.v[e] = from_f32<T>(x[k][e] + to_f32(y.v[e]));
+        x[k][e] = to_f32(s.v[e]);
+      }
+      reinterpret_cast<P*>(sum + row * C)[p] = s;
+    }
+  }
   float m = 0;
   if (!kRms) {
     float s = 0;
@@ -241,10 +257,10 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
     const int kpl = packs_per_lane<T>(C, ptr<T>(out), ptr<T>(in), ptr<T>(weight), ptr<T>(bias));
     if (kpl > 0) {
       with_packs(kpl, [&](auto k) {
-        norm_forward_rows_kernel<T, kRms, decltype(k)::value>
-            <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(in)>>>(ptr<T>(out), ptr<float>(mean), ptr<float>(rstd),
-                                                                         ptr<T>(in), ptr<T>(weight), ptr<T>(bias), n, C,
-                                                                         static_cast<float>(eps));
+        norm_forward_rows_kernel<T, kRms, decltype(k)::value, false>
+            <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(in)>>>(
+                ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), n, C,
+                static_cast<float>(eps), nullptr, nullptr);
       });
       MB_CUDA_LAUNCHED("norm_forward_rows_kernel");
       return;
@@ -254,6 +270,35 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
         static_cast<float>(eps));
     MB_CUDA_LAUNCHED("norm_forward_kernel");
   });
+}
+
+// sum = a + b, then the forward of sum: in one pass where the warp-per-row kernel takes the
+// rows, else residual_forward and forward.
+template <bool kRms>
+void residual_forward_norm(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                           const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  const int64_t n = rows(a), C = a.shape().back();
+  if (n == 0) return;
+  constexpr const Accepts& row = kRms ? accepts::rmsnorm_residual_forward_a : accepts::layernorm_residual_forward_a;
+  static_assert(row.cuda == (kRms ? accepts::rmsnorm_forward_in : accepts::layernorm_forward_in).cuda,
+                "the unfused path takes what the fused one does");
+  bool fused = false;
+  with_type<row.cuda.bits>(a.dtype(), row.op, [&](auto zero) {
+    using T = decltype(zero);
+    const int kpl = packs_per_lane<T>(C, ptr<T>(sum), ptr<T>(out), ptr<T>(a), ptr<T>(b), ptr<T>(weight), ptr<T>(bias));
+    if (kpl == 0) return;
+    with_packs(kpl, [&](auto k) {
+      norm_forward_rows_kernel<T, kRms, decltype(k)::value, true>
+          <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(a)>>>(
+              ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(a), ptr<T>(weight), ptr<T>(bias), n, C,
+              static_cast<float>(eps), ptr<T>(sum), ptr<T>(b));
+    });
+    MB_CUDA_LAUNCHED("norm_forward_rows_kernel (residual)");
+    fused = true;
+  });
+  if (fused) return;
+  cuda::residual_forward(sum, a, b);
+  forward<kRms>(out, mean, rstd, sum, weight, bias, eps);
 }
 
 template <bool kRms>
@@ -318,6 +363,16 @@ void rmsnorm_forward(const Tensor& out, const Tensor& rstd, const Tensor& in, co
 void rmsnorm_backward(const Tensor& din, const Tensor& dweight, const Tensor& dout, const Tensor& in,
                       const Tensor& weight, const Tensor& rstd) {
   backward<true>(din, dweight, Tensor(), dout, in, weight, Tensor(), rstd);
+}
+
+void layernorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                                const Tensor& a, const Tensor& b, const Tensor& weight, const Tensor& bias, double eps) {
+  residual_forward_norm<false>(sum, out, mean, rstd, a, b, weight, bias, eps);
+}
+
+void rmsnorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor& rstd, const Tensor& a,
+                              const Tensor& b, const Tensor& weight, double eps) {
+  residual_forward_norm<true>(sum, out, Tensor(), rstd, a, b, weight, Tensor(), eps);
 }
 
 }  // namespace megabatch::ops::cuda

@@ -19,7 +19,9 @@ constexpr size_t kWorkspace = size_t{32} << 20;
 // cuBLASLt's type of each dtype the GEMM rows of core/ops/accepts.inc give CUDA (and a
 // failure here for any other would be a bug: the public op refused it)
 static_assert(accepts::gemm_A.cuda == accepts::kDeviceActivations && accepts::linear_forward_in.cuda == accepts::kDeviceActivations &&
-              accepts::linear_backward_dout.cuda == accepts::kDeviceActivations);
+              accepts::linear_backward_dout.cuda == accepts::kDeviceActivations &&
+              accepts::linear_gelu_forward_in.cuda == accepts::kDeviceActivations &&
+              accepts::linear_backward_gelu_dout.cuda == accepts::kDeviceActivations);
 cudaDataType_t cuda_type(DType d) {
   switch (d) {
     case DType::kF32: return CUDA_R_32F;
@@ -38,12 +40,13 @@ int alignment(const void* p) {
 
 // Everything that decides the descriptors and the algorithm (not the pointers' values).
 using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int64_t, int64_t,
-                       int64_t, int64_t, bool, int, int, int, int>;
+                       int64_t, int64_t, bool, int, int, int, int, int, int>;
 
 struct Plan {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;  // cuBLAS's A (our B), B (our A), C
   cublasLtMatmulAlgo_t algo{};
+  bool found = false;  // an algorithm for it (else lt_gemm fails, naming the product)
 };
 
 struct Context {
@@ -86,7 +89,20 @@ Plan make_plan(Context& ctx, const GemmArgs& g) {
   const cublasOperation_t op_second = g.ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
   MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
-  if (g.bias) {
+  if (g.gelu != GemmArgs::Gelu::kNone) {
+    // cuBLAS's D is our C transposed, so the aux matrix (our M x N, row-major) is its N x M
+    // with C's leading dimension; the bias runs along cuBLAS's rows, our columns.
+    const cublasLtEpilogue_t epi = g.gelu == GemmArgs::Gelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
+                                   : g.bias                            ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                                                                       : CUBLASLT_EPILOGUE_GELU_AUX;
+    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    const int64_t aux_ld = g.ldc;
+    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    MB_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof g.gelu_aux));
+    if (g.bias)
+      MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  } else if (g.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
     MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
@@ -108,28 +124,51 @@ Plan make_plan(Context& ctx, const GemmArgs& g) {
   int found = 0;
   const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
   cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0)
-    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " -> ", dtype_name(g.c), " product of ", g.M, "x", g.K,
-         " by ", g.K, "x", g.N, " (batch ", g.batch, ")");
-  p.algo = result.algo;
+  p.found = st == CUBLAS_STATUS_SUCCESS && found > 0;
+  if (p.found) p.algo = result.algo;
   return p;
+}
+
+// The plan of g's shapes, made on first use (the caller holds g_mu).
+Plan& plan_for(Context& ctx, const GemmArgs& g) {
+  const Key key{static_cast<int>(g.ta), static_cast<int>(g.tb), g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
+                static_cast<int>(g.ab), static_cast<int>(g.c), g.batch, g.stride_a, g.stride_b, g.stride_c,
+                g.bias != nullptr, alignment(g.A), alignment(g.B), alignment(g.C), alignment(g.bias),
+                static_cast<int>(g.gelu), alignment(g.gelu_aux)};
+  auto it = ctx.plans.find(key);
+  if (it == ctx.plans.end()) it = ctx.plans.emplace(key, make_plan(ctx, g)).first;
+  return it->second;
+}
+
+// What a GELU epilogue needs before cuBLASLt is asked: no accumulation, one batch, the aux
+// matrix 16-byte aligned with a leading dimension of whole 16-byte vectors.
+bool gelu_epilogue_fits(const GemmArgs& g) {
+  return g.beta == 0.0f && g.batch == 1 && alignment(g.gelu_aux) >= 16 && (g.ldc * dtype_size(g.c)) % 16 == 0;
 }
 
 }  // namespace
 
+bool lt_gemm_has_algorithm(Device device, const GemmArgs& g) {
+  if (g.gelu != GemmArgs::Gelu::kNone && !gelu_epilogue_fits(g)) return false;
+  std::lock_guard<std::mutex> lock(g_mu);
+  return plan_for(context(device), g).found;
+}
+
 void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g) {
   if (g.M == 0 || g.N == 0 || g.batch == 0) return;
   check(!g.bias || g.beta == 0.0f, "internal error: gemm bias epilogue with beta != 0");
+  check(g.gelu == GemmArgs::Gelu::kNone || gelu_epilogue_fits(g), "internal error: a GELU epilogue that does not fit");
   std::lock_guard<std::mutex> lock(g_mu);
   Context& ctx = context(device);
-  const Key key{static_cast<int>(g.ta), static_cast<int>(g.tb), g.M, g.N, g.K, g.lda, g.ldb, g.ldc,
-                static_cast<int>(g.ab), static_cast<int>(g.c), g.batch, g.stride_a, g.stride_b, g.stride_c,
-                g.bias != nullptr, alignment(g.A), alignment(g.B), alignment(g.C), alignment(g.bias)};
-  auto it = ctx.plans.find(key);
-  if (it == ctx.plans.end()) it = ctx.plans.emplace(key, make_plan(ctx, g)).first;
-  Plan& p = it->second;
+  Plan& p = plan_for(ctx, g);
+  if (!p.found)
+    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " -> ", dtype_name(g.c), " product of ", g.M, "x", g.K,
+         " by ", g.K, "x", g.N, " (batch ", g.batch, g.gelu != GemmArgs::Gelu::kNone ? ", GELU epilogue" : "", ")");
   if (g.bias)
     MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.gelu != GemmArgs::Gelu::kNone)
+    MB_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof g.gelu_aux));
   MB_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
                                  ctx.workspace, kWorkspace, stream));
 }
@@ -168,6 +207,49 @@ __global__ void add_partials_kernel(float* out, const float* partial, int64_t ch
 
 int64_t rows(const Tensor& t) { return t.shape().back() ? static_cast<int64_t>(t.numel()) / t.shape().back() : 0; }
 
+// out (n, O) = in (n, I) W (O, I)^T (+ bias)
+GemmArgs forward_args(const Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
+  GemmArgs g;
+  g.ta = Trans::N;
+  g.tb = Trans::T;
+  g.M = rows(in);
+  g.N = weight.dim(0);
+  g.K = weight.dim(1);
+  g.A = in.raw();
+  g.B = weight.raw();
+  g.C = out.raw();
+  g.lda = g.K;
+  g.ldb = g.K;
+  g.ldc = g.N;
+  g.ab = g.c = in.dtype();
+  g.bias = bias.defined() ? bias.raw() : nullptr;
+  return g;
+}
+
+// din (n, I) = dout (n, O) W (O, I) + beta din
+GemmArgs din_args(const Tensor& din, const Tensor& dout, const Tensor& weight, float beta) {
+  GemmArgs g;
+  g.M = rows(dout), g.N = weight.dim(1), g.K = weight.dim(0);
+  g.A = dout.raw(), g.B = weight.raw(), g.C = din.raw();
+  g.lda = g.K, g.ldb = g.N, g.ldc = g.N;
+  g.ab = g.c = dout.dtype();
+  g.beta = beta;
+  return g;
+}
+
+// dW (O, I) += dout^T (O, n) in (n, I), accumulated in fp32
+void add_dweight(const Tensor& dweight, const Tensor& dout, const Tensor& in, const Tensor& weight) {
+  GemmArgs g;
+  g.ta = Trans::T;
+  g.M = weight.dim(0), g.N = weight.dim(1), g.K = rows(in);
+  g.A = dout.raw(), g.B = in.raw(), g.C = dweight.raw();
+  g.lda = g.M, g.ldb = g.N, g.ldc = g.N;
+  g.ab = dout.dtype();
+  g.c = DType::kF32;
+  g.beta = 1.0f;
+  lt_gemm(dweight.device(), stream_of(dweight), g);
+}
+
 }  // namespace
 
 void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha, float beta) {
@@ -191,46 +273,42 @@ void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb,
 }
 
 void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, const Tensor& bias) {
-  GemmArgs g;
-  g.ta = Trans::N;
-  g.tb = Trans::T;
-  g.M = rows(in);
-  g.N = weight.dim(0);
-  g.K = weight.dim(1);
-  g.A = in.raw();
-  g.B = weight.raw();
-  g.C = out.raw();
-  g.lda = g.K;
-  g.ldb = g.K;
-  g.ldc = g.N;
-  g.ab = g.c = in.dtype();
-  g.bias = bias.defined() ? bias.raw() : nullptr;
-  lt_gemm(out.device(), stream_of(out), g);
+  lt_gemm(out.device(), stream_of(out), forward_args(out, in, weight, bias));
 }
 
 void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
-                     const Tensor& in, const Tensor& weight) {
-  const int64_t n = rows(in), I = weight.dim(1), O = weight.dim(0);
-  if (din.defined()) {  // din (n, I) += dout (n, O) W (O, I)
-    GemmArgs g;
-    g.M = n, g.N = I, g.K = O;
-    g.A = dout.raw(), g.B = weight.raw(), g.C = din.raw();
-    g.lda = O, g.ldb = I, g.ldc = I;
-    g.ab = g.c = dout.dtype();
-    g.beta = 1.0f;
-    lt_gemm(din.device(), stream_of(din), g);
+                     const Tensor& in, const Tensor& weight, Write din_write) {
+  if (din.defined())
+    lt_gemm(din.device(), stream_of(din), din_args(din, dout, weight, din_write == Write::kAdd ? 1.0f : 0.0f));
+  if (dweight.defined()) add_dweight(dweight, dout, in, weight);
+  if (dbias.defined()) bias_backward(dbias, dout);
+}
+
+void linear_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& in, const Tensor& weight,
+                         const Tensor& bias) {
+  GemmArgs g = forward_args(out, in, weight, bias);
+  g.gelu = GemmArgs::Gelu::kForward;
+  g.gelu_aux = pre.raw();
+  if (lt_gemm_has_algorithm(out.device(), g)) {
+    lt_gemm(out.device(), stream_of(out), g);
+    return;
   }
-  if (dweight.defined()) {  // dW (O, I) += dout^T (O, n) in (n, I), accumulated in fp32
-    GemmArgs g;
-    g.ta = Trans::T;
-    g.M = O, g.N = I, g.K = n;
-    g.A = dout.raw(), g.B = in.raw(), g.C = dweight.raw();
-    g.lda = O, g.ldb = I, g.ldc = I;
-    g.ab = dout.dtype();
-    g.c = DType::kF32;
-    g.beta = 1.0f;
-    lt_gemm(dweight.device(), stream_of(dweight), g);
+  cuda::linear_forward(pre, in, weight, bias);
+  cuda::gelu_forward(out, pre);
+}
+
+void linear_backward_gelu(const Tensor& dpre, const Tensor& dweight, const Tensor& dbias, const Tensor& dout,
+                          const Tensor& in, const Tensor& weight, const Tensor& pre) {
+  GemmArgs g = din_args(dpre, dout, weight, 0.0f);
+  g.gelu = GemmArgs::Gelu::kBackward;
+  g.gelu_aux = pre.raw();  // read: DGELU's input
+  if (lt_gemm_has_algorithm(dpre.device(), g)) {
+    lt_gemm(dpre.device(), stream_of(dpre), g);
+  } else {
+    lt_gemm(dpre.device(), stream_of(dpre), din_args(dpre, dout, weight, 0.0f));
+    cuda::gelu_backward(dpre, dpre, pre, Write::kSet);
   }
+  if (dweight.defined()) add_dweight(dweight, dout, in, weight);
   if (dbias.defined()) bias_backward(dbias, dout);
 }
 
