@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/flash_attention.h"
 #include "core/ops/residual.h"
@@ -62,6 +61,12 @@ void dropout_or_copy_backward(const Tensor& din, const Tensor& dout, const ops::
     ops::dropout_backward(din, dout, 0, k);
   else
     ops::residual_backward(din, Tensor(), dout);
+}
+
+const Tensor& dropout_or_same(const Tensor& scratch, const Tensor& x, const ops::DropoutKey& k) {
+  if (k.p == 0) return x;
+  ops::dropout_forward(scratch, x, 0, k);
+  return scratch;
 }
 
 void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store) {
@@ -138,10 +143,9 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
       alloc(s.xprobs, {B, heads_local_, T, Tm}, P);
     }
   }
-  for (Tensor* t : {&g_a_, &g_b_, &g_c_, &out_copy_}) alloc(*t, {n, C}, P);
+  for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
   alloc(g_qkv_, {n, 3 * Cl}, P);
   alloc(g_attn_, {n, Cl}, P);
-  alloc(g_ff_a_, {n, Fl}, P);
   alloc(g_ff_b_, {n, Fl}, P);
   if (cfg_.cross_attention) {
     alloc(g_q_, {n, Cl}, P);
@@ -174,28 +178,32 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
 void TransformerStack::block_forward(size_t l, const Tensor& next) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
-  self_attention_forward(l);
+  const Tensor& attn_branch = self_attention_forward(l);
+  // each residual add runs fused with the norm that reads its sum
   if (!cfg_.post_layernorm) {
-    ops::residual_forward(s.x_mid, s.x_in, g_c_);
-    if (cfg_.cross_attention) cross_attention_forward(l);
-    b.ln2.forward(s.ln2, s.ln2_mean, s.ln2_rstd, cfg_.cross_attention ? s.x2 : s.x_mid);
-    b.fc1.forward(s.fc1, s.ln2);
+    if (cfg_.cross_attention) {
+      b.lnx->forward_residual(s.x_mid, s.lnx, s.lnx_mean, s.lnx_rstd, s.x_in, attn_branch);
+      const Tensor& cross_branch = cross_attention_forward(l);
+      b.ln2.forward_residual(s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, s.x_mid, cross_branch);
+    } else {
+      b.ln2.forward_residual(s.x_mid, s.ln2, s.ln2_mean, s.ln2_rstd, s.x_in, attn_branch);
+    }
+    mlp_forward(l, s.ln2, next);
   } else {
-    ops::residual_forward(s.r1, s.x_in, g_c_);
-    b.ln1.forward(s.x_mid, s.ln1_mean, s.ln1_rstd, s.r1);
-    b.fc1.forward(s.fc1, s.x_mid);
+    b.ln1.forward_residual(s.r1, s.x_mid, s.ln1_mean, s.ln1_rstd, s.x_in, attn_branch);
+    mlp_forward(l, s.x_mid, next);
   }
-  mlp_forward(l, next);
 }
 
-void TransformerStack::self_attention_forward(size_t l) {
+const Tensor& TransformerStack::self_attention_forward(size_t l) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const int li = static_cast<int>(l);
   const ops::AttentionShape as = attention_shape();
   const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
   if (!cfg_.post_layernorm) {
-    b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
+    // a later block's ln1 ran with the block before's last residual add (mlp_forward)
+    if (l == 0) b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
     b.qkv.forward(s.qkv, s.ln1);
   } else {
     b.qkv.forward(s.qkv, s.x_in);
@@ -205,10 +213,10 @@ void TransformerStack::self_attention_forward(size_t l) {
   else
     ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
   b.proj.forward(s.proj, s.attn);
-  dropout_or_copy(g_c_, s.proj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
+  return dropout_or_same(g_c_, s.proj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
 }
 
-void TransformerStack::cross_attention_forward(size_t l) {
+const Tensor& TransformerStack::cross_attention_forward(size_t l) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const int li = static_cast<int>(l);
@@ -216,37 +224,41 @@ void TransformerStack::cross_attention_forward(size_t l) {
   const ops::CrossAttentionShape cs{B_, T_, memory_.T, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(),
                                     cfg_.heads};
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
-  b.lnx->forward(s.lnx, s.lnx_mean, s.lnx_rstd, s.x_mid);
   b.q->forward(s.q, s.lnx);
   b.kv->forward(s.kv, memory_.values);
   ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory_.mask, cs, &xdrop);
   b.xproj->forward(s.xproj, s.xattn);
-  dropout_or_copy(g_c_, s.xproj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
-  ops::residual_forward(s.x2, s.x_mid, g_c_);
+  return dropout_or_same(g_c_, s.xproj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
 }
 
-void TransformerStack::mlp_forward(size_t l, const Tensor& next) {
+void TransformerStack::mlp_forward(size_t l, const Tensor& h, const Tensor& next) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
-  ops::gelu_forward(s.gelu, s.fc1);
+  b.fc1.forward_gelu(s.gelu, s.fc1, h);
   b.fc2.forward(s.fc2, s.gelu);
-  dropout_or_copy(g_c_, s.fc2, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
-  if (!cfg_.post_layernorm) {
-    ops::residual_forward(next, cfg_.cross_attention ? s.x2 : s.x_mid, g_c_);
+  const Tensor& branch =
+      dropout_or_same(g_c_, s.fc2, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
+  if (cfg_.post_layernorm) {
+    b.ln2.forward_residual(s.r2, next, s.ln2_mean, s.ln2_rstd, s.x_mid, branch);
+    return;
+  }
+  const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
+  if (l + 1 < blocks_.size()) {  // next is block l + 1's input: its ln1 with the add
+    Saved& after = saved_[l + 1];
+    blocks_[l + 1].ln1.forward_residual(next, after.ln1, after.ln1_mean, after.ln1_rstd, mlp_in, branch);
   } else {
-    ops::residual_forward(s.r2, s.x_mid, g_c_);
-    b.ln2.forward(next, s.ln2_mean, s.ln2_rstd, s.r2);
+    ops::residual_forward(next, mlp_in, branch);
   }
 }
 
 void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tensor& dattn_bias, const Tensor& dmemory) {
   check(!cfg_.cross_attention || dmemory.defined(), "transformer stack: backward of a cross-attention stack needs dmemory");
-  Tensor* dres = &g_a_;  // gradient of the current block's output
+  Tensor* dres = &g_a_;  // gradient of the current block's output, then of its input
   Tensor* dnext = &g_b_;
   copy(*dres, dout);
   for (size_t l = blocks_.size(); l-- > 0;) {
     mlp_backward(l, dres, dnext);
-    if (cfg_.cross_attention) cross_attention_backward(l, dmemory, dres, dnext);
+    if (cfg_.cross_attention) cross_attention_backward(l, dmemory, *dres);
     self_attention_backward(l, dattn_bias, dres, dnext);
     store_->grads_final(first_param_[l], first_param_[l + 1]);  // this block is done: its buckets may go
   }
@@ -258,50 +270,40 @@ void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
-  const Tensor* d_sum = dres;  // gradient of the residual sum
-  if (cfg_.post_layernorm) {
-    out_copy_.zero();
-    b.ln2.backward(out_copy_, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
-    d_sum = &out_copy_;
+  if (cfg_.post_layernorm) {  // d of the residual sum r2, into the other buffer
+    dnext->zero();
+    b.ln2.backward(*dnext, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
+    std::swap(dres, dnext);
   }
-  copy(*dnext, *d_sum);  // d of the MLP's input through the residual path
-  g_c_.zero();
-  dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
-  g_ff_a_.zero();
-  b.fc2.backward(g_ff_a_, g_c_, s.gelu);
-  g_ff_b_.zero();
-  ops::gelu_backward(g_ff_b_, g_ff_a_, s.fc1);
+  // *dres: d of the residual sum, which is d of the MLP's input through the residual path;
+  // the branch's gradient is added to it once fc2's backward has read it
+  const Tensor& d_fc2 =
+      dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
+  b.fc2.backward_gelu(g_ff_b_, d_fc2, s.gelu, s.fc1);
   if (!cfg_.post_layernorm) {
-    g_c_.zero();
-    b.fc1.backward(g_c_, g_ff_b_, s.ln2);
-    b.ln2.backward(*dnext, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
+    b.fc1.backward(g_c_, g_ff_b_, s.ln2, ops::Write::kSet);
+    b.ln2.backward(*dres, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
   } else {
-    b.fc1.backward(*dnext, g_ff_b_, s.x_mid);
+    b.fc1.backward(*dres, g_ff_b_, s.x_mid);
   }
-  std::swap(dres, dnext);
 }
 
-// x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory))))
-void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext) {
+// x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory)))); dres: d x2 in, d x_mid out
+void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const int li = static_cast<int>(l);
   const int64_t C = cfg_.hidden;
   const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
-  copy(*dnext, *dres);  // d x_mid through the residual path
-  g_c_.zero();
-  dropout_or_copy_backward(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
-  g_attn_.zero();
-  b.xproj->backward(g_attn_, g_c_, s.xattn);
-  g_q_.zero();
+  const Tensor& d_xproj = dropout_or_same(g_c_, dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
+  b.xproj->backward(g_attn_, d_xproj, s.xattn, ops::Write::kSet);
+  g_q_.zero();  // the explicit cross attention accumulates
   g_kv_.zero();
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
   ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
   b.kv->backward(dmemory, g_kv_, memory_.values);
-  g_c_.zero();
-  b.q->backward(g_c_, g_q_, s.lnx);
-  b.lnx->backward(*dnext, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
-  std::swap(dres, dnext);
+  b.q->backward(g_c_, g_q_, s.lnx, ops::Write::kSet);
+  b.lnx->backward(dres, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
 }
 
 // x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
@@ -311,30 +313,25 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   const int li = static_cast<int>(l);
   const ops::AttentionShape as = attention_shape();
   const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
-  const Tensor* d_sum = dres;
-  if (cfg_.post_layernorm) {
-    out_copy_.zero();
-    b.ln1.backward(out_copy_, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
-    d_sum = &out_copy_;
+  if (cfg_.post_layernorm) {  // d of the residual sum r1, into the other buffer
+    dnext->zero();
+    b.ln1.backward(*dnext, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
+    std::swap(dres, dnext);
   }
-  copy(*dnext, *d_sum);  // d x_in through the residual path
-  g_c_.zero();
-  dropout_or_copy_backward(g_c_, *d_sum, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
-  g_attn_.zero();
-  b.proj.backward(g_attn_, g_c_, s.attn);
-  g_qkv_.zero();
-  if (flash_)
-    ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop);
-  else
-    ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
-  if (!cfg_.post_layernorm) {
-    g_c_.zero();
-    b.qkv.backward(g_c_, g_qkv_, s.ln1);
-    b.ln1.backward(*dnext, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
+  const Tensor& d_proj = dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
+  b.proj.backward(g_attn_, d_proj, s.attn, ops::Write::kSet);
+  if (flash_) {
+    ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop, ops::Write::kSet);
   } else {
-    b.qkv.backward(*dnext, g_qkv_, s.x_in);
+    g_qkv_.zero();  // the explicit attention accumulates
+    ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
   }
-  std::swap(dres, dnext);
+  if (!cfg_.post_layernorm) {
+    b.qkv.backward(g_c_, g_qkv_, s.ln1, ops::Write::kSet);
+    b.ln1.backward(*dres, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
+  } else {
+    b.qkv.backward(*dres, g_qkv_, s.x_in);
+  }
 }
 
 }  // namespace megabatch::models

@@ -54,6 +54,9 @@ ops::DropoutKey dropout_key(const train::StepContext& ctx, double p, uint64_t st
 // out = dropout(in) (a copy when k.p is 0); and its backward, accumulating into din.
 void dropout_or_copy(const Tensor& out, const Tensor& in, const ops::DropoutKey& k);
 void dropout_or_copy_backward(const Tensor& din, const Tensor& dout, const ops::DropoutKey& k);
+// dropout(x) written into `scratch` and returned, or x itself when k.p is 0 (no copy). The
+// same map takes a dropout's output gradient to its input gradient.
+const Tensor& dropout_or_same(const Tensor& scratch, const Tensor& x, const ops::DropoutKey& k);
 
 // An activation of the model: resized to `shape` in the parameters' dtype and device (acc:
 // in fp32, for statistics and losses).
@@ -109,13 +112,18 @@ class TransformerStack {
   void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
   // One block's forward: its output into `next`; and its parts.
   void block_forward(size_t l, const Tensor& next);
-  void self_attention_forward(size_t l);  // into g_c_: the dropped-out projection
-  void cross_attention_forward(size_t l);  // x2 = x_mid + the cross-attention
-  void mlp_forward(size_t l, const Tensor& next);
-  // One block's backward, from *dres (d of its output) to *dres (d of its input), each part
-  // swapping dres and dnext.
+  // The branches, each its dropped-out projection (s.proj, s.xproj or g_c_); the cross
+  // attention reads lnx (lnx(x_mid), which block_forward computes with x_mid).
+  const Tensor& self_attention_forward(size_t l);
+  const Tensor& cross_attention_forward(size_t l);
+  // h: the MLP's input; the block's output into next (pre-LN, with the next block's ln1)
+  void mlp_forward(size_t l, const Tensor& h, const Tensor& next);
+  // One block's backward, from *dres (d of its output) to *dres (d of its input). Pre-LN, each
+  // part adds its branch's gradient into *dres in place (the residual path's gradient is *dres
+  // itself); post-LN, the LayerNorm's input gradient goes into *dnext and the two swap.
+  // Temporaries the next op writes whole are set (ops::Write::kSet), never zero-filled.
   void mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext);
-  void cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext);
+  void cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres);
   void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
   ops::AttentionShape attention_shape() const;
   uint64_t stream(int layer, int site) const {
@@ -136,7 +144,7 @@ class TransformerStack {
   StackMemory memory_;
   train::StepContext ctx_;
   std::vector<Saved> saved_;
-  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_a_, g_ff_b_, out_copy_, g_q_, g_kv_;
+  Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_b_, g_q_, g_kv_;
 };
 
 }  // namespace megabatch::models

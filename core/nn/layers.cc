@@ -31,6 +31,14 @@ void Norm::forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, co
     ops::layernorm_forward(out, mean, rstd, in, store_->param(w_), store_->param(b_), eps_);
 }
 
+void Norm::forward_residual(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
+                            const Tensor& a, const Tensor& b) const {
+  if (kind_ == NormKind::kRMSNorm)
+    ops::rmsnorm_residual_forward(sum, out, rstd, a, b, store_->param(w_), eps_);
+  else
+    ops::layernorm_residual_forward(sum, out, mean, rstd, a, b, store_->param(w_), store_->param(b_), eps_);
+}
+
 void Norm::backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd) {
   if (kind_ == NormKind::kRMSNorm)
     ops::rmsnorm_backward(din, store_->grad(w_), dout, in, store_->param(w_), rstd);
@@ -50,8 +58,9 @@ void Linear::forward(const Tensor& out, const Tensor& in) const {
   ops::linear_forward(out, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : Tensor());
 }
 
-void Linear::backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
-  ops::linear_backward(din, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in, store_->param(w_));
+void Linear::backward(const Tensor& din, const Tensor& dout, const Tensor& in, ops::Write din_write) {
+  ops::linear_backward(din, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in, store_->param(w_),
+                       din_write);
 }
 
 ColumnParallelLinear::ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
@@ -66,18 +75,24 @@ void ColumnParallelLinear::forward(const Tensor& out_local, const Tensor& in) co
   ops::linear_forward(out_local, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : Tensor());
 }
 
-void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout_local, const Tensor& in) {
+void ColumnParallelLinear::forward_gelu(const Tensor& out_local, const Tensor& pre_local, const Tensor& in) const {
+  ops::linear_gelu_forward(out_local, pre_local, in, store_->param(w_), b_ >= 0 ? store_->param(b_) : Tensor());
+}
+
+void ColumnParallelLinear::backward(const Tensor& din, const Tensor& dout_local, const Tensor& in,
+                                    ops::Write din_write) {
   const Tensor db = b_ >= 0 ? store_->grad(b_) : Tensor();
   if (tp_->size() == 1 || !din.defined()) {
-    ops::linear_backward(din, store_->grad(w_), db, dout_local, in, store_->param(w_));
+    ops::linear_backward(din, store_->grad(w_), db, dout_local, in, store_->param(w_), din_write);
     return;
   }
-  // dX is a partial sum over the output shards: reduce it alone, then accumulate.
-  scratch_.resize(din.shape(), din.dtype(), din.device());
-  scratch_.zero();
-  ops::linear_backward(scratch_, store_->grad(w_), db, dout_local, in, store_->param(w_));
-  comm::all_reduce(*tp_, scratch_, ReduceOp::kSum);
-  ops::residual_backward(din, Tensor(), scratch_);
+  // dX is a partial sum over the output shards: reduce it alone, then accumulate (or set).
+  const bool add = din_write == ops::Write::kAdd;
+  const Tensor& partial = add ? scratch_ : din;
+  if (add) scratch_.resize(din.shape(), din.dtype(), din.device());
+  ops::linear_backward(partial, store_->grad(w_), db, dout_local, in, store_->param(w_), ops::Write::kSet);
+  comm::all_reduce(*tp_, partial, ReduceOp::kSum);
+  if (add) ops::residual_backward(din, Tensor(), scratch_);
 }
 
 RowParallelLinear::RowParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix,
@@ -96,9 +111,16 @@ void RowParallelLinear::forward(const Tensor& out, const Tensor& in_local) const
   if (b_ >= 0) ops::bias_add(out, store_->param(b_));
 }
 
-void RowParallelLinear::backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local) {
+void RowParallelLinear::backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local,
+                                 ops::Write din_write) {
   ops::linear_backward(din_local, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in_local,
-                       store_->param(w_));
+                       store_->param(w_), din_write);
+}
+
+void RowParallelLinear::backward_gelu(const Tensor& dpre_local, const Tensor& dout, const Tensor& in_local,
+                                      const Tensor& pre_local) {
+  ops::linear_backward_gelu(dpre_local, store_->grad(w_), b_ >= 0 ? store_->grad(b_) : Tensor(), dout, in_local,
+                            store_->param(w_), pre_local);
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, comm::Communicator& tp, const std::string& name,

@@ -16,6 +16,7 @@
 
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
+#include "core/ops/write.h"
 #include "core/tensor/tensor.h"
 
 namespace megabatch::nn {
@@ -31,6 +32,9 @@ class Norm {
   // out (n, C) from in (n, C); mean (n, LayerNorm only: undefined for RMSNorm) and rstd (n)
   // in the accumulator dtype, saved for backward.
   void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in) const;
+  // The residual add before it fused in: sum = a + b, then forward(out, mean, rstd, sum).
+  void forward_residual(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& a,
+                        const Tensor& b) const;
   // din += ...; the parameters' gradients += ...
   void backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd);
   int64_t width() const { return C_; }
@@ -56,7 +60,8 @@ class Linear {
   Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out, int layer,
          double init_std, bool bias = true);
   void forward(const Tensor& out, const Tensor& in) const;  // (n, in) -> (n, out)
-  void backward(const Tensor& din, const Tensor& dout, const Tensor& in);  // din may be undefined
+  // din (may be undefined) += dout * W (= with din_write kSet)
+  void backward(const Tensor& din, const Tensor& dout, const Tensor& in, ops::Write din_write = ops::Write::kAdd);
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
@@ -72,8 +77,12 @@ class ColumnParallelLinear {
   ColumnParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in,
                        int64_t out, int layer, double init_std, bool bias = true);
   void forward(const Tensor& out_local, const Tensor& in) const;  // (n, in) -> (n, out / tp)
-  // din (n, in) += the sum over ranks of dout_local * W_local.
-  void backward(const Tensor& din, const Tensor& dout_local, const Tensor& in);
+  // forward, then GELU: pre_local = the layer's output, out_local = gelu(pre_local) (one
+  // fused GEMM on a GPU: ops::linear_gelu_forward)
+  void forward_gelu(const Tensor& out_local, const Tensor& pre_local, const Tensor& in) const;
+  // din (n, in) += the sum over ranks of dout_local * W_local (= with din_write kSet).
+  void backward(const Tensor& din, const Tensor& dout_local, const Tensor& in,
+                ops::Write din_write = ops::Write::kAdd);
   int64_t out_local() const { return out_local_; }
 
  private:
@@ -90,7 +99,12 @@ class RowParallelLinear {
   RowParallelLinear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in,
                     int64_t out, int layer, double init_std, bool bias = true);
   void forward(const Tensor& out, const Tensor& in_local) const;  // (n, in / tp) -> (n, out)
-  void backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local);
+  // din_local += dout * W_local (= with din_write kSet)
+  void backward(const Tensor& din_local, const Tensor& dout, const Tensor& in_local,
+                ops::Write din_write = ops::Write::kAdd);
+  // backward for in_local = gelu(pre_local), through the GELU: dpre_local = (dout * W_local) *
+  // gelu'(pre_local), set (ops::linear_backward_gelu)
+  void backward_gelu(const Tensor& dpre_local, const Tensor& dout, const Tensor& in_local, const Tensor& pre_local);
   int64_t in_local() const { return in_local_; }
 
  private:
