@@ -1,7 +1,9 @@
 #include "core/device/runtime.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -151,6 +153,79 @@ const void* Readback::get() {
   check(pending_, "internal error: Readback::get() before start()");
   if (device_.is_cuda()) MB_CUDA(cuda_rt::event_wait(event_));
   return host_;
+}
+
+Uploads::Uploads(Device d) : device_(d) {
+  if (d.is_cuda())
+    for (Generation& g : gens_) MB_CUDA(g.event = cuda_rt::event_create());
+}
+
+Uploads::~Uploads() {
+#if MEGABATCH_WITH_CUDA
+  for (Generation& g : gens_) {
+    if (!g.event) continue;
+    try {
+      cuda_rt::event_wait(g.event);  // its copies may still read the blocks
+    } catch (const std::exception&) {
+      // a failed device runs no more copies: nothing to wait for
+    }
+    release(g);
+    cuda_rt::event_destroy(g.event);
+  }
+#endif
+}
+
+void Uploads::release(Generation& g) {
+#if MEGABATCH_WITH_CUDA
+  for (const auto& b : g.blocks) cuda_rt::pinned_free(b.first);
+#endif
+  g.blocks.clear();
+  g.used = 0;
+}
+
+void Uploads::copy(void* device_dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return;
+  if (device_.is_cpu()) {
+    std::memcpy(device_dst, host_src, bytes);
+    return;
+  }
+  constexpr size_t kAlign = 16, kFirstBlock = size_t{1} << 16;
+  Generation& g = gens_[cur_];
+  size_t at = (g.used + kAlign - 1) / kAlign * kAlign;
+  if (g.blocks.empty() || at + bytes > g.blocks.back().second) {
+    // a larger block; the full ones stay until this generation's copies are done
+    const size_t size = std::max({bytes, kFirstBlock, g.blocks.empty() ? size_t{0} : 2 * g.blocks.back().second});
+    MB_CUDA(g.blocks.emplace_back(cuda_rt::pinned_alloc(size), size));
+    at = 0;
+  }
+  char* staged = static_cast<char*>(g.blocks.back().first) + at;
+  std::memcpy(staged, host_src, bytes);
+  g.used = at + bytes;
+  MB_CUDA(cuda_rt::copy_bytes(device_dst, staged, bytes, device_.index, 0));
+}
+
+void Uploads::next() {
+  if (device_.is_cpu()) return;
+  Generation& done = gens_[cur_];
+  MB_CUDA(cuda_rt::event_record(done.event, device_.index));
+  done.recorded = true;
+  cur_ ^= 1;
+  Generation& g = gens_[cur_];
+  if (g.recorded) MB_CUDA(cuda_rt::event_wait(g.event));  // the device has long passed it
+  if (g.blocks.size() > 1) {  // grown: one block of the whole size from now on
+    size_t total = 0;
+    for (const auto& b : g.blocks) total += b.second;
+    release(g);
+    MB_CUDA(g.blocks.emplace_back(cuda_rt::pinned_alloc(total), total));
+  }
+  g.used = 0;
+}
+
+size_t Uploads::pinned_bytes() const {
+  size_t n = 0;
+  for (const Generation& g : gens_)
+    for (const auto& b : g.blocks) n += b.second;
+  return n;
 }
 
 AllocStats alloc_stats(Device d) {

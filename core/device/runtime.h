@@ -10,6 +10,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "core/device/device.h"
@@ -77,6 +79,36 @@ class Readback {
   void* host_ = nullptr;   // pinned on a GPU
   void* event_ = nullptr;  // cudaEvent_t
   bool pending_ = false;
+};
+
+// ---- copies to the device that never wait ---------------------------------------------
+// copy() puts host data into pinned memory and queues its copy to device memory on the
+// device's stream, then returns: the host need not wait (a copy from pageable memory may
+// make the driver synchronize with the stream first). Generations alternate: next() ends one
+// (an optimizer step) and starts the next in the pinned memory of the one before, once the
+// device has passed that one's copies (long since, unless the host runs two generations
+// ahead: then it waits). On the CPU copy() is a memcpy.
+class Uploads {
+ public:
+  explicit Uploads(Device d);
+  ~Uploads();
+  Uploads(const Uploads&) = delete;
+  Uploads& operator=(const Uploads&) = delete;
+  void copy(void* device_dst, const void* host_src, size_t bytes);
+  void next();
+  size_t pinned_bytes() const;  // held in both generations
+
+ private:
+  struct Generation {
+    std::vector<std::pair<void*, size_t>> blocks;  // pinned; copies go into the last
+    size_t used = 0;                               // bytes of the last block taken
+    void* event = nullptr;                         // recorded when the generation ends
+    bool recorded = false;
+  };
+  void release(Generation& g);
+  Device device_;
+  Generation gens_[2];
+  int cur_ = 0;
 };
 
 // ---- per-device context for the CUDA code (opaque here) --------------------------------

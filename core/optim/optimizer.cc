@@ -203,7 +203,8 @@ double grad_norm(nn::ParameterStore& store, comm::Communicator& tp, const DpShar
 
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
                                  const std::vector<double>& hparams, uint64_t seed, LogSink log, DpShards* shards)
-    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), seed_(seed), log_(std::move(log)),
+    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), uploads_(device_), seed_(seed),
+      log_(std::move(log)),
       shards_(shards) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
@@ -259,6 +260,7 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
   self_ = plugin_.entry->create(&host_, params_.data(), params_.size(), hparams.data(), err, sizeof err);
   creating_ = false;
   scratch_.clear();
+  uploads_.next();
   if (!self_)
     fail("optimizer plugin '", plugin_.name(), "' (", plugin_.path.string(), ") failed to start: ",
          host_error_.empty() ? std::string(err) : host_error_);
@@ -287,6 +289,7 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   const int rc = plugin_.entry->step(self_, &info, err, sizeof err);
   collecting_ = false;
   scratch_.clear();  // freed in stream order: the step's kernels are queued before any reuse
+  uploads_.next();
   if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step_count, ": ", err[0] ? err : "no message");
   if (shards_) {
@@ -429,7 +432,7 @@ void* PluginOptimizer::scratch(void* ctx, size_t bytes) {
 }
 
 void PluginOptimizer::upload(void* ctx, void* device_dst, const void* host_src, size_t bytes) {
-  runtime::copy_bytes(device_dst, static_cast<PluginOptimizer*>(ctx)->device_, host_src, Device::cpu(), bytes);
+  static_cast<PluginOptimizer*>(ctx)->uploads_.copy(device_dst, host_src, bytes);
 }
 
 void PluginOptimizer::download(void* ctx, void* host_dst, const void* device_src, size_t bytes) {

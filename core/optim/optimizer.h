@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/comm/communicator.h"
+#include "core/device/runtime.h"
 #include "core/nn/parameters.h"
 #include "core/optim/dp_shards.h"
 #include "core/optim/plugin.h"
@@ -134,6 +135,7 @@ class PluginOptimizer {
   nn::ParameterStore* store_;
   comm::Communicator* tp_;
   Device device_;
+  runtime::Uploads uploads_;  // host->upload: staged in pinned memory, a generation per step
   uint64_t seed_;
   Diagnostics diagnostics_;
   bool collecting_ = false;

@@ -3,7 +3,8 @@
 // fp32, a forced fp16 overflow skips steps and backs the scale off as on the CPU, runs are
 // bitwise repeatable and resume bitwise, checkpoints move between GPU and CPU, every plugin's
 // step on the GPU matches its step on the CPU, a CPU-only plugin is refused, the steady-state
-// step allocates no device memory, diagnostics and the noise scale reach metrics.h5. Several
+// step allocates no device memory, the plugins' uploads land from pinned memory that stops
+// growing, diagnostics and the noise scale reach metrics.h5. Several
 // ranks: NCCL with one rank, and four processes sharing the GPU at TP 2 x DP 2 (host-staged
 // MPI) against the same layout on the CPU (mpirun: $MEGABATCH_MPIRUN or the one on PATH).
 // (Without a GPU, `train --device cuda` is a clear error: test_mixed_precision.cc.)
@@ -329,6 +330,38 @@ TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
     EXPECT_EQ(after.raw_frees, before.raw_frees) << "cudaFree in the steady-state step";
     EXPECT_EQ(t.losses().size(), 16u);
   }
+}
+
+// runtime::Uploads (the plugins' host->upload): every copy lands, though its source is gone
+// when copy() returns and the pinned blocks grow and are reused across generations; once
+// both generations have grown, the pinned memory stays as it is.
+TEST_F(Gpu, UploadsLandAndTheirPinnedMemoryStopsGrowing) {
+  const mb::Device dev = mb::Device::cuda(0);
+  constexpr size_t n = 40000, copies = 6;  // 160 KB a copy: past the first 64 KiB block
+  void* d = mb::runtime::raw_alloc(dev, copies * n * sizeof(float));
+  size_t warm = 0;
+  {
+    mb::runtime::Uploads up(dev);
+    for (int gen = 0; gen < 6; ++gen) {
+      SCOPED_TRACE("generation " + std::to_string(gen));
+      for (size_t k = 0; k < copies; ++k) {
+        std::vector<float> src(n);
+        for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(gen * 1000 + static_cast<int>(k) * 100 + static_cast<int>(i % 97));
+        up.copy(static_cast<float*>(d) + k * n, src.data(), n * sizeof(float));
+      }
+      std::vector<float> got(copies * n);
+      mb::runtime::copy_bytes(got.data(), mb::Device::cpu(), d, dev, got.size() * sizeof(float));
+      for (size_t k = 0; k < copies; ++k)
+        for (size_t i = 0; i < n; ++i)
+          ASSERT_EQ(got[k * n + i], static_cast<float>(gen * 1000 + static_cast<int>(k) * 100 + static_cast<int>(i % 97)))
+              << "copy " << k << " element " << i;
+      up.next();
+      if (gen == 3) warm = up.pinned_bytes();
+    }
+    EXPECT_GE(warm, 2 * copies * n * sizeof(float));
+    EXPECT_EQ(up.pinned_bytes(), warm);
+  }
+  mb::runtime::raw_free(dev, d, copies * n * sizeof(float));
 }
 
 // ---- several ranks: NCCL, and processes sharing the GPU ---------------------------------

@@ -27,5 +27,6 @@ void* event_create();
 void event_destroy(void* e);
 void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, void* event);  // then records event
 void event_wait(void* e);
+void event_record(void* e, int device);  // on the device's stream
 
 }  // namespace megabatch::cuda_rt

@@ -151,6 +151,10 @@ void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, vo
 
 void event_wait(void* e) { MB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
 
+void event_record(void* e, int device) {
+  MB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), per_device(device).stream));
+}
+
 runtime::AllocStats alloc_stats(int device) {
   PerDevice& d = per_device(device);
   std::lock_guard<std::mutex> lock(g_mu);
