@@ -219,6 +219,41 @@ TEST_P(LayerNormShapes, RmsNormBackwardMatchesFiniteDifferences) {
   }
 }
 
+// The residual add fused with the norm, against sum = a + b and the norms' formulas written
+// out here (f64).
+TEST_P(LayerNormShapes, ResidualNormsAreTheNormOfTheSumByFormula) {
+  const auto [n, C] = GetParam();
+  const Vec a = randn(n * C, 31, 2.0), b = randn(n * C, 32), w = randn(C, 33), bias = randn(C, 34);
+  const std::vector<int64_t> shape{n, C};
+  mb::Tensor sum(shape, mb::DType::kF64), out(shape, mb::DType::kF64), mean({n}, mb::DType::kF64),
+      rstd({n}, mb::DType::kF64), rsum(shape, mb::DType::kF64), rout(shape, mb::DType::kF64), rr({n}, mb::DType::kF64);
+  ops::layernorm_residual_forward(sum, out, mean, rstd, t64(a, shape), t64(b, shape), t64(w), t64(bias), 1e-5);
+  ops::rmsnorm_residual_forward(rsum, rout, rr, t64(a, shape), t64(b, shape), t64(w), 1e-6);
+  const Vec s = vec(sum), o = vec(out), m = vec(mean), r = vec(rstd), rs = vec(rsum), ro = vec(rout), rrv = vec(rr);
+  for (int i = 0; i < n; ++i) {
+    double mu = 0, var = 0, ms = 0;
+    for (int c = 0; c < C; ++c) mu += a[i * C + c] + b[i * C + c];
+    mu /= C;
+    for (int c = 0; c < C; ++c) {
+      const double x = a[i * C + c] + b[i * C + c];
+      var += (x - mu) * (x - mu);
+      ms += x * x;
+    }
+    const double inv = 1 / std::sqrt(var / C + 1e-5), rinv = 1 / std::sqrt(ms / C + 1e-6);
+    EXPECT_NEAR(m[i], mu, 1e-12) << "row " << i;
+    EXPECT_NEAR(r[i], inv, 1e-9 * inv) << "row " << i;
+    EXPECT_NEAR(rrv[i], rinv, 1e-9 * rinv) << "row " << i;
+    for (int c = 0; c < C; ++c) {
+      const size_t k = static_cast<size_t>(i * C + c);
+      const double x = a[k] + b[k];
+      EXPECT_EQ(s[k], x) << "sum " << k;
+      EXPECT_EQ(rs[k], x) << "rms sum " << k;
+      EXPECT_NEAR(o[k], (x - mu) * inv * w[c] + bias[c], 1e-9) << "layernorm " << k;
+      EXPECT_NEAR(ro[k], x * rinv * w[c], 1e-9) << "rmsnorm " << k;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ops, LayerNormShapes,
                          ::testing::Values(std::make_tuple(1, 1), std::make_tuple(1, 3), std::make_tuple(5, 17),
                                            std::make_tuple(40, 7)));  // 40 rows: two row blocks
