@@ -32,9 +32,11 @@ struct GemmArgs {
   void* gelu_aux = nullptr;
 };
 
+// Runs g; an Error naming the product where cuBLASLt has no algorithm for it.
 void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g);
-// Whether cuBLASLt has an algorithm for g's epilogue at g's shapes and alignments (answered
-// once per shape); lt_gemm fails on a GELU epilogue it has none for.
-bool lt_gemm_has_algorithm(Device device, const GemmArgs& g);
+// Runs g where cuBLASLt has an algorithm for it at g's shapes and alignments (asked once per
+// shape), and returns false, having run nothing, where it has none (or a GELU epilogue does
+// not fit): the caller then runs the unfused form.
+bool lt_gemm_if_found(Device device, cudaStream_t stream, const GemmArgs& g);
 
 }  // namespace megabatch::ops::cuda

@@ -148,22 +148,14 @@ bool gelu_epilogue_fits(const GemmArgs& g) {
 
 }  // namespace
 
-bool lt_gemm_has_algorithm(Device device, const GemmArgs& g) {
-  if (g.gelu != GemmArgs::Gelu::kNone && !gelu_epilogue_fits(g)) return false;
-  std::lock_guard<std::mutex> lock(g_mu);
-  return plan_for(context(device), g).found;
-}
-
-void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g) {
-  if (g.M == 0 || g.N == 0 || g.batch == 0) return;
+bool lt_gemm_if_found(Device device, cudaStream_t stream, const GemmArgs& g) {
+  if (g.M == 0 || g.N == 0 || g.batch == 0) return true;
   check(!g.bias || g.beta == 0.0f, "internal error: gemm bias epilogue with beta != 0");
-  check(g.gelu == GemmArgs::Gelu::kNone || gelu_epilogue_fits(g), "internal error: a GELU epilogue that does not fit");
+  if (g.gelu != GemmArgs::Gelu::kNone && !gelu_epilogue_fits(g)) return false;
   std::lock_guard<std::mutex> lock(g_mu);
   Context& ctx = context(device);
   Plan& p = plan_for(ctx, g);
-  if (!p.found)
-    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " -> ", dtype_name(g.c), " product of ", g.M, "x", g.K,
-         " by ", g.K, "x", g.N, " (batch ", g.batch, g.gelu != GemmArgs::Gelu::kNone ? ", GELU epilogue" : "", ")");
+  if (!p.found) return false;
   if (g.bias)
     MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
   if (g.gelu != GemmArgs::Gelu::kNone)
@@ -171,6 +163,13 @@ void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g) {
         cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof g.gelu_aux));
   MB_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
                                  ctx.workspace, kWorkspace, stream));
+  return true;
+}
+
+void lt_gemm(Device device, cudaStream_t stream, const GemmArgs& g) {
+  if (!lt_gemm_if_found(device, stream, g))
+    fail("cuBLASLt has no algorithm for a ", dtype_name(g.ab), " -> ", dtype_name(g.c), " product of ", g.M, "x", g.K,
+         " by ", g.K, "x", g.N, " (batch ", g.batch, g.gelu != GemmArgs::Gelu::kNone ? ", GELU epilogue" : "", ")");
 }
 
 namespace {
@@ -289,10 +288,7 @@ void linear_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& in,
   GemmArgs g = forward_args(out, in, weight, bias);
   g.gelu = GemmArgs::Gelu::kForward;
   g.gelu_aux = pre.raw();
-  if (lt_gemm_has_algorithm(out.device(), g)) {
-    lt_gemm(out.device(), stream_of(out), g);
-    return;
-  }
+  if (lt_gemm_if_found(out.device(), stream_of(out), g)) return;
   cuda::linear_forward(pre, in, weight, bias);
   cuda::gelu_forward(out, pre);
 }
@@ -302,10 +298,10 @@ void linear_backward_gelu(const Tensor& dpre, const Tensor& dweight, const Tenso
   GemmArgs g = din_args(dpre, dout, weight, 0.0f);
   g.gelu = GemmArgs::Gelu::kBackward;
   g.gelu_aux = pre.raw();  // read: DGELU's input
-  if (lt_gemm_has_algorithm(dpre.device(), g)) {
+  if (!lt_gemm_if_found(dpre.device(), stream_of(dpre), g)) {
+    g.gelu = GemmArgs::Gelu::kNone;
+    g.gelu_aux = nullptr;
     lt_gemm(dpre.device(), stream_of(dpre), g);
-  } else {
-    lt_gemm(dpre.device(), stream_of(dpre), din_args(dpre, dout, weight, 0.0f));
     cuda::gelu_backward(dpre, dpre, pre, Write::kSet);
   }
   if (dweight.defined()) add_dweight(dweight, dout, in, weight);
