@@ -156,8 +156,7 @@ const void* Readback::get() {
 }
 
 Uploads::Uploads(Device d) : device_(d) {
-  if (d.is_cuda())
-    for (Generation& g : gens_) MB_CUDA(g.event = cuda_rt::event_create());
+  if (d.is_cuda()) MB_CUDA(for (Generation& g : gens_) g.event = cuda_rt::event_create());
 }
 
 Uploads::~Uploads() {
@@ -189,36 +188,44 @@ void Uploads::copy(void* device_dst, const void* host_src, size_t bytes) {
     std::memcpy(device_dst, host_src, bytes);
     return;
   }
+#if MEGABATCH_WITH_CUDA
   constexpr size_t kAlign = 16, kFirstBlock = size_t{1} << 16;
   Generation& g = gens_[cur_];
   size_t at = (g.used + kAlign - 1) / kAlign * kAlign;
   if (g.blocks.empty() || at + bytes > g.blocks.back().second) {
     // a larger block; the full ones stay until this generation's copies are done
     const size_t size = std::max({bytes, kFirstBlock, g.blocks.empty() ? size_t{0} : 2 * g.blocks.back().second});
-    MB_CUDA(g.blocks.emplace_back(cuda_rt::pinned_alloc(size), size));
+    g.blocks.emplace_back(cuda_rt::pinned_alloc(size), size);
     at = 0;
   }
   char* staged = static_cast<char*>(g.blocks.back().first) + at;
   std::memcpy(staged, host_src, bytes);
   g.used = at + bytes;
-  MB_CUDA(cuda_rt::copy_bytes(device_dst, staged, bytes, device_.index, 0));
+  cuda_rt::copy_bytes(device_dst, staged, bytes, device_.index, 0);
+#else
+  fail_no_cuda();
+#endif
 }
 
 void Uploads::next() {
   if (device_.is_cpu()) return;
+#if MEGABATCH_WITH_CUDA
   Generation& done = gens_[cur_];
-  MB_CUDA(cuda_rt::event_record(done.event, device_.index));
+  cuda_rt::event_record(done.event, device_.index);
   done.recorded = true;
   cur_ ^= 1;
   Generation& g = gens_[cur_];
-  if (g.recorded) MB_CUDA(cuda_rt::event_wait(g.event));  // the device has long passed it
+  if (g.recorded) cuda_rt::event_wait(g.event);  // the device has long passed it
   if (g.blocks.size() > 1) {  // grown: one block of the whole size from now on
     size_t total = 0;
     for (const auto& b : g.blocks) total += b.second;
     release(g);
-    MB_CUDA(g.blocks.emplace_back(cuda_rt::pinned_alloc(total), total));
+    g.blocks.emplace_back(cuda_rt::pinned_alloc(total), total);
   }
   g.used = 0;
+#else
+  fail_no_cuda();
+#endif
 }
 
 size_t Uploads::pinned_bytes() const {
