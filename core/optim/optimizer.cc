@@ -201,11 +201,20 @@ double grad_norm(nn::ParameterStore& store, comm::Communicator& tp, const DpShar
   return std::sqrt(s[0] + s[1]);
 }
 
+namespace {
+constexpr size_t kScratchAlign = 256;
+size_t aligned(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+Tensor bytes_on(size_t bytes, Device d) {
+  return Tensor({static_cast<int64_t>((bytes + 7) / 8)}, DType::kF64, d);
+}
+}  // namespace
+
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
                                  const std::vector<double>& hparams, uint64_t seed, LogSink log, DpShards* shards)
     : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), uploads_(device_), seed_(seed),
       log_(std::move(log)),
-      shards_(shards) {
+      shards_(shards), values_(bytes_on(sizeof(mb_step_values), device_)), norm_({1}, DType::kF64, device_),
+      skip_({1}, DType::kF32, device_) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
   check(!device_.is_cuda() || (plugin_.entry->devices & MB_DEVICES_CUDA), "optimizer plugin '", plugin_.name(), "' (",
@@ -251,6 +260,7 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
   host_.sum_shards = &sum_shards;
   host_.normal = &normal;
   host_.scratch = &scratch;
+  host_.alloc_device = &alloc_device;
   host_.upload = &upload;
   host_.download = &download;
   host_.metric = &metric;
@@ -259,8 +269,7 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
   creating_ = true;
   self_ = plugin_.entry->create(&host_, params_.data(), params_.size(), hparams.data(), err, sizeof err);
   creating_ = false;
-  scratch_.clear();
-  uploads_.next();
+  end_call();
   if (!self_)
     fail("optimizer plugin '", plugin_.name(), "' (", plugin_.path.string(), ") failed to start: ",
          host_error_.empty() ? std::string(err) : host_error_);
@@ -280,16 +289,23 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   check(grad_norm_t.dtype() == DType::kF64 && grad_norm_t.numel() == 1, "internal error: grad norm tensor ",
         grad_norm_t.describe());
   check(!skip.defined() || device_.is_cuda(), "internal error: a device skip flag on a CPU run");
-  const Tensor norm = to_device(grad_norm_t, device_);
-  mb_step_info info{step_count, lr, global_batch, seed_, norm.data<double>(), diagnostics ? 1 : 0,
-                    skip.defined() ? skip.data<float>() : nullptr};
+  check(!skip.defined() || (skip.dtype() == DType::kF32 && skip.numel() == 1), "internal error: skip flag ",
+        skip.describe());
+  // the step's numbers at their fixed addresses, in stream order
+  const mb_step_values values{step_count, lr, global_batch};
+  uploads_.copy(values_.raw(), &values, sizeof values);
+  copy(norm_, to_device(grad_norm_t, device_));
+  if (skip.defined()) copy(skip_, skip);
+  mb_step_info info{step_count, lr, global_batch, seed_, norm_.data<double>(), diagnostics ? 1 : 0,
+                    skip.defined() ? skip_.data<float>() : nullptr, static_cast<const mb_step_values*>(values_.raw())};
   if (diagnostics) diagnostics_.clear();
   collecting_ = diagnostics;
+  plugin_uploads_ = 0;
   char err[1024] = {0};
   const int rc = plugin_.entry->step(self_, &info, err, sizeof err);
   collecting_ = false;
-  scratch_.clear();  // freed in stream order: the step's kernels are queued before any reuse
-  uploads_.next();
+  plugin_uploads_last_ = plugin_uploads_;
+  end_call();
   if (rc != 0)
     fail("optimizer plugin '", plugin_.name(), "' failed at step ", step_count, ": ", err[0] ? err : "no message");
   if (shards_) {
@@ -426,13 +442,45 @@ void PluginOptimizer::restore_pieces(const State& whole) {
 }
 
 void* PluginOptimizer::scratch(void* ctx, size_t bytes) {
+  Scratch& s = static_cast<PluginOptimizer*>(ctx)->scratch_;
+  const size_t size = aligned(bytes ? bytes : 1);
+  const size_t capacity = s.block.defined() ? s.block.nbytes() : 0;
+  void* p = nullptr;
+  if (s.overflow.empty() && s.used + size <= capacity) {
+    p = static_cast<char*>(s.block.raw()) + s.used;
+  } else {  // this call only; end_call() makes the block hold it all
+    s.overflow.push_back(bytes_on(size, static_cast<PluginOptimizer*>(ctx)->device_));
+    p = s.overflow.back().raw();
+  }
+  s.used += size;
+  return p;
+}
+
+void PluginOptimizer::end_call() {
+  // Freed in stream order: the call's kernels are queued before any reuse of the memory.
+  if (!scratch_.overflow.empty()) {
+    scratch_.overflow.clear();
+    scratch_.block = bytes_on(scratch_.used, device_);
+  }
+  scratch_.used = 0;
+  uploads_.next();
+}
+
+void* PluginOptimizer::alloc_device(void* ctx, size_t bytes) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
-  self->scratch_.emplace_back(std::vector<int64_t>{static_cast<int64_t>((bytes + 7) / 8)}, DType::kF64, self->device_);
-  return self->scratch_.back().raw();
+  try {
+    self->kept_.push_back(bytes_on(aligned(bytes ? bytes : 1), self->device_));
+  } catch (const std::exception& e) {
+    self->host_error_ = std::string("alloc_device(") + std::to_string(bytes) + " bytes): " + e.what();
+    return nullptr;
+  }
+  return self->kept_.back().raw();
 }
 
 void PluginOptimizer::upload(void* ctx, void* device_dst, const void* host_src, size_t bytes) {
-  static_cast<PluginOptimizer*>(ctx)->uploads_.copy(device_dst, host_src, bytes);
+  auto* self = static_cast<PluginOptimizer*>(ctx);
+  ++self->plugin_uploads_;
+  self->uploads_.copy(device_dst, host_src, bytes);
 }
 
 void PluginOptimizer::download(void* ctx, void* host_dst, const void* device_src, size_t bytes) {

@@ -103,6 +103,9 @@ class PluginOptimizer {
   // The standard normal draws the host gives the plugin for (parameter index, step):
   // out[0..n) (host memory) of the local shard, keyed by the element's index in the full tensor.
   void draw_normal(size_t index, int64_t step, float* out, size_t n);
+  // Uploads the plugin asked for during the last step (host->upload calls). The shipped
+  // plugins make none once their job tables are on the device (from the third step on).
+  int64_t plugin_uploads_last_step() const { return plugin_uploads_last_; }
   // What the last step with diagnostics reported.
   const Diagnostics& diagnostics() const { return diagnostics_; }
   const Plugin& plugin() const { return plugin_; }
@@ -125,6 +128,7 @@ class PluginOptimizer {
   static void sum_shards(void* ctx, double* values, size_t per_param);
   static void normal(void* ctx, size_t index, int64_t step, float* out, size_t n);
   static void* scratch(void* ctx, size_t bytes);
+  static void* alloc_device(void* ctx, size_t bytes);
   static void upload(void* ctx, void* device_dst, const void* host_src, size_t bytes);
   static void download(void* ctx, void* host_dst, const void* device_src, size_t bytes);
   static void metric(void* ctx, const char* series, size_t index, double value);
@@ -143,7 +147,20 @@ class PluginOptimizer {
   DpShards* shards_ = nullptr;
   std::vector<mb_param> params_;
   State state_;
-  std::vector<Tensor> scratch_;  // the current call's scratch memory
+  // host->scratch: one block, handed out in order and rewound after each call; what does
+  // not fit comes from `overflow` this time and makes the block large enough for the next,
+  // so the same requests get the same addresses step after step.
+  struct Scratch {
+    Tensor block;
+    size_t used = 0;
+    std::vector<Tensor> overflow;
+  };
+  void end_call();  // rewinds the scratch (growing it when it overflowed) and the uploads
+  Scratch scratch_;
+  std::vector<Tensor> kept_;  // host->alloc_device: lives as long as the optimizer
+  // info.values, info.grad_norm and info.skip: at one address for the whole run
+  Tensor values_, norm_, skip_;
+  int64_t plugin_uploads_ = 0, plugin_uploads_last_ = 0;
   bool creating_ = false;
   std::string host_error_;
   mb_host host_{};

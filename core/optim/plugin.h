@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 4.
+/* megabatch optimizer plugin ABI, version 5.
  *
  * This header is the ABI: plain C, so a plugin built by any compiler loads into any host.
  * A C++ plugin includes <megabatch/plugin_kit.h> instead, which includes this one and adds
@@ -33,9 +33,15 @@
  *    info->lr never count skipped steps.
  *  - destroy() is called once; after it the host may unload the library.
  *  - Calls come from one host thread; a plugin may use OpenMP inside a call.
- *  - Device memory: on a GPU run, param data/grad, state, info->grad_norm, info->skip and
- *    the memory from host->scratch are GPU memory, and everything runs on host->stream.
- *    On a CPU run all of it is host memory (the same code runs in both).
+ *  - Device memory: on a GPU run, param data/grad, state, info->values, info->grad_norm,
+ *    info->skip and the memory from host->scratch and host->alloc_device are GPU memory, and
+ *    everything runs on host->stream. On a CPU run all of it is host memory (the same code
+ *    runs in both).
+ *  - Launches that repeat: info->values, info->grad_norm and info->skip keep one address for
+ *    the whole run, and host->scratch gives the same addresses to the same requests made in
+ *    the same order each step. A step whose kernels read the step's numbers through them
+ *    (not as launch arguments or in uploaded tables) launches the same kernels with the same
+ *    arguments every step: nothing to upload, and the step can be captured in a CUDA graph.
  *  - Tensor parallelism: sharded parameters are the local shard; host->sum_shards makes
  *    per-tensor sums whole-tensor sums, host->tp_sum sums anything over the group.
  *  - The distributed optimizer (--use-distributed-optimizer): each data-parallel rank steps
@@ -56,7 +62,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 4u
+#define MB_PLUGIN_ABI_VERSION 5u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
 
 /* entry.devices: where the plugin's step can run */
@@ -104,6 +110,14 @@ typedef struct mb_hparam_spec {
   const char* help;        /* one line */
 } mb_hparam_spec;
 
+/* The numbers that change from step to step, in run's-device memory at one address for the
+ * whole run (info->values). The host writes them, in stream order, before each step(). */
+typedef struct mb_step_values {
+  int64_t step;            /* == info->step */
+  double lr;               /* == info->lr */
+  int64_t global_batch;    /* == info->global_batch */
+} mb_step_values;
+
 /* Per-step facts from the host. */
 typedef struct mb_step_info {
   int64_t step;            /* the optimizer's step count: 1 for the first applied step */
@@ -117,6 +131,7 @@ typedef struct mb_step_info {
                               step; 0: skip them (they may cost reductions) */
   const float* skip;       /* GPU runs: the overflow flag on the device; when *skip != 0 the
                               step must change nothing. NULL: apply the step. */
+  const mb_step_values* values; /* step, lr and global_batch again, in run's-device memory */
 } mb_step_info;
 
 /* Services the host offers. Every member is non-null. */
@@ -146,6 +161,10 @@ typedef struct mb_host {
   void (*normal)(void* ctx, size_t param_index, int64_t step, float* out, size_t n);
   /* `bytes` of run's-device memory valid until step() (or create()) returns. */
   void* (*scratch)(void* ctx, size_t bytes);
+  /* `bytes` of run's-device memory, uninitialized and not checkpointed, that lives until
+   * destroy(); at any time, for what a plugin keeps on the device from step to step (the
+   * kit's job tables). NULL (and the host reports why) when the device has no room. */
+  void* (*alloc_device)(void* ctx, size_t bytes);
   /* Copies host memory to run's-device memory (ordered on the stream; src may be reused
    * when the call returns) and run's-device memory to host memory (waits for the device). */
   void (*upload)(void* ctx, void* device_dst, const void* host_src, size_t bytes);

@@ -33,6 +33,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -154,6 +155,42 @@ void cpu_sum(const std::vector<TensorJob<Fn>>& jobs, double* out) {
     for (int k = 0; k < K; ++k) out[chunks[c].job * K + k] += partial[c][k];
 }
 
+// ---- device copies of the tables a step makes ------------------------------------------
+// One slot per table, in the order a step makes its tables: a table whose bytes equal the
+// slot's from the step before is not uploaded again. The shipped plugins' tables hold
+// pointers and constants only (per-step numbers come through info.values), so after the
+// first step they upload nothing; a functor holding info.lr still works, uploaded each step.
+class TableCache {
+ public:
+  void restart() { next_ = 0; }       // a new step
+  int64_t uploads() const { return uploads_; }  // tables uploaded so far
+  const void* get(const mb_host& h, const std::vector<unsigned char>& table) {
+    if (next_ == slots_.size()) slots_.emplace_back();
+    Slot& s = slots_[next_++];
+    if (s.device && s.bytes == table) return s.device;
+    if (!s.device || s.capacity < table.size()) {
+      const size_t size = table.empty() ? 8 : table.size();
+      s.device = h.alloc_device(h.ctx, size);
+      if (!s.device) throw std::runtime_error("the host has no device memory for a job table");
+      s.capacity = size;
+    }
+    s.bytes = table;
+    if (!table.empty()) h.upload(h.ctx, s.device, table.data(), table.size());
+    ++uploads_;
+    return s.device;
+  }
+
+ private:
+  struct Slot {
+    std::vector<unsigned char> bytes;  // what the device copy holds
+    void* device = nullptr;
+    size_t capacity = 0;
+  };
+  std::vector<Slot> slots_;
+  size_t next_ = 0;
+  int64_t uploads_ = 0;
+};
+
 #if defined(__CUDACC__)
 // ---- a GPU: one thread block per chunk, job tables in device memory --------------------
 template <typename Fn>
@@ -217,49 +254,53 @@ inline void check_launch(const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-// The job and chunk tables in device memory (uploaded through the host).
+// The job and chunk tables in device memory, through the cache. The job table is built in
+// zeroed bytes, each functor and count copied in whole, so equal jobs give equal bytes
+// (padding inside a functor is copied as it is: order a functor's members by size).
 template <typename Fn>
-const DeviceJob<Fn>* upload_jobs(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs) {
-  std::vector<DeviceJob<Fn>> table;
-  table.reserve(jobs.size());
-  for (const auto& j : jobs) table.push_back({j.fn, j.n});
-  const size_t bytes = table.size() * sizeof(DeviceJob<Fn>);
-  void* d = h.scratch(h.ctx, bytes);
-  h.upload(h.ctx, d, table.data(), bytes);
-  return static_cast<const DeviceJob<Fn>*>(d);
+const DeviceJob<Fn>* device_jobs(const mb_host& h, TableCache& cache, const std::vector<TensorJob<Fn>>& jobs) {
+  static_assert(std::is_trivially_copyable<Fn>::value, "an optimizer functor holds pointers and scalars only");
+  std::vector<unsigned char> table(jobs.size() * sizeof(DeviceJob<Fn>), 0);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    unsigned char* at = table.data() + i * sizeof(DeviceJob<Fn>);
+    std::memcpy(at + offsetof(DeviceJob<Fn>, fn), &jobs[i].fn, sizeof(Fn));
+    std::memcpy(at + offsetof(DeviceJob<Fn>, n), &jobs[i].n, sizeof(int64_t));
+  }
+  return static_cast<const DeviceJob<Fn>*>(cache.get(h, table));
 }
 template <typename T>
-const T* upload_vector(const mb_host& h, const std::vector<T>& v) {
-  const size_t bytes = v.size() * sizeof(T);
-  void* d = h.scratch(h.ctx, bytes ? bytes : 1);
-  if (bytes) h.upload(h.ctx, d, v.data(), bytes);
-  return static_cast<const T*>(d);
+const T* device_vector(const mb_host& h, TableCache& cache, const std::vector<T>& v) {
+  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
+  return static_cast<const T*>(cache.get(h, std::vector<unsigned char>(p, p + v.size() * sizeof(T))));
 }
 
 template <typename Fn>
-void cuda_apply(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, const float* skip) {
+void cuda_apply(const mb_host& h, TableCache& cache, const std::vector<TensorJob<Fn>>& jobs, const float* skip) {
   const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk);
   if (chunks.empty()) return;
-  const DeviceJob<Fn>* dj = upload_jobs(h, jobs);
-  const Chunk* dc = upload_vector(h, chunks);
+  const DeviceJob<Fn>* dj = device_jobs(h, cache, jobs);
+  const Chunk* dc = device_vector(h, cache, chunks);
   apply_kernel<Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, static_cast<cudaStream_t>(h.stream)>>>(dj, dc, skip);
   check_launch("multi-tensor apply kernel");
 }
 
 template <int K, typename Fn>
-void cuda_sum(const mb_host& h, const std::vector<TensorJob<Fn>>& jobs, double* out, const float* skip) {
+void cuda_sum(const mb_host& h, TableCache& cache, const std::vector<TensorJob<Fn>>& jobs, double* out,
+              const float* skip) {
   std::vector<int64_t> first;
   const std::vector<Chunk> chunks = make_chunks(jobs, kDeviceChunk, &first);
   const cudaStream_t s = static_cast<cudaStream_t>(h.stream);
   double* partial = static_cast<double*>(h.scratch(h.ctx, (chunks.size() + 1) * K * sizeof(double)));
   if (!chunks.empty()) {
-    sum_kernel<K, Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(upload_jobs(h, jobs), upload_vector(h, chunks),
-                                                                          partial, skip);
+    const DeviceJob<Fn>* dj = device_jobs(h, cache, jobs);
+    const Chunk* dc = device_vector(h, cache, chunks);
+    sum_kernel<K, Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(dj, dc, partial, skip);
     check_launch("multi-tensor sum kernel");
   }
   const int64_t n = static_cast<int64_t>(jobs.size());
   if (n == 0) return;
-  combine_kernel<K><<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(out, partial, upload_vector(h, first), n);
+  const int64_t* df = device_vector(h, cache, first);
+  combine_kernel<K><<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(out, partial, df, n);
   check_launch("multi-tensor sum combine kernel");
 }
 #endif  // __CUDACC__
@@ -305,8 +346,14 @@ class Optimizer {
   // entry.flags: a class whose math is elementwise and whose per-tensor sums go through
   // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`.
   static constexpr uint32_t kFlags = 0;
-  // Called by the entry's step() around step(): the step's skip flag for the kernels.
-  void begin_step(const mb_step_info& info) { skip_ = info.skip; }
+  // Called by the entry's step() before step(): the step's skip flag for the kernels, and
+  // the table cache rewound to its first slot.
+  void begin_step(const mb_step_info& info) {
+    skip_ = info.skip;
+    tables_.restart();
+  }
+  // Job, chunk and index tables uploaded to the device so far (0 on the CPU, which needs none).
+  int64_t table_uploads() const { return tables_.uploads(); }
 
  protected:
   size_t num_params() const { return ctx_.num_params; }
@@ -339,7 +386,7 @@ class Optimizer {
   void apply(const std::vector<TensorJob<Fn>>& jobs) const {
     if (!on_gpu()) return detail::cpu_apply(jobs);
 #if defined(__CUDACC__)
-    detail::cuda_apply(*ctx_.host, jobs, skip_);
+    detail::cuda_apply(*ctx_.host, tables_, jobs, skip_);
 #else
     throw std::logic_error("this plugin was built without CUDA");  // the host refuses it before
 #endif
@@ -355,7 +402,7 @@ class Optimizer {
       detail::cpu_sum<K>(jobs, out);
     } else {
 #if defined(__CUDACC__)
-      detail::cuda_sum<K>(*ctx_.host, jobs, out, skip_);
+      detail::cuda_sum<K>(*ctx_.host, tables_, jobs, out, skip_);
 #else
       throw std::logic_error("this plugin was built without CUDA");
 #endif
@@ -387,6 +434,7 @@ class Optimizer {
  private:
   Context ctx_;
   const float* skip_ = nullptr;
+  mutable detail::TableCache tables_;  // apply and sum are const: the cache is not the optimizer's state
 };
 
 namespace detail {

@@ -10,10 +10,26 @@
 
 namespace {
 
+// The step's lr and bias corrections come from `values` on the device (prepared() once per
+// chunk or thread), so the job table is the same every step. Members ordered by size: no
+// padding, so equal jobs have equal bytes.
 struct AdamWUpdate {
   float *w, *m, *v;
   const float* g;
-  float keep, b1, b2, step_size, bc2_sqrt, eps;  // keep = 1 - lr * wd (1 without decay)
+  const mb_step_values* values;
+  double beta1, beta2, wd;  // wd 0 for biases and norms
+  float b1, b2, eps;
+  float keep = 1.0f, step_size = 0.0f, bc2_sqrt = 1.0f;  // 1 - lr wd, lr / (1 - b1^t), sqrt(1 - b2^t): prepared()
+  MB_HOST_DEVICE AdamWUpdate prepared() const {
+    AdamWUpdate p = *this;
+    const double t = static_cast<double>(values->step);
+    const float lr = static_cast<float>(values->lr);
+    const float bc1 = static_cast<float>(1.0 - std::pow(beta1, t));
+    p.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
+    p.keep = wd != 0.0 ? 1.0f - lr * static_cast<float>(wd) : 1.0f;
+    p.step_size = lr / bc1;
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const {
     const float wj = w[j] * keep;
     const float mj = b1 * m[j] + (1.0f - b1) * g[j];
@@ -36,17 +52,12 @@ class AdamW final : public megabatch::plugin::Optimizer {
   }
 
   void step(const mb_step_info& info) override {
-    const double t = static_cast<double>(info.step);
-    const float bc1 = static_cast<float>(1.0 - std::pow(b1_, t));
-    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2_, t)));
-    const float lr = static_cast<float>(info.lr);
     std::vector<megabatch::plugin::TensorJob<AdamWUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      const float keep = decay ? 1.0f - lr * static_cast<float>(wd_) : 1.0f;
-      jobs.push_back({p.numel, {p.data, m_[i], v_[i], p.grad, keep, static_cast<float>(b1_), static_cast<float>(b2_),
-                                lr / bc1, bc2_sqrt, static_cast<float>(eps_)}});
+      jobs.push_back({p.numel, {p.data, m_[i], v_[i], p.grad, info.values, b1_, b2_, decay ? wd_ : 0.0,
+                                static_cast<float>(b1_), static_cast<float>(b2_), static_cast<float>(eps_)}});
     }
     apply(jobs);
   }

@@ -28,11 +28,25 @@ struct SquaresAlong {  // sum of g^2 along one row (stride 1) or one column (str
   }
 };
 
+// The step's numbers are read on the device from `values` (in prepared(), once per chunk or
+// thread), not copied into the functors: then the tables are the same every step and the
+// kit uploads them once. Members are ordered by size, so a functor has no padding bytes.
+MB_HOST_DEVICE inline float decay_rate(const mb_step_values* values) {  // b2_t = 1 - t^-0.8
+  return static_cast<float>(1.0 - std::pow(static_cast<double>(values->step), -0.8));
+}
+
 struct FactorUpdate {  // f[j] <- b f[j] + (1 - b) (sums[j] / n + eps1)
   float* f;
   const double* sums;
+  const mb_step_values* values;
   double inv_n;
-  float b, eps1;
+  float eps1;
+  float b = 0.0f;  // set by prepared()
+  MB_HOST_DEVICE FactorUpdate prepared() const {
+    FactorUpdate p = *this;
+    p.b = decay_rate(values);
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const {
     f[j] = b * f[j] + (1.0f - b) * (static_cast<float>(sums[j] * inv_n) + eps1);
   }
@@ -41,7 +55,14 @@ struct FactorUpdate {  // f[j] <- b f[j] + (1 - b) (sums[j] / n + eps1)
 struct VectorMoment {  // v <- b v + (1 - b) (g^2 + eps1), element-wise
   float* v;
   const float* g;
-  float b, eps1;
+  const mb_step_values* values;
+  float eps1;
+  float b = 0.0f;  // set by prepared()
+  MB_HOST_DEVICE VectorMoment prepared() const {
+    VectorMoment p = *this;
+    p.b = decay_rate(values);
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const { v[j] = b * v[j] + (1.0f - b) * (g[j] * g[j] + eps1); }
 };
 
@@ -58,6 +79,7 @@ struct Direction {
   int64_t cols;
   double inv_rows;
   float rmean = 1.0f;  // set by prepared()
+  float unused = 0.0f;  // fills the last 8 bytes: no padding bytes
   MB_HOST_DEVICE Direction prepared() const {
     Direction p = *this;
     if (!v) p.rmean = static_cast<float>(*rsum * inv_rows);
@@ -82,14 +104,16 @@ struct Update {
   Direction u;
   float* w;
   const double* usq;  // |u|^2 of the full tensor
-  double inv_numel, clip, lr;
-  float keep;  // 1 - lr wd (1 for biases and norms)
+  const mb_step_values* values;
+  double inv_numel, clip, wd;  // wd 0 for biases and norms
+  float keep = 1.0f;  // 1 - lr wd, set by prepared()
   float step = 0.0f;  // lr / max(1, rms(u) / clip), set by prepared()
   MB_HOST_DEVICE Update prepared() const {
     Update p = *this;
     p.u = u.prepared();
     const double rms = std::sqrt(*usq * inv_numel), denom = rms / clip > 1.0 ? rms / clip : 1.0;
-    p.step = static_cast<float>(lr / denom);
+    p.step = static_cast<float>(values->lr / denom);
+    p.keep = wd != 0.0 ? static_cast<float>(1.0 - values->lr * wd) : 1.0f;
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const { w[j] = w[j] * keep - step * u(j); }
@@ -113,7 +137,6 @@ class Adafactor final : public megabatch::plugin::Optimizer {
   }
 
   void step(const mb_step_info& info) override {
-    const float b2 = static_cast<float>(1.0 - std::pow(static_cast<double>(info.step), -0.8));
     // 1. sums of g^2 along every row and every column of every matrix
     std::vector<TensorJob<SquaresAlong>> rows, cols;
     for (size_t i = 0; i < num_params(); ++i) {
@@ -131,15 +154,17 @@ class Adafactor final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       if (p.ndim != 2) {
-        vectors.push_back({p.numel, {slots_[i].v, p.grad, b2, static_cast<float>(eps1_)}});
+        vectors.push_back({p.numel, {slots_[i].v, p.grad, info.values, static_cast<float>(eps1_)}});
         continue;
       }
       double* rs = row_sums.data() + at_r;
       double* cs = col_sums.data() + at_c;
       if (p.sharded && p.partition_dim == 1) tp_sum(rs, static_cast<size_t>(p.shape[0]));  // rows cut into pieces
       if (p.sharded && p.partition_dim == 0) tp_sum(cs, static_cast<size_t>(p.shape[1]));  // columns cut into pieces
-      factors.push_back({p.shape[0], {slots_[i].R, rs, 1.0 / static_cast<double>(p.full_shape[1]), b2, static_cast<float>(eps1_)}});
-      factors.push_back({p.shape[1], {slots_[i].C, cs, 1.0 / static_cast<double>(p.full_shape[0]), b2, static_cast<float>(eps1_)}});
+      factors.push_back({p.shape[0], {slots_[i].R, rs, info.values, 1.0 / static_cast<double>(p.full_shape[1]),
+                                      static_cast<float>(eps1_)}});
+      factors.push_back({p.shape[1], {slots_[i].C, cs, info.values, 1.0 / static_cast<double>(p.full_shape[0]),
+                                      static_cast<float>(eps1_)}});
       at_r += p.shape[0];
       at_c += p.shape[1];
     }
@@ -161,9 +186,8 @@ class Adafactor final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      jobs.push_back({p.numel, {direction(i, rsum.data() + i), p.data, usq.data() + i,
-                                1.0 / static_cast<double>(full_numel(i)), clip_, info.lr,
-                                decay ? static_cast<float>(1.0 - info.lr * wd_) : 1.0f}});
+      jobs.push_back({p.numel, {direction(i, rsum.data() + i), p.data, usq.data() + i, info.values,
+                                1.0 / static_cast<double>(full_numel(i)), clip_, decay ? wd_ : 0.0}});
     }
     if (info.diagnostics) {
       const auto u2 = usq.host();

@@ -30,9 +30,16 @@ MB_HOST_DEVICE inline float lamb_grad_scale(const double* grad_norm, double max_
   return max_grad_norm > 0 && n > max_grad_norm ? static_cast<float>(1.0 / (n / max_grad_norm)) : 1.0f;
 }
 
+// 1 / (1 - beta^t): Adam's bias correction at the step on the device.
+MB_HOST_DEVICE inline float lamb_inv_bias_correction(double beta, const mb_step_values* values) {
+  return static_cast<float>(1.0 / (1.0 - std::pow(beta, static_cast<double>(values->step))));
+}
+
 // Stage 1: moments, and the squared norms of the update and of the weights. With kNoise,
-// the scaled gradient gets noise_factor x rms(g / c) x a standard normal draw, the rms
-// from gsq (|g|^2 of this tensor over the group, on the device) and its full size.
+// the scaled gradient gets noise_factor / t^noise_decay x rms(g / c) x a standard normal
+// draw, the rms from gsq (|g|^2 of this tensor over the group, on the device) and its full
+// size. The step's numbers come from `values` on the device, so the job table is the same
+// every step. Members ordered by size: no padding, so equal jobs have equal bytes.
 template <bool kNoise>
 struct LambMoments {
   const float* g;
@@ -41,13 +48,19 @@ struct LambMoments {
   float *m, *v;
   const float* w;
   const double* grad_norm;
-  double max_grad_norm, noise_factor, inv_full;
-  float b1, b2, inv_bc1, inv_bc2, eps, wd;
-  float gs = 1.0f, noise_std = 0.0f;  // set by prepared() from the device values
+  const mb_step_values* values;
+  double max_grad_norm, noise_factor, noise_decay, inv_full, beta1, beta2;
+  float b1, b2, eps, wd;
+  float gs = 1.0f, noise_std = 0.0f, inv_bc1 = 1.0f, inv_bc2 = 1.0f;  // set by prepared() from the device values
   MB_HOST_DEVICE LambMoments prepared() const {
     LambMoments p = *this;
     p.gs = lamb_grad_scale(grad_norm, max_grad_norm);
-    if constexpr (kNoise) p.noise_std = static_cast<float>(noise_factor * p.gs * std::sqrt(*gsq * inv_full));
+    p.inv_bc1 = lamb_inv_bias_correction(beta1, values);
+    p.inv_bc2 = lamb_inv_bias_correction(beta2, values);
+    if constexpr (kNoise) {
+      const double factor = noise_factor / std::pow(static_cast<double>(values->step), noise_decay);
+      p.noise_std = static_cast<float>(factor * p.gs * std::sqrt(*gsq * inv_full));
+    }
     return p;
   }
   MB_HOST_DEVICE megabatch::plugin::Sums<2> operator()(int64_t j) const {
@@ -62,20 +75,23 @@ struct LambMoments {
   }
 };
 
-// Stage 2: the update again from the new moments, scaled by lr x trust ratio, the ratio
-// from this tensor's global norms on the device (sums: |u|^2, |w|^2).
+// Stage 2: the update again from the new moments, scaled by lr x lr_multiplier x trust
+// ratio, the ratio from this tensor's global norms on the device (sums: |u|^2, |w|^2).
 struct LambUpdate {
   const float *m, *v;
   float* w;
   const double* sums;
-  double lr;
-  float inv_bc1, inv_bc2, eps, wd;
-  bool adapt;
-  float step_size = 0.0f;  // lr x trust ratio, set by prepared()
+  const mb_step_values* values;
+  double lr_multiplier, beta1, beta2;
+  float eps, wd;
+  int32_t adapt;
+  float inv_bc1 = 1.0f, inv_bc2 = 1.0f, step_size = 0.0f;  // set by prepared()
   MB_HOST_DEVICE LambUpdate prepared() const {
     LambUpdate p = *this;
     const double un = std::sqrt(sums[0]), wn = std::sqrt(sums[1]);
-    p.step_size = static_cast<float>(lr * (adapt && un > 0 && wn > 0 ? wn / un : 1.0));
+    p.inv_bc1 = lamb_inv_bias_correction(beta1, values);
+    p.inv_bc2 = lamb_inv_bias_correction(beta2, values);
+    p.step_size = static_cast<float>(values->lr * lr_multiplier * (adapt && un > 0 && wn > 0 ? wn / un : 1.0));
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const {
@@ -102,9 +118,6 @@ class Lamb : public megabatch::plugin::Optimizer {
   }
 
   void step(const mb_step_info& info) override {
-    const double t = static_cast<double>(info.step);
-    const float inv_bc1 = static_cast<float>(1.0 / (1.0 - std::pow(b1_, t)));
-    const float inv_bc2 = static_cast<float>(1.0 / (1.0 - std::pow(b2_, t)));
     const float b1 = static_cast<float>(b1_), b2 = static_cast<float>(b2_), eps = static_cast<float>(eps_);
 
     const double factor = noise_factor(info);  // lamb_noise: 0 for no noise
@@ -113,7 +126,7 @@ class Lamb : public megabatch::plugin::Optimizer {
       std::vector<megabatch::plugin::TensorJob<LambMoments<false>>> jobs;
       for (size_t i = 0; i < num_params(); ++i)
         jobs.push_back({param(i).numel, {param(i).grad, nullptr, nullptr, m_[i], v_[i], param(i).data, info.grad_norm,
-                                         max_grad_norm_, 0.0, 0.0, b1, b2, inv_bc1, inv_bc2, eps, decay(i)}});
+                                         info.values, max_grad_norm_, 0.0, 0.0, 0.0, b1_, b2_, b1, b2, eps, decay(i)}});
       sums.push_back(sum<2>(jobs));
     } else {
       // |g|^2 of every tensor (over the group) for its noise level, and the draws
@@ -125,18 +138,18 @@ class Lamb : public megabatch::plugin::Optimizer {
       for (size_t i = 0; i < num_params(); ++i) {
         host().normal(host().ctx, i, info.step, noise(i), static_cast<size_t>(param(i).numel));
         jobs.push_back({param(i).numel, {param(i).grad, noise(i), gsq.data() + i, m_[i], v_[i], param(i).data,
-                                         info.grad_norm, max_grad_norm_, factor,
-                                         1.0 / static_cast<double>(full_numel(i)), b1, b2, inv_bc1, inv_bc2, eps,
-                                         decay(i)}});
+                                         info.grad_norm, info.values, max_grad_norm_, factor, noise_decay(),
+                                         1.0 / static_cast<double>(full_numel(i)), b1_, b2_, b1, b2, eps, decay(i)}});
       }
       sums.push_back(sum<2>(jobs));
       if (info.diagnostics) {  // the noise std each tensor got
         double norm = 0;
         host().download(host().ctx, &norm, info.grad_norm, sizeof norm);
         const double gs = lamb_grad_scale(&norm, max_grad_norm_);
+        const double at_step = factor / std::pow(static_cast<double>(info.step), noise_decay());
         const auto g2 = gsq.host();
         for (size_t i = 0; i < num_params(); ++i)
-          metric("noise_std", i, static_cast<float>(factor * gs * std::sqrt(g2[i][0] / static_cast<double>(full_numel(i)))));
+          metric("noise_std", i, static_cast<float>(at_step * gs * std::sqrt(g2[i][0] / static_cast<double>(full_numel(i)))));
       }
     }
     auto& uw = sums.back();
@@ -144,8 +157,9 @@ class Lamb : public megabatch::plugin::Optimizer {
 
     std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i)
-      jobs.push_back({param(i).numel, {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.lr * lr_multiplier(i, info),
-                                       inv_bc1, inv_bc2, eps, decay(i), nvlamb_ || decay(i) != 0.0f}});
+      jobs.push_back({param(i).numel, {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.values,
+                                       lr_multiplier(i, info), b1_, b2_, eps, decay(i),
+                                       nvlamb_ || decay(i) != 0.0f ? 1 : 0}});
     if (info.diagnostics) {
       const auto host_sums = uw.host();
       for (size_t i = 0; i < num_params(); ++i) {
@@ -160,11 +174,14 @@ class Lamb : public megabatch::plugin::Optimizer {
   }
 
  protected:
-  // lamb_embscale: the factor on parameter i's learning rate.
+  // lamb_embscale: the factor on parameter i's learning rate (a host value: a change of it
+  // costs one upload of the job table).
   virtual double lr_multiplier(size_t /*i*/, const mb_step_info& /*info*/) const { return 1.0; }
-  // lamb_noise: the std of the noise as a multiple of each tensor's rms(g / c) (0: no noise),
-  // and the buffer for tensor i's draws.
+  // lamb_noise: the std of the noise is noise_factor / t^noise_decay times each tensor's
+  // rms(g / c) at step t (noise_factor 0: no noise); noise(i) is the buffer for tensor i's
+  // draws. The power of t is taken on the device, so the job table stays the same.
   virtual double noise_factor(const mb_step_info& /*info*/) const { return 0.0; }
+  virtual double noise_decay() const { return 0.0; }
   virtual float* noise(size_t /*i*/) const { return nullptr; }
 
   float decay(size_t i) const {

@@ -25,8 +25,9 @@ class LambNoise final : public megabatch::plugins::Lamb {
   double noise_factor(const mb_step_info& info) const override {
     const double excess = static_cast<double>(info.global_batch) / ref_batch_ - 1.0;
     if (scale_ == 0 || excess <= 0) return 0.0;
-    return scale_ * std::sqrt(excess) / std::pow(static_cast<double>(info.step), decay_);
+    return scale_ * std::sqrt(excess);
   }
+  double noise_decay() const override { return decay_; }
   float* noise(size_t i) const override { return noise_[i]; }
 
  private:

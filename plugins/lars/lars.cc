@@ -19,20 +19,23 @@ struct SquaredNorms {  // |w|^2, |g|^2
 };
 
 // The local lr comes from this tensor's global norms on the device (sums: |w|^2, |g|^2).
+// The step's lr comes from `values` on the device, so the job table is the same every step.
+// Members ordered by size: no padding, so equal jobs have equal bytes.
 struct LarsUpdate {
   float* w;
   const float* g;
   float* v;
   const double* sums;
-  double lr, eta, wd, eps;
+  const mb_step_values* values;
+  double eta, wd, eps;
   float momentum;
-  bool adapt;  // weights and embeddings: trust ratio and decay; biases and norms: plain momentum SGD
-  float step_size = 0.0f, decay = 0.0f;  // set by prepared() from the norms
+  int32_t adapt;  // weights and embeddings: trust ratio and decay; biases and norms: plain momentum SGD
+  float step_size = 0.0f, decay = 0.0f;  // set by prepared() from the norms and the step's lr
   MB_HOST_DEVICE LarsUpdate prepared() const {
     LarsUpdate p = *this;
     const double wn = std::sqrt(sums[0]), gn = std::sqrt(sums[1]);
     const double local = adapt && wn > 0 && gn > 0 ? eta * wn / (gn + wd * wn + eps) : 1.0;
-    p.step_size = static_cast<float>(lr * local);
+    p.step_size = static_cast<float>(values->lr * local);
     p.decay = adapt ? static_cast<float>(wd) : 0.0f;
     return p;
   }
@@ -61,8 +64,8 @@ class Lars final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      jobs.push_back({p.numel, {p.data, p.grad, v_[i], sums.data() + 2 * i, info.lr, eta_, wd_, eps_,
-                                static_cast<float>(momentum_), adapt}});
+      jobs.push_back({p.numel, {p.data, p.grad, v_[i], sums.data() + 2 * i, info.values, eta_, wd_, eps_,
+                                static_cast<float>(momentum_), adapt ? 1 : 0}});
     }
     if (info.diagnostics) {  // before the update: the norms the step used
       const auto host = sums.host();

@@ -10,13 +10,24 @@
 
 namespace {
 
+// lr and the first step come from `values` on the device, so the job table is the same every
+// step. Members ordered by size: no padding, so equal jobs have equal bytes.
 template <bool kMomentum, bool kNesterov>
 struct SgdUpdate {
   float* w;
   float* b;  // momentum buffer (kMomentum only)
   const float* g;
-  float lr, wd, mu, damp;
-  bool first;  // the first step seeds the buffer with the gradient
+  const mb_step_values* values;
+  float wd, mu, dampening;
+  float lr = 0.0f, damp = 0.0f;  // set by prepared(): the step's lr; dampening, 0 at the first step
+  int32_t first = 0;             // set by prepared(): the first step seeds the buffer with the gradient
+  MB_HOST_DEVICE SgdUpdate prepared() const {
+    SgdUpdate p = *this;
+    p.lr = static_cast<float>(values->lr);
+    p.first = values->step == 1 ? 1 : 0;
+    p.damp = p.first ? 0.0f : dampening;
+    return p;
+  }
   MB_HOST_DEVICE void operator()(int64_t j) const {
     const float gj = g[j] + wd * w[j];
     float d = gj;
@@ -56,9 +67,8 @@ class Sgd final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const float wd = (p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING) ? static_cast<float>(wd_) : 0.0f;
-      jobs.push_back({p.numel, {p.data, kMomentum ? buf_[i] : nullptr, p.grad, static_cast<float>(info.lr), wd,
-                                static_cast<float>(momentum_), info.step == 1 ? 0.0f : static_cast<float>(dampening_),
-                                info.step == 1}});
+      jobs.push_back({p.numel, {p.data, kMomentum ? buf_[i] : nullptr, p.grad, info.values, wd,
+                                static_cast<float>(momentum_), static_cast<float>(dampening_)}});
     }
     apply(jobs);
   }

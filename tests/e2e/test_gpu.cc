@@ -242,6 +242,8 @@ void fill_grads(mb::nn::ParameterStore& store, int step) {
 
 }  // namespace
 
+// Every plugin, four steps with a learning rate that changes every step, on the CPU and the
+// GPU: the same parameters and state; and on the GPU no upload from the third step on.
 TEST_F(Gpu, EveryPluginStepsOnTheGpuAsOnTheCpu) {
   mb::comm::LocalCommunicator tp;
   const auto search = mb::optim::plugin_search_path({plugin_dirs()});
@@ -258,9 +260,17 @@ TEST_F(Gpu, EveryPluginStepsOnTheGpuAsOnTheCpu) {
       const mb::Device dev = d ? mb::Device::cuda(0) : mb::Device::cpu();
       auto model = mb::models::make_model(tiny(), tp, 7, mb::DType::kF32, dev);
       mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, hp, "t"), 3);
-      for (int s = 1; s <= 3; ++s) {
+      for (int s = 1; s <= 4; ++s) {
         fill_grads(model->parameters(), s);
-        opt.step(s, 1e-2, 64, -1.0, s == 3);
+        opt.step(s, 1e-2 * s, 64, -1.0, s == 3);
+        // the job tables are on the device after the first steps (the step's numbers come
+        // through info.values): nothing is uploaded from the third step on
+        if (d == 1 && s == 1) {
+          EXPECT_GT(opt.plugin_uploads_last_step(), 0) << name;
+        }
+        if (d == 1 && s >= 3) {
+          EXPECT_EQ(opt.plugin_uploads_last_step(), 0) << name << " step " << s;
+        }
       }
       params[d] = mb::to_host_f32(model->parameters().params());
       for (const auto& [key, st] : opt.state())

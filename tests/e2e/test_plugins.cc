@@ -146,6 +146,38 @@ TEST(PluginLoader, LibraryStaysLoadedWhileAnOptimizerFromItLives) {
   // unloading itself is not asserted.)
 }
 
+// ABI 5: the step's numbers reach the plugin in run's-device memory (host memory here), at
+// one address for the whole run and holding what the host was given (the plugin's learning
+// rate comes only from there); the global norm too. Scratch asked in the same sizes and order
+// gets the same addresses once the host's block holds it all (from the second step on).
+// These are what let a step launch the same kernels with the same arguments every step.
+TEST(PluginHost, StepValuesKeepOneAddressAndRepeatedScratchTheSameAddresses) {
+  mb::comm::LocalCommunicator tp;
+  mb::nn::ParameterStore store;
+  store.add({"w", mb::nn::Role::kWeight, 0, {4}, {}, mb::nn::Init::ones()});
+  store.finalize();
+  store.initialize(1);
+  mb::optim::PluginOptimizer opt(mb::optim::load_plugin("step_values", test_dirs()), store, tp, {0.0}, 0);
+  float w = 1.0f;
+  for (int s = 1; s <= 4; ++s) {
+    SCOPED_TRACE("step " + std::to_string(s));
+    for (int64_t j = 0; j < 4; ++j) store.grads()[j] = 2.0f;
+    const double lr = 0.125 * s;  // exact in binary: the expected weights are exact too
+    opt.step(s, lr, 8 * s, 0.5 + s, true);
+    w -= static_cast<float>(lr) * 2.0f;
+    const auto& d = opt.diagnostics();
+    EXPECT_EQ(d.at("values_step")[0], s);
+    EXPECT_EQ(d.at("values_lr")[0], lr);
+    EXPECT_EQ(d.at("values_batch")[0], 8 * s);
+    EXPECT_EQ(d.at("grad_norm")[0], 0.5 + s);
+    EXPECT_EQ(d.at("values_moved")[0], 0.0) << "info.values and info.grad_norm keep their addresses";
+    if (s >= 3) {
+      EXPECT_EQ(d.at("scratch_moved")[0], 0.0) << "the same scratch requests, the same addresses";
+    }
+    for (int64_t j = 0; j < 4; ++j) EXPECT_EQ(store.param(0)[j], w) << "the learning rate read through info.values";
+  }
+}
+
 namespace {
 // Runs `steps` of plugin `name` and of the PyTorch reference (tests/reference/optim_torch.py)
 // on the same random parameters and gradients, and expects the same parameters, optimizer
