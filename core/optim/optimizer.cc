@@ -382,17 +382,24 @@ void PluginOptimizer::sum_shards(void* ctx, double* values, size_t per_param) {
   if (self->shards_)  // every parameter's pieces over the data-parallel group
     comm::all_reduce(self->shards_->dp(), self->device_view(values, n, DType::kF64), comm::ReduceOp::kSum);
   if (self->tp_->size() == 1) return;
-  const Tensor v = self->device_view(values, n, DType::kF64);
-  std::vector<double> host = to_host_f64(v), packed;
-  for (size_t i = 0; i < self->params_.size(); ++i)
-    if (self->params_[i].sharded) packed.insert(packed.end(), host.begin() + i * per_param, host.begin() + (i + 1) * per_param);
-  if (packed.empty()) return;
-  self->tp_->all_reduce(packed.data(), packed.size(), comm::ReduceOp::kSum);
-  size_t at = 0;
-  for (size_t i = 0; i < self->params_.size(); ++i)
-    if (self->params_[i].sharded)
-      for (size_t k = 0; k < per_param; ++k) host[i * per_param + k] = packed[at++];
-  runtime::copy_bytes(values, self->device_, host.data(), Device::cpu(), n * sizeof(double));
+  // On the device, without a trip through the host: the tensor-parallel ranks other than 0
+  // zero their replicated parameters' values (which every rank holds the same), then one sum
+  // over the group adds the sharded ones and leaves rank 0's replicated values as they were
+  // (x + 0 is x exactly).
+  if (self->tp_->rank() != 0) {
+    const size_t count = self->params_.size();
+    for (size_t i = 0; i < count;) {
+      if (self->params_[i].sharded) {
+        ++i;
+        continue;
+      }
+      size_t end = i;
+      while (end < count && !self->params_[end].sharded) ++end;  // a run of replicated parameters
+      runtime::fill_zero(values + i * per_param, self->device_, (end - i) * per_param * sizeof(double));
+      i = end;
+    }
+  }
+  comm::all_reduce(*self->tp_, self->device_view(values, n, DType::kF64), comm::ReduceOp::kSum);
 }
 
 void PluginOptimizer::normal(void* ctx, size_t index, int64_t step, float* out, size_t n) {
