@@ -131,6 +131,7 @@ train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device
           r.activation_bytes,
           r.attention_score_bytes,
           uses_flash_attention(c, dtype, device),
+          c.family == "t5" && flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads, false),
           static_cast<double>(head_rows) * row_bytes,
           static_cast<double>(most_rows) * row_bytes};
 }

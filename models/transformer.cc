@@ -106,9 +106,10 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
   first_param_.push_back(static_cast<int>(store.count()));
 }
 
-void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
-  if (B == B_ && T == T_ && Tm == Tm_ && flash == flash_) return;
+void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bool flash_cross) {
+  if (B == B_ && T == T_ && Tm == Tm_ && flash == flash_ && flash_cross == flash_cross_) return;
   flash_ = flash;
+  flash_cross_ = flash_cross;
   B_ = B;
   T_ = T;
   Tm_ = Tm;
@@ -140,7 +141,13 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
       if (!rms) alloc_acc(s.lnx_mean, {n}, P);
       for (Tensor* t : {&s.q, &s.xattn}) alloc(*t, {n, Cl}, P);
       alloc(s.kv, {B * Tm, 2 * Cl}, P);
-      alloc(s.xprobs, {B, heads_local_, T, Tm}, P);
+      if (flash_cross_) {
+        alloc_acc(s.xlse, {B, heads_local_, T}, P);
+        s.xprobs = Tensor();
+      } else {
+        alloc(s.xprobs, {B, heads_local_, T, Tm}, P);
+        s.xlse = Tensor();
+      }
     }
   }
   for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
@@ -165,8 +172,9 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
-  const bool flash = flash_attention_runs(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads, attn_bias.defined());
-  allocate(B, T, memory.T, flash);
+  const int64_t head_dim = cfg_.hidden / cfg_.heads;
+  const bool flash = flash_attention_runs(store_->device(), store_->dtype(), head_dim, attn_bias.defined());
+  allocate(B, T, memory.T, flash, cfg_.cross_attention && flash_attention_runs(store_->device(), store_->dtype(), head_dim, false));
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;
@@ -226,7 +234,10 @@ const Tensor& TransformerStack::cross_attention_forward(size_t l) {
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
   b.q->forward(s.q, s.lnx);
   b.kv->forward(s.kv, memory_.values);
-  ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory_.mask, cs, &xdrop);
+  if (flash_cross_)
+    ops::flash_cross_attention_forward(s.xattn, s.xlse, s.q, s.kv, memory_.mask, cs, &xdrop);
+  else
+    ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory_.mask, cs, &xdrop);
   b.xproj->forward(s.xproj, s.xattn);
   return dropout_or_same(g_c_, s.xproj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
 }
@@ -297,10 +308,15 @@ void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory,
   const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
   const Tensor& d_xproj = dropout_or_same(g_c_, dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
   b.xproj->backward(g_attn_, d_xproj, s.xattn, ops::Write::kSet);
-  g_q_.zero();  // the explicit cross attention accumulates
-  g_kv_.zero();
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
-  ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
+  if (flash_cross_) {
+    ops::flash_cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xattn, s.xlse, memory_.mask, cs, &xdrop,
+                                        ops::Write::kSet);
+  } else {
+    g_q_.zero();  // the explicit cross attention accumulates
+    g_kv_.zero();
+    ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
+  }
   b.kv->backward(dmemory, g_kv_, memory_.values);
   b.q->backward(g_c_, g_q_, s.lnx, ops::Write::kSet);
   b.lnx->backward(dres, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);

@@ -65,7 +65,8 @@ void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& 
 
 // Whether a stack's self-attention runs the flash kernels: on a GPU, where they take the
 // dtype and head size, and without a position bias (T5's takes the explicit attention, as f32
-// does). The memory estimate (models/registry.h) asks the same question.
+// does). The memory estimate (models/registry.h) asks the same question. Cross-attention has
+// no bias: it runs them wherever they take the dtype and head size.
 bool flash_attention_runs(Device device, DType dtype, int64_t head_dim, bool position_bias);
 
 // What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
@@ -106,10 +107,10 @@ class TransformerStack {
   };
   struct Saved {  // activations of one block, (n, ...) with n = B * T
     Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, lse, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
-    Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xattn, xproj, x2;  // cross-attention
+    Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xlse, xattn, xproj, x2;  // cross-attention
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
-  void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
+  void allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bool flash_cross);
   // One block's forward: its output into `next`; and its parts.
   void block_forward(size_t l, const Tensor& next);
   // The branches, each its dropped-out projection (s.proj, s.xproj or g_c_); the cross
@@ -137,8 +138,9 @@ class TransformerStack {
   std::vector<Block> blocks_;
   std::vector<int> first_param_;  // block l declared parameter ids [first_param_[l], first_param_[l + 1])
   int64_t heads_local_;
-  // self-attention through the flash kernels (ops/flash_attention.h): lse saved, not probs
-  bool flash_ = false;
+  // self- and cross-attention through the flash kernels (ops/flash_attention.h): lse saved,
+  // not probabilities
+  bool flash_ = false, flash_cross_ = false;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
   Tensor mask_, bias_;
   StackMemory memory_;

@@ -33,6 +33,17 @@ void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Te
   check(qkv.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
         " (flash_attention_supported says which; the explicit attention takes any)");
 }
+void check_cross_shapes(const char* op, const Tensor& q, const Tensor& kv, const Tensor& lse, const Tensor& key_mask,
+                        const CrossAttentionShape& s, const DropoutKey* dropout) {
+  expect_numel(op, "q", q, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
+  expect_numel(op, "kv", kv, static_cast<size_t>(s.B * s.Tk * s.H * 2 * s.D));
+  expect_dtype(op, "kv", kv, q.dtype());
+  expect_numel(op, "lse", lse, static_cast<size_t>(s.B * s.H * s.Tq));
+  expect_numel(op, "key_mask", key_mask, static_cast<size_t>(s.B * s.Tk));
+  check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
+  check(q.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
+        " (flash_attention_supported says which; the explicit attention takes any)");
+}
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
@@ -61,6 +72,37 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
     expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
   }
   MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w);
+}
+
+void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                   const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const char* op = "flash_cross_attention_forward";
+  const Device d = common_device(op, {&out, &lse, &q, &kv, &key_mask});
+  expect_accepted(accepts::flash_cross_attention_forward_q, q, d);
+  expect_accepted(accepts::flash_cross_attention_forward_lse, lse, d);
+  expect_accepted(accepts::flash_cross_attention_forward_key_mask, key_mask, d);
+  check_cross_shapes(op, q, kv, lse, key_mask, s, dropout);
+  expect_dtype(op, "out", out, q.dtype());
+  expect_numel(op, "out", out, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
+  MB_OP_DISPATCH(d, flash_cross_attention_forward, out, lse, q, kv, key_mask, s, dropout);
+}
+
+void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
+                                    const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& key_mask,
+                                    const CrossAttentionShape& s, const DropoutKey* dropout, Write w) {
+  const char* op = "flash_cross_attention_backward";
+  const Device d = common_device(op, {&dq, &dkv, &dout, &q, &kv, &out, &lse, &key_mask});
+  expect_accepted(accepts::flash_cross_attention_backward_q, q, d);
+  expect_accepted(accepts::flash_cross_attention_backward_lse, lse, d);
+  expect_accepted(accepts::flash_cross_attention_backward_key_mask, key_mask, d);
+  check_cross_shapes(op, q, kv, lse, key_mask, s, dropout);
+  expect_same(op, "q", q, "dq", dq);
+  expect_same(op, "kv", kv, "dkv", dkv);
+  for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"dout", &dout}, {"out", &out}}) {
+    expect_dtype(op, name, *t, q.dtype());
+    expect_numel(op, name, *t, static_cast<size_t>(s.B * s.Tq * s.H * s.D));
+  }
+  MB_OP_DISPATCH(d, flash_cross_attention_backward, dq, dkv, dout, q, kv, out, lse, key_mask, s, dropout, w);
 }
 
 }  // namespace megabatch::ops

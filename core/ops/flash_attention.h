@@ -6,7 +6,8 @@
 // of the softmax gradient (dout . out). Layouts, masks, dropout (the same Philox element
 // of the full (B, total heads, T, T) tensor, so the same masks) and tensor-parallel head
 // offsets are attention_forward's; no bias (T5's relative position bias stays on the
-// explicit attention).
+// explicit attention). The cross-attention pair is cross_attention_forward's (q, kv, a key
+// mask over the encoder positions, no causal mask) in the same way, lse (B, H, Tq).
 //
 // CUDA: bf16 and fp16 with f32 accumulation on tensor cores (sm_80 and later), head size
 // 64 or 128 (flash_attention_supported); f32 stays on the explicit attention, which is also
@@ -28,5 +29,13 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                               const DropoutKey* dropout, Write w = Write::kAdd);
+
+// Cross-attention: out (B, Tq, H, D) and lse (B, H, Tq) f32 written.
+void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                   const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout);
+// dq += dL/dq and dkv += dL/dkv (= with kSet).
+void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
+                                    const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& key_mask,
+                                    const CrossAttentionShape& s, const DropoutKey* dropout, Write w = Write::kAdd);
 
 }  // namespace megabatch::ops

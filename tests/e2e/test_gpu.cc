@@ -111,25 +111,28 @@ TEST_F(Gpu, Bf16AndFp16StayNearFp32) {
 }
 
 // Head size 64 takes the flash kernels in bf16 and fp16 (f32 keeps the explicit attention):
-// GPT (causal, 100 tokens: two tiles, the second cut short) and BERT (padding masks) stay
-// near the f32 run as the explicit half-precision runs do, with attention dropout on, and
-// repeat bitwise.
+// GPT (causal, 100 tokens: two tiles, the second cut short), BERT (padding masks) and T5's
+// cross-attention (24 decoder queries over 72 padded encoder positions; its self-attention
+// keeps the explicit attention for the position bias) stay near the f32 run as the explicit
+// half-precision runs do, with attention dropout on, and repeat bitwise.
 TEST_F(Gpu, FlashAttentionTrainsNearFp32AndRepeatsBitwise) {
   mb::testing::TempDir tmp;
-  for (const std::string family : {"gpt", "bert"}) {
+  for (const std::string family : {"gpt", "bert", "t5"}) {
     SCOPED_TRACE(family);
     const bool wordpiece = family != "gpt";
     auto run = [&](const std::string& name, const std::string& extra) {
       const std::string cmd =
           mb::testing::bin_dir() + "/train --model-type " + family + " --num-layers 2 --hidden-size 128 " +
-          "--num-attention-heads 2 --seq-length " + (wordpiece ? "72" : "100") + " --micro-batch-size 4 " +
+          "--num-attention-heads 2 --seq-length " + (wordpiece ? "72" : "100") +
+          (family == "t5" ? " --decoder-seq-length 24" : "") + " --micro-batch-size 4 " +
           "--global-batch-size 8 --train-iters 12 --lr 1e-3 --lr-warmup-iters 2 --log-interval 4 --eval-iters 0 " +
           "--threads 4 --device cuda --data-path " +
           (mb::testing::brown_data() / (wordpiece ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
           " --run-dir " + (tmp / (family + name)).string() + " " + extra;
       const auto r = mb::testing::run_command(cmd);
       EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-      EXPECT_EQ(r.output.find(", flash attention") != std::string::npos, !extra.empty()) << r.output;
+      const std::string flash = family == "t5" ? ", flash cross-attention" : ", flash attention";
+      EXPECT_EQ(r.output.find(flash) != std::string::npos, !extra.empty()) << r.output;
       return series(tmp / (family + name) / "metrics.h5", "train/lm_loss");
     };
     const auto f = run("f32", ""), b = run("bf16", "--bf16"), b2 = run("bf16again", "--bf16"),

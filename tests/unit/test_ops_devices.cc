@@ -8,6 +8,8 @@
 
 #include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/ops/activation.h"
@@ -506,6 +508,142 @@ TEST(FlashAttention, GradientsMatchFiniteDifferences) {
     minus[i] -= 1e-6;
     const double fd = (loss(plus) - loss(minus)) / 2e-6;
     EXPECT_NEAR(an[i], fd, 1e-6 * (std::abs(fd) + 1)) << "qkv element " << i;
+    ++checked;
+  }
+  EXPECT_GT(checked, 100);
+}
+
+// Flash cross-attention (T5's decoder attending to the encoder) against the f64 CPU
+// reference, which is checked against the explicit cross-attention (outputs, gradients,
+// dropout masks) and by finite differences. Query and key counts differ and are not
+// multiples of the 64-row tiles (fewer keys than queries, and more), head sizes 64 and 128,
+// padded encoder positions (batch row 1 entirely padded in one case: output and gradient 0,
+// lse +inf), dropout on a tensor-parallel shard. CUDA and f32: refused by name.
+TEST_P(OnDevice, FlashCrossAttentionMatchesTheReferenceAndTheExplicitCrossAttention) {
+  struct Config {
+    int64_t B, Tq, Tk, H, D;
+    bool mask, all_padded;
+    double p;
+  };
+  for (const Config c : {Config{2, 37, 50, 2, 64, false, false, 0.0}, Config{1, 130, 70, 2, 64, true, false, 0.0},
+                         Config{2, 65, 129, 1, 128, true, true, 0.0}, Config{2, 20, 100, 2, 64, true, false, 0.2},
+                         Config{1, 100, 9, 1, 128, false, false, 0.1}}) {
+    auto h = harness(17);
+    SCOPED_TRACE("B " + std::to_string(c.B) + " Tq " + std::to_string(c.Tq) + " Tk " + std::to_string(c.Tk) + " D " +
+                 std::to_string(c.D) + (c.mask ? " masked" : "") + (c.all_padded ? " (a row all padding)" : "") +
+                 " p " + std::to_string(c.p));
+    const ops::CrossAttentionShape s{c.B, c.Tq, c.Tk, c.H, c.D, 1, c.H + 1};
+    const ops::DropoutKey dk{c.p, 59, 6};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.Tk), 1);
+    for (int64_t t = c.Tk - 5; t < c.Tk; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's tail padded
+    if (c.all_padded)
+      for (int64_t t = 0; t < c.Tk; ++t) mv[static_cast<size_t>(c.Tk + t)] = 0;
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.Tk}) : Pair{};
+    const Pair q = h.input({c.B, c.Tq, c.H, c.D}), kv = h.input({c.B, c.Tk, c.H, 2, c.D}), dy = h.input({c.B, c.Tq, c.H, c.D});
+    Pair out = h.output({c.B, c.Tq, c.H, c.D}), lse = h.output({c.B, c.H, c.Tq}, DType::kF32);
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) {  // CUDA and f32: refused by name
+      try {
+        ops::flash_cross_attention_forward(out.dev, lse.dev, q.dev, kv.dev, mask.dev, s, &dk);
+        ADD_FAILURE() << "flash cross-attention took " << mb::dtype_name(h.dtype()) << " on " << h.device().str();
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("flash_cross_attention_forward: q is f32, which the CUDA kernels do not take"),
+                  std::string::npos) << e.what();
+      }
+      continue;
+    }
+    ops::flash_cross_attention_forward(out.dev, lse.dev, q.dev, kv.dev, mask.dev, s, &dk);
+    ops::flash_cross_attention_forward(out.ref, lse.ref, q.ref, kv.ref, mask.ref, s, &dk);
+    const double terms = static_cast<double>(c.D + c.Tk);
+    h.expect_close(out, terms, "out", 8.0);
+    {
+      const std::vector<double> got = mb::to_host_f64(lse.dev), ref = mb::to_host_f64(lse.ref);
+      int infinite = 0;
+      for (size_t i = 0; i < ref.size(); ++i) {
+        if (std::isinf(ref[i])) {
+          EXPECT_TRUE(std::isinf(got[i]) && got[i] > 0) << "lse " << i << ": " << got[i];
+          ++infinite;
+        } else {
+          EXPECT_NEAR(got[i], ref[i], 1e-4 * (std::abs(ref[i]) + 1) * terms / 64) << "lse " << i;
+        }
+      }
+      EXPECT_EQ(infinite, c.all_padded ? c.H * c.Tq : 0);
+    }
+    Pair dq = h.accumulator({c.B, c.Tq, c.H, c.D}), dkv = h.accumulator({c.B, c.Tk, c.H, 2, c.D});
+    ops::flash_cross_attention_backward(dq.dev, dkv.dev, dy.dev, q.dev, kv.dev, out.dev, lse.dev, mask.dev, s, &dk);
+    ops::flash_cross_attention_backward(dq.ref, dkv.ref, dy.ref, q.ref, kv.ref, out.ref, lse.ref, mask.ref, s, &dk);
+    h.expect_close(dq, terms, "dq", 16.0);
+    h.expect_close(dkv, static_cast<double>(c.D + c.Tq), "dkv", 16.0);
+    // written whole: the device's NaN start must not show
+    Pair dq_set = h.output({c.B, c.Tq, c.H, c.D}), dkv_set = h.output({c.B, c.Tk, c.H, 2, c.D});
+    ops::flash_cross_attention_backward(dq_set.dev, dkv_set.dev, dy.dev, q.dev, kv.dev, out.dev, lse.dev, mask.dev, s, &dk,
+                                        ops::Write::kSet);
+    ops::flash_cross_attention_backward(dq_set.ref, dkv_set.ref, dy.ref, q.ref, kv.ref, out.ref, lse.ref, mask.ref, s, &dk,
+                                        ops::Write::kSet);
+    h.expect_close(dq_set, terms, "dq set", 16.0);
+    h.expect_close(dkv_set, static_cast<double>(c.D + c.Tq), "dkv set", 16.0);
+
+    // the reference is the explicit cross-attention (f64, the same dropout draws)
+    Pair eout = h.output({c.B, c.Tq, c.H, c.D}), probs = h.output({c.B, c.H, c.Tq, c.Tk});
+    ops::cross_attention_forward(eout.ref, probs.ref, q.ref, kv.ref, mask.ref, s, &dk);
+    const std::vector<double> fo = mb::to_host_f64(out.ref), eo = mb::to_host_f64(eout.ref);
+    for (size_t i = 0; i < fo.size(); ++i) ASSERT_NEAR(fo[i], eo[i], 1e-12 * (std::abs(eo[i]) + 1)) << "out " << i;
+    mb::Tensor fq(q.ref.shape(), DType::kF64), fkv(kv.ref.shape(), DType::kF64), eq(q.ref.shape(), DType::kF64),
+        ekv(kv.ref.shape(), DType::kF64);
+    for (mb::Tensor* t : {&fq, &fkv, &eq, &ekv}) t->zero();
+    ops::flash_cross_attention_backward(fq, fkv, dy.ref, q.ref, kv.ref, out.ref, lse.ref, mask.ref, s, &dk);
+    ops::cross_attention_backward(eq, ekv, dy.ref, q.ref, kv.ref, probs.ref, mask.ref, s, &dk);
+    for (const auto& [name, f, e] : {std::tuple<const char*, mb::Tensor*, mb::Tensor*>{"dq", &fq, &eq}, {"dkv", &fkv, &ekv}}) {
+      const std::vector<double> fg = mb::to_host_f64(*f), eg = mb::to_host_f64(*e);
+      for (size_t i = 0; i < fg.size(); ++i) ASSERT_NEAR(fg[i], eg[i], 1e-10 * (std::abs(eg[i]) + 1)) << name << " " << i;
+    }
+  }
+}
+
+// The f64 flash cross-attention backward against finite differences of its forward:
+// L = sum(dy * out), with dropout and padded encoder positions.
+TEST(FlashAttention, CrossAttentionGradientsMatchFiniteDifferences) {
+  const ops::CrossAttentionShape s{2, 5, 7, 2, 8, 0, 0};
+  const ops::DropoutKey dk{0.15, 60, 7};
+  std::mt19937 g(4);
+  std::normal_distribution<double> nd;
+  std::vector<double> xq(static_cast<size_t>(2 * 5 * 2 * 8)), xkv(static_cast<size_t>(2 * 7 * 2 * 2 * 8)), y(xq.size());
+  for (auto* v : {&xq, &xkv, &y})
+    for (auto& x : *v) x = nd(g);
+  std::vector<uint8_t> mv(14, 1);
+  mv[6] = mv[5] = 0;
+  const mb::Tensor mask = mb::from_host(mv, {2, 7}), dy = mb::from_host(y, {2, 5, 2, 8});
+  auto loss = [&](const std::vector<double>& a, const std::vector<double>& b) {
+    mb::Tensor out({2, 5, 2, 8}, DType::kF64), lse({2, 2, 5}, DType::kF64);
+    ops::flash_cross_attention_forward(out, lse, mb::from_host(a, {2, 5, 2, 8}), mb::from_host(b, {2, 7, 2, 2, 8}), mask, s,
+                                       &dk);
+    const std::vector<double> o = mb::to_host_f64(out);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * y[i];
+    return l;
+  };
+  const mb::Tensor q = mb::from_host(xq, {2, 5, 2, 8}), kv = mb::from_host(xkv, {2, 7, 2, 2, 8});
+  mb::Tensor out({2, 5, 2, 8}, DType::kF64), lse({2, 2, 5}, DType::kF64), dq({2, 5, 2, 8}, DType::kF64),
+      dkv({2, 7, 2, 2, 8}, DType::kF64);
+  dq.zero();
+  dkv.zero();
+  ops::flash_cross_attention_forward(out, lse, q, kv, mask, s, &dk);
+  ops::flash_cross_attention_backward(dq, dkv, dy, q, kv, out, lse, mask, s, &dk);
+  const std::vector<double> aq = mb::to_host_f64(dq), akv = mb::to_host_f64(dkv);
+  int checked = 0;
+  for (size_t i = 0; i < xq.size(); i += 3) {
+    std::vector<double> plus = xq, minus = xq;
+    plus[i] += 1e-6;
+    minus[i] -= 1e-6;
+    const double fd = (loss(plus, xkv) - loss(minus, xkv)) / 2e-6;
+    EXPECT_NEAR(aq[i], fd, 1e-6 * (std::abs(fd) + 1)) << "q element " << i;
+    ++checked;
+  }
+  for (size_t i = 0; i < xkv.size(); i += 5) {
+    std::vector<double> plus = xkv, minus = xkv;
+    plus[i] += 1e-6;
+    minus[i] -= 1e-6;
+    const double fd = (loss(xq, plus) - loss(xq, minus)) / 2e-6;
+    EXPECT_NEAR(akv[i], fd, 1e-6 * (std::abs(fd) + 1)) << "kv element " << i;
     ++checked;
   }
   EXPECT_GT(checked, 100);

@@ -1,7 +1,8 @@
 // Flash attention on the CPU: the reference for the CUDA kernels, each query row in f64.
 // The forward gives what the kernels must (out and the row's log-sum-exp); the backward
 // recomputes the probabilities from lse as the kernels do. Not a fast path: the layers take
-// the explicit attention on the CPU.
+// the explicit attention on the CPU. Self- and cross-attention are one problem: queries and
+// keys/values at their own places (strides) in their tensors.
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -21,70 +22,95 @@ void store(const Tensor& t, const std::vector<double>& v) {
     copy(t, from_host(std::vector<float>(v.begin(), v.end()), t.shape(), t.dtype()));
 }
 
-struct Rows {
-  const AttentionShape& s;
-  std::vector<double> qkv;
-  std::vector<uint8_t> mask;
-  int64_t total_heads() const { return s.total_heads ? s.total_heads : s.H; }
-  // element (b, t, h, which, d) of qkv
-  size_t at(int64_t b, int64_t t, int64_t h, int64_t which, int64_t d) const {
-    return static_cast<size_t>((((b * s.T + t) * s.H + h) * 3 + which) * s.D + d);
+// Where element d of head h of token t sits: (b * T + t) * tok + h * head + off + d.
+struct Place {
+  int64_t T, tok, head, off;
+  size_t at(int64_t b, int64_t t, int64_t h, int64_t d) const {
+    return static_cast<size_t>((b * T + t) * tok + h * head + off + d);
   }
+};
+
+struct Problem {
+  int64_t B, Tq, Tk, H, D;
+  bool causal;
+  int64_t head_offset, total_heads;
+  Place q, k, v;                       // q in qs; k and v in kvs
+  const std::vector<double>* qs;
+  const std::vector<double>* kvs;      // the same vector as qs for self-attention
+  std::vector<uint8_t> mask;           // (B, Tk) or empty
+  size_t out_at(int64_t b, int64_t i, int64_t h, int64_t d) const {
+    return static_cast<size_t>(((b * Tq + i) * H + h) * D + d);
+  }
+  size_t lse_at(int64_t b, int64_t h, int64_t i) const { return static_cast<size_t>((b * H + h) * Tq + i); }
   bool valid(int64_t b, int64_t i, int64_t j) const {
-    if (s.causal && j > i) return false;
-    return mask.empty() || mask[static_cast<size_t>(b * s.T + j)] != 0;
+    if (causal && j > i) return false;
+    return mask.empty() || mask[static_cast<size_t>(b * Tk + j)] != 0;
   }
   // the scaled score of query i and key j in (b, h)
   double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
     double acc = 0;
-    for (int64_t d = 0; d < s.D; ++d) acc += qkv[at(b, i, h, 0, d)] * qkv[at(b, j, h, 1, d)];
-    return acc / std::sqrt(static_cast<double>(s.D));
+    for (int64_t d = 0; d < D; ++d) acc += (*qs)[q.at(b, i, h, d)] * (*kvs)[k.at(b, j, h, d)];
+    return acc / std::sqrt(static_cast<double>(D));
   }
-  // the dropout factors of the (T, T) block of (b, h): 0 or 1 / (1 - p)
-  std::vector<double> dropout(int64_t b, int64_t h, const DropoutKey* k) const {
-    std::vector<double> z(static_cast<size_t>(s.T * s.T), 1.0);
-    if (!k || k->p <= 0) return z;
+  // the dropout factors of the (Tq, Tk) block of (b, h): 0 or 1 / (1 - p), drawn as the
+  // explicit attention draws element (b, global head, i, j) of (B, total heads, Tq, Tk)
+  std::vector<double> dropout(int64_t b, int64_t h, const DropoutKey* key) const {
+    std::vector<double> z(static_cast<size_t>(Tq * Tk), 1.0);
+    if (!key || key->p <= 0) return z;
     std::vector<uint8_t> keep(z.size());
-    dropout_mask(keep.data(), s.T * s.T, static_cast<uint64_t>((b * total_heads() + s.head_offset + h) * s.T * s.T), *k);
-    for (size_t e = 0; e < z.size(); ++e) z[e] = keep[e] ? 1.0 / (1.0 - k->p) : 0.0;
+    dropout_mask(keep.data(), Tq * Tk, static_cast<uint64_t>((b * total_heads + head_offset + h) * Tq * Tk), *key);
+    for (size_t e = 0; e < z.size(); ++e) z[e] = keep[e] ? 1.0 / (1.0 - key->p) : 0.0;
     return z;
   }
 };
 
-Rows rows_of(const AttentionShape& s, const Tensor& qkv, const Tensor& key_mask) {
-  Rows r{s, to_host_f64(qkv), {}};
-  if (key_mask.defined()) r.mask.assign(key_mask.data<uint8_t>(), key_mask.data<uint8_t>() + key_mask.numel());
-  return r;
+std::vector<uint8_t> mask_of(const Tensor& key_mask) {
+  if (!key_mask.defined()) return {};
+  return std::vector<uint8_t>(key_mask.data<uint8_t>(), key_mask.data<uint8_t>() + key_mask.numel());
 }
 
-}  // namespace
+// self-attention: q, k and v side by side in qkv (B, T, H, 3, D)
+Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask) {
+  const Place q{s.T, s.H * 3 * s.D, 3 * s.D, 0};
+  Place k = q, v = q;
+  k.off = s.D;
+  v.off = 2 * s.D;
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
+          &qkv, &qkv, mask_of(key_mask)};
+}
 
-void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout) {
-  const Rows r = rows_of(s, qkv, key_mask);
-  std::vector<double> o(static_cast<size_t>(s.B * s.T * s.H * s.D), 0.0), l(static_cast<size_t>(s.B * s.H * s.T));
-  std::vector<double> p(static_cast<size_t>(s.T));
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < s.H; ++h) {
-      const std::vector<double> z = r.dropout(b, h, dropout);
-      for (int64_t i = 0; i < s.T; ++i) {
+// cross-attention: q (B, Tq, H, D), k and v side by side in kv (B, Tk, H, 2, D)
+Problem cross_problem(const CrossAttentionShape& s, const std::vector<double>& q, const std::vector<double>& kv,
+                      const Tensor& key_mask) {
+  const Place qp{s.Tq, s.H * s.D, s.D, 0}, k{s.Tk, s.H * 2 * s.D, 2 * s.D, 0}, v{s.Tk, s.H * 2 * s.D, 2 * s.D, s.D};
+  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, qp, k, v,
+          &q, &kv, mask_of(key_mask)};
+}
+
+void forward(const Problem& p, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
+  std::vector<double> o(static_cast<size_t>(p.B * p.Tq * p.H * p.D), 0.0), l(static_cast<size_t>(p.B * p.H * p.Tq));
+  std::vector<double> sc(static_cast<size_t>(p.Tk));
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h) {
+      const std::vector<double> z = p.dropout(b, h, dropout);
+      for (int64_t i = 0; i < p.Tq; ++i) {
         double mx = -kInf;
-        for (int64_t j = 0; j < s.T; ++j) {
-          p[j] = r.valid(b, i, j) ? r.score(b, h, i, j) : -kInf;
-          mx = std::max(mx, p[j]);
+        for (int64_t j = 0; j < p.Tk; ++j) {
+          sc[j] = p.valid(b, i, j) ? p.score(b, h, i, j) : -kInf;
+          mx = std::max(mx, sc[j]);
         }
-        double& row_lse = l[static_cast<size_t>((b * s.H + h) * s.T + i)];
+        double& row_lse = l[p.lse_at(b, h, i)];
         if (mx == -kInf) {  // every key masked: output 0
           row_lse = kInf;
           continue;
         }
         double sum = 0;
-        for (int64_t j = 0; j < s.T; ++j) sum += p[j] == -kInf ? 0.0 : std::exp(p[j] - mx);
+        for (int64_t j = 0; j < p.Tk; ++j) sum += sc[j] == -kInf ? 0.0 : std::exp(sc[j] - mx);
         row_lse = mx + std::log(sum);
-        for (int64_t j = 0; j < s.T; ++j) {
-          const double w = p[j] == -kInf ? 0.0 : std::exp(p[j] - row_lse) * z[static_cast<size_t>(i * s.T + j)];
+        for (int64_t j = 0; j < p.Tk; ++j) {
+          const double w = sc[j] == -kInf ? 0.0 : std::exp(sc[j] - row_lse) * z[static_cast<size_t>(i * p.Tk + j)];
           if (w == 0.0) continue;
-          for (int64_t d = 0; d < s.D; ++d) o[static_cast<size_t>(((b * s.T + i) * s.H + h) * s.D + d)] += w * r.qkv[r.at(b, j, h, 2, d)];
+          for (int64_t d = 0; d < p.D; ++d) o[p.out_at(b, i, h, d)] += w * (*p.kvs)[p.v.at(b, j, h, d)];
         }
       }
     }
@@ -92,37 +118,71 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   store(lse, l);
 }
 
-void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
-                              const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w) {
-  const Rows r = rows_of(s, qkv, key_mask);
+// gq (q's layout) and gkv (k's and v's) += the gradients; the same vector for self-attention
+void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gkv, const Tensor& dout,
+              const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
   const std::vector<double> dO = to_host_f64(dout), O = to_host_f64(out), L = to_host_f64(lse);
-  std::vector<double> g = w == Write::kAdd ? to_host_f64(dqkv) : std::vector<double>(dqkv.numel(), 0.0);
-  const double scale = 1.0 / std::sqrt(static_cast<double>(s.D));
-  auto o_at = [&](int64_t b, int64_t t, int64_t h, int64_t d) { return static_cast<size_t>(((b * s.T + t) * s.H + h) * s.D + d); };
-  for (int64_t b = 0; b < s.B; ++b)
-    for (int64_t h = 0; h < s.H; ++h) {
-      const std::vector<double> z = r.dropout(b, h, dropout);
-      for (int64_t i = 0; i < s.T; ++i) {
-        const double row_lse = L[static_cast<size_t>((b * s.H + h) * s.T + i)];
+  const double scale = 1.0 / std::sqrt(static_cast<double>(p.D));
+  const std::vector<double>&qs = *p.qs, &kvs = *p.kvs;
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.H; ++h) {
+      const std::vector<double> z = p.dropout(b, h, dropout);
+      for (int64_t i = 0; i < p.Tq; ++i) {
+        const double row_lse = L[p.lse_at(b, h, i)];
         if (row_lse == kInf) continue;  // every key masked: no gradient
         double Di = 0;  // dout . out of the row
-        for (int64_t d = 0; d < s.D; ++d) Di += dO[o_at(b, i, h, d)] * O[o_at(b, i, h, d)];
-        for (int64_t j = 0; j < s.T; ++j) {
-          if (!r.valid(b, i, j)) continue;
-          const double P = std::exp(r.score(b, h, i, j) - row_lse), Z = z[static_cast<size_t>(i * s.T + j)];
+        for (int64_t d = 0; d < p.D; ++d) Di += dO[p.out_at(b, i, h, d)] * O[p.out_at(b, i, h, d)];
+        for (int64_t j = 0; j < p.Tk; ++j) {
+          if (!p.valid(b, i, j)) continue;
+          const double P = std::exp(p.score(b, h, i, j) - row_lse), Z = z[static_cast<size_t>(i * p.Tk + j)];
           double dP = 0;  // dout_i . v_j
-          for (int64_t d = 0; d < s.D; ++d) dP += dO[o_at(b, i, h, d)] * r.qkv[r.at(b, j, h, 2, d)];
+          for (int64_t d = 0; d < p.D; ++d) dP += dO[p.out_at(b, i, h, d)] * kvs[p.v.at(b, j, h, d)];
           const double dS = P * (Z * dP - Di) * scale;
-          for (int64_t d = 0; d < s.D; ++d) {
-            g[r.at(b, j, h, 2, d)] += P * Z * dO[o_at(b, i, h, d)];  // dv
-            g[r.at(b, i, h, 0, d)] += dS * r.qkv[r.at(b, j, h, 1, d)];  // dq
-            g[r.at(b, j, h, 1, d)] += dS * r.qkv[r.at(b, i, h, 0, d)];  // dk
+          for (int64_t d = 0; d < p.D; ++d) {
+            gkv[p.v.at(b, j, h, d)] += P * Z * dO[p.out_at(b, i, h, d)];  // dv
+            gq[p.q.at(b, i, h, d)] += dS * kvs[p.k.at(b, j, h, d)];       // dq
+            gkv[p.k.at(b, j, h, d)] += dS * qs[p.q.at(b, i, h, d)];       // dk
           }
         }
       }
     }
+}
+
+std::vector<double> start(const Tensor& grad, Write w) {
+  return w == Write::kAdd ? to_host_f64(grad) : std::vector<double>(grad.numel(), 0.0);
+}
+
+}  // namespace
+
+void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
+                             const AttentionShape& s, const DropoutKey* dropout) {
+  const std::vector<double> x = to_host_f64(qkv);
+  forward(self_problem(s, x, key_mask), out, lse, dropout);
+}
+
+void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
+                              const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
+                              const DropoutKey* dropout, Write w) {
+  const std::vector<double> x = to_host_f64(qkv);
+  std::vector<double> g = start(dqkv, w);
+  backward(self_problem(s, x, key_mask), g, g, dout, out, lse, dropout);
   store(dqkv, g);
+}
+
+void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                   const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
+  const std::vector<double> xq = to_host_f64(q), xkv = to_host_f64(kv);
+  forward(cross_problem(s, xq, xkv, key_mask), out, lse, dropout);
+}
+
+void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
+                                    const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& key_mask,
+                                    const CrossAttentionShape& s, const DropoutKey* dropout, Write w) {
+  const std::vector<double> xq = to_host_f64(q), xkv = to_host_f64(kv);
+  std::vector<double> gq = start(dq, w), gkv = start(dkv, w);
+  backward(cross_problem(s, xq, xkv, key_mask), gq, gkv, dout, out, lse, dropout);
+  store(dq, gq);
+  store(dkv, gkv);
 }
 
 }  // namespace megabatch::ops::cpu

@@ -9,8 +9,9 @@
 //   dK and dV, another per block of queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
 // Only the tiles that cross the diagonal, reach past T or have a key mask test each element.
-// q, k and v are read in place from qkv (B, T, H, 3, D), out written as (B, T, H, D) and
-// the gradients added into dqkv: no permutes. Dropout draws each element's Philox bits as
+// q, k and v are read in place from qkv (B, T, H, 3, D), or q (B, Tq, H, D) and kv (B, Tk, H,
+// 2, D) for cross-attention; out written as (B, Tq, H, D) and the gradients added into dqkv
+// (dq and dkv): no permutes. Dropout draws each element's Philox bits as
 // the explicit attention does, so the masks are the CPU's.
 #include "core/ops/cuda/flash_attention.cuh"
 
@@ -19,7 +20,11 @@ namespace megabatch::ops::cuda {
 static_assert(takes_only<accepts::flash_attention_forward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::flash_attention_backward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::flash_attention_forward_lse.cuda.bits, float>() &&
-              takes_only<accepts::flash_attention_backward_lse.cuda.bits, float>());
+              takes_only<accepts::flash_attention_backward_lse.cuda.bits, float>() &&
+              takes_only<accepts::flash_cross_attention_forward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::flash_cross_attention_backward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::flash_cross_attention_forward_lse.cuda.bits, float>() &&
+              takes_only<accepts::flash_cross_attention_backward_lse.cuda.bits, float>());
 
 namespace {
 using namespace flash;
@@ -37,15 +42,16 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int q_block = blockIdx.x * kBlockRows, q0 = q_block + warp * 16;
-  const T* qkv = static_cast<const T*>(a.qkv);
-  auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
-  auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
-  const int q_last = min(q_block + kBlockRows, a.T) - 1;
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D, kBlockThreads>(Kb, qkv, 0, a.T, k_at);
-  load_tile_async<T, D, kBlockThreads>(Vb, qkv, 0, a.T, v_at);
+  const T* Q = static_cast<const T*>(a.q);
+  const T* K = static_cast<const T*>(a.k);
+  const T* V = static_cast<const T*>(a.v);
+  auto k_at = [&](int tok) { return kv_at(a, b, tok, h); };
+  const int q_last = min(q_block + kBlockRows, a.Tq) - 1;  // causal: Tq = Tk
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
+  load_tile_async<T, D, kBlockThreads>(Kb, K, 0, a.Tk, k_at);
+  load_tile_async<T, D, kBlockThreads>(Vb, V, 0, a.Tk, k_at);
   cp_commit();
-  // this warp's 16 query rows as A fragments (rows past T read as zeros)
+  // this warp's 16 query rows as A fragments (rows past Tq read as zeros)
   uint32_t qf[D / 16][4];
   {
     const int r[2] = {q0 + g, q0 + g + 8};
@@ -54,7 +60,7 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int row = r[k & 1];
-        qf[ks][k] = row < a.T ? ld32(qkv + qkv_at(a, b, row, h, 0) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
+        qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
       }
   }
   float o[D / 8][4];
@@ -64,8 +70,8 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kTile, buf = kt & 1;
     if (kt + 1 < tiles) {
-      load_tile_async<T, D, kBlockThreads>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
-      load_tile_async<T, D, kBlockThreads>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      load_tile_async<T, D, kBlockThreads>(Kb + (buf ^ 1) * kTile * RS, K, k0 + kTile, a.Tk, k_at);
+      load_tile_async<T, D, kBlockThreads>(Vb + (buf ^ 1) * kTile * RS, V, k0 + kTile, a.Tk, k_at);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -88,9 +94,9 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
           mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
         }
       }
-      // Only a tile that reaches past T, crosses the diagonal or has a key mask is masked:
+      // Only a tile that reaches past Tk, crosses the diagonal or has a key mask is masked:
       // the others (most of them) skip the per-element test.
-      if (a.mask || k0 + kTile > a.T || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
       // row maxima (scores unscaled: the scale is positive), then the running max in log2 units
       float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -151,20 +157,20 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int i = q0 + g + 8 * r;
-    if (i >= a.T) continue;
+    if (i >= a.Tq) continue;
     const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // every key masked: output 0
 #pragma unroll
     for (int n = 0; n < D / 8; ++n)
       *reinterpret_cast<uint32_t*>(out + out_at(a, b, i, h) + n * 8 + 2 * t) = pack<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
     if (t == 0)
-      a.lse[(static_cast<int64_t>(b) * a.H + h) * a.T + i] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / kLog2e : INFINITY;
+      a.lse[lse_at(a, b, h, i)] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / kLog2e : INFINITY;
   }
 }
 
 template <typename T, int D>
 void forward(const Args& a, cudaStream_t st) {
   constexpr int rows = kForwardRows<D>;
-  const dim3 grid((a.T + rows - 1) / rows, a.B * a.H);
+  const dim3 grid((a.Tq + rows - 1) / rows, a.B * a.H);
   const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
   if (a.drop)
     launch(flash_forward_kernel<T, D, true>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
@@ -172,21 +178,33 @@ void forward(const Args& a, cudaStream_t st) {
     launch(flash_forward_kernel<T, D, false>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
 }
 
+template <uint32_t kTypes>
+void run_forward(Args a, const Tensor& out, DType t, const char* op) {
+  a.dst = out.raw();
+  const cudaStream_t st = stream_of(out);
+  with_type<kTypes>(t, op, [&](auto zero) {
+    using T = decltype(zero);
+    if (a.D == 64)
+      forward<T, 64>(a, st);
+    else
+      forward<T, 128>(a, st);
+  });
+}
+
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout) {
   if (s.B * s.H * s.T == 0) return;
-  Args a = args_of(s, dropout, qkv, key_mask, lse);
-  a.dst = out.raw();
-  const cudaStream_t st = stream_of(qkv);
-  with_type<accepts::flash_attention_forward_qkv.cuda.bits>(qkv.dtype(), "flash_attention_forward", [&](auto zero) {
-    using T = decltype(zero);
-    if (s.D == 64)
-      forward<T, 64>(a, st);
-    else
-      forward<T, 128>(a, st);
-  });
+  run_forward<accepts::flash_attention_forward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse), out,
+                                                              qkv.dtype(), "flash_attention_forward");
+}
+
+void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
+                                   const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
+  if (s.B * s.H * s.Tq == 0) return;  // (no keys: no tiles, every row out 0 and lse +inf)
+  run_forward<accepts::flash_cross_attention_forward_q.cuda.bits>(cross_args(s, dropout, q, kv, key_mask, lse), out,
+                                                                  q.dtype(), "flash_cross_attention_forward");
 }
 
 }  // namespace megabatch::ops::cuda

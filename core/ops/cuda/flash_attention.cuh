@@ -23,16 +23,25 @@ constexpr int kBackwardRows = D == 64 ? 64 : 128;  // keys (dK dV) or queries (d
 constexpr int kTile = 64;   // keys (forward, dQ) or queries (dK dV) of a tile
 constexpr float kLog2e = 1.4426950408889634f;
 
+// One attention problem: queries (B, Tq) and keys/values (B, Tk), each read in place where
+// the projection wrote it. Self-attention: q, k and v side by side in qkv (B, T, H, 3, D);
+// cross-attention: q (B, Tq, H, D) and k, v side by side in kv (B, Tk, H, 2, D).
 struct Args {
-  const void* qkv;
-  const void* out;
+  const void* q;        // element d of query (b, t, h): q + q_at(b, t, h) + d
+  const void* k;        // of key (b, t, h): k + kv_at(b, t, h) + d; v likewise
+  const void* v;
+  const void* out;      // (B, Tq, H, D)
   const void* dout;
-  void* dst;          // forward: out; backward: dqkv
-  bool add;           // backward: dqkv += the gradient (else =)
-  float* lse;         // (B, H, T), natural log
-  const float* rowdot;  // backward: dout . out per row (B, H, T)
-  const uint8_t* mask;
-  int B, H, T, D;
+  void* dst;            // forward: out
+  void* dq;             // backward: the gradients, in q's layout ...
+  void* dk;             // ... and in k's and v's
+  void* dv;
+  bool add;             // backward: the gradients += (else =)
+  float* lse;           // (B, H, Tq), natural log
+  const float* rowdot;  // backward: dout . out per row (B, H, Tq)
+  const uint8_t* mask;  // (B, Tk)
+  int64_t q_tok, q_head, kv_tok, kv_head;  // element strides between tokens and between heads
+  int B, H, Tq, Tk, D;
   bool causal;
   float scale_log2;  // softmax scale x log2(e)
   float scale;       // softmax scale
@@ -44,25 +53,30 @@ struct Args {
   int64_t head_offset, total_heads;
 };
 
-// element (b, t, h, which, 0) of qkv: tokens are H * 3 * D apart, heads 3 * D
-__device__ __forceinline__ int64_t qkv_at(const Args& a, int b, int t, int h, int which) {
-  return ((static_cast<int64_t>(b) * a.T + t) * a.H + h) * 3 * a.D + which * a.D;
+__device__ __forceinline__ int64_t q_at(const Args& a, int b, int t, int h) {
+  return (static_cast<int64_t>(b) * a.Tq + t) * a.q_tok + static_cast<int64_t>(h) * a.q_head;
+}
+__device__ __forceinline__ int64_t kv_at(const Args& a, int b, int t, int h) {
+  return (static_cast<int64_t>(b) * a.Tk + t) * a.kv_tok + static_cast<int64_t>(h) * a.kv_head;
 }
 __device__ __forceinline__ int64_t out_at(const Args& a, int b, int t, int h) {
-  return ((static_cast<int64_t>(b) * a.T + t) * a.H + h) * a.D;
+  return ((static_cast<int64_t>(b) * a.Tq + t) * a.H + h) * a.D;
+}
+__device__ __forceinline__ int64_t lse_at(const Args& a, int b, int h, int i) {
+  return (static_cast<int64_t>(b) * a.H + h) * a.Tq + i;
 }
 
 __device__ __forceinline__ bool valid(const Args& a, int b, int i, int j) {
-  if (j >= a.T || i >= a.T) return false;
+  if (j >= a.Tk || i >= a.Tq) return false;
   if (a.causal && j > i) return false;
-  return !a.mask || a.mask[static_cast<int64_t>(b) * a.T + j] != 0;
+  return !a.mask || a.mask[static_cast<int64_t>(b) * a.Tk + j] != 0;
 }
 
 // the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p) (called by the kernels'
 // dropout instances only)
 __device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
-  const uint64_t e = static_cast<uint64_t>(((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.T + i) *
-                                               static_cast<int64_t>(a.T) + j);
+  const uint64_t e = static_cast<uint64_t>(((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.Tq + i) *
+                                               static_cast<int64_t>(a.Tk) + j);
   const auto r = Philox4x32::generate(a.key, a.stream, e / 4);
   return r[e % 4] >= a.threshold ? a.keep_scale : 0.0f;
 }
@@ -188,7 +202,7 @@ __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T
 }
 
 // Starts copying rows [row0, row0 + Rows) of a q/k/v/dout-like tensor into shared memory
-// (`rows`, stride D + 8) without waiting (cp.async; rows past T become zeros). `at(t)` is
+// (`rows`, stride D + 8) without waiting (cp.async; rows past T_ become zeros). `at(t)` is
 // the element offset of token t's head vector.
 // Threads: the block's (each copies every Threads-th piece).
 template <typename T, int D, int Threads, int Rows = kTile, typename At>
@@ -218,15 +232,16 @@ __device__ __forceinline__ void cp_wait() {
 #endif
 }
 
-inline Args args_of(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
-             const Tensor& lse) {
+// What both problems share: sizes, scale, dropout, the head offset.
+inline Args common_args(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D, bool causal, int64_t head_offset,
+                        int64_t total_heads, const DropoutKey* dropout, const Tensor& key_mask, const Tensor& lse) {
   Args a{};
-  a.qkv = qkv.raw();
   a.lse = ptr<float>(lse);
   a.mask = ptr<uint8_t>(key_mask);
-  a.B = static_cast<int>(s.B), a.H = static_cast<int>(s.H), a.T = static_cast<int>(s.T), a.D = static_cast<int>(s.D);
-  a.causal = s.causal;
-  a.scale = 1.0f / sqrtf(static_cast<float>(s.D));
+  a.B = static_cast<int>(B), a.H = static_cast<int>(H), a.Tq = static_cast<int>(Tq), a.Tk = static_cast<int>(Tk);
+  a.D = static_cast<int>(D);
+  a.causal = causal;
+  a.scale = 1.0f / sqrtf(static_cast<float>(D));
   a.scale_log2 = a.scale * kLog2e;
   a.drop = dropout && dropout->p > 0;
   if (a.drop) {
@@ -235,8 +250,52 @@ inline Args args_of(const AttentionShape& s, const DropoutKey* dropout, const Te
     a.threshold = static_cast<uint32_t>(static_cast<uint64_t>(dropout->p * 4294967296.0));
     a.keep_scale = static_cast<float>(1.0 / (1.0 - dropout->p));
   }
-  a.head_offset = s.head_offset;
-  a.total_heads = s.total_heads ? s.total_heads : s.H;
+  a.head_offset = head_offset;
+  a.total_heads = total_heads ? total_heads : H;
+  return a;
+}
+
+// element `e` of a tensor's data
+inline const void* element(const Tensor& t, int64_t e) {
+  return static_cast<const char*>(t.raw()) + e * static_cast<int64_t>(dtype_size(t.dtype()));
+}
+inline void* element(void* base, DType t, int64_t e) {
+  return static_cast<char*>(base) + e * static_cast<int64_t>(dtype_size(t));
+}
+
+// Self-attention: q, k, v (and their gradients in dqkv, when given) side by side in qkv.
+inline Args self_args(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
+                      const Tensor& lse, const Tensor& dqkv = {}) {
+  Args a = common_args(s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, dropout, key_mask, lse);
+  a.q = qkv.raw();
+  a.k = element(qkv, s.D);
+  a.v = element(qkv, 2 * s.D);
+  a.q_tok = a.kv_tok = s.H * 3 * s.D;
+  a.q_head = a.kv_head = 3 * s.D;
+  if (dqkv.defined()) {
+    a.dq = dqkv.raw();
+    a.dk = element(dqkv.raw(), dqkv.dtype(), s.D);
+    a.dv = element(dqkv.raw(), dqkv.dtype(), 2 * s.D);
+  }
+  return a;
+}
+
+// Cross-attention: q (and dq) on their own, k and v (and dk, dv) side by side in kv (dkv).
+inline Args cross_args(const CrossAttentionShape& s, const DropoutKey* dropout, const Tensor& q, const Tensor& kv,
+                       const Tensor& key_mask, const Tensor& lse, const Tensor& dq = {}, const Tensor& dkv = {}) {
+  Args a = common_args(s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads, dropout, key_mask, lse);
+  a.q = q.raw();
+  a.k = kv.raw();
+  a.v = element(kv, s.D);
+  a.q_tok = s.H * s.D;
+  a.q_head = s.D;
+  a.kv_tok = s.H * 2 * s.D;
+  a.kv_head = 2 * s.D;
+  if (dq.defined()) a.dq = dq.raw();
+  if (dkv.defined()) {
+    a.dk = dkv.raw();
+    a.dv = element(dkv.raw(), dkv.dtype(), s.D);
+  }
   return a;
 }
 

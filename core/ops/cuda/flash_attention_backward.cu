@@ -15,8 +15,9 @@ template <typename T>
 __global__ void rowdot_kernel(float* rowdot, Args a) {
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;  // (b, h, i)
   const int lane = threadIdx.x % 32;
-  if (row >= static_cast<int64_t>(a.B) * a.H * a.T) return;
-  const int i = static_cast<int>(row % a.T), h = static_cast<int>((row / a.T) % a.H), b = static_cast<int>(row / (static_cast<int64_t>(a.T) * a.H));
+  if (row >= static_cast<int64_t>(a.B) * a.H * a.Tq) return;
+  const int i = static_cast<int>(row % a.Tq), h = static_cast<int>((row / a.Tq) % a.H),
+            b = static_cast<int>(row / (static_cast<int64_t>(a.Tq) * a.H));
   const T* o = static_cast<const T*>(a.out) + out_at(a, b, i, h);
   const T* d = static_cast<const T*>(a.dout) + out_at(a, b, i, h);
   float acc = 0;
@@ -25,19 +26,19 @@ __global__ void rowdot_kernel(float* rowdot, Args a) {
   if (lane == 0) rowdot[row] = acc;
 }
 
-// Adds (a.add) or writes the 16 x D accumulator of rows r (per thread: rows g, g + 8) into
-// dqkv slot `which`.
-template <typename T, int D>
-__device__ __forceinline__ void add_rows(const Args& a, int b, int h, int row0, int which, float (*acc)[4], float factor,
-                                         int g, int t) {
-  T* dst = static_cast<T*>(a.dst);
+// Adds (a.add) or writes the 16 x D accumulator of rows row0.. (per thread: rows g, g + 8)
+// into dst at the rows' offsets at(token), for tokens below `tokens`.
+template <typename T, int D, typename At>
+__device__ __forceinline__ void add_rows(const Args& a, void* dst_, int tokens, At at, int row0, float (*acc)[4],
+                                         float factor, int g, int t) {
+  T* dst = static_cast<T*>(dst_);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int tok = row0 + g + 8 * r;
-    if (tok >= a.T) continue;
+    if (tok >= tokens) continue;
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
-      uint32_t* p = reinterpret_cast<uint32_t*>(dst + qkv_at(a, b, tok, h, which) + n * 8 + 2 * t);
+      uint32_t* p = reinterpret_cast<uint32_t*>(dst + at(tok) + n * 8 + 2 * t);
       const float2 old = a.add ? unpack<T>(*p) : float2{0.0f, 0.0f};
       *p = pack<T>(old.x + acc[n][2 * r] * factor, old.y + acc[n][2 * r + 1] * factor);
     }
@@ -60,25 +61,25 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
-  const T* qkv = static_cast<const T*>(a.qkv);
+  const T* Q = static_cast<const T*>(a.q);
   const T* dout = static_cast<const T*>(a.dout);
-  auto q_at = [&](int tok) { return qkv_at(a, b, tok, h, 0); };
-  auto o_at = [&](int tok) { return out_at(a, b, tok, h); };
+  auto q_of = [&](int tok) { return q_at(a, b, tok, h); };
+  auto o_of = [&](int tok) { return out_at(a, b, tok, h); };
+  auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
   // stage the query tile qt into buffer buf: q and dout by copy, lse and D by the threads
   auto stage = [&](int qt, int buf) {
     const int i0 = qt * kTile;
-    load_tile_async<T, D, kThreads>(Qb + buf * kTile * RS, qkv, i0, a.T, q_at);
-    load_tile_async<T, D, kThreads>(dOb + buf * kTile * RS, dout, i0, a.T, o_at);
+    load_tile_async<T, D, kThreads>(Qb + buf * kTile * RS, Q, i0, a.Tq, q_of);
+    load_tile_async<T, D, kThreads>(dOb + buf * kTile * RS, dout, i0, a.Tq, o_of);
     for (int r = threadIdx.x; r < kTile; r += kThreads) {
       const int i = i0 + r;
-      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + i;
-      lse2[buf * kTile + r] = i < a.T ? a.lse[at] * kLog2e : INFINITY;
-      rd[buf * kTile + r] = i < a.T ? a.rowdot[at] : 0.0f;
+      lse2[buf * kTile + r] = i < a.Tq ? a.lse[lse_at(a, b, h, i)] * kLog2e : INFINITY;
+      rd[buf * kTile + r] = i < a.Tq ? a.rowdot[lse_at(a, b, h, i)] : 0.0f;
     }
   };
-  const int first = a.causal ? k_block / kTile : 0, tiles = (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D, kThreads, kRows>(Kown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 1); });
-  load_tile_async<T, D, kThreads, kRows>(Vown, qkv, k_block, a.T, [&](int tok) { return qkv_at(a, b, tok, h, 2); });
+  const int first = a.causal ? k_block / kTile : 0, tiles = (a.Tq + kTile - 1) / kTile;  // causal: Tq = Tk
+  load_tile_async<T, D, kThreads, kRows>(Kown, static_cast<const T*>(a.k), k_block, a.Tk, kv_of);
+  load_tile_async<T, D, kThreads, kRows>(Vown, static_cast<const T*>(a.v), k_block, a.Tk, kv_of);
   stage(first, 0);
   cp_commit();
   float dk[D / 8][4], dv[D / 8][4];
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
           mma<T>(dpt[n + 1], va, ob[2], ob[3]);
         }
       }
-      // Queries past T have lse = inf (p = 0) and keys past T are not written: only a key
+      // Queries past Tq have lse = inf (p = 0) and keys past Tk are not written: only a key
       // mask or the diagonal needs the per-element test.
       if (a.mask || (a.causal && i0 < j0 + 15)) mask_tile<true>(a, b, st, j0, i0, g, t);
       // P^T, then st <- (P Z)^T for dV and dpt <- dS^T for dK
@@ -166,8 +167,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
     }
     __syncthreads();  // the next iteration's copy overwrites this buffer
   }
-  add_rows<T, D>(a, b, h, j0, 1, dk, a.scale, g, t);
-  add_rows<T, D>(a, b, h, j0, 2, dv, 1.0f, g, t);
+  add_rows<T, D>(a, a.dk, a.Tk, kv_of, j0, dk, a.scale, g, t);
+  add_rows<T, D>(a, a.dv, a.Tk, kv_of, j0, dv, 1.0f, g, t);
 }
 
 // dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).
@@ -181,14 +182,15 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
-  const T* qkv = static_cast<const T*>(a.qkv);
+  const T* Q = static_cast<const T*>(a.q);
+  const T* K = static_cast<const T*>(a.k);
+  const T* V = static_cast<const T*>(a.v);
   const T* dout = static_cast<const T*>(a.dout);
-  auto k_at = [&](int tok) { return qkv_at(a, b, tok, h, 1); };
-  auto v_at = [&](int tok) { return qkv_at(a, b, tok, h, 2); };
-  const int q_last = min(q_block + kRows, a.T) - 1;
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.T + kTile - 1) / kTile;
-  load_tile_async<T, D, kThreads>(Kb, qkv, 0, a.T, k_at);
-  load_tile_async<T, D, kThreads>(Vb, qkv, 0, a.T, v_at);
+  auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
+  const int q_last = min(q_block + kRows, a.Tq) - 1;  // causal: Tq = Tk
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
+  load_tile_async<T, D, kThreads>(Kb, K, 0, a.Tk, kv_of);
+  load_tile_async<T, D, kThreads>(Vb, V, 0, a.Tk, kv_of);
   cp_commit();
   uint32_t qf[D / 16][4], df[D / 16][4];
   float lse2[2], rd[2];
@@ -199,14 +201,13 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
-        qf[ks][k] = row < a.T ? ld32(qkv + qkv_at(a, b, row, h, 0) + col) : 0u;
-        df[ks][k] = row < a.T ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
+        qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + col) : 0u;
+        df[ks][k] = row < a.Tq ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
       }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-      const int64_t at = (static_cast<int64_t>(b) * a.H + h) * a.T + r[k];
-      lse2[k] = r[k] < a.T ? a.lse[at] * kLog2e : INFINITY;
-      rd[k] = r[k] < a.T ? a.rowdot[at] : 0.0f;
+      lse2[k] = r[k] < a.Tq ? a.lse[lse_at(a, b, h, r[k])] * kLog2e : INFINITY;
+      rd[k] = r[k] < a.Tq ? a.rowdot[lse_at(a, b, h, r[k])] : 0.0f;
     }
   }
   float dq[D / 8][4];
@@ -215,8 +216,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kTile, buf = kt & 1;
     if (kt + 1 < tiles) {
-      load_tile_async<T, D, kThreads>(Kb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, k_at);
-      load_tile_async<T, D, kThreads>(Vb + (buf ^ 1) * kTile * RS, qkv, k0 + kTile, a.T, v_at);
+      load_tile_async<T, D, kThreads>(Kb + (buf ^ 1) * kTile * RS, K, k0 + kTile, a.Tk, kv_of);
+      load_tile_async<T, D, kThreads>(Vb + (buf ^ 1) * kTile * RS, V, k0 + kTile, a.Tk, kv_of);
       cp_commit();
       cp_wait<1>();
     } else {
@@ -242,9 +243,9 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
           mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
         }
       }
-      // keys past T (zero rows, not -inf scores) are masked like the diagonal and a key mask;
-      // rows past T have lse = inf (p = 0)
-      if (a.mask || k0 + kTile > a.T || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+      // keys past Tk (zero rows, not -inf scores) are masked like the diagonal and a key mask;
+      // rows past Tq have lse = inf (p = 0)
+      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -269,17 +270,18 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
     }
     __syncthreads();
   }
-  add_rows<T, D>(a, b, h, q0, 0, dq, a.scale, g, t);
+  add_rows<T, D>(a, a.dq, a.Tq, [&](int tok) { return q_at(a, b, tok, h); }, q0, dq, a.scale, g, t);
 }
 
 template <typename T, int D, bool kDrop>
 void backward(const Args& a, cudaStream_t st) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;
-  const dim3 grid((a.T + kRows - 1) / kRows, a.B * a.H);
   constexpr size_t RS = D + 8;
-  launch(flash_dkdv_kernel<T, D, kDrop>, grid, kThreads, (2 * kRows + 4 * kTile) * RS * sizeof(T) + 4 * kTile * sizeof(float),
-         st, a, "flash_dkdv_kernel");
-  launch(flash_dq_kernel<T, D, kDrop>, grid, kThreads, 4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+  if (a.Tk > 0)  // (no keys: no dK, dV)
+    launch(flash_dkdv_kernel<T, D, kDrop>, dim3((a.Tk + kRows - 1) / kRows, a.B * a.H), kThreads,
+           (2 * kRows + 4 * kTile) * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a, "flash_dkdv_kernel");
+  launch(flash_dq_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.B * a.H), kThreads, 4 * kTile * RS * sizeof(T),
+         st, a, "flash_dq_kernel");
 }
 template <typename T, int D>
 void backward(const Args& a, cudaStream_t st) {
@@ -289,30 +291,46 @@ void backward(const Args& a, cudaStream_t st) {
     backward<T, D, false>(a, st);
 }
 
+template <uint32_t kTypes>
+void run_backward(Args a, const Tensor& dout, const Tensor& out, Write w, DType t, const char* op) {
+  a.out = out.raw();
+  a.dout = dout.raw();
+  a.add = w == Write::kAdd;
+  const cudaStream_t st = stream_of(out);
+  const int64_t rows = static_cast<int64_t>(a.B) * a.H * a.Tq;
+  Tensor rowdot({rows}, DType::kF32, out.device());
+  a.rowdot = ptr<float>(rowdot);
+  with_type<kTypes>(t, op, [&](auto zero) {
+    using T = decltype(zero);
+    rowdot_kernel<T><<<blocks_for(rows * 32, 256, rows * 32), 256, 0, st>>>(ptr<float>(rowdot), a);
+    MB_CUDA_LAUNCHED("rowdot_kernel");
+    if (a.D == 64)
+      backward<T, 64>(a, st);
+    else
+      backward<T, 128>(a, st);
+  });
+}
+
 }  // namespace
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                               const DropoutKey* dropout, Write w) {
   if (s.B * s.H * s.T == 0) return;
-  Args a = args_of(s, dropout, qkv, key_mask, lse);
-  a.out = out.raw();
-  a.dout = dout.raw();
-  a.dst = dqkv.raw();
-  a.add = w == Write::kAdd;
-  const cudaStream_t st = stream_of(qkv);
-  Tensor rowdot({s.B, s.H, s.T}, DType::kF32, qkv.device());
-  a.rowdot = ptr<float>(rowdot);
-  with_type<accepts::flash_attention_backward_qkv.cuda.bits>(qkv.dtype(), "flash_attention_backward", [&](auto zero) {
-    using T = decltype(zero);
-    const int64_t rows = s.B * s.H * s.T;
-    rowdot_kernel<T><<<blocks_for(rows * 32, 256, rows * 32), 256, 0, st>>>(ptr<float>(rowdot), a);
-    MB_CUDA_LAUNCHED("rowdot_kernel");
-    if (s.D == 64)
-      backward<T, 64>(a, st);
-    else
-      backward<T, 128>(a, st);
-  });
+  run_backward<accepts::flash_attention_backward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse, dqkv), dout,
+                                                                out, w, qkv.dtype(), "flash_attention_backward");
+}
+
+void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
+                                    const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& key_mask,
+                                    const CrossAttentionShape& s, const DropoutKey* dropout, Write w) {
+  if (s.B * s.H * s.Tq == 0) {  // no queries: kSet writes dkv whole (zero), kAdd adds nothing
+    if (w == Write::kSet) Tensor(dkv).zero();  // (a handle to the same memory)
+    return;
+  }
+  run_backward<accepts::flash_cross_attention_backward_q.cuda.bits>(cross_args(s, dropout, q, kv, key_mask, lse, dq, dkv),
+                                                                    dout, out, w, q.dtype(),
+                                                                    "flash_cross_attention_backward");
 }
 
 }  // namespace megabatch::ops::cuda
