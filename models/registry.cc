@@ -116,7 +116,7 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {
-  return flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads, c.relative_attention);
+  return flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads);
 }
 
 train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device) {
@@ -131,7 +131,6 @@ train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device
           r.activation_bytes,
           r.attention_score_bytes,
           uses_flash_attention(c, dtype, device),
-          c.family == "t5" && flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads, false),
           static_cast<double>(head_rows) * row_bytes,
           static_cast<double>(most_rows) * row_bytes};
 }

@@ -106,10 +106,9 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
   first_param_.push_back(static_cast<int>(store.count()));
 }
 
-void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bool flash_cross) {
-  if (B == B_ && T == T_ && Tm == Tm_ && flash == flash_ && flash_cross == flash_cross_) return;
+void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
+  if (B == B_ && T == T_ && Tm == Tm_ && flash == flash_) return;
   flash_ = flash;
-  flash_cross_ = flash_cross;
   B_ = B;
   T_ = T;
   Tm_ = Tm;
@@ -141,7 +140,7 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bo
       if (!rms) alloc_acc(s.lnx_mean, {n}, P);
       for (Tensor* t : {&s.q, &s.xattn}) alloc(*t, {n, Cl}, P);
       alloc(s.kv, {B * Tm, 2 * Cl}, P);
-      if (flash_cross_) {
+      if (flash_) {
         alloc_acc(s.xlse, {B, heads_local_, T}, P);
         s.xprobs = Tensor();
       } else {
@@ -160,8 +159,8 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bo
   }
 }
 
-bool flash_attention_runs(Device device, DType dtype, int64_t head_dim, bool position_bias) {
-  return !position_bias && device.is_cuda() && ops::flash_attention_supported(device, dtype, head_dim);
+bool flash_attention_runs(Device device, DType dtype, int64_t head_dim) {
+  return device.is_cuda() && ops::flash_attention_supported(device, dtype, head_dim);
 }
 
 ops::AttentionShape TransformerStack::attention_shape() const {
@@ -172,9 +171,7 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
-  const int64_t head_dim = cfg_.hidden / cfg_.heads;
-  const bool flash = flash_attention_runs(store_->device(), store_->dtype(), head_dim, attn_bias.defined());
-  allocate(B, T, memory.T, flash, cfg_.cross_attention && flash_attention_runs(store_->device(), store_->dtype(), head_dim, false));
+  allocate(B, T, memory.T, flash_attention_runs(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads));
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;
@@ -217,7 +214,7 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
     b.qkv.forward(s.qkv, s.x_in);
   }
   if (flash_)
-    ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop);
+    ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_);
   else
     ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
   b.proj.forward(s.proj, s.attn);
@@ -234,7 +231,7 @@ const Tensor& TransformerStack::cross_attention_forward(size_t l) {
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
   b.q->forward(s.q, s.lnx);
   b.kv->forward(s.kv, memory_.values);
-  if (flash_cross_)
+  if (flash_)
     ops::flash_cross_attention_forward(s.xattn, s.xlse, s.q, s.kv, memory_.mask, cs, &xdrop);
   else
     ops::cross_attention_forward(s.xattn, s.xprobs, s.q, s.kv, memory_.mask, cs, &xdrop);
@@ -309,7 +306,7 @@ void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory,
   const Tensor& d_xproj = dropout_or_same(g_c_, dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
   b.xproj->backward(g_attn_, d_xproj, s.xattn, ops::Write::kSet);
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
-  if (flash_cross_) {
+  if (flash_) {
     ops::flash_cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xattn, s.xlse, memory_.mask, cs, &xdrop,
                                         ops::Write::kSet);
   } else {
@@ -337,7 +334,8 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   const Tensor& d_proj = dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
   b.proj.backward(g_attn_, d_proj, s.attn, ops::Write::kSet);
   if (flash_) {
-    ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop, ops::Write::kSet);
+    ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop, ops::Write::kSet, bias_,
+                                  bias_.defined() ? dattn_bias : Tensor());
   } else {
     g_qkv_.zero();  // the explicit attention accumulates
     ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());

@@ -63,11 +63,10 @@ const Tensor& dropout_or_same(const Tensor& scratch, const Tensor& x, const ops:
 void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
 void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
 
-// Whether a stack's self-attention runs the flash kernels: on a GPU, where they take the
-// dtype and head size, and without a position bias (T5's takes the explicit attention, as f32
-// does). The memory estimate (models/registry.h) asks the same question. Cross-attention has
-// no bias: it runs them wherever they take the dtype and head size.
-bool flash_attention_runs(Device device, DType dtype, int64_t head_dim, bool position_bias);
+// Whether a stack's attention (self- and cross-, with or without T5's position bias) runs the
+// flash kernels: on a GPU, where they take the dtype and head size (f32 and sm_75 take the
+// explicit attention). The memory estimate (models/registry.h) asks the same question.
+bool flash_attention_runs(Device device, DType dtype, int64_t head_dim);
 
 // What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
 // may be undefined. Both must stay valid until backward.
@@ -110,7 +109,7 @@ class TransformerStack {
     Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xlse, xattn, xproj, x2;  // cross-attention
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
-  void allocate(int64_t B, int64_t T, int64_t Tm, bool flash, bool flash_cross);
+  void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
   // One block's forward: its output into `next`; and its parts.
   void block_forward(size_t l, const Tensor& next);
   // The branches, each its dropped-out projection (s.proj, s.xproj or g_c_); the cross
@@ -140,7 +139,7 @@ class TransformerStack {
   int64_t heads_local_;
   // self- and cross-attention through the flash kernels (ops/flash_attention.h): lse saved,
   // not probabilities
-  bool flash_ = false, flash_cross_ = false;
+  bool flash_ = false;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
   Tensor mask_, bias_;
   StackMemory memory_;

@@ -44,24 +44,35 @@ void check_cross_shapes(const char* op, const Tensor& q, const Tensor& kv, const
   check(q.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
         " (flash_attention_supported says which; the explicit attention takes any)");
 }
+
+// The position bias (H, T, T) in qkv's dtype, and its gradient in the accumulation type.
+void check_bias(const char* op, const Tensor& qkv, const AttentionShape& s, const Tensor& bias, const Tensor& dbias) {
+  expect_dtype(op, "bias", bias, qkv.dtype());
+  expect_numel(op, "bias", bias, static_cast<size_t>(s.H * s.T * s.T));
+  check(!dbias.defined() || bias.defined(), op, ": dbias without the bias it is the gradient of");
+  expect_dtype(op, "dbias", dbias, acc_type(qkv.dtype()));
+  expect_numel(op, "dbias", dbias, static_cast<size_t>(s.H * s.T * s.T));
+}
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout) {
-  const Device d = common_device("flash_attention_forward", {&out, &lse, &qkv, &key_mask});
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+  const Device d = common_device("flash_attention_forward", {&out, &lse, &qkv, &key_mask, &bias});
   expect_accepted(accepts::flash_attention_forward_qkv, qkv, d);
   expect_accepted(accepts::flash_attention_forward_lse, lse, d);
   expect_accepted(accepts::flash_attention_forward_key_mask, key_mask, d);
   check_shapes("flash_attention_forward", qkv, lse, key_mask, s, dropout);
   expect_dtype("flash_attention_forward", "out", out, qkv.dtype());
   expect_numel("flash_attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
-  MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout);
+  check_bias("flash_attention_forward", qkv, s, bias, {});
+  MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout, bias);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w) {
-  const Device d = common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask});
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
+  const Device d =
+      common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask, &bias, &dbias});
   expect_accepted(accepts::flash_attention_backward_qkv, qkv, d);
   expect_accepted(accepts::flash_attention_backward_lse, lse, d);
   expect_accepted(accepts::flash_attention_backward_key_mask, key_mask, d);
@@ -71,7 +82,8 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
     expect_dtype("flash_attention_backward", name, *t, qkv.dtype());
     expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
   }
-  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w);
+  check_bias("flash_attention_backward", qkv, s, bias, dbias);
+  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias);
 }
 
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,

@@ -5,9 +5,11 @@
 // backward recomputes the probabilities from q, k and lse, and reads `out` for the row sums
 // of the softmax gradient (dout . out). Layouts, masks, dropout (the same Philox element
 // of the full (B, total heads, T, T) tensor, so the same masks) and tensor-parallel head
-// offsets are attention_forward's; no bias (T5's relative position bias stays on the
-// explicit attention). The cross-attention pair is cross_attention_forward's (q, kv, a key
-// mask over the encoder positions, no causal mask) in the same way, lse (B, H, Tq).
+// offsets are attention_forward's, and so is the bias: (H, T, T) in qkv's dtype, added to the
+// scaled scores (T5's relative position bias), its gradient dbias (H, T, T) in f32 (f64 for
+// f64) summed over the batch in batch order. The cross-attention pair is
+// cross_attention_forward's (q, kv, a key mask over the encoder positions, no causal mask,
+// no bias) in the same way, lse (B, H, Tq).
 //
 // CUDA: bf16 and fp16 with f32 accumulation on tensor cores (sm_80 and later), head size
 // 64 or 128 (flash_attention_supported); f32 stays on the explicit attention, which is also
@@ -22,13 +24,15 @@ namespace megabatch::ops {
 // Whether the flash kernels take this device, dtype and head size (on the CPU: always).
 bool flash_attention_supported(Device d, DType t, int64_t head_size);
 
-// out (B, T, H, D) and lse (B, H, T) f32 written.
+// out (B, T, H, D) and lse (B, H, T) f32 written. bias may be undefined.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout);
-// dqkv += the gradient with respect to qkv (= with kSet).
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {});
+// dqkv += the gradient with respect to qkv (= with kSet); with the forward's bias, dbias
+// (when defined) += the gradient with respect to it, whatever w says.
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w = Write::kAdd);
+                              const DropoutKey* dropout, Write w = Write::kAdd, const Tensor& bias = {},
+                              const Tensor& dbias = {});
 
 // Cross-attention: out (B, Tq, H, D) and lse (B, H, Tq) f32 written.
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,

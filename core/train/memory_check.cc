@@ -35,7 +35,7 @@ void check_memory(const ModelMemory& m, DType dtype, Device device, int64_t micr
                             (noise > 0 ? ", noise-scale buffer " + human_bytes(noise) : std::string()) +
                             ", activations " + human_bytes(acts) + " for micro batch " + std::to_string(micro_batch) +
                             (logits > 0 ? ", LM-head logits " + human_bytes(logits) : std::string()) +
-                            (flash ? ", flash attention" : m.flash_cross_attention ? ", flash cross-attention" : "");
+                            (flash ? ", flash attention" : "");
   if (logger)
     std::cout << "> memory: about " << human_bytes(need) << " per rank on " << device.str() << " (" << parts << "); "
               << human_bytes(have) << " available" << (ranks_here > 1 ? " per rank" : "") << std::endl;

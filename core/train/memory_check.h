@@ -22,7 +22,6 @@ struct ModelMemory {
   double activation_bytes = 0;       // per sample, 16-bit
   double attention_score_bytes = 0;  // of those, the attention probabilities
   bool flash_attention = false;
-  bool flash_cross_attention = false;  // T5's cross-attention through the flash kernels
   // the language-model head's logits: per sample, and the most one chunk holds
   double head_logits_per_sample = 0;
   double head_logits_most = 0;

@@ -400,21 +400,24 @@ TEST_P(OnDevice, SelfAttentionForwardAndBackward) {
 // against the explicit attention (the same outputs, dropout masks included) and by finite
 // differences. Head sizes 64 and 128, sequences that are not multiples of the 64-row tiles,
 // causal and not, padding (batch row 1 entirely padded in one case: output and gradient 0,
-// lse +inf), dropout on a tensor-parallel shard. Where the device's kernels do not take the
-// dtype (CUDA and f32), the op must say so.
+// lse +inf), dropout on a tensor-parallel shard, T5's position bias (causal and not, with its
+// gradient summed over the batch). Where the device's kernels do not take the dtype (CUDA
+// and f32), the op must say so.
 TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
   struct Config {
     int64_t B, T, H, D;
     bool causal, mask, all_padded;
     double p;
+    bool bias;
   };
-  for (const Config c : {Config{2, 37, 2, 64, true, false, false, 0.0}, Config{1, 130, 2, 64, true, true, false, 0.0},
-                         Config{2, 100, 1, 128, false, true, true, 0.0}, Config{2, 70, 2, 64, true, true, false, 0.2},
-                         Config{1, 65, 1, 128, true, false, false, 0.1}}) {
+  for (const Config c : {Config{2, 37, 2, 64, true, false, false, 0.0, false}, Config{1, 130, 2, 64, true, true, false, 0.0, false},
+                         Config{2, 100, 1, 128, false, true, true, 0.0, false}, Config{2, 70, 2, 64, true, true, false, 0.2, false},
+                         Config{1, 65, 1, 128, true, false, false, 0.1, false}, Config{3, 70, 2, 64, false, true, false, 0.1, true},
+                         Config{2, 130, 1, 128, true, false, false, 0.0, true}}) {
     auto h = harness(13);
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
                  (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + (c.all_padded ? " (a row all padding)" : "") +
-                 " p " + std::to_string(c.p));
+                 " p " + std::to_string(c.p) + (c.bias ? " bias" : ""));
     const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
     const ops::DropoutKey dk{c.p, 57, 4};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
@@ -423,6 +426,7 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
       for (int64_t t = 0; t < c.T; ++t) mv[static_cast<size_t>(c.T + t)] = 0;
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
     const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    const Pair bias = c.bias ? h.input({c.H, c.T, c.T}) : Pair{};
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);  // (f64 in the reference)
     if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) {  // CUDA and f32: refused by name
       try {
@@ -434,8 +438,8 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
       }
       continue;
     }
-    ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk);
-    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
+    ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk, bias.ref);
     const double terms = static_cast<double>(c.D + c.T);
     h.expect_close(out, terms, "out", 8.0);
     {
@@ -452,26 +456,44 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
       EXPECT_EQ(infinite, c.all_padded ? c.H * c.T : 0);
     }
     Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
-    ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk);
-    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk);
+    Pair dbias = c.bias ? h.accumulator({c.H, c.T, c.T}, DType::kF32) : Pair{};
+    ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kAdd, bias.dev,
+                                  dbias.dev);
+    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd, bias.ref,
+                                  dbias.ref);
     h.expect_close(dqkv, terms, "dqkv", 16.0);
+    if (c.bias) h.expect_close(dbias, terms + static_cast<double>(c.B), "dbias", 16.0);
     Pair dqkv_set = h.output({c.B, c.T, c.H, 3, c.D});  // written whole: the device's NaN start must not show
-    ops::flash_attention_backward(dqkv_set.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kSet);
-    ops::flash_attention_backward(dqkv_set.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet);
+    ops::flash_attention_backward(dqkv_set.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kSet,
+                                  bias.dev);
+    ops::flash_attention_backward(dqkv_set.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet,
+                                  bias.ref);
     h.expect_close(dqkv_set, terms, "dqkv set", 16.0);
 
     // the reference is the explicit attention (f64, the same dropout draws)
     Pair eout = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});
-    ops::attention_forward(eout.ref, probs.ref, qkv.ref, mask.ref, s, &dk);
+    ops::attention_forward(eout.ref, probs.ref, qkv.ref, mask.ref, s, &dk, bias.ref);
     const std::vector<double> fo = mb::to_host_f64(out.ref), eo = mb::to_host_f64(eout.ref);
     for (size_t i = 0; i < fo.size(); ++i) ASSERT_NEAR(fo[i], eo[i], 1e-12 * (std::abs(eo[i]) + 1)) << "out " << i;
     mb::Tensor flash_grad = mb::Tensor(qkv.ref.shape(), DType::kF64), explicit_grad = mb::Tensor(qkv.ref.shape(), DType::kF64);
     flash_grad.zero();
     explicit_grad.zero();
-    ops::flash_attention_backward(flash_grad, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk);
-    ops::attention_backward(explicit_grad, dy.ref, qkv.ref, probs.ref, mask.ref, s, &dk);
+    mb::Tensor flash_dbias, explicit_dbias;
+    if (c.bias) {
+      flash_dbias = mb::Tensor({c.H, c.T, c.T}, DType::kF64);
+      explicit_dbias = mb::Tensor({c.H, c.T, c.T}, DType::kF64);
+      flash_dbias.zero();
+      explicit_dbias.zero();
+    }
+    ops::flash_attention_backward(flash_grad, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd,
+                                  bias.ref, flash_dbias);
+    ops::attention_backward(explicit_grad, dy.ref, qkv.ref, probs.ref, mask.ref, s, &dk, explicit_dbias);
     const std::vector<double> fg = mb::to_host_f64(flash_grad), eg = mb::to_host_f64(explicit_grad);
     for (size_t i = 0; i < fg.size(); ++i) ASSERT_NEAR(fg[i], eg[i], 1e-10 * (std::abs(eg[i]) + 1)) << "dqkv " << i;
+    if (c.bias) {
+      const std::vector<double> fb = mb::to_host_f64(flash_dbias), eb = mb::to_host_f64(explicit_dbias);
+      for (size_t i = 0; i < fb.size(); ++i) ASSERT_NEAR(fb[i], eb[i], 1e-10 * (std::abs(eb[i]) + 1)) << "dbias " << i;
+    }
   }
 }
 
@@ -597,6 +619,48 @@ TEST_P(OnDevice, FlashCrossAttentionMatchesTheReferenceAndTheExplicitCrossAttent
       for (size_t i = 0; i < fg.size(); ++i) ASSERT_NEAR(fg[i], eg[i], 1e-10 * (std::abs(eg[i]) + 1)) << name << " " << i;
     }
   }
+}
+
+// The f64 flash backward's position-bias gradient (summed over the batch) against finite
+// differences of its forward: L = sum(dy * out), causal, with dropout and padding.
+TEST(FlashAttention, BiasGradientMatchesFiniteDifferences) {
+  const ops::AttentionShape s{2, 9, 2, 8, true, 0, 0};
+  const ops::DropoutKey dk{0.15, 61, 8};
+  std::mt19937 g(6);
+  std::normal_distribution<double> nd;
+  std::vector<double> x(static_cast<size_t>(2 * 9 * 2 * 3 * 8)), y(static_cast<size_t>(2 * 9 * 2 * 8)),
+      bv(static_cast<size_t>(2 * 9 * 9));
+  for (auto* v : {&x, &y, &bv})
+    for (auto& e : *v) e = nd(g);
+  std::vector<uint8_t> mv(18, 1);
+  mv[8] = mv[7] = 0;
+  const mb::Tensor mask = mb::from_host(mv, {2, 9}), dy = mb::from_host(y, {2, 9, 2, 8}), qkv = mb::from_host(x, {2, 9, 2, 3, 8});
+  auto loss = [&](const std::vector<double>& b) {
+    mb::Tensor out({2, 9, 2, 8}, DType::kF64), lse({2, 2, 9}, DType::kF64);
+    ops::flash_attention_forward(out, lse, qkv, mask, s, &dk, mb::from_host(b, {2, 9, 9}));
+    const std::vector<double> o = mb::to_host_f64(out);
+    double l = 0;
+    for (size_t i = 0; i < o.size(); ++i) l += o[i] * y[i];
+    return l;
+  };
+  const mb::Tensor bias = mb::from_host(bv, {2, 9, 9});
+  mb::Tensor out({2, 9, 2, 8}, DType::kF64), lse({2, 2, 9}, DType::kF64), grad({2, 9, 2, 3, 8}, DType::kF64),
+      dbias({2, 9, 9}, DType::kF64);
+  grad.zero();
+  dbias.zero();
+  ops::flash_attention_forward(out, lse, qkv, mask, s, &dk, bias);
+  ops::flash_attention_backward(grad, dy, qkv, out, lse, mask, s, &dk, ops::Write::kAdd, bias, dbias);
+  const std::vector<double> an = mb::to_host_f64(dbias);
+  int nonzero = 0;
+  for (size_t i = 0; i < bv.size(); ++i) {
+    std::vector<double> plus = bv, minus = bv;
+    plus[i] += 1e-6;
+    minus[i] -= 1e-6;
+    const double fd = (loss(plus) - loss(minus)) / 2e-6;
+    EXPECT_NEAR(an[i], fd, 1e-6 * (std::abs(fd) + 1)) << "bias element " << i;
+    nonzero += an[i] != 0.0;
+  }
+  EXPECT_GT(nonzero, 60) << "the causal half and the padded keys have no gradient; the rest has";
 }
 
 // The f64 flash cross-attention backward against finite differences of its forward:

@@ -38,6 +38,7 @@ struct Problem {
   const std::vector<double>* qs;
   const std::vector<double>* kvs;      // the same vector as qs for self-attention
   std::vector<uint8_t> mask;           // (B, Tk) or empty
+  std::vector<double> bias;            // (H, Tq, Tk) or empty: added to the scaled scores
   size_t out_at(int64_t b, int64_t i, int64_t h, int64_t d) const {
     return static_cast<size_t>(((b * Tq + i) * H + h) * D + d);
   }
@@ -50,7 +51,7 @@ struct Problem {
   double score(int64_t b, int64_t h, int64_t i, int64_t j) const {
     double acc = 0;
     for (int64_t d = 0; d < D; ++d) acc += (*qs)[q.at(b, i, h, d)] * (*kvs)[k.at(b, j, h, d)];
-    return acc / std::sqrt(static_cast<double>(D));
+    return acc / std::sqrt(static_cast<double>(D)) + (bias.empty() ? 0.0 : bias[static_cast<size_t>((h * Tq + i) * Tk + j)]);
   }
   // the dropout factors of the (Tq, Tk) block of (b, h): 0 or 1 / (1 - p), drawn as the
   // explicit attention draws element (b, global head, i, j) of (B, total heads, Tq, Tk)
@@ -69,14 +70,14 @@ std::vector<uint8_t> mask_of(const Tensor& key_mask) {
   return std::vector<uint8_t>(key_mask.data<uint8_t>(), key_mask.data<uint8_t>() + key_mask.numel());
 }
 
-// self-attention: q, k and v side by side in qkv (B, T, H, 3, D)
-Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask) {
+// self-attention: q, k and v side by side in qkv (B, T, H, 3, D), the bias (H, T, T) if any
+Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask, const Tensor& bias) {
   const Place q{s.T, s.H * 3 * s.D, 3 * s.D, 0};
   Place k = q, v = q;
   k.off = s.D;
   v.off = 2 * s.D;
   return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
-          &qkv, &qkv, mask_of(key_mask)};
+          &qkv, &qkv, mask_of(key_mask), bias.defined() ? to_host_f64(bias) : std::vector<double>{}};
 }
 
 // cross-attention: q (B, Tq, H, D), k and v side by side in kv (B, Tk, H, 2, D)
@@ -84,7 +85,7 @@ Problem cross_problem(const CrossAttentionShape& s, const std::vector<double>& q
                       const Tensor& key_mask) {
   const Place qp{s.Tq, s.H * s.D, s.D, 0}, k{s.Tk, s.H * 2 * s.D, 2 * s.D, 0}, v{s.Tk, s.H * 2 * s.D, 2 * s.D, s.D};
   return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, qp, k, v,
-          &q, &kv, mask_of(key_mask)};
+          &q, &kv, mask_of(key_mask), {}};
 }
 
 void forward(const Problem& p, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
@@ -118,9 +119,10 @@ void forward(const Problem& p, const Tensor& out, const Tensor& lse, const Dropo
   store(lse, l);
 }
 
-// gq (q's layout) and gkv (k's and v's) += the gradients; the same vector for self-attention
-void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gkv, const Tensor& dout,
-              const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
+// gq (q's layout) and gkv (k's and v's) += the gradients; the same vector for self-attention;
+// gbias (H, Tq, Tk), when not null, += the bias's (batch rows in order)
+void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gkv, std::vector<double>* gbias,
+              const Tensor& dout, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
   const std::vector<double> dO = to_host_f64(dout), O = to_host_f64(out), L = to_host_f64(lse);
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.D));
   const std::vector<double>&qs = *p.qs, &kvs = *p.kvs;
@@ -137,7 +139,8 @@ void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gk
           const double P = std::exp(p.score(b, h, i, j) - row_lse), Z = z[static_cast<size_t>(i * p.Tk + j)];
           double dP = 0;  // dout_i . v_j
           for (int64_t d = 0; d < p.D; ++d) dP += dO[p.out_at(b, i, h, d)] * kvs[p.v.at(b, j, h, d)];
-          const double dS = P * (Z * dP - Di) * scale;
+          const double dS = P * (Z * dP - Di) * scale;  // with respect to q . k
+          if (gbias) (*gbias)[static_cast<size_t>((h * p.Tq + i) * p.Tk + j)] += P * (Z * dP - Di);
           for (int64_t d = 0; d < p.D; ++d) {
             gkv[p.v.at(b, j, h, d)] += P * Z * dO[p.out_at(b, i, h, d)];  // dv
             gq[p.q.at(b, i, h, d)] += dS * kvs[p.k.at(b, j, h, d)];       // dq
@@ -155,18 +158,20 @@ std::vector<double> start(const Tensor& grad, Write w) {
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout) {
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
   const std::vector<double> x = to_host_f64(qkv);
-  forward(self_problem(s, x, key_mask), out, lse, dropout);
+  forward(self_problem(s, x, key_mask, bias), out, lse, dropout);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w) {
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
   const std::vector<double> x = to_host_f64(qkv);
   std::vector<double> g = start(dqkv, w);
-  backward(self_problem(s, x, key_mask), g, g, dout, out, lse, dropout);
+  std::vector<double> gb = dbias.defined() ? to_host_f64(dbias) : std::vector<double>{};
+  backward(self_problem(s, x, key_mask, bias), g, g, dbias.defined() ? &gb : nullptr, dout, out, lse, dropout);
   store(dqkv, g);
+  if (dbias.defined()) store(dbias, gb);
 }
 
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
@@ -180,7 +185,7 @@ void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const T
                                     const CrossAttentionShape& s, const DropoutKey* dropout, Write w) {
   const std::vector<double> xq = to_host_f64(q), xkv = to_host_f64(kv);
   std::vector<double> gq = start(dq, w), gkv = start(dkv, w);
-  backward(cross_problem(s, xq, xkv, key_mask), gq, gkv, dout, out, lse, dropout);
+  backward(cross_problem(s, xq, xkv, key_mask), gq, gkv, nullptr, dout, out, lse, dropout);
   store(dq, gq);
   store(dkv, gkv);
 }

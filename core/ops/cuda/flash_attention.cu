@@ -9,6 +9,7 @@
 //   dK and dV, another per block of queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
 // Only the tiles that cross the diagonal, reach past T or have a key mask test each element.
+// T5's position bias (H, T, T), when given, is added to each tile's scores before the mask.
 // q, k and v are read in place from qkv (B, T, H, 3, D), or q (B, Tq, H, D) and kv (B, Tk, H,
 // 2, D) for cross-attention; out written as (B, Tq, H, D) and the gradients added into dqkv
 // (dq and dkv): no permutes. Dropout draws each element's Philox bits as
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
           mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
         }
       }
+      if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
       // Only a tile that reaches past Tk, crosses the diagonal or has a key mask is masked:
       // the others (most of them) skip the per-element test.
       if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
@@ -194,9 +196,9 @@ void run_forward(Args a, const Tensor& out, DType t, const char* op) {
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout) {
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
   if (s.B * s.H * s.T == 0) return;
-  run_forward<accepts::flash_attention_forward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse), out,
+  run_forward<accepts::flash_attention_forward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse, bias), out,
                                                               qkv.dtype(), "flash_attention_forward");
 }
 

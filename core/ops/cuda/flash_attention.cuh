@@ -40,11 +40,14 @@ struct Args {
   float* lse;           // (B, H, Tq), natural log
   const float* rowdot;  // backward: dout . out per row (B, H, Tq)
   const uint8_t* mask;  // (B, Tk)
+  const void* bias;     // self-attention: (H, Tq, Tk) added to the scaled scores (T5), or null
+  float* dbias;         // backward: (H, Tq, Tk) f32 += the bias's gradient, or null
   int64_t q_tok, q_head, kv_tok, kv_head;  // element strides between tokens and between heads
   int B, H, Tq, Tk, D;
   bool causal;
   float scale_log2;  // softmax scale x log2(e)
   float scale;       // softmax scale
+  float inv_scale;   // 1 / scale: the bias in units of the unscaled scores
   // dropout
   bool drop;
   uint64_t key, stream;
@@ -101,6 +104,22 @@ __device__ __forceinline__ void mask_tile(const Args& a, int b, float (*s)[4], i
     for (int e = 0; e < 4; ++e) {
       const int row = base_row + g + (e >= 2 ? 8 : 0), col = base_col + n * 8 + 2 * t + (e & 1);
       if (!(kKeyRows ? valid(a, b, col, row) : valid(a, b, row, col))) s[n][e] = -INFINITY;
+    }
+}
+
+// Adds the position bias to a warp's 16 x 64 tile of unscaled scores (laid out as
+// mask_tile's), as bias / scale, so that the scale applied next gives scores x scale + bias.
+// Elements outside Tq x Tk are left to the mask.
+template <typename T, bool kKeyRows>
+__device__ __forceinline__ void add_bias(const Args& a, int h, float (*s)[4], int base_row, int base_col, int g, int t) {
+  const T* bias = static_cast<const T*>(a.bias) + static_cast<int64_t>(h) * a.Tq * a.Tk;
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int row = base_row + g + (e >= 2 ? 8 : 0), col = base_col + n * 8 + 2 * t + (e & 1);
+      const int i = kKeyRows ? col : row, j = kKeyRows ? row : col;
+      if (i < a.Tq && j < a.Tk) s[n][e] += to_f32(bias[static_cast<int64_t>(i) * a.Tk + j]) * a.inv_scale;
     }
 }
 
@@ -242,6 +261,7 @@ inline Args common_args(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
   a.D = static_cast<int>(D);
   a.causal = causal;
   a.scale = 1.0f / sqrtf(static_cast<float>(D));
+  a.inv_scale = sqrtf(static_cast<float>(D));
   a.scale_log2 = a.scale * kLog2e;
   a.drop = dropout && dropout->p > 0;
   if (a.drop) {
@@ -263,10 +283,13 @@ inline void* element(void* base, DType t, int64_t e) {
   return static_cast<char*>(base) + e * static_cast<int64_t>(dtype_size(t));
 }
 
-// Self-attention: q, k, v (and their gradients in dqkv, when given) side by side in qkv.
+// Self-attention: q, k, v (and their gradients in dqkv, when given) side by side in qkv;
+// the position bias and its gradient when given.
 inline Args self_args(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
-                      const Tensor& lse, const Tensor& dqkv = {}) {
+                      const Tensor& lse, const Tensor& bias, const Tensor& dqkv = {}, const Tensor& dbias = {}) {
   Args a = common_args(s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, dropout, key_mask, lse);
+  a.bias = bias.defined() ? bias.raw() : nullptr;
+  a.dbias = ptr<float>(dbias);
   a.q = qkv.raw();
   a.k = element(qkv, s.D);
   a.v = element(qkv, 2 * s.D);

@@ -1,7 +1,8 @@
 // Flash attention's backward on a GPU (the scheme: flash_attention.cu), deterministic (no
 // atomics): D = rowsum(dout * out) first (rowdot_kernel); then one kernel per block of keys
 // (kBackwardRows) walks the query tiles for dK and dV, and another per block of queries walks
-// the key tiles for dQ; both recompute the probabilities from the forward's log-sum-exp.
+// the key tiles for dQ; both recompute the probabilities from the forward's log-sum-exp. With
+// T5's position bias a third kernel sums the bias's gradient over the batch (flash_dbias_kernel).
 #include "core/ops/cuda/flash_attention.cuh"
 
 namespace megabatch::ops::cuda {
@@ -124,6 +125,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
           mma<T>(dpt[n + 1], va, ob[2], ob[3]);
         }
       }
+      if (a.bias) add_bias<T, true>(a, h, st, j0, i0, g, t);
       // Queries past Tq have lse = inf (p = 0) and keys past Tk are not written: only a key
       // mask or the diagonal needs the per-element test.
       if (a.mask || (a.causal && i0 < j0 + 15)) mask_tile<true>(a, b, st, j0, i0, g, t);
@@ -243,6 +245,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
           mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
         }
       }
+      if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
       // keys past Tk (zero rows, not -inf scores) are masked like the diagonal and a key mask;
       // rows past Tq have lse = inf (p = 0)
       if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
@@ -273,6 +276,98 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   add_rows<T, D>(a, a.dq, a.Tq, [&](int tok) { return q_at(a, b, tok, h); }, q0, dq, a.scale, g, t);
 }
 
+// dBias (H, Tq, Tk) += the sum over the batch of dS, the gradient of the scaled scores (the
+// position bias is the same for every batch row). A block per (block of queries, head) walks
+// the key tiles; for each it adds up the batch rows' dS in order in registers, recomputing S
+// and dP as the dQ kernel does, then adds the sum into dbias, every element by one thread:
+// deterministic. The key and value tiles are not double-buffered (one per batch row and
+// tile; T5's self-attention only).
+template <typename T, int D, bool kDrop>
+__global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dbias_kernel(Args a) {
+  constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
+  extern __shared__ __align__(16) unsigned char smem[];
+  constexpr int RS = D + 8;
+  T* Ks = reinterpret_cast<T*>(smem);  // [64][RS]
+  T* Vs = Ks + kTile * RS;             // [64][RS]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int h = blockIdx.y;
+  const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
+  const int r[2] = {q0 + g, q0 + g + 8};
+  const T* Q = static_cast<const T*>(a.q);
+  const T* K = static_cast<const T*>(a.k);
+  const T* V = static_cast<const T*>(a.v);
+  const T* dout = static_cast<const T*>(a.dout);
+  const int q_last = min(q_block + kRows, a.Tq) - 1;  // causal: Tq = Tk
+  const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
+  for (int kt = 0; kt < tiles; ++kt) {
+    const int k0 = kt * kTile;
+    const bool after = a.causal && k0 > q0 + 15;  // every key of the tile is after this warp's rows
+    float acc[8][4];
+#pragma unroll
+    for (int n = 0; n < 8; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (int b = 0; b < a.B; ++b) {
+      __syncthreads();  // every warp is done with the tiles before
+      auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
+      load_tile_async<T, D, kThreads>(Ks, K, k0, a.Tk, kv_of);
+      load_tile_async<T, D, kThreads>(Vs, V, k0, a.Tk, kv_of);
+      cp_commit();
+      cp_wait<0>();
+      __syncthreads();
+      if (after) continue;
+      uint32_t qf[D / 16][4], df[D / 16][4];
+      float lse2[2], rd[2];
+#pragma unroll
+      for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
+          qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + col) : 0u;
+          df[ks][k] = row < a.Tq ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
+        }
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        lse2[k] = r[k] < a.Tq ? a.lse[lse_at(a, b, h, r[k])] * kLog2e : INFINITY;
+        rd[k] = r[k] < a.Tq ? a.rowdot[lse_at(a, b, h, r[k])] : 0.0f;
+      }
+      float s[8][4], dp[8][4];
+#pragma unroll
+      for (int n = 0; n < 8; n += 2) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = s[n + 1][e] = dp[n + 1][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) {
+          uint32_t kb[4], vb[4];
+          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+          mma<T>(s[n], qf[ks], kb[0], kb[1]);
+          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
+          load_b(vb, Vs, RS, n * 8, ks * 16, lane);
+          mma<T>(dp[n], df[ks], vb[0], vb[1]);
+          mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
+        }
+      }
+      add_bias<T, false>(a, h, s, q0, k0, g, t);
+      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+#pragma unroll
+      for (int n = 0; n < 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int rr = e >> 1;
+          const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[rr]));
+          const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, r[rr], k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
+          acc[n][e] += p * (z * dp[n][e] - rd[rr]);
+        }
+    }
+    if (after) continue;
+#pragma unroll
+    for (int n = 0; n < 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int i = r[e >> 1], j = k0 + n * 8 + 2 * t + (e & 1);
+        if (i < a.Tq && j < a.Tk) a.dbias[(static_cast<int64_t>(h) * a.Tq + i) * a.Tk + j] += acc[n][e];
+      }
+  }
+}
+
 template <typename T, int D, bool kDrop>
 void backward(const Args& a, cudaStream_t st) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;
@@ -282,6 +377,9 @@ void backward(const Args& a, cudaStream_t st) {
            (2 * kRows + 4 * kTile) * RS * sizeof(T) + 4 * kTile * sizeof(float), st, a, "flash_dkdv_kernel");
   launch(flash_dq_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.B * a.H), kThreads, 4 * kTile * RS * sizeof(T),
          st, a, "flash_dq_kernel");
+  if (a.dbias)
+    launch(flash_dbias_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.H), kThreads, 2 * kTile * RS * sizeof(T),
+           st, a, "flash_dbias_kernel");
 }
 template <typename T, int D>
 void backward(const Args& a, cudaStream_t st) {
@@ -315,10 +413,10 @@ void run_backward(Args a, const Tensor& dout, const Tensor& out, Write w, DType 
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w) {
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
   if (s.B * s.H * s.T == 0) return;
-  run_backward<accepts::flash_attention_backward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse, dqkv), dout,
-                                                                out, w, qkv.dtype(), "flash_attention_backward");
+  run_backward<accepts::flash_attention_backward_qkv.cuda.bits>(
+      self_args(s, dropout, qkv, key_mask, lse, bias, dqkv, dbias), dout, out, w, qkv.dtype(), "flash_attention_backward");
 }
 
 void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
