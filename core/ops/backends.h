@@ -29,4 +29,8 @@ namespace megabatch::ops::cpu {
 
 namespace megabatch::ops::cuda {
 #include "core/ops/backend_ops.inc"
+// The compute capability (major x 10 + minor) that the flash kernels were compiled for, as
+// they run on GPU `device`: its own, or an older one's whose PTX the driver compiled for it
+// (a build for sm_75 alone run on a newer GPU: how the T4 path is tested on an H100).
+int flash_code_arch(int device);
 }  // namespace megabatch::ops::cuda

@@ -1,5 +1,6 @@
 #include "core/ops/flash_attention.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 
@@ -13,17 +14,38 @@ using namespace detail;
 bool flash_attention_supported(Device d, DType t, int64_t head_size) {
   if (d.is_cpu()) return true;
   if (!accepts::flash_attention_forward_qkv.cuda.has(t) || (head_size != 64 && head_size != 128)) return false;
-  // mma.sync m16n8k16 with bf16/f16 operands: sm_80 and later (asked once per GPU: the
-  // layers ask every step)
+  // The compute capability the kernels run as, asked once per GPU (the layers ask every step):
+  // the GPU's, or less where the build has only an older one's code for it.
   static std::mutex mu;
-  static std::map<int, bool> tensor_cores;
-  std::lock_guard<std::mutex> lock(mu);
-  const auto it = tensor_cores.find(d.index);
-  if (it != tensor_cores.end()) return it->second;
-  return tensor_cores[d.index] = runtime::gpu_info(d.index).major >= 8;
+  static std::map<int, int> capability;
+  int cc = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = capability.find(d.index);
+    if (it != capability.end()) {
+      cc = it->second;
+    } else {
+      const runtime::GpuInfo info = runtime::gpu_info(d.index);
+      int code = info.major * 10 + info.minor;
+      MB_CUDA(code = std::min(code, cuda::flash_code_arch(d.index)));
+      cc = capability[d.index] = code;
+    }
+  }
+  // sm_80 and later: mma m16n8k16 with bf16/f16 operands. sm_75 (T4): fp16 only, as two
+  // m16n8k8 products, and head size 64 only (at 128 the tiles outgrow its 64 KiB of shared
+  // memory a block).
+  if (cc >= 80) return true;
+  return cc >= 75 && t == DType::kF16 && head_size == 64;
 }
 
 namespace {
+// A GPU before sm_80 (T4) runs the kernels in fp16 at head size 64 only.
+void check_gpu(const char* op, const Tensor& x, int64_t head_size) {
+  check(x.device().is_cpu() || flash_attention_supported(x.device(), x.dtype(), head_size), op, ": ", x.device().str(),
+        " runs the flash kernels in fp16 at head size 64 only (sm_75), not ", dtype_name(x.dtype()), " at head size ",
+        head_size, " (flash_attention_supported says which; the explicit attention takes any)");
+}
+
 void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                   const DropoutKey* dropout) {
   expect_numel(op, "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
@@ -32,6 +54,7 @@ void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Te
   check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
   check(qkv.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
         " (flash_attention_supported says which; the explicit attention takes any)");
+  check_gpu(op, qkv, s.D);
 }
 void check_cross_shapes(const char* op, const Tensor& q, const Tensor& kv, const Tensor& lse, const Tensor& key_mask,
                         const CrossAttentionShape& s, const DropoutKey* dropout) {
@@ -43,6 +66,7 @@ void check_cross_shapes(const char* op, const Tensor& q, const Tensor& kv, const
   check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
   check(q.device().is_cpu() || s.D == 64 || s.D == 128, op, ": the CUDA kernels take head size 64 or 128, not ", s.D,
         " (flash_attention_supported says which; the explicit attention takes any)");
+  check_gpu(op, q, s.D);
 }
 
 // The position bias (H, T, T) in qkv's dtype, and its gradient in the accumulation type.

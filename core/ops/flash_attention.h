@@ -12,8 +12,9 @@
 // no bias) in the same way, lse (B, H, Tq).
 //
 // CUDA: bf16 and fp16 with f32 accumulation on tensor cores (sm_80 and later), head size
-// 64 or 128 (flash_attention_supported); f32 stays on the explicit attention, which is also
-// the reference. The CPU computes each row in f64 (the kernels' reference).
+// 64 or 128; on sm_75 (T4) fp16 at head size 64 (flash_attention_supported says which). f32
+// stays on the explicit attention, which is also the reference. The CPU computes each row in
+// f64 (the kernels' reference).
 #pragma once
 
 #include "core/ops/attention.h"

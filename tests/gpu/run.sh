@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On a GPU machine: unpacks gpu-bundle/ (made by tests/gpu/pack.sh) and runs the `gpu`
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
-# trainer), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
+# trainer; test_ops_gpu_sm75: the flash tests of a build for sm_75 alone, whose code the driver
+# compiles for this GPU: the T4 path), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
 # same GPU, each with its --profile table), BERT-large (seq 128, micro-batch 64) with LAMB and
 # AdamW against PyTorch's fused AdamW and a torch._foreach LAMB, and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
@@ -33,8 +34,11 @@ timed() {
   return $rc
 }
 status=0; ran=0
-for t in test_ops_gpu test_gpu; do
-  timed $t "$b/run.sh" bin/$t --gtest_filter="$filter" --gtest_output=xml:"$logs/$t.xml" || status=1
+for t in test_ops_gpu test_gpu test_ops_gpu_sm75; do
+  f=$filter
+  [[ $t == test_ops_gpu_sm75 ]] && f="*Flash*"  # the T4 path is the flash kernels'
+  [[ $t == test_ops_gpu_sm75 && $filter != "*" ]] && continue
+  timed $t "$b/run.sh" bin/$t --gtest_filter="$f" --gtest_output=xml:"$logs/$t.xml" || status=1
   echo "$t: $(gtest_tally "$logs/$t.log") ($(tail -1 "$logs/times.txt" | cut -d' ' -f2-))"
   ran=$((ran + $(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$logs/$t.log" | head -1)))
   grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true

@@ -195,6 +195,16 @@ void run_forward(Args a, const Tensor& out, DType t, const char* op) {
 
 }  // namespace
 
+int flash_code_arch(int device) {
+  int current = 0;
+  MB_CUDA_CHECK(cudaGetDevice(&current));
+  MB_CUDA_CHECK(cudaSetDevice(device));
+  cudaFuncAttributes f{};
+  MB_CUDA_CHECK(cudaFuncGetAttributes(&f, flash_forward_kernel<f16, 64, false>));
+  MB_CUDA_CHECK(cudaSetDevice(current));
+  return f.ptxVersion;
+}
+
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
   if (s.B * s.H * s.T == 0) return;

@@ -142,10 +142,24 @@ __device__ __forceinline__ float2 unpack(uint32_t u) {
   }
 }
 
-// c (16x8 f32) += a (16x16) b (16x8)
+// c (16x8 f32) += a (16x16) b (16x8). sm_75 (T4) has no k16 product and no bf16: fp16 as two
+// m16n8k8 products, the first over k 0..7 (a0, a1 and b0), the second over k 8..15.
 template <typename T>
 __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 && __CUDA_ARCH__ >= 750
+  if constexpr (std::is_same_v<T, f16>) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+  } else {
+    __trap();  // flash_attention_supported keeps bf16 off sm_75
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   if constexpr (std::is_same_v<T, bf16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -158,7 +172,7 @@ __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, ui
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
 #else
-  __trap();  // flash_attention_supported keeps sm_75 on the explicit attention
+  __trap();  // flash_attention_supported keeps GPUs before sm_75 on the explicit attention
 #endif
 }
 
@@ -170,7 +184,7 @@ __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_ca
 // columns +8 for m >= 2).
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t* a, const T* src, int stride, int r0, int c0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (r0 + (m & 1) * 8 + r) * stride + c0 + (m >> 1) * 8;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -194,7 +208,7 @@ __device__ __forceinline__ void a_from_acc(uint32_t* a, const float* c_lo, const
 // n): one ldmatrix.x4 (matrix m: rows n0 + 8 (m >> 1), columns k0 + 8 (m & 1)).
 template <typename T>
 __device__ __forceinline__ void load_b(uint32_t* b, const T* src, int stride, int n0, int k0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (n0 + (m >> 1) * 8 + r) * stride + k0 + (m & 1) * 8;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -209,7 +223,7 @@ __device__ __forceinline__ void load_b(uint32_t* b, const T* src, int stride, in
 // source: ldmatrix's transposing load gives each thread its two neighbours along k.
 template <typename T>
 __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T* src, int stride, int k0, int n0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (k0 + (m & 1) * 8 + r) * stride + n0 + (m >> 1) * 8;
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -224,6 +238,9 @@ __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T
 // (`rows`, stride D + 8) without waiting (cp.async; rows past T_ become zeros). `at(t)` is
 // the element offset of token t's head vector.
 // Threads: the block's (each copies every Threads-th piece).
+// sm_75 has no cp.async: there the copy is an ordinary 16-byte load and store, done when the
+// function returns (the kernels' double buffers stay correct: a buffer is written only after
+// the __syncthreads that ends its last reads).
 template <typename T, int D, int Threads, int Rows = kTile, typename At>
 __device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0, int T_, At at) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
@@ -233,6 +250,13 @@ __device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0,
     const T* from = t < T_ ? src + at(t) + d0 : src;
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(static_cast<uint32_t>(__cvta_generic_to_shared(rows + r * (D + 8) + d0))), "l"(from),
                  "r"(t < T_ ? 16 : 0));
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750
+  constexpr int chunks = D / 8;
+  for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
+    const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
+    *reinterpret_cast<uint4*>(rows + r * (D + 8) + d0) =
+        t < T_ ? *reinterpret_cast<const uint4*>(src + at(t) + d0) : make_uint4(0u, 0u, 0u, 0u);
   }
 #else
   __trap();
