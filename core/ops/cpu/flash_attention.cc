@@ -125,7 +125,8 @@ void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gk
               const Tensor& dout, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
   const std::vector<double> dO = to_host_f64(dout), O = to_host_f64(out), L = to_host_f64(lse);
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.D));
-  const std::vector<double>&qs = *p.qs, &kvs = *p.kvs;
+  const std::vector<double>& qs = *p.qs;
+  const std::vector<double>& kvs = *p.kvs;
   for (int64_t b = 0; b < p.B; ++b)
     for (int64_t h = 0; h < p.H; ++h) {
       const std::vector<double> z = p.dropout(b, h, dropout);

@@ -173,6 +173,68 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
   add_rows<T, D>(a, a.dv, a.Tk, kv_of, j0, dv, 1.0f, g, t);
 }
 
+// A warp's 16 query rows of batch row b (per thread: rows g, g + 8) as A fragments of q and
+// dout (rows past Tq read as zeros), with their lse (log2 units; +inf past Tq) and D.
+template <typename T, int D>
+__device__ __forceinline__ void load_query_rows(const Args& a, int b, int h, int q0, int g, int t, uint32_t (*qf)[4],
+                                                uint32_t (*df)[4], float* lse2, float* rd) {
+  const T* Q = static_cast<const T*>(a.q);
+  const T* dout = static_cast<const T*>(a.dout);
+  const int r[2] = {q0 + g, q0 + g + 8};
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
+      qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + col) : 0u;
+      df[ks][k] = row < a.Tq ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
+    }
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    lse2[k] = r[k] < a.Tq ? a.lse[lse_at(a, b, h, r[k])] * kLog2e : INFINITY;
+    rd[k] = r[k] < a.Tq ? a.rowdot[lse_at(a, b, h, r[k])] : 0.0f;
+  }
+}
+
+// dS (the gradient of the scaled scores) of a warp's 16 queries q0.. against the key tile
+// k0.. in shared memory (Ks, Vs): S = q K^T and dP = dout V^T on tensor cores, the bias and
+// the mask, then P from lse and dS = P (Z dP - D), left in s.
+template <typename T, int D, bool kDrop>
+__device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int q0, int k0, int g, int t, int lane,
+                                                const uint32_t (*qf)[4], const uint32_t (*df)[4], const float* lse2,
+                                                const float* rd, const T* Ks, const T* Vs, float (*s)[4]) {
+  constexpr int RS = D + 8;
+  float dp[8][4];
+#pragma unroll
+  for (int n = 0; n < 8; n += 2) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = s[n + 1][e] = dp[n + 1][e] = 0.0f;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t kb[4], vb[4];
+      load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+      mma<T>(s[n], qf[ks], kb[0], kb[1]);
+      mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
+      load_b(vb, Vs, RS, n * 8, ks * 16, lane);
+      mma<T>(dp[n], df[ks], vb[0], vb[1]);
+      mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
+    }
+  }
+  if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
+  // keys past Tk (zero rows, not -inf scores) are masked like the diagonal and a key mask;
+  // rows past Tq have lse = inf (p = 0)
+  if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+#pragma unroll
+  for (int n = 0; n < 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >> 1;
+      const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[r]));
+      const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
+      s[n][e] = p * (z * dp[n][e] - rd[r]);
+    }
+}
+
 // dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) {
@@ -184,10 +246,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
-  const T* Q = static_cast<const T*>(a.q);
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
-  const T* dout = static_cast<const T*>(a.dout);
   auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
   const int q_last = min(q_block + kRows, a.Tq) - 1;  // causal: Tq = Tk
   const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
@@ -196,22 +256,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   cp_commit();
   uint32_t qf[D / 16][4], df[D / 16][4];
   float lse2[2], rd[2];
-  {
-    const int r[2] = {q0 + g, q0 + g + 8};
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
-        qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + col) : 0u;
-        df[ks][k] = row < a.Tq ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
-      }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      lse2[k] = r[k] < a.Tq ? a.lse[lse_at(a, b, h, r[k])] * kLog2e : INFINITY;
-      rd[k] = r[k] < a.Tq ? a.rowdot[lse_at(a, b, h, r[k])] : 0.0f;
-    }
-  }
+  load_query_rows<T, D>(a, b, h, q0, g, t, qf, df, lse2, rd);
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
@@ -229,35 +274,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
     const T* Ks = Kb + buf * kTile * RS;
     const T* Vs = Vb + buf * kTile * RS;
     if (!(a.causal && k0 > q0 + 15)) {  // else every key of the tile is after this warp's rows
-      float s[8][4], dp[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; n += 2) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = s[n + 1][e] = dp[n + 1][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t kb[4], vb[4];
-          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
-          mma<T>(s[n], qf[ks], kb[0], kb[1]);
-          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
-          load_b(vb, Vs, RS, n * 8, ks * 16, lane);
-          mma<T>(dp[n], df[ks], vb[0], vb[1]);
-          mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
-        }
-      }
-      if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
-      // keys past Tk (zero rows, not -inf scores) are masked like the diagonal and a key mask;
-      // rows past Tq have lse = inf (p = 0)
-      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[r]));
-          const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
-          s[n][e] = p * (z * dp[n][e] - rd[r]);  // dS
-        }
+      float s[8][4];  // dS
+      score_gradients<T, D, kDrop>(a, b, h, q0, k0, g, t, lane, qf, df, lse2, rd, Ks, Vs, s);
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
         uint32_t sa[4];
@@ -293,10 +311,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dbias_kernel(Args 
   const int h = blockIdx.y;
   const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
   const int r[2] = {q0 + g, q0 + g + 8};
-  const T* Q = static_cast<const T*>(a.q);
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
-  const T* dout = static_cast<const T*>(a.dout);
   const int q_last = min(q_block + kRows, a.Tq) - 1;  // causal: Tq = Tk
   const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
   for (int kt = 0; kt < tiles; ++kt) {
@@ -315,47 +331,13 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dbias_kernel(Args 
       __syncthreads();
       if (after) continue;
       uint32_t qf[D / 16][4], df[D / 16][4];
-      float lse2[2], rd[2];
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int row = r[k & 1], col = ks * 16 + (k >> 1) * 8 + 2 * t;
-          qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + col) : 0u;
-          df[ks][k] = row < a.Tq ? ld32(dout + out_at(a, b, row, h) + col) : 0u;
-        }
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        lse2[k] = r[k] < a.Tq ? a.lse[lse_at(a, b, h, r[k])] * kLog2e : INFINITY;
-        rd[k] = r[k] < a.Tq ? a.rowdot[lse_at(a, b, h, r[k])] : 0.0f;
-      }
-      float s[8][4], dp[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; n += 2) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = s[n + 1][e] = dp[n + 1][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t kb[4], vb[4];
-          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
-          mma<T>(s[n], qf[ks], kb[0], kb[1]);
-          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
-          load_b(vb, Vs, RS, n * 8, ks * 16, lane);
-          mma<T>(dp[n], df[ks], vb[0], vb[1]);
-          mma<T>(dp[n + 1], df[ks], vb[2], vb[3]);
-        }
-      }
-      add_bias<T, false>(a, h, s, q0, k0, g, t);
-      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+      float lse2[2], rd[2], ds[8][4];
+      load_query_rows<T, D>(a, b, h, q0, g, t, qf, df, lse2, rd);
+      score_gradients<T, D, kDrop>(a, b, h, q0, k0, g, t, lane, qf, df, lse2, rd, Ks, Vs, ds);
 #pragma unroll
       for (int n = 0; n < 8; ++n)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int rr = e >> 1;
-          const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[rr]));
-          const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, r[rr], k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
-          acc[n][e] += p * (z * dp[n][e] - rd[rr]);
-        }
+        for (int e = 0; e < 4; ++e) acc[n][e] += ds[n][e];
     }
     if (after) continue;
 #pragma unroll
