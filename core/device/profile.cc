@@ -161,8 +161,14 @@ Table attribute(std::vector<Interval> intervals, uint64_t begin, uint64_t end, i
   std::vector<double> credited(in.size());
   uint64_t busy = 0, now = begin;
   size_t next = 0;
+  auto gap = [&](uint64_t length) {  // a stretch with nothing running
+    const double s = static_cast<double>(length) * 1e-9;
+    (s < kShortGapSeconds ? t.short_gaps : t.long_gaps) += 1;
+    (s < kShortGapSeconds ? t.short_gap_seconds : t.long_gap_seconds) += s;
+  };
   auto credit = [&](uint64_t until) {
     if (until <= now) return;
+    if (open.empty()) gap(until - now);
     if (!open.empty()) {
       const Interval& w = in[open.begin()->second];
       const double s = static_cast<double>(until - now) * 1e-9;
@@ -190,6 +196,7 @@ Table attribute(std::vector<Interval> intervals, uint64_t begin, uint64_t end, i
       open.erase({in[i].family == Family::kCommunication ? 1 : 0, i});
     }
   }
+  if (end > now) gap(end - now);  // after the last interval
   for (size_t f = 0; f < seconds.size(); ++f)
     if (counts[f] > 0 || seconds[f] > 0) t.rows.push_back({static_cast<Family>(f), seconds[f], counts[f], copy_seconds[f]});
   t.idle_seconds = static_cast<double>((end - begin) - busy) * 1e-9;
@@ -223,6 +230,12 @@ std::string format(const Table& t) {
   std::snprintf(line, sizeof line, "%-26s %10.3f %6.1f%%\n", "step (sum of the above)", 1e3 * (sum + t.idle_seconds) / steps,
                 share(sum + t.idle_seconds));
   o << line;
+  if (t.clock != "host") {  // (on the CPU the rest of the window is the trainer's work, not gaps)
+    std::snprintf(line, sizeof line, "idle gaps a step: %.1f under %.0f us (%.3f ms), %.1f longer (%.3f ms)\n",
+                  static_cast<double>(t.short_gaps) / steps, kShortGapSeconds * 1e6, 1e3 * t.short_gap_seconds / steps,
+                  static_cast<double>(t.long_gaps) / steps, 1e3 * t.long_gap_seconds / steps);
+    o << line;
+  }
   if (!t.top.empty()) {
     o << (t.clock == "host" ? "costliest ops:\n" : "costliest kernels:\n");
     for (const TopEntry& e : t.top) {

@@ -111,10 +111,17 @@ struct Table {
   int64_t steps = 0;
   double window_seconds = 0;
   double idle_seconds = 0;      // the window less every row
+  // The idle time as stretches with nothing running: those under kShortGapSeconds are the
+  // gaps between one launch and the next (what a CUDA graph of the step could shrink), the
+  // others the device waiting on the host's own work.
+  int64_t short_gaps = 0, long_gaps = 0;
+  double short_gap_seconds = 0, long_gap_seconds = 0;
   std::vector<Row> rows;        // every family that ran, in enum order
   std::vector<TopEntry> top;    // the costliest kernels (ops on the CPU), costliest first
   uint64_t dropped = 0;         // activity records CUPTI dropped (the table is then incomplete)
 };
+
+inline constexpr double kShortGapSeconds = 10e-6;
 
 // The table of `intervals` over the window [begin, end): each nanosecond of the window
 // counts once, for the interval that covers it (a non-communication interval before a
@@ -123,7 +130,8 @@ struct Table {
 Table attribute(std::vector<Interval> intervals, uint64_t begin, uint64_t end, int64_t steps, size_t top = 10);
 
 // The table as text: a row per family with ms per step, share of the step, count per step
-// and the memset/memcpy part, the idle row, the total; then the costliest kernels.
+// and the memset/memcpy part, the idle row, the total, the idle gaps by length; then the
+// costliest kernels.
 std::string format(const Table& t);
 
 // Records what ran on device `d` from construction to stop(). One at a time in a process

@@ -57,6 +57,9 @@ TEST(Profile, OverlapsCountOnceCommunicationYieldsToComputeAndTheRestIsIdle) {
   EXPECT_DOUBLE_EQ(row(t, Family::kElementwise)->copy_seconds, 10e-9);
   EXPECT_EQ(row(t, Family::kNorm), nullptr);  // outside the window
   EXPECT_DOUBLE_EQ(t.idle_seconds, 40e-9);    // [150, 160) and [170, 200)
+  EXPECT_EQ(t.short_gaps, 2);                 // both under 10 us
+  EXPECT_EQ(t.long_gaps, 0);
+  EXPECT_DOUBLE_EQ(t.short_gap_seconds, 40e-9);
   EXPECT_DOUBLE_EQ(t.window_seconds, 100e-9);
   EXPECT_NEAR(sum_of_rows(t), t.window_seconds, 1e-18);
   EXPECT_EQ(t.steps, 2);
@@ -65,6 +68,25 @@ TEST(Profile, OverlapsCountOnceCommunicationYieldsToComputeAndTheRestIsIdle) {
   const std::string text = mb::profile::format(t);
   EXPECT_NE(text.find("communication"), std::string::npos) << text;
   EXPECT_NE(text.find("idle (GPU waiting)"), std::string::npos) << text;
+}
+
+TEST(Profile, IdleSplitsIntoShortGapsBetweenLaunchesAndLongWaits) {
+  // window [0, 40 us): idle [0, 2 us) short, [3, 22 us) long (19 us), [23, 31 us) short,
+  // [32, 40 us) short (c and d overlap: one busy stretch [31, 32 us), no gap inside it)
+  const uint64_t us = 1000;
+  const auto t = mb::profile::attribute({{2 * us, 3 * us, Family::kGemm, false, "a"},
+                                         {22 * us, 23 * us, Family::kNorm, false, "b"},
+                                         {31 * us, 31 * us + 500, Family::kGemm, false, "c"},
+                                         {31 * us + 200, 31 * us + 1000, Family::kElementwise, false, "d"}},
+                                        0, 40 * us, 1);
+  EXPECT_EQ(t.long_gaps, 1);
+  EXPECT_DOUBLE_EQ(t.long_gap_seconds, 19e-6);
+  EXPECT_EQ(t.short_gaps, 3);
+  EXPECT_NEAR(t.short_gap_seconds, 2e-6 + 8e-6 + 8e-6, 1e-15);
+  EXPECT_NEAR(t.short_gap_seconds + t.long_gap_seconds, t.idle_seconds, 1e-15);
+  const std::string text = mb::profile::format(t);
+  EXPECT_NE(text.find("idle gaps a step: 3.0 under 10 us (0.018 ms), 1.0 longer (0.019 ms)"), std::string::npos)
+      << text;
 }
 
 TEST(Profile, CommunicationAloneIsCountedAndComputeAfterItTakesOver) {
