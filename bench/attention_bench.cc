@@ -4,7 +4,9 @@
 // 512 to 4096, head sizes 64 and 128, causal and not. Each configuration keeps the tokens
 // (batch x seq, default 16,384) and the hidden size (default 2,048: 32 heads of 64, 16 of
 // 128) fixed. Time: the median of --reps calls, each waited for; TFLOP/s counts 4 B H T^2 D
-// for the forward (half of it when causal) and 2.5 times that for the backward.
+// for the forward (half of it when causal) and 2.5 times that for the backward. The
+// forward + backward is timed twice: with dQ from a kernel of its own (ops::FlashDq::
+// kSeparate) and from the dK/dV kernel in order (kOrdered; "-" where it does not apply).
 //
 //   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
 //                             [--tokens 16384] [--hidden 2048] [--reps 20] [--torch true]
@@ -99,8 +101,8 @@ int main(int argc, char** argv) {
     }
     std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld; median of %d calls\n", gpu.name.c_str(),
                 gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens), static_cast<long long>(hidden), reps);
-    std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s\n", "seq", "D", "causal", "fwd ms", "TFLOP/s",
-                "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio");
+    std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s\n", "seq", "D", "causal", "fwd ms",
+                "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s", "ratio");
     std::mt19937 g(1);
     for (const auto& [T, D, causal] : configs) {
       const int64_t B = std::max<int64_t>(tokens / T, 1), H = hidden / D;
@@ -109,19 +111,28 @@ int main(int argc, char** argv) {
       mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv({B, T, H, 3, D}, dtype, dev);
       dqkv.zero();
       const double fwd = median_ms([&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); }, dev, reps);
-      const double both = median_ms(
-          [&] {
-            ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr);
-            ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr);
-          },
-          dev, reps);
+      auto fwd_bwd = [&] {
+        ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr);
+        ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr);
+      };
+      ops::set_flash_dq(ops::FlashDq::kSeparate);
+      const double both = median_ms(fwd_bwd, dev, reps);
+      ops::set_flash_dq(ops::FlashDq::kOrdered);
+      const int64_t calls = ops::flash_dq_ordered_calls();
+      double ordered = median_ms(fwd_bwd, dev, reps);
+      if (ops::flash_dq_ordered_calls() == calls) ordered = 0;  // the shape took the separate kernels
+      ops::set_flash_dq(ops::FlashDq::kSeparate);
       const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T) *
                            static_cast<double>(D) * (causal ? 0.5 : 1.0);
       const auto it = torch_ms.find({T, D, causal});
       const double tf = it == torch_ms.end() ? 0 : it->second.first, tb = it == torch_ms.end() ? 0 : it->second.second;
-      std::printf("%6lld %4lld %6s | %9.3f %8.1f %9.3f %6.2fx | %10.3f %8.1f %10.3f %6.2fx\n", static_cast<long long>(T),
+      std::printf("%6lld %4lld %6s | %9.3f %8.1f %9.3f %6.2fx | %10.3f %8.1f %10.3f %6.2fx | ", static_cast<long long>(T),
                   static_cast<long long>(D), causal ? "yes" : "no", fwd, flops / fwd * 1e-9, tf, tf > 0 ? fwd / tf : 0.0,
                   both, 3.5 * flops / both * 1e-9, tb, tb > 0 ? both / tb : 0.0);
+      if (ordered > 0)
+        std::printf("%10.3f %8.1f %6.2fx\n", ordered, 3.5 * flops / ordered * 1e-9, tb > 0 ? ordered / tb : 0.0);
+      else
+        std::printf("%10s %8s %7s\n", "-", "-", "-");
     }
     std::printf("ratio: megabatch's time over PyTorch's (below 1: faster)\n");
     return 0;

@@ -15,9 +15,12 @@
 // (core/device/profile.h) and prints where their GPU time went, by op family, and the
 // costliest kernels.
 //
+// Each megabatch row runs once with each --flash-dq (the flash backward's dQ from a kernel of
+// its own, and in order inside the dK/dV kernel: ops::FlashDq).
+//
 //   build/bin/gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]
 //                             [--steps 20] [--peak-tflops 989] [--torch true] [--profile]
-//                             [--optimizers adamw lamb]
+//                             [--optimizers adamw lamb] [--flash-dq separate ordered]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -30,6 +33,7 @@
 #include "core/comm/communicator.h"
 #include "core/device/profile.h"
 #include "core/device/runtime.h"
+#include "core/ops/flash_attention.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
 #include "core/util/args.h"
@@ -137,6 +141,8 @@ int main(int argc, char** argv) {
   a.list("torch-modes", "M", "PyTorch's attention: explicit, sdpa, compile (SDPA under torch.compile)",
          {"explicit", "sdpa", "compile"});
   a.list("optimizers", "NAME", "optimizer plugins, one megabatch row each (BERT: PyTorch runs AdamW and LAMB)", {"adamw"});
+  a.list("flash-dq", "HOW", "the flash backward's dQ, one megabatch row each: separate, ordered (ops::FlashDq)",
+         {"separate", "ordered"});
   a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
   a.option("profile-steps", "N", "steps under the profiler", "5");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -155,9 +161,19 @@ int main(int argc, char** argv) {
     mb::check(!a.has("profile") || profile_steps >= 1, "--profile-steps must be at least 1, got ", profile_steps);
     const std::vector<std::string> optimizers = a.get_list("optimizers");
     mb::check(!optimizers.empty(), "--optimizers: name at least one optimizer plugin");
-    std::vector<std::pair<std::string, Measured>> ours;
-    for (const std::string& name : optimizers)
-      ours.emplace_back(name, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
+    std::vector<std::pair<std::string, Measured>> ours;  // (row name, what it measured)
+    const std::vector<std::string> dq = a.get_list("flash-dq");
+    mb::check(!dq.empty(), "--flash-dq: separate, ordered or both");
+    for (const std::string& how : dq) {
+      mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
+      mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
+      for (const std::string& name : optimizers) {
+        std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
+        if (how == "ordered") row += ", ordered dQ";
+        ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
+      }
+    }
+    mb::ops::set_flash_dq(mb::ops::FlashDq::kSeparate);
 
     mb::comm::LocalCommunicator tp;
     const double N = static_cast<double>(mb::models::declare_model(c, tp)->parameters().num_full_parameters());
@@ -177,8 +193,7 @@ int main(int argc, char** argv) {
     };
     int status = 0;
     for (const auto& [name, m] : ours) {
-      row(optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name, m.tokens_per_second,
-          static_cast<double>(m.after.bytes_reserved));
+      row(name, m.tokens_per_second, static_cast<double>(m.after.bytes_reserved));
       if (m.after.raw_allocs != m.before.raw_allocs) status = 1;
     }
     if (a.get("torch") == "true") {
@@ -223,7 +238,7 @@ int main(int argc, char** argv) {
     }
     const Measured& first = ours.front().second;
     std::printf("raw device allocations during the timed steps (%s): %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
-                optimizers.front().c_str(), static_cast<long long>(first.after.raw_allocs - first.before.raw_allocs),
+                ours.front().first.c_str(), static_cast<long long>(first.after.raw_allocs - first.before.raw_allocs),
                 static_cast<long long>(first.after.raw_frees - first.before.raw_frees),
                 static_cast<double>(first.after.bytes_reserved) / (1 << 30));
     if (!first.profile.empty()) std::printf("\n%s", first.profile.c_str());

@@ -1,6 +1,7 @@
 #include "core/ops/flash_attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 
@@ -37,6 +38,16 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size) {
   if (cc >= 80) return true;
   return cc >= 75 && t == DType::kF16 && head_size == 64;
 }
+
+namespace {
+std::atomic<int> g_flash_dq{static_cast<int>(FlashDq::kSeparate)};
+std::atomic<int64_t> g_ordered_calls{0};
+}  // namespace
+
+void set_flash_dq(FlashDq how) { g_flash_dq = static_cast<int>(how); }
+FlashDq flash_dq() { return static_cast<FlashDq>(g_flash_dq.load()); }
+int64_t flash_dq_ordered_calls() { return g_ordered_calls.load(); }
+void count_flash_dq_ordered_call() { ++g_ordered_calls; }
 
 namespace {
 // A GPU before sm_80 (T4) runs the kernels in fp16 at head size 64 only.

@@ -25,6 +25,22 @@ namespace megabatch::ops {
 // Whether the flash kernels take this device, dtype and head size (on the CPU: always).
 bool flash_attention_supported(Device d, DType t, int64_t head_size);
 
+// How the CUDA backward finds dQ; a process-wide choice (the CPU computes each row whole).
+// - kSeparate: a kernel of its own per block of queries walks the key tiles again, after the
+//   dK/dV kernel, recomputing S and dP: seven tile products in all.
+// - kOrdered: the dK/dV kernel adds each key block's share (dS K) into an f32 sum per query
+//   tile, the key blocks of a tile taking turns in a fixed order (a block waits for the one
+//   before it): five tile products, and the same bits every run. It takes self-attention
+//   shapes without a bias whose key blocks of one (batch row, head) fit on the GPU at once;
+//   the others use kSeparate.
+// The two differ in the last bits of dQ (the sums are grouped differently).
+enum class FlashDq { kSeparate, kOrdered };
+void set_flash_dq(FlashDq how);
+FlashDq flash_dq();
+// Backward calls that have taken the ordered path in this process (the tests check it ran).
+int64_t flash_dq_ordered_calls();
+void count_flash_dq_ordered_call();  // (the CUDA backend's)
+
 // out (B, T, H, D) and lse (B, H, T) f32 written. bias may be undefined.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {});

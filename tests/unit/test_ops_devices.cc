@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -507,6 +508,62 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
     }
   }
 }
+
+// The ordered dQ (ops::FlashDq::kOrdered: the dK/dV kernel adds each key block's share into
+// an f32 sum per query tile, the blocks taking turns) against the f64 reference, and the
+// same bits when run again. Shapes of several key blocks and query tiles (up to 5 x 5),
+// causal and not, odd lengths, padding, dropout, head sizes 64 (blocks of 64 keys, one per
+// tile) and 128 (128 keys, two tiles each), add and set. The path must have run. (The GPU
+// program's only: the CPU computes each row whole.)
+#ifdef MB_TEST_DEVICE_CUDA
+TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
+  struct Restore {
+    ops::FlashDq was = ops::flash_dq();
+    ~Restore() { ops::set_flash_dq(was); }
+  } restore;
+  struct Config {
+    int64_t B, T, H, D;
+    bool causal, mask;
+    double p;
+  };
+  for (const Config c : {Config{2, 300, 2, 64, false, true, 0.0}, Config{1, 257, 3, 64, true, false, 0.0},
+                         Config{2, 190, 2, 64, true, true, 0.15}, Config{1, 300, 2, 128, false, false, 0.1},
+                         Config{2, 270, 1, 128, true, true, 0.0}, Config{1, 40, 2, 64, false, false, 0.0}}) {
+    auto h = harness(17);
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
+                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + " p " + std::to_string(c.p));
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) continue;  // how it refuses: the test above
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
+    const ops::DropoutKey dk{c.p, 61, 3};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 70; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's last 70 keys padded
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
+    ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
+    ops::set_flash_dq(ops::FlashDq::kOrdered);
+    const int64_t calls = ops::flash_dq_ordered_calls();
+    Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+    ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kAdd);
+    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd);
+    ASSERT_EQ(ops::flash_dq_ordered_calls(), calls + 1) << "the backward did not take the ordered path";
+    const double terms = static_cast<double>(c.D + c.T);
+    h.expect_close(dqkv, terms, "dqkv (add)", 16.0);
+    Pair once = h.output({c.B, c.T, c.H, 3, c.D}), again = h.output({c.B, c.T, c.H, 3, c.D});
+    ops::flash_attention_backward(once.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kSet);
+    ops::flash_attention_backward(again.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kSet);
+    ops::flash_attention_backward(once.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet);
+    ASSERT_EQ(ops::flash_dq_ordered_calls(), calls + 3);
+    h.expect_close(once, terms, "dqkv (set)", 16.0);
+    const std::vector<float> a = mb::to_host_f32(once.dev), b = mb::to_host_f32(again.dev);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i)
+      ASSERT_EQ(std::memcmp(&a[i], &b[i], sizeof(float)), 0) << "run again, element " << i << ": " << a[i] << " then " << b[i];
+    ops::set_flash_dq(ops::FlashDq::kSeparate);
+  }
+}
+#endif
 
 // The f64 flash backward against finite differences of its forward: L = sum(dy * out).
 TEST(FlashAttention, GradientsMatchFiniteDifferences) {
