@@ -12,26 +12,26 @@
 namespace megabatch::ops {
 using namespace detail;
 
+namespace {
+// The compute capability the flash kernels run as on GPU d, asked once per GPU (the layers ask
+// every step): the GPU's, or less where the build has only an older one's code for it.
+int flash_capability(Device d) {
+  static std::mutex mu;
+  static std::map<int, int> capability;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = capability.find(d.index);
+  if (it != capability.end()) return it->second;
+  const runtime::GpuInfo info = runtime::gpu_info(d.index);
+  int code = info.major * 10 + info.minor;
+  MB_CUDA(code = std::min(code, cuda::flash_code_arch(d.index)));
+  return capability[d.index] = code;
+}
+}  // namespace
+
 bool flash_attention_supported(Device d, DType t, int64_t head_size) {
   if (d.is_cpu()) return true;
   if (!accepts::flash_attention_forward_qkv.cuda.has(t) || (head_size != 64 && head_size != 128)) return false;
-  // The compute capability the kernels run as, asked once per GPU (the layers ask every step):
-  // the GPU's, or less where the build has only an older one's code for it.
-  static std::mutex mu;
-  static std::map<int, int> capability;
-  int cc = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = capability.find(d.index);
-    if (it != capability.end()) {
-      cc = it->second;
-    } else {
-      const runtime::GpuInfo info = runtime::gpu_info(d.index);
-      int code = info.major * 10 + info.minor;
-      MB_CUDA(code = std::min(code, cuda::flash_code_arch(d.index)));
-      cc = capability[d.index] = code;
-    }
-  }
+  const int cc = flash_capability(d);
   // sm_80 and later: mma m16n8k16 with bf16/f16 operands. sm_75 (T4): fp16 only, as two
   // m16n8k8 products, and head size 64 only (at 128 the tiles outgrow its 64 KiB of shared
   // memory a block).
@@ -44,6 +44,7 @@ std::atomic<int> g_flash_dq{static_cast<int>(FlashDq::kSeparate)};
 std::atomic<int64_t> g_ordered_calls{0};
 }  // namespace
 
+bool flash_dq_ordered_supported(Device d) { return d.is_cuda() && flash_capability(d) >= 80; }
 void set_flash_dq(FlashDq how) { g_flash_dq = static_cast<int>(how); }
 FlashDq flash_dq() { return static_cast<FlashDq>(g_flash_dq.load()); }
 int64_t flash_dq_ordered_calls() { return g_ordered_calls.load(); }

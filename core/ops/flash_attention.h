@@ -33,8 +33,10 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size);
 //   before it): five tile products, and the same bits every run. It takes self-attention
 //   shapes without a bias whose key blocks of one (batch row, head) fit on the GPU at once;
 //   the others use kSeparate.
-// The two differ in the last bits of dQ (the sums are grouped differently).
+// The two differ in the last bits of dQ (the sums are grouped differently). The ordered kernel
+// is sm_80 code (A100, H100 and later); flash_dq_ordered_supported says where it runs.
 enum class FlashDq { kSeparate, kOrdered };
+bool flash_dq_ordered_supported(Device d);
 void set_flash_dq(FlashDq how);
 FlashDq flash_dq();
 // Backward calls that have taken the ordered path in this process (the tests check it ran).
