@@ -42,25 +42,13 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
   const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
   auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
   const int first = a.causal ? k_block / kTile : 0, tiles = (a.Tq + kTile - 1) / kTile;  // causal: Tq = Tk
-  sm.template load_keys<kThreads>(a, b, h, k_block);
-  sm.template stage<kThreads>(a, b, h, first, 0);
-  cp_commit();
+  sm.template start<kThreads>(a, b, h, k_block, first);
   float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-  for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+  zero_rows<D>(dk, dv);
   uint32_t kf[kKeepKV<D, kDrop> ? D / 16 : 1][4], vf[kKeepKV<D, kDrop> ? D / 16 : 1][4];
   for (int qt = first; qt < tiles; ++qt) {
     const int i0 = qt * kTile, buf = (qt - first) & 1;
-    if (qt + 1 < tiles) {
-      sm.template stage<kThreads>(a, b, h, qt + 1, buf ^ 1);
-      cp_commit();
-      cp_wait<1>();
-    } else {
-      cp_wait<0>();
-    }
-    __syncthreads();
+    sm.template advance<kThreads>(a, b, h, qt + 1 < tiles ? qt + 1 : -1, buf);
     if constexpr (kKeepKV<D, kDrop>) {
       if (qt == first) keep_kv(sm, kw, lane, kf, vf);  // Kown and Vown arrived with the first tile
     }

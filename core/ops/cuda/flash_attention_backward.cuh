@@ -58,14 +58,38 @@ struct KeyBlockSmem {
       rd[buf * kTile + r] = i < a.Tq ? a.rowdot[lse_at(a, b, h, i)] : 0.0f;
     }
   }
-  // starts copying the block's keys and values (from key k_block)
+  // starts copying the block's keys and values (from key k_block) and its first query tile
+  // into buffer 0
   template <int kThreads>
-  __device__ __forceinline__ void load_keys(const Args& a, int b, int h, int k_block) const {
+  __device__ __forceinline__ void start(const Args& a, int b, int h, int k_block, int first_tile) const {
     auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
     load_tile_async<T, D, kThreads, kRows>(Kown, static_cast<const T*>(a.k), k_block, a.Tk, kv_of);
     load_tile_async<T, D, kThreads, kRows>(Vown, static_cast<const T*>(a.v), k_block, a.Tk, kv_of);
+    stage<kThreads>(a, b, h, first_tile, 0);
+    cp_commit();
+  }
+  // at a step of the walk: starts copying the next tile (when there is one, < 0: none) into
+  // buffer buf ^ 1 and waits for this step's (buffer buf), then for every thread
+  template <int kThreads>
+  __device__ __forceinline__ void advance(const Args& a, int b, int h, int next_tile, int buf) const {
+    if (next_tile >= 0) {
+      stage<kThreads>(a, b, h, next_tile, buf ^ 1);
+      cp_commit();
+      cp_wait<1>();
+    } else {
+      cp_wait<0>();
+    }
+    __syncthreads();
   }
 };
+
+template <int D>
+__device__ __forceinline__ void zero_rows(float (*dk)[4], float (*dv)[4]) {
+#pragma unroll
+  for (int n = 0; n < D / 8; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+}
 
 // At head size 64 without dropout a warp keeps its key and value rows' A fragments in
 // registers for the whole walk (32 more, within the two blocks an SM holds), which saves 8 of

@@ -71,25 +71,13 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
     const int k_block = j * kRows, j0 = k_block + kw;
     const int steps = a.causal ? o.tiles - j * kR : o.tiles;
     auto tile = [&](int step) { return a.causal ? j * kR + step : (j * kR + step) % o.tiles; };
-    sm.template load_keys<kThreads>(a, b, h, k_block);
-    sm.template stage<kThreads>(a, b, h, tile(0), 0);
-    cp_commit();
+    sm.template start<kThreads>(a, b, h, k_block, tile(0));
     float dk[D / 8][4], dv[D / 8][4];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dk[n][e] = dv[n][e] = 0.0f;
+    zero_rows<D>(dk, dv);
     uint32_t kf[kKeepKV<D, kDrop> ? D / 16 : 1][4], vf[kKeepKV<D, kDrop> ? D / 16 : 1][4];
     for (int step = 0; step < steps; ++step) {
       const int qt = tile(step), i0 = qt * kTile, buf = step & 1;
-      if (step + 1 < steps) {
-        sm.template stage<kThreads>(a, b, h, tile(step + 1), buf ^ 1);
-        cp_commit();
-        cp_wait<1>();
-      } else {
-        cp_wait<0>();
-      }
-      __syncthreads();
+      sm.template advance<kThreads>(a, b, h, step + 1 < steps ? tile(step + 1) : -1, buf);
       if constexpr (kKeepKV<D, kDrop>) {
         if (step == 0) keep_kv(sm, kw, lane, kf, vf);
       }
