@@ -31,8 +31,8 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size);
 // - kOrdered: the dK/dV kernel adds each key block's share (dS K) into an f32 sum per query
 //   tile, the key blocks of a tile taking turns in a fixed order (a block waits for the one
 //   before it): five tile products, and the same bits every run. It takes self-attention
-//   shapes without a bias whose key blocks of one (batch row, head) fit on the GPU at once;
-//   the others use kSeparate.
+//   shapes without a bias, causal ones of any length and others whose key blocks of one
+//   (batch row, head) fit on the GPU at once; the others use kSeparate.
 // The two differ in the last bits of dQ (the sums are grouped differently). The ordered kernel
 // is sm_80 code (A100, H100 and later); flash_dq_ordered_supported says where it runs.
 enum class FlashDq { kSeparate, kOrdered };

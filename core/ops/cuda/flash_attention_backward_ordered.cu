@@ -17,10 +17,14 @@ namespace {
 // At each tile it also forms its share of dQ, dS K over its keys, and adds it into acc, an
 // f32 sum per query tile: the items that reach a tile take turns in the order of their step
 // count there (the fewest steps first), each waiting until turn[tile] says the ones before
-// it are done. The last one writes dq. Taking items in order keeps this free of deadlock
-// where the key blocks of one (b, h) fit on the GPU at once (the launch checks): an item
-// waits only for items of its own (b, h), which have all been taken, or will be once the
-// earlier (b, h)'s, which wait on nothing later, finish.
+// it are done. The last one writes dq. Causal: a tile's turns go from the last key block
+// that reaches it down to the first, and a (b, h)'s items are taken in that order too, so an
+// item waits only on items already running: free of deadlock on any number of blocks (and a
+// simulation of the walk found it waits less than taking the longest first). Otherwise an
+// item also waits on items taken after it; taking items in order keeps that free of deadlock
+// where the key blocks of one (b, h) fit on the GPU at once (the launch checks): an item waits
+// only for items of its own (b, h), which have all been taken, or will be once the earlier
+// (b, h)'s, which wait on nothing later, finish.
 struct Ordered {
   float* acc;   // (B, H, tiles x 64, D)
   int* turn;    // (B, H, tiles): how many items have added into each query tile
@@ -67,7 +71,8 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
     __syncthreads();
     const int item = taken;
     if (item >= items) return;
-    const int j = item % o.blocks, bh = item / o.blocks, b = bh / a.H, h = bh % a.H;
+    const int bh = item / o.blocks, b = bh / a.H, h = bh % a.H;
+    const int j = a.causal ? o.blocks - 1 - item % o.blocks : item % o.blocks;  // (causal: the last first)
     const int k_block = j * kRows, j0 = k_block + kw;
     const int steps = a.causal ? o.tiles - j * kR : o.tiles;
     auto tile = [&](int step) { return a.causal ? j * kR + step : (j * kR + step) % o.tiles; };
@@ -174,7 +179,7 @@ bool backward_ordered(const Args& a, cudaStream_t st, Device dev) {
   MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
   const int blocks = (a.Tk + kRows - 1) / kRows, tiles = (a.Tq + kTile - 1) / kTile;
   const int64_t resident = static_cast<int64_t>(per_sm) * sms, items = static_cast<int64_t>(a.B) * a.H * blocks;
-  if (blocks > resident || items > INT32_MAX) return false;
+  if ((!a.causal && blocks > resident) || items > INT32_MAX) return false;  // (causal: see the kernel)
   Tensor acc({static_cast<int64_t>(a.B) * a.H * tiles * kTile * D}, DType::kF32, dev);
   Tensor turns({static_cast<int64_t>(a.B) * a.H * tiles + 1}, DType::kF32, dev);  // ints, zeroed
   turns.zero();
