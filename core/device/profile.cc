@@ -168,8 +168,9 @@ Table attribute(std::vector<Interval> intervals, uint64_t begin, uint64_t end, i
   };
   auto credit = [&](uint64_t until) {
     if (until <= now) return;
-    if (open.empty()) gap(until - now);
-    if (!open.empty()) {
+    if (open.empty()) {
+      gap(until - now);
+    } else {
       const Interval& w = in[open.begin()->second];
       const double s = static_cast<double>(until - now) * 1e-9;
       seconds[static_cast<size_t>(w.family)] += s;

@@ -222,14 +222,18 @@ __global__ void apply_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, con
   for (int64_t j = c.begin + threadIdx.x; j < c.end; j += blockDim.x) fn(j);
 }
 
-__device__ inline double block_sum_of(double v, double* scratch) {
+// the sum over a warp's 32 lanes, in a fixed tree (every lane gets it)
+__device__ inline double warp_sum_of(double v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ inline double block_sum_of(double v, double* scratch) {
+  v = warp_sum_of(v);
   __syncthreads();
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
   __syncthreads();
-  v = (threadIdx.x & 31) < (blockDim.x >> 5) ? scratch[threadIdx.x & 31] : 0.0;
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
+  return warp_sum_of((threadIdx.x & 31) < (blockDim.x >> 5) ? scratch[threadIdx.x & 31] : 0.0);
 }
 
 // partial[chunk * K + k]; a fixed tree per block: deterministic. `jobs` are prepared.
@@ -266,7 +270,7 @@ __global__ void combine_kernel(double* out, const double* partial, const int64_t
   for (int k = 0; k < K; ++k) {
     double s = 0.0;
     for (int64_t c = begin + lane; c < end; c += 32) s += partial[c * K + k];
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    s = warp_sum_of(s);
     if (lane == 0) out[t * K + k] = s;
   }
 }

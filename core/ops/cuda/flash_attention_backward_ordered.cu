@@ -3,6 +3,8 @@
 // seven.
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <mutex>
 
 #include "core/ops/cuda/flash_attention_backward.cuh"
 #include "core/ops/flash_attention.h"
@@ -167,18 +169,36 @@ bool backward_ordered(const Args& a, cudaStream_t st, Device dev) {
   if (flash_dq() != FlashDq::kOrdered || a.bias || a.dbias || a.Tq != a.Tk || a.Tk == 0) return false;
   const size_t smem = KeyBlockSmem<T, D>::bytes + kTile * (kRows + 8) * sizeof(T);
   auto* kernel = flash_ordered_kernel<T, D, kDrop>;
-  int most = 0, per_sm = 0, sms = 0;
-  cudaFuncAttributes f{};
-  MB_CUDA_CHECK(cudaFuncGetAttributes(&f, kernel));
-  MB_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
-  // sm_75 code (a T4, or a build for sm_75 alone on a newer GPU) has no kernel body; a T4 has
-  // 64 KiB a block, a few bytes short
-  if (f.ptxVersion < 80 || smem + f.sharedSizeBytes > static_cast<size_t>(most)) return false;
-  MB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  MB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-  MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
+  // Blocks resident on the GPU at once (0: the kernel does not run there), found once per GPU
+  // and instance: every backward of every layer asks.
+  static std::mutex mu;
+  static std::map<int, int64_t> resident_on;
+  int64_t resident = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto it = resident_on.find(dev.index);
+    if (it != resident_on.end()) {
+      resident = it->second;
+    } else {
+      int most = 0, per_sm = 0, sms = 0;
+      cudaFuncAttributes f{};
+      MB_CUDA_CHECK(cudaFuncGetAttributes(&f, kernel));
+      MB_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
+      // sm_75 code (a T4, or a build for sm_75 alone on a newer GPU) has no kernel body; a T4
+      // has 64 KiB a block, a few bytes short
+      if (f.ptxVersion >= 80 && smem + f.sharedSizeBytes <= static_cast<size_t>(most)) {
+        MB_CUDA_CHECK(
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+        MB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+        MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
+        resident = static_cast<int64_t>(per_sm) * sms;
+      }
+      resident_on[dev.index] = resident;
+    }
+  }
+  if (resident == 0) return false;
   const int blocks = (a.Tk + kRows - 1) / kRows, tiles = (a.Tq + kTile - 1) / kTile;
-  const int64_t resident = static_cast<int64_t>(per_sm) * sms, items = static_cast<int64_t>(a.B) * a.H * blocks;
+  const int64_t items = static_cast<int64_t>(a.B) * a.H * blocks;
   if ((!a.causal && blocks > resident) || items > INT32_MAX) return false;  // (causal: see the kernel)
   Tensor acc({static_cast<int64_t>(a.B) * a.H * tiles * kTile * D}, DType::kF32, dev);
   Tensor turns({static_cast<int64_t>(a.B) * a.H * tiles + 1}, DType::kF32, dev);  // ints, zeroed
