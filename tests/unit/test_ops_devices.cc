@@ -6,6 +6,7 @@
 // kernels. Gradients are checked by finite differences in test_ops.cc, on the reference.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -537,7 +538,7 @@ TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
     const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
     const ops::DropoutKey dk{c.p, 61, 3};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
-    for (int64_t t = c.T - 70; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's last 70 keys padded
+    for (int64_t t = std::max<int64_t>(0, c.T - 70); t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's last 70 keys padded
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
     const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);

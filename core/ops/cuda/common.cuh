@@ -5,11 +5,25 @@
 // load and rounded to nearest even on store, as the CPU emulation does), and every
 // reduction has one order for a given launch shape, which the launchers fix: no
 // floating-point atomics anywhere, so the same inputs give the same bits on every run.
+//
+// Kernels that tests/emulator also compiles as C++ (MB_WARP_EMULATOR: the CPU's warp
+// emulator runs them) live in namespace MB_CUDA_BACKEND (ops::emulated there, so the two
+// builds of one kernel never meet at link time), declare their dynamic shared memory with
+// MB_DYNAMIC_SMEM, and give each inline-PTX helper an emulated branch.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#ifdef MB_WARP_EMULATOR
+#include "tests/emulator/warp_emulator.h"
+#define MB_CUDA_BACKEND emulated
+#define MB_DYNAMIC_SMEM(name) unsigned char* name = ::megabatch::emu::dynamic_smem()
+#else
+#define MB_CUDA_BACKEND cuda
+#define MB_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -21,7 +35,7 @@
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 using bf16 = __nv_bfloat16;
 using f16 = __half;
@@ -40,7 +54,11 @@ template <>
 __device__ __forceinline__ f16 from_f32<f16>(float x) { return __float2half_rn(x); }
 
 // The stream every op of a tensor's device is issued on.
+#ifdef MB_WARP_EMULATOR
+inline cudaStream_t stream_of(const Tensor&) { return nullptr; }  // (the emulator runs a launch to its end)
+#else
 inline cudaStream_t stream_of(const Tensor& t) { return static_cast<cudaStream_t>(runtime::cuda_stream(t.device())); }
+#endif
 
 // Calls fn(T{}) with the element type of dtype d, which is one of `Accepted`: the CUDA
 // column of the argument's row in core/ops/accepts.inc (with_type<accepts::sum_out.cuda.bits>).
@@ -128,6 +146,7 @@ __global__ void map_kernel(T* out, int64_t n, F f, const In*... in) {
   }
 }
 
+#ifndef MB_WARP_EMULATOR
 template <typename T, typename F, typename... In>
 void map(const char* name, cudaStream_t st, T* out, int64_t n, F f, const In*... in) {
   static_assert((std::is_same_v<In, T> && ...), "map: every input has the output's type");
@@ -139,6 +158,7 @@ void map(const char* name, cudaStream_t st, T* out, int64_t n, F f, const In*...
     map_kernel<T, 1><<<blocks_for(n, 256), 256, 0, st>>>(out, n, f, in...);
   MB_CUDA_LAUNCHED(name);
 }
+#endif
 
 // ---- deterministic reductions (fixed tree for a given block size) ---------------------
 __device__ __forceinline__ float warp_sum(float v) {
@@ -177,4 +197,4 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
   return warp_max(v);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

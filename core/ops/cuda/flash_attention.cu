@@ -16,7 +16,7 @@
 // the explicit attention does, so the masks are the CPU's.
 #include "core/ops/cuda/flash_attention.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 static_assert(takes_only<accepts::flash_attention_forward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::flash_attention_backward_key_mask.cuda.bits, uint8_t>() &&
@@ -36,7 +36,7 @@ using namespace flash;
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args a) {
   constexpr int kBlockRows = kForwardRows<D>, kBlockThreads = 2 * kBlockRows;
-  extern __shared__ __align__(16) unsigned char smem[];
+  MB_DYNAMIC_SMEM(smem);
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
@@ -175,9 +175,9 @@ void forward(const Args& a, cudaStream_t st) {
   const dim3 grid((a.Tq + rows - 1) / rows, a.B * a.H);
   const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
   if (a.drop)
-    launch(flash_forward_kernel<T, D, true>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
+    launch(flash_forward_kernel<T, D, true>, grid, 2 * rows, smem, st, "flash_forward_kernel", a);
   else
-    launch(flash_forward_kernel<T, D, false>, grid, 2 * rows, smem, st, a, "flash_forward_kernel");
+    launch(flash_forward_kernel<T, D, false>, grid, 2 * rows, smem, st, "flash_forward_kernel", a);
 }
 
 template <uint32_t kTypes>
@@ -195,6 +195,7 @@ void run_forward(Args a, const Tensor& out, DType t, const char* op) {
 
 }  // namespace
 
+#ifndef MB_WARP_EMULATOR
 int flash_code_arch(int device) {
   int current = 0;
   MB_CUDA_CHECK(cudaGetDevice(&current));
@@ -204,6 +205,7 @@ int flash_code_arch(int device) {
   MB_CUDA_CHECK(cudaSetDevice(current));
   return f.ptxVersion;
 }
+#endif
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
@@ -219,4 +221,4 @@ void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const T
                                                                   q.dtype(), "flash_cross_attention_forward");
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -8,7 +8,7 @@
 #include "core/ops/cuda/common.cuh"
 #include "core/util/philox.h"
 
-namespace megabatch::ops::cuda::flash {
+namespace megabatch::ops::MB_CUDA_BACKEND::flash {
 
 // A block's rows are shared by its warps, 16 each; the tiles it walks are read from L2 once
 // for all of them. At head size 128 the blocks hold 128 rows (eight warps): at 64 rows their
@@ -88,9 +88,13 @@ __device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i,
 // compiles to, without its handling of results below the normal range, which the softmax's
 // probabilities, rounded to bf16/fp16 next, do not need.
 __device__ __forceinline__ float fast_exp2(float x) {
+#ifdef MB_WARP_EMULATOR
+  return emu::ex2(x);
+#else
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+#endif
 }
 
 // Sets to -inf the scores of a warp's 16 x 64 tile (a thread's s[n][e]: row base_row + g +
@@ -146,7 +150,9 @@ __device__ __forceinline__ float2 unpack(uint32_t u) {
 // m16n8k8 products, the first over k 0..7 (a0, a1 and b0), the second over k 8..15.
 template <typename T>
 __device__ __forceinline__ void mma(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 && __CUDA_ARCH__ >= 750
+#if defined(MB_WARP_EMULATOR)
+  emu::mma_m16n8k16(c, a, b0, b1, std::is_same_v<T, bf16>);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800 && __CUDA_ARCH__ >= 750
   if constexpr (std::is_same_v<T, f16>) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
@@ -184,9 +190,11 @@ __device__ __forceinline__ uint32_t ld32(const void* p) { return *reinterpret_ca
 // columns +8 for m >= 2).
 template <typename T>
 __device__ __forceinline__ void load_a(uint32_t* a, const T* src, int stride, int r0, int c0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (r0 + (m & 1) * 8 + r) * stride + c0 + (m >> 1) * 8;
+#if defined(MB_WARP_EMULATOR)
+  emu::ldmatrix_x4(a, p, false);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
@@ -208,9 +216,11 @@ __device__ __forceinline__ void a_from_acc(uint32_t* a, const float* c_lo, const
 // n): one ldmatrix.x4 (matrix m: rows n0 + 8 (m >> 1), columns k0 + 8 (m & 1)).
 template <typename T>
 __device__ __forceinline__ void load_b(uint32_t* b, const T* src, int stride, int n0, int k0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (n0 + (m >> 1) * 8 + r) * stride + k0 + (m & 1) * 8;
+#if defined(MB_WARP_EMULATOR)
+  emu::ldmatrix_x4(b, p, false);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(b[0]), "=r"(b[1]), "=r"(b[2]), "=r"(b[3])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
@@ -223,9 +233,13 @@ __device__ __forceinline__ void load_b(uint32_t* b, const T* src, int stride, in
 // source: ldmatrix's transposing load gives each thread its two neighbours along k.
 template <typename T>
 __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T* src, int stride, int k0, int n0, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   const int m = lane / 8, r = lane % 8;
   const T* p = src + (k0 + (m & 1) * 8 + r) * stride + n0 + (m >> 1) * 8;
+#if defined(MB_WARP_EMULATOR)
+  uint32_t x[4];
+  emu::ldmatrix_x4(x, p, true);
+  lo[0] = x[0], lo[1] = x[1], hi[0] = x[2], hi[1] = x[3];
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 750  // ldmatrix: sm_75 and later
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(lo[0]), "=r"(lo[1]), "=r"(hi[0]), "=r"(hi[1])
                : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(p))));
@@ -243,7 +257,13 @@ __device__ __forceinline__ void load_b_trans(uint32_t* lo, uint32_t* hi, const T
 // the __syncthreads that ends its last reads).
 template <typename T, int D, int Threads, int Rows = kTile, typename At>
 __device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0, int T_, At at) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(MB_WARP_EMULATOR)
+  constexpr int chunks = D / 8;
+  for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
+    const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
+    emu::cp_async16(rows + r * (D + 8) + d0, t < T_ ? src + at(t) + d0 : src, t < T_ ? 16 : 0);
+  }
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int chunks = D / 8;  // 16-byte pieces of a row
   for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
     const int r = c / chunks, d0 = (c % chunks) * 8, t = row0 + r;
@@ -263,14 +283,18 @@ __device__ __forceinline__ void load_tile_async(T* rows, const T* src, int row0,
 #endif
 }
 __device__ __forceinline__ void cp_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(MB_WARP_EMULATOR)
+  emu::cp_commit();
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;\n" ::);
 #endif
 }
 // waits until at most N of this thread's copy groups are still in flight
 template <int N>
 __device__ __forceinline__ void cp_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(MB_WARP_EMULATOR)
+  emu::cp_wait(N);
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 #endif
 }
@@ -346,11 +370,18 @@ inline Args cross_args(const CrossAttentionShape& s, const DropoutKey* dropout, 
   return a;
 }
 
-template <typename Kernel>
-void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, const Args& a, const char* name) {
-  MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k<<<grid, threads, smem, st>>>(a);
+// Launches kernel k(args...) (on the warp emulator where it is compiled for one).
+template <typename Kernel, typename... A>
+void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, const char* name, const A&... args) {
+#ifdef MB_WARP_EMULATOR
+  (void)st;
+  emu::launch(name, grid, dim3(static_cast<unsigned>(threads)), smem, [=] { k(args...); });
+#else
+  if (smem > 0)
+    MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k<<<grid, threads, smem, st>>>(args...);
   MB_CUDA_LAUNCHED(name);
+#endif
 }
 
-}  // namespace megabatch::ops::cuda::flash
+}  // namespace megabatch::ops::MB_CUDA_BACKEND::flash

@@ -8,7 +8,7 @@
 // the batch (flash_dbias_kernel).
 #include "core/ops/cuda/flash_attention_backward.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 namespace {
 using namespace flash;
@@ -35,7 +35,7 @@ __global__ void rowdot_kernel(float* rowdot, Args a) {
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
-  extern __shared__ __align__(16) unsigned char smem[];
+  MB_DYNAMIC_SMEM(smem);
   const KeyBlockSmem<T, D> sm(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
@@ -129,7 +129,7 @@ __device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
-  extern __shared__ __align__(16) unsigned char smem[];
+  MB_DYNAMIC_SMEM(smem);
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
@@ -193,7 +193,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dbias_kernel(Args a) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
-  extern __shared__ __align__(16) unsigned char smem[];
+  MB_DYNAMIC_SMEM(smem);
   constexpr int RS = D + 8;
   T* Ks = reinterpret_cast<T*>(smem);  // [64][RS]
   T* Vs = Ks + kTile * RS;             // [64][RS]
@@ -247,13 +247,13 @@ void backward(const Args& a, cudaStream_t st, Device dev) {
   if (!backward_ordered<T, D, kDrop>(a, st, dev)) {
     if (a.Tk > 0)  // (no keys: no dK, dV)
       launch(flash_dkdv_kernel<T, D, kDrop>, dim3((a.Tk + kRows - 1) / kRows, a.B * a.H), kThreads,
-             KeyBlockSmem<T, D>::bytes, st, a, "flash_dkdv_kernel");
+             KeyBlockSmem<T, D>::bytes, st, "flash_dkdv_kernel", a);
     launch(flash_dq_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.B * a.H), kThreads,
-           4 * kTile * RS * sizeof(T), st, a, "flash_dq_kernel");
+           4 * kTile * RS * sizeof(T), st, "flash_dq_kernel", a);
   }
   if (a.dbias)
     launch(flash_dbias_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.H), kThreads, 2 * kTile * RS * sizeof(T),
-           st, a, "flash_dbias_kernel");
+           st, "flash_dbias_kernel", a);
 }
 template <typename T, int D>
 void backward(const Args& a, cudaStream_t st, Device dev) {
@@ -274,8 +274,8 @@ void run_backward(Args a, const Tensor& dout, const Tensor& out, Write w, DType 
   a.rowdot = ptr<float>(rowdot);
   with_type<kTypes>(t, op, [&](auto zero) {
     using T = decltype(zero);
-    rowdot_kernel<T><<<blocks_for(rows * 32, 256, rows * 32), 256, 0, st>>>(ptr<float>(rowdot), a);
-    MB_CUDA_LAUNCHED("rowdot_kernel");
+    launch(rowdot_kernel<T>, dim3(blocks_for(rows * 32, 256, rows * 32)), 256, 0, st, "rowdot_kernel",
+           ptr<float>(rowdot), a);
     if (a.D == 64)
       backward<T, 64>(a, st, out.device());
     else
@@ -305,4 +305,4 @@ void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const T
                                                                     "flash_cross_attention_backward");
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -6,7 +6,7 @@
 
 #include "core/ops/cuda/flash_attention.cuh"
 
-namespace megabatch::ops::cuda::flash {
+namespace megabatch::ops::MB_CUDA_BACKEND::flash {
 
 // Adds (a.add) or writes the 16 x D accumulator of rows row0.. (per thread: rows g, g + 8)
 // into dst at the rows' offsets at(token), for tokens below `tokens`.
@@ -193,4 +193,4 @@ __device__ __forceinline__ void keep_kv(const KeyBlockSmem<T, D>& sm, int kw, in
 template <typename T, int D, bool kDrop>
 bool backward_ordered(const Args& a, cudaStream_t st, Device dev);
 
-}  // namespace megabatch::ops::cuda::flash
+}  // namespace megabatch::ops::MB_CUDA_BACKEND::flash

@@ -9,7 +9,7 @@
 #include "core/ops/cuda/flash_attention_backward.cuh"
 #include "core/ops/flash_attention.h"
 
-namespace megabatch::ops::cuda::flash {
+namespace megabatch::ops::MB_CUDA_BACKEND::flash {
 
 namespace {
 // Each (batch row, head, key block) is an item; blocks of a persistent grid take items in
@@ -27,6 +27,12 @@ namespace {
 // where the key blocks of one (b, h) fit on the GPU at once (the launch checks): an item waits
 // only for items of its own (b, h), which have all been taken, or will be once the earlier
 // (b, h)'s, which wait on nothing later, finish.
+// The kernel's dynamic shared memory: a key block's walk, this tile's dS, the item taken.
+template <typename T, int D>
+constexpr size_t ordered_smem() {
+  return KeyBlockSmem<T, D>::bytes + kTile * (kBackwardRows<D> + 8) * sizeof(T) + sizeof(int);
+}
+
 struct Ordered {
   float* acc;   // (B, H, tiles x 64, D)
   int* turn;    // (B, H, tiles): how many items have added into each query tile
@@ -37,16 +43,24 @@ struct Ordered {
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800  // (the kernel below is sm_80 code)
 __device__ __forceinline__ void wait_turn(const int* turn, int expected) {
-  int v = 0;
   for (int64_t polls = 0;; ++polls) {
+#ifdef MB_WARP_EMULATOR
+    const int v = *turn;
+#else
+    int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(turn) : "memory");
+#endif
     if (v == expected) return;
     if (polls > (int64_t{1} << 26)) __trap();  // seconds without a turn: a bug, not a slow item
     __nanosleep(64);
   }
 }
 __device__ __forceinline__ void give_turn(int* turn, int value) {
+#ifdef MB_WARP_EMULATOR
+  *turn = value;
+#else
   asm volatile("st.release.gpu.global.s32 [%0], %1;" ::"l"(turn), "r"(value) : "memory");
+#endif
 }
 #endif
 
@@ -60,10 +74,10 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows, RS = D + 8, kR = kRows / kTile;
   constexpr int SS = kRows + 8;                        // dS row stride
   constexpr int kParts = kRows / 64, kCols = D / kParts;  // dQ: a warp takes 16 queries x kCols
-  extern __shared__ __align__(16) unsigned char smem[];
+  MB_DYNAMIC_SMEM(smem);
   const KeyBlockSmem<T, D> sm(smem);
   T* dS = reinterpret_cast<T*>(smem + KeyBlockSmem<T, D>::bytes);  // [64 queries][SS]: this tile's dS
-  __shared__ int taken;
+  int& taken = *reinterpret_cast<int*>(smem + ordered_smem<T, D>() - sizeof(int));  // the item the block took
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kw = warp * 16, qg = warp % 4, part = warp / 4;
   const int items = a.B * a.H * o.blocks;
@@ -161,41 +175,48 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
 #endif
 }
 
+// Blocks of the kernel resident on GPU `dev` at once (0: it does not run there), found once
+// per GPU and instance: every backward of every layer asks. On the warp emulator: as many as
+// it runs at once.
+template <typename T, int D, bool kDrop>
+int64_t resident_blocks(Device dev) {
+#ifdef MB_WARP_EMULATOR
+  (void)dev;
+  return emu::options().resident;
+#else
+  constexpr int kThreads = 2 * kBackwardRows<D>;
+  constexpr size_t smem = ordered_smem<T, D>();
+  auto* kernel = flash_ordered_kernel<T, D, kDrop>;
+  static std::mutex mu;
+  static std::map<int, int64_t> resident_on;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto it = resident_on.find(dev.index);
+  if (it != resident_on.end()) return it->second;
+  int most = 0, per_sm = 0, sms = 0;
+  cudaFuncAttributes f{};
+  MB_CUDA_CHECK(cudaFuncGetAttributes(&f, kernel));
+  MB_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
+  int64_t resident = 0;
+  // sm_75 code (a T4, or a build for sm_75 alone on a newer GPU) has no kernel body; a T4 has
+  // 64 KiB a block, a few bytes short
+  if (f.ptxVersion >= 80 && smem + f.sharedSizeBytes <= static_cast<size_t>(most)) {
+    MB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    MB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
+    MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
+    resident = static_cast<int64_t>(per_sm) * sms;
+  }
+  resident_on[dev.index] = resident;
+  return resident;
+#endif
+}
+
 }  // namespace
 
 template <typename T, int D, bool kDrop>
 bool backward_ordered(const Args& a, cudaStream_t st, Device dev) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;
   if (flash_dq() != FlashDq::kOrdered || a.bias || a.dbias || a.Tq != a.Tk || a.Tk == 0) return false;
-  const size_t smem = KeyBlockSmem<T, D>::bytes + kTile * (kRows + 8) * sizeof(T);
-  auto* kernel = flash_ordered_kernel<T, D, kDrop>;
-  // Blocks resident on the GPU at once (0: the kernel does not run there), found once per GPU
-  // and instance: every backward of every layer asks.
-  static std::mutex mu;
-  static std::map<int, int64_t> resident_on;
-  int64_t resident = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    const auto it = resident_on.find(dev.index);
-    if (it != resident_on.end()) {
-      resident = it->second;
-    } else {
-      int most = 0, per_sm = 0, sms = 0;
-      cudaFuncAttributes f{};
-      MB_CUDA_CHECK(cudaFuncGetAttributes(&f, kernel));
-      MB_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
-      // sm_75 code (a T4, or a build for sm_75 alone on a newer GPU) has no kernel body; a T4
-      // has 64 KiB a block, a few bytes short
-      if (f.ptxVersion >= 80 && smem + f.sharedSizeBytes <= static_cast<size_t>(most)) {
-        MB_CUDA_CHECK(
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-        MB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
-        MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
-        resident = static_cast<int64_t>(per_sm) * sms;
-      }
-      resident_on[dev.index] = resident;
-    }
-  }
+  const int64_t resident = resident_blocks<T, D, kDrop>(dev);
   if (resident == 0) return false;
   const int blocks = (a.Tk + kRows - 1) / kRows, tiles = (a.Tq + kTile - 1) / kTile;
   const int64_t items = static_cast<int64_t>(a.B) * a.H * blocks;
@@ -205,8 +226,8 @@ bool backward_ordered(const Args& a, cudaStream_t st, Device dev) {
   turns.zero();
   int* turn = static_cast<int*>(turns.raw());
   const Ordered o{ptr<float>(acc), turn, turn + static_cast<int64_t>(a.B) * a.H * tiles, blocks, tiles};
-  kernel<<<static_cast<unsigned>(std::min(items, resident)), kThreads, smem, st>>>(a, o);
-  MB_CUDA_LAUNCHED("flash_ordered_kernel");
+  launch(flash_ordered_kernel<T, D, kDrop>, dim3(static_cast<unsigned>(std::min(items, resident))), kThreads,
+         ordered_smem<T, D>(), st, "flash_ordered_kernel", a, o);
   count_flash_dq_ordered_call();
   return true;
 }
@@ -220,4 +241,4 @@ MB_FLASH_ORDERED(f16, 64)
 MB_FLASH_ORDERED(f16, 128)
 #undef MB_FLASH_ORDERED
 
-}  // namespace megabatch::ops::cuda::flash
+}  // namespace megabatch::ops::MB_CUDA_BACKEND::flash
