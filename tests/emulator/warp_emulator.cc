@@ -1,8 +1,6 @@
-// The warp emulator's scheduler: fibers (ucontext) for the threads of the resident blocks,
-// barriers, warp collectives, cp.async groups. See warp_emulator.h.
+// The warp emulator's scheduler: fibers for the threads of the resident blocks, barriers,
+// warp collectives, cp.async groups. See warp_emulator.h.
 #include "tests/emulator/warp_emulator.h"
-
-#include <ucontext.h>
 
 #include <array>
 #include <cmath>
@@ -23,6 +21,72 @@ namespace megabatch::emu {
 
 namespace {
 
+// ---- fibers: a stack each, and a switch between them ----------------------------------
+// On x86-64 the switch saves the callee-saved registers on the stack it leaves and takes
+// them from the one it enters (the ABI says the caller saved the rest): a few instructions,
+// where swapcontext also makes a system call for the signal mask (a third of the emulator's
+// time went there). Elsewhere, ucontext.
+#if defined(__x86_64__)
+extern "C" void mb_emu_switch(void** save_sp, void* to_sp);
+asm(R"(
+  .text
+  .globl mb_emu_switch
+  .type mb_emu_switch, @function
+mb_emu_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size mb_emu_switch, .-mb_emu_switch
+  .section .note.GNU-stack,"",@progbits
+  .text
+)");
+struct Context {
+  void* sp = nullptr;
+};
+void switch_context(Context& from, Context& to) { mb_emu_switch(&from.sp, to.sp); }
+// A context that starts entry() on stack [stack, stack + size): six zero registers, then
+// entry as the return address, whose own return slot (never used) sits 8 below a 16-byte
+// boundary, as after a call.
+void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  auto top = reinterpret_cast<uintptr_t>(stack + size) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<uintptr_t*>(top);
+  *--slot = 0;  // entry's return address
+  *--slot = reinterpret_cast<uintptr_t>(entry);
+  for (int r = 0; r < 6; ++r) *--slot = 0;
+  c.sp = slot;
+}
+#else
+}  // namespace
+}  // namespace megabatch::emu
+#include <ucontext.h>
+namespace megabatch::emu {
+namespace {
+struct Context {
+  ucontext_t uc{};
+};
+void switch_context(Context& from, Context& to) { swapcontext(&from.uc, &to.uc); }
+// (a function of its own: getcontext returns twice, and the caller's loop must not see it)
+__attribute__((noinline)) void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
+  getcontext(&c.uc);
+  c.uc.uc_stack.ss_sp = stack;
+  c.uc.uc_stack.ss_size = size;
+  c.uc.uc_link = nullptr;
+  makecontext(&c.uc, entry, 0);
+}
+#endif
+
 constexpr size_t kStack = 512 * 1024;  // a thread's stack (kernels keep their fragments there)
 constexpr int kLanes = 32;
 constexpr size_t kSlot = 32;  // bytes a lane deposits at a collective (an mma's a, b, c)
@@ -38,7 +102,7 @@ struct Copy {
 };
 
 struct Fiber {
-  ucontext_t ctx{};
+  Context ctx;
   std::unique_ptr<char[]> stack;
   Block* block = nullptr;
   Warp* warp = nullptr;
@@ -80,7 +144,7 @@ struct Launch {
   std::string error;
   int64_t idle_polls = 0;  // polls since anything else happened
   int64_t live_fibers = 0;
-  ucontext_t main{};
+  Context main;
 #ifdef MB_EMU_ASAN
   const void* main_bottom = nullptr;
   size_t main_size = 0;
@@ -105,7 +169,7 @@ void yield() {
 #ifdef MB_EMU_ASAN
   __sanitizer_start_switch_fiber(&f.fake_stack, l.main_bottom, l.main_size);
 #endif
-  swapcontext(&f.ctx, &l.main);
+  switch_context(f.ctx, l.main);
 #ifdef MB_EMU_ASAN
   __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
 #endif
@@ -270,17 +334,8 @@ void trampoline() {
 #ifdef MB_EMU_ASAN
   __sanitizer_start_switch_fiber(nullptr, g_launch->main_bottom, g_launch->main_size);
 #endif
-  setcontext(&g_launch->main);
-}
-
-// (a function of its own: getcontext returns twice, and the caller's loop must not see it)
-__attribute__((noinline)) void make_context(Fiber& f) {
-  f.stack.reset(new char[kStack]);
-  getcontext(&f.ctx);
-  f.ctx.uc_stack.ss_sp = f.stack.get();
-  f.ctx.uc_stack.ss_size = kStack;
-  f.ctx.uc_link = nullptr;
-  makecontext(&f.ctx, trampoline, 0);
+  Context gone;  // (never entered again)
+  switch_context(gone, g_launch->main);
 }
 
 std::unique_ptr<Block> start_block(Launch& l, int64_t linear) {
@@ -300,7 +355,8 @@ std::unique_ptr<Block> start_block(Launch& l, int64_t linear) {
     f->lane = i % kLanes;
     f->idx = uint3{static_cast<unsigned>(i % l.block.x), static_cast<unsigned>(i / l.block.x % l.block.y),
                    static_cast<unsigned>(i / (l.block.x * l.block.y))};
-    make_context(*f);
+    f->stack.reset(new char[kStack]);
+    make_context(f->ctx, f->stack.get(), kStack, trampoline);
     l.runnable.push_back(f.get());
     b->fibers.push_back(std::move(f));
   }
@@ -353,7 +409,7 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
 #ifdef MB_EMU_ASAN
     __sanitizer_start_switch_fiber(&l.main_fake_stack, f->stack.get(), kStack);
 #endif
-    swapcontext(&l.main, &f->ctx);
+    switch_context(l.main, f->ctx);
 #ifdef MB_EMU_ASAN
     __sanitizer_finish_switch_fiber(l.main_fake_stack, nullptr, nullptr);
 #endif
