@@ -2,6 +2,10 @@
 // warp collectives, cp.async groups. See warp_emulator.h.
 #include "tests/emulator/warp_emulator.h"
 
+#if !defined(__x86_64__)
+#include <ucontext.h>
+#endif
+
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -68,11 +72,6 @@ void make_context(Context& c, char* stack, size_t size, void (*entry)()) {
   c.sp = slot;
 }
 #else
-}  // namespace
-}  // namespace megabatch::emu
-#include <ucontext.h>
-namespace megabatch::emu {
-namespace {
 struct Context {
   ucontext_t uc{};
 };
