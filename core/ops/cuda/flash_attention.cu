@@ -42,7 +42,10 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
-  const int q_block = blockIdx.x * kBlockRows, q0 = q_block + warp * 16;
+  // causal: the last query blocks, which walk the most key tiles, are taken first, so that
+  // the grid's tail is the short ones
+  const int q_block = static_cast<int>(a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockRows;
+  const int q0 = q_block + warp * 16;
   const T* Q = static_cast<const T*>(a.q);
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);

@@ -135,7 +135,9 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
-  const int q_block = blockIdx.x * kRows, q0 = q_block + warp * 16;
+  // (causal: the longest walks first, as in the forward)
+  const int q_block = static_cast<int>(a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kRows;
+  const int q0 = q_block + warp * 16;
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
   auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
