@@ -6,7 +6,9 @@
 // 128) fixed. Time: the median of --reps calls, each waited for; TFLOP/s counts 4 B H T^2 D
 // for the forward (half of it when causal) and 2.5 times that for the backward. The
 // forward + backward is timed twice: with dQ from a kernel of its own (ops::FlashDq::
-// kSeparate) and from the dK/dV kernel in order (kOrdered; "-" where it does not apply).
+// kSeparate) and from the dK/dV kernel in order (kOrdered; "-" where it does not apply). At
+// head size 64 the forward is also timed with a warp per 32 query rows (ops::FlashForwardRows::
+// k32, "fwd32"; the default is 16).
 //
 //   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
 //                             [--tokens 16384] [--hidden 2048] [--reps 20] [--torch true]
@@ -101,8 +103,9 @@ int main(int argc, char** argv) {
     }
     std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld; median of %d calls\n", gpu.name.c_str(),
                 gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens), static_cast<long long>(hidden), reps);
-    std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s\n", "seq", "D", "causal", "fwd ms",
-                "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s", "ratio");
+    std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s | %9s %8s %7s\n", "seq", "D", "causal",
+                "fwd ms", "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s",
+                "ratio", "fwd32 ms", "TFLOP/s", "ratio");
     std::mt19937 g(1);
     for (const auto& [T, D, causal] : configs) {
       const int64_t B = std::max<int64_t>(tokens / T, 1), H = hidden / D;
@@ -110,7 +113,14 @@ int main(int argc, char** argv) {
       const mb::Tensor qkv = random_tensor({B, T, H, 3, D}, dtype, dev, g), dy = random_tensor({B, T, H, D}, dtype, dev, g);
       mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv({B, T, H, 3, D}, dtype, dev);
       dqkv.zero();
-      const double fwd = median_ms([&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); }, dev, reps);
+      auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); };
+      const double fwd = median_ms(forward, dev, reps);
+      double fwd32 = 0;
+      if (D == 64) {
+        ops::set_flash_forward_rows(ops::FlashForwardRows::k32);
+        fwd32 = median_ms(forward, dev, reps);
+        ops::set_flash_forward_rows(ops::FlashForwardRows::k16);
+      }
       auto fwd_bwd = [&] {
         ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr);
         ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr);
@@ -130,9 +140,13 @@ int main(int argc, char** argv) {
                   static_cast<long long>(D), causal ? "yes" : "no", fwd, flops / fwd * 1e-9, tf, tf > 0 ? fwd / tf : 0.0,
                   both, 3.5 * flops / both * 1e-9, tb, tb > 0 ? both / tb : 0.0);
       if (ordered > 0)
-        std::printf("%10.3f %8.1f %6.2fx\n", ordered, 3.5 * flops / ordered * 1e-9, tb > 0 ? ordered / tb : 0.0);
+        std::printf("%10.3f %8.1f %6.2fx | ", ordered, 3.5 * flops / ordered * 1e-9, tb > 0 ? ordered / tb : 0.0);
       else
-        std::printf("%10s %8s %7s\n", "-", "-", "-");
+        std::printf("%10s %8s %7s | ", "-", "-", "-");
+      if (fwd32 > 0)
+        std::printf("%9.3f %8.1f %6.2fx\n", fwd32, flops / fwd32 * 1e-9, tf > 0 ? fwd32 / tf : 0.0);
+      else
+        std::printf("%9s %8s %7s\n", "-", "-", "-");
     }
     std::printf("ratio: megabatch's time over PyTorch's (below 1: faster)\n");
     return 0;

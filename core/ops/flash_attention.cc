@@ -42,7 +42,11 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size) {
 namespace {
 std::atomic<int> g_flash_dq{static_cast<int>(FlashDq::kSeparate)};
 std::atomic<int64_t> g_ordered_calls{0};
+std::atomic<int> g_forward_rows{static_cast<int>(FlashForwardRows::k16)};
 }  // namespace
+
+void set_flash_forward_rows(FlashForwardRows rows) { g_forward_rows = static_cast<int>(rows); }
+FlashForwardRows flash_forward_rows() { return static_cast<FlashForwardRows>(g_forward_rows.load()); }
 
 bool flash_dq_ordered_supported(Device d) { return d.is_cuda() && flash_capability(d) >= 80; }
 void set_flash_dq(FlashDq how) { g_flash_dq = static_cast<int>(how); }

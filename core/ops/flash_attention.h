@@ -43,6 +43,18 @@ FlashDq flash_dq();
 int64_t flash_dq_ordered_calls();
 void count_flash_dq_ordered_call();  // (the CUDA backend's)
 
+// How many query rows a warp of the CUDA forward computes at head size 64; a process-wide
+// choice (the same results either way, bit for bit).
+// - k16: blocks of 64 queries, a warp per 16 (three blocks an SM).
+// - k32: blocks of 128 queries, a warp per 32 as two 16-row products that share each key
+//   and value fragment loaded from shared memory: half the shared-memory loads a product.
+//   More registers a thread (two blocks an SM). Opt-in until a GPU has timed it
+//   (attention_bench prints both).
+// Head size 128 keeps 16 (32 would spill).
+enum class FlashForwardRows { k16, k32 };
+void set_flash_forward_rows(FlashForwardRows rows);
+FlashForwardRows flash_forward_rows();
+
 // out (B, T, H, D) and lse (B, H, T) f32 written. bias may be undefined.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {});

@@ -38,6 +38,12 @@ struct WithOptions {
   emu::Options was;
 };
 
+struct WithForwardRows {
+  explicit WithForwardRows(ops::FlashForwardRows rows) : was(ops::flash_forward_rows()) { ops::set_flash_forward_rows(rows); }
+  ~WithForwardRows() { ops::set_flash_forward_rows(was); }
+  ops::FlashForwardRows was;
+};
+
 struct WithFlashDq {
   explicit WithFlashDq(ops::FlashDq how) : was(ops::flash_dq()) { ops::set_flash_dq(how); }
   ~WithFlashDq() { ops::set_flash_dq(was); }
@@ -184,7 +190,8 @@ class Emulated : public ::testing::TestWithParam<DType> {
 // Forward and backward (the separate dQ kernel; with T5's bias, the dbias kernel too) of
 // self-attention against the f64 reference: causal and not, padding, dropout, the bias,
 // lengths that are not multiples of the tiles, head sizes 64 and 128; the threads in a
-// random order with eager copies, so that a missing barrier shows.
+// random order with eager copies, so that a missing barrier shows. The forward with a warp
+// per 32 rows (ops::FlashForwardRows::k32) gives the same bits as with 16.
 TEST_P(Emulated, FlashAttentionForwardAndBackward) {
   struct Config {
     int64_t B, T, H, D;
@@ -215,6 +222,13 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
     const double terms = static_cast<double>(c.D + c.T);
     h.expect_close(out, terms, "out", 8.0);
     h.expect_close(lse, terms, "lse", 8.0);
+    {  // a warp per 32 rows (head size 64; 128 keeps 16): the same bits
+      const WithForwardRows rows(ops::FlashForwardRows::k32);
+      Pair out32 = h.output({c.B, c.T, c.H, c.D}), lse32 = h.output({c.B, c.H, c.T}, DType::kF32);
+      ops::emulated::flash_attention_forward(out32.dev, lse32.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
+      EXPECT_EQ(bits_of(out32.dev), bits_of(out.dev)) << "32 rows a warp";
+      EXPECT_EQ(mb::to_host_f32(lse32.dev), mb::to_host_f32(lse.dev)) << "32 rows a warp";
+    }
     Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
     Pair dbias = c.bias ? h.accumulator({c.H, c.T, c.T}, DType::kF32) : Pair{};
     ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
@@ -227,7 +241,7 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
 }
 
 // Cross-attention (T5's decoder on the encoder): fewer keys than queries and more, padding,
-// dropout, both head sizes.
+// dropout, both head sizes; the forward with 32 rows a warp gives the same bits.
 TEST_P(Emulated, FlashCrossAttentionForwardAndBackward) {
   struct Config {
     int64_t B, Tq, Tk, H, D;
@@ -251,6 +265,12 @@ TEST_P(Emulated, FlashCrossAttentionForwardAndBackward) {
     ops::flash_cross_attention_forward(out.ref, lse.ref, q.ref, kv.ref, mask.ref, s, &dk);
     const double terms = static_cast<double>(c.D + c.Tk);
     h.expect_close(out, terms, "out", 8.0);
+    {
+      const WithForwardRows rows(ops::FlashForwardRows::k32);
+      Pair out32 = h.output({c.B, c.Tq, c.H, c.D}), lse32 = h.output({c.B, c.H, c.Tq}, DType::kF32);
+      ops::emulated::flash_cross_attention_forward(out32.dev, lse32.dev, q.dev, kv.dev, mask.dev, s, &dk);
+      EXPECT_EQ(bits_of(out32.dev), bits_of(out.dev)) << "32 rows a warp";
+    }
     // kSet: dq and dkv written whole from their NaN start
     Pair dq_set = h.output({c.B, c.Tq, c.H, c.D}), dkv = h.output({c.B, c.Tk, c.H, 2, c.D});
     ops::emulated::flash_cross_attention_backward(dq_set.dev, dkv.dev, dy.dev, q.dev, kv.dev, out.dev, lse.dev, mask.dev,

@@ -569,6 +569,45 @@ TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
 }
 #endif
 
+// The forward with a warp per 32 query rows (ops::FlashForwardRows::k32, head size 64) gives
+// the bits of the one with 16, out and lse: each row's products and sums are the same
+// instructions in the same order. Causal and not, padding, dropout, lengths past the
+// 128-row blocks. (The GPU program's only: the CPU has one forward.)
+#ifdef MB_TEST_DEVICE_CUDA
+TEST_P(OnDevice, FlashForwardWith32RowsAWarpGivesTheSameBits) {
+  struct Restore {
+    ops::FlashForwardRows was = ops::flash_forward_rows();
+    ~Restore() { ops::set_flash_forward_rows(was); }
+  } restore;
+  for (const auto& [T, causal, masked, p] : {std::tuple{37, true, false, 0.0}, std::tuple{300, false, true, 0.0},
+                                             std::tuple{257, true, true, 0.1}, std::tuple{130, false, false, 0.2}}) {
+    auto h = harness(19);
+    SCOPED_TRACE("T " + std::to_string(T) + (causal ? " causal" : "") + (masked ? " masked" : "") + " p " +
+                 std::to_string(p));
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), 64)) continue;
+    const int64_t B = 2, H = 2;
+    const ops::AttentionShape s{B, T, H, 64, causal, 0, 0};
+    const ops::DropoutKey dk{p, 67, 2};
+    std::vector<uint8_t> mv(static_cast<size_t>(B * T), 1);
+    for (int64_t t = T / 2; t < T; ++t) mv[static_cast<size_t>(t)] = 0;
+    const Pair mask = masked ? h.bytes(mv, {B, T}) : Pair{};
+    const Pair qkv = h.input({B, T, H, 3, 64});
+    Pair out16 = h.output({B, T, H, 64}), lse16 = h.output({B, H, T}, DType::kF32);
+    Pair out32 = h.output({B, T, H, 64}), lse32 = h.output({B, H, T}, DType::kF32);
+    ops::set_flash_forward_rows(ops::FlashForwardRows::k16);
+    ops::flash_attention_forward(out16.dev, lse16.dev, qkv.dev, mask.dev, s, &dk);
+    ops::set_flash_forward_rows(ops::FlashForwardRows::k32);
+    ops::flash_attention_forward(out32.dev, lse32.dev, qkv.dev, mask.dev, s, &dk);
+    const std::vector<float> o16 = mb::to_host_f32(out16.dev), o32 = mb::to_host_f32(out32.dev);
+    const std::vector<float> l16 = mb::to_host_f32(lse16.dev), l32 = mb::to_host_f32(lse32.dev);
+    for (size_t i = 0; i < o16.size(); ++i)
+      ASSERT_EQ(std::memcmp(&o16[i], &o32[i], sizeof(float)), 0) << "out " << i << ": " << o16[i] << " and " << o32[i];
+    for (size_t i = 0; i < l16.size(); ++i)
+      ASSERT_EQ(std::memcmp(&l16[i], &l32[i], sizeof(float)), 0) << "lse " << i << ": " << l16[i] << " and " << l32[i];
+  }
+}
+#endif
+
 // The f64 flash backward against finite differences of its forward: L = sum(dy * out).
 TEST(FlashAttention, GradientsMatchFiniteDifferences) {
   const ops::AttentionShape s{2, 11, 2, 8, true, 0, 0};

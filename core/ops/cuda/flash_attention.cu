@@ -15,6 +15,7 @@
 // (dq and dkv): no permutes. Dropout draws each element's Philox bits as
 // the explicit attention does, so the masks are the CPU's.
 #include "core/ops/cuda/flash_attention.cuh"
+#include "core/ops/flash_attention.h"
 
 namespace megabatch::ops::MB_CUDA_BACKEND {
 
@@ -32,10 +33,18 @@ using namespace flash;
 
 // ---- forward ----------------------------------------------------------------------------
 // Key and value tiles are double-buffered: the next tile's copy runs under this one's math.
+// A warp computes kM tiles of 16 query rows (flash_forward_rows: 1, or 2 at head size 64);
+// each key and value fragment it loads from shared memory serves all of them.
 // kDrop: attention dropout (a kernel of its own, so that the others carry none of its code).
-template <typename T, int D, bool kDrop>
-__global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args a) {
-  constexpr int kBlockRows = kForwardRows<D>, kBlockThreads = 2 * kBlockRows;
+template <int D, int kM>
+constexpr int kForwardBlockRows = kM == 1 ? kForwardRows<D> : 128;
+template <int D, int kM>
+constexpr int kForwardThreads = 32 * kForwardBlockRows<D, kM> / (16 * kM);
+
+template <typename T, int D, int kM, bool kDrop>
+__global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(Args a) {
+  constexpr int kBlockRows = kForwardBlockRows<D, kM>, kBlockThreads = kForwardThreads<D, kM>;
+  constexpr int kWarpRows = 16 * kM;
   MB_DYNAMIC_SMEM(smem);
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
@@ -45,7 +54,7 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   // causal: the last query blocks, which walk the most key tiles, are taken first, so that
   // the grid's tail is the short ones
   const int q_block = static_cast<int>(a.causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x) * kBlockRows;
-  const int q0 = q_block + warp * 16;
+  const int q0 = q_block + warp * kWarpRows;  // row tile mi: q0 + 16 mi ..
   const T* Q = static_cast<const T*>(a.q);
   const T* K = static_cast<const T*>(a.k);
   const T* V = static_cast<const T*>(a.v);
@@ -55,22 +64,28 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   load_tile_async<T, D, kBlockThreads>(Kb, K, 0, a.Tk, k_at);
   load_tile_async<T, D, kBlockThreads>(Vb, V, 0, a.Tk, k_at);
   cp_commit();
-  // this warp's 16 query rows as A fragments (rows past Tq read as zeros)
-  uint32_t qf[D / 16][4];
-  {
-    const int r[2] = {q0 + g, q0 + g + 8};
+  // this warp's query rows as A fragments (rows past Tq read as zeros)
+  uint32_t qf[kM][D / 16][4];
+#pragma unroll
+  for (int mi = 0; mi < kM; ++mi) {
+    const int r[2] = {q0 + 16 * mi + g, q0 + 16 * mi + g + 8};
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
         const int row = r[k & 1];
-        qf[ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
+        qf[mi][ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
       }
   }
-  float o[D / 8][4];
+  float o[kM][D / 8][4];
+  float m[kM][2], l[kM][2];
 #pragma unroll
-  for (int n = 0; n < D / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  for (int mi = 0; mi < kM; ++mi) {
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.0f;
+    m[mi][0] = m[mi][1] = -INFINITY;
+    l[mi][0] = l[mi][1] = 0.0f;
+  }
   for (int kt = 0; kt < tiles; ++kt) {
     const int k0 = kt * kTile, buf = kt & 1;
     if (kt + 1 < tiles) {
@@ -84,73 +99,87 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
     __syncthreads();
     const T* Ks = Kb + buf * kTile * RS;
     const T* Vs = Vb + buf * kTile * RS;
-    if (!(a.causal && k0 > q0 + 15)) {  // else every key of the tile is after this warp's rows
-      float s[8][4];
+    if (!(a.causal && k0 > q0 + kWarpRows - 1)) {  // else every key of the tile is after this warp's rows
+      float s[kM][8][4];
 #pragma unroll
       for (int n = 0; n < 8; n += 2) {
-        s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-        s[n + 1][0] = s[n + 1][1] = s[n + 1][2] = s[n + 1][3] = 0.0f;
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] = s[mi][n + 1][e] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
           uint32_t kb[4];
           load_b(kb, Ks, RS, n * 8, ks * 16, lane);
-          mma<T>(s[n], qf[ks], kb[0], kb[1]);
-          mma<T>(s[n + 1], qf[ks], kb[2], kb[3]);
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi) {
+            mma<T>(s[mi][n], qf[mi][ks], kb[0], kb[1]);
+            mma<T>(s[mi][n + 1], qf[mi][ks], kb[2], kb[3]);
+          }
         }
       }
-      if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
-      // Only a tile that reaches past Tk, crosses the diagonal or has a key mask is masked:
-      // the others (most of them) skip the per-element test.
-      if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
-      // row maxima (scores unscaled: the scale is positive), then the running max in log2 units
-      float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[n][0], s[n][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[n][2], s[n][3]));
-      }
-      float alpha[2], m_use[2];
+      for (int mi = 0; mi < kM; ++mi) {
+        const int r0 = q0 + 16 * mi;
+        if (a.bias) add_bias<T, false>(a, h, s[mi], r0, k0, g, t);
+        // Only a tile that reaches past Tk, crosses the diagonal or has a key mask is masked:
+        // the others (most of them) skip the per-element test.
+        if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > r0)) mask_tile<false>(a, b, s[mi], r0, k0, g, t);
+        // row maxima (scores unscaled: the scale is positive), then the running max in log2 units
+        float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float m_new = fmaxf(m[r], mx[r] * a.scale_log2);
-        m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: every p is 0
-        alpha[r] = fast_exp2(m[r] - m_use[r]);
-        m[r] = m_new;
-        l[r] *= alpha[r];
-      }
-#pragma unroll
-      for (int n = 0; n < D / 8; ++n) {
-        o[n][0] *= alpha[0], o[n][1] *= alpha[0];
-        o[n][2] *= alpha[1], o[n][3] *= alpha[1];
-      }
-      // probabilities (unnormalized) and their sums before dropout
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int r = e >> 1;
-          s[n][e] = fast_exp2(fmaf(s[n][e], a.scale_log2, -m_use[r]));
-          l[r] += s[n][e];
+        for (int n = 0; n < 8; ++n) {
+          mx[0] = fmaxf(mx[0], fmaxf(s[mi][n][0], s[mi][n][1]));
+          mx[1] = fmaxf(mx[1], fmaxf(s[mi][n][2], s[mi][n][3]));
         }
-      if constexpr (kDrop) {  // the dropped ones for the product
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+          mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+          const float m_new = fmaxf(m[mi][r], mx[r] * a.scale_log2);
+          m_use[r] = m_new == -INFINITY ? 0.0f : m_new;  // a row masked so far: every p is 0
+          alpha[r] = fast_exp2(m[mi][r] - m_use[r]);
+          m[mi][r] = m_new;
+          l[mi][r] *= alpha[r];
+        }
+#pragma unroll
+        for (int n = 0; n < D / 8; ++n) {
+          o[mi][n][0] *= alpha[0], o[mi][n][1] *= alpha[0];
+          o[mi][n][2] *= alpha[1], o[mi][n][3] *= alpha[1];
+        }
+        // probabilities (unnormalized) and their sums before dropout
 #pragma unroll
         for (int n = 0; n < 8; ++n)
 #pragma unroll
-          for (int e = 0; e < 4; ++e)
-            if (s[n][e] != 0.0f) s[n][e] *= keep_factor(a, b, h, q0 + g + 8 * (e >> 1), k0 + n * 8 + 2 * t + (e & 1));
+          for (int e = 0; e < 4; ++e) {
+            const int r = e >> 1;
+            s[mi][n][e] = fast_exp2(fmaf(s[mi][n][e], a.scale_log2, -m_use[r]));
+            l[mi][r] += s[mi][n][e];
+          }
+        if constexpr (kDrop) {  // the dropped ones for the product
+#pragma unroll
+          for (int n = 0; n < 8; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+              if (s[mi][n][e] != 0.0f)
+                s[mi][n][e] *= keep_factor(a, b, h, r0 + g + 8 * (e >> 1), k0 + n * 8 + 2 * t + (e & 1));
+        }
       }
 #pragma unroll
       for (int kk = 0; kk < kTile / 16; ++kk) {
-        uint32_t pa[4];
-        a_from_acc<T>(pa, s[2 * kk], s[2 * kk + 1]);
+        uint32_t pa[kM][4];
+#pragma unroll
+        for (int mi = 0; mi < kM; ++mi) a_from_acc<T>(pa[mi], s[mi][2 * kk], s[mi][2 * kk + 1]);
 #pragma unroll
         for (int n = 0; n < D / 8; n += 2) {
           uint32_t lo[2], hi[2];
           load_b_trans(lo, hi, Vs, RS, kk * 16, n * 8, lane);
-          mma<T>(o[n], pa, lo[0], lo[1]);
-          mma<T>(o[n + 1], pa, hi[0], hi[1]);
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi) {
+            mma<T>(o[mi][n], pa[mi], lo[0], lo[1]);
+            mma<T>(o[mi][n + 1], pa[mi], hi[0], hi[1]);
+          }
         }
       }
     }
@@ -158,29 +187,32 @@ __global__ void __launch_bounds__(2 * kForwardRows<D>) flash_forward_kernel(Args
   }
   T* out = static_cast<T*>(a.dst);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int i = q0 + g + 8 * r;
-    if (i >= a.Tq) continue;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;  // every key masked: output 0
+  for (int mi = 0; mi < kM; ++mi)
 #pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-      *reinterpret_cast<uint32_t*>(out + out_at(a, b, i, h) + n * 8 + 2 * t) = pack<T>(o[n][2 * r] * inv, o[n][2 * r + 1] * inv);
-    if (t == 0)
-      a.lse[lse_at(a, b, h, i)] = l[r] > 0.0f ? (m[r] + log2f(l[r])) / kLog2e : INFINITY;
-  }
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mi][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int i = q0 + 16 * mi + g + 8 * r;
+      if (i >= a.Tq) continue;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;  // every key masked: output 0
+#pragma unroll
+      for (int n = 0; n < D / 8; ++n)
+        *reinterpret_cast<uint32_t*>(out + out_at(a, b, i, h) + n * 8 + 2 * t) =
+            pack<T>(o[mi][n][2 * r] * inv, o[mi][n][2 * r + 1] * inv);
+      if (t == 0) a.lse[lse_at(a, b, h, i)] = sum > 0.0f ? (m[mi][r] + log2f(sum)) / kLog2e : INFINITY;
+    }
 }
 
-template <typename T, int D>
+template <typename T, int D, int kM>
 void forward(const Args& a, cudaStream_t st) {
-  constexpr int rows = kForwardRows<D>;
+  constexpr int rows = kForwardBlockRows<D, kM>, threads = kForwardThreads<D, kM>;
   const dim3 grid((a.Tq + rows - 1) / rows, a.B * a.H);
   const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
   if (a.drop)
-    launch(flash_forward_kernel<T, D, true>, grid, 2 * rows, smem, st, "flash_forward_kernel", a);
+    launch(flash_forward_kernel<T, D, kM, true>, grid, threads, smem, st, "flash_forward_kernel", a);
   else
-    launch(flash_forward_kernel<T, D, false>, grid, 2 * rows, smem, st, "flash_forward_kernel", a);
+    launch(flash_forward_kernel<T, D, kM, false>, grid, threads, smem, st, "flash_forward_kernel", a);
 }
 
 template <uint32_t kTypes>
@@ -189,10 +221,12 @@ void run_forward(Args a, const Tensor& out, DType t, const char* op) {
   const cudaStream_t st = stream_of(out);
   with_type<kTypes>(t, op, [&](auto zero) {
     using T = decltype(zero);
-    if (a.D == 64)
-      forward<T, 64>(a, st);
+    if (a.D == 128)
+      forward<T, 128, 1>(a, st);
+    else if (flash_forward_rows() == FlashForwardRows::k32)
+      forward<T, 64, 2>(a, st);
     else
-      forward<T, 128>(a, st);
+      forward<T, 64, 1>(a, st);
   });
 }
 
@@ -204,7 +238,7 @@ int flash_code_arch(int device) {
   MB_CUDA_CHECK(cudaGetDevice(&current));
   MB_CUDA_CHECK(cudaSetDevice(device));
   cudaFuncAttributes f{};
-  MB_CUDA_CHECK(cudaFuncGetAttributes(&f, flash_forward_kernel<f16, 64, false>));
+  MB_CUDA_CHECK(cudaFuncGetAttributes(&f, flash_forward_kernel<f16, 64, 1, false>));
   MB_CUDA_CHECK(cudaSetDevice(current));
   return f.ptxVersion;
 }
