@@ -1,5 +1,6 @@
 // Flash attention on a GPU (FlashAttention-2's scheme, our own kernels): blocks of 64 or 128
-// rows (flash_attention.cuh says which) walking tiles of 64 (kTile), a warp per 16 rows, products on tensor
+// rows (flash_attention.cuh says which) walking tiles of 64 (kTile), a warp per 16 rows (the
+// forward at head size 64 may take 32: ops::FlashForwardRows), products on tensor
 // cores (mma.sync m16n8k16, bf16/fp16 operands, f32 accumulators, operands by ldmatrix), the
 // softmax online in registers. Tiles are copied into shared memory with cp.async, the next
 // under the current one's math.
