@@ -49,10 +49,17 @@
 #endif
 
 /* Marks optimizer functors so the same math compiles for the CPU and, under nvcc, for
- * CUDA kernels. */
+ * CUDA kernels. MB_PLUGIN_GPU: the kit has its GPU path (under nvcc; and in megabatch's own
+ * tests, MB_WARP_EMULATOR, where the kernels run on the CPU's warp emulator, tests/emulator). */
 #if defined(__CUDACC__)
 #define MB_HOST_DEVICE __host__ __device__
 #define MB_PLUGIN_DEVICES (MB_DEVICES_CPU | MB_DEVICES_CUDA)
+#define MB_PLUGIN_GPU 1
+#elif defined(MB_WARP_EMULATOR)
+#include "tests/emulator/warp_emulator.h"
+#define MB_HOST_DEVICE
+#define MB_PLUGIN_DEVICES (MB_DEVICES_CPU | MB_DEVICES_CUDA)
+#define MB_PLUGIN_GPU 1
 #else
 #define MB_HOST_DEVICE
 #define MB_PLUGIN_DEVICES MB_DEVICES_CPU
@@ -192,7 +199,7 @@ class TableCache {
   int64_t uploads_ = 0;
 };
 
-#if defined(__CUDACC__)
+#if defined(MB_PLUGIN_GPU)
 // ---- a GPU: one thread block per chunk, job tables in device memory --------------------
 template <typename Fn>
 struct DeviceJob {
@@ -239,7 +246,11 @@ __device__ inline double block_sum_of(double v, double* scratch) {
 // partial[chunk * K + k]; a fixed tree per block: deterministic. `jobs` are prepared.
 template <int K, typename Fn>
 __global__ void sum_kernel(const DeviceJob<Fn>* jobs, const Chunk* chunks, double* partial, const float* skip) {
+#if defined(MB_WARP_EMULATOR)
+  double* scratch = reinterpret_cast<double*>(::megabatch::emu::dynamic_smem());  // (32 doubles: the launch)
+#else
   __shared__ double scratch[32];
+#endif
   double acc[K];
   for (int k = 0; k < K; ++k) acc[k] = 0.0;
   const Chunk c = chunks[blockIdx.x];
@@ -275,9 +286,20 @@ __global__ void combine_kernel(double* out, const double* partial, const int64_t
   }
 }
 
-inline void check_launch(const char* what) {
+// Launches kernel(args...) on `grid` blocks of `block` threads (on the warp emulator, with
+// `emulated_smem` bytes of shared memory for what a GPU holds in static shared memory).
+template <typename Kernel, typename... A>
+void launch(const char* what, Kernel kernel, unsigned grid, unsigned block, cudaStream_t s, size_t emulated_smem,
+            A... args) {
+#if defined(MB_WARP_EMULATOR)
+  (void)s;
+  ::megabatch::emu::launch(what, dim3(grid), dim3(block), emulated_smem, [=] { kernel(args...); });
+#else
+  (void)emulated_smem;
+  kernel<<<grid, block, 0, s>>>(args...);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+#endif
 }
 
 // The job and chunk tables in device memory, through the cache. The job table is built in
@@ -309,8 +331,8 @@ const DeviceJob<Fn>* prepared_jobs(const mb_host& h, const DeviceJob<Fn>* table,
   } else {
     auto* out = static_cast<DeviceJob<Fn>*>(h.scratch(h.ctx, n * sizeof(DeviceJob<Fn>)));
     if (!out) throw std::runtime_error("the host has no scratch memory for the prepared job table");
-    prepare_kernel<Fn><<<static_cast<unsigned>((n + 127) / 128), 128, 0, s>>>(out, table, static_cast<int64_t>(n));
-    check_launch("multi-tensor prepare kernel");
+    launch("multi-tensor prepare kernel", prepare_kernel<Fn>, static_cast<unsigned>((n + 127) / 128), 128, s, 0, out,
+           table, static_cast<int64_t>(n));
     return out;
   }
 }
@@ -322,8 +344,7 @@ void cuda_apply(const mb_host& h, TableCache& cache, const std::vector<TensorJob
   const cudaStream_t s = static_cast<cudaStream_t>(h.stream);
   const DeviceJob<Fn>* dj = prepared_jobs(h, device_jobs(h, cache, jobs), jobs.size(), s);
   const Chunk* dc = device_vector(h, cache, chunks);
-  apply_kernel<Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(dj, dc, skip);
-  check_launch("multi-tensor apply kernel");
+  launch("multi-tensor apply kernel", apply_kernel<Fn>, static_cast<unsigned>(chunks.size()), 512, s, 0, dj, dc, skip);
 }
 
 template <int K, typename Fn>
@@ -336,17 +357,16 @@ void cuda_sum(const mb_host& h, TableCache& cache, const std::vector<TensorJob<F
   if (!chunks.empty()) {
     const DeviceJob<Fn>* dj = prepared_jobs(h, device_jobs(h, cache, jobs), jobs.size(), s);
     const Chunk* dc = device_vector(h, cache, chunks);
-    sum_kernel<K, Fn><<<static_cast<unsigned>(chunks.size()), 512, 0, s>>>(dj, dc, partial, skip);
-    check_launch("multi-tensor sum kernel");
+    launch("multi-tensor sum kernel", sum_kernel<K, Fn>, static_cast<unsigned>(chunks.size()), 512, s,
+           32 * sizeof(double), dj, dc, partial, skip);
   }
   const int64_t n = static_cast<int64_t>(jobs.size());
   if (n == 0) return;
   const int64_t* df = device_vector(h, cache, first);
-  combine_kernel<K><<<static_cast<unsigned>((n + kCombineWarps - 1) / kCombineWarps), 32 * kCombineWarps, 0, s>>>(
-      out, partial, df, n);
-  check_launch("multi-tensor sum combine kernel");
+  launch("multi-tensor sum combine kernel", combine_kernel<K>, static_cast<unsigned>((n + kCombineWarps - 1) / kCombineWarps),
+         32 * kCombineWarps, s, 0, out, partial, df, n);
 }
-#endif  // __CUDACC__
+#endif  // MB_PLUGIN_GPU
 }  // namespace detail
 
 // Per-job sums of K quantities, on the run's device (host memory on the CPU), valid until
@@ -428,7 +448,7 @@ class Optimizer {
   template <typename Fn>
   void apply(const std::vector<TensorJob<Fn>>& jobs) const {
     if (!on_gpu()) return detail::cpu_apply(jobs);
-#if defined(__CUDACC__)
+#if defined(MB_PLUGIN_GPU)
     detail::cuda_apply(*ctx_.host, tables_, jobs, skip_);
 #else
     throw std::logic_error("this plugin was built without CUDA");  // the host refuses it before
@@ -444,7 +464,7 @@ class Optimizer {
     if (!on_gpu()) {
       detail::cpu_sum<K>(jobs, out);
     } else {
-#if defined(__CUDACC__)
+#if defined(MB_PLUGIN_GPU)
       detail::cuda_sum<K>(*ctx_.host, tables_, jobs, out, skip_);
 #else
       throw std::logic_error("this plugin was built without CUDA");
