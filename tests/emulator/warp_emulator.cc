@@ -17,6 +17,7 @@
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define MB_EMU_ASAN 1
 #endif
@@ -87,6 +88,11 @@ __attribute__((noinline)) void make_context(Context& c, char* stack, size_t size
 #endif
 
 constexpr size_t kStack = 512 * 1024;  // a thread's stack (kernels keep their fragments there)
+
+// Stacks of ended threads, for the next ones (a launch of a few thousand blocks would
+// otherwise map and unmap as many stacks, slowly under AddressSanitizer).
+std::unique_ptr<char[]> take_stack();
+void give_stack(std::unique_ptr<char[]> stack);
 constexpr int kLanes = 32;
 constexpr size_t kSlot = 32;  // bytes a lane deposits at a collective (an mma's a, b, c)
 
@@ -198,10 +204,12 @@ std::string where(const Fiber& f) {
          std::to_string(f.idx.x) + ", " + std::to_string(f.idx.y) + ", " + std::to_string(f.idx.z) + ")";
 }
 
-[[noreturn]] void fail(const std::string& why) {
+// Ends the launch with an error. The thread never runs again and its frames are never
+// unwound, so nothing on its stack may own memory: the message is built here, in the launch.
+[[noreturn]] void fail(const char* why, const char* detail = "") {
   Fiber& f = me();
-  if (g_launch->error.empty()) g_launch->error = why + " (" + where(f) + ")";
-  f.done = true;  // never runs again; the scheduler ends the launch
+  if (g_launch->error.empty()) g_launch->error = std::string(why) + detail + " (" + where(f) + ")";
+  f.done = true;  // the scheduler ends the launch
   yield();
   std::abort();  // (not reached)
 }
@@ -337,6 +345,20 @@ void trampoline() {
   switch_context(gone, g_launch->main);
 }
 
+thread_local std::vector<std::unique_ptr<char[]>> g_stacks;
+std::unique_ptr<char[]> take_stack() {
+  if (g_stacks.empty()) return std::unique_ptr<char[]>(new char[kStack]);
+  std::unique_ptr<char[]> s = std::move(g_stacks.back());
+  g_stacks.pop_back();
+#ifdef MB_EMU_ASAN
+  ASAN_UNPOISON_MEMORY_REGION(s.get(), kStack);  // (what the last thread's frames left)
+#endif
+  return s;
+}
+void give_stack(std::unique_ptr<char[]> stack) {
+  if (g_stacks.size() < 4096) g_stacks.push_back(std::move(stack));
+}
+
 std::unique_ptr<Block> start_block(Launch& l, int64_t linear) {
   auto b = std::make_unique<Block>();
   b->idx = uint3{static_cast<unsigned>(linear % l.grid.x), static_cast<unsigned>(linear / l.grid.x % l.grid.y),
@@ -354,7 +376,7 @@ std::unique_ptr<Block> start_block(Launch& l, int64_t linear) {
     f->lane = i % kLanes;
     f->idx = uint3{static_cast<unsigned>(i % l.block.x), static_cast<unsigned>(i / l.block.x % l.block.y),
                    static_cast<unsigned>(i / (l.block.x * l.block.y))};
-    f->stack.reset(new char[kStack]);
+    f->stack = take_stack();
     make_context(f->ctx, f->stack.get(), kStack, trampoline);
     l.runnable.push_back(f.get());
     b->fibers.push_back(std::move(f));
@@ -389,6 +411,7 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
   while (l.error.empty()) {
     for (size_t i = 0; i < active.size();) {  // blocks whose threads all ended make room
       if (active[i]->live == 0) {
+        for (auto& f : active[i]->fibers) give_stack(std::move(f->stack));
         active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
         ++i;
@@ -490,7 +513,7 @@ void poll() {
   yield();
 }
 
-void trap(const char* why) { fail(std::string("the kernel trapped: ") + why); }
+void trap(const char* why) { fail("the kernel trapped: ", why); }
 
 float ex2(float x) { return std::exp2(x); }
 
