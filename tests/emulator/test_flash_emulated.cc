@@ -130,7 +130,8 @@ TEST(WarpEmulator, FragmentLoadsAndMmaGiveTheMatrixProduct) {
 }
 
 // What it reports: a poll that nothing will end, a barrier that a warp's lanes reach at
-// different instructions, a trap; and deferred copies land at the wait, not before.
+// different instructions, a trap, a misaligned ldmatrix row; and deferred copies land at the
+// wait, not before.
 TEST(WarpEmulator, ReportsDeadlocksTrapsAndLanesApartAndDefersCopies) {
   int flag = 0;
   expect_error(
@@ -166,6 +167,16 @@ TEST(WarpEmulator, ReportsDeadlocksTrapsAndLanesApartAndDefersCopies) {
         });
       },
       "deadlock: every thread waits");
+  std::vector<unsigned char> bytes(64, 0);
+  unsigned char* aligned = bytes.data() + (16 - reinterpret_cast<uintptr_t>(bytes.data()) % 16) % 16;
+  expect_error(
+      [&] {
+        emu::launch("misaligned", dim3(1), dim3(32), 0, [&] {
+          uint32_t r[4];
+          emu::ldmatrix_x4(r, aligned + (threadIdx.x == 5 ? 8 : 0), false);  // lane 5's row off by 8 bytes
+        });
+      },
+      "ldmatrix: a row address not 16-byte aligned");
   std::vector<unsigned char> src(16, 7);
   unsigned char before = 0, after = 0;
   emu::launch("copies", dim3(1), dim3(1), 64, [&] {

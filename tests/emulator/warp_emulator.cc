@@ -476,10 +476,13 @@ void mma_m16n8k16(float* d, const uint32_t* a, uint32_t b0, uint32_t b1, bool bf
 }
 
 void ldmatrix_x4(uint32_t* r, const void* row, bool trans) {
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) fail("ldmatrix: a row address not 16-byte aligned");
   collective(trans ? Kind::kLdmatrixTrans : Kind::kLdmatrix, 0, &row, sizeof row, r, 16, false);
 }
 
 void cp_async16(void* dst, const void* src, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % 16 != 0 || (src_bytes > 0 && reinterpret_cast<uintptr_t>(src) % 16 != 0))
+    fail("cp.async of 16 bytes: an address not 16-byte aligned");
   Copy c{dst, {}};
   if (src_bytes > 0) std::memcpy(c.bytes.data(), src, static_cast<size_t>(src_bytes));
   if (g_options.copies == Copies::kEager) {

@@ -15,7 +15,7 @@
 // ends, as on a GPU whose SMs hold that many; the order in which the runnable threads take
 // turns is round robin or, with a seed, random (a missing barrier then shows as a wrong
 // result). A barrier no thread can reach, or threads that only poll, end the launch with an
-// error saying so; so does __trap().
+// error saying so; so do __trap() and an ldmatrix row or cp.async address off its 16 bytes.
 //
 // What it does not model: speed, the hardware's order of f32 sums inside an mma (it sums in
 // f64 and rounds once), and memory ordering (memory is one, sequentially consistent). The
