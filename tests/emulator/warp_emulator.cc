@@ -140,7 +140,6 @@ struct Block {
 };
 
 struct Launch {
-  const char* name = "";
   dim3 grid, block;
   size_t smem = 0;
   std::function<void()> kernel;
@@ -160,7 +159,6 @@ struct Launch {
 thread_local Options g_options;
 thread_local Launch* g_launch = nullptr;
 thread_local Fiber* g_fiber = nullptr;
-thread_local int64_t g_launches = 0;
 
 Fiber& me() {
   if (!g_fiber) throw std::logic_error("warp emulator: a kernel function was called outside emu::launch");
@@ -389,14 +387,12 @@ std::unique_ptr<Block> start_block(Launch& l, int64_t linear) {
 
 void set_options(const Options& o) { g_options = o; }
 const Options& options() { return g_options; }
-int64_t launches() { return g_launches; }
 
 void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<void()> kernel) {
   if (g_launch) throw std::logic_error("warp emulator: a launch from inside a kernel");
   const int threads = static_cast<int>(block.x * block.y * block.z);
   if (threads <= 0 || threads > 1024) throw std::runtime_error(std::string(name) + ": " + std::to_string(threads) + " threads a block");
   Launch l;
-  l.name = name;
   l.grid = grid;
   l.block = block;
   l.smem = smem;
@@ -407,7 +403,6 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
   std::vector<std::unique_ptr<Block>> active;
   int64_t next = 0;
   g_launch = &l;
-  ++g_launches;
   while (l.error.empty()) {
     for (size_t i = 0; i < active.size();) {  // blocks whose threads all ended make room
       if (active[i]->live == 0) {

@@ -48,10 +48,6 @@ const Options& options();
 // __trap(), or lanes of a warp meeting at different collectives.
 void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<void()> kernel);
 
-// How many launches have run, and how many collectives (warp-wide instructions and
-// barriers) the last one took: for tests that the emulator ran what they meant.
-int64_t launches();
-
 // ---- what a kernel calls (through the macros below) -----------------------------------
 const uint3& thread_index();
 const uint3& block_index();
@@ -98,4 +94,3 @@ float ex2(float x);
 #define __trap() ::megabatch::emu::trap("__trap()")
 #define __launch_bounds__(...)
 inline int min(int a, int b) { return a < b ? a : b; }
-inline int max(int a, int b) { return a > b ? a : b; }
