@@ -19,10 +19,7 @@ void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, co
   expect_accepted(accepts::dropout_backward_dout, dout, d);
   expect_same("dropout_backward", "dout", dout, "din", din);
   check(k.p >= 0 && k.p < 1, "dropout_backward: probability ", k.p, " is outside [0, 1)");
-  if (w == Write::kSet)  // din = dout * keep / (1 - p): the forward's map
-    MB_OP_DISPATCH(d, dropout_forward, din, dout, offset, k);
-  else
-    MB_OP_DISPATCH(d, dropout_backward, din, dout, offset, k);
+  MB_OP_DISPATCH(d, dropout_backward, din, dout, offset, k, w);
 }
 
 }  // namespace megabatch::ops

@@ -18,10 +18,6 @@
 #include "tests/emulator/warp_emulator.h"
 #include "tests/unit/op_harness.h"
 
-namespace megabatch::ops::emulated {  // the emulated build's entry points
-#include "core/ops/backend_ops.inc"
-}  // namespace megabatch::ops::emulated
-
 namespace mb = megabatch;
 namespace ops = megabatch::ops;
 namespace emu = megabatch::emu;

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -133,6 +134,7 @@ struct Block {
   uint3 idx{};
   std::vector<unsigned char> storage;  // the shared memory, from a 128-byte boundary
   unsigned char* smem = nullptr;
+  std::map<const void*, std::unique_ptr<unsigned char[]>> statics;  // MB_SHARED_ARRAY's, by declaration
   int live = 0, arrived = 0;
   std::vector<Fiber*> waiting;
   std::vector<Warp> warps;
@@ -444,6 +446,15 @@ const uint3& block_index() { return me().block->idx; }
 const dim3& block_dim() { return g_launch->block; }
 const dim3& grid_dim() { return g_launch->grid; }
 unsigned char* dynamic_smem() { return me().block->smem; }
+
+void* static_smem(const void* declaration, size_t bytes) {
+  std::unique_ptr<unsigned char[]>& array = me().block->statics[declaration];
+  if (!array) {
+    array.reset(new unsigned char[bytes]);  // (new's alignment: 16 bytes)
+    std::memset(array.get(), 0xa5, bytes);  // not zeros, as the dynamic shared memory
+  }
+  return array.get();
+}
 
 void syncthreads() {
   Block& b = *me().block;

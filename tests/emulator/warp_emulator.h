@@ -54,6 +54,10 @@ const uint3& block_index();
 const dim3& block_dim();
 const dim3& grid_dim();
 unsigned char* dynamic_smem();
+// A kernel's __shared__ array (MB_SHARED_ARRAY): `bytes` of the block's shared memory, the
+// same for every thread of the block that asks with the same `declaration` (the address of a
+// static that stands for it), 16-byte aligned and not zeroed.
+void* static_smem(const void* declaration, size_t bytes);
 void syncthreads();
 uint64_t shfl_xor_bits(uint64_t v, int lane_mask);
 template <typename T>
@@ -93,4 +97,8 @@ float ex2(float x);
 #define __nanosleep(ns) ::megabatch::emu::poll()
 #define __trap() ::megabatch::emu::trap("__trap()")
 #define __launch_bounds__(...)
+// the CUDA device functions the kernels call that C++ lacks (rsqrtf: exact here, within 2
+// ulp on a GPU)
 inline int min(int a, int b) { return a < b ? a : b; }
+inline int64_t min(int64_t a, int64_t b) { return a < b ? a : b; }
+inline float rsqrtf(float x) { return 1.0f / __builtin_sqrtf(x); }

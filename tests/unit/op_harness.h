@@ -18,6 +18,9 @@
 
 #include "core/device/runtime.h"
 #include "core/tensor/tensor.h"
+#ifdef MB_TEST_DEVICE_EMULATED
+#include "tests/emulator/emulated_ops.h"
+#endif
 
 namespace megabatch {
 inline void PrintTo(DType d, std::ostream* os) { *os << dtype_name(d); }  // test names and messages
@@ -27,9 +30,12 @@ namespace megabatch::testing {
 
 // The device this test program runs its ops on, and the prefix of its test names (the CPU
 // and GPU programs share test bodies; their names must differ).
-#ifdef MB_TEST_DEVICE_CUDA
+#if defined(MB_TEST_DEVICE_CUDA)
 inline Device test_device() { return Device::cuda(0); }
 #define MB_TEST_DEVICE_NAME Cuda
+#elif defined(MB_TEST_DEVICE_EMULATED)  // the CUDA kernels on the warp emulator (tests/emulator/emulated_ops.h)
+inline Device test_device() { return emulated_device(); }
+#define MB_TEST_DEVICE_NAME Emulated
 #else
 inline Device test_device() { return Device::cpu(); }
 #define MB_TEST_DEVICE_NAME Cpu
@@ -44,6 +50,16 @@ inline Device test_device() { return Device::cpu(); }
       GTEST_SKIP() << "no GPU is visible: the CUDA kernels are tested on a machine with one";               \
   } while (0)
 
+// A test whose CUDA code the warp emulator cannot run (`what`: cuBLASLt, cub) skips in the
+// emulated program, saying so.
+#ifdef MB_TEST_DEVICE_EMULATED
+#define MB_SKIP_ON_EMULATOR(what) GTEST_SKIP() << "its CUDA code (" << (what) << ") does not run on the warp emulator"
+#else
+#define MB_SKIP_ON_EMULATOR(what) \
+  do {                            \
+  } while (0)
+#endif
+
 // A tensor on the device under test in the dtype under test, and the same values as an f64
 // CPU tensor for the reference.
 struct Pair {
@@ -54,6 +70,11 @@ class OpHarness {
  public:
   OpHarness(Device device, DType dtype, uint32_t seed) : device_(device), dtype_(dtype), rng_(seed), seed_(seed) {}
   Device device() const { return device_; }
+#ifdef MB_TEST_DEVICE_EMULATED
+  std::string device_name() const { return device_ == emulated_device() ? "the warp emulator" : device_.str(); }
+#else
+  std::string device_name() const { return device_.str(); }
+#endif
   DType dtype() const { return dtype_; }
 
   // Random values (normal, std `scale`) rounded to `dtype` (default: the dtype under test).
@@ -107,7 +128,7 @@ class OpHarness {
     for (size_t i = 0; i < ref.size(); ++i) {
       const double bound = rel * (std::abs(ref[i]) + rms) + 1e-30;
       if (!(std::abs(got[i] - ref[i]) <= bound) && shown++ < 5)
-        ADD_FAILURE() << what << " [" << dtype_name(p.dev.dtype()) << " on " << device_.str() << ", seed " << seed_
+        ADD_FAILURE() << what << " [" << dtype_name(p.dev.dtype()) << " on " << device_name() << ", seed " << seed_
                       << "] element " << i << ": " << got[i] << " vs reference " << ref[i] << " (bound " << bound << ")";
     }
   }

@@ -3,7 +3,9 @@
 // (ggml's test-backend-ops shape): one test body per op, tolerances from the dtype's unit
 // roundoff and the length of the f32 accumulations (op_harness.h). On the CPU the half
 // types are the emulation (stored rounded, computed in f32); on a GPU these are the CUDA
-// kernels. Gradients are checked by finite differences in test_ops.cc, on the reference.
+// kernels. test_ops_emulated runs the CUDA kernels on the CPU's warp emulator
+// (tests/emulator/emulated_ops.h), all but cuBLASLt's and cub's. Gradients are checked by
+// finite differences in test_ops.cc, on the reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -31,7 +33,11 @@
 #include "tests/unit/op_harness.h"
 
 namespace mb = megabatch;
+#ifdef MB_TEST_DEVICE_EMULATED
+namespace ops = megabatch::testing::emulated_ops;  // the device's calls on the warp emulator
+#else
 namespace ops = megabatch::ops;
+#endif
 using mb::DType;
 using mb::testing::OpHarness;
 using mb::testing::Pair;
@@ -57,6 +63,7 @@ std::vector<int32_t> random_ids(size_t n, int32_t lo, int32_t hi, uint32_t seed)
 }  // namespace
 
 TEST_P(OnDevice, GemmInEveryTransposeAndIntoFp32Accumulators) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
   auto h = harness(1);
   const int64_t M = 37, N = 70, K = 129;
   for (int ta = 0; ta < 2; ++ta)
@@ -76,6 +83,7 @@ TEST_P(OnDevice, GemmInEveryTransposeAndIntoFp32Accumulators) {
 }
 
 TEST_P(OnDevice, LinearForwardAndBackward) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
   auto h = harness(2);
   const int64_t n = 67, I = 96, O = 40;
   const Pair x = h.input({n, I}), w = h.input({O, I}, 0.1), b = h.input({O}), dy = h.input({n, O});
@@ -107,6 +115,7 @@ TEST_P(OnDevice, LinearForwardAndBackward) {
 // runs the unfused kernels. In f32 the bound is tight enough to tell the tanh form of GELU
 // from the erf form (up to 5e-4 apart).
 TEST_P(OnDevice, LinearWithGeluForwardAndBackwardThroughIt) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
   auto h = harness(15);
   for (const int64_t O : {64, 36}) {
     SCOPED_TRACE("O = " + std::to_string(O));
@@ -256,6 +265,7 @@ TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
 }
 
 TEST_P(OnDevice, EmbeddingForwardAccumulateAndDeterministicBackward) {
+  MB_SKIP_ON_EMULATOR("cub::DeviceRadixSort");
   auto h = harness(6);
   const int64_t n = 1000, C = 48, rows = 64, begin = 32;  // a shard: ids outside [32, 96) give zeros
   const std::vector<int32_t> idv = random_ids(n, 0, 127, 7);  // many repeats
@@ -371,6 +381,7 @@ struct AttnConfig {
 };
 
 TEST_P(OnDevice, SelfAttentionForwardAndBackward) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
   for (const AttnConfig c : {AttnConfig{2, 37, 3, 16, true, false, false, 0.0}, AttnConfig{3, 20, 2, 8, false, true, true, 0.0},
                              AttnConfig{2, 33, 2, 8, true, true, false, 0.2}}) {
     auto h = harness(10);
@@ -429,6 +440,7 @@ static std::string refusal(const std::string& op, const std::string& arg, DType 
 // gradient summed over the batch). Where the device's kernels do not take the dtype (CUDA
 // and f32), the op must say so.
 TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt, for the explicit attention");
   struct Config {
     int64_t B, T, H, D;
     bool causal, mask, all_padded;
@@ -653,6 +665,7 @@ TEST(FlashAttention, GradientsMatchFiniteDifferences) {
 // padded encoder positions (batch row 1 entirely padded in one case: output and gradient 0,
 // lse +inf), dropout on a tensor-parallel shard. CUDA and f32: refused by name.
 TEST_P(OnDevice, FlashCrossAttentionMatchesTheReferenceAndTheExplicitCrossAttention) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt, for the explicit attention");
   struct Config {
     int64_t B, Tq, Tk, H, D;
     bool mask, all_padded;
@@ -813,6 +826,7 @@ TEST(FlashAttention, CrossAttentionGradientsMatchFiniteDifferences) {
 }
 
 TEST_P(OnDevice, CrossAttentionForwardAndBackward) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
   auto h = harness(11);
   const ops::CrossAttentionShape s{2, 9, 23, 2, 8, 0, 0};
   const ops::DropoutKey dk{0.1, 56, 3};
@@ -923,7 +937,9 @@ TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {
     for (; k < segs.size() && i < segs[k].second; ++i) wrong += after[i] != gv[i];
   }
   EXPECT_EQ(wrong, 0u) << "before = g within the segments, untouched outside them";
+#ifndef MB_TEST_DEVICE_EMULATED  // (the public op's check: the emulated program's calls go to the kernels)
   EXPECT_THROW(ops::segment_sum_squares_of_growth(grown.dev, g.dev, g.dev, segs), std::exception) << "prev is x";
+#endif
   // split in two as the trainer splits a gradient norm (TP-sharded, replicated): nothing
   // grew since `before` became g; then g's own squares
   ops::split_sum_squares_of_growth(split.dev, g.dev, before.dev, {segs[2]}, {segs[0], segs[3]});

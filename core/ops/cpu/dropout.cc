@@ -42,7 +42,9 @@ void dropout_forward(const Tensor& out, const Tensor& in, uint64_t offset, const
   });
 }
 
-void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k) {
+void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k, Write w) {
+  // kSet: din = dout * keep / (1 - p), the forward's map
+  if (w == Write::kSet) return cpu::dropout_forward(din, dout, offset, k);
   with_compute_type(dout.dtype(), [&](auto zero) {
     using T = decltype(zero);
     In<T> gs(dout);

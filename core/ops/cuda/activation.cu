@@ -2,7 +2,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 constexpr float kGeluS = 0.79788456080286535588f;  // sqrt(2 / pi)
@@ -65,4 +65,4 @@ void tanh_backward(const Tensor& din, const Tensor& dout, const Tensor& out) {
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -6,10 +6,11 @@
 // reduction has one order for a given launch shape, which the launchers fix: no
 // floating-point atomics anywhere, so the same inputs give the same bits on every run.
 //
-// Kernels that tests/emulator also compiles as C++ (MB_WARP_EMULATOR: the CPU's warp
-// emulator runs them) live in namespace MB_CUDA_BACKEND (ops::emulated there, so the two
-// builds of one kernel never meet at link time), declare their dynamic shared memory with
-// MB_DYNAMIC_SMEM, and give each inline-PTX helper an emulated branch.
+// The kernels are also compiled as C++ for the CPU's warp emulator (MB_WARP_EMULATOR,
+// tests/emulator): they live in namespace MB_CUDA_BACKEND (ops::emulated there, so the two
+// builds of one kernel never meet at link time), declare shared memory with MB_DYNAMIC_SMEM
+// and MB_SHARED_ARRAY, launch through launch(), and give each inline-PTX helper an emulated
+// branch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -20,9 +21,13 @@
 #include "tests/emulator/warp_emulator.h"
 #define MB_CUDA_BACKEND emulated
 #define MB_DYNAMIC_SMEM(name) unsigned char* name = ::megabatch::emu::dynamic_smem()
+#define MB_SHARED_ARRAY(type, name, count) \
+  static const char name##_declared = 0;   \
+  type* const name = static_cast<type*>(::megabatch::emu::static_smem(&name##_declared, sizeof(type) * (count)))
 #else
 #define MB_CUDA_BACKEND cuda
 #define MB_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#define MB_SHARED_ARRAY(type, name, count) __shared__ type name[count]
 #endif
 
 #include <cstdint>
@@ -32,8 +37,15 @@
 #include "core/device/cuda/check.h"
 #include "core/device/runtime.h"
 #include "core/ops/accepts.h"
+#include "core/ops/backends.h"
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
+
+#ifdef MB_WARP_EMULATOR
+namespace megabatch::ops::emulated {  // the emulated build's entry points, as ops::cuda's
+#include "core/ops/backend_ops.inc"
+}  // namespace megabatch::ops::emulated
+#endif
 
 namespace megabatch::ops::MB_CUDA_BACKEND {
 
@@ -100,6 +112,21 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
 }
 
+// Launches kernel k(args...) on stream st and checks the launch (on the warp emulator, runs
+// it to its end). smem: bytes of dynamic shared memory (over 48 KiB allowed).
+template <typename Kernel, typename... A>
+void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, const char* name, const A&... args) {
+#ifdef MB_WARP_EMULATOR
+  (void)st;
+  emu::launch(name, grid, dim3(static_cast<unsigned>(threads)), smem, [=] { k(args...); });
+#else
+  if (smem > 0)
+    MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  k<<<grid, threads, smem, st>>>(args...);
+  MB_CUDA_LAUNCHED(name);
+#endif
+}
+
 inline int blocks_for(int64_t n, int threads, int64_t cap = 65535LL * 8) {
   const int64_t b = (n + threads - 1) / threads;
   return static_cast<int>(b < 1 ? 1 : (b > cap ? cap : b));
@@ -146,19 +173,16 @@ __global__ void map_kernel(T* out, int64_t n, F f, const In*... in) {
   }
 }
 
-#ifndef MB_WARP_EMULATOR
 template <typename T, typename F, typename... In>
 void map(const char* name, cudaStream_t st, T* out, int64_t n, F f, const In*... in) {
   static_assert((std::is_same_v<In, T> && ...), "map: every input has the output's type");
   if (n <= 0) return;
   constexpr int V = kVec<T>;
   if (aligned16(out, in...))
-    map_kernel<T, V><<<blocks_for((n + V - 1) / V, 256), 256, 0, st>>>(out, n, f, in...);
+    launch(map_kernel<T, V, F, In...>, dim3(blocks_for((n + V - 1) / V, 256)), 256, 0, st, name, out, n, f, in...);
   else
-    map_kernel<T, 1><<<blocks_for(n, 256), 256, 0, st>>>(out, n, f, in...);
-  MB_CUDA_LAUNCHED(name);
+    launch(map_kernel<T, 1, F, In...>, dim3(blocks_for(n, 256)), 256, 0, st, name, out, n, f, in...);
 }
-#endif
 
 // ---- deterministic reductions (fixed tree for a given block size) ---------------------
 __device__ __forceinline__ float warp_sum(float v) {

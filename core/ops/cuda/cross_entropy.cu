@@ -4,7 +4,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -45,7 +45,7 @@ __device__ float block_row_sum_exps(T* l, int64_t V, float m, float* scratch) {
 
 template <typename T>
 __global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const float m = block_row_max(logits + blockIdx.x * V, V, scratch);
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
@@ -53,7 +53,7 @@ __global__ void row_max_kernel(float* rowmax, const T* logits, int64_t V) {
 // sumexp = sum_j exp(l_j - max) per row; with kKeep the logits become those exps.
 template <typename T, bool kKeep>
 __global__ void sum_exp_kernel(float* sumexp, T* logits, const float* rowmax, int64_t V) {
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const float s = block_row_sum_exps<kKeep>(logits + blockIdx.x * V, V, rowmax[blockIdx.x], scratch);
   if (threadIdx.x == 0) sumexp[blockIdx.x] = s;
 }
@@ -135,7 +135,7 @@ __global__ void __launch_bounds__(kWholeRowThreads) whole_rows_kernel(float* los
                                                                       int64_t cols, int32_t ignore, bool grad,
                                                                       float scale, const float* loss_scale) {
   using P = Pack<T, V>;
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const int64_t i = blockIdx.x, packs = cols / V;
   T* l = logits + i * cols;
   float m = -INFINITY, s = 0.0f;
@@ -181,9 +181,8 @@ void sum_exps(const Tensor& sumexp, const Tensor& logits, const Tensor& rowmax) 
   constexpr const Accepts& row = kKeep ? accepts::ce_exps_logits : accepts::ce_sum_exp_logits;
   with_type<row.cuda.bits>(logits.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
-    sum_exp_kernel<T, kKeep><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
-        ptr<float>(sumexp), ptr<T>(logits), ptr<float>(rowmax), V);
-    MB_CUDA_LAUNCHED("sum_exp_kernel");
+    launch(sum_exp_kernel<T, kKeep>, dim3(static_cast<unsigned>(n)), kThreads, 0, stream_of(logits), "sum_exp_kernel",
+           ptr<float>(sumexp), ptr<T>(logits), ptr<float>(rowmax), V);
   });
 }
 
@@ -194,8 +193,8 @@ void ce_row_max(const Tensor& rowmax, const Tensor& logits) {
   if (n == 0) return;
   with_type<accepts::ce_row_max_logits.cuda.bits>(logits.dtype(), "ce_row_max", [&](auto zero) {
     using T = decltype(zero);
-    row_max_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(ptr<float>(rowmax), ptr<T>(logits), V);
-    MB_CUDA_LAUNCHED("row_max_kernel");
+    launch(row_max_kernel<T>, dim3(static_cast<unsigned>(n)), kThreads, 0, stream_of(logits), "row_max_kernel",
+           ptr<float>(rowmax), ptr<T>(logits), V);
   });
 }
 
@@ -208,9 +207,8 @@ void ce_target_logit(const Tensor& target, const Tensor& logits, const Tensor& t
   if (n == 0) return;
   with_type<accepts::ce_target_logit_logits.cuda.bits>(logits.dtype(), "ce_target_logit", [&](auto zero) {
     using T = decltype(zero);
-    target_logit_kernel<T><<<blocks_for(n, 128), 128, 0, stream_of(logits)>>>(ptr<float>(target), ptr<T>(logits),
-                                                                              ptr<int32_t>(targets), n, V, v_begin);
-    MB_CUDA_LAUNCHED("target_logit_kernel");
+    launch(target_logit_kernel<T>, dim3(blocks_for(n, 128)), 128, 0, stream_of(logits), "target_logit_kernel",
+           ptr<float>(target), ptr<T>(logits), ptr<int32_t>(targets), n, V, v_begin);
   });
 }
 
@@ -219,10 +217,8 @@ void ce_loss(const Tensor& losses, const Tensor& rowmax, const Tensor& sumexp, c
   const int64_t n = static_cast<int64_t>(losses.numel());
   if (n == 0) return;
   static_assert(takes_only<accepts::ce_loss_losses.cuda.bits, float>(), "loss_kernel reads f32 losses");
-  loss_kernel<<<blocks_for(n, 128), 128, 0, stream_of(losses)>>>(ptr<float>(losses), ptr<float>(rowmax),
-                                                                  ptr<float>(sumexp), ptr<float>(target),
-                                                                  ptr<int32_t>(targets), n, ignore);
-  MB_CUDA_LAUNCHED("loss_kernel");
+  launch(loss_kernel, dim3(blocks_for(n, 128)), 128, 0, stream_of(losses), "loss_kernel", ptr<float>(losses),
+         ptr<float>(rowmax), ptr<float>(sumexp), ptr<float>(target), ptr<int32_t>(targets), n, ignore);
 }
 
 void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowmax, const Tensor& sumexp,
@@ -231,10 +227,9 @@ void ce_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& rowm
   if (n == 0) return;
   with_type<accepts::ce_backward_logits.cuda.bits>(logits.dtype(), "ce_backward", [&](auto zero) {
     using T = decltype(zero);
-    ce_backward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(logits)>>>(
-        ptr<T>(dlogits), ptr<T>(logits), ptr<float>(rowmax), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
-        ignore, scale, ptr<float>(loss_scale));
-    MB_CUDA_LAUNCHED("ce_backward_kernel");
+    launch(ce_backward_kernel<T>, dim3(static_cast<unsigned>(n)), kThreads, 0, stream_of(logits), "ce_backward_kernel",
+           ptr<T>(dlogits), ptr<T>(logits), ptr<float>(rowmax), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
+           ignore, scale, ptr<float>(loss_scale));
   });
 }
 
@@ -248,10 +243,9 @@ void ce_backward_exps(const Tensor& dlogits, const Tensor& exps, const Tensor& s
   if (n == 0) return;
   with_type<accepts::ce_backward_exps_exps.cuda.bits>(exps.dtype(), "ce_backward_exps", [&](auto zero) {
     using T = decltype(zero);
-    backward_exps_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, stream_of(exps)>>>(
-        ptr<T>(dlogits), ptr<T>(exps), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin, ignore, scale,
-        ptr<float>(loss_scale));
-    MB_CUDA_LAUNCHED("backward_exps_kernel");
+    launch(backward_exps_kernel<T>, dim3(static_cast<unsigned>(n)), kThreads, 0, stream_of(exps),
+           "backward_exps_kernel", ptr<T>(dlogits), ptr<T>(exps), ptr<float>(sumexp), ptr<int32_t>(targets), V, v_begin,
+           ignore, scale, ptr<float>(loss_scale));
   });
 }
 
@@ -265,13 +259,14 @@ void ce_whole_rows(const Tensor& losses, const Tensor& logits, const Tensor& tar
     using T = decltype(zero);
     constexpr int W = kVec<T>;  // rows of whole 16-byte vectors: every row starts aligned
     if (V % W == 0 && aligned16(ptr<T>(logits)))
-      whole_rows_kernel<T, W><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
-          ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
+      launch(whole_rows_kernel<T, W>, dim3(static_cast<unsigned>(n)), kWholeRowThreads, 0, stream_of(logits),
+             "whole_rows_kernel", ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale,
+             ptr<float>(loss_scale));
     else
-      whole_rows_kernel<T, 1><<<static_cast<unsigned>(n), kWholeRowThreads, 0, stream_of(logits)>>>(
-          ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale, ptr<float>(loss_scale));
-    MB_CUDA_LAUNCHED("whole_rows_kernel");
+      launch(whole_rows_kernel<T, 1>, dim3(static_cast<unsigned>(n)), kWholeRowThreads, 0, stream_of(logits),
+             "whole_rows_kernel", ptr<float>(losses), ptr<T>(logits), ptr<int32_t>(targets), V, ignore, grad, scale,
+             ptr<float>(loss_scale));
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -4,7 +4,7 @@
 #include "core/ops/cuda/common.cuh"
 #include "core/util/philox.h"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 struct MaskArgs {
@@ -47,9 +47,8 @@ void run(const Tensor& out, const Tensor& in, uint64_t offset, const DropoutKey&
   constexpr const Accepts& row = kBackward ? accepts::dropout_backward_dout : accepts::dropout_forward_in;
   with_type<row.cuda.bits>(in.dtype(), row.op, [&](auto zero) {
     using T = decltype(zero);
-    dropout_kernel<T, kBackward><<<blocks_for(blocks, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), n,
-                                                                                     args(k, offset));
-    MB_CUDA_LAUNCHED("dropout_kernel");
+    launch(dropout_kernel<T, kBackward>, dim3(blocks_for(blocks, 256)), 256, 0, stream_of(in), "dropout_kernel",
+           ptr<T>(out), ptr<T>(in), n, args(k, offset));
   });
 }
 
@@ -59,8 +58,9 @@ void dropout_forward(const Tensor& out, const Tensor& in, uint64_t offset, const
   run<false>(out, in, offset, k);
 }
 
-void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k) {
+void dropout_backward(const Tensor& din, const Tensor& dout, uint64_t offset, const DropoutKey& k, Write w) {
+  if (w == Write::kSet) return run<false>(din, dout, offset, k);  // din = dout * keep / (1 - p)
   run<true>(din, dout, offset, k);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

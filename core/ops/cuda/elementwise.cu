@@ -2,7 +2,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 template <typename D, typename S>
@@ -28,8 +28,8 @@ void cast(const Tensor& dst, const Tensor& src) {
     using D = decltype(dz);
     with_type<accepts::cast_src.cuda.bits>(src.dtype(), "cast", [&](auto sz) {
       using S = decltype(sz);
-      cast_kernel<D, S><<<blocks_for(n, 256), 256, 0, stream_of(src)>>>(ptr<D>(dst), ptr<S>(src), n);
-      MB_CUDA_LAUNCHED("cast_kernel");
+      launch(cast_kernel<D, S>, dim3(blocks_for(n, 256)), 256, 0, stream_of(src), "cast_kernel", ptr<D>(dst),
+             ptr<S>(src), n);
     });
   });
 }
@@ -39,9 +39,8 @@ void scale(const Tensor& x, float s) {
   if (n == 0) return;
   with_type<accepts::scale_x.cuda.bits>(x.dtype(), "scale", [&](auto zero) {
     using T = decltype(zero);
-    scale_kernel<T><<<blocks_for(n, 256), 256, 0, stream_of(x)>>>(ptr<T>(x), s, n);
-    MB_CUDA_LAUNCHED("scale_kernel");
+    launch(scale_kernel<T>, dim3(blocks_for(n, 256)), 256, 0, stream_of(x), "scale_kernel", ptr<T>(x), s, n);
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -370,18 +370,4 @@ inline Args cross_args(const CrossAttentionShape& s, const DropoutKey* dropout, 
   return a;
 }
 
-// Launches kernel k(args...) (on the warp emulator where it is compiled for one).
-template <typename Kernel, typename... A>
-void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, const char* name, const A&... args) {
-#ifdef MB_WARP_EMULATOR
-  (void)st;
-  emu::launch(name, grid, dim3(static_cast<unsigned>(threads)), smem, [=] { k(args...); });
-#else
-  if (smem > 0)
-    MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  k<<<grid, threads, smem, st>>>(args...);
-  MB_CUDA_LAUNCHED(name);
-#endif
-}
-
 }  // namespace megabatch::ops::MB_CUDA_BACKEND::flash

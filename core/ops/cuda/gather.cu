@@ -2,7 +2,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -35,9 +35,8 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows) {
   if (m == 0) return;
   with_type<accepts::gather_rows_in.cuda.bits>(in.dtype(), "gather_rows", [&](auto zero) {
     using T = decltype(zero);
-    gather_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(in)>>>(ptr<T>(out), ptr<T>(in), ptr<int32_t>(rows),
-                                                                            m, C);
-    MB_CUDA_LAUNCHED("gather_rows_kernel");
+    launch(gather_rows_kernel<T>, dim3(blocks_for(m * C, 256)), 256, 0, stream_of(in), "gather_rows_kernel",
+           ptr<T>(out), ptr<T>(in), ptr<int32_t>(rows), m, C);
   });
 }
 
@@ -46,10 +45,9 @@ void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) 
   if (m == 0) return;
   with_type<accepts::scatter_add_rows_src.cuda.bits>(src.dtype(), "scatter_add_rows", [&](auto zero) {
     using T = decltype(zero);
-    scatter_add_rows_kernel<T><<<blocks_for(m * C, 256), 256, 0, stream_of(src)>>>(ptr<T>(dst), ptr<T>(src),
-                                                                                   ptr<int32_t>(rows), m, C);
-    MB_CUDA_LAUNCHED("scatter_add_rows_kernel");
+    launch(scatter_add_rows_kernel<T>, dim3(blocks_for(m * C, 256)), 256, 0, stream_of(src), "scatter_add_rows_kernel",
+           ptr<T>(dst), ptr<T>(src), ptr<int32_t>(rows), m, C);
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -3,7 +3,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -26,8 +26,8 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void unscale_kernel(float* g, int64_t n, const float* scaler, int* block_bad) {
-  __shared__ int any;
-  if (threadIdx.x == 0) any = 0;
+  MB_SHARED_ARRAY(int, any, 1);
+  if (threadIdx.x == 0) any[0] = 0;
   __syncthreads();
   const float inv = 1.0f / scaler[0];
   int bad = 0;
@@ -37,9 +37,9 @@ __global__ void unscale_kernel(float* g, int64_t n, const float* scaler, int* bl
     bad |= !isfinite(v);
     g[i] = v * inv;
   }
-  if (bad) any = 1;  // a benign race: every writer writes 1
+  if (bad) any[0] = 1;  // a benign race: every writer writes 1
   __syncthreads();
-  if (threadIdx.x == 0) block_bad[blockIdx.x] = any;
+  if (threadIdx.x == 0) block_bad[blockIdx.x] = any[0];
 }
 
 __global__ void any_kernel(float* found_inf, const int* block_bad, int blocks) {
@@ -86,16 +86,14 @@ void unscale_and_check(const Tensor& grads, const Tensor& found_inf, const Tenso
   const int64_t n = static_cast<int64_t>(grads.numel());
   const int blocks = blocks_for(n, kThreads, 4096);
   Tensor flags({blocks}, DType::kI32, grads.device());
-  unscale_kernel<<<blocks, kThreads, 0, stream_of(grads)>>>(ptr<float>(grads), n, ptr<float>(scaler),
-                                                            ptr<int32_t>(flags));
-  MB_CUDA_LAUNCHED("unscale_kernel");
-  any_kernel<<<1, 1, 0, stream_of(grads)>>>(ptr<float>(found_inf), ptr<int32_t>(flags), blocks);
-  MB_CUDA_LAUNCHED("any_kernel");
+  launch(unscale_kernel, dim3(blocks), kThreads, 0, stream_of(grads), "unscale_kernel", ptr<float>(grads), n,
+         ptr<float>(scaler), ptr<int32_t>(flags));
+  launch(any_kernel, dim3(1), 1, 0, stream_of(grads), "any_kernel", ptr<float>(found_inf), ptr<int32_t>(flags), blocks);
 }
 
 void loss_scaler_update(const Tensor& scaler, const Tensor& found_inf, const ops::LossScalerConfig& config) {
-  scaler_kernel<<<1, 1, 0, stream_of(scaler)>>>(ptr<float>(scaler), ptr<float>(found_inf), config);
-  MB_CUDA_LAUNCHED("scaler_kernel");
+  launch(scaler_kernel, dim3(1), 1, 0, stream_of(scaler), "scaler_kernel", ptr<float>(scaler), ptr<float>(found_inf),
+         config);
 }
 
 namespace {
@@ -109,9 +107,8 @@ void split_totals(const Tensor& out, const Tensor& x, const std::vector<std::pai
   all.insert(all.end(), replicated.begin(), replicated.end());
   Tensor per({static_cast<int64_t>(std::max<size_t>(all.size(), 1))}, DType::kF64, x.device());
   segment_sums(per.flat(0, all.size()), all);
-  add_segments_kernel<<<1, 1, 0, stream_of(x)>>>(ptr<double>(out), ptr<double>(per),
-                                                  static_cast<int64_t>(sharded.size()), static_cast<int64_t>(all.size()));
-  MB_CUDA_LAUNCHED("add_segments_kernel");
+  launch(add_segments_kernel, dim3(1), 1, 0, stream_of(x), "add_segments_kernel", ptr<double>(out), ptr<double>(per),
+         static_cast<int64_t>(sharded.size()), static_cast<int64_t>(all.size()));
 }
 
 }  // namespace
@@ -130,14 +127,13 @@ void split_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Tenso
 }
 
 void clip_coefficient(const Tensor& norm, const Tensor& sums, double max_norm) {
-  clip_kernel<<<1, 1, 0, stream_of(norm)>>>(ptr<double>(norm), ptr<double>(sums), max_norm);
-  MB_CUDA_LAUNCHED("clip_kernel");
+  launch(clip_kernel, dim3(1), 1, 0, stream_of(norm), "clip_kernel", ptr<double>(norm), ptr<double>(sums), max_norm);
 }
 
 void scale_by(const Tensor& x, const Tensor& factor, size_t index) {
   const int64_t n = static_cast<int64_t>(x.numel());
-  scale_by_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream_of(x)>>>(ptr<float>(x), n, ptr<double>(factor), index);
-  MB_CUDA_LAUNCHED("scale_by_kernel");
+  launch(scale_by_kernel, dim3(blocks_for(n, kThreads)), kThreads, 0, stream_of(x), "scale_by_kernel", ptr<float>(x), n,
+         ptr<double>(factor), index);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -8,7 +8,7 @@
 
 #include <type_traits>
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 constexpr int kThreads = 256;
@@ -168,7 +168,7 @@ void with_packs(int kpl, Fn&& fn) {
 template <typename T, bool kRms>
 __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* in, const T* w, const T* b, int64_t C,
                                     float eps) {
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const int64_t row = blockIdx.x;
   const T* x = in + row * C;
   float m = 0;
@@ -198,7 +198,7 @@ __global__ void norm_forward_kernel(T* out, float* mean, float* rstd, const T* i
 template <typename T, bool kRms>
 __global__ void norm_din_kernel(T* din, const T* dout, const T* in, const T* w, const float* mean, const float* rstd,
                                 int64_t C) {
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const int64_t row = blockIdx.x;
   const T* x = in + row * C;
   const T* dy = dout + row * C;
@@ -257,18 +257,16 @@ void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Te
     const int kpl = packs_per_lane<T>(C, ptr<T>(out), ptr<T>(in), ptr<T>(weight), ptr<T>(bias));
     if (kpl > 0) {
       with_packs(kpl, [&](auto k) {
-        norm_forward_rows_kernel<T, kRms, decltype(k)::value, false>
-            <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(in)>>>(
-                ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), n, C,
-                static_cast<float>(eps), nullptr, nullptr);
+        launch(norm_forward_rows_kernel<T, kRms, decltype(k)::value, false>, dim3(blocks_for(n, kRowWarps, n)),
+               32 * kRowWarps, 0, stream_of(in), "norm_forward_rows_kernel", ptr<T>(out), ptr<float>(mean),
+               ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), n, C, static_cast<float>(eps),
+               static_cast<T*>(nullptr), static_cast<const T*>(nullptr));
       });
-      MB_CUDA_LAUNCHED("norm_forward_rows_kernel");
       return;
     }
-    norm_forward_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, stream_of(in)>>>(
-        ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight), ptr<T>(bias), C,
-        static_cast<float>(eps));
-    MB_CUDA_LAUNCHED("norm_forward_kernel");
+    launch(norm_forward_kernel<T, kRms>, dim3(static_cast<unsigned>(n)), kThreads, 0, stream_of(in),
+           "norm_forward_kernel", ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(in), ptr<T>(weight),
+           ptr<T>(bias), C, static_cast<float>(eps));
   });
 }
 
@@ -288,16 +286,15 @@ void residual_forward_norm(const Tensor& sum, const Tensor& out, const Tensor& m
     const int kpl = packs_per_lane<T>(C, ptr<T>(sum), ptr<T>(out), ptr<T>(a), ptr<T>(b), ptr<T>(weight), ptr<T>(bias));
     if (kpl == 0) return;
     with_packs(kpl, [&](auto k) {
-      norm_forward_rows_kernel<T, kRms, decltype(k)::value, true>
-          <<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, stream_of(a)>>>(
-              ptr<T>(out), ptr<float>(mean), ptr<float>(rstd), ptr<T>(a), ptr<T>(weight), ptr<T>(bias), n, C,
-              static_cast<float>(eps), ptr<T>(sum), ptr<T>(b));
+      launch(norm_forward_rows_kernel<T, kRms, decltype(k)::value, true>, dim3(blocks_for(n, kRowWarps, n)),
+             32 * kRowWarps, 0, stream_of(a), "norm_forward_rows_kernel (residual)", ptr<T>(out), ptr<float>(mean),
+             ptr<float>(rstd), ptr<T>(a), ptr<T>(weight), ptr<T>(bias), n, C, static_cast<float>(eps), ptr<T>(sum),
+             static_cast<const T*>(ptr<T>(b)));
     });
-    MB_CUDA_LAUNCHED("norm_forward_rows_kernel (residual)");
     fused = true;
   });
   if (fused) return;
-  cuda::residual_forward(sum, a, b);
+  residual_forward(sum, a, b);
   forward<kRms>(out, mean, rstd, sum, weight, bias, eps);
 }
 
@@ -314,15 +311,13 @@ void backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, con
       const int kpl = packs_per_lane<T>(C, ptr<T>(din), ptr<T>(dout), ptr<T>(in), ptr<T>(weight));
       if (kpl > 0) {
         with_packs(kpl, [&](auto k) {
-          norm_din_rows_kernel<T, kRms, decltype(k)::value><<<blocks_for(n, kRowWarps, n), 32 * kRowWarps, 0, s>>>(
-              ptr<T>(din), ptr<T>(dout), ptr<T>(in), ptr<T>(weight), ptr<float>(mean), ptr<float>(rstd), n, C);
+          launch(norm_din_rows_kernel<T, kRms, decltype(k)::value>, dim3(blocks_for(n, kRowWarps, n)), 32 * kRowWarps,
+                 0, s, "norm_din_rows_kernel", ptr<T>(din), ptr<T>(dout), ptr<T>(in), ptr<T>(weight), ptr<float>(mean),
+                 ptr<float>(rstd), n, C);
         });
-        MB_CUDA_LAUNCHED("norm_din_rows_kernel");
       } else {
-        norm_din_kernel<T, kRms><<<static_cast<unsigned>(n), kThreads, 0, s>>>(ptr<T>(din), ptr<T>(dout), ptr<T>(in),
-                                                                                ptr<T>(weight), ptr<float>(mean),
-                                                                                ptr<float>(rstd), C);
-        MB_CUDA_LAUNCHED("norm_din_kernel");
+        launch(norm_din_kernel<T, kRms>, dim3(static_cast<unsigned>(n)), kThreads, 0, s, "norm_din_kernel", ptr<T>(din),
+               ptr<T>(dout), ptr<T>(in), ptr<T>(weight), ptr<float>(mean), ptr<float>(rstd), C);
       }
     }
     if (!dweight.defined() && !dbias.defined()) return;
@@ -330,17 +325,14 @@ void backward(const Tensor& din, const Tensor& dweight, const Tensor& dbias, con
     Tensor pw({chunks, C}, DType::kF32, in.device()), pb;
     if (dbias.defined()) pb.resize({chunks, C}, DType::kF32, in.device());
     const dim3 grid(static_cast<unsigned>((C + 127) / 128), static_cast<unsigned>(chunks));
-    norm_param_partials_kernel<T, kRms><<<grid, 128, 0, s>>>(ptr<float>(pw), ptr<float>(pb), ptr<T>(dout), ptr<T>(in),
-                                                              ptr<float>(mean), ptr<float>(rstd), n, C);
-    MB_CUDA_LAUNCHED("norm_param_partials_kernel");
-    if (dweight.defined()) {
-      add_chunk_sums_kernel<<<blocks_for(C, 128), 128, 0, s>>>(ptr<float>(dweight), ptr<float>(pw), chunks, C);
-      MB_CUDA_LAUNCHED("add_chunk_sums_kernel");
-    }
-    if (dbias.defined()) {
-      add_chunk_sums_kernel<<<blocks_for(C, 128), 128, 0, s>>>(ptr<float>(dbias), ptr<float>(pb), chunks, C);
-      MB_CUDA_LAUNCHED("add_chunk_sums_kernel");
-    }
+    launch(norm_param_partials_kernel<T, kRms>, grid, 128, 0, s, "norm_param_partials_kernel", ptr<float>(pw),
+           ptr<float>(pb), ptr<T>(dout), ptr<T>(in), ptr<float>(mean), ptr<float>(rstd), n, C);
+    if (dweight.defined())
+      launch(add_chunk_sums_kernel, dim3(blocks_for(C, 128)), 128, 0, s, "add_chunk_sums_kernel", ptr<float>(dweight),
+             ptr<float>(pw), chunks, C);
+    if (dbias.defined())
+      launch(add_chunk_sums_kernel, dim3(blocks_for(C, 128)), 128, 0, s, "add_chunk_sums_kernel", ptr<float>(dbias),
+             ptr<float>(pb), chunks, C);
   });
 }
 
@@ -375,4 +367,4 @@ void rmsnorm_residual_forward(const Tensor& sum, const Tensor& out, const Tensor
   residual_forward_norm<true>(sum, out, Tensor(), rstd, a, b, weight, Tensor(), eps);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -5,7 +5,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 constexpr int kThreads = 512;
@@ -13,7 +13,7 @@ constexpr int64_t kPiece = 65536;
 
 template <typename O, typename T>
 __global__ void sum_kernel(O* out, const T* x, int64_t n, bool accumulate) {
-  __shared__ double scratch[32];
+  MB_SHARED_ARRAY(double, scratch, 32);
   double s = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) s += static_cast<double>(to_f32(x[i]));
   s = block_sum(s, scratch);
@@ -33,7 +33,7 @@ __global__ void weighted_accumulate_kernel(O* out, const I* x, Weights w, int n)
 // partial[p] = sum of x[begin_p, end_p)^2; with prev, of (x - prev)^2, and prev = x there
 __global__ void square_partials_kernel(double* partial, const float* x, float* prev, const int64_t* begin,
                                        const int64_t* end) {
-  __shared__ double scratch[32];
+  MB_SHARED_ARRAY(double, scratch, 32);
   const int64_t p = blockIdx.x;
   double s = 0;
   for (int64_t i = begin[p] + threadIdx.x; i < end[p]; i += blockDim.x) {
@@ -78,17 +78,15 @@ void sum_squares_over(const Tensor& out, const Tensor& x, float* prev,
   if (pieces > 0) {
     runtime::copy_bytes(bt.raw(), dev, begin.data(), Device::cpu(), begin.size() * 8);
     runtime::copy_bytes(et.raw(), dev, end.data(), Device::cpu(), end.size() * 8);
-    square_partials_kernel<<<static_cast<unsigned>(pieces), kThreads, 0, s>>>(
-        ptr<double>(partial), ptr<float>(x), prev, static_cast<const int64_t*>(bt.raw()),
-        static_cast<const int64_t*>(et.raw()));
-    MB_CUDA_LAUNCHED("square_partials_kernel");
+    launch(square_partials_kernel, dim3(static_cast<unsigned>(pieces)), kThreads, 0, s, "square_partials_kernel",
+           ptr<double>(partial), ptr<float>(x), prev, static_cast<const int64_t*>(bt.raw()),
+           static_cast<const int64_t*>(et.raw()));
   }
   runtime::copy_bytes(ft.raw(), dev, first.data(), Device::cpu(), first.size() * 8);
   const int64_t S = static_cast<int64_t>(segments.size());
   if (S == 0) return;
-  segment_totals_kernel<<<blocks_for(S, 128), 128, 0, s>>>(ptr<double>(out), ptr<double>(partial),
-                                                           static_cast<const int64_t*>(ft.raw()), S);
-  MB_CUDA_LAUNCHED("segment_totals_kernel");
+  launch(segment_totals_kernel, dim3(blocks_for(S, 128)), 128, 0, s, "segment_totals_kernel", ptr<double>(out),
+         ptr<double>(partial), static_cast<const int64_t*>(ft.raw()), S);
 }
 
 }  // namespace
@@ -99,8 +97,8 @@ void sum(const Tensor& out, const Tensor& x, bool accumulate) {
     using T = decltype(zero);
     with_type<accepts::sum_out.cuda.bits>(out.dtype(), "sum", [&](auto out_zero) {
       using O = decltype(out_zero);
-      sum_kernel<<<1, 1024, 0, stream_of(x)>>>(ptr<O>(out), ptr<T>(x), static_cast<int64_t>(x.numel()), accumulate);
-      MB_CUDA_LAUNCHED("sum_kernel");
+      launch(sum_kernel<O, T>, dim3(1), 1024, 0, stream_of(x), "sum_kernel", ptr<O>(out), ptr<T>(x),
+             static_cast<int64_t>(x.numel()), accumulate);
     });
   });
 }
@@ -114,8 +112,8 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
     using O = decltype(out_zero);
     with_type<accepts::weighted_accumulate_x.cuda.bits>(x.dtype(), "weighted_accumulate", [&](auto x_zero) {
       using X = decltype(x_zero);
-      weighted_accumulate_kernel<<<1, 32, 0, stream_of(x)>>>(ptr<O>(out), ptr<X>(x), w, n);
-      MB_CUDA_LAUNCHED("weighted_accumulate_kernel");
+      launch(weighted_accumulate_kernel<O, X>, dim3(1), 32, 0, stream_of(x), "weighted_accumulate_kernel", ptr<O>(out),
+             ptr<X>(x), w, n);
     });
   });
 }
@@ -135,4 +133,4 @@ void segment_sum_squares_of_growth(const Tensor& out, const Tensor& x, const Ten
   sum_squares_over(out, x, ptr<float>(prev), segments);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -3,7 +3,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -24,7 +24,7 @@ __global__ void relative_bias_forward_kernel(T* out, const T* table, const int32
 // block (bucket, h): dtable[bucket, h] += sum of dout[h, e] over positions e in that bucket
 template <typename T>
 __global__ void relative_bias_backward_kernel(float* dtable, const T* dout, const int32_t* buckets, int64_t H, int64_t E) {
-  __shared__ float scratch[32];
+  MB_SHARED_ARRAY(float, scratch, 32);
   const int64_t bucket = blockIdx.x / H, h = blockIdx.x % H;
   float s = 0;
   for (int64_t e = threadIdx.x; e < E; e += blockDim.x)
@@ -39,9 +39,8 @@ void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor&
   const int64_t H = table.dim(1), E = static_cast<int64_t>(buckets.numel());
   with_type<accepts::relative_bias_forward_table.cuda.bits>(table.dtype(), "relative_bias_forward", [&](auto zero) {
     using T = decltype(zero);
-    relative_bias_forward_kernel<T><<<blocks_for(H * E, 256), 256, 0, stream_of(table)>>>(
-        ptr<T>(out), ptr<T>(table), ptr<int32_t>(buckets), H, E);
-    MB_CUDA_LAUNCHED("relative_bias_forward_kernel");
+    launch(relative_bias_forward_kernel<T>, dim3(blocks_for(H * E, 256)), 256, 0, stream_of(table),
+           "relative_bias_forward_kernel", ptr<T>(out), ptr<T>(table), ptr<int32_t>(buckets), H, E);
   });
 }
 
@@ -50,10 +49,9 @@ void relative_bias_backward(const Tensor& dtable, const Tensor& dout, const Tens
   if (NB * H == 0) return;
   with_type<accepts::relative_bias_backward_dout.cuda.bits>(dout.dtype(), "relative_bias_backward", [&](auto zero) {
     using T = decltype(zero);
-    relative_bias_backward_kernel<T><<<static_cast<unsigned>(NB * H), 256, 0, stream_of(dout)>>>(
-        ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(buckets), H, E);
-    MB_CUDA_LAUNCHED("relative_bias_backward_kernel");
+    launch(relative_bias_backward_kernel<T>, dim3(static_cast<unsigned>(NB * H)), 256, 0, stream_of(dout),
+           "relative_bias_backward_kernel", ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(buckets), H, E);
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -3,7 +3,7 @@
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 namespace {
 
 struct Add {
@@ -29,4 +29,4 @@ void residual_backward(const Tensor& da, const Tensor& db, const Tensor& dout) {
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND
