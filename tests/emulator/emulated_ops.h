@@ -6,8 +6,9 @@
 // backend: the public op's argument checks are tested in the CPU and GPU programs.
 //
 // Every op the test bodies name is here. Those whose CUDA code the emulator cannot run
-// (cuBLASLt's GEMMs, cub's sort) refuse an emulated tensor, so that a test can never pass by
-// running the CPU's code where the GPU's was meant: the tests that need them skip (MB_SKIP_ON_EMULATOR).
+// (cuBLASLt's GEMMs, cub's sort) refuse an emulated tensor, so that a test never passes by
+// running the CPU's code where the GPU's was meant; the tests that need them skip
+// (MB_SKIP_ON_EMULATOR in tests/unit/op_harness.h).
 #pragma once
 
 #include <stdexcept>
