@@ -6,7 +6,7 @@
 // backend: the public op's argument checks are tested in the CPU and GPU programs.
 //
 // Every op the test bodies name is here. Those whose CUDA code the emulator cannot run
-// (cuBLASLt's GEMMs, cub's sort) refuse an emulated tensor, so that a test never passes by
+// (cuBLASLt's GEMMs) refuse an emulated tensor, so that a test never passes by
 // running the CPU's code where the GPU's was meant; the tests that need them skip
 // (MB_SKIP_ON_EMULATOR in tests/unit/op_harness.h).
 #pragma once
@@ -218,7 +218,7 @@ MB_EMULATED_OP(flash_cross_attention_backward,
                 const DropoutKey* dropout, Write w = Write::kAdd),
                (dq, dkv, dout, q, kv, out, lse, key_mask, s, dropout, w))
 
-// what the emulator cannot run: cuBLASLt (matmul.h, attention.h) and cub (embedding.h)
+// what the emulator cannot run: cuBLASLt's products (matmul.h, attention.h)
 MB_NOT_EMULATED(gemm, "cuBLASLt",
                 (const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha = 1.0f,
                  float beta = 0.0f),
@@ -255,10 +255,10 @@ MB_NOT_EMULATED(cross_attention_backward, "cuBLASLt",
                 (const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q, const Tensor& kv,
                  const Tensor& probs, const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout),
                 (dq, dkv, dout, q, kv, probs, key_mask, s, dropout))
-MB_NOT_EMULATED(embedding_forward, "cub::DeviceRadixSort",
+MB_EMULATED_OP(embedding_forward,
                 (const Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin, bool accumulate = false),
                 (out, ids, table, row_begin, accumulate))
-MB_NOT_EMULATED(embedding_backward, "cub::DeviceRadixSort",
+MB_EMULATED_OP(embedding_backward,
                 (const Tensor& dtable, const Tensor& dout, const Tensor& ids, int64_t row_begin),
                 (dtable, dout, ids, row_begin))
 

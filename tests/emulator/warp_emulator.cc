@@ -159,6 +159,7 @@ struct Launch {
 };
 
 thread_local Options g_options;
+thread_local int64_t g_launches = 0;
 thread_local Launch* g_launch = nullptr;
 thread_local Fiber* g_fiber = nullptr;
 
@@ -439,7 +440,10 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
   }
   g_launch = nullptr;
   if (!l.error.empty()) throw std::runtime_error(std::string("warp emulator: ") + name + ": " + l.error);
+  ++g_launches;
 }
+
+int64_t launches() { return g_launches; }
 
 const uint3& thread_index() { return me().idx; }
 const uint3& block_index() { return me().block->idx; }

@@ -47,6 +47,8 @@ const Options& options();
 // dynamic shared memory a block. Throws std::runtime_error naming `name` on a deadlock, a
 // __trap(), or lanes of a warp meeting at different collectives.
 void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<void()> kernel);
+// How many launches this thread has run to their end.
+int64_t launches();
 
 // ---- what a kernel calls (through the macros below) -----------------------------------
 const uint3& thread_index();

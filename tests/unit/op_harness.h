@@ -50,7 +50,7 @@ inline Device test_device() { return Device::cpu(); }
       GTEST_SKIP() << "no GPU is visible: the CUDA kernels are tested on a machine with one";               \
   } while (0)
 
-// A test whose CUDA code the warp emulator cannot run (`what`: cuBLASLt, cub) skips in the
+// A test whose CUDA code the warp emulator cannot run (`what`: cuBLASLt's) skips in the
 // emulated program, saying so.
 #ifdef MB_TEST_DEVICE_EMULATED
 #define MB_SKIP_ON_EMULATOR(what) GTEST_SKIP() << "its CUDA code (" << (what) << ") does not run on the warp emulator"

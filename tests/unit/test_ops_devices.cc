@@ -4,7 +4,7 @@
 // roundoff and the length of the f32 accumulations (op_harness.h). On the CPU the half
 // types are the emulation (stored rounded, computed in f32); on a GPU these are the CUDA
 // kernels. test_ops_emulated runs the CUDA kernels on the CPU's warp emulator
-// (tests/emulator/emulated_ops.h), all but cuBLASLt's and cub's. Gradients are checked by
+// (tests/emulator/emulated_ops.h), all but cuBLASLt's. Gradients are checked by
 // finite differences in test_ops.cc, on the reference.
 #include <gtest/gtest.h>
 
@@ -265,7 +265,6 @@ TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
 }
 
 TEST_P(OnDevice, EmbeddingForwardAccumulateAndDeterministicBackward) {
-  MB_SKIP_ON_EMULATOR("cub::DeviceRadixSort");
   auto h = harness(6);
   const int64_t n = 1000, C = 48, rows = 64, begin = 32;  // a shard: ids outside [32, 96) give zeros
   const std::vector<int32_t> idv = random_ids(n, 0, 127, 7);  // many repeats

@@ -2,12 +2,16 @@
 // by id (a stable radix sort, so equal ids keep their order), and the first position of
 // each id's run adds the whole run, in order, into that one table row: every row has one
 // writer and no atomics are needed.
-#include <cub/cub.cuh>
-
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
-namespace megabatch::ops::cuda {
+#ifdef MB_WARP_EMULATOR
+#include <algorithm>
+#else
+#include <cub/cub.cuh>
+#endif
+
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -59,6 +63,27 @@ __global__ void iota_kernel(int32_t* out, int64_t n) {
     out[i] = static_cast<int32_t>(i);
 }
 
+// sorted_ids, sorted_pos = ids, pos sorted by id, stably (equal ids keep their order): cub's
+// radix sort of the 32 bits on a GPU. cub's kernels are CUDA only, so on the warp emulator
+// std::stable_sort stands in for it, with the same result.
+void sort_pairs(int32_t* sorted_ids, int32_t* sorted_pos, const int32_t* ids, const int32_t* pos, int64_t n, Device dev,
+                cudaStream_t s) {
+#ifdef MB_WARP_EMULATOR
+  (void)dev;
+  (void)s;
+  std::copy(pos, pos + n, sorted_pos);
+  std::stable_sort(sorted_pos, sorted_pos + n, [&](int32_t a, int32_t b) { return ids[a] < ids[b]; });
+  for (int64_t k = 0; k < n; ++k) sorted_ids[k] = ids[sorted_pos[k]];
+#else
+  size_t temp_bytes = 0;
+  MB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, ids, sorted_ids, pos, sorted_pos,
+                                                static_cast<int>(n), 0, 32, s));
+  Tensor temp({static_cast<int64_t>(temp_bytes) + 1}, DType::kU8, dev);
+  MB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, ids, sorted_ids, pos, sorted_pos,
+                                                static_cast<int>(n), 0, 32, s));
+#endif
+}
+
 }  // namespace
 
 void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, int64_t row_begin, bool accumulate) {
@@ -66,9 +91,9 @@ void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table
   if (n == 0) return;
   with_type<accepts::embedding_forward_table.cuda.bits>(table.dtype(), "embedding_forward", [&](auto zero) {
     using T = decltype(zero);
-    embedding_forward_kernel<T><<<blocks_for(n * C, 256), 256, 0, stream_of(table)>>>(
-        ptr<T>(out), ptr<int32_t>(ids), ptr<T>(table), n, C, row_begin, table.dim(0), accumulate);
-    MB_CUDA_LAUNCHED("embedding_forward_kernel");
+    launch(embedding_forward_kernel<T>, dim3(blocks_for(n * C, 256)), 256, 0, stream_of(table),
+           "embedding_forward_kernel", ptr<T>(out), ptr<int32_t>(ids), ptr<T>(table), n, C, row_begin, table.dim(0),
+           accumulate);
   });
 }
 
@@ -79,21 +104,14 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
   const cudaStream_t s = stream_of(dtable);
   const Device dev = dtable.device();
   Tensor pos({n}, DType::kI32, dev), sorted_ids({n}, DType::kI32, dev), sorted_pos({n}, DType::kI32, dev);
-  iota_kernel<<<blocks_for(n, 256), 256, 0, s>>>(ptr<int32_t>(pos), n);
-  MB_CUDA_LAUNCHED("iota_kernel");
-  size_t temp_bytes = 0;
-  MB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, ptr<int32_t>(ids), ptr<int32_t>(sorted_ids),
-                                                ptr<int32_t>(pos), ptr<int32_t>(sorted_pos), static_cast<int>(n), 0, 32, s));
-  Tensor temp({static_cast<int64_t>(temp_bytes) + 1}, DType::kU8, dev);
-  MB_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp.raw(), temp_bytes, ptr<int32_t>(ids), ptr<int32_t>(sorted_ids),
-                                                ptr<int32_t>(pos), ptr<int32_t>(sorted_pos), static_cast<int>(n), 0, 32, s));
+  launch(iota_kernel, dim3(blocks_for(n, 256)), 256, 0, s, "iota_kernel", ptr<int32_t>(pos), n);
+  sort_pairs(ptr<int32_t>(sorted_ids), ptr<int32_t>(sorted_pos), ptr<int32_t>(ids), ptr<int32_t>(pos), n, dev, s);
   with_type<accepts::embedding_backward_dout.cuda.bits>(dout.dtype(), "embedding_backward", [&](auto zero) {
     using T = decltype(zero);
-    embedding_backward_kernel<T><<<static_cast<unsigned>(n), 128, 0, s>>>(
-        ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(sorted_ids), ptr<int32_t>(sorted_pos), n, C, row_begin,
-        dtable.dim(0));
-    MB_CUDA_LAUNCHED("embedding_backward_kernel");
+    launch(embedding_backward_kernel<T>, dim3(static_cast<unsigned>(n)), 128, 0, s, "embedding_backward_kernel",
+           ptr<float>(dtable), ptr<T>(dout), ptr<int32_t>(sorted_ids), ptr<int32_t>(sorted_pos), n, C, row_begin,
+           dtable.dim(0));
   });
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND
