@@ -3,6 +3,7 @@
 // loop) and models/' (the model and its batches from the flags).
 #include <omp.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <thread>
 
 #include "core/comm/mpi_communicator.h"
 #include "core/config/config.h"
@@ -249,6 +251,14 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   }
   run.logger = run.parallel.world_rank == 0;
   if (!run.logger) std::cout.rdbuf(nullptr);
+  // --threads 0 (all CPUs) with several ranks on this node: each rank takes its share of the
+  // node's CPUs (as torchrun sets OMP_NUM_THREADS=1), since ranks whose OpenMP threads each
+  // want every CPU wait on each other's (4 ranks on 2 cores: 3x the time). The ops' results do
+  // not depend on the thread count. OMP_NUM_THREADS, where set, decides instead.
+  if (v["threads"].get<int64_t>() == 0 && run.parallel.local_size > 1 && !std::getenv("OMP_NUM_THREADS")) {
+    const int node_cpus = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    omp_set_num_threads(std::min(mb::available_cpus(), std::max(1, node_cpus / run.parallel.local_size)));
+  }
   run.opt = mb::train::train_options(r, run.dtype, dp_size, mc.padded_vocab_size());
   run.opt.tokens_per_sample = mb::models::tokens_per_sample(mc);
   run.opt.flops_per_iteration = mb::models::megatron_flops(mc, run.opt.global_batch_size);

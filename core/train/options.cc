@@ -74,7 +74,7 @@ const config::Schema& train_schema() {
        "validate the configuration, the optimizer plugin and its hyperparameters, the data files and the memory "
        "estimate, then exit (sweep run --dry-run checks every point this way)", "run"},
       {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
-      {"threads", Type::kInt, 0, "CPU threads (0: all cores)", "run"},
+      {"threads", Type::kInt, 0, "CPU threads (0: all cores, shared out among the ranks on a node)", "run"},
       {"device", Type::kString, nullptr, "cpu, cuda or cuda:N (default: cuda when this build has CUDA and a GPU is visible, else cpu)", "run"},
       {"distributed_backend", Type::kString, "auto",
        "collectives of the TP and DP groups: auto (NCCL on GPUs when every rank has a GPU of its own, else MPI), nccl, "
