@@ -1,6 +1,7 @@
 // The backends of the op API: ops::cpu (the reference, in cpu/) and ops::cuda (in cuda/,
 // compiled in CUDA builds only and reached through MB_CUDA). Each implements every entry
-// point listed in backend_ops.inc. Only the dispatching op files include this.
+// point listed in backend_ops.inc. Only the dispatching op files include this, and the
+// tests that run cuda/'s code on the CPU's warp emulator (ops::emulated, tests/emulator).
 #pragma once
 
 #include <cstdint>
@@ -34,3 +35,9 @@ namespace megabatch::ops::cuda {
 // (a build for sm_75 alone run on a newer GPU: how the T4 path is tested on an H100).
 int flash_code_arch(int device);
 }  // namespace megabatch::ops::cuda
+
+// cuda/'s kernels compiled as C++ for the warp emulator (MB_WARP_EMULATOR; defined only in
+// the test programs of tests/emulator)
+namespace megabatch::ops::emulated {
+#include "core/ops/backend_ops.inc"
+}  // namespace megabatch::ops::emulated

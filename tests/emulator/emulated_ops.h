@@ -16,26 +16,8 @@
 #include <utility>
 #include <vector>
 
-#include "core/ops/activation.h"
-#include "core/ops/attention.h"
-#include "core/ops/cross_entropy.h"
-#include "core/ops/dropout.h"
-#include "core/ops/elementwise.h"
-#include "core/ops/embedding.h"
-#include "core/ops/flash_attention.h"
-#include "core/ops/gather.h"
-#include "core/ops/gradients.h"
-#include "core/ops/layernorm.h"
-#include "core/ops/matmul.h"
-#include "core/ops/random.h"
-#include "core/ops/reduce.h"
-#include "core/ops/relative_position.h"
-#include "core/ops/residual.h"
+#include "core/ops/backends.h"  // ops::emulated
 #include "core/tensor/tensor.h"
-
-namespace megabatch::ops::emulated {  // the CUDA backend compiled for the warp emulator
-#include "core/ops/backend_ops.inc"
-}  // namespace megabatch::ops::emulated
 
 namespace megabatch::testing {
 

@@ -41,12 +41,6 @@
 #include "core/tensor/tensor.h"
 #include "core/util/error.h"
 
-#ifdef MB_WARP_EMULATOR
-namespace megabatch::ops::emulated {  // the emulated build's entry points, as ops::cuda's
-#include "core/ops/backend_ops.inc"
-}  // namespace megabatch::ops::emulated
-#endif
-
 namespace megabatch::ops::MB_CUDA_BACKEND {
 
 using bf16 = __nv_bfloat16;
