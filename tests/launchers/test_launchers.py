@@ -222,7 +222,7 @@ class EksManifest(unittest.TestCase):
         self.assertIn("p4d.24xlarge", str(e.exception))
 
 
-class CommandLines(unittest.TestCase):
+class Launching:
     def launch(self, itype, hostfile, *args):
         """launchers/ec2/launch.sh --instance-type ITYPE --hostfile HOSTFILE ARGS..."""
         return self.run_([os.path.join(ROOT, "launchers", "ec2", "launch.sh"), "--instance-type", itype,
@@ -230,6 +230,9 @@ class CommandLines(unittest.TestCase):
 
     def run_(self, args):
         return subprocess.run(args, capture_output=True, text=True)
+
+
+class CommandLines(Launching, unittest.TestCase):
 
     def test_ec2_launch_builds_mpirun_over_the_hostfile(self):
         with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
@@ -427,6 +430,36 @@ class CommandLines(unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn(os.path.join(os.environ["MEGABATCH_BIN"], "train"), r.stdout)
 
+    def test_slurm_submit_dry_run_says_what_it_would_submit_and_writes_nothing(self):
+        # before: --dry-run wrote points.txt, every point.json and sweep.json
+        with tempfile.TemporaryDirectory() as tmp:
+            runs = os.path.join(tmp, "runs, it's $HOME")  # a comma, a space, a quote and a $
+            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
+                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
+                           "--max-running", "3", "--runs-dir", runs, "--dry-run", "--container", "img:1"])
+            self.assertEqual(r.returncode, 2, r.stderr + r.stdout)  # pyxis cannot mount a path with a comma
+            self.assertIn("pyxis cannot mount", r.stderr)
+            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
+                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
+                           "--max-running", "3", "--runs-dir", runs, "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
+            self.assertEqual(os.listdir(tmp), [], "a dry run writes nothing")
+            self.assertIn("/lamb_bsz/points.txt: 10 points (--dry-run: nothing written)", r.stdout)
+            self.assertIn("--array=0-9%3", r.stdout)
+            self.assertIn("point.sbatch", r.stdout)
+            # the environment file the tasks would source: every value survives bash's reading
+            env = r.stdout.split("slurm.env would hold:\n", 1)[1].split("\nsbatch", 1)[0]
+            sweep_dir = os.path.join(os.path.realpath(tmp), "runs, it's $HOME", "lamb_bsz")
+            out = subprocess.run(["bash", "-c", env + '\nprintf "%s\\n" "$SWEEP_DIR" "${#CONTAINER_ARGS[@]}"'],
+                                 capture_output=True, text=True)
+            self.assertEqual(out.stdout, sweep_dir + "\n0\n", env)
+        with open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")) as f:
+            sbatch = f.read()
+        for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "srun --mpi=pmix", "scontrol requeue"):
+            self.assertIn(line, sbatch)
+
+
+class Selftest(Launching, unittest.TestCase):
     def test_selftest_compares_a_layout_with_one_process_and_the_launchers_start_it(self):
         env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    OMPI_MCA_rmaps_base_oversubscribe="1")
@@ -460,34 +493,6 @@ class CommandLines(unittest.TestCase):
             self.assertIn("--nodes=2", r.stdout)
             self.assertIn("selftest.sh --tp 2", r.stdout)
             self.assertIn("srun --mpi=pmix", r.stdout)
-
-    def test_slurm_submit_dry_run_says_what_it_would_submit_and_writes_nothing(self):
-        # before: --dry-run wrote points.txt, every point.json and sweep.json
-        with tempfile.TemporaryDirectory() as tmp:
-            runs = os.path.join(tmp, "runs, it's $HOME")  # a comma, a space, a quote and a $
-            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
-                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
-                           "--max-running", "3", "--runs-dir", runs, "--dry-run", "--container", "img:1"])
-            self.assertEqual(r.returncode, 2, r.stderr + r.stdout)  # pyxis cannot mount a path with a comma
-            self.assertIn("pyxis cannot mount", r.stderr)
-            r = self.run_([os.path.join(ROOT, "launchers", "slurm", "submit.sh"),
-                           os.path.join(ROOT, "experiments", "lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "2",
-                           "--max-running", "3", "--runs-dir", runs, "--dry-run"])
-            self.assertEqual(r.returncode, 0, r.stderr + r.stdout)
-            self.assertEqual(os.listdir(tmp), [], "a dry run writes nothing")
-            self.assertIn("/lamb_bsz/points.txt: 10 points (--dry-run: nothing written)", r.stdout)
-            self.assertIn("--array=0-9%3", r.stdout)
-            self.assertIn("point.sbatch", r.stdout)
-            # the environment file the tasks would source: every value survives bash's reading
-            env = r.stdout.split("slurm.env would hold:\n", 1)[1].split("\nsbatch", 1)[0]
-            sweep_dir = os.path.join(os.path.realpath(tmp), "runs, it's $HOME", "lamb_bsz")
-            out = subprocess.run(["bash", "-c", env + '\nprintf "%s\\n" "$SWEEP_DIR" "${#CONTAINER_ARGS[@]}"'],
-                                 capture_output=True, text=True)
-            self.assertEqual(out.stdout, sweep_dir + "\n0\n", env)
-        with open(os.path.join(ROOT, "launchers", "slurm", "point.sbatch")) as f:
-            sbatch = f.read()
-        for line in ("#SBATCH --requeue", "#SBATCH --signal=B:USR1@120", "srun --mpi=pmix", "scontrol requeue"):
-            self.assertIn(line, sbatch)
 
 
 if __name__ == "__main__":
