@@ -40,6 +40,7 @@ using ops::FlashForwardRows;
 using ops::relative_position_bucket;
 using ops::set_flash_dq;
 using ops::set_flash_forward_rows;
+using ops::ShardLayout;
 using ops::Trans;
 using ops::Write;
 
@@ -126,6 +127,8 @@ MB_EMULATED_OP(scale, (const Tensor& x, float s), (x, s))
 // gather.h
 MB_EMULATED_OP(gather_rows, (const Tensor& out, const Tensor& in, const Tensor& rows), (out, in, rows))
 MB_EMULATED_OP(scatter_add_rows, (const Tensor& dst, const Tensor& src, const Tensor& rows), (dst, src, rows))
+// random.h
+MB_EMULATED_OP(normal_fill, (const Tensor& out, uint64_t key, const ShardLayout& layout), (out, key, layout))
 // relative_position.h
 MB_EMULATED_OP(relative_bias_forward, (const Tensor& out, const Tensor& table, const Tensor& buckets),
                (out, table, buckets))

@@ -18,18 +18,20 @@
 
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
-#include "core/ops/flash_attention.h"
 #include "core/ops/cross_entropy.h"
 #include "core/ops/dropout.h"
 #include "core/ops/elementwise.h"
 #include "core/ops/embedding.h"
+#include "core/ops/flash_attention.h"
 #include "core/ops/gather.h"
 #include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
+#include "core/ops/random.h"
 #include "core/ops/reduce.h"
 #include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
+#include "core/util/philox.h"
 #include "tests/unit/op_harness.h"
 
 namespace mb = megabatch;
@@ -860,6 +862,44 @@ TEST_P(OnDevice, RelativePositionBiasForwardAndBackward) {
   ops::relative_bias_backward(dt.dev, dy.dev, buckets.dev);
   ops::relative_bias_backward(dt.ref, dy.ref, buckets.ref);
   h.expect_close(dt, T * T, "relative bias backward");
+}
+
+// The Philox normal fill (f32 only): the unsharded tensor's draws are philox_normal's in
+// double on the host; a shard of either partition dimension, and a distributed optimizer's
+// piece of a shard, hold exactly the full tensor's draws at their elements' places.
+TEST_P(OnDevice, NormalFillOfAnyShardIsTheFullTensorsDraws) {
+  if (GetParam() != DType::kF32) GTEST_SKIP() << "normal_fill writes f32 only";
+  auto h = harness(15);
+  const int64_t R = 38, C = 50;  // 1,900 elements: several blocks, and a partial last one
+  const uint64_t key = 0x5eed0f2a11ULL;
+  Pair full = h.output({R, C}, DType::kF32);
+  std::vector<double> want(static_cast<size_t>(R * C));
+  for (size_t i = 0; i < want.size(); ++i) want[i] = mb::philox_normal(key, i);
+  full.ref = mb::from_host(want, {R, C});
+  ops::normal_fill(full.dev, key, ops::ShardLayout{R, C, C, -1, 0, 0});
+  h.expect_close(full, 0, "normal_fill", 1.0);
+  const std::vector<double> drawn = mb::to_host_f64(full.dev);
+  auto at = [&](int64_t r, int64_t c) { return drawn[static_cast<size_t>(r * C + c)]; };
+  for (int dim : {0, 1})
+    for (int64_t rank : {0, 1}) {
+      const int64_t rows = dim == 0 ? R / 2 : R, cols = dim == 1 ? C / 2 : C;
+      const ops::ShardLayout layout{rows, cols, C, dim, rank, 0};
+      Pair shard = h.output({rows, cols}, DType::kF32);
+      ops::normal_fill(shard.dev, key, layout);
+      const std::vector<double> got = mb::to_host_f64(shard.dev);
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          ASSERT_EQ(got[static_cast<size_t>(r * cols + c)], dim == 0 ? at(rank * rows + r, c) : at(r, rank * cols + c))
+              << "partition dim " << dim << ", rank " << rank << ", element (" << r << ", " << c << ")";
+      // elements [123, 424) of the shard, as a distributed optimizer's piece
+      const int64_t offset = 123, n = 301;
+      Pair piece = h.output({n}, DType::kF32);
+      ops::normal_fill(piece.dev, key, ops::ShardLayout{rows, cols, C, dim, rank, offset});
+      const std::vector<double> part = mb::to_host_f64(piece.dev);
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(part[static_cast<size_t>(i)], got[static_cast<size_t>(offset + i)])
+            << "piece at offset " << offset << " of partition dim " << dim << ", rank " << rank << ", element " << i;
+    }
 }
 
 TEST_P(OnDevice, GatherAndScatterRows) {

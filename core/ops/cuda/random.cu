@@ -3,7 +3,7 @@
 #include "core/ops/cuda/common.cuh"
 #include "core/util/philox.h"
 
-namespace megabatch::ops::cuda {
+namespace megabatch::ops::MB_CUDA_BACKEND {
 
 // The arguments these kernels read as one type (raw pointers), as their rows in
 // core/ops/accepts.inc say: a row that widened would not build.
@@ -20,8 +20,8 @@ __global__ void normal_kernel(float* out, int64_t n, uint64_t key, ShardLayout l
 void normal_fill(const Tensor& out, uint64_t key, const ShardLayout& layout) {
   const int64_t n = static_cast<int64_t>(out.numel());
   if (n == 0) return;
-  normal_kernel<<<blocks_for(n, 256), 256, 0, stream_of(out)>>>(ptr<float>(out), n, key, layout);
-  MB_CUDA_LAUNCHED("normal_kernel");
+  launch(normal_kernel, dim3(blocks_for(n, 256)), 256, 0, stream_of(out), "normal_kernel", ptr<float>(out), n, key,
+         layout);
 }
 
-}  // namespace megabatch::ops::cuda
+}  // namespace megabatch::ops::MB_CUDA_BACKEND
