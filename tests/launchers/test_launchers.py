@@ -233,7 +233,6 @@ class Launching:
 
 
 class CommandLines(Launching, unittest.TestCase):
-
     def test_ec2_launch_builds_mpirun_over_the_hostfile(self):
         with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
             f.write("10.0.0.1\n# a comment\n10.0.0.2\n")
