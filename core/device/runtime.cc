@@ -155,84 +155,30 @@ const void* Readback::get() {
   return host_;
 }
 
-Uploads::Uploads(Device d) : device_(d) {
-  if (d.is_cuda()) MB_CUDA(for (Generation& g : gens_) g.event = cuda_rt::event_create());
+StreamHold::StreamHold(Device d, [[maybe_unused]] double seconds) : device_(d) {
+  check(d.is_cuda(), "internal error: StreamHold on ", d.str());
+  MB_CUDA(hold_ = cuda_rt::hold_stream(d.index, seconds));
 }
 
-Uploads::~Uploads() {
-#if MEGABATCH_WITH_CUDA
-  for (Generation& g : gens_) {
-    if (!g.event) continue;
-    try {
-      cuda_rt::event_wait(g.event);  // its copies may still read the blocks
-    } catch (const std::exception&) {
-      // a failed device runs no more copies: nothing to wait for
-    }
-    release(g);
-    cuda_rt::event_destroy(g.event);
+StreamHold::~StreamHold() {
+  if (!hold_) return;
+  try {
+    release();
+  } catch (const std::exception&) {
+    // a failed device runs nothing more: nothing to wait for
   }
-#endif
 }
 
-void Uploads::release(Generation& g) {
+bool StreamHold::release() {
+  check(hold_ != nullptr, "internal error: StreamHold released twice");
+  void* h = hold_;
+  hold_ = nullptr;
 #if MEGABATCH_WITH_CUDA
-  for (const auto& b : g.blocks) cuda_rt::pinned_free(b.first);
-#endif
-  g.blocks.clear();
-  g.used = 0;
-}
-
-void Uploads::copy(void* device_dst, const void* host_src, size_t bytes) {
-  if (bytes == 0) return;
-  if (device_.is_cpu()) {
-    std::memcpy(device_dst, host_src, bytes);
-    return;
-  }
-#if MEGABATCH_WITH_CUDA
-  constexpr size_t kAlign = 16, kFirstBlock = size_t{1} << 16;
-  Generation& g = gens_[cur_];
-  size_t at = (g.used + kAlign - 1) / kAlign * kAlign;
-  if (g.blocks.empty() || at + bytes > g.blocks.back().second) {
-    // a larger block; the full ones stay until this generation's copies are done
-    const size_t size = std::max({bytes, kFirstBlock, g.blocks.empty() ? size_t{0} : 2 * g.blocks.back().second});
-    g.blocks.emplace_back(cuda_rt::pinned_alloc(size), size);
-    at = 0;
-  }
-  char* staged = static_cast<char*>(g.blocks.back().first) + at;
-  std::memcpy(staged, host_src, bytes);
-  g.used = at + bytes;
-  cuda_rt::copy_bytes(device_dst, staged, bytes, device_.index, 0);
+  return cuda_rt::release_stream(h, device_.index);
 #else
-  fail_no_cuda();
+  (void)h;
+  return false;
 #endif
-}
-
-void Uploads::next() {
-  if (device_.is_cpu()) return;
-#if MEGABATCH_WITH_CUDA
-  Generation& done = gens_[cur_];
-  cuda_rt::event_record(done.event, device_.index);
-  done.recorded = true;
-  cur_ ^= 1;
-  Generation& g = gens_[cur_];
-  if (g.recorded) cuda_rt::event_wait(g.event);  // the device has long passed it
-  if (g.blocks.size() > 1) {  // grown: one block of the whole size from now on
-    size_t total = 0;
-    for (const auto& b : g.blocks) total += b.second;
-    release(g);
-    g.blocks.emplace_back(cuda_rt::pinned_alloc(total), total);
-  }
-  g.used = 0;
-#else
-  fail_no_cuda();
-#endif
-}
-
-size_t Uploads::pinned_bytes() const {
-  size_t n = 0;
-  for (const Generation& g : gens_)
-    for (const auto& b : g.blocks) n += b.second;
-  return n;
 }
 
 AllocStats alloc_stats(Device d) {

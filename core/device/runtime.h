@@ -10,8 +10,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <utility>
-#include <vector>
 #include <string>
 
 #include "core/device/device.h"
@@ -46,9 +44,11 @@ void* raw_alloc(Device d, size_t bytes);  // Error (with the device and size) wh
 void raw_free(Device d, void* p, size_t bytes);
 
 // ---- copies and fills, ordered on the run's stream ------------------------------------
-// Copies `bytes` from src on device `from` to dst on device `to`. Host-to-device copies
-// return without waiting for the device; a copy to the host waits for the device's stream
-// to reach it (the data is there when the call returns).
+// Copies `bytes` from src on device `from` to dst on device `to`. A host-to-device copy of
+// up to 2 MiB (a batch, a plugin's tables, a step's numbers) is staged in pinned memory: it
+// returns without waiting for the device, and src may change at once. A larger one (weights,
+// checkpoints) may let the driver wait for the device's stream first. A copy to the host waits
+// for the device's stream to reach it (the data is there when the call returns).
 void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes);
 void fill_zero(void* p, Device d, size_t bytes);
 // Waits until everything issued on d's stream has finished (no-op on the CPU).
@@ -81,34 +81,25 @@ class Readback {
   bool pending_ = false;
 };
 
-// ---- copies to the device that never wait ---------------------------------------------
-// copy() puts host data into pinned memory and queues its copy to device memory on the
-// device's stream, then returns: the host need not wait (a copy from pageable memory may
-// make the driver synchronize with the stream first). Generations alternate: next() ends one
-// (an optimizer step) and starts the next in the pinned memory of the one before, once the
-// device has passed that one's copies (long since, unless the host runs two generations
-// ahead: then it waits). On the CPU copy() is a memcpy.
-class Uploads {
+// ---- holding the stream (tests) --------------------------------------------------------
+// Holds d's stream where it is constructed: what is issued after it runs only once release()
+// is called, or once `seconds` have passed. A test issues work behind a hold to prove that the
+// host never waits for the device while issuing it: a host that waited would wait out the
+// deadline, and release() says so. (Kernel launches beyond what the driver queues, about a
+// thousand, would wait too: hold a few hundred at most.) Not for a CPU device.
+class StreamHold {
  public:
-  explicit Uploads(Device d);
-  ~Uploads();
-  Uploads(const Uploads&) = delete;
-  Uploads& operator=(const Uploads&) = delete;
-  void copy(void* device_dst, const void* host_src, size_t bytes);
-  void next();
-  size_t pinned_bytes() const;  // held in both generations
+  StreamHold(Device d, double seconds);
+  ~StreamHold();  // releases, if release() was not called
+  StreamHold(const StreamHold&) = delete;
+  StreamHold& operator=(const StreamHold&) = delete;
+  // Lets the stream go on, waits until it has run everything issued so far, and returns whether
+  // the hold ran out its deadline (the host waited for the device behind it).
+  bool release();
 
  private:
-  struct Generation {
-    std::vector<std::pair<void*, size_t>> blocks;  // pinned; copies go into the last
-    size_t used = 0;                               // bytes of the last block taken
-    void* event = nullptr;                         // recorded when the generation ends
-    bool recorded = false;
-  };
-  void release(Generation& g);
   Device device_;
-  Generation gens_[2];
-  int cur_ = 0;
+  void* hold_ = nullptr;
 };
 
 // ---- per-device context for the CUDA code (opaque here) --------------------------------

@@ -211,9 +211,15 @@ Tensor bytes_on(size_t bytes, Device d) {
 
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
                                  const std::vector<double>& hparams, uint64_t seed, LogSink log, DpShards* shards)
-    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), uploads_(device_), seed_(seed),
+    : plugin_(std::move(plugin)),
+      store_(&store),
+      tp_(&tp),
+      device_(store.device()),
+      seed_(seed),
       log_(std::move(log)),
-      shards_(shards), values_(bytes_on(sizeof(mb_step_values), device_)), norm_({1}, DType::kF64, device_),
+      shards_(shards),
+      values_(bytes_on(sizeof(mb_step_values), device_)),
+      norm_({1}, DType::kF64, device_),
       skip_({1}, DType::kF32, device_) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
@@ -293,7 +299,7 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
         skip.describe());
   // the step's numbers at their fixed addresses, in stream order
   const mb_step_values values{step_count, lr, global_batch};
-  uploads_.copy(values_.raw(), &values, sizeof values);
+  runtime::copy_bytes(values_.raw(), device_, &values, Device::cpu(), sizeof values);  // staged: no wait
   copy(norm_, to_device(grad_norm_t, device_));
   if (skip.defined()) copy(skip_, skip);
   mb_step_info info{step_count, lr, global_batch, seed_, norm_.data<double>(), diagnostics ? 1 : 0,
@@ -470,7 +476,6 @@ void PluginOptimizer::end_call() {
     scratch_.block = bytes_on(scratch_.used, device_);
   }
   scratch_.used = 0;
-  uploads_.next();
 }
 
 void* PluginOptimizer::alloc_device(void* ctx, size_t bytes) {
@@ -487,7 +492,7 @@ void* PluginOptimizer::alloc_device(void* ctx, size_t bytes) {
 void PluginOptimizer::upload(void* ctx, void* device_dst, const void* host_src, size_t bytes) {
   auto* self = static_cast<PluginOptimizer*>(ctx);
   ++self->plugin_uploads_;
-  self->uploads_.copy(device_dst, host_src, bytes);
+  runtime::copy_bytes(device_dst, self->device_, host_src, Device::cpu(), bytes);
 }
 
 void PluginOptimizer::download(void* ctx, void* host_dst, const void* device_src, size_t bytes) {

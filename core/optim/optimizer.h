@@ -139,7 +139,6 @@ class PluginOptimizer {
   nn::ParameterStore* store_;
   comm::Communicator* tp_;
   Device device_;
-  runtime::Uploads uploads_;  // host->upload: staged in pinned memory, a generation per step
   uint64_t seed_;
   Diagnostics diagnostics_;
   bool collecting_ = false;
@@ -155,7 +154,7 @@ class PluginOptimizer {
     size_t used = 0;
     std::vector<Tensor> overflow;
   };
-  void end_call();  // rewinds the scratch (growing it when it overflowed) and the uploads
+  void end_call();  // rewinds the scratch (growing it when it overflowed)
   Scratch scratch_;
   std::vector<Tensor> kept_;  // host->alloc_device: lives as long as the optimizer
   // info.values, info.grad_norm and info.skip: at one address for the whole run

@@ -3,8 +3,8 @@
 // fp32, a forced fp16 overflow skips steps and backs the scale off as on the CPU, runs are
 // bitwise repeatable and resume bitwise, checkpoints move between GPU and CPU, every plugin's
 // step on the GPU matches its step on the CPU, a CPU-only plugin is refused, the steady-state
-// step allocates no device memory, the plugins' uploads land from pinned memory that stops
-// growing, diagnostics and the noise scale reach metrics.h5. Several
+// step allocates no device memory and never waits for the GPU, host->device copies never wait
+// and land though their source is gone, diagnostics and the noise scale reach metrics.h5. Several
 // ranks: NCCL with one rank, and four processes sharing the GPU at TP 2 x DP 2 (host-staged
 // MPI) against the same layout on the CPU (mpirun: $MEGABATCH_MPIRUN or the one on PATH).
 // (Without a GPU, `train --device cuda` is a clear error: test_mixed_precision.cc.)
@@ -300,26 +300,24 @@ TEST_F(Gpu, APluginWithoutDeviceCodeIsRefusedByName) {
       "has no GPU code");
 }
 
-TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
-  mb::comm::LocalCommunicator tp;
-  const mb::Device dev = mb::Device::cuda(0);
-  for (const mb::DType dt : {mb::DType::kF32, mb::DType::kBF16, mb::DType::kF16}) {
-    SCOPED_TRACE(mb::dtype_name(dt));
-    auto model = mb::models::make_model(tiny(), tp, 7, dt, dev);
-    const auto plugin = mb::optim::load_plugin("lamb", mb::optim::plugin_search_path());
-    mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1);
-    struct Src : mb::train::BatchSource {
-      void fill(uint64_t first, int64_t count, mb::train::Batch& b) override {
-        b.batch = count;
-        b.seq = 16;
-        b.tokens.assign(static_cast<size_t>(count * 16), 0);
-        b.labels.assign(b.tokens.size(), 0);
-        for (size_t i = 0; i < b.tokens.size(); ++i) {
-          b.tokens[i] = static_cast<int32_t>((first * 31 + i * 7) % 500);
-          b.labels[i] = static_cast<int32_t>((first * 17 + i * 3) % 500);
-        }
+namespace {
+
+// The trainer over tiny() in `dt` on the GPU (LAMB, two micro-batches a step, the noise scale
+// on): a log line and diagnostics every 4 steps, no evaluation.
+struct SteadyRun {
+  struct Src : mb::train::BatchSource {
+    void fill(uint64_t first, int64_t count, mb::train::Batch& b) override {
+      b.batch = count;
+      b.seq = 16;
+      b.tokens.assign(static_cast<size_t>(count * 16), 0);
+      b.labels.assign(b.tokens.size(), 0);
+      for (size_t i = 0; i < b.tokens.size(); ++i) {
+        b.tokens[i] = static_cast<int32_t>((first * 31 + i * 7) % 500);
+        b.labels[i] = static_cast<int32_t>((first * 17 + i * 3) % 500);
       }
-    } src;
+    }
+  };
+  static mb::train::TrainOptions options() {
     mb::train::TrainOptions o;
     o.micro_batch_size = 2;
     o.global_batch_size = 4;
@@ -331,49 +329,118 @@ TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
     o.schedule.max_lr = o.schedule.min_lr = 1e-3;
     o.schedule.style = mb::optim::DecayStyle::kConstant;
     o.loss_scaler.initial_scale = 1024;
-    std::ostringstream console;
-    mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
-    for (int s = 0; s < 8; ++s) t.train_step();  // warm-up: the cache fills
+    return o;
+  }
+  explicit SteadyRun(mb::DType dt)
+      : model(mb::models::make_model(tiny(), tp, 7, dt, mb::Device::cuda(0))),
+        plugin(mb::optim::load_plugin("lamb", mb::optim::plugin_search_path())),
+        opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1),
+        trainer(options(), *model, opt, tp, src, nullptr, nullptr, console) {}
+
+  mb::comm::LocalCommunicator tp;
+  std::unique_ptr<mb::train::Model> model;
+  mb::optim::Plugin plugin;
+  mb::optim::PluginOptimizer opt;
+  Src src;
+  std::ostringstream console;
+  mb::train::Trainer trainer;
+};
+
+}  // namespace
+
+TEST_F(Gpu, TheSteadyStateStepAllocatesNoDeviceMemory) {
+  const mb::Device dev = mb::Device::cuda(0);
+  for (const mb::DType dt : {mb::DType::kF32, mb::DType::kBF16, mb::DType::kF16}) {
+    SCOPED_TRACE(mb::dtype_name(dt));
+    SteadyRun run(dt);
+    for (int s = 0; s < 8; ++s) run.trainer.train_step();  // warm-up: the cache fills
     const auto before = mb::runtime::alloc_stats(dev);
-    for (int s = 0; s < 8; ++s) t.train_step();  // two log intervals, diagnostics included
+    for (int s = 0; s < 8; ++s) run.trainer.train_step();  // two log intervals, diagnostics included
     mb::runtime::synchronize(dev);
     const auto after = mb::runtime::alloc_stats(dev);
     EXPECT_EQ(after.raw_allocs, before.raw_allocs) << "cudaMalloc in the steady-state step";
     EXPECT_EQ(after.raw_frees, before.raw_frees) << "cudaFree in the steady-state step";
-    EXPECT_EQ(t.losses().size(), 16u);
+    EXPECT_EQ(run.trainer.losses().size(), 16u);
   }
 }
 
-// runtime::Uploads (the plugins' host->upload): every copy lands, though its source is gone
-// when copy() returns and the pinned blocks grow and are reused across generations; once
-// both generations have grown, the pinned memory stays as it is.
-TEST_F(Gpu, UploadsLandAndTheirPinnedMemoryStopsGrowing) {
+// A step without a log line or diagnostics never waits for the GPU: each of three such steps
+// is issued behind a hold on the run's stream, which is let go only once train_step() has
+// returned. A step that read a device value back, synchronized, or uploaded its batch from
+// pageable memory (which lets the driver wait for the stream) would wait out the deadline.
+TEST_F(Gpu, TheSteadyStateStepNeverWaitsForTheGpu) {
   const mb::Device dev = mb::Device::cuda(0);
-  constexpr size_t n = 40000, copies = 6;  // 160 KB a copy: past the first 64 KiB block
-  void* d = mb::runtime::raw_alloc(dev, copies * n * sizeof(float));
-  size_t warm = 0;
-  {
-    mb::runtime::Uploads up(dev);
-    for (int gen = 0; gen < 6; ++gen) {
-      SCOPED_TRACE("generation " + std::to_string(gen));
-      for (size_t k = 0; k < copies; ++k) {
-        std::vector<float> src(n);
-        for (size_t i = 0; i < n; ++i) src[i] = static_cast<float>(gen * 1000 + static_cast<int>(k) * 100 + static_cast<int>(i % 97));
-        up.copy(static_cast<float*>(d) + k * n, src.data(), n * sizeof(float));
-      }
-      std::vector<float> got(copies * n);
-      mb::runtime::copy_bytes(got.data(), mb::Device::cpu(), d, dev, got.size() * sizeof(float));
-      for (size_t k = 0; k < copies; ++k)
-        for (size_t i = 0; i < n; ++i)
-          ASSERT_EQ(got[k * n + i], static_cast<float>(gen * 1000 + static_cast<int>(k) * 100 + static_cast<int>(i % 97)))
-              << "copy " << k << " element " << i;
-      up.next();
-      if (gen == 3) warm = up.pinned_bytes();
+  for (const mb::DType dt : {mb::DType::kF32, mb::DType::kBF16, mb::DType::kF16}) {
+    SCOPED_TRACE(mb::dtype_name(dt));
+    SteadyRun run(dt);
+    for (int s = 1; s <= 8; ++s) run.trainer.train_step();  // warm-up; iterations 4 and 8 log
+    for (int s = 9; s <= 11; ++s) {
+      mb::runtime::StreamHold hold(dev, 60.0);
+      run.trainer.train_step();
+      ASSERT_FALSE(hold.release()) << "iteration " << s << " waited for the GPU (for 60 s, behind the hold)";
     }
-    EXPECT_GE(warm, 2 * copies * n * sizeof(float));
-    EXPECT_EQ(up.pinned_bytes(), warm);
+    run.trainer.train_step();  // iteration 12: its log line reads the three steps back
+    const std::vector<double> losses = run.trainer.losses();
+    ASSERT_EQ(losses.size(), 12u);
+    for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   }
-  mb::runtime::raw_free(dev, d, copies * n * sizeof(float));
+}
+
+// Host->device copies up to 2 MiB go through pinned staging: issued behind a hold on the
+// stream, from a source that is overwritten as soon as each copy returns, none of them waits
+// for the device, and each lands with its own bytes; so do many more without a hold (laps of
+// the staging chunks, and copies too large to stage).
+TEST_F(Gpu, HostToDeviceCopiesNeverWaitAndLandThoughTheirSourceIsGone) {
+  const mb::Device dev = mb::Device::cuda(0);
+  auto byte_of = [](size_t copy, size_t i) { return static_cast<uint8_t>((copy * 131 + i * 7 + i / 251) & 0xff); };
+  auto total_of = [](const std::vector<size_t>& sizes) {
+    size_t t = 0;
+    for (size_t n : sizes) t += n;
+    return t;
+  };
+  auto issue = [&](void* d, const std::vector<size_t>& sizes) {
+    std::vector<uint8_t> src;
+    size_t at = 0;
+    for (size_t c = 0; c < sizes.size(); ++c) {
+      src.assign(sizes[c], 0);
+      for (size_t i = 0; i < sizes[c]; ++i) src[i] = byte_of(c, i);
+      mb::runtime::copy_bytes(static_cast<uint8_t*>(d) + at, dev, src.data(), mb::Device::cpu(), sizes[c]);
+      std::fill(src.begin(), src.end(), uint8_t{0xa5});  // the source changes at once
+      at += sizes[c];
+    }
+  };
+  auto verify = [&](const void* d, const std::vector<size_t>& sizes) {
+    std::vector<uint8_t> got(total_of(sizes));
+    mb::runtime::copy_bytes(got.data(), mb::Device::cpu(), d, dev, got.size());
+    size_t at = 0;
+    for (size_t c = 0; c < sizes.size(); ++c) {
+      for (size_t i = 0; i < sizes[c]; ++i)
+        ASSERT_EQ(got[at + i], byte_of(c, i)) << "copy " << c << " (" << sizes[c] << " bytes), byte " << i;
+      at += sizes[c];
+    }
+  };
+  // behind a hold: 21 copies, 3.4 MiB, fewer than three chunks' worth (a fourth chunk would be
+  // the first one again, whose copies are still behind the hold)
+  std::vector<size_t> held;
+  for (size_t k = 0; k < 3; ++k)
+    for (size_t n : {size_t{1}, size_t{3}, size_t{16}, size_t{1000}, size_t{4096}, size_t{65537}, size_t{1} << 20})
+      held.push_back(n + k * 5);
+  // then: 40 laps' worth of 1.5 MiB copies and odd sizes, and 3 MiB and 9 MiB copies (not staged)
+  std::vector<size_t> many;
+  for (size_t k = 0; k < 120; ++k) many.push_back(k % 3 == 2 ? 7 + k : (size_t{3} << 19) + k);
+  many.push_back(size_t{3} << 20);
+  many.push_back(size_t{9} << 20);
+  void* d = mb::runtime::raw_alloc(dev, total_of(held) + total_of(many));  // (cudaMalloc may wait: not behind the hold)
+  void* d_many = static_cast<uint8_t*>(d) + total_of(held);
+  {
+    mb::runtime::StreamHold hold(dev, 60.0);
+    issue(d, held);
+    ASSERT_FALSE(hold.release()) << "a host->device copy waited for the GPU (for 60 s, behind the hold)";
+  }
+  verify(d, held);
+  issue(d_many, many);
+  verify(d_many, many);
+  mb::runtime::raw_free(dev, d, total_of(held) + total_of(many));
 }
 
 // ---- several ranks: NCCL, and processes sharing the GPU ---------------------------------

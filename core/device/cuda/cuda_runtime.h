@@ -14,7 +14,8 @@ size_t free_memory(int index);  // cudaMemGetInfo on that GPU
 void* raw_alloc(int device, size_t bytes);
 void raw_free(int device, void* p, size_t bytes);
 void use_device(int device);
-// kind: 0 host->device, 1 device->host, 2 device->device
+// kind: 0 host->device (up to 2 MiB staged in pinned memory), 1 device->host (waits for the
+// stream), 2 device->device
 void copy_bytes(void* dst, const void* src, size_t bytes, int device, int kind);
 void fill_zero(void* p, int device, size_t bytes);
 void synchronize(int device);
@@ -27,6 +28,9 @@ void* event_create();
 void event_destroy(void* e);
 void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, void* event);  // then records event
 void event_wait(void* e);
-void event_record(void* e, int device);  // on the device's stream
+// runtime::StreamHold: a host function on the stream that waits until released or `seconds`
+// pass; release_stream opens it, waits for the stream, and says whether the deadline passed
+void* hold_stream(int device, double seconds);
+bool release_stream(void* hold, int device);
 
 }  // namespace megabatch::cuda_rt

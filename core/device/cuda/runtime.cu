@@ -1,5 +1,10 @@
-// CUDA side of the device runtime: one stream per GPU, raw memory with counts, copies.
+// CUDA side of the device runtime: one stream per GPU, raw memory with counts, copies
+// (host->device through pinned staging), and the stream hold that tests use.
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -28,9 +33,27 @@ void check_launch(const char* kernel, const char* file, int line) {
 }
 
 namespace {
+// Host->device copies of up to kStageChunk bytes are staged in pinned memory: from a
+// pageable source CUDA lets the driver wait for the stream before it copies (its API
+// synchronization rules), which would make the host wait for the GPU at every batch upload.
+// The chunks are filled in turn, and a chunk is filled again only once the device has
+// passed the copies of its last use (an event recorded when it was left; long since, as the
+// other chunks' bytes were copied in between).
+constexpr size_t kStageChunk = size_t{2} << 20;
+constexpr int kStageChunks = 4;
+struct Staging {
+  std::mutex mu;
+  char* base = nullptr;  // kStageChunks x kStageChunk, pinned; allocated at the first copy
+  cudaEvent_t left[kStageChunks] = {};
+  bool recorded[kStageChunks] = {};
+  int chunk = 0;    // the chunk being filled
+  size_t used = 0;  // its bytes taken
+};
+
 struct PerDevice {
   cudaStream_t stream = nullptr;
   runtime::AllocStats stats;
+  std::unique_ptr<Staging> staging = std::make_unique<Staging>();  // (lives until exit, as the stream)
 };
 std::mutex g_mu;
 std::vector<PerDevice>& devices() {
@@ -112,8 +135,41 @@ void use_device(int device) {
   MB_CUDA_CHECK(cudaSetDevice(device));
 }
 
+namespace {
+// Queues the copy of `bytes` (at most kStageChunk) from host memory to dst through the staging
+// chunks; the source may change as soon as this returns.
+void staged_copy(PerDevice& d, int device, void* dst, const void* src, size_t bytes) {
+  Staging& s = *d.staging;
+  std::lock_guard<std::mutex> lock(s.mu);  // the copy is queued inside: its chunk's event must follow it
+  if (!s.base) {
+    int current = 0;  // the events belong to the stream's device
+    MB_CUDA_CHECK(cudaGetDevice(&current));
+    MB_CUDA_CHECK(cudaSetDevice(device));
+    MB_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&s.base), kStageChunks * kStageChunk, cudaHostAllocPortable));
+    for (cudaEvent_t& e : s.left) MB_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    MB_CUDA_CHECK(cudaSetDevice(current));
+  }
+  size_t at = (s.used + 15) / 16 * 16;
+  if (at + bytes > kStageChunk) {  // on to the next chunk, once the device is past its last use
+    MB_CUDA_CHECK(cudaEventRecord(s.left[s.chunk], d.stream));
+    s.recorded[s.chunk] = true;
+    s.chunk = (s.chunk + 1) % kStageChunks;
+    if (s.recorded[s.chunk]) MB_CUDA_CHECK(cudaEventSynchronize(s.left[s.chunk]));
+    at = 0;
+  }
+  char* staged = s.base + static_cast<size_t>(s.chunk) * kStageChunk + at;
+  std::memcpy(staged, src, bytes);
+  s.used = at + bytes;
+  MB_CUDA_CHECK(cudaMemcpyAsync(dst, staged, bytes, cudaMemcpyHostToDevice, d.stream));
+}
+}  // namespace
+
 void copy_bytes(void* dst, const void* src, size_t bytes, int device, int kind) {
   PerDevice& d = per_device(device);
+  if (kind == 0 && bytes <= kStageChunk) {
+    staged_copy(d, device, dst, src, bytes);
+    return;
+  }
   const cudaMemcpyKind k = kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
   MB_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, k, d.stream));
   if (kind == 1) MB_CUDA_CHECK(cudaStreamSynchronize(d.stream));
@@ -151,8 +207,43 @@ void copy_to_host_async(void* dst, const void* src, size_t bytes, int device, vo
 
 void event_wait(void* e) { MB_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(e))); }
 
-void event_record(void* e, int device) {
-  MB_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), per_device(device).stream));
+namespace {
+struct Hold {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool open = false, ran_out = false;
+  double seconds = 0;
+};
+// Runs on the driver's callback thread when the stream reaches the hold: the stream waits
+// here until the host opens the hold or the deadline passes.
+void CUDART_CB hold_stream_here(void* p) {
+  Hold& h = *static_cast<Hold*>(p);
+  std::unique_lock<std::mutex> lock(h.mu);
+  h.ran_out = !h.cv.wait_for(lock, std::chrono::duration<double>(h.seconds), [&] { return h.open; });
+}
+}  // namespace
+
+void* hold_stream(int device, double seconds) {
+  auto* h = new Hold;
+  h->seconds = seconds;
+  const cudaError_t e = cudaLaunchHostFunc(per_device(device).stream, hold_stream_here, h);
+  if (e != cudaSuccess) delete h;
+  MB_CUDA_CHECK(e);
+  return h;
+}
+
+bool release_stream(void* hold, int device) {
+  auto* h = static_cast<Hold*>(hold);
+  {
+    std::lock_guard<std::mutex> lock(h->mu);
+    h->open = true;
+  }
+  h->cv.notify_all();
+  MB_CUDA_CHECK(
+      cudaStreamSynchronize(per_device(device).stream));  // (on an error h stays: the callback may not have run)
+  const bool ran_out = h->ran_out;                        // the callback is done with h
+  delete h;
+  return ran_out;
 }
 
 runtime::AllocStats alloc_stats(int device) {
