@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <initializer_list>
 #include <map>
 #include <mutex>
+#include <string>
 
 #include "core/device/runtime.h"
 #include "core/ops/check.h"
@@ -40,17 +43,47 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size) {
 }
 
 namespace {
-std::atomic<int> g_flash_dq{static_cast<int>(FlashDq::kSeparate)};
+constexpr int kUnset = -1;  // not chosen yet: the environment, else the default, at the first ask
+std::atomic<int> g_flash_dq{kUnset};
 std::atomic<int64_t> g_ordered_calls{0};
-std::atomic<int> g_forward_rows{static_cast<int>(FlashForwardRows::k16)};
+std::atomic<int> g_forward_rows{kUnset};
+
+// The choice `name` names in the environment (one of `values`, its index), else `fallback`.
+int chosen(std::atomic<int>& choice, const char* name, std::initializer_list<const char*> values, int fallback) {
+  int v = choice.load();
+  if (v != kUnset) return v;
+  v = fallback;
+  if (const char* e = std::getenv(name); e && *e) {
+    v = kUnset;
+    int i = 0;
+    for (const char* value : values) {
+      if (std::string(e) == value) v = i;
+      ++i;
+    }
+    if (v == kUnset) {
+      std::string all;
+      for (const char* value : values) all += std::string(all.empty() ? "" : " or ") + value;
+      fail(name, "=", e, ": expected ", all, " (or leave it unset)");
+    }
+  }
+  int expected = kUnset;
+  choice.compare_exchange_strong(expected, v);  // a set_...() since wins
+  return choice.load();
+}
 }  // namespace
 
 void set_flash_forward_rows(FlashForwardRows rows) { g_forward_rows = static_cast<int>(rows); }
-FlashForwardRows flash_forward_rows() { return static_cast<FlashForwardRows>(g_forward_rows.load()); }
+FlashForwardRows flash_forward_rows() {
+  return static_cast<FlashForwardRows>(
+      chosen(g_forward_rows, "MEGABATCH_FLASH_FORWARD_ROWS", {"16", "32"}, static_cast<int>(FlashForwardRows::k16)));
+}
 
 bool flash_dq_ordered_supported(Device d) { return d.is_cuda() && flash_capability(d) >= 80; }
 void set_flash_dq(FlashDq how) { g_flash_dq = static_cast<int>(how); }
-FlashDq flash_dq() { return static_cast<FlashDq>(g_flash_dq.load()); }
+FlashDq flash_dq() {
+  return static_cast<FlashDq>(
+      chosen(g_flash_dq, "MEGABATCH_FLASH_DQ", {"separate", "ordered"}, static_cast<int>(FlashDq::kSeparate)));
+}
 int64_t flash_dq_ordered_calls() { return g_ordered_calls.load(); }
 void count_flash_dq_ordered_call() { ++g_ordered_calls; }
 

@@ -35,6 +35,9 @@ bool flash_attention_supported(Device d, DType t, int64_t head_size);
 //   (batch row, head) fit on the GPU at once; the others use kSeparate.
 // The two differ in the last bits of dQ (the sums are grouped differently). The ordered kernel
 // is sm_80 code (A100, H100 and later); flash_dq_ordered_supported says where it runs.
+// The environment may set the starting choice, as tests/gpu/run.sh does to run the trainer's
+// GPU tests under both: MEGABATCH_FLASH_DQ=separate|ordered (default separate), and below
+// MEGABATCH_FLASH_FORWARD_ROWS=16|32 (default 16); another value is an error naming it.
 enum class FlashDq { kSeparate, kOrdered };
 bool flash_dq_ordered_supported(Device d);
 void set_flash_dq(FlashDq how);

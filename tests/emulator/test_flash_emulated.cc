@@ -8,9 +8,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/ops/cuda/flash_attention.cuh"
@@ -368,3 +371,38 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
 
 std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) { return mb::dtype_name(p.param); }
 INSTANTIATE_TEST_SUITE_P(Flash, Emulated, ::testing::Values(DType::kBF16, DType::kF16), dtype_param_name);
+
+// MEGABATCH_FLASH_DQ and MEGABATCH_FLASH_FORWARD_ROWS set the variants a process starts with
+// (tests/gpu/run.sh runs the trainer's GPU tests under the opt-in ones with them); another
+// value is an error naming the variable. Each case runs in a process of its own (gtest starts
+// the program again), whose first ask reads the environment.
+TEST(FlashVariants, TheEnvironmentChoosesTheStartingOnes) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  auto ask = [](const char* dq, const char* rows) {  // nullptr: unset
+    for (const auto& [name, value] :
+         {std::pair{"MEGABATCH_FLASH_DQ", dq}, std::pair{"MEGABATCH_FLASH_FORWARD_ROWS", rows}}) {
+      if (value) {
+        setenv(name, value, 1);
+      } else {
+        unsetenv(name);
+      }
+    }
+    try {
+      const bool ordered = ops::flash_dq() == ops::FlashDq::kOrdered;
+      const bool rows32 = ops::flash_forward_rows() == ops::FlashForwardRows::k32;
+      std::exit(10 + 2 * ordered + rows32);  // which variants were chosen
+    } catch (const mb::Error& e) {
+      std::cerr << e.what() << std::endl;
+      std::exit(3);
+    }
+  };
+  using ::testing::ExitedWithCode;
+  EXPECT_EXIT(ask(nullptr, nullptr), ExitedWithCode(10), "");
+  EXPECT_EXIT(ask("ordered", nullptr), ExitedWithCode(12), "");
+  EXPECT_EXIT(ask("separate", "16"), ExitedWithCode(10), "");
+  EXPECT_EXIT(ask(nullptr, "32"), ExitedWithCode(11), "");
+  EXPECT_EXIT(ask("ordered", "32"), ExitedWithCode(13), "");
+  EXPECT_EXIT(ask("sideways", nullptr), ExitedWithCode(3),
+              "MEGABATCH_FLASH_DQ=sideways: expected separate or ordered \\(or leave it unset\\)");
+  EXPECT_EXIT(ask(nullptr, "64"), ExitedWithCode(3), "MEGABATCH_FLASH_FORWARD_ROWS=64: expected 16 or 32");
+}
