@@ -2,8 +2,8 @@
 # On a GPU machine: unpacks gpu-bundle/ (made by tests/gpu/pack.sh) and runs the `gpu`
 # label (test_ops_gpu: every op on the GPU against the CPU reference; test_gpu: the whole
 # trainer; test_ops_gpu_sm75: the flash tests of a build for sm_75 alone, whose code the driver
-# compiles for this GPU: the T4 path; and test_gpu's flash and bitwise tests again with the
-# opt-in flash variants), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
+# compiles for this GPU: the T4 path; and test_gpu's flash training test again with the opt-in
+# flash variants), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
 # same GPU, each with its --profile table), BERT-large (seq 128, micro-batch 64) with LAMB and
 # AdamW against PyTorch's fused AdamW and a torch._foreach LAMB, and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
@@ -46,12 +46,12 @@ for t in test_ops_gpu test_gpu test_ops_gpu_sm75; do
   # on a GPU machine nothing may skip: a skipped gpu test checked nothing
   grep -qE '^\[  SKIPPED \] [0-9]' "$logs/$t.log" && { status=1; grep -E '^\[  SKIPPED \] [A-Z]' "$logs/$t.log" | sed 's/ ([0-9]* ms)$//' | sort -u; }
 done
-# The trainer's flash tests once more with the opt-in variants (the ordered dQ, 32 forward rows
-# a warp) as the process's choice, so that making either the default needs no second GPU run
-# (the op tests run both variants already).
+# The trainer's flash test (GPT, BERT and T5 near f32, bitwise twice) once more with the opt-in
+# variants (the ordered dQ, 32 forward rows a warp) as the process's choice, so that making
+# either the default needs no second GPU run (the op tests run both variants already).
 if [[ $filter == "*" ]]; then
   MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32 timed test_gpu_flash_variants "$b/run.sh" bin/test_gpu \
-    --gtest_filter='Gpu.FlashAttention*:Gpu.RunsAreBitwise*' --gtest_output=xml:"$logs/test_gpu_flash_variants.xml" || status=1
+    --gtest_filter='Gpu.FlashAttention*' --gtest_output=xml:"$logs/test_gpu_flash_variants.xml" || status=1
   echo "test_gpu with MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32: $(gtest_tally "$logs/test_gpu_flash_variants.log")"
   grep -E '^\[  FAILED  \] [A-Z]' "$logs/test_gpu_flash_variants.log" || true
   grep -qE '^\[  SKIPPED \] [0-9]' "$logs/test_gpu_flash_variants.log" && status=1
