@@ -1,6 +1,7 @@
 #include "core/device/runtime.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -85,17 +86,30 @@ void raw_free(Device d, [[maybe_unused]] void* p, [[maybe_unused]] size_t bytes)
   MB_CUDA(cuda_rt::raw_free(d.index, p, bytes));
 }
 
+namespace {
+std::atomic<int64_t> g_host_reads{0};
+}  // namespace
+
 void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes) {
   if (bytes == 0) return;
   if (to.is_cpu() && from.is_cpu()) {
     std::memmove(dst, src, bytes);
     return;
   }
+  if (to.is_cpu()) ++g_host_reads;
   check(!(to.is_cuda() && from.is_cuda()) || to.index == from.index, "copy between GPUs ", from.str(), " and ",
         to.str(), " is not supported");
   MB_CUDA(cuda_rt::copy_bytes(dst, src, bytes, to.is_cuda() ? to.index : from.index,
                               from.is_cpu() ? 0 : to.is_cpu() ? 1 : 2));
 }
+
+void read_back(void* host_dst, const void* src, Device d, size_t bytes) {
+  if (bytes == 0) return;
+  if (d.is_cpu()) ++g_host_reads;  // (copy_bytes counts a GPU's)
+  copy_bytes(host_dst, Device::cpu(), src, d, bytes);
+}
+
+int64_t host_reads() { return g_host_reads.load(); }
 
 void fill_zero(void* p, Device d, size_t bytes) {
   if (bytes == 0) return;

@@ -50,6 +50,15 @@ void raw_free(Device d, void* p, size_t bytes);
 // checkpoints) may let the driver wait for the device's stream first. A copy to the host waits
 // for the device's stream to reach it (the data is there when the call returns).
 void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes);
+// Copies `bytes` of device d's memory to host memory as copy_bytes does (waiting for d's
+// stream) and counts it as a read of device values by the host, on the CPU too: what the host
+// reads on a CPU run it would wait for on a GPU. The tensors' to_host_* and the plugins'
+// host->download read through here.
+void read_back(void* host_dst, const void* src, Device d, size_t bytes);
+// The reads of device values by the host in this process so far: read_back() on any device
+// and any other copy from a GPU to the host (not Readback's, which wait for nothing). The
+// tests count them over steps that must not wait for the device.
+int64_t host_reads();
 void fill_zero(void* p, Device d, size_t bytes);
 // Waits until everything issued on d's stream has finished (no-op on the CPU).
 void synchronize(Device d);

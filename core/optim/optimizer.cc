@@ -324,7 +324,7 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
 void PluginOptimizer::draw_normal(size_t index, int64_t step, float* out, size_t n) {
   const Tensor t = Tensor({static_cast<int64_t>(n)}, DType::kF32, device_);
   normal(this, index, step, t.data<float>(), n);
-  runtime::copy_bytes(out, Device::cpu(), t.raw(), device_, n * sizeof(float));
+  runtime::read_back(out, t.raw(), device_, n * sizeof(float));
 }
 
 Tensor PluginOptimizer::device_view(void* p, size_t n, DType t) const { return Tensor::borrow(p, {static_cast<int64_t>(n)}, t, device_); }
@@ -496,7 +496,7 @@ void PluginOptimizer::upload(void* ctx, void* device_dst, const void* host_src, 
 }
 
 void PluginOptimizer::download(void* ctx, void* host_dst, const void* device_src, size_t bytes) {
-  runtime::copy_bytes(host_dst, Device::cpu(), device_src, static_cast<PluginOptimizer*>(ctx)->device_, bytes);
+  runtime::read_back(host_dst, device_src, static_cast<PluginOptimizer*>(ctx)->device_, bytes);
 }
 
 void PluginOptimizer::metric(void* ctx, const char* series, size_t index, double value) {

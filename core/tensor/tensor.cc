@@ -116,24 +116,57 @@ Tensor to_device(const Tensor& t, Device d) {
   return out;
 }
 
-void to_host_f32(const Tensor& t, float* out) {
-  check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
-  if (t.numel() == 0) return;  // out may be null (an empty vector's data())
-  const Tensor h = to_device(t, Device::cpu());
-  const size_t n = t.numel();
-  switch (t.dtype()) {
-    case DType::kF32: std::memcpy(out, h.raw(), t.nbytes()); break;
+namespace {
+// n elements of dtype t at src (host memory) as floats
+void widen(const void* src, DType t, size_t n, float* out) {
+  switch (t) {
+    case DType::kF32:
+      std::memcpy(out, src, n * sizeof(float));
+      break;
     case DType::kF64:
-      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(h.data<double>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = static_cast<float>(static_cast<const double*>(src)[i]);
       break;
     case DType::kBF16:
-      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(h.data<uint16_t>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = bf16_to_float(static_cast<const uint16_t*>(src)[i]);
       break;
     case DType::kF16:
-      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(h.data<uint16_t>()[i]);
+      for (size_t i = 0; i < n; ++i) out[i] = f16_to_float(static_cast<const uint16_t*>(src)[i]);
       break;
     default: break;
   }
+}
+}  // namespace
+
+void to_host_f32(const Tensor& t, float* out) {
+  check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
+  if (t.numel() == 0) return;  // out may be null (an empty vector's data())
+  if (t.dtype() == DType::kF32) {
+    runtime::read_back(out, t.raw(), t.device(), t.nbytes());
+    return;
+  }
+  auto through = [&](auto host) {  // a host copy of the tensor's own type, widened
+    host.resize(t.numel());
+    runtime::read_back(host.data(), t.raw(), t.device(), t.nbytes());
+    widen(host.data(), t.dtype(), t.numel(), out);
+  };
+  if (t.dtype() == DType::kF64) {
+    through(std::vector<double>());
+  } else {
+    through(std::vector<uint16_t>());
+  }
+}
+
+void cpu_values_f32(const Tensor& t, float* out) {
+  check(is_floating(t.dtype()) && t.device().is_cpu(), "cpu_values_f32 of ", t.describe());
+  if (t.numel() > 0) widen(t.raw(), t.dtype(), t.numel(), out);
+}
+
+std::vector<double> cpu_values_f64(const Tensor& t) {
+  check(is_floating(t.dtype()) && t.device().is_cpu(), "cpu_values_f64 of ", t.describe());
+  if (t.dtype() == DType::kF64) return std::vector<double>(t.data<double>(), t.data<double>() + t.numel());
+  std::vector<float> f(t.numel());
+  cpu_values_f32(t, f.data());
+  return std::vector<double>(f.begin(), f.end());
 }
 
 std::vector<float> to_host_f32(const Tensor& t) {
@@ -144,8 +177,9 @@ std::vector<float> to_host_f32(const Tensor& t) {
 
 std::vector<double> to_host_f64(const Tensor& t) {
   if (t.dtype() == DType::kF64) {
-    const Tensor h = to_device(t, Device::cpu());
-    return std::vector<double>(h.data<double>(), h.data<double>() + h.numel());
+    std::vector<double> out(t.numel());
+    runtime::read_back(out.data(), t.raw(), t.device(), t.nbytes());
+    return out;
   }
   const auto f = to_host_f32(t);
   return std::vector<double>(f.begin(), f.end());

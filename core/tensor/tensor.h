@@ -120,10 +120,14 @@ void copy(const Tensor& dst, const Tensor& src);
 // A copy of t on device d (t itself, shared, when it is already there).
 Tensor to_device(const Tensor& t, Device d);
 // The elements of a floating tensor of any dtype and device, as host floats (halves
-// widened exactly; f64 rounded). Synchronous.
+// widened exactly; f64 rounded): host code reading a run's tensors. Synchronous, and counted
+// as reads of device values (runtime::read_back), on the CPU too.
 std::vector<float> to_host_f32(const Tensor& t);
 void to_host_f32(const Tensor& t, float* out);  // into out (numel elements)
 std::vector<double> to_host_f64(const Tensor& t);
+// The same for a CPU tensor, read in place: how the CPU kernels widen their operands.
+void cpu_values_f32(const Tensor& t, float* out);
+std::vector<double> cpu_values_f64(const Tensor& t);
 // A tensor of dtype `dtype` on `device` holding `values` (rounded to nearest even for the
 // half types).
 Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, DType dtype = DType::kF32,

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/comm/communicator.h"
+#include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
 #include "models/gpt.h"
@@ -398,4 +399,41 @@ TEST(Trainer, ClipsTheGlobalGradientNormBeforeTheOptimizerStep) {
   }
   EXPECT_NEAR(std::sqrt(step), 0.1 * 0.05, 1e-4);
   EXPECT_NE(console.str().find("grad norm:"), std::string::npos);
+}
+
+// A step without a log line or diagnostics reads nothing back from the device, so that on a
+// GPU it never waits for it (test_gpu.cc checks the waiting itself there): the host's reads of
+// device values are counted (runtime::host_reads) on the CPU as on a GPU. LAMB (its norms and
+// trust ratios stay on the device), two micro-batches a step, dropout, clipping and the noise
+// scale, in f32 and bf16 (fp16 on the CPU reads its overflow flag at once, by design; a GPU
+// reads it a step late).
+TEST(Trainer, StepsBetweenLogLinesReadNothingBackFromTheDevice) {
+  mb::comm::LocalCommunicator tp;
+  const auto plugin = mb::optim::load_plugin("lamb", mb::optim::plugin_search_path());
+  for (const mb::DType dt : {mb::DType::kF32, mb::DType::kBF16}) {
+    SCOPED_TRACE(mb::dtype_name(dt));
+    auto model = mb::models::make_model(tiny(0.1), tp, 6, dt, mb::Device::cpu());
+    mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 0);
+    FixedSource src(random_batch(8, 11, 203, 12));
+    mb::train::TrainOptions o;
+    o.micro_batch_size = 2;
+    o.global_batch_size = 4;
+    o.train_iters = 100;
+    o.log_interval = 4;
+    o.eval_iters = 0;
+    o.diagnostics_interval = 4;
+    o.noise_scale = true;
+    o.clip_grad = 1.0;
+    o.schedule.max_lr = o.schedule.min_lr = 1e-3;
+    o.schedule.style = mb::optim::DecayStyle::kConstant;
+    std::ostringstream console;
+    mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
+    for (int s = 1; s <= 8; ++s) t.train_step();  // iterations 1, 4 and 8 log
+    const int64_t before = mb::runtime::host_reads();
+    for (int s = 9; s <= 11; ++s) t.train_step();
+    EXPECT_EQ(mb::runtime::host_reads(), before) << "iterations 9 to 11 read device values back";
+    t.train_step();  // iteration 12: its log line and diagnostics read back
+    EXPECT_GT(mb::runtime::host_reads(), before) << "the count missed the log line's reads";
+    EXPECT_EQ(t.losses().size(), 12u);
+  }
 }

@@ -7,7 +7,7 @@ namespace megabatch::ops::cpu {
 void cast(const Tensor& dst, const Tensor& src) {
   const int64_t n = static_cast<int64_t>(src.numel());
   if (dst.dtype() == DType::kF64) {
-    const std::vector<double> v = to_host_f64(src);
+    const std::vector<double> v = cpu_values_f64(src);
     std::copy(v.begin(), v.end(), dst.data<double>());
     return;
   }

@@ -75,7 +75,7 @@ class In {
     }
     if constexpr (std::is_same_v<T, float>) {
       copy_ = detail::take_scratch(t.numel());
-      to_host_f32(t, copy_.data());
+      cpu_values_f32(t, copy_.data());
       ptr_ = copy_.data();
     } else {
       fail("internal error: f64 kernel given a ", t.describe(), " tensor");
@@ -106,7 +106,7 @@ class Out {
     if constexpr (std::is_same_v<T, float>) {
       copy_ = detail::take_scratch(t.numel());
       if (accumulate)
-        to_host_f32(t, copy_.data());
+        cpu_values_f32(t, copy_.data());
       else
         std::fill(copy_.begin(), copy_.end(), 0.0f);
       ptr_ = copy_.data();

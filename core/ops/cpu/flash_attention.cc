@@ -76,8 +76,21 @@ Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, co
   Place k = q, v = q;
   k.off = s.D;
   v.off = 2 * s.D;
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
-          &qkv, &qkv, mask_of(key_mask), bias.defined() ? to_host_f64(bias) : std::vector<double>{}};
+  return {s.B,
+          s.T,
+          s.T,
+          s.H,
+          s.D,
+          s.causal,
+          s.head_offset,
+          s.total_heads ? s.total_heads : s.H,
+          q,
+          k,
+          v,
+          &qkv,
+          &qkv,
+          mask_of(key_mask),
+          bias.defined() ? cpu_values_f64(bias) : std::vector<double>{}};
 }
 
 // cross-attention: q (B, Tq, H, D), k and v side by side in kv (B, Tk, H, 2, D)
@@ -123,7 +136,7 @@ void forward(const Problem& p, const Tensor& out, const Tensor& lse, const Dropo
 // gbias (H, Tq, Tk), when not null, += the bias's (batch rows in order)
 void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gkv, std::vector<double>* gbias,
               const Tensor& dout, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
-  const std::vector<double> dO = to_host_f64(dout), O = to_host_f64(out), L = to_host_f64(lse);
+  const std::vector<double> dO = cpu_values_f64(dout), O = cpu_values_f64(out), L = cpu_values_f64(lse);
   const double scale = 1.0 / std::sqrt(static_cast<double>(p.D));
   const std::vector<double>& qs = *p.qs;
   const std::vector<double>& kvs = *p.kvs;
@@ -153,23 +166,23 @@ void backward(const Problem& p, std::vector<double>& gq, std::vector<double>& gk
 }
 
 std::vector<double> start(const Tensor& grad, Write w) {
-  return w == Write::kAdd ? to_host_f64(grad) : std::vector<double>(grad.numel(), 0.0);
+  return w == Write::kAdd ? cpu_values_f64(grad) : std::vector<double>(grad.numel(), 0.0);
 }
 
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
-  const std::vector<double> x = to_host_f64(qkv);
+  const std::vector<double> x = cpu_values_f64(qkv);
   forward(self_problem(s, x, key_mask, bias), out, lse, dropout);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                               const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
-  const std::vector<double> x = to_host_f64(qkv);
+  const std::vector<double> x = cpu_values_f64(qkv);
   std::vector<double> g = start(dqkv, w);
-  std::vector<double> gb = dbias.defined() ? to_host_f64(dbias) : std::vector<double>{};
+  std::vector<double> gb = dbias.defined() ? cpu_values_f64(dbias) : std::vector<double>{};
   backward(self_problem(s, x, key_mask, bias), g, g, dbias.defined() ? &gb : nullptr, dout, out, lse, dropout);
   store(dqkv, g);
   if (dbias.defined()) store(dbias, gb);
@@ -177,14 +190,14 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
 
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,
                                    const Tensor& key_mask, const CrossAttentionShape& s, const DropoutKey* dropout) {
-  const std::vector<double> xq = to_host_f64(q), xkv = to_host_f64(kv);
+  const std::vector<double> xq = cpu_values_f64(q), xkv = cpu_values_f64(kv);
   forward(cross_problem(s, xq, xkv, key_mask), out, lse, dropout);
 }
 
 void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,
                                     const Tensor& kv, const Tensor& out, const Tensor& lse, const Tensor& key_mask,
                                     const CrossAttentionShape& s, const DropoutKey* dropout, Write w) {
-  const std::vector<double> xq = to_host_f64(q), xkv = to_host_f64(kv);
+  const std::vector<double> xq = cpu_values_f64(q), xkv = cpu_values_f64(kv);
   std::vector<double> gq = start(dq, w), gkv = start(dkv, w);
   backward(cross_problem(s, xq, xkv, key_mask), gq, gkv, nullptr, dout, out, lse, dropout);
   store(dq, gq);
