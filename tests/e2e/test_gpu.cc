@@ -25,6 +25,7 @@
 #include "core/util/philox.h"
 #include "models/registry.h"
 #include "tests/unit/h5_util.h"
+#include "tests/unit/model_checks.h"
 #include "tests/unit/op_harness.h"
 #include "tests/unit/test_util.h"
 
@@ -321,25 +322,11 @@ struct SteadyRun {
       }
     }
   };
-  static mb::train::TrainOptions options() {
-    mb::train::TrainOptions o;
-    o.micro_batch_size = 2;
-    o.global_batch_size = 4;
-    o.train_iters = 1000;
-    o.log_interval = 4;
-    o.eval_iters = 0;
-    o.diagnostics_interval = 4;
-    o.noise_scale = true;
-    o.schedule.max_lr = o.schedule.min_lr = 1e-3;
-    o.schedule.style = mb::optim::DecayStyle::kConstant;
-    o.loss_scaler.initial_scale = 1024;
-    return o;
-  }
   explicit SteadyRun(mb::DType dt)
       : model(mb::models::make_model(tiny(), tp, 7, dt, mb::Device::cuda(0))),
         plugin(mb::optim::load_plugin("lamb", mb::optim::plugin_search_path())),
         opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 1),
-        trainer(options(), *model, opt, tp, src, nullptr, nullptr, console) {}
+        trainer(mb::testing::steady_state_options(), *model, opt, tp, src, nullptr, nullptr, console) {}
 
   mb::comm::LocalCommunicator tp;
   std::unique_ptr<mb::train::Model> model;

@@ -10,10 +10,30 @@
 #include <vector>
 
 #include "core/train/model.h"
+#include "core/train/train_options.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
 namespace megabatch::testing {
+
+// What the steady-state tests train with (test_gpt.cc on the CPU, test_gpu.cc): two
+// micro-batches of 2 a step, a log line and diagnostics every 4 steps, the noise scale,
+// clipping at 1, no evaluation, a constant LR, fp16's scale from 1024.
+inline train::TrainOptions steady_state_options() {
+  train::TrainOptions o;
+  o.micro_batch_size = 2;
+  o.global_batch_size = 4;
+  o.train_iters = 1000;
+  o.log_interval = 4;
+  o.eval_iters = 0;
+  o.diagnostics_interval = 4;
+  o.noise_scale = true;
+  o.clip_grad = 1.0;
+  o.schedule.max_lr = o.schedule.min_lr = 1e-3;
+  o.schedule.style = optim::DecayStyle::kConstant;
+  o.loss_scaler.initial_scale = 1024;
+  return o;
+}
 
 // For one random direction v per parameter tensor, the central difference
 // (L(theta + h v) - L(theta - h v)) / 2h of the objective (all loss terms) must equal the

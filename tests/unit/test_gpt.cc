@@ -415,17 +415,7 @@ TEST(Trainer, StepsBetweenLogLinesReadNothingBackFromTheDevice) {
     auto model = mb::models::make_model(tiny(0.1), tp, 6, dt, mb::Device::cpu());
     mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "t"), 0);
     FixedSource src(random_batch(8, 11, 203, 12));
-    mb::train::TrainOptions o;
-    o.micro_batch_size = 2;
-    o.global_batch_size = 4;
-    o.train_iters = 100;
-    o.log_interval = 4;
-    o.eval_iters = 0;
-    o.diagnostics_interval = 4;
-    o.noise_scale = true;
-    o.clip_grad = 1.0;
-    o.schedule.max_lr = o.schedule.min_lr = 1e-3;
-    o.schedule.style = mb::optim::DecayStyle::kConstant;
+    const mb::train::TrainOptions o = mb::testing::steady_state_options();
     std::ostringstream console;
     mb::train::Trainer t(o, *model, opt, tp, src, nullptr, nullptr, console);
     for (int s = 1; s <= 8; ++s) t.train_step();  // iterations 1, 4 and 8 log
