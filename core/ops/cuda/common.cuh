@@ -31,6 +31,8 @@
 #endif
 
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -106,6 +108,24 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
 }
 
+#ifndef MB_WARP_EMULATOR
+// Lets kernel k use smem bytes of dynamic shared memory on the current GPU (with its static
+// shared memory, over 48 KiB takes an opt-in): a driver call once per kernel, GPU and larger
+// size, not at every launch.
+inline void allow_dynamic_smem(const void* k, size_t smem) {
+  if (smem == 0) return;
+  int device = 0;
+  MB_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> allowed;
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& most = allowed[{device, k}];
+  if (smem <= most) return;
+  MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  most = smem;
+}
+#endif
+
 // Launches kernel k(args...) on stream st and checks the launch (on the warp emulator, runs
 // it to its end). smem: bytes of dynamic shared memory (over 48 KiB allowed).
 template <typename Kernel, typename... A>
@@ -114,8 +134,7 @@ void launch(Kernel k, dim3 grid, int threads, size_t smem, cudaStream_t st, cons
   (void)st;
   emu::launch(name, grid, dim3(static_cast<unsigned>(threads)), smem, [=] { k(args...); });
 #else
-  if (smem > 0)
-    MB_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  allow_dynamic_smem(reinterpret_cast<const void*>(k), smem);
   k<<<grid, threads, smem, st>>>(args...);
   MB_CUDA_LAUNCHED(name);
 #endif
