@@ -423,6 +423,8 @@ TEST_F(Gpu, HostToDeviceCopiesNeverWaitAndLandThoughTheirSourceIsGone) {
   many.push_back(size_t{9} << 20);
   void* d = mb::runtime::raw_alloc(dev, total_of(held) + total_of(many));  // (cudaMalloc may wait: not behind the hold)
   void* d_many = static_cast<uint8_t*>(d) + total_of(held);
+  const uint32_t first = 7;  // the staging's pinned memory is allocated at the first copy: not behind the hold
+  mb::runtime::copy_bytes(d, dev, &first, mb::Device::cpu(), sizeof first);
   {
     mb::runtime::StreamHold hold(dev, 60.0);
     issue(d, held);
