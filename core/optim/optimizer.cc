@@ -211,15 +211,9 @@ Tensor bytes_on(size_t bytes, Device d) {
 
 PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm::Communicator& tp,
                                  const std::vector<double>& hparams, uint64_t seed, LogSink log, DpShards* shards)
-    : plugin_(std::move(plugin)),
-      store_(&store),
-      tp_(&tp),
-      device_(store.device()),
-      seed_(seed),
+    : plugin_(std::move(plugin)), store_(&store), tp_(&tp), device_(store.device()), seed_(seed),
       log_(std::move(log)),
-      shards_(shards),
-      values_(bytes_on(sizeof(mb_step_values), device_)),
-      norm_({1}, DType::kF64, device_),
+      shards_(shards), values_(bytes_on(sizeof(mb_step_values), device_)), norm_({1}, DType::kF64, device_),
       skip_({1}, DType::kF32, device_) {
   check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
         " hyperparameters given, ", plugin_.entry->num_hparams, " expected");

@@ -144,15 +144,14 @@ void to_host_f32(const Tensor& t, float* out) {
     runtime::read_back(out, t.raw(), t.device(), t.nbytes());
     return;
   }
-  auto through = [&](auto host) {  // a host copy of the tensor's own type, widened
-    host.resize(t.numel());
-    runtime::read_back(host.data(), t.raw(), t.device(), t.nbytes());
-    widen(host.data(), t.dtype(), t.numel(), out);
-  };
-  if (t.dtype() == DType::kF64) {
-    through(std::vector<double>());
+  if (t.dtype() == DType::kF64) {  // a host copy in the tensor's own type, widened
+    std::vector<double> h(t.numel());
+    runtime::read_back(h.data(), t.raw(), t.device(), t.nbytes());
+    widen(h.data(), t.dtype(), t.numel(), out);
   } else {
-    through(std::vector<uint16_t>());
+    std::vector<uint16_t> h(t.numel());
+    runtime::read_back(h.data(), t.raw(), t.device(), t.nbytes());
+    widen(h.data(), t.dtype(), t.numel(), out);
   }
 }
 

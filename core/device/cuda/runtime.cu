@@ -44,8 +44,7 @@ constexpr int kStageChunks = 4;
 struct Staging {
   std::mutex mu;
   char* base = nullptr;  // kStageChunks x kStageChunk, pinned; allocated at the first copy
-  cudaEvent_t left[kStageChunks] = {};
-  bool recorded[kStageChunks] = {};
+  cudaEvent_t left[kStageChunks] = {};  // (one never recorded counts as passed)
   int chunk = 0;    // the chunk being filled
   size_t used = 0;  // its bytes taken
 };
@@ -152,9 +151,8 @@ void staged_copy(PerDevice& d, int device, void* dst, const void* src, size_t by
   size_t at = (s.used + 15) / 16 * 16;
   if (at + bytes > kStageChunk) {  // on to the next chunk, once the device is past its last use
     MB_CUDA_CHECK(cudaEventRecord(s.left[s.chunk], d.stream));
-    s.recorded[s.chunk] = true;
     s.chunk = (s.chunk + 1) % kStageChunks;
-    if (s.recorded[s.chunk]) MB_CUDA_CHECK(cudaEventSynchronize(s.left[s.chunk]));
+    MB_CUDA_CHECK(cudaEventSynchronize(s.left[s.chunk]));
     at = 0;
   }
   char* staged = s.base + static_cast<size_t>(s.chunk) * kStageChunk + at;
@@ -239,9 +237,9 @@ bool release_stream(void* hold, int device) {
     h->open = true;
   }
   h->cv.notify_all();
-  MB_CUDA_CHECK(
-      cudaStreamSynchronize(per_device(device).stream));  // (on an error h stays: the callback may not have run)
-  const bool ran_out = h->ran_out;                        // the callback is done with h
+  // once the stream has run, the callback is done with h (on an error h stays: it may not have run)
+  MB_CUDA_CHECK(cudaStreamSynchronize(per_device(device).stream));
+  const bool ran_out = h->ran_out;
   delete h;
   return ran_out;
 }

@@ -5,6 +5,7 @@
 // keys/values at their own places (strides) in their tensors.
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "core/ops/backends.h"
@@ -76,21 +77,9 @@ Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, co
   Place k = q, v = q;
   k.off = s.D;
   v.off = 2 * s.D;
-  return {s.B,
-          s.T,
-          s.T,
-          s.H,
-          s.D,
-          s.causal,
-          s.head_offset,
-          s.total_heads ? s.total_heads : s.H,
-          q,
-          k,
-          v,
-          &qkv,
-          &qkv,
-          mask_of(key_mask),
-          bias.defined() ? cpu_values_f64(bias) : std::vector<double>{}};
+  std::vector<double> b = bias.defined() ? cpu_values_f64(bias) : std::vector<double>{};
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
+          &qkv, &qkv, mask_of(key_mask), std::move(b)};
 }
 
 // cross-attention: q (B, Tq, H, D), k and v side by side in kv (B, Tk, H, 2, D)
