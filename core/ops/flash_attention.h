@@ -46,14 +46,16 @@ FlashDq flash_dq();
 int64_t flash_dq_ordered_calls();
 void count_flash_dq_ordered_call();  // (the CUDA backend's)
 
-// How many query rows a warp of the CUDA forward computes at head size 64; a process-wide
-// choice (the same results either way, bit for bit).
-// - k16: blocks of 64 queries, a warp per 16 (three blocks an SM).
+// How many query rows a warp of the CUDA forward computes; a process-wide choice (the same
+// results either way, bit for bit).
+// - k16: at head size 64, blocks of 64 queries (three blocks an SM); at 128, blocks of 128
+//   (one an SM); a warp per 16, its queries' fragments in registers.
 // - k32: blocks of 128 queries, a warp per 32 as two 16-row products that share each key
 //   and value fragment loaded from shared memory: half the shared-memory loads a product.
-//   More registers a thread (two blocks an SM). Opt-in until a GPU has timed it
-//   (attention_bench prints both).
-// Head size 128 keeps 16 (32 would spill).
+//   More registers a thread (two blocks an SM). At head size 128 the queries' fragments do
+//   not fit beside the output's: they are loaded from shared memory where they multiply
+//   (102 KiB a block: a GPU that gives a block less, such as a T4 or an sm_86, runs k16).
+//   Opt-in until a GPU has timed it (attention_bench prints both).
 enum class FlashForwardRows { k16, k32 };
 void set_flash_forward_rows(FlashForwardRows rows);
 FlashForwardRows flash_forward_rows();

@@ -232,7 +232,7 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
     const double terms = static_cast<double>(c.D + c.T);
     h.expect_close(out, terms, "out", 8.0);
     h.expect_close(lse, terms, "lse", 8.0);
-    {  // a warp per 32 rows (head size 64; 128 keeps 16): the same bits
+    {  // a warp per 32 rows (at head size 128, the queries from shared memory): the same bits
       const WithForwardRows rows(ops::FlashForwardRows::k32);
       Pair out32 = h.output({c.B, c.T, c.H, c.D}), lse32 = h.output({c.B, c.H, c.T}, DType::kF32);
       ops::emulated::flash_attention_forward(out32.dev, lse32.dev, qkv.dev, mask.dev, s, &dk, bias.dev);

@@ -582,31 +582,35 @@ TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
 }
 #endif
 
-// The forward with a warp per 32 query rows (ops::FlashForwardRows::k32, head size 64) gives
-// the bits of the one with 16, out and lse: each row's products and sums are the same
-// instructions in the same order. Causal and not, padding, dropout, lengths past the
-// 128-row blocks. (The GPU program's only: the CPU has one forward.)
+// The forward with a warp per 32 query rows (ops::FlashForwardRows::k32; at head size 128
+// with the queries' fragments loaded from shared memory) gives the bits of the one with 16,
+// out and lse: each row's products and sums are the same instructions in the same order.
+// Head sizes 64 and 128, causal and not, padding, dropout, lengths past the 128-row blocks.
+// (The GPU program's only: the CPU has one forward.)
 #ifdef MB_TEST_DEVICE_CUDA
 TEST_P(OnDevice, FlashForwardWith32RowsAWarpGivesTheSameBits) {
   struct Restore {
     ops::FlashForwardRows was = ops::flash_forward_rows();
     ~Restore() { ops::set_flash_forward_rows(was); }
   } restore;
-  for (const auto& [T, causal, masked, p] : {std::tuple{37, true, false, 0.0}, std::tuple{300, false, true, 0.0},
-                                             std::tuple{257, true, true, 0.1}, std::tuple{130, false, false, 0.2}}) {
+  for (const auto& [D, T, causal, masked, p] :
+       {std::tuple{64, 37, true, false, 0.0}, std::tuple{64, 300, false, true, 0.0},
+        std::tuple{64, 257, true, true, 0.1}, std::tuple{64, 130, false, false, 0.2},
+        std::tuple{128, 37, true, false, 0.0}, std::tuple{128, 300, false, true, 0.0},
+        std::tuple{128, 257, true, true, 0.1}}) {
     auto h = harness(19);
-    SCOPED_TRACE("T " + std::to_string(T) + (causal ? " causal" : "") + (masked ? " masked" : "") + " p " +
-                 std::to_string(p));
-    if (!ops::flash_attention_supported(h.device(), h.dtype(), 64)) continue;
+    SCOPED_TRACE("D " + std::to_string(D) + " T " + std::to_string(T) + (causal ? " causal" : "") +
+                 (masked ? " masked" : "") + " p " + std::to_string(p));
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), D)) continue;
     const int64_t B = 2, H = 2;
-    const ops::AttentionShape s{B, T, H, 64, causal, 0, 0};
+    const ops::AttentionShape s{B, T, H, D, causal, 0, 0};
     const ops::DropoutKey dk{p, 67, 2};
     std::vector<uint8_t> mv(static_cast<size_t>(B * T), 1);
     for (int64_t t = T / 2; t < T; ++t) mv[static_cast<size_t>(t)] = 0;
     const Pair mask = masked ? h.bytes(mv, {B, T}) : Pair{};
-    const Pair qkv = h.input({B, T, H, 3, 64});
-    Pair out16 = h.output({B, T, H, 64}), lse16 = h.output({B, H, T}, DType::kF32);
-    Pair out32 = h.output({B, T, H, 64}), lse32 = h.output({B, H, T}, DType::kF32);
+    const Pair qkv = h.input({B, T, H, 3, D});
+    Pair out16 = h.output({B, T, H, D}), lse16 = h.output({B, H, T}, DType::kF32);
+    Pair out32 = h.output({B, T, H, D}), lse32 = h.output({B, H, T}, DType::kF32);
     ops::set_flash_forward_rows(ops::FlashForwardRows::k16);
     ops::flash_attention_forward(out16.dev, lse16.dev, qkv.dev, mask.dev, s, &dk);
     ops::set_flash_forward_rows(ops::FlashForwardRows::k32);

@@ -108,6 +108,23 @@ T* ptr(const Tensor& t) {
   return t.defined() ? static_cast<T*>(t.raw()) : nullptr;
 }
 
+// Whether the current GPU lets a block have `smem` bytes of dynamic shared memory, with the
+// opt-in (a T4: 64 KiB, sm_86 and sm_89: 99, an A100: 163, an H100: 227); the emulator's, any.
+#ifdef MB_WARP_EMULATOR
+inline bool dynamic_smem_fits(size_t) { return true; }
+#else
+inline bool dynamic_smem_fits(size_t smem) {
+  int device = 0;
+  MB_CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mu;
+  static std::map<int, int> most;  // per GPU
+  std::lock_guard<std::mutex> lock(mu);
+  const auto [it, fresh] = most.try_emplace(device, 0);
+  if (fresh) MB_CUDA_CHECK(cudaDeviceGetAttribute(&it->second, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  return smem <= static_cast<size_t>(it->second);
+}
+#endif
+
 #ifndef MB_WARP_EMULATOR
 // Lets kernel k use smem bytes of dynamic shared memory on the current GPU (with its static
 // shared memory, over 48 KiB takes an opt-in): a driver call once per kernel, GPU and larger

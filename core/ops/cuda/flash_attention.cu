@@ -1,6 +1,6 @@
 // Flash attention on a GPU (FlashAttention-2's scheme, our own kernels): blocks of 64 or 128
 // rows (flash_attention.cuh says which) walking tiles of 64 (kTile), a warp per 16 rows (the
-// forward at head size 64 may take 32: ops::FlashForwardRows), products on tensor
+// forward may take 32: ops::FlashForwardRows), products on tensor
 // cores (mma.sync m16n8k16, bf16/fp16 operands, f32 accumulators, operands by ldmatrix), the
 // softmax online in registers. Tiles are copied into shared memory with cp.async, the next
 // under the current one's math.
@@ -34,22 +34,34 @@ using namespace flash;
 
 // ---- forward ----------------------------------------------------------------------------
 // Key and value tiles are double-buffered: the next tile's copy runs under this one's math.
-// A warp computes kM tiles of 16 query rows (flash_forward_rows: 1, or 2 at head size 64);
-// each key and value fragment it loads from shared memory serves all of them.
+// A warp computes kM tiles of 16 query rows (flash_forward_rows: 1 or 2); each key and
+// value fragment it loads from shared memory serves all of them. A warp holds its query rows'
+// fragments in registers, except at head size 128 with 32 rows (kForwardQShared): beside
+// the output's 128 accumulators a thread has no room for them, so the block's queries wait
+// in shared memory and each fragment is loaded where it multiplies (2 loads of 16 x 16
+// serve 16 products with the tile's keys).
 // kDrop: attention dropout (a kernel of its own, so that the others carry none of its code).
 template <int D, int kM>
 constexpr int kForwardBlockRows = kM == 1 ? kForwardRows<D> : 128;
 template <int D, int kM>
 constexpr int kForwardThreads = 32 * kForwardBlockRows<D, kM> / (16 * kM);
+template <int D, int kM>
+constexpr bool kForwardQShared = D == 128 && kM == 2;
+// bytes of dynamic shared memory: key and value tiles, double-buffered, and the queries
+template <typename T, int D, int kM>
+constexpr size_t kForwardSmem = (4 * kTile + (kForwardQShared<D, kM> ? kForwardBlockRows<D, kM> : 0)) * (D + 8) *
+                                sizeof(T);
 
 template <typename T, int D, int kM, bool kDrop>
 __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(Args a) {
   constexpr int kBlockRows = kForwardBlockRows<D, kM>, kBlockThreads = kForwardThreads<D, kM>;
   constexpr int kWarpRows = 16 * kM;
+  constexpr bool kQShared = kForwardQShared<D, kM>;
   MB_DYNAMIC_SMEM(smem);
   constexpr int RS = D + 8;
   T* Kb = reinterpret_cast<T*>(smem);  // [2][64][RS]
   T* Vb = Kb + 2 * kTile * RS;         // [2][64][RS]
+  T* Qs = Vb + 2 * kTile * RS;         // [kBlockRows][RS], kQShared only
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
   // causal: the last query blocks, which walk the most key tiles, are taken first, so that
@@ -62,21 +74,25 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
   auto k_at = [&](int tok) { return kv_at(a, b, tok, h); };
   const int q_last = min(q_block + kBlockRows, a.Tq) - 1;  // causal: Tq = Tk
   const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
+  if constexpr (kQShared)  // (rows past Tq as zeros; landed with the first tiles)
+    load_tile_async<T, D, kBlockThreads, kBlockRows>(Qs, Q, q_block, a.Tq, [&](int tok) { return q_at(a, b, tok, h); });
   load_tile_async<T, D, kBlockThreads>(Kb, K, 0, a.Tk, k_at);
   load_tile_async<T, D, kBlockThreads>(Vb, V, 0, a.Tk, k_at);
   cp_commit();
   // this warp's query rows as A fragments (rows past Tq read as zeros)
   uint32_t qf[kM][D / 16][4];
+  if constexpr (!kQShared) {
 #pragma unroll
-  for (int mi = 0; mi < kM; ++mi) {
-    const int r[2] = {q0 + 16 * mi + g, q0 + 16 * mi + g + 8};
+    for (int mi = 0; mi < kM; ++mi) {
+      const int r[2] = {q0 + 16 * mi + g, q0 + 16 * mi + g + 8};
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
+      for (int ks = 0; ks < D / 16; ++ks)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int row = r[k & 1];
-        qf[mi][ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
-      }
+        for (int k = 0; k < 4; ++k) {
+          const int row = r[k & 1];
+          qf[mi][ks][k] = row < a.Tq ? ld32(Q + q_at(a, b, row, h) + ks * 16 + (k >> 1) * 8 + 2 * t) : 0u;
+        }
+    }
   }
   float o[kM][D / 8][4];
   float m[kM][2], l[kM][2];
@@ -101,21 +117,45 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
     const T* Ks = Kb + buf * kTile * RS;
     const T* Vs = Vb + buf * kTile * RS;
     if (!(a.causal && k0 > q0 + kWarpRows - 1)) {  // else every key of the tile is after this warp's rows
+      // S = Q K^T; each score sums over ks = 0, 1, ... in order whichever way the loops nest
       float s[kM][8][4];
-#pragma unroll
-      for (int n = 0; n < 8; n += 2) {
+      if constexpr (kQShared) {
 #pragma unroll
         for (int mi = 0; mi < kM; ++mi)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][n][e] = s[mi][n + 1][e] = 0.0f;
+          for (int n = 0; n < 8; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.0f;
 #pragma unroll
         for (int ks = 0; ks < D / 16; ++ks) {
-          uint32_t kb[4];
-          load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+          uint32_t qa[kM][4];
 #pragma unroll
-          for (int mi = 0; mi < kM; ++mi) {
-            mma<T>(s[mi][n], qf[mi][ks], kb[0], kb[1]);
-            mma<T>(s[mi][n + 1], qf[mi][ks], kb[2], kb[3]);
+          for (int mi = 0; mi < kM; ++mi) load_a(qa[mi], Qs, RS, warp * kWarpRows + 16 * mi, ks * 16, lane);
+#pragma unroll
+          for (int n = 0; n < 8; n += 2) {
+            uint32_t kb[4];
+            load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+#pragma unroll
+            for (int mi = 0; mi < kM; ++mi) {
+              mma<T>(s[mi][n], qa[mi], kb[0], kb[1]);
+              mma<T>(s[mi][n + 1], qa[mi], kb[2], kb[3]);
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int n = 0; n < 8; n += 2) {
+#pragma unroll
+          for (int mi = 0; mi < kM; ++mi)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mi][n][e] = s[mi][n + 1][e] = 0.0f;
+#pragma unroll
+          for (int ks = 0; ks < D / 16; ++ks) {
+            uint32_t kb[4];
+            load_b(kb, Ks, RS, n * 8, ks * 16, lane);
+#pragma unroll
+            for (int mi = 0; mi < kM; ++mi) {
+              mma<T>(s[mi][n], qf[mi][ks], kb[0], kb[1]);
+              mma<T>(s[mi][n + 1], qf[mi][ks], kb[2], kb[3]);
+            }
           }
         }
       }
@@ -209,7 +249,7 @@ template <typename T, int D, int kM>
 void forward(const Args& a, cudaStream_t st) {
   constexpr int rows = kForwardBlockRows<D, kM>, threads = kForwardThreads<D, kM>;
   const dim3 grid((a.Tq + rows - 1) / rows, a.B * a.H);
-  const size_t smem = 4 * kTile * (D + 8) * sizeof(T);
+  constexpr size_t smem = kForwardSmem<T, D, kM>;
   if (a.drop)
     launch(flash_forward_kernel<T, D, kM, true>, grid, threads, smem, st, "flash_forward_kernel", a);
   else
@@ -222,12 +262,13 @@ void run_forward(Args a, const Tensor& out, DType t, const char* op) {
   const cudaStream_t st = stream_of(out);
   with_type<kTypes>(t, op, [&](auto zero) {
     using T = decltype(zero);
-    if (a.D == 128)
-      forward<T, 128, 1>(a, st);
-    else if (flash_forward_rows() == FlashForwardRows::k32)
-      forward<T, 64, 2>(a, st);
+    const bool rows32 = flash_forward_rows() == FlashForwardRows::k32;
+    if (a.D == 64)
+      rows32 ? forward<T, 64, 2>(a, st) : forward<T, 64, 1>(a, st);
+    else if (rows32 && dynamic_smem_fits(kForwardSmem<T, 128, 2>))  // (not a T4's 64 KiB, nor sm_86's 99)
+      forward<T, 128, 2>(a, st);
     else
-      forward<T, 64, 1>(a, st);
+      forward<T, 128, 1>(a, st);
   });
 }
 
