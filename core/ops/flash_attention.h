@@ -54,7 +54,8 @@ void count_flash_dq_ordered_call();  // (the CUDA backend's)
 //   and value fragment loaded from shared memory: half the shared-memory loads a product.
 //   More registers a thread (two blocks an SM). At head size 128 the queries' fragments do
 //   not fit beside the output's: they are loaded from shared memory where they multiply
-//   (102 KiB a block: a GPU that gives a block less, such as a T4 or an sm_86, runs k16).
+//   (102 KiB a block: a GPU that gives a block less, such as a T4 or an sm_86, runs k16; an
+//   A100 holds one such block an SM, an H100 two).
 //   Opt-in until a GPU has timed it (attention_bench prints both).
 enum class FlashForwardRows { k16, k32 };
 void set_flash_forward_rows(FlashForwardRows rows);
