@@ -16,11 +16,14 @@
 // costliest kernels.
 //
 // Each megabatch row runs once with each --flash-dq (the flash backward's dQ from a kernel of
-// its own, and in order inside the dK/dV kernel: ops::FlashDq).
+// its own, and in order inside the dK/dV kernel: ops::FlashDq) and each --flash-forward-rows
+// (the flash forward's query rows a warp: ops::FlashForwardRows), so that one run shows what
+// each opt-in variant, and both, do to the whole step.
 //
 //   build/bin/gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]
 //                             [--steps 20] [--peak-tflops 989] [--torch true] [--profile]
 //                             [--optimizers adamw lamb] [--flash-dq separate ordered]
+//                             [--flash-forward-rows 16 32]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -143,10 +146,19 @@ int main(int argc, char** argv) {
   a.list("optimizers", "NAME", "optimizer plugins, one megabatch row each (BERT: PyTorch runs AdamW and LAMB)", {"adamw"});
   a.list("flash-dq", "HOW", "the flash backward's dQ, one megabatch row each: separate, ordered (ops::FlashDq)",
          {"separate", "ordered"});
+  a.list("flash-forward-rows", "N", "the flash forward's rows a warp, one megabatch row each (ops::FlashForwardRows)",
+         {"16", "32"});
   a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
   a.option("profile-steps", "N", "steps under the profiler", "5");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
   try {
+    const std::vector<std::string> dq = a.get_list("flash-dq"), rows = a.get_list("flash-forward-rows");
+    mb::check(!dq.empty(), "--flash-dq: separate, ordered or both");
+    mb::check(!rows.empty(), "--flash-forward-rows: 16, 32 or both");
+    for (const std::string& how : dq)
+      mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
+    for (const std::string& r : rows)
+      mb::check(r == "16" || r == "32", "--flash-forward-rows: 16 or 32, not '", r, "'");
     const mb::Device dev = mb::select_device("cuda");
     mb::runtime::use_device(dev);
     const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
@@ -162,18 +174,20 @@ int main(int argc, char** argv) {
     const std::vector<std::string> optimizers = a.get_list("optimizers");
     mb::check(!optimizers.empty(), "--optimizers: name at least one optimizer plugin");
     std::vector<std::pair<std::string, Measured>> ours;  // (row name, what it measured)
-    const std::vector<std::string> dq = a.get_list("flash-dq");
-    mb::check(!dq.empty(), "--flash-dq: separate, ordered or both");
-    for (const std::string& how : dq) {
-      mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
-      mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
-      for (const std::string& name : optimizers) {
-        std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
-        if (how == "ordered") row += ", ordered dQ";
-        ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
+    for (const std::string& r : rows) {
+      mb::ops::set_flash_forward_rows(r == "32" ? mb::ops::FlashForwardRows::k32 : mb::ops::FlashForwardRows::k16);
+      for (const std::string& how : dq) {
+        mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
+        for (const std::string& name : optimizers) {
+          std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
+          if (how == "ordered") row += ", ordered dQ";
+          if (r == "32") row += ", 32 fwd rows";
+          ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
+        }
       }
     }
     mb::ops::set_flash_dq(mb::ops::FlashDq::kSeparate);
+    mb::ops::set_flash_forward_rows(mb::ops::FlashForwardRows::k16);
 
     mb::comm::LocalCommunicator tp;
     const double N = static_cast<double>(mb::models::declare_model(c, tp)->parameters().num_full_parameters());
