@@ -14,11 +14,14 @@
 # ran and passed (a skipped test fails the run: on a GPU machine it checked nothing).
 # Each program has GPU_TEST_TIMEOUT seconds (default 240), so that one that hangs leaves the
 # device time to the next; its log keeps what it wrote, and the summary says it timed out.
+# GPU_RUN=tests or GPU_RUN=benches runs one half (two calls, where one may not take long
+# enough for both); the default, all, runs both.
 #
 #   tests/gpu/run.sh LOG_DIR [gtest filter]        # from the repository root
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
-logs=${1:?usage: tests/gpu/run.sh LOG_DIR [gtest filter]}; filter=${2:-*}
+logs=${1:?usage: tests/gpu/run.sh LOG_DIR [gtest filter]}; filter=${2:-*}; parts=${GPU_RUN:-all}
+[[ $parts =~ ^(tests|benches|all)$ ]] || { echo "run.sh: GPU_RUN: tests, benches or all, not '$parts'" >&2; exit 2; }
 mkdir -p "$logs"; logs=$(cd "$logs" && pwd)
 # shellcheck source=tests/gpu/unpack.sh
 source tests/gpu/unpack.sh
@@ -35,30 +38,32 @@ timed() {
   return $rc
 }
 status=0; ran=0
-for t in test_ops_gpu test_gpu test_ops_gpu_sm75; do
-  f=$filter
-  [[ $t == test_ops_gpu_sm75 ]] && f="*Flash*"  # the T4 path is the flash kernels'
-  [[ $t == test_ops_gpu_sm75 && $filter != "*" ]] && continue
-  timed $t "$b/run.sh" bin/$t --gtest_filter="$f" --gtest_output=xml:"$logs/$t.xml" || status=1
-  echo "$t: $(gtest_tally "$logs/$t.log") ($(tail -1 "$logs/times.txt" | cut -d' ' -f2-))"
-  ran=$((ran + $(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$logs/$t.log" | head -1)))
-  grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true
-  # on a GPU machine nothing may skip: a skipped gpu test checked nothing
-  grep -qE '^\[  SKIPPED \] [0-9]' "$logs/$t.log" && { status=1; grep -E '^\[  SKIPPED \] [A-Z]' "$logs/$t.log" | sed 's/ ([0-9]* ms)$//' | sort -u; }
-done
-# The trainer's flash test (GPT, BERT and T5 near f32, bitwise twice) once more with the opt-in
-# variants (the ordered dQ, 32 forward rows a warp) as the process's choice, so that making
-# either the default needs no second GPU run (the op tests run both variants already).
-if [[ $filter == "*" ]]; then
-  MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32 timed test_gpu_flash_variants "$b/run.sh" bin/test_gpu \
-    --gtest_filter='Gpu.FlashAttention*' --gtest_output=xml:"$logs/test_gpu_flash_variants.xml" || status=1
-  echo "test_gpu with MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32: $(gtest_tally "$logs/test_gpu_flash_variants.log")"
-  grep -E '^\[  FAILED  \] [A-Z]' "$logs/test_gpu_flash_variants.log" || true
-  grep -qE '^\[  SKIPPED \] [0-9]' "$logs/test_gpu_flash_variants.log" && status=1
+if [[ $parts != benches ]]; then
+  for t in test_ops_gpu test_gpu test_ops_gpu_sm75; do
+    f=$filter
+    [[ $t == test_ops_gpu_sm75 ]] && f="*Flash*"  # the T4 path is the flash kernels'
+    [[ $t == test_ops_gpu_sm75 && $filter != "*" ]] && continue
+    timed $t "$b/run.sh" bin/$t --gtest_filter="$f" --gtest_output=xml:"$logs/$t.xml" || status=1
+    echo "$t: $(gtest_tally "$logs/$t.log") ($(tail -1 "$logs/times.txt" | cut -d' ' -f2-))"
+    ran=$((ran + $(sed -nE 's/^\[==========\] ([0-9]+) tests? from .* ran\..*/\1/p' "$logs/$t.log" | head -1)))
+    grep -E '^\[  FAILED  \] [A-Z]' "$logs/$t.log" || true
+    # on a GPU machine nothing may skip: a skipped gpu test checked nothing
+    grep -qE '^\[  SKIPPED \] [0-9]' "$logs/$t.log" && { status=1; grep -E '^\[  SKIPPED \] [A-Z]' "$logs/$t.log" | sed 's/ ([0-9]* ms)$//' | sort -u; }
+  done
+  # The trainer's flash test (GPT, BERT and T5 near f32, bitwise twice) once more with the opt-in
+  # variants (the ordered dQ, 32 forward rows a warp) as the process's choice, so that making
+  # either the default needs no second GPU run (the op tests run both variants already).
+  if [[ $filter == "*" ]]; then
+    MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32 timed test_gpu_flash_variants "$b/run.sh" bin/test_gpu \
+      --gtest_filter='Gpu.FlashAttention*' --gtest_output=xml:"$logs/test_gpu_flash_variants.xml" || status=1
+    echo "test_gpu with MEGABATCH_FLASH_DQ=ordered MEGABATCH_FLASH_FORWARD_ROWS=32: $(gtest_tally "$logs/test_gpu_flash_variants.log")"
+    grep -E '^\[  FAILED  \] [A-Z]' "$logs/test_gpu_flash_variants.log" || true
+    grep -qE '^\[  SKIPPED \] [0-9]' "$logs/test_gpu_flash_variants.log" && status=1
+  fi
+  # a filter that matches nothing passes "0 tests" in both: that checked nothing either
+  ((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
 fi
-# a filter that matches nothing passes "0 tests" in both: that checked nothing either
-((ran > 0)) || { echo "the filter '$filter' matched no test (see --gtest_list_tests; parameterized names end in /f32 ...)"; status=1; }
-if [[ $filter == "*" ]]; then
+if [[ $filter == "*" && $parts != tests ]]; then
   timed gpu_train_bench "$b/run.sh" bin/gpu_train_bench --torch-modes sdpa compile --profile || echo "gpu_train_bench failed (exit $?)"
   cat "$logs/gpu_train_bench.log"
   timed gpu_train_bench_mb16 "$b/run.sh" bin/gpu_train_bench --micro-batch-size 16 --torch-modes sdpa compile --profile ||
