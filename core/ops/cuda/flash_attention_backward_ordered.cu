@@ -192,15 +192,14 @@ int64_t resident_blocks(Device dev) {
   std::lock_guard<std::mutex> lock(mu);
   const auto it = resident_on.find(dev.index);
   if (it != resident_on.end()) return it->second;
-  int most = 0, per_sm = 0, sms = 0;
+  int per_sm = 0, sms = 0;
   cudaFuncAttributes f{};
   MB_CUDA_CHECK(cudaFuncGetAttributes(&f, kernel));
-  MB_CUDA_CHECK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev.index));
   int64_t resident = 0;
   // sm_75 code (a T4, or a build for sm_75 alone on a newer GPU) has no kernel body; a T4 has
-  // 64 KiB a block, a few bytes short
-  if (f.ptxVersion >= 80 && smem + f.sharedSizeBytes <= static_cast<size_t>(most)) {
-    MB_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  // 64 KiB a block, a few bytes short (dev is the current GPU: the launch runs there)
+  if (f.ptxVersion >= 80 && dynamic_smem_fits(smem + f.sharedSizeBytes)) {
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);  // (before the occupancy is asked)
     MB_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem));
     MB_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev.index));
     resident = static_cast<int64_t>(per_sm) * sms;
