@@ -529,7 +529,8 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
 // causal and not, odd lengths, padding, dropout, head sizes 64 (blocks of 64 keys, one per
 // tile) and 128 (128 keys, two tiles each), add and set. The path must have run where the
 // GPU's code is sm_80 or later; on sm_75 code (test_ops_gpu_sm75) the separate kernels must
-// run instead, with the same checks. (The GPU program's only: the CPU computes each row whole.)
+// run instead, with the same checks. A dtype or head size the kernels do not take is refused
+// by name with the ordered dQ chosen. (The GPU program's only: the CPU computes each row whole.)
 #ifdef MB_TEST_DEVICE_CUDA
 TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
   struct Restore {
@@ -547,7 +548,6 @@ TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
     auto h = harness(17);
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
                  (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + " p " + std::to_string(c.p));
-    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) continue;  // how it refuses: the test above
     const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
     const ops::DropoutKey dk{c.p, 61, 3};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
@@ -555,10 +555,24 @@ TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
     const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
+    const int64_t calls = ops::flash_dq_ordered_calls();
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) {  // the ordered dQ refuses it by name too
+      ops::set_flash_dq(ops::FlashDq::kOrdered);
+      Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+      try {
+        ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kAdd);
+        ADD_FAILURE() << "the flash backward took " << mb::dtype_name(h.dtype()) << " on " << h.device().str();
+      } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find(refusal("flash_attention_backward", "qkv", h.dtype())), std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(ops::flash_dq_ordered_calls(), calls) << "a refused backward counted as an ordered call";
+      ops::set_flash_dq(ops::FlashDq::kSeparate);
+      continue;
+    }
     ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk);
     ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
     ops::set_flash_dq(ops::FlashDq::kOrdered);
-    const int64_t calls = ops::flash_dq_ordered_calls();
     Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
     ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk, ops::Write::kAdd);
     ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd);
