@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/data/indexed_dataset.h"
+#include "core/data/tokenizer_record.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/json.h"
@@ -113,6 +114,7 @@ CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const Toke
     fail("preprocess compact: the output ", out.string(), " would overwrite its input; give another prefix");
   if (fs::exists(compact_vocab_path(in)))
     fail(in.string(), " is already compact (", compact_vocab_path(in).string(), " exists)");
+  check_tokenizer_record(in, tokenizer);
   const IndexedDataset ds(in);
   std::vector<char> used(static_cast<size_t>(base_vocab_size), 0);
   std::vector<int32_t> buf;
@@ -138,8 +140,10 @@ CompactVocab compact_dataset(const fs::path& in, const fs::path& out, const Toke
   if (ds.num_tokens() == 0) fail(in.string(), ": the dataset has no tokens; there is nothing to compact");
 
   // The vocabulary first, and any old OUT.idx gone before it: a crash before the new .idx
-  // leaves no dataset to train on, never ids without the file that says what they mean.
+  // leaves no dataset to train on, never ids without the file that says what they mean. (The
+  // vocabulary names the tokenizer: a tokenizer record at OUT is an earlier dataset's.)
   fs::remove(fs::path(out.string() + ".idx"));
+  fs::remove(tokenizer_record_path(out));
   write_file_atomic(compact_vocab_path(out),
                     nlohmann::json{{"format", kFormat}, {"tokenizer_type", v.tokenizer_type},
                                    {"base_vocab_size", v.base_vocab_size}, {"source", v.source}, {"ids", v.ids}}
@@ -179,7 +183,10 @@ std::unique_ptr<Tokenizer> compact_tokenizer(std::unique_ptr<Tokenizer> base, Co
 std::unique_ptr<Tokenizer> tokenizer_for_dataset(std::unique_ptr<Tokenizer> base, const fs::path& prefix,
                                                  std::ostream* log) {
   const fs::path file = compact_vocab_path(prefix);
-  if (!fs::exists(file)) return base;
+  if (!fs::exists(file)) {
+    check_tokenizer_record(prefix, *base);
+    return base;
+  }
   CompactVocab v = read_compact_vocab(file);
   const int64_t full = base->vocab_size();
   auto t = compact_tokenizer(std::move(base), std::move(v), file);

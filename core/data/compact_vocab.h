@@ -50,7 +50,8 @@ std::unique_ptr<Tokenizer> compact_tokenizer(std::unique_ptr<Tokenizer> base, Co
                                              const std::filesystem::path& file);
 
 // The tokenizer for the dataset PREFIX: `base`, through PREFIX.vocab.json when there is one
-// (then one line saying so goes to `log`, when given).
+// (then one line saying so goes to `log`, when given). Without one, PREFIX.tokenizer.json,
+// where there is one, must name `base`'s type and vocabulary (tokenizer_record.h).
 std::unique_ptr<Tokenizer> tokenizer_for_dataset(std::unique_ptr<Tokenizer> base, const std::filesystem::path& prefix,
                                                  std::ostream* log = nullptr);
 

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
 #include <chrono>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -15,6 +15,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/data/input_stream.h"
 #include "core/data/sentence_splitter.h"
+#include "core/data/tokenizer_record.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/json.h"
@@ -24,6 +25,17 @@ namespace megabatch::data {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+namespace {
+// Completes the dataset PREFIX and writes the record of the tokenizer that made it beside it
+// (tokenizer_record.h). A record left at PREFIX by an earlier dataset goes first, so that none
+// ever describes another dataset's ids.
+void finish_dataset(IndexedDatasetBuilder& b, const fs::path& prefix, const TokenizerRecord& record) {
+  fs::remove(tokenizer_record_path(prefix));
+  b.finalize();
+  write_tokenizer_record(prefix, record);
+}
+}  // namespace
 
 fs::path output_name(const fs::path& prefix, const std::string& key, bool sentences) {
   fs::path p = prefix;
@@ -270,12 +282,13 @@ PreprocessStats preprocess(const PreprocessOptions& o, std::ostream& log) {
   if (stats.documents == 0)
     fail(o.input.string(), ": no documents found", stats.bad_lines ? " (every line was bad)" : "",
          "; expected ", jsonl ? "one JSON object per line" : "text with documents separated by blank lines");
-  for (auto& b : builders) b->finalize();
+  const TokenizerRecord record = describe_tokenizer(*tokenizer, o.tokenizer.vocab_file);
+  for (size_t k = 0; k < builders.size(); ++k) finish_dataset(*builders[k], stats.outputs[k], record);
   stats.seconds = progress.seconds();
   progress.update(stats.documents, stats.input_bytes, true);
   if (stats.bad_lines)
     log << "Skipped " << stats.bad_lines << " bad line(s); the first: " << stats.first_bad_line << std::endl;
-  for (const auto& p : stats.outputs) log << "wrote " << p.string() << ".bin/.idx" << std::endl;
+  for (const auto& p : stats.outputs) log << "wrote " << p.string() << ".bin/.idx/.tokenizer.json" << std::endl;
   return stats;
 }
 
@@ -297,11 +310,22 @@ void write_compact(const BrownFiles& f, std::ostream& log) {
 }
 
 // Whether `dir` holds the dataset already, intact (a compact dataset from an older version,
-// or damaged, is made again from the GPT-2 dataset); says so.
+// or damaged, is made again from the GPT-2 dataset; the tokenizer records an older version did
+// not write are written); says so.
 bool brown_up_to_date(const fs::path& dir, const BrownFiles& f, std::ostream& log) {
   try {
     IndexedDataset a(f.gpt), b(f.bert);
     if (!fs::exists(dir / "brown.jsonl")) return false;
+    for (const auto& [prefix, type] :
+         {std::pair{f.gpt, "GPT2BPETokenizer"}, std::pair{f.bert, "BertWordPieceLowerCase"}}) {
+      TokenizerOptions to;
+      to.type = type;
+      const auto tok = make_tokenizer(to);
+      if (fs::exists(tokenizer_record_path(prefix)))
+        check_tokenizer_record(prefix, *tok);  // another tokenizer's: rebuild
+      else
+        write_tokenizer_record(prefix, describe_tokenizer(*tok));
+    }
     bool compact_ok = false;
     try {
       const IndexedDataset c(f.compact);
@@ -333,9 +357,9 @@ void build_dataset(const fs::path& prefix, const std::string& tokenizer_type,
     b.add_document(e.tokens, e.lengths);
     tokens += e.tokens.size();
   }
-  b.finalize();
-  log << "wrote " << prefix.string() << ".bin/.idx: " << tokenizer_type << ", " << b.num_sequences() << " sequences, "
-      << tokens << " tokens" << std::endl;
+  finish_dataset(b, prefix, describe_tokenizer(*tok));
+  log << "wrote " << prefix.string() << ".bin/.idx/.tokenizer.json: " << tokenizer_type << ", " << b.num_sequences()
+      << " sequences, " << tokens << " tokens" << std::endl;
 }
 
 }  // namespace

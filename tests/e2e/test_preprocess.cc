@@ -65,11 +65,26 @@ TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
   ASSERT_EQ(ins.exit_code, 0) << ins.output;
   EXPECT_NE(ins.output.find("documents    500"), std::string::npos) << ins.output;
   EXPECT_NE(ins.output.find("The Fulton County Grand Jury said Friday"), std::string::npos);
-  // A GPT-2 dataset inspected with the BERT vocabulary has ids past its end.
-  const auto wrong = run_command(preprocess() + " inspect " + (dir / "brown_gpt2_text_document").string() +
-                                 " --tokenizer-type BertWordPieceLowerCase");
+  // A GPT-2 dataset inspected with the BERT vocabulary: its tokenizer record refuses it; without
+  // the record (as Megatron writes datasets), its ids past the vocabulary's end do.
+  const std::string inspect_as_bert = preprocess() + " inspect " + (dir / "brown_gpt2_text_document").string() +
+                                      " --tokenizer-type BertWordPieceLowerCase";
+  const auto wrong = run_command(inspect_as_bert);
   EXPECT_NE(wrong.exit_code, 0);
-  EXPECT_NE(wrong.output.find("is outside the vocabulary of BertWordPieceLowerCase"), std::string::npos) << wrong.output;
+  EXPECT_NE(wrong.output.find((dir / "brown_gpt2_text_document.tokenizer.json").string() + ": the dataset " +
+                              (dir / "brown_gpt2_text_document").string() + " was made by GPT2BPETokenizer"),
+            std::string::npos)
+      << wrong.output;
+  const std::string record = read_file(dir / "brown_gpt2_text_document.tokenizer.json");
+  std::filesystem::remove(dir / "brown_gpt2_text_document.tokenizer.json");
+  const auto unrecorded = run_command(inspect_as_bert);
+  EXPECT_NE(unrecorded.exit_code, 0);
+  EXPECT_NE(unrecorded.output.find("is outside the vocabulary of BertWordPieceLowerCase"), std::string::npos)
+      << unrecorded.output;
+  // the default dataset made before tokenizer records gets them, unchanged otherwise
+  const auto recorded = run_command(preprocess() + " brown --output-dir " + dir.path().string());
+  EXPECT_NE(recorded.output.find("up to date"), std::string::npos) << recorded.output;
+  EXPECT_EQ(read_file(dir / "brown_gpt2_text_document.tokenizer.json"), record);
 
   // The compact dataset the default sweep trains on: `preprocess compact` of the GPT-2 dataset
   // gives the same files; it reads as the same text; a missing one is made again.

@@ -449,6 +449,26 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
   }
 }
 
+// A dataset made by another tokenizer than the run's. Every WordPiece id lies below GPT-2's
+// 50,257, so a GPT given BERT's sentences would train on them without a word; the record
+// `preprocess` writes beside the dataset refuses it at `train --check` (what sweep run
+// --dry-run runs for every point), and the tokenizer it names is taken.
+TEST_F(Train, ADatasetMadeByAnotherTokenizerIsRefusedByItsRecord) {
+  const fs::path bert = *data_ / "d" / "brown_bert_text_sentence";
+  const std::string check = mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --check " +
+                            "--data-path " + bert.string() + " --run-dir " + (tmp_ / "r").string();
+  auto r = mb::testing::run_command(check);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(bert.string() + ".tokenizer.json: the dataset " + bert.string() +
+                          " was made by BertWordPieceLowerCase with a vocabulary of 30524 tokens"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("but this run's tokenizer is GPT2BPETokenizer; set tokenizer_type (--tokenizer-type) to "
+                          "BertWordPieceLowerCase"),
+            std::string::npos) << r.output;
+  r = mb::testing::run_command(check + " --tokenizer-type BertWordPieceLowerCase");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST_F(Train, PrintParamsNeedsNoDataAndHelpShowsExamples) {
   auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train --model gpt-310.1b --tensor-model-parallel-size 8 --print-params");
   ASSERT_EQ(r.exit_code, 0) << r.output;

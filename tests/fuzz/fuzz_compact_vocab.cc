@@ -1,6 +1,9 @@
-// Fuzz target: a dataset's compact vocabulary (PREFIX.vocab.json). Reading it and seeing a
-// tokenizer through it must succeed or throw megabatch::Error naming the file; on success
-// every compact id decodes and every special token is in range. Anything else is a bug.
+// Fuzz target: the files that say what a dataset's ids mean, its compact vocabulary
+// (PREFIX.vocab.json) and its tokenizer record (PREFIX.tokenizer.json), each given the same
+// bytes. Reading the vocabulary and seeing a tokenizer through it must succeed or throw
+// megabatch::Error naming the file; on success every compact id decodes and every special
+// token is in range. Checking a tokenizer against the record must succeed or throw an Error
+// naming the record. Anything else is a bug.
 #include <algorithm>
 #include <cstdlib>
 #include <span>
@@ -8,6 +11,7 @@
 #include <vector>
 
 #include "core/data/compact_vocab.h"
+#include "core/data/tokenizer_record.h"
 #include "core/util/error.h"
 #include "tests/fuzz/fuzz_util.h"
 
@@ -53,6 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     } catch (const Error&) {  // a byte outside the vocabulary: named, not a crash
     }
   } catch (const Error&) {
+  }
+  const auto recorded = fuzz::scratch_dir() / "r";
+  fuzz::write_bytes(data::tokenizer_record_path(recorded), data, size);
+  try {
+    data::check_tokenizer_record(recorded, Numbers(10));
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(data::tokenizer_record_path(recorded).string()) == std::string::npos) std::abort();
   }
   return 0;
 }
