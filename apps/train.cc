@@ -317,7 +317,8 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::optim::PluginOptimizer optimizer(run.plugin, params, *parallel.tp, run.hparams, opt.seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; },
                                        shards.get());
-  mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.padded_vocab_size(), std::cout);
+  mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, run.mc.padded_vocab_size(),
+                               std::cout);
   opt.checkpoint.model = mb::models::model_json(run.mc);
   opt.checkpoint.optimizer = run.plugin.name();
   opt.checkpoint.optimizer_version = version;

@@ -49,8 +49,16 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
 }
 
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
-                       optim::DpShards* shards, int64_t padded_vocab, std::ostream& console) {
+                       optim::DpShards* shards, int64_t vocab_size, int64_t padded_vocab, std::ostream& console) {
   if (!point.from) return;
+  // Only the vocabulary's padding may differ (as between tensor-parallel sizes): rows of
+  // another vocabulary are other tokens' (a compact dataset's, or another tokenizer's).
+  const nlohmann::json& model = point.state.model;
+  if (model.contains("vocab_size") && model["vocab_size"].is_number_integer())
+    check(model["vocab_size"].get<int64_t>() == vocab_size, point.from->string(), ": its model has a vocabulary of ",
+          model["vocab_size"].get<int64_t>(), " tokens, but this run's has ", vocab_size,
+          ", so its embedding rows would stand for other tokens; load it with the dataset and tokenizer it was "
+          "trained with, or start without --load");
   const bool load_optim = !point.finetune && !point.no_load_optim;
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};

@@ -35,8 +35,9 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
 
 // Loads the checkpoint's parameters (and, resuming, the optimizer's state) into the run.
 // Checkpoints hold whole tensors: with `shards` (the distributed optimizer) this rank takes
-// its pieces of the state and of the fp32 masters.
+// its pieces of the state and of the fp32 masters. The checkpoint's model must have the run's
+// vocabulary (`vocab_size` tokens); its padding may differ from `padded_vocab`.
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
-                       optim::DpShards* shards, int64_t padded_vocab, std::ostream& console);
+                       optim::DpShards* shards, int64_t vocab_size, int64_t padded_vocab, std::ostream& console);
 
 }  // namespace megabatch::train

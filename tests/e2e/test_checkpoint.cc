@@ -142,6 +142,22 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
   r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
+
+  // Into a run on the compact dataset (32,735 tokens): only the vocabulary's padding may differ
+  // (as between tensor-parallel sizes), not the tokens its rows stand for. Before, the first
+  // 32,768 of GPT-2's rows loaded as the compact tokens' without a word.
+  for (const auto& [dir, how] : {std::pair{"r7", "--optimizer lamb"}, std::pair{"r8", "--optimizer lamb --finetune"}}) {
+    SCOPED_TRACE(how);
+    std::string compact = train(tmp / dir, std::string(how) + " --load " + c);
+    const std::string full = "brown_gpt2_text_document";
+    compact.replace(compact.find(full), full.size(), "brown_gpt2_compact_text_document");
+    r = mb::testing::run_command(compact);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(
+        r.output.find(c + "/iter_0000002.h5: its model has a vocabulary of 50257 tokens, but this run's has 32735"),
+        std::string::npos)
+        << r.output;
+  }
 }
 
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
