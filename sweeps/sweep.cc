@@ -463,6 +463,9 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       } catch (const Error& e) {
         fail(e.what());
       }
+      const std::string conflict = train::schedule_conflict(
+          p.config, [](const std::string& key) { return key; }, derive.budget > 0 ? "derive.sample_budget" : "");
+      check(conflict.empty(), where, ": point ", p.id, ": ", conflict);
       check(p.config.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
       check(p.config.contains("train_iters") || p.config.contains("train_samples"), where, ": point ", p.id,
             ": no train_iters, train_samples or derive.sample_budget");

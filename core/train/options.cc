@@ -1,6 +1,7 @@
 #include "core/train/options.h"
 
 #include <cmath>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -239,12 +240,60 @@ ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype) {
   return c;
 }
 
+std::string schedule_conflict(const json& v, const std::function<std::string(const std::string&)>& name,
+                              const std::string& iterations_from) {
+  const auto present = [&](const char* k) { return v.contains(k) && !v[k].is_null(); };
+  const auto nonzero = [&](const char* k) { return present(k) && v[k].is_number() && v[k].get<double>() != 0; };
+  const bool by_iters = present("train_iters"), by_samples = present("train_samples");
+  // a key of one count in a run of the other: what to give instead
+  const auto counted = [&](const char* key, const std::string& instead) {
+    const std::string run = by_iters
+                                ? name("train_iters") + (iterations_from.empty() ? "" : ", from " + iterations_from)
+                                : name("train_samples");
+    std::string s = name(key) + " counts " + (by_iters ? "samples" : "iterations") + ", but this run counts " +
+                    (by_iters ? "iterations" : "samples") + " (" + run + "), which would ignore it; give " + instead;
+    if (iterations_from.empty()) s += ", or train by " + name(by_iters ? "train_samples" : "train_iters");
+    return s;
+  };
+  if (by_iters && !by_samples) {
+    if (nonzero("lr_warmup_samples"))
+      return counted("lr_warmup_samples",
+                     name("lr_warmup_fraction") + " (a share of the decay span" +
+                         (iterations_from.empty() ? "" : ": the same samples at every batch size") + ") or " +
+                         name("lr_warmup_iters") + " instead");
+    if (present("lr_decay_samples")) return counted("lr_decay_samples", name("lr_decay_iters") + " instead");
+  }
+  if (by_samples && !by_iters) {
+    if (nonzero("lr_warmup_iters"))
+      return counted("lr_warmup_iters", name("lr_warmup_samples") + " or " + name("lr_warmup_fraction") + " instead");
+    if (present("lr_decay_iters")) return counted("lr_decay_iters", name("lr_decay_samples") + " instead");
+  }
+  if (present("lr_warmup_fraction"))
+    for (const char* count : {"lr_warmup_iters", "lr_warmup_samples"})
+      if (nonzero(count))
+        return name("lr_warmup_fraction") + " and " + name(count) + " both set the warmup; give one of them";
+  if (present("lr") && present("min_lr") && v["lr"].is_number() && v["min_lr"].is_number() &&
+      v["min_lr"].get<double>() > v["lr"].get<double>())
+    return name("min_lr") + " (" + v["min_lr"].dump() + ") is above " + name("lr") + " (" + v["lr"].dump() +
+           "): the learning rate would rise as it decays; give a " + name("min_lr") + " at or below " + name("lr");
+  const bool scaled =
+      present("lr_scaling") && v["lr_scaling"].is_string() && v["lr_scaling"].get<std::string>() != "none";
+  if (present("lr_scaling_ref_batch") && !scaled)
+    return name("lr_scaling_ref_batch") + " is the batch at which " + name("lr") + " is given for " +
+           name("lr_scaling") + ", which is none here, so it would do nothing; set " + name("lr_scaling") +
+           " to sqrt or linear, or drop it";
+  return "";
+}
+
 namespace {
 // The learning-rate schedule of the flags (--lr, --min-lr, --lr-decay-*, --lr-warmup-*,
 // --lr-scaling), in samples of a global batch of `gbs`.
 optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
   const bool by_iters = v.contains("train_iters");
   check(v.contains("lr"), "--lr is required");
+  const std::string conflict =
+      schedule_conflict(v, [](const std::string& key) { return "--" + config::flag_name(key); });
+  check(conflict.empty(), conflict);
   const auto rule = optim::parse_lr_scaling(v["lr_scaling"].get<std::string>());
   const int64_t ref = v.contains("lr_scaling_ref_batch") ? v["lr_scaling_ref_batch"].get<int64_t>() : 0;
   optim::LrSchedule s;

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <string>
 
 #include "core/config/config.h"
 #include "core/device/dtype.h"
@@ -16,6 +18,15 @@ const config::Schema& train_schema();
 DType run_dtype(const nlohmann::json& values);
 // The fp16 loss scaler of Megatron's flags (refused on a run that is not --fp16).
 ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype);
+// What in a run's learning-rate options would be ignored, or contradicts another, as
+// Megatron's validate_args refuses it: a warmup or decay counted in samples in a run counted
+// in iterations (or the other way round), a warmup fraction beside a warmup count, a min_lr
+// above lr, a reference batch without a scaling rule. "" when nothing is; else what is wrong
+// and what to give instead. `values` are the run's options (defaults filled in or not);
+// `name` spells a key as its user wrote it (train: the flag; a sweep file: the key);
+// `iterations_from` says where train_iters came from when the user did not write it.
+std::string schedule_conflict(const nlohmann::json& values, const std::function<std::string(const std::string&)>& name,
+                              const std::string& iterations_from = "");
 // The run's batch, iterations, learning-rate schedule, logging, evaluation, checkpoint,
 // loss-scaling and divergence options; dp_size: the data-parallel ranks launched;
 // padded_vocab: the model's, for the default divergence loss (2 ln V). Tokens per sample

@@ -301,6 +301,16 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   r = mb::testing::run_command(sweep("run " + odd.string() + " --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
+  // a warmup in samples where the sample budget makes every point count iterations (its
+  // train_iters): refused before anything runs, where each point trained without a warmup
+  const auto warm = write_sweep(tmp.path(), "warm", 32, R"("adamw")", R"(, "lr_warmup_samples": 16)");
+  r = mb::testing::run_command(sweep("run " + warm.string() + " --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.output.find("warm.json: point adamw-bs4-lr0.002-s3: lr_warmup_samples counts samples, but this run counts "
+                    "iterations (train_iters, from derive.sample_budget)"),
+      std::string::npos)
+      << r.output;
   // batch sizes the derived values would divide by (0: a division by zero, found by the
   // fuzz preset), a number beyond a double's range, a seed that is not one
   const std::string text = mb::testing::read_text(odd);

@@ -60,6 +60,13 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set"),
             std::string::npos) << r.output;
+  // a warmup of the other count: refused, where it was dropped (no warmup at all)
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --lr-warmup-samples 64"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --lr-warmup-samples counts samples, but this run counts iterations "
+                          "(--train-iters), which would ignore it; give --lr-warmup-fraction"),
+            std::string::npos)
+      << r.output;
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;

@@ -2,12 +2,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "core/optim/schedule.h"
+#include "core/train/options.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
 using mb::optim::DecayStyle;
+using nlohmann::json;
 
 TEST(LrSchedule, WarmupThenEachDecayStyle) {
   mb::optim::LrSchedule s{1.0, 0.1, 100, 1100, DecayStyle::kLinear, 1.0};
@@ -41,4 +47,68 @@ TEST(LrSchedule, ScalingRulesAndClipping) {
   EXPECT_DOUBLE_EQ(mb::optim::clip_coefficient(0.5, 1.0), 1.0);
   EXPECT_NEAR(mb::optim::clip_coefficient(4.0, 1.0), 1.0 / (4.0 + 1e-6), 1e-15);
   EXPECT_DOUBLE_EQ(mb::optim::clip_coefficient(4.0, 0.0), 1.0) << "0 turns clipping off";
+}
+
+// Schedule options that a run would ignore, or that contradict one another, are refused with
+// what to give instead, as Megatron's validate_args refuses them. Before, a warmup counted in
+// samples in a run counted in iterations (a sweep's sample budget makes every point one) was
+// dropped without a word: the run had no warmup. What goes together passes, defaults filled
+// in or not.
+TEST(LrOptions, IgnoredOrContradictoryScheduleKeysAreNamedWithWhatToGiveInstead) {
+  const auto key = [](const std::string& k) { return k; };
+  const std::vector<std::pair<json, std::string>> refused = {
+      {{{"train_iters", 10}, {"lr_warmup_samples", 64}},
+       "lr_warmup_samples counts samples, but this run counts iterations (train_iters), which would ignore it; give "
+       "lr_warmup_fraction (a share of the decay span) or lr_warmup_iters instead, or train by train_samples"},
+      {{{"train_iters", 10}, {"lr_decay_samples", 640}},
+       "lr_decay_samples counts samples, but this run counts iterations (train_iters), which would ignore it; give "
+       "lr_decay_iters instead, or train by train_samples"},
+      {{{"train_samples", 640}, {"lr_warmup_iters", 2}},
+       "lr_warmup_iters counts iterations, but this run counts samples (train_samples), which would ignore it; give "
+       "lr_warmup_samples or lr_warmup_fraction instead, or train by train_iters"},
+      {{{"train_samples", 640}, {"lr_decay_iters", 8}},
+       "lr_decay_iters counts iterations, but this run counts samples (train_samples), which would ignore it; give "
+       "lr_decay_samples instead, or train by train_iters"},
+      {{{"train_iters", 10}, {"lr_warmup_iters", 2}, {"lr_warmup_fraction", 0.1}},
+       "lr_warmup_fraction and lr_warmup_iters both set the warmup; give one of them"},
+      {{{"train_samples", 640}, {"lr_warmup_samples", 64}, {"lr_warmup_fraction", 0.1}},
+       "lr_warmup_fraction and lr_warmup_samples both set the warmup; give one of them"},
+      {{{"train_iters", 10}, {"lr", 0.001}, {"min_lr", 0.01}},
+       "min_lr (0.01) is above lr (0.001): the learning rate would rise as it decays; give a min_lr at or below lr"},
+      {{{"train_iters", 10}, {"lr", 0.001}, {"lr_scaling", "none"}, {"lr_scaling_ref_batch", 256}},
+       "lr_scaling_ref_batch is the batch at which lr is given for lr_scaling, which is none here, so it would do "
+       "nothing; set lr_scaling to sqrt or linear, or drop it"},
+  };
+  for (const auto& [values, message] : refused) EXPECT_EQ(mb::train::schedule_conflict(values, key), message) << values;
+  // a sweep's sample budget made the points count iterations: said, and the fraction offered
+  // (under one budget, the same warmup samples at every batch size)
+  EXPECT_EQ(mb::train::schedule_conflict({{"train_iters", 10}, {"lr_warmup_samples", 64}}, key, "derive.sample_budget"),
+            "lr_warmup_samples counts samples, but this run counts iterations (train_iters, from "
+            "derive.sample_budget), which would ignore it; give lr_warmup_fraction (a share of the decay span: the "
+            "same samples at every batch size) or lr_warmup_iters instead");
+  const std::vector<json> accepted = {
+      // train's defaults filled in: zero counts of the other kind, min_lr 0, no scaling
+      {{"train_iters", 10},
+       {"lr", 0.001},
+       {"min_lr", 0.0},
+       {"lr_warmup_iters", 2},
+       {"lr_warmup_samples", 0},
+       {"lr_decay_iters", 8},
+       {"lr_scaling", "none"}},
+      {{"train_samples", 640},
+       {"lr", 0.001},
+       {"min_lr", 0.001},
+       {"lr_warmup_samples", 64},
+       {"lr_warmup_iters", 0},
+       {"lr_decay_samples", 600}},
+      {{"train_iters", 10},
+       {"lr", 0.001},
+       {"lr_warmup_fraction", 0.1},
+       {"lr_warmup_iters", 0},
+       {"lr_warmup_samples", 0},
+       {"lr_scaling", "sqrt"},
+       {"lr_scaling_ref_batch", 256}},
+      {{"train_iters", 10}, {"lr_decay_samples", nullptr}, {"lr_warmup_fraction", nullptr}},  // null: unset
+  };
+  for (const json& values : accepted) EXPECT_EQ(mb::train::schedule_conflict(values, key), "") << values;
 }
