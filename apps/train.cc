@@ -317,9 +317,11 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::optim::PluginOptimizer optimizer(run.plugin, params, *parallel.tp, run.hparams, opt.seed,
                                        [](const std::string& line) { std::cout << "> plugin: " << line << "\n"; },
                                        shards.get());
-  mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, run.mc.padded_vocab_size(),
-                               std::cout);
+  const json tokenizer = mb::train::checkpoint_tokenizer(*run.data.tokenizer);
+  mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, tokenizer,
+                               run.mc.padded_vocab_size(), std::cout);
   opt.checkpoint.model = mb::models::model_json(run.mc);
+  opt.checkpoint.model["tokenizer"] = tokenizer;
   opt.checkpoint.optimizer = run.plugin.name();
   opt.checkpoint.optimizer_version = version;
   opt.checkpoint.optimizer_params = hparams;

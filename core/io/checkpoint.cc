@@ -413,6 +413,13 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   check(!s.model.contains("padded_vocab_size") || s.model["padded_vocab_size"].is_number_integer(), p,
         ": attribute 'model': padded_vocab_size is ", s.model.value("padded_vocab_size", nlohmann::json()).dump(),
         ", not an integer", damaged);
+  if (s.model.contains("tokenizer")) {  // since the tokenizer record: what its embedding rows stand for
+    const nlohmann::json& t = s.model["tokenizer"];
+    check(t.is_object() && t.contains("tokenizer_type") && t["tokenizer_type"].is_string() &&
+              t.contains("vocab_fingerprint") && t["vocab_fingerprint"].is_string(),
+          p, ": attribute 'model': tokenizer is ", t.dump(),
+          ", not an object of a tokenizer_type and a vocab_fingerprint string", damaged);
+  }
   s.optimizer = text("optimizer");
   s.optimizer_version = text("optimizer_version");
   s.optimizer_params = object("optimizer_params");

@@ -44,7 +44,8 @@ struct CheckpointState {
   int64_t consumed_samples = 0;
   uint64_t seed = 0;
   double loss_scale = 1.0;
-  nlohmann::json model;              // the model configuration (checked on load)
+  nlohmann::json model;              // the model configuration (checked on load); "tokenizer": its
+                                     // type and vocab_fingerprint (data/tokenizer_record.h), where written
   std::string optimizer;             // plugin name
   std::string optimizer_version;
   nlohmann::json optimizer_params;   // resolved hyperparameters

@@ -3,6 +3,7 @@
 #include <limits>
 #include <ostream>
 
+#include "core/data/tokenizer_record.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -48,8 +49,14 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
   return p;
 }
 
+nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
+  const data::TokenizerRecord r = data::describe_tokenizer(tokenizer);
+  return {{"tokenizer_type", r.tokenizer_type}, {"vocab_fingerprint", r.fingerprint}};
+}
+
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
-                       optim::DpShards* shards, int64_t vocab_size, int64_t padded_vocab, std::ostream& console) {
+                       optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
+                       int64_t padded_vocab, std::ostream& console) {
   if (!point.from) return;
   // Only the vocabulary's padding may differ (as between tensor-parallel sizes): rows of
   // another vocabulary are other tokens' (a compact dataset's, or another tokenizer's).
@@ -59,6 +66,17 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
           model["vocab_size"].get<int64_t>(), " tokens, but this run's has ", vocab_size,
           ", so its embedding rows would stand for other tokens; load it with the dataset and tokenizer it was "
           "trained with, or start without --load");
+  // As many tokens, other ones (another vocabulary file of the same size): the record tells.
+  if (model.contains("tokenizer")) {
+    const nlohmann::json& theirs = model["tokenizer"];
+    check(theirs["vocab_fingerprint"] == tokenizer["vocab_fingerprint"], point.from->string(),
+          ": its model was trained with a ", theirs["tokenizer_type"].get<std::string>(), " vocabulary of ", vocab_size,
+          " tokens (", theirs["vocab_fingerprint"].get<std::string>(), "), and this run's ",
+          tokenizer["tokenizer_type"].get<std::string>(), " vocabulary has as many but other ones (",
+          tokenizer["vocab_fingerprint"].get<std::string>(),
+          "), so its embedding rows would stand for other "
+          "tokens; load it with the --vocab-file and dataset it was trained with, or start without --load");
+  }
   const bool load_optim = !point.finetune && !point.no_load_optim;
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 
+#include "core/data/tokenizer.h"
 #include "core/io/checkpoint.h"
 #include "core/nn/parameters.h"
 #include "core/optim/dp_shards.h"
@@ -36,8 +37,15 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
 // Loads the checkpoint's parameters (and, resuming, the optimizer's state) into the run.
 // Checkpoints hold whole tensors: with `shards` (the distributed optimizer) this rank takes
 // its pieces of the state and of the fp32 masters. The checkpoint's model must have the run's
-// vocabulary (`vocab_size` tokens); its padding may differ from `padded_vocab`.
+// vocabulary: `vocab_size` tokens and, where the checkpoint names its tokenizer, the same
+// tokens (`tokenizer`: the run's, as checkpoint_tokenizer gives it); its padding may differ
+// from `padded_vocab`.
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
-                       optim::DpShards* shards, int64_t vocab_size, int64_t padded_vocab, std::ostream& console);
+                       optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
+                       int64_t padded_vocab, std::ostream& console);
+
+// What a checkpoint's model says of the tokenizer its embedding rows stand for: its type and
+// the fingerprint of its vocabulary (data/tokenizer_record.h), T5's sentinels aside.
+nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer);
 
 }  // namespace megabatch::train

@@ -7,12 +7,15 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <fstream>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "core/util/files.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
@@ -158,6 +161,40 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
         std::string::npos)
         << r.output;
   }
+
+  // Into a run whose vocabulary has as many tokens but other ones (GPT-2's encoder.json with
+  // the ids of "!" and '"' swapped, over a copy of the dataset without its tokenizer record):
+  // refused by the tokenizer the checkpoint names, where it loaded before. The same
+  // vocabulary from another path loads: the tokens decide, not the file's name.
+  const fs::path plain = tmp / "plain";
+  fs::create_directories(plain);
+  for (const char* ext : {".bin", ".idx"})
+    fs::copy_file(mb::testing::brown_data() / (std::string("brown_gpt2_text_document") + ext),
+                  plain / (std::string("brown_gpt2_text_document") + ext));
+  const std::string encoder_text = mb::testing::read_text(mb::asset_dir() / "gpt2" / "encoder.json");
+  nlohmann::json encoder = nlohmann::json::parse(encoder_text);
+  ASSERT_EQ(encoder["!"], 0);
+  ASSERT_EQ(encoder["\""], 1);
+  encoder["!"] = 1;
+  encoder["\""] = 0;
+  mb::testing::write_text(tmp / "swapped.json", encoder.dump());
+  mb::testing::write_text(tmp / "same.json", encoder_text);
+  for (const auto& [dir, vocab, refused] :
+       {std::tuple{"r9", "swapped.json", true}, std::tuple{"r10", "same.json", false}}) {
+    SCOPED_TRACE(vocab);
+    std::string cmd = train(tmp / dir, "--optimizer lamb --load " + c + " --vocab-file " + (tmp / vocab).string());
+    const std::string data = (mb::testing::brown_data() / "brown_gpt2_text_document").string();
+    cmd.replace(cmd.find(data), data.size(), (plain / "brown_gpt2_text_document").string());
+    r = mb::testing::run_command(cmd);
+    EXPECT_EQ(r.exit_code, refused ? 1 : 0) << r.output;
+    const std::string message = c +
+                                "/iter_0000002.h5: its model was trained with a GPT2BPETokenizer vocabulary of 50257 "
+                                "tokens (fnv1a64:";
+    EXPECT_EQ(r.output.find(message) != std::string::npos, refused) << r.output;
+    if (refused) {
+      EXPECT_NE(r.output.find("vocabulary has as many but other ones (fnv1a64:"), std::string::npos) << r.output;
+    }
+  }
 }
 
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
@@ -177,6 +214,10 @@ TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
       {"a.attrs['model'] = '{bad'", "attribute 'model': not valid JSON (parse error at line 1, column 2"},
       {"a.attrs['model'] = '[1, 2]'", "attribute 'model' is [1,2], not a JSON object"},
       {"a.attrs['optimizer'] = 3", "attribute 'optimizer' is 3, not a string"},
+      {"m = json.loads(a.attrs['model']); m['tokenizer'] = {'tokenizer_type': 'GPT2BPETokenizer'}; "
+       "a.attrs['model'] = json.dumps(m)",
+       "attribute 'model': tokenizer is {\"tokenizer_type\":\"GPT2BPETokenizer\"}, not an object of a tokenizer_type "
+       "and a vocab_fingerprint string"},
       {"t = json.loads(a.attrs['trainer']); t['loss_scaler']['scale'] = 'x'; a.attrs['trainer'] = json.dumps(t)",
        "attribute 'trainer': loss_scaler.scale is \"x\", not a number"},
       {"t = json.loads(a.attrs['trainer']); t['lr_samples'] = 2.5; a.attrs['trainer'] = json.dumps(t)",
