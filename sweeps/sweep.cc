@@ -404,6 +404,11 @@ void derive_values(json& c, const Derive& d, const std::string& where,
     c["lr"] = c["lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
     if (c.contains("min_lr") && c["min_lr"].is_number())
       c["min_lr"] = c["min_lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
+    const bool train_scales = c.contains("lr_scaling") && c["lr_scaling"] != "none";
+    check(!train_scales, where, ": point ", name(c), ": lr_scaling ", train_scales ? c["lr_scaling"].dump() : "",
+          " and derive.lr_scaling both scale lr with the batch, so it would be scaled twice; keep one "
+          "(derive.lr_scaling writes each point's scaled lr into its config and id, train's lr_scaling scales it when "
+          "the run starts)");
   }
   if (d.budget > 0) {
     check(d.budget % B == 0, where, ": point ", name(c), ": the sample budget ", d.budget,

@@ -311,6 +311,16 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
                     "iterations (train_iters, from derive.sample_budget)"),
       std::string::npos)
       << r.output;
+  // train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice before
+  const auto twice =
+      write_sweep(tmp.path(), "twice", 32, R"("adamw")", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)");
+  r = mb::testing::run_command(sweep("run " + twice.string() + " --runs-dir " + (tmp / "runs").string()));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(
+      r.output.find("twice.json: point adamw-bs4-lr0.002-s3: lr_scaling \"sqrt\" and derive.lr_scaling both scale lr "
+                    "with the batch, so it would be scaled twice"),
+      std::string::npos)
+      << r.output;
   // batch sizes the derived values would divide by (0: a division by zero, found by the
   // fuzz preset), a number beyond a double's range, a seed that is not one
   const std::string text = mb::testing::read_text(odd);
