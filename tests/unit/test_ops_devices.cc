@@ -881,10 +881,25 @@ TEST_P(OnDevice, RelativePositionBiasForwardAndBackward) {
 
 // The Philox normal fill (f32 only): the unsharded tensor's draws are philox_normal's in
 // double on the host; a shard of either partition dimension, and a distributed optimizer's
-// piece of a shard, hold exactly the full tensor's draws at their elements' places.
+// piece of a shard, hold exactly the full tensor's draws at their elements' places. A half
+// type is refused by name (a skip here would fail tests/gpu/run.sh, which counts a skipped
+// gpu test as one that checked nothing; the emulated program, whose calls skip the public
+// op's checks, skips it).
 TEST_P(OnDevice, NormalFillOfAnyShardIsTheFullTensorsDraws) {
-  if (GetParam() != DType::kF32) GTEST_SKIP() << "normal_fill writes f32 only";
   auto h = harness(15);
+  if (GetParam() != DType::kF32) {
+#ifdef MB_TEST_DEVICE_EMULATED  // (the public op's check: the emulated program's calls go to the kernels)
+    GTEST_SKIP() << "normal_fill writes f32 only; its refusal of a half type is the public op's, checked in the CPU "
+                    "and GPU programs";
+#endif
+    Pair half = h.output({4, 5});
+    mb::testing::expect_error(
+        [&] {
+          ops::normal_fill(half.dev, 1, ops::ShardLayout{4, 5, 5, -1, 0, 0});
+        },
+        std::string("normal_fill: out must be f32, got ") + mb::dtype_name(GetParam()));
+    return;
+  }
   const int64_t R = 38, C = 50;  // 1,900 elements: several blocks, and a partial last one
   const uint64_t key = 0x5eed0f2a11ULL;
   Pair full = h.output({R, C}, DType::kF32);
