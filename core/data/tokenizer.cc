@@ -14,6 +14,12 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
     return std::make_unique<Gpt2Tokenizer>(vocab, merges, o.extra_ids);
   }
   if (o.type == "BertWordPieceLowerCase" || o.type == "BertWordPieceCase") {
+    // Cased WordPiece over an uncased vocabulary: every word with a capital letter is [UNK].
+    if (o.type == "BertWordPieceCase" && o.vocab_file.empty())
+      fail("BertWordPieceCase keeps capital letters, but the default vocabulary (", asset_dir().string(),
+           "/bert/vocab.txt) is BERT-base-uncased's, made from lowercased text, so every word with a capital would "
+           "become [UNK]; give a cased vocabulary with --vocab-file (e.g. bert-base-cased's vocab.txt), or use "
+           "BertWordPieceLowerCase");
     const auto vocab = o.vocab_file.empty() ? asset_path("bert/vocab.txt") : o.vocab_file;
     return std::make_unique<WordPieceTokenizer>(vocab, o.type == "BertWordPieceLowerCase", o.extra_ids);
   }

@@ -126,6 +126,16 @@ TEST(WordPiece, BadVocabularyNamesFileAndLine) {
   TokenizerOptions o;
   o.type = "SentencePiece";
   expect_error([&] { (void)make_tokenizer(o); }, "unknown tokenizer type 'SentencePiece'");
+  // cased over the default, uncased vocabulary: refused, where every capitalized word became
+  // [UNK] without a word; over a cased vocabulary given, capitals are kept
+  o.type = "BertWordPieceCase";
+  expect_error([&] { (void)make_tokenizer(o); },
+               "BertWordPieceCase keeps capital letters, but the default vocabulary (");
+  write_text(dir / "cased.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nThe\nthe\n");
+  o.vocab_file = dir / "cased.txt";
+  EXPECT_EQ(make_tokenizer(o)->encode("The the"), (std::vector<int32_t>{5, 6}));
+  o.type = "BertWordPieceLowerCase";
+  EXPECT_EQ(make_tokenizer(o)->encode("The the"), (std::vector<int32_t>{6, 6}));
 }
 
 }  // namespace
