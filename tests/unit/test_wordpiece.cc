@@ -2,12 +2,18 @@
 // Python's unicodedata) on the Brown corpus and edge cases, plus published ids.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
 #include "core/data/brown.h"
 #include "core/data/tokenizer.h"
 #include "core/data/wordpiece_tokenizer.h"
 #include "core/util/error.h"
+#include "core/util/files.h"
 #include "tests/unit/test_util.h"
 
 namespace megabatch::data {
@@ -61,9 +67,8 @@ TEST(WordPiece, SpecialTokensFollowMegatron) {
   EXPECT_EQ(tok.special().eod, 30523) << "--append-eod appends [EOS], as Megatron's tokenizer falls back to eos";
 }
 
-TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
-  MB_REQUIRE_ASSET("bert/vocab.txt");
-  MB_REQUIRE_ASSET("brown/ca01");
+// The edge cases and Brown's sentences, eight to a record (`every`: every n-th record).
+std::vector<std::string> reference_texts(size_t every = 1) {
   std::vector<std::string> texts = {
       "The quick brown fox.", "UNwant\u00e9d,running", "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00c5ngstr\u00f6m",
       "\u00c6sir \u0152uvre stra\u00dfe \u0130stanbul", "tabs\tnew\nlines\r\nand  spaces", "ctrl\x01\x7f chars\u200b",
@@ -88,15 +93,21 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
     for (size_t i = 0; i < doc.sentences.size(); i += 8) {
       std::string rec;
       for (size_t k = i; k < std::min(i + 8, doc.sentences.size()); ++k) rec += doc.sentences[k] + " ";
-      texts.push_back(std::move(rec));
+      if ((i / 8) % every == 0) texts.push_back(std::move(rec));
     }
+  return texts;
+}
+
+// `tok` gives tests/reference/bert_wordpiece.py's ids (`mode`: lower or case) over `vocab`.
+void expect_matches_reference(const Tokenizer& tok, const std::filesystem::path& vocab, const std::string& mode,
+                              const std::vector<std::string>& texts) {
   TempDir dir;
   std::string input;
   for (const auto& t : texts) input += nlohmann::json(t).dump() + "\n";
   write_text(dir / "in.jsonl", input);
-  const auto r = run_command("/usr/bin/python3 " + megabatch::testing::source_dir() +
-                             "/tests/reference/bert_wordpiece.py " + (asset_dir() / "bert/vocab.txt").string() +
-                             " lower " + (dir / "in.jsonl").string() + " " + (dir / "out.jsonl").string());
+  const auto r =
+      run_command("/usr/bin/python3 " + megabatch::testing::source_dir() + "/tests/reference/bert_wordpiece.py " +
+                  vocab.string() + " " + mode + " " + (dir / "in.jsonl").string() + " " + (dir / "out.jsonl").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::ifstream in(dir / "out.jsonl");
   std::string line;
@@ -104,7 +115,7 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
   while (std::getline(in, line)) {
     ASSERT_LT(n, texts.size());
     const auto expected = nlohmann::json::parse(line).get<std::vector<int32_t>>();
-    const auto got = uncased().encode(texts[n]);
+    const auto got = tok.encode(texts[n]);
     if (got != expected && ++mismatches <= 5)
       ADD_FAILURE() << "record " << n << ": " << nlohmann::json(texts[n]).dump() << "\n  reference: "
                     << nlohmann::json(expected).dump() << "\n  ours:      " << nlohmann::json(got).dump();
@@ -112,6 +123,43 @@ TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
   }
   EXPECT_EQ(n, texts.size());
   EXPECT_EQ(mismatches, 0u) << "of " << n << " records";
+}
+
+TEST(WordPiece, MatchesPythonReferenceOnBrownCorpusAndEdgeCases) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  MB_REQUIRE_ASSET("brown/ca01");
+  expect_matches_reference(uncased(), asset_dir() / "bert/vocab.txt", "lower", reference_texts());
+}
+
+// BertWordPieceCase (no lower-casing, accents kept) against the reference in its cased mode,
+// over a cased vocabulary: BERT-base-uncased's with each lower-case word also capitalized
+// ("the" and "The"), and the accented letters of the edge cases as tokens of their own.
+TEST(WordPiece, CasedMatchesPythonReferenceOverACasedVocabulary) {
+  MB_REQUIRE_ASSET("bert/vocab.txt");
+  MB_REQUIRE_ASSET("brown/ca01");
+  TempDir dir;
+  std::string vocab = read_file(asset_dir() / "bert/vocab.txt", "vocab");
+  std::string added;
+  int32_t capitalized = 0, the = -1, The = -1;
+  for_each_line(vocab, [&](std::string_view tok, size_t line) {
+    if (tok.size() < 2 || !std::all_of(tok.begin(), tok.end(), [](char c) { return c >= 'a' && c <= 'z'; })) return;
+    std::string cap(tok);
+    cap[0] = static_cast<char>(cap[0] - 'a' + 'A');
+    added += cap + "\n";
+    if (tok == "the") {
+      the = static_cast<int32_t>(line) - 1;  // line n is id n - 1
+      The = 30522 + capitalized;
+    }
+    ++capitalized;
+  });
+  for (const char* accented : {"\u00e9", "##\u00e9", "\u00c5", "\u00f6", "##\u00f6", "\u00ef", "##\u00ef"})
+    added += std::string(accented) + "\n";
+  ASSERT_GT(capitalized, 10000);
+  ASSERT_EQ(uncased().vocab_size(), 30522 + 2) << "BERT-base-uncased's, with [BOS] and [EOS]";
+  write_text(dir / "cased.txt", vocab + added);
+  const WordPieceTokenizer cased(dir / "cased.txt", false);
+  EXPECT_EQ(cased.encode("The the"), (std::vector<int32_t>{The, the}));
+  expect_matches_reference(cased, dir / "cased.txt", "case", reference_texts(4));
 }
 
 TEST(WordPiece, BadVocabularyNamesFileAndLine) {
