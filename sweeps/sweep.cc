@@ -384,19 +384,28 @@ std::vector<json> expand(const json& base, const std::vector<Axis>& axes, size_t
 }
 
 // The derived values of a point (config c, its id as name(c) gives it): lr scaled by its
-// batch, train_iters from the sample budget. The batch they divide by: global_batch_size,
-// else micro_batch_size, else train's default, 8.
+// batch, train_iters from the sample budget. The batch they divide by is the point's global
+// batch: global_batch_size, else micro_batch_size (train's default where none) x
+// data_parallel_size (1 where none), which is then written into the point, so that it trains
+// at the batch its values were derived for: train's own default, micro x DP, takes DP from the
+// job, which a cluster job of more ranks would have made larger than the sweep assumed.
 void derive_values(json& c, const Derive& d, const std::string& where,
                    const std::function<std::string(const json&)>& name) {
   if (d.rule == "none" && d.budget <= 0) return;
-  int64_t B = 8;
-  const char* key = c.contains("global_batch_size") ? "global_batch_size"
-                    : c.contains("micro_batch_size") ? "micro_batch_size"
-                                                     : nullptr;
-  if (key) {
+  auto positive = [&](const char* key) {
     check(c[key].is_number_integer() && c[key].get<int64_t>() >= 1, where, ": point ", name(c), ": ", key,
           ": expected an integer >= 1, got ", c[key].dump());
-    B = c[key].get<int64_t>();
+    return c[key].get<int64_t>();
+  };
+  int64_t B = 0;
+  if (c.contains("global_batch_size")) {
+    B = positive("global_batch_size");
+  } else {
+    const int64_t micro = c.contains("micro_batch_size")
+                              ? positive("micro_batch_size")
+                              : train::train_schema().find("micro_batch_size")->default_value.get<int64_t>();
+    B = micro * (c.contains("data_parallel_size") ? positive("data_parallel_size") : 1);
+    c["global_batch_size"] = B;
   }
   if (d.rule != "none") {
     check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");

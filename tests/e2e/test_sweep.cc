@@ -890,6 +890,33 @@ TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
   EXPECT_NE(r.output.find("Remove those points' directories"), std::string::npos) << r.output;
 }
 
+// The derived lr and train_iters divide by the point's global batch, which a point without
+// global_batch_size has as micro_batch_size x data_parallel_size; derive writes it into the
+// point, so that the run trains at the batch its values were derived for. Before, they divided
+// by micro_batch_size alone: at DP 2 each point trained on twice its sample budget, at an lr
+// scaled for half its batch (and a cluster job, whose DP comes from its ranks, likewise).
+TEST_F(Sweep, DerivedValuesDivideByTheGlobalBatchTheyWriteIntoThePoint) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs";
+  const fs::path file = write_tiny_sweep(
+      tmp.path(), "dp", R"("data_parallel_size": 2)",
+      R"("zip": {"micro_batch_size": [2, 4]}, "derive": {"lr_scaling": {"rule": "linear", "ref_batch": 4},
+                           "sample_budget": 64})");
+  const auto r = mb::testing::run_command(sweep("export-points " + file.string() + " --runs-dir " + runs.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<nlohmann::json> points;
+  for (const auto& e : fs::directory_iterator(runs / "dp"))
+    if (fs::exists(e.path() / "point.json"))
+      points.push_back(nlohmann::json::parse(mb::testing::read_text(e.path() / "point.json")));
+  ASSERT_EQ(points.size(), 2u) << r.output;
+  for (const auto& point : points) {
+    const int64_t micro = point.at("micro_batch_size").get<int64_t>(), global = 2 * micro;
+    EXPECT_EQ(point.value("global_batch_size", 0), global) << point;
+    EXPECT_EQ(point.value("train_iters", 0), 64 / global) << point;
+    EXPECT_DOUBLE_EQ(point.value("lr", 0.0), 0.001 * static_cast<double>(global) / 4) << point;
+  }
+}
+
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have
 // and a missing dataset are reported per point, with the command that makes the default data.
 TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
