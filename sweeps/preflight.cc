@@ -23,9 +23,9 @@ using nlohmann::json;
 
 namespace {
 // train --check of a point's configuration (plugin and its hyperparameters, data files,
-// memory), from a temporary copy of it, as the point will run: a point of more than one
-// rank under `mpirun -np` (its layout checked, its memory per rank); "" when fine, else
-// train's error line(s).
+// memory), from a temporary copy of it, as the point will run: with --save and --load, and
+// a point of more than one rank under `mpirun -np` (its layout checked, its memory per rank);
+// "" when fine, else train's error line(s).
 std::string check_point(const fs::path& train, const Point& point, const std::string& mpirun) {
   char path[] = "/tmp/megabatch-check-XXXXXX";
   const int fd = mkstemp(path);
@@ -36,8 +36,12 @@ std::string check_point(const fs::path& train, const Point& point, const std::st
   std::optional<CommandOutput> r;
   if (wrote) {
     const int ranks = ranks_needed(point.config);
+    // with a --save and --load as the sweep gives every point (its checkpoints/), which --check
+    // takes as options only: it creates and reads nothing there
+    const std::string checkpoints = shell_quote(std::string(path) + ".checkpoints");
     r = read_command((ranks > 1 ? shell_quote(mpirun) + " -np " + std::to_string(ranks) + " " : std::string()) +
-                     shell_quote(train.string()) + " --config " + shell_quote(path) + " --check --threads 1 2>&1");
+                     shell_quote(train.string()) + " --config " + shell_quote(path) + " --save " + checkpoints +
+                     " --load " + checkpoints + " --check --threads 1 2>&1");
   }
   ::unlink(path);
   if (!r) return "could not run train --check";
@@ -210,7 +214,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
   else if (cluster)
     std::cout << "> sized for " << sweep.spec["cluster"].dump() << ": every point fits a job of its "
               << cluster->ranks() << " GPUs; data and memory are not checked on this machine: "
-              << "run train --check --config <point.json> where it runs" << std::endl;
+              << "run train --check --config POINT/point.json --save POINT/checkpoints where it runs" << std::endl;
   else if (!o.train_binary.empty())
     std::cout << "> every point checked (train --check: plugin and hyperparameters, data, memory)" << std::endl;
   return 0;

@@ -371,6 +371,18 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
   check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");
+  // Checkpoint options without the directory they act on: refused, where they did nothing (a
+  // run that meant to checkpoint every N iterations wrote none).
+  check(!opt.save_dir.empty() || opt.save_interval == 0, "--save-interval ", opt.save_interval,
+        " writes checkpoints into --save, which is not given, so none would be written; add --save DIR (and --load "
+        "DIR to resume from them), or drop --save-interval");
+  check(!opt.save_dir.empty() || opt.keep_checkpoints == 0, "--keep-checkpoints ", opt.keep_checkpoints,
+        " keeps the newest checkpoints in --save, which is not given; add --save DIR, or drop --keep-checkpoints");
+  for (const char* flag : {"finetune", "no_load_optim", "load_fallback"})
+    check(v.contains("load") || !v[flag].get<bool>(), "--", config::flag_name(flag),
+          " says how to load from --load, which is not given, so it would do nothing; add --load DIR (or a "
+          "checkpoint file), or drop --",
+          config::flag_name(flag));
   opt.seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
   opt.loss_scaler = loss_scaler(r, dtype);
   opt.log_throughput = v["log_throughput"].get<bool>();

@@ -37,6 +37,10 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
   if (load.empty()) return p;
   p.from = intact_checkpoint(load, fallback, console);
   if (!p.from) {
+    // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
+    check(!finetune, "--finetune: ", load,
+          " holds no checkpoint to fine-tune from; give --load the directory (or file) "
+          "of the run whose weights this one starts from");
     console << "> no checkpoint in " << load << "; starting from scratch\n";
     return p;
   }

@@ -60,6 +60,27 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set"),
             std::string::npos) << r.output;
+  // checkpoint options without the directory they act on: refused, where a run that meant to
+  // checkpoint wrote nothing; --finetune from a directory with no checkpoint: refused, where
+  // it trained from scratch
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --save-interval 1"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --save-interval 1 writes checkpoints into --save, which is not given"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --no-load-optim"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --no-load-optim says how to load from --load, which is not given"),
+            std::string::npos)
+      << r.output;
+  fs::create_directories(tmp_ / "empty");
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --finetune --run-dir " +
+                                     (tmp_ / "ft").string() + " --load " + (tmp_ / "empty").string()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --finetune: " + (tmp_ / "empty").string() +
+                          " holds no checkpoint to fine-tune from"),
+            std::string::npos)
+      << r.output;
   // a warmup of the other count: refused, where it was dropped (no warmup at all)
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --lr-warmup-samples 64"));
   EXPECT_EQ(r.exit_code, 1);
@@ -352,7 +373,8 @@ TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
   }
   {  // a learning rate that sends LAMB's loss to NaN: stopped where the NaN appeared, long before 40
     const fs::path run = tmp_ / "nan";
-    const auto r = mb::testing::run_command(train(base + "--optimizer lamb --lr 40 --divergence-loss 1e30 --run-dir " + run.string()));
+    const auto r = mb::testing::run_command(train(base + "--optimizer lamb --lr 40 --divergence-loss 1e30 --save " +
+                                                  (tmp_ / "nan_ckpt").string() + " --run-dir " + run.string()));
     ASSERT_EQ(r.exit_code, 4) << r.output;
     const auto d = nlohmann::json::parse(mb::read_file(run / "DIVERGED"));
     EXPECT_LT(d["iteration"].get<int>(), 40);
