@@ -477,6 +477,17 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
       } catch (const Error& e) {
         fail(e.what());
       }
+      for (const char* key : {"finetune", "no_load_optim"})
+        check(
+            !p.config.contains(key) || p.config[key] == false, where, ": point ", p.id, ": ", key,
+            " would apply to the point's own checkpoints when it resumes (restarting it at iteration 0, or without its "
+            "optimizer state), not to another run's: sweeps do not start points from a checkpoint yet; drop it, or run "
+            "train --finetune --load CHECKPOINT for each point");
+      for (const char* key : {"run_dir", "save", "load"})
+        check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
+              " is the sweep's to set (each point runs in ",
+              "runs/NAME/ID/ and saves to and resumes from its checkpoints/ there), so this value would be ignored; "
+              "drop it");
       const std::string conflict = train::schedule_conflict(
           p.config, [](const std::string& key) { return key; }, derive.budget > 0 ? "derive.sample_budget" : "");
       check(conflict.empty(), where, ": point ", p.id, ": ", conflict);

@@ -10,10 +10,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
-
-#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "core/util/strings.h"
 #include "tests/unit/h5_util.h"
@@ -311,6 +311,18 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
                     "iterations (train_iters, from derive.sample_budget)"),
       std::string::npos)
       << r.output;
+  // keys the sweep sets for each point, and loading options that would act on the point's own
+  // checkpoints: a point meant to fine-tune from another run's trained from scratch before
+  for (const auto& [key, value, message] :
+       {std::tuple{"finetune", "true", "finetune would apply to the point's own checkpoints when it resumes"},
+        std::tuple{"load", "\"/pretrained/ckpt\"", "load is the sweep's to set"},
+        std::tuple{"run_dir", "\"elsewhere\"", "run_dir is the sweep's to set"}}) {
+    const auto owned = write_sweep(tmp.path(), "owned", 32, R"("adamw")", std::string(", \"") + key + "\": " + value);
+    r = mb::testing::run_command(sweep("run " + owned.string() + " --runs-dir " + (tmp / "runs").string()));
+    EXPECT_EQ(r.exit_code, 2) << key;
+    EXPECT_NE(r.output.find("owned.json: point adamw-bs4-lr0.002-s3: " + std::string(message)), std::string::npos)
+        << r.output;
+  }
   // train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice before
   const auto twice =
       write_sweep(tmp.path(), "twice", 32, R"("adamw")", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)");
