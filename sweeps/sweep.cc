@@ -485,9 +485,8 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
             "train --finetune --load CHECKPOINT for each point");
       for (const char* key : {"run_dir", "save", "load"})
         check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
-              " is the sweep's to set (each point runs in ",
-              "runs/NAME/ID/ and saves to and resumes from its checkpoints/ there), so this value would be ignored; "
-              "drop it");
+              " is the sweep's to set (each point runs in runs/NAME/ID/ and saves to and resumes from its "
+              "checkpoints/ there), so this value would be ignored; drop it");
       const std::string conflict = train::schedule_conflict(
           p.config, [](const std::string& key) { return key; }, derive.budget > 0 ? "derive.sample_budget" : "");
       check(conflict.empty(), where, ": point ", p.id, ": ", conflict);

@@ -39,8 +39,8 @@ ResumePoint find_resume_point(const std::string& load, bool fallback, bool finet
   if (!p.from) {
     // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
     check(!finetune, "--finetune: ", load,
-          " holds no checkpoint to fine-tune from; give --load the directory (or file) "
-          "of the run whose weights this one starts from");
+          " holds no checkpoint to fine-tune from; give --load the directory (or file) of the run whose weights this "
+          "one starts from");
     console << "> no checkpoint in " << load << "; starting from scratch\n";
     return p;
   }
@@ -78,8 +78,8 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
           " tokens (", theirs["vocab_fingerprint"].get<std::string>(), "), and this run's ",
           tokenizer["tokenizer_type"].get<std::string>(), " vocabulary has as many but other ones (",
           tokenizer["vocab_fingerprint"].get<std::string>(),
-          "), so its embedding rows would stand for other "
-          "tokens; load it with the --vocab-file and dataset it was trained with, or start without --load");
+          "), so its embedding rows would stand for other tokens; load it with the --vocab-file and dataset it was "
+          "trained with, or start without --load");
   }
   const bool load_optim = !point.finetune && !point.no_load_optim;
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};

@@ -301,38 +301,29 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   r = mb::testing::run_command(sweep("run " + odd.string() + " --runs-dir " + (tmp / "runs").string()));
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
-  // a warmup in samples where the sample budget makes every point count iterations (its
-  // train_iters): refused before anything runs, where each point trained without a warmup
-  const auto warm = write_sweep(tmp.path(), "warm", 32, R"("adamw")", R"(, "lr_warmup_samples": 16)");
-  r = mb::testing::run_command(sweep("run " + warm.string() + " --runs-dir " + (tmp / "runs").string()));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(
-      r.output.find("warm.json: point adamw-bs4-lr0.002-s3: lr_warmup_samples counts samples, but this run counts "
-                    "iterations (train_iters, from derive.sample_budget)"),
-      std::string::npos)
-      << r.output;
-  // keys the sweep sets for each point, and loading options that would act on the point's own
-  // checkpoints: a point meant to fine-tune from another run's trained from scratch before
-  for (const auto& [key, value, message] :
-       {std::tuple{"finetune", "true", "finetune would apply to the point's own checkpoints when it resumes"},
-        std::tuple{"load", "\"/pretrained/ckpt\"", "load is the sweep's to set"},
-        std::tuple{"run_dir", "\"elsewhere\"", "run_dir is the sweep's to set"}}) {
-    const auto owned = write_sweep(tmp.path(), "owned", 32, R"("adamw")", std::string(", \"") + key + "\": " + value);
-    r = mb::testing::run_command(sweep("run " + owned.string() + " --runs-dir " + (tmp / "runs").string()));
-    EXPECT_EQ(r.exit_code, 2) << key;
-    EXPECT_NE(r.output.find("owned.json: point adamw-bs4-lr0.002-s3: " + std::string(message)), std::string::npos)
+  // refused by what they would have done, each named with its point:
+  // - a warmup in samples where the sample budget makes every point count iterations (its
+  //   train_iters): each point trained without a warmup;
+  // - keys the sweep sets for each point, and loading options that would act on the point's
+  //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
+  // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
+  for (const auto& [name, extra, message] :
+       {std::tuple{"warm", R"(, "lr_warmup_samples": 16)",
+                   "lr_warmup_samples counts samples, but this run counts iterations (train_iters, from "
+                   "derive.sample_budget)"},
+        std::tuple{"owned", R"(, "finetune": true)",
+                   "finetune would apply to the point's own checkpoints when it resumes"},
+        std::tuple{"owned", R"(, "load": "/pretrained/ckpt")", "load is the sweep's to set"},
+        std::tuple{"owned", R"(, "run_dir": "elsewhere")", "run_dir is the sweep's to set"},
+        std::tuple{"twice", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)",
+                   "lr_scaling \"sqrt\" and derive.lr_scaling both scale lr with the batch, so it would be scaled "
+                   "twice"}}) {
+    const auto refused = write_sweep(tmp.path(), name, 32, R"("adamw")", extra);
+    r = mb::testing::run_command(sweep("run " + refused.string() + " --runs-dir " + (tmp / "runs").string()));
+    EXPECT_EQ(r.exit_code, 2) << extra;
+    EXPECT_NE(r.output.find(std::string(name) + ".json: point adamw-bs4-lr0.002-s3: " + message), std::string::npos)
         << r.output;
   }
-  // train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice before
-  const auto twice =
-      write_sweep(tmp.path(), "twice", 32, R"("adamw")", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)");
-  r = mb::testing::run_command(sweep("run " + twice.string() + " --runs-dir " + (tmp / "runs").string()));
-  EXPECT_EQ(r.exit_code, 2);
-  EXPECT_NE(
-      r.output.find("twice.json: point adamw-bs4-lr0.002-s3: lr_scaling \"sqrt\" and derive.lr_scaling both scale lr "
-                    "with the batch, so it would be scaled twice"),
-      std::string::npos)
-      << r.output;
   // batch sizes the derived values would divide by (0: a division by zero, found by the
   // fuzz preset), a number beyond a double's range, a seed that is not one
   const std::string text = mb::testing::read_text(odd);
