@@ -1,8 +1,8 @@
 #define BOOST_DLL_USE_STD_FS
 #include "core/optim/optimizer.h"
 
-#include <boost/dll/shared_library.hpp>
 #include <algorithm>
+#include <boost/dll/shared_library.hpp>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "core/ops/random.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/numbers.h"
 #include "core/util/philox.h"
 #include "core/util/strings.h"
 
@@ -57,6 +58,13 @@ std::map<std::string, fs::path> available_plugins(const std::vector<fs::path>& s
 // is checked against: a schema that contradicts itself is the plugin author's mistake, named
 // when the plugin loads rather than met as a confusing refusal (or a default out of range
 // that the plugin then gets) in someone's run.
+namespace {
+// "[0, 0.999999999]": a schema's inclusive range, each end as written in the plugin.
+std::string range_text(const mb_hparam_spec& h) {
+  return "[" + shortest(h.min_value) + ", " + shortest(h.max_value) + "]";
+}
+}  // namespace
+
 void check_plugin_schema(const mb_plugin_entry& e, const fs::path& path) {
   std::set<std::string> seen;
   for (size_t i = 0; i < e.num_hparams; ++i) {
@@ -71,10 +79,10 @@ void check_plugin_schema(const mb_plugin_entry& e, const fs::path& path) {
     check(seen.insert(name).second, where, ": declared twice in the schema");
     check(h.type == MB_HPARAM_FLOAT || h.type == MB_HPARAM_INT || h.type == MB_HPARAM_BOOL, where, ": type ",
           static_cast<int>(h.type), " is none of MB_HPARAM_FLOAT, MB_HPARAM_INT, MB_HPARAM_BOOL");
-    check(!std::isnan(h.min_value) && !std::isnan(h.max_value) && h.min_value <= h.max_value, where, ": range [",
-          h.min_value, ", ", h.max_value, "] is empty");
+    check(!std::isnan(h.min_value) && !std::isnan(h.max_value) && h.min_value <= h.max_value, where, ": range ",
+          range_text(h), " is empty");
     check(std::isfinite(h.default_value) && h.default_value >= h.min_value && h.default_value <= h.max_value, where,
-          ": default ", h.default_value, " is outside its range [", h.min_value, ", ", h.max_value, "]");
+          ": default ", shortest(h.default_value), " is outside its range ", range_text(h));
     check(h.type != MB_HPARAM_INT || h.default_value == std::floor(h.default_value), where, ": default ",
           h.default_value, " of an int is not a whole number");
     check(h.type != MB_HPARAM_BOOL || h.default_value == 0.0 || h.default_value == 1.0, where, ": default ",
@@ -135,9 +143,12 @@ std::string describe_hparams(const Plugin& plugin) {
      << "  runs on: cpu" << ((e.devices & MB_DEVICES_CUDA) ? ", cuda" : "") << "\n";
   for (size_t i = 0; i < e.num_hparams; ++i) {
     const mb_hparam_spec& h = e.hparams[i];
-    os << "  " << h.name << " (" << (h.type == MB_HPARAM_FLOAT ? "float" : h.type == MB_HPARAM_INT ? "int" : "bool")
-       << ", default " << h.default_value << ", range [" << h.min_value << ", " << h.max_value << "]): "
-       << (h.help ? h.help : "") << "\n";
+    os << "  " << h.name << " ("
+       << (h.type == MB_HPARAM_FLOAT ? "float"
+           : h.type == MB_HPARAM_INT ? "int"
+                                     : "bool")
+       << ", default " << shortest(h.default_value) << ", range " << range_text(h) << "): " << (h.help ? h.help : "")
+       << "\n";
   }
   return os.str();
 }
@@ -170,7 +181,7 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
         check(std::floor(x) == x, where, ".", key, ": expected an integer, got ", v.dump());
     }
     check(std::isfinite(x) && x >= h.min_value && x <= h.max_value, where, ".", key, ": ", v.dump(),
-          " is out of range [", h.min_value, ", ", h.max_value, "] for plugin '", e.name, "'");
+          " is out of range ", range_text(h), " for plugin '", e.name, "'");
     out[i] = x;
   }
   return out;

@@ -37,6 +37,12 @@ std::optional<T> whole(std::string_view text, std::string* why, const char* what
 
 }  // namespace
 
+std::string shortest(double x) {
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, x);
+  return std::string(buf, r.ptr);
+}
+
 std::string_view trim(std::string_view text) {
   const size_t b = text.find_first_not_of(" \t");
   if (b == std::string_view::npos) return {};

@@ -27,6 +27,10 @@ std::optional<double> parse_finite(std::string_view text, std::string* why = nul
 int64_t to_int(std::string_view text, const std::string& where);
 double to_finite(std::string_view text, const std::string& where);
 
+// The shortest text that reads back as exactly x ("0.999999999", "1e-08", "2"), for messages
+// that show a limit or a value: a stream's default six digits would print 0.999999999 as "1".
+std::string shortest(double x);
+
 // `text` without leading and trailing spaces and tabs (for list items such as "969, 30, 1").
 std::string_view trim(std::string_view text);
 

@@ -103,6 +103,15 @@ TEST(PluginLoader, HyperparametersAreCheckedAgainstTheSchema) {
                "optimizer_params.beta3: plugin 'adamw' has no hyperparameter 'beta3'; did you mean 'beta1'?");
   expect_error([&] { mb::optim::resolve_hparams(p, {{"beta1", 1.5}}, "optimizer_params"); },
                "optimizer_params.beta1: 1.5 is out of range [0, 0.999999]");
+  // A limit is shown as written: six digits would print beta2's 0.999999999 as 1, and refuse 1
+  // as "out of range [0, 1]".
+  expect_error(
+      [&] {
+        mb::optim::resolve_hparams(p, {{"beta2", 1.0}}, "optimizer_params");
+      },
+      "optimizer_params.beta2: 1.0 is out of range [0, 0.999999999]");
+  const std::string listed = mb::optim::describe_hparams(p);
+  EXPECT_NE(listed.find("beta2 (float, default 0.999, range [0, 0.999999999])"), std::string::npos) << listed;
   expect_error([&] { mb::optim::resolve_hparams(p, {{"eps", "small"}}, "optimizer_params"); },
                "optimizer_params.eps: expected a number");
   const auto s = mb::optim::load_plugin("sgd", default_dirs());
