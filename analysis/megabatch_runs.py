@@ -242,8 +242,10 @@ def line_keys(items, keys, derived=True):
     other than the batch size, and (with `derived`) any key derived from the batch (lr,
     train_iters, ...) that still differs between items of one batch size within a line. The
     learning rate scaled with the batch stays inside a line; an lr grid at one batch size is a
-    line per lr, not a vertical zig-zag. Items: points or settings (.optimizer, .batch, .config)."""
-    base = [k for k in keys if k not in HIDDEN and k not in ("global_batch_size", "lr")]
+    line per lr, not a vertical zig-zag. So does a pretrained_checkpoint zipped with the batch
+    (each batch size starting from its own earlier run). Items: points or settings (.optimizer,
+    .batch, .config)."""
+    base = [k for k in keys if k not in HIDDEN and k not in ("global_batch_size", "lr", "pretrained_checkpoint")]
     if not derived:
         return base
     rest = [k for k in keys if k not in base and k not in ("global_batch_size", "seed", "optimizer")]

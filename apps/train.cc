@@ -235,6 +235,26 @@ struct Run {
   Sources sources;
 };
 
+mb::train::LoadOptions load_options(const json& v) {
+  auto text = [&](const char* key) { return v.contains(key) ? v[key].get<std::string>() : std::string(); };
+  return {text("load"), text("pretrained_checkpoint"), v["load_fallback"].get<bool>(), v["finetune"].get<bool>(),
+          v["no_load_optim"].get<bool>()};
+}
+
+// --check (and so sweep run --dry-run) of a first start from --pretrained-checkpoint: a
+// checkpoint is there, of this run's vocabulary (its header only: the tensors' checksums and
+// shapes are checked when it loads).
+void check_pretrained(const mb::train::LoadOptions& how, int64_t vocab_size, const mb::data::Tokenizer& tokenizer) {
+  if (how.pretrained.empty() || (!how.load.empty() && mb::io::latest_checkpoint(how.load))) return;
+  const std::filesystem::path p = how.pretrained;
+  const auto file = std::filesystem::is_regular_file(p) ? std::optional(p) : mb::io::latest_checkpoint(p);
+  mb::check(file.has_value(), "--pretrained-checkpoint: ", how.pretrained,
+            " holds no checkpoint to start from; give it the checkpoint directory (--save) of the run whose weights "
+            "this one starts from, or one of its iter_NNNNNNN.h5 files");
+  mb::train::check_checkpoint_vocabulary(*file, mb::io::read_checkpoint_state(*file).model, vocab_size,
+                                         mb::train::checkpoint_tokenizer(tokenizer));
+}
+
 // The processes (tensor-parallel groups of contiguous ranks, data parallelism across them),
 // the training options and the optimizer plugin; then the device, which must hold the run.
 // false: --check said all is fine and nothing is to be trained.
@@ -271,6 +291,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                           run.opt.micro_batch_size, v["use_distributed_optimizer"].get<bool>() ? dp_size : 1,
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
   if (v["check"].get<bool>()) {
+    check_pretrained(load_options(v), mc.vocab_size, *run.data.tokenizer);
     std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefix
               << " and memory are fine" << std::endl;
     return false;
@@ -294,9 +315,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   std::optional<mb::train::RunDirectory> dir;  // one run per directory, held until the end
   if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved);
-  const auto resume = mb::train::find_resume_point(
-      v.contains("load") ? v["load"].get<std::string>() : "", v["load_fallback"].get<bool>(), v["finetune"].get<bool>(),
-      v["no_load_optim"].get<bool>(), opt.seed, opt.train_iters, std::cout);
+  const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
   mb::train::RunMetrics metrics;
   if (run.logger)
     metrics = mb::train::open_metrics(dir->metrics_path(), resolved,

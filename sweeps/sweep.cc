@@ -95,13 +95,22 @@ json axis_value(const ordered_json& v) {
 }
 
 // Formats a value for a point id: integers as is, floats with 3 significant digits, a
-// string with slashes (a path) by its last component.
+// string with slashes (a path) by its last component, a run's checkpoints/ directory by the
+// run's (runs/first/lamb-bs8-s1/checkpoints: lamb-bs8-s1).
 std::string id_value(const json& v) {
   if (v.is_string()) {
     std::string t = v.get<std::string>();
-    while (!t.empty() && t.back() == '/') t.pop_back();
-    const size_t slash = t.rfind('/');
-    return slash == std::string::npos ? t : t.substr(slash + 1);
+    auto last = [&t] {
+      while (!t.empty() && t.back() == '/') t.pop_back();
+      const size_t slash = t.rfind('/');
+      return slash == std::string::npos ? t : t.substr(slash + 1);
+    };
+    std::string name = last();
+    if (name == "checkpoints" && t.size() > name.size()) {
+      t.resize(t.size() - name.size());
+      if (const std::string run = last(); !run.empty()) name = run;
+    }
+    return name;
   }
   if (v.is_array() && v.size() == 1) return id_value(v[0]);  // e.g. a data path given as a list
   if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
@@ -117,9 +126,14 @@ std::string id_value(const json& v) {
 // The prefix of a swept key in point ids: bs for global_batch_size, lr, mbs, the value
 // alone for optimizer and model, else the initials of the key's words.
 std::string id_prefix(const std::string& key) {
-  static const std::map<std::string, std::string> fixed = {
-      {"global_batch_size", "bs"}, {"micro_batch_size", "mbs"}, {"lr", "lr"}, {"optimizer", ""}, {"model", ""},
-      {"seed", "s"}, {"tensor_model_parallel_size", "tp"}};
+  static const std::map<std::string, std::string> fixed = {{"global_batch_size", "bs"},
+                                                           {"micro_batch_size", "mbs"},
+                                                           {"lr", "lr"},
+                                                           {"optimizer", ""},
+                                                           {"model", ""},
+                                                           {"seed", "s"},
+                                                           {"tensor_model_parallel_size", "tp"},
+                                                           {"pretrained_checkpoint", "from-"}};
   if (auto it = fixed.find(key); it != fixed.end()) return it->second;
   std::string p;
   bool start = true;
@@ -481,8 +495,9 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
         check(
             !p.config.contains(key) || p.config[key] == false, where, ": point ", p.id, ": ", key,
             " would apply to the point's own checkpoints when it resumes (restarting it at iteration 0, or without its "
-            "optimizer state), not to another run's: sweeps do not start points from a checkpoint yet; drop it, or run "
-            "train --finetune --load CHECKPOINT for each point");
+            "optimizer state), not to another run's; to start each point from another run's weights, give "
+            "pretrained_checkpoint (a checkpoint directory, such as runs/NAME/ID/checkpoints of an earlier sweep) "
+            "instead");
       for (const char* key : {"run_dir", "save", "load"})
         check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
               " is the sweep's to set (each point runs in runs/NAME/ID/ and saves to and resumes from its "

@@ -177,6 +177,10 @@ const config::Schema& train_schema() {
       {"exit_interval", Type::kInt, 0, "stop after this iteration, writing a checkpoint first when --save is set", "checkpointing"},
       {"keep_checkpoints", Type::kInt, 0, "keep only the newest K checkpoints (0: all)", "checkpointing"},
       {"finetune", Type::kBool, false, "load only the model from --load and start at iteration 0", "checkpointing"},
+      {"pretrained_checkpoint", Type::kString, nullptr,
+       "when --load holds no checkpoint of this run (a first start), take the model from this checkpoint (the newest "
+       "in a directory, or a file) and start at iteration 0 with a fresh optimizer; a run that resumes from --load does "
+       "not read it", "checkpointing"},
       {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
 
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
@@ -383,6 +387,11 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
           " says how to load from --load, which is not given, so it would do nothing; add --load DIR (or a "
           "checkpoint file), or drop --",
           config::flag_name(flag));
+  // --finetune makes --load the weights to start from; beside --pretrained-checkpoint, --load is
+  // this run's own checkpoints, which a restart must resume from, not fine-tune from again.
+  check(!v.contains("pretrained_checkpoint") || !v["finetune"].get<bool>(),
+        "--finetune takes the model from --load, but with --pretrained-checkpoint the model comes from there and "
+        "--load is this run's own checkpoints to resume from; drop --finetune");
   opt.seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
   opt.loss_scaler = loss_scaler(r, dtype);
   opt.log_throughput = v["log_throughput"].get<bool>();

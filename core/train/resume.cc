@@ -9,46 +9,57 @@
 namespace megabatch::train {
 
 std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback,
-                                                      std::ostream& console) {
+                                                       std::ostream& console, const std::string& flag) {
   const bool file = std::filesystem::is_regular_file(load);
   std::optional<std::filesystem::path> chosen = file ? std::optional(load) : io::latest_checkpoint(load);
   if (!chosen) return chosen;
   const auto damage = io::checkpoint_damage(*chosen);
   if (!damage) return chosen;
-  if (file) fail(*damage, "; give --load another checkpoint, or its directory to resume from the newest there");
+  const bool own = flag == "--load";  // this run's checkpoints, not the weights it starts from
+  if (file)
+    fail(*damage, "; give ", flag, " another checkpoint",
+         own ? ", or its directory to resume from the newest there" : "");
   const auto intact =
       io::newest_intact_checkpoint(load, io::checkpoint_iteration(*chosen).value_or(std::numeric_limits<int64_t>::max()));
-  check(intact.has_value(), *damage, "; ", load.string(), " holds no intact checkpoint before it: move the damaged file ",
-        "away to start from scratch");
+  check(intact.has_value(), *damage, "; ", load.string(), " holds no intact checkpoint before it",
+        own ? ": move the damaged file away to start from scratch" : "");
   const std::string which =
       intact->string() + " (iteration " + std::to_string(io::checkpoint_iteration(*intact).value_or(-1)) + ")";
   check(fallback, *damage, "; the newest intact checkpoint in ", load.string(), " is ", which,
-        ": resume from it with --load-fallback (or --load ", intact->string(), ")");
+        own ? ": resume from it with --load-fallback (or " : ": start from it with ", flag, " ", intact->string(),
+        own ? ")" : "");
   console << "> warning: " << *damage << "; resuming from the newest intact checkpoint, " << which
-            << " (--load-fallback)" << std::endl;
+          << " (--load-fallback)" << std::endl;
   return intact;
 }
 
-ResumePoint find_resume_point(const std::string& load, bool fallback, bool finetune, bool no_load_optim, uint64_t seed,
-                              int64_t train_iters, std::ostream& console) {
+ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console) {
   ResumePoint p;
-  p.finetune = finetune;
-  p.no_load_optim = no_load_optim;
-  if (load.empty()) return p;
-  p.from = intact_checkpoint(load, fallback, console);
-  if (!p.from) {
+  p.finetune = how.finetune;
+  p.no_load_optim = how.no_load_optim;
+  if (!how.load.empty()) p.from = intact_checkpoint(how.load, how.fallback, console);
+  if (!p.from && !how.load.empty()) {
     // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
-    check(!finetune, "--finetune: ", load,
+    check(!how.finetune, "--finetune: ", how.load,
           " holds no checkpoint to fine-tune from; give --load the directory (or file) of the run whose weights this "
           "one starts from");
-    console << "> no checkpoint in " << load << "; starting from scratch\n";
-    return p;
+    console << "> no checkpoint in " << how.load << "; "
+            << (how.pretrained.empty() ? "starting from scratch" : "a first start, from --pretrained-checkpoint")
+            << "\n";
   }
+  if (!p.from && !how.pretrained.empty()) {
+    p.from = intact_checkpoint(how.pretrained, false, console, "--pretrained-checkpoint");
+    check(p.from.has_value(), "--pretrained-checkpoint: ", how.pretrained,
+          " holds no checkpoint to start from; give it the checkpoint directory (--save) of the run whose weights this "
+          "one starts from, or one of its iter_NNNNNNN.h5 files");
+    p.finetune = true;  // the weights only: iteration 0, a fresh optimizer, this run's seed
+  }
+  if (!p.from) return p;
   p.state = io::read_checkpoint_state(*p.from);
-  check(finetune || p.state.seed == seed, p.from->string(), ": written with --seed ", p.state.seed,
+  check(p.finetune || p.state.seed == seed, p.from->string(), ": written with --seed ", p.state.seed,
         " but this run has --seed ", seed,
         "; resume with the same seed (data order and dropout depend on it), or use --finetune");
-  check(finetune || p.state.iteration <= train_iters, p.from->string(), ": the checkpoint is at iteration ",
+  check(p.finetune || p.state.iteration <= train_iters, p.from->string(), ": the checkpoint is at iteration ",
         p.state.iteration, ", past --train-iters ", train_iters);
   return p;
 }
@@ -58,29 +69,33 @@ nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
   return {{"tokenizer_type", r.tokenizer_type}, {"vocab_fingerprint", r.fingerprint}};
 }
 
-void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
-                       optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
-                       int64_t padded_vocab, std::ostream& console) {
-  if (!point.from) return;
+void check_checkpoint_vocabulary(const std::filesystem::path& file, const nlohmann::json& model, int64_t vocab_size,
+                                 const nlohmann::json& tokenizer) {
   // Only the vocabulary's padding may differ (as between tensor-parallel sizes): rows of
   // another vocabulary are other tokens' (a compact dataset's, or another tokenizer's).
-  const nlohmann::json& model = point.state.model;
   if (model.contains("vocab_size") && model["vocab_size"].is_number_integer())
-    check(model["vocab_size"].get<int64_t>() == vocab_size, point.from->string(), ": its model has a vocabulary of ",
+    check(model["vocab_size"].get<int64_t>() == vocab_size, file.string(), ": its model has a vocabulary of ",
           model["vocab_size"].get<int64_t>(), " tokens, but this run's has ", vocab_size,
           ", so its embedding rows would stand for other tokens; load it with the dataset and tokenizer it was "
-          "trained with, or start without --load");
+          "trained with, or start without it");
   // As many tokens, other ones (another vocabulary file of the same size): the record tells.
   if (model.contains("tokenizer")) {
     const nlohmann::json& theirs = model["tokenizer"];
-    check(theirs["vocab_fingerprint"] == tokenizer["vocab_fingerprint"], point.from->string(),
+    check(theirs["vocab_fingerprint"] == tokenizer["vocab_fingerprint"], file.string(),
           ": its model was trained with a ", theirs["tokenizer_type"].get<std::string>(), " vocabulary of ", vocab_size,
           " tokens (", theirs["vocab_fingerprint"].get<std::string>(), "), and this run's ",
           tokenizer["tokenizer_type"].get<std::string>(), " vocabulary has as many but other ones (",
           tokenizer["vocab_fingerprint"].get<std::string>(),
           "), so its embedding rows would stand for other tokens; load it with the --vocab-file and dataset it was "
-          "trained with, or start without --load");
+          "trained with, or start without it");
   }
+}
+
+void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
+                       optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
+                       int64_t padded_vocab, std::ostream& console) {
+  if (!point.from) return;
+  check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
   const bool load_optim = !point.finetune && !point.no_load_optim;
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};

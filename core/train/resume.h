@@ -1,7 +1,8 @@
-// Where a run starts: from scratch, or from the checkpoint --load names (resumed, or
+// Where a run starts: from scratch, from the checkpoint --load names (resumed, or
 // --finetune: the weights only, from iteration 0; --no-load-optim: without the optimizer's
-// state). A damaged checkpoint is refused naming the file and the tensor, offering the
-// newest intact one, which --load-fallback takes.
+// state), or, when --load holds none, from the weights of --pretrained-checkpoint at iteration
+// 0. A damaged checkpoint is refused naming the file and the tensor, offering the newest
+// intact one, which --load-fallback takes.
 #pragma once
 
 #include <filesystem>
@@ -18,21 +19,38 @@
 namespace megabatch::train {
 
 // The checkpoint `load` names: the file itself, or the newest in a directory (nullopt when
-// it has none); a damaged one as above (the fallback taken is said on `console`).
+// it has none); a damaged one as above (the fallback taken is said on `console`). `flag` is
+// the option that named `load`, for the advice in an error; --pretrained-checkpoint takes no
+// fallback.
 std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::path& load, bool fallback,
-                                                      std::ostream& console);
+                                                       std::ostream& console, const std::string& flag = "--load");
+
+// The checkpointing options that say where a run starts.
+struct LoadOptions {
+  std::string load;        // --load: this run's checkpoints, a directory or a file; "": none
+  std::string pretrained;  // --pretrained-checkpoint: the weights a first start takes; "": none
+  bool fallback = false;   // --load-fallback
+  bool finetune = false;   // --finetune: --load's weights only, from iteration 0
+  bool no_load_optim = false;
+};
 
 struct ResumePoint {
   std::optional<std::filesystem::path> from;  // the checkpoint, if any
   io::CheckpointState state;                   // its header (iteration, samples, seed, trainer state)
-  bool finetune = false, no_load_optim = false;
+  bool finetune = false, no_load_optim = false;        // finetune: the weights only (--pretrained-checkpoint too)
   bool resuming() const { return from && !finetune; }  // continues the iterations and the data
 };
 
-// --load (empty: none), --load-fallback, --finetune, --no-load-optim against this run's seed
-// and --train-iters: a resumed run keeps its seed and does not start past its end.
-ResumePoint find_resume_point(const std::string& load, bool fallback, bool finetune, bool no_load_optim, uint64_t seed,
-                              int64_t train_iters, std::ostream& console);
+// Where this run starts, checked against its seed and --train-iters: a resumed run keeps its
+// seed and does not start past its end; a --pretrained-checkpoint (or --finetune) directory
+// that holds no checkpoint is refused, as a wrong path.
+ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console);
+
+// A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
+// and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as
+// checkpoint_tokenizer gives it). An Error naming `file` otherwise.
+void check_checkpoint_vocabulary(const std::filesystem::path& file, const nlohmann::json& model, int64_t vocab_size,
+                                 const nlohmann::json& tokenizer);
 
 // Loads the checkpoint's parameters (and, resuming, the optimizer's state) into the run.
 // Checkpoints hold whole tensors: with `shards` (the distributed optimizer) this rank takes

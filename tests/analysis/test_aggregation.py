@@ -181,6 +181,25 @@ class Aggregation(unittest.TestCase):
         self.assertEqual(page.count("<br><small>to "), 1, page[page.find("<table>"):page.find("</table>")])
         self.assertEqual(sweep("scaled", [(8, 0.01), (16, 0.01 * 2 ** 0.5), (32, 0.02)])[1], ["lamb"])
 
+    def test_a_pretrained_checkpoint_zipped_with_the_batch_stays_inside_one_line(self):
+        # a second phase whose every batch size starts from that batch size's run of the first
+        # (docs/sweeps.md): one line, as a scaled lr; two checkpoints at one batch size are two
+        def sweep(name, batches_checkpoints):
+            d = os.path.join(self.tmp.name, name)
+            os.makedirs(d)
+            pts = []
+            for i, (B, ckpt) in enumerate(batches_checkpoints):
+                cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": 8,
+                       "pretrained_checkpoint": ckpt}
+                pts.append(write_point(d, f"p{i}", cfg, 9.0 - np.arange(8) / 8, valid=7.0 + B / 100))
+            with open(os.path.join(d, "sweep.json"), "w") as f:
+                json.dump({"name": name, "file": "/nonexistent.json", "points": pts}, f)
+            return plotted(d)["scaling"]["legend"]
+        self.assertEqual(sweep("phase2", [(B, f"runs/phase1/lamb-bs{B}-s1/checkpoints") for B in (8, 16, 32)]),
+                         ["lamb"])
+        self.assertEqual(sweep("two", [(8, "a/checkpoints"), (16, "a/checkpoints"), (8, "b/checkpoints")]),
+                         ["lamb, pretrained_checkpoint=a/checkpoints", "lamb, pretrained_checkpoint=b/checkpoints"])
+
     def test_a_key_that_one_optimizer_leaves_unset_is_not_named_for_it(self):
         # "weight_decay": [0.01, null] zipped with the optimizers (plugins/README.md): sgd runs at
         # train's default, and its line, row and series say nothing of weight decay

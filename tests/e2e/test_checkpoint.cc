@@ -2,7 +2,8 @@
 // resumed reproduces the uninterrupted run bit for bit (losses, noise-scale estimates,
 // final parameters and optimizer state) with every shipped plugin, for GPT, BERT and T5; a kill during a
 // checkpoint write leaves the previous one loadable; SIGUSR1 checkpoints and exits 3;
-// mismatched checkpoints are refused with the mismatch named, and damaged ones with the field named.
+// mismatched checkpoints are refused with the mismatch named, and damaged ones with the field named;
+// a first start from --pretrained-checkpoint takes its weights, and a restart its own checkpoint.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -197,6 +198,68 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
   }
 }
 
+// --pretrained-checkpoint (Megatron's): a first start takes the weights of another run's
+// checkpoint, as --finetune --load would, and a restart resumes from the run's own --load
+// instead, so a sweep point can start from an earlier sweep's weights and still resume.
+TEST_F(Checkpoint, APretrainedCheckpointStartsAFirstRunAndARestartResumesFromItsOwn) {
+  mb::testing::TempDir tmp;
+  const std::string a = (tmp / "a").string();
+  auto r = mb::testing::run_command(train(tmp / "ra", "--optimizer lamb --save " + a + " --train-iters 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // the reference: the same weights through --finetune
+  r = mb::testing::run_command(train(tmp / "finetuned", "--optimizer adamw --finetune --load " + a));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto reference = series(tmp / "finetuned" / "metrics.h5", "train/lm_loss");
+  ASSERT_EQ(reference.size(), 6u);
+
+  const std::string own = (tmp / "own").string();
+  const std::string pretrained = "--optimizer adamw --pretrained-checkpoint " + a + " --save " + own + " --load " + own;
+  r = mb::testing::run_command(train(tmp / "run", pretrained + " --save-interval 2 --exit-interval 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> no checkpoint in " + own + "; a first start, from --pretrained-checkpoint"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("> loaded the model from " + a + "/iter_0000002.h5 (iteration 2, 8 samples); starting at iteration 0"),
+            std::string::npos)
+      << r.output;
+  // restarted: its own checkpoint of iteration 3, not the pretrained weights again
+  r = mb::testing::run_command(train(tmp / "run", pretrained));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> loaded " + own + "/iter_0000003.h5 (iteration 3, 12 samples)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("loaded the model from"), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "run" / "metrics.h5", "train/iteration"), (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(series(tmp / "run" / "metrics.h5", "train/lm_loss"), reference)
+      << "started from the pretrained weights with a fresh optimizer, and resumed bitwise";
+
+  // refused: a directory with no checkpoint (a wrong path, not a first start), also by
+  // --check; --finetune beside it (which of --load and it holds the weights?)
+  fs::create_directories(tmp / "empty");
+  for (const std::string check : {"", " --check"}) {
+    r = mb::testing::run_command(train(tmp / "r2", "--pretrained-checkpoint " + (tmp / "empty").string() + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("train: error: --pretrained-checkpoint: " + (tmp / "empty").string() +
+                            " holds no checkpoint to start from"),
+              std::string::npos)
+        << r.output;
+  }
+  r = mb::testing::run_command(train(tmp / "r3", "--pretrained-checkpoint " + a + " --finetune --load " + own));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("with --pretrained-checkpoint the model comes from there and --load is this run's own "
+                          "checkpoints to resume from; drop --finetune"),
+            std::string::npos)
+      << r.output;
+  // --check reads the checkpoint's header: another vocabulary (the compact dataset's) is refused
+  std::string compact = train(tmp / "r4", "--pretrained-checkpoint " + a + " --check");
+  const std::string full = "brown_gpt2_text_document";
+  compact.replace(compact.find(full), full.size(), "brown_gpt2_compact_text_document");
+  r = mb::testing::run_command(compact);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(a + "/iter_0000002.h5: its model has a vocabulary of 50257 tokens, but this run's has 32735"),
+            std::string::npos)
+      << r.output;
+}
+
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
@@ -306,6 +369,14 @@ TEST_F(Checkpoint, ADamagedTensorIsRefusedAndTheNewestIntactCheckpointIsOffered)
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find(newest + ": tensor '" + tensor + "' does not match its checksum"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("give --load another checkpoint"), std::string::npos) << r.output;
+  // the weights a run starts from, damaged: the intact one is offered as that option's value,
+  // with no fallback (a first start should not silently take older weights)
+  r = mb::testing::run_command(train(tmp / "pretrained", "--pretrained-checkpoint " + c));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the newest intact checkpoint in " + c + " is " + older +
+                          " (iteration 4): start from it with --pretrained-checkpoint " + older),
+            std::string::npos)
+      << r.output;
   // the latest file damaged: refused naming it (before, read as no number, and the run
   // started from scratch or from whichever checkpoint was newest)
   mb::testing::write_text(tmp / "c" / "latest_checkpointed_iteration.txt", "6x\n");

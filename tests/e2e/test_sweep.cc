@@ -3,7 +3,8 @@
 // of a point and run again completes with metrics identical to the uninterrupted sweep;
 // Ctrl-C stops points of one and of two ranks at checkpoints they go on from;
 // a failing point leaves the others alone; invalid points are refused before anything
-// runs; a changed configuration is not mixed with old results.
+// runs; a changed configuration is not mixed with old results; a second sweep starts its
+// points from the first's checkpoints.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -639,6 +640,25 @@ TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
   EXPECT_GE(files, 7u);
 }
 
+// The shipped phase 2 names phase 1's points by their ids: each of them, once.
+TEST(SweepFiles, BertLargePhaseTwoStartsFromEachPhaseOnePoint) {
+  const fs::path paper = fs::path(mb::testing::source_dir()) / "experiments" / "paper";
+  auto dry_run = [&](const char* file) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/sweep run " + (paper / file).string() +
+                                            " --dry-run --runs-dir /nonexistent");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string first = dry_run("bert_large_lamb.json"), second = dry_run("bert_large_lamb_phase2.json");
+  const std::regex id("\n  (bs[0-9]+-[^ ]+)  [{]");
+  int ids = 0;
+  for (auto it = std::sregex_iterator(first.begin(), first.end(), id); it != std::sregex_iterator(); ++it, ++ids) {
+    const std::string named = "\"pretrained_checkpoint\":\"runs/bert_large_lamb/" + (*it)[1].str() + "/checkpoints\"";
+    EXPECT_NE(second.find(named), std::string::npos) << named << "\n" << second;
+  }
+  EXPECT_EQ(ids, 3) << first;
+}
+
 // A diverged point is a result: marked DIVERGED with its iteration and reason, counted by
 // status, not retried by a plain re-run (the sweep exits 0), rerun by --rerun diverged.
 TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
@@ -938,6 +958,48 @@ TEST_F(Sweep, DryRunChecksPluginsDataAndMemoryOfEveryPoint) {
             std::string::npos) << r.output;
   EXPECT_NE(r.output.find("> 3 point(s) cannot run"), std::string::npos) << r.output;
   EXPECT_FALSE(fs::exists(tmp / "runs" / "chk")) << "a dry run writes nothing";
+}
+
+// A second phase: each point starts from the final checkpoint of its batch size's point of an
+// earlier sweep (pretrained_checkpoint zipped with the batch), checked by --dry-run before
+// that sweep has run and taken when it has.
+TEST_F(Sweep, PointsStartFromTheCheckpointsOfAnEarlierSweep) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs";
+  const auto first = write_tiny_sweep(tmp.path(), "first", R"("train_iters": 2)",
+                                      R"("zip": {"global_batch_size": [2, 4]}, "threads": 1)");
+  const std::string from2 = (runs / "first" / "bs2" / "checkpoints").string(),
+                    from4 = (runs / "first" / "bs4" / "checkpoints").string();
+  const auto second = write_tiny_sweep(tmp.path(), "second", R"("train_iters": 3, "optimizer": "adamw")",
+                                       R"("zip": {"global_batch_size": [2, 4], "pretrained_checkpoint": [")" + from2 +
+                                           R"(", ")" + from4 + R"("]}, "threads": 1)");
+  auto r = run_sweep(second, runs, " --dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--pretrained-checkpoint: " + from4 + " holds no checkpoint to start from"),
+            std::string::npos)
+      << r.output;
+  r = run_sweep(first, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_sweep(second, runs, " --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_sweep(second, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const auto& [id, from, samples] : {std::tuple{"bs2", from2, 4}, std::tuple{"bs4", from4, 8}}) {
+    const std::string log = mb::testing::read_text(runs / "second" / id / "stdout.log");
+    EXPECT_NE(log.find("> loaded the model from " + from + "/iter_0000002.h5 (iteration 2, " + std::to_string(samples) +
+                       " samples); starting at iteration 0"),
+              std::string::npos)
+        << log;
+  }
+  // a grid of them at one batch size: each point named for the run whose weights it starts
+  // from, not for the checkpoints/ directory they all end in
+  const auto grid =
+      write_tiny_sweep(tmp.path(), "grid", R"("train_iters": 3, "global_batch_size": 2)",
+                       R"("grid": {"pretrained_checkpoint": [")" + from2 + R"(", ")" + from4 + R"("]}, "threads": 1)");
+  r = run_sweep(grid, runs, " --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  from-bs2  {"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  from-bs4  {"), std::string::npos) << r.output;
 }
 
 // Points that log the noise scale at several batch sizes with the default decay a step are
