@@ -13,11 +13,9 @@
 #include <optional>
 #include <thread>
 
+#include "apps/train_data.h"
 #include "core/comm/mpi_communicator.h"
 #include "core/config/config.h"
-#include "core/data/compact_vocab.h"
-#include "core/data/indexed_dataset.h"
-#include "core/data/split.h"
 #include "core/data/tokenizer.h"
 #include "core/optim/optimizer.h"
 #include "core/train/exit_status.h"
@@ -60,105 +58,8 @@ const char* kUsage =
     "  train --config run.json --optimizer sgd --optimizer-params momentum=0.95 --optimizer-params nesterov=true\n"
     "  train --list-optimizers\n";
 
-// The command that makes the default Brown corpus into `dir`: the preprocess program beside
-// this train (build/bin/preprocess from the source tree, PREFIX/bin/preprocess installed;
-// relative to the working directory where it lies under it), with --output-dir unless the
-// directory is data/, its default.
-std::string preprocess_brown_command(const std::filesystem::path& dir) {
-  namespace fs = std::filesystem;
-  const fs::path bin = mb::program_dir();
-  fs::path program = bin.empty() ? fs::path("preprocess") : bin / "preprocess";
-  std::error_code ec;
-  const fs::path cwd = fs::current_path(ec);
-  const fs::path rel = ec ? fs::path() : program.lexically_relative(cwd);
-  if (!rel.empty() && *rel.begin() != "..") program = rel;
-  const fs::path out = dir.empty() ? fs::path(".") : dir;
-  return program.string() + " brown" + (out.lexically_normal() == fs::path("data") ? "" : " --output-dir " + out.string());
-}
-
-// The run's dataset, tokenizer and split (--data-path, --split); the model's vocabulary is
-// the tokenizer's (a compact dataset's own, where PREFIX.vocab.json lies beside it).
-struct RunData {
-  std::string prefix;
-  std::unique_ptr<mb::data::Tokenizer> tokenizer;
-  bool compact_vocab = false;
-  std::shared_ptr<const mb::data::IndexedDataset> ds;
-  mb::data::DocumentRange train, valid, test;
-};
-
-RunData open_data(const json& v, mb::models::ModelConfig& mc) {
-  const auto paths = v["data_path"].get<std::vector<std::string>>();
-  mb::check(paths.size() == 1, "data_path: give one dataset prefix (weighted blends are not supported yet), got ",
-            paths.size(), " values");
-  RunData d;
-  d.prefix = paths[0];
-  d.tokenizer = mb::data::tokenizer_for_dataset(mb::data::make_tokenizer(mb::models::tokenizer_options(v, mc)), d.prefix);
-  d.compact_vocab = std::filesystem::exists(mb::data::compact_vocab_path(d.prefix));
-  mc.vocab_size = d.tokenizer->vocab_size();
-  mc.validate();
-  if (!std::filesystem::exists(d.prefix + ".idx") && !std::filesystem::exists(d.prefix + ".bin") &&
-      std::filesystem::path(d.prefix).filename().string().rfind("brown_", 0) == 0)
-    mb::fail("data_path: ", d.prefix, ".bin/.idx are missing; the default Brown corpus is made by `",
-             preprocess_brown_command(std::filesystem::path(d.prefix).parent_path()), "`, run it first");
-  d.ds = std::make_shared<const mb::data::IndexedDataset>(d.prefix);
-  const auto cut = mb::data::split_documents(v["split"].get<std::string>(), d.ds->num_documents());
-  d.train = {0, cut[0]};
-  d.valid = {cut[0], cut[1]};
-  d.test = {cut[1], cut[2]};
-  mb::check(d.train.end > d.train.begin, "split '", v["split"].get<std::string>(), "' leaves no training documents in ",
-            d.prefix, " (", d.ds->num_documents(), " documents)");
-  return d;
-}
-
-// The batch sources of the splits: training from --seed; validation and test from their own
-// documents (with --eval-samples from a fixed seed, so every point of a sweep is measured on
-// the same samples), none where evaluation is off or a split holds no sample.
-struct Sources {
-  std::unique_ptr<mb::train::BatchSource> train, valid, test;
-  std::string no_validation;  // evaluation asked for, nothing to evaluate on (a warning)
-};
-
-Sources make_sources(const mb::config::Resolved& r, const mb::models::ModelConfig& mc, const RunData& d,
-                     const mb::train::TrainOptions& opt) {
-  auto source = [&](mb::data::DocumentRange docs, uint64_t seed) -> std::unique_ptr<mb::train::BatchSource> {
-    if (docs.end <= docs.begin) return nullptr;
-    auto src = mb::models::make_batch_source(mc, d.ds, docs, *d.tokenizer, seed);
-    return src->samples_per_epoch() == 0 ? nullptr : std::move(src);  // documents too short for one sample
-  };
-  Sources s;
-  s.train = mb::models::make_batch_source(mc, d.ds, d.train, *d.tokenizer, opt.seed);
-  const bool evaluating = opt.eval_iters > 0 || opt.eval_samples > 0;
-  if (!evaluating) return s;
-  const uint64_t eval_seed = opt.eval_samples > 0 ? 1234 : opt.seed;
-  s.valid = source(d.valid, eval_seed + 1);
-  s.test = source(d.test, eval_seed + 2);  // evaluated once at the end
-  if (s.valid) return s;
-  const size_t docs = d.valid.end - d.valid.begin;
-  const std::string why = "the validation split of --split '" + r.values["split"].get<std::string>() + "' holds " +
-                          (docs ? "no sample of " + std::to_string(mc.seq_length) + " tokens (its " +
-                                      std::to_string(docs) + " documents are too short)"
-                                : std::string("no document")) +
-                          " of " + d.prefix + "'s " + std::to_string(d.ds->num_documents());
-  // asked for by name: an error; the default --eval-iters: training goes on, with a warning
-  const char* asked = r.given("eval_samples") ? "eval_samples" : r.given("eval_iters") ? "eval_iters" : nullptr;
-  if (asked)
-    mb::fail("--", mb::config::flag_name(asked), " asks for validation, but ", why,
-             "; give the validation split a share (e.g. --split 969,30,1), or drop --", mb::config::flag_name(asked));
-  s.no_validation = "no validation loss will be logged: " + why + " (--eval-iters 0 says there is none to take)";
-  return s;
-}
-
-std::string describe_data(const RunData& d, uint64_t samples_per_epoch) {
-  const auto docs = d.ds->num_documents();
-  std::string s = d.prefix + ": " + std::to_string(docs) + " documents, " + std::to_string(d.ds->num_tokens()) +
-                  " tokens; split " + std::to_string(d.train.end) + " / " + std::to_string(d.valid.end - d.valid.begin) +
-                  " / " + std::to_string(docs - d.valid.end) + " documents; " + std::to_string(samples_per_epoch) +
-                  " training samples per epoch";
-  if (d.compact_vocab)
-    s += "; vocabulary: its own " + std::to_string(d.tokenizer->vocab_size()) + " " + std::string(d.tokenizer->type()) +
-         " tokens (" + mb::data::compact_vocab_path(d.prefix).string() + ")";
-  return s;
-}
+using mb::apps::RunData;
+using mb::apps::Sources;
 
 // What "validation loss" and "test loss" will be means over.
 void say_evaluation_samples(const mb::train::Trainer& trainer, const Sources& s) {
@@ -292,12 +193,12 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
   if (v["check"].get<bool>()) {
     check_pretrained(load_options(v), mc.vocab_size, *run.data.tokenizer);
-    std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefix
+    std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefixes()
               << " and memory are fine" << std::endl;
     return false;
   }
   run.model = mb::models::make_model(mc, *run.parallel.tp, run.opt.seed, run.dtype, run.device);
-  run.sources = make_sources(r, mc, run.data, run.opt);
+  run.sources = mb::apps::make_sources(r, mc, run.data, run.opt);
   return true;
 }
 
@@ -323,9 +224,8 @@ int train(const mb::config::Resolved& r, Run& run) {
                                       v.contains("tensorboard_dir") ? v["tensorboard_dir"].get<std::string>() : "");
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   mb::train::print_plan({run.model->summary(),
-                         run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " +
-                             hparams.dump(),
-                         describe_data(run.data, run.sources.train->samples_per_epoch()), run.mc.tensor_model_parallel_size,
+                         run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " + hparams.dump(),
+                         mb::apps::describe_data(run.data, run.sources), run.mc.tensor_model_parallel_size,
                          parallel.dp->size(), parallel.world_size, omp_get_max_threads(), run_dir / "metrics.h5"},
                         opt, std::cout);
   opt.overlap_grad_reduce = v["overlap_grad_reduce"].get<bool>();
@@ -389,7 +289,7 @@ int run(int argc, char** argv) {
     mb::models::print_params(v, run.mc, std::cout);
     return 0;
   }
-  run.data = open_data(v, run.mc);
+  run.data = mb::apps::open_data(v, run.mc);
   if (!prepare(r, search, run)) return 0;
   return train(r, run);
 }

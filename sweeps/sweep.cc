@@ -96,7 +96,8 @@ json axis_value(const ordered_json& v) {
 
 // Formats a value for a point id: integers as is, floats with 3 significant digits, a
 // string with slashes (a path) by its last component, a run's checkpoints/ directory by the
-// run's (runs/first/lamb-bs8-s1/checkpoints: lamb-bs8-s1).
+// run's (runs/first/lamb-bs8-s1/checkpoints: lamb-bs8-s1), a list by its items joined with
+// '+' (a blend, ["0.3", "data/wiki", "0.7", "data/books"]: 0.3+wiki+0.7+books).
 std::string id_value(const json& v) {
   if (v.is_string()) {
     std::string t = v.get<std::string>();
@@ -112,7 +113,11 @@ std::string id_value(const json& v) {
     }
     return name;
   }
-  if (v.is_array() && v.size() == 1) return id_value(v[0]);  // e.g. a data path given as a list
+  if (v.is_array() && !v.empty()) {  // a data path given as a list, a blend's weights and prefixes
+    std::string joined;
+    for (const json& e : v) joined += (joined.empty() ? "" : "+") + id_value(e);
+    return joined;
+  }
   if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_number()) {

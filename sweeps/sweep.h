@@ -25,8 +25,8 @@
 // lamb-bs4096-lr0.0283-s1: readable and deterministic, so re-running a sweep finds its
 // points again. An id is a file name of its own (safe_point_id): a string value with
 // slashes (a data path) contributes its last component (a pretrained_checkpoint, from-<the
-// run whose checkpoints/ it names>), and nothing but letters, digits
-// and '-', '_', '.', '+' reaches the file system (no separators, no '..', no leading dot,
+// run whose checkpoints/ it names; a list, such as a blend, its items joined by '+'), and
+// nothing but letters, digits and '-', '_', '.', '+' reaches the file system (no separators, no '..', no leading dot,
 // at most 120 characters). Objects of an included file are merged key by key (the including file
 // wins); arrays and scalars are replaced. A null unsets its key, as in a JSON merge patch:
 // `"base": {"weight_decay": null}` over an included base, or a null in one entry of an axis

@@ -158,7 +158,8 @@ const config::Schema& train_schema() {
       {"sgd_momentum", Type::kFloat, 0.9, "passed to the plugin's momentum", "optimizer"},
 
       {"data_path", Type::kStringList, nullptr,
-       "indexed dataset prefix (.bin/.idx); default data/brown_gpt2_text_document (GPT), data/brown_bert_text_sentence (BERT)",
+       "indexed dataset prefix (.bin/.idx), or a weighted blend, W1 PREFIX1 W2 PREFIX2 ... (prefixes without weights weigh "
+       "their samples); default data/brown_gpt2_text_document (GPT), data/brown_bert_text_sentence (BERT)",
        "data"},
       {"split", Type::kString, "969, 30, 1", "train, validation, test proportions by document", "data"},
       {"tokenizer_type", Type::kString, nullptr,

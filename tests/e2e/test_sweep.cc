@@ -1002,6 +1002,23 @@ TEST_F(Sweep, PointsStartFromTheCheckpointsOfAnEarlierSweep) {
   EXPECT_NE(r.output.find("  from-bs4  {"), std::string::npos) << r.output;
 }
 
+// A blend (data_path's weights and prefixes) as an axis: each point named by its items.
+TEST_F(Sweep, ABlendAxisNamesEachPointByItsWeightsAndDatasets) {
+  mb::testing::TempDir tmp;
+  const std::string data = (mb::testing::brown_data() / "brown_gpt2_text_document").string();
+  const auto file = write_tiny_sweep(
+      tmp.path(), "blend", R"("train_iters": 2, "global_batch_size": 2)",
+      R"("grid": {"data_path": [[")" + data + R"("], ["1", ")" + data + R"(", "3", ")" + data + R"("]]})");
+  const auto r = run_sweep(file, tmp / "runs", " --dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("  dpbrown_gpt2_text_document  {"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  dp1+brown_gpt2_text_document+3+brown_gpt2_text_document  {"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("data_path: " + data + " is given twice; give it once, with the sum of its weights"),
+            std::string::npos)
+      << "train --check reads the blend: " << r.output;
+}
+
 // Points that log the noise scale at several batch sizes with the default decay a step are
 // told what it does and which window would average them alike; with a window (or a decay
 // chosen on purpose) nothing is said.

@@ -6,10 +6,10 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <regex>
 
-#include <nlohmann/json.hpp>
-
+#include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -475,6 +475,83 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
                                  "--log-interval 1 --data-path " + wp.string() + " --run-dir " + (tmp_ / model).string());
     EXPECT_EQ(r.exit_code, 0) << model << "\n" << r.output;
     EXPECT_NE(r.output.find("vocabulary: its own"), std::string::npos) << r.output;
+  }
+}
+
+// --data-path W1 A W2 B: a weighted blend (core/data/blend.h). With the learning rate 0 each
+// iteration's loss is that of its samples under the initial weights, so the order shows in the
+// losses: a 1:1 blend of A and B takes A0 B0 A1 B1 ..., so its batch k of two has the mean of
+// sample k's losses in runs on A and on B alone, batches of one.
+TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
+  const fs::path a = *data_ / "d" / "brown_gpt2_text_document", b = tmp_ / "b";
+  std::string text;  // another corpus: 120 short documents
+  for (int i = 0; i < 120; ++i)
+    text += "In " + std::to_string(1800 + i) + " the ferry at mile " + std::to_string(7 * i % 53) + " carried " +
+            std::to_string(13 * i % 97) + " carts across, and the keeper wrote each one down twice.\n\n";
+  mb::testing::write_text(tmp_ / "b.txt", text);
+  auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " + (tmp_ / "b.txt").string() +
+                                    " --output-prefix " + b.string() + " --tokenizer-type GPT2BPETokenizer");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string bb = b.string() + "_text_document";
+  const std::string common = kSmall +
+                             "--hidden-dropout 0 --attention-dropout 0 --train-iters 6 --lr 0 --log-interval 1 "
+                             "--eval-iters 1 --eval-interval 3 ";
+  auto run = [&](const std::string& dir, const std::string& data, const std::string& args, std::string* out = nullptr) {
+    const auto rr = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + "--data-path " + data + " " +
+                                             args + " --run-dir " + (tmp_ / dir).string());
+    EXPECT_EQ(rr.exit_code, 0) << rr.output;
+    if (out) *out = rr.output;
+    mb::testing::H5File f((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    return f.read<double>("train/lm_loss");
+  };
+  // "N training samples per epoch" of a run's data line
+  auto samples = [](const std::string& out) {
+    const auto end = out.find(" training samples per epoch");
+    return end == std::string::npos ? std::string("?")
+                                    : out.substr(out.rfind(' ', end - 1) + 1, end - out.rfind(' ', end - 1) - 1);
+  };
+  const std::string one = "--micro-batch-size 1 --global-batch-size 1",
+                    two = "--micro-batch-size 2 --global-batch-size 2";
+  std::string out_a, out_b, out;
+  const auto on_a = run("a", a.string(), one, &out_a), on_b = run("b", bb, one, &out_b);
+  ASSERT_EQ(on_a.size(), 6u);
+  ASSERT_EQ(on_b.size(), 6u);
+  EXPECT_EQ(run("weight_one", "1.0 " + a.string(), one), on_a) << "a blend of one dataset is that dataset";
+  const auto halves = run("halves", "1 " + a.string() + " 1 " + bb, two, &out);
+  ASSERT_EQ(halves.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_NE(on_a[i], on_b[i]);
+    EXPECT_NEAR(halves[i], (on_a[i] + on_b[i]) / 2, 1e-5 * halves[i]) << "iteration " << i + 1;
+  }
+  EXPECT_NE(out.find("> data: a blend of 2 datasets: 50.0% of the samples from " + a.string() + ": 500 documents"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find(" | 50.0% of the samples from " + bb + ": 120 documents"), std::string::npos) << out;
+  EXPECT_NE(out.find("validation loss at iteration 3"), std::string::npos) << "the validation splits blended: " << out;
+  // without weights, each weighs as many samples as it has (B's few come later than 1:1's)
+  const auto sized = run("sized", a.string() + " " + bb, two);
+  EXPECT_EQ(sized, run("by_samples", samples(out_a) + " " + a.string() + " " + samples(out_b) + " " + bb, two));
+  EXPECT_NE(sized, halves);
+  // stopped and resumed: the same samples
+  const std::string ckpt = (tmp_ / "ckpt").string(), blend = "1 " + a.string() + " 1 " + bb;
+  run("resumed", blend, two + " --save " + ckpt + " --exit-interval 4");
+  EXPECT_EQ(run("resumed", blend, two + " --save " + ckpt + " --load " + ckpt), halves);
+
+  // refused, naming what to do: a compact dataset (its own token ids), a dataset of another
+  // tokenizer (its record), a weight without its dataset
+  const fs::path compact = *data_ / "d" / "brown_gpt2_compact_text_document",
+                 bert = *data_ / "d" / "brown_bert_text_sentence";
+  for (const auto& [data, message] :
+       {std::pair{"0.5 " + a.string() + " 0.5 " + compact.string(),
+                  "data_path: " + compact.string() + " has a vocabulary of its own"},
+        std::pair{
+            "0.5 " + a.string() + " 0.5 " + bert.string(),
+            bert.string() + ".tokenizer.json: the dataset " + bert.string() + " was made by BertWordPieceLowerCase"},
+        std::pair{"0.5 " + a.string() + " 0.5", std::string("data_path: 3 items, but a weighted blend is pairs")}}) {
+    r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + one + " --check --data-path " + data +
+                                 " --run-dir " + (tmp_ / "bad").string());
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
   }
 }
 

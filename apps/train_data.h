@@ -1,0 +1,57 @@
+// train's data: the datasets --data-path names (one, or a weighted blend), the tokenizer, the
+// --split of each, and the batch sources of the training, validation and test splits.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/config/config.h"
+#include "core/data/indexed_dataset.h"
+#include "core/data/samples.h"
+#include "core/data/tokenizer.h"
+#include "core/train/batch_source.h"
+#include "core/train/options.h"
+#include "models/presets.h"
+
+namespace megabatch::apps {
+
+// One dataset of the run and its split.
+struct RunDataset {
+  std::string prefix;
+  double weight = 0;  // as --data-path gives it; 0: none given (weighed by its samples)
+  std::shared_ptr<const data::IndexedDataset> ds;
+  data::DocumentRange train, valid, test;
+};
+
+// The run's datasets and tokenizer; the model's vocabulary is the tokenizer's (a compact
+// dataset's own, where PREFIX.vocab.json lies beside it: such a dataset is not blended).
+struct RunData {
+  std::vector<RunDataset> sets;
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  bool compact_vocab = false;
+  std::string prefixes() const;  // "a", or "a, b" for a blend
+};
+
+// Opens --data-path's datasets (errors name the prefix; the default Brown corpus's command
+// when it is missing) and sets mc.vocab_size from the tokenizer.
+RunData open_data(const nlohmann::json& v, models::ModelConfig& mc);
+
+// The batch sources of the splits: training from --seed; validation and test from their own
+// documents (with --eval-samples from a fixed seed, so every point of a sweep is measured on
+// the same samples), none where evaluation is off or a split holds no sample. A blend's split
+// blends the datasets that have samples in it, by their weights.
+struct Sources {
+  std::unique_ptr<train::BatchSource> train, valid, test;
+  std::string no_validation;            // evaluation asked for, nothing to evaluate on (a warning)
+  std::vector<uint64_t> train_samples;  // per dataset: its training split's samples per epoch
+  std::vector<double> train_weights;    // per dataset: its weight in the training blend (any scale)
+};
+Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, const RunData& d,
+                     const train::TrainOptions& opt);
+
+// The plan's data line: each dataset's documents, tokens, split and training samples.
+std::string describe_data(const RunData& d, const Sources& s);
+
+}  // namespace megabatch::apps
