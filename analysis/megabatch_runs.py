@@ -256,17 +256,30 @@ def line_keys(items, keys, derived=True):
                    if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
 
 
+def value_text(v):
+    """A swept value as a label shows it, as point ids do (sweeps/sweep.h): a float to 3
+    significant digits, a path by its last component (a run's checkpoints/ by the run's), a list
+    (a blend's weights and datasets) by its items joined with '+'."""
+    if isinstance(v, list):
+        return "+".join(value_text(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    if isinstance(v, str) and "/" in v.rstrip("/"):
+        parts = [p for p in v.split("/") if p]
+        return parts[-2] if parts[-1] == "checkpoints" and len(parts) > 1 else parts[-1]
+    return f"{v}"
+
+
 def axis_values(config, keys):
-    """The values of `keys` in `config` as legends, tables and series read them: "key=value", a
-    float to 3 significant digits, the sweep (several sweeps overlaid) by its name alone. A key
-    the configuration leaves unset (a null in the sweep file: train's default) says nothing."""
+    """The values of `keys` in `config` as legends, tables and series read them: "key=value"
+    (value_text), the sweep (several sweeps overlaid) by its name alone. A key the
+    configuration leaves unset (a null in the sweep file: train's default) says nothing."""
     parts = []
     for k in keys:
         v = config.get(k)
         if v is None:
             continue
-        text = f"{v:.3g}" if isinstance(v, float) else f"{v}"
-        parts.append(text if k == "sweep" else f"{k}={text}")
+        parts.append(f"{v}" if k == "sweep" else f"{k}={value_text(v)}")
     return parts
 
 

@@ -14,6 +14,7 @@ min-max band. Every other swept value (and, with several DIRs, the sweep) is its
 Diverged points are drawn up to where they left the axes and marked with an x at the top
 edge; the axes are scaled to the points that did not diverge. Works on running sweeps.
 """
+import json
 import math
 import os
 import re
@@ -119,11 +120,12 @@ def scaling(groups, keys, title, out_dir, written):
     fig, ax = plt.subplots(figsize=(6.5, 4.4))
     lines = {}
     split = line_keys(groups, keys)
-    for g in groups:
-        other = tuple((k, g.config.get(k)) for k in split)
+    for g in groups:  # by the values' JSON: a list value (a data path, a blend) is no dict key
+        other = json.dumps([[k, g.config.get(k)] for k in split], sort_keys=True)
         lines.setdefault((g.optimizer, other), []).append(g)
     healthy, diverged = [], []
     for k, ((opt, other), gs) in enumerate(sorted(lines.items(), key=lambda kv: str(kv[0]))):
+        other = [tuple(kv) for kv in json.loads(other)]
         color = plt.get_cmap("tab10")(k % 10)
         gs.sort(key=lambda g: g.batch)
         b, mean, lo, hi = [], [], [], []

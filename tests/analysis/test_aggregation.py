@@ -197,8 +197,26 @@ class Aggregation(unittest.TestCase):
             return plotted(d)["scaling"]["legend"]
         self.assertEqual(sweep("phase2", [(B, f"runs/phase1/lamb-bs{B}-s1/checkpoints") for B in (8, 16, 32)]),
                          ["lamb"])
-        self.assertEqual(sweep("two", [(8, "a/checkpoints"), (16, "a/checkpoints"), (8, "b/checkpoints")]),
-                         ["lamb, pretrained_checkpoint=a/checkpoints", "lamb, pretrained_checkpoint=b/checkpoints"])
+        self.assertEqual(sweep("two", [(8, "runs/p1/a/checkpoints"), (16, "runs/p1/a/checkpoints"),
+                                       (8, "runs/p1/b/checkpoints/")]),
+                         ["lamb, pretrained_checkpoint=a", "lamb, pretrained_checkpoint=b"])
+
+    def test_paths_and_blends_are_labelled_as_point_ids_name_them(self):
+        # a data_path axis: a dataset by its file name, a blend by its weights and datasets
+        d = os.path.join(self.tmp.name, "data")
+        os.makedirs(d)
+        pts = []
+        for i, data in enumerate((["/data/wiki_text_sentence"], ["0.3", "/data/wiki_text_sentence", "0.7", "/b/books"])):
+            for B in (8, 16):
+                cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": 8,
+                       "data_path": data}
+                pts.append(write_point(d, f"p{i}-{B}", cfg, 9.0 - np.arange(8) / 8, valid=7.0 + B / 100))
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "data", "file": "/nonexistent.json", "points": pts}, f)
+        self.assertEqual(sorted(plotted(d)["scaling"]["legend"]),
+                         ["lamb, data_path=0.3+wiki_text_sentence+0.7+books", "lamb, data_path=wiki_text_sentence"])
+        with open(report.report(d)) as f:
+            self.assertIn("<td>lamb (data_path=0.3+wiki_text_sentence+0.7+books)</td>", f.read())
 
     def test_a_key_that_one_optimizer_leaves_unset_is_not_named_for_it(self):
         # "weight_decay": [0.01, null] zipped with the optimizers (plugins/README.md): sgd runs at
