@@ -441,8 +441,14 @@ void derive_values(json& c, const Derive& d, const std::string& where,
   if (d.budget > 0) {
     check(d.budget % B == 0, where, ": point ", name(c), ": the sample budget ", d.budget,
           " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
+    // the run's length is the budget's: a length given beside it would be replaced unseen
+    for (const char* key : {"train_iters", "train_samples"})
+      check(!c.contains(key), where, ": point ", name(c), ": ", key, " ", c.contains(key) ? c[key].dump() : "",
+            " would be replaced by derive.sample_budget (", d.budget, " samples / global batch ", B, " = ",
+            d.budget / B, " iterations); drop ", key,
+            " (a null unsets it over an included file), or drop the "
+            "sample budget");
     c["train_iters"] = d.budget / B;
-    c.erase("train_samples");
   }
 }
 

@@ -305,6 +305,7 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   // refused by what they would have done, each named with its point:
   // - a warmup in samples where the sample budget makes every point count iterations (its
   //   train_iters): each point trained without a warmup;
+  // - a train_iters the sample budget replaced;
   // - keys the sweep sets for each point, and loading options that would act on the point's
   //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
   // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
@@ -312,6 +313,9 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
        {std::tuple{"warm", R"(, "lr_warmup_samples": 16)",
                    "lr_warmup_samples counts samples, but this run counts iterations (train_iters, from "
                    "derive.sample_budget)"},
+        std::tuple{"length", R"(, "train_iters": 100)",
+                   "train_iters 100 would be replaced by derive.sample_budget (32 samples / global batch 4 = 8 "
+                   "iterations)"},
         std::tuple{"owned", R"(, "finetune": true)",
                    "finetune would apply to the point's own checkpoints when it resumes"},
         std::tuple{"owned", R"(, "load": "/pretrained/ckpt")", "load is the sweep's to set"},
