@@ -193,7 +193,7 @@ const config::Schema& train_schema() {
       {"eval_samples", Type::kInt, nullptr,
        "samples per validation run instead of eval_iters global batches, in an order that does not depend on --seed: "
        "the same held-out samples for every batch size and seed (a multiple of micro_batch_size); a split with fewer "
-       "samples is evaluated whole, each sample once", "logging"},
+       "samples is evaluated whole, each sample once (--eval-iters beside it: refused, unless 0)", "logging"},
       {"diagnostics_interval", Type::kInt, nullptr,
        "per-tensor optimizer diagnostics (trust ratio, weight and update norms) every N iterations "
        "(default: log_interval; 0: off)", "logging"},
@@ -332,6 +332,11 @@ void logging_options(const config::Resolved& r, TrainOptions& opt) {
     opt.eval_samples = v["eval_samples"].get<int64_t>();
     check(opt.eval_samples % opt.micro_batch_size == 0, "--eval-samples (", opt.eval_samples,
               ") must be a multiple of --micro-batch-size (", opt.micro_batch_size, ")");
+    // a validation run of eval_samples samples: eval_iters' batches, given too, would be ignored
+    check(!r.given("eval_iters") || opt.eval_iters == 0, "--eval-iters ", opt.eval_iters, " and --eval-samples ",
+          opt.eval_samples,
+          " both size a validation run, and --eval-samples takes its samples instead of --eval-iters' global batches, "
+          "so --eval-iters would be ignored; give one of them");
   }
   opt.diagnostics_interval =
       v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;

@@ -88,6 +88,13 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
                           "(--train-iters), which would ignore it; give --lr-warmup-fraction"),
             std::string::npos)
       << r.output;
+  // two sizes of a validation run: refused, where --eval-samples won unseen (0 batches stays
+  // allowed: it says nothing)
+  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --eval-iters 10 --eval-samples 16"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --eval-iters 10 and --eval-samples 16 both size a validation run"),
+            std::string::npos)
+      << r.output;
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
