@@ -377,13 +377,17 @@ def frontier_figure(res, out_dir, name, written):
         if all_s:
             ax.set_xlim(min(all_s) / 1.5, max(all_s) * 1.5)
             ax.set_ylim(min(all_e) / 1.5, max(all_e) * 1.5)
+        else:  # said, not an empty frame (and no legend of nothing)
+            ax.text(0.5, 0.5, "no run reaches these targets from above", transform=ax.transAxes, ha="center",
+                    va="center", fontsize=9)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("optimizer steps S to the target loss")
         ax.set_ylabel("training samples E = B S")
         ax.set_title(f"{opt}: steps-samples frontier")
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.suptitle(f"{name}: (S/S_min - 1)(E/E_min - 1) = 1 fitted per target train loss")
     for ext in ("png", "svg"):
         path = os.path.join(out_dir, f"critical_batch.{ext}")

@@ -231,6 +231,16 @@ class CriticalBatch(unittest.TestCase):
         self.assertNotIn("starts_below", low)
         self.assertEqual(len(low["points"]), 4)
 
+    def test_a_frontier_no_run_reaches_is_drawn_without_a_warning(self):
+        # matplotlib logged "No artists with labels found to put in legend" into sweep analyze's
+        # output for a panel of no points
+        import tempfile
+        res = cb.analyze(sweep(64.0, [8, 16, 32, 64]), [12.0])
+        with tempfile.TemporaryDirectory() as out, self.assertNoLogs("matplotlib", level="WARNING"):
+            written = []
+            cb.frontier_figure(res, out, "fake", written)
+            self.assertTrue(os.path.exists(os.path.join(out, "critical_batch.png")), written)
+
 
 if __name__ == "__main__":
     unittest.main()
