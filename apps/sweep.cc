@@ -163,7 +163,8 @@ int export_points(int argc, char** argv, const std::string& name) {
   mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
   mb::check(e.get_int("ranks") >= 0 && e.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
             e.get("ranks"));
-  const auto sweep = mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")));
+  const auto sweep =
+      mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")), e.get("runs-dir"));
   if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
   return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
 }
@@ -201,7 +202,8 @@ int run_sweep(int argc, char** argv) {
   mb::check(a.get_int("threads") >= 0, "--threads: must be >= 1 (or 0: the file's), got ", a.get_int("threads"));
   mb::check(a.get_int("retries") >= 0 && a.get_int("retries") <= 100, "--retries: must be in [0, 100], got ", a.get_int("retries"));
   mb::check(a.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", a.get_int("max-points"));
-  const auto sweep = mb::sweeps::load_sweep(a.positional()[0], static_cast<size_t>(a.get_int("max-points")));
+  const auto sweep =
+      mb::sweeps::load_sweep(a.positional()[0], static_cast<size_t>(a.get_int("max-points")), a.get("runs-dir"));
   mb::sweeps::RunOptions o;
   o.runs_dir = a.get("runs-dir");
   o.train_binary = self_dir() / "train";

@@ -454,7 +454,22 @@ void derive_values(json& c, const Derive& d, const std::string& where,
 
 }  // namespace
 
-Sweep load_sweep(const fs::path& file, size_t max_points) {
+namespace {
+// Every "{runs_dir}" in the string values of `j` (lists and objects too) made `runs_dir`.
+void put_runs_dir(json& j, const std::string& runs_dir) {
+  static const std::string kToken = "{runs_dir}";
+  if (j.is_string()) {
+    std::string t = j.get<std::string>();
+    for (size_t at = 0; (at = t.find(kToken, at)) != std::string::npos; at += runs_dir.size())
+      t.replace(at, kToken.size(), runs_dir);
+    j = t;
+  } else if (j.is_structured()) {
+    for (auto& e : j) put_runs_dir(e, runs_dir);
+  }
+}
+}  // namespace
+
+Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& runs_dir) {
   std::vector<fs::path> chain;
   Sweep s;
   s.file = file;
@@ -493,6 +508,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points) {
     for (int64_t seed : seeds) {
       Point p;
       p.config = c0;
+      put_runs_dir(p.config, runs_dir);
       p.config["seed"] = seed;
       derive_values(p.config, derive, where, name);
       p.id = name(p.config);  // with the derived lr

@@ -67,8 +67,11 @@ inline constexpr size_t kDefaultMaxPoints = 10000;
 
 // Loads, merges includes, expands and validates every point against train's options.
 // Errors name the file and key, or the point id and the failing key; a sweep of more than
-// max_points points is refused before it is expanded.
-Sweep load_sweep(const std::filesystem::path& file, size_t max_points = kDefaultMaxPoints);
+// max_points points is refused before it is expanded. "{runs_dir}" in a string value is the
+// directory the sweep's runs go to (sweep run --runs-dir), as in a pretrained_checkpoint of an
+// earlier sweep's point: "{runs_dir}/first/lamb-bs8-s1/checkpoints".
+Sweep load_sweep(const std::filesystem::path& file, size_t max_points = kDefaultMaxPoints,
+                 const std::string& runs_dir = "runs");
 
 // Where points log the gradient noise scale at several global batch sizes and none says how
 // to average it (noise_scale_window or noise_scale_ema), a note for the console: train's

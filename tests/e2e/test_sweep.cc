@@ -644,7 +644,7 @@ TEST(SweepFiles, EveryShippedSweepExpandsAndValidates) {
   EXPECT_GE(files, 7u);
 }
 
-// The shipped phase 2 names phase 1's points by their ids: each of them, once.
+// The shipped phase 2 names phase 1's points by their ids, under the runs directory given.
 TEST(SweepFiles, BertLargePhaseTwoStartsFromEachPhaseOnePoint) {
   const fs::path paper = fs::path(mb::testing::source_dir()) / "experiments" / "paper";
   auto dry_run = [&](const char* file) {
@@ -657,7 +657,8 @@ TEST(SweepFiles, BertLargePhaseTwoStartsFromEachPhaseOnePoint) {
   const std::regex id("\n  (bs[0-9]+-[^ ]+)  [{]");
   int ids = 0;
   for (auto it = std::sregex_iterator(first.begin(), first.end(), id); it != std::sregex_iterator(); ++it, ++ids) {
-    const std::string named = "\"pretrained_checkpoint\":\"runs/bert_large_lamb/" + (*it)[1].str() + "/checkpoints\"";
+    const std::string named =
+        "\"pretrained_checkpoint\":\"/nonexistent/bert_large_lamb/" + (*it)[1].str() + "/checkpoints\"";
     EXPECT_NE(second.find(named), std::string::npos) << named << "\n" << second;
   }
   EXPECT_EQ(ids, 3) << first;
@@ -974,9 +975,11 @@ TEST_F(Sweep, PointsStartFromTheCheckpointsOfAnEarlierSweep) {
                                       R"("zip": {"global_batch_size": [2, 4]}, "threads": 1)");
   const std::string from2 = (runs / "first" / "bs2" / "checkpoints").string(),
                     from4 = (runs / "first" / "bs4" / "checkpoints").string();
+  // the second names the first's checkpoints under whatever --runs-dir it is given
   const auto second = write_tiny_sweep(tmp.path(), "second", R"("train_iters": 3, "optimizer": "adamw")",
-                                       R"("zip": {"global_batch_size": [2, 4], "pretrained_checkpoint": [")" + from2 +
-                                           R"(", ")" + from4 + R"("]}, "threads": 1)");
+                                       R"("zip": {"global_batch_size": [2, 4], "pretrained_checkpoint":
+                                           ["{runs_dir}/first/bs2/checkpoints", "{runs_dir}/first/bs4/checkpoints"]},
+                                         "threads": 1)");
   auto r = run_sweep(second, runs, " --dry-run");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("--pretrained-checkpoint: " + from4 + " holds no checkpoint to start from"),
