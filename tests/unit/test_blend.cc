@@ -126,7 +126,7 @@ TEST(DataPath, OnePrefixWeightedPairsOrPrefixesAlone) {
 }
 
 // A source whose sample j of dataset k is one token, k * 1e6 + j (and, BERT-like, a padding
-// mask, a token type and a sentence label from it).
+// mask, a token type and a sentence label from it; T5-like, two decoder tokens and their mask).
 class Numbered final : public train::BatchSource {
  public:
   explicit Numbered(int32_t k) : k_(k) {}
@@ -134,6 +134,7 @@ class Numbered final : public train::BatchSource {
     out = train::Batch{};
     out.batch = count;
     out.seq = 1;
+    out.decoder_seq = 2;
     for (int64_t b = 0; b < count; ++b) {
       const int32_t id = k_ * 1000000 + static_cast<int32_t>(first) + static_cast<int32_t>(b);
       out.tokens.push_back(id);
@@ -141,6 +142,8 @@ class Numbered final : public train::BatchSource {
       out.padding_mask.push_back(static_cast<uint8_t>(id % 2));
       out.token_types.push_back(k_);
       out.sample_labels.push_back(id % 3);
+      out.decoder_tokens.insert(out.decoder_tokens.end(), {-id, id + 7});
+      out.decoder_padding_mask.insert(out.decoder_padding_mask.end(), {1, static_cast<uint8_t>(id % 5 != 0)});
     }
   }
 
@@ -158,6 +161,10 @@ TEST(BlendedSource, EachSampleIsTheOneTheOrderNames) {
   blend.fill(2000, 64, batch);
   ASSERT_EQ(batch.batch, 64);
   ASSERT_EQ(batch.tokens.size(), 64u);
+  for (const auto* field : {&batch.labels, &batch.token_types, &batch.sample_labels}) ASSERT_EQ(field->size(), 64u);
+  ASSERT_EQ(batch.padding_mask.size(), 64u);
+  ASSERT_EQ(batch.decoder_tokens.size(), 128u);
+  ASSERT_EQ(batch.decoder_padding_mask.size(), 128u);
   for (size_t b = 0; b < 64; ++b) {
     const auto [k, j] = want[2000 + b];
     const int32_t id = static_cast<int32_t>(k) * 1000000 + static_cast<int32_t>(j);
@@ -166,7 +173,11 @@ TEST(BlendedSource, EachSampleIsTheOneTheOrderNames) {
     EXPECT_EQ(batch.padding_mask[b], id % 2) << b;
     EXPECT_EQ(batch.token_types[b], static_cast<int32_t>(k)) << b;
     EXPECT_EQ(batch.sample_labels[b], id % 3) << b;
+    EXPECT_EQ(batch.decoder_tokens[2 * b], -id) << b;
+    EXPECT_EQ(batch.decoder_tokens[2 * b + 1], id + 7) << b;
+    EXPECT_EQ(batch.decoder_padding_mask[2 * b + 1], id % 5 != 0) << b;
   }
+  EXPECT_EQ(batch.decoder_seq, 2);
   blend.fill(0, 1, batch);  // refilled, not appended to
   EXPECT_EQ(batch.batch, 1);
   EXPECT_EQ(batch.tokens.size(), 1u);
