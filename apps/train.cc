@@ -142,20 +142,6 @@ mb::train::LoadOptions load_options(const json& v) {
           v["no_load_optim"].get<bool>()};
 }
 
-// --check (and so sweep run --dry-run) of a first start from --pretrained-checkpoint: a
-// checkpoint is there, of this run's vocabulary (its header only: the tensors' checksums and
-// shapes are checked when it loads).
-void check_pretrained(const mb::train::LoadOptions& how, int64_t vocab_size, const mb::data::Tokenizer& tokenizer) {
-  if (how.pretrained.empty() || (!how.load.empty() && mb::io::latest_checkpoint(how.load))) return;
-  const std::filesystem::path p = how.pretrained;
-  const auto file = std::filesystem::is_regular_file(p) ? std::optional(p) : mb::io::latest_checkpoint(p);
-  mb::check(file.has_value(), "--pretrained-checkpoint: ", how.pretrained,
-            " holds no checkpoint to start from; give it the checkpoint directory (--save) of the run whose weights "
-            "this one starts from, or one of its iter_NNNNNNN.h5 files");
-  mb::train::check_checkpoint_vocabulary(*file, mb::io::read_checkpoint_state(*file).model, vocab_size,
-                                         mb::train::checkpoint_tokenizer(tokenizer));
-}
-
 // The processes (tensor-parallel groups of contiguous ranks, data parallelism across them),
 // the training options and the optimizer plugin; then the device, which must hold the run.
 // false: --check said all is fine and nothing is to be trained.
@@ -192,7 +178,8 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                           run.opt.micro_batch_size, v["use_distributed_optimizer"].get<bool>() ? dp_size : 1,
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
   if (v["check"].get<bool>()) {
-    check_pretrained(load_options(v), mc.vocab_size, *run.data.tokenizer);
+    mb::train::check_pretrained_start(load_options(v), mc.vocab_size,
+                                      mb::train::checkpoint_tokenizer(*run.data.tokenizer));
     std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefixes()
               << " and memory are fine" << std::endl;
     return false;

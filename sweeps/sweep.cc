@@ -446,8 +446,7 @@ void derive_values(json& c, const Derive& d, const std::string& where,
       check(!c.contains(key), where, ": point ", name(c), ": ", key, " ", c.contains(key) ? c[key].dump() : "",
             " would be replaced by derive.sample_budget (", d.budget, " samples / global batch ", B, " = ",
             d.budget / B, " iterations); drop ", key,
-            " (a null unsets it over an included file), or drop the "
-            "sample budget");
+            " (a null unsets it over an included file), or drop the sample budget");
     c["train_iters"] = d.budget / B;
   }
 }

@@ -46,22 +46,18 @@ std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values) {
   return parts;
 }
 
-BlendOrder::BlendOrder(std::vector<double> weights) : weights_(std::move(weights)) {
-  check(!weights_.empty(), "a blend of no datasets");
-  double sum = 0;
-  for (double w : weights_) {
+BlendOrder::BlendOrder(const std::vector<double>& weights) {
+  check(!weights.empty(), "a blend of no datasets");
+  for (double w : weights)
     check(std::isfinite(w) && w > 0, "a blend weight is ", w, "; weights are finite and above 0");
-    sum += w;
-  }
-  const double largest = *std::max_element(weights_.begin(), weights_.end());
-  for (double w : weights_) {
+  const double largest = *std::max_element(weights.begin(), weights.end());
+  for (double w : weights) {
     const auto part = static_cast<uint64_t>(std::llround(std::ldexp(w / largest, 32)));
     check(part > 0, "a blend weight of ", w, " is below 2^-32 of the largest, ", largest, "; leave its dataset out");
     parts_.push_back(part);
     total_ += part;
   }
-  for (double& w : weights_) w /= sum;
-  saved_.assign(weights_.size(), 0);  // nothing given before sample 0
+  saved_.assign(parts_.size(), 0);  // nothing given before sample 0
 }
 
 namespace {
@@ -83,7 +79,7 @@ size_t BlendOrder::pick(uint64_t i, const uint64_t* given) const {
 }
 
 void BlendOrder::range(uint64_t first, int64_t count, std::vector<std::pair<size_t, uint64_t>>& out) {
-  const size_t K = weights_.size();
+  const size_t K = parts_.size();
   out.clear();
   // the counts saved at or before `first` (saving more, every kStride samples, as far as it)
   const uint64_t stride = first / kStride;

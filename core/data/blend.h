@@ -31,20 +31,19 @@ std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values);
 
 class BlendOrder {
  public:
-  // Weights > 0, normalized here.
-  explicit BlendOrder(std::vector<double> weights);
+  // Weights > 0, of any scale (only their ratios count).
+  explicit BlendOrder(const std::vector<double>& weights);
 
   // (dataset, its sample index) of global samples [first, first + count), into `out`.
   void range(uint64_t first, int64_t count, std::vector<std::pair<size_t, uint64_t>>& out);
 
-  const std::vector<double>& weights() const { return weights_; }
+  size_t size() const { return parts_.size(); }  // datasets
 
  private:
   // The dataset sample `i` goes to, given the samples each dataset has had before it.
   size_t pick(uint64_t i, const uint64_t* given) const;
 
   static constexpr uint64_t kStride = 1024;  // samples between saved counts
-  std::vector<double> weights_;              // normalized
   std::vector<uint64_t> parts_;              // the weights in integers: the largest is 2^32
   uint64_t total_ = 0;                       // their sum
   std::vector<uint64_t> saved_;              // the counts before sample s * kStride, K per s

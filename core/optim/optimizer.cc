@@ -41,6 +41,13 @@ std::vector<fs::path> plugin_search_path(const std::vector<std::string>& extra) 
 
 std::string plugin_file_name(const std::string& name) { return "megabatch_" + name + ".so"; }
 
+namespace {
+// "[0, 0.999999999]": a schema's inclusive range, each end as written in the plugin.
+std::string range_text(const mb_hparam_spec& h) {
+  return "[" + shortest(h.min_value) + ", " + shortest(h.max_value) + "]";
+}
+}  // namespace
+
 std::map<std::string, fs::path> available_plugins(const std::vector<fs::path>& search) {
   std::map<std::string, fs::path> found;
   for (const auto& dir : search) {
@@ -58,13 +65,6 @@ std::map<std::string, fs::path> available_plugins(const std::vector<fs::path>& s
 // is checked against: a schema that contradicts itself is the plugin author's mistake, named
 // when the plugin loads rather than met as a confusing refusal (or a default out of range
 // that the plugin then gets) in someone's run.
-namespace {
-// "[0, 0.999999999]": a schema's inclusive range, each end as written in the plugin.
-std::string range_text(const mb_hparam_spec& h) {
-  return "[" + shortest(h.min_value) + ", " + shortest(h.max_value) + "]";
-}
-}  // namespace
-
 void check_plugin_schema(const mb_plugin_entry& e, const fs::path& path) {
   std::set<std::string> seen;
   for (size_t i = 0; i < e.num_hparams; ++i) {

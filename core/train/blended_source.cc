@@ -5,9 +5,8 @@
 namespace megabatch::train {
 
 BlendedSource::BlendedSource(std::vector<std::unique_ptr<BatchSource>> sources, std::vector<double> weights)
-    : sources_(std::move(sources)), order_(std::move(weights)) {
-  check(sources_.size() == order_.weights().size(), sources_.size(), " sources for ", order_.weights().size(),
-        " weights");
+    : sources_(std::move(sources)), order_(weights) {
+  check(sources_.size() == order_.size(), sources_.size(), " sources for ", order_.size(), " weights");
 }
 
 void append_samples(Batch& out, const Batch& rows) {

@@ -33,25 +33,34 @@ std::optional<std::filesystem::path> intact_checkpoint(const std::filesystem::pa
   return intact;
 }
 
+namespace {
+// --pretrained-checkpoint's path that holds no checkpoint: a wrong path, not a first start.
+[[noreturn]] void no_pretrained_checkpoint(const std::string& pretrained) {
+  fail("--pretrained-checkpoint: ", pretrained,
+       " holds no checkpoint to start from; give it the checkpoint directory (--save) of the run whose weights this "
+       "one starts from, or one of its iter_NNNNNNN.h5 files");
+}
+}  // namespace
+
 ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console) {
   ResumePoint p;
   p.finetune = how.finetune;
   p.no_load_optim = how.no_load_optim;
-  if (!how.load.empty()) p.from = intact_checkpoint(how.load, how.fallback, console);
-  if (!p.from && !how.load.empty()) {
-    // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
-    check(!how.finetune, "--finetune: ", how.load,
-          " holds no checkpoint to fine-tune from; give --load the directory (or file) of the run whose weights this "
-          "one starts from");
-    console << "> no checkpoint in " << how.load << "; "
-            << (how.pretrained.empty() ? "starting from scratch" : "a first start, from --pretrained-checkpoint")
-            << "\n";
+  if (!how.load.empty()) {
+    p.from = intact_checkpoint(how.load, how.fallback, console);
+    if (!p.from) {
+      // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
+      check(!how.finetune, "--finetune: ", how.load,
+            " holds no checkpoint to fine-tune from; give --load the directory (or file) of the run whose weights "
+            "this one starts from");
+      console << "> no checkpoint in " << how.load << "; "
+              << (how.pretrained.empty() ? "starting from scratch" : "a first start, from --pretrained-checkpoint")
+              << "\n";
+    }
   }
   if (!p.from && !how.pretrained.empty()) {
     p.from = intact_checkpoint(how.pretrained, false, console, "--pretrained-checkpoint");
-    check(p.from.has_value(), "--pretrained-checkpoint: ", how.pretrained,
-          " holds no checkpoint to start from; give it the checkpoint directory (--save) of the run whose weights this "
-          "one starts from, or one of its iter_NNNNNNN.h5 files");
+    if (!p.from) no_pretrained_checkpoint(how.pretrained);
     p.finetune = true;  // the weights only: iteration 0, a fresh optimizer, this run's seed
   }
   if (!p.from) return p;
@@ -62,6 +71,14 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
   check(p.finetune || p.state.iteration <= train_iters, p.from->string(), ": the checkpoint is at iteration ",
         p.state.iteration, ", past --train-iters ", train_iters);
   return p;
+}
+
+void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer) {
+  if (how.pretrained.empty() || (!how.load.empty() && io::latest_checkpoint(how.load))) return;
+  const std::filesystem::path path = how.pretrained;
+  const auto file = std::filesystem::is_regular_file(path) ? std::optional(path) : io::latest_checkpoint(path);
+  if (!file) no_pretrained_checkpoint(how.pretrained);
+  check_checkpoint_vocabulary(*file, io::read_checkpoint_state(*file).model, vocab_size, tokenizer);
 }
 
 nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {

@@ -46,6 +46,12 @@ struct ResumePoint {
 // that holds no checkpoint is refused, as a wrong path.
 ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console);
 
+// --check (and so sweep run --dry-run) of a first start from --pretrained-checkpoint: a
+// checkpoint is there, of this run's vocabulary (`tokenizer`: as checkpoint_tokenizer gives
+// it). Its header only: the tensors' checksums and shapes are checked when it loads. Nothing
+// where --load holds a checkpoint to resume from (the run would not read it).
+void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer);
+
 // A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
 // and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as
 // checkpoint_tokenizer gives it). An Error naming `file` otherwise.
