@@ -168,7 +168,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   }
   run.opt = mb::train::train_options(r, run.dtype, dp_size, mc.padded_vocab_size());
   run.opt.tokens_per_sample = mb::models::tokens_per_sample(mc);
-  run.opt.flops_per_iteration = mb::models::megatron_flops(mc, run.opt.global_batch_size);
+  run.opt.flops_per_sample = mb::models::megatron_flops(mc, 1);
   run.plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
   run.hparams = mb::optim::resolve_hparams(run.plugin, mb::train::optimizer_params(r, run.plugin), "optimizer_params");
   run.device = mb::train::run_device(v, run.dtype, run.parallel.local_rank);

@@ -76,16 +76,15 @@ void MixedPrecisionOptimizer::resolve_overflow() {
   const float flag = *static_cast<const float*>(overflow_->get());
   if (flag == 0.0f) {
     ++counts_.optimizer_steps;
-    counts_.lr_samples += opt_.global_batch_size;
+    counts_.lr_samples += unresolved_batch_;
   }
   unresolved_ = false;
 }
 
 void MixedPrecisionOptimizer::settle() { resolve_overflow(); }
 
-void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, bool diagnostics) {
+void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, int64_t gbs, bool diagnostics) {
   const profile::Region mark(profile::Family::kOptimizer);
-  const int64_t gbs = opt_.global_batch_size;
   if (!fp16()) {  // every step is applied
     lr_ = opt_.schedule.lr(counts_.lr_samples);
     plugin_.step(++counts_.optimizer_steps, lr_, gbs, clipped_norm, diagnostics);
@@ -94,6 +93,7 @@ void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, bool diagnostics)
     // The flag is in host memory already: an overflowing step is not given to the plugin.
     overflow_->start(found_inf_.raw());
     unresolved_ = true;
+    unresolved_batch_ = gbs;
     const bool skip = *static_cast<const float*>(overflow_->get()) != 0.0f;
     lr_ = opt_.schedule.lr(counts_.lr_samples);
     if (!skip) plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics);
@@ -106,6 +106,7 @@ void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, bool diagnostics)
     plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics, found_inf_);
     overflow_->start(found_inf_.raw());
     unresolved_ = true;
+    unresolved_batch_ = gbs;
   }
 }
 

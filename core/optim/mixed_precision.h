@@ -39,7 +39,6 @@ class MixedPrecisionOptimizer {
     LrSchedule schedule;
     double clip_grad = 1.0;          // max global norm (<= 0: no clipping)
     ops::LossScalerConfig loss_scaler;  // used when the parameters are f16
-    int64_t global_batch_size = 1;
   };
   // `plugin` steps `params` (both outlive this); `tp` reduces the norms of sharded tensors.
   MixedPrecisionOptimizer(Options options, PluginOptimizer& plugin, nn::ParameterStore& params, comm::Communicator& tp);
@@ -65,8 +64,9 @@ class MixedPrecisionOptimizer {
   // norms (3) = global norm, clip coefficient, norm after clipping; gradients scaled.
   void clip(const Tensor& sums, const Tensor& norms);
   // The plugin's step at the schedule's learning rate (with per-tensor diagnostics when
-  // asked); `clipped_norm` f64 (1) is the norm it is given.
-  void step(const Tensor& clipped_norm, bool diagnostics);
+  // asked); `clipped_norm` f64 (1) is the norm it is given; `global_batch` the samples of
+  // this step (the plugin's B, and the schedule's advance when the step is applied).
+  void step(const Tensor& clipped_norm, int64_t global_batch, bool diagnostics);
   // After step(): every overflow flag started is known to the host (the counts exact).
   void settle();
 
@@ -95,6 +95,7 @@ class MixedPrecisionOptimizer {
   Tensor scaler_, found_inf_;                  // LossScalerState f32 (3), overflow flag f32 (1)
   std::unique_ptr<runtime::Readback> overflow_;  // the overflow flag of the last step, for the host
   bool unresolved_ = false;                    // overflow_ holds a flag the counts do not include yet
+  int64_t unresolved_batch_ = 0;               // the samples of that step
   StepCounts counts_;
   double lr_ = 0;
 };

@@ -34,7 +34,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"loss_scale", above(0)}, {"initial_loss_scale", above(0)}, {"min_loss_scale", above(0)},
       {"loss_scale_window", at_least(1)}, {"hysteresis", at_least(1)},
       {"micro_batch_size", at_least(1)}, {"global_batch_size", at_least(1)}, {"train_iters", at_least(1)},
-      {"train_samples", at_least(1)},
+      {"train_samples", at_least(1)}, {"rampup_batch_size", at_least(1)},
       {"lr", at_least(0)}, {"min_lr", at_least(0)}, {"lr_decay_power", above(0)}, {"lr_decay_iters", at_least(1)},
       {"lr_decay_samples", at_least(1)}, {"lr_warmup_iters", at_least(0)}, {"lr_warmup_samples", at_least(0)},
       {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)},
@@ -133,6 +133,7 @@ const config::Schema& train_schema() {
       {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size)", "batch"},
       {"train_iters", Type::kInt, nullptr, "optimizer steps (or --train-samples)", "batch"},
       {"train_samples", Type::kInt, nullptr, "samples to train on (or --train-iters)", "batch"},
+      {"rampup_batch_size", Type::kIntList, nullptr, "START INCREMENT SAMPLES: the global batch starts at START and grows by INCREMENT to --global-batch-size over the first SAMPLES samples, in equal shares (with --train-samples; the learning rate counts samples, and --lr-scaling scales by --global-batch-size)", "batch"},
 
       {"lr", Type::kFloat, nullptr, "peak learning rate (before the scaling rule)", "learning rate"},
       {"min_lr", Type::kFloat, 0.0, "learning rate at the end of decay", "learning rate"},
@@ -291,6 +292,17 @@ std::string schedule_conflict(const json& v, const std::function<std::string(con
 }
 
 namespace {
+// --rampup-batch-size START INCREMENT SAMPLES, checked against the run's batch.
+BatchRampup rampup(const json& list, bool by_iters, const TrainOptions& opt, int64_t dp_size) {
+  check(list.size() == 3, "--rampup-batch-size takes three numbers, START INCREMENT SAMPLES (got ", list.size(),
+        ": ", list.dump(), ")");
+  check(!by_iters, "--rampup-batch-size ramps the batch over samples, and needs a run counted in samples: give "
+        "--train-samples instead of --train-iters (and the schedule's --lr-*-samples), as Megatron does");
+  const BatchRampup r{list[0].get<int64_t>(), list[1].get<int64_t>(), list[2].get<int64_t>()};
+  check_rampup(r, opt.global_batch_size, opt.micro_batch_size, dp_size);
+  return r;
+}
+
 // The learning-rate schedule of the flags (--lr, --min-lr, --lr-decay-*, --lr-warmup-*,
 // --lr-scaling), in samples of a global batch of `gbs`.
 optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
@@ -370,7 +382,9 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
             ") must be a multiple of micro_batch_size x data-parallel size (", opt.micro_batch_size, " x ", dp_size, ")");
   const bool by_iters = v.contains("train_iters"), by_samples = v.contains("train_samples");
   check(by_iters != by_samples, "give exactly one of --train-iters and --train-samples");
-  opt.train_iters = by_iters ? v["train_iters"].get<int64_t>() : v["train_samples"].get<int64_t>() / opt.global_batch_size;
+  if (v.contains("rampup_batch_size")) opt.rampup = rampup(v["rampup_batch_size"], by_iters, opt, dp_size);
+  opt.train_iters = by_iters ? v["train_iters"].get<int64_t>()
+                             : ramp_iterations(opt.rampup, opt.global_batch_size, v["train_samples"].get<int64_t>());
   check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
   opt.schedule = lr_schedule(v, opt.global_batch_size, opt.train_iters);
   logging_options(r, opt);

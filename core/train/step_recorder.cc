@@ -43,12 +43,13 @@ void StepRecorder::begin_step() {
   if (step_.defined()) step_.zero();
 }
 
-void StepRecorder::record(int64_t iteration, int64_t consumed, double lr, double seconds) {
+void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds) {
   if (ring_rows_ == 0) ring_first_ = iteration;
   copy(ring_.rows(ring_rows_, ring_rows_ + 1).view({static_cast<int64_t>(slots_)}), step_);
   ring_seconds_.push_back(seconds);
   ring_lr_.push_back(lr);
   ring_consumed_.push_back(consumed);
+  ring_batch_.push_back(batch);
   ++ring_rows_;
   if (!runtime::host_reads_directly(step_.device())) return;
   // The row is in host memory already: catch a diverged run at once.
@@ -72,6 +73,7 @@ void StepRecorder::drain() {
   ring_seconds_.clear();
   ring_lr_.clear();
   ring_consumed_.clear();
+  ring_batch_.clear();
 }
 
 void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
@@ -87,13 +89,14 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
     divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
                          printf_string("%g", !std::isfinite(objective) ? objective : norm);
   }
+  const int64_t batch = ring_batch_[r];
   NoiseScaleEstimator::Step noise{std::nan(""), std::nan("")};  // NaN: not estimated at this step
   if (opt_.noise_scale && !skipped) {
-    const double mb = static_cast<double>(opt_.global_batch_size / opt_.micro_batch_size);
+    const double mb = static_cast<double>(batch / opt_.micro_batch_size);
     const double small_sq = (v[L + kSmallSharded] + v[L + kSmallReplicated]) * mb * mb / (scale * scale);
     if (std::isfinite(small_sq))
       noise = noise_scale_.add(small_sq, static_cast<double>(opt_.micro_batch_size), norm * norm,
-                               static_cast<double>(opt_.global_batch_size));
+                               static_cast<double>(batch));
   }
   if (skipped) ++skipped_total_, ++interval_skipped_;
   const double dt = ring_seconds_[r];
@@ -103,6 +106,8 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   interval_grad_norm_ = norm;
   interval_loss_scale_ = scale;
   ++interval_iters_;
+  interval_samples_ += batch;
+  last_batch_ = batch;
   if (!metrics_) return;
   metrics_->append("train/iteration", static_cast<double>(it));
   metrics_->append("train/consumed_samples", static_cast<double>(ring_consumed_[r]));
@@ -118,7 +123,8 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
     metrics_->append("train/loss_scale", scale);
     metrics_->append("train/skipped", skipped ? 1.0 : 0.0);
   }
-  metrics_->append("train/tokens_per_second", static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) / dt);
+  if (opt_.rampup.on()) metrics_->append("train/global_batch_size", static_cast<double>(batch));
+  metrics_->append("train/tokens_per_second", static_cast<double>(batch * opt_.tokens_per_sample) / dt);
   metrics_->append("train/iteration_time_ms", dt * 1e3);
 }
 
@@ -130,13 +136,14 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   line += printf_string(" iteration %8lld/%8lld |", static_cast<long long>(iteration), static_cast<long long>(opt_.train_iters));
   line += printf_string(" consumed samples: %12lld |", static_cast<long long>(consumed));
   line += printf_string(" elapsed time per iteration (ms): %.1f |", seconds / k * 1e3);
+  const auto samples = static_cast<double>(interval_samples_);
   if (opt_.log_throughput)
     line += printf_string(" throughput per GPU (TFLOP/s/GPU): %.1f |",
-                   opt_.flops_per_iteration / (seconds / k * 1e12 * static_cast<double>(opt_.world_size)));
-  line += printf_string(" throughput (tokens/s): %.0f |",
-                 static_cast<double>(opt_.global_batch_size * opt_.tokens_per_sample) * k / seconds);
+                          opt_.flops_per_sample * samples / (seconds * 1e12 * static_cast<double>(opt_.world_size)));
+  line +=
+      printf_string(" throughput (tokens/s): %.0f |", samples * static_cast<double>(opt_.tokens_per_sample) / seconds);
   line += printf_string(" learning rate: %.6E |", lr);
-  line += printf_string(" global batch size: %5lld |", static_cast<long long>(opt_.global_batch_size));
+  line += printf_string(" global batch size: %5lld |", static_cast<long long>(last_batch_));
   line += printf_string(" lm loss: %.6E |", interval_loss_ / k);
   for (size_t e = 0; e < extra_names_.size(); ++e) line += printf_string(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);
   line += printf_string(" loss scale: %.1f |", interval_loss_scale_);
@@ -161,7 +168,7 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   }
   interval_loss_ = 0;
   std::fill(interval_extra_.begin(), interval_extra_.end(), 0.0);
-  interval_iters_ = interval_skipped_ = interval_nan_ = 0;
+  interval_iters_ = interval_skipped_ = interval_nan_ = interval_samples_ = 0;
   restart_interval_clock();
   // the metrics first: a logged line means its interval is on disk (a kill right after the
   // line appears loses nothing of it)

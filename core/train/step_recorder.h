@@ -45,9 +45,10 @@ class StepRecorder {
 
   // Before a step: a full ring is drained, the row zeroed.
   void begin_step();
-  // After it: the row joins the ring with the host's values of the step. Where the host
-  // reads the row for free (a CPU run), a NaN loss or norm is drained at once.
-  void record(int64_t iteration, int64_t consumed, double lr, double seconds);
+  // After it: the row joins the ring with the host's values of the step (`batch`: its global
+  // batch). Where the host reads the row for free (a CPU run), a NaN loss or norm is drained
+  // at once.
+  void record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds);
   // Reads the rows since the last drain: metrics rows, losses(), the noise scale, divergence.
   void drain();
   // Optional fields of the iteration line (--log-num-zeros-in-grad, --log-params-norm).
@@ -82,13 +83,14 @@ class StepRecorder {
   Tensor ring_;                            // f64 (capacity, slots_): rows not yet drained
   int64_t ring_rows_ = 0, ring_first_ = 0;  // rows held, iteration of the first
   std::vector<double> ring_seconds_, ring_lr_;  // host-side values of those rows
-  std::vector<int64_t> ring_consumed_;
+  std::vector<int64_t> ring_consumed_, ring_batch_;
   std::vector<double> losses_;             // lm loss per drained iteration
   int64_t skipped_total_ = 0;
   // the interval since the last log line (host, filled at drain)
   double interval_loss_ = 0, interval_grad_norm_ = 0, interval_loss_scale_ = 1;
   std::vector<double> interval_extra_;
   int64_t interval_iters_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
+  int64_t interval_samples_ = 0, last_batch_ = 0;  // samples of the interval; the global batch of its last step
   int64_t intervals_above_ = 0;            // log intervals in a row above divergence_loss
   int64_t diverged_at_ = 0;
   std::string divergence_reason_;

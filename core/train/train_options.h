@@ -7,11 +7,15 @@
 #include "core/io/checkpoint.h"
 #include "core/ops/loss_scaler.h"
 #include "core/optim/schedule.h"
+#include "core/train/batch_rampup.h"
 
 namespace megabatch::train {
 
 struct TrainOptions {
   int64_t micro_batch_size = 8, global_batch_size = 8, train_iters = 0;
+  BatchRampup rampup;  // --rampup-batch-size: the global batch grows to global_batch_size
+  // The global batch of the iteration that starts after `consumed` samples.
+  int64_t global_batch(int64_t consumed) const { return global_batch_at(rampup, global_batch_size, consumed); }
   optim::LrSchedule schedule;
   double clip_grad = 1.0;
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
@@ -33,10 +37,10 @@ struct TrainOptions {
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s
   // Megatron's optional fields of the iteration line: throughput per GPU from the model's
-  // FLOPs per iteration (Megatron's formula, computed by the caller) over world_size GPUs,
+  // FLOPs per sample (Megatron's formula, computed by the caller) over world_size GPUs,
   // the parameters' L2 norm, the number of zeros in the gradients.
   bool log_throughput = false;
-  double flops_per_iteration = 0;
+  double flops_per_sample = 0;
   int world_size = 1;
   bool log_params_norm = false;
   bool log_num_zeros_in_grad = false;

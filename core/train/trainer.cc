@@ -23,18 +23,20 @@ namespace megabatch::train {
 Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& optimizer, comm::Communicator& tp,
                  BatchSource& train, BatchSource* validation, io::MetricsFile* metrics, std::ostream& console)
     : opt_(std::move(options)), model_(model), plugin_(optimizer),
-      optimizer_({opt_.schedule, opt_.clip_grad, opt_.loss_scaler, opt_.global_batch_size}, optimizer,
-                 model.parameters(), tp),
+      optimizer_({opt_.schedule, opt_.clip_grad, opt_.loss_scaler}, optimizer, model.parameters(), tp),
       tp_(tp), train_(train), valid_(validation), metrics_(metrics), console_(console),
       device_(model.parameters().device()), recorder_(opt_, fp16(), metrics, console),
       grad_sharded_(model.parameters().segments(true)), grad_replicated_(model.parameters().segments(false)) {
   check(opt_.micro_batch_size >= 1, "micro_batch_size must be >= 1");
   check(opt_.global_batch_size % opt_.micro_batch_size == 0, "global_batch_size (", opt_.global_batch_size,
         ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
-  check(!opt_.noise_scale || opt_.global_batch_size >= 2 * opt_.micro_batch_size,
+  check_rampup(opt_.rampup, opt_.global_batch_size, opt_.micro_batch_size, 1);
+  // the ramp's first batch is its smallest
+  check(!opt_.noise_scale || opt_.global_batch(0) >= 2 * opt_.micro_batch_size,
         "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
-        "micro-batches (global batch ", opt_.global_batch_size, ", micro batch ", opt_.micro_batch_size,
-        "); lower --micro-batch-size");
+        "micro-batches (global batch ",
+        opt_.global_batch(0), opt_.rampup.on() ? " at the start of the ramp" : "", ", micro batch ",
+        opt_.micro_batch_size, "); lower --micro-batch-size");
   check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
         opt_.noise_scale_ema, ")");
   check(opt_.noise_scale_window >= 0, "--noise-scale-window must be >= 0 samples (0: a decay a step), got ",
@@ -54,6 +56,7 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
   check(opt_.global_batch_size % (opt_.micro_batch_size * dp.size()) == 0, "global_batch_size (",
         opt_.global_batch_size, ") must be a multiple of micro_batch_size x data-parallel size (",
         opt_.micro_batch_size, " x ", dp.size(), ")");
+  check_rampup(opt_.rampup, opt_.global_batch_size, opt_.micro_batch_size, dp.size());
   optimizer_.set_data_parallel(dp);
   optim::DpShards* shards = plugin_.shards();
   dp_ = &dp;
@@ -71,11 +74,12 @@ void Trainer::set_data_parallel(comm::Communicator& dp) {
 void Trainer::train_step() {
   const auto t0 = std::chrono::steady_clock::now();
   ++iteration_;
+  step_batch_ = opt_.global_batch(consumed_);
   recorder_.begin_step();
   forward_backward();
   reduce_gradients();
   optimizer_step();
-  consumed_ += opt_.global_batch_size;
+  consumed_ += step_batch_;
   record_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
@@ -94,7 +98,7 @@ void Trainer::forward_backward() {
   // micro-batches; micro-batch indices (which key dropout) are global, so D ranks compute
   // what one process with D times the accumulation steps computes.
   const int64_t D = dp_->size(), r = dp_->rank();
-  const int64_t local = opt_.global_batch_size / (opt_.micro_batch_size * D);  // micro-batches on this rank
+  const int64_t local = step_batch_ / (opt_.micro_batch_size * D);            // micro-batches on this rank
   const int64_t micro_batches = local * D;                                    // in the whole global batch
   // Under data parallelism the noise scale leaves out the last micro-batch of a rank where
   // it is not the only one: its buckets may start reducing during its backward pass.
@@ -161,7 +165,7 @@ void Trainer::optimizer_step() {
   optimizer_.unscale_and_check(recorder_.slots(kLossScale), recorder_.slots(kFoundInf));
   optimizer_.clip(recorder_.slots(kSqSharded, 2), recorder_.slots(kNorm, 3));
   const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
-  optimizer_.step(recorder_.slots(kClippedNorm), diagnostics);
+  optimizer_.step(recorder_.slots(kClippedNorm), step_batch_, diagnostics);
   if (!diagnostics || !metrics_ || plugin_.diagnostics().empty()) return;
   if (!names_written_) {
     std::vector<std::string> names;
@@ -174,7 +178,7 @@ void Trainer::optimizer_step() {
 }
 
 void Trainer::record_step(double seconds) {
-  recorder_.record(iteration_, consumed_, optimizer_.lr(), seconds);
+  recorder_.record(iteration_, consumed_, step_batch_, optimizer_.lr(), seconds);
   if (iteration_ % opt_.log_interval == 0 || iteration_ == 1 || iteration_ == opt_.train_iters) {  // Megatron logs iteration 1 too
     recorder_.drain();
     StepRecorder::LineExtras extras;  // in this order on every rank: both are collectives

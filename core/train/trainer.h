@@ -120,6 +120,7 @@ class Trainer {
   Device device_;
   StepRecorder recorder_;
   int64_t iteration_ = 0, consumed_ = 0;
+  int64_t step_batch_ = 0;  // the global batch of the current step (with --rampup-batch-size: of the ramp)
   bool names_written_ = false;
   int64_t last_saved_ = -1;
   Batch batch_;

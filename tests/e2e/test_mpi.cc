@@ -167,6 +167,33 @@ TEST(MpiDistributedOptimizer, OverlappedUnevenBucketsAtDataParallelThreeMatchOne
     expect_close(series(tmp / "dp3", s), series(tmp / "one", s), 2e-5, std::string("DP 3: ") + s);
 }
 
+// A ramped batch (--rampup-batch-size 4 4 8 to 8: batches 4, 4, then 8) at DP 2 takes one
+// micro-batch a rank, then two, each its contiguous share of the step's batch: with overlapped
+// buckets (armed at the last micro-batch of each step, whichever it is) it matches one process.
+TEST(MpiRampup, ARampedBatchAtDataParallelTwoMatchesOneProcess) {
+  mb::testing::TempDir tmp;
+  auto ramped = [](const fs::path& run, const std::string& ramp, const std::string& extra = "") {
+    std::string cmd =
+        train(run, "--optimizer lamb --log-noise-scale --rampup-batch-size " + ramp + same_padding(1) + extra);
+    const std::string iters = "--train-iters 4";
+    cmd.replace(cmd.find(iters), iters.size(), "--train-samples 40");
+    return cmd;
+  };
+  auto r = mb::testing::run_command(ramped(tmp / "one", "4 4 8"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(2) +
+                               ramped(tmp / "dp2", "4 4 8", " --overlap-grad-reduce --ddp-bucket-size 5000"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(series(tmp / "dp2", "train/global_batch_size"), (std::vector<double>{4, 4, 8, 8, 8, 8}));
+  for (const char* s : {"train/lm_loss", "train/grad_norm", "train/consumed_samples"})
+    expect_close(series(tmp / "dp2", s), series(tmp / "one", s), 2e-5, std::string("ramped at DP 2: ") + s);
+  // a ramp whose batches are not whole micro-batches on both ranks is refused before it runs
+  r = mb::testing::run_command(mpirun(2) + ramped(tmp / "odd", "2 2 8"));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("must be multiples of micro_batch_size x data-parallel size (2 x 2 = 4)"), std::string::npos)
+      << r.output;
+}
+
 // Mixed precision: each rank keeps the fp32 masters of its shards only, so a checkpoint
 // gathers them. bf16 at DP 2: the checkpoint of the distributed optimizer holds the same
 // masters and state as that of the plain DP run (to fp32 tolerance: the trust ratios' norms

@@ -566,6 +566,83 @@ TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
 // 50,257, so a GPT given BERT's sentences would train on them without a word; the record
 // `preprocess` writes beside the dataset refuses it at `train --check` (what sweep run
 // --dry-run runs for every point), and the tokenizer it names is taken.
+// --rampup-batch-size 2 2 24 to a global batch of 8 over 64 samples: n = 3 increments, one
+// every 8 samples, so the steps take 2, 2, 2, 2 (0..7 consumed), 4, 4 (8..15), 6, 6 (16..23:
+// 16 and 22), then 8 (28 > 24) to the end, and Megatron counts 8 iterations to 28 samples and
+// (64 - 28) / 8 = 4 more. At lr 0 without dropout a step's loss is the mean over its
+// micro-batches, so each step's loss names the samples it took: those of a run in batches of 2.
+TEST_F(Train, ARampedBatchTakesTheSamplesMegatronsRampGivesEachStep) {
+  const std::vector<int64_t> batch = {2, 2, 2, 2, 4, 4, 6, 6, 8, 8, 8, 8};
+  const std::string common = kSmall + "--micro-batch-size 2 --log-interval 1 --eval-iters 0 ";
+  const std::string ramp = "--global-batch-size 8 --rampup-batch-size 2 2 24 --train-samples 64 ";
+  auto run = [&](const std::string& dir, const std::string& args, std::string* out = nullptr) {
+    const auto r = mb::testing::run_command(train(common + args + " --run-dir " + (tmp_ / dir).string()));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (out) *out = r.output;
+    return mb::testing::H5File((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+  };
+  const std::string still = "--hidden-dropout 0 --attention-dropout 0 --lr 0 ";
+  const auto pairs = run("pairs", still + "--global-batch-size 2 --train-samples 60").read<double>("train/lm_loss");
+  ASSERT_EQ(pairs.size(), 30u);
+  std::string out;
+  auto f = run("ramped", still + ramp, &out);
+  const auto loss = f.read<double>("train/lm_loss"), consumed = f.read<double>("train/consumed_samples");
+  ASSERT_EQ(loss.size(), batch.size()) << out;
+  EXPECT_EQ(f.read<double>("train/global_batch_size"), std::vector<double>(batch.begin(), batch.end()));
+  int64_t at = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    double mean = 0;
+    for (int64_t j = at / 2; j < (at + batch[i]) / 2; ++j) mean += pairs[static_cast<size_t>(j)];
+    mean /= static_cast<double>(batch[i] / 2);
+    EXPECT_NEAR(loss[i], mean, 1e-5 * mean)
+        << "iteration " << i + 1 << " takes samples " << at << " to " << at + batch[i] - 1;
+    at += batch[i];
+    EXPECT_EQ(consumed[i], static_cast<double>(at)) << "iteration " << i + 1;
+  }
+  EXPECT_NE(out.find("> 12 iterations x global batch 2 to 8 by 2 over 24 samples (--rampup-batch-size), then 8 "
+                     "(micro batch 2, 4 accumulation steps"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("iteration        5/      12 | consumed samples:           12 |"), std::string::npos) << out;
+  EXPECT_NE(out.find("global batch size:     4 |"), std::string::npos) << out;
+
+  // Training: the learning rate counts samples (linear decay over the 64 of the run), so step i
+  // has lr 1e-3 x (1 - samples before it / 64). Stopped after iteration 5 (the first of batch 4)
+  // and resumed, the run takes the same batches: the same losses, bit for bit.
+  const std::string moving = "--lr 1e-3 --lr-decay-style linear " + ramp;
+  auto whole = run("whole", moving);
+  const auto lr = whole.read<double>("train/learning_rate"), trained = whole.read<double>("train/lm_loss");
+  ASSERT_EQ(lr.size(), batch.size());
+  at = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    EXPECT_NEAR(lr[i], 1e-3 * (1.0 - static_cast<double>(at) / 64.0), 1e-15) << "iteration " << i + 1;
+    at += batch[i];
+  }
+  const std::string ckpt = (tmp_ / "ckpt").string();
+  run("resumed", moving + "--save " + ckpt + " --exit-interval 5");
+  EXPECT_EQ(run("resumed", moving + "--save " + ckpt + " --load " + ckpt).read<double>("train/lm_loss"), trained);
+
+  // refused, naming what to give
+  for (const auto& [args, message] : {
+           std::pair<std::string, std::string>{
+               "--lr 1e-3 --global-batch-size 8 --rampup-batch-size 2 2 24 --train-iters 10",
+               "--rampup-batch-size ramps the batch over samples, and needs a run counted in samples: give "
+               "--train-samples instead of --train-iters"},
+           {"--lr 1e-3 --global-batch-size 8 --rampup-batch-size 2 24 --train-samples 64",
+            "--rampup-batch-size takes three numbers, START INCREMENT SAMPLES (got 2: [2,24])"},
+           {"--lr 1e-3 --global-batch-size 8 --rampup-batch-size 2 4 24 --train-samples 64",
+            "the increment 4 does not divide the ramp from 2 to --global-batch-size 8"},
+           {"--lr 1e-3 --global-batch-size 8 --rampup-batch-size 3 5 24 --train-samples 64",
+            "must be multiples of micro_batch_size x data-parallel size (2 x 1 = 2)"},
+           {"--lr 1e-3 --global-batch-size 8 --rampup-batch-size 2 2 24 --train-samples 64 --log-noise-scale",
+            "a global batch needs at least 2 micro-batches (global batch 2 at the start of the ramp, micro batch 2)"},
+       }) {
+    const auto r = mb::testing::run_command(train(common + args + " --run-dir " + (tmp_ / "refused").string()));
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find(message), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
 TEST_F(Train, ADatasetMadeByAnotherTokenizerIsRefusedByItsRecord) {
   const fs::path bert = *data_ / "d" / "brown_bert_text_sentence";
   const std::string check = mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --check " +
