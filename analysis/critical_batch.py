@@ -243,6 +243,10 @@ def analyze(points, targets=None, seed=0):
     """Per optimizer and target: S(B), E(B), the fit and B_crit with a bootstrap interval,
     and B_simple at the target. Returns a JSON-ready dict."""
     rng = np.random.default_rng(seed)
+    # A ramped batch (rampup_batch_size) changes B as the run goes: its steps to a target are not
+    # those of one batch size, so the fit leaves it out, and says so.
+    ramped = [p for p in points if p.config.get("rampup_batch_size")]
+    points = [p for p in points if not p.config.get("rampup_batch_size")]
     curves = point_curves(points)
     window = max((p.batch for p in points), default=1)  # as point_curves smooths the losses
     if targets is None:
@@ -251,6 +255,8 @@ def analyze(points, targets=None, seed=0):
               "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
               "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
               "b_simple_smoothing": noise_smoothing(points, window), "optimizers": {}}
+    if ramped:
+        result["ramped_left_out"] = sorted(p.id for p in ramped)
     keys = [k for k in swept_keys(points) if k != "seed"]
     axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
     by_series = {}
@@ -329,6 +335,10 @@ def text_table(res):
     lines = [f"critical batch size (McCandlish et al. 2018): {res['method']}"]
     if res.get("b_simple_smoothing"):
         lines.append(f"B_simple at the target: {res['b_simple_smoothing']}")
+    if res.get("ramped_left_out"):
+        left = res["ramped_left_out"]
+        lines.append(f"left out: {len(left)} point(s) ramp their batch (rampup_batch_size), so their steps are not "
+                     f"those of one batch size: {', '.join(left)}")
     for opt, rows in res["optimizers"].items():
         for r in rows:
             head = f"{opt:8s} loss {r['target']:.3f}: "

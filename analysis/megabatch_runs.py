@@ -137,6 +137,14 @@ class Point:
     def batch(self):
         return int(self.config.get("global_batch_size", self.config.get("micro_batch_size", 8)))
 
+    @property
+    def sample_budget(self):
+        """The samples the point trains on: train_samples where it counts samples (as a ramped
+        batch must), else global batch x train_iters."""
+        if self.config.get("train_samples"):
+            return int(self.config["train_samples"])
+        return self.batch * int(self.config.get("train_iters", 0))
+
     def final_train_loss(self):
         """Mean lm loss over the last 10% of iterations (at least one)."""
         loss = self.series("train/lm_loss")
@@ -290,4 +298,8 @@ def swept_keys(points):
         for k in p.config:
             if k not in keys and len({json.dumps(q.config.get(k), sort_keys=True) for q in points}) > 1:
                 keys.append(k)
+    # one sample budget, counted in iterations by some points and in samples by others (a ramped
+    # batch counts samples): the run's length is not an axis
+    if {"train_iters", "train_samples"} & set(keys) and len({p.sample_budget for p in points}) == 1:
+        keys = [k for k in keys if k not in ("train_iters", "train_samples")]
     return keys

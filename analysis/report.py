@@ -185,7 +185,7 @@ def report(sweep_dir):
             desc = json.load(f).get("description", "")
     except (OSError, ValueError):
         pass
-    budgets = sorted({p.batch * int(p.config.get("train_iters", 0)) for p in points})
+    budgets = sorted({p.sample_budget for p in points})
     diverged = [p for p in points if p.state == "diverged"]
     div_html = ("<ul>" + "".join(f"<li><code>{html.escape(p.id)}</code>: {html.escape(p.reason)}</li>"
                                  for p in diverged) + "</ul>") if diverged else "<p>None.</p>"

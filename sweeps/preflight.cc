@@ -186,7 +186,7 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     json diff = json::object();
     for (const auto& k : p.point->swept)
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
-    for (const char* k : {"lr", "train_iters", "seed"})
+    for (const char* k : {"lr", "train_iters", "train_samples", "seed"})
       if (p.point->config.contains(k)) diff[k] = p.point->config[k];
     std::cout << "  " << p.point->id << "  " << (p.state == PointStatus::kDone ? "[done] " : "") << diff.dump() << "\n";
     if (!o.train_binary.empty() && p.state != PointStatus::kDone && o.ranks == 0) {  // --ranks: checked in point_states

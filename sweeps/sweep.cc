@@ -441,13 +441,21 @@ void derive_values(json& c, const Derive& d, const std::string& where,
   if (d.budget > 0) {
     check(d.budget % B == 0, where, ": point ", name(c), ": the sample budget ", d.budget,
           " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
+    // A ramped batch (--rampup-batch-size) is counted in samples, as Megatron requires: the
+    // budget is the point's train_samples, its iterations as train counts them.
+    const bool ramped = c.contains("rampup_batch_size") && !c["rampup_batch_size"].is_null();
+    const std::string length = ramped ? "train_samples " + std::to_string(d.budget) + " (a ramped batch)"
+                                      : std::to_string(d.budget) + " samples / global batch " + std::to_string(B) +
+                                            " = " + std::to_string(d.budget / B) + " iterations";
     // the run's length is the budget's: a length given beside it would be replaced unseen
     for (const char* key : {"train_iters", "train_samples"})
       check(!c.contains(key), where, ": point ", name(c), ": ", key, " ", c.contains(key) ? c[key].dump() : "",
-            " would be replaced by derive.sample_budget (", d.budget, " samples / global batch ", B, " = ",
-            d.budget / B, " iterations); drop ", key,
+            " would be replaced by derive.sample_budget (", length, "); drop ", key,
             " (a null unsets it over an included file), or drop the sample budget");
-    c["train_iters"] = d.budget / B;
+    if (ramped)
+      c["train_samples"] = d.budget;
+    else
+      c["train_iters"] = d.budget / B;
   }
 }
 

@@ -278,6 +278,33 @@ class Aggregation(unittest.TestCase):
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
 
+    def test_one_budget_counted_in_iterations_and_in_samples_is_not_an_axis(self):
+        def point(config):
+            return runs.Point(self.tmp.name, {"id": "p", "config": config})
+        constant = point({"global_batch_size": 16, "train_iters": 16, "optimizer": "lamb"})
+        ramped = point({"global_batch_size": 16, "train_samples": 256, "rampup_batch_size": [8, 8, 64],
+                        "optimizer": "lamb"})
+        self.assertEqual((constant.sample_budget, ramped.sample_budget), (256, 256))
+        self.assertEqual(runs.swept_keys([constant, ramped]), ["rampup_batch_size"])
+        # two budgets: the length is an axis
+        longer = point({"global_batch_size": 16, "train_samples": 512, "rampup_batch_size": [8, 8, 64],
+                        "optimizer": "lamb"})
+        self.assertEqual(sorted(runs.swept_keys([constant, longer])),
+                         ["rampup_batch_size", "train_iters", "train_samples"])
+
+    def test_points_counted_in_samples_report_their_train_samples_as_the_budget(self):
+        # a ramped batch counts samples: its config has train_samples, no train_iters (before, the
+        # report multiplied the batch by a missing train_iters and said "0 samples")
+        d = os.path.join(self.tmp.name, "ramped")
+        cfg = {"optimizer": "lamb", "global_batch_size": 16, "lr": 0.01, "seed": 1, "train_samples": 256,
+               "rampup_batch_size": [8, 8, 64]}
+        pts = [write_point(d, "lamb-bs16-s1", cfg, [10.0, 9.0, 8.0])]
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "ramped", "file": "/nonexistent.json", "points": pts}, f)
+        with open(report.report(d)) as f:
+            page = f.read()
+        self.assertIn("Sample budget per point:\n256 samples.", page)
+
     def test_an_exported_sweeps_wall_time_is_read_from_its_launchers_done_record(self):
         # a Slurm or EKS point: sweep.json (written by sweep export) has no wall time; its
         # launcher's sweep finish --wall-s put it in DONE. sweep run's own record comes first.

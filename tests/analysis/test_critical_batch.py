@@ -71,6 +71,19 @@ class CriticalBatch(unittest.TestCase):
             self.assertEqual([p["batch"] for p in row["points"]], [8, 16, 32, 64, 128, 256, 512])
             self.assertEqual({p["seeds"] for p in row["points"]}, {3})
 
+    def test_ramped_points_are_left_out_of_the_fit_and_named(self):
+        b_crit, targets = 64.0, [4.0, 5.0]
+        plain = sweep(b_crit, [8, 16, 32, 64, 128])
+        ramped = FakePoint("lamb", 8, b_crit, 1, 0.0, 200000)  # a curve of batch 8, as a ramp to 256 starts
+        ramped.id, ramped.batch = "lamb-ramp-bs256-s1", 256
+        ramped.config.update({"global_batch_size": 256, "rampup_batch_size": [8, 8, 100000]})
+        alone, mixed = cb.analyze(plain, targets), cb.analyze(plain + [ramped], targets)
+        self.assertEqual(mixed["ramped_left_out"], ["lamb-ramp-bs256-s1"])
+        self.assertNotIn("ramped_left_out", alone)
+        self.assertEqual(mixed["optimizers"], alone["optimizers"])
+        self.assertIn("left out: 1 point(s) ramp their batch (rampup_batch_size), so their steps are not those of "
+                      "one batch size: lamb-ramp-bs256-s1", cb.text_table(mixed))
+
     def test_noise_scale_is_none_where_the_logged_estimate_is_undefined(self):
         # positive through iteration 10, then <= 0 (the |G|^2 estimate went negative) to the end:
         # a loss reached at iteration 20 has no B_simple, where the old lookup gave iteration 10's

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
@@ -943,6 +944,45 @@ TEST_F(Sweep, DerivedValuesDivideByTheGlobalBatchTheyWriteIntoThePoint) {
     EXPECT_EQ(point.value("train_iters", 0), 64 / global) << point;
     EXPECT_DOUBLE_EQ(point.value("lr", 0.0), 0.001 * static_cast<double>(global) / 4) << point;
   }
+}
+
+// A ramped batch is counted in samples (Megatron refuses a ramp in a run of iterations): the
+// sample budget is each point's train_samples, and the point's iterations are Megatron's count
+// of the ramp. Ramp 4 4 32 over a budget of 64: to 8, nine steps (4 x 8, then one of 8 at 32
+// samples) and three of 8; to 16 (stages of 32 / 3 samples), 4, 4, 4, 8, 8, 12 to 40 samples,
+// then one of 16.
+TEST_F(Sweep, ARampedBatchTrainsOnTheSampleBudgetInMegatronsIterations) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs";
+  const fs::path file = write_tiny_sweep(tmp.path(), "ramp", R"("rampup_batch_size": [4, 4, 32])",
+                                         R"("zip": {"global_batch_size": [8, 16]}, "derive": {"sample_budget": 64},
+                                            "threads": 1)");
+  const auto r = run_sweep(file, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto state = nlohmann::json::parse(mb::testing::read_text(runs / "ramp" / "sweep.json"));
+  std::map<std::string, int64_t> iterations;
+  for (const auto& p : state.at("points"))
+    iterations[p.at("id").get<std::string>()] = p.at("train_iters").get<int64_t>();
+  EXPECT_EQ(iterations, (std::map<std::string, int64_t>{{"bs8", 12}, {"bs16", 7}})) << state.dump();
+  const std::map<std::string, std::vector<double>> batches = {{"bs8", {4, 4, 4, 4, 4, 4, 4, 4, 8, 8, 8, 8}},
+                                                              {"bs16", {4, 4, 4, 8, 8, 12, 16}}};
+  for (const auto& [id, batch] : batches) {
+    const auto point = nlohmann::json::parse(mb::testing::read_text(runs / "ramp" / id / "point.json"));
+    EXPECT_EQ(point.value("train_samples", 0), 64) << point;
+    EXPECT_FALSE(point.contains("train_iters")) << point;
+    mb::testing::H5File f((runs / "ramp" / id / "metrics.h5").string(), mb::testing::H5File::kRead);
+    EXPECT_EQ(f.read<double>("train/global_batch_size"), batch) << id;
+  }
+  // at DP 2, a ramp whose batches are not whole micro-batches on each rank is refused by the
+  // dry run (micro batch 2 x DP 2 = 4: a start of 2 is not)
+  const fs::path odd =
+      write_tiny_sweep(tmp.path(), "odd", R"("rampup_batch_size": [2, 2, 32], "data_parallel_size": 2)",
+                       R"("zip": {"global_batch_size": [8]}, "derive": {"sample_budget": 64})");
+  const auto o = mb::testing::run_command(mb::testing::mpi_env() +
+                                          sweep("run " + odd.string() + " --dry-run --runs-dir " + runs.string()));
+  EXPECT_NE(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.output.find("must be multiples of micro_batch_size x data-parallel size (2 x 2 = 4)"), std::string::npos)
+      << o.output;
 }
 
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have

@@ -68,6 +68,13 @@ TEST(GpuPlacement, APointFitsAJobOfNRanksOrSaysWhyNot) {
   EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 8}}, 4),
             "tensor_model_parallel_size 8 does not divide the job's 4 ranks");
   EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 2}, {"global_batch_size", 64}}, 8), "");  // DP 4: 8 x 4 = 32
+  // each batch of a ramp is whole micro-batches on every rank too
+  EXPECT_EQ(
+      sw::layout_problem({{"global_batch_size", 64}, {"micro_batch_size", 2}, {"rampup_batch_size", {8, 8, 100}}}, 4),
+      "");
+  EXPECT_EQ(
+      sw::layout_problem({{"global_batch_size", 64}, {"micro_batch_size", 2}, {"rampup_batch_size", {8, 4, 100}}}, 4),
+      "rampup_batch_size [8,4,100]: its start and increment are not multiples of micro_batch_size x DP (2 x 4)");
   EXPECT_EQ(sw::layout_problem({{"tensor_model_parallel_size", 2}, {"data_parallel_size", 2}}, 8),
             "data_parallel_size 2, but 8 ranks at TP 2 are DP 4");
 }
