@@ -136,6 +136,13 @@ struct Run {
   Sources sources;
 };
 
+// --override-opt-param-scheduler, --use-checkpoint-opt-param-scheduler (train_options refuses both)
+mb::train::ScheduleOnResume schedule_on_resume(const json& v) {
+  if (v["override_opt_param_scheduler"].get<bool>()) return mb::train::ScheduleOnResume::kOverride;
+  if (v["use_checkpoint_opt_param_scheduler"].get<bool>()) return mb::train::ScheduleOnResume::kFromCheckpoint;
+  return mb::train::ScheduleOnResume::kCheck;
+}
+
 mb::train::LoadOptions load_options(const json& v) {
   auto text = [&](const char* key) { return v.contains(key) ? v[key].get<std::string>() : std::string(); };
   return {text("load"), text("pretrained_checkpoint"), v["load_fallback"].get<bool>(), v["finetune"].get<bool>(),
@@ -198,12 +205,13 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& params = run.model->parameters();
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
+  const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
+  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_on_resume(v), std::cout);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);
   mb::train::check_ranks_agree(parallel, resolved);
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   std::optional<mb::train::RunDirectory> dir;  // one run per directory, held until the end
   if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved);
-  const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
   mb::train::RunMetrics metrics;
   if (run.logger)
     metrics = mb::train::open_metrics(dir->metrics_path(), resolved,

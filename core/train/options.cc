@@ -184,6 +184,8 @@ const config::Schema& train_schema() {
        "in a directory, or a file) and start at iteration 0 with a fresh optimizer; a run that resumes from --load does "
        "not read it", "checkpointing"},
       {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
+      {"override_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): take this run's (Megatron's; its spelling --override-opt_param-scheduler works too)", "checkpointing"},
+      {"use_checkpoint_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): keep the checkpoint's (Megatron's; --use-checkpoint-opt_param-scheduler works too)", "checkpointing"},
 
       {"log_interval", Type::kInt, 100, "iterations between console lines and metrics flushes", "logging"},
       {"eval_interval", Type::kInt, 1000, "iterations between validation runs", "logging"},
@@ -402,7 +404,11 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
         "DIR to resume from them), or drop --save-interval");
   check(!opt.save_dir.empty() || opt.keep_checkpoints == 0, "--keep-checkpoints ", opt.keep_checkpoints,
         " keeps the newest checkpoints in --save, which is not given; add --save DIR, or drop --keep-checkpoints");
-  for (const char* flag : {"finetune", "no_load_optim", "load_fallback"})
+  check(!v["override_opt_param_scheduler"].get<bool>() || !v["use_checkpoint_opt_param_scheduler"].get<bool>(),
+        "--override-opt-param-scheduler takes this run's learning-rate schedule and "
+        "--use-checkpoint-opt-param-scheduler the checkpoint's; give one of them");
+  for (const char* flag : {"finetune", "no_load_optim", "load_fallback", "override_opt_param_scheduler",
+                           "use_checkpoint_opt_param_scheduler"})
     check(v.contains("load") || !v[flag].get<bool>(), "--", config::flag_name(flag),
           " says how to load from --load, which is not given, so it would do nothing; add --load DIR (or a "
           "checkpoint file), or drop --",

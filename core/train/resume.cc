@@ -2,9 +2,13 @@
 
 #include <limits>
 #include <ostream>
+#include <string>
+#include <vector>
 
 #include "core/data/tokenizer_record.h"
+#include "core/train/trainer_state.h"
 #include "core/util/error.h"
+#include "core/util/numbers.h"
 
 namespace megabatch::train {
 
@@ -126,6 +130,55 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
           << point.from->string() << " (iteration " << s.iteration << ", " << s.consumed_samples << " samples)"
           << (point.finetune ? "; starting at iteration 0" : "")
           << (s.checksummed ? "" : "; written before checkpoints carried checksums, so not verified") << std::endl;
+}
+
+namespace {
+// The settings of `a` and `b` that differ where they move the learning rate: "name a (checkpoint)
+// against b (this run)" each.
+std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, const optim::LrSchedule& run) {
+  using optim::DecayStyle;
+  std::vector<std::string> out;
+  auto differ = [&](const std::string& what, const std::string& a, const std::string& b) {
+    if (a != b) out.push_back(what + " " + a + " in the checkpoint, " + b + " in this run");
+  };
+  const auto decays = [](DecayStyle s) { return s != DecayStyle::kConstant; };
+  const auto spans = [](DecayStyle s) {
+    return s == DecayStyle::kLinear || s == DecayStyle::kCosine || s == DecayStyle::kPolynomial;
+  };
+  differ("--lr-decay-style", optim::decay_style_name(saved.style), optim::decay_style_name(run.style));
+  differ("peak learning rate (--lr, after --lr-scaling)", shortest(saved.max_lr), shortest(run.max_lr));
+  differ("warmup (samples: --lr-warmup-*)", std::to_string(saved.warmup_samples), std::to_string(run.warmup_samples));
+  if (decays(saved.style) || decays(run.style))
+    differ("--min-lr (after --lr-scaling)", shortest(saved.min_lr), shortest(run.min_lr));
+  if (spans(saved.style) || spans(run.style))
+    differ("decay span (samples: --lr-decay-iters or --lr-decay-samples, else the run's length)",
+           std::to_string(saved.decay_samples), std::to_string(run.decay_samples));
+  if (saved.style == DecayStyle::kPolynomial || run.style == DecayStyle::kPolynomial)
+    differ("--lr-decay-power", shortest(saved.power), shortest(run.power));
+  return out;
+}
+}  // namespace
+
+optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSchedule& run, ScheduleOnResume how,
+                                     std::ostream& console) {
+  if (!point.resuming()) return run;
+  const std::optional<optim::LrSchedule> saved = read_trainer_state(point.state).schedule;
+  if (!saved) return run;
+  const std::vector<std::string> diff = schedule_differences(*saved, run);
+  if (diff.empty()) return run;
+  std::string list;
+  for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d;
+  check(how != ScheduleOnResume::kCheck, point.from->string(),
+        " was trained with another learning-rate schedule than this run's flags give, so the resumed run would go on "
+        "with another one: ",
+        list,
+        ". Give the flags the checkpoint was trained with, or --use-checkpoint-opt-param-scheduler to keep its "
+        "schedule, or --override-opt-param-scheduler to take this run's");
+  const bool own = how == ScheduleOnResume::kOverride;
+  console << "> learning-rate schedule: " << (own ? "this run's flags'" : "the checkpoint's") << " ("
+          << (own ? "--override-opt-param-scheduler" : "--use-checkpoint-opt-param-scheduler") << "), where " << list
+          << std::endl;
+  return own ? run : *saved;
 }
 
 }  // namespace megabatch::train

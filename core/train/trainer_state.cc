@@ -75,6 +75,24 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
       s.push_back(static_cast<float>(trainer_field<double>(state, f)));
     out.loss_scaler = ops::LossScalerState{s[0], s[1], s[2]};
   }
+  if (t.contains("lr_schedule")) {
+    optim::LrSchedule sc;
+    sc.max_lr = trainer_field<double>(state, "lr_schedule.max_lr");
+    sc.min_lr = trainer_field<double>(state, "lr_schedule.min_lr");
+    sc.warmup_samples = trainer_field<int64_t>(state, "lr_schedule.warmup_samples");
+    sc.decay_samples = trainer_field<int64_t>(state, "lr_schedule.decay_samples");
+    sc.power = trainer_field<double>(state, "lr_schedule.power", 1.0);
+    const nlohmann::json& style = t["lr_schedule"].value("style", nlohmann::json());
+    check(style.is_string(), state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(),
+          ", not a decay style", io::kDamagedCheckpoint);
+    try {
+      sc.style = optim::parse_decay_style(style.get<std::string>());
+    } catch (const Error&) {
+      fail(state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(), ", not a decay style",
+           io::kDamagedCheckpoint);
+    }
+    out.schedule = sc;
+  }
   return out;
 }
 

@@ -5,13 +5,13 @@
 #pragma once
 
 #include <cstdint>
-#include <optional>
-
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/io/checkpoint.h"
 #include "core/ops/loss_scaler.h"
 #include "core/optim/mixed_precision.h"
+#include "core/optim/schedule.h"
 #include "core/train/noise_scale.h"
 
 namespace megabatch::train {
@@ -21,6 +21,7 @@ struct TrainerState {
   int64_t skipped_iterations = 0;
   std::optional<ops::LossScalerState> loss_scaler;  // absent in checkpoints from before loss scaling
   std::optional<nlohmann::json> noise_scale;        // NoiseScaleEstimator::state(), checked
+  std::optional<optim::LrSchedule> schedule;        // the LR schedule's settings (absent in older checkpoints)
 };
 
 // The 'trainer' attribute of a checkpoint. The LR schedule's settings and its current

@@ -28,12 +28,16 @@ namespace {
 class Checkpoint : public ::testing::Test {
  public:
   // A small GPT (or BERT) run of 6 iterations, 2 micro-batches per step (so the noise
-  // scale runs), dropout on.
+  // scale runs), dropout on; its decay spans 6 iterations whatever --train-iters a test gives,
+  // so that a run resumed at another length keeps the checkpoint's schedule (else refused).
   static std::string train(const fs::path& run, const std::string& extra, const std::string& type = "gpt") {
     const bool bert = type == "bert" || type == "t5";  // T5 reads the WordPiece dataset too
-    return mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 2 --hidden-size 32 "
-           "--num-attention-heads 2 --seq-length " + (bert ? "48" : "16") + (type == "t5" ? " --decoder-seq-length 16" : "") +
-           " --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 "
+    return mb::testing::bin_dir() + "/train --model-type " + type +
+           " --num-layers 2 --hidden-size 32 "
+           "--num-attention-heads 2 --seq-length " +
+           (bert ? "48" : "16") + (type == "t5" ? " --decoder-seq-length 16" : "") +
+           " --micro-batch-size 2 --global-batch-size 4 --train-iters 6 --lr 3e-3 --lr-warmup-iters 2 --lr-decay-iters "
+           "6 "
            "--lr-decay-style cosine --log-interval 1 --eval-iters 0 --threads 1 --log-noise-scale "
            "--hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
            (mb::testing::brown_data() / (bert ? "brown_bert_text_sentence" : "brown_gpt2_text_document")).string() +
@@ -263,6 +267,81 @@ TEST_F(Checkpoint, APretrainedCheckpointStartsAFirstRunAndARestartResumesFromIts
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
+// A resumed run whose flags give another learning-rate schedule than its checkpoint was
+// trained with is refused, naming the settings (Megatron's OptimizerParamScheduler check); the
+// checkpoint's schedule is kept with --use-checkpoint-opt-param-scheduler (the run then goes on
+// as the uninterrupted one, bit for bit), this run's taken with --override-opt_param-scheduler
+// (Megatron's spelling).
+TEST_F(Checkpoint, AResumeWithAnotherScheduleIsRefusedUnlessAFlagSaysWhichToKeep) {
+  mb::testing::TempDir tmp;
+  auto r = mb::testing::run_command(train(tmp / "whole", ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto whole = [&](const char* s) {  // iterations 3 to 6 of the uninterrupted run
+    const auto v = series(tmp / "whole" / "metrics.h5", s);
+    return std::vector<double>(v.begin() + 2, v.end());
+  };
+  ASSERT_EQ(whole("train/learning_rate").size(), 4u);
+  r = mb::testing::run_command(train(tmp / "first", "--save " + (tmp / "c").string() + " --exit-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // each resumed run from its own copy of the checkpoint of iteration 2
+  auto resume = [&](const std::string& name, const std::string& flags) {
+    const fs::path c = tmp / ("c_" + name);
+    fs::copy(tmp / "c", c, fs::copy_options::recursive);
+    return mb::testing::run_command(train(tmp / name, flags + " --load " + c.string()));
+  };
+
+  r = resume("refused", "--lr 6e-3 --min-lr 1e-4");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find((tmp / "c_refused" / "iter_0000002.h5").string() +
+                          " was trained with another learning-rate schedule than this run's flags give, so the resumed "
+                          "run would go on with another one: peak learning rate (--lr, after --lr-scaling) 0.003 in "
+                          "the checkpoint, 0.006 in this run; --min-lr (after --lr-scaling) 0 in the checkpoint, "
+                          "1e-04 in this run. Give the flags the checkpoint was trained with, or "
+                          "--use-checkpoint-opt-param-scheduler to keep its schedule, or "
+                          "--override-opt-param-scheduler to take this run's"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(tmp / "refused" / "config.json")) << "refused before the run directory is written";
+
+  r = resume("kept", "--lr 6e-3 --use-checkpoint-opt-param-scheduler");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> learning-rate schedule: the checkpoint's (--use-checkpoint-opt-param-scheduler), where "
+                          "peak learning rate (--lr, after --lr-scaling) 0.003 in the checkpoint, 0.006 in this run"),
+            std::string::npos)
+      << r.output;
+  for (const char* s : {"train/learning_rate", "train/lm_loss"})
+    EXPECT_EQ(series(tmp / "kept" / "metrics.h5", s), whole(s)) << s;
+
+  r = resume("taken", "--lr 6e-3 --override-opt_param-scheduler");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto taken = series(tmp / "taken" / "metrics.h5", "train/learning_rate"), lr = whole("train/learning_rate");
+  ASSERT_EQ(taken.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(taken[i], 2 * lr[i]) << "iteration " << i + 3;
+
+  // Only the settings that move the learning rate count: a constant schedule has no decay span
+  // (8 samples, then the fixture's 24), so it resumes as it is.
+  const std::string constant = (tmp / "c_constant").string();
+  r = mb::testing::run_command(
+      train(tmp / "constant", "--lr-decay-style constant --lr-decay-iters 2 --train-iters 2 --save " + constant));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "constant", "--lr-decay-style constant --load " + constant));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("iter_0000002.h5 (iteration 2,"), std::string::npos) << r.output;
+
+  // the two flags together, and either without --load
+  r = resume("both", "--override-opt-param-scheduler --use-checkpoint-opt-param-scheduler");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--override-opt-param-scheduler takes this run's learning-rate schedule and "
+                          "--use-checkpoint-opt-param-scheduler the checkpoint's; give one of them"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(tmp / "alone", "--use-checkpoint-opt-param-scheduler"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--use-checkpoint-opt-param-scheduler says how to load from --load, which is not given"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();
@@ -287,6 +366,10 @@ TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
        "attribute 'trainer': lr_samples is 2.5, not an integer"},
       {"t = json.loads(a.attrs['trainer']); del t['noise_scale']['count']; a.attrs['trainer'] = json.dumps(t)",
        "attribute 'trainer': no 'noise_scale.count'"},
+      {"t = json.loads(a.attrs['trainer']); t['lr_schedule']['style'] = 'zigzag'; a.attrs['trainer'] = json.dumps(t)",
+       "attribute 'trainer': lr_schedule.style is \"zigzag\", not a decay style"},
+      {"t = json.loads(a.attrs['trainer']); t['lr_schedule']['max_lr'] = 'x'; a.attrs['trainer'] = json.dumps(t)",
+       "attribute 'trainer': lr_schedule.max_lr is \"x\", not a number"},
   };
   for (const auto& [edit, expected] : cases) {
     SCOPED_TRACE(edit);
@@ -450,10 +533,12 @@ TEST_F(Checkpoint, KillDuringAWriteLeavesThePreviousCheckpointLoadable) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string(), log = (tmp / "log").string(), pid = (tmp / "pid").string();
   // gpt-mini's shapes: a checkpoint of 16 M parameters and two AdamW buffers takes a while to write.
-  const std::string cmd = mb::testing::bin_dir() + "/train --model gpt-mini --micro-batch-size 1 --seq-length 32 "
-                          "--lr 1e-4 --log-interval 1 --eval-iters 0 " + mb::testing::threads_flag() + "--save " + c +
-                          " --save-interval 2 --data-path " + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
-                          " --run-dir " + (tmp / "run").string();
+  const std::string cmd = mb::testing::bin_dir() +
+                          "/train --model gpt-mini --micro-batch-size 1 --seq-length 32 "
+                          "--lr 1e-4 --lr-decay-style constant --log-interval 1 --eval-iters 0 " +
+                          mb::testing::threads_flag() + "--save " + c + " --save-interval 2 --data-path " +
+                          (mb::testing::brown_data() / "brown_gpt2_text_document").string() + " --run-dir " +
+                          (tmp / "run").string();
   bool caught = false;
   for (int attempt = 0; attempt < 3 && !caught; ++attempt) {
     fs::remove_all(c);

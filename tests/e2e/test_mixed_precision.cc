@@ -128,19 +128,23 @@ TEST(MixedPrecision, ResumeWithTheLossScalerIsBitwise) {
 
 TEST(MixedPrecision, CheckpointsHoldFp32MastersAndLoadAcrossPrecisions) {
   mb::testing::TempDir tmp;
-  auto r = mb::testing::run_command(train(tmp / "bf16", "--bf16 --save " + (tmp / "bf16" / "ckpt").string(), 3));
+  // runs continued past the end of the one they resume: one decay span for all (a resume refuses another)
+  const std::string decay = " --lr-decay-iters 5 ";
+  auto r =
+      mb::testing::run_command(train(tmp / "bf16", decay + "--bf16 --save " + (tmp / "bf16" / "ckpt").string(), 3));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // the stored weights are the fp32 masters: not all of them are bf16 values
   mb::testing::H5File c((tmp / "bf16" / "ckpt" / "iter_0000003.h5").string(), mb::testing::H5File::kRead);
   const auto w = c.read<float>("params/decoder.layers.0.mlp.linear_fc1.weight");
   EXPECT_TRUE(std::any_of(w.begin(), w.end(), [](float x) { return mb::round_to(mb::DType::kBF16, x) != x; }));
   // a bf16 checkpoint continues in fp32, an fp32 one in fp16
-  r = mb::testing::run_command(train(tmp / "f32", "--load " + (tmp / "bf16" / "ckpt").string(), 5));
+  r = mb::testing::run_command(train(tmp / "f32", decay + "--load " + (tmp / "bf16" / "ckpt").string(), 5));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("(iteration 3,"), std::string::npos) << r.output;
-  r = mb::testing::run_command(train(tmp / "f32", "--save " + (tmp / "f32" / "ckpt").string(), 2));
+  r = mb::testing::run_command(train(tmp / "f32", decay + "--save " + (tmp / "f32" / "ckpt").string(), 2));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = mb::testing::run_command(train(tmp / "fp16", "--fp16 --initial-loss-scale 1024 --load " + (tmp / "f32" / "ckpt").string(), 4));
+  r = mb::testing::run_command(
+      train(tmp / "fp16", decay + "--fp16 --initial-loss-scale 1024 --load " + (tmp / "f32" / "ckpt").string(), 4));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("(iteration 2,"), std::string::npos) << r.output;
 }

@@ -275,7 +275,8 @@ TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
   // With the default padding (128 x TP) the vocabulary-row tensors differ in padding rows
   // only; the rows both have load and the run continues.
   const std::string d = (tmp / "d").string();
-  r = mb::testing::run_command(mpirun(2) + train(tmp / "tp2b", "--tensor-model-parallel-size 2 --train-iters 2 --save " + d));
+  r = mb::testing::run_command(mpirun(2) +
+                               train(tmp / "tp2b", "--tensor-model-parallel-size 2 --exit-interval 2 --save " + d));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   r = mb::testing::run_command(train(tmp / "tp1b", "--load " + d));
   ASSERT_EQ(r.exit_code, 0) << r.output;

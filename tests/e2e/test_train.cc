@@ -354,8 +354,10 @@ TEST_F(Train, TheDeviceLineNamesTheSgemmKernelThisRunGot) {
 // status 4 and run_dir/DIVERGED (iteration, reason); no checkpoint of the diverged weights
 // is written, and the metrics up to it stay readable.
 TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
-  const std::string base = kSmall + "--micro-batch-size 4 --global-batch-size 4 --train-iters 40 --log-interval 2 "
-                                    "--eval-iters 1 --eval-interval 1000 --save-interval 1 ";
+  const std::string base =
+      kSmall +
+      "--micro-batch-size 4 --global-batch-size 4 --train-iters 40 --lr-decay-style constant --log-interval 2 "
+      "--eval-iters 1 --eval-interval 1000 --save-interval 1 ";
   {  // a loss above the threshold: the first logged intervals of a fresh model are ~10.9
     const fs::path run = tmp_ / "above", ckpt = tmp_ / "above_ckpt";
     const auto r = mb::testing::run_command(train(base + "--lr 1e-4 --divergence-loss 5 --divergence-intervals 3 --save " +
