@@ -133,8 +133,8 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
 }
 
 namespace {
-// The settings of `a` and `b` that differ where they move the learning rate: "name a (checkpoint)
-// against b (this run)" each.
+// The settings of the checkpoint's schedule and the run's that differ where they move the
+// learning rate under either one's decay style: "what X in the checkpoint, Y in this run" each.
 std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, const optim::LrSchedule& run) {
   using optim::DecayStyle;
   std::vector<std::string> out;

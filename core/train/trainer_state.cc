@@ -82,15 +82,15 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
     sc.warmup_samples = trainer_field<int64_t>(state, "lr_schedule.warmup_samples");
     sc.decay_samples = trainer_field<int64_t>(state, "lr_schedule.decay_samples");
     sc.power = trainer_field<double>(state, "lr_schedule.power", 1.0);
-    const nlohmann::json& style = t["lr_schedule"].value("style", nlohmann::json());
-    check(style.is_string(), state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(),
-          ", not a decay style", io::kDamagedCheckpoint);
+    const nlohmann::json style = t["lr_schedule"].value("style", nlohmann::json());
+    std::optional<optim::DecayStyle> parsed;
     try {
-      sc.style = optim::parse_decay_style(style.get<std::string>());
-    } catch (const Error&) {
-      fail(state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(), ", not a decay style",
-           io::kDamagedCheckpoint);
+      if (style.is_string()) parsed = optim::parse_decay_style(style.get<std::string>());
+    } catch (const Error&) {  // not one of the styles: said below
     }
+    check(parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(),
+          ", not a decay style", io::kDamagedCheckpoint);
+    sc.style = *parsed;
     out.schedule = sc;
   }
   return out;
