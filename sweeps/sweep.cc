@@ -536,6 +536,11 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
         check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
               " is the sweep's to set (each point runs in runs/NAME/ID/ and saves to and resumes from its "
               "checkpoints/ there), so this value would be ignored; drop it");
+      // exit_interval stops a run before its end with the status of a finished one
+      check(!p.config.contains("exit_interval") || p.config["exit_interval"] == 0, where, ": point ", p.id,
+            ": exit_interval ", p.config.value("exit_interval", json()).dump(),
+            " would stop the point before its end, and the sweep would take it for finished; drop it (Ctrl-C "
+            "stops a sweep's points at a checkpoint, and sweep run goes on from there)");
       const std::string conflict = train::schedule_conflict(
           p.config, [](const std::string& key) { return key; }, derive.budget > 0 ? "derive.sample_budget" : "");
       check(conflict.empty(), where, ": point ", p.id, ": ", conflict);

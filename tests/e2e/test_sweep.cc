@@ -309,6 +309,7 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   // - a train_iters the sample budget replaced;
   // - keys the sweep sets for each point, and loading options that would act on the point's
   //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
+  // - an exit_interval: each point stopped early and was marked done;
   // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
   for (const auto& [name, extra, message] :
        {std::tuple{"warm", R"(, "lr_warmup_samples": 16)",
@@ -321,6 +322,8 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
                    "finetune would apply to the point's own checkpoints when it resumes"},
         std::tuple{"owned", R"(, "load": "/pretrained/ckpt")", "load is the sweep's to set"},
         std::tuple{"owned", R"(, "run_dir": "elsewhere")", "run_dir is the sweep's to set"},
+        std::tuple{"early", R"(, "exit_interval": 2)",
+                   "exit_interval 2 would stop the point before its end, and the sweep would take it for finished"},
         std::tuple{"twice", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)",
                    "lr_scaling \"sqrt\" and derive.lr_scaling both scale lr with the batch, so it would be scaled "
                    "twice"}}) {
