@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <numeric>
 #include <sstream>
 
 #include "core/comm/collectives.h"
@@ -171,6 +172,41 @@ TEST_F(Gpu, ForcedFp16OverflowSkipsStepsAndBacksTheScaleOffAsOnTheCpu) {
     const auto state = mb::io::read_checkpoint_state(*mb::io::latest_checkpoint(tmp / d / "ckpt"));
     EXPECT_EQ(state.trainer["optimizer_steps"].get<int64_t>(), 8 - static_cast<int64_t>(skipped)) << d;
     EXPECT_EQ(state.trainer["lr_samples"].get<int64_t>(), (8 - static_cast<int64_t>(skipped)) * 8) << d;
+  }
+}
+
+// A ramped batch (--rampup-batch-size 4 4 16 to 8: four steps of 4, then 8) in fp16 from a
+// loss scale of 2^23, halved at each overflow (on the CPU the first two steps overflow, the
+// rest do not; 2^20 none, 2^24 all ten): the GPU reads each step's overflow
+// flag one step late, and the step it then counts must advance the schedule by its own batch,
+// not the next one's. The CPU's and the GPU's learning rates, skips and batches agree, and the
+// schedule stands at the samples of the applied steps.
+TEST_F(Gpu, ARampedFp16RunCountsTheBatchOfEachAppliedStepAsOnTheCpu) {
+  mb::testing::TempDir tmp;
+  auto ramped = [&](const std::string& d) {
+    std::string cmd =
+        train("gpt", tmp / d,
+              std::string("--device ") + (d == "cpu" ? "cpu" : "cuda") +
+                  " --fp16 --initial-loss-scale 8388608 --hysteresis 1 --save " + (tmp / d / "ckpt").string());
+    for (const auto& [from, to] : {std::pair<std::string, std::string>{"--train-iters 20", "--train-samples 64"},
+                                   {"--lr-warmup-iters 2", "--lr-warmup-samples 8 --rampup-batch-size 4 4 16"}})
+      cmd.replace(cmd.find(from), from.size(), to);
+    return cmd;
+  };
+  for (const std::string d : {"cpu", "gpu"}) ok(ramped(d));
+  const fs::path cpu = tmp / "cpu" / "metrics.h5", gpu = tmp / "gpu" / "metrics.h5";
+  const auto batch = series(gpu, "train/global_batch_size"), skipped = series(gpu, "train/skipped");
+  ASSERT_EQ(batch, (std::vector<double>{4, 4, 4, 4, 8, 8, 8, 8, 8, 8}));
+  ASSERT_EQ(skipped.size(), batch.size());
+  EXPECT_EQ(skipped[0], 1.0) << "the first step overflows at 2^23";
+  EXPECT_LT(std::accumulate(skipped.begin(), skipped.end(), 0.0), 10.0) << "and some steps are applied";
+  for (const std::string s : {"train/learning_rate", "train/skipped", "train/loss_scale", "train/global_batch_size"})
+    EXPECT_EQ(series(cpu, s), series(gpu, s)) << s;
+  double applied = 0;
+  for (size_t i = 0; i < batch.size(); ++i) applied += (1.0 - skipped[i]) * batch[i];
+  for (const std::string d : {"cpu", "gpu"}) {
+    const auto state = mb::io::read_checkpoint_state(*mb::io::latest_checkpoint(tmp / d / "ckpt"));
+    EXPECT_EQ(state.trainer["lr_samples"].get<int64_t>(), static_cast<int64_t>(applied)) << d;
   }
 }
 
