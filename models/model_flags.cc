@@ -54,6 +54,34 @@ void set_positions(const nlohmann::json& v, ModelConfig& c) {
         "relative_attention_num_buckets must be >= 4 and relative_attention_max_distance >= half of it");
 }
 
+// Options of one model family given to a model of another, which would ignore them, and T5's
+// relative position buckets without relative positions; a layer count or length given twice
+// (--num-layers beside --encoder-num-layers: Megatron refuses both too; here the second won).
+void check_family_options(const config::Resolved& r, const ModelConfig& c) {
+  const auto flag = [](const std::string& key) { return "--" + config::flag_name(key); };
+  if (c.family != "t5")
+    for (const std::string k : {"encoder_num_layers", "encoder_seq_length", "decoder_num_layers", "decoder_seq_length",
+                                "vocab_extra_ids", "relative_attention_num_buckets", "relative_attention_max_distance"})
+      check(!r.given(k), flag(k), " is T5's, and this model is ", c.family, ", which would ignore it; drop it",
+            k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
+                                        : std::string());
+  if (c.family != "bert")
+    for (const std::string k : {"bert_no_binary_head", "post_layernorm"})
+      check(!r.given(k) || !r.values[k].get<bool>(), flag(k), " is BERT's, and this model is ", c.family,
+            ", which would ignore it; drop it");
+  if (c.family == "t5" && !c.relative_attention)
+    for (const std::string k : {"relative_attention_num_buckets", "relative_attention_max_distance"})
+      check(!r.given(k), flag(k),
+            " sets T5's relative position buckets, which this run does not use (its positions are learned absolute "
+            "embeddings); add --position-embedding-type relative, or drop it");
+  for (const auto& [one, other] : {std::pair<std::string, std::string>{"num_layers", "encoder_num_layers"},
+                                   {"seq_length", "encoder_seq_length"}})
+    if (r.given(one) && r.given(other))  // (the values only exist when both are given)
+      fail(flag(one), " and ", flag(other), " both set the ",
+           one == "num_layers" ? "encoder's layers" : "encoder's sequence length", " (", r.values.at(one).dump(),
+           " and ", r.values.at(other).dump(), "); give one");
+}
+
 void print_sizes(const ModelConfig& c, std::ostream& out) {
   const auto r = size_report(c);
   const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
@@ -109,6 +137,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.attention_dropout = v["attention_dropout"].get<double>();
   c.init_method_std = v["init_method_std"].get<double>();
   c.normalization = v["normalization"].get<std::string>();
+  check_family_options(r, c);
   return c;
 }
 

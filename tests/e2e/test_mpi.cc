@@ -240,7 +240,8 @@ TEST(MpiModels, BertAndT5AtTensorParallelTwoMatchOneProcess) {
     mb::testing::TempDir tmp;
     auto args = [&](int tp) {
       return mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 2 --hidden-size 32 "
-             "--num-attention-heads 4 --seq-length 48 --decoder-seq-length 16 --micro-batch-size 2 --global-batch-size 4 "
+             "--num-attention-heads 4 --seq-length 48 --micro-batch-size 2 --global-batch-size 4 " +
+             (type == "t5" ? "--decoder-seq-length 16 " : "") +
              "--train-iters 3 --lr 3e-3 --log-interval 1 --eval-iters 0 --threads 1 --hidden-dropout 0.1 "
              "--attention-dropout 0.1 --make-vocab-size-divisible-by " + std::to_string(2048 / tp) +
              " --tensor-model-parallel-size " + std::to_string(tp) + " --data-path " +
@@ -351,7 +352,8 @@ TEST(MpiBuckets, OverlappedBucketsGiveTheGradientsOfOneReductionBitwise) {
     const bool gpt = type == "gpt";
     auto run = [&](const std::string& name, int np, const std::string& extra) {
       const std::string cmd = mb::testing::bin_dir() + "/train --model-type " + type + " --num-layers 3 --hidden-size 32 " +
-                              "--num-attention-heads 4 --seq-length " + (gpt ? "16" : "48") + " --decoder-seq-length 16 " +
+                              "--num-attention-heads 4 --seq-length " + (gpt ? "16" : "48") +
+                              (type == "t5" ? " --decoder-seq-length 16 " : " ") +
                               "--micro-batch-size 2 --global-batch-size 8 --train-iters 3 --lr 3e-3 --log-interval 1 " +
                               "--eval-iters 0 --threads 1 --hidden-dropout 0.1 --attention-dropout 0.1 --data-path " +
                               (mb::testing::brown_data() / (gpt ? "brown_gpt2_text_document" : "brown_bert_text_sentence")).string() +

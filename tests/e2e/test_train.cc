@@ -102,6 +102,45 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
 
 // Every number is checked, on the command line and in config files: ranges, finiteness,
 // integers that are integers and fit, UTF-8 text; each error names the flag or JSON path.
+// Options of one model family given to another, which ignored them (a GPT with
+// --post-layernorm trained pre-LN; --encoder-num-layers beside --num-layers won unseen).
+TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
+  const std::string common = "--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 48 --train-iters 1 "
+                             "--lr 1e-3 --eval-iters 0 --check --run-dir " + (tmp_ / "run").string() + " ";
+  auto check = [&](const std::string& args) {
+    const bool gpt = args.find("--model-type") == std::string::npos;
+    const fs::path data = *data_ / "d" / (gpt ? "brown_gpt2_text_document" : "brown_bert_text_sentence");
+    return mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --data-path " +
+                                    data.string());
+  };
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--decoder-seq-length 16", "--decoder-seq-length is T5's, and this model is gpt, which would ignore it"},
+           {"--encoder-num-layers 3",
+            "--encoder-num-layers is T5's, and this model is gpt, which would ignore it; drop it (a gpt's layers and "
+            "length are --num-layers and --seq-length)"},
+           {"--post-layernorm", "--post-layernorm is BERT's, and this model is gpt, which would ignore it; drop it"},
+           {"--model-type bert --vocab-extra-ids 5", "--vocab-extra-ids is T5's, and this model is bert"},
+           {"--model-type t5 --bert-no-binary-head", "--bert-no-binary-head is BERT's, and this model is t5"},
+           {"--model-type t5 --relative-attention-num-buckets 8",
+            "--relative-attention-num-buckets sets T5's relative position buckets, which this run does not use (its "
+            "positions are learned absolute embeddings); add --position-embedding-type relative, or drop it"},
+           {"--model-type t5 --encoder-num-layers 2",
+            "--num-layers and --encoder-num-layers both set the encoder's layers (1 and 2); give one"},
+       }) {
+    const auto r = check(args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << args << "\n" << r.output;
+  }
+  // each where it belongs; a false flag of another family is the default, and allowed
+  for (const std::string args : {"--model-type bert --post-layernorm --bert-no-binary-head",
+                                 "--model-type t5 --decoder-seq-length 16 --position-embedding-type relative "
+                                 "--relative-attention-num-buckets 8",
+                                 "--post-layernorm=false"}) {
+    const auto r = check(args);
+    EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+  }
+}
+
 TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
   const std::string base = kSmall + "--train-iters 2 --lr 1e-3 ";
   const std::vector<std::pair<std::string, std::string>> flags = {
