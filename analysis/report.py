@@ -107,6 +107,11 @@ def critical_section(analysis):
              "(the loss logged at iteration k is measured after k - 1 updates); E = B S."
              + (f" B_simple at the target: {html.escape(analysis['b_simple_smoothing'])}."
                 if analysis.get("b_simple_smoothing") else "") + "</p>"]
+    left = analysis.get("ramped_left_out")
+    if left:
+        parts.append(f"<p>Left out of the fit: {len(left)} point(s) that ramp their batch (rampup_batch_size), so "
+                     "their steps are not those of one batch size: "
+                     + ", ".join(f"<code>{html.escape(i)}</code>" for i in left) + ".</p>")
     rows = ["<tr><th>optimizer</th><th>target train loss</th><th>batch sizes reaching it</th><th>S_min</th>"
             "<th>E_min</th><th>B_crit = E_min / S_min</th><th>68% interval (bootstrap)</th>"
             "<th>B_simple at the target (median, range)</th></tr>"]

@@ -294,7 +294,8 @@ class Aggregation(unittest.TestCase):
 
     def test_points_counted_in_samples_report_their_train_samples_as_the_budget(self):
         # a ramped batch counts samples: its config has train_samples, no train_iters (before, the
-        # report multiplied the batch by a missing train_iters and said "0 samples")
+        # report multiplied the batch by a missing train_iters and said "0 samples"); the
+        # critical-batch section names it as left out of the fit, as sweep analyze does
         d = os.path.join(self.tmp.name, "ramped")
         cfg = {"optimizer": "lamb", "global_batch_size": 16, "lr": 0.01, "seed": 1, "train_samples": 256,
                "rampup_batch_size": [8, 8, 64]}
@@ -304,6 +305,8 @@ class Aggregation(unittest.TestCase):
         with open(report.report(d)) as f:
             page = f.read()
         self.assertIn("Sample budget per point:\n256 samples.", page)
+        self.assertIn("Left out of the fit: 1 point(s) that ramp their batch (rampup_batch_size), so their steps "
+                      "are not those of one batch size: <code>lamb-bs16-s1</code>.", page)
 
     def test_an_exported_sweeps_wall_time_is_read_from_its_launchers_done_record(self):
         # a Slurm or EKS point: sweep.json (written by sweep export) has no wall time; its
