@@ -137,7 +137,7 @@ struct Run {
 };
 
 // --override-opt-param-scheduler, --use-checkpoint-opt-param-scheduler (train_options refuses both)
-mb::train::ScheduleOnResume schedule_on_resume(const json& v) {
+mb::train::ScheduleOnResume schedule_choice(const json& v) {
   if (v["override_opt_param_scheduler"].get<bool>()) return mb::train::ScheduleOnResume::kOverride;
   if (v["use_checkpoint_opt_param_scheduler"].get<bool>()) return mb::train::ScheduleOnResume::kFromCheckpoint;
   return mb::train::ScheduleOnResume::kCheck;
@@ -206,7 +206,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
   const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
-  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_on_resume(v), std::cout);
+  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);
   mb::train::check_ranks_agree(parallel, resolved);
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();

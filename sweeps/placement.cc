@@ -6,6 +6,7 @@
 
 #include "core/train/options.h"
 #include "core/util/error.h"
+#include "sweeps/sweep_state.h"
 
 namespace megabatch::sweeps {
 
@@ -30,10 +31,8 @@ std::string layout_problem(const nlohmann::json& c, int ranks) {
     return "global_batch_size " + std::to_string(global) + " is not a multiple of micro_batch_size x DP (" +
            std::to_string(micro) + " x " + std::to_string(dp) + ")";
   // --rampup-batch-size START INCREMENT SAMPLES: each batch of the ramp is whole micro-batches too
-  const nlohmann::json& ramp = c.contains("rampup_batch_size") ? c["rampup_batch_size"] : nlohmann::json();
-  if (ramp.is_array() && ramp.size() == 3 && ramp[0].is_number_integer() && ramp[1].is_number_integer() &&
-      (ramp[0].get<int64_t>() % (micro * dp) != 0 || ramp[1].get<int64_t>() % (micro * dp) != 0))
-    return "rampup_batch_size " + ramp.dump() +
+  if (const auto ramp = rampup_of(c); ramp && (ramp->start % (micro * dp) != 0 || ramp->increment % (micro * dp) != 0))
+    return "rampup_batch_size " + c["rampup_batch_size"].dump() +
            ": its start and increment are not multiples of micro_batch_size x DP (" + std::to_string(micro) + " x " +
            std::to_string(dp) + ")";
   return "";

@@ -4,24 +4,26 @@
 
 #include <algorithm>
 
-#include "core/train/batch_rampup.h"
-
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
 using nlohmann::json;
+
+std::optional<train::BatchRampup> rampup_of(const json& c) {
+  const json r = c.value("rampup_batch_size", json());
+  if (!r.is_array() || r.size() != 3 ||
+      !std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_number_integer(); }))
+    return std::nullopt;
+  return train::BatchRampup{r[0].get<int64_t>(), r[1].get<int64_t>(), r[2].get<int64_t>()};
+}
 
 int64_t iters_of(const json& c) {
   if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
   const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
   if (!c.contains("train_samples")) return 0;
-  train::BatchRampup ramp;  // a point's ramp is checked by train --check; an unchecked one counts as none
-  if (const json r = c.value("rampup_batch_size", json());
-      r.is_array() && r.size() == 3 &&
-      std::all_of(r.begin(), r.end(), [](const json& x) { return x.is_number_integer(); }))
-    ramp = {r[0].get<int64_t>(), r[1].get<int64_t>(), r[2].get<int64_t>()};
-  const bool valid =
-      ramp.on() && ramp.start < B && ramp.increment > 0 && ramp.samples > 0 && (B - ramp.start) % ramp.increment == 0;
-  return train::ramp_iterations(valid ? ramp : train::BatchRampup{}, B, c["train_samples"].get<int64_t>());
+  // a ramp train --check would refuse counts as none
+  train::BatchRampup ramp = rampup_of(c).value_or(train::BatchRampup{});
+  if (!train::rampup_problem(ramp, B, 1, 1).empty()) ramp = {};
+  return train::ramp_iterations(ramp, B, c["train_samples"].get<int64_t>());
 }
 
 

@@ -5,16 +5,22 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "core/train/batch_rampup.h"
 #include "sweeps/sweep.h"
 #include "sweeps/table.h"
 
 namespace megabatch::sweeps {
 
-// A configuration's iterations (train_iters, or train_samples over the global batch).
+// A configuration's rampup_batch_size as three integers (nullopt: none, or not three integers,
+// which train --check refuses).
+std::optional<train::BatchRampup> rampup_of(const nlohmann::json& config);
+
+// A configuration's iterations (train_iters, or train_samples in global batches, a ramp's as
+// train counts them).
 int64_t iters_of(const nlohmann::json& config);
 
 // The configuration a point's train runs with, its point.json whatever launches it (sweep

@@ -42,19 +42,30 @@ int64_t ramp_iterations(const BatchRampup& r, int64_t final_batch, int64_t train
   return iterations;
 }
 
-void check_rampup(const BatchRampup& r, int64_t final_batch, int64_t micro_batch, int64_t dp_size) {
-  if (!r.on()) return;
-  check(r.start < final_batch, "--rampup-batch-size: the start batch ", r.start,
-        " is not below --global-batch-size ", final_batch, ", so there is nothing to ramp; give a smaller start, or "
-        "drop --rampup-batch-size");
-  check((final_batch - r.start) % r.increment == 0, "--rampup-batch-size: the increment ", r.increment,
-        " does not divide the ramp from ", r.start, " to --global-batch-size ", final_batch, " (",
-        final_batch - r.start, " samples); give an increment that divides it");
+std::string rampup_problem(const BatchRampup& r, int64_t final_batch, int64_t micro_batch, int64_t dp_size) {
+  if (!r.on()) return "";
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  const std::string given = "--rampup-batch-size " + n(r.start) + " " + n(r.increment) + " " + n(r.samples);
+  if (r.increment < 1 || r.samples < 1) return given + ": START, INCREMENT and SAMPLES must each be >= 1";
+  if (r.start >= final_batch)
+    return "--rampup-batch-size: the start batch " + n(r.start) + " is not below --global-batch-size " +
+           n(final_batch) + ", so there is nothing to ramp; give a smaller start, or drop --rampup-batch-size";
+  if ((final_batch - r.start) % r.increment != 0)
+    return "--rampup-batch-size: the increment " + n(r.increment) + " does not divide the ramp from " + n(r.start) +
+           " to --global-batch-size " + n(final_batch) + " (" + n(final_batch - r.start) +
+           " samples); give an increment that divides it";
   const int64_t unit = micro_batch * dp_size;
-  check(r.start % unit == 0 && r.increment % unit == 0, "--rampup-batch-size ", r.start, " ", r.increment, " ",
-        r.samples, ": every batch of the ramp must be whole micro-batches on each data-parallel rank, so the start and "
-        "the increment must be multiples of micro_batch_size x data-parallel size (", micro_batch, " x ", dp_size,
-        " = ", unit, ")");
+  if (r.start % unit != 0 || r.increment % unit != 0)
+    return given +
+           ": every batch of the ramp must be whole micro-batches on each data-parallel rank, so the start and the "
+           "increment must be multiples of micro_batch_size x data-parallel size (" +
+           n(micro_batch) + " x " + n(dp_size) + " = " + n(unit) + ")";
+  return "";
+}
+
+void check_rampup(const BatchRampup& r, int64_t final_batch, int64_t micro_batch, int64_t dp_size) {
+  const std::string problem = rampup_problem(r, final_batch, micro_batch, dp_size);
+  check(problem.empty(), problem);
 }
 
 std::string rampup_text(const BatchRampup& r, int64_t final_batch) {

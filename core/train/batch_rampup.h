@@ -27,10 +27,12 @@ int64_t global_batch_at(const BatchRampup& ramp, int64_t final_batch, int64_t co
 // last of them may go past train_samples), then whole final batches of what is left.
 int64_t ramp_iterations(const BatchRampup& ramp, int64_t final_batch, int64_t train_samples);
 
-// Refuses a ramp that Megatron refuses or that would fail mid-run: a start at or above the
-// final batch, an increment that does not divide the distance, and (every batch of the ramp
-// must be whole micro-batches on every data-parallel rank) a start or increment that is not a
-// multiple of `micro_times_dp` (micro batch x data-parallel size). Errors name the flag.
+// What makes a ramp one that Megatron refuses or that would fail mid-run ("" when nothing): a
+// number below 1, a start at or above the final batch, an increment that does not divide the
+// distance, and (every batch of the ramp must be whole micro-batches on every data-parallel
+// rank) a start or increment that is not a multiple of micro batch x data-parallel size. The
+// text names the flag. check_rampup throws it.
+std::string rampup_problem(const BatchRampup& ramp, int64_t final_batch, int64_t micro_batch, int64_t dp_size);
 void check_rampup(const BatchRampup& ramp, int64_t final_batch, int64_t micro_batch, int64_t dp_size);
 
 // "8 to 32 by 8 over 1000 samples" for plan lines.
