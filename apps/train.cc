@@ -184,6 +184,9 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   mb::train::check_memory(mb::models::model_memory(mc, run.dtype, run.device), run.dtype, run.device,
                           run.opt.micro_batch_size, v["use_distributed_optimizer"].get<bool>() ? dp_size : 1,
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
+  // before --check returns: its refusals (a validation split asked for and empty) are the run's
+  run.sources = mb::apps::make_sources(r, mc, run.data, run.opt);
+  if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
     mb::train::check_pretrained_start(load_options(v), mc.vocab_size,
                                       mb::train::checkpoint_tokenizer(*run.data.tokenizer));
@@ -192,7 +195,6 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
     return false;
   }
   run.model = mb::models::make_model(mc, *run.parallel.tp, run.opt.seed, run.dtype, run.device);
-  run.sources = mb::apps::make_sources(r, mc, run.data, run.opt);
   return true;
 }
 
@@ -217,7 +219,6 @@ int train(const mb::config::Resolved& r, Run& run) {
     metrics = mb::train::open_metrics(dir->metrics_path(), resolved,
                                       resume.resuming() ? std::optional(resume.state.iteration) : std::nullopt,
                                       v.contains("tensorboard_dir") ? v["tensorboard_dir"].get<std::string>() : "");
-  if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   mb::train::print_plan({run.model->summary(),
                          run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " + hparams.dump(),
                          mb::apps::describe_data(run.data, run.sources), run.mc.tensor_model_parallel_size,

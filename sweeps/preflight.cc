@@ -22,11 +22,16 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+// What train --check said of a point: its error line(s) ("" when it can run) and its warnings.
+struct PointCheck {
+  std::string error;
+  std::vector<std::string> warnings;  // "> warning: ..." lines, without the "> warning: "
+};
+
 // train --check of a point's configuration (plugin and its hyperparameters, data files,
 // memory), from a temporary copy of it, as the point will run: with --save and --load, and
-// a point of more than one rank under `mpirun -np` (its layout checked, its memory per rank);
-// "" when fine, else train's error line(s).
-std::string check_point(const fs::path& train, const Point& point, const std::string& mpirun) {
+// a point of more than one rank under `mpirun -np` (its layout checked, its memory per rank).
+PointCheck check_point(const fs::path& train, const Point& point, const std::string& mpirun) {
   char path[] = "/tmp/megabatch-check-XXXXXX";
   const int fd = mkstemp(path);
   check(fd >= 0, "cannot make a temporary file to check point ", point.id, ": ", std::strerror(errno));
@@ -44,20 +49,25 @@ std::string check_point(const fs::path& train, const Point& point, const std::st
                      " --load " + checkpoints + " --check --threads 1 2>&1");
   }
   ::unlink(path);
-  if (!r) return "could not run train --check";
-  if (r->status == 0) return "";
+  if (!r) return {"could not run train --check", {}};
   // "train: error: ..." or, from each rank of an MPI check, "train (rank N): error: ...":
   // each message once (the ranks of a job mostly say the same), mpirun's own lines left out
-  std::vector<std::string> messages;
+  std::vector<std::string> messages, warnings;
   for_each_line(r->text, [&](std::string_view line, size_t) {
+    constexpr std::string_view kWarning = "> warning: ";
+    if (line.substr(0, kWarning.size()) == kWarning) {
+      const std::string said(line.substr(kWarning.size()));
+      if (std::find(warnings.begin(), warnings.end(), said) == warnings.end()) warnings.push_back(said);
+      return;
+    }
     const size_t at = line.find("error: ");
     if (line.substr(0, 5) != "train" || at == std::string_view::npos) return;
     const std::string said(line.substr(at));
     if (std::find(messages.begin(), messages.end(), said) == messages.end()) messages.push_back(said);
   });
-  return messages.empty() ? "train --check failed: " + r->text : "train: " + join(messages, "; ");
+  if (r->status == 0) return {"", warnings};
+  return {messages.empty() ? "train --check failed: " + r->text : "train: " + join(messages, "; "), warnings};
 }
-
 
 bool selected(const std::string& id, const std::string& only) {
   if (only.empty()) return true;
@@ -191,9 +201,14 @@ int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const
     std::cout << "  " << p.point->id << "  " << (p.state == PointStatus::kDone ? "[done] " : "") << diff.dump() << "\n";
     if (!o.train_binary.empty() && p.state != PointStatus::kDone && o.ranks == 0) {  // --ranks: checked in point_states
       std::string error;
-      if (!cluster)
-        error = check_point(o.train_binary, *p.point, o.mpirun);
-      else if (const std::string why = layout_problem(p.point->config, cluster->ranks()); !why.empty())
+      if (!cluster) {
+        PointCheck said = check_point(o.train_binary, *p.point, o.mpirun);
+        error = said.error;
+        for (const std::string& w : said.warnings) {  // the point runs, perhaps not as meant
+          const auto [at, first] = first_with.emplace("warning: " + w, p.point->id);
+          std::cout << "    warning: " << (first ? w : "as " + at->second + " above") << "\n";
+        }
+      } else if (const std::string why = layout_problem(p.point->config, cluster->ranks()); !why.empty())
         error = "as a job of " + std::to_string(cluster->ranks()) + " ranks (the cluster's " +
                 std::to_string(cluster->nodes) + " x " + std::to_string(cluster->gpus_per_node) + " GPUs): " + why;
       if (!error.empty()) {

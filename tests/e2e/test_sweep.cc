@@ -596,6 +596,40 @@ TEST_F(Sweep, SweepNumbersAndSizeAreChecked) {
   EXPECT_NE(r.output.find("seeds: -1 is not an integer >= 0"), std::string::npos) << r.output;
 }
 
+// The dry run says what a point's run would: a validation split that holds nothing, with
+// --eval-iters given, is refused (train --check passed it, and every point then failed at
+// its start); with the default --eval-iters it is a warning, said in full once and by
+// reference for the points after.
+TEST_F(Sweep, DryRunRefusesAndWarnsOfAnEmptyValidationSplitAsThePointsWould) {
+  mb::testing::TempDir tmp;
+  auto write = [&](const std::string& name, const std::string& eval) {
+    const fs::path f = tmp / (name + ".json");
+    mb::testing::write_text(f, R"({"name": ")" + name + R"(", "base": {"num_layers": 1, "hidden_size": 32,
+      "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2, "train_iters": 2, "lr": 0.001,
+      "split": "100,0,0", )" + eval +
+                                   R"("data_path": [")" +
+                                   (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+      "seeds": [1, 2]})");
+    return f;
+  };
+  const std::string data = (mb::testing::brown_data() / "brown_gpt2_text_document").string();
+  const std::string why = "the validation split of --split '100,0,0' holds no document of " + data + "'s 500";
+  auto r = run_sweep(write("asked", R"("eval_iters": 3, )"), tmp / "runs", " --dry-run");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("    cannot run: train: error: --eval-iters asks for validation, but " + why),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("> 2 point(s) cannot run (above)"), std::string::npos) << r.output;
+  r = run_sweep(write("default", ""), tmp / "runs", " --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  const std::string warned = "    warning: no validation loss will be logged: " + why;
+  const size_t first = r.output.find(warned);
+  EXPECT_NE(first, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(warned, first + 1), std::string::npos) << "said once: " << r.output;
+  EXPECT_NE(r.output.find("    warning: as s1 above"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> every point checked"), std::string::npos) << r.output;
+}
+
 // A point whose directory cannot be written fails with why; the other points run.
 TEST_F(Sweep, AReadOnlyPointDirectoryFailsThatPointNotTheSweep) {
   if (::geteuid() == 0) {
