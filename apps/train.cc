@@ -186,6 +186,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
   // before --check returns: its refusals (a validation split asked for and empty) are the run's
   run.sources = mb::apps::make_sources(r, mc, run.data, run.opt);
+  for (const std::string& w : run.data.warnings) std::cout << "> warning: " << w << std::endl;
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
     mb::train::check_pretrained_start(load_options(v), mc.vocab_size,

@@ -1,5 +1,6 @@
 #include "apps/train_data.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -51,6 +52,33 @@ RunDataset open_dataset(const data::BlendPart& part, const std::string& split) {
   return d;
 }
 
+// For a GPT: "" when the dataset's documents end in the end-of-document token, as Megatron's
+// preprocess_data.py --append-eod makes them; else a warning that its samples run from one
+// document into the next with no token between (a dataset made without --append-eod). Up to
+// 1,000 of the training split's documents, spread over it, are looked at; a dataset where
+// none of them ends in the token is said.
+std::string missing_eod(const RunDataset& d, const data::Tokenizer& tokenizer) {
+  const int32_t eod = tokenizer.special().eod;
+  const size_t docs = d.train.end - d.train.begin, looked = std::min<size_t>(docs, 1000);
+  if (eod < 0 || looked == 0) return "";
+  for (size_t k = 0; k < looked; ++k) {
+    const size_t doc = d.train.begin + k * docs / looked;
+    const int64_t first = d.ds->document_index(doc), end = d.ds->document_index(doc + 1);
+    for (int64_t seq = end - 1; seq >= first; --seq) {  // its last token: that of its last non-empty sequence
+      const int32_t n = d.ds->sequence_length(static_cast<size_t>(seq));
+      if (n == 0) continue;
+      int32_t last = -1;
+      d.ds->read(static_cast<size_t>(seq), static_cast<size_t>(n - 1), 1, &last);
+      if (last == eod) return "";
+      break;
+    }
+  }
+  return d.prefix + ": none of the " + std::to_string(looked) + " training documents looked at ends in the " +
+         "end-of-document token (" + std::to_string(eod) + ", " + tokenizer.token_text(eod) +
+         "), so GPT samples run from one document into the next with no token between them; make the dataset " +
+         "with preprocess --append-eod (Megatron's GPT data has it)";
+}
+
 std::string percent(double share) {
   char buf[16];
   std::snprintf(buf, sizeof buf, "%.1f%%", 100 * share);
@@ -83,6 +111,9 @@ RunData open_data(const json& v, models::ModelConfig& mc) {
   mc.vocab_size = d.tokenizer->vocab_size();
   mc.validate();
   for (const data::BlendPart& p : parts) d.sets.push_back(open_dataset(p, v["split"].get<std::string>()));
+  if (mc.family == "gpt")
+    for (const RunDataset& set : d.sets)
+      if (std::string w = missing_eod(set, *d.tokenizer); !w.empty()) d.warnings.push_back(std::move(w));
   return d;
 }
 

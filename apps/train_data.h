@@ -31,11 +31,13 @@ struct RunData {
   std::vector<RunDataset> sets;
   std::unique_ptr<data::Tokenizer> tokenizer;
   bool compact_vocab = false;
+  std::vector<std::string> warnings;  // what the run should say of its data (a GPT dataset without EOD tokens)
   std::string prefixes() const;  // "a", or "a, b" for a blend
 };
 
 // Opens --data-path's datasets (errors name the prefix; the default Brown corpus's command
-// when it is missing) and sets mc.vocab_size from the tokenizer.
+// when it is missing), sets mc.vocab_size from the tokenizer, and notes in `warnings` a GPT
+// dataset whose documents do not end in the end-of-document token.
 RunData open_data(const nlohmann::json& v, models::ModelConfig& mc);
 
 // The batch sources of the splits: training from --seed; validation and test from their own

@@ -245,6 +245,47 @@ TEST_F(Train, EvaluationOnAnEmptyValidationSplitIsSaid) {
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << "no evaluation asked for, nothing to say: " << r.output;
 }
 
+// A GPT dataset made without --append-eod runs its documents together with no token between:
+// the run (and train --check, so sweep run --dry-run) says so and trains; one made with it,
+// or a BERT's sentences, says nothing. Before, such a dataset trained without a word.
+TEST_F(Train, AGptDatasetWithoutEndOfDocumentTokensIsSaid) {
+  std::string text;
+  for (int i = 0; i < 40; ++i)
+    text += "Letter " + std::to_string(i) + " of the harbour log. The tide came in at " + std::to_string(i % 12 + 1) +
+            " and the boats went out.\n\n";
+  mb::testing::write_text(tmp_ / "log.txt", text);
+  const std::string eod_text =
+      "end-of-document token (50256, <|endoftext|>), so GPT samples run from one document "
+      "into the next with no token between them; make the dataset with preprocess --append-eod";
+  for (const bool eod : {false, true}) {
+    const fs::path prefix = tmp_ / (eod ? "with" : "without");
+    auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " + (tmp_ / "log.txt").string() +
+                                      " --output-prefix " + prefix.string() + " --tokenizer-type GPT2BPETokenizer" +
+                                      (eod ? " --append-eod" : ""));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string data = prefix.string() + "_text_document";
+    for (const char* check : {" --check", ""}) {
+      r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
+                                   "--train-iters 1 --lr 1e-3 --micro-batch-size 2 --eval-iters 0 --split 100,0,0 "
+                                   "--data-path " +
+                                   data + check + " --run-dir " + (tmp_ / "run").string());
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      const std::string said =
+          "> warning: " + data + ": none of the 40 training documents looked at ends in the " + eod_text;
+      EXPECT_EQ(r.output.find(said) != std::string::npos, !eod) << "--append-eod " << eod << check << "\n" << r.output;
+      EXPECT_EQ(r.output.find("warning"), eod ? std::string::npos : r.output.find(said) + 2) << r.output;
+      fs::remove_all(tmp_ / "run");
+    }
+  }
+  const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
+                                          "--model-type bert --train-iters 1 --lr 1e-3 --micro-batch-size 2 "
+                                          "--eval-iters 0 --check --data-path " +
+                                          (*data_ / "d" / "brown_bert_text_sentence").string() + " --run-dir " +
+                                          (tmp_ / "bert").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << "BERT's sentences end in no EOD: " << r.output;
+}
+
 // The dataset cut short in place while the run reads it (truncate, or a copy over it): an
 // error naming the .bin, exit 1, where the run died of SIGBUS. The run is long by its
 // configuration; the cut comes once it has logged an iteration.
@@ -537,8 +578,9 @@ TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
     text += "In " + std::to_string(1800 + i) + " the ferry at mile " + std::to_string(7 * i % 53) + " carried " +
             std::to_string(13 * i % 97) + " carts across, and the keeper wrote each one down twice.\n\n";
   mb::testing::write_text(tmp_ / "b.txt", text);
-  auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " + (tmp_ / "b.txt").string() +
-                                    " --output-prefix " + b.string() + " --tokenizer-type GPT2BPETokenizer");
+  auto r =
+      mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " + (tmp_ / "b.txt").string() +
+                               " --output-prefix " + b.string() + " --tokenizer-type GPT2BPETokenizer --append-eod");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string bb = b.string() + "_text_document";
   const std::string common = kSmall +
