@@ -356,6 +356,7 @@ void logging_options(const config::Resolved& r, TrainOptions& opt) {
       v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;
   check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",
             opt.diagnostics_interval);
+  opt.diagnostics_asked = r.given("diagnostics_interval");
   opt.noise_scale = v["log_noise_scale"].get<bool>();
   for (const char* key : {"noise_scale_ema", "noise_scale_window"})
     check(opt.noise_scale || !r.given(key), "--", config::flag_name(key),

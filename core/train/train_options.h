@@ -21,6 +21,7 @@ struct TrainOptions {
   int64_t log_interval = 100, eval_interval = 1000, eval_iters = 100;
   int64_t eval_samples = 0;          // > 0: samples per evaluation (at most one pass over the split) instead of eval_iters global batches
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
+  bool diagnostics_asked = false;    // --diagnostics-interval given: say so when the plugin reports none
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
   double noise_scale_ema = 0.99;     // decay of its moving averages, a step
   double noise_scale_window = 0;     // > 0: their window in samples instead (decay exp(-B / window) a step)

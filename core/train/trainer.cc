@@ -166,6 +166,12 @@ void Trainer::optimizer_step() {
   optimizer_.clip(recorder_.slots(kSqSharded, 2), recorder_.slots(kNorm, 3));
   const bool diagnostics = opt_.diagnostics_interval > 0 && iteration_ % opt_.diagnostics_interval == 0;
   optimizer_.step(recorder_.slots(kClippedNorm), step_batch_, diagnostics);
+  if (diagnostics && plugin_.diagnostics().empty() && opt_.diagnostics_asked && !no_diagnostics_said_) {
+    no_diagnostics_said_ = true;  // asked for by name, and nothing comes of it
+    console_ << "> note: optimizer " << plugin_.plugin().name()
+             << " reports no per-tensor diagnostics, so --diagnostics-interval " << opt_.diagnostics_interval
+             << " adds nothing to metrics.h5" << std::endl;
+  }
   if (!diagnostics || !metrics_ || plugin_.diagnostics().empty()) return;
   if (!names_written_) {
     std::vector<std::string> names;

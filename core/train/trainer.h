@@ -122,6 +122,7 @@ class Trainer {
   int64_t iteration_ = 0, consumed_ = 0;
   int64_t step_batch_ = 0;  // the global batch of the current step (with --rampup-batch-size: of the ramp)
   bool names_written_ = false;
+  bool no_diagnostics_said_ = false;
   int64_t last_saved_ = -1;
   Batch batch_;
   // the noise scale's small-batch term: gradients before a micro-batch f32, its |g|^2 f64 (2),

@@ -417,11 +417,12 @@ TEST(PluginHeader, TheAbiCompilesAloneAsCAndTheKitAsCxxWithPedanticWarnings) {
       << c.output;
 }
 
-TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
+TEST(PluginRun, LambWritesPerTensorDiagnosticsToMetricsAndAdamwSaysItHasNone) {
   mb::testing::TempDir tmp;
   ASSERT_EQ(mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (tmp / "data").string()).exit_code, 0);
-  const auto r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run", "--optimizer lamb --diagnostics-interval 2"));
+  auto r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "run", "--optimizer lamb --diagnostics-interval 2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("> note:"), std::string::npos) << r.output;
   mb::testing::H5File f((tmp / "run" / "metrics.h5").string(), mb::testing::H5File::kRead);
   const auto names = f.read_strings("optimizer/tensor_names");
   const auto iters = f.read<double>("optimizer/iteration");
@@ -443,4 +444,19 @@ TEST(PluginRun, LambRunWritesPerTensorDiagnosticsToMetrics) {
       else
         EXPECT_NEAR(ratio[k], wn[k] / un[k], 1e-12 * ratio[k]) << names[t];
     }
+  // adamw reports none: --diagnostics-interval given by name says so once and writes nothing
+  // (before, it said nothing); at its default (the log interval) nothing is said
+  r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "adamw", "--optimizer adamw --diagnostics-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string note =
+      "> note: optimizer adamw reports no per-tensor diagnostics, so --diagnostics-interval 2 adds "
+      "nothing to metrics.h5\n";
+  const size_t at = r.output.find(note);
+  EXPECT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find(note, at + 1), std::string::npos) << "once: " << r.output;
+  EXPECT_FALSE(mb::testing::H5File((tmp / "adamw" / "metrics.h5").string(), mb::testing::H5File::kRead)
+                   .has("optimizer/iteration"));
+  r = mb::testing::run_command(train_cmd(tmp / "data", tmp / "adamw2", "--optimizer adamw"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("> note:"), std::string::npos) << r.output;
 }
