@@ -118,9 +118,9 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     p.point = &sweep.points[i];
     p.dir = root / p.point->id;
     p.train_iters = iters_of(p.point->config);
+    p.samples = samples_of(p.point->config);
     p.ranks = o.ranks > 0 ? o.ranks : ranks_needed(p.point->config);
-    p.global_batch = p.point->config.contains("global_batch_size") ? p.point->config["global_batch_size"].get<int64_t>()
-                                                                   : p.point->config.value("micro_batch_size", int64_t{8});
+    p.global_batch = global_batch_of(p.point->config);
     if (!selected(p.point->id, o.only)) {
       p.state = PointStatus::kSkipped;
       continue;

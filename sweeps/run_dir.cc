@@ -202,6 +202,9 @@ Progress parse_progress(const fs::path& log) {
     const size_t loss = line.find("lm loss: ");
     if (slash != std::string::npos && loss != std::string::npos && eol != std::string::npos) {
       p.iteration = std::atoll(line.substr(mark.size(), slash - mark.size()).c_str());
+      const std::string consumed = "consumed samples: ";
+      if (const size_t c = line.find(consumed); c != std::string::npos)
+        p.consumed = std::atoll(line.c_str() + c + consumed.size());
       p.loss = std::atof(line.c_str() + loss + 9);
       p.has_loss = true;
       break;

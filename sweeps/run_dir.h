@@ -74,6 +74,7 @@ std::string failed_reason(const std::filesystem::path& dir);
 // the result, the validation loss after training.
 struct Progress {
   int64_t iteration = 0;
+  int64_t consumed = 0;  // consumed samples after `iteration`
   double loss = 0;
   bool has_loss = false;
   double valid_loss = 0;

@@ -98,7 +98,7 @@ int Scheduler::run() {
   t0_ = Clock::now();
   for (const auto& p : ps_) {
     if (p.state == PointStatus::kSkipped) continue;
-    work_total_ += p.train_iters * p.global_batch;
+    work_total_ += p.samples;
     work_done_at_start_ += work_of(p);
   }
   while (true) {

@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include "core/config/config.h"
+#include "core/train/options.h"
+
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -16,16 +19,35 @@ std::optional<train::BatchRampup> rampup_of(const json& c) {
   return train::BatchRampup{r[0].get<int64_t>(), r[1].get<int64_t>(), r[2].get<int64_t>()};
 }
 
-int64_t iters_of(const json& c) {
-  if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
-  const int64_t B = c.contains("global_batch_size") ? c["global_batch_size"].get<int64_t>() : 1;
-  if (!c.contains("train_samples")) return 0;
+int64_t global_batch_of(const json& c) {
+  if (c.contains("global_batch_size")) return c["global_batch_size"].get<int64_t>();
+  // train's default: micro batch x data-parallel size
+  const int64_t micro = c.contains("micro_batch_size")
+                            ? c["micro_batch_size"].get<int64_t>()
+                            : train::train_schema().find("micro_batch_size")->default_value.get<int64_t>();
+  return micro * c.value("data_parallel_size", int64_t{1});
+}
+
+namespace {
+// The run of a configuration with train_samples (and no train_iters): its iterations and samples.
+train::RampRun samples_run(const json& c) {
+  const int64_t B = global_batch_of(c);
   // a ramp train --check would refuse counts as none
   train::BatchRampup ramp = rampup_of(c).value_or(train::BatchRampup{});
   if (!train::rampup_problem(ramp, B, 1, 1).empty()) ramp = {};
-  return train::ramp_iterations(ramp, B, c["train_samples"].get<int64_t>());
+  return train::ramp_run(ramp, B, c["train_samples"].get<int64_t>());
+}
+}  // namespace
+
+int64_t iters_of(const json& c) {
+  if (c.contains("train_iters")) return c["train_iters"].get<int64_t>();
+  return c.contains("train_samples") ? samples_run(c).iterations : 0;
 }
 
+int64_t samples_of(const json& c) {
+  if (!c.contains("train_iters") && c.contains("train_samples")) return samples_run(c).samples;
+  return iters_of(c) * global_batch_of(c);
+}
 
 json launch_config(const Point& point) {
   json c = point.config;

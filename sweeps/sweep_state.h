@@ -19,9 +19,16 @@ namespace megabatch::sweeps {
 // which train --check refuses).
 std::optional<train::BatchRampup> rampup_of(const nlohmann::json& config);
 
+// A configuration's global batch size (the final one of a ramp), with train's defaults.
+int64_t global_batch_of(const nlohmann::json& config);
+
 // A configuration's iterations (train_iters, or train_samples in global batches, a ramp's as
 // train counts them).
 int64_t iters_of(const nlohmann::json& config);
+
+// The samples a configuration's run trains on: its iterations x global batch, or what a
+// ramp's iterations take.
+int64_t samples_of(const nlohmann::json& config);
 
 // The configuration a point's train runs with, its point.json whatever launches it (sweep
 // run, a Slurm array task, an EKS job): the point's own, with the sweep's checkpoint schedule

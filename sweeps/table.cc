@@ -24,8 +24,8 @@ void read_finished_state(PointState& p) {
 }
 
 int64_t work_of(const PointState& p) {
-  if (p.state == PointStatus::kDone || p.state == PointStatus::kDiverged) return p.train_iters * p.global_batch;
-  return p.progress.iteration * p.global_batch;
+  if (p.state == PointStatus::kDone || p.state == PointStatus::kDiverged) return p.samples;
+  return std::min(p.progress.consumed, p.samples);
 }
 
 std::string fmt_duration(double s) {

@@ -25,6 +25,7 @@ struct PointState {
   int attempts = 0;
   double wall_s = 0;  // over every attempt and invocation
   int64_t train_iters = 0, global_batch = 0;
+  int64_t samples = 0;  // what it trains on (samples_of): its work, for the ETA
   pid_t pid = -1;
   std::chrono::steady_clock::time_point started;
   Progress progress;

@@ -18,14 +18,14 @@ int64_t global_batch_at(const BatchRampup& r, int64_t final_batch, int64_t consu
   return r.start + k * r.increment;
 }
 
-int64_t ramp_iterations(const BatchRampup& r, int64_t final_batch, int64_t train_samples) {
-  if (!r.on()) return train_samples / final_batch;
+RampRun ramp_run(const BatchRampup& r, int64_t final_batch, int64_t train_samples) {
+  if (!r.on()) return {train_samples / final_batch, train_samples / final_batch * final_batch};
   const int64_t n = increments(r, final_batch), limit = std::min(r.samples, train_samples);
-  int64_t consumed = 0, iterations = 0;
+  RampRun run;
   // Megatron steps one iteration at a time while consumed <= limit; here a whole stage of
   // equal batches at once: stage k holds the consumed counts c with floor(c * n / samples) = k.
-  while (consumed <= limit) {
-    const int64_t batch = global_batch_at(r, final_batch, consumed);
+  while (run.samples <= limit) {
+    const int64_t batch = global_batch_at(r, final_batch, run.samples);
     const int64_t k = (batch - r.start) / r.increment;
     int64_t last = limit;  // the last consumed count of this stage within the limit
     if (k < n) {
@@ -34,12 +34,20 @@ int64_t ramp_iterations(const BatchRampup& r, int64_t final_batch, int64_t train
       const auto next = static_cast<int64_t>((num + n - 1) / n);
       last = std::min(last, next - 1);
     }
-    const int64_t steps = (last - consumed) / batch + 1;
-    consumed += steps * batch;
-    iterations += steps;
+    const int64_t steps = (last - run.samples) / batch + 1;
+    run.samples += steps * batch;
+    run.iterations += steps;
   }
-  if (train_samples > consumed) iterations += (train_samples - consumed) / final_batch;
-  return iterations;
+  if (train_samples > run.samples) {
+    const int64_t rest = (train_samples - run.samples) / final_batch;
+    run.iterations += rest;
+    run.samples += rest * final_batch;
+  }
+  return run;
+}
+
+int64_t ramp_iterations(const BatchRampup& r, int64_t final_batch, int64_t train_samples) {
+  return ramp_run(r, final_batch, train_samples).iterations;
 }
 
 std::string rampup_problem(const BatchRampup& r, int64_t final_batch, int64_t micro_batch, int64_t dp_size) {

@@ -27,6 +27,14 @@ int64_t global_batch_at(const BatchRampup& ramp, int64_t final_batch, int64_t co
 // last of them may go past train_samples), then whole final batches of what is left.
 int64_t ramp_iterations(const BatchRampup& ramp, int64_t final_batch, int64_t train_samples);
 
+// Those iterations and the samples they take: train_samples rounded down to whole final
+// batches, or with a ramp what its batches add up to (a few more where its last step passes
+// train_samples, fewer where the final batches leave a remainder).
+struct RampRun {
+  int64_t iterations = 0, samples = 0;
+};
+RampRun ramp_run(const BatchRampup& ramp, int64_t final_batch, int64_t train_samples);
+
 // What makes a ramp one that Megatron refuses or that would fail mid-run ("" when nothing): a
 // number below 1, a start at or above the final batch, an increment that does not divide the
 // distance, and (every batch of the ramp must be whole micro-batches on every data-parallel

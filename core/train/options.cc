@@ -130,7 +130,7 @@ const config::Schema& train_schema() {
       {"hysteresis", Type::kInt, 2, "fp16: overflowing iterations tolerated before the loss scale is halved", "mixed precision"},
 
       {"micro_batch_size", Type::kInt, 8, "samples per forward/backward pass", "batch"},
-      {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size)", "batch"},
+      {"global_batch_size", Type::kInt, nullptr, "samples per optimizer step (default micro_batch_size x data-parallel size)", "batch"},
       {"train_iters", Type::kInt, nullptr, "optimizer steps (or --train-samples)", "batch"},
       {"train_samples", Type::kInt, nullptr, "samples to train on (or --train-iters)", "batch"},
       {"rampup_batch_size", Type::kIntList, nullptr, "START INCREMENT SAMPLES: the global batch starts at START and grows by INCREMENT to --global-batch-size over the first SAMPLES samples, in equal shares (with --train-samples; the learning rate counts samples, and --lr-scaling scales by --global-batch-size)", "batch"},

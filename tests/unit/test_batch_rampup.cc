@@ -76,13 +76,22 @@ TEST(BatchRampup, TheBatchAfterEachSampleCountFollowsMegatronsRule) {
 
 TEST(BatchRampup, ARunOfTrainSamplesHasTheIterationsMegatronCounts) {
   for (const Case& t : kCases)
-    for (int64_t samples = 1; samples <= 2 * t.ramp.samples + 5 * t.final_batch; ++samples)
-      ASSERT_EQ(mb::train::ramp_iterations(t.ramp, t.final_batch, samples), iterations_one_at_a_time(t, samples))
+    for (int64_t samples = 1; samples <= 2 * t.ramp.samples + 5 * t.final_batch; ++samples) {
+      const int64_t iterations = iterations_one_at_a_time(t, samples);
+      ASSERT_EQ(mb::train::ramp_iterations(t.ramp, t.final_batch, samples), iterations)
           << mb::train::rampup_text(t.ramp, t.final_batch) << ", " << samples << " samples";
+      int64_t taken = 0;  // what those iterations take, one batch after another
+      for (int64_t i = 0; i < iterations; ++i) taken += batch_by_counting(t, taken);
+      const mb::train::RampRun run = mb::train::ramp_run(t.ramp, t.final_batch, samples);
+      ASSERT_EQ(run.iterations, iterations);
+      ASSERT_EQ(run.samples, taken) << mb::train::rampup_text(t.ramp, t.final_batch) << ", " << samples << " samples";
+    }
   // 8 + 4 iterations: 2, 2, 2, 2, 4, 4, 6, 6 ramp to 28 samples, then (64 - 28) / 8 = 4 of 8
   EXPECT_EQ(mb::train::ramp_iterations({2, 2, 24}, 8, 64), 12);
+  EXPECT_EQ(mb::train::ramp_run({2, 2, 24}, 8, 64).samples, 60);
   // no ramp: whole batches
   EXPECT_EQ(mb::train::ramp_iterations(BatchRampup{}, 8, 63), 7);
+  EXPECT_EQ(mb::train::ramp_run(BatchRampup{}, 8, 63).samples, 56);
   // A long ramp is counted a stage at a time (a one-at-a-time loop would take 2^40 steps).
   const BatchRampup longer{1, 1, int64_t{1} << 40};
   const int64_t its = mb::train::ramp_iterations(longer, 3, int64_t{1} << 41);
