@@ -31,6 +31,11 @@ nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& 
     if (!r.given(flag)) continue;
     check(optim::hparam_index(plugin, name) >= 0, flag, " was given but optimizer plugin '", plugin.name(),
               "' has no hyperparameter '", name, "'; drop it or pick an optimizer that has one");
+    // both: optimizer_params would win without a word (a sweep's axis over the flag did nothing)
+    if (v["optimizer_params"].contains(name))
+      fail("the plugin's ", name, " is given twice: ", flag, " (--", config::flag_name(flag), ") ", v[flag].dump(),
+           " and optimizer_params.", name, " (--optimizer-params ", name, "=...) ", v["optimizer_params"][name].dump(),
+           "; give it in one place");
     hp[name] = v[flag];
   }
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;

@@ -100,8 +100,6 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
 }
 
-// Every number is checked, on the command line and in config files: ranges, finiteness,
-// integers that are integers and fit, UTF-8 text; each error names the flag or JSON path.
 // Options of one model family given to another, which ignored them (a GPT with
 // --post-layernorm trained pre-LN; --encoder-num-layers beside --num-layers won unseen).
 TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
@@ -141,6 +139,35 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
   }
 }
 
+// A plugin hyperparameter given both by Megatron's flag (--weight-decay, --adam-beta1, ...) and
+// in optimizer_params is refused naming both: optimizer_params won without a word, so a flag
+// on the command line over a config file's optimizer_params, or a sweep's axis over
+// weight_decay beside a base optimizer_params.weight_decay, changed nothing. Either alone works.
+TEST_F(Train, AHyperparameterGivenByItsFlagAndInOptimizerParamsIsRefused) {
+  const std::string common = kSmall + "--train-iters 1 --lr 1e-3 --eval-iters 0 --check --optimizer lamb --run-dir " +
+                             (tmp_ / "run").string() + " ";
+  auto r = mb::testing::run_command(train(common + "--adam-beta1 0.95 --optimizer-params beta1=0.8"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: the plugin's beta1 is given twice: adam_beta1 (--adam-beta1) 0.95 and "
+                          "optimizer_params.beta1 (--optimizer-params beta1=...) 0.8; give it in one place"),
+            std::string::npos)
+      << r.output;
+  mb::testing::write_text(tmp_ / "c.json", R"({"optimizer_params": {"weight_decay": 0.0}})");
+  r = mb::testing::run_command(train(common + "--config " + (tmp_ / "c.json").string() + " --weight-decay 0.1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("the plugin's weight_decay is given twice: weight_decay (--weight-decay) 0.1 and "
+                          "optimizer_params.weight_decay (--optimizer-params weight_decay=...) 0.0"),
+            std::string::npos)
+      << r.output;
+  for (const std::string alone : {"--weight-decay 0.1", "--optimizer-params weight_decay=0.1",
+                                  "--adam-beta1 0.95 --optimizer-params nvlamb=true"}) {
+    r = mb::testing::run_command(train(common + alone));
+    EXPECT_EQ(r.exit_code, 0) << alone << "\n" << r.output;
+  }
+}
+
+// Every number is checked, on the command line and in config files: ranges, finiteness,
+// integers that are integers and fit, UTF-8 text; each error names the flag or JSON path.
 TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
   const std::string base = kSmall + "--train-iters 2 --lr 1e-3 ";
   const std::vector<std::pair<std::string, std::string>> flags = {
