@@ -90,6 +90,20 @@ def updates_before(iteration):
     return iteration - 1.0
 
 
+def seconds_before(p, iteration):
+    """Training time in seconds of the updates made before the loss logged at `iteration`:
+    the run's own step times (train/iteration_time_ms: the steps only, no evaluation or
+    checkpoint) of iterations 1 .. iteration - 1, a fraction of the next in proportion. None
+    where the run logged no step times."""
+    it, ms = p.series("train/iteration"), p.series("train/iteration_time_ms")
+    n = min(len(it), len(ms))
+    if n == 0 or not np.all(np.isfinite(ms[:n])):
+        return None
+    after = np.concatenate([[it[0] - 1.0], it[:n]])  # iterations done, and the time they took
+    took = np.concatenate([[0.0], np.cumsum(ms[:n])]) / 1000.0
+    return float(np.interp(updates_before(iteration), after, took))
+
+
 def fit_hyperbola(batches, steps):
     """S(B) = S_min + E_min / B by least squares with relative residuals. Returns
     (S_min, E_min), or None when fewer than MIN_BATCH_SIZES distinct batch sizes."""
@@ -254,6 +268,9 @@ def analyze(points, targets=None, seed=0):
     result = {"targets": targets, "method": "S(B) = S_min + E_min/B, weighted least squares; "
               "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
               "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
+              "time": "t: the training time to the target, the runs' own step times (train/iteration_time_ms; "
+              "no evaluation or checkpoints) summed over the updates before it, as measured: points that ran "
+              "side by side shared the machine",
               "b_simple_smoothing": noise_smoothing(points, window), "optimizers": {}}
     if ramped:
         result["ramped_left_out"] = sorted(p.id for p in ramped)
@@ -266,6 +283,7 @@ def analyze(points, targets=None, seed=0):
         rows = []
         for target in targets:
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
+            seconds = {}  # (B, setting) -> training time to the target of its seeds (None: not logged)
             starts_below = 0  # runs at or below the target from their first logged loss on
             for c in cs:
                 at = iteration_reaching(c["iteration"], c["smooth"], target)
@@ -276,6 +294,7 @@ def analyze(points, targets=None, seed=0):
                     continue
                 key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
                 per_setting.setdefault(key, []).append(updates_before(at))
+                seconds.setdefault(key, []).append(seconds_before(c["point"], at))
                 pt = c["point"]  # B_simple where the run is as it reaches the target: at the same iteration
                 ns = noise_scale_centred(pt, at, window) if has_step_estimates(pt) else noise_scale_at(pt, at)
                 if ns is not None:
@@ -288,10 +307,17 @@ def analyze(points, targets=None, seed=0):
             for B in sorted(per_batch):
                 S = float(np.mean(per_batch[B]))
                 row = {"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])}
+                took = seconds[(B, chosen[B])]
+                if all(t is not None for t in took):
+                    row["seconds"] = float(np.mean(took))
                 if sum(b == B for b, _ in per_setting) > 1:  # which of the settings at B it is
                     row["chosen"] = {k: v for k, v in zip(keys, json.loads(chosen[B])) if k in tuned_keys(cs, keys, B)}
                 table.append(row)
+            timed = [t for t in table if "seconds" in t]
+            fastest = min(timed, key=lambda t: t["seconds"]) if len(timed) == len(table) and timed else None
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,
+                   # the batch size that reached the target in the least training time
+                   "fastest": {"batch": fastest["batch"], "seconds": fastest["seconds"]} if fastest else None,
                    "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None,
                    # the runs whose B_simple is defined where they reach the target, of all taken
                    "b_simple_runs": [len(b_simple), sum(len(v) for v in per_batch.values())]}
@@ -331,8 +357,18 @@ def fmt(v, digits=3):
     return "-" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{digits}g}"
 
 
+def fmt_seconds(s):
+    """12.3s, 4m05s, 2h03m"""
+    if s < 60:
+        return f"{s:.3g}s"
+    m = int(round(s))
+    return f"{m // 60}m{m % 60:02d}s" if m < 3600 else f"{m // 3600}h{m % 3600 // 60:02d}m"
+
+
 def text_table(res):
     lines = [f"critical batch size (McCandlish et al. 2018): {res['method']}"]
+    if res.get("time"):
+        lines.append(res["time"])
     if res.get("b_simple_smoothing"):
         lines.append(f"B_simple at the target: {res['b_simple_smoothing']}")
     if res.get("ramped_left_out"):
@@ -342,18 +378,24 @@ def text_table(res):
     for opt, rows in res["optimizers"].items():
         for r in rows:
             head = f"{opt:8s} loss {r['target']:.3f}: "
-            if r.get("fit") is None:
+            f = r.get("fit")
+            if f is None:
                 lines.append(head + r["note"])
+            else:
+                crit = fmt(r.get("b_crit")) if r.get("b_crit") else r.get("bound", "-")
+                ci = r.get("b_crit_interval")
+                ci_s = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
+                lines.append(head + f"S_min {fmt(f['s_min'])}, E_min {fmt(f['e_min'])}, B_crit {crit}{ci_s}, "
+                                    f"B_simple {fmt(r['b_simple'])}{b_simple_runs(r)}" +
+                                    (f" ({r['note']})" if r.get("note") else ""))
+            if not r["points"]:
                 continue
-            f = r["fit"]
-            crit = fmt(r.get("b_crit")) if r.get("b_crit") else r.get("bound", "-")
-            ci = r.get("b_crit_interval")
-            ci_s = f" [{fmt(ci[0])}, {fmt(ci[1])}]" if ci else ""
-            lines.append(head + f"S_min {fmt(f['s_min'])}, E_min {fmt(f['e_min'])}, B_crit {crit}{ci_s}, "
-                                f"B_simple {fmt(r['b_simple'])}{b_simple_runs(r)}" +
-                                (f" ({r['note']})" if r.get("note") else ""))
-            lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}"
+            lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}" +
+                                            (f" t={fmt_seconds(t['seconds'])}" if "seconds" in t else "")
                                             for t in r["points"]))
+            if r.get("fastest"):
+                lines.append(f"    least time to it: B={r['fastest']['batch']} "
+                             f"({fmt_seconds(r['fastest']['seconds'])})")
     return "\n".join(lines)
 
 

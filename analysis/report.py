@@ -94,7 +94,8 @@ def result_table(groups, analysis, other_keys, axes):
             if t and "chosen" in t and any(g.config.get(k) != v for k, v in t["chosen"].items()):
                 t = None  # another setting of this batch size reached the target first
             if t and target is not None:
-                text += f"<br><small>to {target:.3f}: {t['steps']:.0f} steps, {t['samples']:.0f} samples</small>"
+                took = f", {critical_batch.fmt_seconds(t['seconds'])}" if "seconds" in t else ""
+                text += f"<br><small>to {target:.3f}: {t['steps']:.0f} steps, {t['samples']:.0f} samples{took}</small>"
             tds.append(f"<td>{text}</td>")
         out.append("<tr>" + "".join(tds) + "</tr>")
     return "<table>" + "\n".join(out) + "</table>"
@@ -106,7 +107,8 @@ def critical_section(analysis):
              "smoothed train-loss curve and counts the optimizer updates made before it reaches the target "
              "(the loss logged at iteration k is measured after k - 1 updates); E = B S."
              + (f" B_simple at the target: {html.escape(analysis['b_simple_smoothing'])}."
-                if analysis.get("b_simple_smoothing") else "") + "</p>"]
+                if analysis.get("b_simple_smoothing") else "")
+             + (f" Times: {html.escape(analysis['time'])}." if analysis.get("time") else "") + "</p>"]
     left = analysis.get("ramped_left_out")
     if left:
         parts.append(f"<p>Left out of the fit: {len(left)} point(s) that ramp their batch (rampup_batch_size), so "
@@ -114,14 +116,16 @@ def critical_section(analysis):
                      + ", ".join(f"<code>{html.escape(i)}</code>" for i in left) + ".</p>")
     rows = ["<tr><th>optimizer</th><th>target train loss</th><th>batch sizes reaching it</th><th>S_min</th>"
             "<th>E_min</th><th>B_crit = E_min / S_min</th><th>68% interval (bootstrap)</th>"
-            "<th>B_simple at the target (median, range)</th></tr>"]
+            "<th>B_simple at the target (median, range)</th><th>least time to it</th></tr>"]
     for opt, rs in analysis["optimizers"].items():
         for r in rs:
             f = r.get("fit")
             bs = ", ".join(str(t["batch"]) for t in r["points"]) or "none"
+            fast = r.get("fastest")
+            fastest = f"B={fast['batch']}: {critical_batch.fmt_seconds(fast['seconds'])}" if fast else "-"
             if f is None:
                 rows.append(f"<tr><td>{html.escape(opt)}</td><td>{r['target']:.3f}</td><td>{bs}</td>"
-                            f"<td colspan='5'>{html.escape(r['note'])}</td></tr>")
+                            f"<td colspan='5'>{html.escape(r['note'])}</td><td>{fastest}</td></tr>")
                 continue
             crit = fmt(r.get("b_crit"), 3) if r.get("b_crit") else html.escape(r.get("note", ""))
             ci = r.get("b_crit_interval")
@@ -131,7 +135,7 @@ def critical_section(analysis):
                         f"<td>{fmt(f['s_min'], 3)}</td><td>{fmt(f['e_min'], 3)}</td><td>{crit}</td>"
                         f"<td>{'%s - %s' % (fmt(ci[0], 3), fmt(ci[1], 3)) if ci else '-'}</td>"
                         f"<td>{fmt(ns, 3)}{' (%s - %s)' % (fmt(nr[0], 3), fmt(nr[1], 3)) if nr else ''}"
-                        f"{html.escape(critical_batch.b_simple_runs(r))}</td></tr>")
+                        f"{html.escape(critical_batch.b_simple_runs(r))}</td><td>{fastest}</td></tr>")
     parts.append("<table>" + "\n".join(rows) + "</table>")
     return "\n".join(parts)
 

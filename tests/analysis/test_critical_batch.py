@@ -232,6 +232,30 @@ class CriticalBatch(unittest.TestCase):
         self.assertAlmostEqual(row["points"][-1]["steps"], s_min * (1 + b_crit / 128), delta=0.05)
         self.assertAlmostEqual(row["points"][-1]["samples"], 128 * row["points"][-1]["steps"])
 
+    def test_the_training_time_to_a_target_sums_the_runs_step_times_before_it(self):
+        # each step at batch B takes 2 B ms, the first 100 ms more (warm-up): after S updates
+        # (S >= 1, fractional) 100 + 2 B S ms have passed
+        points = sweep(64.0, [8, 16, 32, 64, 128], budget=20000)
+        for p in points:
+            ms = np.full(len(p.series("train/iteration")), 2.0 * p.batch)
+            ms[0] += 100.0
+            p._s["train/iteration_time_ms"] = ms
+        row = cb.analyze(points, [4.0])["optimizers"]["lamb"][0]
+        for t in row["points"]:
+            self.assertAlmostEqual(t["seconds"], (100.0 + 2.0 * t["batch"] * t["steps"]) / 1000.0, places=9, msg=t)
+        least = min(row["points"], key=lambda t: t["seconds"])
+        self.assertEqual(row["fastest"], {"batch": least["batch"], "seconds": least["seconds"]})
+        text = cb.text_table({"method": "m", "time": "t: ...", "optimizers": {"lamb": [row]}})
+        self.assertIn(f"least time to it: B={least['batch']} ({cb.fmt_seconds(least['seconds'])})", text)
+        self.assertIn(f"B=8: S={row['points'][0]['steps']:.1f} E=", text)
+        # a run that logged no step times: its batch size has no time, and no batch size is the fastest
+        del points[0]._s["train/iteration_time_ms"]
+        row = cb.analyze(points, [4.0])["optimizers"]["lamb"][0]
+        self.assertNotIn("seconds", row["points"][0])
+        self.assertIn("seconds", row["points"][1])
+        self.assertIsNone(row["fastest"])
+        self.assertEqual([cb.fmt_seconds(s) for s in (0.0123, 59.4, 245.0, 7380.0)], ["0.0123s", "59.4s", "4m05s", "2h03m"])
+
     def test_a_target_runs_start_below_is_left_out_and_said(self):
         # every run starts at 10: a target of 12 is 'reached' before any update
         res = cb.analyze(sweep(64.0, [8, 16, 32, 64]), [12.0, 4.0])
