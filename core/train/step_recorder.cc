@@ -39,7 +39,6 @@ void StepRecorder::allocate(const std::vector<std::string>& extra_names, Device 
 }
 
 void StepRecorder::begin_step() {
-  if (ring_.defined() && ring_rows_ == ring_.dim(0)) drain();
   if (step_.defined()) step_.zero();
 }
 
@@ -51,6 +50,10 @@ void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, do
   ring_consumed_.push_back(consumed);
   ring_batch_.push_back(batch);
   ++ring_rows_;
+  if (ring_rows_ == ring_.dim(0)) {  // full: read now, after this step's time was taken (its wait lands in it)
+    drain();
+    return;
+  }
   if (!runtime::host_reads_directly(step_.device())) return;
   // The row is in host memory already: catch a diverged run at once.
   const double* row = step_.data<double>();
@@ -65,7 +68,12 @@ void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, do
 
 void StepRecorder::drain() {
   if (ring_rows_ == 0) return;
-  const std::vector<double> rows = to_host_f64(ring_.rows(0, ring_rows_));  // the one read of the interval
+  // The one read of the interval. On a GPU the host runs ahead of the device, and this read
+  // waits for the steps it has queued: that wait is the last row's, so that the rows' times
+  // (train/iteration_time_ms) add up to the time the steps took, not the time to queue them.
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<double> rows = to_host_f64(ring_.rows(0, ring_rows_));
+  ring_seconds_.back() += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (interval_extra_.size() != extra_names_.size()) interval_extra_.assign(extra_names_.size(), 0.0);
   for (int64_t r = 0; r < ring_rows_; ++r)
     drain_row(rows.data() + static_cast<size_t>(r) * slots_, ring_first_ + r, static_cast<size_t>(r));

@@ -43,11 +43,11 @@ class StepRecorder {
   Tensor losses() const { return step_.flat(0, loss_slots()); }     // f64 (1 + E) of this step
   Tensor slots(Slot first, size_t n = 1) const { return step_.flat(loss_slots() + first, n); }
 
-  // Before a step: a full ring is drained, the row zeroed.
+  // Before a step: the row zeroed.
   void begin_step();
   // After it: the row joins the ring with the host's values of the step (`batch`: its global
-  // batch). Where the host reads the row for free (a CPU run), a NaN loss or norm is drained
-  // at once.
+  // batch; `seconds`: its time); a full ring is drained. Where the host reads the row for free
+  // (a CPU run), a NaN loss or norm is drained at once.
   void record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds);
   // Reads the rows since the last drain: metrics rows, losses(), the noise scale, divergence.
   void drain();

@@ -21,7 +21,9 @@
 #include "core/comm/nccl_communicator.h"
 #include "core/device/runtime.h"
 #include "core/io/checkpoint.h"
+#include "core/io/metrics.h"
 #include "core/optim/optimizer.h"
+#include "core/train/step_recorder.h"
 #include "core/train/trainer.h"
 #include "core/util/philox.h"
 #include "models/registry.h"
@@ -411,6 +413,31 @@ TEST_F(Gpu, TheSteadyStateStepNeverWaitsForTheGpu) {
     ASSERT_EQ(losses.size(), 12u);
     for (double l : losses) EXPECT_TRUE(std::isfinite(l));
   }
+}
+
+// A step's time (train/iteration_time_ms) is the time it took, not the time to queue it: the
+// host runs ahead of the GPU, and the read at a drain waits for the steps it queued; that
+// wait is the last step's. Here the stream is held for 0.5 s behind the step, so the drain
+// waits about that long, and the step's time shows it (without, it was the host's 1 ms). The
+// times then sum to the interval's, as sweep analyze's time to a target needs.
+TEST_F(Gpu, StepTimesCountTheWaitForTheStepsTheHostQueuedAhead) {
+  const mb::Device dev = mb::Device::cuda(0);
+  mb::testing::TempDir tmp;
+  mb::train::TrainOptions o;
+  std::ostringstream console;
+  {
+    mb::io::MetricsFile metrics(tmp / "metrics.h5", nlohmann::json::object());
+    mb::train::StepRecorder recorder(o, false, &metrics, console);
+    recorder.allocate({}, dev);
+    recorder.begin_step();
+    mb::runtime::StreamHold hold(dev, 0.5);
+    recorder.record(1, 8, 8, 1e-3, 0.001);
+    recorder.drain();
+    EXPECT_TRUE(hold.release()) << "the hold ran its 0.5 s: the drain waited for it";
+  }
+  const auto ms = mb::io::read_metric_series(tmp / "metrics.h5")["train/iteration_time_ms"];
+  ASSERT_EQ(ms.size(), 1u);
+  EXPECT_GE(ms[0], 400.0) << "the drain's wait behind the held stream is the step's";
 }
 
 // Host->device copies up to 2 MiB go through pinned staging: issued behind a hold on the
