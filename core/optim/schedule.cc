@@ -14,7 +14,8 @@ DecayStyle parse_decay_style(const std::string& s) {
   if (s == "cosine") return DecayStyle::kCosine;
   if (s == "inverse-square-root") return DecayStyle::kInverseSquareRoot;
   if (s == "polynomial") return DecayStyle::kPolynomial;
-  fail("lr_decay_style: unknown style '", s, "'; use constant, linear, cosine, inverse-square-root or polynomial");
+  if (s == "WSD") return DecayStyle::kWsd;
+  fail("lr_decay_style: unknown style '", s, "'; use constant, linear, cosine, inverse-square-root, polynomial or WSD");
 }
 
 const char* decay_style_name(DecayStyle s) {
@@ -24,13 +25,37 @@ const char* decay_style_name(DecayStyle s) {
     case DecayStyle::kCosine: return "cosine";
     case DecayStyle::kInverseSquareRoot: return "inverse-square-root";
     case DecayStyle::kPolynomial: return "polynomial";
+    case DecayStyle::kWsd:
+      return "WSD";
+  }
+  return "?";
+}
+
+WsdStyle parse_wsd_style(const std::string& s) {
+  if (s == "exponential") return WsdStyle::kExponential;
+  if (s == "linear") return WsdStyle::kLinear;
+  if (s == "cosine") return WsdStyle::kCosine;
+  if (s == "minus_sqrt") return WsdStyle::kMinusSqrt;
+  fail("lr_wsd_decay_style: unknown style '", s, "'; use exponential, linear, cosine or minus_sqrt");
+}
+
+const char* wsd_style_name(WsdStyle s) {
+  switch (s) {
+    case WsdStyle::kExponential:
+      return "exponential";
+    case WsdStyle::kLinear:
+      return "linear";
+    case WsdStyle::kCosine:
+      return "cosine";
+    case WsdStyle::kMinusSqrt:
+      return "minus_sqrt";
   }
   return "?";
 }
 
 double LrSchedule::lr(int64_t samples) const {
   if (warmup_samples > 0 && samples <= warmup_samples)
-    return max_lr * static_cast<double>(samples) / static_cast<double>(warmup_samples);
+    return init_lr + (max_lr - init_lr) * static_cast<double>(samples) / static_cast<double>(warmup_samples);
   if (style == DecayStyle::kConstant) return max_lr;
   if (style == DecayStyle::kInverseSquareRoot) {
     const double w = static_cast<double>(std::max<int64_t>(warmup_samples, 1));
@@ -38,6 +63,27 @@ double LrSchedule::lr(int64_t samples) const {
     return std::max(min_lr, max_lr * std::sqrt(w) / std::sqrt(n));
   }
   if (samples > decay_samples) return min_lr;
+  if (style == DecayStyle::kWsd) {
+    const int64_t stable_until = decay_samples - wsd_decay_samples;
+    if (samples <= stable_until) return max_lr;  // (so a decay of 0 samples never divides by it)
+    const double r = static_cast<double>(samples - stable_until) / static_cast<double>(wsd_decay_samples);
+    double coeff = 0;
+    switch (wsd_style) {
+      case WsdStyle::kExponential:
+        coeff = 2.0 * std::pow(0.5, r) - 1.0;
+        break;
+      case WsdStyle::kLinear:
+        coeff = 1.0 - r;
+        break;
+      case WsdStyle::kCosine:
+        coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
+        break;
+      case WsdStyle::kMinusSqrt:
+        coeff = 1.0 - std::sqrt(r);
+        break;
+    }
+    return min_lr + coeff * (max_lr - min_lr);
+  }
   const double span = static_cast<double>(decay_samples - warmup_samples);
   const double ratio = span > 0 ? static_cast<double>(samples - warmup_samples) / span : 1.0;
   double coeff = 0;

@@ -1,7 +1,8 @@
 // Learning-rate schedules counted in samples, as Megatron's OptimizerParamScheduler:
-// linear warmup from 0 over warmup_samples, then decay from max_lr to min_lr over
-// [warmup_samples, decay_samples], min_lr after. The LR of an iteration is the schedule
-// at the samples consumed before it.
+// linear warmup from init_lr (default 0) over warmup_samples, then decay from max_lr to
+// min_lr over [warmup_samples, decay_samples], min_lr after. WSD (warmup, stable, decay)
+// holds max_lr and decays only over the last wsd_decay_samples of that span. The LR of an
+// iteration is the schedule at the samples consumed before it.
 #pragma once
 
 #include <cstdint>
@@ -9,15 +10,24 @@
 
 namespace megabatch::optim {
 
-enum class DecayStyle { kConstant, kLinear, kCosine, kInverseSquareRoot, kPolynomial };
+enum class DecayStyle { kConstant, kLinear, kCosine, kInverseSquareRoot, kPolynomial, kWsd };
 DecayStyle parse_decay_style(const std::string& s);  // Error listing the styles
-const char* decay_style_name(DecayStyle s);
+const char* decay_style_name(DecayStyle s);          // Megatron's spelling: "WSD" for kWsd
+
+// The shape of WSD's decay (Megatron's --lr-wsd-decay-style), over r from 0 to 1 of it:
+// exponential 2 * 0.5^r - 1, linear 1 - r, cosine (1 + cos(pi r)) / 2, minus_sqrt 1 - sqrt(r).
+enum class WsdStyle { kExponential, kLinear, kCosine, kMinusSqrt };
+WsdStyle parse_wsd_style(const std::string& s);  // Error listing the styles
+const char* wsd_style_name(WsdStyle s);
 
 struct LrSchedule {
   double max_lr = 0, min_lr = 0;
   int64_t warmup_samples = 0, decay_samples = 0;
   DecayStyle style = DecayStyle::kLinear;
-  double power = 1.0;  // polynomial: (1 - ratio)^power
+  double power = 1.0;             // polynomial: (1 - ratio)^power
+  int64_t wsd_decay_samples = 0;  // WSD: the decay, the last samples of the decay span
+  WsdStyle wsd_style = WsdStyle::kExponential;
+  double init_lr = 0;  // where the warmup starts (Megatron's --lr-warmup-init)
   double lr(int64_t samples) const;
 };
 

@@ -37,7 +37,8 @@ const std::map<std::string, config::Range>& ranges() {
       {"train_samples", at_least(1)}, {"rampup_batch_size", at_least(1)},
       {"lr", at_least(0)}, {"min_lr", at_least(0)}, {"lr_decay_power", above(0)}, {"lr_decay_iters", at_least(1)},
       {"lr_decay_samples", at_least(1)}, {"lr_warmup_iters", at_least(0)}, {"lr_warmup_samples", at_least(0)},
-      {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)},
+      {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)}, {"lr_warmup_init", at_least(0)},
+      {"lr_wsd_decay_iters", at_least(0)}, {"lr_wsd_decay_samples", at_least(0)},
       {"weight_decay", at_least(0)}, {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
@@ -137,13 +138,21 @@ const config::Schema& train_schema() {
 
       {"lr", Type::kFloat, nullptr, "peak learning rate (before the scaling rule)", "learning rate"},
       {"min_lr", Type::kFloat, 0.0, "learning rate at the end of decay", "learning rate"},
-      {"lr_decay_style", Type::kString, "linear", "constant, linear, cosine, inverse-square-root, polynomial", "learning rate"},
+      {"lr_decay_style", Type::kString, "linear",
+       "constant, linear, cosine, inverse-square-root, polynomial, or WSD (warmup, stable, decay: --lr at the end of "
+       "the warmup until the last --lr-wsd-decay-iters of the decay span, then down to --min-lr)", "learning rate"},
+      {"lr_wsd_decay_style", Type::kString, "exponential",
+       "WSD's decay: exponential, linear, cosine, minus_sqrt (1 - sqrt of its fraction)", "learning rate"},
+      {"lr_wsd_decay_iters", Type::kInt, nullptr, "WSD: iterations of the decay, the end of the decay span", "learning rate"},
+      {"lr_wsd_decay_samples", Type::kInt, nullptr, "WSD: samples of the decay (with --train-samples)", "learning rate"},
       {"lr_decay_power", Type::kFloat, 1.0, "power of the polynomial decay", "learning rate"},
       {"lr_decay_iters", Type::kInt, nullptr, "decay over this many iterations (default train_iters)", "learning rate"},
       {"lr_decay_samples", Type::kInt, nullptr, "decay over this many samples (with --train-samples)", "learning rate"},
       {"lr_warmup_iters", Type::kInt, 0, "linear warmup iterations", "learning rate"},
       {"lr_warmup_samples", Type::kInt, 0, "linear warmup samples", "learning rate"},
       {"lr_warmup_fraction", Type::kFloat, nullptr, "warmup as a fraction of the decay span", "learning rate"},
+      {"lr_warmup_init", Type::kFloat, 0.0, "learning rate the warmup starts from (after the scaling rule, as --lr)",
+       "learning rate"},
       {"lr_scaling", Type::kString, "none", "scale lr and min_lr with the global batch: none, sqrt, linear", "learning rate"},
       {"lr_scaling_ref_batch", Type::kInt, nullptr, "global batch size at which lr is given", "learning rate"},
 
@@ -270,12 +279,36 @@ std::string schedule_conflict(const json& v, const std::function<std::string(con
                          (iterations_from.empty() ? "" : ": the same samples at every batch size") + ") or " +
                          name("lr_warmup_iters") + " instead");
     if (present("lr_decay_samples")) return counted("lr_decay_samples", name("lr_decay_iters") + " instead");
+    if (present("lr_wsd_decay_samples"))
+      return counted("lr_wsd_decay_samples", name("lr_wsd_decay_iters") + " instead");
   }
   if (by_samples && !by_iters) {
     if (nonzero("lr_warmup_iters"))
       return counted("lr_warmup_iters", name("lr_warmup_samples") + " or " + name("lr_warmup_fraction") + " instead");
     if (present("lr_decay_iters")) return counted("lr_decay_iters", name("lr_decay_samples") + " instead");
+    if (present("lr_wsd_decay_iters"))
+      return counted("lr_wsd_decay_iters", name("lr_wsd_decay_samples") + " instead");
   }
+  // WSD's keys on another decay style, which would ignore them; WSD without its decay's length
+  const bool wsd = present("lr_decay_style") && v["lr_decay_style"].is_string() &&
+                   v["lr_decay_style"].get<std::string>() == "WSD";
+  // (the style by its value: train's values carry its default, exponential)
+  const bool wsd_styled = present("lr_wsd_decay_style") && v["lr_wsd_decay_style"] != "exponential";
+  for (const char* k : {"lr_wsd_decay_iters", "lr_wsd_decay_samples", "lr_wsd_decay_style"})
+    if ((std::string(k) == "lr_wsd_decay_style" ? wsd_styled : present(k)) && !wsd)
+      return name(k) + " shapes the decay of " + name("lr_decay_style") + " WSD, which this run does not use (" +
+             (present("lr_decay_style") && v["lr_decay_style"].is_string() ? v["lr_decay_style"].get<std::string>()
+                                                                            : std::string("the default, linear")) +
+             "), so it would do nothing; set " + name("lr_decay_style") + " WSD, or drop it";
+  if (wsd && !present("lr_wsd_decay_iters") && !present("lr_wsd_decay_samples"))
+    return name("lr_decay_style") + " WSD decays over the last " +
+           name(by_samples && !by_iters ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters") +
+           " of the decay span, which is not given; give it (0: no decay before the span ends)";
+  if (nonzero("lr_warmup_init") && !nonzero("lr_warmup_iters") && !nonzero("lr_warmup_samples") &&
+      !nonzero("lr_warmup_fraction"))
+    return name("lr_warmup_init") + " is where the warmup starts, and this run has none, so it would do nothing; "
+           "give a warmup (" + name("lr_warmup_iters") + ", " + name("lr_warmup_samples") + " or " +
+           name("lr_warmup_fraction") + "), or drop it";
   if (present("lr_warmup_fraction"))
     for (const char* count : {"lr_warmup_iters", "lr_warmup_samples"})
       if (nonzero(count))
@@ -318,20 +351,31 @@ optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
   optim::LrSchedule s;
   s.max_lr = optim::scaled_lr(v["lr"].get<double>(), rule, gbs, ref);
   s.min_lr = optim::scaled_lr(v["min_lr"].get<double>(), rule, gbs, ref);
+  s.init_lr = optim::scaled_lr(v["lr_warmup_init"].get<double>(), rule, gbs, ref);
   s.style = optim::parse_decay_style(v["lr_decay_style"].get<std::string>());
+  s.wsd_style = optim::parse_wsd_style(v["lr_wsd_decay_style"].get<std::string>());
   s.power = v["lr_decay_power"].get<double>();
   if (by_iters) {
     s.decay_samples = (v.contains("lr_decay_iters") ? v["lr_decay_iters"].get<int64_t>() : train_iters) * gbs;
     s.warmup_samples = v["lr_warmup_iters"].get<int64_t>() * gbs;
+    if (v.contains("lr_wsd_decay_iters")) s.wsd_decay_samples = v["lr_wsd_decay_iters"].get<int64_t>() * gbs;
   } else {
     s.decay_samples = v.contains("lr_decay_samples") ? v["lr_decay_samples"].get<int64_t>() : v["train_samples"].get<int64_t>();
     s.warmup_samples = v["lr_warmup_samples"].get<int64_t>();
+    if (v.contains("lr_wsd_decay_samples")) s.wsd_decay_samples = v["lr_wsd_decay_samples"].get<int64_t>();
   }
   if (v.contains("lr_warmup_fraction"))
     s.warmup_samples = static_cast<int64_t>(v["lr_warmup_fraction"].get<double>() * static_cast<double>(s.decay_samples));
   check(s.warmup_samples <= s.decay_samples || s.style == optim::DecayStyle::kConstant ||
             s.style == optim::DecayStyle::kInverseSquareRoot,
         "lr warmup (", s.warmup_samples, " samples) is longer than the decay span (", s.decay_samples, " samples)");
+  // the decay starts before the warmup ends: the learning rate would jump down as the warmup ends
+  check(s.style != optim::DecayStyle::kWsd || s.wsd_decay_samples <= s.decay_samples - s.warmup_samples,
+        "--lr-decay-style WSD: its decay (", s.wsd_decay_samples, " samples) is longer than the decay span after the "
+        "warmup (", s.decay_samples, " - ", s.warmup_samples, " samples), so it would start during the warmup; give a "
+        "shorter --lr-wsd-decay-", by_iters ? "iters" : "samples", " or a shorter warmup");
+  check(s.init_lr <= s.max_lr, "--lr-warmup-init (", s.init_lr, ") is above --lr (", s.max_lr,
+        "): the warmup would lower the learning rate; give a --lr-warmup-init at or below --lr");
   return s;
 }
 

@@ -143,7 +143,8 @@ std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, co
   };
   const auto decays = [](DecayStyle s) { return s != DecayStyle::kConstant; };
   const auto spans = [](DecayStyle s) {
-    return s == DecayStyle::kLinear || s == DecayStyle::kCosine || s == DecayStyle::kPolynomial;
+    return s == DecayStyle::kLinear || s == DecayStyle::kCosine || s == DecayStyle::kPolynomial ||
+           s == DecayStyle::kWsd;
   };
   differ("--lr-decay-style", optim::decay_style_name(saved.style), optim::decay_style_name(run.style));
   differ("peak learning rate (--lr, after --lr-scaling)", shortest(saved.max_lr), shortest(run.max_lr));
@@ -155,6 +156,13 @@ std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, co
            std::to_string(saved.decay_samples), std::to_string(run.decay_samples));
   if (saved.style == DecayStyle::kPolynomial || run.style == DecayStyle::kPolynomial)
     differ("--lr-decay-power", shortest(saved.power), shortest(run.power));
+  if (saved.style == DecayStyle::kWsd || run.style == DecayStyle::kWsd) {
+    differ("WSD's decay (samples: --lr-wsd-decay-*)", std::to_string(saved.wsd_decay_samples),
+           std::to_string(run.wsd_decay_samples));
+    differ("--lr-wsd-decay-style", optim::wsd_style_name(saved.wsd_style), optim::wsd_style_name(run.wsd_style));
+  }
+  if (saved.warmup_samples > 0 || run.warmup_samples > 0)
+    differ("--lr-warmup-init (after --lr-scaling)", shortest(saved.init_lr), shortest(run.init_lr));
   return out;
 }
 }  // namespace

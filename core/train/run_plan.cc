@@ -2,6 +2,8 @@
 
 #include <ostream>
 
+#include "core/util/numbers.h"
+
 namespace megabatch::train {
 
 void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& console) {
@@ -17,7 +19,12 @@ void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& cons
           << (opt.rampup.on() ? rampup_text(opt.rampup, gbs) + " (--rampup-batch-size), then " : "") << gbs
           << " (micro batch " << opt.micro_batch_size << ", " << gbs / (opt.micro_batch_size * plan.dp_size)
           << " accumulation steps" << layout << "), lr " << s.max_lr << " " << optim::decay_style_name(s.style)
-          << " to " << s.min_lr << ", warmup " << s.warmup_samples << " samples; " << plan.threads << " threads\n"
+          << (s.style == optim::DecayStyle::kWsd
+                  ? " (stable until sample " + std::to_string(s.decay_samples - s.wsd_decay_samples) + ", then " +
+                        optim::wsd_style_name(s.wsd_style) + " over " + std::to_string(s.wsd_decay_samples) + ")"
+                  : std::string())
+          << " to " << s.min_lr << ", warmup " << s.warmup_samples << " samples"
+          << (s.init_lr > 0 ? " from " + shortest(s.init_lr) : std::string()) << "; " << plan.threads << " threads\n"
           << "> writing " << plan.metrics.string() << "; diverged when the lm loss is NaN/inf or above "
           << opt.divergence_loss << " for " << opt.divergence_intervals << " log intervals" << std::endl;
 }

@@ -48,11 +48,20 @@ nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimize
           {"lr_samples", counts.lr_samples},
           {"skipped_iterations", skipped_iterations},
           {"loss_scaler",
-           {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker},
-            {"hysteresis_tracker", scaler.hysteresis_tracker}, {"dynamic", optimizer.loss_scaler_config().dynamic}}},
+           {{"scale", scaler.scale},
+            {"growth_tracker", scaler.growth_tracker},
+            {"hysteresis_tracker", scaler.hysteresis_tracker},
+            {"dynamic", optimizer.loss_scaler_config().dynamic}}},
           {"lr_schedule",
-           {{"max_lr", sc.max_lr}, {"min_lr", sc.min_lr}, {"warmup_samples", sc.warmup_samples},
-            {"decay_samples", sc.decay_samples}, {"style", optim::decay_style_name(sc.style)}, {"power", sc.power},
+           {{"max_lr", sc.max_lr},
+            {"min_lr", sc.min_lr},
+            {"warmup_samples", sc.warmup_samples},
+            {"decay_samples", sc.decay_samples},
+            {"style", optim::decay_style_name(sc.style)},
+            {"power", sc.power},
+            {"wsd_decay_samples", sc.wsd_decay_samples},
+            {"wsd_style", optim::wsd_style_name(sc.wsd_style)},
+            {"init_lr", sc.init_lr},
             {"lr", sc.lr(counts.lr_samples)}}}};
 }
 
@@ -82,6 +91,9 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
     sc.warmup_samples = trainer_field<int64_t>(state, "lr_schedule.warmup_samples");
     sc.decay_samples = trainer_field<int64_t>(state, "lr_schedule.decay_samples");
     sc.power = trainer_field<double>(state, "lr_schedule.power", 1.0);
+    // checkpoints before WSD and --lr-warmup-init: none, from 0
+    sc.wsd_decay_samples = trainer_field<int64_t>(state, "lr_schedule.wsd_decay_samples", int64_t{0});
+    sc.init_lr = trainer_field<double>(state, "lr_schedule.init_lr", 0.0);
     const nlohmann::json style = t["lr_schedule"].value("style", nlohmann::json());
     std::optional<optim::DecayStyle> parsed;
     try {
@@ -91,6 +103,15 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
     check(parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(),
           ", not a decay style", io::kDamagedCheckpoint);
     sc.style = *parsed;
+    const nlohmann::json wsd = t["lr_schedule"].value("wsd_style", nlohmann::json("exponential"));
+    std::optional<optim::WsdStyle> wsd_parsed;
+    try {
+      if (wsd.is_string()) wsd_parsed = optim::parse_wsd_style(wsd.get<std::string>());
+    } catch (const Error&) {  // said below
+    }
+    check(wsd_parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.wsd_style is ", wsd.dump(),
+          ", not a WSD decay style", io::kDamagedCheckpoint);
+    sc.wsd_style = *wsd_parsed;
     out.schedule = sc;
   }
   return out;

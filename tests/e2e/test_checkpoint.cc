@@ -342,6 +342,47 @@ TEST_F(Checkpoint, AResumeWithAnotherScheduleIsRefusedUnlessAFlagSaysWhichToKeep
       << r.output;
 }
 
+// Megatron's WSD schedule (--lr-decay-style WSD) with --lr-warmup-init: the learning rates the
+// run logs are those of Megatron's formula, worked out by hand, and a run stopped in its stable
+// phase resumes bit for bit; a resume with another WSD decay is refused, naming it.
+TEST_F(Checkpoint, AWsdRunFollowsMegatronsScheduleAndResumesBitwise) {
+  mb::testing::TempDir tmp;
+  // batch 4: warmup 8 samples from 1e-3, decay span 24, its last 12 linear to 0
+  const std::string wsd =
+      "--lr-decay-style WSD --lr-wsd-decay-iters 3 --lr-wsd-decay-style linear --lr-warmup-init 1e-3";
+  auto r = mb::testing::run_command(train(tmp / "whole", wsd));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("lr 0.003 WSD (stable until sample 12, then linear over 12) to 0, warmup 8 samples from 0.001"),
+      std::string::npos)
+      << r.output;
+  // iteration k at the 4 (k - 1) samples before it: warmup 1e-3 + 2e-3 s / 8, the peak to
+  // sample 12, then 3e-3 (1 - (s - 12) / 12)
+  const std::vector<double> expected = {1e-3, 2e-3, 3e-3, 3e-3, 2e-3, 1e-3};
+  const auto lr = series(tmp / "whole" / "metrics.h5", "train/learning_rate");
+  ASSERT_EQ(lr.size(), expected.size());
+  for (size_t i = 0; i < lr.size(); ++i) EXPECT_NEAR(lr[i], expected[i], 1e-15) << "iteration " << i + 1;
+
+  const std::string c = (tmp / "c").string();
+  r = mb::testing::run_command(train(tmp / "first", wsd + " --save " + c + " --exit-interval 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "other",
+                                     "--lr-decay-style WSD --lr-wsd-decay-iters 2 --lr-wsd-decay-style "
+                                     "linear --lr-warmup-init 1e-3 --load " +
+                                         c));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("WSD's decay (samples: --lr-wsd-decay-*) 12 in the checkpoint, 8 in this run"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(tmp / "resumed", wsd + " --load " + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* name : {"train/learning_rate", "train/lm_loss"}) {
+    const auto whole = series(tmp / "whole" / "metrics.h5", name);
+    EXPECT_EQ(series(tmp / "resumed" / "metrics.h5", name), std::vector<double>(whole.begin() + 3, whole.end()))
+        << name;
+  }
+}
+
 TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();

@@ -37,6 +37,42 @@ TEST(LrSchedule, WarmupThenEachDecayStyle) {
   EXPECT_NEAR(s.lr(1e6), 0.1, 1e-15);  // floored at min_lr
 }
 
+// WSD (Megatron's "WSD"): warmup, max_lr until the last wsd_decay_samples of the decay span,
+// then each decay shape down to min_lr; here warmup 100, span 1100, decay over its last 400,
+// so the decay runs from sample 700 and r = (samples - 700) / 400.
+TEST(LrSchedule, WsdHoldsThePeakThenDecaysOverTheEndOfTheSpan) {
+  mb::optim::LrSchedule s{1.0, 0.1, 100, 1100, DecayStyle::kWsd, 1.0, 400};
+  EXPECT_DOUBLE_EQ(s.lr(50), 0.5) << "the warmup as for every style";
+  EXPECT_DOUBLE_EQ(s.lr(100), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr(400), 1.0) << "stable";
+  EXPECT_DOUBLE_EQ(s.lr(700), 1.0) << "the decay's first sample is the next";
+  EXPECT_DOUBLE_EQ(s.lr(1100), 0.1);
+  EXPECT_DOUBLE_EQ(s.lr(1101), 0.1) << "min_lr past the span";
+  // r = 1/4 at sample 800, each shape's coefficient c: min_lr + 0.9 c
+  const std::vector<std::pair<mb::optim::WsdStyle, double>> shapes = {
+      {mb::optim::WsdStyle::kExponential, 2.0 * std::pow(0.5, 0.25) - 1.0},
+      {mb::optim::WsdStyle::kLinear, 0.75},
+      {mb::optim::WsdStyle::kCosine, 0.5 * (std::cos(M_PI * 0.25) + 1.0)},
+      {mb::optim::WsdStyle::kMinusSqrt, 0.5},
+  };
+  for (const auto& [shape, c] : shapes) {
+    s.wsd_style = shape;
+    EXPECT_NEAR(s.lr(800), 0.1 + 0.9 * c, 1e-15) << mb::optim::wsd_style_name(shape);
+    EXPECT_NEAR(s.lr(1100), 0.1, 1e-15) << mb::optim::wsd_style_name(shape) << ": every shape ends at min_lr";
+  }
+  s.wsd_decay_samples = 0;  // no decay: the peak to the end of the span, then min_lr
+  EXPECT_DOUBLE_EQ(s.lr(1100), 1.0);
+  EXPECT_DOUBLE_EQ(s.lr(1101), 0.1);
+  // --lr-warmup-init: the warmup starts there (any style)
+  s.init_lr = 0.2;
+  EXPECT_DOUBLE_EQ(s.lr(0), 0.2);
+  EXPECT_DOUBLE_EQ(s.lr(50), 0.6);
+  EXPECT_EQ(mb::optim::parse_decay_style("WSD"), DecayStyle::kWsd);
+  EXPECT_STREQ(mb::optim::decay_style_name(DecayStyle::kWsd), "WSD");
+  mb::testing::expect_error([] { mb::optim::parse_wsd_style("sqrt"); },
+                            "lr_wsd_decay_style: unknown style 'sqrt'; use exponential, linear, cosine or minus_sqrt");
+}
+
 TEST(LrSchedule, ScalingRulesAndClipping) {
   EXPECT_DOUBLE_EQ(mb::optim::scaled_lr(0.01, mb::optim::LrScaling::kSqrt, 4096, 1024), 0.02);
   EXPECT_DOUBLE_EQ(mb::optim::scaled_lr(0.01, mb::optim::LrScaling::kLinear, 4096, 1024), 0.04);
@@ -78,6 +114,25 @@ TEST(LrOptions, IgnoredOrContradictoryScheduleKeysAreNamedWithWhatToGiveInstead)
       {{{"train_iters", 10}, {"lr", 0.001}, {"lr_scaling", "none"}, {"lr_scaling_ref_batch", 256}},
        "lr_scaling_ref_batch is the batch at which lr is given for lr_scaling, which is none here, so it would do "
        "nothing; set lr_scaling to sqrt or linear, or drop it"},
+      // WSD's keys: counted as the run counts, only with WSD, and its decay's length given
+      {{{"train_iters", 10}, {"lr_decay_style", "WSD"}, {"lr_wsd_decay_samples", 64}},
+       "lr_wsd_decay_samples counts samples, but this run counts iterations (train_iters), which would ignore it; "
+       "give lr_wsd_decay_iters instead, or train by train_samples"},
+      {{{"train_samples", 640}, {"lr_decay_style", "WSD"}, {"lr_wsd_decay_iters", 2}},
+       "lr_wsd_decay_iters counts iterations, but this run counts samples (train_samples), which would ignore it; "
+       "give lr_wsd_decay_samples instead, or train by train_iters"},
+      {{{"train_iters", 10}, {"lr_wsd_decay_iters", 2}},
+       "lr_wsd_decay_iters shapes the decay of lr_decay_style WSD, which this run does not use (the default, "
+       "linear), so it would do nothing; set lr_decay_style WSD, or drop it"},
+      {{{"train_iters", 10}, {"lr_decay_style", "cosine"}, {"lr_wsd_decay_style", "linear"}},
+       "lr_wsd_decay_style shapes the decay of lr_decay_style WSD, which this run does not use (cosine), so it would "
+       "do nothing; set lr_decay_style WSD, or drop it"},
+      {{{"train_samples", 640}, {"lr_decay_style", "WSD"}},
+       "lr_decay_style WSD decays over the last lr_wsd_decay_samples of the decay span, which is not given; give it "
+       "(0: no decay before the span ends)"},
+      {{{"train_iters", 10}, {"lr_warmup_init", 0.0001}},
+       "lr_warmup_init is where the warmup starts, and this run has none, so it would do nothing; give a warmup "
+       "(lr_warmup_iters, lr_warmup_samples or lr_warmup_fraction), or drop it"},
   };
   for (const auto& [values, message] : refused) EXPECT_EQ(mb::train::schedule_conflict(values, key), message) << values;
   // a sweep's sample budget made the points count iterations: said, and the fraction offered
@@ -109,6 +164,17 @@ TEST(LrOptions, IgnoredOrContradictoryScheduleKeysAreNamedWithWhatToGiveInstead)
        {"lr_scaling", "sqrt"},
        {"lr_scaling_ref_batch", 256}},
       {{"train_iters", 10}, {"lr_decay_samples", nullptr}, {"lr_warmup_fraction", nullptr}},  // null: unset
+      // WSD with train's defaults filled in (the default decay shape on any style; init 0 without a warmup)
+      {{"train_iters", 10}, {"lr_decay_style", "WSD"}, {"lr_wsd_decay_iters", 2}, {"lr_wsd_decay_style", "cosine"}},
+      {{"train_iters", 10},
+       {"lr_decay_style", "linear"},
+       {"lr_wsd_decay_style", "exponential"},
+       {"lr_warmup_init", 0.0}},
+      {{"train_samples", 640},
+       {"lr_decay_style", "WSD"},
+       {"lr_wsd_decay_samples", 0},
+       {"lr_warmup_samples", 64},
+       {"lr_warmup_init", 0.0001}},
   };
   for (const json& values : accepted) EXPECT_EQ(mb::train::schedule_conflict(values, key), "") << values;
 }
