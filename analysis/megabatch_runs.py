@@ -241,7 +241,7 @@ def settings(points, keys=None):
 
 # Keys that never name a line or a row by themselves: the optimizer has its own place, the
 # rest are derived from the batch size or are seeds.
-HIDDEN = ("optimizer", "train_iters", "min_lr", "seed", "lr_warmup_iters", "lr_decay_iters")
+HIDDEN = ("optimizer", "train_iters", "min_lr", "seed", "lr_warmup_iters", "lr_decay_iters", "lr_wsd_decay_iters")
 
 
 def line_keys(items, keys, derived=True):

@@ -201,6 +201,20 @@ class Aggregation(unittest.TestCase):
                                        (8, "runs/p1/b/checkpoints/")]),
                          ["lamb, pretrained_checkpoint=a", "lamb, pretrained_checkpoint=b"])
 
+    def test_a_wsd_decay_zipped_with_the_batch_stays_inside_one_line(self):
+        # one sample budget with WSD's decay over its last 64 samples: lr_wsd_decay_iters zipped
+        # with the batch (8, 4, 2 iterations) is derived from it, as train_iters is, not a line each
+        d = os.path.join(self.tmp.name, "wsd")
+        os.makedirs(d)
+        pts = []
+        for B in (8, 16, 32):
+            cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": 256 // B,
+                   "lr_decay_style": "WSD", "lr_wsd_decay_iters": 64 // B}
+            pts.append(write_point(d, f"lamb-bs{B}-s1", cfg, 9.0 - np.arange(256 // B) / 8, valid=7.0 + B / 100))
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "wsd", "file": "/nonexistent.json", "points": pts}, f)
+        self.assertEqual(plotted(d)["scaling"]["legend"], ["lamb"])
+
     def test_paths_and_blends_are_labelled_as_point_ids_name_them(self):
         # a data_path axis: a dataset by its file name, a blend by its weights and datasets
         d = os.path.join(self.tmp.name, "data")
