@@ -6,6 +6,14 @@
 
 namespace megabatch::train {
 
+void check_noise_scale_batch(int64_t first_global_batch, int64_t micro_batch, bool ramped) {
+  check(first_global_batch >= 2 * micro_batch,
+        "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
+        "micro-batches (global batch ",
+        first_global_batch, ramped ? " at the start of the ramp" : "", ", micro batch ", micro_batch,
+        "); lower --micro-batch-size");
+}
+
 NoiseScaleEstimator::Step NoiseScaleEstimator::add(double small_sq, double b, double big_sq, double B) {
   check(B > b && b > 0, "noise scale: the small batch (", b, ") must be smaller than the big batch (", B, ")");
   const double g2 = (B * big_sq - b * small_sq) / (B - b);

@@ -38,4 +38,8 @@ class NoiseScaleEstimator {
   int64_t n_ = 0;
 };
 
+// The estimate compares micro-batch and global-batch gradients: a global batch (the first of a
+// ramp, its smallest) of fewer than 2 micro-batches is refused, naming --micro-batch-size.
+void check_noise_scale_batch(int64_t first_global_batch, int64_t micro_batch, bool ramped);
+
 }  // namespace megabatch::train

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/train/noise_scale.h"
 #include "core/util/error.h"
 
 namespace megabatch::train {
@@ -435,6 +436,8 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
   opt.schedule = lr_schedule(v, opt.global_batch_size, opt.train_iters);
   logging_options(r, opt);
+  // (the trainer checks it again; here, so that --check and a sweep's dry run refuse it)
+  if (opt.noise_scale) check_noise_scale_batch(opt.global_batch(0), opt.micro_batch_size, opt.rampup.on());
   if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
   opt.save_interval = v["save_interval"].get<int64_t>();
   opt.exit_interval = v["exit_interval"].get<int64_t>();

@@ -32,11 +32,7 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
         ") must be a multiple of micro_batch_size (", opt_.micro_batch_size, ")");
   check_rampup(opt_.rampup, opt_.global_batch_size, opt_.micro_batch_size, 1);
   // the ramp's first batch is its smallest
-  check(!opt_.noise_scale || opt_.global_batch(0) >= 2 * opt_.micro_batch_size,
-        "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
-        "micro-batches (global batch ",
-        opt_.global_batch(0), opt_.rampup.on() ? " at the start of the ramp" : "", ", micro batch ",
-        opt_.micro_batch_size, "); lower --micro-batch-size");
+  if (opt_.noise_scale) check_noise_scale_batch(opt_.global_batch(0), opt_.micro_batch_size, opt_.rampup.on());
   check(opt_.noise_scale_ema >= 0 && opt_.noise_scale_ema < 1, "--noise-scale-ema must be in [0, 1) (got ",
         opt_.noise_scale_ema, ")");
   check(opt_.noise_scale_window >= 0, "--noise-scale-window must be >= 0 samples (0: a decay a step), got ",

@@ -272,6 +272,27 @@ TEST_F(Train, EvaluationOnAnEmptyValidationSplitIsSaid) {
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << "no evaluation asked for, nothing to say: " << r.output;
 }
 
+// What a run refuses at its start, train --check (and so sweep run --dry-run) refuses too, and
+// the run refuses it before it writes its run directory: an evaluation asked of an empty
+// validation split, and the noise scale of a global batch of one micro-batch (both passed
+// --check; the second was refused only once the run had written config.json and metrics.h5).
+TEST_F(Train, CheckRefusesWhatTheRunWouldAtItsStart) {
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--split 100,0,0 --eval-iters 2", "--eval-iters asks for validation, but the validation split"},
+           {"--log-noise-scale --micro-batch-size 4 --global-batch-size 4",
+            "--log-noise-scale compares micro-batch and global-batch gradients, so a global batch needs at least 2 "
+            "micro-batches (global batch 4, micro batch 4); lower --micro-batch-size"}}) {
+    for (const std::string check : {" --check", ""}) {
+      const fs::path run = tmp_ / "run";
+      const auto r = mb::testing::run_command(
+          train(kSmall + "--train-iters 1 --lr 1e-3 " + args + check + " --run-dir " + run.string()));
+      EXPECT_EQ(r.exit_code, 1) << args << check << "\n" << r.output;
+      EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << args << check << "\n" << r.output;
+      EXPECT_FALSE(fs::exists(run / "config.json")) << args << check << ": refused before the run directory";
+    }
+  }
+}
+
 // A GPT dataset made without --append-eod runs its documents together with no token between:
 // the run (and train --check, so sweep run --dry-run) says so and trains; one made with it,
 // or a BERT's sentences, says nothing. Before, such a dataset trained without a word.
