@@ -293,14 +293,18 @@ std::string schedule_conflict(const json& v, const std::function<std::string(con
   // WSD's keys on another decay style, which would ignore them; WSD without its decay's length
   const bool wsd = present("lr_decay_style") && v["lr_decay_style"].is_string() &&
                    v["lr_decay_style"].get<std::string>() == "WSD";
-  // (the style by its value: train's values carry its default, exponential)
-  const bool wsd_styled = present("lr_wsd_decay_style") && v["lr_wsd_decay_style"] != "exponential";
-  for (const char* k : {"lr_wsd_decay_iters", "lr_wsd_decay_samples", "lr_wsd_decay_style"})
-    if ((std::string(k) == "lr_wsd_decay_style" ? wsd_styled : present(k)) && !wsd)
-      return name(k) + " shapes the decay of " + name("lr_decay_style") + " WSD, which this run does not use (" +
-             (present("lr_decay_style") && v["lr_decay_style"].is_string() ? v["lr_decay_style"].get<std::string>()
-                                                                            : std::string("the default, linear")) +
-             "), so it would do nothing; set " + name("lr_decay_style") + " WSD, or drop it";
+  // (the shape by its value: train's values carry its default, exponential)
+  const char* ignored = wsd                                   ? nullptr
+                        : present("lr_wsd_decay_iters")       ? "lr_wsd_decay_iters"
+                        : present("lr_wsd_decay_samples")     ? "lr_wsd_decay_samples"
+                        : present("lr_wsd_decay_style") && v["lr_wsd_decay_style"] != "exponential"
+                            ? "lr_wsd_decay_style"
+                            : nullptr;
+  if (ignored)
+    return name(ignored) + " shapes the decay of " + name("lr_decay_style") + " WSD, which this run does not use (" +
+           (present("lr_decay_style") && v["lr_decay_style"].is_string() ? v["lr_decay_style"].get<std::string>()
+                                                                          : std::string("the default, linear")) +
+           "), so it would do nothing; set " + name("lr_decay_style") + " WSD, or drop it";
   if (wsd && !present("lr_wsd_decay_iters") && !present("lr_wsd_decay_samples"))
     return name("lr_decay_style") + " WSD decays over the last " +
            name(by_samples && !by_iters ? "lr_wsd_decay_samples" : "lr_wsd_decay_iters") +
