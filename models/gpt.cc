@@ -30,7 +30,8 @@ std::string Gpt::summary() const {
   os << "GPT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers, hidden "
      << cfg_.hidden_size << ", " << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn() << ", seq "
      << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
-     << store_.num_full_parameters() << " parameters";
+     << store_.num_full_parameters() << " parameters"
+     << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "");
   return os.str();
 }
 

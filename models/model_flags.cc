@@ -65,6 +65,8 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
       check(!r.given(k), flag(k), " is T5's, and this model is ", c.family, ", which would ignore it; drop it",
             k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
                                         : std::string());
+  check(c.family == "gpt" || !r.given("eod_mask_loss") || !r.values["eod_mask_loss"].get<bool>(),
+        "--eod-mask-loss is GPT's, and this model is ", c.family, ", which would ignore it; drop it");
   if (c.family != "bert")
     for (const std::string k : {"bert_no_binary_head", "post_layernorm"})
       check(!r.given(k) || !r.values[k].get<bool>(), flag(k), " is BERT's, and this model is ", c.family,
@@ -112,6 +114,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.post_layernorm = v["post_layernorm"].get<bool>();
   set_positions(v, c);
   c.binary_head = !v["bert_no_binary_head"].get<bool>();
+  c.eod_mask_loss = v["eod_mask_loss"].get<bool>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

@@ -18,6 +18,8 @@ struct ModelConfig {
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
   std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
+  // GPT
+  bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   // BERT
   int64_t num_tokentypes = 2;
   bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)

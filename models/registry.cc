@@ -36,6 +36,10 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
     samples_.get(first + static_cast<uint64_t>(b), window_.data());
     std::copy(window_.begin(), window_.end() - 1, out.tokens.begin() + b * seq_);
     std::copy(window_.begin() + 1, window_.end(), out.labels.begin() + b * seq_);
+    if (eod_ >= 0)  // Megatron's loss mask: 0 where the input is the end of a document
+      for (int t = 0; t < seq_; ++t)
+        if (window_[static_cast<size_t>(t)] == eod_)
+          out.labels[static_cast<size_t>(b * seq_ + t)] = train::kIgnoreLabel;
   }
 }
 
@@ -112,7 +116,10 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
   if (c.family == "bert")
     return std::make_unique<BertBatchSource>(std::move(ds), docs, seq, tokenizer.special(), tokenizer.vocab_size(), seed,
                                              c.binary_head);
-  return std::make_unique<GptBatchSource>(std::move(ds), docs, seq, seed, c.padded_vocab_size());
+  check(!c.eod_mask_loss || tokenizer.special().eod >= 0, "--eod-mask-loss: tokenizer ", tokenizer.type(),
+        " has no end-of-document token");
+  return std::make_unique<GptBatchSource>(std::move(ds), docs, seq, seed, c.padded_vocab_size(),
+                                          c.eod_mask_loss ? tokenizer.special().eod : -1);
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {

@@ -39,15 +39,17 @@ int64_t tokens_per_sample(const ModelConfig& config);
 // GPT samples: tokens [0, T) and labels [1, T].
 class GptBatchSource final : public train::BatchSource {
  public:
+  // eod >= 0 (--eod-mask-loss): positions whose input token is eod get no label.
   GptBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
-                 uint64_t seed, int64_t vocab_size)
-      : samples_(std::move(ds), docs, seq_length, seed, vocab_size), seq_(seq_length) {}
+                 uint64_t seed, int64_t vocab_size, int32_t eod = -1)
+      : samples_(std::move(ds), docs, seq_length, seed, vocab_size), seq_(seq_length), eod_(eod) {}
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::GptSamples samples_;
   int seq_;
+  int32_t eod_;
   std::vector<int32_t> window_;
 };
 

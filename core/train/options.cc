@@ -120,6 +120,9 @@ const config::Schema& train_schema() {
       {"relative_attention_max_distance", Type::kInt, 128, "distance of T5's last relative position bucket", "model"},
       {"vocab_extra_ids", Type::kInt, nullptr, "T5 sentinel tokens appended to the vocabulary (T5 default 100)", "model"},
       {"normalization", Type::kString, "LayerNorm", "LayerNorm, or RMSNorm (T5's, weight only)", "model"},
+      {"eod_mask_loss", Type::kBool, false,
+       "GPT: no loss at positions whose input is the end-of-document token (the next document's first token, which "
+       "nothing before it predicts)", "model"},
       {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
       {"post_layernorm", Type::kBool, false, "BERT: the original post-LN blocks and embedding LayerNorm (Megatron: pre-LN)", "model"},
 

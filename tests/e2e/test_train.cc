@@ -119,6 +119,8 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
            {"--post-layernorm", "--post-layernorm is BERT's, and this model is gpt, which would ignore it; drop it"},
            {"--model-type bert --vocab-extra-ids 5", "--vocab-extra-ids is T5's, and this model is bert"},
            {"--model-type t5 --bert-no-binary-head", "--bert-no-binary-head is BERT's, and this model is t5"},
+           {"--model-type bert --eod-mask-loss",
+            "--eod-mask-loss is GPT's, and this model is bert, which would ignore it"},
            {"--model-type t5 --relative-attention-num-buckets 8",
             "--relative-attention-num-buckets sets T5's relative position buckets, which this run does not use (its "
             "positions are learned absolute embeddings); add --position-embedding-type relative, or drop it"},
@@ -133,7 +135,7 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
   for (const std::string args : {"--model-type bert --post-layernorm --bert-no-binary-head",
                                  "--model-type t5 --decoder-seq-length 16 --position-embedding-type relative "
                                  "--relative-attention-num-buckets 8",
-                                 "--post-layernorm=false"}) {
+                                 "--post-layernorm=false", "--eod-mask-loss"}) {
     const auto r = check(args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
   }

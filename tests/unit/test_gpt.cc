@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "core/comm/communicator.h"
+#include "core/data/indexed_dataset.h"
 #include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
 #include "core/train/trainer.h"
@@ -95,6 +96,44 @@ TEST(Gpt, HeadChunksAreSmallOnTheCpuAndFewOnAGpu) {
   EXPECT_EQ(head_chunk_rows(8192, 50304, mb::DType::kF32, gpu), 4096);         // f32 logits: twice the bytes
   EXPECT_EQ(head_chunk_rows(3, 50304, mb::DType::kBF16, gpu), 3);
   EXPECT_EQ(head_chunk_rows(100000, 8'000'000, mb::DType::kBF16, gpu), 256);  // never below 256 rows
+}
+
+// --eod-mask-loss (Megatron's loss mask): a position whose input token is the end of a document
+// gets no label, every other position the same token and label as without it; the GPT's loss
+// counts the labelled positions only. Documents of 3 to 9 tokens, each ending in EOD (7).
+TEST(GptBatchSource, EodMaskLossDropsTheLabelsWhoseInputIsTheEndOfADocument) {
+  mb::testing::TempDir dir;
+  constexpr int32_t kEod = 7;
+  {
+    mb::data::IndexedDatasetBuilder b(dir / "d", mb::data::DType::kI32);
+    std::mt19937 g(5);
+    for (int d = 0; d < 60; ++d) {
+      std::vector<int32_t> doc(2 + g() % 7);
+      for (auto& t : doc) t = 10 + static_cast<int32_t>(g() % 190);
+      doc.push_back(kEod);
+      b.add_sequence(doc);
+      b.end_document();
+    }
+    b.finalize();
+  }
+  const auto ds = std::make_shared<const mb::data::IndexedDataset>(dir / "d");
+  const auto docs = mb::data::DocumentRange::all(*ds);
+  mb::models::GptBatchSource plain(ds, docs, 11, 3, 256), masked(ds, docs, 11, 3, 256, kEod);
+  mb::train::Batch a, b;
+  plain.fill(0, 8, a);
+  masked.fill(0, 8, b);
+  ASSERT_EQ(a.tokens, b.tokens);
+  int dropped = 0;
+  for (size_t i = 0; i < a.labels.size(); ++i) {
+    const bool after_eod = a.tokens[i] == kEod;
+    EXPECT_EQ(b.labels[i], after_eod ? mb::train::kIgnoreLabel : a.labels[i]) << "position " << i;
+    dropped += after_eod;
+  }
+  EXPECT_GT(dropped, 8) << "documents of at most 10 tokens: about one position in six";
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(tiny(), tp, 1, mb::DType::kF32, mb::Device::cpu());
+  const auto loss = model->forward(b, {1, 0, 0, false}, 0.0f);
+  EXPECT_EQ(loss.count, static_cast<int64_t>(b.labels.size()) - dropped);
 }
 
 TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
