@@ -61,18 +61,8 @@ std::string missing_eod(const RunDataset& d, const data::Tokenizer& tokenizer) {
   const int32_t eod = tokenizer.special().eod;
   const size_t docs = d.train.end - d.train.begin, looked = std::min<size_t>(docs, 1000);
   if (eod < 0 || looked == 0) return "";
-  for (size_t k = 0; k < looked; ++k) {
-    const size_t doc = d.train.begin + k * docs / looked;
-    const int64_t first = d.ds->document_index(doc), end = d.ds->document_index(doc + 1);
-    for (int64_t seq = end - 1; seq >= first; --seq) {  // its last token: that of its last non-empty sequence
-      const int32_t n = d.ds->sequence_length(static_cast<size_t>(seq));
-      if (n == 0) continue;
-      int32_t last = -1;
-      d.ds->read(static_cast<size_t>(seq), static_cast<size_t>(n - 1), 1, &last);
-      if (last == eod) return "";
-      break;
-    }
-  }
+  for (size_t k = 0; k < looked; ++k)
+    if (d.ds->last_token(d.train.begin + k * docs / looked) == eod) return "";
   return d.prefix + ": none of the " + std::to_string(looked) + " training documents looked at ends in the " +
          "end-of-document token (" + std::to_string(eod) + ", " + tokenizer.token_text(eod) +
          "), so GPT samples run from one document into the next with no token between them; make the dataset " +

@@ -174,6 +174,17 @@ void IndexedDataset::copy_tokens(size_t seq, size_t offset, size_t count, int32_
   }
 }
 
+int32_t IndexedDataset::last_token(size_t d) const {
+  for (int64_t seq = document_index(d + 1) - 1; seq >= document_index(d); --seq) {
+    const int32_t n = sequence_length(static_cast<size_t>(seq));
+    if (n == 0) continue;
+    int32_t last = -1;
+    read(static_cast<size_t>(seq), static_cast<size_t>(n - 1), 1, &last);
+    return last;
+  }
+  return -1;
+}
+
 std::vector<int32_t> IndexedDataset::sequence(size_t seq, int64_t vocab_limit) const {
   std::vector<int32_t> out(seq < num_sequences_ ? static_cast<size_t>(sequence_length(seq)) : 0);
   read(seq, 0, out.size(), out.data(), vocab_limit);

@@ -52,6 +52,9 @@ class IndexedDataset {
   int64_t sequence_pointer(size_t i) const { return load<int64_t>(pointers_ + 8 * i); }
   // Document d spans sequences [document_index(d), document_index(d + 1)).
   int64_t document_index(size_t d) const { return load<int64_t>(doc_indices_ + 8 * d); }
+  // The last token of document d (of its last non-empty sequence); -1 for an empty document.
+  // GPT data made with --append-eod ends every document in the end-of-document token.
+  int32_t last_token(size_t d) const;
 
   // Copies tokens [offset, offset + count) of sequence i into out as int32. Throws Error
   // (naming the file, sequence and position) for a range past the sequence end or for a

@@ -421,6 +421,12 @@ void inspect(const fs::path& prefix, int documents, const Tokenizer* tokenizer, 
     if (max_id >= tokenizer->vocab_size())
       fail(prefix.string(), ": token id ", max_id, " is outside the vocabulary of ", tokenizer->type(), " (",
            tokenizer->vocab_size(), "); was the dataset built with another tokenizer?");
+    if (const int32_t eod = tokenizer->special().eod; eod >= 0) {  // made with --append-eod: every one
+      size_t ending = 0;
+      for (size_t d = 0; d < ds.num_documents(); ++d) ending += ds.last_token(d) == eod;
+      out << "end of doc   " << ending << " of " << ds.num_documents() << " documents end in "
+          << tokenizer->token_text(eod) << " (" << eod << ")\n";
+    }
   }
   for (size_t d = 0; d < std::min<size_t>(static_cast<size_t>(documents), ds.num_documents()); ++d) {
     const auto a = static_cast<size_t>(ds.document_index(d)), b = static_cast<size_t>(ds.document_index(d + 1));

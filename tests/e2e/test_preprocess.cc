@@ -64,6 +64,8 @@ TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
                                " --tokenizer-type GPT2BPETokenizer --documents 1");
   ASSERT_EQ(ins.exit_code, 0) << ins.output;
   EXPECT_NE(ins.output.find("documents    500"), std::string::npos) << ins.output;
+  EXPECT_NE(ins.output.find("end of doc   500 of 500 documents end in <|endoftext|> (50256)"), std::string::npos)
+      << "made with --append-eod: " << ins.output;
   EXPECT_NE(ins.output.find("The Fulton County Grand Jury said Friday"), std::string::npos);
   // A GPT-2 dataset inspected with the BERT vocabulary: its tokenizer record refuses it; without
   // the record (as Megatron writes datasets), its ids past the vocabulary's end do.
@@ -99,6 +101,8 @@ TEST(Preprocess, WorkersDoNotChangeTheOutputAndGpt2MatchesTheLibrary) {
                                 " --tokenizer-type GPT2BPETokenizer --documents 1");
   ASSERT_EQ(cins.exit_code, 0) << cins.output;
   EXPECT_NE(cins.output.find("token ids    0 .. 32734"), std::string::npos) << cins.output;
+  EXPECT_NE(cins.output.find("end of doc   500 of 500 documents end in <|endoftext|> (32734)"), std::string::npos)
+      << "the compact vocabulary's own id of the token: " << cins.output;
   EXPECT_NE(cins.output.find("The Fulton County Grand Jury said Friday"), std::string::npos) << cins.output;
   std::filesystem::remove(dir / "brown_gpt2_compact_text_document.idx");
   const auto remade = run_command(preprocess() + " brown --output-dir " + dir.path().string());

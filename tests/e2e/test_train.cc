@@ -314,6 +314,12 @@ TEST_F(Train, AGptDatasetWithoutEndOfDocumentTokensIsSaid) {
                                       (eod ? " --append-eod" : ""));
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const std::string data = prefix.string() + "_text_document";
+    r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess inspect " + data +
+                                 " --tokenizer-type GPT2BPETokenizer --documents 0");
+    EXPECT_NE(r.output.find(std::string("end of doc   ") + (eod ? "40" : "0") +
+                            " of 40 documents end in <|endoftext|> (50256)"),
+              std::string::npos)
+        << r.output;
     for (const char* check : {" --check", ""}) {
       r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
                                    "--train-iters 1 --lr 1e-3 --micro-batch-size 2 --eval-iters 0 --split 100,0,0 "

@@ -91,6 +91,30 @@ TEST(IndexedDataset, ReaderReturnsWhatTheReferenceWrote) {
   EXPECT_EQ(ds.num_sequences(), seq);
 }
 
+// A document's last token (train's check that GPT data was made with --append-eod): that of
+// its last non-empty sequence, -1 for a document with none; over random documents with empty
+// ones and empty sequences among them.
+TEST(IndexedDataset, LastTokenOfADocumentSkipsEmptySequences) {
+  TempDir dir;
+  int checked = 0, skipped_empty = 0;
+  for (uint32_t seed = 1; seed <= 30; ++seed) {
+    const Docs docs = random_docs(seed, 50000);
+    const auto prefix = dir / ("d" + std::to_string(seed));
+    write_docs(prefix, DType::kI32, docs);
+    const IndexedDataset ds(prefix);
+    for (size_t d = 0; d < docs.size(); ++d) {
+      int32_t last = -1;
+      for (const auto& s : docs[d])
+        if (!s.empty()) last = s.back();
+      EXPECT_EQ(ds.last_token(d), last) << "seed " << seed << ", document " << d;
+      ++checked;
+      skipped_empty += !docs[d].empty() && docs[d].back().empty() && last >= 0;
+    }
+  }
+  EXPECT_GT(checked, 60);
+  EXPECT_GT(skipped_empty, 0) << "some document ends in an empty sequence after a non-empty one";
+}
+
 TEST(IndexedDataset, DamagedFilesGiveOneClearErrorEach) {
   TempDir dir;
   write_docs(dir / "good", DType::kU16, {{{1, 2, 3}, {4, 5}}, {{6}}});
