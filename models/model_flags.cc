@@ -65,12 +65,16 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
       check(!r.given(k), flag(k), " is T5's, and this model is ", c.family, ", which would ignore it; drop it",
             k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
                                         : std::string());
-  check(c.family == "gpt" || !r.given("eod_mask_loss") || !r.values["eod_mask_loss"].get<bool>(),
-        "--eod-mask-loss is GPT's, and this model is ", c.family, ", which would ignore it; drop it");
-  if (c.family != "bert")
-    for (const std::string k : {"bert_no_binary_head", "post_layernorm"})
-      check(!r.given(k) || !r.values[k].get<bool>(), flag(k), " is BERT's, and this model is ", c.family,
-            ", which would ignore it; drop it");
+  // switches of one family, set on another (false is the default, and allowed)
+  struct Switch {
+    const char* family;  // whose it is
+    const char* owner;   // as the message names it
+    const char* key;
+  };
+  for (const Switch& sw : {Switch{"gpt", "GPT", "eod_mask_loss"}, Switch{"bert", "BERT", "bert_no_binary_head"},
+                           Switch{"bert", "BERT", "post_layernorm"}})
+    check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
+          "'s, and this model is ", c.family, ", which would ignore it; drop it");
   if (c.family == "t5" && !c.relative_attention)
     for (const std::string k : {"relative_attention_num_buckets", "relative_attention_max_distance"})
       check(!r.given(k), flag(k),

@@ -16,6 +16,7 @@
 #include "core/util/files.h"
 #include "core/util/json.h"
 #include "core/util/strings.h"
+#include "sweeps/sweep_state.h"
 
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
@@ -416,16 +417,13 @@ void derive_values(json& c, const Derive& d, const std::string& where,
           ": expected an integer >= 1, got ", c[key].dump());
     return c[key].get<int64_t>();
   };
-  int64_t B = 0;
-  if (c.contains("global_batch_size")) {
-    B = positive("global_batch_size");
-  } else {
-    const int64_t micro = c.contains("micro_batch_size")
-                              ? positive("micro_batch_size")
-                              : train::train_schema().find("micro_batch_size")->default_value.get<int64_t>();
-    B = micro * (c.contains("data_parallel_size") ? positive("data_parallel_size") : 1);
-    c["global_batch_size"] = B;
-  }
+  if (c.contains("global_batch_size"))
+    positive("global_batch_size");
+  else
+    for (const char* k : {"micro_batch_size", "data_parallel_size"})
+      if (c.contains(k)) positive(k);
+  const int64_t B = global_batch_of(c);  // as train takes it: its default is micro batch x DP
+  c["global_batch_size"] = B;
   if (d.rule != "none") {
     check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
     const double r = static_cast<double>(B) / static_cast<double>(d.ref_batch);

@@ -25,8 +25,7 @@ const char* decay_style_name(DecayStyle s) {
     case DecayStyle::kCosine: return "cosine";
     case DecayStyle::kInverseSquareRoot: return "inverse-square-root";
     case DecayStyle::kPolynomial: return "polynomial";
-    case DecayStyle::kWsd:
-      return "WSD";
+    case DecayStyle::kWsd: return "WSD";
   }
   return "?";
 }
@@ -41,14 +40,10 @@ WsdStyle parse_wsd_style(const std::string& s) {
 
 const char* wsd_style_name(WsdStyle s) {
   switch (s) {
-    case WsdStyle::kExponential:
-      return "exponential";
-    case WsdStyle::kLinear:
-      return "linear";
-    case WsdStyle::kCosine:
-      return "cosine";
-    case WsdStyle::kMinusSqrt:
-      return "minus_sqrt";
+    case WsdStyle::kExponential: return "exponential";
+    case WsdStyle::kLinear: return "linear";
+    case WsdStyle::kCosine: return "cosine";
+    case WsdStyle::kMinusSqrt: return "minus_sqrt";
   }
   return "?";
 }
@@ -69,18 +64,10 @@ double LrSchedule::lr(int64_t samples) const {
     const double r = static_cast<double>(samples - stable_until) / static_cast<double>(wsd_decay_samples);
     double coeff = 0;
     switch (wsd_style) {
-      case WsdStyle::kExponential:
-        coeff = 2.0 * std::pow(0.5, r) - 1.0;
-        break;
-      case WsdStyle::kLinear:
-        coeff = 1.0 - r;
-        break;
-      case WsdStyle::kCosine:
-        coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0);
-        break;
-      case WsdStyle::kMinusSqrt:
-        coeff = 1.0 - std::sqrt(r);
-        break;
+      case WsdStyle::kExponential: coeff = 2.0 * std::pow(0.5, r) - 1.0; break;
+      case WsdStyle::kLinear: coeff = 1.0 - r; break;
+      case WsdStyle::kCosine: coeff = 0.5 * (std::cos(std::numbers::pi * r) + 1.0); break;
+      case WsdStyle::kMinusSqrt: coeff = 1.0 - std::sqrt(r); break;
     }
     return min_lr + coeff * (max_lr - min_lr);
   }

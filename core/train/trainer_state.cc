@@ -36,6 +36,23 @@ T trainer_field(const io::CheckpointState& state, const std::string& path, std::
         integer ? "an integer" : "a number", damaged);
   return v.get<T>();
 }
+
+// A named value of lr_schedule (its style, its WSD shape) read by `parse`, `fallback` where a
+// checkpoint from before it lacks it; a value that is not one of them is refused naming the field.
+template <class E>
+E schedule_name(const io::CheckpointState& state, const char* key, const char* fallback, E (*parse)(const std::string&),
+                const char* what) {
+  const nlohmann::json v =
+      state.trainer["lr_schedule"].value(key, fallback ? nlohmann::json(fallback) : nlohmann::json());
+  std::optional<E> parsed;
+  try {
+    if (v.is_string()) parsed = parse(v.get<std::string>());
+  } catch (const Error&) {  // not one of them: said below
+  }
+  check(parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.", key, " is ", v.dump(),
+        ", not ", what, io::kDamagedCheckpoint);
+  return *parsed;
+}
 }  // namespace
 
 nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimizer, const NoiseScaleEstimator& noise,
@@ -48,10 +65,8 @@ nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimize
           {"lr_samples", counts.lr_samples},
           {"skipped_iterations", skipped_iterations},
           {"loss_scaler",
-           {{"scale", scaler.scale},
-            {"growth_tracker", scaler.growth_tracker},
-            {"hysteresis_tracker", scaler.hysteresis_tracker},
-            {"dynamic", optimizer.loss_scaler_config().dynamic}}},
+           {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker},
+            {"hysteresis_tracker", scaler.hysteresis_tracker}, {"dynamic", optimizer.loss_scaler_config().dynamic}}},
           {"lr_schedule",
            {{"max_lr", sc.max_lr},
             {"min_lr", sc.min_lr},
@@ -94,24 +109,8 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
     // checkpoints before WSD and --lr-warmup-init: none, from 0
     sc.wsd_decay_samples = trainer_field<int64_t>(state, "lr_schedule.wsd_decay_samples", int64_t{0});
     sc.init_lr = trainer_field<double>(state, "lr_schedule.init_lr", 0.0);
-    const nlohmann::json style = t["lr_schedule"].value("style", nlohmann::json());
-    std::optional<optim::DecayStyle> parsed;
-    try {
-      if (style.is_string()) parsed = optim::parse_decay_style(style.get<std::string>());
-    } catch (const Error&) {  // not one of the styles: said below
-    }
-    check(parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.style is ", style.dump(),
-          ", not a decay style", io::kDamagedCheckpoint);
-    sc.style = *parsed;
-    const nlohmann::json wsd = t["lr_schedule"].value("wsd_style", nlohmann::json("exponential"));
-    std::optional<optim::WsdStyle> wsd_parsed;
-    try {
-      if (wsd.is_string()) wsd_parsed = optim::parse_wsd_style(wsd.get<std::string>());
-    } catch (const Error&) {  // said below
-    }
-    check(wsd_parsed.has_value(), state.file.string(), ": attribute 'trainer': lr_schedule.wsd_style is ", wsd.dump(),
-          ", not a WSD decay style", io::kDamagedCheckpoint);
-    sc.wsd_style = *wsd_parsed;
+    sc.style = schedule_name(state, "style", nullptr, optim::parse_decay_style, "a decay style");
+    sc.wsd_style = schedule_name(state, "wsd_style", "exponential", optim::parse_wsd_style, "a WSD decay style");
     out.schedule = sc;
   }
   return out;
