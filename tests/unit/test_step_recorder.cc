@@ -31,8 +31,10 @@ TEST(StepRecorder, StepTimesReachMetricsAndAFullRingDrainsAtItsLastStep) {
   auto series = mb::io::read_metric_series(tmp / "metrics.h5");
   const auto& ms = series["train/iteration_time_ms"];
   ASSERT_EQ(ms.size(), 3u);
-  for (size_t i = 0; i < 3; ++i)  // the third's drain is a copy in host memory: it adds (well) under 100 ms
-    EXPECT_TRUE(ms[i] >= 250.0 * static_cast<double>(i + 1) && ms[i] < 250.0 * static_cast<double>(i + 1) + 100.0)
-        << "iteration " << i + 1 << ": " << ms[i] << " ms";
+  // the first two as the trainer gave them; the third's drain (a copy in host memory) adds its
+  // wait, whatever it is on this machine, to the third alone
+  EXPECT_EQ(ms[0], 250.0);
+  EXPECT_EQ(ms[1], 500.0);
+  EXPECT_GE(ms[2], 750.0);
   EXPECT_EQ(series["train/consumed_samples"], (std::vector<double>{8, 16, 24}));
 }
