@@ -374,25 +374,25 @@ optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
   }
   if (v.contains("lr_warmup_fraction"))
     s.warmup_samples = static_cast<int64_t>(v["lr_warmup_fraction"].get<double>() * static_cast<double>(s.decay_samples));
-  if (s.warmup_samples > s.decay_samples && s.style != optim::DecayStyle::kConstant &&
-      s.style != optim::DecayStyle::kInverseSquareRoot) {
-    // named by the flags that set them, counted as the run counts (a warmup fraction is at most 1)
-    const auto given = [&](const char* key, const char* fallback) {
-      const char* k = v.contains(key) ? key : fallback;
-      return "--" + config::flag_name(k) + " " + v[k].dump();
-    };
-    const std::string unit = by_iters ? "iters" : "samples";
-    const std::string warmup = given(("lr_warmup_" + unit).c_str(), "");
-    const std::string span =
-        by_iters ? given("lr_decay_iters", "train_iters") : given("lr_decay_samples", "train_samples");
-    fail("the lr warmup (", warmup, ") is longer than the decay span (", span,
-         "): the decay would end before the warmup does; give a shorter warmup or a longer --lr-decay-", unit);
-  }
+  // the flags that set the warmup, the decay span and WSD's decay, as the run counts them
+  const std::string unit = by_iters ? "iters" : "samples";
+  const auto given = [&](const std::string& key, const std::string& otherwise) {
+    const std::string& k = v.contains(key) || !v.contains(otherwise) ? key : otherwise;
+    std::string flag = "--" + config::flag_name(k);
+    if (v.contains(k)) flag.append(" ").append(v[k].dump());
+    return flag;
+  };
+  const std::string warmup = given("lr_warmup_fraction", "lr_warmup_" + unit);
+  const std::string span = given("lr_decay_" + unit, by_iters ? "train_iters" : "train_samples");
+  check(s.warmup_samples <= s.decay_samples || s.style == optim::DecayStyle::kConstant ||
+            s.style == optim::DecayStyle::kInverseSquareRoot,
+        "the lr warmup (", warmup, ") is longer than the decay span (", span,
+        "): the decay would end before the warmup does; give a shorter warmup or a longer --lr-decay-", unit);
   // the decay starts before the warmup ends: the learning rate would jump down as the warmup ends
   check(s.style != optim::DecayStyle::kWsd || s.wsd_decay_samples <= s.decay_samples - s.warmup_samples,
-        "--lr-decay-style WSD: its decay (", s.wsd_decay_samples, " samples) is longer than the decay span after the "
-        "warmup (", s.decay_samples, " - ", s.warmup_samples, " samples), so it would start during the warmup; give a "
-        "shorter --lr-wsd-decay-", by_iters ? "iters" : "samples", " or a shorter warmup");
+        "--lr-decay-style WSD: its decay (", given("lr_wsd_decay_" + unit, ""), ") is longer than what the decay span (",
+        span, ") leaves after the warmup (", warmup, "), so it would start during the warmup; give a shorter "
+        "--lr-wsd-decay-", unit, " or a shorter warmup");
   check(s.init_lr <= s.max_lr, "--lr-warmup-init (", s.init_lr, ") is above --lr (", s.max_lr,
         "): the warmup would lower the learning rate; give a --lr-warmup-init at or below --lr");
   return s;

@@ -179,32 +179,55 @@ TEST(LrOptions, IgnoredOrContradictoryScheduleKeysAreNamedWithWhatToGiveInstead)
   for (const json& values : accepted) EXPECT_EQ(mb::train::schedule_conflict(values, key), "") << values;
 }
 
+// What train_options refuses of `train --micro-batch-size 4 --global-batch-size 8 --lr 1e-3`
+// and `args` ("(accepted)" when nothing).
+namespace {
+std::string train_refusal(std::vector<std::string> args) {
+  args.insert(args.begin(), {"train", "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-3"});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const auto r = mb::config::resolve(mb::train::train_schema(), static_cast<int>(argv.size()), argv.data(), 1);
+  try {
+    mb::train::train_options(r, mb::DType::kF32, 1, 128);
+  } catch (const mb::Error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+}  // namespace
+
 // A warmup longer than the decay span is refused by the flags that set the two, as the run
 // counts them: before, a run counted in iterations was told of samples it never gave
 // ("lr warmup (80 samples) is longer than the decay span (32 samples)").
 TEST(LrOptions, AWarmupLongerThanTheDecaySpanIsNamedByItsFlags) {
-  const auto refusal = [](std::vector<std::string> args) {
-    args.insert(args.begin(), {"train", "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-3"});
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    const auto r = mb::config::resolve(mb::train::train_schema(), static_cast<int>(argv.size()), argv.data(), 1);
-    try {
-      mb::train::train_options(r, mb::DType::kF32, 1, 128);
-    } catch (const mb::Error& e) {
-      return std::string(e.what());
-    }
-    return std::string("(accepted)");
-  };
-  EXPECT_EQ(refusal({"--train-iters", "4", "--lr-warmup-iters", "10"}),
+  EXPECT_EQ(train_refusal({"--train-iters", "4", "--lr-warmup-iters", "10"}),
             "the lr warmup (--lr-warmup-iters 10) is longer than the decay span (--train-iters 4): the decay would end "
             "before the warmup does; give a shorter warmup or a longer --lr-decay-iters");
-  EXPECT_EQ(refusal({"--train-iters", "40", "--lr-warmup-iters", "10", "--lr-decay-iters", "6"}),
+  EXPECT_EQ(train_refusal({"--train-iters", "40", "--lr-warmup-iters", "10", "--lr-decay-iters", "6"}),
             "the lr warmup (--lr-warmup-iters 10) is longer than the decay span (--lr-decay-iters 6): the decay would "
             "end before the warmup does; give a shorter warmup or a longer --lr-decay-iters");
-  EXPECT_EQ(refusal({"--train-samples", "64", "--lr-warmup-samples", "65"}),
+  EXPECT_EQ(train_refusal({"--train-samples", "64", "--lr-warmup-samples", "65"}),
             "the lr warmup (--lr-warmup-samples 65) is longer than the decay span (--train-samples 64): the decay "
             "would end before the warmup does; give a shorter warmup or a longer --lr-decay-samples");
   // as long as the span, or with a style that has no span: accepted
-  EXPECT_EQ(refusal({"--train-iters", "4", "--lr-warmup-iters", "4"}), "(accepted)");
-  EXPECT_EQ(refusal({"--train-iters", "4", "--lr-warmup-iters", "10", "--lr-decay-style", "constant"}), "(accepted)");
+  EXPECT_EQ(train_refusal({"--train-iters", "4", "--lr-warmup-iters", "4"}), "(accepted)");
+  EXPECT_EQ(train_refusal({"--train-iters", "4", "--lr-warmup-iters", "10", "--lr-decay-style", "constant"}),
+            "(accepted)");
+}
+
+// So is a WSD decay longer than what the decay span leaves after the warmup.
+TEST(LrOptions, AWsdDecayThatWouldStartDuringTheWarmupIsNamedByItsFlags) {
+  EXPECT_EQ(train_refusal({"--lr-decay-style", "WSD", "--train-iters", "10", "--lr-warmup-iters", "4",
+                           "--lr-wsd-decay-iters", "7"}),
+            "--lr-decay-style WSD: its decay (--lr-wsd-decay-iters 7) is longer than what the decay span "
+            "(--train-iters 10) leaves after the warmup (--lr-warmup-iters 4), so it would start during the warmup; "
+            "give a shorter --lr-wsd-decay-iters or a shorter warmup");
+  EXPECT_EQ(train_refusal({"--lr-decay-style", "WSD", "--train-samples", "80", "--lr-warmup-fraction", "0.5",
+                           "--lr-wsd-decay-samples", "41"}),
+            "--lr-decay-style WSD: its decay (--lr-wsd-decay-samples 41) is longer than what the decay span "
+            "(--train-samples 80) leaves after the warmup (--lr-warmup-fraction 0.5), so it would start during the "
+            "warmup; give a shorter --lr-wsd-decay-samples or a shorter warmup");
+  EXPECT_EQ(train_refusal({"--lr-decay-style", "WSD", "--train-iters", "10", "--lr-warmup-iters", "4",
+                           "--lr-wsd-decay-iters", "6"}),
+            "(accepted)");
 }
