@@ -300,6 +300,16 @@ struct Derive {
   int64_t budget = 0;         // sample_budget: samples every point trains on (0: none)
 };
 
+// Why a point of a sample budget counts samples ("a ramped batch", "lr_warmup_samples counts
+// samples"), or "" where it counts iterations.
+std::string samples_counted(const json& c) {
+  if (c.contains("rampup_batch_size")) return "a ramped batch";
+  if (c.contains("lr_warmup_samples") && c["lr_warmup_samples"] != 0) return "lr_warmup_samples counts samples";
+  for (const char* key : {"lr_decay_samples", "lr_wsd_decay_samples"})
+    if (c.contains(key)) return std::string(key) + " counts samples";
+  return "";
+}
+
 Derive read_derive(const ordered_json& j, const std::string& where) {
   Derive out;
   if (!j.contains("derive")) return out;
@@ -439,18 +449,20 @@ void derive_values(json& c, const Derive& d, const std::string& where,
   if (d.budget > 0) {
     check(d.budget % B == 0, where, ": point ", name(c), ": the sample budget ", d.budget,
           " is not a multiple of global_batch_size ", B, "; pick a budget every batch size divides");
-    // A ramped batch (--rampup-batch-size) is counted in samples, as Megatron requires: the
-    // budget is the point's train_samples, its iterations as train counts them.
-    const bool ramped = c.contains("rampup_batch_size") && !c["rampup_batch_size"].is_null();
-    const std::string length = ramped ? "train_samples " + std::to_string(d.budget) + " (a ramped batch)"
-                                      : std::to_string(d.budget) + " samples / global batch " + std::to_string(B) +
-                                            " = " + std::to_string(d.budget / B) + " iterations";
+    // A point counts samples where its batch or schedule does, as train requires: a ramped
+    // batch (--rampup-batch-size, as Megatron requires), or a warmup, decay or WSD decay of so
+    // many samples (the same at every batch size). The budget is then its train_samples.
+    const std::string in_samples = samples_counted(c);
+    const std::string length = !in_samples.empty()
+                                   ? "train_samples " + std::to_string(d.budget) + " (" + in_samples + ")"
+                                   : std::to_string(d.budget) + " samples / global batch " + std::to_string(B) + " = " +
+                                         std::to_string(d.budget / B) + " iterations";
     // the run's length is the budget's: a length given beside it would be replaced unseen
     for (const char* key : {"train_iters", "train_samples"})
       check(!c.contains(key), where, ": point ", name(c), ": ", key, " ", c.contains(key) ? c[key].dump() : "",
             " would be replaced by derive.sample_budget (", length, "); drop ", key,
             " (a null unsets it over an included file), or drop the sample budget");
-    if (ramped)
+    if (!in_samples.empty())
       c["train_samples"] = d.budget;
     else
       c["train_iters"] = d.budget / B;
@@ -540,7 +552,10 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
             " would stop the point before its end, and the sweep would take it for finished; drop it (Ctrl-C "
             "stops a sweep's points at a checkpoint, and sweep run goes on from there)");
       const std::string conflict = train::schedule_conflict(
-          p.config, [](const std::string& key) { return key; }, derive.budget > 0 ? "derive.sample_budget" : "");
+          p.config, [](const std::string& key) { return key; },
+          derive.budget == 0                  ? ""
+          : samples_counted(p.config).empty() ? "derive.sample_budget"
+                                              : "derive.sample_budget, as " + samples_counted(p.config));
       check(conflict.empty(), where, ": point ", p.id, ": ", conflict);
       check(p.config.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
       check(p.config.contains("train_iters") || p.config.contains("train_samples"), where, ": point ", p.id,

@@ -10,7 +10,8 @@
 //                "params": {"lr": {"log_uniform": [1e-4, 1e-2]}, "weight_decay": {"uniform": [0, 0.1]}}},
 //     "seeds": [1, 2],
 //     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
-//                "sample_budget": 2560},           // train_iters = budget / B (a rampup_batch_size: train_samples)
+//                "sample_budget": 2560},           // train_iters = budget / B (train_samples where the
+//                                                   // batch ramps or the schedule counts samples)
 //     "jobs": 2, "threads": 1,                 // optional: concurrent points, threads per point
 //     "checkpoints": "final",                  // optional: a finished point keeps its final checkpoint
 //                                              // ("final", the default), "all" it wrote (the last two) or "none"

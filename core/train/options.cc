@@ -262,25 +262,24 @@ ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype) {
 }
 
 std::string schedule_conflict(const json& v, const std::function<std::string(const std::string&)>& name,
-                              const std::string& iterations_from) {
+                              const std::string& length_from) {
   const auto present = [&](const char* k) { return v.contains(k) && !v[k].is_null(); };
   const auto nonzero = [&](const char* k) { return present(k) && v[k].is_number() && v[k].get<double>() != 0; };
   const bool by_iters = present("train_iters"), by_samples = present("train_samples");
   // a key of one count in a run of the other: what to give instead
   const auto counted = [&](const char* key, const std::string& instead) {
-    const std::string run = by_iters
-                                ? name("train_iters") + (iterations_from.empty() ? "" : ", from " + iterations_from)
-                                : name("train_samples");
+    const std::string run =
+        name(by_iters ? "train_iters" : "train_samples") + (length_from.empty() ? "" : ", from " + length_from);
     std::string s = name(key) + " counts " + (by_iters ? "samples" : "iterations") + ", but this run counts " +
                     (by_iters ? "iterations" : "samples") + " (" + run + "), which would ignore it; give " + instead;
-    if (iterations_from.empty()) s += ", or train by " + name(by_iters ? "train_samples" : "train_iters");
+    if (length_from.empty()) s += ", or train by " + name(by_iters ? "train_samples" : "train_iters");
     return s;
   };
   if (by_iters && !by_samples) {
     if (nonzero("lr_warmup_samples"))
       return counted("lr_warmup_samples",
                      name("lr_warmup_fraction") + " (a share of the decay span" +
-                         (iterations_from.empty() ? "" : ": the same samples at every batch size") + ") or " +
+                         (length_from.empty() ? "" : ": the same samples at every batch size") + ") or " +
                          name("lr_warmup_iters") + " instead");
     if (present("lr_decay_samples")) return counted("lr_decay_samples", name("lr_decay_iters") + " instead");
     if (present("lr_wsd_decay_samples"))

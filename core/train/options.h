@@ -24,9 +24,9 @@ ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype);
 // above lr, a reference batch without a scaling rule. "" when nothing is; else what is wrong
 // and what to give instead. `values` are the run's options (defaults filled in or not);
 // `name` spells a key as its user wrote it (train: the flag; a sweep file: the key);
-// `iterations_from` says where train_iters came from when the user did not write it.
+// `length_from` says where train_iters or train_samples came from when the user did not write it.
 std::string schedule_conflict(const nlohmann::json& values, const std::function<std::string(const std::string&)>& name,
-                              const std::string& iterations_from = "");
+                              const std::string& length_from = "");
 // The run's batch, iterations, learning-rate schedule, logging, evaluation, checkpoint,
 // loss-scaling and divergence options; dp_size: the data-parallel ranks launched;
 // padded_vocab: the model's, for the default divergence loss (2 ln V). Tokens per sample

@@ -304,17 +304,18 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("sample budget 30 is not a multiple of global_batch_size 4"), std::string::npos) << r.output;
   // refused by what they would have done, each named with its point:
-  // - a warmup in samples where the sample budget makes every point count iterations (its
-  //   train_iters): each point trained without a warmup;
+  // - a decay in iterations beside a warmup in samples, which makes a point of a sample budget
+  //   count samples (its train_samples): the run would ignore the decay's count;
   // - a train_iters the sample budget replaced;
   // - keys the sweep sets for each point, and loading options that would act on the point's
   //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
   // - an exit_interval: each point stopped early and was marked done;
   // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
   for (const auto& [name, extra, message] :
-       {std::tuple{"warm", R"(, "lr_warmup_samples": 16)",
-                   "lr_warmup_samples counts samples, but this run counts iterations (train_iters, from "
-                   "derive.sample_budget)"},
+       {std::tuple{"mixed", R"(, "lr_warmup_samples": 16, "lr_decay_iters": 6)",
+                   "lr_decay_iters counts iterations, but this run counts samples (train_samples, from "
+                   "derive.sample_budget, as lr_warmup_samples counts samples), which would ignore it; give "
+                   "lr_decay_samples instead"},
         std::tuple{"length", R"(, "train_iters": 100)",
                    "train_iters 100 would be replaced by derive.sample_budget (32 samples / global batch 4 = 8 "
                    "iterations)"},
@@ -1020,6 +1021,64 @@ TEST_F(Sweep, ARampedBatchTrainsOnTheSampleBudgetInMegatronsIterations) {
   EXPECT_NE(o.exit_code, 0) << o.output;
   EXPECT_NE(o.output.find("must be multiples of micro_batch_size x data-parallel size (2 x 2 = 4)"), std::string::npos)
       << o.output;
+}
+
+// A schedule counted in samples (a warmup, decay or WSD decay of so many samples, the same at
+// every batch size) makes a point of a sample budget count samples, as train requires: the
+// budget is its train_samples. Before, the sweep made every such point count iterations and
+// refused the schedule, so a WSD decay over the budget's last samples had to be zipped with
+// the batch sizes by hand. The learning rate is then the same function of the samples consumed
+// at batch 4 and 8, and the same as at batch 4 with the schedule given in iterations.
+TEST_F(Sweep, AScheduleInSamplesMakesTheBudgetsPointsCountSamples) {
+  mb::testing::TempDir tmp;
+  const fs::path runs = tmp / "runs";
+  const std::string schedule = R"("lr_decay_style": "WSD", "lr_wsd_decay_style": "linear", "min_lr": 0.0001)";
+  const fs::path in_samples =
+      write_tiny_sweep(tmp.path(), "samples", schedule + R"(, "lr_warmup_samples": 16, "lr_wsd_decay_samples": 24)",
+                       R"("zip": {"global_batch_size": [4, 8]}, "derive": {"sample_budget": 64}, "threads": 1)");
+  auto r = run_sweep(in_samples, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // the reference: batch 4 counted in iterations, 16 / 4 = 4 of warmup, 24 / 4 = 6 of decay
+  const fs::path in_iters =
+      write_tiny_sweep(tmp.path(), "iters", schedule + R"(, "lr_warmup_iters": 4, "lr_wsd_decay_iters": 6)",
+                       R"("zip": {"global_batch_size": [4]}, "derive": {"sample_budget": 64}, "threads": 1)");
+  r = run_sweep(in_iters, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // learning rate by consumed samples
+  const auto lr_at = [&](const fs::path& point) {
+    mb::testing::H5File f((point / "metrics.h5").string(), mb::testing::H5File::kRead);
+    const auto samples = f.read<double>("train/consumed_samples"), lr = f.read<double>("train/learning_rate");
+    std::map<int64_t, double> out;
+    for (size_t i = 0; i < samples.size() && i < lr.size(); ++i) out[static_cast<int64_t>(samples[i])] = lr[i];
+    return out;
+  };
+  for (const char* id : {"bs4", "bs8"}) {
+    const auto point = nlohmann::json::parse(mb::testing::read_text(runs / "samples" / id / "point.json"));
+    EXPECT_EQ(point.value("train_samples", 0), 64) << point;
+    EXPECT_FALSE(point.contains("train_iters")) << point;
+  }
+  const auto reference = lr_at(runs / "iters" / "bs4"), at4 = lr_at(runs / "samples" / "bs4"),
+             at8 = lr_at(runs / "samples" / "bs8");
+  ASSERT_EQ(reference.size(), 16u);
+  EXPECT_EQ(at4, reference) << "batch 4: the schedule in samples is the schedule in iterations";
+  ASSERT_EQ(at8.size(), 8u);
+  // a row's learning rate is its step's, of the samples before the step: batch 8's row at c
+  // samples is batch 4's at c - 4
+  for (const auto& [consumed, lr] : at8)
+    EXPECT_EQ(lr, reference.at(consumed - 4)) << "batch 8 at " << consumed << " samples";
+  EXPECT_LT(at8.at(64), at8.at(32)) << "the decay ran";
+  // each key counted in samples does it alone
+  for (const std::string key : {R"("lr_warmup_samples": 16)", R"("lr_decay_samples": 48)",
+                                R"("lr_decay_style": "WSD", "lr_wsd_decay_samples": 16)"}) {
+    const fs::path one = write_tiny_sweep(tmp.path(), "one", key,
+                                          R"("zip": {"global_batch_size": [8]}, "derive": {"sample_budget": 64})");
+    const fs::path dir = tmp / ("one" + std::to_string(std::hash<std::string>{}(key)));
+    r = mb::testing::run_command(sweep("export-points " + one.string() + " --runs-dir " + dir.string()));
+    ASSERT_EQ(r.exit_code, 0) << key << "\n" << r.output;
+    const auto point = nlohmann::json::parse(mb::testing::read_text(dir / "one" / "bs8" / "point.json"));
+    EXPECT_EQ(point.value("train_samples", 0), 64) << point;
+    EXPECT_FALSE(point.contains("train_iters")) << point;
+  }
 }
 
 // --dry-run runs train --check for every point: a hyperparameter the plugin does not have
