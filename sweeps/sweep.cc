@@ -300,10 +300,10 @@ struct Derive {
   int64_t budget = 0;         // sample_budget: samples every point trains on (0: none)
 };
 
-// Why a point of a sample budget counts samples ("a ramped batch", "lr_warmup_samples counts
-// samples"), or "" where it counts iterations.
+// Why a point of a sample budget counts samples ("a ramped batch counts samples",
+// "lr_warmup_samples counts samples"), or "" where it counts iterations.
 std::string samples_counted(const json& c) {
-  if (c.contains("rampup_batch_size")) return "a ramped batch";
+  if (c.contains("rampup_batch_size")) return "a ramped batch counts samples";
   if (c.contains("lr_warmup_samples") && c["lr_warmup_samples"] != 0) return "lr_warmup_samples counts samples";
   for (const char* key : {"lr_decay_samples", "lr_wsd_decay_samples"})
     if (c.contains(key)) return std::string(key) + " counts samples";
@@ -551,11 +551,10 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
             ": exit_interval ", p.config.value("exit_interval", json()).dump(),
             " would stop the point before its end, and the sweep would take it for finished; drop it (Ctrl-C "
             "stops a sweep's points at a checkpoint, and sweep run goes on from there)");
+      const std::string counted = samples_counted(p.config);  // where the budget sets the length
       const std::string conflict = train::schedule_conflict(
           p.config, [](const std::string& key) { return key; },
-          derive.budget == 0                  ? ""
-          : samples_counted(p.config).empty() ? "derive.sample_budget"
-                                              : "derive.sample_budget, as " + samples_counted(p.config));
+          derive.budget == 0 ? "" : "derive.sample_budget" + (counted.empty() ? "" : ", as " + counted));
       check(conflict.empty(), where, ": point ", p.id, ": ", conflict);
       check(p.config.contains("lr"), where, ": point ", p.id, ": no 'lr' (give it in base or an axis)");
       check(p.config.contains("train_iters") || p.config.contains("train_samples"), where, ": point ", p.id,
