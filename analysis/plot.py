@@ -4,7 +4,7 @@
   loss_vs_iteration   train loss against iterations, a line per setting, a panel per optimizer
   loss_vs_samples     the same against consumed samples (every point sees the same data)
   scaling             the result (final validation loss) against global batch size
-  lr_schedule         learning rate against consumed samples
+  lr_schedule         each step's learning rate over the samples it consumed
   trust_ratio         per-tensor trust ratios over training (log10), at most a few dozen
                       rows (tensors aggregated by layer and module when there are more)
   noise_scale         the gradient noise scale B_simple over training, where logged
@@ -171,7 +171,16 @@ def lr_schedules(groups, keys, title, out_dir, written):
             p = g.points[0]
             x, y = p.series("train/consumed_samples"), p.series("train/learning_rate")
             n = min(len(x), len(y))
-            ax.plot(x[:n], y[:n], color=cmap(i), lw=1.2, label=label(g, keys))
+            if n == 0:
+                continue
+            # a row's rate is its step's, over the samples the step consumed: drawn from where
+            # the step started, so every batch size's steps lie on the one schedule in samples
+            # (at its row's consumed samples, a batch-128 warmup would end 128 samples late)
+            batch = p.series("train/global_batch_size")
+            batch = batch[:n] if len(batch) >= n else np.full(n, float(p.batch))
+            starts = x[:n] - batch
+            ax.step(np.append(starts, x[n - 1]), np.append(y[:n], y[n - 1]), where="post", color=cmap(i),
+                    lw=1.2, label=label(g, keys))
         ax.set_title(opt)
         ax.set_xlabel("consumed samples")
         ax.grid(alpha=0.3)

@@ -58,7 +58,10 @@ def plotted(*sweep_dirs):
                                   for t in ax.get_legend().get_texts()],
                        "clims": [im.get_clim() for ax in fig.axes for im in ax.images],
                        "line_x_ends": [float(np.max(line.get_xdata())) for ax in fig.axes for line in ax.lines
-                                       if len(line.get_xdata())]}
+                                       if len(line.get_xdata())],
+                       "lines": {line.get_label(): (np.asarray(line.get_xdata(), dtype=float),
+                                                    np.asarray(line.get_ydata(), dtype=float))
+                                 for ax in fig.axes for line in ax.lines}}
         real_save(fig, out_dir, name, written)
     plot.save = keep
     try:
@@ -214,6 +217,40 @@ class Aggregation(unittest.TestCase):
         with open(os.path.join(d, "sweep.json"), "w") as f:
             json.dump({"name": "wsd", "file": "/nonexistent.json", "points": pts}, f)
         self.assertEqual(plotted(d)["scaling"]["legend"], ["lamb"])
+
+    def test_each_steps_learning_rate_is_drawn_over_the_samples_it_consumed(self):
+        # A row's learning rate is its step's, of the samples before the step (a warmup over
+        # 64 samples: step k at batch B trains at 0.01 min(1, (k - 1) B / 64)). Drawn at the
+        # row's consumed samples, batch 32's warmup ended at 96 and batch 8's at 72: one
+        # schedule in samples looked like two. Drawn over each step's samples, the two are one
+        # function of the samples, from 0 to the budget.
+        d = os.path.join(self.tmp.name, "warm")
+        os.makedirs(d)
+        pts = []
+        schedule = lambda s: 0.01 * np.minimum(1.0, s / 64.0)  # noqa: E731
+        for B in (8, 32):
+            iters = 128 // B
+            cfg = {"optimizer": "lamb", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": iters}
+            pts.append(write_point(d, f"lamb-bs{B}-s1", cfg, 9.0 - np.arange(iters) / 8, valid=7.0))
+            with h5py.File(os.path.join(d, f"lamb-bs{B}-s1", "metrics.h5"), "a") as f:
+                del f["train/learning_rate"]
+                f["train/learning_rate"] = schedule(np.arange(iters) * B)
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "warm", "file": "/nonexistent.json", "points": pts}, f)
+        lines = plotted(d)["lr_schedule"]["lines"]
+        self.assertEqual(sorted(lines), ["B=32", "B=8"])
+        for name, (x, y) in lines.items():
+            self.assertEqual((x[0], x[-1]), (0.0, 128.0), name)
+            # the drawn step function, at each of batch 32's step starts and within the steps
+            for at in (0.0, 16.0, 32.0, 64.0, 96.0, 127.0):
+                drawn = y[np.searchsorted(x, at, side="right") - 1]
+                self.assertAlmostEqual(drawn, float(schedule(at // 32 * 32 if name == "B=32" else at // 8 * 8)),
+                                       msg=f"{name} at {at}")
+        x8, y8 = lines["B=8"]
+        x32, y32 = lines["B=32"]
+        for at in (0.0, 32.0, 64.0, 96.0):  # where both steps start, the same rate
+            self.assertEqual(y8[np.searchsorted(x8, at, side="right") - 1],
+                             y32[np.searchsorted(x32, at, side="right") - 1], at)
 
     def test_paths_and_blends_are_labelled_as_point_ids_name_them(self):
         # a data_path axis: a dataset by its file name, a blend by its weights and datasets
