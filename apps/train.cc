@@ -145,8 +145,12 @@ mb::train::ScheduleOnResume schedule_choice(const json& v) {
 
 mb::train::LoadOptions load_options(const json& v) {
   auto text = [&](const char* key) { return v.contains(key) ? v[key].get<std::string>() : std::string(); };
-  return {text("load"), text("pretrained_checkpoint"), v["load_fallback"].get<bool>(), v["finetune"].get<bool>(),
-          v["no_load_optim"].get<bool>()};
+  return {text("load"),
+          text("pretrained_checkpoint"),
+          v["load_fallback"].get<bool>(),
+          v["finetune"].get<bool>(),
+          v["no_load_optim"].get<bool>(),
+          v["pretrained_optimizer_state"].get<bool>()};
 }
 
 // The processes (tensor-parallel groups of contiguous ranks, data parallelism across them),
@@ -190,7 +194,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
     mb::train::check_pretrained_start(load_options(v), mc.vocab_size,
-                                      mb::train::checkpoint_tokenizer(*run.data.tokenizer));
+                                      mb::train::checkpoint_tokenizer(*run.data.tokenizer), run.plugin.name());
     std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefixes()
               << " and memory are fine" << std::endl;
     return false;

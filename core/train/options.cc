@@ -196,6 +196,10 @@ const config::Schema& train_schema() {
        "when --load holds no checkpoint of this run (a first start), take the model from this checkpoint (the newest "
        "in a directory, or a file) and start at iteration 0 with a fresh optimizer; a run that resumes from --load does "
        "not read it", "checkpointing"},
+      {"pretrained_optimizer_state", Type::kBool, false,
+       "with --pretrained-checkpoint, a first start also takes the optimizer plugin's state (LAMB's and AdamW's "
+       "moments) from there, as NVIDIA's BERT recipe carries LAMB's into phase 2; the step count, learning-rate "
+       "schedule, loss scale and data start afresh", "checkpointing"},
       {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
       {"override_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): take this run's (Megatron's; its spelling --override-opt_param-scheduler works too)", "checkpointing"},
       {"use_checkpoint_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): keep the checkpoint's (Megatron's; --use-checkpoint-opt_param-scheduler works too)", "checkpointing"},
@@ -483,6 +487,9 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   check(!v.contains("pretrained_checkpoint") || !v["finetune"].get<bool>(),
         "--finetune takes the model from --load, but with --pretrained-checkpoint the model comes from there and "
         "--load is this run's own checkpoints to resume from; drop --finetune");
+  check(v.contains("pretrained_checkpoint") || !v["pretrained_optimizer_state"].get<bool>(),
+        "--pretrained-optimizer-state takes the optimizer state from --pretrained-checkpoint, which is not given, so "
+        "it would do nothing; add --pretrained-checkpoint DIR, or drop --pretrained-optimizer-state");
   opt.seed = static_cast<uint64_t>(v["seed"].get<int64_t>());
   opt.loss_scaler = loss_scaler(r, dtype);
   opt.log_throughput = v["log_throughput"].get<bool>();

@@ -65,7 +65,9 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
   if (!p.from && !how.pretrained.empty()) {
     p.from = intact_checkpoint(how.pretrained, false, console, "--pretrained-checkpoint");
     if (!p.from) no_pretrained_checkpoint(how.pretrained);
-    p.finetune = true;  // the weights only: iteration 0, a fresh optimizer, this run's seed
+    p.finetune = true;  // the weights (and with --pretrained-optimizer-state the optimizer's state
+                        // only): iteration 0, this run's seed
+    p.pretrained_optimizer = how.pretrained_optimizer;
   }
   if (!p.from) return p;
   p.state = io::read_checkpoint_state(*p.from);
@@ -77,12 +79,25 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
   return p;
 }
 
-void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer) {
+namespace {
+// --pretrained-optimizer-state from a checkpoint of another plugin: its state is not this one's.
+void check_pretrained_plugin(const std::filesystem::path& file, const std::string& theirs, const std::string& ours) {
+  check(theirs == ours, file.string(),
+        ": --pretrained-optimizer-state takes its optimizer state, which is from plugin '", theirs,
+        "', but this run uses '", ours, "'; give --optimizer ", theirs,
+        ", or drop --pretrained-optimizer-state to take the weights only");
+}
+}  // namespace
+
+void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer,
+                            const std::string& plugin) {
   if (how.pretrained.empty() || (!how.load.empty() && io::latest_checkpoint(how.load))) return;
   const std::filesystem::path path = how.pretrained;
   const auto file = std::filesystem::is_regular_file(path) ? std::optional(path) : io::latest_checkpoint(path);
   if (!file) no_pretrained_checkpoint(how.pretrained);
-  check_checkpoint_vocabulary(*file, io::read_checkpoint_state(*file).model, vocab_size, tokenizer);
+  const io::CheckpointState state = io::read_checkpoint_state(*file);
+  check_checkpoint_vocabulary(*file, state.model, vocab_size, tokenizer);
+  if (how.pretrained_optimizer) check_pretrained_plugin(*file, state.optimizer, plugin);
 }
 
 nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
@@ -117,7 +132,9 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
                        int64_t padded_vocab, std::ostream& console) {
   if (!point.from) return;
   check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
-  const bool load_optim = !point.finetune && !point.no_load_optim;
+  if (point.pretrained_optimizer)
+    check_pretrained_plugin(*point.from, point.state.optimizer, optimizer.plugin().name());
+  const bool load_optim = (!point.finetune && !point.no_load_optim) || point.pretrained_optimizer;
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
   io::load_checkpoint(*point.from, params, load_optim ? &whole : nullptr, optimizer.plugin().name(), padded_vocab,
@@ -126,7 +143,10 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
   if (shards) shards->restore_masters(masters);
   const auto& s = point.state;
   console << "> loaded "
-          << (point.finetune ? "the model from " : point.no_load_optim ? "the model and position from " : "")
+          << (point.pretrained_optimizer ? "the model and optimizer state from "
+              : point.finetune           ? "the model from "
+              : point.no_load_optim      ? "the model and position from "
+                                         : "")
           << point.from->string() << " (iteration " << s.iteration << ", " << s.consumed_samples << " samples)"
           << (point.finetune ? "; starting at iteration 0" : "")
           << (s.checksummed ? "" : "; written before checkpoints carried checksums, so not verified") << std::endl;

@@ -33,12 +33,15 @@ struct LoadOptions {
   bool fallback = false;   // --load-fallback
   bool finetune = false;   // --finetune: --load's weights only, from iteration 0
   bool no_load_optim = false;
+  bool pretrained_optimizer = false;  // --pretrained-optimizer-state: the first start takes its optimizer state too
 };
 
 struct ResumePoint {
   std::optional<std::filesystem::path> from;  // the checkpoint, if any
   io::CheckpointState state;                   // its header (iteration, samples, seed, trainer state)
   bool finetune = false, no_load_optim = false;        // finetune: the weights only (--pretrained-checkpoint too)
+  bool pretrained_optimizer = false;                   // a first start from --pretrained-checkpoint: and its
+                                                       // optimizer state (iteration 0, the step count from 1)
   bool resuming() const { return from && !finetune; }  // continues the iterations and the data
 };
 
@@ -64,9 +67,11 @@ optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSc
 
 // --check (and so sweep run --dry-run) of a first start from --pretrained-checkpoint: a
 // checkpoint is there, of this run's vocabulary (`tokenizer`: as checkpoint_tokenizer gives
-// it). Its header only: the tensors' checksums and shapes are checked when it loads. Nothing
-// where --load holds a checkpoint to resume from (the run would not read it).
-void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer);
+// it), and with --pretrained-optimizer-state of this run's optimizer `plugin`. Its header
+// only: the tensors' checksums and shapes are checked when it loads. Nothing where --load
+// holds a checkpoint to resume from (the run would not read it).
+void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer,
+                            const std::string& plugin);
 
 // A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
 // and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as
@@ -74,7 +79,8 @@ void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nl
 void check_checkpoint_vocabulary(const std::filesystem::path& file, const nlohmann::json& model, int64_t vocab_size,
                                  const nlohmann::json& tokenizer);
 
-// Loads the checkpoint's parameters (and, resuming, the optimizer's state) into the run.
+// Loads the checkpoint's parameters (and, resuming or with --pretrained-optimizer-state, the
+// optimizer's state) into the run.
 // Checkpoints hold whole tensors: with `shards` (the distributed optimizer) this rank takes
 // its pieces of the state and of the fp32 masters. The checkpoint's model must have the run's
 // vocabulary: `vocab_size` tokens and, where the checkpoint names its tokenizer, the same

@@ -264,6 +264,73 @@ TEST_F(Checkpoint, APretrainedCheckpointStartsAFirstRunAndARestartResumesFromIts
       << r.output;
 }
 
+// --pretrained-optimizer-state: the first start takes the checkpoint's optimizer state too, with
+// a fresh step count, as NVIDIA's BERT recipe carries LAMB's moments into phase 2 (and zeroes
+// its step). Checked against AdamW's arithmetic over every tensor: at step 1 (learning rate 0
+// in the warmup) B's moments are the checkpoint's decayed once plus what a start without them
+// (C) adds, m_B = b1 m_A + m_C and v_B = b2 v_A + v_C, since both see the same weights, data
+// and dropout; step 2's update of B's weights has the bias corrections of t = 2, not t = 4.
+TEST_F(Checkpoint, APretrainedOptimizerStateCarriesTheMomentsAndRestartsTheStepCount) {
+  mb::testing::TempDir tmp;
+  const std::string a = (tmp / "a").string(), b = (tmp / "b").string(), c = (tmp / "c").string();
+  const std::string adamw = "--optimizer adamw --weight-decay 0 ";
+  auto r = mb::testing::run_command(train(tmp / "ra", adamw + "--save " + a + " --train-iters 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string from = "--pretrained-checkpoint " + a + " --train-iters 2 --save-interval 1 --save ";
+  r = mb::testing::run_command(train(tmp / "rb", adamw + from + b + " --pretrained-optimizer-state"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> loaded the model and optimizer state from " + a +
+                          "/iter_0000002.h5 (iteration 2, 8 samples); starting at iteration 0"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(tmp / "rc", adamw + from + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lr = series(tmp / "rb" / "metrics.h5", "train/learning_rate");
+  ASSERT_EQ(lr.size(), 2u);
+  ASSERT_EQ(lr[0], 0.0) << "the warmup's first step";
+  ASSERT_GT(lr[1], 0.0);
+  const auto check = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "A, B1, B2, C1 = (h5py.File(f) for f in ('" +
+      a + "/iter_0000002.h5', '" + b + "/iter_0000001.h5', '" + b + "/iter_0000002.h5', '" + c +
+      "/iter_0000001.h5'))\n"
+      "b1, b2, eps, lr, t = 0.9, 0.999, 1e-8, " +
+      nlohmann::json(lr[1]).dump() +
+      ", 2\n"
+      "g = lambda f, n: f[n][()].astype(np.float64)\n"
+      "worst = {'m': 0.0, 'v': 0.0, 'w': 0.0}\n"
+      "for name in A['params']:\n"
+      "  m, v = 'optimizer/' + name + '/exp_avg', 'optimizer/' + name + '/exp_avg_sq'\n"
+      "  for key, k, beta in (('m', m, b1), ('v', v, b2)):\n"
+      "    ref = beta * g(A, k) + g(C1, k)\n"
+      "    worst[key] = max(worst[key], np.max(np.abs(g(B1, k) - ref)) / max(np.max(np.abs(ref)), 1e-30))\n"
+      "  w = g(B1, 'params/' + name) - lr / (1 - b1 ** t) * g(B2, m) / (np.sqrt(g(B2, v)) / np.sqrt(1 - b2 ** t) + "
+      "eps)\n"
+      "  worst['w'] = max(worst['w'], np.max(np.abs(g(B2, 'params/' + name) - w)))\n"
+      "print('worst', worst['m'], worst['v'], worst['w'], 'of', len(A['params']), 'tensors')\n"
+      "assert worst['m'] < 1e-5 and worst['v'] < 1e-5 and worst['w'] < 1e-6, worst\n"
+      "print('moments carried, step count from 1')\"");
+  EXPECT_NE(check.output.find("moments carried, step count from 1"), std::string::npos) << check.output;
+
+  // refused: without --pretrained-checkpoint; from a checkpoint of another plugin, by --check too
+  r = mb::testing::run_command(train(tmp / "r1", "--pretrained-optimizer-state"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--pretrained-optimizer-state takes the optimizer state from --pretrained-checkpoint, "
+                          "which is not given"),
+            std::string::npos)
+      << r.output;
+  for (const std::string check_flag : {"", " --check"}) {
+    r = mb::testing::run_command(train(
+        tmp / "r2", "--optimizer lamb --pretrained-checkpoint " + a + " --pretrained-optimizer-state" + check_flag));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find(a + "/iter_0000002.h5: --pretrained-optimizer-state takes its optimizer state, which is "
+                                "from plugin 'adamw', but this run uses 'lamb'; give --optimizer adamw"),
+              std::string::npos)
+        << check_flag << "\n"
+        << r.output;
+  }
+}
+
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
