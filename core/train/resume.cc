@@ -65,8 +65,8 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
   if (!p.from && !how.pretrained.empty()) {
     p.from = intact_checkpoint(how.pretrained, false, console, "--pretrained-checkpoint");
     if (!p.from) no_pretrained_checkpoint(how.pretrained);
-    p.finetune = true;  // the weights (and with --pretrained-optimizer-state the optimizer's state
-                        // only): iteration 0, this run's seed
+    // iteration 0, this run's seed: the weights only, or the optimizer's state too
+    p.finetune = true;
     p.pretrained_optimizer = how.pretrained_optimizer;
   }
   if (!p.from) return p;

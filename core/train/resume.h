@@ -1,8 +1,9 @@
 // Where a run starts: from scratch, from the checkpoint --load names (resumed, or
 // --finetune: the weights only, from iteration 0; --no-load-optim: without the optimizer's
 // state), or, when --load holds none, from the weights of --pretrained-checkpoint at iteration
-// 0. A damaged checkpoint is refused naming the file and the tensor, offering the newest
-// intact one, which --load-fallback takes.
+// 0 (and its optimizer's state, with --pretrained-optimizer-state). A damaged checkpoint is
+// refused naming the file and the tensor, offering the newest intact one, which
+// --load-fallback takes.
 #pragma once
 
 #include <filesystem>
