@@ -11,7 +11,7 @@
 //     "seeds": [1, 2],
 //     "derive": {"lr_scaling": {"rule": "sqrt", "ref_batch": 8},  // lr = lr x (B / ref)^k
 //                "sample_budget": 2560},           // train_iters = budget / B (train_samples where the
-//                                                   // batch ramps or the schedule counts samples)
+//                                                  // batch ramps or the schedule counts samples)
 //     "jobs": 2, "threads": 1,                 // optional: concurrent points, threads per point
 //     "checkpoints": "final",                  // optional: a finished point keeps its final checkpoint
 //                                              // ("final", the default), "all" it wrote (the last two) or "none"
