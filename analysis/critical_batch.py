@@ -31,11 +31,16 @@ parallelism, ...: megabatch_runs.line_keys), each fitted on its own. Where a bat
 several settings within a series (a learning-rate grid at each batch size), S(B) is that of
 the setting reaching the target in the fewest steps, as the paper tunes hyperparameters per
 batch size; the table records which one ("chosen"). Only seeds are averaged.
+
+Several sweeps (sweep analyze DIR DIR ...) are analyzed side by side: the sweep is a series
+axis, as in overlaid plots (lamb in lamb_bsz and lamb in lamb_wsd are two series, each fitted
+on its own points), written to the first DIR's figures-overlay/.
 """
 import json
 import math
 import os
 import sys
+import zlib
 
 import numpy as np
 
@@ -253,10 +258,11 @@ def tuned_keys(curves, keys, batch):
     return [k for k in keys if len({json.dumps(cfg.get(k)) for cfg in at_b}) > 1]
 
 
-def analyze(points, targets=None, seed=0):
+def analyze(points, targets=None, seed=0, keys=None):
     """Per optimizer and target: S(B), E(B), the fit and B_crit with a bootstrap interval,
-    and B_simple at the target. Returns a JSON-ready dict."""
-    rng = np.random.default_rng(seed)
+    and B_simple at the target. `keys`: the configuration keys that tell settings apart
+    (default: those that differ between the points; several sweeps: load_many's). Returns a
+    JSON-ready dict."""
     # A ramped batch (rampup_batch_size) changes B as the run goes: its steps to a target are not
     # those of one batch size, so the fit leaves it out, and says so.
     ramped = [p for p in points if p.config.get("rampup_batch_size")]
@@ -274,12 +280,18 @@ def analyze(points, targets=None, seed=0):
               "b_simple_smoothing": noise_smoothing(points, window), "optimizers": {}}
     if ramped:
         result["ramped_left_out"] = sorted(p.id for p in ramped)
-    keys = [k for k in swept_keys(points) if k != "seed"]
+    keys = [k for k in (swept_keys(points) if keys is None else keys) if k != "seed"]
     axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
     by_series = {}
+    by_draws = {}  # series -> its bootstrap's seed: the series within its sweep
     for c in curves:
-        by_series.setdefault(series_label(c["point"], axes), []).append(c)
+        label = series_label(c["point"], axes)
+        by_series.setdefault(label, []).append(c)
+        by_draws[label] = series_label(c["point"], [a for a in axes if a != "sweep"])
     for opt, cs in sorted(by_series.items()):
+        # each series draws on its own, so its interval does not depend on what else is
+        # analyzed beside it (another optimizer, another sweep side by side)
+        rng = np.random.default_rng([seed, zlib.crc32(by_draws[opt].encode())])
         rows = []
         for target in targets:
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
@@ -448,17 +460,20 @@ def frontier_figure(res, out_dir, name, written):
     plt.close(fig)
 
 
-def run(sweep_dir, targets=None):
-    from megabatch_runs import load_points
-    sweep, points = load_points(sweep_dir)
-    if not any(p.metrics for p in points):  # nothing to analyze: say so, and write nothing
-        sys.exit(f"sweep analyze: no point of {sweep_dir} has metrics yet; run the sweep first")
-    res = analyze(points, targets)
-    out_dir = os.path.join(sweep_dir, "figures")
+def run(sweep_dirs, targets=None):
+    """Analyzes one sweep (DIR/analysis.json, DIR/figures/) or several side by side (the first
+    DIR's figures-overlay/analysis.json and figures)."""
+    from megabatch_runs import load_many
+    name, points, keys = load_many(sweep_dirs, "sweep analyze")
+    if not points:  # nothing to analyze: say so, and write nothing
+        sys.exit(f"sweep analyze: no point of {', '.join(sweep_dirs)} has metrics yet; run the sweep first")
+    res = analyze(points, targets, keys=keys)
+    one = len(sweep_dirs) == 1
+    out_dir = os.path.join(sweep_dirs[0], "figures" if one else "figures-overlay")
     os.makedirs(out_dir, exist_ok=True)
     written = []
-    frontier_figure(res, out_dir, sweep["name"], written)
-    path = os.path.join(sweep_dir, "analysis.json")
+    frontier_figure(res, out_dir, name, written)
+    path = os.path.join(sweep_dirs[0] if one else out_dir, "analysis.json")
     with open(path + ".tmp", "w") as f:
         json.dump(res, f, indent=1)
     os.replace(path + ".tmp", path)
@@ -486,9 +501,9 @@ if __name__ == "__main__":
             sys.exit("sweep analyze: --targets needs a value, e.g. --targets 7.5,8")
         targets = parse_targets(args[i + 1])
         del args[i:i + 2]
-    if len(args) != 1:
-        sys.exit("usage: critical_batch.py RUNS/<sweep> [--targets L1,L2,...]")
-    res, files = run(args[0], targets)
+    if not args:
+        sys.exit("usage: critical_batch.py RUNS/<sweep> [RUNS/<other sweep> ...] [--targets L1,L2,...]")
+    res, files = run(args, targets)
     print(text_table(res))
     for f in files:
         print(f)

@@ -303,3 +303,45 @@ def swept_keys(points):
     if {"train_iters", "train_samples"} & set(keys) and len({p.sample_budget for p in points}) == 1:
         keys = [k for k in keys if k not in ("train_iters", "train_samples")]
     return keys
+
+
+def sweep_labels(sweep_dirs, names):
+    """What tells overlaid sweeps apart: each one's name, or where two share a name (one
+    sweep file run twice, on two machines or at two commits) the shortest tail of its
+    directory that differs ("a/lamb_bsz", "b/lamb_bsz"), so their points are never taken
+    for seeds of one setting."""
+    parts = [os.path.normpath(os.path.abspath(d)).split(os.sep) for d in sweep_dirs]
+    labels = []
+    for i, (name, p) in enumerate(zip(names, parts)):
+        twins = [q for j, q in enumerate(parts) if j != i and names[j] == name]
+        k = 1
+        while any(q[-k:] == p[-k:] for q in twins) and k < len(p):
+            k += 1
+        labels.append("/".join(p[-k:]) if twins else name)
+    return labels
+
+
+def load_many(sweep_dirs, command):
+    """Points of one or several sweeps, and the configuration keys that tell their settings
+    apart. With several, the sweep (sweep_labels) becomes the first axis, and the other axes
+    are those swept within a sweep: keys that differ only between the sweeps' bases (data
+    path, model size, intervals) are told apart by the sweep, not spelled out in every label.
+    Returns the sweeps' label ("a + b"), the points with metrics and those keys; `command`
+    names the program in an error."""
+    real = [os.path.realpath(d) for d in sweep_dirs]
+    for i, d in enumerate(sweep_dirs):
+        if real[i] in real[:i]:
+            sys.exit(f"{command}: {d} is given twice; give each sweep once")
+    loaded = [load_points(d) for d in sweep_dirs]
+    labels = sweep_labels(sweep_dirs, [sweep["name"] for sweep, _ in loaded])
+    points, keys = [], []
+    for (_, ps), name in zip(loaded, labels):
+        ps = [p for p in ps if p.metrics]
+        keys += [k for k in swept_keys(ps) if k not in keys]
+        if len(sweep_dirs) > 1:
+            for p in ps:
+                p.config = dict(p.config, sweep=name)
+        points += ps
+    if len(sweep_dirs) > 1:
+        keys.insert(0, "sweep")
+    return " + ".join(labels), points, keys

@@ -163,7 +163,7 @@ def devices_section(points):
 
 def report(sweep_dir):
     plot.plot(sweep_dir)
-    analysis, _ = critical_batch.run(sweep_dir)
+    analysis, _ = critical_batch.run([sweep_dir])
     sweep, points = load_points(sweep_dir)
     keys = [k for k in swept_keys(points) if k != "min_lr"]
     groups = settings(points, [k for k in keys if k != "seed"])

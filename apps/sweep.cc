@@ -36,8 +36,9 @@ const char* kUsage =
     "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"
     "       sweep plot DIR [DIR...]   figures (PNG and SVG) in DIR/figures (several sweeps: overlaid, in\n"
     "                             the first DIR's figures-overlay)\n"
-    "       sweep analyze DIR [--targets L1,L2]  the critical batch size: steps and samples to target losses,\n"
-    "                             the S-E frontier fit, B_crit against the gradient noise scale\n"
+    "       sweep analyze DIR [DIR...] [--targets L1,L2]  the critical batch size: steps and samples to target\n"
+    "                             losses, the S-E frontier fit, B_crit against the gradient noise scale (several\n"
+    "                             sweeps: side by side, in the first DIR's figures-overlay)\n"
     "       sweep report DIR      DIR/report.html: result table, critical batch size, diverged points, figures\n"
     "       sweep prune DIR       delete all but the final checkpoint of finished points (also diverged ones')\n"
     "       sweep finish DIR/ID [--exit-status N] [--wall-s S]  for launchers (launchers/slurm/point.sbatch): what\n"
@@ -242,11 +243,14 @@ int run(int argc, char** argv) {
     for (const auto& d : dirs) check_sweep_dir(d);
     return run_python("plot.py", dirs);
   }
-  if (cmd == "analyze") {
-    mb::check(argc == 3 || (argc == 5 && std::string(argv[3]) == "--targets"),
-              "sweep analyze: give the sweep's directory and optionally --targets L1,L2,...\n", kUsage);
-    check_sweep_dir(argv[2]);
+  if (cmd == "analyze") {  // DIR [DIR ...] [--targets L1,L2]
     std::vector<std::string> args(argv + 2, argv + argc);
+    const auto targets = std::find(args.begin(), args.end(), "--targets");
+    const bool targets_last = targets == args.end() || targets + 2 == args.end();
+    const auto dirs_end = targets == args.end() ? args.end() : targets;
+    mb::check(dirs_end != args.begin() && targets_last,
+              "sweep analyze: give one or more sweep directories and optionally --targets L1,L2,...\n", kUsage);
+    for (auto d = args.begin(); d != dirs_end; ++d) check_sweep_dir(*d);
     return run_python("critical_batch.py", args);
   }
   if (cmd == "finish") return finish(argc, argv);

@@ -14,6 +14,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "analysis"))
+import critical_batch  # noqa: E402
 import megabatch_runs as runs  # noqa: E402
 import plot  # noqa: E402
 import report  # noqa: E402
@@ -251,6 +252,44 @@ class Aggregation(unittest.TestCase):
         for at in (0.0, 32.0, 64.0, 96.0):  # where both steps start, the same rate
             self.assertEqual(y8[np.searchsorted(x8, at, side="right") - 1],
                              y32[np.searchsorted(x32, at, side="right") - 1], at)
+
+    def test_sweeps_analyzed_side_by_side_are_each_as_analyzed_alone(self):
+        # sweep analyze A B: the sweep is a series axis, so lamb of A and lamb of B are fitted
+        # on their own points; each series equals A's or B's own analysis, bootstrap interval
+        # included (each series draws on its own), and A's analysis.json is not overwritten
+        def write_sweep(name, noise_batch):
+            d = os.path.join(self.tmp.name, name)
+            os.makedirs(d)
+            pts = []
+            for opt, scale in (("adamw", 1.0), ("lamb", 1.3)):
+                for B in (8, 16, 32, 64):
+                    iters = 512 // B
+                    cfg = {"optimizer": opt, "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": iters}
+                    # S(B) grows as the batch falls below noise_batch: another B_crit per sweep
+                    loss = 10.0 - 3.0 * scale * np.arange(iters) / iters * (1.0 + noise_batch / B)
+                    pts.append(write_point(d, f"{opt}-bs{B}-s1", cfg, loss, valid=7.0))
+            with open(os.path.join(d, "sweep.json"), "w") as f:
+                json.dump({"name": name, "file": "/nonexistent.json", "points": pts}, f)
+            return d
+
+        first, second = write_sweep("first", 8.0), write_sweep("second", 48.0)
+        targets = [8.5, 9.0]
+        alone = {d: critical_batch.run([d], targets)[0]["optimizers"] for d in (first, second)}
+        with open(os.path.join(first, "analysis.json")) as f:
+            first_alone = f.read()
+        both, files = critical_batch.run([first, second], targets)
+        self.assertEqual(sorted(both["optimizers"]),
+                         ["adamw, first", "adamw, second", "lamb, first", "lamb, second"])
+        for d, name in ((first, "first"), (second, "second")):
+            for opt in ("adamw", "lamb"):
+                self.assertEqual(both["optimizers"][f"{opt}, {name}"], alone[d][opt], f"{opt}, {name}")
+        b_crit = {k: rows[0]["b_crit"] for k, rows in both["optimizers"].items()}
+        self.assertNotAlmostEqual(b_crit["lamb, first"], b_crit["lamb, second"], places=1)
+        overlay = os.path.join(first, "figures-overlay")
+        self.assertIn(os.path.join(overlay, "analysis.json"), files)
+        self.assertTrue(os.path.exists(os.path.join(overlay, "critical_batch.png")))
+        with open(os.path.join(first, "analysis.json")) as f:
+            self.assertEqual(f.read(), first_alone, "the sweep's own analysis is kept")
 
     def test_paths_and_blends_are_labelled_as_point_ids_name_them(self):
         # a data_path axis: a dataset by its file name, a blend by its weights and datasets

@@ -1237,7 +1237,7 @@ TEST_F(Sweep, LiveTableFitsTheTerminalWidth) {
 
 // The analysis Python: $MEGABATCH_PYTHON when set (an unusable one is an error naming it),
 // else the first python3 on PATH that has numpy, h5py and matplotlib (one without them is
-// passed over); several sweeps plot overlaid.
+// passed over); several sweeps plot overlaid and are analyzed side by side.
 TEST_F(Sweep, AnalysisPythonIsFoundAndSweepsOverlay) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "py", 16, R"("lamb")");
@@ -1254,6 +1254,18 @@ TEST_F(Sweep, AnalysisPythonIsFoundAndSweepsOverlay) {
                                                                                    (runs / "py2").string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(fs::exists(dir / "figures-overlay" / "scaling.png")) << r.output;
+  // the two analyzed side by side: a series each, named by optimizer and sweep; --targets after
+  // the directories only
+  r = mb::testing::run_command(sweep("analyze " + dir.string() + " " + (runs / "py2").string() + " --targets 10.5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("adamw, py2 loss 10.500"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("lamb, py loss 10.500"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "figures-overlay" / "analysis.json")) << r.output;
+  r = mb::testing::run_command(sweep("analyze --targets 10.5 " + dir.string()));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("sweep analyze: give one or more sweep directories and optionally --targets"),
+            std::string::npos)
+      << r.output;
   r = mb::testing::run_command("MEGABATCH_PYTHON=" + (tmp / "bin" / "python3").string() + " " + sweep("plot " + dir.string()));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("MEGABATCH_PYTHON=" + (tmp / "bin" / "python3").string() + ": cannot import numpy, h5py and matplotlib"),
