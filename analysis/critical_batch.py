@@ -283,15 +283,13 @@ def analyze(points, targets=None, seed=0, keys=None):
     keys = [k for k in (swept_keys(points) if keys is None else keys) if k != "seed"]
     axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
     by_series = {}
-    by_draws = {}  # series -> its bootstrap's seed: the series within its sweep
     for c in curves:
-        label = series_label(c["point"], axes)
-        by_series.setdefault(label, []).append(c)
-        by_draws[label] = series_label(c["point"], [a for a in axes if a != "sweep"])
+        by_series.setdefault(series_label(c["point"], axes), []).append(c)
     for opt, cs in sorted(by_series.items()):
-        # each series draws on its own, so its interval does not depend on what else is
-        # analyzed beside it (another optimizer, another sweep side by side)
-        rng = np.random.default_rng([seed, zlib.crc32(by_draws[opt].encode())])
+        # each series draws on its own, seeded by the series within its sweep, so its interval
+        # does not depend on what else is analyzed beside it (another optimizer, another sweep)
+        within = series_label(cs[0]["point"], [a for a in axes if a != "sweep"])
+        rng = np.random.default_rng([seed, zlib.crc32(within.encode())])
         rows = []
         for target in targets:
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds

@@ -304,10 +304,8 @@ struct Derive {
 // "lr_warmup_samples counts samples"), or "" where it counts iterations.
 std::string samples_counted(const json& c) {
   if (c.contains("rampup_batch_size")) return "a ramped batch counts samples";
-  if (c.contains("lr_warmup_samples") && c["lr_warmup_samples"] != 0) return "lr_warmup_samples counts samples";
-  for (const char* key : {"lr_decay_samples", "lr_wsd_decay_samples"})
-    if (c.contains(key)) return std::string(key) + " counts samples";
-  return "";
+  const std::string key = train::schedule_key_counting(c, "samples");
+  return key.empty() ? "" : key + " counts samples";
 }
 
 Derive read_derive(const ordered_json& j, const std::string& where) {

@@ -265,13 +265,22 @@ ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype) {
   return c;
 }
 
+std::string schedule_key_counting(const json& v, const std::string& unit) {
+  for (const std::string kind : {"lr_warmup_", "lr_decay_", "lr_wsd_decay_"}) {
+    const std::string key = kind + unit;
+    if (!v.contains(key) || v[key].is_null()) continue;
+    if (kind != "lr_warmup_" || (v[key].is_number() && v[key].get<double>() != 0)) return key;  // a warmup of 0 is none
+  }
+  return "";
+}
+
 std::string schedule_conflict(const json& v, const std::function<std::string(const std::string&)>& name,
                               const std::string& length_from) {
   const auto present = [&](const char* k) { return v.contains(k) && !v[k].is_null(); };
   const auto nonzero = [&](const char* k) { return present(k) && v[k].is_number() && v[k].get<double>() != 0; };
   const bool by_iters = present("train_iters"), by_samples = present("train_samples");
   // a key of one count in a run of the other: what to give instead
-  const auto counted = [&](const char* key, const std::string& instead) {
+  const auto counted = [&](const std::string& key, const std::string& instead) {
     const std::string run =
         name(by_iters ? "train_iters" : "train_samples") + (length_from.empty() ? "" : ", from " + length_from);
     std::string s = name(key) + " counts " + (by_iters ? "samples" : "iterations") + ", but this run counts " +
@@ -279,22 +288,16 @@ std::string schedule_conflict(const json& v, const std::function<std::string(con
     if (length_from.empty()) s += ", or train by " + name(by_iters ? "train_samples" : "train_iters");
     return s;
   };
-  if (by_iters && !by_samples) {
-    if (nonzero("lr_warmup_samples"))
-      return counted("lr_warmup_samples",
-                     name("lr_warmup_fraction") + " (a share of the decay span" +
-                         (length_from.empty() ? "" : ": the same samples at every batch size") + ") or " +
-                         name("lr_warmup_iters") + " instead");
-    if (present("lr_decay_samples")) return counted("lr_decay_samples", name("lr_decay_iters") + " instead");
-    if (present("lr_wsd_decay_samples"))
-      return counted("lr_wsd_decay_samples", name("lr_wsd_decay_iters") + " instead");
-  }
-  if (by_samples && !by_iters) {
-    if (nonzero("lr_warmup_iters"))
-      return counted("lr_warmup_iters", name("lr_warmup_samples") + " or " + name("lr_warmup_fraction") + " instead");
-    if (present("lr_decay_iters")) return counted("lr_decay_iters", name("lr_decay_samples") + " instead");
-    if (present("lr_wsd_decay_iters"))
-      return counted("lr_wsd_decay_iters", name("lr_wsd_decay_samples") + " instead");
+  if (by_iters != by_samples) {
+    const std::string ignored = schedule_key_counting(v, by_iters ? "samples" : "iters");
+    if (!ignored.empty()) {
+      const std::string kind = ignored.substr(0, ignored.rfind('_') + 1);  // "lr_warmup_", "lr_decay_", ...
+      if (kind != "lr_warmup_") return counted(ignored, name(kind + (by_iters ? "iters" : "samples")) + " instead");
+      return counted(ignored, by_iters ? name("lr_warmup_fraction") + " (a share of the decay span" +
+                                             (length_from.empty() ? "" : ": the same samples at every batch size") +
+                                             ") or " + name("lr_warmup_iters") + " instead"
+                                       : name("lr_warmup_samples") + " or " + name("lr_warmup_fraction") + " instead");
+    }
   }
   // WSD's keys on another decay style, which would ignore them; WSD without its decay's length
   const bool wsd = present("lr_decay_style") && v["lr_decay_style"].is_string() &&

@@ -27,6 +27,10 @@ ops::LossScalerConfig loss_scaler(const config::Resolved& r, DType dtype);
 // `length_from` says where train_iters or train_samples came from when the user did not write it.
 std::string schedule_conflict(const nlohmann::json& values, const std::function<std::string(const std::string&)>& name,
                               const std::string& length_from = "");
+// The first of a run's schedule keys that counts `unit` ("samples" or "iters"): a non-zero
+// lr_warmup_<unit>, a lr_decay_<unit> or a lr_wsd_decay_<unit> (null: unset); "" where none
+// does. What makes a sweep point of a sample budget count samples.
+std::string schedule_key_counting(const nlohmann::json& values, const std::string& unit);
 // The run's batch, iterations, learning-rate schedule, logging, evaluation, checkpoint,
 // loss-scaling and divergence options; dp_size: the data-parallel ranks launched;
 // padded_vocab: the model's, for the default divergence loss (2 ln V). Tokens per sample
