@@ -18,20 +18,14 @@ namespace fs = std::filesystem;
 namespace {
 class Train : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    data_ = new mb::testing::TempDir();
-    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess brown --output-dir " + (*data_ / "d").string());
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-  }
-  static void TearDownTestSuite() { delete data_; }
+  // the default datasets (read only: a test writes what it makes under tmp_)
+  static const fs::path& brown() { return mb::testing::brown_data(); }
   static std::string train(const std::string& args) {
-    return mb::testing::bin_dir() + "/train --data-path " + (*data_ / "d" / "brown_gpt2_text_document").string() +
+    return mb::testing::bin_dir() + "/train --data-path " + (brown() / "brown_gpt2_text_document").string() +
            " " + args;
   }
-  static mb::testing::TempDir* data_;
   mb::testing::TempDir tmp_;
 };
-mb::testing::TempDir* Train::data_ = nullptr;
 const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 " + mb::testing::threads_flag();
 }  // namespace
 
@@ -107,7 +101,7 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
                              "--lr 1e-3 --eval-iters 0 --check --run-dir " + (tmp_ / "run").string() + " ";
   auto check = [&](const std::string& args) {
     const bool gpt = args.find("--model-type") == std::string::npos;
-    const fs::path data = *data_ / "d" / (gpt ? "brown_gpt2_text_document" : "brown_bert_text_sentence");
+    const fs::path data = brown() / (gpt ? "brown_gpt2_text_document" : "brown_bert_text_sentence");
     return mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --data-path " +
                                     data.string());
   };
@@ -253,7 +247,7 @@ TEST_F(Train, NumbersAreRangeCheckedAndTextIsUtf8) {
 // trains, and says no validation loss will be logged), asked for by name an error; before, the
 // run never evaluated and said nothing.
 TEST_F(Train, EvaluationOnAnEmptyValidationSplitIsSaid) {
-  const std::string data = (*data_ / "d" / "brown_gpt2_text_document").string();
+  const std::string data = (brown() / "brown_gpt2_text_document").string();
   auto r = mb::testing::run_command(train(kSmall + "--train-iters 1 --lr 1e-3 --split 100,0,0 --run-dir " + (tmp_ / "a").string()));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("> warning: no validation loss will be logged: the validation split of --split '100,0,0' holds "
@@ -336,7 +330,7 @@ TEST_F(Train, AGptDatasetWithoutEndOfDocumentTokensIsSaid) {
   const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
                                           "--model-type bert --train-iters 1 --lr 1e-3 --micro-batch-size 2 "
                                           "--eval-iters 0 --check --data-path " +
-                                          (*data_ / "d" / "brown_bert_text_sentence").string() + " --run-dir " +
+                                          (brown() / "brown_bert_text_sentence").string() + " --run-dir " +
                                           (tmp_ / "bert").string());
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("warning"), std::string::npos) << "BERT's sentences end in no EOD: " << r.output;
@@ -348,7 +342,7 @@ TEST_F(Train, AGptDatasetWithoutEndOfDocumentTokensIsSaid) {
 TEST_F(Train, ADatasetCutShortUnderTheRunIsAnErrorNamingIt) {
   const fs::path copy = tmp_ / "copy_text_document";
   for (const char* ext : {".bin", ".idx"})
-    fs::copy_file((*data_ / "d" / "brown_gpt2_text_document").string() + ext, copy.string() + ext);
+    fs::copy_file((brown() / "brown_gpt2_text_document").string() + ext, copy.string() + ext);
   const std::string log = (tmp_ / "log").string();
   const auto r = mb::testing::run_command(
       mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 1000000 --lr 1e-3 --log-interval 1 --eval-iters 0 "
@@ -587,7 +581,7 @@ TEST_F(Train, ConfigFileWithFlagOverridesRunsAndWritesMetrics) {
 TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
   auto first_loss = [&](const std::string& data, const std::string& dir, std::string* out) {
     const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--data-path " +
-                                            (*data_ / "d" / data).string() + " --micro-batch-size 4 " +
+                                            (brown() / data).string() + " --micro-batch-size 4 " +
                                             "--global-batch-size 4 --train-iters 1 --lr 0 --log-interval 1 --eval-iters 0 "
                                             "--run-dir " + (tmp_ / dir).string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -598,7 +592,7 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
   std::string out;
   EXPECT_NEAR(first_loss("brown_gpt2_compact_text_document", "c", &out), std::log(32768.0), 0.05);
   EXPECT_NE(out.find("vocabulary: its own 32735 GPT2BPETokenizer tokens (" +
-                     (*data_ / "d" / "brown_gpt2_compact_text_document.vocab.json").string() + ")"),
+                     (brown() / "brown_gpt2_compact_text_document.vocab.json").string() + ")"),
             std::string::npos) << out;
   EXPECT_NE(out.find("vocab 32735 (padded 32768)"), std::string::npos) << out;
   EXPECT_NE(mb::read_file(tmp_ / "c" / "config.json").find("\"padded_vocab_size\": 32768"), std::string::npos);
@@ -608,9 +602,9 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
   // BERT and T5 on a compact WordPiece dataset: their sample builders insert [CLS] [SEP]
   // [MASK] and sentinels, which the compact vocabulary keeps.
   for (const std::string model : {"bert", "t5"}) {  // T5's 100 sentinels make another vocabulary
-    const fs::path wp = *data_ / "d" / ("brown_" + model + "_compact_text_sentence");
+    const fs::path wp = tmp_ / ("brown_" + model + "_compact_text_sentence");
     auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess compact " +
-                                      (*data_ / "d" / "brown_bert_text_sentence").string() + " " + wp.string() +
+                                      (brown() / "brown_bert_text_sentence").string() + " " + wp.string() +
                                       " --tokenizer-type BertWordPieceLowerCase --vocab-extra-ids " +
                                       (model == "t5" ? "100" : "0"));
     ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -628,7 +622,7 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
 // losses: a 1:1 blend of A and B takes A0 B0 A1 B1 ..., so its batch k of two has the mean of
 // sample k's losses in runs on A and on B alone, batches of one.
 TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
-  const fs::path a = *data_ / "d" / "brown_gpt2_text_document", b = tmp_ / "b";
+  const fs::path a = brown() / "brown_gpt2_text_document", b = tmp_ / "b";
   std::string text;  // another corpus: 120 short documents
   for (int i = 0; i < 120; ++i)
     text += "In " + std::to_string(1800 + i) + " the ferry at mile " + std::to_string(7 * i % 53) + " carried " +
@@ -685,8 +679,8 @@ TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
 
   // refused, naming what to do: a compact dataset (its own token ids), a dataset of another
   // tokenizer (its record), a weight without its dataset
-  const fs::path compact = *data_ / "d" / "brown_gpt2_compact_text_document",
-                 bert = *data_ / "d" / "brown_bert_text_sentence";
+  const fs::path compact = brown() / "brown_gpt2_compact_text_document",
+                 bert = brown() / "brown_bert_text_sentence";
   for (const auto& [data, message] :
        {std::pair{"0.5 " + a.string() + " 0.5 " + compact.string(),
                   "data_path: " + compact.string() + " has a vocabulary of its own"},
@@ -783,7 +777,7 @@ TEST_F(Train, ARampedBatchTakesTheSamplesMegatronsRampGivesEachStep) {
 }
 
 TEST_F(Train, ADatasetMadeByAnotherTokenizerIsRefusedByItsRecord) {
-  const fs::path bert = *data_ / "d" / "brown_bert_text_sentence";
+  const fs::path bert = brown() / "brown_bert_text_sentence";
   const std::string check = mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --check " +
                             "--data-path " + bert.string() + " --run-dir " + (tmp_ / "r").string();
   auto r = mb::testing::run_command(check);

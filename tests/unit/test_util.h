@@ -2,7 +2,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -133,17 +137,42 @@ inline std::string bin_dir() {
   return e && *e ? e : MEGABATCH_BIN_DIR;
 }
 
-// The default datasets (`preprocess brown`), made once per test program in a temporary
-// directory that lives until the program exits. Throws when preprocess fails.
+// The default datasets (`preprocess brown`), made once per build for all its test programs
+// (each ctest test is a process of its own, and about 130 of them train on these): in
+// <build>/test-data/brown-<size>-<mtime>/, named by the preprocess that made it, so that a
+// rebuilt preprocess makes them anew. The first test to ask makes them under a lock, in a
+// directory renamed into place when complete: a test never reads them half written, and one
+// killed while making them leaves only a directory the next maker removes. Tests only read
+// them. Throws when preprocess fails.
 inline const std::filesystem::path& brown_data() {
-  static const TempDir dir;
-  static const bool made = [] {
-    const auto r = run_command(bin_dir() + "/preprocess brown --output-dir " + dir.path().string());
+  namespace fs = std::filesystem;
+  static const fs::path dir = [] {
+    const std::string preprocess = bin_dir() + "/preprocess";
+    struct stat st{};
+    if (::stat(preprocess.c_str(), &st) != 0) throw std::runtime_error(preprocess + " is missing: build it first");
+    const fs::path root = fs::path(bin_dir()).parent_path() / "test-data";
+    const std::string name =
+        "brown-" + std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec);
+    const fs::path made = root / name;
+    if (fs::is_directory(made)) return made;
+    fs::create_directories(root);
+    const std::string lock_path = (root / ".lock").string();
+    const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + lock_path);
+    struct Unlock {
+      int fd;
+      ~Unlock() { ::close(fd); }  // (closing releases the lock)
+    } unlock{lock};
+    if (fs::is_directory(made)) return made;  // made by another test while this one waited
+    for (const auto& e : fs::directory_iterator(root))  // an older preprocess's, or a killed maker's
+      if (e.path().filename().string().rfind("brown-", 0) == 0) fs::remove_all(e.path());
+    const fs::path part = root / (name + ".part");
+    const auto r = run_command(preprocess + " brown --output-dir " + part.string());
     if (r.exit_code != 0) throw std::runtime_error("preprocess brown failed: " + r.output);
-    return true;
+    fs::rename(part, made);
+    return made;
   }();
-  (void)made;
-  return dir.path();
+  return dir;
 }
 
 // Fails the test (with the remedy) when setup.sh has not installed the assets.
