@@ -7,16 +7,12 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
-#include <tuple>
 
-#include "core/util/strings.h"
 #include "tests/e2e/sweep_fixture.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"

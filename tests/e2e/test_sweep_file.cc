@@ -4,7 +4,6 @@
 // sample budget, blends as an axis, the noise-scale warning, points of several ranks, points
 // that start from an earlier sweep's checkpoints, and every shipped sweep file.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,13 +14,10 @@
 #include <string>
 #include <tuple>
 
-#include "core/util/strings.h"
 #include "tests/e2e/sweep_fixture.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
-using megabatch::testing::kIds;
-using megabatch::testing::losses;
 using megabatch::testing::Sweep;
 
 TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {

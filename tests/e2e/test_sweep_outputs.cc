@@ -3,24 +3,19 @@
 // the state file damaged by hand, commands that find nothing to do, and the analysis Python
 // (found, and several sweeps plotted and analyzed side by side).
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
-#include <tuple>
 
 #include "core/util/strings.h"
 #include "tests/e2e/sweep_fixture.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
-using megabatch::testing::kIds;
-using megabatch::testing::losses;
 using megabatch::testing::Sweep;
 
 // sweep.json edited by hand or damaged: every command that reads it names the file and the
