@@ -16,6 +16,7 @@
 #include <map>
 #include <regex>
 #include <string>
+#include <vector>
 
 #include "core/util/error.h"
 #include "core/util/files.h"
@@ -164,8 +165,10 @@ inline const std::filesystem::path& brown_data() {
       ~Unlock() { ::close(fd); }  // (closing releases the lock)
     } unlock{lock};
     if (fs::is_directory(made)) return made;  // made by another test while this one waited
-    for (const auto& e : fs::directory_iterator(root))  // an older preprocess's, or a killed maker's
-      if (e.path().filename().string().rfind("brown-", 0) == 0) fs::remove_all(e.path());
+    std::vector<fs::path> old;  // an older preprocess's, or a killed maker's
+    for (const auto& e : fs::directory_iterator(root))
+      if (e.path().filename().string().rfind("brown-", 0) == 0) old.push_back(e.path());
+    for (const auto& p : old) fs::remove_all(p);
     const fs::path part = root / (name + ".part");
     const auto r = run_command(preprocess + " brown --output-dir " + part.string());
     if (r.exit_code != 0) throw std::runtime_error("preprocess brown failed: " + r.output);
