@@ -11,10 +11,9 @@
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
-namespace fs = std::filesystem;
-namespace mb = megabatch;
-
 namespace megabatch::testing {
+
+namespace fs = std::filesystem;
 
 class Sweep : public ::testing::Test {
  public:
@@ -22,11 +21,11 @@ class Sweep : public ::testing::Test {
   static fs::path write_sweep(const fs::path& dir, const std::string& name, int budget, const std::string& optimizers,
                               const std::string& extra_base = "") {
     const fs::path file = dir / (name + ".json");
-    mb::testing::write_text(file, R"({
+    write_text(file, R"({
   "name": ")" + name + R"(",
   "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16,
            "micro_batch_size": 4, "lr": 0.002, "log_interval": 1, "eval_interval": 1000, "eval_iters": 2,
-           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("],
+           "data_path": [")" + (brown_data() / "brown_gpt2_text_document").string() + R"("],
            "hidden_dropout": 0.1, "attention_dropout": 0.1)" + extra_base + R"(},
   "grid": {"optimizer": [)" + optimizers + R"(]},
   "zip": {"global_batch_size": [4, 8]},
@@ -41,26 +40,26 @@ class Sweep : public ::testing::Test {
   static fs::path write_tiny_sweep(const fs::path& dir, const std::string& name, const std::string& base,
                                    const std::string& rest) {
     const fs::path file = dir / (name + ".json");
-    mb::testing::write_text(file, R"({"name": ")" + name + R"(",
+    write_text(file, R"({"name": ")" + name + R"(",
   "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 2,
            "lr": 0.001, "log_interval": 1, "eval_iters": 0, )" + base + R"(,
-           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
+           "data_path": [")" + (brown_data() / "brown_gpt2_text_document").string() + R"("]},
   )" + rest + "}");
     return file;
   }
   // Shell: wait (up to five minutes on a loaded machine) until the log shows the third iteration.
   static std::string wait_for_third(const std::string& log) {
-    return mb::testing::wait_for_line(log, "iteration  *[3-9]/");
+    return wait_for_line(log, "iteration  *[3-9]/");
   }
-  static std::string sweep(const std::string& args) { return mb::testing::bin_dir() + "/sweep " + args; }
+  static std::string sweep(const std::string& args) { return bin_dir() + "/sweep " + args; }
   // sweep run FILE --runs-dir RUNS [extra flags]
-  static mb::testing::CommandResult run_sweep(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
-    return mb::testing::run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + extra));
+  static CommandResult run_sweep(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
+    return run_command(sweep("run " + file.string() + " --runs-dir " + runs.string() + extra));
   }
 };
 
 inline std::vector<double> losses(const fs::path& metrics) {
-  mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
+  H5File f(metrics.string(), H5File::kRead);
   return f.read<double>("train/lm_loss");
 }
 

@@ -17,6 +17,8 @@
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
+namespace fs = std::filesystem;
+namespace mb = megabatch;
 using megabatch::testing::kIds;
 using megabatch::testing::losses;
 using megabatch::testing::Sweep;

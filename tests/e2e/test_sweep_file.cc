@@ -18,6 +18,8 @@
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
+namespace fs = std::filesystem;
+namespace mb = megabatch;
 using megabatch::testing::Sweep;
 
 TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {

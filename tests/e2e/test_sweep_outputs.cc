@@ -16,6 +16,8 @@
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
+namespace fs = std::filesystem;
+namespace mb = megabatch;
 using megabatch::testing::Sweep;
 
 // sweep.json edited by hand or damaged: every command that reads it names the file and the

@@ -158,12 +158,13 @@ inline const std::filesystem::path& brown_data() {
     if (fs::is_directory(made)) return made;
     fs::create_directories(root);
     const std::string lock_path = (root / ".lock").string();
-    const int lock = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (lock < 0 || ::flock(lock, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + lock_path);
-    struct Unlock {
+    struct Lock {
       int fd;
-      ~Unlock() { ::close(fd); }  // (closing releases the lock)
-    } unlock{lock};
+      ~Lock() {
+        if (fd >= 0) ::close(fd);  // (closing releases the lock)
+      }
+    } lock{::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)};
+    if (lock.fd < 0 || ::flock(lock.fd, LOCK_EX) != 0) throw std::runtime_error("cannot lock " + lock_path);
     if (fs::is_directory(made)) return made;  // made by another test while this one waited
     std::vector<fs::path> old;  // an older preprocess's, or a killed maker's
     for (const auto& e : fs::directory_iterator(root))
