@@ -1,5 +1,6 @@
-// The op API as test_ops_devices.cc calls it, in its warp-emulator build (test_ops_emulated,
-// MB_TEST_DEVICE_EMULATED): `ops::` there is this namespace. A call whose tensors live on the
+// The op API as test_ops_devices.cc and test_attention_devices.cc call it, in their
+// warp-emulator build (test_ops_emulated, MB_TEST_DEVICE_EMULATED): `ops::` there is this
+// namespace. A call whose tensors live on the
 // emulated GPU (emulated_device(): host memory standing for the GPU's) runs the CUDA backend's
 // own code, core/ops/cuda/*.cu compiled as C++ for the warp emulator (ops::emulated); a call
 // on the reference's CPU tensors runs the public op. The emulated calls go straight to the

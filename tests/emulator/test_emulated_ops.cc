@@ -1,8 +1,8 @@
 // The routing of test_ops_emulated (tests/emulator/emulated_ops.h), which the shared test
-// bodies of test_ops_devices.cc rely on: a call on the emulated device's tensors runs the
-// CUDA kernels on the warp emulator, a call on the reference's CPU tensors runs the CPU
-// backend, an op whose CUDA code the emulator cannot run refuses the emulated device, and a
-// call that mixes the two is an error.
+// bodies of test_ops_devices.cc and test_attention_devices.cc rely on: a call on the
+// emulated device's tensors runs the CUDA kernels on the warp emulator, a call on the
+// reference's CPU tensors runs the CPU backend, an op whose CUDA code the emulator cannot
+// run refuses the emulated device, and a call that mixes the two is an error.
 #include <gtest/gtest.h>
 
 #include <stdexcept>

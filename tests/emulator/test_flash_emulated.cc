@@ -3,8 +3,8 @@
 // what the kernels compute, and that the ordered dQ's turns give the same bits whatever
 // order the blocks and threads run in, how many blocks run at once, and when the
 // asynchronous copies land. The GPU runs the same kernels in the gpu label
-// (test_ops_devices.cc); this runs where there is none. First, that the emulator itself
-// finds what it says it finds.
+// (test_attention_devices.cc); this runs where there is none. First, that the emulator
+// itself finds what it says it finds.
 #include <gtest/gtest.h>
 
 #include <algorithm>

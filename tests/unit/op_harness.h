@@ -1,9 +1,10 @@
 // Running one op on a device in a dtype against the CPU reference in f64 on the same
-// inputs (test_ops_devices.cc). Inputs are drawn from a seeded normal distribution and
-// rounded to the dtype under test, so device and reference see identical values; outputs
-// written with `=` are poisoned (NaN) before the run so that an element the op did not
-// write fails, and outputs accumulated with `+=` start from random values so that the
-// accumulation itself is checked. Tolerances come from the dtype's unit roundoff.
+// inputs (test_ops_devices.cc, test_attention_devices.cc). Inputs are drawn from a seeded
+// normal distribution and rounded to the dtype under test, so device and reference see
+// identical values; outputs written with `=` are poisoned (NaN) before the run so that an
+// element the op did not write fails, and outputs accumulated with `+=` start from random
+// values so that the accumulation itself is checked. Tolerances come from the dtype's unit
+// roundoff.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -144,6 +145,15 @@ class OpHarness {
   DType dtype_;
   std::mt19937 rng_;
   uint32_t seed_;
+};
+
+// The fixture of the op tests (test_ops_devices.cc, test_attention_devices.cc): each
+// TEST_P(OnDevice, ...) runs once per dtype on test_device(), and skips where that device is
+// absent. test_ops_devices.cc instantiates it, for the tests of both files.
+class OnDevice : public ::testing::TestWithParam<DType> {
+ protected:
+  void SetUp() override { MB_SKIP_WITHOUT_DEVICE(test_device()); }
+  OpHarness harness(uint32_t seed) const { return OpHarness(test_device(), GetParam(), seed); }
 };
 
 }  // namespace megabatch::testing

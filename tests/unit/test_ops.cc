@@ -3,7 +3,8 @@
 // against f64 with a tolerance derived from the f32 unit roundoff and the reduction length,
 // and the masks and shapes that break kernels: sizes 1, primes, lengths that are not
 // multiples of the vector width, attention rows whose keys are all masked. (Each op on
-// every device and dtype against this reference: test_ops_devices.cc.)
+// every device and dtype against this reference: test_ops_devices.cc and
+// test_attention_devices.cc.)
 #include <gtest/gtest.h>
 
 #include <omp.h>
