@@ -80,6 +80,7 @@ std::string number(double x) {
 
 int export_csv(const fs::path& dir, const fs::path& file) {
   const SweepPoints sp = read_points(dir);
+  AtomicFile csv(file);  // a path it cannot write is refused before the metrics are read
   std::string out = "point";
   for (const auto& a : sp.axes) out += "," + csv_field(a);
   out += ",step,samples,metric,value\n";
@@ -111,7 +112,8 @@ int export_csv(const fs::path& dir, const fs::path& file) {
   }
   check(skipped < sp.points.size(), dir.string(), ": none of its ", sp.points.size(),
         " point(s) has metrics yet (no metrics.h5): nothing to export; run the sweep first");
-  write_file_atomic(file, out);
+  csv.write(out.data(), out.size());
+  csv.commit();
   std::cout << file.string() << ": " << rows << " rows from " << sp.points.size() - skipped << " point(s)"
             << (skipped ? " (" + std::to_string(skipped) + " without metrics yet)" : std::string()) << std::endl;
   return 0;

@@ -206,8 +206,16 @@ std::optional<CommandOutput> read_command(const std::string& command) {
 AtomicFile::AtomicFile(fs::path path) : path_(std::move(path)) {
   tmp_ = path_;
   tmp_ += ".tmp";
+  // what the user gave, and what to do, before the temporary file's name (which they did not give)
+  std::error_code ec;
+  if (fs::is_directory(path_, ec)) fail(path_.string(), ": is a directory; give the path of a file to write");
+  const fs::path dir = path_.parent_path();
+  if (!dir.empty() && !fs::is_directory(dir, ec))
+    fail(path_.string(), ": cannot write it: ", dir.string(),
+         fs::exists(dir, ec) ? " is not a directory" : " does not exist; create it first");
   fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd_ < 0) fail(tmp_.string(), ": cannot create (", std::strerror(errno), ")");
+  if (fd_ < 0)
+    fail(path_.string(), ": cannot create its temporary file ", tmp_.string(), " (", std::strerror(errno), ")");
 }
 
 AtomicFile::~AtomicFile() {

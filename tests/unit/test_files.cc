@@ -7,6 +7,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "core/util/dir_lock.h"
 #include "core/util/error.h"
@@ -37,12 +39,29 @@ TEST(Files, WriteFileAtomicReplacesTheWholeFileAndLeavesNoTemporary) {
   write_file_atomic(f, "short\n");
   EXPECT_EQ(read_file(f), "short\n");
   EXPECT_FALSE(fs::exists(tmp / "state.json.tmp"));
-  try {
-    write_file_atomic(tmp / "no_such_dir" / "x.json", "x");
-    FAIL() << "writing into a missing directory succeeded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find((tmp / "no_such_dir" / "x.json.tmp").string()), std::string::npos) << e.what();
+}
+
+// The errors name the path given and what to do, not only the temporary file's name.
+TEST(Files, WriteFileAtomicSaysWhyItCannotWriteThePathGiven) {
+  testing::TempDir tmp;
+  testing::write_text(tmp / "a_file", "x");
+  const std::vector<std::pair<fs::path, std::string>> cases = {
+      {tmp / "no_such_dir" / "x.json", (tmp / "no_such_dir" / "x.json").string() + ": cannot write it: " +
+                                           (tmp / "no_such_dir").string() + " does not exist; create it first"},
+      {tmp / "a_file" / "x.json", (tmp / "a_file" / "x.json").string() +
+                                      ": cannot write it: " + (tmp / "a_file").string() + " is not a directory"},
+      {tmp.path(), tmp.path().string() + ": is a directory; give the path of a file to write"},
+  };
+  for (const auto& [path, want] : cases) {
+    try {
+      write_file_atomic(path, "x");
+      ADD_FAILURE() << "writing " << path << " succeeded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
   }
+  EXPECT_EQ(read_file(tmp / "a_file"), "x");
+  EXPECT_FALSE(fs::exists(tmp.path().string() + ".tmp")) << "a temporary file was left beside the directory";
 }
 
 TEST(Files, ReadFileNamesThePathAndWhatItWasMeantToBe) {
