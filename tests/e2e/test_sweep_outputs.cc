@@ -9,6 +9,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "core/util/strings.h"
@@ -286,6 +288,35 @@ TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
       << r.output;
   EXPECT_NE(r.output.find("bs2 (train_iters: 40 -> 50)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Remove those points' directories"), std::string::npos) << r.output;
+}
+
+// sweep --help lists each command under the name the tool takes it by, and all of them: the
+// commands of its usage lines are those that an unknown command is told of, and each runs as
+// itself (without its arguments it asks for them under its own name, with no note of a
+// renamed command).
+TEST_F(Sweep, HelpListsEachCommandUnderTheNameTheToolTakes) {
+  const auto help = mb::testing::run_command(sweep("--help"));
+  ASSERT_EQ(help.exit_code, 0) << help.output;
+  std::set<std::string> listed;
+  const std::regex usage_line(R"(^(?:usage: | +)sweep ([a-z-]+) )");
+  std::istringstream lines(help.output);
+  for (std::string line; std::getline(lines, line);)
+    if (std::smatch m; std::regex_search(line, m, usage_line)) listed.insert(m[1]);
+  const auto unknown = mb::testing::run_command(sweep("frobnicate"));
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
+  std::smatch m;
+  const std::regex told(R"(unknown command 'frobnicate'; commands: ([a-z, -]+))");
+  ASSERT_TRUE(std::regex_search(unknown.output, m, told)) << unknown.output;
+  std::set<std::string> known;
+  std::istringstream names(m[1].str());
+  for (std::string name; std::getline(names, name, ',');) known.insert(name.substr(name.find_first_not_of(' ')));
+  EXPECT_EQ(listed, known) << help.output;
+  for (const std::string& command : listed) {
+    const auto r = mb::testing::run_command(sweep(command));
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("sweep: error: sweep " + command + ": give "), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;
+  }
 }
 
 // The analysis Python: $MEGABATCH_PYTHON when set (an unusable one is an error naming it),
