@@ -399,7 +399,7 @@ class Aggregation(unittest.TestCase):
                       "are not those of one batch size: <code>lamb-bs16-s1</code>.", page)
 
     def test_an_exported_sweeps_wall_time_is_read_from_its_launchers_done_record(self):
-        # a Slurm or EKS point: sweep.json (written by sweep export) has no wall time; its
+        # a Slurm or EKS point: sweep.json (written by sweep export-points) has no wall time; its
         # launcher's sweep finish --wall-s put it in DONE. sweep run's own record comes first.
         for pid, text in (("lamb-bs8-s1", '{"iteration": 32, "wall_s": 90}\n'), ("lamb-bs16-s1", '2026-11-26\n')):
             with open(os.path.join(self.root, pid, "DONE"), "w") as f:
@@ -422,7 +422,7 @@ class Aggregation(unittest.TestCase):
 
     def test_a_point_that_failed_under_its_launcher_is_failed_with_its_reason(self):
         # sweep finish --exit-status N (a Slurm task, an EKS job) wrote FAILED; sweep.json,
-        # written by sweep export, still says pending
+        # written by sweep export-points, still says pending
         d = os.path.join(self.root, "lamb-bs8-s1")
         os.remove(os.path.join(d, "DONE"))
         with open(os.path.join(d, "FAILED"), "w") as f:
