@@ -21,9 +21,11 @@
 #include "core/tensor/tensor.h"
 #ifdef MB_TEST_DEVICE_EMULATED
 #include "tests/emulator/emulated_ops.h"
+#include "tests/emulator/warp_emulator.h"
 #endif
 
 namespace megabatch {
+namespace ops {}
 inline void PrintTo(DType d, std::ostream* os) { *os << dtype_name(d); }  // test names and messages
 }  // namespace megabatch
 
@@ -40,6 +42,14 @@ inline Device test_device() { return emulated_device(); }
 #else
 inline Device test_device() { return Device::cpu(); }
 #define MB_TEST_DEVICE_NAME Cpu
+#endif
+
+// The op API the test bodies call: the public ops, or in the emulated program the same
+// signatures routed to the warp emulator for its device's tensors.
+#ifdef MB_TEST_DEVICE_EMULATED
+namespace device_ops = emulated_ops;
+#else
+namespace device_ops = ::megabatch::ops;  // (its ops from the core/ops headers a test includes)
 #endif
 
 // A GPU test program without a GPU (or a CUDA build) has nothing to test: it says why.
@@ -149,10 +159,25 @@ class OpHarness {
 
 // The fixture of the op tests (test_ops_devices.cc, test_attention_devices.cc): each
 // TEST_P(OnDevice, ...) runs once per dtype on test_device(), and skips where that device is
-// absent. test_ops_devices.cc instantiates it, for the tests of both files.
+// absent. test_ops_devices.cc instantiates it, for the tests of both files. In the emulated
+// program a test that ran (not skipped) must have launched a kernel on the warp emulator: one
+// that launched none checked the CPU's code where the GPU's was meant.
 class OnDevice : public ::testing::TestWithParam<DType> {
  protected:
-  void SetUp() override { MB_SKIP_WITHOUT_DEVICE(test_device()); }
+  void SetUp() override {
+    MB_SKIP_WITHOUT_DEVICE(test_device());
+#ifdef MB_TEST_DEVICE_EMULATED
+    launches_ = emu::launches();
+#endif
+  }
+#ifdef MB_TEST_DEVICE_EMULATED
+  void TearDown() override {
+    if (!IsSkipped()) {
+      EXPECT_GT(emu::launches(), launches_) << "no kernel ran on the warp emulator: the device's calls went elsewhere";
+    }
+  }
+  int64_t launches_ = 0;
+#endif
   OpHarness harness(uint32_t seed) const { return OpHarness(test_device(), GetParam(), seed); }
 };
 

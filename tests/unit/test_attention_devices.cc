@@ -21,11 +21,7 @@
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
-#ifdef MB_TEST_DEVICE_EMULATED
-namespace ops = megabatch::testing::emulated_ops;  // the device's calls on the warp emulator
-#else
-namespace ops = megabatch::ops;
-#endif
+namespace ops = mb::testing::device_ops;  // on the warp emulator in test_ops_emulated
 using mb::DType;
 using mb::testing::OnDevice;
 using mb::testing::Pair;

@@ -31,11 +31,7 @@
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
-#ifdef MB_TEST_DEVICE_EMULATED
-namespace ops = megabatch::testing::emulated_ops;  // the device's calls on the warp emulator
-#else
-namespace ops = megabatch::ops;
-#endif
+namespace ops = mb::testing::device_ops;  // on the warp emulator in test_ops_emulated
 using mb::DType;
 using mb::testing::OnDevice;
 using mb::testing::Pair;
@@ -378,10 +374,10 @@ TEST_P(OnDevice, NormalFillOfAnyShardIsTheFullTensorsDraws) {
     GTEST_SKIP() << "normal_fill writes f32 only; its refusal of a half type is the public op's, checked in the CPU "
                     "and GPU programs";
 #endif
-    Pair half = h.output({4, 5});
+    Pair half_out = h.output({4, 5});
     mb::testing::expect_error(
         [&] {
-          ops::normal_fill(half.dev, 1, ops::ShardLayout{4, 5, 5, -1, 0, 0});
+          ops::normal_fill(half_out.dev, 1, ops::ShardLayout{4, 5, 5, -1, 0, 0});
         },
         std::string("normal_fill: out must be f32, got ") + mb::dtype_name(GetParam()));
     return;
