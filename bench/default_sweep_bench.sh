@@ -11,7 +11,7 @@
 # RUNS_DIR (default: a new directory under /tmp) must not hold the sweep already: a sweep
 # that resumes is not timed from scratch. The OpenBLAS kernel is whatever the programs get
 # (OPENBLAS_CORETYPE, if set, picks it; else OpenBLAS, unless it falls back to a kernel
-# without AVX2 on a CPU with AVX2, where megabatch picks: README, "The OpenBLAS kernel");
+# without AVX2 on a CPU with AVX2, where megabatch picks: docs/performance.md, "The OpenBLAS kernel");
 # nothing here changes it. About 6 minutes on the development machine, 14 on a 2-core
 # machine at 62 GFLOP/s.
 set -uo pipefail
