@@ -13,7 +13,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kFormat = "megabatch tokenizer record 1";
+constexpr const char* kRecordFormat = "megabatch tokenizer record 1";
 constexpr const char* kRebuild = "; delete it, or rebuild the dataset with `preprocess`";
 
 // FNV-1a, 64 bits, over each token's length (8 bytes, little end first) and text.
@@ -53,7 +53,7 @@ TokenizerRecord describe_tokenizer(const Tokenizer& tokenizer, const fs::path& v
 }
 
 void write_tokenizer_record(const fs::path& prefix, const TokenizerRecord& r) {
-  const nlohmann::json j{{"format", kFormat},
+  const nlohmann::json j{{"format", kRecordFormat},
                          {"tokenizer_type", r.tokenizer_type},
                          {"vocab_size", r.vocab_size},
                          {"vocab_fingerprint", r.fingerprint},
@@ -70,7 +70,7 @@ TokenizerRecord read_tokenizer_record(const fs::path& file) {
   };
   const auto is_string = [](const nlohmann::json& x) { return x.is_string(); };
   need(
-      "format", [](const nlohmann::json& x) { return x == kFormat; }, "\"megabatch tokenizer record 1\"");
+      "format", [](const nlohmann::json& x) { return x == kRecordFormat; }, "\"megabatch tokenizer record 1\"");
   need(
       "tokenizer_type", [](const nlohmann::json& x) { return x.is_string() && !x.get<std::string>().empty(); },
       "a tokenizer type");
