@@ -7,12 +7,15 @@
 #include <vector>
 
 #include "core/device/allocator.h"
+#include "core/device/cuda/cublaslt.h"
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 #include "core/ops/cuda/gemm.h"
 
 namespace megabatch::ops::cuda {
 namespace {
+
+using cuda_rt::cublaslt;
 
 constexpr size_t kWorkspace = size_t{32} << 20;
 
@@ -60,7 +63,7 @@ Context& context(Device d) {
   static auto* contexts = new std::map<int, Context>();  // lives until exit
   Context& c = (*contexts)[d.index];
   if (!c.handle) {
-    MB_CUBLAS_CHECK(cublasLtCreate(&c.handle));
+    MB_CUBLAS_CHECK(cublaslt().Create(&c.handle));
     c.workspace = allocator(d).allocate(kWorkspace);
   }
   return c;
@@ -68,11 +71,13 @@ Context& context(Device d) {
 
 cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch, int64_t stride) {
   cublasLtMatrixLayout_t l = nullptr;
-  MB_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatrixLayoutCreate(&l, cuda_type(t), static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
   if (batch > 1) {
     const int32_t count = static_cast<int32_t>(batch);
-    MB_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
-    MB_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
+    MB_CUBLAS_CHECK(cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+    MB_CUBLAS_CHECK(
+        cublaslt().MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride, sizeof stride));
   }
   return l;
 }
@@ -84,46 +89,55 @@ Plan make_plan(Context& ctx, const GemmArgs& g) {
   const int64_t rows_a = g.ta == Trans::N ? g.M : g.K, cols_a = g.ta == Trans::N ? g.K : g.M;
   const int64_t rows_b = g.tb == Trans::N ? g.K : g.N, cols_b = g.tb == Trans::N ? g.N : g.K;
   Plan p;
-  MB_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  MB_CUBLAS_CHECK(cublaslt().MatmulDescCreate(&p.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_first = g.tb == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
   const cublasOperation_t op_second = g.ta == Trans::N ? CUBLAS_OP_N : CUBLAS_OP_T;
-  MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
-  MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
+  MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof op_first));
+  MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof op_second));
   if (g.gelu != GemmArgs::Gelu::kNone) {
     // cuBLAS's D is our C transposed, so the aux matrix (our M x N, row-major) is its N x M
     // with C's leading dimension; the bias runs along cuBLAS's rows, our columns.
     const cublasLtEpilogue_t epi = g.gelu == GemmArgs::Gelu::kBackward ? CUBLASLT_EPILOGUE_DGELU
                                    : g.bias                            ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                                                                        : CUBLASLT_EPILOGUE_GELU_AUX;
-    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
     const int64_t aux_ld = g.ldc;
-    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
     MB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof g.gelu_aux));
+        cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &aux_ld, sizeof aux_ld));
+    MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux,
+                                                      sizeof g.gelu_aux));
     if (g.bias)
-      MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+      MB_CUBLAS_CHECK(
+          cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
   } else if (g.bias) {
     const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
-    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+    MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
+    MB_CUBLAS_CHECK(
+        cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
   }
   p.a = layout(g.ab, cols_b, rows_b, g.ldb, g.batch, g.stride_b);
   p.b = layout(g.ab, cols_a, rows_a, g.lda, g.batch, g.stride_a);
   p.c = layout(g.c, g.N, g.M, g.ldc, g.batch, g.stride_c);
   cublasLtMatmulPreference_t pref = nullptr;
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  MB_CUBLAS_CHECK(cublaslt().MatmulPreferenceCreate(&pref));
   const uint64_t ws = kWorkspace;
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t al_a = static_cast<uint32_t>(alignment(g.B)), al_b = static_cast<uint32_t>(alignment(g.A)),
                  al_c = static_cast<uint32_t>(alignment(g.C));
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
-  MB_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
+  MB_CUBLAS_CHECK(
+      cublaslt().MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cublasStatus_t st =
+      cublaslt().MatmulAlgoGetHeuristic(ctx.handle, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+  cublaslt().MatmulPreferenceDestroy(pref);
   p.found = st == CUBLAS_STATUS_SUCCESS && found > 0;
   if (p.found) p.algo = result.algo;
   return p;
@@ -157,12 +171,13 @@ bool lt_gemm_if_found(Device device, cudaStream_t stream, const GemmArgs& g) {
   Plan& p = plan_for(ctx, g);
   if (!p.found) return false;
   if (g.bias)
-    MB_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
-  if (g.gelu != GemmArgs::Gelu::kNone)
     MB_CUBLAS_CHECK(
-        cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux, sizeof g.gelu_aux));
-  MB_CUBLAS_CHECK(cublasLtMatmul(ctx.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c, &p.algo,
-                                 ctx.workspace, kWorkspace, stream));
+        cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias));
+  if (g.gelu != GemmArgs::Gelu::kNone)
+    MB_CUBLAS_CHECK(cublaslt().MatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g.gelu_aux,
+                                                      sizeof g.gelu_aux));
+  MB_CUBLAS_CHECK(cublaslt().Matmul(ctx.handle, p.desc, &g.alpha, g.B, p.a, g.A, p.b, &g.beta, g.C, p.c, g.C, p.c,
+                                    &p.algo, ctx.workspace, kWorkspace, stream));
   return true;
 }
 
