@@ -4,11 +4,10 @@
 // every function megabatch calls, which then work (descriptors need no GPU).
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "core/device/cuda/cublaslt.h"
+#include "core/util/files.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -18,10 +17,7 @@ namespace {
 namespace rt = mb::cuda_rt;
 
 bool mapped(const std::string& library) {
-  std::ifstream maps("/proc/self/maps");
-  std::stringstream text;
-  text << maps.rdbuf();
-  return text.str().find(library) != std::string::npos;
+  return mb::read_file("/proc/self/maps", "memory map").find(library) != std::string::npos;
 }
 
 TEST(CublasLt, TrainStartsWithoutLoadingIt) {
