@@ -1,8 +1,10 @@
 // SGD with momentum and optional Nesterov, with torch.optim.SGD's arithmetic:
 //   g' = g + wd * p                   (weights and embeddings only)
-//   b  = g' at the first step, then momentum * b + (1 - dampening) * g'
+//   b  = momentum * b + (1 - dampening) * g', undamped at the first step
 //   d  = g' + momentum * b (Nesterov) or b;   p <- p - lr * d
-// With momentum 0 this is plain SGD and no state is kept.
+// With momentum 0 this is plain SGD and no state is kept. The buffer starts at zero, so the
+// first step leaves the gradient in it, as torch.optim.SGD seeds an empty buffer; a buffer from
+// --pretrained-optimizer-state is decayed and carried, as a resumed torch.optim.SGD carries its.
 #include <megabatch/plugin_kit.h>
 
 #include <stdexcept>
@@ -20,19 +22,18 @@ struct SgdUpdate {
   const mb_step_values* values;
   float wd, mu, dampening;
   float lr = 0.0f, damp = 0.0f;  // set by prepared(): the step's lr; dampening, 0 at the first step
-  int32_t first = 0;             // set by prepared(): the first step seeds the buffer with the gradient
+  float unused = 0.0f;           // fills the last 8 bytes: no padding bytes
   MB_HOST_DEVICE SgdUpdate prepared() const {
     SgdUpdate p = *this;
     p.lr = static_cast<float>(values->lr);
-    p.first = values->step == 1 ? 1 : 0;
-    p.damp = p.first ? 0.0f : dampening;
+    p.damp = values->step == 1 ? 0.0f : dampening;
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const {
     const float gj = g[j] + wd * w[j];
     float d = gj;
     if constexpr (kMomentum) {
-      b[j] = first ? gj : mu * b[j] + (1.0f - damp) * gj;
+      b[j] = mu * b[j] + (1.0f - damp) * gj;
       d = kNesterov ? gj + mu * b[j] : b[j];
     }
     w[j] -= lr * d;
@@ -88,4 +89,4 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.0.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)
+MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.1.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)

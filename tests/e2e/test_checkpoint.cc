@@ -331,6 +331,38 @@ TEST_F(Checkpoint, APretrainedOptimizerStateCarriesTheMomentsAndRestartsTheStepC
   }
 }
 
+// sgd with --pretrained-optimizer-state carries its momentum buffer: step 1 adds the gradient
+// undamped to the checkpoint's, b_B = mu b_A + g, where a start without it (C) ends step 1 with
+// b_C = g (torch.optim.SGD's seeding of an empty buffer), since both see the same weights, data
+// and dropout. Before, step 1 overwrote the loaded buffer with g and carried nothing.
+TEST_F(Checkpoint, APretrainedOptimizerStateCarriesSgdsMomentumBuffer) {
+  mb::testing::TempDir tmp;
+  const std::string a = (tmp / "a").string(), b = (tmp / "b").string(), c = (tmp / "c").string();
+  const std::string sgd = "--optimizer sgd --optimizer-params momentum=0.8 --weight-decay 0 ";
+  auto r = mb::testing::run_command(train(tmp / "ra", sgd + "--save " + a + " --train-iters 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string from = "--pretrained-checkpoint " + a + " --train-iters 1 --save-interval 1 --save ";
+  r = mb::testing::run_command(train(tmp / "rb", sgd + from + b + " --pretrained-optimizer-state"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "rc", sgd + from + c));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto check = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py, numpy as np\n"
+      "A, B, C = (h5py.File(f) for f in ('" +
+      a + "/iter_0000002.h5', '" + b + "/iter_0000001.h5', '" + c +
+      "/iter_0000001.h5'))\n"
+      "g = lambda f, n: f['optimizer/' + n + '/momentum_buffer'][()].astype(np.float64)\n"
+      "worst, carried = 0.0, 0.0\n"
+      "for n in A['params']:\n"
+      "  ref = 0.8 * g(A, n) + g(C, n)\n"
+      "  worst = max(worst, np.max(np.abs(g(B, n) - ref)) / max(np.max(np.abs(ref)), 1e-30))\n"
+      "  carried = max(carried, np.max(np.abs(0.8 * g(A, n))) / max(np.max(np.abs(ref)), 1e-30))\n"
+      "print('worst', worst, 'carried', carried, 'of', len(A['params']), 'tensors')\n"
+      "assert worst < 1e-6 and carried > 1e-2, (worst, carried)\n"
+      "print('momentum carried')\"");
+  EXPECT_NE(check.output.find("momentum carried"), std::string::npos) << check.output;
+}
+
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
