@@ -466,6 +466,11 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   opt.save_interval = v["save_interval"].get<int64_t>();
   opt.exit_interval = v["exit_interval"].get<int64_t>();
   opt.profile_steps = v["profile_steps"].get<int64_t>();
+  // (a resumed run that has 2 or fewer iterations left says so at its end: StepProfile)
+  check(opt.profile_steps == 0 || opt.train_iters > kProfileWarmup, "--profile-steps ", opt.profile_steps,
+        " times the iterations after the first ", kProfileWarmup, " (warm-up), but the run has ", opt.train_iters,
+        " in all (", by_iters ? "--train-iters" : "--train-samples", "), so it would profile nothing; ask for at least ",
+        kProfileWarmup + 1, " iterations, or drop --profile-steps");
   opt.keep_checkpoints = static_cast<int>(v["keep_checkpoints"].get<int64_t>());
   check(opt.save_interval >= 0 && opt.exit_interval >= 0 && opt.keep_checkpoints >= 0,
             "--save-interval, --exit-interval and --keep-checkpoints must be >= 0");

@@ -11,6 +11,9 @@
 
 namespace megabatch::train {
 
+// --profile-steps times iterations after this many of the run's first (allocations, plugin set-up).
+constexpr int64_t kProfileWarmup = 2;
+
 struct TrainOptions {
   int64_t micro_batch_size = 8, global_batch_size = 8, train_iters = 0;
   BatchRampup rampup;  // --rampup-batch-size: the global batch grows to global_batch_size
@@ -33,7 +36,7 @@ struct TrainOptions {
   int64_t save_interval = 0;
   int keep_checkpoints = 0;          // newest K kept (0: all)
   int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
-  int64_t profile_steps = 0;         // print where N iterations' time went, after 2 warm-up ones (0: off)
+  int64_t profile_steps = 0;         // print where N iterations' time went, after kProfileWarmup (0: off)
   io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s

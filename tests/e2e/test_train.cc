@@ -819,9 +819,29 @@ TEST_F(Train, ProfileStepsPrintsWhereTheStepTimeWentByOpFamily) {
   for (const auto& [name, row] : t.rows) sum += row.ms, share += row.share;
   EXPECT_NEAR(sum, t.step_ms, 0.001 * 12) << r.output;  // each row rounded to 0.001 ms
   EXPECT_NEAR(share, 100.0, 0.1 * 12) << r.output;
-  // a run too short to profile says so
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --eval-iters 0 --profile-steps 3 --run-dir " +
-                                     (tmp_ / "run2").string()));
+  // a run too short to profile anything is refused, by --check too (before, it ran and said so
+  // at its end); one resumed with no more than the warm-up left says so at its end
+  for (const std::string check : {"", " --check"}) {
+    r = mb::testing::run_command(train(kSmall +
+                                       "--train-iters 2 --lr 1e-3 --eval-iters 0 --profile-steps 3 --run-dir " +
+                                       (tmp_ / "run2").string() + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("train: error: --profile-steps 3 times the iterations after the first 2 (warm-up), but the "
+                            "run has 2 in all (--train-iters), so it would profile nothing; ask for at least 3 "
+                            "iterations, or drop --profile-steps"),
+              std::string::npos)
+        << check << "\n"
+        << r.output;
+  }
+  const std::string resumed = kSmall + "--lr 1e-3 --lr-decay-style constant --eval-iters 0 --save " +
+                              (tmp_ / "ckpt").string() + " --load " + (tmp_ / "ckpt").string() + " --run-dir " +
+                              (tmp_ / "run3").string();
+  r = mb::testing::run_command(train(resumed + " --train-iters 3"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("--profile-steps 3: nothing was profiled"), std::string::npos) << r.output;
+  r = mb::testing::run_command(train(resumed + " --train-iters 5 --profile-steps 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(iteration 3, "), std::string::npos) << "resumed\n" << r.output;
+  EXPECT_NE(r.output.find("--profile-steps 3: nothing was profiled, the run ended within its first 2 iterations"),
+            std::string::npos)
+      << r.output;
 }
