@@ -232,24 +232,20 @@ TEST(BertSamples, TruncationCutsFrontAndBackAlike) {
 
 class BrownSamples : public ::testing::Test {
  protected:
+  // The build's default datasets (made once for every test program), not a Brown of its own.
   static void SetUpTestSuite() {
     if (!std::filesystem::exists(asset_dir() / "brown/ca01")) return;
-    dir_ = new TempDir();
-    std::ostringstream log;
-    build_brown(dir_->path(), 2, false, log);
     TokenizerOptions o;
     o.type = "BertWordPieceLowerCase";
     o.extra_ids = 100;
     tok_ = make_tokenizer(o).release();
-    ds_ = std::make_shared<IndexedDataset>(dir_->path() / "brown_bert_text_sentence");
+    ds_ = std::make_shared<IndexedDataset>(megabatch::testing::brown_data() / "brown_bert_text_sentence");
   }
   static void TearDownTestSuite() {
     ds_.reset();
     delete tok_;
-    delete dir_;
   }
   void SetUp() override { MB_REQUIRE_ASSET("brown/ca01"); }
-  static inline TempDir* dir_ = nullptr;
   static inline Tokenizer* tok_ = nullptr;
   static inline std::shared_ptr<IndexedDataset> ds_;
 };
