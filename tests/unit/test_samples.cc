@@ -7,7 +7,7 @@
 #include <random>
 #include <set>
 
-#include "core/data/preprocess.h"
+#include "core/data/indexed_dataset.h"
 #include "core/data/samples.h"
 #include "core/data/tokenizer.h"
 #include "core/util/error.h"
