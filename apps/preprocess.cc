@@ -1,8 +1,10 @@
 // preprocess: Megatron-compatible dataset preparation. See --help.
+#include "core/data/preprocess.h"
+
 #include <iostream>
 
 #include "core/data/compact_vocab.h"
-#include "core/data/preprocess.h"
+#include "core/data/indexed_dataset.h"
 #include "core/util/args.h"
 #include "core/util/error.h"
 
@@ -62,9 +64,7 @@ int run_inspect(int argc, char** argv) {
   if (!a.parse(argc, argv, 2)) return 0;
   if (a.positional().size() != 1) fail("preprocess inspect: expected one dataset PREFIX (without .bin/.idx)");
   std::unique_ptr<Tokenizer> tok;
-  std::string prefix = a.positional()[0];
-  for (const char* ext : {".bin", ".idx"})
-    if (prefix.size() > 4 && prefix.ends_with(ext)) prefix.resize(prefix.size() - 4);
+  const std::string prefix = dataset_prefix(a.positional()[0]).string();  // (its .bin or .idx named: taken)
   if (a.has("tokenizer-type")) tok = tokenizer_for_dataset(make_tokenizer(tokenizer_options(a)), prefix, &std::cout);
   inspect(prefix, static_cast<int>(a.get_int("documents")), tok.get(), std::cout);
   return 0;

@@ -6,6 +6,7 @@
 
 #include "core/data/blend.h"
 #include "core/data/compact_vocab.h"
+#include "core/data/indexed_dataset.h"
 #include "core/data/split.h"
 #include "core/train/blended_source.h"
 #include "core/util/error.h"
@@ -38,10 +39,11 @@ std::string preprocess_brown_command(const fs::path& dir) {
 // One dataset, split by --split.
 RunDataset open_dataset(const data::BlendPart& part, const std::string& split) {
   RunDataset d{part.prefix, part.weight, nullptr, {}, {}, {}};
-  if (!fs::exists(d.prefix + ".idx") && !fs::exists(d.prefix + ".bin") &&
-      fs::path(d.prefix).filename().string().rfind("brown_", 0) == 0)
-    fail("data_path: ", d.prefix, ".bin/.idx are missing; the default Brown corpus is made by `",
-         preprocess_brown_command(fs::path(d.prefix).parent_path()), "`, run it first");
+  const fs::path named = data::dataset_prefix(d.prefix);  // (given as its .bin: IndexedDataset says so)
+  if (!fs::exists(named.string() + ".idx") && !fs::exists(named.string() + ".bin") &&
+      named.filename().string().rfind("brown_", 0) == 0)
+    fail("data_path: ", named.string(), ".bin/.idx are missing; the default Brown corpus is made by `",
+         preprocess_brown_command(named.parent_path()), "`, run it first");
   d.ds = std::make_shared<const data::IndexedDataset>(d.prefix);
   const auto cut = data::split_documents(split, d.ds->num_documents());
   d.train = {0, cut[0]};

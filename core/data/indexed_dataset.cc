@@ -43,8 +43,17 @@ fs::path with_suffix(const fs::path& prefix, const char* suffix) {
 }
 }  // namespace
 
+fs::path dataset_prefix(const fs::path& path) {
+  const fs::path ext = path.extension();
+  return ext == ".bin" || ext == ".idx" ? fs::path(path).replace_extension() : path;
+}
+
 IndexedDataset::IndexedDataset(const fs::path& prefix) : prefix_(prefix) {
   const fs::path idx_path = with_suffix(prefix, ".idx"), bin_path = with_suffix(prefix, ".bin");
+  const fs::path named = dataset_prefix(prefix);
+  if (named != prefix && !fs::exists(idx_path) && fs::exists(with_suffix(named, ".idx")))
+    fail(prefix.string(), ": this is one of a dataset's two files; a dataset is named by their prefix, without ",
+         prefix.extension().string(), ": give ", named.string());
   if (!fs::exists(idx_path))
     fail(idx_path.string(), ": dataset index not found; expected PREFIX.idx and PREFIX.bin from `preprocess` ",
          "or Megatron's tools/preprocess_data.py (PREFIX is e.g. data/corpus_text_document)");

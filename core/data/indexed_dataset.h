@@ -36,6 +36,10 @@ inline constexpr char kIndexMagic[9] = {'M', 'M', 'I', 'D', 'I', 'D', 'X', '\0',
 inline constexpr uint64_t kIndexVersion = 1;
 inline constexpr size_t kIndexHeaderBytes = 9 + 8 + 1 + 8 + 8;
 
+// The prefix a path names when it is one of a dataset's files (PREFIX.bin or PREFIX.idx, as a
+// user may give it); any other path as it is.
+std::filesystem::path dataset_prefix(const std::filesystem::path& path);
+
 class IndexedDataset {
  public:
   // Opens PREFIX.idx and PREFIX.bin and validates them; throws Error naming the file,

@@ -370,6 +370,36 @@ TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
   EXPECT_NE(r.output.find("dev.idx: not a regular file (a device or socket)"), std::string::npos) << r.output;
 }
 
+// A dataset given as one of its files (PREFIX.bin, as a file browser offers it) is named by its
+// prefix in the error; a missing default dataset given so still gets the command that makes it.
+// Before, the first said "PREFIX.bin.idx: dataset index not found", the second named
+// "PREFIX.bin.bin/.idx".
+TEST_F(Train, ADatasetGivenAsItsBinFileIsRefusedNamingItsPrefix) {
+  const std::string prefix = (brown() / "brown_gpt2_text_document").string();
+  for (const char* ext : {".bin", ".idx"}) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
+                                            "--train-iters 2 --lr 1e-3 --check --data-path " + prefix + ext);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("train: error: " + prefix + ext +
+                            ": this is one of a dataset's two files; a dataset is named by their prefix, without " +
+                            ext + ": give " + prefix + "\n"),
+              std::string::npos)
+        << r.output;
+  }
+  const std::string missing = (tmp_ / "nowhere" / "brown_gpt2_text_document").string();
+  const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall +
+                                          "--train-iters 2 --lr 1e-3 --check --data-path " + missing + ".bin");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: data_path: " + missing +
+                          ".bin/.idx are missing; the default Brown corpus is "
+                          "made by `"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("preprocess brown --output-dir " + (tmp_ / "nowhere").string() + "`, run it first"),
+            std::string::npos)
+      << r.output;
+}
+
 // A run that cannot fit stops before allocating, with what it needs against what there is
 // (gpt-7.5b needs about 175 GiB in fp32 on one rank; no CI machine has that).
 TEST_F(Train, AModelThatCannotFitIsRefusedBeforeAllocating) {

@@ -138,6 +138,16 @@ TEST(IndexedDataset, DamagedFilesGiveOneClearErrorEach) {
   EXPECT_NE(variant("shortbin", idx, bin.substr(0, bin.size() - 2)).find("shortbin.bin: shorter than the index says"),
             std::string::npos);
   EXPECT_NE(expect_error(dir / "nothing").find("nothing.idx: dataset index not found"), std::string::npos);
+  // one of a dataset's files given for the dataset: named by its prefix (its .bin.idx is not looked for)
+  for (const std::string ext : {".bin", ".idx"})
+    EXPECT_NE(expect_error(dir / ("good" + ext))
+                  .find("good" + ext +
+                        ": this is one of a dataset's two files; a dataset is named by their prefix, "
+                        "without " +
+                        ext + ": give " + (dir / "good").string()),
+              std::string::npos);
+  EXPECT_EQ(dataset_prefix(dir / "good.bin"), dir / "good");
+  EXPECT_EQ(dataset_prefix("data/corpus_text_document"), std::filesystem::path("data/corpus_text_document"));
   // an .idx whose dtype is not its .bin's: uint16 ids over int32 tokens read every id wrong
   write_docs(dir / "wide", DType::kI32, {{{1, 2, 3}, {4, 5}}, {{6}}});
   // good.idx (uint16, 6 tokens) beside wide.bin (the same 6 tokens as int32, 24 bytes)
