@@ -1,10 +1,9 @@
 // preprocess: Megatron-compatible dataset preparation. See --help.
-#include "core/data/preprocess.h"
-
 #include <iostream>
 
 #include "core/data/compact_vocab.h"
 #include "core/data/indexed_dataset.h"
+#include "core/data/preprocess.h"
 #include "core/util/args.h"
 #include "core/util/error.h"
 
