@@ -50,13 +50,14 @@ fs::path dataset_prefix(const fs::path& path) {
 
 IndexedDataset::IndexedDataset(const fs::path& prefix) : prefix_(prefix) {
   const fs::path idx_path = with_suffix(prefix, ".idx"), bin_path = with_suffix(prefix, ".bin");
-  const fs::path named = dataset_prefix(prefix);
-  if (named != prefix && !fs::exists(idx_path) && fs::exists(with_suffix(named, ".idx")))
-    fail(prefix.string(), ": this is one of a dataset's two files; a dataset is named by their prefix, without ",
-         prefix.extension().string(), ": give ", named.string());
-  if (!fs::exists(idx_path))
+  if (!fs::exists(idx_path)) {
+    const fs::path named = dataset_prefix(prefix);  // one of the dataset's files given for it
+    if (named != prefix && fs::exists(with_suffix(named, ".idx")))
+      fail(prefix.string(), ": this is one of a dataset's two files; a dataset is named by their prefix, without ",
+           prefix.extension().string(), ": give ", named.string());
     fail(idx_path.string(), ": dataset index not found; expected PREFIX.idx and PREFIX.bin from `preprocess` ",
          "or Megatron's tools/preprocess_data.py (PREFIX is e.g. data/corpus_text_document)");
+  }
   if (!fs::exists(bin_path)) fail(bin_path.string(), ": dataset tokens not found (the .idx is there, the .bin is not)");
   read_index(idx_path);
   check_bin(bin_path);

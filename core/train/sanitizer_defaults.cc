@@ -34,12 +34,13 @@ __attribute__((no_sanitize("address", "undefined"))) bool starts_with(const char
   return true;
 }
 
-// 0: not an MPI rank (no OMPI_COMM_WORLD_SIZE, set by mpirun for a rank); 1: a rank whose leaks
-// are checked; 2: a rank with MEGABATCH_RANK_LEAK_CHECK=0.
-__attribute__((no_sanitize("address", "undefined"))) int rank_kind() {
+// The options for this process: none for one that is not an MPI rank (no OMPI_COMM_WORLD_SIZE,
+// which mpirun sets for a rank); for a rank, full stacks, or no leak check where
+// MEGABATCH_RANK_LEAK_CHECK=0.
+__attribute__((no_sanitize("address", "undefined"))) const char* options() {
   static char env[1 << 16];
   const long fd = syscall(SYS_openat, AT_FDCWD, "/proc/self/environ", O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return 0;
+  if (fd < 0) return "";
   const long n = syscall(SYS_read, fd, env, sizeof env - 1);
   syscall(SYS_close, fd);
   bool rank = false, unchecked = false;
@@ -51,18 +52,12 @@ __attribute__((no_sanitize("address", "undefined"))) int rank_kind() {
     while (i < n && env[i] != '\0') ++i;
     ++i;
   }
-  return rank ? (unchecked ? 2 : 1) : 0;
+  if (!rank) return "";
+  return unchecked ? "detect_leaks=0" : "fast_unwind_on_malloc=0";
 }
 
 }  // namespace
 
 extern "C" __attribute__((no_sanitize("address", "undefined"))) const char* __asan_default_options() {
-  switch (rank_kind()) {
-    case 1:
-      return "fast_unwind_on_malloc=0";
-    case 2:
-      return "detect_leaks=0";
-    default:
-      return "";
-  }
+  return options();
 }

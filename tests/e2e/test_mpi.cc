@@ -23,9 +23,9 @@ namespace {
 // sanitize tests' other jobs check everything else (core/train/sanitizer_defaults.cc). The jobs
 // that do cover each path of a rank: TP x DP, the distributed optimizer (its step, its checkpoint
 // written and loaded at another size), overlapped buckets, a stop by signal.
+constexpr const char* kRankLeakCheck = "MEGABATCH_RANK_LEAK_CHECK=1 ";
 std::string mpirun(int np, bool leak_checked = false) {
-  return mb::testing::mpi_env() + (leak_checked ? "MEGABATCH_RANK_LEAK_CHECK=1 " : "") + "mpirun -np " +
-         std::to_string(np) + " ";
+  return mb::testing::mpi_env() + (leak_checked ? kRankLeakCheck : "") + "mpirun -np " + std::to_string(np) + " ";
 }
 
 // 4 heads, so TP 1, 2 and 4 all split it. The vocabulary is padded to a multiple of
@@ -338,7 +338,7 @@ TEST_F(Mpi, ASignalToOneRankStopsEveryRankAfterTheSameIteration) {
   mb::testing::TempDir tmp;
   const std::string log = (tmp / "log").string(), ckpt = (tmp / "ckpt").string();
   const auto r = mb::testing::run_command(
-      "(" + mb::testing::mpi_env() + "MEGABATCH_RANK_LEAK_CHECK=1 timeout 300 mpirun -np 2 " +
+      "(" + mb::testing::mpi_env() + kRankLeakCheck + "timeout 300 mpirun -np 2 " +
       train(tmp / "run", "--train-iters 100000 --save " + ckpt) + " > " + log + " 2>&1; echo exit=$? >> " + log +
       ") & " + mb::testing::wait_for_line(log, "iteration  *3/") + "pkill -TERM -f -n 'train.*" +
       (tmp / "run").string() + "'; wait; cat " + log);
