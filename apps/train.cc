@@ -182,6 +182,10 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   run.opt.flops_per_sample = mb::models::megatron_flops(mc, 1);
   run.plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
   run.hparams = mb::optim::resolve_hparams(run.plugin, mb::train::optimizer_params(r, run.plugin), "optimizer_params");
+  if (auto& wd = run.opt.schedule.wd; !wd.scheduled()) {  // the plugin's own, recorded for a resumed run's check
+    const int k = mb::optim::hparam_index(run.plugin, "weight_decay");
+    wd.start = wd.end = k >= 0 ? run.hparams[static_cast<size_t>(k)] : 0.0;
+  }
   run.device = mb::train::run_device(v, run.dtype, run.parallel.local_rank);
   run.parallel.connect(run.device, v["distributed_backend"].get<std::string>());
   if (run.parallel.collectives != "local") std::cout << "> collectives: " << run.parallel.collectives << std::endl;

@@ -83,10 +83,15 @@ void MixedPrecisionOptimizer::resolve_overflow() {
 
 void MixedPrecisionOptimizer::settle() { resolve_overflow(); }
 
+void MixedPrecisionOptimizer::follow_schedule() {
+  lr_ = opt_.schedule.lr(counts_.lr_samples);
+  if (opt_.schedule.wd.scheduled()) plugin_.set_weight_decay(opt_.schedule.wd.at(counts_.lr_samples));
+}
+
 void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, int64_t gbs, bool diagnostics) {
   const profile::Region mark(profile::Family::kOptimizer);
   if (!fp16()) {  // every step is applied
-    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    follow_schedule();
     plugin_.step(++counts_.optimizer_steps, lr_, gbs, clipped_norm, diagnostics);
     counts_.lr_samples += gbs;
   } else if (params_.device().is_cpu()) {
@@ -95,14 +100,14 @@ void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, int64_t gbs, bool
     unresolved_ = true;
     unresolved_batch_ = gbs;
     const bool skip = *static_cast<const float*>(overflow_->get()) != 0.0f;
-    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    follow_schedule();
     if (!skip) plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics);
     resolve_overflow();
   } else {
     // The previous step's flag (read one step late, long since produced) decides this step's
     // count and learning rate; this step's own flag makes its kernels skip on the device.
     resolve_overflow();
-    lr_ = opt_.schedule.lr(counts_.lr_samples);
+    follow_schedule();
     plugin_.step(counts_.optimizer_steps + 1, lr_, gbs, clipped_norm, diagnostics, found_inf_);
     overflow_->start(found_inf_.raw());
     unresolved_ = true;

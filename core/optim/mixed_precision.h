@@ -63,14 +63,15 @@ class MixedPrecisionOptimizer {
   // sums (2) = squared norms of the sharded and replicated gradients (over the groups);
   // norms (3) = global norm, clip coefficient, norm after clipping; gradients scaled.
   void clip(const Tensor& sums, const Tensor& norms);
-  // The plugin's step at the schedule's learning rate (with per-tensor diagnostics when
-  // asked); `clipped_norm` f64 (1) is the norm it is given; `global_batch` the samples of
-  // this step (the plugin's B, and the schedule's advance when the step is applied).
+  // The plugin's step at the schedule's learning rate and weight decay (with per-tensor
+  // diagnostics when asked); `clipped_norm` f64 (1) is the norm it is given; `global_batch`
+  // the samples of this step (the plugin's B, and the schedule's advance when applied).
   void step(const Tensor& clipped_norm, int64_t global_batch, bool diagnostics);
   // After step(): every overflow flag started is known to the host (the counts exact).
   void settle();
 
   double lr() const { return lr_; }  // of the last step
+  double weight_decay() const { return plugin_.weight_decay(); }  // of the last step
   StepCounts counts() const { return counts_; }
   ops::LossScalerState loss_scaler_state() const;
   const ops::LossScalerConfig& loss_scaler_config() const { return opt_.loss_scaler; }
@@ -84,6 +85,7 @@ class MixedPrecisionOptimizer {
 
  private:
   void resolve_overflow();  // the host learns the last started overflow flag
+  void follow_schedule();   // lr_ and the plugin's weight decay at the samples of the steps applied
 
   Options opt_;
   PluginOptimizer& plugin_;

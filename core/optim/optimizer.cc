@@ -141,6 +141,9 @@ std::string describe_hparams(const Plugin& plugin) {
   const mb_plugin_entry& e = *plugin.entry;
   os << e.name << " " << (e.version ? e.version : "") << ": " << (e.description ? e.description : "") << "\n"
      << "  runs on: cpu" << ((e.devices & MB_DEVICES_CUDA) ? ", cuda" : "") << "\n";
+  if (e.flags & (MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE))
+    os << "  takes:" << ((e.flags & MB_PLUGIN_DP_SHARDS) ? " --use-distributed-optimizer" : "")
+       << ((e.flags & MB_PLUGIN_WD_SCHEDULE) ? " --weight-decay-incr-style" : "") << "\n";
   for (size_t i = 0; i < e.num_hparams; ++i) {
     const mb_hparam_spec& h = e.hparams[i];
     os << "  " << h.name << " ("
@@ -185,6 +188,13 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
     out[i] = x;
   }
   return out;
+}
+
+void check_takes_wd_schedule(const Plugin& plugin) {
+  check(plugin.entry->flags & MB_PLUGIN_WD_SCHEDULE, "optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
+        ") cannot take a weight-decay schedule (--weight-decay-incr-style): it does not declare MB_PLUGIN_WD_SCHEDULE, "
+        "so it may decay by its weight_decay hyperparameter whatever the step's weight decay is; run it with a "
+        "constant weight decay, or make it decay by info.weight_decay and declare the flag (core/optim/plugin.h)");
 }
 
 int hparam_index(const Plugin& plugin, const std::string& name) {
@@ -236,6 +246,8 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
         plugin_.path.string(), ") cannot run with --use-distributed-optimizer: it does not declare ",
         "MB_PLUGIN_DP_SHARDS (its math may need whole tensors, e.g. factored state); run without the flag, or make ",
         "the plugin elementwise with per-tensor sums through sum_shards and declare it (core/optim/plugin.h)");
+  if (const int k = hparam_index(plugin_, "weight_decay"); k >= 0) hparam_weight_decay_ = hparams[k];
+  weight_decay_ = hparam_weight_decay_;
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     mb_param p{};
@@ -290,6 +302,11 @@ PluginOptimizer::~PluginOptimizer() {
   if (self_) plugin_.entry->destroy(self_);
 }
 
+void PluginOptimizer::set_weight_decay(double wd) {
+  if (wd != hparam_weight_decay_) check_takes_wd_schedule(plugin_);
+  weight_decay_ = wd;
+}
+
 void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, double norm, bool diagnostics) {
   if (norm < 0) norm = grad_norm(*store_, *tp_, shards_);
   step(step_count, lr, global_batch, from_host(std::vector<double>{norm}, {1}), diagnostics);
@@ -303,12 +320,19 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   check(!skip.defined() || (skip.dtype() == DType::kF32 && skip.numel() == 1), "internal error: skip flag ",
         skip.describe());
   // the step's numbers at their fixed addresses, in stream order
-  const mb_step_values values{step_count, lr, global_batch};
+  const mb_step_values values{step_count, lr, global_batch, weight_decay_};
   runtime::copy_bytes(values_.raw(), device_, &values, Device::cpu(), sizeof values);  // staged: no wait
   copy(norm_, to_device(grad_norm_t, device_));
   if (skip.defined()) copy(skip_, skip);
-  mb_step_info info{step_count, lr, global_batch, seed_, norm_.data<double>(), diagnostics ? 1 : 0,
-                    skip.defined() ? skip_.data<float>() : nullptr, static_cast<const mb_step_values*>(values_.raw())};
+  mb_step_info info{step_count,
+                    lr,
+                    global_batch,
+                    seed_,
+                    norm_.data<double>(),
+                    diagnostics ? 1 : 0,
+                    skip.defined() ? skip_.data<float>() : nullptr,
+                    static_cast<const mb_step_values*>(values_.raw()),
+                    weight_decay_};
   if (diagnostics) diagnostics_.clear();
   collecting_ = diagnostics;
   plugin_uploads_ = 0;

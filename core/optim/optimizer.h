@@ -57,6 +57,9 @@ void check_plugin_schema(const mb_plugin_entry& entry, const std::filesystem::pa
 // the schema default. Errors name `where` (e.g. "optimizer_params") and the key: unknown
 // name (with the nearest and the schema), wrong type, out of range.
 std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& values, const std::string& where);
+// An Error naming the plugin unless it declares MB_PLUGIN_WD_SCHEDULE: only such a plugin
+// decays by the step's weight decay, which a schedule moves.
+void check_takes_wd_schedule(const Plugin& plugin);
 // The position of hyperparameter `name` in the plugin's schema, or -1 when it has none.
 int hparam_index(const Plugin& plugin, const std::string& name);
 // Values in schema order (from resolve_hparams) as a JSON object {name: value}.
@@ -100,6 +103,12 @@ class PluginOptimizer {
   // on the device; undefined: none): when it is set the step's kernels change nothing.
   void step(int64_t step, double lr, int64_t global_batch, const Tensor& grad_norm, bool diagnostics,
             const Tensor& skip = {});
+  // The weight decay the following steps hand the plugin (info.weight_decay): at first the
+  // plugin's weight_decay hyperparameter (0 when it has none); a schedule sets each step's.
+  // An Error naming the plugin when it does not declare MB_PLUGIN_WD_SCHEDULE and `wd`
+  // differs from its hyperparameter (it would go on decaying by that, unseen).
+  void set_weight_decay(double wd);
+  double weight_decay() const { return weight_decay_; }
   // The standard normal draws the host gives the plugin for (parameter index, step):
   // out[0..n) (host memory) of the local shard, keyed by the element's index in the full tensor.
   void draw_normal(size_t index, int64_t step, float* out, size_t n);
@@ -140,6 +149,7 @@ class PluginOptimizer {
   comm::Communicator* tp_;
   Device device_;
   uint64_t seed_;
+  double hparam_weight_decay_ = 0, weight_decay_ = 0;  // the plugin's hyperparameter; the steps' value
   Diagnostics diagnostics_;
   bool collecting_ = false;
   LogSink log_;

@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 5.
+/* megabatch optimizer plugin ABI, version 6.
  *
  * This header is the ABI: plain C, so a plugin built by any compiler loads into any host.
  * A C++ plugin includes <megabatch/plugin_kit.h> instead, which includes this one and adds
@@ -53,6 +53,13 @@
  *    which adds the ranks' pieces (and the tensor-parallel shards) exactly once. The host
  *    refuses other plugins with that flag, naming the plugin; checkpoints hold whole
  *    tensors, so a run resumes at any data-parallel size.
+ *  - Weight decay: the host hands each step its weight decay in info->weight_decay (and
+ *    info->values->weight_decay), as it hands the learning rate: the plugin's weight_decay
+ *    hyperparameter, or the value of the run's schedule (Megatron's --start-weight-decay,
+ *    --end-weight-decay, --weight-decay-incr-style) at the samples consumed before the step.
+ *    A plugin that decays by that value (not by its hyperparameter read at create()) declares
+ *    MB_PLUGIN_WD_SCHEDULE in entry.flags; the host refuses a schedule for other plugins,
+ *    naming the plugin.
  *  - Errors: return non-zero and write a message into err (err_len bytes, NUL-terminated).
  *    The host stops the run with that message; it never continues after a failed step.
  */
@@ -62,7 +69,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 5u
+#define MB_PLUGIN_ABI_VERSION 6u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
 
 /* entry.devices: where the plugin's step can run */
@@ -71,6 +78,7 @@
 
 /* entry.flags */
 #define MB_PLUGIN_DP_SHARDS 1u /* steps pieces of parameters: runs with the distributed optimizer */
+#define MB_PLUGIN_WD_SCHEDULE 2u /* decays by the step's weight_decay: runs with a weight-decay schedule */
 
 #ifdef __cplusplus
 extern "C" {
@@ -116,6 +124,7 @@ typedef struct mb_step_values {
   int64_t step;            /* == info->step */
   double lr;               /* == info->lr */
   int64_t global_batch;    /* == info->global_batch */
+  double weight_decay;     /* == info->weight_decay */
 } mb_step_values;
 
 /* Per-step facts from the host. */
@@ -131,7 +140,11 @@ typedef struct mb_step_info {
                               step; 0: skip them (they may cost reductions) */
   const float* skip;       /* GPU runs: the overflow flag on the device; when *skip != 0 the
                               step must change nothing. NULL: apply the step. */
-  const mb_step_values* values; /* step, lr and global_batch again, in run's-device memory */
+  const mb_step_values* values; /* step, lr, global_batch and weight_decay again, in run's-device
+                              memory */
+  double weight_decay;     /* the weight decay for this step: the plugin's weight_decay
+                              hyperparameter (0 when it has none) or, when the run schedules it
+                              (--weight-decay-incr-style), the schedule's value */
 } mb_step_info;
 
 /* Services the host offers. Every member is non-null. */
@@ -192,7 +205,7 @@ typedef struct mb_plugin_entry {
   /* One optimizer step; 0 on success. */
   int (*step)(void* self, const mb_step_info* info, char* err, size_t err_len);
   void (*destroy)(void* self);
-  uint32_t flags;          /* MB_PLUGIN_DP_SHARDS or 0 */
+  uint32_t flags;          /* MB_PLUGIN_DP_SHARDS, MB_PLUGIN_WD_SCHEDULE (or both), or 0 */
 } mb_plugin_entry;
 
 #ifdef __cplusplus

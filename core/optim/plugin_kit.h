@@ -407,7 +407,9 @@ class Optimizer {
   virtual ~Optimizer() = default;
   virtual void step(const mb_step_info& info) = 0;
   // entry.flags: a class whose math is elementwise and whose per-tensor sums go through
-  // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`.
+  // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`; one that
+  // decays by the step's weight decay (info.weight_decay, or values->weight_decay in a
+  // functor's prepared()) adds MB_PLUGIN_WD_SCHEDULE.
   static constexpr uint32_t kFlags = 0;
   // Called by the entry's step() before step(): the step's skip flag for the kernels, and
   // the table cache rewound to its first slot.

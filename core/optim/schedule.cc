@@ -48,6 +48,32 @@ const char* wsd_style_name(WsdStyle s) {
   return "?";
 }
 
+WdIncrStyle parse_wd_incr_style(const std::string& s) {
+  if (s == "constant") return WdIncrStyle::kConstant;
+  if (s == "linear") return WdIncrStyle::kLinear;
+  if (s == "cosine") return WdIncrStyle::kCosine;
+  fail("weight_decay_incr_style: unknown style '", s, "'; use constant, linear or cosine");
+}
+
+const char* wd_incr_style_name(WdIncrStyle s) {
+  switch (s) {
+    case WdIncrStyle::kConstant:
+      return "constant";
+    case WdIncrStyle::kLinear:
+      return "linear";
+    case WdIncrStyle::kCosine:
+      return "cosine";
+  }
+  return "?";
+}
+
+double WdSchedule::at(int64_t samples) const {
+  if (style == WdIncrStyle::kConstant || samples >= incr_samples) return end;
+  const double r = static_cast<double>(samples) / static_cast<double>(incr_samples);
+  const double coeff = style == WdIncrStyle::kLinear ? r : 0.5 * (std::cos(std::numbers::pi * (1.0 - r)) + 1.0);
+  return start + coeff * (end - start);
+}
+
 double LrSchedule::lr(int64_t samples) const {
   if (warmup_samples > 0 && samples <= warmup_samples)
     return init_lr + (max_lr - init_lr) * static_cast<double>(samples) / static_cast<double>(warmup_samples);

@@ -20,6 +20,23 @@ enum class WsdStyle { kExponential, kLinear, kCosine, kMinusSqrt };
 WsdStyle parse_wsd_style(const std::string& s);  // Error listing the styles
 const char* wsd_style_name(WsdStyle s);
 
+// Megatron's --weight-decay-incr-style: the weight decay goes from start to end over
+// incr_samples (the run's length), linearly or along a half cosine
+// (start + (end - start) (1 - cos(pi r)) / 2), and stays at end after; constant holds the
+// plugin's own weight_decay (start and end record it, for a resumed run's check). The weight
+// decay of an iteration is the schedule at the samples consumed before it, as its LR.
+enum class WdIncrStyle { kConstant, kLinear, kCosine };
+WdIncrStyle parse_wd_incr_style(const std::string& s);  // Error listing the styles
+const char* wd_incr_style_name(WdIncrStyle s);
+
+struct WdSchedule {
+  WdIncrStyle style = WdIncrStyle::kConstant;
+  double start = 0, end = 0;
+  int64_t incr_samples = 0;
+  bool scheduled() const { return style != WdIncrStyle::kConstant; }
+  double at(int64_t samples) const;
+};
+
 struct LrSchedule {
   double max_lr = 0, min_lr = 0;
   int64_t warmup_samples = 0, decay_samples = 0;
@@ -29,6 +46,7 @@ struct LrSchedule {
   WsdStyle wsd_style = WsdStyle::kExponential;
   double init_lr = 0;  // where the warmup starts (Megatron's --lr-warmup-init)
   double lr(int64_t samples) const;
+  WdSchedule wd = {};  // the weight decay beside it (Megatron's OptimizerParamScheduler moves both)
 };
 
 // LR scaling rules for batch-size sweeps: lr = base * (batch / ref)^k with k = 0 (none),

@@ -38,6 +38,13 @@ nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& 
            "; give it in one place");
     hp[name] = v[flag];
   }
+  if (v["weight_decay_incr_style"].get<std::string>() != "constant") {  // a schedule (train_options checked its flags)
+    optim::check_takes_wd_schedule(plugin);
+    check(!v["optimizer_params"].contains("weight_decay"), "--weight-decay-incr-style ",
+          v["weight_decay_incr_style"].get<std::string>(), " sets the weight decay from --start-weight-decay to ",
+          "--end-weight-decay, so optimizer_params.weight_decay ", v["optimizer_params"]["weight_decay"].dump(),
+          " would be ignored; drop it");
+  }
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
   return hp;
 }

@@ -40,7 +40,8 @@ const std::map<std::string, config::Range>& ranges() {
       {"lr_decay_samples", at_least(1)}, {"lr_warmup_iters", at_least(0)}, {"lr_warmup_samples", at_least(0)},
       {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)}, {"lr_warmup_init", at_least(0)},
       {"lr_wsd_decay_iters", at_least(0)}, {"lr_wsd_decay_samples", at_least(0)},
-      {"weight_decay", at_least(0)}, {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
+      {"weight_decay", at_least(0)}, {"start_weight_decay", at_least(0)}, {"end_weight_decay", at_least(0)},
+      {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
@@ -165,6 +166,9 @@ const config::Schema& train_schema() {
       {"list_optimizers", Type::kBool, false, "print the optimizer plugins found and their hyperparameters", "optimizer"},
       {"plugin_path", Type::kStringList, json::array(), "extra directories searched for optimizer plugins", "optimizer"},
       {"weight_decay", Type::kFloat, 0.01, "weight decay (passed to the plugin's weight_decay)", "optimizer"},
+      {"start_weight_decay", Type::kFloat, nullptr, "weight decay at the start of a --weight-decay-incr-style schedule", "optimizer"},
+      {"end_weight_decay", Type::kFloat, nullptr, "weight decay at the end of a --weight-decay-incr-style schedule", "optimizer"},
+      {"weight_decay_incr_style", Type::kString, "constant", "weight decay over the run, from --start-weight-decay to --end-weight-decay: constant (--weight-decay throughout), linear, cosine", "optimizer"},
       {"clip_grad", Type::kFloat, 1.0, "global gradient-norm clipping (0: off)", "optimizer"},
       {"adam_beta1", Type::kFloat, 0.9, "passed to the plugin's beta1", "optimizer"},
       {"adam_beta2", Type::kFloat, 0.999, "passed to the plugin's beta2", "optimizer"},
@@ -404,6 +408,30 @@ optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
   return s;
 }
 
+// The weight-decay schedule of the flags (--weight-decay-incr-style, --start-weight-decay,
+// --end-weight-decay) over the run's `samples`, as Megatron's; constant: the plugin's own
+// weight_decay, which the caller records once the plugin is known.
+optim::WdSchedule wd_schedule(const config::Resolved& r, int64_t samples) {
+  const json& v = r.values;
+  optim::WdSchedule s;
+  s.style = optim::parse_wd_incr_style(v["weight_decay_incr_style"].get<std::string>());
+  const bool start = v.contains("start_weight_decay"), end = v.contains("end_weight_decay");
+  if (!s.scheduled()) {
+    check(!start && !end, "--", start ? "start" : "end", "-weight-decay moves the weight decay over the run only with "
+          "--weight-decay-incr-style linear or cosine, which is not given (constant holds --weight-decay); give the "
+          "style, or drop --start-weight-decay and --end-weight-decay");
+    return s;
+  }
+  const std::string style = "--weight-decay-incr-style " + v["weight_decay_incr_style"].get<std::string>();
+  check(start && end, style, " moves the weight decay from --start-weight-decay to --end-weight-decay; give both");
+  check(!r.given("weight_decay"), style, " sets the weight decay from --start-weight-decay to --end-weight-decay, so "
+        "--weight-decay ", v["weight_decay"].dump(), " would be ignored; drop it (null in a config or sweep file)");
+  s.start = v["start_weight_decay"].get<double>();
+  s.end = v["end_weight_decay"].get<double>();
+  s.incr_samples = samples;
+  return s;
+}
+
 // Clipping, logging, evaluation, diagnostics and noise-scale options.
 void logging_options(const config::Resolved& r, TrainOptions& opt) {
   const json& v = r.values;
@@ -459,6 +487,7 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
                              : ramp_iterations(opt.rampup, opt.global_batch_size, v["train_samples"].get<int64_t>());
   check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
   opt.schedule = lr_schedule(v, opt.global_batch_size, opt.train_iters);
+  opt.schedule.wd = wd_schedule(r, by_iters ? opt.train_iters * opt.global_batch_size : v["train_samples"].get<int64_t>());
   logging_options(r, opt);
   // (the trainer checks it again; here, so that --check and a sweep's dry run refuse it)
   if (opt.noise_scale) check_noise_scale_batch(opt.global_batch(0), opt.micro_batch_size, opt.rampup.on());

@@ -183,6 +183,18 @@ std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, co
   }
   if (saved.warmup_samples > 0 || run.warmup_samples > 0)
     differ("--lr-warmup-init (after --lr-scaling)", shortest(saved.init_lr), shortest(run.init_lr));
+  // the weight decay: a constant one is the plugin's weight_decay (Megatron checks it as its start and end)
+  const optim::WdSchedule &sw = saved.wd, &rw = run.wd;
+  differ("--weight-decay-incr-style", optim::wd_incr_style_name(sw.style), optim::wd_incr_style_name(rw.style));
+  if (!sw.scheduled() && !rw.scheduled()) {
+    differ("weight decay (--weight-decay)", shortest(sw.end), shortest(rw.end));
+  } else {
+    differ("--start-weight-decay", shortest(sw.start), shortest(rw.start));
+    differ("--end-weight-decay", shortest(sw.end), shortest(rw.end));
+    if (sw.scheduled() && rw.scheduled())
+      differ("weight-decay span (samples: the run's length)", std::to_string(sw.incr_samples),
+             std::to_string(rw.incr_samples));
+  }
   return out;
 }
 }  // namespace
@@ -190,23 +202,25 @@ std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, co
 optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSchedule& run, ScheduleOnResume how,
                                      std::ostream& console) {
   if (!point.resuming()) return run;
-  const std::optional<optim::LrSchedule> saved = read_trainer_state(point.state).schedule;
-  if (!saved) return run;
-  const std::vector<std::string> diff = schedule_differences(*saved, run);
+  const TrainerState state = read_trainer_state(point.state);
+  if (!state.schedule) return run;
+  optim::LrSchedule saved = *state.schedule;
+  if (!state.schedule_has_wd) saved.wd = run.wd;  // saved before weight-decay schedules: nothing to compare
+  const std::vector<std::string> diff = schedule_differences(saved, run);
   if (diff.empty()) return run;
   std::string list;
   for (const auto& d : diff) list += (list.empty() ? "" : "; ") + d;
   check(how != ScheduleOnResume::kCheck, point.from->string(),
-        " was trained with another learning-rate schedule than this run's flags give, so the resumed run would go on "
-        "with another one: ",
+        " was trained with another learning-rate or weight-decay schedule than this run's flags give, so the resumed "
+        "run would go on with another one: ",
         list,
         ". Give the flags the checkpoint was trained with, or --use-checkpoint-opt-param-scheduler to keep its "
         "schedule, or --override-opt-param-scheduler to take this run's");
   const bool own = how == ScheduleOnResume::kOverride;
-  console << "> learning-rate schedule: " << (own ? "this run's flags'" : "the checkpoint's") << " ("
+  console << "> learning-rate and weight-decay schedule: " << (own ? "this run's flags'" : "the checkpoint's") << " ("
           << (own ? "--override-opt-param-scheduler" : "--use-checkpoint-opt-param-scheduler") << "), where " << list
           << std::endl;
-  return own ? run : *saved;
+  return own ? run : saved;
 }
 
 }  // namespace megabatch::train

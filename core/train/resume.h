@@ -51,16 +51,17 @@ struct ResumePoint {
 // that holds no checkpoint is refused, as a wrong path.
 ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console);
 
-// What a resumed run does with the learning-rate schedule its checkpoint was trained with
-// when its own flags give another one, as Megatron's OptimizerParamScheduler does: refuse
-// (the default: a resumed run whose --lr or decay span changed by mistake would go on with
-// another schedule unseen), take the run's flags (--override-opt-param-scheduler) or the
-// checkpoint's (--use-checkpoint-opt-param-scheduler).
+// What a resumed run does with the learning-rate and weight-decay schedule its checkpoint
+// was trained with when its own flags give another one, as Megatron's OptimizerParamScheduler
+// does: refuse (the default: a resumed run whose --lr, decay span or weight decay changed by
+// mistake would go on with another schedule unseen), take the run's flags
+// (--override-opt-param-scheduler) or the checkpoint's (--use-checkpoint-opt-param-scheduler).
 enum class ScheduleOnResume { kCheck, kOverride, kFromCheckpoint };
 
 // The schedule a run resuming from `point` steps with: `run` (its flags') where the
 // checkpoint's agrees in every setting that moves the learning rate under its decay style
-// (a constant schedule has no decay span to disagree on), or has none saved; else as `how`
+// (a constant schedule has no decay span to disagree on) and the weight decay, or has none
+// saved (a checkpoint from before weight-decay schedules: the LR alone); else as `how`
 // says, the choice said on `console`. An Error names both values of each setting that differs
 // and the two flags.
 optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSchedule& run, ScheduleOnResume how,

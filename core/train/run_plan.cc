@@ -24,7 +24,12 @@ void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& cons
                         optim::wsd_style_name(s.wsd_style) + " over " + std::to_string(s.wsd_decay_samples) + ")"
                   : std::string())
           << " to " << s.min_lr << ", warmup " << s.warmup_samples << " samples"
-          << (s.init_lr > 0 ? " from " + shortest(s.init_lr) : std::string()) << "; " << plan.threads << " threads\n"
+          << (s.init_lr > 0 ? " from " + shortest(s.init_lr) : std::string())
+          << (s.wd.scheduled()
+                  ? ", weight decay " + shortest(s.wd.start) + " " + optim::wd_incr_style_name(s.wd.style) + " to " +
+                        shortest(s.wd.end) + " over " + std::to_string(s.wd.incr_samples) + " samples"
+                  : std::string())
+          << "; " << plan.threads << " threads\n"
           << "> writing " << plan.metrics.string() << "; diverged when the lm loss is NaN/inf or above "
           << opt.divergence_loss << " for " << opt.divergence_intervals << " log intervals" << std::endl;
 }

@@ -42,11 +42,13 @@ void StepRecorder::begin_step() {
   if (step_.defined()) step_.zero();
 }
 
-void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds) {
+void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds,
+                          double weight_decay) {
   if (ring_rows_ == 0) ring_first_ = iteration;
   copy(ring_.rows(ring_rows_, ring_rows_ + 1).view({static_cast<int64_t>(slots_)}), step_);
   ring_seconds_.push_back(seconds);
   ring_lr_.push_back(lr);
+  ring_wd_.push_back(weight_decay);
   ring_consumed_.push_back(consumed);
   ring_batch_.push_back(batch);
   ++ring_rows_;
@@ -80,6 +82,7 @@ void StepRecorder::drain() {
   ring_rows_ = 0;
   ring_seconds_.clear();
   ring_lr_.clear();
+  ring_wd_.clear();
   ring_consumed_.clear();
   ring_batch_.clear();
 }
@@ -122,6 +125,7 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   metrics_->append("train/lm_loss", loss);
   for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + io::series_name(extra_names_[k]), v[1 + k]);
   metrics_->append("train/learning_rate", ring_lr_[r]);
+  if (opt_.schedule.wd.scheduled()) metrics_->append("train/weight_decay", ring_wd_[r]);
   metrics_->append("train/grad_norm", norm);
   if (opt_.noise_scale) {  // each step's own estimates, for averages centred anywhere (sweep analyze)
     metrics_->append("train/noise_grad_sq_norm", noise.grad_sq_norm);

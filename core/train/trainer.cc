@@ -180,7 +180,7 @@ void Trainer::optimizer_step() {
 }
 
 void Trainer::record_step(double seconds) {
-  recorder_.record(iteration_, consumed_, step_batch_, optimizer_.lr(), seconds);
+  recorder_.record(iteration_, consumed_, step_batch_, optimizer_.lr(), seconds, optimizer_.weight_decay());
   if (iteration_ % opt_.log_interval == 0 || iteration_ == 1 || iteration_ == opt_.train_iters) {  // Megatron logs iteration 1 too
     recorder_.drain();
     StepRecorder::LineExtras extras;  // in this order on every rank: both are collectives

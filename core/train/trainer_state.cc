@@ -65,8 +65,10 @@ nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimize
           {"lr_samples", counts.lr_samples},
           {"skipped_iterations", skipped_iterations},
           {"loss_scaler",
-           {{"scale", scaler.scale}, {"growth_tracker", scaler.growth_tracker},
-            {"hysteresis_tracker", scaler.hysteresis_tracker}, {"dynamic", optimizer.loss_scaler_config().dynamic}}},
+           {{"scale", scaler.scale},
+            {"growth_tracker", scaler.growth_tracker},
+            {"hysteresis_tracker", scaler.hysteresis_tracker},
+            {"dynamic", optimizer.loss_scaler_config().dynamic}}},
           {"lr_schedule",
            {{"max_lr", sc.max_lr},
             {"min_lr", sc.min_lr},
@@ -77,7 +79,12 @@ nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimize
             {"wsd_decay_samples", sc.wsd_decay_samples},
             {"wsd_style", optim::wsd_style_name(sc.wsd_style)},
             {"init_lr", sc.init_lr},
-            {"lr", sc.lr(counts.lr_samples)}}}};
+            {"lr", sc.lr(counts.lr_samples)},
+            {"wd_incr_style", optim::wd_incr_style_name(sc.wd.style)},
+            {"start_wd", sc.wd.start},
+            {"end_wd", sc.wd.end},
+            {"wd_incr_samples", sc.wd.incr_samples},
+            {"weight_decay", sc.wd.at(counts.lr_samples)}}}};
 }
 
 TrainerState read_trainer_state(const io::CheckpointState& state) {
@@ -111,6 +118,13 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
     sc.init_lr = trainer_field<double>(state, "lr_schedule.init_lr", 0.0);
     sc.style = schedule_name(state, "style", nullptr, optim::parse_decay_style, "a decay style");
     sc.wsd_style = schedule_name(state, "wsd_style", "exponential", optim::parse_wsd_style, "a WSD decay style");
+    out.schedule_has_wd = t["lr_schedule"].contains("wd_incr_style");
+    if (out.schedule_has_wd) {
+      sc.wd.style = schedule_name(state, "wd_incr_style", nullptr, optim::parse_wd_incr_style, "a weight-decay style");
+      sc.wd.start = trainer_field<double>(state, "lr_schedule.start_wd");
+      sc.wd.end = trainer_field<double>(state, "lr_schedule.end_wd");
+      sc.wd.incr_samples = trainer_field<int64_t>(state, "lr_schedule.wd_incr_samples");
+    }
     out.schedule = sc;
   }
   return out;

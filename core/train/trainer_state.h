@@ -22,11 +22,12 @@ struct TrainerState {
   std::optional<ops::LossScalerState> loss_scaler;  // absent in checkpoints from before loss scaling
   std::optional<nlohmann::json> noise_scale;        // NoiseScaleEstimator::state(), checked
   std::optional<optim::LrSchedule> schedule;        // the LR schedule's settings (absent in older checkpoints)
+  bool schedule_has_wd = false;  // schedule->wd was saved (checkpoints before weight-decay schedules: not)
 };
 
-// The 'trainer' attribute of a checkpoint. The LR schedule's settings and its current
-// learning rate are stored too (a pure function of the counts and these settings), so that
-// a checkpoint says which schedule produced it.
+// The 'trainer' attribute of a checkpoint. The LR schedule's settings, with the weight
+// decay's, and its current learning rate and weight decay are stored too (pure functions of
+// the counts and these settings), so that a checkpoint says which schedule produced it.
 nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimizer, const NoiseScaleEstimator& noise,
                                   int64_t skipped_iterations);
 

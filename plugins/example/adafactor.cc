@@ -6,7 +6,8 @@
 //   R <- b2_t R + (1 - b2_t) mean over columns of (g^2 + eps1)
 //   C <- b2_t C + (1 - b2_t) mean over rows    of (g^2 + eps1)
 //   u  = g / sqrt(R_r C_c / mean(R))                     (vectors: u = g / sqrt(v), v full)
-//   u /= max(1, rms(u) / clip);  W <- W (1 - lr wd) - lr u   (decay: weights and embeddings)
+//   u /= max(1, rms(u) / clip);  W <- W (1 - lr wd) - lr u   (decay: weights and embeddings;
+//   wd the step's, which a run may schedule)
 // Row and column statistics are sums over jobs of one row or one column each. Under
 // tensor parallelism a matrix split by rows has whole rows here (its column sums, the
 // mean of R and rms(u) are summed over the group), one split by columns whole columns.
@@ -105,7 +106,8 @@ struct Update {
   float* w;
   const double* usq;  // |u|^2 of the full tensor
   const mb_step_values* values;
-  double inv_numel, clip, wd;  // wd 0 for biases and norms
+  double inv_numel, clip;
+  double decays;      // 1 for weights and embeddings, 0 for biases and norms: the factor on the step's weight decay
   float keep = 1.0f;  // 1 - lr wd, set by prepared()
   float step = 0.0f;  // lr / max(1, rms(u) / clip), set by prepared()
   MB_HOST_DEVICE Update prepared() const {
@@ -113,6 +115,7 @@ struct Update {
     p.u = u.prepared();
     const double rms = std::sqrt(*usq * inv_numel), denom = rms / clip > 1.0 ? rms / clip : 1.0;
     p.step = static_cast<float>(values->lr / denom);
+    const double wd = decays * values->weight_decay;  // the step's: a run may schedule it
     p.keep = wd != 0.0 ? static_cast<float>(1.0 - values->lr * wd) : 1.0f;
     return p;
   }
@@ -121,8 +124,9 @@ struct Update {
 
 class Adafactor final : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE;  // decays by the step's weight decay (values->weight_decay)
   explicit Adafactor(const megabatch::plugin::Context& ctx)
-      : Optimizer(ctx), eps1_(hparam("eps1")), clip_(hparam("clip_threshold")), wd_(hparam("weight_decay")) {
+      : Optimizer(ctx), eps1_(hparam("eps1")), clip_(hparam("clip_threshold")) {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       Slot s;
@@ -186,8 +190,9 @@ class Adafactor final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      jobs.push_back({p.numel, {direction(i, rsum.data() + i), p.data, usq.data() + i, info.values,
-                                1.0 / static_cast<double>(full_numel(i)), clip_, decay ? wd_ : 0.0}});
+      jobs.push_back({p.numel,
+                      {direction(i, rsum.data() + i), p.data, usq.data() + i, info.values,
+                       1.0 / static_cast<double>(full_numel(i)), clip_, decay ? 1.0 : 0.0}});
     }
     if (info.diagnostics) {
       const auto u2 = usq.host();
@@ -207,7 +212,7 @@ class Adafactor final : public megabatch::plugin::Optimizer {
             p.ndim == 2 ? 1.0 / static_cast<double>(p.full_shape[0]) : 1.0};
   }
 
-  double eps1_, clip_, wd_;
+  double eps1_, clip_;
   std::vector<Slot> slots_;
 };
 
@@ -219,5 +224,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Adafactor, "adafactor", "0.1.0",
+MEGABATCH_OPTIMIZER_PLUGIN(Adafactor, "adafactor", "0.2.0",
                            "Adafactor without momentum: factored second moments (example plugin)", kSchema)

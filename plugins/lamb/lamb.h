@@ -10,7 +10,9 @@
 //         nvlamb; otherwise 1
 //   w  <- w - lr * lr_multiplier * r * u
 // Weight decay applies to weights and embeddings (Megatron's grouping): biases and norms
-// get wd = 0 and therefore, as in Apex, no trust ratio unless nvlamb is set.
+// get wd = 0 and therefore, as in Apex, no trust ratio unless nvlamb is set. wd is the
+// step's (info.weight_decay): under a schedule that starts at 0 the weights too go without
+// a trust ratio while it is 0, as Apex does for a group whose weight_decay is 0.
 //
 // Memory traffic per parameter: stage 1 reads g, m, v, w and writes m, v (24 bytes);
 // stage 2 reads m, v, w, recomputes u and writes w (16 bytes). Recomputing u costs no
@@ -38,8 +40,8 @@ MB_HOST_DEVICE inline float lamb_inv_bias_correction(double beta, const mb_step_
 // Stage 1: moments, and the squared norms of the update and of the weights. With kNoise,
 // the scaled gradient gets noise_factor / t^noise_decay x rms(g / c) x a standard normal
 // draw, the rms from gsq (|g|^2 of this tensor over the group, on the device) and its full
-// size. The step's numbers come from `values` on the device, so the job table is the same
-// every step. Members ordered by size: no padding, so equal jobs have equal bytes.
+// size. The step's numbers (its weight decay too) come from `values` on the device, so the
+// job table is the same every step. Members ordered by size: no padding, so equal jobs have equal bytes.
 template <bool kNoise>
 struct LambMoments {
   const float* g;
@@ -50,10 +52,12 @@ struct LambMoments {
   const double* grad_norm;
   const mb_step_values* values;
   double max_grad_norm, noise_factor, noise_decay, inv_full, beta1, beta2;
-  float b1, b2, eps, wd;
+  float b1, b2, eps;
+  float wd;  // the table: 1 (decayed tensor) or 0; prepared(): x the step's weight decay
   float gs = 1.0f, noise_std = 0.0f, inv_bc1 = 1.0f, inv_bc2 = 1.0f;  // set by prepared() from the device values
   MB_HOST_DEVICE LambMoments prepared() const {
     LambMoments p = *this;
+    p.wd = wd * static_cast<float>(values->weight_decay);
     p.gs = lamb_grad_scale(grad_norm, max_grad_norm);
     p.inv_bc1 = lamb_inv_bias_correction(beta1, values);
     p.inv_bc2 = lamb_inv_bias_correction(beta2, values);
@@ -76,22 +80,26 @@ struct LambMoments {
 };
 
 // Stage 2: the update again from the new moments, scaled by lr x lr_multiplier x trust
-// ratio, the ratio from this tensor's global norms on the device (sums: |u|^2, |w|^2).
+// ratio, the ratio from this tensor's global norms on the device (sums: |u|^2, |w|^2),
+// applied with nvlamb or where the step's weight decay of the tensor is not 0.
 struct LambUpdate {
   const float *m, *v;
   float* w;
   const double* sums;
   const mb_step_values* values;
   double lr_multiplier, beta1, beta2;
-  float eps, wd;
-  int32_t adapt;
+  float eps;
+  float wd;       // the table: 1 (decayed tensor) or 0; prepared(): x the step's weight decay
+  int32_t adapt;  // the table: nvlamb; prepared(): or wd != 0
   float inv_bc1 = 1.0f, inv_bc2 = 1.0f, step_size = 0.0f;  // set by prepared()
   MB_HOST_DEVICE LambUpdate prepared() const {
     LambUpdate p = *this;
+    p.wd = wd * static_cast<float>(values->weight_decay);
+    p.adapt = adapt || p.wd != 0.0f ? 1 : 0;
     const double un = std::sqrt(sums[0]), wn = std::sqrt(sums[1]);
     p.inv_bc1 = lamb_inv_bias_correction(beta1, values);
     p.inv_bc2 = lamb_inv_bias_correction(beta2, values);
-    p.step_size = static_cast<float>(values->lr * lr_multiplier * (adapt && un > 0 && wn > 0 ? wn / un : 1.0));
+    p.step_size = static_cast<float>(values->lr * lr_multiplier * (p.adapt && un > 0 && wn > 0 ? wn / un : 1.0));
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const {
@@ -107,10 +115,15 @@ struct SquaredGrad {  // |g|^2 per tensor (lamb_noise's rms)
 
 class Lamb : public megabatch::plugin::Optimizer {
  public:
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
   explicit Lamb(const megabatch::plugin::Context& ctx)
-      : Optimizer(ctx), b1_(hparam("beta1")), b2_(hparam("beta2")), eps_(hparam("eps")), wd_(hparam("weight_decay")),
-        max_grad_norm_(hparam("max_grad_norm")), nvlamb_(hparam("nvlamb") != 0.0) {
+      : Optimizer(ctx),
+        b1_(hparam("beta1")),
+        b2_(hparam("beta2")),
+        eps_(hparam("eps")),
+        max_grad_norm_(hparam("max_grad_norm")),
+        nvlamb_(hparam("nvlamb") != 0.0) {
     for (size_t i = 0; i < num_params(); ++i) {
       m_.push_back(alloc_state(i, "exp_avg"));
       v_.push_back(alloc_state(i, "exp_avg_sq"));
@@ -125,8 +138,9 @@ class Lamb : public megabatch::plugin::Optimizer {
     if (factor == 0.0) {
       std::vector<megabatch::plugin::TensorJob<LambMoments<false>>> jobs;
       for (size_t i = 0; i < num_params(); ++i)
-        jobs.push_back({param(i).numel, {param(i).grad, nullptr, nullptr, m_[i], v_[i], param(i).data, info.grad_norm,
-                                         info.values, max_grad_norm_, 0.0, 0.0, 0.0, b1_, b2_, b1, b2, eps, decay(i)}});
+        jobs.push_back({param(i).numel,
+                        {param(i).grad, nullptr, nullptr, m_[i], v_[i], param(i).data, info.grad_norm, info.values,
+                         max_grad_norm_, 0.0, 0.0, 0.0, b1_, b2_, b1, b2, eps, decays(i)}});
       sums.push_back(sum<2>(jobs));
     } else {
       // |g|^2 of every tensor (over the group) for its noise level, and the draws
@@ -137,9 +151,10 @@ class Lamb : public megabatch::plugin::Optimizer {
       std::vector<megabatch::plugin::TensorJob<LambMoments<true>>> jobs;
       for (size_t i = 0; i < num_params(); ++i) {
         host().normal(host().ctx, i, info.step, noise(i), static_cast<size_t>(param(i).numel));
-        jobs.push_back({param(i).numel, {param(i).grad, noise(i), gsq.data() + i, m_[i], v_[i], param(i).data,
-                                         info.grad_norm, info.values, max_grad_norm_, factor, noise_decay(),
-                                         1.0 / static_cast<double>(full_numel(i)), b1_, b2_, b1, b2, eps, decay(i)}});
+        jobs.push_back({param(i).numel,
+                        {param(i).grad, noise(i), gsq.data() + i, m_[i], v_[i], param(i).data, info.grad_norm,
+                         info.values, max_grad_norm_, factor, noise_decay(), 1.0 / static_cast<double>(full_numel(i)),
+                         b1_, b2_, b1, b2, eps, decays(i)}});
       }
       sums.push_back(sum<2>(jobs));
       if (info.diagnostics) {  // the noise std each tensor got
@@ -157,14 +172,14 @@ class Lamb : public megabatch::plugin::Optimizer {
 
     std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i)
-      jobs.push_back({param(i).numel, {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.values,
-                                       lr_multiplier(i, info), b1_, b2_, eps, decay(i),
-                                       nvlamb_ || decay(i) != 0.0f ? 1 : 0}});
+      jobs.push_back({param(i).numel,
+                      {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.values, lr_multiplier(i, info), b1_, b2_,
+                       eps, decays(i), nvlamb_ ? 1 : 0}});
     if (info.diagnostics) {
       const auto host_sums = uw.host();
       for (size_t i = 0; i < num_params(); ++i) {
         const double update_norm = std::sqrt(host_sums[i][0]), weight_norm = std::sqrt(host_sums[i][1]);
-        const bool adapt = nvlamb_ || decay(i) != 0.0f;
+        const bool adapt = nvlamb_ || decays(i) * static_cast<float>(info.weight_decay) != 0.0f;
         metric("trust_ratio", i, adapt && update_norm > 0 && weight_norm > 0 ? weight_norm / update_norm : 1.0);
         metric("weight_norm", i, weight_norm);
         metric("update_norm", i, update_norm);
@@ -184,13 +199,14 @@ class Lamb : public megabatch::plugin::Optimizer {
   virtual double noise_decay() const { return 0.0; }
   virtual float* noise(size_t /*i*/) const { return nullptr; }
 
-  float decay(size_t i) const {
+  // 1 where tensor i is decayed (weights, embeddings), else 0: the factor on the step's weight decay
+  float decays(size_t i) const {
     const mb_role r = param(i).role;
-    return r == MB_ROLE_WEIGHT || r == MB_ROLE_EMBEDDING ? static_cast<float>(wd_) : 0.0f;
+    return r == MB_ROLE_WEIGHT || r == MB_ROLE_EMBEDDING ? 1.0f : 0.0f;
   }
 
  private:
-  double b1_, b2_, eps_, wd_, max_grad_norm_;
+  double b1_, b2_, eps_, max_grad_norm_;
   bool nvlamb_;
   std::vector<float*> m_, v_;
 };

@@ -19,7 +19,8 @@ struct SquaredNorms {  // |w|^2, |g|^2
 };
 
 // The local lr comes from this tensor's global norms on the device (sums: |w|^2, |g|^2).
-// The step's lr comes from `values` on the device, so the job table is the same every step.
+// The step's lr and weight decay come from `values` on the device, so the job table is the
+// same every step.
 // Members ordered by size: no padding, so equal jobs have equal bytes.
 struct LarsUpdate {
   float* w;
@@ -27,12 +28,13 @@ struct LarsUpdate {
   float* v;
   const double* sums;
   const mb_step_values* values;
-  double eta, wd, eps;
+  double eta, eps;
   float momentum;
   int32_t adapt;  // weights and embeddings: trust ratio and decay; biases and norms: plain momentum SGD
   float step_size = 0.0f, decay = 0.0f;  // set by prepared() from the norms and the step's lr
   MB_HOST_DEVICE LarsUpdate prepared() const {
     LarsUpdate p = *this;
+    const double wd = values->weight_decay;
     const double wn = std::sqrt(sums[0]), gn = std::sqrt(sums[1]);
     const double local = adapt && wn > 0 && gn > 0 ? eta * wn / (gn + wd * wn + eps) : 1.0;
     p.step_size = static_cast<float>(values->lr * local);
@@ -48,10 +50,10 @@ struct LarsUpdate {
 
 class Lars final : public megabatch::plugin::Optimizer {
  public:
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
   explicit Lars(const megabatch::plugin::Context& ctx)
-      : Optimizer(ctx), momentum_(hparam("momentum")), eta_(hparam("trust_coefficient")), wd_(hparam("weight_decay")),
-        eps_(hparam("eps")) {
+      : Optimizer(ctx), momentum_(hparam("momentum")), eta_(hparam("trust_coefficient")), eps_(hparam("eps")) {
     for (size_t i = 0; i < num_params(); ++i) v_.push_back(alloc_state(i, "momentum_buffer"));
   }
 
@@ -64,8 +66,9 @@ class Lars final : public megabatch::plugin::Optimizer {
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
       const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
-      jobs.push_back({p.numel, {p.data, p.grad, v_[i], sums.data() + 2 * i, info.values, eta_, wd_, eps_,
-                                static_cast<float>(momentum_), adapt ? 1 : 0}});
+      jobs.push_back({p.numel,
+                      {p.data, p.grad, v_[i], sums.data() + 2 * i, info.values, eta_, eps_,
+                       static_cast<float>(momentum_), adapt ? 1 : 0}});
     }
     if (info.diagnostics) {  // before the update: the norms the step used
       const auto host = sums.host();
@@ -73,7 +76,7 @@ class Lars final : public megabatch::plugin::Optimizer {
         const mb_param& p = param(i);
         const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
         const double wn = std::sqrt(host[i][0]), gn = std::sqrt(host[i][1]);
-        metric("trust_ratio", i, adapt && wn > 0 && gn > 0 ? eta_ * wn / (gn + (adapt ? wd_ : 0.0) * wn + eps_) : 1.0);
+        metric("trust_ratio", i, adapt && wn > 0 && gn > 0 ? eta_ * wn / (gn + info.weight_decay * wn + eps_) : 1.0);
         metric("weight_norm", i, wn);
         metric("grad_norm", i, gn);
       }
@@ -82,7 +85,7 @@ class Lars final : public megabatch::plugin::Optimizer {
   }
 
  private:
-  double momentum_, eta_, wd_, eps_;
+  double momentum_, eta_, eps_;
   std::vector<float*> v_;
 };
 
@@ -95,5 +98,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Lars, "lars", "1.0.0", "LARS: momentum SGD with a layer-wise trust ratio; biases and norms excluded",
-                           kSchema)
+MEGABATCH_OPTIMIZER_PLUGIN(Lars, "lars", "1.1.0",
+                           "LARS: momentum SGD with a layer-wise trust ratio; biases and norms excluded", kSchema)

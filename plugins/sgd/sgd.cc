@@ -12,19 +12,21 @@
 
 namespace {
 
-// lr and the first step come from `values` on the device, so the job table is the same every
-// step. Members ordered by size: no padding, so equal jobs have equal bytes.
+// lr, the weight decay and the first step come from `values` on the device, so the job table
+// is the same every step. Members ordered by size: no padding, so equal jobs have equal bytes.
 template <bool kMomentum, bool kNesterov>
 struct SgdUpdate {
   float* w;
   float* b;  // momentum buffer (kMomentum only)
   const float* g;
   const mb_step_values* values;
-  float wd, mu, dampening;
+  float wd;  // the table: 1 (weights, embeddings) or 0 (biases, norms); prepared(): x the step's weight decay
+  float mu, dampening;
   float lr = 0.0f, damp = 0.0f;  // set by prepared(): the step's lr; dampening, 0 at the first step
   float unused = 0.0f;           // fills the last 8 bytes: no padding bytes
   MB_HOST_DEVICE SgdUpdate prepared() const {
     SgdUpdate p = *this;
+    p.wd = wd * static_cast<float>(values->weight_decay);
     p.lr = static_cast<float>(values->lr);
     p.damp = values->step == 1 ? 0.0f : dampening;
     return p;
@@ -42,10 +44,13 @@ struct SgdUpdate {
 
 class Sgd final : public megabatch::plugin::Optimizer {
  public:
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;  // elementwise; per-tensor sums through sum_shards
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
   explicit Sgd(const megabatch::plugin::Context& ctx)
-      : Optimizer(ctx), momentum_(hparam("momentum")), dampening_(hparam("dampening")),
-        wd_(hparam("weight_decay")), nesterov_(hparam("nesterov") != 0.0) {
+      : Optimizer(ctx),
+        momentum_(hparam("momentum")),
+        dampening_(hparam("dampening")),
+        nesterov_(hparam("nesterov") != 0.0) {
     if (nesterov_ && (momentum_ <= 0.0 || dampening_ != 0.0))
       throw std::invalid_argument("sgd: nesterov needs momentum > 0 and dampening 0");
     if (momentum_ > 0.0)
@@ -67,15 +72,16 @@ class Sgd final : public megabatch::plugin::Optimizer {
     std::vector<megabatch::plugin::TensorJob<SgdUpdate<kMomentum, kNesterov>>> jobs;
     for (size_t i = 0; i < num_params(); ++i) {
       const mb_param& p = param(i);
-      const float wd = (p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING) ? static_cast<float>(wd_) : 0.0f;
-      jobs.push_back({p.numel, {p.data, kMomentum ? buf_[i] : nullptr, p.grad, info.values, wd,
-                                static_cast<float>(momentum_), static_cast<float>(dampening_)}});
+      const float decays = (p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING) ? 1.0f : 0.0f;
+      jobs.push_back({p.numel,
+                      {p.data, kMomentum ? buf_[i] : nullptr, p.grad, info.values, decays,
+                       static_cast<float>(momentum_), static_cast<float>(dampening_)}});
     }
     apply(jobs);
   }
 
  private:
-  double momentum_, dampening_, wd_;
+  double momentum_, dampening_;
   bool nesterov_;
   std::vector<float*> buf_;
 };
@@ -89,4 +95,4 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.1.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)
+MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.2.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)

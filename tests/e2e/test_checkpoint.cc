@@ -363,6 +363,58 @@ TEST_F(Checkpoint, APretrainedOptimizerStateCarriesSgdsMomentumBuffer) {
   EXPECT_NE(check.output.find("momentum carried"), std::string::npos) << check.output;
 }
 
+// A weight-decay schedule resumes where it was: a run stopped at iteration 2 and resumed goes
+// on as the uninterrupted one, bit for bit. A resumed run whose flags give another schedule,
+// or a constant weight decay for a scheduled one, is refused naming both values (Megatron's
+// OptimizerParamScheduler checks start_wd, end_wd and the style), unless a flag says which
+// to keep.
+TEST_F(Checkpoint, AWeightDecayScheduleResumesWhereItWasAndAnotherOneIsRefused) {
+  mb::testing::TempDir tmp;
+  const std::string linear = "--weight-decay-incr-style linear --start-weight-decay 0 --end-weight-decay 0.3 ";
+  auto r = mb::testing::run_command(train(tmp / "whole", linear));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto wd = series(tmp / "whole" / "metrics.h5", "train/weight_decay");
+  ASSERT_EQ(wd.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)  // 4 samples an iteration over 24: 0.3 x 4i / 24
+    EXPECT_NEAR(wd[i], 0.05 * static_cast<double>(i), 1e-15) << "iteration " << i + 1;
+  r = mb::testing::run_command(train(tmp / "first", linear + "--save " + (tmp / "c").string() + " --exit-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto resume = [&](const std::string& name, const std::string& flags) {
+    const fs::path c = tmp / ("c_" + name);
+    fs::copy(tmp / "c", c, fs::copy_options::recursive);
+    return mb::testing::run_command(train(tmp / name, flags + " --load " + c.string()));
+  };
+  r = resume("resumed", linear);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* s : {"train/weight_decay", "train/lm_loss", "train/grad_norm"}) {
+    const auto whole = series(tmp / "whole" / "metrics.h5", s);
+    EXPECT_EQ(series(tmp / "resumed" / "metrics.h5", s), std::vector<double>(whole.begin() + 2, whole.end())) << s;
+  }
+
+  r = resume("other", "--weight-decay-incr-style linear --start-weight-decay 0 --end-weight-decay 0.2");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(" was trained with another learning-rate or weight-decay schedule than this run's flags "
+                          "give, so the resumed run would go on with another one: --end-weight-decay 0.3 in the "
+                          "checkpoint, 0.2 in this run. Give the flags"),
+            std::string::npos)
+      << r.output;
+  r = resume("constant", "");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--weight-decay-incr-style linear in the checkpoint, constant in this run; "
+                          "--start-weight-decay 0 in the checkpoint, 0.01 in this run; --end-weight-decay 0.3 in the "
+                          "checkpoint, 0.01 in this run"),
+            std::string::npos)
+      << r.output;
+  r = resume("taken",
+             "--weight-decay-incr-style linear --start-weight-decay 0 --end-weight-decay 0.2 "
+             "--override-opt-param-scheduler");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto taken = series(tmp / "taken" / "metrics.h5", "train/weight_decay");
+  ASSERT_EQ(taken.size(), 4u);
+  for (size_t i = 0; i < 4; ++i)  // iterations 3 to 6 of this run's schedule: 0.2 x 4 (i + 2) / 24
+    EXPECT_NEAR(taken[i], 0.2 * static_cast<double>(i + 2) / 6.0, 1e-15) << "iteration " << i + 3;
+}
+
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
@@ -392,8 +444,9 @@ TEST_F(Checkpoint, AResumeWithAnotherScheduleIsRefusedUnlessAFlagSaysWhichToKeep
   r = resume("refused", "--lr 6e-3 --min-lr 1e-4");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find((tmp / "c_refused" / "iter_0000002.h5").string() +
-                          " was trained with another learning-rate schedule than this run's flags give, so the resumed "
-                          "run would go on with another one: peak learning rate (--lr, after --lr-scaling) 0.003 in "
+                          " was trained with another learning-rate or weight-decay schedule than this run's flags "
+                          "give, so the resumed run would go on with another one: peak learning rate (--lr, after "
+                          "--lr-scaling) 0.003 in "
                           "the checkpoint, 0.006 in this run; --min-lr (after --lr-scaling) 0 in the checkpoint, "
                           "1e-04 in this run. Give the flags the checkpoint was trained with, or "
                           "--use-checkpoint-opt-param-scheduler to keep its schedule, or "
@@ -404,7 +457,8 @@ TEST_F(Checkpoint, AResumeWithAnotherScheduleIsRefusedUnlessAFlagSaysWhichToKeep
 
   r = resume("kept", "--lr 6e-3 --use-checkpoint-opt-param-scheduler");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("> learning-rate schedule: the checkpoint's (--use-checkpoint-opt-param-scheduler), where "
+  EXPECT_NE(r.output.find("> learning-rate and weight-decay schedule: the checkpoint's "
+                          "(--use-checkpoint-opt-param-scheduler), where "
                           "peak learning rate (--lr, after --lr-scaling) 0.003 in the checkpoint, 0.006 in this run"),
             std::string::npos)
       << r.output;

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <cfloat>
+#include <cmath>
 #include <random>
+#include <sstream>
 
 #include "core/comm/communicator.h"
 #include "core/nn/parameters.h"
@@ -93,7 +95,7 @@ TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
   EXPECT_NE(r.output.find("cannot load the plugin library"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("bad_schema  BROKEN: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("4 plugin file(s) could not be loaded"), std::string::npos) << r.output;
-  for (const char* good : {"adamw 1.0.0", "lamb 1.0.0", "sgd 1.1.0", "adafactor "})
+  for (const char* good : {"adamw 1.1.0", "lamb 1.1.0", "sgd 1.2.0", "adafactor "})
     EXPECT_NE(r.output.find(good), std::string::npos) << good << " is still listed:\n" << r.output;
 }
 
@@ -166,18 +168,23 @@ TEST(PluginHost, StepValuesKeepOneAddressAndRepeatedScratchTheSameAddresses) {
   store.add({"w", mb::nn::Role::kWeight, 0, {4}, {}, mb::nn::Init::ones()});
   store.finalize();
   store.initialize(1);
-  mb::optim::PluginOptimizer opt(mb::optim::load_plugin("step_values", test_dirs()), store, tp, {0.0}, 0);
+  mb::optim::PluginOptimizer opt(mb::optim::load_plugin("step_values", test_dirs()), store, tp, {0.0, 0.25}, 0);
   float w = 1.0f;
   for (int s = 1; s <= 4; ++s) {
     SCOPED_TRACE("step " + std::to_string(s));
     for (int64_t j = 0; j < 4; ++j) store.grads()[j] = 2.0f;
     const double lr = 0.125 * s;  // exact in binary: the expected weights are exact too
+    // the weight decay: the plugin's weight_decay (0.25) until a schedule sets the step's
+    const double wd = s <= 2 ? 0.25 : 0.0625 * s;
+    if (s > 2) opt.set_weight_decay(wd);
     opt.step(s, lr, 8 * s, 0.5 + s, true);
     w -= static_cast<float>(lr) * 2.0f;
     const auto& d = opt.diagnostics();
     EXPECT_EQ(d.at("values_step")[0], s);
     EXPECT_EQ(d.at("values_lr")[0], lr);
     EXPECT_EQ(d.at("values_batch")[0], 8 * s);
+    EXPECT_EQ(d.at("values_wd")[0], wd);
+    EXPECT_EQ(d.at("info_wd")[0], wd);
     EXPECT_EQ(d.at("grad_norm")[0], 0.5 + s);
     EXPECT_EQ(d.at("values_moved")[0], 0.0) << "info.values and info.grad_norm keep their addresses";
     if (s >= 3) {
@@ -190,9 +197,10 @@ TEST(PluginHost, StepValuesKeepOneAddressAndRepeatedScratchTheSameAddresses) {
 namespace {
 // Runs `steps` of plugin `name` and of the PyTorch reference (tests/reference/optim_torch.py)
 // on the same random parameters and gradients, and expects the same parameters, optimizer
-// state and (where the plugin reports them) trust ratios.
+// state and (where the plugin reports them) trust ratios. With `wd_steps`, step s decays by
+// wd_steps[s] (a schedule's values; the reference sets its groups' weight decay each step).
 void compare_with_torch(const std::string& name, const nlohmann::json& hp, const std::map<std::string, double>& attrs,
-                        int steps, float grad_std = 1.0f) {
+                        int steps, float grad_std = 1.0f, const std::vector<double>& wd_steps = {}) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   mb::nn::ParameterStore store;
@@ -228,6 +236,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
     if (!attrs.count("global_batch")) f.attr("global_batch", 1.0);
     f.attr("steps", steps);
     f.attr("optimizer", name);
+    if (!wd_steps.empty()) f.write("weight_decay_steps", wd_steps, {static_cast<hsize_t>(steps)});
   }
   const auto r = mb::testing::run_command("/usr/bin/python3 " + mb::testing::source_dir() +
                                           "/tests/reference/optim_torch.py " + (tmp / "in.h5").string() + " " +
@@ -239,6 +248,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
       const size_t n = store.info(static_cast<int>(i)).numel;
       std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)).data());
     }
+    if (!wd_steps.empty()) opt.set_weight_decay(wd_steps[s]);
     opt.step(s + 1, attrs.at("lr"), global_batch, -1.0, true);
     if (opt.diagnostics().count("trust_ratio"))
       for (size_t i = 0; i < store.count(); ++i) trust[i].push_back(opt.diagnostics().at("trust_ratio")[i]);
@@ -311,6 +321,23 @@ TEST(PluginNumerics, LambWithoutWeightDecayUsesNoTrustRatio) {
   compare_with_torch("lamb", lamb_hp(0.0, 1.0, false), lamb_attrs(0.02, 0.0, 1.0, false), 4);
 }
 
+// A weight-decay schedule's values, step by step, from 0: each plugin decays by the step's
+// value, and LAMB's decayed tensors go without a trust ratio while it is 0 (as Apex's do in a
+// group whose weight_decay is 0), then take it.
+TEST(PluginNumerics, EachPluginDecaysByTheStepsWeightDecay) {
+  const std::vector<double> wd = {0.0, 0.05, 0.1, 0.15, 0.2};
+  compare_with_torch("adamw", {{"weight_decay", 0.01}},
+                     {{"lr", 0.05}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}}, 5, 1.0f,
+                     wd);
+  compare_with_torch("sgd", {{"momentum", 0.9}},
+                     {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.0}, {"nesterov", 0}}, 5,
+                     1.0f, wd);
+  compare_with_torch("lamb", lamb_hp(0.01, 1.0, false), lamb_attrs(0.02, 0.01, 1.0, false), 5, 1.0f, wd);
+  compare_with_torch(
+      "lars", {{"momentum", 0.9}, {"trust_coefficient", 0.02}, {"eps", 1e-9}},
+      {{"lr", 0.5}, {"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.0}, {"eps", 1e-9}}, 5, 1.0f, wd);
+}
+
 TEST(PluginNumerics, LarsMatchesReference) {
   compare_with_torch("lars", {{"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}},
                      {{"lr", 0.5}, {"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}},
@@ -373,6 +400,59 @@ TEST(PluginRun, ThrowingStepStopsTheRunWithItsMessageAndMetricsStayReadable) {
   EXPECT_EQ(abi.exit_code, 1);
   EXPECT_NE(abi.output.find("plugin ABI version 999 but this megabatch speaks ABI version " + std::to_string(MB_PLUGIN_ABI_VERSION)), std::string::npos)
       << abi.output;
+}
+
+// --weight-decay-incr-style: the schedule's value reaches the plugin at each iteration as
+// Megatron's OptimizerParamScheduler computes it from the samples consumed before it, and
+// metrics.h5 has it as train/weight_decay. A plugin that does not declare it takes no schedule,
+// and a weight decay given beside one (which it would override) is refused, both before the
+// run starts and by --check.
+TEST(PluginRun, AWeightDecayScheduleReachesThePluginEachIterationAsMegatronComputesIt) {
+  mb::testing::TempDir tmp;
+  const fs::path data = mb::testing::brown_data();
+  const std::string plugins = " --plugin-path " + std::string(MEGABATCH_TEST_PLUGIN_DIR);
+  const std::string cosine = " --weight-decay-incr-style cosine --start-weight-decay 0.1 --end-weight-decay 0.3";
+  auto r = mb::testing::run_command(
+      train_cmd(data, tmp / "run", "--optimizer step_values --diagnostics-interval 1" + plugins + cosine));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", weight decay 0.1 cosine to 0.3 over 12 samples"), std::string::npos) << r.output;
+  const auto py = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py\nf = h5py.File('" + (tmp / "run" / "metrics.h5").string() +
+      "', 'r')\nfor a, b, c in zip(f['optimizer/values_wd'][:, 0], f['optimizer/info_wd'][:, 0], "
+      "f['train/weight_decay'][()]): print(repr(a), repr(b), repr(c))\"");
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  std::istringstream rows(py.output);
+  int iteration = 0;
+  for (double plugin_values, plugin_info, logged; rows >> plugin_values >> plugin_info >> logged;) {
+    ++iteration;
+    // 2 samples an iteration, 12 in the run: r = samples before it / 12, from 0.1 to 0.3
+    const double ratio = 2.0 * (iteration - 1) / 12.0;
+    const double expected = 0.1 + 0.2 * (1.0 - std::cos(M_PI * ratio)) / 2.0;
+    EXPECT_NEAR(plugin_values, expected, 1e-15) << "iteration " << iteration;
+    EXPECT_EQ(plugin_info, plugin_values) << "iteration " << iteration;
+    EXPECT_EQ(logged, plugin_values) << "iteration " << iteration;
+  }
+  EXPECT_EQ(iteration, 6) << py.output;
+
+  for (const char* check : {"", " --check"}) {
+    SCOPED_TRACE(check[0] ? "with --check" : "a run");
+    r = mb::testing::run_command(train_cmd(data, tmp / "refused", "--optimizer throwing" + plugins + cosine + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("optimizer plugin 'throwing' (" + std::string(MEGABATCH_TEST_PLUGIN_DIR) +
+                            "/megabatch_throwing.so) cannot take a weight-decay schedule (--weight-decay-incr-style): "
+                            "it does not declare MB_PLUGIN_WD_SCHEDULE"),
+              std::string::npos)
+        << r.output;
+    r = mb::testing::run_command(
+        train_cmd(data, tmp / "refused",
+                  "--optimizer step_values --optimizer-params weight_decay=0.2" + plugins + cosine + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--weight-decay-incr-style cosine sets the weight decay from --start-weight-decay to "
+                            "--end-weight-decay, so optimizer_params.weight_decay 0.2 would be ignored; drop it"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "refused" / "config.json")) << "refused before the run directory is written";
 }
 
 TEST(PluginRun, KilledRunKeepsEveryFlushedIntervalReadable) {

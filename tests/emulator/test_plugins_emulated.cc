@@ -160,13 +160,14 @@ TEST_P(EmulatedPlugin, StepsOnTheGpuPathAsOnTheCpu) {
   int64_t uploads_before = 0;
   for (int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    values = {step, 1e-2 / static_cast<double>(step), 8};
+    values = {step, 1e-2 / static_cast<double>(step), 8, 0.02 * static_cast<double>(step - 1)};  // wd 0 at step 1
     grad_norm = 0.5 + 0.6 * static_cast<double>(step);  // over max_grad_norm 1 from step 1: clipping
     const bool skipped = step == 3;  // an overflow: the GPU path must change nothing
     mb_step_info info{};
     info.step = step;
     info.lr = values.lr;
     info.global_batch = values.global_batch;
+    info.weight_decay = values.weight_decay;
     info.seed = 7;
     info.grad_norm = &grad_norm;
     info.diagnostics = step == 2 ? 1 : 0;

@@ -1,6 +1,8 @@
 // Test plugin: plain SGD whose learning rate comes only through info.values, and which
 // reports, as diagnostics every step, what the host gave it:
-//   values_step, values_lr, values_batch   *info.values
+//   values_step, values_lr, values_batch,  *info.values
+//   values_wd
+//   info_wd                                info.weight_decay
 //   grad_norm                              *info.grad_norm
 //   values_moved                           1 when info.values or info.grad_norm has another
 //                                          address than at the step before
@@ -29,6 +31,7 @@ struct Sgd {
 
 class StepValues final : public megabatch::plugin::Optimizer {
  public:
+  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE;  // takes a schedule (and reports it; decays nothing)
   explicit StepValues(const megabatch::plugin::Context& ctx) : Optimizer(ctx) {}
   void step(const mb_step_info& info) override {
     mb_step_values v{};
@@ -40,6 +43,8 @@ class StepValues final : public megabatch::plugin::Optimizer {
     metric("values_step", 0, static_cast<double>(v.step));
     metric("values_lr", 0, v.lr);
     metric("values_batch", 0, static_cast<double>(v.global_batch));
+    metric("values_wd", 0, v.weight_decay);
+    metric("info_wd", 0, info.weight_decay);
     metric("grad_norm", 0, norm);
     metric("values_moved", 0, last_values_ && (last_values_ != info.values || last_norm_ != info.grad_norm) ? 1 : 0);
     metric("scratch_moved", 0, !last_scratch_.empty() && last_scratch_ != scratch ? 1 : 0);
@@ -56,7 +61,8 @@ class StepValues final : public megabatch::plugin::Optimizer {
   const double* last_norm_ = nullptr;
   std::vector<void*> last_scratch_;
 };
-const mb_hparam_spec kSchema[] = {{"unused", MB_HPARAM_FLOAT, 0, 0, 1, "no effect"}};
+const mb_hparam_spec kSchema[] = {{"unused", MB_HPARAM_FLOAT, 0, 0, 1, "no effect"},
+                                  {"weight_decay", MB_HPARAM_FLOAT, 0, 0, 10, "reported, not applied"}};
 }  // namespace
 
 MEGABATCH_OPTIMIZER_PLUGIN(StepValues, "step_values", "0.0.1", "reports the step's values and their addresses", kSchema)

@@ -5,7 +5,8 @@
 IN.h5: attrs optimizer (sgd, adamw, lamb, lars, lamb_noise, lamb_embscale), lr, steps,
 global_batch and the hyperparameters; params/<i> (initial values), grads/<i> (steps, numel),
 role/<i> (0 embedding, 1 weight, 2 bias, 3 norm), and for lamb_noise noise/<i> (steps,
-numel): the standard normal draws of each step.
+numel): the standard normal draws of each step; optionally weight_decay_steps (steps): the
+weight decay of each step (a schedule's), which replaces the weight_decay attribute.
 OUT.h5: params/<i> after the steps, state/<i>/<name>, and per step trust/<i> (the trust
 ratio each tensor used).
 
@@ -39,6 +40,14 @@ def hp(key):
     return float(a[key])
 
 
+wd_steps = [float(x) for x in f["weight_decay_steps"][()]] if "weight_decay_steps" in f else None
+
+
+def wd_at(s):
+    """The weight decay of step s (from 0)."""
+    return wd_steps[s] if wd_steps is not None else hp("weight_decay")
+
+
 if name in ("sgd", "adamw"):
     params = [p.clone().requires_grad_(True) for p in P]
     groups = [{"params": [p for p, d in zip(params, decayed) if d]},
@@ -52,6 +61,7 @@ if name in ("sgd", "adamw"):
     for s in range(steps):
         for i, p in enumerate(params):
             p.grad = grads[i][s].clone()
+        opt.param_groups[0]["weight_decay"] = wd_at(s)  # the decayed group; the other keeps 0
         opt.step()
     P = [p.detach() for p in params]
     for i, p in enumerate(params):
@@ -59,13 +69,14 @@ if name in ("sgd", "adamw"):
             if torch.is_tensor(v) and v.numel() == p.numel():
                 state[i][k] = v
 elif name in ("lamb", "lamb_noise", "lamb_embscale"):
-    b1, b2, eps, wd, max_norm = hp("beta1"), hp("beta2"), hp("eps"), hp("weight_decay"), hp("max_grad_norm")
+    b1, b2, eps, max_norm = hp("beta1"), hp("beta2"), hp("eps"), hp("max_grad_norm")
     nvlamb = bool(a["nvlamb"])
     B = float(a["global_batch"])
     for i in range(n):
         state[i] = {"exp_avg": torch.zeros_like(P[i]), "exp_avg_sq": torch.zeros_like(P[i])}
     for s in range(steps):
         t = s + 1
+        wd = wd_at(s)
         g_all = [grads[i][s] for i in range(n)]
         norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in g_all))
         c = norm / max_norm if max_norm > 0 and norm > max_norm else 1.0
@@ -91,10 +102,11 @@ elif name in ("lamb", "lamb_noise", "lamb_embscale"):
             P[i] = P[i] - (lr_i * ratio) * u
             trust[i].append(ratio)
 elif name == "lars":
-    mu, eta, wd, eps = hp("momentum"), hp("trust_coefficient"), hp("weight_decay"), hp("eps")
+    mu, eta, eps = hp("momentum"), hp("trust_coefficient"), hp("eps")
     for i in range(n):
         state[i] = {"momentum_buffer": torch.zeros_like(P[i])}
     for s in range(steps):
+        wd = wd_at(s)
         for i in range(n):
             g = grads[i][s]
             wdi = wd if decayed[i] else 0.0

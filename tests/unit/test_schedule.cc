@@ -231,3 +231,77 @@ TEST(LrOptions, AWsdDecayThatWouldStartDuringTheWarmupIsNamedByItsFlags) {
                            "--lr-wsd-decay-iters", "6"}),
             "(accepted)");
 }
+
+// Megatron's weight-decay increment (--weight-decay-incr-style) over a run of 1000 samples,
+// from 0.1 to 0.5: linear and cosine by hand, end after the span, constant holds its end.
+TEST(WdSchedule, LinearAndCosineFromStartToEndThenHeld) {
+  using mb::optim::WdIncrStyle;
+  mb::optim::WdSchedule s{WdIncrStyle::kLinear, 0.1, 0.5, 1000};
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_DOUBLE_EQ(s.at(250), 0.2);
+  EXPECT_DOUBLE_EQ(s.at(500), 0.3);
+  EXPECT_DOUBLE_EQ(s.at(1000), 0.5);
+  EXPECT_DOUBLE_EQ(s.at(4000), 0.5);
+  s.style = WdIncrStyle::kCosine;  // 0.1 + 0.4 (1 - cos(pi r)) / 2: slow at both ends
+  EXPECT_DOUBLE_EQ(s.at(0), 0.1);
+  EXPECT_NEAR(s.at(250), 0.1 + 0.4 * (1 - std::sqrt(0.5)) / 2, 1e-15);
+  EXPECT_NEAR(s.at(500), 0.3, 1e-15);
+  EXPECT_NEAR(s.at(750), 0.1 + 0.4 * (1 + std::sqrt(0.5)) / 2, 1e-15);
+  EXPECT_DOUBLE_EQ(s.at(1000), 0.5);
+  // a decreasing schedule is as valid (Megatron asserts nothing about the order)
+  s = {WdIncrStyle::kLinear, 0.4, 0.0, 100};
+  EXPECT_DOUBLE_EQ(s.at(25), 0.3);
+  s = {WdIncrStyle::kConstant, 0.05, 0.05, 0};
+  EXPECT_FALSE(s.scheduled());
+  EXPECT_DOUBLE_EQ(s.at(0), 0.05);
+  EXPECT_DOUBLE_EQ(s.at(123456), 0.05);
+  EXPECT_EQ(mb::optim::parse_wd_incr_style("cosine"), WdIncrStyle::kCosine);
+  EXPECT_THROW(mb::optim::parse_wd_incr_style("exponential"), mb::Error);
+}
+
+namespace {
+mb::optim::WdSchedule wd_of(std::vector<std::string> args) {
+  args.insert(args.begin(), {"train", "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "1e-3"});
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  const auto r = mb::config::resolve(mb::train::train_schema(), static_cast<int>(argv.size()), argv.data(), 1);
+  return mb::train::train_options(r, mb::DType::kF32, 1, 128).schedule.wd;
+}
+}  // namespace
+
+// The schedule spans the run in samples (Megatron's wd_incr_steps: train_iters x global batch,
+// or train_samples); flags that would do nothing or contradict each other are refused by name.
+TEST(WdOptions, TheScheduleSpansTheRunAndItsFlagsComeTogether) {
+  auto s = wd_of({"--train-iters", "10", "--weight-decay-incr-style", "cosine", "--start-weight-decay", "0",
+                  "--end-weight-decay", "0.1"});
+  EXPECT_EQ(s.style, mb::optim::WdIncrStyle::kCosine);
+  EXPECT_EQ(s.start, 0.0);
+  EXPECT_EQ(s.end, 0.1);
+  EXPECT_EQ(s.incr_samples, 80);
+  s = wd_of({"--train-samples", "200", "--weight-decay-incr-style", "linear", "--start-weight-decay", "0.2",
+             "--end-weight-decay", "0.05"});
+  EXPECT_EQ(s.incr_samples, 200);
+  EXPECT_FALSE(wd_of({"--train-iters", "10"}).scheduled());
+
+  EXPECT_EQ(train_refusal({"--train-iters", "10", "--start-weight-decay", "0.1"}),
+            "--start-weight-decay moves the weight decay over the run only with --weight-decay-incr-style linear or "
+            "cosine, which is not given (constant holds --weight-decay); give the style, or drop "
+            "--start-weight-decay and --end-weight-decay");
+  EXPECT_EQ(train_refusal({"--train-iters", "10", "--end-weight-decay", "0.1"}).substr(0, 40),
+            "--end-weight-decay moves the weight deca");
+  EXPECT_EQ(train_refusal({"--train-iters", "10", "--weight-decay-incr-style", "linear", "--end-weight-decay", "0.1"}),
+            "--weight-decay-incr-style linear moves the weight decay from --start-weight-decay to "
+            "--end-weight-decay; give both");
+  EXPECT_EQ(train_refusal({"--train-iters", "10", "--weight-decay-incr-style", "cosine", "--start-weight-decay", "0",
+                           "--end-weight-decay", "0.1", "--weight-decay", "0.01"}),
+            "--weight-decay-incr-style cosine sets the weight decay from --start-weight-decay to --end-weight-decay, "
+            "so --weight-decay 0.01 would be ignored; drop it (null in a config or sweep file)");
+  EXPECT_EQ(train_refusal({"--train-iters", "10", "--weight-decay-incr-style", "square"}),
+            "weight_decay_incr_style: unknown style 'square'; use constant, linear or cosine");
+  mb::testing::expect_error(
+      [] {
+        wd_of({"--train-iters", "10", "--weight-decay-incr-style", "linear", "--start-weight-decay", "-1",
+               "--end-weight-decay", "0.1"});
+      },
+      "--start-weight-decay: -1.0 is out of range: start_weight_decay must be >= 0");
+}
