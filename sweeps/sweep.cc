@@ -2,9 +2,9 @@
 
 #include <cctype>
 #include <cmath>
-#include <functional>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -16,6 +16,7 @@
 #include "core/util/files.h"
 #include "core/util/json.h"
 #include "core/util/strings.h"
+#include "sweeps/point_id.h"
 #include "sweeps/sweep_state.h"
 
 namespace megabatch::sweeps {
@@ -94,87 +95,6 @@ json axis_value(const ordered_json& v) {
   drop_nulls(out);
   return out;
 }
-
-// Formats a value for a point id: integers as is, floats with 3 significant digits, a
-// string with slashes (a path) by its last component, a run's checkpoints/ directory by the
-// run's (runs/first/lamb-bs8-s1/checkpoints: lamb-bs8-s1), a list by its items joined with
-// '+' (a blend, ["0.3", "data/wiki", "0.7", "data/books"]: 0.3+wiki+0.7+books).
-std::string id_value(const json& v) {
-  if (v.is_string()) {
-    std::string t = v.get<std::string>();
-    auto last = [&t] {
-      while (!t.empty() && t.back() == '/') t.pop_back();
-      const size_t slash = t.rfind('/');
-      return slash == std::string::npos ? t : t.substr(slash + 1);
-    };
-    std::string name = last();
-    if (name == "checkpoints" && t.size() > name.size()) {
-      t.resize(t.size() - name.size());
-      if (const std::string run = last(); !run.empty()) name = run;
-    }
-    return name;
-  }
-  if (v.is_array() && !v.empty()) {  // a data path given as a list, a blend's weights and prefixes
-    std::string joined;
-    for (const json& e : v) joined += (joined.empty() ? "" : "+") + id_value(e);
-    return joined;
-  }
-  if (v.is_boolean()) return v.get<bool>() ? "on" : "off";
-  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
-  if (v.is_number()) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.3g", v.get<double>());
-    return buf;
-  }
-  return v.dump();
-}
-
-// The prefix of a swept key in point ids: bs for global_batch_size, lr, mbs, the value
-// alone for optimizer and model, else the initials of the key's words.
-std::string id_prefix(const std::string& key) {
-  static const std::map<std::string, std::string> fixed = {{"global_batch_size", "bs"},
-                                                           {"micro_batch_size", "mbs"},
-                                                           {"lr", "lr"},
-                                                           {"optimizer", ""},
-                                                           {"model", ""},
-                                                           {"seed", "s"},
-                                                           {"tensor_model_parallel_size", "tp"},
-                                                           {"pretrained_checkpoint", "from-"}};
-  if (auto it = fixed.find(key); it != fixed.end()) return it->second;
-  std::string p;
-  bool start = true;
-  for (char c : key) {
-    if (c == '_') {
-      start = true;
-    } else if (start) {
-      p += c;
-      start = false;
-    }
-  }
-  return p;
-}
-
-}  // namespace
-
-std::string safe_point_id(const std::string& raw) {
-  constexpr size_t kMax = 120;
-  std::string id;
-  for (unsigned char c : raw)
-    id += std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '+' ? static_cast<char>(c) : '_';
-  for (size_t at; (at = id.find("..")) != std::string::npos;) id.replace(at, 2, "_.");
-  if (!id.empty() && id.front() == '.') id.front() = '_';
-  if (id.empty()) id = "point";
-  if (id.size() > kMax) {  // cut, with a hash of the whole so that distinct ids stay distinct
-    uint64_t h = 1469598103934665603ull;
-    for (unsigned char c : raw) h = (h ^ c) * 1099511628211ull;
-    char tail[18];
-    std::snprintf(tail, sizeof tail, "-%016llx", static_cast<unsigned long long>(h));
-    id = id.substr(0, kMax - 17) + tail;
-  }
-  return id;
-}
-
-namespace {
 
 struct Axis {  // one grid key, one zip group or the random draws: a list of assignments
   std::vector<std::string> keys;
@@ -508,15 +428,7 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
           ": base.seed: expected an integer >= 0, got ", base.contains("seed") ? base["seed"].dump() : "");
     seeds.push_back(base.contains("seed") ? base["seed"].get<int64_t>() : 1234);
   }
-  auto name = [&](const json& c) {  // the id of the point of config c
-    std::string id;
-    for (const auto& k : keys.id) {
-      if (!c.contains(k)) continue;
-      id += (id.empty() ? "" : "-") + id_prefix(k) + id_value(c[k]);
-    }
-    if (seed_varies) id += (id.empty() ? "s" : "-s") + std::to_string(c["seed"].get<int64_t>());
-    return safe_point_id(id);
-  };
+  auto name = [&](const json& c) { return point_id(c, keys.id, seed_varies); };  // the id of the point of config c
   const auto& schema = train::train_schema();
   std::map<std::string, size_t> seen;
   for (const auto& c0 : expand(base, axes, seeds.size(), max_points, where))

@@ -24,7 +24,7 @@
 // keys and the first key of each zip group by their initials, lr<value> when the learning
 // rate is swept or derived, s<seed>), e.g.
 // lamb-bs4096-lr0.0283-s1: readable and deterministic, so re-running a sweep finds its
-// points again. An id is a file name of its own (safe_point_id): a string value with
+// points again (sweeps/point_id.h). An id is a file name of its own (safe_point_id): a string value with
 // slashes (a data path) contributes its last component (a pretrained_checkpoint, from-<the
 // run whose checkpoints/ it names; a list, such as a blend, its items joined by '+'), and
 // nothing but letters, digits and '-', '_', '.', '+' reaches the file system (no separators, no '..', no leading dot,
@@ -57,11 +57,6 @@ struct Sweep {
   int jobs = 0, threads = 0;             // 0: decided by the runner
   std::string checkpoints = "final";     // what a finished point keeps: final, all (its last two) or none
 };
-
-// `raw` made into a point directory name: characters other than letters, digits, '-',
-// '_', '.', '+' become '_', as do '..' and a leading '.'; longer than 120 characters, it is
-// cut and ends with a hash of the whole.
-std::string safe_point_id(const std::string& raw);
 
 // A sweep of more points than this is refused unless the limit is raised (--max-points).
 inline constexpr size_t kDefaultMaxPoints = 10000;
