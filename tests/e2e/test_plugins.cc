@@ -97,6 +97,17 @@ TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
   EXPECT_NE(r.output.find("4 plugin file(s) could not be loaded"), std::string::npos) << r.output;
   for (const char* good : {"adamw 1.1.0", "lamb 1.1.0", "sgd 1.2.0", "adafactor "})
     EXPECT_NE(r.output.find(good), std::string::npos) << good << " is still listed:\n" << r.output;
+  // what each takes, from its entry.flags: adamw both, adafactor (factored state) the schedule only
+  const auto block = [&](const std::string& name) {  // from its name line to its file line
+    const size_t at = r.output.find(name + " ");
+    return at == std::string::npos ? std::string() : r.output.substr(at, r.output.find("  file: ", at) - at);
+  };
+  EXPECT_NE(block("adamw").find("\n  takes: --use-distributed-optimizer --weight-decay-incr-style\n"),
+            std::string::npos)
+      << block("adamw");
+  EXPECT_NE(block("adafactor").find("\n  takes: --weight-decay-incr-style\n"), std::string::npos) << block("adafactor");
+  EXPECT_EQ(block("throwing").find("takes:"), std::string::npos) << block("throwing");
+  EXPECT_NE(block("throwing"), "");
 }
 
 TEST(PluginLoader, HyperparametersAreCheckedAgainstTheSchema) {
