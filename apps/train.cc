@@ -42,7 +42,7 @@ using nlohmann::json;
 namespace {
 
 using mb::train::kExitDiverged;
-using mb::train::kExitStoppedBySignal;
+using mb::train::kExitStopped;
 
 const char* kUsage =
     "usage: train [--config FILE.json] [--model PRESET] [Megatron-LM options...]\n"
@@ -85,8 +85,9 @@ int outcome(mb::train::StopReason reason, const mb::train::Trainer& trainer, con
     // until the point has exited, must not kill the process on its way out.
     std::signal(SIGTERM, SIG_IGN);
     std::signal(SIGUSR1, SIG_IGN);
-    return kExitStoppedBySignal;
+    return kExitStopped;
   }
+  if (reason == mb::train::StopReason::kExitDuration) return kExitStopped;  // resumable, as a signal's stop
   if (reason == mb::train::StopReason::kDiverged) {
     if (dir) dir->write_diverged(trainer.diverged_at(), trainer.divergence_reason(), opt.divergence_loss, opt.divergence_intervals);
     std::cout << "> diverged: iteration " << trainer.diverged_at() << ": " << trainer.divergence_reason() << "; "
@@ -318,6 +319,6 @@ int main(int argc, char** argv) {
     status = 2;
   }
   // A failing rank ends the whole job at once, so no other rank waits in a collective.
-  if (mpi && status != 0 && status != kExitStoppedBySignal && status != kExitDiverged) mb::comm::abort_job(status);
+  if (mpi && status != 0 && status != kExitStopped && status != kExitDiverged) mb::comm::abort_job(status);
   return status;
 }

@@ -68,7 +68,7 @@ int finish_point(const fs::path& point_dir, int exit_status, double wall_s) {
   const fs::path log = dir / "stdout.log";
   check(fs::exists(log), log.string(), ": no such file; a launcher appends train's output to it (what sweep status ",
         "reads, and what says that train has finished the point)");
-  if (exit_status == train::kExitStoppedBySignal) {
+  if (exit_status == train::kExitStopped) {
     std::cout << id << ": stopped at a checkpoint; it resumes from there when run again" << std::endl;
     return 0;
   }

@@ -254,7 +254,7 @@ void Scheduler::ended(PointState& p, int status) {
     p.reason = divergence_reason(p.dir);
     std::cout << (o_.tty ? "" : "> ") << "diverged " << p.point->id << ": " << p.reason << std::endl;
     printed_ = 0;
-  } else if (code == train::kExitStoppedBySignal || p.stopping) {
+  } else if (code == train::kExitStopped || p.stopping) {
     // asked to stop: at a checkpoint (3), or ended by the signal before its first
     // iteration; either way it resumes from its newest checkpoint
     p.state = PointStatus::kInterrupted;

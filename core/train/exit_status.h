@@ -3,8 +3,9 @@
 
 namespace megabatch::train {
 
-// Stopped by SIGTERM, SIGUSR1 or a first SIGINT after writing its checkpoint: resumable.
-inline constexpr int kExitStoppedBySignal = 3;
+// Stopped before its end by SIGTERM, SIGUSR1 or a first SIGINT, or by
+// --exit-duration-in-mins, after writing its checkpoint: resumable.
+inline constexpr int kExitStopped = 3;
 // Diverged (NaN/inf, or a loss above --divergence-loss): run_dir/DIVERGED says where and
 // why; a result, not a failure, and not retried.
 inline constexpr int kExitDiverged = 4;

@@ -43,7 +43,8 @@ const std::map<std::string, config::Range>& ranges() {
       {"weight_decay", at_least(0)}, {"start_weight_decay", at_least(0)}, {"end_weight_decay", at_least(0)},
       {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
-      {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"keep_checkpoints", at_least(0)},
+      {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"exit_duration_in_mins", above(0)},
+      {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
       {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
       {"noise_scale_window", at_least(1)}, {"profile_steps", at_least(0)},
@@ -194,6 +195,7 @@ const config::Schema& train_schema() {
        "when the newest checkpoint in --load is damaged (a tensor fails its checksum), resume from the newest intact "
        "one instead of stopping", "checkpointing"},
       {"exit_interval", Type::kInt, 0, "stop after this iteration, writing a checkpoint first when --save is set", "checkpointing"},
+      {"exit_duration_in_mins", Type::kFloat, nullptr, "stop after the iteration that ends this many minutes into training (fractions allowed), writing a checkpoint first when --save is set; exit status 3, resumable, as a stop by signal", "checkpointing"},
       {"keep_checkpoints", Type::kInt, 0, "keep only the newest K checkpoints (0: all)", "checkpointing"},
       {"finetune", Type::kBool, false, "load only the model from --load and start at iteration 0", "checkpointing"},
       {"pretrained_checkpoint", Type::kString, nullptr,
@@ -494,6 +496,7 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   if (v.contains("save")) opt.save_dir = v["save"].get<std::string>();
   opt.save_interval = v["save_interval"].get<int64_t>();
   opt.exit_interval = v["exit_interval"].get<int64_t>();
+  if (v.contains("exit_duration_in_mins")) opt.exit_duration_minutes = v["exit_duration_in_mins"].get<double>();
   opt.profile_steps = v["profile_steps"].get<int64_t>();
   // (a resumed run that has 2 or fewer iterations left says so at its end: StepProfile)
   check(opt.profile_steps == 0 || opt.train_iters > kProfileWarmup, "--profile-steps ", opt.profile_steps,

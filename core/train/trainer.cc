@@ -42,10 +42,13 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
 Trainer::~Trainer() = default;
 
 bool Trainer::stop_agreed() {
-  float sig = static_cast<float>(stop_signal_received());  // 2, 10 or 15: exact in a float
-  if (world_->size() > 1) world_->all_reduce(&sig, 1, comm::ReduceOp::kMax);
-  stop_signal_ = static_cast<int>(sig);
-  return stop_signal_ != 0;
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0;
+  float v[2] = {static_cast<float>(stop_signal_received()),  // 2, 10 or 15: exact in a float
+                opt_.exit_duration_minutes > 0 && minutes >= opt_.exit_duration_minutes ? 1.0f : 0.0f};
+  if (world_->size() > 1) world_->all_reduce(v, 2, comm::ReduceOp::kMax);
+  stop_signal_ = static_cast<int>(v[0]);
+  out_of_time_ = v[1] != 0.0f;
+  return stop_signal_ != 0 || out_of_time_;
 }
 
 void Trainer::set_data_parallel(comm::Communicator& dp) {
@@ -308,7 +311,7 @@ StopReason Trainer::loop() {
       save_checkpoint();
     }
     if (stop_agreed()) {
-      reason = StopReason::kSignal;
+      reason = stop_signal_ != 0 ? StopReason::kSignal : StopReason::kExitDuration;
       break;
     }
     if (opt_.exit_interval > 0 && iteration_ >= opt_.exit_interval && iteration_ < opt_.train_iters) {
@@ -334,10 +337,19 @@ void Trainer::finish(StopReason reason) {
              << std::endl;
   if (reason == StopReason::kExitInterval)
     console_ << " exiting after iteration " << iteration_ << " (--exit-interval)" << std::endl;
+  if (reason == StopReason::kExitDuration)
+    console_ << printf_string(" exiting after iteration %lld, %.2f minutes into training (--exit-duration-in-mins %g)",
+                              static_cast<long long>(iteration_),
+                              std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0,
+                              opt_.exit_duration_minutes)
+             << (saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved")
+             << std::endl;
 }
 
 StopReason Trainer::run() {
   stop_signal_ = 0;
+  out_of_time_ = false;
+  started_ = std::chrono::steady_clock::now();
   const StopSignals handlers;  // (clears the signal received)
   recorder_.restart_interval_clock();
   try {

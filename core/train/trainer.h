@@ -31,7 +31,7 @@
 namespace megabatch::train {
 
 // Why run() returned.
-enum class StopReason { kFinished, kExitInterval, kSignal, kDiverged };
+enum class StopReason { kFinished, kExitInterval, kSignal, kExitDuration, kDiverged };
 
 class Trainer {
  public:
@@ -42,9 +42,11 @@ class Trainer {
   void set_test_data(BatchSource* test) { test_ = test; }
   // Runs to train_iters, or to exit_interval, or until SIGTERM / SIGUSR1 / SIGINT arrives
   // at any rank (then every rank finishes the current iteration, a checkpoint is written
-  // when save_dir is set, and it returns kSignal). A diverged run (see TrainOptions) stops
-  // with kDiverged, its metrics flushed and no checkpoint written. On an error (a plugin
-  // failure) the metrics are flushed first, then the Error propagates.
+  // when save_dir is set, and it returns kSignal), or until an iteration ends
+  // exit_duration_minutes after run() began on any rank (the same, and kExitDuration). A
+  // diverged run (see TrainOptions) stops with kDiverged, its metrics flushed and no
+  // checkpoint written. On an error (a plugin failure) the metrics are flushed first, then
+  // the Error propagates.
   StopReason run();
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
   // trainer's own state (loss scaler, noise-scale averages, optimizer steps). Parameters
@@ -97,7 +99,9 @@ class Trainer {
   void validate(BatchSource& data, const std::string& set);  // Megatron's evaluation block
   StopReason loop();          // run()'s iterations, until a reason to stop
   void finish(StopReason reason);  // after the loop: evaluations, checkpoint, what stopped it
-  bool stop_agreed();  // after an iteration: did any rank of the job receive a stop signal?
+  // After an iteration: did any rank of the job receive a stop signal (stop_signal_) or spend
+  // --exit-duration-in-mins (out_of_time_)? One all-reduce over the job.
+  bool stop_agreed();
   bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }
   bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
 
@@ -110,6 +114,8 @@ class Trainer {
   comm::Communicator* dp_ = &no_dp_;
   comm::Communicator* world_ = &no_dp_;
   int stop_signal_ = 0;  // the signal every rank stops for (the largest any rank received)
+  bool out_of_time_ = false;                       // --exit-duration-in-mins spent on some rank
+  std::chrono::steady_clock::time_point started_;  // when run() began
   std::unique_ptr<GradientBuckets> buckets_;  // with data parallelism
   bool bucket_line_said_ = false;
   BatchSource& train_;

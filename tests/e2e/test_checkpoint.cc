@@ -413,6 +413,28 @@ TEST_F(Checkpoint, AWeightDecayScheduleResumesWhereItWasAndAnotherOneIsRefused) 
     EXPECT_NEAR(taken[i], 0.2 * static_cast<double>(i + 2) / 6.0, 1e-15) << "iteration " << i + 3;
 }
 
+// --exit-duration-in-mins (Megatron's): a run made long by its configuration (100000
+// iterations) with a budget below any iteration's time (60 microseconds) stops after its first
+// iteration, checkpoints it and exits 3 (resumable, as a stop by signal), whatever the machine's
+// speed; resumed, it goes on to its end.
+TEST_F(Checkpoint, ExitDurationStopsAtACheckpointAndTheRunResumesFromIt) {
+  mb::testing::TempDir tmp;
+  const std::string ckpt = (tmp / "c").string();
+  auto r = mb::testing::run_command(
+      train(tmp / "first", "--train-iters 100000 --exit-duration-in-mins 1e-6 --save " + ckpt));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find(" exiting after iteration 1, "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" minutes into training (--exit-duration-in-mins 1e-06); resume with --load " + ckpt),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(tmp / "c" / "iter_0000001.h5")) << r.output;
+  EXPECT_EQ(series(tmp / "first" / "metrics.h5", "train/iteration"), (std::vector<double>{1}));
+  r = mb::testing::run_command(train(tmp / "second", "--train-iters 3 --load " + ckpt));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("iter_0000001.h5 (iteration 1,"), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "second" / "metrics.h5", "train/iteration"), (std::vector<double>{2, 3}));
+}
+
 // A checkpoint's attributes edited by hand (h5py) or damaged, or the file cut short: each is
 // refused naming the file, the attribute and the field, with what to do; before, the JSON library's type or
 // parse error surfaced as "internal error" (exit 2) naming nothing. Put back, it resumes.
