@@ -215,10 +215,15 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& opt = run.opt;
   auto& parallel = run.parallel;
   auto& params = run.model->parameters();
-  const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
   const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
   opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
+  // the weight decay it chose (the checkpoint's, with --use-checkpoint-opt-param-scheduler): a
+  // constant one is the plugin's hyperparameter, a schedule needs a plugin that takes one
+  if (const int k = mb::optim::hparam_index(run.plugin, "weight_decay"); k >= 0 && !opt.schedule.wd.scheduled())
+    run.hparams[static_cast<size_t>(k)] = opt.schedule.wd.end;
+  if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
+  const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);
   mb::train::check_ranks_agree(parallel, resolved);
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();

@@ -411,6 +411,24 @@ TEST_F(Checkpoint, AWeightDecayScheduleResumesWhereItWasAndAnotherOneIsRefused) 
   ASSERT_EQ(taken.size(), 4u);
   for (size_t i = 0; i < 4; ++i)  // iterations 3 to 6 of this run's schedule: 0.2 x 4 (i + 2) / 24
     EXPECT_NEAR(taken[i], 0.2 * static_cast<double>(i + 2) / 6.0, 1e-15) << "iteration " << i + 3;
+
+  // A constant weight decay kept from the checkpoint is the one the plugin decays by: the run
+  // goes on as the uninterrupted one (adamw's 0.01), not at this run's --weight-decay.
+  r = mb::testing::run_command(train(tmp / "plain", ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string plain = (tmp / "plain_c").string();
+  r = mb::testing::run_command(train(tmp / "plain_first", "--save " + plain + " --exit-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(
+      train(tmp / "kept", "--weight-decay 0.05 --use-checkpoint-opt-param-scheduler --load " + plain));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> learning-rate and weight-decay schedule: the checkpoint's "
+                          "(--use-checkpoint-opt-param-scheduler), where weight decay (--weight-decay) 0.01 in the "
+                          "checkpoint, 0.05 in this run"),
+            std::string::npos)
+      << r.output;
+  const auto whole = series(tmp / "plain" / "metrics.h5", "train/lm_loss");
+  EXPECT_EQ(series(tmp / "kept" / "metrics.h5", "train/lm_loss"), std::vector<double>(whole.begin() + 2, whole.end()));
 }
 
 // --exit-duration-in-mins (Megatron's): a run made long by its configuration (100000
