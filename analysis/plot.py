@@ -159,17 +159,19 @@ def scaling(groups, keys, title, out_dir, written):
     save(fig, out_dir, "scaling", written)
 
 
-def lr_schedules(groups, keys, title, out_dir, written):
-    """One panel per optimizer, each with its own learning-rate axis: optimizers' rates differ
-    by orders of magnitude (LAMB 0.04-0.16 beside AdamW 0.002-0.008 in the default sweep), and
-    on one axis the smaller ones lie flat along zero."""
+def schedules(groups, keys, title, out_dir, written, series="train/learning_rate", what="learning rate",
+              name="lr_schedule"):
+    """One panel per optimizer, each with its own axis: optimizers' rates differ by orders of
+    magnitude (LAMB 0.04-0.16 beside AdamW 0.002-0.008 in the default sweep), and on one axis
+    the smaller ones lie flat along zero. The weight decay of runs that schedule it
+    (train/weight_decay) is drawn the same way."""
     opt_groups = by_optimizer(groups)
     fig, axes = plt.subplots(1, len(opt_groups), figsize=(5 * len(opt_groups), 4), squeeze=False)
     for ax, (opt, gs) in zip(axes[0], opt_groups.items()):
         cmap = plt.get_cmap("viridis", max(2, len(gs)))
         for i, g in enumerate(gs):
             p = g.points[0]
-            x, y = p.series("train/consumed_samples"), p.series("train/learning_rate")
+            x, y = p.series("train/consumed_samples"), p.series(series)
             n = min(len(x), len(y))
             if n == 0:
                 continue
@@ -184,10 +186,11 @@ def lr_schedules(groups, keys, title, out_dir, written):
         ax.set_title(opt)
         ax.set_xlabel("consumed samples")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("learning rate")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axes[0][0].set_ylabel(what)
     fig.suptitle(title)
-    save(fig, out_dir, "lr_schedule", written)
+    save(fig, out_dir, name, written)
 
 
 def short_name(name):
@@ -313,7 +316,10 @@ def plot(*sweep_dirs):
     loss_curves(groups, keys, f"{name}: train loss by consumed samples ({axes})", "train/consumed_samples",
                 "consumed samples", out_dir, "loss_vs_samples", written)
     scaling(groups, keys, f"{name}: {RESULT_LABEL} after the same sample budget", out_dir, written)
-    lr_schedules(groups, keys, f"{name}: learning-rate schedules", out_dir, written)
+    schedules(groups, keys, f"{name}: learning-rate schedules", out_dir, written)
+    if any(len(p.series("train/weight_decay")) for g in groups for p in g.points):
+        schedules(groups, keys, f"{name}: weight-decay schedules", out_dir, written, "train/weight_decay",
+                  "weight decay", "wd_schedule")
     trust_ratios(groups, f"{name}: per-tensor trust ratios", out_dir, written)
     noise_scale(groups, keys, f"{name}: gradient noise scale", out_dir, written)
     return written

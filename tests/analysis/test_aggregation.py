@@ -253,6 +253,38 @@ class Aggregation(unittest.TestCase):
             self.assertEqual(y8[np.searchsorted(x8, at, side="right") - 1],
                              y32[np.searchsorted(x32, at, side="right") - 1], at)
 
+    def test_a_weight_decay_schedule_is_drawn_over_the_samples_as_the_learning_rate_is(self):
+        # Points that schedule the weight decay (train/weight_decay: linear from 0 to 0.1 over
+        # 128 samples, at batch 8 and 32) get a wd_schedule figure beside lr_schedule, each step's
+        # value over the samples it consumed: one function of the samples at both batch sizes.
+        # A point of constant weight decay has no such series and no line; a sweep without any
+        # gets no figure (the default fixture's).
+        d = os.path.join(self.tmp.name, "wd")
+        os.makedirs(d)
+        pts = []
+        schedule = lambda s: 0.1 * s / 128.0  # noqa: E731
+        for B, scheduled in ((8, True), (32, True), (16, False)):
+            iters = 128 // B
+            cfg = {"optimizer": "adamw", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": iters}
+            pid = f"adamw-bs{B}-s1"
+            pts.append(write_point(d, pid, cfg, 9.0 - np.arange(iters) / 8, valid=7.0))
+            if scheduled:
+                with h5py.File(os.path.join(d, pid, "metrics.h5"), "a") as f:
+                    f["train/weight_decay"] = schedule(np.arange(iters) * B)
+        with open(os.path.join(d, "sweep.json"), "w") as f:
+            json.dump({"name": "wd", "file": "/nonexistent.json", "points": pts}, f)
+        shown = plotted(d)
+        self.assertTrue(os.path.exists(os.path.join(d, "figures", "wd_schedule.png")))
+        lines = shown["wd_schedule"]["lines"]
+        self.assertEqual(sorted(lines), ["B=32", "B=8"])
+        for name, (x, y) in lines.items():
+            self.assertEqual((x[0], x[-1]), (0.0, 128.0), name)
+            step = 32 if name == "B=32" else 8
+            for at in (0.0, 40.0, 64.0, 127.0):
+                drawn = y[np.searchsorted(x, at, side="right") - 1]
+                self.assertAlmostEqual(drawn, schedule(at // step * step), msg=f"{name} at {at}")
+        self.assertNotIn("wd_schedule", plotted(self.root))
+
     def test_sweeps_analyzed_side_by_side_are_each_as_analyzed_alone(self):
         # sweep analyze A B: the sweep is a series axis, so lamb of A and lamb of B are fitted
         # on their own points; each series equals A's or B's own analysis, bootstrap interval
