@@ -258,15 +258,20 @@ class Aggregation(unittest.TestCase):
         # 128 samples, at batch 8 and 32) get a wd_schedule figure beside lr_schedule, each step's
         # value over the samples it consumed: one function of the samples at both batch sizes.
         # A point of constant weight decay has no such series and no line; a sweep without any
-        # gets no figure (the default fixture's).
+        # gets no figure (the default fixture's). The keys zipped with the style (its start and
+        # end, the constant weight decay) vary in step with it: legends name the style alone.
         d = os.path.join(self.tmp.name, "wd")
         os.makedirs(d)
         pts = []
         schedule = lambda s: 0.1 * s / 128.0  # noqa: E731
-        for B, scheduled in ((8, True), (32, True), (16, False)):
+        for B, scheduled in ((8, True), (32, True), (16, False), (8, False)):
             iters = 128 // B
             cfg = {"optimizer": "adamw", "global_batch_size": B, "lr": 0.01, "seed": 1, "train_iters": iters}
-            pid = f"adamw-bs{B}-s1"
+            if scheduled:
+                cfg.update({"weight_decay_incr_style": "linear", "start_weight_decay": 0.0, "end_weight_decay": 0.1})
+            else:
+                cfg.update({"weight_decay_incr_style": "constant", "weight_decay": 0.01})
+            pid = f"adamw-bs{B}-{'linear' if scheduled else 'constant'}-s1"
             pts.append(write_point(d, pid, cfg, 9.0 - np.arange(iters) / 8, valid=7.0))
             if scheduled:
                 with h5py.File(os.path.join(d, pid, "metrics.h5"), "a") as f:
@@ -276,10 +281,12 @@ class Aggregation(unittest.TestCase):
         shown = plotted(d)
         self.assertTrue(os.path.exists(os.path.join(d, "figures", "wd_schedule.png")))
         lines = shown["wd_schedule"]["lines"]
-        self.assertEqual(sorted(lines), ["B=32", "B=8"])
+        self.assertEqual(sorted(lines), ["B=32, weight_decay_incr_style=linear", "B=8, weight_decay_incr_style=linear"])
+        self.assertEqual(sorted(shown["scaling"]["legend"]), ["adamw, weight_decay_incr_style=constant",
+                                                              "adamw, weight_decay_incr_style=linear"])
         for name, (x, y) in lines.items():
             self.assertEqual((x[0], x[-1]), (0.0, 128.0), name)
-            step = 32 if name == "B=32" else 8
+            step = 32 if name.startswith("B=32") else 8
             for at in (0.0, 40.0, 64.0, 127.0):
                 drawn = y[np.searchsorted(x, at, side="right") - 1]
                 self.assertAlmostEqual(drawn, schedule(at // step * step), msg=f"{name} at {at}")
