@@ -1,9 +1,8 @@
 // Multi-process training under mpirun (Open MPI, oversubscribed on this machine): tensor
 // parallel, data parallel (with and without the distributed optimizer) and both together
-// reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a checkpoint
-// written at TP 2 loads at TP 1 and TP 4, a job whose ranks disagree or die ends with a
-// non-zero status that names the rank, and a signal to one rank stops every rank after the
-// same iteration.
+// reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a
+// checkpoint written at TP 2 loads at TP 1 and TP 4, a job whose ranks disagree or die ends with a non-zero status that
+// names the rank, and a signal to one rank (or --exit-duration-in-mins) stops every rank after the same iteration.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -352,6 +351,23 @@ TEST_F(Mpi, ASignalToOneRankStopsEveryRankAfterTheSameIteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(stopped));
   EXPECT_TRUE(fs::exists(fs::path(ckpt) / name)) << "the checkpoint of iteration " << stopped << "\n" << r.output;
+}
+
+// --exit-duration-in-mins under MPI: the ranks agree on it in the all-reduce that agrees on a
+// signal, so a job of 2 ranks made long by its configuration (100000 iterations, a budget below
+// any iteration's time) stops after the same iteration, the first, writes its checkpoint and
+// exits 3 through mpirun, whatever the machine's speed.
+TEST_F(Mpi, ExitDurationStopsEveryRankAfterTheSameIteration) {
+  mb::testing::TempDir tmp;
+  const std::string ckpt = (tmp / "ckpt").string();
+  // a hang is timeout's exit status 124 (a deadline for a loaded machine, not a pace)
+  const auto r =
+      mb::testing::run_command(mb::testing::mpi_env() + "timeout 300 mpirun -np 2 " +
+                               train(tmp / "run", "--train-iters 100000 --exit-duration-in-mins 1e-6 --save " + ckpt));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find(" exiting after iteration 1, "), std::string::npos) << r.output;
+  EXPECT_EQ(series(tmp / "run", "train/iteration"), (std::vector<double>{1}));
+  EXPECT_TRUE(fs::exists(fs::path(ckpt) / "iter_0000001.h5")) << r.output;
 }
 
 // Data-parallel gradient buckets: the same buckets summed after the backward pass, or each
