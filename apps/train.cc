@@ -183,10 +183,6 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   run.opt.flops_per_sample = mb::models::megatron_flops(mc, 1);
   run.plugin = mb::optim::load_plugin(v["optimizer"].get<std::string>(), search);
   run.hparams = mb::optim::resolve_hparams(run.plugin, mb::train::optimizer_params(r, run.plugin), "optimizer_params");
-  if (auto& wd = run.opt.schedule.wd; !wd.scheduled()) {  // the plugin's own, recorded for a resumed run's check
-    const int k = mb::optim::hparam_index(run.plugin, "weight_decay");
-    wd.start = wd.end = k >= 0 ? run.hparams[static_cast<size_t>(k)] : 0.0;
-  }
   run.device = mb::train::run_device(v, run.dtype, run.parallel.local_rank);
   run.parallel.connect(run.device, v["distributed_backend"].get<std::string>());
   if (run.parallel.collectives != "local") std::cout << "> collectives: " << run.parallel.collectives << std::endl;
@@ -217,11 +213,14 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& params = run.model->parameters();
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
   const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
+  // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
+  // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
+  // sets it back, and a kept schedule needs a plugin that takes one.
+  const int wd_index = mb::optim::hparam_index(run.plugin, "weight_decay");
+  if (!opt.schedule.wd.scheduled())
+    opt.schedule.wd.start = opt.schedule.wd.end = wd_index >= 0 ? run.hparams[static_cast<size_t>(wd_index)] : 0.0;
   opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
-  // the weight decay it chose (the checkpoint's, with --use-checkpoint-opt-param-scheduler): a
-  // constant one is the plugin's hyperparameter, a schedule needs a plugin that takes one
-  if (const int k = mb::optim::hparam_index(run.plugin, "weight_decay"); k >= 0 && !opt.schedule.wd.scheduled())
-    run.hparams[static_cast<size_t>(k)] = opt.schedule.wd.end;
+  if (wd_index >= 0 && !opt.schedule.wd.scheduled()) run.hparams[static_cast<size_t>(wd_index)] = opt.schedule.wd.end;
   if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);

@@ -41,14 +41,16 @@ Trainer::Trainer(TrainOptions options, Model& model, optim::PluginOptimizer& opt
 
 Trainer::~Trainer() = default;
 
+double Trainer::minutes_training() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0;
+}
+
 bool Trainer::stop_agreed() {
-  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0;
   float v[2] = {static_cast<float>(stop_signal_received()),  // 2, 10 or 15: exact in a float
-                opt_.exit_duration_minutes > 0 && minutes >= opt_.exit_duration_minutes ? 1.0f : 0.0f};
+                opt_.exit_duration_minutes > 0 && minutes_training() >= opt_.exit_duration_minutes ? 1.0f : 0.0f};
   if (world_->size() > 1) world_->all_reduce(v, 2, comm::ReduceOp::kMax);
   stop_signal_ = static_cast<int>(v[0]);
-  out_of_time_ = v[1] != 0.0f;
-  return stop_signal_ != 0 || out_of_time_;
+  return stop_signal_ != 0 || v[1] != 0.0f;
 }
 
 void Trainer::set_data_parallel(comm::Communicator& dp) {
@@ -331,24 +333,20 @@ void Trainer::finish(StopReason reason) {
   if (reason == StopReason::kFinished && valid_ && evaluating()) validate(*valid_, "validation");
   if (reason == StopReason::kFinished && test_ && evaluating()) validate(*test_, "test");
   if (saving && last_saved_ != iteration_) save_checkpoint();
+  // a resumable stop's last words
+  const std::string resume = saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved";
   if (reason == StopReason::kSignal)
-    console_ << " stopped by signal " << stop_signal_ << " after iteration " << iteration_
-             << (saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved")
-             << std::endl;
+    console_ << " stopped by signal " << stop_signal_ << " after iteration " << iteration_ << resume << std::endl;
   if (reason == StopReason::kExitInterval)
     console_ << " exiting after iteration " << iteration_ << " (--exit-interval)" << std::endl;
   if (reason == StopReason::kExitDuration)
     console_ << printf_string(" exiting after iteration %lld, %.2f minutes into training (--exit-duration-in-mins %g)",
-                              static_cast<long long>(iteration_),
-                              std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count() / 60.0,
-                              opt_.exit_duration_minutes)
-             << (saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved")
-             << std::endl;
+                              static_cast<long long>(iteration_), minutes_training(), opt_.exit_duration_minutes)
+             << resume << std::endl;
 }
 
 StopReason Trainer::run() {
   stop_signal_ = 0;
-  out_of_time_ = false;
   started_ = std::chrono::steady_clock::now();
   const StopSignals handlers;  // (clears the signal received)
   recorder_.restart_interval_clock();

@@ -99,9 +99,10 @@ class Trainer {
   void validate(BatchSource& data, const std::string& set);  // Megatron's evaluation block
   StopReason loop();          // run()'s iterations, until a reason to stop
   void finish(StopReason reason);  // after the loop: evaluations, checkpoint, what stopped it
-  // After an iteration: did any rank of the job receive a stop signal (stop_signal_) or spend
-  // --exit-duration-in-mins (out_of_time_)? One all-reduce over the job.
+  // After an iteration: did any rank of the job receive a stop signal (then stop_signal_ says
+  // which) or spend --exit-duration-in-mins? One all-reduce over the job.
   bool stop_agreed();
+  double minutes_training() const;  // since run() began
   bool evaluating() const { return opt_.eval_iters > 0 || opt_.eval_samples > 0; }
   bool fp16() const { return model_.parameters().dtype() == DType::kF16; }
 
@@ -113,8 +114,7 @@ class Trainer {
   comm::LocalCommunicator no_dp_;
   comm::Communicator* dp_ = &no_dp_;
   comm::Communicator* world_ = &no_dp_;
-  int stop_signal_ = 0;  // the signal every rank stops for (the largest any rank received)
-  bool out_of_time_ = false;                       // --exit-duration-in-mins spent on some rank
+  int stop_signal_ = 0;                            // the signal every rank stops for (the largest any rank received)
   std::chrono::steady_clock::time_point started_;  // when run() began
   std::unique_ptr<GradientBuckets> buckets_;  // with data parallelism
   bool bucket_line_said_ = false;
