@@ -299,7 +299,7 @@ int run(int argc, char** argv) {
     mb::models::print_params(v, run.mc, std::cout);
     return 0;
   }
-  run.data = mb::apps::open_data(v, run.mc);
+  run.data = mb::apps::open_data(r, run.mc);
   if (!prepare(r, search, run)) return 0;
   return train(r, run);
 }

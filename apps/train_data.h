@@ -1,5 +1,6 @@
-// train's data: the datasets --data-path names (one, or a weighted blend), the tokenizer, the
-// --split of each, and the batch sources of the training, validation and test splits.
+// train's data: the datasets --data-path names (one, or a weighted blend) and the --split of
+// each, or those each split's own flag names; the tokenizer; and the batch sources of the
+// training, validation and test splits.
 #pragma once
 
 #include <memory>
@@ -17,28 +18,35 @@
 
 namespace megabatch::apps {
 
-// One dataset of the run and its split.
+// One dataset of the run and the documents it gives each split: --split's shares of its own
+// documents (--data-path); or all of them, to the one split whose flag names it
+// (--train-data-path, --valid-data-path, --test-data-path: a dataset two of them name is two
+// of these).
 struct RunDataset {
   std::string prefix;
-  double weight = 0;  // as --data-path gives it; 0: none given (weighed by its samples)
+  double weight = 0;  // in its blend, as given; 0: none given (weighed by its samples)
   std::shared_ptr<const data::IndexedDataset> ds;
   data::DocumentRange train, valid, test;
+  int split = -1;  // -1: --data-path's; 0, 1, 2: the training, validation or test dataset, whole
 };
 
 // The run's datasets and tokenizer; the model's vocabulary is the tokenizer's (a compact
-// dataset's own, where PREFIX.vocab.json lies beside it: such a dataset is not blended).
+// dataset's own, where PREFIX.vocab.json lies beside it: such a dataset is the run's only one).
 struct RunData {
   std::vector<RunDataset> sets;
+  bool per_split = false;  // --train-data-path and the like, not --data-path and --split
   std::unique_ptr<data::Tokenizer> tokenizer;
   bool compact_vocab = false;
   std::vector<std::string> warnings;  // what the run should say of its data (a GPT dataset without EOD tokens)
-  std::string prefixes() const;  // "a", or "a, b" for a blend
+  std::string prefixes() const;       // "a", or "a, b" for a blend (each dataset once)
 };
 
-// Opens --data-path's datasets (errors name the prefix; the default Brown corpus's command
-// when it is missing), sets mc.vocab_size from the tokenizer, and notes in `warnings` a GPT
-// dataset whose documents do not end in the end-of-document token.
-RunData open_data(const nlohmann::json& v, models::ModelConfig& mc);
+// Opens --data-path's datasets, or --train-data-path's, --valid-data-path's and
+// --test-data-path's (refusing them beside --data-path or --split); errors name the flag and
+// the prefix, with the default Brown corpus's command when it is missing. Sets mc.vocab_size
+// from the tokenizer, and notes in `warnings` a GPT dataset whose documents do not end in the
+// end-of-document token, and a dataset that is both training and validation or test data.
+RunData open_data(const config::Resolved& r, models::ModelConfig& mc);
 
 // The batch sources of the splits: training from --seed; validation and test from their own
 // documents (with --eval-samples from a fixed seed, so every point of a sweep is measured on
@@ -53,7 +61,8 @@ struct Sources {
 Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, const RunData& d,
                      const train::TrainOptions& opt);
 
-// The plan's data line: each dataset's documents, tokens, split and training samples.
+// The plan's data line: each dataset's documents, tokens, split and training samples (under
+// --train-data-path and the like, each split's datasets).
 std::string describe_data(const RunData& d, const Sources& s);
 
 }  // namespace megabatch::apps

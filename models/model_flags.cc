@@ -152,7 +152,8 @@ ModelConfig model_config(const config::Resolved& r) {
 void set_family_defaults(nlohmann::json& v, const ModelConfig& c) {
   const bool wordpiece = c.family == "bert" || c.family == "t5";
   if (!v.contains("tokenizer_type")) v["tokenizer_type"] = wordpiece ? "BertWordPieceLowerCase" : "GPT2BPETokenizer";
-  if (!v.contains("data_path"))
+  const bool per_split = v.contains("train_data_path") || v.contains("valid_data_path") || v.contains("test_data_path");
+  if (!v.contains("data_path") && !per_split)  // the data of --train-data-path and the like is their own
     v["data_path"] = nlohmann::json::array({wordpiece ? "data/brown_bert_text_sentence" : "data/brown_gpt2_text_document"});
 }
 
@@ -182,7 +183,8 @@ void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {
   } else if (v["tokenizer_type"].get<std::string>() != "GPT2BPETokenizer") {
     c.vocab_size = 30522 + c.vocab_extra_ids;  // BERT's WordPiece vocabulary (+ T5 sentinels)
   }
-  const auto data = v["data_path"].get<std::vector<std::string>>();
+  const char* key = v.contains("data_path") ? "data_path" : "train_data_path";
+  const auto data = v.contains(key) ? v[key].get<std::vector<std::string>>() : std::vector<std::string>();
   if (data.size() == 1 && std::filesystem::exists(data::compact_vocab_path(data[0])))
     c.vocab_size = static_cast<int64_t>(data::read_compact_vocab(data::compact_vocab_path(data[0])).ids.size());  // the corpus's own
   print_sizes(c, out);

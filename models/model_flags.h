@@ -19,7 +19,7 @@ ModelConfig model_config(const config::Resolved& r);
 
 // Megatron's defaults of the family (pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py)
 // where the flags give none: --tokenizer-type and --data-path (the Brown corpus made by
-// `preprocess brown`).
+// `preprocess brown`; none where --train-data-path and the like give the data).
 void set_family_defaults(nlohmann::json& values, const ModelConfig& c);
 
 // The tokenizer the flags name (--tokenizer-type, --vocab-file, --merge-file), with T5's

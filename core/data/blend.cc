@@ -8,32 +8,32 @@
 
 namespace megabatch::data {
 
-std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values) {
-  check(!values.empty(), "data_path: no dataset prefix given");
+std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values, const std::string& key) {
+  check(!values.empty(), key, ": no dataset prefix given");
   auto weight = [](const std::string& v) { return parse_finite(v); };
   std::vector<BlendPart> parts;
   if (values.size() == 1) {
-    check(!weight(values[0]), "data_path: '", values[0],
+    check(!weight(values[0]), key, ": '", values[0],
           "' is a weight without a dataset prefix after it; give the prefix (PREFIX.bin, PREFIX.idx)");
     return {{values[0], 0}};
   }
   if (weight(values[0])) {  // W1 PREFIX1 W2 PREFIX2 ...
-    check(values.size() % 2 == 0, "data_path: ", values.size(),
+    check(values.size() % 2 == 0, key, ": ", values.size(),
           " items, but a weighted blend is pairs of a weight and a dataset prefix (0.3 PREFIX_A 0.7 PREFIX_B)");
     for (size_t i = 0; i < values.size(); i += 2) {
       const auto w = weight(values[i]);
       check(
-          w.has_value(), "data_path: item ", i + 1, " '", values[i],
+          w.has_value(), key, ": item ", i + 1, " '", values[i],
           "' is not a weight; a weighted blend is pairs of a weight and a dataset prefix (0.3 PREFIX_A 0.7 PREFIX_B)");
-      check(*w > 0, "data_path: weight ", values[i], " of ", values[i + 1],
+      check(*w > 0, key, ": weight ", values[i], " of ", values[i + 1],
             " is not above 0; leave the dataset out instead");
-      check(!weight(values[i + 1]), "data_path: item ", i + 2, " '", values[i + 1],
+      check(!weight(values[i + 1]), key, ": item ", i + 2, " '", values[i + 1],
             "' is a number where the dataset prefix of weight ", values[i], " belongs");
       parts.push_back({values[i + 1], *w});
     }
   } else {  // PREFIX1 PREFIX2 ...: weighed by their sizes
     for (size_t i = 0; i < values.size(); ++i) {
-      check(!weight(values[i]), "data_path: item ", i + 1, " '", values[i],
+      check(!weight(values[i]), key, ": item ", i + 1, " '", values[i],
             "' is a number among dataset prefixes; give a weight before every prefix (0.3 PREFIX_A 0.7 PREFIX_B) "
             "or none");
       parts.push_back({values[i], 0});
@@ -41,7 +41,7 @@ std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values) {
   }
   for (size_t i = 0; i < parts.size(); ++i)
     for (size_t j = 0; j < i; ++j)
-      check(parts[i].prefix != parts[j].prefix, "data_path: ", parts[i].prefix,
+      check(parts[i].prefix != parts[j].prefix, key, ": ", parts[i].prefix,
             " is given twice; give it once, with the sum of its weights");
   return parts;
 }

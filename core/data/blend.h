@@ -24,10 +24,10 @@ struct BlendPart {
   double weight = 0;  // as given; 0 when data_path gives none
 };
 
-// data_path's values as dataset prefixes and weights: one prefix; pairs of a weight (finite,
-// > 0) and a prefix; or prefixes without weights. Errors name data_path, the item and what to
-// give instead.
-std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values);
+// data_path's values (or train_data_path's and the like, `key`) as dataset prefixes and
+// weights: one prefix; pairs of a weight (finite, > 0) and a prefix; or prefixes without
+// weights. Errors name `key`, the item and what to give instead.
+std::vector<BlendPart> parse_data_path(const std::vector<std::string>& values, const std::string& key = "data_path");
 
 class BlendOrder {
  public:

@@ -181,6 +181,12 @@ const config::Schema& train_schema() {
        "their samples); default data/brown_gpt2_text_document (GPT), data/brown_bert_text_sentence (BERT)",
        "data"},
       {"split", Type::kString, "969, 30, 1", "train, validation, test proportions by document", "data"},
+      {"train_data_path", Type::kStringList, nullptr,
+       "the training data, whole (a prefix or a blend, as --data-path): with --valid-data-path and --test-data-path "
+       "instead of --data-path and --split",
+       "data"},
+      {"valid_data_path", Type::kStringList, nullptr, "the validation data, whole (beside --train-data-path)", "data"},
+      {"test_data_path", Type::kStringList, nullptr, "the test data, whole (beside --train-data-path)", "data"},
       {"tokenizer_type", Type::kString, nullptr,
        "GPT2BPETokenizer (GPT's default), BertWordPieceLowerCase (BERT's default), BertWordPieceCase", "data"},
       {"vocab_file", Type::kString, nullptr, "vocabulary (default: the asset cache's)", "data"},

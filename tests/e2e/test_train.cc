@@ -24,6 +24,19 @@ class Train : public ::testing::Test {
     return mb::testing::bin_dir() + "/train --data-path " + (brown() / "brown_gpt2_text_document").string() +
            " " + args;
   }
+  // Another GPT-2 corpus of 120 short documents, made under tmp_; its prefix.
+  std::string ferry_corpus() {
+    std::string text;
+    for (int i = 0; i < 120; ++i)
+      text += "In " + std::to_string(1800 + i) + " the ferry at mile " + std::to_string(7 * i % 53) + " carried " +
+              std::to_string(13 * i % 97) + " carts across, and the keeper wrote each one down twice.\n\n";
+    mb::testing::write_text(tmp_ / "b.txt", text);
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " +
+                                            (tmp_ / "b.txt").string() + " --output-prefix " + (tmp_ / "b").string() +
+                                            " --tokenizer-type GPT2BPETokenizer --append-eod");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return (tmp_ / "b").string() + "_text_document";
+  }
   mb::testing::TempDir tmp_;
 };
 const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 " + mb::testing::threads_flag();
@@ -652,17 +665,9 @@ TEST_F(Train, ACompactDatasetBringsItsOwnVocabulary) {
 // losses: a 1:1 blend of A and B takes A0 B0 A1 B1 ..., so its batch k of two has the mean of
 // sample k's losses in runs on A and on B alone, batches of one.
 TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
-  const fs::path a = brown() / "brown_gpt2_text_document", b = tmp_ / "b";
-  std::string text;  // another corpus: 120 short documents
-  for (int i = 0; i < 120; ++i)
-    text += "In " + std::to_string(1800 + i) + " the ferry at mile " + std::to_string(7 * i % 53) + " carried " +
-            std::to_string(13 * i % 97) + " carts across, and the keeper wrote each one down twice.\n\n";
-  mb::testing::write_text(tmp_ / "b.txt", text);
-  auto r =
-      mb::testing::run_command(mb::testing::bin_dir() + "/preprocess --input " + (tmp_ / "b.txt").string() +
-                               " --output-prefix " + b.string() + " --tokenizer-type GPT2BPETokenizer --append-eod");
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::string bb = b.string() + "_text_document";
+  const fs::path a = brown() / "brown_gpt2_text_document";
+  const std::string bb = ferry_corpus();
+  ASSERT_FALSE(HasFailure());
   const std::string common = kSmall +
                              "--hidden-dropout 0 --attention-dropout 0 --train-iters 6 --lr 0 --log-interval 1 "
                              "--eval-iters 1 --eval-interval 3 ";
@@ -718,10 +723,97 @@ TEST_F(Train, AWeightedBlendTakesItsSamplesInTheOrderItsWeightsSay) {
             "0.5 " + a.string() + " 0.5 " + bert.string(),
             bert.string() + ".tokenizer.json: the dataset " + bert.string() + " was made by BertWordPieceLowerCase"},
         std::pair{"0.5 " + a.string() + " 0.5", std::string("data_path: 3 items, but a weighted blend is pairs")}}) {
-    r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + one + " --check --data-path " + data +
-                                 " --run-dir " + (tmp_ / "bad").string());
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + one +
+                                            " --check --data-path " + data + " --run-dir " + (tmp_ / "bad").string());
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  }
+}
+
+// Megatron's --train-data-path, --valid-data-path and --test-data-path: each split takes its
+// own datasets (a prefix or a blend), whole, as --data-path's training split takes its share.
+// Training on them is training on --data-path with --split 100,0,0, bit for bit; a validation
+// (test) dataset gives the samples training on it whole gives under the evaluation's seed
+// (1234 + 1, + 2 with --eval-samples), so from the same weights (--finetune at lr 0) the
+// validation and test losses are those first training losses.
+TEST_F(Train, EachSplitTakesItsOwnDataWholeByMegatronsPerSplitFlags) {
+  const std::string a = (brown() / "brown_gpt2_text_document").string(), b = ferry_corpus();
+  ASSERT_FALSE(HasFailure());
+  const std::string common = kSmall +
+                             "--hidden-dropout 0 --attention-dropout 0 --micro-batch-size 8 "
+                             "--global-batch-size 8 --log-interval 1 ";
+  auto run = [&](const std::string& dir, const std::string& args, std::string* out = nullptr) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --run-dir " +
+                                            (tmp_ / dir).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (out) *out = r.output;
+    return mb::testing::H5File((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+  };
+  // training: the blend of both, whole
+  const std::string blend = "1 " + a + " 2 " + b;
+  std::string out;
+  const auto whole = run("whole", "--train-iters 3 --lr 1e-3 --eval-iters 0 --data-path " + blend + " --split 100,0,0")
+                         .read<double>("train/lm_loss");
+  ASSERT_EQ(whole.size(), 3u);
+  EXPECT_EQ(
+      run("per_split", "--train-iters 3 --lr 1e-3 --train-data-path " + blend, &out).read<double>("train/lm_loss"),
+      whole);
+  EXPECT_NE(out.find("> data: training: a blend of 2 datasets: 33.3% of the samples from " + a +
+                     ": 500 documents, 1268237 tokens; 39632 training samples per epoch | 66.7% of the samples from " +
+                     b + ": 120 documents"),
+            std::string::npos)
+      << out;
+  EXPECT_NE(out.find("> warning: no validation loss will be logged: no --valid-data-path was given"), std::string::npos)
+      << out;
+
+  // validation on b and test on a, from one checkpoint's weights
+  const std::string ckpt = (tmp_ / "ckpt").string();
+  run("start", "--train-iters 1 --lr 0 --eval-iters 0 --data-path " + a + " --save " + ckpt);
+  const std::string from = "--train-iters 1 --lr 0 --finetune --load " + ckpt + " ";
+  auto evaluated = run("evaluated",
+                       from + "--eval-samples 8 --eval-interval 1 --train-data-path " + a + " --valid-data-path " + b +
+                           " --test-data-path " + a,
+                       &out);
+  const auto valid = evaluated.read<double>("validation/lm_loss"), test = evaluated.read<double>("test/lm_loss");
+  ASSERT_EQ(valid.size(), 1u);
+  ASSERT_EQ(test.size(), 1u);
+  EXPECT_NE(out.find("; validation: " + b + ": 120 documents, "), std::string::npos) << out;
+  EXPECT_NE(out.find("> warning: " + a + " is both training and test data (--train-data-path and --test-data-path)"),
+            std::string::npos)
+      << out;
+  const auto on_b =
+      run("on_b", from + "--eval-iters 0 --seed 1235 --train-data-path " + b).read<double>("train/lm_loss");
+  const auto on_a =
+      run("on_a", from + "--eval-iters 0 --seed 1236 --train-data-path " + a).read<double>("train/lm_loss");
+  ASSERT_EQ(on_b.size(), 1u);
+  ASSERT_EQ(on_a.size(), 1u);
+  EXPECT_NEAR(valid[0], on_b[0], 1e-6 * on_b[0]);
+  EXPECT_NEAR(test[0], on_a[0], 1e-6 * on_a[0]);
+  EXPECT_GT(std::abs(valid[0] - test[0]), 1e-3) << "two datasets, two losses";
+
+  // refused, naming the flags: what Megatron passes over without a word, and what is missing
+  for (const auto& [args, message] :
+       {std::pair{"--data-path " + a + " --train-data-path " + a,
+                  std::string("--data-path and --train-data-path both give the data")},
+        std::pair{"--train-data-path " + a + " --split 90,10,0",
+                  std::string("--split cuts --data-path's documents, but --train-data-path gives each split its "
+                              "own data, whole; drop --split")},
+        std::pair{"--valid-data-path " + a + " --test-data-path " + b,
+                  std::string("--valid-data-path, --test-data-path without --train-data-path: give the training "
+                              "data by --train-data-path")},
+        std::pair{"--train-data-path " + a + " --eval-samples 8",
+                  std::string("--eval-samples asks for validation, but no --valid-data-path was given; give the "
+                              "validation data by --valid-data-path, or drop --eval-samples")},
+        std::pair{
+            "--train-data-path " + a + " --valid-data-path " + (brown() / "brown_gpt2_compact_text_document").string(),
+            "valid_data_path: " + (brown() / "brown_gpt2_compact_text_document").string() +
+                " has a vocabulary of its own"},
+        std::pair{"--train-data-path " + a + " --valid-data-path " + (tmp_ / "nowhere").string(),
+                  "valid_data_path: " + (tmp_ / "nowhere").string() + ".idx: dataset index not found"}}) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common +
+                                            "--train-iters 1 --lr 1e-3 --check " + args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << r.output;
   }
 }
 
