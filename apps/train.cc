@@ -222,6 +222,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
   if (wd_index >= 0 && !opt.schedule.wd.scheduled()) run.hparams[static_cast<size_t>(wd_index)] = opt.schedule.wd.end;
   if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
+  if (opt.schedule.decoupled) mb::optim::check_takes_decoupled_lr(run.plugin);
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);
   mb::train::check_ranks_agree(parallel, resolved);

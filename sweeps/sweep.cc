@@ -355,9 +355,9 @@ void derive_values(json& c, const Derive& d, const std::string& where,
   if (d.rule != "none") {
     check(c.contains("lr") && c["lr"].is_number(), where, ": derive.lr_scaling needs a base learning rate 'lr' (in base or an axis)");
     const double r = static_cast<double>(B) / static_cast<double>(d.ref_batch);
-    c["lr"] = c["lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
-    if (c.contains("min_lr") && c["min_lr"].is_number())
-      c["min_lr"] = c["min_lr"].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
+    // every learning rate train's own --lr-scaling scales
+    for (const char* key : {"lr", "min_lr", "lr_warmup_init", "decoupled_lr", "decoupled_min_lr"})
+      if (c.contains(key) && c[key].is_number()) c[key] = c[key].get<double>() * (d.rule == "sqrt" ? std::sqrt(r) : r);
     const bool train_scales = c.contains("lr_scaling") && c["lr_scaling"] != "none";
     check(!train_scales, where, ": point ", name(c), ": lr_scaling ", train_scales ? c["lr_scaling"].dump() : "",
           " and derive.lr_scaling both scale lr with the batch, so it would be scaled twice; keep one "

@@ -85,7 +85,9 @@ void MixedPrecisionOptimizer::settle() { resolve_overflow(); }
 
 void MixedPrecisionOptimizer::follow_schedule() {
   lr_ = opt_.schedule.lr(counts_.lr_samples);
+  decoupled_lr_ = opt_.schedule.decoupled_lr(counts_.lr_samples);
   if (opt_.schedule.wd.scheduled()) plugin_.set_weight_decay(opt_.schedule.wd.at(counts_.lr_samples));
+  if (opt_.schedule.decoupled) plugin_.set_decoupled_lr(decoupled_lr_);
 }
 
 void MixedPrecisionOptimizer::step(const Tensor& clipped_norm, int64_t gbs, bool diagnostics) {

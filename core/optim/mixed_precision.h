@@ -63,7 +63,7 @@ class MixedPrecisionOptimizer {
   // sums (2) = squared norms of the sharded and replicated gradients (over the groups);
   // norms (3) = global norm, clip coefficient, norm after clipping; gradients scaled.
   void clip(const Tensor& sums, const Tensor& norms);
-  // The plugin's step at the schedule's learning rate and weight decay (with per-tensor
+  // The plugin's step at the schedule's learning rates and weight decay (with per-tensor
   // diagnostics when asked); `clipped_norm` f64 (1) is the norm it is given; `global_batch`
   // the samples of this step (the plugin's B, and the schedule's advance when applied).
   void step(const Tensor& clipped_norm, int64_t global_batch, bool diagnostics);
@@ -71,6 +71,9 @@ class MixedPrecisionOptimizer {
   void settle();
 
   double lr() const { return lr_; }  // of the last step
+  double decoupled_lr() const {
+    return decoupled_lr_;
+  }  // of the last step: the embedding's (lr() without --decoupled-lr)
   double weight_decay() const { return plugin_.weight_decay(); }  // of the last step
   StepCounts counts() const { return counts_; }
   ops::LossScalerState loss_scaler_state() const;
@@ -85,7 +88,7 @@ class MixedPrecisionOptimizer {
 
  private:
   void resolve_overflow();  // the host learns the last started overflow flag
-  void follow_schedule();   // lr_ and the plugin's weight decay at the samples of the steps applied
+  void follow_schedule();   // the lrs and the plugin's weight decay at the samples of the steps applied
 
   Options opt_;
   PluginOptimizer& plugin_;
@@ -99,7 +102,7 @@ class MixedPrecisionOptimizer {
   bool unresolved_ = false;                    // overflow_ holds a flag the counts do not include yet
   int64_t unresolved_batch_ = 0;               // the samples of that step
   StepCounts counts_;
-  double lr_ = 0;
+  double lr_ = 0, decoupled_lr_ = 0;
 };
 
 }  // namespace megabatch::optim

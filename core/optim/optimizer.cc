@@ -141,9 +141,10 @@ std::string describe_hparams(const Plugin& plugin) {
   const mb_plugin_entry& e = *plugin.entry;
   os << e.name << " " << (e.version ? e.version : "") << ": " << (e.description ? e.description : "") << "\n"
      << "  runs on: cpu" << ((e.devices & MB_DEVICES_CUDA) ? ", cuda" : "") << "\n";
-  if (e.flags & (MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE))
+  if (e.flags & (MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR))
     os << "  takes:" << ((e.flags & MB_PLUGIN_DP_SHARDS) ? " --use-distributed-optimizer" : "")
-       << ((e.flags & MB_PLUGIN_WD_SCHEDULE) ? " --weight-decay-incr-style" : "") << "\n";
+       << ((e.flags & MB_PLUGIN_WD_SCHEDULE) ? " --weight-decay-incr-style" : "")
+       << ((e.flags & MB_PLUGIN_DECOUPLED_LR) ? " --decoupled-lr" : "") << "\n";
   for (size_t i = 0; i < e.num_hparams; ++i) {
     const mb_hparam_spec& h = e.hparams[i];
     os << "  " << h.name << " ("
@@ -195,6 +196,17 @@ void check_takes_wd_schedule(const Plugin& plugin) {
         ") cannot take a weight-decay schedule (--weight-decay-incr-style): it does not declare MB_PLUGIN_WD_SCHEDULE, "
         "so it may decay by its weight_decay hyperparameter whatever the step's weight decay is; run it with a "
         "constant weight decay, or make it decay by info.weight_decay and declare the flag (core/optim/plugin.h)");
+}
+
+void check_takes_decoupled_lr(const Plugin& plugin) {
+  check(plugin.entry->flags & MB_PLUGIN_DECOUPLED_LR, "optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
+        ") cannot take --decoupled-lr: it does not declare MB_PLUGIN_DECOUPLED_LR, so it may step the embedding at "
+        "info.lr like every other parameter; run it without --decoupled-lr, or make it step the parameters with "
+        "embedding_or_output at info.decoupled_lr and declare the flag (core/optim/plugin.h)");
+}
+
+bool embedding_or_output(const std::string& name) {
+  return name == "embedding.word_embeddings.weight" || name == "output_layer.weight";
 }
 
 int hparam_index(const Plugin& plugin, const std::string& name) {
@@ -255,6 +267,7 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
     p.role = static_cast<mb_role>(static_cast<int>(info.role));
     p.layer = info.layer;
     p.ndim = static_cast<int32_t>(info.shape.size());
+    p.embedding_or_output = embedding_or_output(info.name) ? 1 : 0;
     for (size_t d = 0; d < info.shape.size(); ++d) {
       p.shape[d] = info.shape[d];
       p.full_shape[d] = info.full_shape[d];
@@ -307,6 +320,11 @@ void PluginOptimizer::set_weight_decay(double wd) {
   weight_decay_ = wd;
 }
 
+void PluginOptimizer::set_decoupled_lr(double lr) {
+  check_takes_decoupled_lr(plugin_);
+  decoupled_lr_ = lr;
+}
+
 void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, double norm, bool diagnostics) {
   if (norm < 0) norm = grad_norm(*store_, *tp_, shards_);
   step(step_count, lr, global_batch, from_host(std::vector<double>{norm}, {1}), diagnostics);
@@ -320,7 +338,8 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
   check(!skip.defined() || (skip.dtype() == DType::kF32 && skip.numel() == 1), "internal error: skip flag ",
         skip.describe());
   // the step's numbers at their fixed addresses, in stream order
-  const mb_step_values values{step_count, lr, global_batch, weight_decay_};
+  const double decoupled_lr = decoupled_lr_.value_or(lr);
+  const mb_step_values values{step_count, lr, global_batch, weight_decay_, decoupled_lr};
   runtime::copy_bytes(values_.raw(), device_, &values, Device::cpu(), sizeof values);  // staged: no wait
   copy(norm_, to_device(grad_norm_t, device_));
   if (skip.defined()) copy(skip_, skip);
@@ -332,7 +351,8 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
                     diagnostics ? 1 : 0,
                     skip.defined() ? skip_.data<float>() : nullptr,
                     static_cast<const mb_step_values*>(values_.raw()),
-                    weight_decay_};
+                    weight_decay_,
+                    decoupled_lr};
   if (diagnostics) diagnostics_.clear();
   collecting_ = diagnostics;
   plugin_uploads_ = 0;

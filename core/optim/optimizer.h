@@ -7,10 +7,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/comm/communicator.h"
 #include "core/device/runtime.h"
@@ -60,6 +60,12 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
 // An Error naming the plugin unless it declares MB_PLUGIN_WD_SCHEDULE: only such a plugin
 // decays by the step's weight decay, which a schedule moves.
 void check_takes_wd_schedule(const Plugin& plugin);
+// An Error naming the plugin unless it declares MB_PLUGIN_DECOUPLED_LR: only such a plugin
+// steps the embedding at the step's decoupled lr.
+void check_takes_decoupled_lr(const Plugin& plugin);
+// Megatron's is_embedding_or_output_parameter, by the parameter's name: the input word
+// embeddings (which the output layer shares in every model here) or an output layer of its own.
+bool embedding_or_output(const std::string& name);
 // The position of hyperparameter `name` in the plugin's schema, or -1 when it has none.
 int hparam_index(const Plugin& plugin, const std::string& name);
 // Values in schema order (from resolve_hparams) as a JSON object {name: value}.
@@ -109,6 +115,10 @@ class PluginOptimizer {
   // differs from its hyperparameter (it would go on decaying by that, unseen).
   void set_weight_decay(double wd);
   double weight_decay() const { return weight_decay_; }
+  // The learning rate of the embedding_or_output parameters in the following steps
+  // (info.decoupled_lr): the step's lr until this is called (Megatron's --decoupled-lr sets
+  // each step's). An Error naming the plugin when it does not declare MB_PLUGIN_DECOUPLED_LR.
+  void set_decoupled_lr(double lr);
   // The standard normal draws the host gives the plugin for (parameter index, step):
   // out[0..n) (host memory) of the local shard, keyed by the element's index in the full tensor.
   void draw_normal(size_t index, int64_t step, float* out, size_t n);
@@ -150,6 +160,7 @@ class PluginOptimizer {
   Device device_;
   uint64_t seed_;
   double hparam_weight_decay_ = 0, weight_decay_ = 0;  // the plugin's hyperparameter; the steps' value
+  std::optional<double> decoupled_lr_;                 // none: the step's lr
   Diagnostics diagnostics_;
   bool collecting_ = false;
   LogSink log_;

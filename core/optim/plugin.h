@@ -1,4 +1,4 @@
-/* megabatch optimizer plugin ABI, version 6.
+/* megabatch optimizer plugin ABI, version 7.
  *
  * This header is the ABI: plain C, so a plugin built by any compiler loads into any host.
  * A C++ plugin includes <megabatch/plugin_kit.h> instead, which includes this one and adds
@@ -60,6 +60,14 @@
  *    A plugin that decays by that value (not by its hyperparameter read at create()) declares
  *    MB_PLUGIN_WD_SCHEDULE in entry.flags; the host refuses a schedule for other plugins,
  *    naming the plugin.
+ *  - Decoupled learning rate: the parameters with embedding_or_output set (the input word
+ *    embeddings, which the output layer shares; Megatron's is_embedding_or_output_parameter)
+ *    step at info->decoupled_lr (and info->values->decoupled_lr), every other parameter at
+ *    info->lr. It is info->lr unless the run gives them a schedule of their own (Megatron's
+ *    --decoupled-lr and --decoupled-min-lr: the same warmup and decay, from their own peak to
+ *    their own minimum). A plugin that steps those parameters at it declares
+ *    MB_PLUGIN_DECOUPLED_LR in entry.flags; the host refuses --decoupled-lr for other plugins,
+ *    naming the plugin.
  *  - Errors: return non-zero and write a message into err (err_len bytes, NUL-terminated).
  *    The host stops the run with that message; it never continues after a failed step.
  */
@@ -69,7 +77,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define MB_PLUGIN_ABI_VERSION 6u
+#define MB_PLUGIN_ABI_VERSION 7u
 #define MB_PLUGIN_ENTRY_SYMBOL "megabatch_optimizer_plugin"
 
 /* entry.devices: where the plugin's step can run */
@@ -79,6 +87,7 @@
 /* entry.flags */
 #define MB_PLUGIN_DP_SHARDS 1u /* steps pieces of parameters: runs with the distributed optimizer */
 #define MB_PLUGIN_WD_SCHEDULE 2u /* decays by the step's weight_decay: runs with a weight-decay schedule */
+#define MB_PLUGIN_DECOUPLED_LR 4u /* steps embedding_or_output parameters at decoupled_lr: runs with --decoupled-lr */
 
 #ifdef __cplusplus
 extern "C" {
@@ -94,6 +103,8 @@ typedef struct mb_param {
   mb_role role;
   int32_t layer;           /* transformer layer index, -1 outside the layers */
   int32_t ndim;            /* 1 or 2 */
+  int32_t embedding_or_output; /* 1: the input embedding or the output layer, stepped at
+                              info->decoupled_lr; 0: stepped at info->lr */
   int64_t shape[2];        /* local (this rank's shard) */
   int64_t full_shape[2];   /* unsharded */
   int32_t sharded;         /* 1: split across the tensor-parallel group along partition_dim */
@@ -125,6 +136,7 @@ typedef struct mb_step_values {
   double lr;               /* == info->lr */
   int64_t global_batch;    /* == info->global_batch */
   double weight_decay;     /* == info->weight_decay */
+  double decoupled_lr;     /* == info->decoupled_lr */
 } mb_step_values;
 
 /* Per-step facts from the host. */
@@ -140,11 +152,13 @@ typedef struct mb_step_info {
                               step; 0: skip them (they may cost reductions) */
   const float* skip;       /* GPU runs: the overflow flag on the device; when *skip != 0 the
                               step must change nothing. NULL: apply the step. */
-  const mb_step_values* values; /* step, lr, global_batch and weight_decay again, in run's-device
-                              memory */
+  const mb_step_values* values; /* step, lr, global_batch, weight_decay and decoupled_lr again,
+                              in run's-device memory */
   double weight_decay;     /* the weight decay for this step: the plugin's weight_decay
                               hyperparameter (0 when it has none) or, when the run schedules it
                               (--weight-decay-incr-style), the schedule's value */
+  double decoupled_lr;     /* learning rate of the embedding_or_output parameters for this step:
+                              lr, or with --decoupled-lr the value of its own schedule */
 } mb_step_info;
 
 /* Services the host offers. Every member is non-null. */
@@ -205,7 +219,7 @@ typedef struct mb_plugin_entry {
   /* One optimizer step; 0 on success. */
   int (*step)(void* self, const mb_step_info* info, char* err, size_t err_len);
   void (*destroy)(void* self);
-  uint32_t flags;          /* MB_PLUGIN_DP_SHARDS, MB_PLUGIN_WD_SCHEDULE (or both), or 0 */
+  uint32_t flags; /* MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR, any of them */
 } mb_plugin_entry;
 
 #ifdef __cplusplus

@@ -409,7 +409,8 @@ class Optimizer {
   // entry.flags: a class whose math is elementwise and whose per-tensor sums go through
   // sum_shards declares `static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS;`; one that
   // decays by the step's weight decay (info.weight_decay, or values->weight_decay in a
-  // functor's prepared()) adds MB_PLUGIN_WD_SCHEDULE.
+  // functor's prepared()) adds MB_PLUGIN_WD_SCHEDULE; one that steps each parameter at
+  // lr_of(i, info) adds MB_PLUGIN_DECOUPLED_LR.
   static constexpr uint32_t kFlags = 0;
   // Called by the entry's step() before step(): the step's skip flag for the kernels, and
   // the table cache rewound to its first slot.
@@ -424,6 +425,12 @@ class Optimizer {
   size_t num_params() const { return ctx_.num_params; }
   const mb_param& param(size_t i) const { return ctx_.params[i]; }
   bool on_gpu() const { return ctx_.host->device == MB_DEVICE_CUDA; }
+  // Where parameter i's learning rate for the step lies on the device, for a functor to read
+  // in prepared(): values->decoupled_lr for the embedding or output layer, values->lr else.
+  static const double* lr_of(const mb_param& p, const mb_step_info& info) {
+    return p.embedding_or_output ? &info.values->decoupled_lr : &info.values->lr;
+  }
+  const double* lr_of(size_t i, const mb_step_info& info) const { return lr_of(param(i), info); }
   // The value of hyperparameter `name` (it must be in the schema).
   double hparam(const char* name) const {
     for (size_t i = 0; i < ctx_.num_hparams; ++i)

@@ -109,6 +109,14 @@ double LrSchedule::lr(int64_t samples) const {
   return min_lr + coeff * (max_lr - min_lr);
 }
 
+double LrSchedule::decoupled_lr(int64_t samples) const {
+  if (!decoupled) return lr(samples);
+  LrSchedule own = *this;
+  own.max_lr = decoupled_max_lr;
+  own.min_lr = decoupled_min_lr;
+  return own.lr(samples);
+}
+
 LrScaling parse_lr_scaling(const std::string& s) {
   if (s == "none") return LrScaling::kNone;
   if (s == "sqrt") return LrScaling::kSqrt;

@@ -47,6 +47,11 @@ struct LrSchedule {
   double init_lr = 0;  // where the warmup starts (Megatron's --lr-warmup-init)
   double lr(int64_t samples) const;
   WdSchedule wd = {};  // the weight decay beside it (Megatron's OptimizerParamScheduler moves both)
+  // Megatron's --decoupled-lr and --decoupled-min-lr: the embedding and output layer's own
+  // peak and minimum, under the same warmup (from init_lr) and decay.
+  bool decoupled = false;
+  double decoupled_max_lr = 0, decoupled_min_lr = 0;
+  double decoupled_lr(int64_t samples) const;  // lr(samples) where the run has none
 };
 
 // LR scaling rules for batch-size sweeps: lr = base * (batch / ref)^k with k = 0 (none),

@@ -45,6 +45,7 @@ nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& 
           "--end-weight-decay, so optimizer_params.weight_decay ", v["optimizer_params"]["weight_decay"].dump(),
           " would be ignored; drop it");
   }
+  if (v.contains("decoupled_lr")) optim::check_takes_decoupled_lr(plugin);
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
   return hp;
 }

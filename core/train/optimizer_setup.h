@@ -24,7 +24,8 @@ void list_optimizers(const std::vector<std::filesystem::path>& search, std::ostr
 // The optimizer's hyperparameters as given: Megatron's flags that name one (--weight-decay,
 // --adam-beta1, ...; refused when the plugin has no such hyperparameter), then
 // --optimizer-params, which wins. With a weight-decay schedule, refused for a plugin that
-// cannot take one and beside optimizer_params.weight_decay (which it would override).
+// cannot take one and beside optimizer_params.weight_decay (which it would override); with
+// --decoupled-lr, refused for a plugin that cannot take it.
 nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& plugin);
 
 // The distributed optimizer (--use-distributed-optimizer): this rank's shards of the

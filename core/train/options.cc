@@ -40,6 +40,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"lr_decay_samples", at_least(1)}, {"lr_warmup_iters", at_least(0)}, {"lr_warmup_samples", at_least(0)},
       {"lr_warmup_fraction", within(0, 1)}, {"lr_scaling_ref_batch", at_least(1)}, {"lr_warmup_init", at_least(0)},
       {"lr_wsd_decay_iters", at_least(0)}, {"lr_wsd_decay_samples", at_least(0)},
+      {"decoupled_lr", at_least(0)}, {"decoupled_min_lr", at_least(0)},
       {"weight_decay", at_least(0)}, {"start_weight_decay", at_least(0)}, {"end_weight_decay", at_least(0)},
       {"clip_grad", at_least(0)}, {"adam_beta1", within(0, 1, true)},
       {"adam_beta2", within(0, 1, true)}, {"adam_eps", above(0)}, {"sgd_momentum", within(0, 1)},
@@ -144,6 +145,11 @@ const config::Schema& train_schema() {
 
       {"lr", Type::kFloat, nullptr, "peak learning rate (before the scaling rule)", "learning rate"},
       {"min_lr", Type::kFloat, 0.0, "learning rate at the end of decay", "learning rate"},
+      {"decoupled_lr", Type::kFloat, nullptr,
+       "peak learning rate of the input embedding and output layer (Megatron's; same warmup and decay, scaled as --lr)",
+       "learning rate"},
+      {"decoupled_min_lr", Type::kFloat, nullptr, "their learning rate at the end of decay (default --min-lr)",
+       "learning rate"},
       {"lr_decay_style", Type::kString, "linear",
        "constant, linear, cosine, inverse-square-root, polynomial, or WSD (warmup, stable, decay: --lr at the end of "
        "the warmup until the last --lr-wsd-decay-iters of the decay span, then down to --min-lr)", "learning rate"},
@@ -378,6 +384,15 @@ optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
   s.max_lr = optim::scaled_lr(v["lr"].get<double>(), rule, gbs, ref);
   s.min_lr = optim::scaled_lr(v["min_lr"].get<double>(), rule, gbs, ref);
   s.init_lr = optim::scaled_lr(v["lr_warmup_init"].get<double>(), rule, gbs, ref);
+  s.decoupled = v.contains("decoupled_lr");
+  check(s.decoupled || !v.contains("decoupled_min_lr"), "--decoupled-min-lr is the minimum of the learning rate that "
+        "--decoupled-lr gives the embedding and output layer, which is not given; give --decoupled-lr, or drop "
+        "--decoupled-min-lr");
+  if (s.decoupled) {
+    s.decoupled_max_lr = optim::scaled_lr(v["decoupled_lr"].get<double>(), rule, gbs, ref);
+    s.decoupled_min_lr =
+        v.contains("decoupled_min_lr") ? optim::scaled_lr(v["decoupled_min_lr"].get<double>(), rule, gbs, ref) : s.min_lr;
+  }
   s.style = optim::parse_decay_style(v["lr_decay_style"].get<std::string>());
   s.wsd_style = optim::parse_wsd_style(v["lr_wsd_decay_style"].get<std::string>());
   s.power = v["lr_decay_power"].get<double>();
@@ -413,6 +428,9 @@ optim::LrSchedule lr_schedule(const json& v, int64_t gbs, int64_t train_iters) {
         "--lr-wsd-decay-", unit, " or a shorter warmup");
   check(s.init_lr <= s.max_lr, "--lr-warmup-init (", s.init_lr, ") is above --lr (", s.max_lr,
         "): the warmup would lower the learning rate; give a --lr-warmup-init at or below --lr");
+  check(!s.decoupled || s.init_lr <= s.decoupled_max_lr, "--lr-warmup-init (", s.init_lr, ") is above --decoupled-lr (",
+        s.decoupled_max_lr, "): the warmup, which both learning rates share, would lower the embedding's; give a ",
+        "--lr-warmup-init at or below both");
   return s;
 }
 

@@ -183,6 +183,11 @@ std::vector<std::string> schedule_differences(const optim::LrSchedule& saved, co
   }
   if (saved.warmup_samples > 0 || run.warmup_samples > 0)
     differ("--lr-warmup-init (after --lr-scaling)", shortest(saved.init_lr), shortest(run.init_lr));
+  // the embedding's own learning rate (--decoupled-lr): none, or its peak and minimum
+  const auto own = [](const optim::LrSchedule& s, double x) { return s.decoupled ? shortest(x) : std::string("none"); };
+  differ("--decoupled-lr (after --lr-scaling)", own(saved, saved.decoupled_max_lr), own(run, run.decoupled_max_lr));
+  if (saved.decoupled && run.decoupled && (decays(saved.style) || decays(run.style)))
+    differ("--decoupled-min-lr (after --lr-scaling)", shortest(saved.decoupled_min_lr), shortest(run.decoupled_min_lr));
   // the weight decay: a constant one is the plugin's weight_decay (Megatron checks it as its start and end)
   const optim::WdSchedule &sw = saved.wd, &rw = run.wd;
   differ("--weight-decay-incr-style", optim::wd_incr_style_name(sw.style), optim::wd_incr_style_name(rw.style));

@@ -1,10 +1,19 @@
 #include "core/train/run_plan.h"
 
 #include <ostream>
+#include <sstream>
 
 #include "core/util/numbers.h"
 
 namespace megabatch::train {
+
+namespace {
+std::string as_streamed(double x) {  // as the line's other learning rates are written
+  std::ostringstream os;
+  os << x;
+  return os.str();
+}
+}  // namespace
 
 void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& console) {
   const int64_t gbs = opt.global_batch_size;
@@ -25,6 +34,9 @@ void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& cons
                   : std::string())
           << " to " << s.min_lr << ", warmup " << s.warmup_samples << " samples"
           << (s.init_lr > 0 ? " from " + shortest(s.init_lr) : std::string())
+          << (s.decoupled ? ", embedding lr " + as_streamed(s.decoupled_max_lr) + " to " +
+                                as_streamed(s.decoupled_min_lr) + " (--decoupled-lr)"
+                          : std::string())
           << (s.wd.scheduled()
                   ? ", weight decay " + shortest(s.wd.start) + " " + optim::wd_incr_style_name(s.wd.style) + " to " +
                         shortest(s.wd.end) + " over " + std::to_string(s.wd.incr_samples) + " samples"

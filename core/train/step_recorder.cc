@@ -43,12 +43,13 @@ void StepRecorder::begin_step() {
 }
 
 void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds,
-                          double weight_decay) {
+                          double weight_decay, double decoupled_lr) {
   if (ring_rows_ == 0) ring_first_ = iteration;
   copy(ring_.rows(ring_rows_, ring_rows_ + 1).view({static_cast<int64_t>(slots_)}), step_);
   ring_seconds_.push_back(seconds);
   ring_lr_.push_back(lr);
   ring_wd_.push_back(weight_decay);
+  ring_dlr_.push_back(decoupled_lr);
   ring_consumed_.push_back(consumed);
   ring_batch_.push_back(batch);
   ++ring_rows_;
@@ -83,6 +84,7 @@ void StepRecorder::drain() {
   ring_seconds_.clear();
   ring_lr_.clear();
   ring_wd_.clear();
+  ring_dlr_.clear();
   ring_consumed_.clear();
   ring_batch_.clear();
 }
@@ -125,6 +127,7 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   metrics_->append("train/lm_loss", loss);
   for (size_t k = 0; k < extra_names_.size(); ++k) metrics_->append("train/" + io::series_name(extra_names_[k]), v[1 + k]);
   metrics_->append("train/learning_rate", ring_lr_[r]);
+  if (opt_.schedule.decoupled) metrics_->append("train/decoupled_learning_rate", ring_dlr_[r]);
   if (opt_.schedule.wd.scheduled()) metrics_->append("train/weight_decay", ring_wd_[r]);
   metrics_->append("train/grad_norm", norm);
   if (opt_.noise_scale) {  // each step's own estimates, for averages centred anywhere (sweep analyze)
@@ -155,6 +158,7 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   line +=
       printf_string(" throughput (tokens/s): %.0f |", samples * static_cast<double>(opt_.tokens_per_sample) / seconds);
   line += printf_string(" learning rate: %.6E |", lr);
+  if (extras.decoupled_lr) line += printf_string(" decoupled learning rate: %.6E |", *extras.decoupled_lr);
   line += printf_string(" global batch size: %5lld |", static_cast<long long>(last_batch_));
   line += printf_string(" lm loss: %.6E |", interval_loss_ / k);
   for (size_t e = 0; e < extra_names_.size(); ++e) line += printf_string(" %s: %.6E |", extra_names_[e].c_str(), interval_extra_[e] / k);

@@ -46,14 +46,17 @@ class StepRecorder {
   // Before a step: the row zeroed.
   void begin_step();
   // After it: the row joins the ring with the host's values of the step (`batch`: its global
-  // batch; `seconds`: its time; `weight_decay`: the schedule's, written where the run has one);
+  // batch; `seconds`: its time; `weight_decay` and `decoupled_lr`: the schedule's, written where
+  // the run has them);
   // a full ring is drained. Where the host reads the row for free (a CPU run), a NaN loss or
   // norm is drained at once.
-  void record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds, double weight_decay = 0);
+  void record(int64_t iteration, int64_t consumed, int64_t batch, double lr, double seconds, double weight_decay = 0,
+              double decoupled_lr = 0);
   // Reads the rows since the last drain: metrics rows, losses(), the noise scale, divergence.
   void drain();
-  // Optional fields of the iteration line (--log-num-zeros-in-grad, --log-params-norm).
+  // Optional fields of the iteration line (--decoupled-lr, --log-num-zeros-in-grad, --log-params-norm).
   struct LineExtras {
+    std::optional<double> decoupled_lr;  // --decoupled-lr: the embedding's, after the learning rate
     std::optional<int64_t> num_zeros;
     std::optional<double> params_norm;
   };
@@ -83,7 +86,7 @@ class StepRecorder {
   Tensor step_;                            // f64 (slots_): this step's row
   Tensor ring_;                            // f64 (capacity, slots_): rows not yet drained
   int64_t ring_rows_ = 0, ring_first_ = 0;  // rows held, iteration of the first
-  std::vector<double> ring_seconds_, ring_lr_, ring_wd_;  // host-side values of those rows
+  std::vector<double> ring_seconds_, ring_lr_, ring_wd_, ring_dlr_;  // host-side values of those rows
   std::vector<int64_t> ring_consumed_, ring_batch_;
   std::vector<double> losses_;             // lm loss per drained iteration
   int64_t skipped_total_ = 0;

@@ -185,10 +185,12 @@ void Trainer::optimizer_step() {
 }
 
 void Trainer::record_step(double seconds) {
-  recorder_.record(iteration_, consumed_, step_batch_, optimizer_.lr(), seconds, optimizer_.weight_decay());
+  recorder_.record(iteration_, consumed_, step_batch_, optimizer_.lr(), seconds, optimizer_.weight_decay(),
+                   optimizer_.decoupled_lr());
   if (iteration_ % opt_.log_interval == 0 || iteration_ == 1 || iteration_ == opt_.train_iters) {  // Megatron logs iteration 1 too
     recorder_.drain();
     StepRecorder::LineExtras extras;  // in this order on every rank: both are collectives
+    if (opt_.schedule.decoupled) extras.decoupled_lr = optimizer_.decoupled_lr();
     if (opt_.log_num_zeros_in_grad) extras.num_zeros = optimizer_.num_zeros_in_grad();
     if (opt_.log_params_norm) extras.params_norm = optimizer_.params_norm();
     recorder_.write_log_line(iteration_, consumed_, optimizer_.lr(), extras);

@@ -60,31 +60,37 @@ nlohmann::json trainer_state_json(const optim::MixedPrecisionOptimizer& optimize
   const optim::StepCounts counts = optimizer.counts();
   const ops::LossScalerState scaler = optimizer.loss_scaler_state();
   const auto& sc = optimizer.schedule();
-  return {{"noise_scale", noise.state()},
-          {"optimizer_steps", counts.optimizer_steps},
-          {"lr_samples", counts.lr_samples},
-          {"skipped_iterations", skipped_iterations},
-          {"loss_scaler",
-           {{"scale", scaler.scale},
-            {"growth_tracker", scaler.growth_tracker},
-            {"hysteresis_tracker", scaler.hysteresis_tracker},
-            {"dynamic", optimizer.loss_scaler_config().dynamic}}},
-          {"lr_schedule",
-           {{"max_lr", sc.max_lr},
-            {"min_lr", sc.min_lr},
-            {"warmup_samples", sc.warmup_samples},
-            {"decay_samples", sc.decay_samples},
-            {"style", optim::decay_style_name(sc.style)},
-            {"power", sc.power},
-            {"wsd_decay_samples", sc.wsd_decay_samples},
-            {"wsd_style", optim::wsd_style_name(sc.wsd_style)},
-            {"init_lr", sc.init_lr},
-            {"lr", sc.lr(counts.lr_samples)},
-            {"wd_incr_style", optim::wd_incr_style_name(sc.wd.style)},
-            {"start_wd", sc.wd.start},
-            {"end_wd", sc.wd.end},
-            {"wd_incr_samples", sc.wd.incr_samples},
-            {"weight_decay", sc.wd.at(counts.lr_samples)}}}};
+  nlohmann::json out = {{"noise_scale", noise.state()},
+                        {"optimizer_steps", counts.optimizer_steps},
+                        {"lr_samples", counts.lr_samples},
+                        {"skipped_iterations", skipped_iterations},
+                        {"loss_scaler",
+                         {{"scale", scaler.scale},
+                          {"growth_tracker", scaler.growth_tracker},
+                          {"hysteresis_tracker", scaler.hysteresis_tracker},
+                          {"dynamic", optimizer.loss_scaler_config().dynamic}}},
+                        {"lr_schedule",
+                         {{"max_lr", sc.max_lr},
+                          {"min_lr", sc.min_lr},
+                          {"warmup_samples", sc.warmup_samples},
+                          {"decay_samples", sc.decay_samples},
+                          {"style", optim::decay_style_name(sc.style)},
+                          {"power", sc.power},
+                          {"wsd_decay_samples", sc.wsd_decay_samples},
+                          {"wsd_style", optim::wsd_style_name(sc.wsd_style)},
+                          {"init_lr", sc.init_lr},
+                          {"lr", sc.lr(counts.lr_samples)},
+                          {"wd_incr_style", optim::wd_incr_style_name(sc.wd.style)},
+                          {"start_wd", sc.wd.start},
+                          {"end_wd", sc.wd.end},
+                          {"wd_incr_samples", sc.wd.incr_samples},
+                          {"weight_decay", sc.wd.at(counts.lr_samples)}}}};
+  if (sc.decoupled) {  // --decoupled-lr: the embedding's own peak and minimum (none: lr's)
+    out["lr_schedule"]["decoupled_max_lr"] = sc.decoupled_max_lr;
+    out["lr_schedule"]["decoupled_min_lr"] = sc.decoupled_min_lr;
+    out["lr_schedule"]["decoupled_lr"] = sc.decoupled_lr(counts.lr_samples);
+  }
+  return out;
 }
 
 TrainerState read_trainer_state(const io::CheckpointState& state) {
@@ -124,6 +130,11 @@ TrainerState read_trainer_state(const io::CheckpointState& state) {
       sc.wd.start = trainer_field<double>(state, "lr_schedule.start_wd");
       sc.wd.end = trainer_field<double>(state, "lr_schedule.end_wd");
       sc.wd.incr_samples = trainer_field<int64_t>(state, "lr_schedule.wd_incr_samples");
+    }
+    sc.decoupled = t["lr_schedule"].contains("decoupled_max_lr");  // none before --decoupled-lr
+    if (sc.decoupled) {
+      sc.decoupled_max_lr = trainer_field<double>(state, "lr_schedule.decoupled_max_lr");
+      sc.decoupled_min_lr = trainer_field<double>(state, "lr_schedule.decoupled_min_lr");
     }
     out.schedule = sc;
   }

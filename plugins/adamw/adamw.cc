@@ -11,19 +11,21 @@
 namespace {
 
 // The step's lr, weight decay and bias corrections come from `values` on the device
-// (prepared() once per chunk or thread), so the job table is the same every step. Members ordered by size: no
+// (prepared() once per chunk or thread), so the job table is the same every step: `lr_at`
+// points at values->lr, or at values->decoupled_lr for the embedding. Members ordered by size: no
 // padding, so equal jobs have equal bytes.
 struct AdamWUpdate {
   float *w, *m, *v;
   const float* g;
   const mb_step_values* values;
+  const double* lr_at;
   double beta1, beta2, wd;  // the table: 1 (weights, embeddings) or 0 (biases, norms); prepared(): x the step's
   float b1, b2, eps;
   float keep = 1.0f, step_size = 0.0f, bc2_sqrt = 1.0f;  // 1 - lr wd, lr / (1 - b1^t), sqrt(1 - b2^t): prepared()
   MB_HOST_DEVICE AdamWUpdate prepared() const {
     AdamWUpdate p = *this;
     const double t = static_cast<double>(values->step);
-    const float lr = static_cast<float>(values->lr);
+    const float lr = static_cast<float>(*lr_at);
     p.wd = wd * values->weight_decay;
     const float bc1 = static_cast<float>(1.0 - std::pow(beta1, t));
     p.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(beta2, t)));
@@ -43,8 +45,9 @@ struct AdamWUpdate {
 
 class AdamW final : public megabatch::plugin::Optimizer {
  public:
-  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay; steps
+  // the embedding at the decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit AdamW(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), b1_(hparam("beta1")), b2_(hparam("beta2")), eps_(hparam("eps")) {
     for (size_t i = 0; i < num_params(); ++i) {
@@ -59,8 +62,8 @@ class AdamW final : public megabatch::plugin::Optimizer {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
       jobs.push_back({p.numel,
-                      {p.data, m_[i], v_[i], p.grad, info.values, b1_, b2_, decay ? 1.0 : 0.0, static_cast<float>(b1_),
-                       static_cast<float>(b2_), static_cast<float>(eps_)}});
+                      {p.data, m_[i], v_[i], p.grad, info.values, lr_of(i, info), b1_, b2_, decay ? 1.0 : 0.0,
+                       static_cast<float>(b1_), static_cast<float>(b2_), static_cast<float>(eps_)}});
     }
     apply(jobs);
   }
@@ -79,5 +82,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(AdamW, "adamw", "1.1.0", "AdamW with PyTorch's arithmetic; no decay of biases and norms",
+MEGABATCH_OPTIMIZER_PLUGIN(AdamW, "adamw", "1.2.0", "AdamW with PyTorch's arithmetic; no decay of biases and norms",
                            kSchema)

@@ -106,6 +106,7 @@ struct Update {
   float* w;
   const double* usq;  // |u|^2 of the full tensor
   const mb_step_values* values;
+  const double* lr_at;  // values->lr, or values->decoupled_lr for the embedding
   double inv_numel, clip;
   double decays;      // 1 for weights and embeddings, 0 for biases and norms: the factor on the step's weight decay
   float keep = 1.0f;  // 1 - lr wd, set by prepared()
@@ -114,9 +115,9 @@ struct Update {
     Update p = *this;
     p.u = u.prepared();
     const double rms = std::sqrt(*usq * inv_numel), denom = rms / clip > 1.0 ? rms / clip : 1.0;
-    p.step = static_cast<float>(values->lr / denom);
+    p.step = static_cast<float>(*lr_at / denom);
     const double wd = decays * values->weight_decay;  // the step's: a run may schedule it
-    p.keep = wd != 0.0 ? static_cast<float>(1.0 - values->lr * wd) : 1.0f;
+    p.keep = wd != 0.0 ? static_cast<float>(1.0 - *lr_at * wd) : 1.0f;
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const { w[j] = w[j] * keep - step * u(j); }
@@ -124,7 +125,8 @@ struct Update {
 
 class Adafactor final : public megabatch::plugin::Optimizer {
  public:
-  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE;  // decays by the step's weight decay (values->weight_decay)
+  // decays by the step's weight decay (values->weight_decay); steps the embedding at the decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit Adafactor(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), eps1_(hparam("eps1")), clip_(hparam("clip_threshold")) {
     for (size_t i = 0; i < num_params(); ++i) {
@@ -191,7 +193,7 @@ class Adafactor final : public megabatch::plugin::Optimizer {
       const mb_param& p = param(i);
       const bool decay = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
       jobs.push_back({p.numel,
-                      {direction(i, rsum.data() + i), p.data, usq.data() + i, info.values,
+                      {direction(i, rsum.data() + i), p.data, usq.data() + i, info.values, lr_of(i, info),
                        1.0 / static_cast<double>(full_numel(i)), clip_, decay ? 1.0 : 0.0}});
     }
     if (info.diagnostics) {
@@ -224,5 +226,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Adafactor, "adafactor", "0.2.0",
+MEGABATCH_OPTIMIZER_PLUGIN(Adafactor, "adafactor", "0.3.0",
                            "Adafactor without momentum: factored second moments (example plugin)", kSchema)

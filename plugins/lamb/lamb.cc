@@ -5,5 +5,5 @@ namespace {
 const mb_hparam_spec kSchema[] = {MEGABATCH_LAMB_HPARAMS};
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(megabatch::plugins::Lamb, "lamb", "1.1.0",
+MEGABATCH_OPTIMIZER_PLUGIN(megabatch::plugins::Lamb, "lamb", "1.2.0",
                            "LAMB with Apex FusedLAMB semantics (per-tensor trust ratio, optional NVLAMB)", kSchema)

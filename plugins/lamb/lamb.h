@@ -81,12 +81,14 @@ struct LambMoments {
 
 // Stage 2: the update again from the new moments, scaled by lr x lr_multiplier x trust
 // ratio, the ratio from this tensor's global norms on the device (sums: |u|^2, |w|^2),
-// applied with nvlamb or where the step's weight decay of the tensor is not 0.
+// applied with nvlamb or where the step's weight decay of the tensor is not 0. The lr is
+// values->lr, or values->decoupled_lr for the embedding (`lr_at`).
 struct LambUpdate {
   const float *m, *v;
   float* w;
   const double* sums;
   const mb_step_values* values;
+  const double* lr_at;
   double lr_multiplier, beta1, beta2;
   float eps;
   float wd;       // the table: 1 (decayed tensor) or 0; prepared(): x the step's weight decay
@@ -99,7 +101,7 @@ struct LambUpdate {
     const double un = std::sqrt(sums[0]), wn = std::sqrt(sums[1]);
     p.inv_bc1 = lamb_inv_bias_correction(beta1, values);
     p.inv_bc2 = lamb_inv_bias_correction(beta2, values);
-    p.step_size = static_cast<float>(values->lr * lr_multiplier * (p.adapt && un > 0 && wn > 0 ? wn / un : 1.0));
+    p.step_size = static_cast<float>(*lr_at * lr_multiplier * (p.adapt && un > 0 && wn > 0 ? wn / un : 1.0));
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const {
@@ -115,8 +117,9 @@ struct SquaredGrad {  // |g|^2 per tensor (lamb_noise's rms)
 
 class Lamb : public megabatch::plugin::Optimizer {
  public:
-  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay; steps
+  // the embedding at the decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit Lamb(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx),
         b1_(hparam("beta1")),
@@ -173,8 +176,8 @@ class Lamb : public megabatch::plugin::Optimizer {
     std::vector<megabatch::plugin::TensorJob<LambUpdate>> jobs;
     for (size_t i = 0; i < num_params(); ++i)
       jobs.push_back({param(i).numel,
-                      {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.values, lr_multiplier(i, info), b1_, b2_,
-                       eps, decays(i), nvlamb_ ? 1 : 0}});
+                      {m_[i], v_[i], param(i).data, uw.data() + 2 * i, info.values, lr_of(i, info),
+                       lr_multiplier(i, info), b1_, b2_, eps, decays(i), nvlamb_ ? 1 : 0}});
     if (info.diagnostics) {
       const auto host_sums = uw.host();
       for (size_t i = 0; i < num_params(); ++i) {

@@ -34,5 +34,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(LambEmbScale, "lamb_embscale", "1.1.0",
+MEGABATCH_OPTIMIZER_PLUGIN(LambEmbScale, "lamb_embscale", "1.2.0",
                            "LAMB with the embedding learning rate scaled by (B / ref_batch)^(alpha / 2)", kSchema)

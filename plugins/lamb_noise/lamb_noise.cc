@@ -44,6 +44,6 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(LambNoise, "lamb_noise", "1.1.0",
+MEGABATCH_OPTIMIZER_PLUGIN(LambNoise, "lamb_noise", "1.2.0",
                            "LAMB with layer-wise Gaussian gradient noise restoring a reference batch's noise level",
                            kSchema)

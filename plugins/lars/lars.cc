@@ -20,7 +20,7 @@ struct SquaredNorms {  // |w|^2, |g|^2
 
 // The local lr comes from this tensor's global norms on the device (sums: |w|^2, |g|^2).
 // The step's lr and weight decay come from `values` on the device, so the job table is the
-// same every step.
+// same every step (`lr_at`: values->lr, or values->decoupled_lr for the embedding).
 // Members ordered by size: no padding, so equal jobs have equal bytes.
 struct LarsUpdate {
   float* w;
@@ -28,6 +28,7 @@ struct LarsUpdate {
   float* v;
   const double* sums;
   const mb_step_values* values;
+  const double* lr_at;
   double eta, eps;
   float momentum;
   int32_t adapt;  // weights and embeddings: trust ratio and decay; biases and norms: plain momentum SGD
@@ -37,7 +38,7 @@ struct LarsUpdate {
     const double wd = values->weight_decay;
     const double wn = std::sqrt(sums[0]), gn = std::sqrt(sums[1]);
     const double local = adapt && wn > 0 && gn > 0 ? eta * wn / (gn + wd * wn + eps) : 1.0;
-    p.step_size = static_cast<float>(values->lr * local);
+    p.step_size = static_cast<float>(*lr_at * local);
     p.decay = adapt ? static_cast<float>(wd) : 0.0f;
     return p;
   }
@@ -50,8 +51,9 @@ struct LarsUpdate {
 
 class Lars final : public megabatch::plugin::Optimizer {
  public:
-  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay; steps
+  // the embedding at the decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit Lars(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx), momentum_(hparam("momentum")), eta_(hparam("trust_coefficient")), eps_(hparam("eps")) {
     for (size_t i = 0; i < num_params(); ++i) v_.push_back(alloc_state(i, "momentum_buffer"));
@@ -67,7 +69,7 @@ class Lars final : public megabatch::plugin::Optimizer {
       const mb_param& p = param(i);
       const bool adapt = p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING;
       jobs.push_back({p.numel,
-                      {p.data, p.grad, v_[i], sums.data() + 2 * i, info.values, eta_, eps_,
+                      {p.data, p.grad, v_[i], sums.data() + 2 * i, info.values, lr_of(i, info), eta_, eps_,
                        static_cast<float>(momentum_), adapt ? 1 : 0}});
     }
     if (info.diagnostics) {  // before the update: the norms the step used
@@ -98,5 +100,5 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Lars, "lars", "1.1.0",
+MEGABATCH_OPTIMIZER_PLUGIN(Lars, "lars", "1.2.0",
                            "LARS: momentum SGD with a layer-wise trust ratio; biases and norms excluded", kSchema)

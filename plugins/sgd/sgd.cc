@@ -13,13 +13,15 @@
 namespace {
 
 // lr, the weight decay and the first step come from `values` on the device, so the job table
-// is the same every step. Members ordered by size: no padding, so equal jobs have equal bytes.
+// is the same every step (`lr_at`: values->lr, or values->decoupled_lr for the embedding).
+// Members ordered by size: no padding, so equal jobs have equal bytes.
 template <bool kMomentum, bool kNesterov>
 struct SgdUpdate {
   float* w;
   float* b;  // momentum buffer (kMomentum only)
   const float* g;
   const mb_step_values* values;
+  const double* lr_at;
   float wd;  // the table: 1 (weights, embeddings) or 0 (biases, norms); prepared(): x the step's weight decay
   float mu, dampening;
   float lr = 0.0f, damp = 0.0f;  // set by prepared(): the step's lr; dampening, 0 at the first step
@@ -27,7 +29,7 @@ struct SgdUpdate {
   MB_HOST_DEVICE SgdUpdate prepared() const {
     SgdUpdate p = *this;
     p.wd = wd * static_cast<float>(values->weight_decay);
-    p.lr = static_cast<float>(values->lr);
+    p.lr = static_cast<float>(*lr_at);
     p.damp = values->step == 1 ? 0.0f : dampening;
     return p;
   }
@@ -44,8 +46,9 @@ struct SgdUpdate {
 
 class Sgd final : public megabatch::plugin::Optimizer {
  public:
-  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay
-  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE;
+  // elementwise, per-tensor sums through sum_shards; decays by the step's weight decay; steps
+  // the embedding at the decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_DP_SHARDS | MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit Sgd(const megabatch::plugin::Context& ctx)
       : Optimizer(ctx),
         momentum_(hparam("momentum")),
@@ -74,7 +77,7 @@ class Sgd final : public megabatch::plugin::Optimizer {
       const mb_param& p = param(i);
       const float decays = (p.role == MB_ROLE_WEIGHT || p.role == MB_ROLE_EMBEDDING) ? 1.0f : 0.0f;
       jobs.push_back({p.numel,
-                      {p.data, kMomentum ? buf_[i] : nullptr, p.grad, info.values, decays,
+                      {p.data, kMomentum ? buf_[i] : nullptr, p.grad, info.values, lr_of(i, info), decays,
                        static_cast<float>(momentum_), static_cast<float>(dampening_)}});
     }
     apply(jobs);
@@ -95,4 +98,4 @@ const mb_hparam_spec kSchema[] = {
 
 }  // namespace
 
-MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.2.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)
+MEGABATCH_OPTIMIZER_PLUGIN(Sgd, "sgd", "1.3.0", "SGD with momentum and Nesterov (torch.optim.SGD arithmetic)", kSchema)

@@ -288,8 +288,9 @@ void fill_grads(mb::nn::ParameterStore& store, int step) {
 
 }  // namespace
 
-// Every plugin, four steps with a learning rate that changes every step, on the CPU and the
-// GPU: the same parameters and state; and on the GPU no upload from the third step on.
+// Every plugin, four steps with a learning rate that changes every step (and the embedding's
+// own, --decoupled-lr's, another), on the CPU and the GPU: the same parameters and state; and
+// on the GPU no upload from the third step on.
 TEST_F(Gpu, EveryPluginStepsOnTheGpuAsOnTheCpu) {
   mb::comm::LocalCommunicator tp;
   const auto search = mb::optim::plugin_search_path({plugin_dirs()});
@@ -308,6 +309,7 @@ TEST_F(Gpu, EveryPluginStepsOnTheGpuAsOnTheCpu) {
       mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, hp, "t"), 3);
       for (int s = 1; s <= 4; ++s) {
         fill_grads(model->parameters(), s);
+        opt.set_decoupled_lr(3e-2 / s);
         opt.step(s, 1e-2 * s, 64, -1.0, s == 3);
         // the job tables are on the device after the first steps (the step's numbers come
         // through info.values): nothing is uploaded from the third step on

@@ -95,17 +95,19 @@ TEST(PluginLoader, ListOptimizersNamesBrokenFilesAndListsTheRest) {
   EXPECT_NE(r.output.find("cannot load the plugin library"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("bad_schema  BROKEN: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("4 plugin file(s) could not be loaded"), std::string::npos) << r.output;
-  for (const char* good : {"adamw 1.1.0", "lamb 1.1.0", "sgd 1.2.0", "adafactor "})
+  for (const char* good : {"adamw 1.2.0", "lamb 1.2.0", "sgd 1.3.0", "adafactor "})
     EXPECT_NE(r.output.find(good), std::string::npos) << good << " is still listed:\n" << r.output;
-  // what each takes, from its entry.flags: adamw both, adafactor (factored state) the schedule only
+  // what each takes, from its entry.flags: adamw all three, adafactor (factored state) all but the
+  // distributed optimizer
   const auto block = [&](const std::string& name) {  // from its name line to its file line
     const size_t at = r.output.find(name + " ");
     return at == std::string::npos ? std::string() : r.output.substr(at, r.output.find("  file: ", at) - at);
   };
-  EXPECT_NE(block("adamw").find("\n  takes: --use-distributed-optimizer --weight-decay-incr-style\n"),
+  EXPECT_NE(block("adamw").find("\n  takes: --use-distributed-optimizer --weight-decay-incr-style --decoupled-lr\n"),
             std::string::npos)
       << block("adamw");
-  EXPECT_NE(block("adafactor").find("\n  takes: --weight-decay-incr-style\n"), std::string::npos) << block("adafactor");
+  EXPECT_NE(block("adafactor").find("\n  takes: --weight-decay-incr-style --decoupled-lr\n"), std::string::npos)
+      << block("adafactor");
   EXPECT_EQ(block("throwing").find("takes:"), std::string::npos) << block("throwing");
   EXPECT_NE(block("throwing"), "");
 }
@@ -211,7 +213,8 @@ namespace {
 // state and (where the plugin reports them) trust ratios. With `wd_steps`, step s decays by
 // wd_steps[s] (a schedule's values; the reference sets its groups' weight decay each step).
 void compare_with_torch(const std::string& name, const nlohmann::json& hp, const std::map<std::string, double>& attrs,
-                        int steps, float grad_std = 1.0f, const std::vector<double>& wd_steps = {}) {
+                        int steps, float grad_std = 1.0f, const std::vector<double>& wd_steps = {},
+                        const std::vector<double>& decoupled_lr_steps = {}) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   mb::nn::ParameterStore store;
@@ -248,6 +251,12 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
     f.attr("steps", steps);
     f.attr("optimizer", name);
     if (!wd_steps.empty()) f.write("weight_decay_steps", wd_steps, {static_cast<hsize_t>(steps)});
+    if (!decoupled_lr_steps.empty()) {  // Megatron decouples the word embeddings (the output layer shares them)
+      f.write("decoupled_lr_steps", decoupled_lr_steps, {static_cast<hsize_t>(steps)});
+      for (size_t i = 0; i < store.count(); ++i)
+        f.write("decoupled/" + std::to_string(i),
+                std::vector<int32_t>{store.info(static_cast<int>(i)).name == "embedding.word_embeddings.weight"}, {1});
+    }
   }
   const auto r = mb::testing::run_command("/usr/bin/python3 " + mb::testing::source_dir() +
                                           "/tests/reference/optim_torch.py " + (tmp / "in.h5").string() + " " +
@@ -260,6 +269,7 @@ void compare_with_torch(const std::string& name, const nlohmann::json& hp, const
       std::copy(grads[i].begin() + s * n, grads[i].begin() + (s + 1) * n, store.grad(static_cast<int>(i)).data());
     }
     if (!wd_steps.empty()) opt.set_weight_decay(wd_steps[s]);
+    if (!decoupled_lr_steps.empty()) opt.set_decoupled_lr(decoupled_lr_steps[s]);
     opt.step(s + 1, attrs.at("lr"), global_batch, -1.0, true);
     if (opt.diagnostics().count("trust_ratio"))
       for (size_t i = 0; i < store.count(); ++i) trust[i].push_back(opt.diagnostics().at("trust_ratio")[i]);
@@ -347,6 +357,32 @@ TEST(PluginNumerics, EachPluginDecaysByTheStepsWeightDecay) {
   compare_with_torch(
       "lars", {{"momentum", 0.9}, {"trust_coefficient", 0.02}, {"eps", 1e-9}},
       {{"lr", 0.5}, {"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.0}, {"eps", 1e-9}}, 5, 1.0f, wd);
+}
+
+// Megatron's --decoupled-lr: the word embeddings step at a learning rate of their own, here
+// one that changes every step and is 0 at one (a frozen step), the other tensors at lr.
+TEST(PluginNumerics, EachPluginStepsTheEmbeddingAtTheDecoupledLr) {
+  auto times = [](double lr) {
+    std::vector<double> out;
+    for (double k : {3.0, 0.0, 0.5, 2.0, 1.0}) out.push_back(k * lr);
+    return out;
+  };
+  compare_with_torch("adamw", {{"weight_decay", 0.01}},
+                     {{"lr", 0.05}, {"beta1", 0.9}, {"beta2", 0.999}, {"eps", 1e-8}, {"weight_decay", 0.01}}, 5, 1.0f,
+                     {}, times(0.05));
+  compare_with_torch("sgd", {{"momentum", 0.9}, {"weight_decay", 0.01}},
+                     {{"lr", 0.1}, {"momentum", 0.9}, {"dampening", 0.0}, {"weight_decay", 0.01}, {"nesterov", 0}}, 5,
+                     1.0f, {}, times(0.1));
+  compare_with_torch("lamb", lamb_hp(0.01, 1.0, false), lamb_attrs(0.02, 0.01, 1.0, false), 5, 1.0f, {}, times(0.02));
+  compare_with_torch(
+      "lars", {{"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}},
+      {{"lr", 0.5}, {"momentum", 0.9}, {"trust_coefficient", 0.02}, {"weight_decay", 0.01}, {"eps", 1e-9}}, 5, 1.0f, {},
+      times(0.5));
+  auto hp = lamb_hp(0.01, 1.0, false);
+  hp["multiplier"] = 3.5;
+  auto attrs = lamb_attrs(0.02, 0.01, 1.0, false);
+  attrs.insert({{"alpha", 1.0}, {"ref_batch", 512}, {"multiplier", 3.5}, {"global_batch", 64}});
+  compare_with_torch("lamb_embscale", hp, attrs, 5, 1.0f, {}, times(0.02));  // the multiplier on the decoupled lr
 }
 
 TEST(PluginNumerics, LarsMatchesReference) {
@@ -460,6 +496,98 @@ TEST(PluginRun, AWeightDecayScheduleReachesThePluginEachIterationAsMegatronCompu
     EXPECT_EQ(r.exit_code, 1) << r.output;
     EXPECT_NE(r.output.find("--weight-decay-incr-style cosine sets the weight decay from --start-weight-decay to "
                             "--end-weight-decay, so optimizer_params.weight_decay 0.2 would be ignored; drop it"),
+              std::string::npos)
+        << r.output;
+  }
+  EXPECT_FALSE(fs::exists(tmp / "refused" / "config.json")) << "refused before the run directory is written";
+}
+
+// Megatron's --decoupled-lr and --decoupled-min-lr: the word embeddings (and only they) step
+// at a learning rate of their own, under the same warmup (from --lr-warmup-init) and decay;
+// every iteration's value reaches the plugin (info and values), metrics.h5 and the log line
+// as Megatron computes and prints it, and a resumed run goes on with it (another one refused).
+TEST(PluginRun, ADecoupledLrReachesTheEmbeddingEachIterationAsMegatronComputesIt) {
+  mb::testing::TempDir tmp;
+  const fs::path data = mb::testing::brown_data();
+  const std::string plugins = " --plugin-path " + std::string(MEGABATCH_TEST_PLUGIN_DIR);
+  const std::string schedule = " --lr-decay-style cosine --min-lr 1e-4 --lr-warmup-iters 2 --lr-warmup-init 1e-5";
+  const std::string decoupled = " --decoupled-lr 3e-3 --decoupled-min-lr 5e-4";
+  const std::string ckpt = " --save " + (tmp / "ckpt").string() + " --load " + (tmp / "ckpt").string();
+  auto r = mb::testing::run_command(train_cmd(data, tmp / "run",
+                                              "--optimizer step_values --diagnostics-interval 1" + plugins + schedule +
+                                                  decoupled + ckpt + " --exit-interval 3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(", embedding lr 0.003 to 0.0005 (--decoupled-lr)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" learning rate: 1.000000E-05 | decoupled learning rate: 1.000000E-05 | global batch"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" learning rate: 1.000000E-03 | decoupled learning rate: 3.000000E-03 | global batch"),
+            std::string::npos)
+      << "iteration 3, the warmup's end: " << r.output;
+  r = mb::testing::run_command(train_cmd(
+      data, tmp / "run", "--optimizer step_values --diagnostics-interval 1" + plugins + schedule + decoupled + ckpt));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto py = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import h5py\nf = h5py.File('" + (tmp / "run" / "metrics.h5").string() +
+      "', 'r')\nnames = [n.decode() for n in f['optimizer/tensor_names'][()]]\n"
+      "print(' '.join(n for n, e in zip(names, f['optimizer/embedding_or_output'][0]) if e == 1))\n"
+      "for a, b, c, d in zip(f['optimizer/values_dlr'][:, 0], f['optimizer/info_dlr'][:, 0], "
+      "f['train/decoupled_learning_rate'][()], f['optimizer/values_lr'][:, 0]): print(repr(a), repr(b), repr(c), "
+      "repr(d))\"");
+  ASSERT_EQ(py.exit_code, 0) << py.output;
+  std::istringstream rows(py.output);
+  std::string decoupled_tensors;
+  std::getline(rows, decoupled_tensors);
+  EXPECT_EQ(decoupled_tensors, "embedding.word_embeddings.weight") << "Megatron's is_embedding_or_output_parameter";
+  // 2 samples an iteration: warmup over 4 from 1e-5, then cosine over samples 4..12
+  auto megatron = [](double max, double min, int iteration) {
+    const double samples = 2.0 * (iteration - 1);
+    if (samples <= 4) return 1e-5 + (max - 1e-5) * samples / 4.0;
+    return min + (max - min) * 0.5 * (1.0 + std::cos(M_PI * (samples - 4) / 8.0));
+  };
+  int iteration = 0;
+  for (double values, info, logged, lr; rows >> values >> info >> logged >> lr;) {
+    ++iteration;
+    EXPECT_NEAR(values, megatron(3e-3, 5e-4, iteration), 1e-15) << "iteration " << iteration;
+    EXPECT_EQ(info, values) << "iteration " << iteration;
+    EXPECT_EQ(logged, values) << "iteration " << iteration;
+    EXPECT_NEAR(lr, megatron(1e-3, 1e-4, iteration), 1e-15) << "iteration " << iteration;
+  }
+  EXPECT_EQ(iteration, 6) << "3 iterations, stopped, and 3 resumed: " << py.output;
+
+  // resumed with another decoupled lr, or none: refused, naming both
+  for (const auto& [flags, said] :
+       {std::pair{std::string(" --decoupled-lr 2e-3"), std::string("0.003 in the checkpoint, 0.002 in this run")},
+        std::pair{std::string(), std::string("0.003 in the checkpoint, none in this run")}}) {
+    r = mb::testing::run_command(
+        train_cmd(data, tmp / "run", "--optimizer step_values --train-iters 8" + plugins + schedule + flags + ckpt));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--decoupled-lr (after --lr-scaling) " + said), std::string::npos) << r.output;
+  }
+  for (const char* check : {"", " --check"}) {
+    SCOPED_TRACE(check[0] ? "with --check" : "a run");
+    r = mb::testing::run_command(
+        train_cmd(data, tmp / "refused", "--optimizer throwing" + plugins + decoupled + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("optimizer plugin 'throwing' (" + std::string(MEGABATCH_TEST_PLUGIN_DIR) +
+                            "/megabatch_throwing.so) cannot take --decoupled-lr: it does not declare "
+                            "MB_PLUGIN_DECOUPLED_LR"),
+              std::string::npos)
+        << r.output;
+    r = mb::testing::run_command(
+        train_cmd(data, tmp / "refused", "--optimizer step_values --decoupled-min-lr 1e-4" + plugins + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--decoupled-min-lr is the minimum of the learning rate that --decoupled-lr gives the "
+                            "embedding and output layer, which is not given"),
+              std::string::npos)
+        << r.output;
+    r = mb::testing::run_command(train_cmd(data, tmp / "refused",
+                                           "--optimizer step_values --decoupled-lr 1e-6 --lr-warmup-iters 1 "
+                                           "--lr-warmup-init 1e-5" +
+                                               plugins + check));
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find("--lr-warmup-init (1e-05) is above --decoupled-lr (1e-06): the warmup, which both "
+                            "learning rates share, would lower the embedding's"),
               std::string::npos)
         << r.output;
   }

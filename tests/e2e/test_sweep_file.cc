@@ -335,7 +335,9 @@ TEST_F(Sweep, DerivedValuesDivideByTheGlobalBatchTheyWriteIntoThePoint) {
   mb::testing::TempDir tmp;
   const fs::path runs = tmp / "runs";
   const fs::path file = write_tiny_sweep(
-      tmp.path(), "dp", R"("data_parallel_size": 2)",
+      tmp.path(), "dp",
+      R"("data_parallel_size": 2, "min_lr": 0.0001, "lr_warmup_fraction": 0.25, "lr_warmup_init": 0.00001, "decoupled_lr": 0.003,
+         "decoupled_min_lr": 0.0002)",
       R"("zip": {"micro_batch_size": [2, 4]}, "derive": {"lr_scaling": {"rule": "linear", "ref_batch": 4},
                            "sample_budget": 64})");
   const auto r = mb::testing::run_command(sweep("export-points " + file.string() + " --runs-dir " + runs.string()));
@@ -350,6 +352,10 @@ TEST_F(Sweep, DerivedValuesDivideByTheGlobalBatchTheyWriteIntoThePoint) {
     EXPECT_EQ(point.value("global_batch_size", 0), global) << point;
     EXPECT_EQ(point.value("train_iters", 0), 64 / global) << point;
     EXPECT_DOUBLE_EQ(point.value("lr", 0.0), 0.001 * static_cast<double>(global) / 4) << point;
+    // every learning rate train's --lr-scaling scales
+    for (const auto& [key, base] : {std::pair{"min_lr", 0.0001}, std::pair{"lr_warmup_init", 0.00001},
+                                    std::pair{"decoupled_lr", 0.003}, std::pair{"decoupled_min_lr", 0.0002}})
+      EXPECT_DOUBLE_EQ(point.value(key, 0.0), base * static_cast<double>(global) / 4) << key << " " << point;
   }
 }
 

@@ -115,6 +115,7 @@ struct Params {
       p.role = specs[i].role;
       p.layer = specs[i].layer;
       p.ndim = static_cast<int32_t>(specs[i].shape.size());
+      p.embedding_or_output = i == 0 ? 1 : 0;  // the word embeddings: the decoupled lr
       for (int d = 0; d < p.ndim; ++d) p.shape[d] = p.full_shape[d] = specs[i].shape[static_cast<size_t>(d)];
       p.sharded = 0;
       p.partition_dim = -1;
@@ -160,7 +161,9 @@ TEST_P(EmulatedPlugin, StepsOnTheGpuPathAsOnTheCpu) {
   int64_t uploads_before = 0;
   for (int64_t step = 1; step <= 4; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
-    values = {step, 1e-2 / static_cast<double>(step), 8, 0.02 * static_cast<double>(step - 1)};  // wd 0 at step 1
+    // wd 0 at step 1; the embedding at its own lr
+    values = {step, 1e-2 / static_cast<double>(step), 8, 0.02 * static_cast<double>(step - 1),
+              3e-2 / static_cast<double>(step)};
     grad_norm = 0.5 + 0.6 * static_cast<double>(step);  // over max_grad_norm 1 from step 1: clipping
     const bool skipped = step == 3;  // an overflow: the GPU path must change nothing
     mb_step_info info{};
@@ -168,6 +171,7 @@ TEST_P(EmulatedPlugin, StepsOnTheGpuPathAsOnTheCpu) {
     info.lr = values.lr;
     info.global_batch = values.global_batch;
     info.weight_decay = values.weight_decay;
+    info.decoupled_lr = values.decoupled_lr;
     info.seed = 7;
     info.grad_norm = &grad_norm;
     info.diagnostics = step == 2 ? 1 : 0;

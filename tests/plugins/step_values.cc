@@ -1,8 +1,9 @@
-// Test plugin: plain SGD whose learning rate comes only through info.values, and which
-// reports, as diagnostics every step, what the host gave it:
+// Test plugin: plain SGD whose learning rate comes only through info.values (the decoupled
+// one for the embedding), and which reports, as diagnostics every step, what the host gave it:
 //   values_step, values_lr, values_batch,  *info.values
-//   values_wd
-//   info_wd                                info.weight_decay
+//   values_wd, values_dlr
+//   info_wd, info_dlr                      info.weight_decay, info.decoupled_lr
+//   embedding_or_output                    per parameter: its mb_param.embedding_or_output
 //   grad_norm                              *info.grad_norm
 //   values_moved                           1 when info.values or info.grad_norm has another
 //                                          address than at the step before
@@ -18,12 +19,12 @@ namespace {
 struct Sgd {
   float* w;
   const float* g;
-  const mb_step_values* values;
+  const double* lr_at;
   float lr = 0.0f;  // set by prepared()
   float unused = 0.0f;
   MB_HOST_DEVICE Sgd prepared() const {
     Sgd p = *this;
-    p.lr = static_cast<float>(values->lr);
+    p.lr = static_cast<float>(*lr_at);
     return p;
   }
   MB_HOST_DEVICE void operator()(int64_t j) const { w[j] -= lr * g[j]; }
@@ -31,7 +32,8 @@ struct Sgd {
 
 class StepValues final : public megabatch::plugin::Optimizer {
  public:
-  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE;  // takes a schedule (and reports it; decays nothing)
+  // takes a weight-decay schedule (and reports it; decays nothing) and a decoupled lr
+  static constexpr uint32_t kFlags = MB_PLUGIN_WD_SCHEDULE | MB_PLUGIN_DECOUPLED_LR;
   explicit StepValues(const megabatch::plugin::Context& ctx) : Optimizer(ctx) {}
   void step(const mb_step_info& info) override {
     mb_step_values v{};
@@ -45,6 +47,9 @@ class StepValues final : public megabatch::plugin::Optimizer {
     metric("values_batch", 0, static_cast<double>(v.global_batch));
     metric("values_wd", 0, v.weight_decay);
     metric("info_wd", 0, info.weight_decay);
+    metric("values_dlr", 0, v.decoupled_lr);
+    metric("info_dlr", 0, info.decoupled_lr);
+    for (size_t i = 0; i < num_params(); ++i) metric("embedding_or_output", i, param(i).embedding_or_output);
     metric("grad_norm", 0, norm);
     metric("values_moved", 0, last_values_ && (last_values_ != info.values || last_norm_ != info.grad_norm) ? 1 : 0);
     metric("scratch_moved", 0, !last_scratch_.empty() && last_scratch_ != scratch ? 1 : 0);
@@ -52,7 +57,8 @@ class StepValues final : public megabatch::plugin::Optimizer {
     last_norm_ = info.grad_norm;
     last_scratch_ = scratch;
     std::vector<megabatch::plugin::TensorJob<Sgd>> jobs;
-    for (size_t i = 0; i < num_params(); ++i) jobs.push_back({param(i).numel, {param(i).data, param(i).grad, info.values}});
+    for (size_t i = 0; i < num_params(); ++i)
+      jobs.push_back({param(i).numel, {param(i).data, param(i).grad, lr_of(i, info)}});
     apply(jobs);
   }
 

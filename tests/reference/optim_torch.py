@@ -6,7 +6,9 @@ IN.h5: attrs optimizer (sgd, adamw, lamb, lars, lamb_noise, lamb_embscale), lr, 
 global_batch and the hyperparameters; params/<i> (initial values), grads/<i> (steps, numel),
 role/<i> (0 embedding, 1 weight, 2 bias, 3 norm), and for lamb_noise noise/<i> (steps,
 numel): the standard normal draws of each step; optionally weight_decay_steps (steps): the
-weight decay of each step (a schedule's), which replaces the weight_decay attribute.
+weight decay of each step (a schedule's), which replaces the weight_decay attribute; and
+decoupled_lr_steps (steps) with decoupled/<i> (1 or 0): the learning rate of each step for
+the tensors marked 1 (Megatron's --decoupled-lr), the others keeping lr.
 OUT.h5: params/<i> after the steps, state/<i>/<name>, and per step trust/<i> (the trust
 ratio each tensor used).
 
@@ -48,10 +50,20 @@ def wd_at(s):
     return wd_steps[s] if wd_steps is not None else hp("weight_decay")
 
 
+dlr_steps = [float(x) for x in f["decoupled_lr_steps"][()]] if "decoupled_lr_steps" in f else None
+decoupled = [dlr_steps is not None and int(f["decoupled"][str(i)][()][0]) == 1 for i in range(n)]
+
+
+def lr_at(i, s):
+    """The learning rate of tensor i at step s (from 0)."""
+    return dlr_steps[s] if decoupled[i] else lr
+
+
 if name in ("sgd", "adamw"):
     params = [p.clone().requires_grad_(True) for p in P]
-    groups = [{"params": [p for p, d in zip(params, decayed) if d]},
-              {"params": [p for p, d in zip(params, decayed) if not d], "weight_decay": 0.0}]
+    # a group per (decayed, decoupled): each step sets its weight decay and learning rate
+    kinds = sorted({(d, c) for d, c in zip(decayed, decoupled)})
+    groups = [{"params": [p for p, d, c in zip(params, decayed, decoupled) if (d, c) == k]} for k in kinds]
     if name == "sgd":
         opt = torch.optim.SGD(groups, lr=lr, momentum=hp("momentum"), dampening=hp("dampening"),
                               weight_decay=hp("weight_decay"), nesterov=bool(a["nesterov"]))
@@ -61,7 +73,9 @@ if name in ("sgd", "adamw"):
     for s in range(steps):
         for i, p in enumerate(params):
             p.grad = grads[i][s].clone()
-        opt.param_groups[0]["weight_decay"] = wd_at(s)  # the decayed group; the other keeps 0
+        for (d, c), group in zip(kinds, opt.param_groups):
+            group["weight_decay"] = wd_at(s) if d else 0.0
+            group["lr"] = dlr_steps[s] if c else lr
         opt.step()
     P = [p.detach() for p in params]
     for i, p in enumerate(params):
@@ -95,10 +109,10 @@ elif name in ("lamb", "lamb_noise", "lamb_embscale"):
             u = (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + eps) + wdi * P[i]
             wn, un = float(P[i].norm()), float(u.norm())
             ratio = wn / un if (nvlamb or wdi != 0) and wn > 0 and un > 0 else 1.0
-            lr_i = lr
+            lr_i = lr_at(i, s)
             if name == "lamb_embscale" and roles[i] == EMBEDDING:
                 mult = hp("multiplier")
-                lr_i = lr * (mult if mult > 0 else (B / hp("ref_batch")) ** (hp("alpha") / 2))
+                lr_i = lr_i * (mult if mult > 0 else (B / hp("ref_batch")) ** (hp("alpha") / 2))
             P[i] = P[i] - (lr_i * ratio) * u
             trust[i].append(ratio)
 elif name == "lars":
@@ -113,7 +127,7 @@ elif name == "lars":
             wn, gn = float(P[i].norm()), float(g.norm())
             local = eta * wn / (gn + wdi * wn + eps) if decayed[i] and wn > 0 and gn > 0 else 1.0
             buf = state[i]["momentum_buffer"]
-            buf.mul_(mu).add_(lr * local * (g + wdi * P[i]))
+            buf.mul_(mu).add_(lr_at(i, s) * local * (g + wdi * P[i]))
             P[i] = P[i] - buf
             trust[i].append(local)
 else:
