@@ -185,7 +185,8 @@ def schedules(groups, keys, title, out_dir, written, series="train/learning_rate
     """One panel per optimizer, each with its own axis: optimizers' rates differ by orders of
     magnitude (LAMB 0.04-0.16 beside AdamW 0.002-0.008 in the default sweep), and on one axis
     the smaller ones lie flat along zero. The weight decay of runs that schedule it
-    (train/weight_decay) is drawn the same way."""
+    (train/weight_decay) and the embedding's own learning rate (train/decoupled_learning_rate)
+    are drawn the same way."""
     opt_groups = by_optimizer(groups)
     fig, axes = plt.subplots(1, len(opt_groups), figsize=(5 * len(opt_groups), 4), squeeze=False)
     for ax, (opt, gs) in zip(axes[0], opt_groups.items()):
@@ -339,9 +340,14 @@ def plot(*sweep_dirs):
                 "consumed samples", out_dir, "loss_vs_samples", written)
     scaling(groups, keys, f"{name}: {RESULT_LABEL} after the same sample budget", out_dir, written)
     schedules(groups, keys, f"{name}: learning-rate schedules", out_dir, written)
-    if any(len(p.series("train/weight_decay")) for g in groups for p in g.points):
-        schedules(groups, keys, f"{name}: weight-decay schedules", out_dir, written, "train/weight_decay",
-                  "weight decay", "wd_schedule")
+    # what some runs schedule beside the learning rate: the weight decay (--weight-decay-incr-style)
+    # and the embedding's own learning rate (--decoupled-lr)
+    for series, title, what, figure in (
+            ("train/weight_decay", "weight-decay schedules", "weight decay", "wd_schedule"),
+            ("train/decoupled_learning_rate", "embedding learning-rate schedules (--decoupled-lr)",
+             "embedding learning rate", "decoupled_lr_schedule")):
+        if any(len(p.series(series)) for g in groups for p in g.points):
+            schedules(groups, keys, f"{name}: {title}", out_dir, written, series, what, figure)
     trust_ratios(groups, f"{name}: per-tensor trust ratios", out_dir, written)
     noise_scale(groups, keys, f"{name}: gradient noise scale", out_dir, written)
     return written

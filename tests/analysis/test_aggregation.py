@@ -276,6 +276,7 @@ class Aggregation(unittest.TestCase):
             if scheduled:
                 with h5py.File(os.path.join(d, pid, "metrics.h5"), "a") as f:
                     f["train/weight_decay"] = schedule(np.arange(iters) * B)
+                    f["train/decoupled_learning_rate"] = 3 * schedule(np.arange(iters) * B)  # --decoupled-lr
         with open(os.path.join(d, "sweep.json"), "w") as f:
             json.dump({"name": "wd", "file": "/nonexistent.json", "points": pts}, f)
         shown = plotted(d)
@@ -284,13 +285,16 @@ class Aggregation(unittest.TestCase):
         self.assertEqual(sorted(lines), ["B=32, weight_decay_incr_style=linear", "B=8, weight_decay_incr_style=linear"])
         self.assertEqual(sorted(shown["scaling"]["legend"]), ["adamw, weight_decay_incr_style=constant",
                                                               "adamw, weight_decay_incr_style=linear"])
-        for name, (x, y) in lines.items():
-            self.assertEqual((x[0], x[-1]), (0.0, 128.0), name)
-            step = 32 if name.startswith("B=32") else 8
-            for at in (0.0, 40.0, 64.0, 127.0):
-                drawn = y[np.searchsorted(x, at, side="right") - 1]
-                self.assertAlmostEqual(drawn, schedule(at // step * step), msg=f"{name} at {at}")
+        for figure, scale in (("wd_schedule", 1), ("decoupled_lr_schedule", 3)):  # (drawn alike)
+            for name, (x, y) in shown[figure]["lines"].items():
+                self.assertEqual((x[0], x[-1]), (0.0, 128.0), name)
+                step = 32 if name.startswith("B=32") else 8
+                for at in (0.0, 40.0, 64.0, 127.0):
+                    drawn = y[np.searchsorted(x, at, side="right") - 1]
+                    self.assertAlmostEqual(drawn, scale * schedule(at // step * step), msg=f"{figure} {name} at {at}")
+        self.assertEqual(sorted(shown["decoupled_lr_schedule"]["lines"]), sorted(lines))
         self.assertNotIn("wd_schedule", plotted(self.root))
+        self.assertNotIn("decoupled_lr_schedule", plotted(self.root))
 
     def test_sweeps_analyzed_side_by_side_are_each_as_analyzed_alone(self):
         # sweep analyze A B: the sweep is a series axis, so lamb of A and lamb of B are fitted
