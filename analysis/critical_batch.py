@@ -45,7 +45,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import axis_values, line_keys, swept_keys  # noqa: E402
+from megabatch_runs import axis_values, legend_keys, line_keys, swept_keys  # noqa: E402
 
 BOOTSTRAP = 1000
 MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
@@ -281,7 +281,8 @@ def analyze(points, targets=None, seed=0, keys=None):
     if ramped:
         result["ramped_left_out"] = sorted(p.id for p in ramped)
     keys = [k for k in (swept_keys(points) if keys is None else keys) if k != "seed"]
-    axes = line_keys(points, keys, derived=False)  # other swept axes: a series of their own
+    # other swept axes: a series of their own, named by one of the keys that vary in step (as legends)
+    axes = line_keys(points, legend_keys(points, keys), derived=False)
     by_series = {}
     for c in curves:
         by_series.setdefault(series_label(c["point"], axes), []).append(c)

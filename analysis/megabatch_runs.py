@@ -264,6 +264,28 @@ def line_keys(items, keys, derived=True):
                    if any(len({json.dumps(g.config.get(k)) for g in gs}) > 1 for gs in same_batch.values())]
 
 
+def in_step(groups, j, k):
+    """Whether keys j and k vary together over the settings (one value of k for each of j's, and
+    the other way round), j taking two values or more: a zip group's keys."""
+    pairs = {(json.dumps(g.config.get(j), sort_keys=True), json.dumps(g.config.get(k), sort_keys=True)) for g in groups}
+    return len({a for a, _ in pairs}) > 1 and len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs})
+
+
+def legend_keys(groups, keys):
+    """The swept keys a legend (a row of the report's table, a series of the analysis) names: of
+    keys that vary in step, one, its value telling the others' (a weight-decay schedule's style,
+    not its start, end and the constant weight decay beside it), preferring one that every
+    setting sets (a null names nothing). The batch size and the learning rate are always named,
+    and a key no legend names (the optimizer: each its own panel or line) tells no other's
+    values. Groups: settings or points (.config)."""
+    always = ("global_batch_size", "lr")
+    kept = []
+    for k in sorted(keys, key=lambda k: any(g.config.get(k) is None for g in groups)):  # stable
+        if k in always or not any(in_step(groups, j, k) for j in kept if j not in always and j not in HIDDEN):
+            kept.append(k)
+    return [k for k in keys if k in kept]
+
+
 def value_text(v):
     """A swept value as a label shows it, as point ids do (sweeps/sweep.h): a float to 3
     significant digits, a path by its last component (a run's checkpoints/ by the run's), a list

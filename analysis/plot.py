@@ -28,8 +28,8 @@ import matplotlib.transforms as mtransforms  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import (HIDDEN, RESULT_LABEL, SPREAD_LABEL, axis_values, line_keys, load_many,  # noqa: E402
-                            settings)
+from megabatch_runs import (HIDDEN, RESULT_LABEL, SPREAD_LABEL, axis_values, legend_keys, line_keys,  # noqa: E402
+                            load_many, settings)
 
 MAX_HEATMAP_ROWS = 36
 
@@ -40,27 +40,6 @@ def label(setting, keys):
     if len(setting.points) > 1:
         parts.append(f"{len(setting.points)} seeds")
     return ", ".join(parts) or setting.points[0].id
-
-
-def in_step(groups, j, k):
-    """Whether keys j and k vary together over the settings (one value of k for each of j's, and
-    the other way round), j taking two values or more: a zip group's keys."""
-    pairs = {(json.dumps(g.config.get(j), sort_keys=True), json.dumps(g.config.get(k), sort_keys=True)) for g in groups}
-    return len({a for a, _ in pairs}) > 1 and len(pairs) == len({a for a, _ in pairs}) == len({b for _, b in pairs})
-
-
-def legend_keys(groups, keys):
-    """The swept keys a legend names: of keys that vary in step, one, its value telling the
-    others' (a weight-decay schedule's style, not its start, end and the constant weight decay
-    beside it), preferring one that every setting sets (a null names nothing). The batch size
-    and the learning rate are always named, and a key no legend names (the optimizer: each its
-    own panel or line) tells no other's values."""
-    always = ("global_batch_size", "lr")
-    kept = []
-    for k in sorted(keys, key=lambda k: any(g.config.get(k) is None for g in groups)):  # stable
-        if k in always or not any(in_step(groups, j, k) for j in kept if j not in always and j not in HIDDEN):
-            kept.append(k)
-    return [k for k in keys if k in kept]
 
 
 def by_optimizer(groups):

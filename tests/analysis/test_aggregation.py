@@ -293,6 +293,14 @@ class Aggregation(unittest.TestCase):
                     drawn = y[np.searchsorted(x, at, side="right") - 1]
                     self.assertAlmostEqual(drawn, scale * schedule(at // step * step), msg=f"{figure} {name} at {at}")
         self.assertEqual(sorted(shown["decoupled_lr_schedule"]["lines"]), sorted(lines))
+        # the report's rows and the analysis's series name the style alone, as the legends do
+        with open(report.report(d)) as f:
+            page = f.read()
+        for style in ("constant", "linear"):
+            self.assertIn(f"<td>adamw (weight_decay_incr_style={style})</td><td>", page)
+        with open(os.path.join(d, "analysis.json")) as f:
+            self.assertEqual(sorted(json.load(f)["optimizers"]), ["adamw, weight_decay_incr_style=constant",
+                                                                 "adamw, weight_decay_incr_style=linear"])
         self.assertNotIn("wd_schedule", plotted(self.root))
         self.assertNotIn("decoupled_lr_schedule", plotted(self.root))
 
