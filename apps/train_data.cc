@@ -70,19 +70,24 @@ void check_data_options(const config::Resolved& r) {
         " without --train-data-path: give the training data by --train-data-path");
 }
 
-// A dataset of the run, with the default Brown corpus's command when it is missing. Errors
-// name the flag that gave it, where that is not --data-path.
+// A dataset of the run, with the default Brown corpus's command when it is missing, and the
+// working directory where a missing one was named by a relative path (a sweep file's data/...
+// run from elsewhere). Errors name the flag that gave it, where that is not --data-path.
 std::shared_ptr<const data::IndexedDataset> open_indexed(const std::string& prefix, const std::string& key) {
   const fs::path named = data::dataset_prefix(prefix);  // (given as its .bin: IndexedDataset says so)
-  if (!fs::exists(named.string() + ".idx") && !fs::exists(named.string() + ".bin") &&
-      named.filename().string().rfind("brown_", 0) == 0)
-    fail(key, ": ", named.string(), ".bin/.idx are missing; the default Brown corpus is made by `",
+  const bool missing = !fs::exists(named.string() + ".idx") && !fs::exists(named.string() + ".bin");
+  std::string relative;
+  std::error_code ec;
+  if (const fs::path cwd = fs::current_path(ec); missing && named.is_relative() && !ec)
+    relative = "; " + named.string() + " is relative to the working directory, " + cwd.string();
+  if (missing && named.filename().string().rfind("brown_", 0) == 0)
+    fail(key, ": ", named.string(), ".bin/.idx are missing", relative, "; the default Brown corpus is made by `",
          preprocess_brown_command(named.parent_path()), "`, run it first");
   try {
     return std::make_shared<const data::IndexedDataset>(prefix);
   } catch (const Error& e) {
-    if (key == "data_path") throw;
-    fail(key, ": ", e.what());
+    if (key == "data_path" && relative.empty()) throw;
+    fail(key == "data_path" ? "" : key + ": ", e.what(), relative);
   }
 }
 

@@ -384,7 +384,8 @@ TEST_F(Train, AFifoAsDataIsRefusedNotWaitedOn) {
 }
 
 // A dataset given as one of its files (PREFIX.bin, as a file browser offers it) is named by its
-// prefix in the error; a missing default dataset given so still gets the command that makes it.
+// prefix in the error; a missing default dataset given so still gets the command that makes it;
+// a missing one given by a relative path is said to be looked for in the working directory.
 // Before, the first said "PREFIX.bin.idx: dataset index not found", the second named
 // "PREFIX.bin.bin/.idx".
 TEST_F(Train, ADatasetGivenAsItsBinFileIsRefusedNamingItsPrefix) {
@@ -411,6 +412,17 @@ TEST_F(Train, ADatasetGivenAsItsBinFileIsRefusedNamingItsPrefix) {
   EXPECT_NE(r.output.find("preprocess brown --output-dir " + (tmp_ / "nowhere").string() + "`, run it first"),
             std::string::npos)
       << r.output;
+  // named by a relative path (a sweep file's data/..., run from elsewhere): the working
+  // directory it was looked for in is said
+  const fs::path cwd = fs::canonical(tmp_.path());
+  for (const std::string name : {"brown_gpt2_text_document", "corpus_text_document"}) {
+    const auto rel = mb::testing::run_command("cd " + cwd.string() + " && " + mb::testing::bin_dir() + "/train " +
+                                              kSmall + "--train-iters 2 --lr 1e-3 --check --data-path data/" + name);
+    EXPECT_EQ(rel.exit_code, 1) << rel.output;
+    EXPECT_NE(rel.output.find("; data/" + name + " is relative to the working directory, " + cwd.string()),
+              std::string::npos)
+        << rel.output;
+  }
 }
 
 // A run that cannot fit stops before allocating, with what it needs against what there is
