@@ -295,6 +295,7 @@ int run(int argc, char** argv) {
   Run run;
   run.mc = mb::models::model_config(r);
   run.dtype = mb::train::run_dtype(v);
+  mb::apps::read_data_args(r);  // (before the default data: none where a file gives it)
   mb::models::set_family_defaults(v, run.mc);
   if (v["print_params"].get<bool>()) {
     mb::models::print_params(v, run.mc, std::cout);

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "core/data/blend.h"
 #include "core/data/compact_vocab.h"
@@ -12,6 +13,7 @@
 #include "core/train/blended_source.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/json.h"
 #include "core/util/numbers.h"
 #include "core/util/strings.h"
 #include "models/model_flags.h"
@@ -133,6 +135,50 @@ std::string percent(double share) {
 }
 
 }  // namespace
+
+void read_data_args(config::Resolved& r) {
+  json& v = r.values;
+  const bool whole = v.contains("data_args_path"), per_split = v.contains("per_split_data_args_path");
+  if (!whole && !per_split) return;
+  check(!(whole && per_split), "--data-args-path and --per-split-data-args-path both give the data; give one");
+  const std::string flag = whole ? "--data-args-path" : "--per-split-data-args-path";
+  const fs::path file = v[whole ? "data_args_path" : "per_split_data_args_path"].get<std::string>();
+  for (const char* key : {"data_path", "train_data_path", "valid_data_path", "test_data_path"})
+    check(!v.contains(key), flag, " ", file.string(), " gives the data, and so does --", config::flag_name(key),
+          "; give one of them");
+  // a list of strings, or one string of whitespace-separated items (Megatron's file)
+  auto items = [&](const json& x, const std::string& where) {
+    std::vector<std::string> out;
+    if (x.is_string()) {
+      std::istringstream in(x.get<std::string>());
+      for (std::string item; in >> item;) out.push_back(item);
+    } else {
+      check(x.is_array(), where, ": expected a list of strings or one string, got ", x.dump());
+      for (const json& item : x) {  // a weight may be a number
+        check(item.is_string() || item.is_number(), where, ": ", item.dump(),
+              " is neither a dataset prefix nor a weight");
+        out.push_back(item.is_string() ? item.get<std::string>() : shortest(item.get<double>()));
+      }
+    }
+    (void)data::parse_data_path(out, where);  // the file's mistakes, named by it
+    return out;
+  };
+  const std::string text = read_file(file, flag + " file");
+  if (whole) {
+    v["data_path"] = items(json(text), file.string() + " (" + flag + ")");
+    return;
+  }
+  const json j = parse_json_or_fail(text, file.string() + " (" + flag + ")",
+                                    "; it holds {\"train\": [...], \"valid\": [...], \"test\": [...]}");
+  check(j.is_object(), file.string(), " (", flag, "): expected {\"train\": [...], \"valid\": [...], \"test\": [...]}");
+  for (const auto& [key, x] : j.items())
+    check(key == "train" || key == "valid" || key == "test", file.string(), " (", flag, "): unknown key '", key,
+          "'; the splits are train, valid and test");
+  check(j.contains("train"), file.string(), " (", flag, "): no \"train\" data");
+  for (const char* split : {"train", "valid", "test"})
+    if (j.contains(split) && !j[split].is_null())
+      v[std::string(split) + "_data_path"] = items(j[split], file.string() + " (" + flag + "): " + split);
+}
 
 std::string RunData::prefixes() const {
   std::vector<std::string> named;

@@ -41,6 +41,13 @@ struct RunData {
   std::string prefixes() const;       // "a", or "a, b" for a blend (each dataset once)
 };
 
+// Megatron's --data-args-path FILE (--data-path's list, whitespace-separated, read from FILE:
+// for blends too long for a command line) and --per-split-data-args-path FILE (JSON {"train":
+// ..., "valid": ..., "test": ...}, each a list or a whitespace-separated string): their lists
+// become data_path, or train_data_path, valid_data_path and test_data_path, checked here so
+// that errors name the file. Refused beside the flags they stand for, and beside each other.
+void read_data_args(config::Resolved& r);
+
 // Opens --data-path's datasets, or --train-data-path's, --valid-data-path's and
 // --test-data-path's (refusing them beside --data-path or --split); errors name the flag and
 // the prefix, with the default Brown corpus's command when it is missing. Sets mc.vocab_size

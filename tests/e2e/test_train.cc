@@ -829,6 +829,56 @@ TEST_F(Train, EachSplitTakesItsOwnDataWholeByMegatronsPerSplitFlags) {
   }
 }
 
+// Megatron's --data-args-path (--data-path's list in a file, for blends too long for a command
+// line) and --per-split-data-args-path (each split's, in JSON): a run given the file trains and
+// evaluates as one given the flags; a mistake in the file is named by the file.
+TEST_F(Train, DataArgsFilesGiveTheDataAsTheirFlagsWould) {
+  const std::string a = (brown() / "brown_gpt2_text_document").string(), b = ferry_corpus();
+  ASSERT_FALSE(HasFailure());
+  const std::string common = kSmall +
+                             "--hidden-dropout 0 --attention-dropout 0 --micro-batch-size 4 "
+                             "--global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 ";
+  auto losses = [&](const std::string& dir, const std::string& args) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --run-dir " +
+                                            (tmp_ / dir).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    mb::testing::H5File f((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    std::vector<double> out = f.read<double>("train/lm_loss");
+    if (f.has("validation/lm_loss"))
+      for (double x : f.read<double>("validation/lm_loss")) out.push_back(x);
+    return out;
+  };
+  const fs::path whole = tmp_ / "blend.txt", per_split = tmp_ / "splits.json";
+  mb::testing::write_text(whole, "1 " + a + "\n2 " + b + "\n");
+  const auto by_file = losses("by_file", "--eval-iters 0 --data-args-path " + whole.string());
+  ASSERT_EQ(by_file.size(), 3u);
+  EXPECT_EQ(by_file, losses("by_flag", "--eval-iters 0 --data-path 1 " + a + " 2 " + b));
+  mb::testing::write_text(per_split, "{\"train\": \"1 " + a + " 2 " + b + "\", \"valid\": [\"" + b + "\"]}");
+  const auto splits_by_file =
+      losses("splits_by_file", "--eval-samples 8 --eval-interval 3 --per-split-data-args-path " + per_split.string());
+  ASSERT_EQ(splits_by_file.size(), 4u) << "3 training losses and a validation loss";
+  EXPECT_EQ(splits_by_file, losses("splits_by_flag", "--eval-samples 8 --eval-interval 3 --train-data-path 1 " + a +
+                                                         " 2 " + b + " --valid-data-path " + b));
+
+  const fs::path bad_count = tmp_ / "bad.txt", bad_key = tmp_ / "bad.json";
+  mb::testing::write_text(bad_count, "0.5 " + a + " 0.5\n");
+  mb::testing::write_text(bad_key, "{\"train\": [\"" + a + "\"], \"validation\": [\"" + b + "\"]}");
+  for (const auto& [args, message] :
+       {std::pair{"--data-args-path " + bad_count.string(),
+                  bad_count.string() + " (--data-args-path): 3 items, but a weighted blend is pairs"},
+        std::pair{"--per-split-data-args-path " + bad_key.string(),
+                  bad_key.string() + " (--per-split-data-args-path): unknown key 'validation'; the splits are "
+                                     "train, valid and test"},
+        std::pair{"--data-args-path " + whole.string() + " --data-path " + a,
+                  "--data-args-path " + whole.string() + " gives the data, and so does --data-path; give one"},
+        std::pair{"--data-args-path " + whole.string() + " --per-split-data-args-path " + per_split.string(),
+                  std::string("--data-args-path and --per-split-data-args-path both give the data; give one")}}) {
+    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + "--check " + args);
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << r.output;
+  }
+}
+
 // A dataset made by another tokenizer than the run's. Every WordPiece id lies below GPT-2's
 // 50,257, so a GPT given BERT's sentences would train on them without a word; the record
 // `preprocess` writes beside the dataset refuses it at `train --check` (what sweep run
