@@ -27,7 +27,7 @@ B_crit is set against the gradient noise scale B_simple = tr(Sigma) / |G|^2 that
 logged (--log-noise-scale), read at the iteration where each point reached the target.
 
 A series is an optimizer with the values of the sweep's other axes (model width, tensor
-parallelism, ...: megabatch_runs.line_keys), each fitted on its own. Where a batch size has
+parallelism, ...: megabatch_runs.series_keys), each fitted on its own. Where a batch size has
 several settings within a series (a learning-rate grid at each batch size), S(B) is that of
 the setting reaching the target in the fewest steps, as the paper tunes hyperparameters per
 batch size; the table records which one ("chosen"). Only seeds are averaged.
@@ -45,7 +45,7 @@ import zlib
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from megabatch_runs import axis_values, legend_keys, line_keys, swept_keys  # noqa: E402
+from megabatch_runs import axis_values, series_keys, swept_keys  # noqa: E402
 
 BOOTSTRAP = 1000
 MIN_BATCH_SIZES = 3  # two parameters and at least one degree of freedom
@@ -281,8 +281,7 @@ def analyze(points, targets=None, seed=0, keys=None):
     if ramped:
         result["ramped_left_out"] = sorted(p.id for p in ramped)
     keys = [k for k in (swept_keys(points) if keys is None else keys) if k != "seed"]
-    # other swept axes: a series of their own, named by one of the keys that vary in step (as legends)
-    axes = line_keys(points, legend_keys(points, keys), derived=False)
+    axes = series_keys(points, keys)  # other swept axes: a series of their own
     by_series = {}
     for c in curves:
         by_series.setdefault(series_label(c["point"], axes), []).append(c)

@@ -286,6 +286,13 @@ def legend_keys(groups, keys):
     return [k for k in keys if k in kept]
 
 
+def series_keys(items, keys):
+    """The keys that name a series of the critical-batch analysis (and the report's cells that
+    show it): the other swept axes (line_keys without the derived ones), each zip group by one
+    of its keys (legend_keys)."""
+    return line_keys(items, legend_keys(items, keys), derived=False)
+
+
 def value_text(v):
     """A swept value as a label shows it, as point ids do (sweeps/sweep.h): a float to 3
     significant digits, a path by its last component (a run's checkpoints/ by the run's), a list

@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import critical_batch  # noqa: E402
 import plot  # noqa: E402
 from megabatch_runs import (RESULT_LABEL, SPREAD_LABEL, axis_values, legend_keys, line_keys, load_points,  # noqa: E402
-                            settings, swept_keys)
+                            series_keys, settings, swept_keys)
 
 FIGURES = [
     ("scaling", f"The result ({RESULT_LABEL}) after the same sample budget, against global batch size"),
@@ -168,8 +168,8 @@ def report(sweep_dir):
     sweep, points = load_points(sweep_dir)
     keys = [k for k in swept_keys(points) if k != "min_lr"]
     groups = settings(points, [k for k in keys if k != "seed"])
-    named = legend_keys(groups, keys)  # as the figures' legends: one of the keys that vary in step
-    other_keys = line_keys(groups, named)  # a row per line of the scaling figure
+    # a row per line of the scaling figure, named as its legend: one of the keys that vary in step
+    other_keys = line_keys(groups, legend_keys(groups, keys))
     rows = []
     for p in points:
         cells = [f"<td><code>{html.escape(p.id)}</code></td>"]
@@ -221,7 +221,7 @@ img {{ max-width: 100%; }} figure {{ margin: 2em 0; }} figcaption {{ font-style:
 split (the same held-out samples for every point when the sweep sets eval_samples). Cells give the mean over
 seeds with the {SPREAD_LABEL}; the best optimizer per batch size is in bold. Below each: optimizer steps and
 samples to the first target train loss of the analysis.</p>
-{result_table(groups, analysis, other_keys, line_keys(groups, named, derived=False))}
+{result_table(groups, analysis, other_keys, series_keys(groups, keys))}
 <h2>Critical batch size</h2>
 {critical_section(analysis)}
 <h2>Diverged points</h2>

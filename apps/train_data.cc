@@ -224,15 +224,14 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
   std::map<std::string, std::shared_ptr<const data::IndexedDataset>> opened;  // a dataset two splits name, once
   for (const Part& p : parts) {
     auto& ds = opened[p.part.prefix];
-    if (!ds) ds = open_indexed(p.part.prefix, p.key);
+    const bool first = !ds;
+    if (first) ds = open_indexed(p.part.prefix, p.key);
     RunDataset& set = d.sets.emplace_back(RunDataset{p.part.prefix, p.part.weight, ds, {}, {}, {}, p.split});
     assign_documents(set, d.per_split ? "" : v["split"].get<std::string>());
-  }
-  for (const RunDataset& set : d.sets) {
-    const bool first = &set == &*std::find_if(d.sets.begin(), d.sets.end(),
-                                              [&](const RunDataset& o) { return o.prefix == set.prefix; });
     if (mc.family == "gpt" && first)
       if (std::string w = missing_eod(set, *d.tokenizer); !w.empty()) d.warnings.push_back(std::move(w));
+  }
+  for (const RunDataset& set : d.sets) {
     if (set.split <= 0) continue;  // a validation or test dataset the run trains on too
     for (const RunDataset& trained : d.sets)
       if (trained.split == 0 && trained.prefix == set.prefix)
