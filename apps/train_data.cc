@@ -46,6 +46,21 @@ constexpr const char* kSplitKeys[3] = {"train_data_path", "valid_data_path", "te
 constexpr const char* kSplitNames[3] = {"training", "validation", "test"};
 constexpr data::DocumentRange RunDataset::*kRanges[3] = {&RunDataset::train, &RunDataset::valid, &RunDataset::test};
 
+// The file read_data_args took split k's data from (-1: --data-path's) as "FILE (--its-flag)";
+// "" where a flag gave it.
+std::string data_file(const json& v, int k) {
+  const char* file_key = k < 0 ? "data_args_path" : "per_split_data_args_path";
+  return v.contains(file_key) ? v[file_key].get<std::string>() + " (--" + config::flag_name(file_key) + ")" : "";
+}
+
+// What gave split k's data, as errors name it: its key; or its file (and the file's key).
+constexpr const char* kFileKeys[3] = {"train", "valid", "test"};
+std::string data_source(const json& v, int k) {
+  const std::string file = data_file(v, k);
+  if (file.empty()) return k < 0 ? "data_path" : kSplitKeys[k];
+  return k < 0 ? file : file + ": " + kFileKeys[k];
+}
+
 bool serves(const RunDataset& set, int split) { return set.split < 0 || set.split == split; }
 
 // The documents a dataset gives: all of its split's under --train-data-path and the like;
@@ -195,14 +210,14 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
   struct Part {
     data::BlendPart part;
     int split;  // -1: --data-path's
-    std::string key;
+    std::string source;  // data_source's name for it
   };
   std::vector<Part> parts;
   for (int k = d.per_split ? 0 : -1; k < (d.per_split ? 3 : 0); ++k) {
     const std::string key = k < 0 ? "data_path" : kSplitKeys[k];
     if (!v.contains(key)) continue;
     for (data::BlendPart& p : data::parse_data_path(v[key].get<std::vector<std::string>>(), key))
-      parts.push_back({std::move(p), k, key});
+      parts.push_back({std::move(p), k, data_source(v, k)});
   }
   const auto options = models::tokenizer_options(v, mc);
   d.tokenizer = data::tokenizer_for_dataset(data::make_tokenizer(options), parts[0].part.prefix);
@@ -211,8 +226,8 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
     if (fs::exists(vocab)) {
       d.compact_vocab = true;
       for (const Part& other : parts)
-        check(other.part.prefix == p.part.prefix, p.key, ": ", p.part.prefix, " has a vocabulary of its own (",
-              vocab.string(), "), so its token ids are not those of ", other.part.prefix, " (", other.key, "); ",
+        check(other.part.prefix == p.part.prefix, p.source, ": ", p.part.prefix, " has a vocabulary of its own (",
+              vocab.string(), "), so its token ids are not those of ", other.part.prefix, " (", other.source, "); ",
               d.per_split ? "give every split data" : "blend datasets",
               " in the tokenizer's whole vocabulary (such as the one `preprocess compact` made it from)");
     }
@@ -225,7 +240,7 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
   for (const Part& p : parts) {
     auto& ds = opened[p.part.prefix];
     const bool first = !ds;
-    if (first) ds = open_indexed(p.part.prefix, p.key);
+    if (first) ds = open_indexed(p.part.prefix, p.source);
     RunDataset& set = d.sets.emplace_back(RunDataset{p.part.prefix, p.part.weight, ds, {}, {}, {}, p.split});
     assign_documents(set, d.per_split ? "" : v["split"].get<std::string>());
     if (mc.family == "gpt" && first)
@@ -235,9 +250,12 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
     if (set.split <= 0) continue;  // a validation or test dataset the run trains on too
     for (const RunDataset& trained : d.sets)
       if (trained.split == 0 && trained.prefix == set.prefix)
-        d.warnings.push_back(set.prefix + " is both training and " + kSplitNames[set.split] + " data (--" +
-                             config::flag_name(kSplitKeys[0]) + " and --" + config::flag_name(kSplitKeys[set.split]) +
-                             "): its " + kSplitNames[set.split] + " loss is measured on documents the run trains on");
+        d.warnings.push_back(
+            set.prefix + " is both training and " + kSplitNames[set.split] + " data (" +
+            (data_file(v, 0).empty()
+                 ? "--" + config::flag_name(kSplitKeys[0]) + " and --" + config::flag_name(kSplitKeys[set.split])
+                 : std::string("\"train\" and \"") + kFileKeys[set.split] + "\" of " + data_file(v, 0)) +
+            "): its " + kSplitNames[set.split] + " loss is measured on documents the run trains on");
   }
   return d;
 }
@@ -260,7 +278,7 @@ Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, c
       auto src = models::make_batch_source(mc, set.ds, range, *d.tokenizer, seed);
       if (src->samples_per_epoch() == 0) {
         // documents too short for one sample: no training from a dataset meant to be in it
-        check(!training || members == 1, set.split < 0 ? "data_path: " : "train_data_path: ", set.prefix,
+        check(!training || members == 1, data_source(r.values, set.split), ": ", set.prefix,
               set.split < 0 ? "'s training split" : "", " holds no sample of ", mc.seq_length,
               " tokens (its documents are too short); leave it out of the blend");
         if (!training) continue;

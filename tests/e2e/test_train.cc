@@ -838,10 +838,11 @@ TEST_F(Train, DataArgsFilesGiveTheDataAsTheirFlagsWould) {
   const std::string common = kSmall +
                              "--hidden-dropout 0 --attention-dropout 0 --micro-batch-size 4 "
                              "--global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 ";
-  auto losses = [&](const std::string& dir, const std::string& args) {
+  auto losses = [&](const std::string& dir, const std::string& args, std::string* output = nullptr) {
     const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --run-dir " +
                                             (tmp_ / dir).string());
     EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (output) *output = r.output;
     mb::testing::H5File f((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
     std::vector<double> out = f.read<double>("train/lm_loss");
     if (f.has("validation/lm_loss"))
@@ -854,14 +855,21 @@ TEST_F(Train, DataArgsFilesGiveTheDataAsTheirFlagsWould) {
   ASSERT_EQ(by_file.size(), 3u);
   EXPECT_EQ(by_file, losses("by_flag", "--eval-iters 0 --data-path 1 " + a + " 2 " + b));
   mb::testing::write_text(per_split, "{\"train\": \"1 " + a + " 2 " + b + "\", \"valid\": [\"" + b + "\"]}");
-  const auto splits_by_file =
-      losses("splits_by_file", "--eval-samples 8 --eval-interval 3 --per-split-data-args-path " + per_split.string());
+  std::string said;
+  const auto splits_by_file = losses(
+      "splits_by_file", "--eval-samples 8 --eval-interval 3 --per-split-data-args-path " + per_split.string(), &said);
   ASSERT_EQ(splits_by_file.size(), 4u) << "3 training losses and a validation loss";
+  // the warning of a dataset in two splits names the file that put it there, not flags not given
+  EXPECT_NE(said.find("> warning: " + b + " is both training and validation data (\"train\" and \"valid\" of " +
+                      per_split.string() + " (--per-split-data-args-path))"),
+            std::string::npos)
+      << said;
   EXPECT_EQ(splits_by_file, losses("splits_by_flag", "--eval-samples 8 --eval-interval 3 --train-data-path 1 " + a +
                                                          " 2 " + b + " --valid-data-path " + b));
 
-  const fs::path bad_count = tmp_ / "bad.txt", bad_key = tmp_ / "bad.json";
+  const fs::path bad_count = tmp_ / "bad.txt", bad_key = tmp_ / "bad.json", missing = tmp_ / "missing.json";
   mb::testing::write_text(bad_count, "0.5 " + a + " 0.5\n");
+  mb::testing::write_text(missing, "{\"train\": [\"" + a + "\"], \"test\": [\"" + (tmp_ / "nowhere").string() + "\"]}");
   mb::testing::write_text(bad_key, "{\"train\": [\"" + a + "\"], \"validation\": [\"" + b + "\"]}");
   for (const auto& [args, message] :
        {std::pair{"--data-args-path " + bad_count.string(),
@@ -869,6 +877,9 @@ TEST_F(Train, DataArgsFilesGiveTheDataAsTheirFlagsWould) {
         std::pair{"--per-split-data-args-path " + bad_key.string(),
                   bad_key.string() + " (--per-split-data-args-path): unknown key 'validation'; the splits are "
                                      "train, valid and test"},
+        std::pair{"--per-split-data-args-path " + missing.string(),
+                  missing.string() + " (--per-split-data-args-path): test: " + (tmp_ / "nowhere").string() +
+                      ".idx: dataset index not found"},
         std::pair{"--data-args-path " + whole.string() + " --data-path " + a,
                   "--data-args-path " + whole.string() + " gives the data, and so does --data-path; give one"},
         std::pair{"--data-args-path " + whole.string() + " --per-split-data-args-path " + per_split.string(),
