@@ -151,7 +151,8 @@ mb::train::LoadOptions load_options(const json& v) {
           v["load_fallback"].get<bool>(),
           v["finetune"].get<bool>(),
           v["no_load_optim"].get<bool>(),
-          v["pretrained_optimizer_state"].get<bool>()};
+          v["pretrained_optimizer_state"].get<bool>(),
+          v["exit_on_missing_checkpoint"].get<bool>()};
 }
 
 // The processes (tensor-parallel groups of contiguous ranks, data parallelism across them),
@@ -292,6 +293,7 @@ int run(int argc, char** argv) {
     mb::train::list_optimizers(search, std::cout);
     return 0;
   }
+  for (const std::string& taken : r.foreign_taken) std::cout << "> note: Megatron-LM's " << taken << std::endl;
   Run run;
   run.mc = mb::models::model_config(r);
   run.dtype = mb::train::run_dtype(v);

@@ -144,6 +144,13 @@ ModelConfig model_config(const config::Resolved& r) {
   c.attention_dropout = v["attention_dropout"].get<double>();
   c.init_method_std = v["init_method_std"].get<double>();
   c.normalization = v["normalization"].get<std::string>();
+  c.layernorm_epsilon = v["norm_epsilon"].get<double>();
+  c.attention_backend = v["attention_backend"].get<std::string>();
+  if (v.contains("kv_channels"))
+    check(v["kv_channels"].get<int64_t>() * c.num_attention_heads == c.hidden_size, "--kv-channels ",
+          v["kv_channels"].get<int64_t>(), ": megabatch's attention heads have hidden / heads = ", c.hidden_size, " / ",
+          c.num_attention_heads, (c.hidden_size % c.num_attention_heads ? " (not whole)" : ""),
+          " channels each; drop --kv-channels, or make --hidden-size heads x kv-channels");
   check_family_options(r, c);
   return c;
 }

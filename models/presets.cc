@@ -50,6 +50,12 @@ void ModelConfig::validate() const {
   check(normalization == "LayerNorm" || normalization == "RMSNorm", "normalization: '", normalization,
         "' is not LayerNorm or RMSNorm");
   check(normalization == "LayerNorm" || !post_layernorm, "normalization RMSNorm is for pre-LN models (drop --post-layernorm)");
+  check(attention_backend != "fused",
+        "attention_backend: 'fused' is Transformer Engine's cuDNN attention, which "
+        "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");
+  check(attention_backend == "auto" || attention_backend == "flash" || attention_backend == "unfused" ||
+            attention_backend == "local",
+        "attention_backend: '", attention_backend, "' is not auto, flash, unfused or local");
 }
 
 namespace {

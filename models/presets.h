@@ -18,6 +18,7 @@ struct ModelConfig {
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
   std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
+  std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local
   // GPT
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   // BERT

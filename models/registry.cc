@@ -123,7 +123,7 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {
-  return flash_attention_runs(device, dtype, c.hidden_size / c.num_attention_heads);
+  return flash_attention_chosen(c.attention_backend, device, dtype, c.hidden_size / c.num_attention_heads);
 }
 
 train::ModelMemory model_memory(const ModelConfig& c, DType dtype, Device device) {

@@ -28,8 +28,8 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& config,
                                                       data::DocumentRange docs, const data::Tokenizer& tokenizer,
                                                       uint64_t seed);
 
-// Whether the model's self-attention runs the flash kernels (models/transformer.cc), which
-// keep no (T, T) probabilities: T5's position bias takes the explicit attention.
+// Whether the model's attention runs the flash kernels, which keep no (T, T) probabilities:
+// flash_attention_chosen (models/transformer.h) by the config's --attention-backend.
 bool uses_flash_attention(const ModelConfig& config, DType dtype, Device device);
 // What the memory check needs of the model, per rank.
 train::ModelMemory model_memory(const ModelConfig& config, DType dtype, Device device);

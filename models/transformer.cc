@@ -23,6 +23,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.eps = c.layernorm_epsilon;
   sc.norm = nn::parse_norm_kind(c.normalization, "normalization");
   sc.causal = causal;
+  sc.attention_backend = c.attention_backend;
   return sc;
 }
 
@@ -159,8 +160,15 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   }
 }
 
-bool flash_attention_runs(Device device, DType dtype, int64_t head_dim) {
-  return device.is_cuda() && ops::flash_attention_supported(device, dtype, head_dim);
+bool flash_attention_chosen(const std::string& backend, Device device, DType dtype, int64_t head_dim) {
+  if (backend == "unfused" || backend == "local") return false;
+  const bool runs = ops::flash_attention_supported(device, dtype, head_dim);
+  if (backend != "flash") return device.is_cuda() && runs;
+  check(runs, "--attention-backend flash: ", device.str(),
+        " runs the flash kernels in bf16 or fp16 at head size 64 or ", "128 (sm_75: fp16 at 64), not ",
+        dtype_name(dtype), " at head size ", head_dim,
+        "; use --attention-backend auto, which takes the explicit attention where flash cannot run");
+  return true;
 }
 
 ops::AttentionShape TransformerStack::attention_shape() const {
@@ -171,7 +179,8 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
                                const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
-  allocate(B, T, memory.T, flash_attention_runs(store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads));
+  allocate(B, T, memory.T,
+           flash_attention_chosen(cfg_.attention_backend, store_->device(), store_->dtype(), cfg_.hidden / cfg_.heads));
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;

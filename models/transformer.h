@@ -34,6 +34,7 @@ struct StackConfig {
   bool causal = true;
   bool post_layernorm = false;
   bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)
+  std::string attention_backend = "auto";  // --attention-backend (flash_attention_chosen)
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
   // probabilities, attention output, MLP output) or 5 with cross-attention (its
   // probabilities and output after the self-attention's)
@@ -64,9 +65,12 @@ void alloc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& stor
 void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& store);
 
 // Whether a stack's attention (self- and cross-, with or without T5's position bias) runs the
-// flash kernels: on a GPU, where they take the dtype and head size (f32 and sm_75 take the
-// explicit attention). The memory estimate (models/registry.h) asks the same question.
-bool flash_attention_runs(Device device, DType dtype, int64_t head_dim);
+// flash kernels, by --attention-backend: "auto" on a GPU where they take the dtype and head size
+// (f32 and sm_75's bf16 take the explicit attention), and never on the CPU; "flash" always, on
+// the CPU the reference of the flash algorithm, and an Error where the GPU's kernels do not take
+// the dtype or head size; "unfused" and "local" never. The memory estimate (models/registry.h)
+// asks the same question.
+bool flash_attention_chosen(const std::string& backend, Device device, DType dtype, int64_t head_dim);
 
 // What a cross-attention stack attends to: values (B*T, C) with mask (B, T) u8, 1 = attend,
 // may be undefined. Both must stay valid until backward.

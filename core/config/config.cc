@@ -1,5 +1,6 @@
 #include "core/config/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -146,6 +147,12 @@ const Option* Schema::find(const std::string& name) const {
   return nullptr;
 }
 
+const ForeignFlag* Schema::find_foreign(const std::string& name) const {
+  for (const auto& f : foreign_)
+    if (f.name == name) return &f;
+  return nullptr;
+}
+
 std::vector<std::string> Schema::names() const {
   std::vector<std::string> n;
   for (const auto& o : options_) n.push_back(o.name);
@@ -172,6 +179,29 @@ std::string Schema::help() const {
     os << left << o.help;
     if (!o.default_value.is_null() && !(o.type == Type::kBool && !o.default_value.get<bool>()))
       os << " (default " << o.default_value.dump() << ")";
+    os << "\n";
+  }
+  // the foreign flags, by name (a wrapped list each): taken, then refused
+  for (const bool taken : {true, false}) {
+    std::vector<std::string> names;
+    for (const auto& f : foreign_) {
+      if (taken == f.done.empty()) continue;
+      names.push_back(flag_of(f.name) + (taken && !f.values.empty() ? " " + join(f.values, "|") : ""));
+    }
+    if (names.empty()) continue;
+    os << "\n"
+       << (taken ? "Megatron-LM flags taken, with nothing to do (a note says why):"
+                 : "Megatron-LM flags refused (the error says why and what to do instead):");
+    size_t column = 80;
+    for (size_t k = 0; k < names.size(); ++k) {
+      const std::string item = names[k] + (k + 1 < names.size() ? "," : "");
+      if (column + 1 + item.size() > 100) {
+        os << "\n ";
+        column = 1;
+      }
+      os << " " << item;
+      column += 1 + item.size();
+    }
     os << "\n";
   }
   return os.str();
@@ -261,6 +291,7 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
   const auto [file_values, file_where] = config_file(argc, argv, first);
   Resolved r = resolve_json(schema, file_values, file_where.empty() ? "config" : file_where);
   if (!file_where.empty()) r.values["config"] = file_where;
+  std::vector<std::string> refused;  // unknown flags, refused foreign ones: said together at the end
   for (int i = first; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "-h" || a == "--help") {
@@ -277,10 +308,29 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
     }
     const std::string name = name_of(a);
     const Option* o = schema.find(name);
+    if (const ForeignFlag* f = o ? nullptr : schema.find_foreign(name)) {
+      std::string given = a;
+      if (f->arity == 1) {
+        check(has_inline || (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0), a, ": expected a value");
+        given += " " + (has_inline ? value : std::string(argv[++i]));
+      } else {
+        check(!has_inline, a, " is a switch and takes no value, got '", value, "'");
+      }
+      const bool done = !f->done.empty() &&
+                        (f->values.empty() ||
+                         std::find(f->values.begin(), f->values.end(), given.substr(a.size() + 1)) != f->values.end());
+      if (done)
+        r.foreign_taken.push_back(given + " needs nothing here: " + f->done);
+      else
+        refused.push_back(given + " (Megatron-LM's) is not taken here: " + f->refused);
+      continue;
+    }
     if (!o) {
       std::vector<std::string> flags;
       for (const auto& n : schema.names()) flags.push_back(flag_of(n).substr(2));
-      fail("unknown option ", a, did_you_mean(a.substr(2), flags, "--"), " (see --help)");
+      refused.push_back("unknown option " + a + did_you_mean(a.substr(2), flags, "--") + " (see --help)");
+      while (!has_inline && i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) ++i;  // its values
+      continue;
     }
     if (name == "config") {
       if (!has_inline) ++i;
@@ -290,6 +340,9 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
     r.values[name] = flag_value(*o, a, has_inline, value, i, argc, argv, current);
     r.explicit_.insert(name);
   }
+  if (refused.size() == 1) fail(refused[0]);
+  if (!refused.empty())
+    fail(refused.size(), " of the flags cannot be taken; drop or change each:\n  ", join(refused, "\n  "));
   return r;
 }
 

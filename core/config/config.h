@@ -36,10 +36,24 @@ struct Option {
   Range range = {};          // numbers (and integer lists): the accepted values
 };
 
+// A flag of another program (Megatron-LM's) that is no option here, but known: a script
+// written for that program passes it. It is taken, with nothing to do, where `done` says why
+// nothing needs doing here (for any value, or only for `values`); else it is refused with
+// `refused` (why, and what to do instead). Either way it gives Resolved::values nothing.
+struct ForeignFlag {
+  std::string name;                 // snake_case, as an option's
+  int arity = 0;                    // values it takes: 0 (a switch) or 1
+  std::string done;                 // why taking it needs nothing done here; "": always refused
+  std::vector<std::string> values;  // `done` holds for these values only ({}: for any)
+  std::string refused;              // why it is refused, and what to do instead
+};
+
 class Schema {
  public:
-  Schema(std::string program, std::vector<Option> options) : program_(std::move(program)), options_(std::move(options)) {}
+  Schema(std::string program, std::vector<Option> options, std::vector<ForeignFlag> foreign = {})
+      : program_(std::move(program)), options_(std::move(options)), foreign_(std::move(foreign)) {}
   const Option* find(const std::string& name) const;
+  const ForeignFlag* find_foreign(const std::string& name) const;
   const std::vector<Option>& options() const { return options_; }
   std::string help() const;  // grouped option list
   std::vector<std::string> names() const;
@@ -47,12 +61,14 @@ class Schema {
  private:
   std::string program_;
   std::vector<Option> options_;
+  std::vector<ForeignFlag> foreign_;
 };
 
 struct Resolved {
   nlohmann::json values;            // every option with a value (defaults filled in)
   std::set<std::string> explicit_;  // names given in the file or on the command line
   bool help = false;                // --help was given
+  std::vector<std::string> foreign_taken;  // "--flag [value]: why nothing is to be done", in order given
   bool given(const std::string& name) const { return explicit_.count(name) > 0; }
 };
 
@@ -62,6 +78,8 @@ std::string flag_name(const std::string& option);
 // Parses argv[first..argc): "--config FILE" first (its keys), then every flag in order.
 // Flags: "--name value", "--name=value", "--flag" for booleans, lists take values up to
 // the next "--"; an object option takes "key=value" (value parsed as JSON, else string).
+// Unknown and refused foreign flags are all said in one Error (each on a line of its own
+// where there are several).
 Resolved resolve(const Schema& schema, int argc, char** argv, int first = 1);
 // The same from a JSON object alone; `where` names the source in errors.
 Resolved resolve_json(const Schema& schema, const nlohmann::json& j, const std::string& where);

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/train/megatron_flags.h"
 #include "core/train/noise_scale.h"
 #include "core/util/error.h"
 
@@ -27,7 +28,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"threads", at_least(0)}, {"seed", at_least(0)},
       {"num_layers", at_least(1)}, {"hidden_size", at_least(1)}, {"num_attention_heads", at_least(1)},
       {"ffn_hidden_size", at_least(1)}, {"seq_length", at_least(1)}, {"max_position_embeddings", at_least(1)},
-      {"hidden_dropout", within(0, 1, true)}, {"attention_dropout", within(0, 1, true)}, {"init_method_std", above(0)},
+      {"hidden_dropout", within(0, 1, true)}, {"norm_epsilon", above(0)}, {"kv_channels", at_least(1)}, {"attention_dropout", within(0, 1, true)}, {"init_method_std", above(0)},
       {"make_vocab_size_divisible_by", at_least(1)}, {"tensor_model_parallel_size", at_least(1)}, {"data_parallel_size", at_least(1)}, {"ddp_bucket_size", at_least(1)},
       {"encoder_num_layers", at_least(1)}, {"decoder_num_layers", at_least(1)}, {"encoder_seq_length", at_least(1)},
       {"decoder_seq_length", at_least(1)}, {"relative_attention_num_buckets", at_least(1)},
@@ -60,7 +61,10 @@ config::Schema with_ranges(const std::string& program, std::vector<Option> optio
     if (it == ranges().end()) throw std::logic_error("train option " + o.name + " has no range in options.cc");
     o.range = it->second;
   }
-  return config::Schema(program, std::move(options));
+  for (const auto& f : megatron_flags())
+    for (const auto& o : options)
+      if (o.name == f.name) throw std::logic_error("train option " + o.name + " is in megatron_flags.cc too");
+  return config::Schema(program, std::move(options), megatron_flags());
 }
 }  // namespace
 
@@ -123,6 +127,14 @@ const config::Schema& train_schema() {
       {"relative_attention_max_distance", Type::kInt, 128, "distance of T5's last relative position bucket", "model"},
       {"vocab_extra_ids", Type::kInt, nullptr, "T5 sentinel tokens appended to the vocabulary (T5 default 100)", "model"},
       {"normalization", Type::kString, "LayerNorm", "LayerNorm, or RMSNorm (T5's, weight only)", "model"},
+      {"norm_epsilon", Type::kFloat, 1e-5, "epsilon of every LayerNorm or RMSNorm", "model"},
+      {"kv_channels", Type::kInt, nullptr,
+       "channels of each attention head: hidden / heads, the one value megabatch's attention takes (Megatron's "
+       "default; given by its example scripts)", "model"},
+      {"attention_backend", Type::kString, "auto",
+       "attention: auto (flash attention where its kernels run: a CUDA GPU, bf16 or fp16, head dim 64 or 128; the "
+       "explicit form elsewhere), flash (flash attention, refused where it cannot run), unfused or local (the explicit "
+       "form: scores, softmax, probabilities times values)", "model"},
       {"eod_mask_loss", Type::kBool, false,
        "GPT: no loss at positions whose input is the end-of-document token (the next document's first token, which "
        "nothing before it predicts)", "model"},
@@ -222,6 +234,9 @@ const config::Schema& train_schema() {
        "moments) from there, as NVIDIA's BERT recipe carries LAMB's into phase 2; the step count, learning-rate "
        "schedule, loss scale and data start afresh", "checkpointing"},
       {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
+      {"exit_on_missing_checkpoint", Type::kBool, false,
+       "stop with an error where --load holds no checkpoint, instead of starting from scratch (a mistyped path) "
+       "(Megatron's)", "checkpointing"},
       {"override_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): take this run's (Megatron's; its spelling --override-opt_param-scheduler works too)", "checkpointing"},
       {"use_checkpoint_opt_param_scheduler", Type::kBool, false, "resuming with other learning-rate settings than the checkpoint was trained with (refused otherwise): keep the checkpoint's (Megatron's; --use-checkpoint-opt_param-scheduler works too)", "checkpointing"},
 
@@ -544,7 +559,7 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
         "--override-opt-param-scheduler takes this run's learning-rate schedule and "
         "--use-checkpoint-opt-param-scheduler the checkpoint's; give one of them");
   for (const char* flag : {"finetune", "no_load_optim", "load_fallback", "override_opt_param_scheduler",
-                           "use_checkpoint_opt_param_scheduler"})
+                           "use_checkpoint_opt_param_scheduler", "exit_on_missing_checkpoint"})
     check(v.contains("load") || !v[flag].get<bool>(), "--", config::flag_name(flag),
           " says how to load from --load, which is not given, so it would do nothing; add --load DIR (or a "
           "checkpoint file), or drop --",
@@ -554,6 +569,9 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   check(!v.contains("pretrained_checkpoint") || !v["finetune"].get<bool>(),
         "--finetune takes the model from --load, but with --pretrained-checkpoint the model comes from there and "
         "--load is this run's own checkpoints to resume from; drop --finetune");
+  check(!v.contains("pretrained_checkpoint") || !v["exit_on_missing_checkpoint"].get<bool>(),
+        "--exit-on-missing-checkpoint refuses a first start, which is when --pretrained-checkpoint is read; give one "
+        "of them");
   check(v.contains("pretrained_checkpoint") || !v["pretrained_optimizer_state"].get<bool>(),
         "--pretrained-optimizer-state takes the optimizer state from --pretrained-checkpoint, which is not given, so "
         "it would do nothing; add --pretrained-checkpoint DIR, or drop --pretrained-optimizer-state");

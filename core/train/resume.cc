@@ -57,6 +57,9 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
       check(!how.finetune, "--finetune: ", how.load,
             " holds no checkpoint to fine-tune from; give --load the directory (or file) of the run whose weights "
             "this one starts from");
+      check(!how.exit_on_missing, "--exit-on-missing-checkpoint: ", how.load,
+            " (--load) holds no checkpoint; give --load the directory (--save) of the run to resume, or drop "
+            "--exit-on-missing-checkpoint for a first start");
       console << "> no checkpoint in " << how.load << "; "
               << (how.pretrained.empty() ? "starting from scratch" : "a first start, from --pretrained-checkpoint")
               << "\n";

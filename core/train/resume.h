@@ -35,6 +35,7 @@ struct LoadOptions {
   bool finetune = false;   // --finetune: --load's weights only, from iteration 0
   bool no_load_optim = false;
   bool pretrained_optimizer = false;  // --pretrained-optimizer-state: the first start takes its optimizer state too
+  bool exit_on_missing = false;       // --exit-on-missing-checkpoint: --load without a checkpoint is an error
 };
 
 struct ResumePoint {

@@ -119,7 +119,8 @@ TEST_F(Gpu, Bf16AndFp16StayNearFp32) {
 // GPT (causal, 100 tokens: two tiles, the second cut short), BERT (padding masks) and T5
 // (self-attention with the relative position bias, causal in the decoder; cross-attention of
 // 24 decoder queries over 72 padded encoder positions) stay near the f32 run as the explicit
-// half-precision runs do, with attention dropout on, and repeat bitwise.
+// half-precision runs do, with attention dropout on, and repeat bitwise. --attention-backend
+// unfused takes the explicit attention in bf16 (near f32 too); flash is refused in f32.
 TEST_F(Gpu, FlashAttentionTrainsNearFp32AndRepeatsBitwise) {
   mb::testing::TempDir tmp;
   for (const std::string family : {"gpt", "bert", "t5"}) {
@@ -136,7 +137,9 @@ TEST_F(Gpu, FlashAttentionTrainsNearFp32AndRepeatsBitwise) {
           " --run-dir " + (tmp / (family + name)).string() + " " + extra;
       const auto r = mb::testing::run_command(cmd);
       EXPECT_EQ(r.exit_code, 0) << cmd << "\n" << r.output;
-      EXPECT_EQ(r.output.find(", flash attention") != std::string::npos, !extra.empty()) << r.output;
+      // the half types take flash attention, unless --attention-backend unfused says otherwise
+      const bool flash = !extra.empty() && extra.find("unfused") == std::string::npos;
+      EXPECT_EQ(r.output.find(", flash attention") != std::string::npos, flash) << r.output;
       // under tests/gpu/run.sh's second pass: the opt-in variants are the ones running
       if (const char* dq = std::getenv("MEGABATCH_FLASH_DQ"); dq && std::string(dq) == "ordered") {
         EXPECT_NE(r.output.find("; flash kernels, ordered dQ"), std::string::npos) << r.output;
@@ -144,14 +147,21 @@ TEST_F(Gpu, FlashAttentionTrainsNearFp32AndRepeatsBitwise) {
       return series(tmp / (family + name) / "metrics.h5", "train/lm_loss");
     };
     const auto f = run("f32", ""), b = run("bf16", "--bf16"), b2 = run("bf16again", "--bf16"),
-               h = run("fp16", "--fp16 --initial-loss-scale 65536");
+               h = run("fp16", "--fp16 --initial-loss-scale 65536"),
+               u = run("bf16unfused", "--bf16 --attention-backend unfused");
     ASSERT_EQ(f.size(), 12u);
     for (size_t i = 0; i < f.size(); ++i) {
       EXPECT_NEAR(b[i], f[i], 0x1.0p-7 * f[i]) << "bf16, iteration " << i + 1;
       EXPECT_NEAR(h[i], f[i], 0x1.0p-10 * f[i]) << "fp16, iteration " << i + 1;
+      EXPECT_NEAR(u[i], f[i], 0x1.0p-7 * f[i]) << "bf16, the explicit attention, iteration " << i + 1;
     }
     EXPECT_EQ(b, b2) << "two bf16 runs differ";
   }
+  const auto r = mb::testing::run_command(train("gpt", tmp / "f32flash", "--device cuda --attention-backend flash"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--attention-backend flash: cuda:0 runs the flash kernels in bf16 or fp16"),
+            std::string::npos)
+      << r.output;
 }
 
 TEST_F(Gpu, ForcedFp16OverflowSkipsStepsAndBacksTheScaleOffAsOnTheCpu) {

@@ -14,8 +14,10 @@
 #include "core/data/indexed_dataset.h"
 #include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
+#include "core/train/options.h"
 #include "core/train/trainer.h"
 #include "models/gpt.h"
+#include "models/model_flags.h"
 #include "models/registry.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/model_checks.h"
@@ -203,6 +205,33 @@ TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
   const auto r = mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  mb::testing::expect_gradients_match(model->parameters(), out);
+}
+
+// Megatron's --norm-epsilon reaches every LayerNorm: read from the flag as train reads it, a
+// GPT at epsilon 0.25 (large enough to move every norm's output: its rows' variances at
+// initialization are about 1) gives PyTorch's loss and gradients at that epsilon.
+TEST(GptTorch, TheNormEpsilonFlagReachesEveryLayerNormAsPyTorchsEpsilon) {
+  std::vector<std::string> args = {"train", "--num-layers",   "2",   "--hidden-size",    "24", "--num-attention-heads",
+                                   "3",     "--seq-length",   "11",  "--hidden-dropout", "0",  "--attention-dropout",
+                                   "0",     "--norm-epsilon", "0.25"};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  auto c = mb::models::model_config(
+      mb::config::resolve(mb::train::train_schema(), static_cast<int>(argv.size()), argv.data(), 1));
+  c.vocab_size = 203;  // as tiny()'s (the tokenizer's, which train sets from the data)
+  ASSERT_EQ(c.layernorm_epsilon, 0.25);
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  auto model = mb::models::make_model(c, tp, 23);
+  const auto batch = random_batch(2, 11, 203, 5);
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
   H5File out((tmp / "out.h5").string(), H5File::kRead);
   EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));

@@ -1,0 +1,189 @@
+// Megatron-LM's own flags in train (core/train/megatron_flags.cc): the example scripts of
+// Megatron's GPT, BERT and T5 pass train --check as they are; what megabatch does not have is
+// refused in one message that names every such flag; --attention-backend chooses the attention
+// (flash on the CPU is the flash algorithm's reference, and trains as the explicit attention
+// does); --exit-on-missing-checkpoint stops a run whose --load holds no checkpoint.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "tests/unit/h5_util.h"
+#include "tests/unit/test_util.h"
+
+namespace mb = megabatch;
+namespace fs = std::filesystem;
+
+namespace {
+class MegatronFlags : public ::testing::Test {
+ protected:
+  static std::string data(const char* name) { return (mb::testing::brown_data() / name).string(); }
+  static mb::testing::CommandResult train(const std::string& args) {
+    return mb::testing::run_command(mb::testing::bin_dir() + "/train " + args + " " + mb::testing::threads_flag());
+  }
+  mb::testing::TempDir tmp_;
+};
+
+// Each taken flag is said on a line of its own, naming it and why nothing is to be done.
+void expect_noted(const std::string& output, const std::vector<std::string>& flags) {
+  for (const std::string& flag : flags)
+    EXPECT_NE(output.find("> note: Megatron-LM's " + flag + " needs nothing here: "), std::string::npos)
+        << flag << "\n"
+        << output;
+}
+}  // namespace
+
+// The flags of examples/gpt3/train_gpt3_175b_distributed.sh, examples/bert/train_bert_340m_
+// distributed.sh and examples/t5/train_t5_220m_distributed.sh (Megatron-LM, 2025), in their
+// order, with the sizes made small, one rank (tensor and pipeline parallel sizes 1), the default
+// vocabulary files and --model-type for the script's name. Left out: GPT's --rampup-batch-size
+// (it needs --train-samples, and is tested on its own), T5's --distributed-backend nccl (it needs
+// GPUs), T5's BertWordPieceCase, which needs a cased vocabulary (the default is uncased), and
+// T5's --split 99982,9,9, which leaves the validation split none of the corpus's 500 documents.
+TEST_F(MegatronFlags, TheExampleScriptsOfMegatronsGptBertAndT5PassTrainCheck) {
+  const std::string dirs = "--save " + (tmp_ / "ckpt").string() + " --load " + (tmp_ / "ckpt").string() +
+                           " --tensorboard-dir " + (tmp_ / "tb").string();
+  const std::string gpt =
+      "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --max-position-embeddings 32 "
+      "--attention-backend auto --micro-batch-size 1 --global-batch-size 16 --train-iters 500000 --weight-decay 0.1 "
+      "--adam-beta1 0.9 --adam-beta2 0.95 --init-method-std 0.006 --clip-grad 1.0 --fp16 --lr 6.0e-5 "
+      "--lr-decay-style cosine --min-lr 6.0e-6 --lr-warmup-fraction .001 --lr-decay-iters 430000 "
+      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --data-path " +
+      data("brown_gpt2_text_document") +
+      " --split 949,50,1 --log-interval 100 --save-interval 10000 --eval-interval 1000 --eval-iters 10 ";
+  const std::string bert =
+      "--model-type bert --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 "
+      "--max-position-embeddings 64 --attention-backend auto --micro-batch-size 4 --global-batch-size 32 "
+      "--train-iters 1000000 --weight-decay 1e-2 --clip-grad 1.0 --fp16 --lr 0.0001 --lr-decay-iters 990000 "
+      "--lr-decay-style linear --min-lr 1.0e-5 --weight-decay 1e-2 --lr-warmup-fraction .01 --clip-grad 1.0 "
+      "--tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 --data-path " +
+      data("brown_bert_text_sentence") +
+      " --split 949,50,1 --log-interval 100 --save-interval 10000 --eval-interval 1000 --eval-iters 10 ";
+  const std::string t5 =
+      "--model-type t5 --encoder-num-layers 2 --decoder-num-layers 2 --hidden-size 64 --num-attention-heads 2 "
+      "--kv-channels 32 --ffn-hidden-size 256 --encoder-seq-length 64 --decoder-seq-length 16 "
+      "--max-position-embeddings 64 --micro-batch-size 4 --global-batch-size 8 --lr 0.0001 --train-iters 1000000 "
+      "--lr-decay-iters 1000000 --lr-decay-style linear --min-lr 0.00001 --weight-decay 1e-2 "
+      "--lr-warmup-fraction .01 --clip-grad 1.0 --bf16 --vocab-extra-ids 100 --init-method-std 0.015 "
+      "--transformer-impl transformer_engine --tensor-model-parallel-size 1 --pipeline-model-parallel-size 1 "
+      "--attention-backend auto --data-path " +
+      data("brown_bert_text_sentence") +
+      " --tokenizer-type BertWordPieceLowerCase --split 949,50,1 --log-interval 100 --save-interval 500 "
+      "--eval-interval 1000 --eval-iters 10 ";
+  for (const auto& [name, args, taken] :
+       {std::tuple{"gpt", gpt, std::vector<std::string>{"--pipeline-model-parallel-size 1"}},
+        std::tuple{"bert", bert, std::vector<std::string>{"--pipeline-model-parallel-size 1"}},
+        std::tuple{"t5", t5,
+                   std::vector<std::string>{"--transformer-impl transformer_engine",
+                                            "--pipeline-model-parallel-size 1"}}}) {
+    SCOPED_TRACE(name);
+    const auto r = train("--check " + args + dirs);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("> check: configuration, optimizer adamw, data "), std::string::npos) << r.output;
+    expect_noted(r.output, taken);
+  }
+  // --kv-channels is taken at the one value megabatch's attention has: hidden / heads
+  const auto r = train("--check " + gpt + "--kv-channels 16");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--kv-channels 16: megabatch's attention heads have hidden / heads = 64 / 2 channels each"),
+            std::string::npos)
+      << r.output;
+}
+
+// A Llama-style script: every flag megabatch does not take is named in the one error, with the
+// reason and what to do, with the unknown flag among them; the taken ones are not in it.
+TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFlag) {
+  const auto r = train("--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
+                       "--train-iters 2 --data-path " +
+                       data("brown_gpt2_text_document") +
+                       " --use-mcore-models --swiglu --untie-embeddings-and-output-weights --position-embedding-type "
+                       "learned_absolute --group-query-attention --num-query-groups 2 --disable-bias-linear "
+                       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
+                       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  const std::string megatrons = "(Megatron-LM's) is not taken here: ";
+  for (const std::string& line :
+       {std::string("train: error: 10 of the flags cannot be taken; drop or change each:\n"),
+        "\n  --swiglu " + megatrons + "megabatch's models have no SwiGLU MLP; they are Megatron's default GPT",
+        "\n  --untie-embeddings-and-output-weights " + megatrons + "megabatch's models have no output layer of its own",
+        "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
+        "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
+        "\n  --disable-bias-linear " + megatrons + "megabatch's models have no bias-free linear layers",
+        "\n  --pipeline-model-parallel-size 4 " + megatrons + "megabatch has no pipeline parallelism; spread the model",
+        "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
+        "\n  --ckpt-format torch_dist " + megatrons + "megabatch writes and reads checkpoints of its own (HDF5",
+        std::string("\n  unknown option --no-such-flag (see --help)\n"),
+        "\n  --use-rotary-position-embeddings " + megatrons + "megabatch's models have no rotary position embeddings"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7"})
+    EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
+}
+
+// --attention-backend flash on the CPU runs the flash algorithm's reference (no T x T
+// probabilities saved: the memory line says so) and trains as the explicit attention does, with
+// dropout on: the same masks (keyed by element) on the same scores, summed in another order, so
+// the f32 losses and gradient norms agree to a few f32 roundings of a sum over the 32 or 64 keys:
+// within 64 * 2^-24 of their size. GPT is causal; T5 adds the relative position bias and
+// cross-attention. auto keeps the explicit attention on the CPU; fused is refused.
+TEST_F(MegatronFlags, AttentionBackendFlashTrainsOnTheCpuAsTheExplicitAttentionDoes) {
+  const double tolerance = 64 * std::ldexp(1.0, -24);
+  for (const std::string model : {"gpt", "t5"}) {
+    SCOPED_TRACE(model);
+    const std::string args =
+        model == "gpt" ? "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --data-path " +
+                             data("brown_gpt2_text_document")
+                       : "--model-type t5 --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 "
+                         "--decoder-seq-length 16 --position-embedding-type relative --data-path " +
+                             data("brown_bert_text_sentence");
+    auto run = [&](const std::string& backend) {
+      const fs::path dir = tmp_ / (model + backend);
+      const auto r = train(args + " --micro-batch-size 4 --global-batch-size 4 --train-iters 3 --lr 1e-3 "
+                                  "--log-interval 1 --eval-iters 0 --attention-backend " +
+                           backend + " --run-dir " + dir.string());
+      EXPECT_EQ(r.exit_code, 0) << r.output;
+      EXPECT_EQ(r.output.find(", flash attention)") != std::string::npos, backend == "flash") << r.output;
+      mb::testing::H5File f((dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+      return std::pair{f.read<double>("train/lm_loss"), f.read<double>("train/grad_norm")};
+    };
+    const auto [loss, norm] = run("flash");
+    const auto [explicit_loss, explicit_norm] = run("unfused");
+    const auto auto_loss = run("auto").first;
+    ASSERT_EQ(loss.size(), 3u);
+    ASSERT_EQ(explicit_loss.size(), 3u);
+    for (size_t i = 0; i < loss.size(); ++i) {
+      EXPECT_NEAR(loss[i], explicit_loss[i], tolerance * explicit_loss[i]) << "iteration " << i + 1;
+      EXPECT_NEAR(norm[i], explicit_norm[i], tolerance * explicit_norm[i]) << "iteration " << i + 1;
+    }
+    // the flash path ran: its sums in another order leave other last bits in the gradients
+    EXPECT_NE(norm, explicit_norm) << "flash and unfused gave the same bits: one attention ran both";
+    EXPECT_EQ(auto_loss, explicit_loss) << "auto is the explicit attention on the CPU";
+  }
+  const auto r = train("--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
+                       "--train-iters 2 --attention-backend fused");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("attention_backend: 'fused' is Transformer Engine's cuDNN attention"), std::string::npos)
+      << r.output;
+}
+
+// --exit-on-missing-checkpoint: a --load without a checkpoint (a mistyped path) is an error
+// instead of a start from scratch; with one there, the run resumes from it.
+TEST_F(MegatronFlags, ExitOnMissingCheckpointRefusesAFirstStartAndResumes) {
+  const std::string common = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --data-path " +
+                             data("brown_gpt2_text_document") +
+                             " --micro-batch-size 2 --global-batch-size 2 --lr 1e-3 --lr-decay-iters 3 --eval-iters 0 --log-interval 1 "
+                             "--save-interval 2 --save " +
+                             (tmp_ / "ckpt").string() + " --load " + (tmp_ / "ckpt").string() + " --run-dir " +
+                             (tmp_ / "run").string();
+  auto r = train(common + " --train-iters 2 --exit-on-missing-checkpoint");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: --exit-on-missing-checkpoint: " + (tmp_ / "ckpt").string() +
+                          " (--load) holds no checkpoint"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(tmp_ / "run" / "metrics.h5")) << "nothing trained";
+  r = train(common + " --train-iters 2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = train(common + " --train-iters 3 --exit-on-missing-checkpoint");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("iteration        3/       3"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("iteration        1/"), std::string::npos) << "resumed at iteration 2\n" << r.output;
+}
