@@ -207,18 +207,50 @@ std::string Schema::help() const {
   return os.str();
 }
 
+namespace {
+// Foreign flag f given as `shown` ("--flag" or "--flag value") with `value` (of a flag with
+// one): noted in r where it needs nothing done, else its refusal, said after `named`.
+void take_foreign(const ForeignFlag& f, const std::string& shown, const std::string& value, const std::string& named,
+                  Resolved& r, std::vector<std::string>& refused) {
+  if (!f.done.empty() && (f.values.empty() || std::find(f.values.begin(), f.values.end(), value) != f.values.end()))
+    r.foreign_taken.push_back(shown + named + " needs nothing here: " + f.done);
+  else
+    refused.push_back(shown + named + " (Megatron-LM's) is not taken here: " + f.refused);
+}
+
+[[noreturn]] void fail_refused(const std::vector<std::string>& refused) {
+  if (refused.size() == 1) fail(refused[0]);
+  fail(refused.size(), " of the options cannot be taken; drop or change each:\n  ", join(refused, "\n  "));
+}
+}  // namespace
+
 Resolved resolve_json(const Schema& schema, const json& j, const std::string& where) {
   Resolved r;
   for (const auto& o : schema.options())
     if (!o.default_value.is_null()) r.values[o.name] = o.default_value;
   check(j.is_object(), where, ": expected a JSON object of options");
+  std::vector<std::string> refused;  // unknown keys, refused foreign ones: said together at the end
   for (const auto& [key, v] : j.items()) {
     const Option* o = schema.find(key);
-    if (!o) fail(where, ": unknown option '", key, "'", did_you_mean(key, schema.names()));
+    if (const ForeignFlag* f = o ? nullptr : schema.find_foreign(key)) {
+      // a switch: true asks for it (false is Megatron's default: nothing asked); else its value
+      const std::string path = where + "." + key;
+      check(f->arity == 1 || v.is_boolean(), path, ": expected true or false, got ", v.dump());
+      check(f->arity == 0 || v.is_string() || v.is_number(), path, ": expected a string or a number, got ", v.dump());
+      if (f->arity == 0 && !v.get<bool>()) continue;
+      const std::string value = f->arity == 0 ? "" : v.is_string() ? v.get<std::string>() : v.dump();
+      take_foreign(*f, flag_of(key) + (value.empty() ? "" : " " + value), value, " (" + path + ")", r, refused);
+      continue;
+    }
+    if (!o) {
+      refused.push_back(where + ": unknown option '" + key + "'" + did_you_mean(key, schema.names()));
+      continue;
+    }
     if (o->name == "config") fail(where, ": 'config' cannot appear inside a config file");
     r.values[key] = typed(*o, v, where + "." + key);
     r.explicit_.insert(key);
   }
+  if (!refused.empty()) fail_refused(refused);
   return r;
 }
 
@@ -309,20 +341,14 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
     const std::string name = name_of(a);
     const Option* o = schema.find(name);
     if (const ForeignFlag* f = o ? nullptr : schema.find_foreign(name)) {
-      std::string given = a;
+      std::string given;
       if (f->arity == 1) {
         check(has_inline || (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0), a, ": expected a value");
-        given += " " + (has_inline ? value : std::string(argv[++i]));
+        given = has_inline ? value : std::string(argv[++i]);
       } else {
         check(!has_inline, a, " is a switch and takes no value, got '", value, "'");
       }
-      const bool done = !f->done.empty() &&
-                        (f->values.empty() ||
-                         std::find(f->values.begin(), f->values.end(), given.substr(a.size() + 1)) != f->values.end());
-      if (done)
-        r.foreign_taken.push_back(given + " needs nothing here: " + f->done);
-      else
-        refused.push_back(given + " (Megatron-LM's) is not taken here: " + f->refused);
+      take_foreign(*f, a + (f->arity == 1 ? " " + given : ""), given, "", r, refused);
       continue;
     }
     if (!o) {
@@ -340,9 +366,7 @@ Resolved resolve(const Schema& schema, int argc, char** argv, int first) {
     r.values[name] = flag_value(*o, a, has_inline, value, i, argc, argv, current);
     r.explicit_.insert(name);
   }
-  if (refused.size() == 1) fail(refused[0]);
-  if (!refused.empty())
-    fail(refused.size(), " of the flags cannot be taken; drop or change each:\n  ", join(refused, "\n  "));
+  if (!refused.empty()) fail_refused(refused);
   return r;
 }
 

@@ -102,7 +102,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
-       {std::string("train: error: 10 of the flags cannot be taken; drop or change each:\n"),
+       {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
         "\n  --swiglu " + megatrons + "megabatch's models have no SwiGLU MLP; they are Megatron's default GPT",
         "\n  --untie-embeddings-and-output-weights " + megatrons + "megabatch's models have no output layer of its own",
         "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
@@ -116,6 +116,39 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
+}
+
+// The same in a --config file (snake_case keys, as Megatron's YAML configs have them): a switch
+// set true asks for it and false for Megatron's default (nothing asked); a refused key and an
+// unknown one are said in one error naming the file; the taken ones are noted with the file's key.
+TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
+  const std::string common =
+      "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 "
+      "--lr 1e-4 --train-iters 2 --data-path " +
+      data("brown_gpt2_text_document") + " --config ";
+  const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
+  mb::testing::write_text(bad,
+                          R"({"use_mcore_models": true, "swiglu": false, "untie_embeddings_and_output_weights": true,
+                                   "pipeline_model_parallel_size": 2, "hiden_size": 64})");
+  auto r = train(common + bad.string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  for (const std::string& line :
+       {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
+        "\n  --untie-embeddings-and-output-weights (" + bad.string() +
+            ".untie_embeddings_and_output_weights) (Megatron-LM's) is not taken here: megabatch's models have no "
+            "output layer of its own",
+        "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
+            ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
+        "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})
+    EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+  EXPECT_EQ(r.output.find("--swiglu"), std::string::npos) << "swiglu false asks for nothing\n" << r.output;
+  mb::testing::write_text(good, R"({"use_mcore_models": true, "swiglu": false, "transformer_impl": "local",
+                                    "pipeline_model_parallel_size": 1})");
+  r = train(common + good.string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  expect_noted(r.output, {"--use-mcore-models (" + good.string() + ".use_mcore_models)",
+                          "--transformer-impl local (" + good.string() + ".transformer_impl)",
+                          "--pipeline-model-parallel-size 1 (" + good.string() + ".pipeline_model_parallel_size)"});
 }
 
 // --attention-backend flash on the CPU runs the flash algorithm's reference (no T x T
