@@ -234,7 +234,8 @@ int train(const mb::config::Resolved& r, Run& run) {
   if (run.logger)
     metrics = mb::train::open_metrics(dir->metrics_path(), resolved,
                                       resume.resuming() ? std::optional(resume.state.iteration) : std::nullopt,
-                                      v.contains("tensorboard_dir") ? v["tensorboard_dir"].get<std::string>() : "");
+                                      v.contains("tensorboard_dir") ? v["tensorboard_dir"].get<std::string>() : "",
+                                      v["tensorboard_log_interval"].get<int64_t>());
   mb::train::print_plan({run.model->summary(),
                          run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " + hparams.dump(),
                          mb::apps::describe_data(run.data, run.sources), run.mc.tensor_model_parallel_size,

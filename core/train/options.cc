@@ -48,7 +48,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"save_interval", at_least(0)}, {"exit_interval", at_least(0)}, {"exit_duration_in_mins", above(0)},
       {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)}, {"eval_interval", at_least(0)}, {"eval_iters", at_least(0)}, {"eval_samples", at_least(1)},
-      {"diagnostics_interval", at_least(0)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
+      {"diagnostics_interval", at_least(0)}, {"tensorboard_log_interval", at_least(1)}, {"divergence_loss", above(0)}, {"divergence_intervals", at_least(1)}, {"noise_scale_ema", within(0, 1, true)},
       {"noise_scale_window", at_least(1)}, {"profile_steps", at_least(0)},
   };
   return r;
@@ -265,6 +265,9 @@ const config::Schema& train_schema() {
        "logging"},
       {"tensorboard_dir", Type::kString, nullptr,
        "also write every metric as TensorBoard scalars (event files) to this directory", "logging"},
+      {"tensorboard_log_interval", Type::kInt, 1,
+       "TensorBoard takes the training series at the iterations this divides (validation and test at every "
+       "evaluation; metrics.h5 has every iteration)", "logging"},
       {"divergence_loss", Type::kFloat, nullptr,
        "stop as diverged (exit status 4, run_dir/DIVERGED) when the lm loss averaged over a log interval stays above "
        "this for divergence_intervals intervals in a row (default: 2 ln(padded vocab), twice the loss of a uniform "

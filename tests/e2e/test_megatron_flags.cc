@@ -220,3 +220,39 @@ TEST_F(MegatronFlags, ExitOnMissingCheckpointRefusesAFirstStartAndResumes) {
   EXPECT_NE(r.output.find("iteration        3/       3"), std::string::npos) << r.output;
   EXPECT_EQ(r.output.find("iteration        1/"), std::string::npos) << "resumed at iteration 2\n" << r.output;
 }
+
+// Megatron's TensorBoard flags as its scripts give them: --tensorboard-log-interval 3 writes the
+// training series at iterations 3 and 6 of 7 (metrics.h5 keeps all seven), the validation loss
+// and its perplexity at each evaluation; --log-validation-ppl-to-tensorboard and
+// --tensorboard-queue-size are taken. Read back by tests/tools/read_tfevents.py, an independent
+// reader, against metrics.h5 read with h5py.
+TEST_F(MegatronFlags, TensorBoardTakesTheTrainingSeriesAtTheIterationsItsIntervalDivides) {
+  const fs::path run = tmp_ / "run", tb = tmp_ / "tb";
+  auto r = train("--num-layers 1 --hidden-size 32 --num-attention-heads 2 --seq-length 16 --micro-batch-size 4 "
+                 "--global-batch-size 4 --train-iters 7 --lr 1e-3 --log-interval 2 --eval-interval 4 --eval-iters 1 "
+                 "--data-path " +
+                 data("brown_gpt2_text_document") + " --run-dir " + run.string() + " --tensorboard-dir " +
+                 tb.string() +
+                 " --tensorboard-log-interval 3 --log-validation-ppl-to-tensorboard --tensorboard-queue-size 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string event;
+  for (const auto& e : fs::directory_iterator(tb)) event = e.path().string();
+  r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import sys, math, h5py; sys.path.insert(0, '" + mb::testing::source_dir() +
+      "/tests/tools'); import read_tfevents as r\n"
+      "s = r.read('" + event + "')['scalars']\n"
+      "f = h5py.File('" + (run / "metrics.h5").string() + "', 'r')\n"
+      "its = [int(i) for i in f['train/iteration']]\n"
+      "assert its == list(range(1, 8)), its\n"
+      "loss = [x for x in s if x[0] == 'train/lm_loss']\n"
+      "assert [x[1] for x in loss] == [3, 6], loss\n"
+      "assert all(abs(x[2] - f['train/lm_loss'][x[1] - 1]) < 1e-5 * x[2] for x in loss), loss\n"
+      "lr = [x[1] for x in s if x[0] == 'train/learning_rate']\n"
+      "assert lr == [3, 6], lr\n"
+      "val = [x for x in s if x[0] == 'validation/lm_loss']\n"
+      "ppl = [x for x in s if x[0] == 'validation/lm_loss_ppl']\n"
+      "assert [x[1] for x in val] == [int(i) for i in f['validation/iteration']] == [4, 7], val\n"
+      "assert all(abs(p[2] - math.exp(v[2])) < 1e-5 * p[2] for p, v in zip(ppl, val)) and len(ppl) == 2, ppl\n"
+      "print('ok')\"");
+  EXPECT_EQ(r.output, "ok\n") << r.output;
+}
