@@ -28,8 +28,10 @@ ModelConfig model_family(const nlohmann::json& v) {
     for (const char* k : {"num_layers", "hidden_size", "num_attention_heads", "seq_length"}) {
       const bool has = v.contains(k) || (t5 && std::string(k) == "num_layers" && v.contains("encoder_num_layers")) ||
                        (t5 && std::string(k) == "seq_length" && v.contains("encoder_seq_length"));
-      check(has, "no model given: use --model PRESET (see --list-models) or give --num-layers, "
-                     "--hidden-size, --num-attention-heads and --seq-length (missing --", std::string(k), ")");
+      check(has,
+            "no model given: use --model PRESET (see --list-models) or give --num-layers, "
+            "--hidden-size, --num-attention-heads and --seq-length (missing --",
+            config::flag_name(k), ")");
     }
     c.preset.clear();
     if (c.family == "bert") c.vocab_size = 30522;

@@ -58,6 +58,9 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   EXPECT_NE(r.output.find("adam_beta1 was given but optimizer plugin 'sgd' has no hyperparameter 'beta1'"), std::string::npos) << r.output;
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --micro-batch-size 3 --global-batch-size 8"));
   EXPECT_NE(r.output.find("global_batch_size (8) must be a multiple of micro_batch_size (3)"), std::string::npos) << r.output;
+  // a model without a preset and a size: the missing one named as its flag
+  r = mb::testing::run_command(train("--train-iters 2 --lr 1e-3 --num-layers 2 --num-attention-heads 2"));
+  EXPECT_NE(r.output.find("(missing --hidden-size)"), std::string::npos) << r.output;
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-window 512"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--noise-scale-window averages the gradient noise scale, which only --log-noise-scale estimates"),
