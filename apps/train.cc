@@ -171,6 +171,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   }
   run.logger = run.parallel.world_rank == 0;
   if (!run.logger) std::cout.rdbuf(nullptr);
+  for (const std::string& taken : r.foreign_taken) std::cout << "> note: Megatron-LM's " << taken << std::endl;
   // --threads 0 (all CPUs) with several ranks on this node: each rank takes its share of the
   // node's CPUs (as torchrun sets OMP_NUM_THREADS=1), since ranks whose OpenMP threads each
   // want every CPU wait on each other's (4 ranks on 2 cores: 3x the time). The ops' results do
@@ -294,7 +295,6 @@ int run(int argc, char** argv) {
     mb::train::list_optimizers(search, std::cout);
     return 0;
   }
-  for (const std::string& taken : r.foreign_taken) std::cout << "> note: Megatron-LM's " << taken << std::endl;
   Run run;
   run.mc = mb::models::model_config(r);
   run.dtype = mb::train::run_dtype(v);
