@@ -119,6 +119,22 @@ void check_sweep_dir(const std::string& dir) {
   mb::sweeps::read_sweep_state(dir);
 }
 
+// The sweep directories `cmd` was given, each checked (check_sweep_dir); an option among them
+// (a mistyped one: `--target-loss`) is named as an option that `cmd` does not take, not looked
+// for as a directory. `takes`: what it takes, for the message.
+void check_sweep_dirs(const std::string& cmd, const std::vector<std::string>& dirs, const std::string& takes) {
+  for (const std::string& d : dirs)
+    mb::check(d.rfind("-", 0) != 0, "sweep ", cmd, ": unknown option ", d, "; it takes ", takes, "\n", kUsage);
+  for (const std::string& d : dirs) check_sweep_dir(d);
+}
+
+// `sweep CMD --help`: its usage (the whole page), status 0.
+bool asks_help(int argc, char** argv) {
+  for (int i = 2; i < argc; ++i)
+    if (std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h") return true;
+  return false;
+}
+
 // sweep finish DIR/ID: what sweep run does when a point's train ends, for launchers.
 int finish(int argc, char** argv) {
   mb::ArgParser f("sweep finish", kUsage);
@@ -230,9 +246,14 @@ int run(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string cmd = argv[1];
+  const bool dirs_only = cmd == "status" || cmd == "report" || cmd == "prune" || cmd == "plot" || cmd == "analyze";
+  if (dirs_only && asks_help(argc, argv)) {
+    std::cout << kUsage;
+    return 0;
+  }
   if (cmd == "status" || cmd == "report" || cmd == "prune") {
     mb::check(argc == 3, "sweep ", cmd, ": give the sweep's directory (runs/<name>)\n", kUsage);
-    check_sweep_dir(argv[2]);
+    check_sweep_dirs(cmd, {argv[2]}, "a sweep's directory alone");
     if (cmd == "status") return mb::sweeps::print_status(argv[2]);
     if (cmd == "prune") return mb::sweeps::prune_sweep(argv[2]);
     return run_python("report.py", {argv[2]});
@@ -240,7 +261,7 @@ int run(int argc, char** argv) {
   if (cmd == "plot") {
     mb::check(argc >= 3, "sweep plot: give one or more sweep directories (runs/<name>)\n", kUsage);
     std::vector<std::string> dirs(argv + 2, argv + argc);
-    for (const auto& d : dirs) check_sweep_dir(d);
+    check_sweep_dirs(cmd, dirs, "sweep directories alone");
     return run_python("plot.py", dirs);
   }
   if (cmd == "analyze") {  // DIR [DIR ...] [--targets L1,L2]
@@ -250,7 +271,8 @@ int run(int argc, char** argv) {
     const auto dirs_end = targets == args.end() ? args.end() : targets;
     mb::check(dirs_end != args.begin() && targets_last,
               "sweep analyze: give one or more sweep directories and optionally --targets L1,L2,...\n", kUsage);
-    for (auto d = args.begin(); d != dirs_end; ++d) check_sweep_dir(*d);
+    check_sweep_dirs(cmd, std::vector<std::string>(args.begin(), dirs_end),
+                     "sweep directories and --targets L1,L2,...");
     return run_python("critical_batch.py", args);
   }
   if (cmd == "finish") return finish(argc, argv);

@@ -317,6 +317,22 @@ TEST_F(Sweep, HelpListsEachCommandUnderTheNameTheToolTakes) {
     EXPECT_NE(r.output.find("sweep: error: sweep " + command + ": give "), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;
   }
+  // the commands that take sweep directories: --help is the usage; a mistyped option is named as
+  // one (before: "--target-loss/sweep.json: no sweep here")
+  for (const std::string command : {"status", "report", "prune", "plot", "analyze"}) {
+    const auto h = mb::testing::run_command(sweep(command + " --help"));
+    EXPECT_EQ(h.exit_code, 0) << command << ": " << h.output;
+    EXPECT_EQ(h.output.rfind("usage: sweep run", 0), 0u) << command << ": " << h.output;
+    const bool many = command == "plot" || command == "analyze";
+    const auto r = mb::testing::run_command(sweep(command + (many ? " runs/x" : "") + " --target-loss"));
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.output;
+    EXPECT_NE(r.output.find("sweep: error: sweep " + command + ": unknown option --target-loss; it takes " +
+                            (command == "analyze" ? "sweep directories and --targets L1,L2,..."
+                             : many               ? "sweep directories alone"
+                                                  : "a sweep's directory alone")),
+              std::string::npos)
+        << r.output;
+  }
 }
 
 // The analysis Python: $MEGABATCH_PYTHON when set (an unusable one is an error naming it),
