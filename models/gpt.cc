@@ -23,6 +23,11 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+  // Megatron's untied output layer: (vocab, C) split along the vocabulary as the embedding,
+  // initialized as it is, a weight (not an embedding) to the optimizer
+  if (cfg_.untie_embeddings_and_output_weights)
+    output_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "output_layer.weight", cfg_.padded_vocab_size(),
+                                                           C, std, Role::kWeight);
 }
 
 std::string Gpt::summary() const {
@@ -31,7 +36,8 @@ std::string Gpt::summary() const {
      << cfg_.hidden_size << ", " << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn() << ", seq "
      << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
      << store_.num_full_parameters() << " parameters"
-     << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "");
+     << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
+     << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "");
   return os.str();
 }
 
@@ -77,8 +83,9 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   stack_->forward(x_final_, x_in_, B_, T_, mask_, ctx_);
   lnf_->forward(lnf_out_, lnf_mean_, lnf_rstd_, x_final_);
 
-  // LM head tied to the word embedding, fused with the loss and its gradients
-  const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), {}, {}, wte_->vocab_begin()};
+  // LM head tied to the word embedding (or the output layer's own), fused with the loss and its gradients
+  const nn::VocabParallelEmbedding& head = output_ ? *output_ : *wte_;
+  const TiedLmHead::Weights w{store_.param(head.param_id()), store_.grad(head.param_id()), {}, {}, head.vocab_begin()};
   head_.run(lnf_out_, labels_, out.count, w, grad_scale, ctx.loss_scale, have_grad_ ? dlnf_ : Tensor(), sums_);
   out.sums = sums_;
   return out;

@@ -39,6 +39,7 @@ class Gpt final : public train::Model {
   int wpe_ = -1;
   std::unique_ptr<TransformerStack> stack_;
   std::unique_ptr<nn::Norm> lnf_;
+  std::unique_ptr<nn::VocabParallelEmbedding> output_;  // --untie-embeddings-and-output-weights: the head's own
   TiedLmHead head_;
 
   // state of the current micro-batch

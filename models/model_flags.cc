@@ -73,8 +73,9 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
     const char* owner;   // as the message names it
     const char* key;
   };
-  for (const Switch& sw : {Switch{"gpt", "GPT", "eod_mask_loss"}, Switch{"bert", "BERT", "bert_no_binary_head"},
-                           Switch{"bert", "BERT", "post_layernorm"}})
+  for (const Switch& sw :
+       {Switch{"gpt", "GPT", "eod_mask_loss"}, Switch{"gpt", "GPT", "untie_embeddings_and_output_weights"},
+        Switch{"bert", "BERT", "bert_no_binary_head"}, Switch{"bert", "BERT", "post_layernorm"}})
     check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
           "'s, and this model is ", c.family, ", which would ignore it; drop it");
   if (c.family == "t5" && !c.relative_attention)
@@ -148,6 +149,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.normalization = v["normalization"].get<std::string>();
   c.layernorm_epsilon = v["norm_epsilon"].get<double>();
   c.attention_backend = v["attention_backend"].get<std::string>();
+  c.untie_embeddings_and_output_weights = v["untie_embeddings_and_output_weights"].get<bool>();
   if (v.contains("kv_channels"))
     check(v["kv_channels"].get<int64_t>() * c.num_attention_heads == c.hidden_size, "--kv-channels ",
           v["kv_channels"].get<int64_t>(), ": megabatch's attention heads have hidden / heads = ", c.hidden_size, " / ",
@@ -176,14 +178,24 @@ data::TokenizerOptions tokenizer_options(const nlohmann::json& v, const ModelCon
 }
 
 nlohmann::json model_json(const ModelConfig& c) {
-  return {{"family", c.family}, {"post_layernorm", c.post_layernorm}, {"binary_head", c.binary_head},
+  return {{"family", c.family},
+          {"post_layernorm", c.post_layernorm},
+          {"binary_head", c.binary_head},
           {"relative_attention", c.relative_attention},
-          {"decoder_num_layers", c.decoder_layers()}, {"decoder_seq_length", c.decoder_seq()},
-          {"vocab_extra_ids", c.vocab_extra_ids}, {"num_layers", c.num_layers}, {"hidden_size", c.hidden_size},
-          {"num_attention_heads", c.num_attention_heads}, {"ffn_hidden_size", c.ffn()},
-          {"seq_length", c.seq_length}, {"max_position_embeddings", c.max_positions()},
-          {"vocab_size", c.vocab_size}, {"padded_vocab_size", c.padded_vocab_size()},
-          {"tensor_model_parallel_size", c.tensor_model_parallel_size}, {"normalization", c.normalization}};
+          {"decoder_num_layers", c.decoder_layers()},
+          {"decoder_seq_length", c.decoder_seq()},
+          {"vocab_extra_ids", c.vocab_extra_ids},
+          {"num_layers", c.num_layers},
+          {"hidden_size", c.hidden_size},
+          {"num_attention_heads", c.num_attention_heads},
+          {"ffn_hidden_size", c.ffn()},
+          {"seq_length", c.seq_length},
+          {"max_position_embeddings", c.max_positions()},
+          {"vocab_size", c.vocab_size},
+          {"padded_vocab_size", c.padded_vocab_size()},
+          {"tensor_model_parallel_size", c.tensor_model_parallel_size},
+          {"normalization", c.normalization},
+          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

@@ -21,6 +21,7 @@ struct ModelConfig {
   std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local
   // GPT
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
+  bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)
   // BERT
   int64_t num_tokentypes = 2;
   bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)

@@ -450,6 +450,9 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     int64_t valid = 0;
+    check(H5Lexists(f.id, ("params/" + info.name).c_str(), H5P_DEFAULT) > 0, p, ": this model has parameter '",
+          info.name, "' that the checkpoint lacks; its model was ", state.model.dump(),
+          "; load it into the same model configuration");
     const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
     copy_in(info, full, valid, master_of(store, masters, i));
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());

@@ -133,7 +133,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       not_here("squared_relu", 0, "squared-ReLU MLP"),
       not_here("disable_bias_linear", 0, "bias-free linear layers"),
       not_here("add_qkv_bias", 0, "QKV bias apart from bias-free linear layers"),
-      not_here("untie_embeddings_and_output_weights", 0, "output layer of its own (untied from the word embedding)"),
       not_here("use_rotary_position_embeddings", 0, "rotary position embeddings"),
       not_here("rotary_percent", 1, "rotary position embeddings"),
       not_here("rotary_base", 1, "rotary position embeddings"),

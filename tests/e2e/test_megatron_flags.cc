@@ -92,19 +92,20 @@ TEST_F(MegatronFlags, TheExampleScriptsOfMegatronsGptBertAndT5PassTrainCheck) {
 // A Llama-style script: every flag megabatch does not take is named in the one error, with the
 // reason and what to do, with the unknown flag among them; the taken ones are not in it.
 TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFlag) {
-  const auto r = train("--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
-                       "--train-iters 2 --data-path " +
-                       data("brown_gpt2_text_document") +
-                       " --use-mcore-models --swiglu --untie-embeddings-and-output-weights --position-embedding-type "
-                       "learned_absolute --group-query-attention --num-query-groups 2 --disable-bias-linear "
-                       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
-                       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
+  const auto r = train(
+      "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
+      "--train-iters 2 --data-path " +
+      data("brown_gpt2_text_document") +
+      " --use-mcore-models --swiglu --qk-layernorm --position-embedding-type "
+      "learned_absolute --group-query-attention --num-query-groups 2 --disable-bias-linear "
+      "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
+      "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
         "\n  --swiglu " + megatrons + "megabatch's models have no SwiGLU MLP; they are Megatron's default GPT",
-        "\n  --untie-embeddings-and-output-weights " + megatrons + "megabatch's models have no output layer of its own",
+        "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
         "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
         "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
         "\n  --disable-bias-linear " + megatrons + "megabatch's models have no bias-free linear layers",
@@ -128,15 +129,15 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "swiglu": false, "untie_embeddings_and_output_weights": true,
+                          R"({"use_mcore_models": true, "swiglu": false, "group_query_attention": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const std::string& line :
        {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
-        "\n  --untie-embeddings-and-output-weights (" + bad.string() +
-            ".untie_embeddings_and_output_weights) (Megatron-LM's) is not taken here: megabatch's models have no "
-            "output layer of its own",
+        "\n  --group-query-attention (" + bad.string() +
+            ".group_query_attention) (Megatron-LM's) is not taken here: megabatch's models have no grouped-query "
+            "attention",
         "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})
@@ -255,4 +256,43 @@ TEST_F(MegatronFlags, TensorBoardTakesTheTrainingSeriesAtTheIterationsItsInterva
       "assert all(abs(p[2] - math.exp(v[2])) < 1e-5 * p[2] for p, v in zip(ppl, val)) and len(ppl) == 2, ppl\n"
       "print('ok')\"");
   EXPECT_EQ(r.output, "ok\n") << r.output;
+}
+
+// Megatron's untied output layer: checkpointed as output_layer.weight beside the word
+// embeddings, and, as Megatron's embedding-or-output tensor, stepped at --decoupled-lr. At
+// --decoupled-lr 0 both tables stay at their initialization, bit for bit those of a run at
+// --lr 0 (where nothing moves), while the rest of the model trains. A tied run's checkpoint,
+// which has no output layer, is refused by an untied run.
+TEST_F(MegatronFlags, AnUntiedOutputLayerIsCheckpointedByItsNameAndStepsAtTheDecoupledLr) {
+  auto run = [&](const std::string& name, const std::string& args) {
+    const auto r = train("--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --data-path " +
+                         data("brown_gpt2_text_document") +
+                         " --micro-batch-size 2 --global-batch-size 2 --train-iters 2 --eval-iters 0 --weight-decay 0 "
+                         "--save-interval 2 --save " +
+                         (tmp_ / name).string() + " --run-dir " + (tmp_ / (name + "-run")).string() + " " + args);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string untie = "--untie-embeddings-and-output-weights ";
+  EXPECT_NE(
+      run("frozen", untie + "--lr 0").find("; an output layer of its own (--untie-embeddings-and-output-weights)"),
+      std::string::npos);
+  run("decoupled", untie + "--lr 1e-3 --decoupled-lr 0");
+  mb::testing::H5File frozen((tmp_ / "frozen" / "iter_0000002.h5").string(), mb::testing::H5File::kRead);
+  mb::testing::H5File decoupled((tmp_ / "decoupled" / "iter_0000002.h5").string(), mb::testing::H5File::kRead);
+  for (const std::string table : {"output_layer.weight", "embedding.word_embeddings.weight"})
+    EXPECT_EQ(decoupled.read<float>("params/" + table), frozen.read<float>("params/" + table)) << table;
+  EXPECT_NE(decoupled.read<float>("params/decoder.layers.0.mlp.linear_fc1.weight"),
+            frozen.read<float>("params/decoder.layers.0.mlp.linear_fc1.weight"))
+      << "the rest of the model trained";
+  run("tied", "--lr 1e-3");
+  const auto r =
+      train("--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --data-path " +
+            data("brown_gpt2_text_document") + " --micro-batch-size 2 --global-batch-size 2 --train-iters 3 " +
+            "--lr-decay-iters 2 --eval-iters 0 --weight-decay 0 --lr 1e-3 " + untie + "--load " +
+            (tmp_ / "tied").string() + " --run-dir " + (tmp_ / "untied-run").string());
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("iter_0000002.h5: this model has parameter 'output_layer.weight' that the checkpoint lacks"),
+            std::string::npos)
+      << r.output;
 }

@@ -13,7 +13,8 @@ shapes; the fused QKV output is (head, [q, k, v], head_dim) per token, as in Meg
 
 IN.h5 holds attributes (layers, hidden, heads, seq, vocab, eps, and for adamw: lr, beta1,
 beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B, T) and
-labels. Dropout is off (the golden tests run without it).
+labels. Dropout is off (the golden tests run without it). Where params/output_layer.weight is
+given, the output layer is its own (Megatron's untied output layer), else the word embeddings.
 """
 import math
 import sys
@@ -63,14 +64,16 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
         h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P[p + "mlp.linear_fc1.bias"]), approximate="tanh")
         x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P[p + "mlp.linear_fc2.bias"])
     x = F.layer_norm(x, (C,), P["decoder.final_layernorm.weight"], P["decoder.final_layernorm.bias"], eps)
-    logits = x @ wte.t()
+    logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
     return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
 
 
 def load(path):
     f = h5py.File(path, "r")
     a = dict(f.attrs)
-    P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True) for n in names(int(a["layers"]))}
+    untied = ["output_layer.weight"] if "output_layer.weight" in f["params"] else []
+    P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True)
+         for n in names(int(a["layers"])) + untied}
     return f, a, P
 
 

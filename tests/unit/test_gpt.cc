@@ -238,6 +238,28 @@ TEST(GptTorch, TheNormEpsilonFlagReachesEveryLayerNormAsPyTorchsEpsilon) {
   mb::testing::expect_gradients_match(model->parameters(), out);
 }
 
+// Megatron's untied output layer (--untie-embeddings-and-output-weights): output_layer.weight
+// is the head's own, so the word embeddings' gradient comes from the input lookup alone; loss
+// and every gradient, both tables' included, are PyTorch's.
+TEST(GptTorch, AnUntiedOutputLayerGivesPyTorchsLossAndGradients) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.untie_embeddings_and_output_weights = true;
+  auto model = mb::models::make_model(c, tp, 24);
+  ASSERT_GE(model->parameters().find("output_layer.weight"), 0);
+  const auto batch = random_batch(2, 11, 203, 6);
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  ASSERT_TRUE(out.has("grads/output_layer.weight")) << "the reference took the output layer";
+  mb::testing::expect_gradients_match(model->parameters(), out);
+}
+
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;

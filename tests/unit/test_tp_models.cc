@@ -15,9 +15,11 @@ namespace mb = megabatch;
 
 namespace {
 
+// family: gpt, bert, t5, or gpt-untied (a GPT with an output layer of its own)
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
-  c.family = family;
+  c.family = family == "gpt-untied" ? "gpt" : family;
+  c.untie_embeddings_and_output_weights = family == "gpt-untied";
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -41,7 +43,7 @@ mb::train::Batch batch_for(const std::string& family) {
     b.tokens.push_back(tok(g));
     b.padding_mask.push_back(i % 9 < 8 - (i / 9) * 2 ? 1 : 0);
   }
-  if (family == "gpt") {
+  if (family == "gpt" || family == "gpt-untied") {
     for (int i = 0; i < 18; ++i) b.labels.push_back(tok(g));
     b.padding_mask.clear();
   } else if (family == "bert") {
@@ -111,5 +113,8 @@ void expect_split_equals_whole(const std::string& family) {
 }  // namespace
 
 TEST(TensorParallelModels, GptSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("gpt"); }
+TEST(TensorParallelModels, GptWithAnUntiedOutputLayerSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("gpt-untied");
+}
 TEST(TensorParallelModels, BertSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("bert"); }
 TEST(TensorParallelModels, T5SplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("t5"); }
