@@ -150,6 +150,8 @@ ModelConfig model_config(const config::Resolved& r) {
   c.layernorm_epsilon = v["norm_epsilon"].get<double>();
   c.attention_backend = v["attention_backend"].get<std::string>();
   c.untie_embeddings_and_output_weights = v["untie_embeddings_and_output_weights"].get<bool>();
+  c.disable_bias_linear = v["disable_bias_linear"].get<bool>();
+  c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
   if (v.contains("kv_channels"))
     check(v["kv_channels"].get<int64_t>() * c.num_attention_heads == c.hidden_size, "--kv-channels ",
           v["kv_channels"].get<int64_t>(), ": megabatch's attention heads have hidden / heads = ", c.hidden_size, " / ",
@@ -195,7 +197,9 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"padded_vocab_size", c.padded_vocab_size()},
           {"tensor_model_parallel_size", c.tensor_model_parallel_size},
           {"normalization", c.normalization},
-          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights}};
+          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
+          {"disable_bias_linear", c.disable_bias_linear},
+          {"add_qkv_bias", c.add_qkv_bias}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

@@ -50,6 +50,9 @@ void ModelConfig::validate() const {
   check(normalization == "LayerNorm" || normalization == "RMSNorm", "normalization: '", normalization,
         "' is not LayerNorm or RMSNorm");
   check(normalization == "LayerNorm" || !post_layernorm, "normalization RMSNorm is for pre-LN models (drop --post-layernorm)");
+  check(!add_qkv_bias || disable_bias_linear,
+        "--add-qkv-bias keeps the QKV biases of --disable-bias-linear, which "
+        "is not given (the linear layers have biases); add --disable-bias-linear, or drop --add-qkv-bias");
   check(attention_backend != "fused",
         "attention_backend: 'fused' is Transformer Engine's cuDNN attention, which "
         "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");

@@ -19,6 +19,8 @@ struct ModelConfig {
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
   std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
   std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local
+  bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
+  bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
   // GPT
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)

@@ -24,6 +24,8 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.norm = nn::parse_norm_kind(c.normalization, "normalization");
   sc.causal = causal;
   sc.attention_backend = c.attention_backend;
+  sc.bias_linear = !c.disable_bias_linear;
+  sc.qkv_bias = c.add_qkv_bias;
   return sc;
 }
 
@@ -92,17 +94,20 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
         nn::Norm(store, p + "input_layernorm", C, l, c.norm, c.eps),
         x ? std::make_optional<nn::Norm>(store, p + "pre_cross_attn_layernorm", C, l, c.norm, c.eps) : std::nullopt,
         nn::Norm(store, p + "pre_mlp_layernorm", C, l, c.norm, c.eps),
-        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, 3 * C, l, c.init_std),
-        x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l, c.init_std)
+        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, 3 * C, l, c.init_std,
+                                 c.bias_linear || c.qkv_bias),
+        x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l, c.init_std,
+                                                         c.bias_linear || c.qkv_bias)
           : std::nullopt,
         x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_kv", C, 2 * C, l,
-                                                         c.init_std)
+                                                         c.init_std, c.bias_linear || c.qkv_bias)
           : std::nullopt,
-        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, c.ffn, l, c.init_std),
-        nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std),
-        x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l, out_std)
+        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, c.ffn, l, c.init_std, c.bias_linear),
+        nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std, c.bias_linear),
+        x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l, out_std,
+                                                      c.bias_linear)
           : std::nullopt,
-        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std)});
+        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std, c.bias_linear)});
   }
   first_param_.push_back(static_cast<int>(store.count()));
 }

@@ -35,6 +35,8 @@ struct StackConfig {
   bool post_layernorm = false;
   bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)
   std::string attention_backend = "auto";  // --attention-backend (flash_attention_chosen)
+  bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
+  bool qkv_bias = false;    // the query, key and value projections' biases kept without them (--add-qkv-bias)
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
   // probabilities, attention output, MLP output) or 5 with cross-attention (its
   // probabilities and output after the self-attention's)

@@ -131,8 +131,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("yaml_cfg", 1, "megabatch's configuration file is JSON with snake_case keys: --config FILE"),
       not_here("swiglu", 0, "SwiGLU MLP"),
       not_here("squared_relu", 0, "squared-ReLU MLP"),
-      not_here("disable_bias_linear", 0, "bias-free linear layers"),
-      not_here("add_qkv_bias", 0, "QKV bias apart from bias-free linear layers"),
       not_here("use_rotary_position_embeddings", 0, "rotary position embeddings"),
       not_here("rotary_percent", 1, "rotary position embeddings"),
       not_here("rotary_base", 1, "rotary position embeddings"),

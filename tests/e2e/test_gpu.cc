@@ -76,13 +76,16 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
   // and their final evaluations agree: --eval-samples beyond the held-out splits' sizes
   // covers each split once, the last micro-batch smaller than the others
   mb::testing::TempDir tmp;
-  for (const std::string family : {"gpt", "gpt-untied", "bert", "t5"}) {
+  for (const std::string family : {"gpt", "gpt-untied", "gpt-no-bias", "bert", "t5"}) {
     SCOPED_TRACE(family);
-    // gpt-untied: a GPT with an output layer of its own
-    const std::string type = family == "gpt-untied" ? "gpt" : family;
-    const std::string untie = family == "gpt-untied" ? " --untie-embeddings-and-output-weights" : "";
-    ok(train(type, tmp / (family + "_cpu"), "--device cpu --eval-samples 4000" + untie));
-    ok(train(type, tmp / (family + "_gpu"), "--device cuda --eval-samples 4000" + untie));
+    // gpt-untied: a GPT with an output layer of its own; gpt-no-bias: without the linear
+    // layers' biases but the QKV's (cuBLASLt's GELU epilogue without a bias)
+    const std::string type = family.rfind("gpt", 0) == 0 ? "gpt" : family;
+    const std::string variant = family == "gpt-untied"    ? " --untie-embeddings-and-output-weights"
+                                : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
+                                                          : "";
+    ok(train(type, tmp / (family + "_cpu"), "--device cpu --eval-samples 4000" + variant));
+    ok(train(type, tmp / (family + "_gpu"), "--device cuda --eval-samples 4000" + variant));
     const auto cpu = series(tmp / (family + "_cpu") / "metrics.h5", "train/lm_loss");
     const auto gpu = series(tmp / (family + "_gpu") / "metrics.h5", "train/lm_loss");
     ASSERT_EQ(cpu.size(), 20u);

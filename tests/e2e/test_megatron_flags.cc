@@ -97,7 +97,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
       " --use-mcore-models --swiglu --qk-layernorm --position-embedding-type "
-      "learned_absolute --group-query-attention --num-query-groups 2 --disable-bias-linear "
+      "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -108,7 +108,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
         "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
         "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
         "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
-        "\n  --disable-bias-linear " + megatrons + "megabatch's models have no bias-free linear layers",
+        "\n  --squared-relu " + megatrons + "megabatch's models have no squared-ReLU MLP",
         "\n  --pipeline-model-parallel-size 4 " + megatrons + "megabatch has no pipeline parallelism; spread the model",
         "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
         "\n  --ckpt-format torch_dist " + megatrons + "megabatch writes and reads checkpoints of its own (HDF5",

@@ -14,7 +14,8 @@ shapes; the fused QKV output is (head, [q, k, v], head_dim) per token, as in Meg
 IN.h5 holds attributes (layers, hidden, heads, seq, vocab, eps, and for adamw: lr, beta1,
 beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B, T) and
 labels. Dropout is off (the golden tests run without it). Where params/output_layer.weight is
-given, the output layer is its own (Megatron's untied output layer), else the word embeddings.
+given, the output layer is its own (Megatron's untied output layer), else the word embeddings;
+a linear layer without params/<its name>.bias has none (--disable-bias-linear).
 """
 import math
 import sys
@@ -50,7 +51,7 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
     for l in range(layers):
         p = f"decoder.layers.{l}."
         h = F.layer_norm(x, (C,), P[p + "input_layernorm.weight"], P[p + "input_layernorm.bias"], eps)
-        qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P[p + "self_attention.linear_qkv.bias"])
+        qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P.get(p + "self_attention.linear_qkv.bias"))
         qkv = qkv.view(B, T, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))  # (B, H, T, D)
         if sdpa:
@@ -59,10 +60,10 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             s = s.masked_fill(~causal, float("-inf"))
             a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P[p + "self_attention.linear_proj.bias"])
+        x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P.get(p + "self_attention.linear_proj.bias"))
         h = F.layer_norm(x, (C,), P[p + "pre_mlp_layernorm.weight"], P[p + "pre_mlp_layernorm.bias"], eps)
-        h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P[p + "mlp.linear_fc1.bias"]), approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P[p + "mlp.linear_fc2.bias"])
+        h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias")), approximate="tanh")
+        x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
     x = F.layer_norm(x, (C,), P["decoder.final_layernorm.weight"], P["decoder.final_layernorm.bias"], eps)
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
     return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
@@ -71,9 +72,9 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
 def load(path):
     f = h5py.File(path, "r")
     a = dict(f.attrs)
-    untied = ["output_layer.weight"] if "output_layer.weight" in f["params"] else []
+    # the output layer where it is untied; the linear layers' biases where they have them
     P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True)
-         for n in names(int(a["layers"])) + untied}
+         for n in names(int(a["layers"])) + ["output_layer.weight"] if n in f["params"]}
     return f, a, P
 
 

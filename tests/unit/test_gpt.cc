@@ -260,6 +260,40 @@ TEST(GptTorch, AnUntiedOutputLayerGivesPyTorchsLossAndGradients) {
   mb::testing::expect_gradients_match(model->parameters(), out);
 }
 
+// Megatron's --disable-bias-linear with --add-qkv-bias (as Qwen's configurations set them): the
+// projections and the MLP have no biases, the QKV projection keeps its own, the LayerNorms keep
+// theirs; loss and every gradient are PyTorch's. --add-qkv-bias alone is refused by name.
+TEST(GptTorch, LinearLayersWithoutBiasesButTheQkvsGivePyTorchsLossAndGradients) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.add_qkv_bias = true;
+  try {
+    c.validate();
+    ADD_FAILURE() << "--add-qkv-bias without --disable-bias-linear was taken";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--add-qkv-bias keeps the QKV biases of --disable-bias-linear"),
+              std::string::npos)
+        << e.what();
+  }
+  c.disable_bias_linear = true;
+  auto model = mb::models::make_model(c, tp, 25);
+  const auto& P = model->parameters();
+  EXPECT_GE(P.find("decoder.layers.1.self_attention.linear_qkv.bias"), 0);
+  EXPECT_GE(P.find("decoder.layers.1.input_layernorm.bias"), 0);
+  for (const char* gone : {"self_attention.linear_proj.bias", "mlp.linear_fc1.bias", "mlp.linear_fc2.bias"})
+    EXPECT_LT(P.find(std::string("decoder.layers.1.") + gone), 0) << gone;
+  const auto batch = random_batch(2, 11, 203, 7);
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  mb::testing::expect_gradients_match(model->parameters(), out);
+}
+
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;

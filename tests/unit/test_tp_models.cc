@@ -15,11 +15,13 @@ namespace mb = megabatch;
 
 namespace {
 
-// family: gpt, bert, t5, or gpt-untied (a GPT with an output layer of its own)
+// family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own) or t5-no-bias (a
+// T5 whose linear layers have no biases but the QKV projections')
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
-  c.family = family == "gpt-untied" ? "gpt" : family;
+  c.family = family == "gpt-untied" ? "gpt" : family == "t5-no-bias" ? "t5" : family;
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
+  c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -118,3 +120,6 @@ TEST(TensorParallelModels, GptWithAnUntiedOutputLayerSplitTwoWaysMatchesTheWhole
 }
 TEST(TensorParallelModels, BertSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("bert"); }
 TEST(TensorParallelModels, T5SplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("t5"); }
+TEST(TensorParallelModels, T5WithoutLinearBiasesSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("t5-no-bias");
+}
