@@ -111,6 +111,8 @@ MB_EMULATED_OP(rmsnorm_backward,
 MB_EMULATED_OP(gelu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(gelu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in, Write w = Write::kAdd),
                (din, dout, in, w))
+MB_EMULATED_OP(swiglu_forward, (const Tensor& out, const Tensor& in), (out, in))
+MB_EMULATED_OP(swiglu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(tanh_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(tanh_backward, (const Tensor& din, const Tensor& dout, const Tensor& out), (din, dout, out))
 // residual.h

@@ -283,6 +283,42 @@ TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
   expect_fp32_close(vecf(yf), vec(yd), 8, "gelu fp32");
 }
 
+// SwiGLU of 3 rows of 7 (gate, up) pairs, interleaved: the formula (silu(g) = g / (1 + e^-g))
+// in f64 to rounding, the backward (set, over a din holding garbage) against central finite
+// differences, and f32 within a few roundings of f64. A row of an odd width is refused.
+TEST(Swiglu, MatchesTheGatedFormulaAndFiniteDifferences) {
+  const int rows = 3, F = 7, n = rows * F;
+  const Vec x = randn(2 * n, 11, 3.0), r = randn(n, 12);
+  mb::Tensor y({rows, F}, mb::DType::kF64);
+  mb::Tensor dx = t64(Vec(2 * n, 7.0), {rows, 2 * F});  // garbage: the backward sets din
+  ops::swiglu_forward(y, t64(x, {rows, 2 * F}));
+  const Vec yv = vec(y);
+  for (int j = 0; j < n; ++j) {
+    const double g = x[2 * j], u = x[2 * j + 1];
+    EXPECT_NEAR(yv[j], g / (1 + std::exp(-g)) * u, 1e-14 * std::max(1.0, std::abs(yv[j])));
+  }
+  ops::swiglu_backward(dx, t64(r, {rows, F}), t64(x, {rows, 2 * F}));
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o({rows, F}, mb::DType::kF64);
+        ops::swiglu_forward(o, t64(v, {rows, 2 * F}));
+        return dot(vec(o), r);
+      },
+      x, vec(dx), "swiglu");
+  const auto xf = to_f(x);
+  mb::Tensor yf({rows, F}), yd({rows, F}, mb::DType::kF64);
+  ops::swiglu_forward(yf, t32(xf, {rows, 2 * F}));
+  ops::swiglu_forward(yd, t64(Vec(xf.begin(), xf.end()), {rows, 2 * F}));
+  expect_fp32_close(vecf(yf), vec(yd), 8, "swiglu fp32");
+  mb::Tensor odd({2, 7}), half({2, 3});
+  try {
+    ops::swiglu_forward(half, odd);
+    ADD_FAILURE() << "rows of 7 taken as pairs";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("in rows of (gate, up) pairs"), std::string::npos) << e.what();
+  }
+}
+
 // The MLP's fused halves are their parts: pre = x w^T + b, y = gelu(pre); and the second
 // layer's backward through the GELU (dpre, set) against finite differences of
 // L = r . (gelu(p) w2^T + b2).

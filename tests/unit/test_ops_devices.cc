@@ -213,6 +213,17 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
   ops::gelu_backward(dg_set.dev, g.dev, x.dev, ops::Write::kSet);
   ops::gelu_backward(dg_set.ref, g.ref, x.ref, ops::Write::kSet);
   h.expect_close(dg_set, 64, "gelu backward set");
+  // SwiGLU: (n - 1) / 2 (gate, up) pairs of x in rows of 6; the backward written whole (set)
+  const int64_t pairs = (n - 1) / 2 / 3 * 3;
+  Pair sw = h.output({pairs / 3, 3}), dsw = h.output({pairs / 3, 6});
+  ops::swiglu_forward(sw.dev, x.dev.flat(0, static_cast<size_t>(2 * pairs)).view({pairs / 3, 6}));
+  ops::swiglu_forward(sw.ref, x.ref.flat(0, static_cast<size_t>(2 * pairs)).view({pairs / 3, 6}));
+  h.expect_close(sw, 8, "swiglu");
+  ops::swiglu_backward(dsw.dev, g.dev.flat(0, static_cast<size_t>(pairs)).view({pairs / 3, 3}),
+                       x.dev.flat(0, static_cast<size_t>(2 * pairs)).view({pairs / 3, 6}));
+  ops::swiglu_backward(dsw.ref, g.ref.flat(0, static_cast<size_t>(pairs)).view({pairs / 3, 3}),
+                       x.ref.flat(0, static_cast<size_t>(2 * pairs)).view({pairs / 3, 6}));
+  h.expect_close(dsw, 16, "swiglu backward");
   h.expect_close(dt, 8, "tanh backward");
   h.expect_close(da, 1, "residual da");
   h.expect_close(db, 1, "residual db");

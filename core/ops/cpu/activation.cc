@@ -1,4 +1,4 @@
-// GELU and tanh on the CPU.
+// GELU, SwiGLU and tanh on the CPU.
 #include <cmath>
 
 #include "core/ops/backends.h"
@@ -42,6 +42,41 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Writ
       const T dt = kGeluS<T> * (T(1) + T(3) * kGeluA<T> * x[i] * x[i]);
       const T v = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * dt);
       d[i] = add ? d[i] + v : v;
+    }
+    ds.commit();
+  });
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& in) {
+  with_compute_type(in.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> xs(in);
+    Out<T> ys(out, false);
+    const T* x = xs;
+    T* y = ys;
+    const int64_t n = static_cast<int64_t>(out.numel());
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t j = 0; j < n; ++j) {
+      const T g = x[2 * j], s = T(1) / (T(1) + std::exp(-g));
+      y[j] = g * s * x[2 * j + 1];
+    }
+    ys.commit();
+  });
+}
+
+void swiglu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  with_compute_type(in.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> xs(in), gs(dout);
+    Out<T> ds(din, false);
+    const T *x = xs, *dy = gs;
+    T* d = ds;
+    const int64_t n = static_cast<int64_t>(dout.numel());
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t j = 0; j < n; ++j) {
+      const T g = x[2 * j], u = x[2 * j + 1], s = T(1) / (T(1) + std::exp(-g));
+      d[2 * j] = dy[j] * u * s * (T(1) + g * (T(1) - s));
+      d[2 * j + 1] = dy[j] * g * s;
     }
     ds.commit();
   });

@@ -1,4 +1,5 @@
-// GELU (tanh form) and tanh on a GPU: elementwise maps (common.cuh), 16 bytes a thread.
+// GELU (tanh form) and tanh on a GPU: elementwise maps (common.cuh), 16 bytes a thread;
+// SwiGLU: a thread per (gate, up) pair.
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
 
@@ -29,7 +30,49 @@ struct TanhBackward {  // din + dout * (1 - y^2)
   __device__ float operator()(float din, float dout, float y) const { return din + dout * (1.0f - y * y); }
 };
 
+// out[j] = silu(in[2j]) in[2j + 1] for the n pairs
+template <typename T>
+__global__ void swiglu_forward_kernel(T* out, const T* in, int64_t n) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_f32(in[2 * j]), u = to_f32(in[2 * j + 1]), s = 1.0f / (1.0f + expf(-g));
+    out[j] = from_f32<T>(g * s * u);
+  }
+}
+
+// din[2j] = dout[j] up silu'(gate), din[2j + 1] = dout[j] silu(gate) (set)
+template <typename T>
+__global__ void swiglu_backward_kernel(T* din, const T* dout, const T* in, int64_t n) {
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = to_f32(in[2 * j]), u = to_f32(in[2 * j + 1]), dy = to_f32(dout[j]);
+    const float s = 1.0f / (1.0f + expf(-g));
+    din[2 * j] = from_f32<T>(dy * u * s * (1.0f + g * (1.0f - s)));
+    din[2 * j + 1] = from_f32<T>(dy * g * s);
+  }
+}
+
 }  // namespace
+
+void swiglu_forward(const Tensor& out, const Tensor& in) {
+  with_type<accepts::swiglu_forward_in.cuda.bits>(in.dtype(), "swiglu_forward", [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = static_cast<int64_t>(out.numel());
+    if (n > 0)
+      launch(swiglu_forward_kernel<T>, dim3(blocks_for(n, 256)), 256, 0, stream_of(in), "swiglu_forward", ptr<T>(out),
+             ptr<const T>(in), n);
+  });
+}
+
+void swiglu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  with_type<accepts::swiglu_backward_in.cuda.bits>(in.dtype(), "swiglu_backward", [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t n = static_cast<int64_t>(dout.numel());
+    if (n > 0)
+      launch(swiglu_backward_kernel<T>, dim3(blocks_for(n, 256)), 256, 0, stream_of(in), "swiglu_backward", ptr<T>(din),
+             ptr<const T>(dout), ptr<const T>(in), n);
+  });
+}
 
 void gelu_forward(const Tensor& out, const Tensor& in) {
   with_type<accepts::gelu_forward_in.cuda.bits>(in.dtype(), "gelu_forward", [&](auto zero) {
