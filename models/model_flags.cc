@@ -95,18 +95,19 @@ void print_sizes(const ModelConfig& c, std::ostream& out) {
   const auto r = size_report(c);
   const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
                                                : std::to_string(c.num_layers);
-  out << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden "
-            << c.hidden_size << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << ", seq "
-            << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
-            << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
-            << static_cast<double>(r.parameters) / 1e9 << " B)\n"
-            << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
-            << "parameters per rank:        " << r.parameters_per_rank << "\n"
-            << "fp32 + Adam state per rank: " << human_bytes(r.fp32_adam_bytes) << " (16 B/param: weights, grads, 2 moments)\n"
-            << "bf16 mixed precision + Adam per rank: " << human_bytes(r.mixed_adam_bytes)
-            << " (18 B/param: bf16 weights, fp32 grads, master, 2 moments)\n"
-            << "activations per sample per rank: " << human_bytes(r.activation_bytes)
-            << " (16-bit, no recomputation; x micro-batch size)\n";
+  out << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden " << c.hidden_size
+      << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << (c.swiglu ? " (SwiGLU)" : "") << ", seq "
+      << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
+      << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
+      << static_cast<double>(r.parameters) / 1e9 << " B)\n"
+      << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
+      << "parameters per rank:        " << r.parameters_per_rank << "\n"
+      << "fp32 + Adam state per rank: " << human_bytes(r.fp32_adam_bytes)
+      << " (16 B/param: weights, grads, 2 moments)\n"
+      << "bf16 mixed precision + Adam per rank: " << human_bytes(r.mixed_adam_bytes)
+      << " (18 B/param: bf16 weights, fp32 grads, master, 2 moments)\n"
+      << "activations per sample per rank: " << human_bytes(r.activation_bytes)
+      << " (16-bit, no recomputation; x micro-batch size)\n";
 }
 
 }  // namespace
@@ -152,6 +153,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.untie_embeddings_and_output_weights = v["untie_embeddings_and_output_weights"].get<bool>();
   c.disable_bias_linear = v["disable_bias_linear"].get<bool>();
   c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
+  c.swiglu = v["swiglu"].get<bool>();
   if (v.contains("kv_channels"))
     check(v["kv_channels"].get<int64_t>() * c.num_attention_heads == c.hidden_size, "--kv-channels ",
           v["kv_channels"].get<int64_t>(), ": megabatch's attention heads have hidden / heads = ", c.hidden_size, " / ",
@@ -199,7 +201,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"normalization", c.normalization},
           {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
           {"disable_bias_linear", c.disable_bias_linear},
-          {"add_qkv_bias", c.add_qkv_bias}};
+          {"add_qkv_bias", c.add_qkv_bias},
+          {"swiglu", c.swiglu}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

@@ -185,7 +185,9 @@ SizeReport size_report(const ModelConfig& c) {
   // tensor parallelism t (no sequence parallelism, no recomputation), here for b = 1.
   const double s = static_cast<double>(c.seq_length), h = static_cast<double>(c.hidden_size),
                a = static_cast<double>(c.num_attention_heads), t = static_cast<double>(c.tensor_model_parallel_size);
-  r.activation_bytes = static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + 5.0 * a * s / (h * t));
+  // SwiGLU: fc1's output is 2 ffn wide, 2 ffn / t more 16-bit values a token
+  const double gated = c.swiglu ? 4.0 * static_cast<double>(c.ffn()) / (h * t) : 0.0;
+  r.activation_bytes = static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + gated + 5.0 * a * s / (h * t));
   r.attention_score_bytes = static_cast<double>(c.num_layers) * s * h * (5.0 * a * s / (h * t));
   return r;
 }
@@ -198,7 +200,8 @@ SizeReport size_report(const ModelConfig& c) {
 double megatron_flops(const ModelConfig& c, int64_t global_batch) {
   const double B = static_cast<double>(global_batch), h = static_cast<double>(c.hidden_size),
                f = static_cast<double>(c.ffn()), V = static_cast<double>(c.padded_vocab_size());
-  auto stack = [&](double L, double s) { return 12 * B * s * L * h * h * (2 + s / h + f / h); };
+  const double gated = c.swiglu ? 1.5 : 1.0;  // SwiGLU: fc1 twice as wide (Megatron's gated_linear_multiplier)
+  auto stack = [&](double L, double s) { return 12 * B * s * L * h * h * (2 + s / h + gated * f / h); };
   if (c.family != "t5") {
     const double L = static_cast<double>(c.num_layers), s = static_cast<double>(c.seq_length);
     return stack(L, s) + 6 * B * s * h * V;

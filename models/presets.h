@@ -21,6 +21,7 @@ struct ModelConfig {
   std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
   bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
+  bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
   // GPT
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/flash_attention.h"
 #include "core/ops/residual.h"
@@ -26,6 +27,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.attention_backend = c.attention_backend;
   sc.bias_linear = !c.disable_bias_linear;
   sc.qkv_bias = c.add_qkv_bias;
+  sc.swiglu = c.swiglu;
   return sc;
 }
 
@@ -102,7 +104,8 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
         x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_kv", C, 2 * C, l,
                                                          c.init_std, c.bias_linear || c.qkv_bias)
           : std::nullopt,
-        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, c.ffn, l, c.init_std, c.bias_linear),
+        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, (c.swiglu ? 2 : 1) * c.ffn, l, c.init_std,
+                                 c.bias_linear),
         nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std, c.bias_linear),
         x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l, out_std,
                                                       c.bias_linear)
@@ -138,7 +141,7 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
       s.lse = Tensor();
     }
     alloc(s.attn, {n, Cl}, P);
-    alloc(s.fc1, {n, Fl}, P);
+    alloc(s.fc1, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
     alloc(s.gelu, {n, Fl}, P);
     if (cfg_.cross_attention) {
       for (Tensor* t : {&s.lnx, &s.xproj, &s.x2}) alloc(*t, {n, C}, P);
@@ -158,7 +161,8 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
   alloc(g_qkv_, {n, 3 * Cl}, P);
   alloc(g_attn_, {n, Cl}, P);
-  alloc(g_ff_b_, {n, Fl}, P);
+  alloc(g_ff_b_, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
+  if (cfg_.swiglu) alloc(g_act_, {n, Fl}, P);
   if (cfg_.cross_attention) {
     alloc(g_q_, {n, Cl}, P);
     alloc(g_kv_, {B * Tm, 2 * Cl}, P);
@@ -256,7 +260,12 @@ const Tensor& TransformerStack::cross_attention_forward(size_t l) {
 void TransformerStack::mlp_forward(size_t l, const Tensor& h, const Tensor& next) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
-  b.fc1.forward_gelu(s.gelu, s.fc1, h);
+  if (cfg_.swiglu) {
+    b.fc1.forward(s.fc1, h);
+    ops::swiglu_forward(s.gelu, s.fc1);
+  } else {
+    b.fc1.forward_gelu(s.gelu, s.fc1, h);
+  }
   b.fc2.forward(s.fc2, s.gelu);
   const Tensor& branch =
       dropout_or_same(g_c_, s.fc2, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
@@ -301,7 +310,12 @@ void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   // the branch's gradient is added to it once fc2's backward has read it
   const Tensor& d_fc2 =
       dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(static_cast<int>(l), mlp_site())));
-  b.fc2.backward_gelu(g_ff_b_, d_fc2, s.gelu, s.fc1);
+  if (cfg_.swiglu) {
+    b.fc2.backward(g_act_, d_fc2, s.gelu, ops::Write::kSet);
+    ops::swiglu_backward(g_ff_b_, g_act_, s.fc1);
+  } else {
+    b.fc2.backward_gelu(g_ff_b_, d_fc2, s.gelu, s.fc1);
+  }
   if (!cfg_.post_layernorm) {
     b.fc1.backward(g_c_, g_ff_b_, s.ln2, ops::Write::kSet);
     b.ln2.backward(*dres, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);

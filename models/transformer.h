@@ -37,6 +37,7 @@ struct StackConfig {
   std::string attention_backend = "auto";  // --attention-backend (flash_attention_chosen)
   bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
   bool qkv_bias = false;    // the query, key and value projections' biases kept without them (--add-qkv-bias)
+  bool swiglu = false;      // fc1 gives 2 ffn: (gate, up) pairs, gated by ops::swiglu (--swiglu)
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
   // probabilities, attention output, MLP output) or 5 with cross-attention (its
   // probabilities and output after the self-attention's)
@@ -152,6 +153,7 @@ class TransformerStack {
   train::StepContext ctx_;
   std::vector<Saved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_b_, g_q_, g_kv_;
+  Tensor g_act_;  // SwiGLU: d of the gated activation (n, ffn / tp), before d of fc1's pairs in g_ff_b_
 };
 
 }  // namespace megabatch::models

@@ -129,7 +129,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("use_flash_attn", 0, "Megatron's older switch for flash attention; say --attention-backend flash"),
       refused("layernorm_epsilon", 1, "Megatron's older name of --norm-epsilon; say --norm-epsilon"),
       refused("yaml_cfg", 1, "megabatch's configuration file is JSON with snake_case keys: --config FILE"),
-      not_here("swiglu", 0, "SwiGLU MLP"),
       not_here("squared_relu", 0, "squared-ReLU MLP"),
       not_here("use_rotary_position_embeddings", 0, "rotary position embeddings"),
       not_here("rotary_percent", 1, "rotary position embeddings"),

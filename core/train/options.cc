@@ -162,6 +162,10 @@ const config::Schema& train_schema() {
            "nothing before it predicts)",
            "model"},
           {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
+          {"swiglu", Type::kBool, false,
+           "the MLP gated as LLaMA's: fc1 gives ffn (gate, up) pairs, fc2 takes silu(gate) x up (Megatron's --swiglu; "
+           "give --ffn-hidden-size, as its scripts do, or it stays 4 x hidden)",
+           "model"},
           {"disable_bias_linear", Type::kBool, false,
            "the transformer layers' linear layers (QKV, projections, MLP) without biases; LayerNorms keep theirs",
            "model"},

@@ -96,7 +96,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
-      " --use-mcore-models --swiglu --qk-layernorm --position-embedding-type "
+      " --use-mcore-models --rotary-base 10000 --qk-layernorm --position-embedding-type "
       "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
@@ -104,7 +104,9 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
-        "\n  --swiglu " + megatrons + "megabatch's models have no SwiGLU MLP; they are Megatron's default GPT",
+        "\n  --rotary-base 10000 " + megatrons +
+            "megabatch's models have no rotary position embeddings; they are "
+            "Megatron's default GPT",
         "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
         "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
         "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
@@ -129,7 +131,7 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "swiglu": false, "group_query_attention": true,
+                          R"({"use_mcore_models": true, "qk_layernorm": false, "group_query_attention": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -142,8 +144,8 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
-  EXPECT_EQ(r.output.find("--swiglu"), std::string::npos) << "swiglu false asks for nothing\n" << r.output;
-  mb::testing::write_text(good, R"({"use_mcore_models": true, "swiglu": false, "transformer_impl": "local",
+  EXPECT_EQ(r.output.find("--qk-layernorm"), std::string::npos) << "qk_layernorm false asks for nothing\n" << r.output;
+  mb::testing::write_text(good, R"({"use_mcore_models": true, "qk_layernorm": false, "transformer_impl": "local",
                                     "pipeline_model_parallel_size": 1})");
   r = train(common + good.string());
   EXPECT_EQ(r.exit_code, 0) << r.output;

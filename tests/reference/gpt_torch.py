@@ -15,7 +15,8 @@ IN.h5 holds attributes (layers, hidden, heads, seq, vocab, eps, and for adamw: l
 beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B, T) and
 labels. Dropout is off (the golden tests run without it). Where params/output_layer.weight is
 given, the output layer is its own (Megatron's untied output layer), else the word embeddings;
-a linear layer without params/<its name>.bias has none (--disable-bias-linear).
+a linear layer without params/<its name>.bias has none (--disable-bias-linear); attribute swiglu
+1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs).
 """
 import math
 import sys
@@ -41,7 +42,7 @@ def names(layers):
     return out + ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
 
 
-def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
+def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -62,7 +63,9 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False):
             a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P.get(p + "self_attention.linear_proj.bias"))
         h = F.layer_norm(x, (C,), P[p + "pre_mlp_layernorm.weight"], P[p + "pre_mlp_layernorm.bias"], eps)
-        h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias")), approximate="tanh")
+        h = F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias"))
+        # SwiGLU: fc1's outputs are (gate, up) pairs, interleaved
+        h = F.silu(h[..., 0::2]) * h[..., 1::2] if swiglu else F.gelu(h, approximate="tanh")
         x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
     x = F.layer_norm(x, (C,), P["decoder.final_layernorm.weight"], P["decoder.final_layernorm.bias"], eps)
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
@@ -136,7 +139,7 @@ def main():
         f, a, P = load(sys.argv[2])
         tokens = torch.tensor(f["tokens"][()], dtype=torch.long)
         labels = torch.tensor(f["labels"][()], dtype=torch.long)
-        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]))
+        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)))
         loss.backward()
         with h5py.File(sys.argv[3], "w") as o:
             o.attrs["loss"] = loss.item()
@@ -153,7 +156,7 @@ def main():
             tokens = torch.tensor(f["tokens"][s], dtype=torch.long)
             labels = torch.tensor(f["labels"][s], dtype=torch.long)
             opt.zero_grad()
-            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]))
+            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(P.values(), float(a["clip"]))
             with torch.no_grad():  # decoupled decay of weights and embeddings only (Megatron's groups)

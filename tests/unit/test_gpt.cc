@@ -163,6 +163,16 @@ TEST(Gpt, FlopsFollowMegatronsFormula) {
     const double megatron = 60 * B * s * L * h * h * (1 + 1.0 / 5 + s / (5 * h) + V / (10 * L * h));
     EXPECT_NEAR(mb::models::megatron_flops(c, 512), megatron, 1e-9 * megatron) << name;
   }
+  // --swiglu, in the form of its newer releases: 12 B s L h^2 ((1 + g / a + s / h) + ffn / h x 3/2 +
+  // V / (2 L h)), the gated MLP's fc1 twice as wide (gated_linear_multiplier 3/2); ffn 5,461
+  // as a LLaMA-style script gives it
+  auto c = mb::models::preset("gpt2-124m");
+  c.swiglu = true;
+  c.ffn_hidden_size = 5461;
+  const double B = 512, s = static_cast<double>(c.seq_length), L = static_cast<double>(c.num_layers),
+               h = static_cast<double>(c.hidden_size), V = static_cast<double>(c.padded_vocab_size());
+  const double gated = 12 * B * s * L * h * h * ((1 + 1 + s / h) + 5461 / h * 1.5 + V / (2 * L * h));
+  EXPECT_NEAR(mb::models::megatron_flops(c, 512), gated, 1e-9 * gated);
   // GPT-2 124M at batch 8 x 1024: 6 N per token plus attention, about 6.1e12 per iteration
   const double f = mb::models::megatron_flops(mb::models::preset("gpt2-124m"), 8);
   EXPECT_GT(f, 6 * 124e6 * 8 * 1024);
@@ -188,6 +198,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("layers", static_cast<double>(c.num_layers));
   f.attr("heads", static_cast<double>(c.num_attention_heads));
   f.attr("eps", c.layernorm_epsilon);
+  f.attr("swiglu", c.swiglu ? 1.0 : 0.0);
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -284,6 +295,29 @@ TEST(GptTorch, LinearLayersWithoutBiasesButTheQkvsGivePyTorchsLossAndGradients) 
   for (const char* gone : {"self_attention.linear_proj.bias", "mlp.linear_fc1.bias", "mlp.linear_fc2.bias"})
     EXPECT_LT(P.find(std::string("decoder.layers.1.") + gone), 0) << gone;
   const auto batch = random_batch(2, 11, 203, 7);
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  mb::testing::expect_gradients_match(model->parameters(), out);
+}
+
+// Megatron's --swiglu: fc1 gives 2 ffn outputs, (gate, up) pairs, and fc2 takes silu(gate) up;
+// loss and every gradient are PyTorch's (F.silu over the gates of the pairs).
+TEST(GptTorch, ASwigluMlpGivesPyTorchsLossAndGradients) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.swiglu = true;
+  c.ffn_hidden_size = 40;
+  auto model = mb::models::make_model(c, tp, 26);
+  const int w = model->parameters().find("decoder.layers.0.mlp.linear_fc1.weight");
+  ASSERT_GE(w, 0);
+  EXPECT_EQ(model->parameters().info(w).full_shape, (std::vector<int64_t>{80, 24})) << "2 ffn rows";
+  const auto batch = random_batch(2, 11, 203, 8);
   write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
   const auto r =
       mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());

@@ -15,11 +15,13 @@ namespace mb = megabatch;
 
 namespace {
 
-// family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own) or t5-no-bias (a
-// T5 whose linear layers have no biases but the QKV projections')
+// family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own), gpt-swiglu (its MLP
+// gated: fc1's (gate, up) pairs split over the ranks) or t5-no-bias (a T5 whose linear layers
+// have no biases but the QKV projections')
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
-  c.family = family == "gpt-untied" ? "gpt" : family == "t5-no-bias" ? "t5" : family;
+  c.family = family.rfind("gpt", 0) == 0 ? "gpt" : family == "t5-no-bias" ? "t5" : family;
+  c.swiglu = family == "gpt-swiglu";
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
   c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
   c.num_layers = 2;
@@ -45,7 +47,7 @@ mb::train::Batch batch_for(const std::string& family) {
     b.tokens.push_back(tok(g));
     b.padding_mask.push_back(i % 9 < 8 - (i / 9) * 2 ? 1 : 0);
   }
-  if (family == "gpt" || family == "gpt-untied") {
+  if (family.rfind("gpt", 0) == 0) {
     for (int i = 0; i < 18; ++i) b.labels.push_back(tok(g));
     b.padding_mask.clear();
   } else if (family == "bert") {
@@ -115,6 +117,9 @@ void expect_split_equals_whole(const std::string& family) {
 }  // namespace
 
 TEST(TensorParallelModels, GptSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("gpt"); }
+TEST(TensorParallelModels, GptWithASwigluMlpSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("gpt-swiglu");
+}
 TEST(TensorParallelModels, GptWithAnUntiedOutputLayerSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("gpt-untied");
 }
