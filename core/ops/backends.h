@@ -23,6 +23,7 @@
 #include "core/ops/reduce.h"
 #include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
+#include "core/ops/rotary.h"
 
 namespace megabatch::ops::cpu {
 #include "core/ops/backend_ops.inc"

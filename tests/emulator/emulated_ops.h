@@ -39,6 +39,7 @@ using ops::flash_forward_rows;
 using ops::FlashDq;
 using ops::FlashForwardRows;
 using ops::relative_position_bucket;
+using ops::RotaryShape;
 using ops::set_flash_dq;
 using ops::set_flash_forward_rows;
 using ops::ShardLayout;
@@ -111,6 +112,8 @@ MB_EMULATED_OP(rmsnorm_backward,
 MB_EMULATED_OP(gelu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(gelu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in, Write w = Write::kAdd),
                (din, dout, in, w))
+MB_EMULATED_OP(rope_forward, (const Tensor& qkv, const RotaryShape& s), (qkv, s))
+MB_EMULATED_OP(rope_backward, (const Tensor& dqkv, const RotaryShape& s), (dqkv, s))
 MB_EMULATED_OP(swiglu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(swiglu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(tanh_forward, (const Tensor& out, const Tensor& in), (out, in))

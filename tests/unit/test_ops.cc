@@ -6,7 +6,6 @@
 // every device and dtype against this reference: test_ops_devices.cc and
 // test_attention_devices.cc.)
 #include <gtest/gtest.h>
-
 #include <omp.h>
 
 #include <cfloat>
@@ -27,6 +26,7 @@
 #include "core/ops/matmul.h"
 #include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
+#include "core/ops/rotary.h"
 #include "tests/unit/test_util.h"
 
 namespace mb = megabatch;
@@ -281,6 +281,48 @@ TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
   ops::gelu_forward(yf, t32(xf));
   ops::gelu_forward(yd, t64(Vec(xf.begin(), xf.end())));
   expect_fp32_close(vecf(yf), vec(yd), 8, "gelu fp32");
+}
+
+// RoPE over 2 sequences of 5 positions, 2 heads of dim 8, the first 6 channels turned (Megatron's
+// --rotary-percent 0.75), base 100: each head's q and k as Megatron's rotate-half form gives them
+// (angles in f64 here, fp32 in the op: 1e-6), v and the unturned channels as they were; the
+// backward against central finite differences of r . rope(x) (f64).
+TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
+  const ops::RotaryShape s{5, 2, 8, 6, 100.0};
+  const int rows = 10, width = 2 * 3 * 8, n = rows * width;
+  const Vec x = randn(n, 13), r = randn(n, 14);
+  mb::Tensor y = t64(x, {rows, width});
+  ops::rope_forward(y, s);
+  const Vec yv = vec(y);
+  for (int row = 0; row < rows; ++row)
+    for (int h = 0; h < 2; ++h)
+      for (int which = 0; which < 3; ++which)
+        for (int c = 0; c < 8; ++c) {
+          const int at = row * width + (h * 3 + which) * 8 + c;
+          double want = x[at];
+          if (which < 2 && c < 6) {
+            const int i = c % 3, pair = c < 3 ? at + 3 : at - 3;
+            const double angle = (row % 5) * std::pow(100.0, -2.0 * i / 6);
+            want = c < 3 ? x[at] * std::cos(angle) - x[pair] * std::sin(angle)
+                         : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
+          }
+          EXPECT_NEAR(yv[at], want, 1e-6) << "row " << row << " head " << h << " part " << which << " channel " << c;
+        }
+  mb::Tensor dx = t64(r, {rows, width});
+  ops::rope_backward(dx, s);
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o = t64(v, {rows, width});
+        ops::rope_forward(o, s);
+        return dot(vec(o), r);
+      },
+      x, vec(dx), "rope");
+  try {
+    ops::rope_forward(y, ops::RotaryShape{5, 2, 8, 7, 100.0});
+    ADD_FAILURE() << "an odd rotary dim taken";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the rotary dim must be even"), std::string::npos) << e.what();
+  }
 }
 
 // SwiGLU of 3 rows of 7 (gate, up) pairs, interleaved: the formula (silu(g) = g / (1 + e^-g))

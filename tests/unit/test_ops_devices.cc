@@ -26,6 +26,7 @@
 #include "core/ops/random.h"
 #include "core/ops/reduce.h"
 #include "core/ops/residual.h"
+#include "core/ops/rotary.h"
 #include "core/util/philox.h"
 #include "tests/unit/op_harness.h"
 #include "tests/unit/test_util.h"
@@ -241,6 +242,25 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
   ops::scale(s.dev, 0.375f);
   ops::scale(s.ref, 0.375f);
   h.expect_close(s, 1, "scale");
+}
+
+// RoPE in place on a QKV output of 3 sequences of 37 positions, 4 heads of dim 64 (the first 48
+// channels turned) and base 10000: the turned values and, turned back, the gradient; each is a
+// few roundings of the dtype from the CPU's (cos and sin of fp32 angles on both sides).
+TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
+  auto h = harness(4);
+  const ops::RotaryShape s{37, 4, 64, 48, 10000.0};
+  const int64_t rows = 3 * 37, width = 3 * 4 * 64;
+  const Pair x = h.input({rows, width}, 2.0);
+  Pair y = h.output({rows, width});
+  mb::copy(y.dev, x.dev);
+  mb::copy(y.ref, x.ref);
+  ops::rope_forward(y.dev, s);
+  ops::rope_forward(y.ref, s);
+  h.expect_close(y, 4, "rope forward");
+  ops::rope_backward(y.dev, s);
+  ops::rope_backward(y.ref, s);
+  h.expect_close(y, 8, "rope backward of the forward (the input again)");
 }
 
 TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {

@@ -1,0 +1,42 @@
+// Rotary position embeddings on a GPU (rotary.h): a thread per turned channel pair.
+#include "core/ops/backends.h"
+#include "core/ops/cuda/common.cuh"
+
+namespace megabatch::ops::MB_CUDA_BACKEND {
+namespace {
+
+// pairs = rows x heads x 2 (q, k) x half; sign 1 turns by +angle, -1 by -angle
+template <typename T>
+__global__ void rope_kernel(T* x, int64_t pairs, RotaryShape s, float sign) {
+  const int64_t half = s.rotary_dim / 2;
+  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < pairs;
+       e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = e % half, which = (e / half) % 2, h = (e / (2 * half)) % s.heads, r = e / (2 * half * s.heads);
+    // as Megatron: inv_freq = 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32
+    const float inv_freq = 1.0f / powf(static_cast<float>(s.base), static_cast<float>(2 * i) /
+                                                                     static_cast<float>(s.rotary_dim));
+    const float angle = static_cast<float>(r % s.T) * inv_freq;
+    const float c = cosf(angle), sn = sign * sinf(angle);
+    T* v = x + (r * s.heads + h) * 3 * s.head_dim + which * s.head_dim;
+    const float x1 = to_f32(v[i]), x2 = to_f32(v[i + half]);
+    v[i] = from_f32<T>(x1 * c - x2 * sn);
+    v[i + half] = from_f32<T>(x2 * c + x1 * sn);
+  }
+}
+
+void turn(const char* name, const Tensor& qkv, const RotaryShape& s, float sign) {
+  with_type<accepts::rope_forward_qkv.cuda.bits>(qkv.dtype(), name, [&](auto zero) {
+    using T = decltype(zero);
+    const int64_t rows = static_cast<int64_t>(qkv.numel()) / (3 * s.heads * s.head_dim);
+    const int64_t pairs = rows * s.heads * 2 * (s.rotary_dim / 2);
+    if (pairs > 0)
+      launch(rope_kernel<T>, dim3(blocks_for(pairs, 256)), 256, 0, stream_of(qkv), name, ptr<T>(qkv), pairs, s, sign);
+  });
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& qkv, const RotaryShape& s) { turn("rope_forward", qkv, s, 1.0f); }
+void rope_backward(const Tensor& dqkv, const RotaryShape& s) { turn("rope_backward", dqkv, s, -1.0f); }
+
+}  // namespace megabatch::ops::MB_CUDA_BACKEND

@@ -1,0 +1,30 @@
+// Rotary position embeddings (RoPE; Megatron's --position-embedding-type rope), applied in
+// place to the queries and keys of the QKV projection's output. qkv holds n = B T rows of H
+// heads of [q, k, v] x D (Megatron's per-head layout), row r at position r % T. In each head's
+// q and k, the first rotary_dim channels (even) are taken in halves x1 = [0, d/2), x2 = [d/2, d)
+// (Megatron's rotate-half form, not the interleaved one) and channel pair (i, i + d/2) turns by
+// the angle pos * base^(-2i / d): (x1 cos - x2 sin, x2 cos + x1 sin). The angle is computed in
+// fp32, as Megatron computes its frequencies; the other channels and v stay as they are.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor/tensor.h"
+
+namespace megabatch::ops {
+
+struct RotaryShape {
+  int64_t T = 0;           // positions: row r is at r % T
+  int64_t heads = 0;       // heads in a row (this rank's)
+  int64_t head_dim = 0;    // D
+  int64_t rotary_dim = 0;  // channels turned, even, <= D
+  double base = 10000;     // Megatron's --rotary-base
+};
+
+// qkv turned in place (the forward).
+void rope_forward(const Tensor& qkv, const RotaryShape& s);
+// dqkv turned back in place: the gradient of the input qkv from that of the turned one (each
+// rotation's transpose, by -angle).
+void rope_backward(const Tensor& dqkv, const RotaryShape& s);
+
+}  // namespace megabatch::ops
