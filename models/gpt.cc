@@ -18,8 +18,13 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
-  wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
-                     Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
+  if (!cfg_.rope)  // learned positions (rotary ones turn the queries and keys instead)
+    wpe_ = store_.add({"embedding.position_embeddings.weight",
+                       Role::kEmbedding,
+                       -1,
+                       {cfg_.max_positions(), C},
+                       Sharding::replicated(tp.rank(), tp.size()),
+                       nn::Init::normal(std)});
   StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
@@ -37,7 +42,8 @@ std::string Gpt::summary() const {
      << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded "
      << cfg_.padded_vocab_size() << "), " << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
-     << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "");
+     << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "")
+     << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "");
   return os.str();
 }
 
@@ -50,7 +56,7 @@ void Gpt::allocate(int64_t B, int64_t T) {
   alloc_acc(lnf_rstd_, {n}, store_);
   if (lnf_->kind() == nn::NormKind::kLayerNorm) alloc_acc(lnf_mean_, {n}, store_);
   alloc_acc(sums_, {1}, store_);
-  position_ids(positions_, B, T, store_.device());
+  if (wpe_ >= 0) position_ids(positions_, B, T, store_.device());
 }
 
 train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -78,7 +84,7 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
 
   // embeddings: word + position, then dropout
   wte_->forward(emb_, tokens_);
-  ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
+  if (wpe_ >= 0) ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
   dropout_or_copy(x_in_, emb_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
   stack_->forward(x_final_, x_in_, B_, T_, mask_, ctx_);
   lnf_->forward(lnf_out_, lnf_mean_, lnf_rstd_, x_final_);
@@ -102,7 +108,7 @@ void Gpt::backward() {
   emb_.zero();  // reused for the gradient of the embedding sum
   dropout_or_copy_backward(emb_, dx_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
   wte_->backward(emb_, tokens_);
-  ops::embedding_backward(store_.grad(wpe_), emb_, positions_, 0);
+  if (wpe_ >= 0) ops::embedding_backward(store_.grad(wpe_), emb_, positions_, 0);
 }
 
 }  // namespace megabatch::models

@@ -43,13 +43,18 @@ ModelConfig model_family(const nlohmann::json& v) {
   return c;
 }
 
-// Megatron's position embedding flags (learned absolute, or T5's relative buckets).
+// Megatron's position embedding flags (learned absolute, T5's relative buckets, or GPT's
+// rotary embeddings).
 void set_positions(const nlohmann::json& v, ModelConfig& c) {
   const std::string pos = v["position_embedding_type"].get<std::string>();
-  check(pos == "learned_absolute" || pos == "relative", "position_embedding_type: '", pos,
-        "' is not one of learned_absolute, relative");
+  check(pos == "learned_absolute" || pos == "relative" || pos == "rope", "position_embedding_type: '", pos,
+        "' is not one of learned_absolute, relative, rope");
   check(pos != "relative" || c.family == "t5", "position_embedding_type relative is T5's; this model is ", c.family);
+  check(pos != "rope" || c.family == "gpt", "position_embedding_type rope is GPT's here; this model is ", c.family);
   c.relative_attention = pos == "relative";
+  c.rope = pos == "rope";
+  c.rotary_percent = v["rotary_percent"].get<double>();
+  c.rotary_base = v["rotary_base"].get<double>();
   c.relative_attention_num_buckets = v["relative_attention_num_buckets"].get<int64_t>();
   c.relative_attention_max_distance = v["relative_attention_max_distance"].get<int64_t>();
   check(c.relative_attention_num_buckets >= 4 && c.relative_attention_max_distance >= c.relative_attention_num_buckets / 2,
@@ -78,6 +83,11 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
         Switch{"bert", "BERT", "bert_no_binary_head"}, Switch{"bert", "BERT", "post_layernorm"}})
     check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
           "'s, and this model is ", c.family, ", which would ignore it; drop it");
+  if (!c.rope)
+    for (const std::string k : {"rotary_percent", "rotary_base"})
+      check(!r.given(k), flag(k),
+            " sets the rotary embeddings, which this run does not have; add "
+            "--position-embedding-type rope, or drop it");
   if (c.family == "t5" && !c.relative_attention)
     for (const std::string k : {"relative_attention_num_buckets", "relative_attention_max_distance"})
       check(!r.given(k), flag(k),
@@ -186,6 +196,9 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"post_layernorm", c.post_layernorm},
           {"binary_head", c.binary_head},
           {"relative_attention", c.relative_attention},
+          {"rope", c.rope},
+          {"rotary_percent", c.rotary_percent},
+          {"rotary_base", c.rotary_base},
           {"decoder_num_layers", c.decoder_layers()},
           {"decoder_seq_length", c.decoder_seq()},
           {"vocab_extra_ids", c.vocab_extra_ids},

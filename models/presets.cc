@@ -53,6 +53,9 @@ void ModelConfig::validate() const {
   check(!add_qkv_bias || disable_bias_linear,
         "--add-qkv-bias keeps the QKV biases of --disable-bias-linear, which "
         "is not given (the linear layers have biases); add --disable-bias-linear, or drop --add-qkv-bias");
+  check(!rope || (rotary_dim() >= 2 && rotary_dim() % 2 == 0), "--rotary-percent ", rotary_percent, " turns ",
+        rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
+        " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
   check(attention_backend != "fused",
         "attention_backend: 'fused' is Transformer Engine's cuDNN attention, which "
         "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");

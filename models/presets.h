@@ -22,6 +22,12 @@ struct ModelConfig {
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
   bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
   bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
+  // GPT: rotary position embeddings instead of learned ones (Megatron's --position-embedding-type rope)
+  bool rope = false;
+  double rotary_percent = 1.0, rotary_base = 10000;  // the share of each head's channels turned; the base
+  int64_t rotary_dim() const {
+    return static_cast<int64_t>(static_cast<double>(hidden_size / num_attention_heads) * rotary_percent);
+  }
   // GPT
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)

@@ -6,6 +6,7 @@
 #include "core/ops/attention.h"
 #include "core/ops/flash_attention.h"
 #include "core/ops/residual.h"
+#include "core/ops/rotary.h"
 #include "core/util/error.h"
 #include "core/util/philox.h"
 
@@ -28,6 +29,8 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.bias_linear = !c.disable_bias_linear;
   sc.qkv_bias = c.add_qkv_bias;
   sc.swiglu = c.swiglu;
+  sc.rotary_dim = c.rope ? c.rotary_dim() : 0;
+  sc.rotary_base = c.rotary_base;
   return sc;
 }
 
@@ -180,6 +183,10 @@ bool flash_attention_chosen(const std::string& backend, Device device, DType dty
   return true;
 }
 
+ops::RotaryShape TransformerStack::rotary_shape() const {
+  return {T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.rotary_dim, cfg_.rotary_base};
+}
+
 ops::AttentionShape TransformerStack::attention_shape() const {
   return {B_, T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
 }
@@ -231,6 +238,7 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
   } else {
     b.qkv.forward(s.qkv, s.x_in);
   }
+  if (cfg_.rotary_dim) ops::rope_forward(s.qkv, rotary_shape());
   if (flash_)
     ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_);
   else
@@ -368,6 +376,7 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
     g_qkv_.zero();  // the explicit attention accumulates
     ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
   }
+  if (cfg_.rotary_dim) ops::rope_backward(g_qkv_, rotary_shape());  // d of the unturned queries and keys
   if (!cfg_.post_layernorm) {
     b.qkv.backward(g_c_, g_qkv_, s.ln1, ops::Write::kSet);
     b.ln1.backward(*dres, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);

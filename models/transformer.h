@@ -19,6 +19,7 @@
 #include "core/nn/layers.h"
 #include "core/ops/attention.h"
 #include "core/ops/dropout.h"
+#include "core/ops/rotary.h"
 #include "core/tensor/tensor.h"
 #include "core/train/model.h"
 #include "models/presets.h"
@@ -38,6 +39,8 @@ struct StackConfig {
   bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
   bool qkv_bias = false;    // the query, key and value projections' biases kept without them (--add-qkv-bias)
   bool swiglu = false;      // fc1 gives 2 ffn: (gate, up) pairs, gated by ops::swiglu (--swiglu)
+  int64_t rotary_dim = 0;   // rotary embeddings turn this many channels of each head's q and k (0: none)
+  double rotary_base = 10000;
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
   // probabilities, attention output, MLP output) or 5 with cross-attention (its
   // probabilities and output after the self-attention's)
@@ -133,6 +136,7 @@ class TransformerStack {
   void cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres);
   void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
   ops::AttentionShape attention_shape() const;
+  ops::RotaryShape rotary_shape() const;  // this rank's heads at the current T
   uint64_t stream(int layer, int site) const {
     return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
   }

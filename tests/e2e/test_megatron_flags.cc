@@ -96,7 +96,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
-      " --use-mcore-models --rotary-base 10000 --qk-layernorm --position-embedding-type "
+      " --use-mcore-models --rotary-interleaved --qk-layernorm --position-embedding-type "
       "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
@@ -104,9 +104,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
-        "\n  --rotary-base 10000 " + megatrons +
-            "megabatch's models have no rotary position embeddings; they are "
-            "Megatron's default GPT",
+        "\n  --rotary-interleaved " + megatrons + "megabatch's models have no interleaved rotary embeddings",
         "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
         "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
         "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
@@ -115,7 +113,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
         "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
         "\n  --ckpt-format torch_dist " + megatrons + "megabatch writes and reads checkpoints of its own (HDF5",
         std::string("\n  unknown option --no-such-flag (see --help)\n"),
-        "\n  --use-rotary-position-embeddings " + megatrons + "megabatch's models have no rotary position embeddings"})
+        "\n  --use-rotary-position-embeddings " + megatrons +
+            "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;

@@ -16,7 +16,9 @@ beta2, adam_eps, weight_decay, clip), datasets params/<name>, tokens (steps?, B,
 labels. Dropout is off (the golden tests run without it). Where params/output_layer.weight is
 given, the output layer is its own (Megatron's untied output layer), else the word embeddings;
 a linear layer without params/<its name>.bias has none (--disable-bias-linear); attribute swiglu
-1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs).
+1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs); attributes
+rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope), without
+learned positions.
 """
 import math
 import sys
@@ -42,12 +44,27 @@ def names(layers):
     return out + ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
 
 
-def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False):
+def rotate(t, rotary_dim, base):
+    """Megatron's rotary embedding (rotate-half form) of t (B, H, T, D): the first rotary_dim
+    channels turned at angle position x base^(-2i / rotary_dim), frequencies in fp32."""
+    T = t.shape[2]
+    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(t.dtype), emb.sin().to(t.dtype)
+    r, rest = t[..., :rotary_dim], t[..., rotary_dim:]
+    x1, x2 = r[..., : rotary_dim // 2], r[..., rotary_dim // 2 :]
+    return torch.cat((r * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
     D = C // heads
-    x = wte[tokens] + P["embedding.position_embeddings.weight"][:T]
+    x = wte[tokens]
+    if not rotary_dim:  # learned positions
+        x = x + P["embedding.position_embeddings.weight"][:T]
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     for l in range(layers):
         p = f"decoder.layers.{l}."
@@ -55,6 +72,8 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False):
         qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P.get(p + "self_attention.linear_qkv.bias"))
         qkv = qkv.view(B, T, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))  # (B, H, T, D)
+        if rotary_dim:
+            q, k = rotate(q, rotary_dim, rotary_base), rotate(k, rotary_dim, rotary_base)
         if sdpa:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
         else:
@@ -139,7 +158,8 @@ def main():
         f, a, P = load(sys.argv[2])
         tokens = torch.tensor(f["tokens"][()], dtype=torch.long)
         labels = torch.tensor(f["labels"][()], dtype=torch.long)
-        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)))
+        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)),
+                       rotary_dim=int(a.get("rotary_dim", 0)), rotary_base=float(a.get("rotary_base", 10000)))
         loss.backward()
         with h5py.File(sys.argv[3], "w") as o:
             o.attrs["loss"] = loss.item()
@@ -156,7 +176,8 @@ def main():
             tokens = torch.tensor(f["tokens"][s], dtype=torch.long)
             labels = torch.tensor(f["labels"][s], dtype=torch.long)
             opt.zero_grad()
-            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)))
+            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)),
+                       rotary_dim=int(a.get("rotary_dim", 0)), rotary_base=float(a.get("rotary_base", 10000)))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(P.values(), float(a["clip"]))
             with torch.no_grad():  # decoupled decay of weights and embeddings only (Megatron's groups)

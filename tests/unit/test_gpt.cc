@@ -199,6 +199,8 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("heads", static_cast<double>(c.num_attention_heads));
   f.attr("eps", c.layernorm_epsilon);
   f.attr("swiglu", c.swiglu ? 1.0 : 0.0);
+  f.attr("rotary_dim", c.rope ? static_cast<double>(c.rotary_dim()) : 0.0);
+  f.attr("rotary_base", c.rotary_base);
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -318,6 +320,29 @@ TEST(GptTorch, ASwigluMlpGivesPyTorchsLossAndGradients) {
   ASSERT_GE(w, 0);
   EXPECT_EQ(model->parameters().info(w).full_shape, (std::vector<int64_t>{80, 24})) << "2 ffn rows";
   const auto batch = random_batch(2, 11, 203, 8);
+  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  mb::testing::expect_gradients_match(model->parameters(), out);
+}
+
+// Megatron's --position-embedding-type rope with --rotary-percent 0.5 and --rotary-base 500: no
+// learned positions; 4 of each head's 8 channels of q and k turned (rotate-half form); loss and
+// every gradient are PyTorch's.
+TEST(GptTorch, RotaryPositionsGivePyTorchsLossAndGradients) {
+  mb::testing::TempDir tmp;
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.rope = true;
+  c.rotary_percent = 0.5;
+  c.rotary_base = 500;
+  auto model = mb::models::make_model(c, tp, 27);
+  EXPECT_LT(model->parameters().find("embedding.position_embeddings.weight"), 0) << "no learned positions";
+  const auto batch = random_batch(2, 11, 203, 9);
   write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
   const auto r =
       mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());

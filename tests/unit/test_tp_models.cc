@@ -16,12 +16,14 @@ namespace mb = megabatch;
 namespace {
 
 // family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own), gpt-swiglu (its MLP
-// gated: fc1's (gate, up) pairs split over the ranks) or t5-no-bias (a T5 whose linear layers
+// gated: fc1's (gate, up) pairs split over the ranks), gpt-rope (rotary positions, each rank
+// turning its heads) or t5-no-bias (a T5 whose linear layers
 // have no biases but the QKV projections')
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
   c.family = family.rfind("gpt", 0) == 0 ? "gpt" : family == "t5-no-bias" ? "t5" : family;
   c.swiglu = family == "gpt-swiglu";
+  c.rope = family == "gpt-rope";
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
   c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
   c.num_layers = 2;
@@ -117,6 +119,9 @@ void expect_split_equals_whole(const std::string& family) {
 }  // namespace
 
 TEST(TensorParallelModels, GptSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("gpt"); }
+TEST(TensorParallelModels, GptWithRotaryPositionsSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("gpt-rope");
+}
 TEST(TensorParallelModels, GptWithASwigluMlpSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("gpt-swiglu");
 }
