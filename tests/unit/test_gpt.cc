@@ -205,23 +205,30 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
 
+// The model's loss and every gradient on `batch` against gpt_torch.py's (the same weights, the
+// config's variant); the fp32 loss within 1e-5 of the reference's, each gradient as
+// expect_gradients_match bounds it.
+void expect_matches_torch(mb::train::Model& model, const mb::models::ModelConfig& c, const mb::train::Batch& batch) {
+  mb::testing::TempDir tmp;
+  write_reference_input((tmp / "in.h5").string(), model, c, {batch});
+  const auto r =
+      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const double loss = mb::testing::loss_and_gradients(model, batch).mean();
+  H5File out((tmp / "out.h5").string(), H5File::kRead);
+  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
+  mb::testing::expect_gradients_match(model.parameters(), out);
+}
+
 }  // namespace
 
 TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   const auto c = tiny();
   auto model = mb::models::make_model(c, tp, 21);
   auto batch = random_batch(3, 11, 203, 4);
   batch.labels[5] = mb::train::kIgnoreLabel;  // an ignored position
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r = mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 // Megatron's --norm-epsilon reaches every LayerNorm: read from the flag as train reads it, a
@@ -237,47 +244,29 @@ TEST(GptTorch, TheNormEpsilonFlagReachesEveryLayerNormAsPyTorchsEpsilon) {
       mb::config::resolve(mb::train::train_schema(), static_cast<int>(argv.size()), argv.data(), 1));
   c.vocab_size = 203;  // as tiny()'s (the tokenizer's, which train sets from the data)
   ASSERT_EQ(c.layernorm_epsilon, 0.25);
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   auto model = mb::models::make_model(c, tp, 23);
   const auto batch = random_batch(2, 11, 203, 5);
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r =
-      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 // Megatron's untied output layer (--untie-embeddings-and-output-weights): output_layer.weight
 // is the head's own, so the word embeddings' gradient comes from the input lookup alone; loss
 // and every gradient, both tables' included, are PyTorch's.
 TEST(GptTorch, AnUntiedOutputLayerGivesPyTorchsLossAndGradients) {
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   auto c = tiny();
   c.untie_embeddings_and_output_weights = true;
   auto model = mb::models::make_model(c, tp, 24);
   ASSERT_GE(model->parameters().find("output_layer.weight"), 0);
   const auto batch = random_batch(2, 11, 203, 6);
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r =
-      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  ASSERT_TRUE(out.has("grads/output_layer.weight")) << "the reference took the output layer";
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 // Megatron's --disable-bias-linear with --add-qkv-bias (as Qwen's configurations set them): the
 // projections and the MLP have no biases, the QKV projection keeps its own, the LayerNorms keep
 // theirs; loss and every gradient are PyTorch's. --add-qkv-bias alone is refused by name.
 TEST(GptTorch, LinearLayersWithoutBiasesButTheQkvsGivePyTorchsLossAndGradients) {
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   auto c = tiny();
   c.add_qkv_bias = true;
@@ -297,20 +286,12 @@ TEST(GptTorch, LinearLayersWithoutBiasesButTheQkvsGivePyTorchsLossAndGradients) 
   for (const char* gone : {"self_attention.linear_proj.bias", "mlp.linear_fc1.bias", "mlp.linear_fc2.bias"})
     EXPECT_LT(P.find(std::string("decoder.layers.1.") + gone), 0) << gone;
   const auto batch = random_batch(2, 11, 203, 7);
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r =
-      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 // Megatron's --swiglu: fc1 gives 2 ffn outputs, (gate, up) pairs, and fc2 takes silu(gate) up;
 // loss and every gradient are PyTorch's (F.silu over the gates of the pairs).
 TEST(GptTorch, ASwigluMlpGivesPyTorchsLossAndGradients) {
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   auto c = tiny();
   c.swiglu = true;
@@ -320,21 +301,13 @@ TEST(GptTorch, ASwigluMlpGivesPyTorchsLossAndGradients) {
   ASSERT_GE(w, 0);
   EXPECT_EQ(model->parameters().info(w).full_shape, (std::vector<int64_t>{80, 24})) << "2 ffn rows";
   const auto batch = random_batch(2, 11, 203, 8);
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r =
-      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 // Megatron's --position-embedding-type rope with --rotary-percent 0.5 and --rotary-base 500: no
 // learned positions; 4 of each head's 8 channels of q and k turned (rotate-half form); loss and
 // every gradient are PyTorch's.
 TEST(GptTorch, RotaryPositionsGivePyTorchsLossAndGradients) {
-  mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
   auto c = tiny();
   c.rope = true;
@@ -343,14 +316,7 @@ TEST(GptTorch, RotaryPositionsGivePyTorchsLossAndGradients) {
   auto model = mb::models::make_model(c, tp, 27);
   EXPECT_LT(model->parameters().find("embedding.position_embeddings.weight"), 0) << "no learned positions";
   const auto batch = random_batch(2, 11, 203, 9);
-  write_reference_input((tmp / "in.h5").string(), *model, c, {batch});
-  const auto r =
-      mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const double loss = mb::testing::loss_and_gradients(*model, batch).mean();
-  H5File out((tmp / "out.h5").string(), H5File::kRead);
-  EXPECT_NEAR(loss, out.attr("loss"), 1e-5 * std::abs(loss));
-  mb::testing::expect_gradients_match(model->parameters(), out);
+  expect_matches_torch(*model, c, batch);
 }
 
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
