@@ -36,7 +36,8 @@ void expect_noted(const std::string& output, const std::vector<std::string>& fla
 // distributed.sh and examples/t5/train_t5_220m_distributed.sh (Megatron-LM, 2025), in their
 // order, with the sizes made small, one rank (tensor and pipeline parallel sizes 1), the default
 // vocabulary files and --model-type for the script's name. Left out: GPT's --rampup-batch-size
-// (it needs --train-samples, and is tested on its own), T5's --distributed-backend nccl (it needs
+// beside --train-iters, which Megatron itself refuses ("expected no batch-size rampup for
+// iteration-based training") as megabatch does, T5's --distributed-backend nccl (it needs
 // GPUs), T5's BertWordPieceCase, which needs a cased vocabulary (the default is uncased), and
 // T5's --split 99982,9,9, which leaves the validation split none of the corpus's 500 documents.
 TEST_F(MegatronFlags, TheExampleScriptsOfMegatronsGptBertAndT5PassTrainCheck) {
