@@ -246,16 +246,16 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc) {
     if (mc.family == "gpt" && first)
       if (std::string w = missing_eod(set, *d.tokenizer); !w.empty()) d.warnings.push_back(std::move(w));
   }
+  const std::string file = data_file(v, 0);  // the per-split file, if one gave the data
   for (const RunDataset& set : d.sets) {
     if (set.split <= 0) continue;  // a validation or test dataset the run trains on too
     for (const RunDataset& trained : d.sets)
       if (trained.split == 0 && trained.prefix == set.prefix)
-        d.warnings.push_back(
-            set.prefix + " is both training and " + kSplitNames[set.split] + " data (" +
-            (data_file(v, 0).empty()
-                 ? "--" + config::flag_name(kSplitKeys[0]) + " and --" + config::flag_name(kSplitKeys[set.split])
-                 : std::string("\"train\" and \"") + kFileKeys[set.split] + "\" of " + data_file(v, 0)) +
-            "): its " + kSplitNames[set.split] + " loss is measured on documents the run trains on");
+        d.warnings.push_back(set.prefix + " is both training and " + kSplitNames[set.split] + " data (" +
+                             (file.empty() ? "--" + config::flag_name(kSplitKeys[0]) + " and --" +
+                                                 config::flag_name(kSplitKeys[set.split])
+                                           : std::string("\"train\" and \"") + kFileKeys[set.split] + "\" of " + file) +
+                             "): its " + kSplitNames[set.split] + " loss is measured on documents the run trains on");
   }
   return d;
 }

@@ -30,11 +30,14 @@ RunMetrics open_metrics(const std::filesystem::path& file, const nlohmann::json&
                            : std::make_unique<io::MetricsFile>(file, resolved);
   if (!tensorboard_dir.empty()) {
     m.tensorboard = std::make_unique<io::TensorBoardWriter>(tensorboard_dir);
-    m.metrics->on_flush([tb = m.tensorboard.get(), tensorboard_interval](
-                            const std::map<std::string, std::vector<double>>& rows) {
-      tb->series(every_nth_iteration(rows, tensorboard_interval));
-      tb->flush();
-    });
+    m.metrics->on_flush(
+        [tb = m.tensorboard.get(), tensorboard_interval](const std::map<std::string, std::vector<double>>& rows) {
+          if (tensorboard_interval > 1)
+            tb->series(every_nth_iteration(rows, tensorboard_interval));
+          else
+            tb->series(rows);  // every row: no filtered copy
+          tb->flush();
+        });
   }
   return m;
 }

@@ -1,5 +1,6 @@
 // Rotary position embeddings on the CPU: the reference (rotary.h).
 #include <cmath>
+#include <vector>
 
 #include "core/ops/backends.h"
 #include "core/ops/cpu/f32.h"
@@ -13,15 +14,24 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
     Out<T> xs(qkv, true);  // read, turned, written back
     T* x = xs;
     const int64_t D = s.head_dim, half = s.rotary_dim / 2, rows = static_cast<int64_t>(qkv.numel()) / (3 * s.heads * D);
+    // cos and sin of each (position, pair), once for the B sequences. As Megatron: inv_freq =
+    // 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32
+    std::vector<float> cosines(static_cast<size_t>(s.T * half)), sines(cosines.size());
+    for (int64_t i = 0; i < half; ++i) {
+      const float inv_freq =
+          1.0f / std::pow(static_cast<float>(s.base), static_cast<float>(2 * i) / static_cast<float>(s.rotary_dim));
+      for (int64_t pos = 0; pos < s.T; ++pos) {
+        const float angle = static_cast<float>(pos) * inv_freq;
+        cosines[static_cast<size_t>(pos * half + i)] = std::cos(angle);
+        sines[static_cast<size_t>(pos * half + i)] = sign * std::sin(angle);
+      }
+    }
 #pragma omp parallel for schedule(static) if (rows > 64)
     for (int64_t r = 0; r < rows; ++r) {
-      const float pos = static_cast<float>(r % s.T);
+      const size_t at = static_cast<size_t>((r % s.T) * half);
       for (int64_t i = 0; i < half; ++i) {
-        // as Megatron: inv_freq = 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32
-        const float inv_freq = 1.0f / std::pow(static_cast<float>(s.base), static_cast<float>(2 * i) /
-                                                                                 static_cast<float>(s.rotary_dim));
-        const float angle = pos * inv_freq;
-        const T c = static_cast<T>(std::cos(angle)), sn = static_cast<T>(sign * std::sin(angle));
+        const T c = static_cast<T>(cosines[at + static_cast<size_t>(i)]),
+                sn = static_cast<T>(sines[at + static_cast<size_t>(i)]);
         for (int64_t h = 0; h < s.heads; ++h)
           for (int which = 0; which < 2; ++which) {  // q, then k
             T* v = x + (r * s.heads + h) * 3 * D + which * D;
