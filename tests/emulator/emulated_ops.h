@@ -38,6 +38,7 @@ using ops::flash_dq_ordered_supported;
 using ops::flash_forward_rows;
 using ops::FlashDq;
 using ops::FlashForwardRows;
+using ops::QueryGroupShape;
 using ops::relative_position_bucket;
 using ops::RotaryShape;
 using ops::set_flash_dq;
@@ -114,6 +115,10 @@ MB_EMULATED_OP(gelu_backward, (const Tensor& din, const Tensor& dout, const Tens
                (din, dout, in, w))
 MB_EMULATED_OP(rope_forward, (const Tensor& qkv, const RotaryShape& s), (qkv, s))
 MB_EMULATED_OP(rope_backward, (const Tensor& dqkv, const RotaryShape& s), (dqkv, s))
+MB_EMULATED_OP(expand_query_groups, (const Tensor& qkv, const Tensor& grouped, const QueryGroupShape& s),
+               (qkv, grouped, s))
+MB_EMULATED_OP(reduce_query_groups, (const Tensor& dgrouped, const Tensor& dqkv, const QueryGroupShape& s),
+               (dgrouped, dqkv, s))
 MB_EMULATED_OP(swiglu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(swiglu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(tanh_forward, (const Tensor& out, const Tensor& in), (out, in))

@@ -24,6 +24,7 @@
 #include "core/ops/embedding.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
+#include "core/ops/query_groups.h"
 #include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
 #include "core/ops/rotary.h"
@@ -322,6 +323,43 @@ TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
     ADD_FAILURE() << "an odd rotary dim taken";
   } catch (const mb::Error& e) {
     EXPECT_NE(std::string(e.what()).find("the rotary dim must be even"), std::string::npos) << e.what();
+  }
+}
+
+// Grouped-query attention's layout: 3 rows of 2 groups of [3 queries, a key, a value] x 4
+// (Megatron's linear_qkv output with 6 heads in 2 groups). Each head of the expanded rows reads
+// its own query and its group's (h / 3) key and value, as the formula says, exactly; the
+// backward is the adjoint (central finite differences of r . expand(x), f64). A head count
+// the groups do not divide is refused.
+TEST(QueryGroups, EachHeadReadsItsGroupsKeyAndValueAndTheBackwardSumsOverTheGroup) {
+  const ops::QueryGroupShape s{6, 2, 4};
+  const int rows = 3, grouped_row = (6 + 2 * 2) * 4, row = 6 * 3 * 4;
+  const Vec x = randn(rows * grouped_row, 15), r = randn(rows * row, 16);
+  mb::Tensor y({rows, row}, mb::DType::kF64);
+  ops::expand_query_groups(y, t64(x, {rows, grouped_row}), s);
+  const Vec yv = vec(y);
+  for (int i = 0; i < rows; ++i)
+    for (int h = 0; h < 6; ++h)
+      for (int which = 0; which < 3; ++which)
+        for (int c = 0; c < 4; ++c) {
+          const int g = h / 3, part = which == 0 ? h % 3 : 2 + which;  // q: the head's own; k, v: the group's
+          EXPECT_EQ(yv[i * row + (h * 3 + which) * 4 + c], x[i * grouped_row + (g * 5 + part) * 4 + c])
+              << "row " << i << " head " << h << " part " << which << " channel " << c;
+        }
+  mb::Tensor dx = t64(randn(rows * grouped_row, 17), {rows, grouped_row});  // garbage: the backward sets
+  ops::reduce_query_groups(dx, t64(r, {rows, row}), s);
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o({rows, row}, mb::DType::kF64);
+        ops::expand_query_groups(o, t64(v, {rows, grouped_row}), s);
+        return dot(vec(o), r);
+      },
+      x, vec(dx), "reduce_query_groups");
+  try {
+    ops::expand_query_groups(y, t64(x, {rows, grouped_row}), ops::QueryGroupShape{6, 4, 4});
+    ADD_FAILURE() << "4 groups of 6 heads taken";
+  } catch (const mb::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the groups must divide the heads"), std::string::npos) << e.what();
   }
 }
 

@@ -23,6 +23,7 @@
 #include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
+#include "core/ops/query_groups.h"
 #include "core/ops/random.h"
 #include "core/ops/reduce.h"
 #include "core/ops/residual.h"
@@ -261,6 +262,25 @@ TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
   ops::rope_backward(y.dev, s);
   ops::rope_backward(y.ref, s);
   h.expect_close(y, 8, "rope backward of the forward (the input again)");
+}
+
+// Grouped-query attention's layout on a QKV output of 2 x 37 rows, 8 heads of dim 64 in 2 groups
+// (4 heads a group): the expansion copies (exact), and its backward sums each key's and value's
+// gradient over 4 heads in f32 (a few roundings of the dtype).
+TEST_P(OnDevice, QueryGroupsExpandAndSumBackAsTheCpuDoes) {
+  auto h = harness(6);
+  const ops::QueryGroupShape s{8, 2, 64};
+  const int64_t rows = 2 * 37, row = 3 * 8 * 64, grouped_row = (8 + 2 * 2) * 64;
+  const Pair x = h.input({rows, grouped_row});
+  Pair y = h.output({rows, row});
+  ops::expand_query_groups(y.dev, x.dev, s);
+  ops::expand_query_groups(y.ref, x.ref, s);
+  h.expect_close(y, 0, "expand_query_groups", 0.0);
+  const Pair dy = h.input({rows, row});
+  Pair dx = h.output({rows, grouped_row});
+  ops::reduce_query_groups(dx.dev, dy.dev, s);
+  ops::reduce_query_groups(dx.ref, dy.ref, s);
+  h.expect_close(dx, 4, "reduce_query_groups");
 }
 
 TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
