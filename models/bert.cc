@@ -46,8 +46,8 @@ Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
 std::string Bert::summary() const {
   std::ostringstream os;
   os << "BERT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers"
-     << (cfg_.post_layernorm ? " (post-LN)" : "") << ", hidden " << cfg_.hidden_size << ", " << cfg_.num_attention_heads
-     << " heads, ffn " << cfg_.ffn() << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << ", vocab "
+     << (cfg_.post_layernorm ? " (post-LN)" : "") << ", hidden " << cfg_.hidden_size << ", " << cfg_.heads_text()
+     << ", ffn " << cfg_.ffn() << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << ", vocab "
      << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
      << (cfg_.binary_head ? "sentence-order head, " : "") << store_.num_full_parameters() << " parameters";
   return os.str();

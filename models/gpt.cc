@@ -38,9 +38,9 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
 std::string Gpt::summary() const {
   std::ostringstream os;
   os << "GPT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers, hidden "
-     << cfg_.hidden_size << ", " << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn()
-     << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded "
-     << cfg_.padded_vocab_size() << "), " << store_.num_full_parameters() << " parameters"
+     << cfg_.hidden_size << ", " << cfg_.heads_text() << ", ffn " << cfg_.ffn() << (cfg_.swiglu ? " (SwiGLU)" : "")
+     << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
+     << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
      << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "")
      << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "");

@@ -88,6 +88,9 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
       check(!r.given(k), flag(k),
             " sets the rotary embeddings, which this run does not have; add "
             "--position-embedding-type rope, or drop it");
+  check(c.group_query_attention || !r.given("num_query_groups"),
+        "--num-query-groups sets grouped-query attention, which this run does not have (Megatron ignores it then); add "
+        "--group-query-attention, or drop it");
   if (c.family == "t5" && !c.relative_attention)
     for (const std::string k : {"relative_attention_num_buckets", "relative_attention_max_distance"})
       check(!r.given(k), flag(k),
@@ -106,8 +109,8 @@ void print_sizes(const ModelConfig& c, std::ostream& out) {
   const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
                                                : std::to_string(c.num_layers);
   out << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden " << c.hidden_size
-      << ", " << c.num_attention_heads << " heads, ffn " << c.ffn() << (c.swiglu ? " (SwiGLU)" : "") << ", seq "
-      << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
+      << ", " << c.heads_text() << ", ffn " << c.ffn() << (c.swiglu ? " (SwiGLU)" : "") << ", seq " << c.seq_length
+      << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
       << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
       << static_cast<double>(r.parameters) / 1e9 << " B)\n"
       << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
@@ -164,6 +167,8 @@ ModelConfig model_config(const config::Resolved& r) {
   c.disable_bias_linear = v["disable_bias_linear"].get<bool>();
   c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
   c.swiglu = v["swiglu"].get<bool>();
+  c.group_query_attention = v["group_query_attention"].get<bool>();
+  c.num_query_groups = v["num_query_groups"].get<int64_t>();
   if (v.contains("kv_channels"))
     check(v["kv_channels"].get<int64_t>() * c.num_attention_heads == c.hidden_size, "--kv-channels ",
           v["kv_channels"].get<int64_t>(), ": megabatch's attention heads have hidden / heads = ", c.hidden_size, " / ",
@@ -215,7 +220,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
           {"disable_bias_linear", c.disable_bias_linear},
           {"add_qkv_bias", c.add_qkv_bias},
-          {"swiglu", c.swiglu}};
+          {"swiglu", c.swiglu},
+          {"num_query_groups", c.query_groups()}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

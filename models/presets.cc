@@ -56,12 +56,30 @@ void ModelConfig::validate() const {
   check(!rope || (rotary_dim() >= 2 && rotary_dim() % 2 == 0), "--rotary-percent ", rotary_percent, " turns ",
         rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
         " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
+  if (group_query_attention) {
+    check(family != "t5",
+          "--group-query-attention: T5's decoder cross-attends, and Megatron's cross-attention takes no "
+          "grouped-query attention; drop it");
+    check(num_query_groups >= 1 && num_attention_heads % num_query_groups == 0, "--num-query-groups ", num_query_groups,
+          " does not divide the ", num_attention_heads,
+          " attention heads; make it a divisor (each group's key and value serve heads / groups query heads)");
+    check(num_query_groups % tensor_model_parallel_size == 0, "--num-query-groups ", num_query_groups,
+          " is not a multiple of --tensor-model-parallel-size ", tensor_model_parallel_size,
+          "; each rank holds whole groups: make the groups a multiple of it");
+  }
   check(attention_backend != "fused",
         "attention_backend: 'fused' is Transformer Engine's cuDNN attention, which "
         "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");
   check(attention_backend == "auto" || attention_backend == "flash" || attention_backend == "unfused" ||
             attention_backend == "local",
         "attention_backend: '", attention_backend, "' is not auto, flash, unfused or local");
+}
+
+std::string ModelConfig::heads_text() const {
+  return std::to_string(num_attention_heads) + " heads" +
+         (group_query_attention ? " in " + std::to_string(num_query_groups) +
+                                      (num_query_groups == 1 ? " key/value group" : " key/value groups")
+                                : "");
 }
 
 namespace {
@@ -197,14 +215,16 @@ SizeReport size_report(const ModelConfig& c) {
 
 // Model FLOPs of one iteration of global batch B, by Megatron's formula (training.py's
 // num_floating_point_operations: forward + backward, no recomputation, logits included):
-// 12 B s L h^2 (2 + s/h + ffn/h + V / (2 L h)) for a stack of L layers over s tokens, which
-// is GPT's and BERT's. T5 is two stacks, the decoder's with cross-attention (queries and
+// 12 B s L h^2 (1 + g/a + s/h + ffn/h + V / (2 L h)) for a stack of L layers over s tokens
+// with a heads in g key/value groups (g = a without grouped-query attention), which is GPT's
+// and BERT's. T5 is two stacks, the decoder's with cross-attention (queries and
 // output over s_d tokens, keys and values over s_e, s_d x s_e scores) and the logits.
 double megatron_flops(const ModelConfig& c, int64_t global_batch) {
   const double B = static_cast<double>(global_batch), h = static_cast<double>(c.hidden_size),
                f = static_cast<double>(c.ffn()), V = static_cast<double>(c.padded_vocab_size());
   const double gated = c.swiglu ? 1.5 : 1.0;  // SwiGLU: fc1 twice as wide (Megatron's gated_linear_multiplier)
-  auto stack = [&](double L, double s) { return 12 * B * s * L * h * h * (2 + s / h + gated * f / h); };
+  const double kv = static_cast<double>(c.query_groups()) / static_cast<double>(c.num_attention_heads);
+  auto stack = [&](double L, double s) { return 12 * B * s * L * h * h * (1 + kv + s / h + gated * f / h); };
   if (c.family != "t5") {
     const double L = static_cast<double>(c.num_layers), s = static_cast<double>(c.seq_length);
     return stack(L, s) + 6 * B * s * h * V;

@@ -22,6 +22,13 @@ struct ModelConfig {
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
   bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
   bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
+  // GPT and BERT: grouped-query attention (Megatron's --group-query-attention): the heads share
+  // num_query_groups key/value heads
+  bool group_query_attention = false;
+  int64_t num_query_groups = 1;
+  int64_t query_groups() const { return group_query_attention ? num_query_groups : num_attention_heads; }
+  // "12 heads", or "12 heads in 4 key/value groups" (for summaries)
+  std::string heads_text() const;
   // GPT: rotary position embeddings instead of learned ones (Megatron's --position-embedding-type rope)
   bool rope = false;
   double rotary_percent = 1.0, rotary_base = 10000;  // the share of each head's channels turned; the base

@@ -18,6 +18,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.layers = layers;
   sc.hidden = c.hidden_size;
   sc.heads = c.num_attention_heads;
+  sc.query_groups = c.query_groups();
   sc.ffn = c.ffn();
   sc.hidden_dropout = c.hidden_dropout;
   sc.attention_dropout = c.attention_dropout;
@@ -85,9 +86,18 @@ void alloc_acc(Tensor& t, std::vector<int64_t> shape, const nn::ParameterStore& 
 }
 
 TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& c)
-    : cfg_(c), store_(&store), tp_(&tp), heads_local_(c.heads / tp.size()) {
+    : cfg_(c),
+      store_(&store),
+      tp_(&tp),
+      heads_local_(c.heads / tp.size()),
+      groups_local_((c.query_groups ? c.query_groups : c.heads) / tp.size()) {
   check(!c.cross_attention || !c.post_layernorm, "transformer stack: cross-attention blocks are pre-LN only");
-  const int64_t C = c.hidden;
+  const int64_t groups = c.query_groups ? c.query_groups : c.heads;
+  check(c.heads % groups == 0 && groups % tp.size() == 0 && (groups == c.heads || !c.cross_attention),
+        "transformer stack: ", c.heads, " heads in ", groups, " key/value groups over ", tp.size(),
+        " tensor-parallel ranks", c.cross_attention ? ", with cross-attention" : "",
+        ": the groups must divide the heads, the ranks the groups, and cross-attention takes no groups");
+  const int64_t C = c.hidden, qkv_width = C + 2 * groups * (C / c.heads);  // (heads + 2 groups) x head dim
   const double out_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
   const bool x = c.cross_attention;
   blocks_.reserve(static_cast<size_t>(c.layers));
@@ -99,7 +109,7 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
         nn::Norm(store, p + "input_layernorm", C, l, c.norm, c.eps),
         x ? std::make_optional<nn::Norm>(store, p + "pre_cross_attn_layernorm", C, l, c.norm, c.eps) : std::nullopt,
         nn::Norm(store, p + "pre_mlp_layernorm", C, l, c.norm, c.eps),
-        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, 3 * C, l, c.init_std,
+        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, qkv_width, l, c.init_std,
                                  c.bias_linear || c.qkv_bias),
         x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l, c.init_std,
                                                          c.bias_linear || c.qkv_bias)
@@ -163,6 +173,7 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   }
   for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
   alloc(g_qkv_, {n, 3 * Cl}, P);
+  if (grouped()) alloc(g_grouped_, {n, (heads_local_ + 2 * groups_local_) * (C / cfg_.heads)}, P);
   alloc(g_attn_, {n, Cl}, P);
   alloc(g_ff_b_, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
   if (cfg_.swiglu) alloc(g_act_, {n, Fl}, P);
@@ -231,13 +242,10 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
   const int li = static_cast<int>(l);
   const ops::AttentionShape as = attention_shape();
   const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
-  if (!cfg_.post_layernorm) {
-    // a later block's ln1 ran with the block before's last residual add (mlp_forward)
-    if (l == 0) b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
-    b.qkv.forward(s.qkv, s.ln1);
-  } else {
-    b.qkv.forward(s.qkv, s.x_in);
-  }
+  // a later pre-LN block's ln1 ran with the block before's last residual add (mlp_forward)
+  if (!cfg_.post_layernorm && l == 0) b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
+  b.qkv.forward(grouped() ? g_grouped_ : s.qkv, cfg_.post_layernorm ? s.x_in : s.ln1);
+  if (grouped()) ops::expand_query_groups(s.qkv, g_grouped_, group_shape());
   if (cfg_.rotary_dim) ops::rope_forward(s.qkv, rotary_shape());
   if (flash_)
     ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_);
@@ -377,11 +385,13 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
     ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
   }
   if (cfg_.rotary_dim) ops::rope_backward(g_qkv_, rotary_shape());  // d of the unturned queries and keys
+  if (grouped()) ops::reduce_query_groups(g_grouped_, g_qkv_, group_shape());
+  const Tensor& d_qkv = grouped() ? g_grouped_ : g_qkv_;  // d of the projection's output
   if (!cfg_.post_layernorm) {
-    b.qkv.backward(g_c_, g_qkv_, s.ln1, ops::Write::kSet);
+    b.qkv.backward(g_c_, d_qkv, s.ln1, ops::Write::kSet);
     b.ln1.backward(*dres, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
   } else {
-    b.qkv.backward(*dres, g_qkv_, s.x_in);
+    b.qkv.backward(*dres, d_qkv, s.x_in);
   }
 }
 

@@ -1,5 +1,6 @@
 // The transformer layer stack shared by GPT (causal), BERT (bidirectional with padding
-// masks) and T5's encoder and decoder: self-attention with a fused per-head QKV projection,
+// masks) and T5's encoder and decoder: self-attention with a fused per-head QKV projection
+// (per group of heads with grouped-query attention, expanded to per head: query_groups.h),
 // optionally cross-attention to a memory (T5's decoder attending to the encoder), and a
 // GELU MLP, tensor-parallel through the nn layers, with dropout keyed by
 // (seed, iteration, micro-batch, stream) so masks never depend on the thread count.
@@ -19,6 +20,7 @@
 #include "core/nn/layers.h"
 #include "core/ops/attention.h"
 #include "core/ops/dropout.h"
+#include "core/ops/query_groups.h"
 #include "core/ops/rotary.h"
 #include "core/tensor/tensor.h"
 #include "core/train/model.h"
@@ -29,6 +31,7 @@ namespace megabatch::models {
 struct StackConfig {
   std::string prefix;  // parameter names: prefix + "<layer>." + ..., e.g. "decoder.layers."
   int64_t layers = 0, hidden = 0, heads = 0, ffn = 0;
+  int64_t query_groups = 0;  // key/value heads of the self-attention (grouped-query attention); 0: one a head
   double hidden_dropout = 0, attention_dropout = 0;
   double init_std = 0.02, eps = 1e-5;
   nn::NormKind norm = nn::NormKind::kLayerNorm;
@@ -137,6 +140,8 @@ class TransformerStack {
   void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
   ops::AttentionShape attention_shape() const;
   ops::RotaryShape rotary_shape() const;  // this rank's heads at the current T
+  bool grouped() const { return groups_local_ != heads_local_; }
+  ops::QueryGroupShape group_shape() const { return {heads_local_, groups_local_, cfg_.hidden / cfg_.heads}; }
   uint64_t stream(int layer, int site) const {
     return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
   }
@@ -147,7 +152,7 @@ class TransformerStack {
   comm::Communicator* tp_;
   std::vector<Block> blocks_;
   std::vector<int> first_param_;  // block l declared parameter ids [first_param_[l], first_param_[l + 1])
-  int64_t heads_local_;
+  int64_t heads_local_, groups_local_;  // this rank's query heads and key/value heads
   // self- and cross-attention through the flash kernels (ops/flash_attention.h): lse saved,
   // not probabilities
   bool flash_ = false;
@@ -158,6 +163,9 @@ class TransformerStack {
   std::vector<Saved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_b_, g_q_, g_kv_;
   Tensor g_act_;  // SwiGLU: d of the gated activation (n, ffn / tp), before d of fc1's pairs in g_ff_b_
+  // grouped-query attention: the QKV projection's output (n, (heads + 2 groups) D / tp), expanded
+  // into s.qkv; then its gradient
+  Tensor g_grouped_;
 };
 
 }  // namespace megabatch::models

@@ -38,6 +38,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"rotary_base", above(1)},
       {"norm_epsilon", above(0)},
       {"kv_channels", at_least(1)},
+      {"num_query_groups", at_least(1)},
       {"attention_dropout", within(0, 1, true)},
       {"init_method_std", above(0)},
       {"make_vocab_size_divisible_by", at_least(1)},
@@ -203,6 +204,13 @@ const config::Schema& train_schema() {
           {"kv_channels", Type::kInt, nullptr,
            "channels of each attention head: hidden / heads, the one value megabatch's attention takes (Megatron's "
            "default; given by its example scripts)",
+           "model"},
+          {"group_query_attention", Type::kBool, false,
+           "GPT and BERT: grouped-query attention, the heads sharing --num-query-groups key/value heads (Megatron's)",
+           "model"},
+          {"num_query_groups", Type::kInt, 1,
+           "with --group-query-attention: the key/value heads, each shared by heads / groups query heads; divides the "
+           "heads, and the tensor-parallel size divides it",
            "model"},
           {"attention_backend", Type::kString, "auto",
            "attention: auto (flash attention where its kernels run: a CUDA GPU, bf16 or fp16, head dim 64 or 128; the "

@@ -98,7 +98,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
       " --use-mcore-models --rotary-interleaved --qk-layernorm --position-embedding-type "
-      "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu "
+      "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --apply-layernorm-1p "
+      "--no-position-embedding "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -107,8 +108,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
         "\n  --rotary-interleaved " + megatrons + "megabatch's models have no interleaved rotary embeddings",
         "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
-        "\n  --group-query-attention " + megatrons + "megabatch's models have no grouped-query attention",
-        "\n  --num-query-groups 2 " + megatrons + "megabatch's models have no grouped-query attention",
+        "\n  --apply-layernorm-1p " + megatrons + "megabatch's models have no LayerNorm weights stored as 1 + w",
+        "\n  --no-position-embedding " + megatrons + "megabatch's models have no GPT or BERT without position",
         "\n  --squared-relu " + megatrons + "megabatch's models have no squared-ReLU MLP",
         "\n  --pipeline-model-parallel-size 4 " + megatrons + "megabatch has no pipeline parallelism; spread the model",
         "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
@@ -117,8 +118,38 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
         "\n  --use-rotary-position-embeddings " + megatrons +
             "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
-  for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7"})
+  for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7",
+                            "--group-query-attention", "--num-query-groups"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
+}
+
+// Megatron's --group-query-attention --num-query-groups is taken (its model is in test_gpt.cc's
+// GroupedQueryAttentionGivesPyTorchsLossAndGradients); each mistake of it is named with what to
+// do: groups without the switch (Megatron would ignore them), groups that do not divide the
+// heads, groups the tensor-parallel ranks do not divide, and T5, whose cross-attention Megatron
+// does not group.
+TEST_F(MegatronFlags, GroupedQueryAttentionIsTakenAndItsMistakesAreNamed) {
+  const std::string common =
+      "--check --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 --lr 1e-4 --train-iters 2 ";
+  const std::string gpt = common + "--data-path " + data("brown_gpt2_text_document") + " ";
+  auto r = train(gpt + "--group-query-attention --num-query-groups 2 --print-params");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("4 heads in 2 key/value groups"), std::string::npos) << r.output;
+  for (const auto& [flags, error] : std::vector<std::pair<std::string, std::string>>{
+           {gpt + "--num-query-groups 2",
+            "--num-query-groups sets grouped-query attention, which this run does not have (Megatron ignores it "
+            "then); add --group-query-attention, or drop it"},
+           {gpt + "--group-query-attention --num-query-groups 3",
+            "--num-query-groups 3 does not divide the 4 attention heads; make it a divisor"},
+           {gpt + "--group-query-attention --tensor-model-parallel-size 2",
+            "--num-query-groups 1 is not a multiple of --tensor-model-parallel-size 2; each rank holds whole groups"},
+           {common + "--model-type t5 --group-query-attention --data-path " + data("brown_bert_text_sentence"),
+            "--group-query-attention: T5's decoder cross-attends, and Megatron's cross-attention takes no "
+            "grouped-query attention; drop it"}}) {
+    r = train(flags);
+    EXPECT_EQ(r.exit_code, 1) << flags << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + error), std::string::npos) << flags << "\n" << r.output;
+  }
 }
 
 // The same in a --config file (snake_case keys, as Megatron's YAML configs have them): a switch
@@ -131,15 +162,14 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "qk_layernorm": false, "group_query_attention": true,
+                          R"({"use_mcore_models": true, "qk_layernorm": false, "squared_relu": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const std::string& line :
        {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
-        "\n  --group-query-attention (" + bad.string() +
-            ".group_query_attention) (Megatron-LM's) is not taken here: megabatch's models have no grouped-query "
-            "attention",
+        "\n  --squared-relu (" + bad.string() +
+            ".squared_relu) (Megatron-LM's) is not taken here: megabatch's models have no squared-ReLU MLP",
         "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})

@@ -18,7 +18,9 @@ given, the output layer is its own (Megatron's untied output layer), else the wo
 a linear layer without params/<its name>.bias has none (--disable-bias-linear); attribute swiglu
 1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs); attributes
 rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope), without
-learned positions.
+learned positions; attribute query_groups G < heads H makes the attention grouped-query
+(--group-query-attention --num-query-groups G: the QKV output per token is Megatron's G groups
+of [H/G queries, a key, a value], each key and value repeated for its group's query heads).
 """
 import math
 import sys
@@ -57,11 +59,14 @@ def rotate(t, rotary_dim, base):
     return torch.cat((r * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
 
 
-def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0):
+def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
+            query_groups=0):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
     D = C // heads
+    G = query_groups or heads
+    per = heads // G  # query heads a key/value group
     x = wte[tokens]
     if not rotary_dim:  # learned positions
         x = x + P["embedding.position_embeddings.weight"][:T]
@@ -70,8 +75,9 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         p = f"decoder.layers.{l}."
         h = F.layer_norm(x, (C,), P[p + "input_layernorm.weight"], P[p + "input_layernorm.bias"], eps)
         qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P.get(p + "self_attention.linear_qkv.bias"))
-        qkv = qkv.view(B, T, heads, 3, D)
-        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))  # (B, H, T, D)
+        qkv = qkv.view(B, T, G, per + 2, D)  # Megatron's groups: [per queries, key, value]
+        q = qkv[:, :, :, :per, :].reshape(B, T, heads, D).transpose(1, 2)  # (B, H, T, D)
+        k, v = (qkv[:, :, :, per + i, :].repeat_interleave(per, dim=2).transpose(1, 2) for i in range(2))
         if rotary_dim:
             q, k = rotate(q, rotary_dim, rotary_base), rotate(k, rotary_dim, rotary_base)
         if sdpa:
@@ -98,6 +104,12 @@ def load(path):
     P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True)
          for n in names(int(a["layers"])) + ["output_layer.weight"] if n in f["params"]}
     return f, a, P
+
+
+def variant(a):
+    """forward's keyword arguments for the model variant IN.h5's attributes name."""
+    return dict(swiglu=bool(a.get("swiglu", 0)), rotary_dim=int(a.get("rotary_dim", 0)),
+                rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)))
 
 
 def bench_params(layers, hidden, seq, vocab, device):
@@ -158,8 +170,7 @@ def main():
         f, a, P = load(sys.argv[2])
         tokens = torch.tensor(f["tokens"][()], dtype=torch.long)
         labels = torch.tensor(f["labels"][()], dtype=torch.long)
-        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)),
-                       rotary_dim=int(a.get("rotary_dim", 0)), rotary_base=float(a.get("rotary_base", 10000)))
+        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), **variant(a))
         loss.backward()
         with h5py.File(sys.argv[3], "w") as o:
             o.attrs["loss"] = loss.item()
@@ -176,8 +187,7 @@ def main():
             tokens = torch.tensor(f["tokens"][s], dtype=torch.long)
             labels = torch.tensor(f["labels"][s], dtype=torch.long)
             opt.zero_grad()
-            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), swiglu=bool(a.get("swiglu", 0)),
-                       rotary_dim=int(a.get("rotary_dim", 0)), rotary_base=float(a.get("rotary_base", 10000)))
+            loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), **variant(a))
             loss.backward()
             torch.nn.utils.clip_grad_norm_(P.values(), float(a["clip"]))
             with torch.no_grad():  # decoupled decay of weights and embeddings only (Megatron's groups)

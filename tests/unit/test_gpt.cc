@@ -173,6 +173,12 @@ TEST(Gpt, FlopsFollowMegatronsFormula) {
                h = static_cast<double>(c.hidden_size), V = static_cast<double>(c.padded_vocab_size());
   const double gated = 12 * B * s * L * h * h * ((1 + 1 + s / h) + 5461 / h * 1.5 + V / (2 * L * h));
   EXPECT_NEAR(mb::models::megatron_flops(c, 512), gated, 1e-9 * gated);
+  // --group-query-attention --num-query-groups 4 of 12 heads: the key and value projections a
+  // third as wide, g / a = 1/3
+  c.group_query_attention = true;
+  c.num_query_groups = 4;
+  const double grouped = 12 * B * s * L * h * h * ((1 + 1.0 / 3 + s / h) + 5461 / h * 1.5 + V / (2 * L * h));
+  EXPECT_NEAR(mb::models::megatron_flops(c, 512), grouped, 1e-9 * grouped);
   // GPT-2 124M at batch 8 x 1024: 6 N per token plus attention, about 6.1e12 per iteration
   const double f = mb::models::megatron_flops(mb::models::preset("gpt2-124m"), 8);
   EXPECT_GT(f, 6 * 124e6 * 8 * 1024);
@@ -201,6 +207,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("swiglu", c.swiglu ? 1.0 : 0.0);
   f.attr("rotary_dim", c.rope ? static_cast<double>(c.rotary_dim()) : 0.0);
   f.attr("rotary_base", c.rotary_base);
+  f.attr("query_groups", static_cast<double>(c.query_groups()));
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -317,6 +324,29 @@ TEST(GptTorch, RotaryPositionsGivePyTorchsLossAndGradients) {
   EXPECT_LT(model->parameters().find("embedding.position_embeddings.weight"), 0) << "no learned positions";
   const auto batch = random_batch(2, 11, 203, 9);
   expect_matches_torch(*model, c, batch);
+}
+
+// Megatron's --group-query-attention --num-query-groups 1 and 3 over 6 heads (multi-query and
+// grouped): the QKV projection gives (6 + 2 g) x 4 outputs, Megatron's groups of [6/g queries, a
+// key, a value]; loss and every gradient are PyTorch's (which repeats each group's key and value
+// for its heads). A group count that does not divide the heads is refused by name.
+TEST(GptTorch, GroupedQueryAttentionGivesPyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.num_attention_heads = 6;  // head dim 4
+  c.group_query_attention = true;
+  for (const int64_t groups : {1, 3}) {
+    SCOPED_TRACE("groups " + std::to_string(groups));
+    c.num_query_groups = groups;
+    auto model = mb::models::make_model(c, tp, 28);
+    const int w = model->parameters().find("decoder.layers.1.self_attention.linear_qkv.weight");
+    ASSERT_GE(w, 0);
+    EXPECT_EQ(model->parameters().info(w).full_shape, (std::vector<int64_t>{(6 + 2 * groups) * 4, 24}));
+    const auto batch = random_batch(2, 11, 203, 10);
+    expect_matches_torch(*model, c, batch);
+  }
+  c.num_query_groups = 4;
+  mb::testing::expect_error([&] { c.validate(); }, "--num-query-groups 4 does not divide the 6 attention heads");
 }
 
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {

@@ -17,11 +17,14 @@ namespace {
 
 // family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own), gpt-swiglu (its MLP
 // gated: fc1's (gate, up) pairs split over the ranks), gpt-rope (rotary positions, each rank
-// turning its heads) or t5-no-bias (a T5 whose linear layers
-// have no biases but the QKV projections')
+// turning its heads), t5-no-bias (a T5 whose linear layers have no biases but the QKV
+// projections') or bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
+// rank at TP 2)
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
-  c.family = family.rfind("gpt", 0) == 0 ? "gpt" : family == "t5-no-bias" ? "t5" : family;
+  c.family = family.substr(0, family.find('-'));
+  c.group_query_attention = family == "bert-gqa";
+  c.num_query_groups = 2;
   c.swiglu = family == "gpt-swiglu";
   c.rope = family == "gpt-rope";
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
@@ -52,7 +55,7 @@ mb::train::Batch batch_for(const std::string& family) {
   if (family.rfind("gpt", 0) == 0) {
     for (int i = 0; i < 18; ++i) b.labels.push_back(tok(g));
     b.padding_mask.clear();
-  } else if (family == "bert") {
+  } else if (family.rfind("bert", 0) == 0) {
     for (int i = 0; i < 18; ++i) {
       b.labels.push_back(i % 3 == 1 ? tok(g) : mb::train::kIgnoreLabel);
       b.token_types.push_back(i % 9 >= 4 ? 1 : 0);
@@ -129,6 +132,9 @@ TEST(TensorParallelModels, GptWithAnUntiedOutputLayerSplitTwoWaysMatchesTheWhole
   expect_split_equals_whole("gpt-untied");
 }
 TEST(TensorParallelModels, BertSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("bert"); }
+TEST(TensorParallelModels, BertWithGroupedQueryAttentionSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("bert-gqa");
+}
 TEST(TensorParallelModels, T5SplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("t5"); }
 TEST(TensorParallelModels, T5WithoutLinearBiasesSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("t5-no-bias");
