@@ -155,6 +155,24 @@ mb::train::LoadOptions load_options(const json& v) {
           v["exit_on_missing_checkpoint"].get<bool>()};
 }
 
+// Where the run starts (its checkpoint, if any) and the schedule it steps with, which the
+// checkpoint's may refuse; verify false (--check): the checkpoint's header, not its tensors.
+mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
+  auto& opt = run.opt;
+  const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout, verify);
+  // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
+  // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
+  // sets it back, and a kept schedule needs a plugin that takes one.
+  const int wd_index = mb::optim::hparam_index(run.plugin, "weight_decay");
+  if (!opt.schedule.wd.scheduled())
+    opt.schedule.wd.start = opt.schedule.wd.end = wd_index >= 0 ? run.hparams[static_cast<size_t>(wd_index)] : 0.0;
+  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
+  if (wd_index >= 0 && !opt.schedule.wd.scheduled()) run.hparams[static_cast<size_t>(wd_index)] = opt.schedule.wd.end;
+  if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
+  if (opt.schedule.decoupled) mb::optim::check_takes_decoupled_lr(run.plugin);
+  return resume;
+}
+
 // The processes (tensor-parallel groups of contiguous ranks, data parallelism across them),
 // the training options and the optimizer plugin; then the device, which must hold the run.
 // false: --check said all is fine and nothing is to be trained.
@@ -196,8 +214,12 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   for (const std::string& w : run.data.warnings) std::cout << "> warning: " << w << std::endl;
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
-    mb::train::check_pretrained_start(load_options(v), mc.vocab_size,
-                                      mb::train::checkpoint_tokenizer(*run.data.tokenizer), run.plugin.name());
+    // what its checkpoint would refuse when it loads: said against the model's declared parameters
+    const auto resume = start_point(v, run, false);
+    if (resume.from)
+      mb::train::check_checkpoint_fits(resume, mb::models::declare_model(mc, *run.parallel.tp)->parameters(),
+                                       mc.vocab_size, mb::train::checkpoint_tokenizer(*run.data.tokenizer),
+                                       run.plugin.name(), mc.padded_vocab_size());
     std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefixes()
               << " and memory are fine" << std::endl;
     return false;
@@ -214,17 +236,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& parallel = run.parallel;
   auto& params = run.model->parameters();
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
-  const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout);
-  // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
-  // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
-  // sets it back, and a kept schedule needs a plugin that takes one.
-  const int wd_index = mb::optim::hparam_index(run.plugin, "weight_decay");
-  if (!opt.schedule.wd.scheduled())
-    opt.schedule.wd.start = opt.schedule.wd.end = wd_index >= 0 ? run.hparams[static_cast<size_t>(wd_index)] : 0.0;
-  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
-  if (wd_index >= 0 && !opt.schedule.wd.scheduled()) run.hparams[static_cast<size_t>(wd_index)] = opt.schedule.wd.end;
-  if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
-  if (opt.schedule.decoupled) mb::optim::check_takes_decoupled_lr(run.plugin);
+  const auto resume = start_point(v, run, true);
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
   const json resolved = resolved_config(v, run.mc, run.plugin, hparams, *run.model, opt, parallel, run.device, run.dtype);
   mb::train::check_ranks_agree(parallel, resolved);

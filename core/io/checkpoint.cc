@@ -127,6 +127,24 @@ struct VocabRows {
   int64_t stored = -1, model = -1;
 };
 
+// The stored shape of dataset `name` (open as d), checked against `shape`, the run's full one:
+// equal, or a padded vocabulary's rows on both sides (then the stored shape differs); errors
+// name the mismatch.
+std::vector<int64_t> checked_shape(hid_t d, const std::vector<int64_t>& shape, const std::string& path,
+                                   const std::string& what, const VocabRows& vocab) {
+  Handle space(H5Dget_space(d), H5Sclose);
+  const int rank = H5Sget_simple_extent_ndims(space.id);
+  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
+  const std::vector<int64_t> stored(dims.begin(), dims.end());
+  const bool repadded = stored != shape && !stored.empty() && stored.size() == shape.size() &&
+                        stored[0] == vocab.stored && shape[0] == vocab.model &&
+                        std::equal(stored.begin() + 1, stored.end(), shape.begin() + 1);
+  check(stored == shape || repadded, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
+        shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
+  return stored;
+}
+
 // Reads dataset `name` (full shape `shape`) and returns it in `shape`; errors name the
 // mismatch. A tensor whose first dimension is the padded vocabulary on both sides is
 // adapted: *valid_rows gets the rows copied (the others keep their current values).
@@ -135,18 +153,10 @@ std::vector<float> read_tensor(hid_t file, const std::string& name, const std::v
                                int64_t* valid_rows = nullptr) {
   check(H5Lexists(file, name.c_str(), H5P_DEFAULT) > 0, path, ": the checkpoint has no ", what);
   Handle d(H5Dopen2(file, name.c_str(), H5P_DEFAULT), H5Dclose);
-  Handle space(H5Dget_space(d.id), H5Sclose);
-  const int rank = H5Sget_simple_extent_ndims(space.id);
-  std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
-  H5Sget_simple_extent_dims(space.id, dims.data(), nullptr);
-  const std::vector<int64_t> stored(dims.begin(), dims.end());
+  const std::vector<int64_t> stored = checked_shape(d.id, shape, path, what, vocab);
+  const bool repadded = stored != shape;
   if (valid_rows) *valid_rows = shape.empty() ? 0 : shape[0];
-  const bool repadded = stored != shape && !stored.empty() && stored.size() == shape.size() &&
-                        stored[0] == vocab.stored && shape[0] == vocab.model &&
-                        std::equal(stored.begin() + 1, stored.end(), shape.begin() + 1);
-  check(stored == shape || repadded, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
-        shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
-  std::vector<float> in(static_cast<size_t>(H5Sget_simple_extent_npoints(space.id)));
+  std::vector<float> in(static_cast<size_t>(numel_of(stored)));
   read_dataset(d.id, in, path, what);
   if (!repadded) return in;
   int64_t row = 1;
@@ -427,14 +437,42 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   return s;
 }
 
-void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer, int64_t expected_padded_vocab,
-                     std::vector<Tensor>* masters) {
+void check_checkpoint_matches(const fs::path& file, const nn::ParameterStore& store,
+                              const std::string& expected_optimizer, int64_t expected_padded_vocab) {
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, p, ": cannot open the checkpoint");
   std::vector<std::string> stored = members(f.id, "params");
+  const VocabRows vocab{state.model.value("padded_vocab_size", int64_t{-1}), expected_padded_vocab};
+  for (size_t i = 0; i < store.count(); ++i) {
+    const nn::ParamInfo& info = store.info(static_cast<int>(i));
+    const std::string name = "params/" + info.name;
+    check(H5Lexists(f.id, name.c_str(), H5P_DEFAULT) > 0, p, ": this model has parameter '", info.name,
+          "' that the checkpoint lacks; its model was ", state.model.dump(),
+          "; load it into the same model configuration");
+    Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
+    check(d.id >= 0, p, ": cannot open parameter '", info.name, "' (the file is damaged)");
+    checked_shape(d.id, info.full_shape, p, "parameter '" + info.name + "'", vocab);
+    stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
+  }
+  check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
+        "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
+        "; load it into the same model configuration");
+  check(expected_optimizer.empty() || state.optimizer == expected_optimizer, p,
+        ": the checkpoint's optimizer state is from plugin '", state.optimizer, "' but this run uses '",
+        expected_optimizer, "'; resume with --optimizer ", state.optimizer,
+        ", or load only the model with --no-load-optim");
+}
+
+void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab,
+                     std::vector<Tensor>* masters) {
+  check_checkpoint_matches(file, store, optimizer ? expected_optimizer : std::string(), expected_padded_vocab);
+  const CheckpointState state = read_checkpoint_state(file);
+  const std::string p = file.string();
+  Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
+  check(f.id >= 0, p, ": cannot open the checkpoint");
   const VocabRows vocab{state.model.value("padded_vocab_size", int64_t{-1}), expected_padded_vocab};
   // element j of a parameter-shaped tensor: copy from the checkpoint unless its row is a
   // padding row the checkpoint does not have
@@ -450,21 +488,11 @@ void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerS
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     int64_t valid = 0;
-    check(H5Lexists(f.id, ("params/" + info.name).c_str(), H5P_DEFAULT) > 0, p, ": this model has parameter '",
-          info.name, "' that the checkpoint lacks; its model was ", state.model.dump(),
-          "; load it into the same model configuration");
     const auto full = read_tensor(f.id, "params/" + info.name, info.full_shape, p, "parameter '" + info.name + "'", vocab, &valid);
     copy_in(info, full, valid, master_of(store, masters, i));
-    stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
   if (!masters) store.copy_masters_to_params();
-  check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
-        "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
-        "; load it into the same model configuration");
   if (!optimizer) return;
-  check(state.optimizer == expected_optimizer, p, ": the checkpoint's optimizer state is from plugin '",
-        state.optimizer, "' but this run uses '", expected_optimizer, "'; resume with --optimizer ", state.optimizer,
-        ", or load only the model with --no-load-optim");
   const nn::ParamInfo& any = store.info(0);
   const int tp_size = any.sharding.tp_size, tp_rank = any.sharding.tp_rank;
   for (auto& [key, s] : *optimizer) {

@@ -103,6 +103,14 @@ std::optional<std::filesystem::path> newest_intact_checkpoint(const std::filesys
 // The iteration in a checkpoint's file name (iter_NNNNNNN.h5), or nullopt for another name.
 std::optional<int64_t> checkpoint_iteration(const std::filesystem::path& file);
 
+// Whether load_checkpoint would take the checkpoint: it holds the store's parameters, each of
+// its names, no other, each of its full shape (a padded vocabulary's rows may differ as there),
+// and, where `expected_optimizer` is not empty, optimizer state of that plugin; an Error as
+// load_checkpoint's otherwise. Attributes and the datasets' headers only (nothing is read or
+// allocated): `store` may be a declared model's, not finalized (train --check).
+void check_checkpoint_matches(const std::filesystem::path& file, const nn::ParameterStore& store,
+                              const std::string& expected_optimizer, int64_t expected_padded_vocab = -1);
+
 // Loads every parameter (each shard its slice of the stored full tensor) and, when
 // `optimizer` is given, its state, refusing with a message that names the mismatch: a
 // parameter missing on either side or of another shape, optimizer state from another

@@ -46,12 +46,19 @@ namespace {
 }
 }  // namespace
 
-ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console) {
+ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console,
+                              bool verify) {
+  // the checkpoint a path names: read whole (verify), else the file or the newest by its name
+  auto checkpoint_of = [&](const std::string& path, bool fallback, const std::string& flag) {
+    if (verify) return intact_checkpoint(path, fallback, console, flag);
+    return std::filesystem::is_regular_file(path) ? std::optional<std::filesystem::path>(path)
+                                                  : io::latest_checkpoint(path);
+  };
   ResumePoint p;
   p.finetune = how.finetune;
   p.no_load_optim = how.no_load_optim;
   if (!how.load.empty()) {
-    p.from = intact_checkpoint(how.load, how.fallback, console);
+    p.from = checkpoint_of(how.load, how.fallback, "--load");
     if (!p.from) {
       // resuming, an empty directory is the first start; fine-tuning, it is a wrong path
       check(!how.finetune, "--finetune: ", how.load,
@@ -66,7 +73,7 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
     }
   }
   if (!p.from && !how.pretrained.empty()) {
-    p.from = intact_checkpoint(how.pretrained, false, console, "--pretrained-checkpoint");
+    p.from = checkpoint_of(how.pretrained, false, "--pretrained-checkpoint");
     if (!p.from) no_pretrained_checkpoint(how.pretrained);
     // iteration 0, this run's seed: the weights only, or the optimizer's state too
     p.finetune = true;
@@ -92,15 +99,12 @@ void check_pretrained_plugin(const std::filesystem::path& file, const std::strin
 }
 }  // namespace
 
-void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer,
-                            const std::string& plugin) {
-  if (how.pretrained.empty() || (!how.load.empty() && io::latest_checkpoint(how.load))) return;
-  const std::filesystem::path path = how.pretrained;
-  const auto file = std::filesystem::is_regular_file(path) ? std::optional(path) : io::latest_checkpoint(path);
-  if (!file) no_pretrained_checkpoint(how.pretrained);
-  const io::CheckpointState state = io::read_checkpoint_state(*file);
-  check_checkpoint_vocabulary(*file, state.model, vocab_size, tokenizer);
-  if (how.pretrained_optimizer) check_pretrained_plugin(*file, state.optimizer, plugin);
+void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
+                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab) {
+  if (!point.from) return;
+  check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
+  if (point.pretrained_optimizer) check_pretrained_plugin(*point.from, point.state.optimizer, plugin);
+  io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab);
 }
 
 nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
@@ -134,10 +138,8 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
                        optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
                        int64_t padded_vocab, std::ostream& console) {
   if (!point.from) return;
-  check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
-  if (point.pretrained_optimizer)
-    check_pretrained_plugin(*point.from, point.state.optimizer, optimizer.plugin().name());
-  const bool load_optim = (!point.finetune && !point.no_load_optim) || point.pretrained_optimizer;
+  check_checkpoint_fits(point, params, vocab_size, tokenizer, optimizer.plugin().name(), padded_vocab);
+  const bool load_optim = point.loads_optimizer();
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
   io::load_checkpoint(*point.from, params, load_optim ? &whole : nullptr, optimizer.plugin().name(), padded_vocab,

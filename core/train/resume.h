@@ -45,12 +45,18 @@ struct ResumePoint {
   bool pretrained_optimizer = false;                   // a first start from --pretrained-checkpoint: and its
                                                        // optimizer state (iteration 0, the step count from 1)
   bool resuming() const { return from && !finetune; }  // continues the iterations and the data
+  // takes the checkpoint's optimizer state (resuming without --no-load-optim, or
+  // --pretrained-optimizer-state)
+  bool loads_optimizer() const { return (!finetune && !no_load_optim) || pretrained_optimizer; }
 };
 
 // Where this run starts, checked against its seed and --train-iters: a resumed run keeps its
 // seed and does not start past its end; a --pretrained-checkpoint (or --finetune) directory
-// that holds no checkpoint is refused, as a wrong path.
-ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console);
+// that holds no checkpoint is refused, as a wrong path. With verify (the run), the checkpoint
+// is read whole first, and a damaged one is refused or falls back (intact_checkpoint); without
+// (train --check), the newest is taken by its header alone.
+ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console,
+                              bool verify = true);
 
 // What a resumed run does with the learning-rate and weight-decay schedule its checkpoint
 // was trained with when its own flags give another one, as Megatron's OptimizerParamScheduler
@@ -68,13 +74,14 @@ enum class ScheduleOnResume { kCheck, kOverride, kFromCheckpoint };
 optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSchedule& run, ScheduleOnResume how,
                                      std::ostream& console);
 
-// --check (and so sweep run --dry-run) of a first start from --pretrained-checkpoint: a
-// checkpoint is there, of this run's vocabulary (`tokenizer`: as checkpoint_tokenizer gives
-// it), and with --pretrained-optimizer-state of this run's optimizer `plugin`. Its header
-// only: the tensors' checksums and shapes are checked when it loads. Nothing where --load
-// holds a checkpoint to resume from (the run would not read it).
-void check_pretrained_start(const LoadOptions& how, int64_t vocab_size, const nlohmann::json& tokenizer,
-                            const std::string& plugin);
+// What loading `point`'s checkpoint would refuse, before anything is loaded (train --check, and
+// so sweep run --dry-run, says it too): its model's vocabulary (check_checkpoint_vocabulary),
+// its optimizer state's plugin where the run takes that state (resuming without
+// --no-load-optim, or --pretrained-optimizer-state), and its parameters' names and shapes
+// against `params` (io::check_checkpoint_matches; a declared model's will do). The tensors'
+// checksums are checked when it loads.
+void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
+                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab);
 
 // A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
 // and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as

@@ -120,23 +120,43 @@ TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {
                                             "latest_checkpointed_iteration.txt"}));  // the lock: one run at a time
 }
 
+// Each refusal is said by train --check too (and so by sweep run --dry-run), from the
+// checkpoint's header and its datasets' shapes, before anything is loaded or trained.
 TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();
   auto r = mb::testing::run_command(train(tmp / "run", "--optimizer lamb --save " + c + " --train-iters 2"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "r1", "--optimizer lamb --load " + c + " --check"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> check: configuration"), std::string::npos) << r.output;
 
-  r = mb::testing::run_command(train(tmp / "r2", "--optimizer lamb --load " + c + " --ffn-hidden-size 64"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint but "
-                          "[64, 32] in this run"),
-            std::string::npos)
-      << r.output;
+  for (const std::string check : {"", " --check"}) {
+    SCOPED_TRACE("refused" + check);
+    r = mb::testing::run_command(train(tmp / "r2", "--optimizer lamb --load " + c + " --ffn-hidden-size 64" + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint "
+                            "but [64, 32] in this run"),
+              std::string::npos)
+        << r.output;
+    r = mb::testing::run_command(
+        train(tmp / "r2", "--optimizer lamb --load " + c + " --untie-embeddings-and-output-weights" + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: this model has parameter 'output_layer.weight' that the checkpoint "
+                                "lacks; its model was {"),
+              std::string::npos)
+        << r.output;
 
-  r = mb::testing::run_command(train(tmp / "r3", "--optimizer adamw --load " + c));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("optimizer state is from plugin 'lamb' but this run uses 'adamw'"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
+    r = mb::testing::run_command(train(tmp / "r3", "--optimizer adamw --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("optimizer state is from plugin 'lamb' but this run uses 'adamw'"), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
+
+    r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
+  }
 
   r = mb::testing::run_command(train(tmp / "r4", "--optimizer adamw --no-load-optim --load " + c));
   EXPECT_EQ(r.exit_code, 0) << r.output;
@@ -147,14 +167,11 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
   EXPECT_NE(r.output.find("starting at iteration 0"), std::string::npos) << r.output;
   EXPECT_EQ(series(tmp / "r5" / "metrics.h5", "train/iteration").size(), 6u);
 
-  r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
-
   // Into a run on the compact dataset (32,735 tokens): only the vocabulary's padding may differ
   // (as between tensor-parallel sizes), not the tokens its rows stand for. Before, the first
   // 32,768 of GPT-2's rows loaded as the compact tokens' without a word.
-  for (const auto& [dir, how] : {std::pair{"r7", "--optimizer lamb"}, std::pair{"r8", "--optimizer lamb --finetune"}}) {
+  for (const auto& [dir, how] : {std::pair{"r7", "--optimizer lamb"}, std::pair{"r8", "--optimizer lamb --finetune"},
+                                 std::pair{"r8", "--optimizer lamb --check"}}) {
     SCOPED_TRACE(how);
     std::string compact = train(tmp / dir, std::string(how) + " --load " + c);
     const std::string full = "brown_gpt2_text_document";
@@ -479,19 +496,22 @@ TEST_F(Checkpoint, AResumeWithAnotherScheduleIsRefusedUnlessAFlagSaysWhichToKeep
     return mb::testing::run_command(train(tmp / name, flags + " --load " + c.string()));
   };
 
-  r = resume("refused", "--lr 6e-3 --min-lr 1e-4");
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find((tmp / "c_refused" / "iter_0000002.h5").string() +
-                          " was trained with another learning-rate or weight-decay schedule than this run's flags "
-                          "give, so the resumed run would go on with another one: peak learning rate (--lr, after "
-                          "--lr-scaling) 0.003 in "
-                          "the checkpoint, 0.006 in this run; --min-lr (after --lr-scaling) 0 in the checkpoint, "
-                          "1e-04 in this run. Give the flags the checkpoint was trained with, or "
-                          "--use-checkpoint-opt-param-scheduler to keep its schedule, or "
-                          "--override-opt-param-scheduler to take this run's"),
-            std::string::npos)
-      << r.output;
-  EXPECT_FALSE(fs::exists(tmp / "refused" / "config.json")) << "refused before the run directory is written";
+  for (const std::string check : {"", " --check"}) {  // train --check refuses it too
+    const std::string name = check.empty() ? "refused" : "refused_by_check";
+    r = resume(name, "--lr 6e-3 --min-lr 1e-4" + check);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    EXPECT_NE(r.output.find((tmp / ("c_" + name) / "iter_0000002.h5").string() +
+                            " was trained with another learning-rate or weight-decay schedule than this run's flags "
+                            "give, so the resumed run would go on with another one: peak learning rate (--lr, after "
+                            "--lr-scaling) 0.003 in "
+                            "the checkpoint, 0.006 in this run; --min-lr (after --lr-scaling) 0 in the checkpoint, "
+                            "1e-04 in this run. Give the flags the checkpoint was trained with, or "
+                            "--use-checkpoint-opt-param-scheduler to keep its schedule, or "
+                            "--override-opt-param-scheduler to take this run's"),
+              std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(tmp / name / "config.json")) << "refused before the run directory is written";
+  }
 
   r = resume("kept", "--lr 6e-3 --use-checkpoint-opt-param-scheduler");
   ASSERT_EQ(r.exit_code, 0) << r.output;
