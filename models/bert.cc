@@ -152,7 +152,8 @@ void Bert::masked_lm_head(const std::vector<int32_t>& rows, const std::vector<in
   // decoder tied to the word embedding, with its own bias; dl1_ gets d loss / d l1
   const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
                               store_.grad(lm_bias_), wte_->vocab_begin()};
-  head_.run(l1_, targets_, m_, w, grad_scale_, ctx_.loss_scale, have_grad_ ? dl1_ : Tensor(), sums_.flat(0, 1));
+  head_.run(l1_, targets_, ctx_.lm_divisor_for(m_), w, grad_scale_, ctx_.loss_scale, have_grad_ ? dl1_ : Tensor(),
+            sums_.flat(0, 1));
 }
 
 // The sentence-order head on the [CLS] position: a two-class cross entropy.

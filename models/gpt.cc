@@ -92,7 +92,8 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   // LM head tied to the word embedding (or the output layer's own), fused with the loss and its gradients
   const nn::VocabParallelEmbedding& head = output_ ? *output_ : *wte_;
   const TiedLmHead::Weights w{store_.param(head.param_id()), store_.grad(head.param_id()), {}, {}, head.vocab_begin()};
-  head_.run(lnf_out_, labels_, out.count, w, grad_scale, ctx.loss_scale, have_grad_ ? dlnf_ : Tensor(), sums_);
+  head_.run(lnf_out_, labels_, ctx.lm_divisor_for(out.count), w, grad_scale, ctx.loss_scale,
+            have_grad_ ? dlnf_ : Tensor(), sums_);
   out.sums = sums_;
   return out;
 }

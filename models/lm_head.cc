@@ -22,14 +22,14 @@ int64_t head_chunk_rows(int64_t n, int64_t vocab, DType dtype, Device device) {
   return std::max<int64_t>((n + chunks - 1) / chunks, 1);
 }
 
-void TiedLmHead::run(const Tensor& X, const Tensor& labels, int64_t count, const Weights& w, float grad_scale,
+void TiedLmHead::run(const Tensor& X, const Tensor& labels, double divisor, const Weights& w, float grad_scale,
                      const Tensor& loss_scale, const Tensor& dX, const Tensor& loss_sum) {
   const profile::Region mark(profile::Family::kLmHeadLoss);
   const int64_t n = X.dim(0), Vl = w.W.dim(0);
   const bool grads = grad_scale != 0.0f && dX.defined();
   losses_.resize({std::max<int64_t>(n, 1)}, DType::kF32, X.device());
   losses_.zero();
-  const float dl = count ? grad_scale / static_cast<float>(count) : 0.0f;
+  const float dl = divisor > 0 ? grad_scale / static_cast<float>(divisor) : 0.0f;
   const int64_t chunk = chunk_ > 0 ? chunk_ : head_chunk_rows(n, Vl, X.dtype(), X.device());
   for (int64_t r0 = 0; r0 < n; r0 += chunk) {
     const int64_t R = std::min(chunk, n - r0);

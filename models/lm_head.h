@@ -42,9 +42,10 @@ class TiedLmHead {
   };
   // The losses of the rows of X (n, C) against labels (i32 (n) on X's device;
   // kIgnoreLabel: no loss), summed into loss_sum (a one-element fp32 tensor, overwritten).
-  // With grad_scale != 0 the gradients of grad_scale x (loss_sum / count) x loss_scale
-  // (see ops::ce_backward) are written to dX (n, C) and accumulated into dW and dbias.
-  void run(const Tensor& X, const Tensor& labels, int64_t count, const Weights& w, float grad_scale,
+  // With grad_scale != 0 the gradients of grad_scale x (loss_sum / divisor) x loss_scale
+  // (see ops::ce_backward) are written to dX (n, C) and accumulated into dW and dbias; divisor
+  // is the counted rows, or what StepContext::lm_divisor_for says.
+  void run(const Tensor& X, const Tensor& labels, double divisor, const Weights& w, float grad_scale,
            const Tensor& loss_scale, const Tensor& dX, const Tensor& loss_sum);
 
  private:

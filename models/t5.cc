@@ -153,7 +153,8 @@ train::LossOutput T5::forward(const train::Batch& batch, const train::StepContex
 
   const TiedLmHead::Weights w{store_.param(wte_->param_id()), store_.grad(wte_->param_id()), store_.param(lm_bias_),
                               store_.grad(lm_bias_), wte_->vocab_begin()};
-  head_.run(dec_h_, labels_, out.count, w, grad_scale, ctx.loss_scale, have_grad_ ? d_dec_h_ : Tensor(), sums_);
+  head_.run(dec_h_, labels_, ctx.lm_divisor_for(out.count), w, grad_scale, ctx.loss_scale,
+            have_grad_ ? d_dec_h_ : Tensor(), sums_);
   out.sums = sums_;
   return out;
 }

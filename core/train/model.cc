@@ -2,6 +2,12 @@
 
 namespace megabatch::train {
 
+int64_t counted_tokens(const Batch& batch) {
+  int64_t n = 0;
+  for (int32_t y : batch.labels) n += y != kIgnoreLabel;
+  return n;
+}
+
 std::vector<double> LossOutput::mean_weights() const {
   std::vector<double> w{count ? 1.0 / static_cast<double>(count) : 0.0};
   for (const auto& [name, n] : extra) w.push_back(n ? 1.0 / static_cast<double>(n) : 0.0);

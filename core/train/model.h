@@ -42,7 +42,16 @@ struct StepContext {
   // multiplies the loss gradient by (undefined: 1). It lives on the device so that the
   // scaler can change it without the host waiting.
   Tensor loss_scale = {};
+  // What the lm loss's sum is divided by: 0, the micro-batch's counted tokens (its mean);
+  // --calculate-per-token-loss, the global batch's counted tokens over its micro-batches, so that
+  // with grad_scale 1 / micro-batches every token of the global batch weighs the same.
+  double lm_divisor = 0;
+  double lm_divisor_for(int64_t count) const { return lm_divisor > 0 ? lm_divisor : static_cast<double>(count); }
 };
+
+// The tokens of a batch that carry the lm loss (labels other than kIgnoreLabel), as every model
+// counts them (LossOutput::count).
+int64_t counted_tokens(const Batch& batch);
 
 // A further term of a model's objective (BERT's "sop loss"): a sum over count items.
 struct LossTerm {
@@ -82,8 +91,9 @@ class Model {
   virtual ~Model() = default;
   virtual nn::ParameterStore& parameters() = 0;
   // Computes the loss. With grad_scale != 0 it also prepares backward for the objective
-  // grad_scale * (mean lm loss over the batch's counted tokens + each extra term's mean),
-  // times ctx.loss_scale when it is defined.
+  // grad_scale * (lm loss sum / ctx.lm_divisor_for(count) + each extra term's mean), times
+  // ctx.loss_scale when it is defined (the lm term is the mean over the batch's counted tokens
+  // unless ctx.lm_divisor says otherwise).
   virtual LossOutput forward(const Batch& batch, const StepContext& ctx, float grad_scale) = 0;
   // Accumulates into parameters().grads(); after a forward with grad_scale != 0.
   virtual void backward() = 0;

@@ -312,6 +312,12 @@ const config::Schema& train_schema() {
            "throughout), linear, cosine",
            "optimizer"},
           {"clip_grad", Type::kFloat, 1.0, "global gradient-norm clipping (0: off)", "optimizer"},
+          {"calculate_per_token_loss", Type::kBool, false,
+           "the lm loss as the mean over the global batch's counted tokens, each token weighing the same (Megatron's), "
+           "instead of the mean over the micro-batches of each one's mean: the step then does not depend on how the "
+           "batch is split into micro-batches and ranks where their token counts differ (BERT's masked tokens, "
+           "--eod-mask-loss)",
+           "optimizer"},
           {"adam_beta1", Type::kFloat, 0.9, "passed to the plugin's beta1", "optimizer"},
           {"adam_beta2", Type::kFloat, 0.999, "passed to the plugin's beta2", "optimizer"},
           {"adam_eps", Type::kFloat, 1e-8, "passed to the plugin's eps", "optimizer"},
@@ -661,6 +667,10 @@ void logging_options(const config::Resolved& r, TrainOptions& opt) {
             opt.diagnostics_interval);
   opt.diagnostics_asked = r.given("diagnostics_interval");
   opt.noise_scale = v["log_noise_scale"].get<bool>();
+  opt.per_token_loss = v["calculate_per_token_loss"].get<bool>();
+  check(!opt.per_token_loss || !opt.noise_scale,
+        "--log-noise-scale estimates the noise from each micro-batch's mean gradient, which "
+        "--calculate-per-token-loss weighs by its token count; drop one of them");
   for (const char* key : {"noise_scale_ema", "noise_scale_window"})
     check(opt.noise_scale || !r.given(key), "--", config::flag_name(key),
               " averages the gradient noise scale, which only --log-noise-scale estimates; add it or drop the option");

@@ -26,6 +26,7 @@ struct TrainOptions {
   int64_t diagnostics_interval = 0;  // per-tensor optimizer diagnostics every N iterations (0: off)
   bool diagnostics_asked = false;    // --diagnostics-interval given: say so when the plugin reports none
   bool noise_scale = false;          // estimate the gradient noise scale B_simple
+  bool per_token_loss = false;  // --calculate-per-token-loss: the lm loss weighs every token of the global batch alike
   double noise_scale_ema = 0.99;     // decay of its moving averages, a step
   double noise_scale_window = 0;     // > 0: their window in samples instead (decay exp(-B / window) a step)
   // fp16 loss scaling (used when the model's parameters are f16; bf16 and f32 need none)

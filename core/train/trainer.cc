@@ -106,18 +106,38 @@ void Trainer::forward_backward() {
   auto measured = [&](int64_t k) { return opt_.noise_scale && (k == 0 || !buckets_ || k < local - 1); };
   int64_t n_measured = 0;
   for (int64_t k = 0; k < local; ++k) n_measured += measured(k);
+  // --calculate-per-token-loss: every token of the global batch weighs the same, so the lm
+  // term's divisor is the global batch's counted tokens (over every rank) per micro-batch
+  std::vector<int64_t> counted;
+  double lm_divisor = 0;
+  if (opt_.per_token_loss) {
+    double tokens = 0;
+    for (int64_t k = 0; k < local; ++k) {
+      train_.fill(static_cast<uint64_t>(consumed_ + (r * local + k) * opt_.micro_batch_size), opt_.micro_batch_size,
+                  batch_);
+      counted.push_back(counted_tokens(batch_));
+      tokens += static_cast<double>(counted.back());
+    }
+    dp_->all_reduce(&tokens, 1, comm::ReduceOp::kSum);
+    lm_divisor = tokens > 0 ? tokens / static_cast<double>(micro_batches) : 1.0;  // none at all: no lm loss
+  }
   model_.parameters().zero_grad();
   for (int64_t k = 0; k < local; ++k) {
     const int64_t m = r * local + k;
     train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
     StepContext ctx{opt_.seed, iteration_, m, true};
     if (fp16()) ctx.loss_scale = optimizer_.loss_scale();
+    ctx.lm_divisor = lm_divisor;
     const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
+    if (!counted.empty())
+      check(out.count == counted[static_cast<size_t>(k)], "--calculate-per-token-loss: the model counted ", out.count,
+            " lm-loss tokens in micro-batch ", m, ", its labels ", counted[static_cast<size_t>(k)]);
     // the last micro-batch: buckets may start during its backward pass
     if (buckets_ && k == local - 1 && !measured(k)) buckets_->arm();
     model_.backward();
     if (!recorder_.allocated()) first_forward(out);
     std::vector<double> w = out.mean_weights();
+    if (lm_divisor > 0) w[0] = 1.0 / lm_divisor;  // the logged lm loss: the global batch's token mean
     for (double& x : w) x /= static_cast<double>(micro_batches);
     ops::weighted_accumulate(recorder_.losses().flat(0, w.size()), out.sums, w);
     if (measured(k)) measure_micro_batch(k, local, n_measured * D);

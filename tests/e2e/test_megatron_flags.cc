@@ -152,6 +152,50 @@ TEST_F(MegatronFlags, GroupedQueryAttentionIsTakenAndItsMistakesAreNamed) {
   }
 }
 
+// Megatron's --calculate-per-token-loss on BERT (whose micro-batches hold other counts of masked
+// tokens), dropout off: at micro-batch 1 and 2 of a global batch of 4 the losses and gradient
+// norms are those of one micro-batch of 4, where the mean over the batch's tokens is the only
+// mean (the default path, which is what any split of it is measured against); without it, the
+// mean of 4 micro-batches' means steps otherwise. Beside --log-noise-scale it is refused.
+TEST_F(MegatronFlags, PerTokenLossStepsAsOneMicroBatchHoweverTheBatchIsSplit) {
+  auto run = [&](int micro, const std::string& name, const std::string& extra) {
+    const auto r = train(
+        "--model-type bert --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 48 "
+        "--micro-batch-size " +
+        std::to_string(micro) +
+        " --global-batch-size 4 --train-iters 3 --lr 3e-3 --log-interval 1 --eval-iters 0 --hidden-dropout 0 "
+        "--attention-dropout 0 --data-path " +
+        data("brown_bert_text_sentence") + " --run-dir " + (tmp_ / name).string() + " " + extra);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    mb::testing::H5File f((tmp_ / name / "metrics.h5").string(), mb::testing::H5File::kRead);
+    return std::pair{f.read<double>("train/lm_loss"), f.read<double>("train/grad_norm")};
+  };
+  const auto whole = run(4, "whole", "");
+  ASSERT_EQ(whole.first.size(), 3u);
+  for (const int micro : {1, 2}) {
+    SCOPED_TRACE("micro-batch " + std::to_string(micro));
+    const auto split = run(micro, "split" + std::to_string(micro), "--calculate-per-token-loss");
+    ASSERT_EQ(split.first.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_NEAR(split.first[i], whole.first[i], 2e-5 * whole.first[i]) << "lm loss, iteration " << i + 1;
+      EXPECT_NEAR(split.second[i], whole.second[i], 2e-5 * whole.second[i]) << "grad norm, iteration " << i + 1;
+    }
+  }
+  const auto means = run(1, "means", "");
+  EXPECT_GT(std::abs(means.second[0] - whole.second[0]), 1e-3 * whole.second[0])
+      << "the mean of micro-batch means is another objective: its gradient differs";
+  const auto r = train(
+      "--check --calculate-per-token-loss --log-noise-scale --num-layers 2 --hidden-size 64 --num-attention-heads 2 "
+      "--seq-length 32 --micro-batch-size 2 "
+      "--global-batch-size 4 --lr 1e-4 --train-iters 2 --data-path " +
+      data("brown_gpt2_text_document"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: --log-noise-scale estimates the noise from each micro-batch's mean "
+                          "gradient, which --calculate-per-token-loss weighs by its token count; drop one of them"),
+            std::string::npos)
+      << r.output;
+}
+
 // The same in a --config file (snake_case keys, as Megatron's YAML configs have them): a switch
 // set true asks for it and false for Megatron's default (nothing asked); a refused key and an
 // unknown one are said in one error naming the file; the taken ones are noted with the file's key.

@@ -271,6 +271,29 @@ TEST(MpiModels, BertAndT5AtTensorParallelTwoMatchOneProcess) {
   }
 }
 
+// --calculate-per-token-loss at data parallel 2, one sample a micro-batch: each rank's micro-batches
+// hold other counts of masked tokens, and the global batch's count is summed over the ranks, so
+// the steps are those of one process taking the global batch of 4 as one micro-batch (where the
+// token mean of the batch is the only mean there is).
+TEST(MpiPerTokenLoss, BertAtDataParallelTwoStepsAsOneMicroBatchOfTheGlobalBatch) {
+  mb::testing::TempDir tmp;
+  auto args = [&](int micro, const std::string& run) {
+    return mb::testing::bin_dir() +
+           "/train --model-type bert --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 48 "
+           "--micro-batch-size " +
+           std::to_string(micro) +
+           " --global-batch-size 4 --train-iters 3 --lr 3e-3 "
+           "--log-interval 1 --eval-iters 0 --threads 1 --hidden-dropout 0 --attention-dropout 0 --data-path " +
+           (mb::testing::brown_data() / "brown_bert_text_sentence").string() + " --run-dir " + (tmp / run).string();
+  };
+  auto r = mb::testing::run_command(args(4, "one"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(mpirun(2) + args(1, "dp2") + " --calculate-per-token-loss");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string s : {"train/lm_loss", "train/grad_norm", "train/sop_loss"})
+    expect_close(series(tmp / "dp2", s), series(tmp / "one", s), 2e-5, s);
+}
+
 TEST_F(Mpi, CheckpointWrittenAtTensorParallelTwoLoadsAtOneAndFour) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();
