@@ -26,4 +26,14 @@ void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows_)
   MB_OP_DISPATCH(d, scatter_add_rows, dst, src, rows_);
 }
 
+void scatter_rows(const Tensor& dst, const Tensor& src, const Tensor& rows_) {
+  const Device d = common_device("scatter_rows", {&dst, &src, &rows_});
+  expect_accepted(accepts::scatter_rows_src, src, d);
+  expect_dtype("scatter_rows", "dst", dst, src.dtype());
+  expect_accepted(accepts::scatter_rows_rows, rows_, d);
+  check(cols(dst) == cols(src) && rows(src) == static_cast<int64_t>(rows_.numel()), "scatter_rows: dst ",
+        dst.describe(), ", src ", src.describe(), ", rows ", rows_.describe(), " do not agree");
+  MB_OP_DISPATCH(d, scatter_rows, dst, src, rows_);
+}
+
 }  // namespace megabatch::ops

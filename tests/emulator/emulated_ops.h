@@ -138,6 +138,7 @@ MB_EMULATED_OP(scale, (const Tensor& x, float s), (x, s))
 // gather.h
 MB_EMULATED_OP(gather_rows, (const Tensor& out, const Tensor& in, const Tensor& rows), (out, in, rows))
 MB_EMULATED_OP(scatter_add_rows, (const Tensor& dst, const Tensor& src, const Tensor& rows), (dst, src, rows))
+MB_EMULATED_OP(scatter_rows, (const Tensor& dst, const Tensor& src, const Tensor& rows), (dst, src, rows))
 // random.h
 MB_EMULATED_OP(normal_fill, (const Tensor& out, uint64_t key, const ShardLayout& layout), (out, key, layout))
 // relative_position.h

@@ -9,6 +9,7 @@
 // test_attention_devices.cc's, in the same programs; this file instantiates both files' tests.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <utility>
@@ -476,6 +477,21 @@ TEST_P(OnDevice, GatherAndScatterRows) {
   ops::scatter_add_rows(acc.ref, src.ref, idx.ref);
   h.expect_close(g, 0, "gather", 1.0);
   h.expect_close(acc, 1, "scatter add");
+  // scatter (=): the rows named take src's, exactly; the others keep theirs (the reference is
+  // checked against that formula too)
+  Pair set = h.accumulator({20, 33});
+  const std::vector<double> before = mb::to_host_f64(set.ref), from = mb::to_host_f64(src.ref);
+  ops::scatter_rows(set.dev, src.dev, idx.dev);
+  ops::scatter_rows(set.ref, src.ref, idx.ref);
+  h.expect_close(set, 0, "scatter", 0.0);
+  const std::vector<double> after = mb::to_host_f64(set.ref);
+  for (size_t row = 0; row < 20; ++row) {
+    const auto at = std::find(rows.begin(), rows.end(), static_cast<int32_t>(row));
+    for (size_t c = 0; c < 33; ++c)
+      ASSERT_EQ(after[row * 33 + c],
+                at == rows.end() ? before[row * 33 + c] : from[static_cast<size_t>(at - rows.begin()) * 33 + c])
+          << "row " << row << " column " << c;
+  }
 }
 
 TEST_P(OnDevice, ReductionsForLossesAndGradientNorms) {

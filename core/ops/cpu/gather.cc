@@ -14,6 +14,15 @@ void gather_rows(const Tensor& out, const Tensor& in, const Tensor& rows) {
   for (size_t i = 0; i < rows.numel(); ++i) std::memcpy(dst + i * row_bytes, src + static_cast<size_t>(r[i]) * row_bytes, row_bytes);
 }
 
+void scatter_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) {
+  const size_t row_bytes = static_cast<size_t>(src.shape().back()) * dtype_size(src.dtype());
+  const int32_t* r = rows.data<int32_t>();
+  const char* from = static_cast<const char*>(src.raw());
+  char* to = static_cast<char*>(dst.raw());
+  for (size_t i = 0; i < rows.numel(); ++i)
+    std::memcpy(to + static_cast<size_t>(r[i]) * row_bytes, from + i * row_bytes, row_bytes);
+}
+
 void scatter_add_rows(const Tensor& dst, const Tensor& src, const Tensor& rows) {
   with_compute_type(src.dtype(), [&](auto zero) {
     using T = decltype(zero);
