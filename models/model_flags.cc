@@ -167,6 +167,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.disable_bias_linear = v["disable_bias_linear"].get<bool>();
   c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
   c.swiglu = v["swiglu"].get<bool>();
+  c.qk_layernorm = v["qk_layernorm"].get<bool>();
   c.group_query_attention = v["group_query_attention"].get<bool>();
   c.num_query_groups = v["num_query_groups"].get<int64_t>();
   if (v.contains("kv_channels"))
@@ -221,7 +222,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"disable_bias_linear", c.disable_bias_linear},
           {"add_qkv_bias", c.add_qkv_bias},
           {"swiglu", c.swiglu},
-          {"num_query_groups", c.query_groups()}};
+          {"num_query_groups", c.query_groups()},
+          {"qk_layernorm", c.qk_layernorm}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

@@ -56,6 +56,8 @@ void ModelConfig::validate() const {
   check(!rope || (rotary_dim() >= 2 && rotary_dim() % 2 == 0), "--rotary-percent ", rotary_percent, " turns ",
         rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
         " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
+  check(!qk_layernorm || family != "t5",
+        "--qk-layernorm: megabatch's T5 has no norm on its queries and keys (GPT's and BERT's do); drop it");
   if (group_query_attention) {
     check(family != "t5",
           "--group-query-attention: T5's decoder cross-attends, and Megatron's cross-attention takes no "
@@ -76,7 +78,7 @@ void ModelConfig::validate() const {
 }
 
 std::string ModelConfig::heads_text() const {
-  return std::to_string(num_attention_heads) + " heads" +
+  return std::to_string(num_attention_heads) + " heads" + (qk_layernorm ? " (normed queries and keys)" : "") +
          (group_query_attention ? " in " + std::to_string(num_query_groups) +
                                       (num_query_groups == 1 ? " key/value group" : " key/value groups")
                                 : "");

@@ -22,6 +22,7 @@ struct ModelConfig {
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
   bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
   bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
+  bool qk_layernorm = false;         // GPT and BERT: a norm over each head's query and key (Megatron's --qk-layernorm)
   // GPT and BERT: grouped-query attention (Megatron's --group-query-attention): the heads share
   // num_query_groups key/value heads
   bool group_query_attention = false;

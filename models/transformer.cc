@@ -2,9 +2,11 @@
 
 #include <cmath>
 
+#include "core/comm/collectives.h"
 #include "core/ops/activation.h"
 #include "core/ops/attention.h"
 #include "core/ops/flash_attention.h"
+#include "core/ops/gather.h"
 #include "core/ops/residual.h"
 #include "core/ops/rotary.h"
 #include "core/util/error.h"
@@ -30,6 +32,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.bias_linear = !c.disable_bias_linear;
   sc.qkv_bias = c.add_qkv_bias;
   sc.swiglu = c.swiglu;
+  sc.qk_norm = c.qk_layernorm;
   sc.rotary_dim = c.rope ? c.rotary_dim() : 0;
   sc.rotary_base = c.rotary_base;
   return sc;
@@ -123,7 +126,11 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
         x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l, out_std,
                                                       c.bias_linear)
           : std::nullopt,
-        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std, c.bias_linear)});
+        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std, c.bias_linear),
+        c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.q_layernorm", C / c.heads, l, c.norm, c.eps)
+                  : std::nullopt,
+        c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.k_layernorm", C / c.heads, l, c.norm, c.eps)
+                  : std::nullopt});
   }
   first_param_.push_back(static_cast<int>(store.count()));
 }
@@ -146,6 +153,11 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
     if (!rms)
       for (Tensor* t : {&s.ln1_mean, &s.ln2_mean}) alloc_acc(*t, {n}, P);
     alloc(s.qkv, {n, 3 * Cl}, P);
+    if (cfg_.qk_norm) {
+      alloc(s.qk_in, {2 * n * heads_local_, C / cfg_.heads}, P);
+      alloc_acc(s.qk_rstd, {2 * n * heads_local_}, P);
+      if (!rms) alloc_acc(s.qk_mean, {2 * n * heads_local_}, P);
+    }
     if (flash_) {
       alloc_acc(s.lse, {B, heads_local_, T}, P);
       s.probs = Tensor();
@@ -174,6 +186,14 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
   alloc(g_qkv_, {n, 3 * Cl}, P);
   if (grouped()) alloc(g_grouped_, {n, (heads_local_ + 2 * groups_local_) * (C / cfg_.heads)}, P);
+  if (cfg_.qk_norm) {
+    for (Tensor* t : {&g_qk_, &g_qk_in_}) alloc(*t, {2 * n * heads_local_, C / cfg_.heads}, P);
+    std::vector<int32_t> rows(static_cast<size_t>(2 * n * heads_local_));
+    for (int64_t which = 0; which < 2; ++which)  // q rows, then k rows: row (token, head, which) of (n H 3, D)
+      for (int64_t i = 0; i < n * heads_local_; ++i)
+        rows[static_cast<size_t>(which * n * heads_local_ + i)] = static_cast<int32_t>(i * 3 + which);
+    upload(qk_rows_, rows, {2 * n * heads_local_}, P.device());
+  }
   alloc(g_attn_, {n, Cl}, P);
   alloc(g_ff_b_, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
   if (cfg_.swiglu) alloc(g_act_, {n, Fl}, P);
@@ -246,6 +266,7 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
   if (!cfg_.post_layernorm && l == 0) b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
   b.qkv.forward(grouped() ? g_grouped_ : s.qkv, cfg_.post_layernorm ? s.x_in : s.ln1);
   if (grouped()) ops::expand_query_groups(s.qkv, g_grouped_, group_shape());
+  if (cfg_.qk_norm) qk_norm_forward(l);
   if (cfg_.rotary_dim) ops::rope_forward(s.qkv, rotary_shape());
   if (flash_)
     ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_);
@@ -385,6 +406,7 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
     ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());
   }
   if (cfg_.rotary_dim) ops::rope_backward(g_qkv_, rotary_shape());  // d of the unturned queries and keys
+  if (cfg_.qk_norm) qk_norm_backward(l);                            // d of the queries and keys before their norms
   if (grouped()) ops::reduce_query_groups(g_grouped_, g_qkv_, group_shape());
   const Tensor& d_qkv = grouped() ? g_grouped_ : g_qkv_;  // d of the projection's output
   if (!cfg_.post_layernorm) {
@@ -393,6 +415,62 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   } else {
     b.qkv.backward(*dres, d_qkv, s.x_in);
   }
+}
+
+void TransformerStack::qk_norm_forward(size_t l) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int64_t m = s.qk_in.dim(0) / 2, D = s.qk_in.dim(1);  // m = n x local heads
+  const Tensor rows = s.qkv.view({3 * m, D});
+  ops::gather_rows(s.qk_in, rows, qk_rows_);
+  const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
+  for (int64_t which = 0; which < 2; ++which) {
+    const nn::Norm& norm = which == 0 ? *b.q_norm : *b.k_norm;
+    const auto part = static_cast<size_t>(which * m);
+    norm.forward(g_qk_.rows(which * m, (which + 1) * m), rms ? Tensor() : s.qk_mean.flat(part, static_cast<size_t>(m)),
+                 s.qk_rstd.flat(part, static_cast<size_t>(m)), s.qk_in.rows(which * m, (which + 1) * m));
+  }
+  ops::scatter_rows(rows, g_qk_, qk_rows_);
+}
+
+void TransformerStack::qk_norm_backward(size_t l) {
+  Block& b = blocks_[l];
+  Saved& s = saved_[l];
+  const int64_t m = s.qk_in.dim(0) / 2, D = s.qk_in.dim(1);
+  const Tensor rows = g_qkv_.view({3 * m, D});
+  ops::gather_rows(g_qk_, rows, qk_rows_);  // d of the norms' outputs
+  g_qk_in_.zero();                          // the norms' backward accumulates
+  const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
+  // Each rank's norm weights see its own heads only, so this micro-batch's part of their
+  // gradients is summed over the tensor-parallel ranks: taken alone (the earlier micro-batches'
+  // set aside), summed, then added back.
+  std::vector<int> ids;
+  for (const nn::Norm* norm : {&*b.q_norm, &*b.k_norm})
+    for (int id = norm->first_param(); id < norm->end_param(); ++id) ids.push_back(id);
+  const bool split = tp_->size() > 1;
+  if (split) {
+    qk_grads_before_.resize(ids.size());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      Tensor g = store_->grad(ids[i]);
+      qk_grads_before_[i].resize(g.shape(), g.dtype(), g.device());
+      copy(qk_grads_before_[i], g);
+      g.zero();
+    }
+  }
+  for (int64_t which = 0; which < 2; ++which) {
+    nn::Norm& norm = which == 0 ? *b.q_norm : *b.k_norm;
+    const auto part = static_cast<size_t>(which * m);
+    norm.backward(g_qk_in_.rows(which * m, (which + 1) * m), g_qk_.rows(which * m, (which + 1) * m),
+                  s.qk_in.rows(which * m, (which + 1) * m),
+                  rms ? Tensor() : s.qk_mean.flat(part, static_cast<size_t>(m)),
+                  s.qk_rstd.flat(part, static_cast<size_t>(m)));
+  }
+  ops::scatter_rows(rows, g_qk_in_, qk_rows_);
+  if (split)
+    for (size_t i = 0; i < ids.size(); ++i) {
+      comm::all_reduce(*tp_, store_->grad(ids[i]), comm::ReduceOp::kSum);
+      ops::residual_backward(store_->grad(ids[i]), Tensor(), qk_grads_before_[i]);
+    }
 }
 
 }  // namespace megabatch::models

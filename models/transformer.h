@@ -42,6 +42,7 @@ struct StackConfig {
   bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
   bool qkv_bias = false;    // the query, key and value projections' biases kept without them (--add-qkv-bias)
   bool swiglu = false;      // fc1 gives 2 ffn: (gate, up) pairs, gated by ops::swiglu (--swiglu)
+  bool qk_norm = false;     // a norm (as `norm`) over each head's q and k, before the rotary turn (--qk-layernorm)
   int64_t rotary_dim = 0;   // rotary embeddings turn this many channels of each head's q and k (0: none)
   double rotary_base = 10000;
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
@@ -116,10 +117,12 @@ class TransformerStack {
     nn::RowParallelLinear proj;
     std::optional<nn::RowParallelLinear> xproj;
     nn::RowParallelLinear fc2;
+    std::optional<nn::Norm> q_norm, k_norm;  // over each head's D channels (qk_norm only)
   };
   struct Saved {  // activations of one block, (n, ...) with n = B * T
     Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, lse, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
     Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xlse, xattn, xproj, x2;  // cross-attention
+    Tensor qk_in, qk_mean, qk_rstd;  // qk_norm: the q rows then the k rows (2 n local heads, D), before the norms
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
   void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
@@ -138,6 +141,10 @@ class TransformerStack {
   void mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext);
   void cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres);
   void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
+  // qk_norm: the norms of the q and k rows of s.qkv in place; and their backward on g_qkv_ in
+  // place, the norms' weight gradients summed over the tensor-parallel ranks' heads
+  void qk_norm_forward(size_t l);
+  void qk_norm_backward(size_t l);
   ops::AttentionShape attention_shape() const;
   ops::RotaryShape rotary_shape() const;  // this rank's heads at the current T
   bool grouped() const { return groups_local_ != heads_local_; }
@@ -166,6 +173,10 @@ class TransformerStack {
   // grouped-query attention: the QKV projection's output (n, (heads + 2 groups) D / tp), expanded
   // into s.qkv; then its gradient
   Tensor g_grouped_;
+  // qk_norm: the rows of the q and k (i32, 2 n local heads) in the QKV output seen as rows of D
+  // (n local heads 3, D); scratch (2 n local heads, D): the norms' outputs, then their input's gradient
+  Tensor qk_rows_, g_qk_, g_qk_in_;
+  std::vector<Tensor> qk_grads_before_;  // under tensor parallelism: the norms' gradients before a micro-batch
 };
 
 }  // namespace megabatch::models

@@ -135,7 +135,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       not_here("rotary_interleaved", 0, "interleaved rotary embeddings (theirs are the rotate-half form)"),
       not_here("rotary_seq_len_interpolation_factor", 1, "rotary sequence-length interpolation"),
       not_here("no_position_embedding", 0, "GPT or BERT without position embeddings"),
-      not_here("qk_layernorm", 0, "LayerNorm on queries and keys"),
       not_here("apply_layernorm_1p", 0, "LayerNorm weights stored as 1 + w"),
       not_here("apply_residual_connection_post_layernorm", 0,
                "residual taken after the LayerNorm (--post-layernorm gives BERT's original post-LN blocks)"),

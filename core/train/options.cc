@@ -205,6 +205,10 @@ const config::Schema& train_schema() {
            "channels of each attention head: hidden / heads, the one value megabatch's attention takes (Megatron's "
            "default; given by its example scripts)",
            "model"},
+          {"qk_layernorm", Type::kBool, false,
+           "GPT and BERT: a LayerNorm (RMSNorm with --normalization RMSNorm) over each head's query and key, before "
+           "the rotary embeddings (Megatron's; it keeps attention logits from growing at large learning rates)",
+           "model"},
           {"group_query_attention", Type::kBool, false,
            "GPT and BERT: grouped-query attention, the heads sharing --num-query-groups key/value heads (Megatron's)",
            "model"},

@@ -77,18 +77,20 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
   // covers each split once, the last micro-batch smaller than the others
   mb::testing::TempDir tmp;
   for (const std::string family :
-       {"gpt", "gpt-untied", "gpt-no-bias", "gpt-swiglu", "gpt-rope", "gpt-gqa", "bert", "t5"}) {
+       {"gpt", "gpt-untied", "gpt-no-bias", "gpt-swiglu", "gpt-rope", "gpt-gqa", "gpt-qknorm", "bert", "t5"}) {
     SCOPED_TRACE(family);
     // gpt-untied: a GPT with an output layer of its own; gpt-no-bias: without the linear
     // layers' biases but the QKV's (cuBLASLt's GELU epilogue without a bias); gpt-swiglu: the
     // gated MLP (the SwiGLU kernels); gpt-rope: rotary positions (the rotary kernels); gpt-gqa:
-    // grouped-query attention (the query-group kernels)
+    // grouped-query attention (the query-group kernels); gpt-qknorm: normed queries and keys (the
+    // row scatter and the norms on a QKV output's rows)
     const std::string type = family.rfind("gpt", 0) == 0 ? "gpt" : family;
     const std::string variant = family == "gpt-untied"    ? " --untie-embeddings-and-output-weights"
                                 : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
                                 : family == "gpt-swiglu"  ? " --swiglu --ffn-hidden-size 96"
                                 : family == "gpt-rope"    ? " --position-embedding-type rope --rotary-percent 0.5"
                                 : family == "gpt-gqa"     ? " --group-query-attention --num-query-groups 2"
+                                : family == "gpt-qknorm"  ? " --qk-layernorm --position-embedding-type rope"
                                                           : "";
     ok(train(type, tmp / (family + "_cpu"), "--device cpu --eval-samples 4000" + variant));
     ok(train(type, tmp / (family + "_gpu"), "--device cuda --eval-samples 4000" + variant));

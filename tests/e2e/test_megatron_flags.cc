@@ -97,7 +97,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
-      " --use-mcore-models --rotary-interleaved --qk-layernorm --position-embedding-type "
+      " --use-mcore-models --rotary-interleaved --apply-residual-connection-post-layernorm --qk-layernorm "
+      "--position-embedding-type "
       "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --apply-layernorm-1p "
       "--no-position-embedding "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
@@ -107,7 +108,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   for (const std::string& line :
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
         "\n  --rotary-interleaved " + megatrons + "megabatch's models have no interleaved rotary embeddings",
-        "\n  --qk-layernorm " + megatrons + "megabatch's models have no LayerNorm on queries and keys",
+        "\n  --apply-residual-connection-post-layernorm " + megatrons +
+            "megabatch's models have no residual taken after",
         "\n  --apply-layernorm-1p " + megatrons + "megabatch's models have no LayerNorm weights stored as 1 + w",
         "\n  --no-position-embedding " + megatrons + "megabatch's models have no GPT or BERT without position",
         "\n  --squared-relu " + megatrons + "megabatch's models have no squared-ReLU MLP",
@@ -119,7 +121,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
             "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7",
-                            "--group-query-attention", "--num-query-groups"})
+                            "--group-query-attention", "--num-query-groups", "--qk-layernorm"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
 }
 
@@ -206,7 +208,7 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "qk_layernorm": false, "squared_relu": true,
+                          R"({"use_mcore_models": true, "apply_layernorm_1p": false, "squared_relu": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -218,8 +220,9 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
-  EXPECT_EQ(r.output.find("--qk-layernorm"), std::string::npos) << "qk_layernorm false asks for nothing\n" << r.output;
-  mb::testing::write_text(good, R"({"use_mcore_models": true, "qk_layernorm": false, "transformer_impl": "local",
+  EXPECT_EQ(r.output.find("--apply-layernorm-1p"), std::string::npos) << "apply_layernorm_1p false asks for nothing\n"
+                                                                      << r.output;
+  mb::testing::write_text(good, R"({"use_mcore_models": true, "apply_layernorm_1p": false, "transformer_impl": "local",
                                     "pipeline_model_parallel_size": 1})");
   r = train(common + good.string());
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -20,7 +20,9 @@ a linear layer without params/<its name>.bias has none (--disable-bias-linear); 
 rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope), without
 learned positions; attribute query_groups G < heads H makes the attention grouped-query
 (--group-query-attention --num-query-groups G: the QKV output per token is Megatron's G groups
-of [H/G queries, a key, a value], each key and value repeated for its group's query heads).
+of [H/G queries, a key, a value], each key and value repeated for its group's query heads);
+params/<layer>.self_attention.q_layernorm.weight and k_layernorm's, where given, are LayerNorms
+over each head's query and key before the rotary turn (--qk-layernorm).
 """
 import math
 import sys
@@ -78,6 +80,9 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         qkv = qkv.view(B, T, G, per + 2, D)  # Megatron's groups: [per queries, key, value]
         q = qkv[:, :, :, :per, :].reshape(B, T, heads, D).transpose(1, 2)  # (B, H, T, D)
         k, v = (qkv[:, :, :, per + i, :].repeat_interleave(per, dim=2).transpose(1, 2) for i in range(2))
+        if p + "self_attention.q_layernorm.weight" in P:  # --qk-layernorm: over each head's D channels
+            q, k = (F.layer_norm(t, (D,), P[p + f"self_attention.{n}_layernorm.weight"],
+                                 P[p + f"self_attention.{n}_layernorm.bias"], eps) for t, n in ((q, "q"), (k, "k")))
         if rotary_dim:
             q, k = rotate(q, rotary_dim, rotary_base), rotate(k, rotary_dim, rotary_base)
         if sdpa:
@@ -101,8 +106,10 @@ def load(path):
     f = h5py.File(path, "r")
     a = dict(f.attrs)
     # the output layer where it is untied; the linear layers' biases where they have them
+    qk = [f"decoder.layers.{l}.self_attention.{n}_layernorm.{w}" for l in range(int(a["layers"]))
+          for n in "qk" for w in ("weight", "bias")]
     P = {n: torch.tensor(f["params"][n][()], dtype=torch.float32, requires_grad=True)
-         for n in names(int(a["layers"])) + ["output_layer.weight"] if n in f["params"]}
+         for n in names(int(a["layers"])) + ["output_layer.weight"] + qk if n in f["params"]}
     return f, a, P
 
 

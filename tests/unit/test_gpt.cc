@@ -349,6 +349,35 @@ TEST(GptTorch, GroupedQueryAttentionGivesPyTorchsLossAndGradients) {
   mb::testing::expect_error([&] { c.validate(); }, "--num-query-groups 4 does not divide the 6 attention heads");
 }
 
+// Megatron's --qk-layernorm with rotary positions: a LayerNorm of D channels over each head's
+// query and key (q_layernorm and k_layernorm, shared by the heads), before the rotary turn; loss
+// and every gradient, the norms' weights and biases included, are PyTorch's. The norms' weights
+// start at 1 and their biases at 0, so they are set off it here (else a wrong affine would not
+// show). T5 is refused by name.
+TEST(GptTorch, QueryKeyLayerNormsGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.qk_layernorm = true;
+  c.rope = true;
+  auto model = mb::models::make_model(c, tp, 29);
+  auto& P = model->parameters();
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  for (const char* n : {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"}) {
+    const int id = P.find(std::string("decoder.layers.1.self_attention.") + n);
+    ASSERT_GE(id, 0) << n;
+    EXPECT_EQ(P.info(id).full_shape, (std::vector<int64_t>{8})) << n << ": the head dim";
+    std::vector<float> v = mb::to_host_f32(P.param(id));
+    for (float& x : v) x += nd(g);
+    mb::copy(P.param(id), mb::from_host(v, P.param(id).shape()));
+  }
+  const auto batch = random_batch(2, 11, 203, 11);
+  expect_matches_torch(*model, c, batch);
+  c.family = "t5";
+  mb::testing::expect_error([&] { c.validate(); },
+                            "--qk-layernorm: megabatch's T5 has no norm on its queries and keys");
+}
+
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;

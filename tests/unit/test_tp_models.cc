@@ -18,12 +18,14 @@ namespace {
 // family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own), gpt-swiglu (its MLP
 // gated: fc1's (gate, up) pairs split over the ranks), gpt-rope (rotary positions, each rank
 // turning its heads), t5-no-bias (a T5 whose linear layers have no biases but the QKV
-// projections') or bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
-// rank at TP 2)
+// projections'), bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
+// rank at TP 2) or gpt-qknorm (a norm over each head's query and key, its weights shared by the
+// heads of both ranks)
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
   c.family = family.substr(0, family.find('-'));
   c.group_query_attention = family == "bert-gqa";
+  c.qk_layernorm = family == "gpt-qknorm";
   c.num_query_groups = 2;
   c.swiglu = family == "gpt-swiglu";
   c.rope = family == "gpt-rope";
@@ -81,8 +83,12 @@ void run(const std::string& family, mb::comm::Communicator& tp, int size, Result
   out.model = mb::models::make_model(config(family, size), tp, 17);
   const auto batch = batch_for(family);
   out.model->parameters().zero_grad();
-  out.objective = out.model->forward(batch, {3, 2, 1, true}, 1.0f).read().objective();
-  out.model->backward();
+  // two micro-batches (the same one twice, dropout keyed alike): the gradients accumulate, and a
+  // layer whose TP reduction took the earlier micro-batch's gradient again would count it twice
+  for (int k = 0; k < 2; ++k) {
+    out.objective = out.model->forward(batch, {3, 2, 1, true}, 0.5f).read().objective();
+    out.model->backward();
+  }
 }
 
 void expect_split_equals_whole(const std::string& family) {
@@ -124,6 +130,9 @@ void expect_split_equals_whole(const std::string& family) {
 TEST(TensorParallelModels, GptSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("gpt"); }
 TEST(TensorParallelModels, GptWithRotaryPositionsSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("gpt-rope");
+}
+TEST(TensorParallelModels, GptWithQueryKeyNormsSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("gpt-qknorm");
 }
 TEST(TensorParallelModels, GptWithASwigluMlpSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("gpt-swiglu");
