@@ -219,7 +219,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
     if (resume.from)
       mb::train::check_checkpoint_fits(resume, mb::models::declare_model(mc, *run.parallel.tp)->parameters(),
                                        mc.vocab_size, mb::train::checkpoint_tokenizer(*run.data.tokenizer),
-                                       run.plugin.name(), mc.padded_vocab_size());
+                                       run.plugin.name(), mc.padded_vocab_size(), mb::models::model_json(mc));
     std::cout << "> check: configuration, optimizer " << run.plugin.name() << ", data " << run.data.prefixes()
               << " and memory are fine" << std::endl;
     return false;
@@ -264,7 +264,7 @@ int train(const mb::config::Resolved& r, Run& run) {
                                        shards.get());
   const json tokenizer = mb::train::checkpoint_tokenizer(*run.data.tokenizer);
   mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, tokenizer,
-                               run.mc.padded_vocab_size(), std::cout);
+                               run.mc.padded_vocab_size(), mb::models::model_json(run.mc), std::cout);
   opt.checkpoint.model = mb::models::model_json(run.mc);
   opt.checkpoint.model["tokenizer"] = tokenizer;
   opt.checkpoint.optimizer = run.plugin.name();

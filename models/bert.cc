@@ -22,19 +22,26 @@ Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   const Sharding replicated = Sharding::replicated(tp.rank(), tp.size());
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
-  wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
-                     replicated, nn::Init::normal(std)});
+  if (cfg_.learned_positions())  // (none with --no-position-embedding)
+    wpe_ = store_.add({"embedding.position_embeddings.weight",
+                       Role::kEmbedding,
+                       -1,
+                       {cfg_.max_positions(), C},
+                       replicated,
+                       nn::Init::normal(std)});
   wtt_ = store_.add({"embedding.tokentype_embeddings.weight", Role::kEmbedding, -1, {cfg_.num_tokentypes, C},
                      replicated, nn::Init::normal(std)});
   StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.post_layernorm = cfg_.post_layernorm;
   if (cfg_.post_layernorm)
-    emb_ln_ = std::make_unique<nn::Norm>(store_, "embedding.layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+    emb_ln_ =
+        std::make_unique<nn::Norm>(store_, "embedding.layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon, sc.norm_1p);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   if (!cfg_.post_layernorm)
-    lnf_ = std::make_unique<nn::Norm>(store_, "encoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+    lnf_ = std::make_unique<nn::Norm>(store_, "encoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon,
+                                      sc.norm_1p);
   lm_dense_ = std::make_unique<nn::Linear>(store_, tp, "lm_head.dense", C, C, -1, std);
-  lm_ln_ = std::make_unique<nn::Norm>(store_, "lm_head.layer_norm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+  lm_ln_ = std::make_unique<nn::Norm>(store_, "lm_head.layer_norm", C, -1, sc.norm, cfg_.layernorm_epsilon, sc.norm_1p);
   lm_bias_ = store_.add({"output_layer.bias", Role::kBias, -1, {cfg_.padded_vocab_size()},
                          Sharding::split(0, tp.rank(), tp.size()), nn::Init::zeros()});
   if (cfg_.binary_head) {
@@ -64,7 +71,7 @@ void Bert::allocate(int64_t B, int64_t T) {
   for (Tensor* t : {&sop_logits_, &dsop_logits_}) alloc(*t, {B, 2}, store_);
   for (Tensor* t : {&sop_max_, &sop_sumexp_, &sop_target_, &sop_losses_}) alloc_acc(*t, {B}, store_);
   alloc_acc(sums_, {2}, store_);
-  position_ids(positions_, B, T, store_.device());
+  if (wpe_ >= 0) position_ids(positions_, B, T, store_.device());
   std::vector<int32_t> cls(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = static_cast<int32_t>(b * T);
   upload(cls_rows_, cls, {B}, store_.device());
@@ -119,7 +126,7 @@ void Bert::upload_batch(const train::Batch& batch, std::vector<int32_t>& rows, s
 void Bert::encode() {
   // embeddings: word + position + token type
   wte_->forward(emb_, tokens_);
-  ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
+  if (wpe_ >= 0) ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
   ops::embedding_forward(emb_, types_, store_.param(wtt_), 0, true);
   const Tensor* emb = &emb_;
   if (emb_ln_) {
@@ -218,7 +225,7 @@ void Bert::backward() {
     copy(demb_, dx_);
   }
   wte_->backward(demb_, tokens_);
-  ops::embedding_backward(store_.grad(wpe_), demb_, positions_, 0);
+  if (wpe_ >= 0) ops::embedding_backward(store_.grad(wpe_), demb_, positions_, 0);
   ops::embedding_backward(store_.grad(wtt_), demb_, types_, 0);
 }
 

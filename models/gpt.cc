@@ -18,7 +18,7 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
                                                       cfg_.padded_vocab_size(), C, std);
-  if (!cfg_.rope)  // learned positions (rotary ones turn the queries and keys instead)
+  if (cfg_.learned_positions())  // (rotary ones turn the queries and keys instead; NoPE has none)
     wpe_ = store_.add({"embedding.position_embeddings.weight",
                        Role::kEmbedding,
                        -1,
@@ -27,7 +27,8 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
                        nn::Init::normal(std)});
   StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
-  lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+  lnf_ =
+      std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon, sc.norm_1p);
   // Megatron's untied output layer: (vocab, C) split along the vocabulary as the embedding,
   // initialized as it is, a weight (not an embedding) to the optimizer
   if (cfg_.untie_embeddings_and_output_weights)
@@ -43,7 +44,8 @@ std::string Gpt::summary() const {
      << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
      << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "")
-     << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "");
+     << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "")
+     << (!cfg_.rope && cfg_.no_position_embedding ? "; no position embeddings (--no-position-embedding)" : "");
   return os.str();
 }
 

@@ -53,6 +53,7 @@ void set_positions(const nlohmann::json& v, ModelConfig& c) {
   check(pos != "rope" || c.family == "gpt", "position_embedding_type rope is GPT's here; this model is ", c.family);
   c.relative_attention = pos == "relative";
   c.rope = pos == "rope";
+  c.no_position_embedding = v["no_position_embedding"].get<bool>();
   c.rotary_percent = v["rotary_percent"].get<double>();
   c.rotary_base = v["rotary_base"].get<double>();
   c.relative_attention_num_buckets = v["relative_attention_num_buckets"].get<int64_t>();
@@ -168,6 +169,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
   c.swiglu = v["swiglu"].get<bool>();
   c.qk_layernorm = v["qk_layernorm"].get<bool>();
+  c.apply_layernorm_1p = v["apply_layernorm_1p"].get<bool>();
   c.group_query_attention = v["group_query_attention"].get<bool>();
   c.num_query_groups = v["num_query_groups"].get<int64_t>();
   if (v.contains("kv_channels"))
@@ -203,6 +205,7 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"binary_head", c.binary_head},
           {"relative_attention", c.relative_attention},
           {"rope", c.rope},
+          {"no_position_embedding", c.no_position_embedding},
           {"rotary_percent", c.rotary_percent},
           {"rotary_base", c.rotary_base},
           {"decoder_num_layers", c.decoder_layers()},
@@ -223,7 +226,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"add_qkv_bias", c.add_qkv_bias},
           {"swiglu", c.swiglu},
           {"num_query_groups", c.query_groups()},
-          {"qk_layernorm", c.qk_layernorm}};
+          {"qk_layernorm", c.qk_layernorm},
+          {"apply_layernorm_1p", c.apply_layernorm_1p}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

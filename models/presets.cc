@@ -56,6 +56,9 @@ void ModelConfig::validate() const {
   check(!rope || (rotary_dim() >= 2 && rotary_dim() % 2 == 0), "--rotary-percent ", rotary_percent, " turns ",
         rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
         " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
+  check(!no_position_embedding || family != "t5",
+        "--no-position-embedding: megabatch's T5 has learned or relative positions (--position-embedding-type); drop "
+        "it");
   check(!qk_layernorm || family != "t5",
         "--qk-layernorm: megabatch's T5 has no norm on its queries and keys (GPT's and BERT's do); drop it");
   if (group_query_attention) {

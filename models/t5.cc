@@ -35,14 +35,16 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.stream_base = 1;
   encoder_ = std::make_unique<TransformerStack>(store_, tp, sc);
-  enc_lnf_ = std::make_unique<nn::Norm>(store_, "encoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+  enc_lnf_ =
+      std::make_unique<nn::Norm>(store_, "encoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon, sc.norm_1p);
   // Dropout streams: encoder embedding 0, encoder layers 1 .. 3E, decoder embedding 3E + 1,
   // the decoder's layers (5 sites each) after that.
   StackConfig dc = stack_config(cfg_, "decoder.layers.", cfg_.decoder_layers(), true);
   dc.cross_attention = true;
   dc.stream_base = static_cast<uint64_t>(2 + 3 * cfg_.num_layers);
   decoder_ = std::make_unique<TransformerStack>(store_, tp, dc);
-  dec_lnf_ = std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon);
+  dec_lnf_ =
+      std::make_unique<nn::Norm>(store_, "decoder.final_layernorm", C, -1, sc.norm, cfg_.layernorm_epsilon, sc.norm_1p);
   lm_bias_ = store_.add({"lm_head.output_layer.bias", Role::kBias, -1, {cfg_.padded_vocab_size()},
                          Sharding::split(0, tp.rank(), tp.size()), nn::Init::zeros()});
 }

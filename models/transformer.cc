@@ -27,6 +27,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.init_std = c.init_method_std;
   sc.eps = c.layernorm_epsilon;
   sc.norm = nn::parse_norm_kind(c.normalization, "normalization");
+  sc.norm_1p = c.apply_layernorm_1p;
   sc.causal = causal;
   sc.attention_backend = c.attention_backend;
   sc.bias_linear = !c.disable_bias_linear;
@@ -108,29 +109,32 @@ TransformerStack::TransformerStack(nn::ParameterStore& store, comm::Communicator
     first_param_.push_back(static_cast<int>(store.count()));
     const std::string p = c.prefix + std::to_string(l) + ".";
     // braced initialization runs in order: parameters are declared in member order
-    blocks_.push_back(Block{
-        nn::Norm(store, p + "input_layernorm", C, l, c.norm, c.eps),
-        x ? std::make_optional<nn::Norm>(store, p + "pre_cross_attn_layernorm", C, l, c.norm, c.eps) : std::nullopt,
-        nn::Norm(store, p + "pre_mlp_layernorm", C, l, c.norm, c.eps),
-        nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, qkv_width, l, c.init_std,
-                                 c.bias_linear || c.qkv_bias),
-        x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l, c.init_std,
-                                                         c.bias_linear || c.qkv_bias)
-          : std::nullopt,
-        x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_kv", C, 2 * C, l,
-                                                         c.init_std, c.bias_linear || c.qkv_bias)
-          : std::nullopt,
-        nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, (c.swiglu ? 2 : 1) * c.ffn, l, c.init_std,
-                                 c.bias_linear),
-        nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std, c.bias_linear),
-        x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l, out_std,
-                                                      c.bias_linear)
-          : std::nullopt,
-        nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std, c.bias_linear),
-        c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.q_layernorm", C / c.heads, l, c.norm, c.eps)
-                  : std::nullopt,
-        c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.k_layernorm", C / c.heads, l, c.norm, c.eps)
-                  : std::nullopt});
+    blocks_.push_back(
+        Block{nn::Norm(store, p + "input_layernorm", C, l, c.norm, c.eps, c.norm_1p),
+              x ? std::make_optional<nn::Norm>(store, p + "pre_cross_attn_layernorm", C, l, c.norm, c.eps, c.norm_1p)
+                : std::nullopt,
+              nn::Norm(store, p + "pre_mlp_layernorm", C, l, c.norm, c.eps, c.norm_1p),
+              nn::ColumnParallelLinear(store, tp, p + "self_attention.linear_qkv", C, qkv_width, l, c.init_std,
+                                       c.bias_linear || c.qkv_bias),
+              x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_q", C, C, l,
+                                                               c.init_std, c.bias_linear || c.qkv_bias)
+                : std::nullopt,
+              x ? std::make_optional<nn::ColumnParallelLinear>(store, tp, p + "cross_attention.linear_kv", C, 2 * C, l,
+                                                               c.init_std, c.bias_linear || c.qkv_bias)
+                : std::nullopt,
+              nn::ColumnParallelLinear(store, tp, p + "mlp.linear_fc1", C, (c.swiglu ? 2 : 1) * c.ffn, l, c.init_std,
+                                       c.bias_linear),
+              nn::RowParallelLinear(store, tp, p + "self_attention.linear_proj", C, C, l, out_std, c.bias_linear),
+              x ? std::make_optional<nn::RowParallelLinear>(store, tp, p + "cross_attention.linear_proj", C, C, l,
+                                                            out_std, c.bias_linear)
+                : std::nullopt,
+              nn::RowParallelLinear(store, tp, p + "mlp.linear_fc2", c.ffn, C, l, out_std, c.bias_linear),
+              c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.q_layernorm", C / c.heads, l, c.norm,
+                                                       c.eps, c.norm_1p)
+                        : std::nullopt,
+              c.qk_norm ? std::make_optional<nn::Norm>(store, p + "self_attention.k_layernorm", C / c.heads, l, c.norm,
+                                                       c.eps, c.norm_1p)
+                        : std::nullopt});
   }
   first_param_.push_back(static_cast<int>(store.count()));
 }

@@ -35,6 +35,7 @@ struct StackConfig {
   double hidden_dropout = 0, attention_dropout = 0;
   double init_std = 0.02, eps = 1e-5;
   nn::NormKind norm = nn::NormKind::kLayerNorm;
+  bool norm_1p = false;  // every norm's weight applied as 1 + w (--apply-layernorm-1p)
   bool causal = true;
   bool post_layernorm = false;
   bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)

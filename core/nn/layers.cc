@@ -17,33 +17,46 @@ NormKind parse_norm_kind(const std::string& text, const std::string& where) {
   fail(where, ": '", text, "' is not a normalization; use LayerNorm or RMSNorm");
 }
 
-Norm::Norm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, NormKind kind, double eps)
-    : store_(&store), C_(C), kind_(kind), eps_(eps) {
-  w_ = store.add({prefix + ".weight", Role::kNorm, layer, {C}, Sharding::replicated(), Init::ones()});
+Norm::Norm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, NormKind kind, double eps,
+           bool one_plus)
+    : store_(&store), C_(C), kind_(kind), eps_(eps), one_plus_(one_plus) {
+  w_ = store.add(
+      {prefix + ".weight", Role::kNorm, layer, {C}, Sharding::replicated(), one_plus ? Init::zeros() : Init::ones()});
   if (kind == NormKind::kLayerNorm)
     b_ = store.add({prefix + ".bias", Role::kNorm, layer, {C}, Sharding::replicated(), Init::zeros()});
 }
 
+Tensor Norm::scale() const {
+  const Tensor w = store_->param(w_);
+  if (!one_plus_) return w;
+  if (!ones_.defined() || ones_.dtype() != w.dtype() || ones_.device() != w.device()) {
+    ones_ = from_host(std::vector<float>(static_cast<size_t>(C_), 1.0f), {C_}, w.dtype(), w.device());
+    scale_.resize({C_}, w.dtype(), w.device());
+  }
+  ops::residual_forward(scale_, ones_, w);
+  return scale_;
+}
+
 void Norm::forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in) const {
   if (kind_ == NormKind::kRMSNorm)
-    ops::rmsnorm_forward(out, rstd, in, store_->param(w_), eps_);
+    ops::rmsnorm_forward(out, rstd, in, scale(), eps_);
   else
-    ops::layernorm_forward(out, mean, rstd, in, store_->param(w_), store_->param(b_), eps_);
+    ops::layernorm_forward(out, mean, rstd, in, scale(), store_->param(b_), eps_);
 }
 
 void Norm::forward_residual(const Tensor& sum, const Tensor& out, const Tensor& mean, const Tensor& rstd,
                             const Tensor& a, const Tensor& b) const {
   if (kind_ == NormKind::kRMSNorm)
-    ops::rmsnorm_residual_forward(sum, out, rstd, a, b, store_->param(w_), eps_);
+    ops::rmsnorm_residual_forward(sum, out, rstd, a, b, scale(), eps_);
   else
-    ops::layernorm_residual_forward(sum, out, mean, rstd, a, b, store_->param(w_), store_->param(b_), eps_);
+    ops::layernorm_residual_forward(sum, out, mean, rstd, a, b, scale(), store_->param(b_), eps_);
 }
 
 void Norm::backward(const Tensor& din, const Tensor& dout, const Tensor& in, const Tensor& mean, const Tensor& rstd) {
   if (kind_ == NormKind::kRMSNorm)
-    ops::rmsnorm_backward(din, store_->grad(w_), dout, in, store_->param(w_), rstd);
+    ops::rmsnorm_backward(din, store_->grad(w_), dout, in, scale(), rstd);
   else
-    ops::layernorm_backward(din, store_->grad(w_), store_->grad(b_), dout, in, store_->param(w_), mean, rstd);
+    ops::layernorm_backward(din, store_->grad(w_), store_->grad(b_), dout, in, scale(), mean, rstd);
 }
 
 Linear::Linear(ParameterStore& store, comm::Communicator& tp, const std::string& prefix, int64_t in, int64_t out,

@@ -27,8 +27,10 @@ NormKind parse_norm_kind(const std::string& text, const std::string& where);
 
 class Norm {
  public:
+  // one_plus (Megatron's --apply-layernorm-1p): the weight is stored as w and scales by 1 + w,
+  // initialized 0 (zero-centred), so that weight decay pulls the scale to 1, not to 0.
   Norm(ParameterStore& store, const std::string& prefix, int64_t C, int layer, NormKind kind = NormKind::kLayerNorm,
-       double eps = 1e-5);
+       double eps = 1e-5, bool one_plus = false);
   // out (n, C) from in (n, C); mean (n, LayerNorm only: undefined for RMSNorm) and rstd (n)
   // in the accumulator dtype, saved for backward.
   void forward(const Tensor& out, const Tensor& mean, const Tensor& rstd, const Tensor& in) const;
@@ -47,10 +49,16 @@ class Norm {
 
  private:
   ParameterStore* store_;
+  // The scale the norm applies: the weight, or 1 + it (one_plus: computed into scale_ at each call,
+  // in the weight's dtype; its gradient is the weight's)
+  Tensor scale() const;
+
   int64_t C_;
   NormKind kind_;
   double eps_;
+  bool one_plus_ = false;
   int w_, b_ = -1;
+  mutable Tensor scale_, ones_;
 };
 
 // A plain linear layer whose weight (out, in) and bias are replicated on every

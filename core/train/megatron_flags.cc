@@ -134,8 +134,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
               "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"),
       not_here("rotary_interleaved", 0, "interleaved rotary embeddings (theirs are the rotate-half form)"),
       not_here("rotary_seq_len_interpolation_factor", 1, "rotary sequence-length interpolation"),
-      not_here("no_position_embedding", 0, "GPT or BERT without position embeddings"),
-      not_here("apply_layernorm_1p", 0, "LayerNorm weights stored as 1 + w"),
       not_here("apply_residual_connection_post_layernorm", 0,
                "residual taken after the LayerNorm (--post-layernorm gives BERT's original post-LN blocks)"),
       refused("fp8_format", 1, "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8"),

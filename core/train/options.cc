@@ -191,6 +191,10 @@ const config::Schema& train_schema() {
            "learned_absolute, relative (T5: relative position buckets), or rope (GPT: rotary embeddings, in Megatron's "
            "rotate-half form)",
            "model"},
+          {"no_position_embedding", Type::kBool, false,
+           "GPT and BERT: no learned position embeddings (Megatron's; NoPE: a GPT's causal mask alone tells it the "
+           "positions)",
+           "model"},
           {"rotary_percent", Type::kFloat, 1.0,
            "rope: the share of each head's channels that turn (Megatron's; the first ones)", "model"},
           {"rotary_base", Type::kFloat, 10000.0, "rope: the base of the rotary frequencies (Megatron's)", "model"},
@@ -204,6 +208,9 @@ const config::Schema& train_schema() {
           {"kv_channels", Type::kInt, nullptr,
            "channels of each attention head: hidden / heads, the one value megabatch's attention takes (Megatron's "
            "default; given by its example scripts)",
+           "model"},
+          {"apply_layernorm_1p", Type::kBool, false,
+           "every LayerNorm's (or RMSNorm's) weight stored as w and applied as 1 + w, initialized 0 (Megatron's)",
            "model"},
           {"qk_layernorm", Type::kBool, false,
            "GPT and BERT: a LayerNorm (RMSNorm with --normalization RMSNorm) over each head's query and key, before "

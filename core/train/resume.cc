@@ -100,9 +100,18 @@ void check_pretrained_plugin(const std::filesystem::path& file, const std::strin
 }  // namespace
 
 void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
-                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab) {
+                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
+                           const nlohmann::json& model) {
   if (!point.from) return;
   check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
+  // (a checkpoint from before the setting has plain weights)
+  const bool theirs = point.state.model.value("apply_layernorm_1p", false),
+             ours = model.value("apply_layernorm_1p", false);
+  check(theirs == ours, point.from->string(), ": its norms' weights are stored as ",
+        theirs ? "w, applied as 1 + w" : "the scale itself", " and this run's ",
+        ours ? "as w, applied as 1 + w (--apply-layernorm-1p)" : "as the scale itself",
+        ", so every norm would scale by 1 more or less; load it ", theirs ? "with" : "without",
+        " --apply-layernorm-1p");
   if (point.pretrained_optimizer) check_pretrained_plugin(*point.from, point.state.optimizer, plugin);
   io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab);
 }
@@ -136,9 +145,9 @@ void check_checkpoint_vocabulary(const std::filesystem::path& file, const nlohma
 
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
                        optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
-                       int64_t padded_vocab, std::ostream& console) {
+                       int64_t padded_vocab, const nlohmann::json& model, std::ostream& console) {
   if (!point.from) return;
-  check_checkpoint_fits(point, params, vocab_size, tokenizer, optimizer.plugin().name(), padded_vocab);
+  check_checkpoint_fits(point, params, vocab_size, tokenizer, optimizer.plugin().name(), padded_vocab, model);
   const bool load_optim = point.loads_optimizer();
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};

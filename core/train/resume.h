@@ -78,10 +78,13 @@ optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSc
 // so sweep run --dry-run, says it too): its model's vocabulary (check_checkpoint_vocabulary),
 // its optimizer state's plugin where the run takes that state (resuming without
 // --no-load-optim, or --pretrained-optimizer-state), and its parameters' names and shapes
-// against `params` (io::check_checkpoint_matches; a declared model's will do). The tensors'
-// checksums are checked when it loads.
+// against `params` (io::check_checkpoint_matches; a declared model's will do), and what its
+// model's settings say the stored weights mean against `model`, the run's (as the checkpoint's
+// "model" records it): norm weights stored as 1 + w or as w (--apply-layernorm-1p), which names
+// and shapes cannot tell. The tensors' checksums are checked when it loads.
 void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
-                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab);
+                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
+                           const nlohmann::json& model);
 
 // A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
 // and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as
@@ -98,7 +101,7 @@ void check_checkpoint_vocabulary(const std::filesystem::path& file, const nlohma
 // from `padded_vocab`.
 void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, optim::PluginOptimizer& optimizer,
                        optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
-                       int64_t padded_vocab, std::ostream& console);
+                       int64_t padded_vocab, const nlohmann::json& model, std::ostream& console);
 
 // What a checkpoint's model says of the tokenizer its embedding rows stand for: its type and
 // the fingerprint of its vocabulary (data/tokenizer_record.h), T5's sentinels aside.

@@ -156,6 +156,14 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
     r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c + check));
     EXPECT_EQ(r.exit_code, 1);
     EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
+    // the same names and shapes, another meaning: norm weights stored as the scale, read as 1 + w
+    r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --apply-layernorm-1p --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: its norms' weights are stored as the scale itself and this run's "
+                                "as w, applied as 1 + w (--apply-layernorm-1p), so every norm would scale by 1 more "
+                                "or less; load it without --apply-layernorm-1p"),
+              std::string::npos)
+        << r.output;
   }
 
   r = mb::testing::run_command(train(tmp / "r4", "--optimizer adamw --no-load-optim --load " + c));

@@ -99,8 +99,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       data("brown_gpt2_text_document") +
       " --use-mcore-models --rotary-interleaved --apply-residual-connection-post-layernorm --qk-layernorm "
       "--position-embedding-type "
-      "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --apply-layernorm-1p "
-      "--no-position-embedding "
+      "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --fp8-format hybrid "
+      "--rotary-seq-len-interpolation-factor 2 "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -110,8 +110,10 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
         "\n  --rotary-interleaved " + megatrons + "megabatch's models have no interleaved rotary embeddings",
         "\n  --apply-residual-connection-post-layernorm " + megatrons +
             "megabatch's models have no residual taken after",
-        "\n  --apply-layernorm-1p " + megatrons + "megabatch's models have no LayerNorm weights stored as 1 + w",
-        "\n  --no-position-embedding " + megatrons + "megabatch's models have no GPT or BERT without position",
+        "\n  --fp8-format hybrid " + megatrons +
+            "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8",
+        "\n  --rotary-seq-len-interpolation-factor 2 " + megatrons +
+            "megabatch's models have no rotary sequence-length interpolation",
         "\n  --squared-relu " + megatrons + "megabatch's models have no squared-ReLU MLP",
         "\n  --pipeline-model-parallel-size 4 " + megatrons + "megabatch has no pipeline parallelism; spread the model",
         "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
@@ -198,6 +200,36 @@ TEST_F(MegatronFlags, PerTokenLossStepsAsOneMicroBatchHoweverTheBatchIsSplit) {
       << r.output;
 }
 
+// Megatron's --no-position-embedding: a BERT without its position table (max positions x hidden
+// parameters fewer) trains; T5, whose positions are learned or relative, refuses it by name. (A
+// GPT's is in test_gpt.cc's NoPositionEmbeddingsGivePyTorchsLossAndGradients.)
+TEST_F(MegatronFlags, NoPositionEmbeddingDropsThePositionTable) {
+  const std::string bert =
+      "--model-type bert --num-layers 2 --hidden-size 32 --num-attention-heads 4 --seq-length 48 --micro-batch-size 2 "
+      "--global-batch-size 2 --train-iters 2 --lr 1e-3 --eval-iters 0 --data-path " +
+      data("brown_bert_text_sentence") + " ";
+  auto parameters = [](const std::string& output) {
+    const size_t at = output.find("parameters:");
+    return at == std::string::npos ? -1 : std::stoll(output.substr(at + 11));
+  };
+  auto r = train(bert + "--check --print-params");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const long long with = parameters(r.output);
+  r = train(bert + "--check --print-params --no-position-embedding");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(parameters(r.output), with - 48 * 32) << r.output;
+  r = train(bert + "--no-position-embedding --run-dir " + (tmp_ / "nope").string());
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> done: iteration 2"), std::string::npos) << r.output;
+  std::string t5 = bert;
+  t5.replace(t5.find("bert"), 4, "t5");  // --model-type t5
+  r = train(t5 + "--check --no-position-embedding");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("train: error: --no-position-embedding: megabatch's T5 has learned or relative positions"),
+            std::string::npos)
+      << r.output;
+}
+
 // The same in a --config file (snake_case keys, as Megatron's YAML configs have them): a switch
 // set true asks for it and false for Megatron's default (nothing asked); a refused key and an
 // unknown one are said in one error naming the file; the taken ones are noted with the file's key.
@@ -208,7 +240,7 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "apply_layernorm_1p": false, "squared_relu": true,
+                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "squared_relu": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -220,9 +252,11 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
-  EXPECT_EQ(r.output.find("--apply-layernorm-1p"), std::string::npos) << "apply_layernorm_1p false asks for nothing\n"
-                                                                      << r.output;
-  mb::testing::write_text(good, R"({"use_mcore_models": true, "apply_layernorm_1p": false, "transformer_impl": "local",
+  EXPECT_EQ(r.output.find("--fp32-residual-connection"), std::string::npos)
+      << "fp32_residual_connection false asks for nothing\n"
+      << r.output;
+  mb::testing::write_text(good,
+                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "transformer_impl": "local",
                                     "pipeline_model_parallel_size": 1})");
   r = train(common + good.string());
   EXPECT_EQ(r.exit_code, 0) << r.output;

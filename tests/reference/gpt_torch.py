@@ -18,11 +18,13 @@ given, the output layer is its own (Megatron's untied output layer), else the wo
 a linear layer without params/<its name>.bias has none (--disable-bias-linear); attribute swiglu
 1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs); attributes
 rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope), without
-learned positions; attribute query_groups G < heads H makes the attention grouped-query
+learned positions (as without params/embedding.position_embeddings.weight: --no-position-embedding);
+attribute query_groups G < heads H makes the attention grouped-query
 (--group-query-attention --num-query-groups G: the QKV output per token is Megatron's G groups
 of [H/G queries, a key, a value], each key and value repeated for its group's query heads);
 params/<layer>.self_attention.q_layernorm.weight and k_layernorm's, where given, are LayerNorms
-over each head's query and key before the rotary turn (--qk-layernorm).
+over each head's query and key before the rotary turn (--qk-layernorm); attribute layernorm_1p 1
+applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p).
 """
 import math
 import sys
@@ -62,7 +64,7 @@ def rotate(t, rotary_dim, base):
 
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
-            query_groups=0):
+            query_groups=0, layernorm_1p=False):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -70,19 +72,23 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
     G = query_groups or heads
     per = heads // G  # query heads a key/value group
     x = wte[tokens]
-    if not rotary_dim:  # learned positions
+
+    def norm(t, name):  # the LayerNorm of params/<name>.*, its weight applied as 1 + w with layernorm_1p
+        w = P[name + ".weight"]
+        return F.layer_norm(t, (w.shape[0],), w + 1 if layernorm_1p else w, P[name + ".bias"], eps)
+
+    if "embedding.position_embeddings.weight" in P:  # learned positions (not with rope or NoPE)
         x = x + P["embedding.position_embeddings.weight"][:T]
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     for l in range(layers):
         p = f"decoder.layers.{l}."
-        h = F.layer_norm(x, (C,), P[p + "input_layernorm.weight"], P[p + "input_layernorm.bias"], eps)
+        h = norm(x, p + "input_layernorm")
         qkv = F.linear(h, P[p + "self_attention.linear_qkv.weight"], P.get(p + "self_attention.linear_qkv.bias"))
         qkv = qkv.view(B, T, G, per + 2, D)  # Megatron's groups: [per queries, key, value]
         q = qkv[:, :, :, :per, :].reshape(B, T, heads, D).transpose(1, 2)  # (B, H, T, D)
         k, v = (qkv[:, :, :, per + i, :].repeat_interleave(per, dim=2).transpose(1, 2) for i in range(2))
         if p + "self_attention.q_layernorm.weight" in P:  # --qk-layernorm: over each head's D channels
-            q, k = (F.layer_norm(t, (D,), P[p + f"self_attention.{n}_layernorm.weight"],
-                                 P[p + f"self_attention.{n}_layernorm.bias"], eps) for t, n in ((q, "q"), (k, "k")))
+            q, k = norm(q, p + "self_attention.q_layernorm"), norm(k, p + "self_attention.k_layernorm")
         if rotary_dim:
             q, k = rotate(q, rotary_dim, rotary_base), rotate(k, rotary_dim, rotary_base)
         if sdpa:
@@ -92,12 +98,12 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
             s = s.masked_fill(~causal, float("-inf"))
             a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P.get(p + "self_attention.linear_proj.bias"))
-        h = F.layer_norm(x, (C,), P[p + "pre_mlp_layernorm.weight"], P[p + "pre_mlp_layernorm.bias"], eps)
+        h = norm(x, p + "pre_mlp_layernorm")
         h = F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias"))
         # SwiGLU: fc1's outputs are (gate, up) pairs, interleaved
         h = F.silu(h[..., 0::2]) * h[..., 1::2] if swiglu else F.gelu(h, approximate="tanh")
         x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
-    x = F.layer_norm(x, (C,), P["decoder.final_layernorm.weight"], P["decoder.final_layernorm.bias"], eps)
+    x = norm(x, "decoder.final_layernorm")
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
     return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
 
@@ -116,7 +122,8 @@ def load(path):
 def variant(a):
     """forward's keyword arguments for the model variant IN.h5's attributes name."""
     return dict(swiglu=bool(a.get("swiglu", 0)), rotary_dim=int(a.get("rotary_dim", 0)),
-                rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)))
+                rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)),
+                layernorm_1p=bool(a.get("layernorm_1p", 0)))
 
 
 def bench_params(layers, hidden, seq, vocab, device):

@@ -208,6 +208,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("rotary_dim", c.rope ? static_cast<double>(c.rotary_dim()) : 0.0);
   f.attr("rotary_base", c.rotary_base);
   f.attr("query_groups", static_cast<double>(c.query_groups()));
+  f.attr("layernorm_1p", c.apply_layernorm_1p ? 1.0 : 0.0);
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -376,6 +377,46 @@ TEST(GptTorch, QueryKeyLayerNormsGivePyTorchsLossAndGradients) {
   c.family = "t5";
   mb::testing::expect_error([&] { c.validate(); },
                             "--qk-layernorm: megabatch's T5 has no norm on its queries and keys");
+}
+
+// Megatron's --no-position-embedding (NoPE): no position table; the causal mask alone orders the
+// tokens. Loss and every gradient are PyTorch's without positions.
+TEST(GptTorch, NoPositionEmbeddingsGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.no_position_embedding = true;
+  auto model = mb::models::make_model(c, tp, 30);
+  EXPECT_LT(model->parameters().find("embedding.position_embeddings.weight"), 0) << "no learned positions";
+  const auto batch = random_batch(2, 11, 203, 12);
+  expect_matches_torch(*model, c, batch);
+}
+
+// Megatron's --apply-layernorm-1p, with the query-key norms: every norm's weight starts at 0 and
+// scales by 1 + w; set off 0 here, loss and every gradient are PyTorch's with 1 + w.
+TEST(GptTorch, NormWeightsAppliedAsOnePlusWGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.apply_layernorm_1p = true;
+  c.qk_layernorm = true;
+  auto model = mb::models::make_model(c, tp, 31);
+  auto& P = model->parameters();
+  std::mt19937 g(4);
+  std::normal_distribution<float> nd(0.0f, 0.3f);
+  int norms = 0;
+  for (size_t id = 0; id < P.count(); ++id) {
+    const auto& info = P.info(static_cast<int>(id));
+    if (info.name.find("layernorm.weight") == std::string::npos) continue;
+    std::vector<float> v = mb::to_host_f32(P.param(static_cast<int>(id)));
+    for (float& x : v) {
+      EXPECT_EQ(x, 0.0f) << info.name << ": zero-centred at the start";
+      x += nd(g);
+    }
+    mb::copy(P.param(static_cast<int>(id)), mb::from_host(v, P.param(static_cast<int>(id)).shape()));
+    ++norms;
+  }
+  EXPECT_EQ(norms, 2 * 4 + 1) << "two layers' four norms and the final one";
+  const auto batch = random_batch(2, 11, 203, 13);
+  expect_matches_torch(*model, c, batch);
 }
 
 TEST(GptTorch, TenAdamWStepsFollowThePyTorchLossTrajectory) {
