@@ -54,8 +54,11 @@ std::string Bert::summary() const {
   std::ostringstream os;
   os << "BERT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers"
      << (cfg_.post_layernorm ? " (post-LN)" : "") << ", hidden " << cfg_.hidden_size << ", " << cfg_.heads_text()
-     << ", ffn " << cfg_.ffn() << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << ", vocab "
-     << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
+     << ", ffn " << cfg_.ffn()
+     << (cfg_.swiglu         ? " (SwiGLU)"
+         : cfg_.squared_relu ? " (squared ReLU)"
+                             : "")
+     << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
      << (cfg_.binary_head ? "sentence-order head, " : "") << store_.num_full_parameters() << " parameters";
   return os.str();
 }

@@ -39,7 +39,10 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
 std::string Gpt::summary() const {
   std::ostringstream os;
   os << "GPT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers, hidden "
-     << cfg_.hidden_size << ", " << cfg_.heads_text() << ", ffn " << cfg_.ffn() << (cfg_.swiglu ? " (SwiGLU)" : "")
+     << cfg_.hidden_size << ", " << cfg_.heads_text() << ", ffn " << cfg_.ffn()
+     << (cfg_.swiglu         ? " (SwiGLU)"
+         : cfg_.squared_relu ? " (squared ReLU)"
+                             : "")
      << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
      << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")

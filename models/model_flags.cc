@@ -56,6 +56,9 @@ void set_positions(const nlohmann::json& v, ModelConfig& c) {
   c.no_position_embedding = v["no_position_embedding"].get<bool>();
   c.rotary_percent = v["rotary_percent"].get<double>();
   c.rotary_base = v["rotary_base"].get<double>();
+  c.rotary_interleaved = v["rotary_interleaved"].get<bool>();
+  if (v.contains("rotary_seq_len_interpolation_factor"))
+    c.rotary_interpolation = v["rotary_seq_len_interpolation_factor"].get<int64_t>();
   c.relative_attention_num_buckets = v["relative_attention_num_buckets"].get<int64_t>();
   c.relative_attention_max_distance = v["relative_attention_max_distance"].get<int64_t>();
   check(c.relative_attention_num_buckets >= 4 && c.relative_attention_max_distance >= c.relative_attention_num_buckets / 2,
@@ -85,8 +88,9 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
     check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
           "'s, and this model is ", c.family, ", which would ignore it; drop it");
   if (!c.rope)
-    for (const std::string k : {"rotary_percent", "rotary_base"})
-      check(!r.given(k), flag(k),
+    for (const std::string k :
+         {"rotary_percent", "rotary_base", "rotary_interleaved", "rotary_seq_len_interpolation_factor"})
+      check(!r.given(k) || r.values[k] == false, flag(k),  // (a switch set false asks for nothing)
             " sets the rotary embeddings, which this run does not have; add "
             "--position-embedding-type rope, or drop it");
   check(c.group_query_attention || !r.given("num_query_groups"),
@@ -110,8 +114,11 @@ void print_sizes(const ModelConfig& c, std::ostream& out) {
   const std::string layers = c.family == "t5" ? std::to_string(c.num_layers) + " + " + std::to_string(c.decoder_layers())
                                                : std::to_string(c.num_layers);
   out << "model: " << (c.preset.empty() ? "custom" : c.preset) << " (" << layers << " layers, hidden " << c.hidden_size
-      << ", " << c.heads_text() << ", ffn " << c.ffn() << (c.swiglu ? " (SwiGLU)" : "") << ", seq " << c.seq_length
-      << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
+      << ", " << c.heads_text() << ", ffn " << c.ffn()
+      << (c.swiglu         ? " (SwiGLU)"
+          : c.squared_relu ? " (squared ReLU)"
+                           : "")
+      << ", seq " << c.seq_length << ", vocab " << c.vocab_size << " padded to " << c.padded_vocab_size() << ")\n"
       << "parameters:                 " << r.parameters << " (" << std::setprecision(4)
       << static_cast<double>(r.parameters) / 1e9 << " B)\n"
       << "tensor-parallel size:       " << c.tensor_model_parallel_size << "\n"
@@ -168,6 +175,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.disable_bias_linear = v["disable_bias_linear"].get<bool>();
   c.add_qkv_bias = v["add_qkv_bias"].get<bool>();
   c.swiglu = v["swiglu"].get<bool>();
+  c.squared_relu = v["squared_relu"].get<bool>();
   c.qk_layernorm = v["qk_layernorm"].get<bool>();
   c.apply_layernorm_1p = v["apply_layernorm_1p"].get<bool>();
   c.group_query_attention = v["group_query_attention"].get<bool>();
@@ -208,6 +216,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"no_position_embedding", c.no_position_embedding},
           {"rotary_percent", c.rotary_percent},
           {"rotary_base", c.rotary_base},
+          {"rotary_interleaved", c.rotary_interleaved},
+          {"rotary_seq_len_interpolation_factor", c.rotary_interpolation},
           {"decoder_num_layers", c.decoder_layers()},
           {"decoder_seq_length", c.decoder_seq()},
           {"vocab_extra_ids", c.vocab_extra_ids},
@@ -225,6 +235,7 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"disable_bias_linear", c.disable_bias_linear},
           {"add_qkv_bias", c.add_qkv_bias},
           {"swiglu", c.swiglu},
+          {"squared_relu", c.squared_relu},
           {"num_query_groups", c.query_groups()},
           {"qk_layernorm", c.qk_layernorm},
           {"apply_layernorm_1p", c.apply_layernorm_1p}};

@@ -56,6 +56,7 @@ void ModelConfig::validate() const {
   check(!rope || (rotary_dim() >= 2 && rotary_dim() % 2 == 0), "--rotary-percent ", rotary_percent, " turns ",
         rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
         " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
+  check(!swiglu || !squared_relu, "--swiglu and --squared-relu each choose the MLP's activation; give one");
   check(!no_position_embedding || family != "t5",
         "--no-position-embedding: megabatch's T5 has learned or relative positions (--position-embedding-type); drop "
         "it");

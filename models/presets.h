@@ -22,6 +22,7 @@ struct ModelConfig {
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases
   bool add_qkv_bias = false;         // Megatron's --add-qkv-bias: with it, the QKV projections keep theirs
   bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
+  bool squared_relu = false;         // Megatron's --squared-relu: the MLP's activation is max(x, 0)^2
   bool apply_layernorm_1p = false;   // every norm's weight stored as w and applied as 1 + w (Megatron's)
   bool qk_layernorm = false;         // GPT and BERT: a norm over each head's query and key (Megatron's --qk-layernorm)
   // GPT and BERT: grouped-query attention (Megatron's --group-query-attention): the heads share
@@ -34,6 +35,8 @@ struct ModelConfig {
   // GPT: rotary position embeddings instead of learned ones (Megatron's --position-embedding-type rope)
   bool rope = false;
   double rotary_percent = 1.0, rotary_base = 10000;  // the share of each head's channels turned; the base
+  bool rotary_interleaved = false;                   // channel pairs (2i, 2i + 1), not (i, i + d/2)
+  int64_t rotary_interpolation = 1;                  // positions divided by it (--rotary-seq-len-interpolation-factor)
   // GPT and BERT: no position embeddings at all (Megatron's --no-position-embedding: NoPE, the causal
   // mask alone telling a GPT's positions)
   bool no_position_embedding = false;

@@ -54,9 +54,11 @@ std::string T5::summary() const {
   os << "T5 " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " + "
      << cfg_.decoder_layers() << " layers" << (cfg_.relative_attention ? " (relative positions)" : "") << ", hidden "
      << cfg_.hidden_size << ", " << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn()
-     << (cfg_.swiglu ? " (SwiGLU)" : "") << ", seq " << cfg_.seq_length << " / " << cfg_.decoder_seq() << ", vocab "
-     << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), " << store_.num_full_parameters()
-     << " parameters";
+     << (cfg_.swiglu         ? " (SwiGLU)"
+         : cfg_.squared_relu ? " (squared ReLU)"
+                             : "")
+     << ", seq " << cfg_.seq_length << " / " << cfg_.decoder_seq() << ", vocab " << cfg_.vocab_size << " (padded "
+     << cfg_.padded_vocab_size() << "), " << store_.num_full_parameters() << " parameters";
   return os.str();
 }
 

@@ -33,9 +33,12 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.bias_linear = !c.disable_bias_linear;
   sc.qkv_bias = c.add_qkv_bias;
   sc.swiglu = c.swiglu;
+  sc.squared_relu = c.squared_relu;
   sc.qk_norm = c.qk_layernorm;
   sc.rotary_dim = c.rope ? c.rotary_dim() : 0;
   sc.rotary_base = c.rotary_base;
+  sc.rotary_interleaved = c.rotary_interleaved;
+  sc.rotary_position_scale = 1.0 / static_cast<double>(c.rotary_interpolation);
   return sc;
 }
 
@@ -200,7 +203,7 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   }
   alloc(g_attn_, {n, Cl}, P);
   alloc(g_ff_b_, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
-  if (cfg_.swiglu) alloc(g_act_, {n, Fl}, P);
+  if (cfg_.swiglu || cfg_.squared_relu) alloc(g_act_, {n, Fl}, P);
   if (cfg_.cross_attention) {
     alloc(g_q_, {n, Cl}, P);
     alloc(g_kv_, {B * Tm, 2 * Cl}, P);
@@ -219,7 +222,13 @@ bool flash_attention_chosen(const std::string& backend, Device device, DType dty
 }
 
 ops::RotaryShape TransformerStack::rotary_shape() const {
-  return {T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.rotary_dim, cfg_.rotary_base};
+  return {T_,
+          heads_local_,
+          cfg_.hidden / cfg_.heads,
+          cfg_.rotary_dim,
+          cfg_.rotary_base,
+          cfg_.rotary_interleaved,
+          cfg_.rotary_position_scale};
 }
 
 ops::AttentionShape TransformerStack::attention_shape() const {
@@ -304,6 +313,9 @@ void TransformerStack::mlp_forward(size_t l, const Tensor& h, const Tensor& next
   if (cfg_.swiglu) {
     b.fc1.forward(s.fc1, h);
     ops::swiglu_forward(s.gelu, s.fc1);
+  } else if (cfg_.squared_relu) {
+    b.fc1.forward(s.fc1, h);
+    ops::squared_relu_forward(s.gelu, s.fc1);
   } else {
     b.fc1.forward_gelu(s.gelu, s.fc1, h);
   }
@@ -354,6 +366,9 @@ void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   if (cfg_.swiglu) {
     b.fc2.backward(g_act_, d_fc2, s.gelu, ops::Write::kSet);
     ops::swiglu_backward(g_ff_b_, g_act_, s.fc1);
+  } else if (cfg_.squared_relu) {
+    b.fc2.backward(g_act_, d_fc2, s.gelu, ops::Write::kSet);
+    ops::squared_relu_backward(g_ff_b_, g_act_, s.fc1);
   } else {
     b.fc2.backward_gelu(g_ff_b_, d_fc2, s.gelu, s.fc1);
   }

@@ -43,9 +43,12 @@ struct StackConfig {
   bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
   bool qkv_bias = false;    // the query, key and value projections' biases kept without them (--add-qkv-bias)
   bool swiglu = false;      // fc1 gives 2 ffn: (gate, up) pairs, gated by ops::swiglu (--swiglu)
+  bool squared_relu = false;  // the MLP's activation max(x, 0)^2 instead of GELU (--squared-relu)
   bool qk_norm = false;     // a norm (as `norm`) over each head's q and k, before the rotary turn (--qk-layernorm)
   int64_t rotary_dim = 0;   // rotary embeddings turn this many channels of each head's q and k (0: none)
   double rotary_base = 10000;
+  bool rotary_interleaved = false;
+  double rotary_position_scale = 1.0;
   // dropout streams: stream_base + sites * layer + site, with 3 sites per layer (attention
   // probabilities, attention output, MLP output) or 5 with cross-attention (its
   // probabilities and output after the self-attention's)
@@ -170,7 +173,7 @@ class TransformerStack {
   train::StepContext ctx_;
   std::vector<Saved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_b_, g_q_, g_kv_;
-  Tensor g_act_;  // SwiGLU: d of the gated activation (n, ffn / tp), before d of fc1's pairs in g_ff_b_
+  Tensor g_act_;  // SwiGLU, squared ReLU: d of the activation (n, ffn / tp), before d of fc1's output in g_ff_b_
   // grouped-query attention: the QKV projection's output (n, (heads + 2 groups) D / tp), expanded
   // into s.qkv; then its gradient
   Tensor g_grouped_;

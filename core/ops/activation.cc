@@ -21,6 +21,21 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Writ
   MB_OP_DISPATCH(d, gelu_backward, din, dout, in, w);
 }
 
+void squared_relu_forward(const Tensor& out, const Tensor& in) {
+  const Device d = common_device("squared_relu_forward", {&out, &in});
+  expect_accepted(accepts::squared_relu_forward_in, in, d);
+  expect_same("squared_relu_forward", "in", in, "out", out);
+  MB_OP_DISPATCH(d, squared_relu_forward, out, in);
+}
+
+void squared_relu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  const Device d = common_device("squared_relu_backward", {&din, &dout, &in});
+  expect_accepted(accepts::squared_relu_backward_in, in, d);
+  expect_same("squared_relu_backward", "in", in, "dout", dout);
+  expect_same("squared_relu_backward", "in", in, "din", din);
+  MB_OP_DISPATCH(d, squared_relu_backward, din, dout, in);
+}
+
 namespace {
 // in and out of swiglu: the same dtype, in twice out's elements, whole rows of pairs
 void check_swiglu(const char* op, const char* in_name, const Tensor& in, const char* out_name, const Tensor& out) {

@@ -9,9 +9,10 @@ using namespace detail;
 namespace {
 void check_rotary(const char* op, const Tensor& qkv, const RotaryShape& s) {
   check(s.T >= 1 && s.heads >= 1 && s.head_dim >= 1 && s.rotary_dim >= 2 && s.rotary_dim % 2 == 0 &&
-            s.rotary_dim <= s.head_dim && s.base > 0,
+            s.rotary_dim <= s.head_dim && s.base > 0 && s.position_scale > 0,
         op, ": T ", s.T, ", heads ", s.heads, ", head dim ", s.head_dim, ", rotary dim ", s.rotary_dim, ", base ",
-        s.base, ": the rotary dim must be even, 2 or more and at most the head dim");
+        s.base, ", position scale ", s.position_scale,
+        ": the rotary dim must be even, 2 or more and at most the head dim, the base and the position scale above 0");
   const size_t row = static_cast<size_t>(3 * s.heads * s.head_dim);
   check(qkv.numel() % row == 0 && (qkv.numel() / row) % static_cast<size_t>(s.T) == 0, op, ": qkv ", qkv.describe(),
         " is not rows of ", s.heads, " heads x [q, k, v] x ", s.head_dim, " in sequences of ", s.T);

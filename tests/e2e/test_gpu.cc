@@ -76,22 +76,26 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
   // and their final evaluations agree: --eval-samples beyond the held-out splits' sizes
   // covers each split once, the last micro-batch smaller than the others
   mb::testing::TempDir tmp;
-  for (const std::string family :
-       {"gpt", "gpt-untied", "gpt-no-bias", "gpt-swiglu", "gpt-rope", "gpt-gqa", "gpt-qknorm", "bert", "t5"}) {
+  for (const std::string family : {"gpt", "gpt-untied", "gpt-no-bias", "gpt-swiglu", "gpt-rope", "gpt-gqa",
+                                   "gpt-qknorm", "gpt-relu2", "bert", "t5"}) {
     SCOPED_TRACE(family);
     // gpt-untied: a GPT with an output layer of its own; gpt-no-bias: without the linear
     // layers' biases but the QKV's (cuBLASLt's GELU epilogue without a bias); gpt-swiglu: the
     // gated MLP (the SwiGLU kernels); gpt-rope: rotary positions (the rotary kernels); gpt-gqa:
     // grouped-query attention (the query-group kernels); gpt-qknorm: normed queries and keys (the
-    // row scatter and the norms on a QKV output's rows)
+    // row scatter and the norms on a QKV output's rows), with interleaved, interpolated rotary
+    // positions; gpt-relu2: the squared-ReLU MLP with norm weights applied as 1 + w
     const std::string type = family.rfind("gpt", 0) == 0 ? "gpt" : family;
     const std::string variant = family == "gpt-untied"    ? " --untie-embeddings-and-output-weights"
                                 : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
                                 : family == "gpt-swiglu"  ? " --swiglu --ffn-hidden-size 96"
                                 : family == "gpt-rope"    ? " --position-embedding-type rope --rotary-percent 0.5"
                                 : family == "gpt-gqa"     ? " --group-query-attention --num-query-groups 2"
-                                : family == "gpt-qknorm"  ? " --qk-layernorm --position-embedding-type rope"
-                                                          : "";
+                                : family == "gpt-qknorm"
+                                    ? " --qk-layernorm --position-embedding-type rope "
+                                      "--rotary-interleaved --rotary-seq-len-interpolation-factor 2"
+                                : family == "gpt-relu2" ? " --squared-relu --apply-layernorm-1p"
+                                                        : "";
     ok(train(type, tmp / (family + "_cpu"), "--device cpu --eval-samples 4000" + variant));
     ok(train(type, tmp / (family + "_gpu"), "--device cuda --eval-samples 4000" + variant));
     const auto cpu = series(tmp / (family + "_cpu") / "metrics.h5", "train/lm_loss");

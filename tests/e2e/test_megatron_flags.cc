@@ -97,24 +97,25 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
-      " --use-mcore-models --rotary-interleaved --apply-residual-connection-post-layernorm --qk-layernorm "
+      " --use-mcore-models --reset-position-ids --apply-residual-connection-post-layernorm --qk-layernorm "
       "--position-embedding-type "
       "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --fp8-format hybrid "
-      "--rotary-seq-len-interpolation-factor 2 "
+      "--init-method-xavier-uniform "
+      "--fp8-recipe delayed "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
       "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
        {std::string("train: error: 10 of the options cannot be taken; drop or change each:\n"),
-        "\n  --rotary-interleaved " + megatrons + "megabatch's models have no interleaved rotary embeddings",
+        "\n  --reset-position-ids " + megatrons + "megabatch's GPT positions run over the whole sample",
         "\n  --apply-residual-connection-post-layernorm " + megatrons +
             "megabatch's models have no residual taken after",
         "\n  --fp8-format hybrid " + megatrons +
             "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8",
-        "\n  --rotary-seq-len-interpolation-factor 2 " + megatrons +
-            "megabatch's models have no rotary sequence-length interpolation",
-        "\n  --squared-relu " + megatrons + "megabatch's models have no squared-ReLU MLP",
+        "\n  --fp8-recipe delayed " + megatrons +
+            "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8",
+        "\n  --init-method-xavier-uniform " + megatrons + "megabatch initializes from a normal distribution",
         "\n  --pipeline-model-parallel-size 4 " + megatrons + "megabatch has no pipeline parallelism; spread the model",
         "\n  --transformer-impl te " + megatrons + "Megatron's values are local and transformer_engine",
         "\n  --ckpt-format torch_dist " + megatrons + "megabatch writes and reads checkpoints of its own (HDF5",
@@ -123,7 +124,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
             "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
   for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7",
-                            "--group-query-attention", "--num-query-groups", "--qk-layernorm"})
+                            "--group-query-attention", "--num-query-groups", "--qk-layernorm", "--squared-relu"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
 }
 
@@ -240,14 +241,15 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "squared_relu": true,
+                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "reset_position_ids": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const std::string& line :
        {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
-        "\n  --squared-relu (" + bad.string() +
-            ".squared_relu) (Megatron-LM's) is not taken here: megabatch's models have no squared-ReLU MLP",
+        "\n  --reset-position-ids (" + bad.string() +
+            ".reset_position_ids) (Megatron-LM's) is not taken here: megabatch's GPT positions run over the whole "
+            "sample",
         "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})

@@ -119,6 +119,8 @@ MB_EMULATED_OP(expand_query_groups, (const Tensor& qkv, const Tensor& grouped, c
                (qkv, grouped, s))
 MB_EMULATED_OP(reduce_query_groups, (const Tensor& dgrouped, const Tensor& dqkv, const QueryGroupShape& s),
                (dgrouped, dqkv, s))
+MB_EMULATED_OP(squared_relu_forward, (const Tensor& out, const Tensor& in), (out, in))
+MB_EMULATED_OP(squared_relu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(swiglu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(swiglu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(tanh_forward, (const Tensor& out, const Tensor& in), (out, in))

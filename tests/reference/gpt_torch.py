@@ -17,14 +17,16 @@ labels. Dropout is off (the golden tests run without it). Where params/output_la
 given, the output layer is its own (Megatron's untied output layer), else the word embeddings;
 a linear layer without params/<its name>.bias has none (--disable-bias-linear); attribute swiglu
 1 gates the MLP (--swiglu: fc1's outputs are interleaved (gate, up) pairs); attributes
-rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope), without
+rotary_dim and rotary_base turn queries and keys (--position-embedding-type rope; rotary_interleaved
+and rotary_factor: --rotary-interleaved, --rotary-seq-len-interpolation-factor), without
 learned positions (as without params/embedding.position_embeddings.weight: --no-position-embedding);
 attribute query_groups G < heads H makes the attention grouped-query
 (--group-query-attention --num-query-groups G: the QKV output per token is Megatron's G groups
 of [H/G queries, a key, a value], each key and value repeated for its group's query heads);
 params/<layer>.self_attention.q_layernorm.weight and k_layernorm's, where given, are LayerNorms
 over each head's query and key before the rotary turn (--qk-layernorm); attribute layernorm_1p 1
-applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p).
+applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p); attribute squared_relu 1 makes
+the MLP's activation max(x, 0)^2 (--squared-relu).
 """
 import math
 import sys
@@ -50,21 +52,30 @@ def names(layers):
     return out + ["decoder.final_layernorm.weight", "decoder.final_layernorm.bias"]
 
 
-def rotate(t, rotary_dim, base):
-    """Megatron's rotary embedding (rotate-half form) of t (B, H, T, D): the first rotary_dim
-    channels turned at angle position x base^(-2i / rotary_dim), frequencies in fp32."""
+def rotate(t, rotary_dim, base, interleaved=False, factor=1):
+    """Megatron's rotary embedding of t (B, H, T, D): the first rotary_dim channels turned at
+    angle position / factor x base^(-2i / rotary_dim), frequencies in fp32; pairs (i, i + d/2)
+    (rotate-half form) or, interleaved, (2i, 2i + 1)."""
     T = t.shape[2]
     inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
-    freqs = torch.outer(torch.arange(T, dtype=torch.float32), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
+    freqs = torch.outer(torch.arange(T, dtype=torch.float32) * (1.0 / factor), inv_freq)
+    if interleaved:
+        emb = torch.stack((freqs, freqs), dim=-1).reshape(T, rotary_dim)  # f0 f0 f1 f1 ...
+    else:
+        emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos().to(t.dtype), emb.sin().to(t.dtype)
     r, rest = t[..., :rotary_dim], t[..., rotary_dim:]
-    x1, x2 = r[..., : rotary_dim // 2], r[..., rotary_dim // 2 :]
-    return torch.cat((r * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+    if interleaved:
+        x1, x2 = r[..., 0::2], r[..., 1::2]
+        turned = torch.stack((-x2, x1), dim=-1).reshape(r.shape)
+    else:
+        x1, x2 = r[..., : rotary_dim // 2], r[..., rotary_dim // 2 :]
+        turned = torch.cat((-x2, x1), dim=-1)
+    return torch.cat((r * cos + turned * sin, rest), dim=-1)
 
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
-            query_groups=0, layernorm_1p=False):
+            query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -90,7 +101,7 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         if p + "self_attention.q_layernorm.weight" in P:  # --qk-layernorm: over each head's D channels
             q, k = norm(q, p + "self_attention.q_layernorm"), norm(k, p + "self_attention.k_layernorm")
         if rotary_dim:
-            q, k = rotate(q, rotary_dim, rotary_base), rotate(k, rotary_dim, rotary_base)
+            q, k = (rotate(t, rotary_dim, rotary_base, rotary_interleaved, rotary_factor) for t in (q, k))
         if sdpa:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
         else:
@@ -101,7 +112,10 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         h = norm(x, p + "pre_mlp_layernorm")
         h = F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias"))
         # SwiGLU: fc1's outputs are (gate, up) pairs, interleaved
-        h = F.silu(h[..., 0::2]) * h[..., 1::2] if swiglu else F.gelu(h, approximate="tanh")
+        if swiglu:
+            h = F.silu(h[..., 0::2]) * h[..., 1::2]
+        else:
+            h = F.relu(h) ** 2 if squared_relu else F.gelu(h, approximate="tanh")
         x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
     x = norm(x, "decoder.final_layernorm")
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
@@ -123,7 +137,8 @@ def variant(a):
     """forward's keyword arguments for the model variant IN.h5's attributes name."""
     return dict(swiglu=bool(a.get("swiglu", 0)), rotary_dim=int(a.get("rotary_dim", 0)),
                 rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)),
-                layernorm_1p=bool(a.get("layernorm_1p", 0)))
+                layernorm_1p=bool(a.get("layernorm_1p", 0)), squared_relu=bool(a.get("squared_relu", 0)),
+                rotary_interleaved=bool(a.get("rotary_interleaved", 0)), rotary_factor=int(a.get("rotary_factor", 1)))
 
 
 def bench_params(layers, hidden, seq, vocab, device):

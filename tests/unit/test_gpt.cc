@@ -209,6 +209,9 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("rotary_base", c.rotary_base);
   f.attr("query_groups", static_cast<double>(c.query_groups()));
   f.attr("layernorm_1p", c.apply_layernorm_1p ? 1.0 : 0.0);
+  f.attr("squared_relu", c.squared_relu ? 1.0 : 0.0);
+  f.attr("rotary_interleaved", c.rotary_interleaved ? 1.0 : 0.0);
+  f.attr("rotary_factor", static_cast<double>(c.rotary_interpolation));
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -416,6 +419,34 @@ TEST(GptTorch, NormWeightsAppliedAsOnePlusWGivePyTorchsLossAndGradients) {
   }
   EXPECT_EQ(norms, 2 * 4 + 1) << "two layers' four norms and the final one";
   const auto batch = random_batch(2, 11, 203, 13);
+  expect_matches_torch(*model, c, batch);
+}
+
+// Megatron's --squared-relu: the MLP's activation max(x, 0)^2; loss and every gradient are
+// PyTorch's. Beside --swiglu it is refused by name.
+TEST(GptTorch, ASquaredReluMlpGivesPyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.squared_relu = true;
+  auto model = mb::models::make_model(c, tp, 32);
+  const auto batch = random_batch(2, 11, 203, 14);
+  expect_matches_torch(*model, c, batch);
+  c.swiglu = true;
+  mb::testing::expect_error([&] { c.validate(); }, "--swiglu and --squared-relu each choose the MLP's activation");
+}
+
+// Megatron's --rotary-interleaved with --rotary-seq-len-interpolation-factor 4: the pairs (2i,
+// 2i + 1) of each head's q and k turned at a quarter of the position's angle; loss and every
+// gradient are PyTorch's (the interleaved form of Megatron's _rotate_half).
+TEST(GptTorch, InterleavedInterpolatedRotaryPositionsGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.rope = true;
+  c.rotary_interleaved = true;
+  c.rotary_interpolation = 4;
+  c.rotary_base = 50;
+  auto model = mb::models::make_model(c, tp, 33);
+  const auto batch = random_batch(2, 11, 203, 15);
   expect_matches_torch(*model, c, batch);
 }
 

@@ -318,6 +318,36 @@ TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
         return dot(vec(o), r);
       },
       x, vec(dx), "rope");
+  // interleaved pairs (2i, 2i + 1) (--rotary-interleaved), positions scaled by 1/4
+  // (--rotary-seq-len-interpolation-factor 4): the formula again, and the adjoint
+  const ops::RotaryShape si{5, 2, 8, 6, 100.0, true, 0.25};
+  mb::Tensor yi = t64(x, {rows, width});
+  ops::rope_forward(yi, si);
+  const Vec yiv = vec(yi);
+  for (int row = 0; row < rows; ++row)
+    for (int h = 0; h < 2; ++h)
+      for (int which = 0; which < 3; ++which)
+        for (int c = 0; c < 8; ++c) {
+          const int at = row * width + (h * 3 + which) * 8 + c;
+          double want = x[at];
+          if (which < 2 && c < 6) {
+            const int i = c / 2, pair = c % 2 == 0 ? at + 1 : at - 1;
+            const double angle = (row % 5) * 0.25 * std::pow(100.0, -2.0 * i / 6);
+            want = c % 2 == 0 ? x[at] * std::cos(angle) - x[pair] * std::sin(angle)
+                              : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
+          }
+          EXPECT_NEAR(yiv[at], want, 1e-6)
+              << "interleaved: row " << row << " head " << h << " part " << which << " channel " << c;
+        }
+  mb::Tensor dxi = t64(r, {rows, width});
+  ops::rope_backward(dxi, si);
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o = t64(v, {rows, width});
+        ops::rope_forward(o, si);
+        return dot(vec(o), r);
+      },
+      x, vec(dxi), "interleaved rope");
   try {
     ops::rope_forward(y, ops::RotaryShape{5, 2, 8, 7, 100.0});
     ADD_FAILURE() << "an odd rotary dim taken";
@@ -361,6 +391,37 @@ TEST(QueryGroups, EachHeadReadsItsGroupsKeyAndValueAndTheBackwardSumsOverTheGrou
   } catch (const mb::Error& e) {
     EXPECT_NE(std::string(e.what()).find("the groups must divide the heads"), std::string::npos) << e.what();
   }
+}
+
+// Squared ReLU over 41 values (a few exact zeros among them, where the one-sided derivative is
+// 0): the formula max(x, 0)^2 exactly in f64, and the backward (set, over garbage) against
+// central finite differences away from 0, where the function is smooth.
+TEST(SquaredRelu, MatchesTheFormulaAndFiniteDifferences) {
+  Vec x = randn(41, 17, 2.0);
+  x[3] = x[20] = 0.0;
+  const Vec r = randn(41, 18);
+  mb::Tensor y({41}, mb::DType::kF64);
+  ops::squared_relu_forward(y, t64(x));
+  const Vec yv = vec(y);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(yv[i], x[i] > 0 ? x[i] * x[i] : 0.0) << i;
+  mb::Tensor dx = t64(Vec(41, 7.0));
+  ops::squared_relu_backward(dx, t64(r), t64(x));
+  EXPECT_EQ(vec(dx)[3], 0.0);
+  Vec smooth = x, analytic = vec(dx);
+  smooth.erase(smooth.begin() + 20);  // the finite difference at 0 is not the derivative
+  smooth.erase(smooth.begin() + 3);
+  analytic.erase(analytic.begin() + 20);
+  analytic.erase(analytic.begin() + 3);
+  Vec rs = r;
+  rs.erase(rs.begin() + 20);
+  rs.erase(rs.begin() + 3);
+  expect_fd(
+      [&](const Vec& v) {
+        mb::Tensor o({static_cast<int64_t>(v.size())}, mb::DType::kF64);
+        ops::squared_relu_forward(o, t64(v));
+        return dot(vec(o), rs);
+      },
+      smooth, analytic, "squared relu");
 }
 
 // SwiGLU of 3 rows of 7 (gate, up) pairs, interleaved: the formula (silu(g) = g / (1 + e^-g))

@@ -227,6 +227,14 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
   ops::swiglu_backward(dsw.ref, g.ref.flat(0, static_cast<size_t>(pairs)).view({pairs / 3, 3}),
                        x.ref.flat(0, static_cast<size_t>(2 * pairs)).view({pairs / 3, 6}));
   h.expect_close(dsw, 16, "swiglu backward");
+  // squared ReLU, and its backward written whole (set)
+  Pair sq = h.output({n}), dsq = h.output({n});
+  ops::squared_relu_forward(sq.dev, x.dev);
+  ops::squared_relu_forward(sq.ref, x.ref);
+  h.expect_close(sq, 2, "squared relu");
+  ops::squared_relu_backward(dsq.dev, g.dev, x.dev);
+  ops::squared_relu_backward(dsq.ref, g.ref, x.ref);
+  h.expect_close(dsq, 2, "squared relu backward");
   h.expect_close(dt, 8, "tanh backward");
   h.expect_close(da, 1, "residual da");
   h.expect_close(db, 1, "residual db");
@@ -263,6 +271,10 @@ TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
   ops::rope_backward(y.dev, s);
   ops::rope_backward(y.ref, s);
   h.expect_close(y, 8, "rope backward of the forward (the input again)");
+  const ops::RotaryShape si{37, 4, 64, 48, 10000.0, true, 0.5};  // interleaved, positions halved
+  ops::rope_forward(y.dev, si);
+  ops::rope_forward(y.ref, si);
+  h.expect_close(y, 12, "interleaved rope forward");
 }
 
 // Grouped-query attention's layout on a QKV output of 2 x 37 rows, 8 heads of dim 64 in 2 groups

@@ -1,4 +1,4 @@
-// GELU, SwiGLU and tanh on the CPU.
+// GELU, squared ReLU, SwiGLU and tanh on the CPU.
 #include <cmath>
 
 #include "core/ops/backends.h"
@@ -43,6 +43,34 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Writ
       const T v = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * dt);
       d[i] = add ? d[i] + v : v;
     }
+    ds.commit();
+  });
+}
+
+void squared_relu_forward(const Tensor& out, const Tensor& in) {
+  with_compute_type(in.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> xs(in);
+    Out<T> ys(out, false);
+    const T* x = xs;
+    T* y = ys;
+    const int64_t n = static_cast<int64_t>(in.numel());
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
+    ys.commit();
+  });
+}
+
+void squared_relu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  with_compute_type(in.dtype(), [&](auto zero) {
+    using T = decltype(zero);
+    In<T> xs(in), gs(dout);
+    Out<T> ds(din, false);
+    const T *x = xs, *g = gs;
+    T* d = ds;
+    const int64_t n = static_cast<int64_t>(in.numel());
+#pragma omp parallel for simd schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) d[i] = x[i] > T(0) ? T(2) * x[i] * g[i] : T(0);
     ds.commit();
   });
 }

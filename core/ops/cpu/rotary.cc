@@ -21,7 +21,7 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
       const float inv_freq =
           1.0f / std::pow(static_cast<float>(s.base), static_cast<float>(2 * i) / static_cast<float>(s.rotary_dim));
       for (int64_t pos = 0; pos < s.T; ++pos) {
-        const float angle = static_cast<float>(pos) * inv_freq;
+        const float angle = static_cast<float>(pos) * static_cast<float>(s.position_scale) * inv_freq;
         cosines[static_cast<size_t>(pos * half + i)] = std::cos(angle);
         sines[static_cast<size_t>(pos * half + i)] = sign * std::sin(angle);
       }
@@ -35,9 +35,10 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
         for (int64_t h = 0; h < s.heads; ++h)
           for (int which = 0; which < 2; ++which) {  // q, then k
             T* v = x + (r * s.heads + h) * 3 * D + which * D;
-            const T x1 = v[i], x2 = v[i + half];
-            v[i] = x1 * c - x2 * sn;
-            v[i + half] = x2 * c + x1 * sn;
+            const int64_t a = s.interleaved ? 2 * i : i, b = s.interleaved ? 2 * i + 1 : i + half;
+            const T x1 = v[a], x2 = v[b];
+            v[a] = x1 * c - x2 * sn;
+            v[b] = x2 * c + x1 * sn;
           }
       }
     }

@@ -1,4 +1,4 @@
-// GELU (tanh form) and tanh on a GPU: elementwise maps (common.cuh), 16 bytes a thread;
+// GELU (tanh form), squared ReLU and tanh on a GPU: elementwise maps (common.cuh), 16 bytes a thread;
 // SwiGLU: a thread per (gate, up) pair.
 #include "core/ops/backends.h"
 #include "core/ops/cuda/common.cuh"
@@ -22,6 +22,12 @@ struct GeluBackwardAdd {  // din + dout * gelu'(x)
 };
 struct GeluBackwardSet {  // dout * gelu'(x)
   __device__ float operator()(float dout, float x) const { return gelu_grad(dout, x); }
+};
+struct SquaredRelu {
+  __device__ float operator()(float x) const { return x > 0.0f ? x * x : 0.0f; }
+};
+struct SquaredReluBackward {  // dout * 2 max(x, 0)
+  __device__ float operator()(float dout, float x) const { return x > 0.0f ? 2.0f * x * dout : 0.0f; }
 };
 struct Tanh {
   __device__ float operator()(float x) const { return tanhf(x); }
@@ -90,6 +96,22 @@ void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Writ
     else
       map("gelu_backward", stream_of(in), ptr<T>(din), n, GeluBackwardAdd{}, ptr<const T>(din), ptr<const T>(dout),
           ptr<const T>(in));
+  });
+}
+
+void squared_relu_forward(const Tensor& out, const Tensor& in) {
+  with_type<accepts::squared_relu_forward_in.cuda.bits>(in.dtype(), "squared_relu_forward", [&](auto zero) {
+    using T = decltype(zero);
+    map("squared_relu_forward", stream_of(in), ptr<T>(out), static_cast<int64_t>(in.numel()), SquaredRelu{},
+        ptr<const T>(in));
+  });
+}
+
+void squared_relu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
+  with_type<accepts::squared_relu_backward_in.cuda.bits>(in.dtype(), "squared_relu_backward", [&](auto zero) {
+    using T = decltype(zero);
+    map("squared_relu_backward", stream_of(in), ptr<T>(din), static_cast<int64_t>(in.numel()), SquaredReluBackward{},
+        ptr<const T>(dout), ptr<const T>(in));
   });
 }
 

@@ -15,12 +15,13 @@ __global__ void rope_kernel(T* x, int64_t pairs, RotaryShape s, float sign) {
     // as Megatron: inv_freq = 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32
     const float inv_freq = 1.0f / powf(static_cast<float>(s.base), static_cast<float>(2 * i) /
                                                                      static_cast<float>(s.rotary_dim));
-    const float angle = static_cast<float>(r % s.T) * inv_freq;
+    const float angle = static_cast<float>(r % s.T) * static_cast<float>(s.position_scale) * inv_freq;
     const float c = cosf(angle), sn = sign * sinf(angle);
     T* v = x + (r * s.heads + h) * 3 * s.head_dim + which * s.head_dim;
-    const float x1 = to_f32(v[i]), x2 = to_f32(v[i + half]);
-    v[i] = from_f32<T>(x1 * c - x2 * sn);
-    v[i + half] = from_f32<T>(x2 * c + x1 * sn);
+    const int64_t a = s.interleaved ? 2 * i : i, b = s.interleaved ? 2 * i + 1 : i + half;
+    const float x1 = to_f32(v[a]), x2 = to_f32(v[b]);
+    v[a] = from_f32<T>(x1 * c - x2 * sn);
+    v[b] = from_f32<T>(x2 * c + x1 * sn);
   }
 }
 
