@@ -214,7 +214,11 @@ SizeReport size_report(const ModelConfig& c) {
                a = static_cast<double>(c.num_attention_heads), t = static_cast<double>(c.tensor_model_parallel_size);
   // SwiGLU: fc1's output is 2 ffn wide, 2 ffn / t more 16-bit values a token
   const double gated = c.swiglu ? 4.0 * static_cast<double>(c.ffn()) / (h * t) : 0.0;
-  r.activation_bytes = static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + gated + 5.0 * a * s / (h * t));
+  // --qk-layernorm: the q and k rows before their norms, 2 h / t more 16-bit values a token, and
+  // their fp32 mean and rstd, 2 x 2 a / t more
+  const double qk = c.qk_layernorm ? 4.0 / t + 16.0 * a / (h * t) : 0.0;
+  r.activation_bytes =
+      static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + gated + qk + 5.0 * a * s / (h * t));
   r.attention_score_bytes = static_cast<double>(c.num_layers) * s * h * (5.0 * a * s / (h * t));
   return r;
 }
