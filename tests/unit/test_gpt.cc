@@ -231,6 +231,15 @@ void expect_matches_torch(mb::train::Model& model, const mb::models::ModelConfig
   mb::testing::expect_gradients_match(model.parameters(), out);
 }
 
+// Adds normal noise of std `std` to parameter `id` (norm weights start at exact 1 or 0, where a
+// wrong affine would not show).
+void nudge(mb::nn::ParameterStore& P, int id, std::mt19937& g, float std) {
+  std::normal_distribution<float> nd(0.0f, std);
+  std::vector<float> v = mb::to_host_f32(P.param(id));
+  for (float& x : v) x += nd(g);
+  mb::copy(P.param(id), mb::from_host(v, P.param(id).shape()));
+}
+
 }  // namespace
 
 TEST(GptTorch, LossAndEveryGradientMatchPyTorch) {
@@ -366,14 +375,11 @@ TEST(GptTorch, QueryKeyLayerNormsGivePyTorchsLossAndGradients) {
   auto model = mb::models::make_model(c, tp, 29);
   auto& P = model->parameters();
   std::mt19937 g(3);
-  std::normal_distribution<float> nd(0.0f, 0.5f);
   for (const char* n : {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"}) {
     const int id = P.find(std::string("decoder.layers.1.self_attention.") + n);
     ASSERT_GE(id, 0) << n;
     EXPECT_EQ(P.info(id).full_shape, (std::vector<int64_t>{8})) << n << ": the head dim";
-    std::vector<float> v = mb::to_host_f32(P.param(id));
-    for (float& x : v) x += nd(g);
-    mb::copy(P.param(id), mb::from_host(v, P.param(id).shape()));
+    nudge(P, id, g, 0.5f);
   }
   const auto batch = random_batch(2, 11, 203, 11);
   expect_matches_torch(*model, c, batch);
@@ -404,17 +410,12 @@ TEST(GptTorch, NormWeightsAppliedAsOnePlusWGivePyTorchsLossAndGradients) {
   auto model = mb::models::make_model(c, tp, 31);
   auto& P = model->parameters();
   std::mt19937 g(4);
-  std::normal_distribution<float> nd(0.0f, 0.3f);
   int norms = 0;
-  for (size_t id = 0; id < P.count(); ++id) {
-    const auto& info = P.info(static_cast<int>(id));
+  for (int id = 0; id < static_cast<int>(P.count()); ++id) {
+    const auto& info = P.info(id);
     if (info.name.find("layernorm.weight") == std::string::npos) continue;
-    std::vector<float> v = mb::to_host_f32(P.param(static_cast<int>(id)));
-    for (float& x : v) {
-      EXPECT_EQ(x, 0.0f) << info.name << ": zero-centred at the start";
-      x += nd(g);
-    }
-    mb::copy(P.param(static_cast<int>(id)), mb::from_host(v, P.param(static_cast<int>(id)).shape()));
+    for (float x : mb::to_host_f32(P.param(id))) EXPECT_EQ(x, 0.0f) << info.name << ": zero-centred at the start";
+    nudge(P, id, g, 0.3f);
     ++norms;
   }
   EXPECT_EQ(norms, 2 * 4 + 1) << "two layers' four norms and the final one";

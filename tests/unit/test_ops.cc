@@ -289,65 +289,47 @@ TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
 // (angles in f64 here, fp32 in the op: 1e-6), v and the unturned channels as they were; the
 // backward against central finite differences of r . rope(x) (f64).
 TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
-  const ops::RotaryShape s{5, 2, 8, 6, 100.0};
   const int rows = 10, width = 2 * 3 * 8, n = rows * width;
   const Vec x = randn(n, 13), r = randn(n, 14);
-  mb::Tensor y = t64(x, {rows, width});
-  ops::rope_forward(y, s);
-  const Vec yv = vec(y);
-  for (int row = 0; row < rows; ++row)
-    for (int h = 0; h < 2; ++h)
-      for (int which = 0; which < 3; ++which)
-        for (int c = 0; c < 8; ++c) {
-          const int at = row * width + (h * 3 + which) * 8 + c;
-          double want = x[at];
-          if (which < 2 && c < 6) {
-            const int i = c % 3, pair = c < 3 ? at + 3 : at - 3;
-            const double angle = (row % 5) * std::pow(100.0, -2.0 * i / 6);
-            want = c < 3 ? x[at] * std::cos(angle) - x[pair] * std::sin(angle)
-                         : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
+  // rope(x) against the formula for the shape's pairs and positions, and its backward as the adjoint
+  auto expect_rope = [&](const ops::RotaryShape& s, const std::string& what) {
+    mb::Tensor y = t64(x, {rows, width});
+    ops::rope_forward(y, s);
+    const Vec yv = vec(y);
+    const int half = 3;  // of the 6 channels turned
+    for (int row = 0; row < rows; ++row)
+      for (int h = 0; h < 2; ++h)
+        for (int which = 0; which < 3; ++which)
+          for (int c = 0; c < 8; ++c) {
+            const int at = row * width + (h * 3 + which) * 8 + c;
+            double want = x[at];
+            if (which < 2 && c < 6) {
+              // pair i of (c, its partner): (i, i + 3) in halves, (2i, 2i + 1) interleaved; first = x1
+              const bool first = s.interleaved ? c % 2 == 0 : c < half;
+              const int i = s.interleaved ? c / 2 : c % half;
+              const int pair = s.interleaved ? (first ? at + 1 : at - 1) : (first ? at + half : at - half);
+              const double angle = (row % 5) * s.position_scale * std::pow(100.0, -2.0 * i / 6);
+              want = first ? x[at] * std::cos(angle) - x[pair] * std::sin(angle)
+                           : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
+            }
+            EXPECT_NEAR(yv[at], want, 1e-6)
+                << what << ": row " << row << " head " << h << " part " << which << " channel " << c;
           }
-          EXPECT_NEAR(yv[at], want, 1e-6) << "row " << row << " head " << h << " part " << which << " channel " << c;
-        }
-  mb::Tensor dx = t64(r, {rows, width});
-  ops::rope_backward(dx, s);
-  expect_fd(
-      [&](const Vec& v) {
-        mb::Tensor o = t64(v, {rows, width});
-        ops::rope_forward(o, s);
-        return dot(vec(o), r);
-      },
-      x, vec(dx), "rope");
+    mb::Tensor dx = t64(r, {rows, width});
+    ops::rope_backward(dx, s);
+    expect_fd(
+        [&](const Vec& v) {
+          mb::Tensor o = t64(v, {rows, width});
+          ops::rope_forward(o, s);
+          return dot(vec(o), r);
+        },
+        x, vec(dx), what.c_str());
+  };
+  expect_rope(ops::RotaryShape{5, 2, 8, 6, 100.0}, "rotate-half");
   // interleaved pairs (2i, 2i + 1) (--rotary-interleaved), positions scaled by 1/4
-  // (--rotary-seq-len-interpolation-factor 4): the formula again, and the adjoint
-  const ops::RotaryShape si{5, 2, 8, 6, 100.0, true, 0.25};
-  mb::Tensor yi = t64(x, {rows, width});
-  ops::rope_forward(yi, si);
-  const Vec yiv = vec(yi);
-  for (int row = 0; row < rows; ++row)
-    for (int h = 0; h < 2; ++h)
-      for (int which = 0; which < 3; ++which)
-        for (int c = 0; c < 8; ++c) {
-          const int at = row * width + (h * 3 + which) * 8 + c;
-          double want = x[at];
-          if (which < 2 && c < 6) {
-            const int i = c / 2, pair = c % 2 == 0 ? at + 1 : at - 1;
-            const double angle = (row % 5) * 0.25 * std::pow(100.0, -2.0 * i / 6);
-            want = c % 2 == 0 ? x[at] * std::cos(angle) - x[pair] * std::sin(angle)
-                              : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
-          }
-          EXPECT_NEAR(yiv[at], want, 1e-6)
-              << "interleaved: row " << row << " head " << h << " part " << which << " channel " << c;
-        }
-  mb::Tensor dxi = t64(r, {rows, width});
-  ops::rope_backward(dxi, si);
-  expect_fd(
-      [&](const Vec& v) {
-        mb::Tensor o = t64(v, {rows, width});
-        ops::rope_forward(o, si);
-        return dot(vec(o), r);
-      },
-      x, vec(dxi), "interleaved rope");
+  // (--rotary-seq-len-interpolation-factor 4)
+  expect_rope(ops::RotaryShape{5, 2, 8, 6, 100.0, true, 0.25}, "interleaved, interpolated");
+  mb::Tensor y = t64(x, {rows, width});
   try {
     ops::rope_forward(y, ops::RotaryShape{5, 2, 8, 7, 100.0});
     ADD_FAILURE() << "an odd rotary dim taken";
