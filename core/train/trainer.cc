@@ -107,16 +107,16 @@ void Trainer::forward_backward() {
   int64_t n_measured = 0;
   for (int64_t k = 0; k < local; ++k) n_measured += measured(k);
   // --calculate-per-token-loss: every token of the global batch weighs the same, so the lm
-  // term's divisor is the global batch's counted tokens (over every rank) per micro-batch
-  std::vector<int64_t> counted;
+  // term's divisor is the global batch's counted tokens (over every rank) per micro-batch; the
+  // micro-batches filled to count them are the ones trained on (not filled again)
   double lm_divisor = 0;
   if (opt_.per_token_loss) {
+    step_batches_.resize(static_cast<size_t>(local));
     double tokens = 0;
     for (int64_t k = 0; k < local; ++k) {
-      train_.fill(static_cast<uint64_t>(consumed_ + (r * local + k) * opt_.micro_batch_size), opt_.micro_batch_size,
-                  batch_);
-      counted.push_back(counted_tokens(batch_));
-      tokens += static_cast<double>(counted.back());
+      Batch& b = step_batches_[static_cast<size_t>(k)];
+      train_.fill(static_cast<uint64_t>(consumed_ + (r * local + k) * opt_.micro_batch_size), opt_.micro_batch_size, b);
+      tokens += static_cast<double>(counted_tokens(b));
     }
     dp_->all_reduce(&tokens, 1, comm::ReduceOp::kSum);
     lm_divisor = tokens > 0 ? tokens / static_cast<double>(micro_batches) : 1.0;  // none at all: no lm loss
@@ -124,14 +124,18 @@ void Trainer::forward_backward() {
   model_.parameters().zero_grad();
   for (int64_t k = 0; k < local; ++k) {
     const int64_t m = r * local + k;
-    train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
+    if (!opt_.per_token_loss)
+      train_.fill(static_cast<uint64_t>(consumed_ + m * opt_.micro_batch_size), opt_.micro_batch_size, batch_);
+    const Batch& batch = opt_.per_token_loss ? step_batches_[static_cast<size_t>(k)] : batch_;
     StepContext ctx{opt_.seed, iteration_, m, true};
     if (fp16()) ctx.loss_scale = optimizer_.loss_scale();
     ctx.lm_divisor = lm_divisor;
-    const LossOutput out = model_.forward(batch_, ctx, 1.0f / static_cast<float>(micro_batches));
-    if (!counted.empty())
-      check(out.count == counted[static_cast<size_t>(k)], "--calculate-per-token-loss: the model counted ", out.count,
-            " lm-loss tokens in micro-batch ", m, ", its labels ", counted[static_cast<size_t>(k)]);
+    const LossOutput out = model_.forward(batch, ctx, 1.0f / static_cast<float>(micro_batches));
+    if (opt_.per_token_loss) {
+      const int64_t labelled = counted_tokens(batch);
+      check(out.count == labelled, "--calculate-per-token-loss: the model counted ", out.count,
+            " lm-loss tokens in micro-batch ", m, ", its labels ", labelled);
+    }
     // the last micro-batch: buckets may start during its backward pass
     if (buckets_ && k == local - 1 && !measured(k)) buckets_->arm();
     model_.backward();

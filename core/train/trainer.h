@@ -14,6 +14,7 @@
 #include <iosfwd>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "core/comm/communicator.h"
 #include "core/io/checkpoint.h"
@@ -131,6 +132,7 @@ class Trainer {
   bool no_diagnostics_said_ = false;
   int64_t last_saved_ = -1;
   Batch batch_;
+  std::vector<Batch> step_batches_;  // --calculate-per-token-loss: the step's micro-batches, filled to count tokens
   // the noise scale's small-batch term: gradients before a micro-batch f32, its |g|^2 f64 (2),
   // over segments of the whole local gradient buffer by sharding
   Tensor noise_before_, noise_sums_;
