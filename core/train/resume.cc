@@ -97,12 +97,11 @@ void check_pretrained_plugin(const std::filesystem::path& file, const std::strin
         "', but this run uses '", ours, "'; give --optimizer ", theirs,
         ", or drop --pretrained-optimizer-state to take the weights only");
 }
-}  // namespace
 
-void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
-                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
-                           const nlohmann::json& model) {
-  if (!point.from) return;
+// What the checkpoint's header (its state and recorded model) says against the run: the
+// vocabulary, the norms' weight form and, for --pretrained-optimizer-state, the plugin.
+void check_checkpoint_header(const ResumePoint& point, int64_t vocab_size, const nlohmann::json& tokenizer,
+                             const std::string& plugin, const nlohmann::json& model) {
   check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
   // (a checkpoint from before the setting has plain weights)
   const bool theirs = point.state.model.value("apply_layernorm_1p", false),
@@ -113,6 +112,14 @@ void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& p
         ", so every norm would scale by 1 more or less; load it ", theirs ? "with" : "without",
         " --apply-layernorm-1p");
   if (point.pretrained_optimizer) check_pretrained_plugin(*point.from, point.state.optimizer, plugin);
+}
+}  // namespace
+
+void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
+                           const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
+                           const nlohmann::json& model) {
+  if (!point.from) return;
+  check_checkpoint_header(point, vocab_size, tokenizer, plugin, model);
   io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab);
 }
 
@@ -147,7 +154,8 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
                        optim::DpShards* shards, int64_t vocab_size, const nlohmann::json& tokenizer,
                        int64_t padded_vocab, const nlohmann::json& model, std::ostream& console) {
   if (!point.from) return;
-  check_checkpoint_fits(point, params, vocab_size, tokenizer, optimizer.plugin().name(), padded_vocab, model);
+  // (load_checkpoint checks the names, shapes and plugin itself, as io::check_checkpoint_matches)
+  check_checkpoint_header(point, vocab_size, tokenizer, optimizer.plugin().name(), model);
   const bool load_optim = point.loads_optimizer();
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
