@@ -214,11 +214,14 @@ SizeReport size_report(const ModelConfig& c) {
                a = static_cast<double>(c.num_attention_heads), t = static_cast<double>(c.tensor_model_parallel_size);
   // SwiGLU: fc1's output is 2 ffn wide, 2 ffn / t more 16-bit values a token
   const double gated = c.swiglu ? 4.0 * static_cast<double>(c.ffn()) / (h * t) : 0.0;
-  // --qk-layernorm: the q and k rows before their norms, 2 h / t more 16-bit values a token, and
-  // their fp32 mean and rstd, 2 x 2 a / t more
-  const double qk = c.qk_layernorm ? 4.0 / t + 16.0 * a / (h * t) : 0.0;
+  // Grouped-query attention (g key/value heads): the saved QKV output holds h (1 + 2 g / a) / t
+  // 16-bit values a token, not 3 h / t
+  const double kv = static_cast<double>(c.query_groups()) / a, grouped = -4.0 * (1.0 - kv) / t;
+  // --qk-layernorm: the q and k rows before their norms, h (1 + g / a) / t more 16-bit values a
+  // token, and their fp32 mean and rstd, 2 x (a + g) / t more
+  const double qk = c.qk_layernorm ? 2.0 * (1.0 + kv) / t + 8.0 * (a + a * kv) / (h * t) : 0.0;
   r.activation_bytes =
-      static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + gated + qk + 5.0 * a * s / (h * t));
+      static_cast<double>(c.num_layers) * s * h * (10.0 + 24.0 / t + grouped + gated + qk + 5.0 * a * s / (h * t));
   r.attention_score_bytes = static_cast<double>(c.num_layers) * s * h * (5.0 * a * s / (h * t));
   return r;
 }

@@ -151,6 +151,10 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
   const int64_t n = B * T, C = cfg_.hidden, Cl = C / tp_->size(), Fl = cfg_.ffn / tp_->size();
   const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
   const nn::ParameterStore& P = *store_;
+  // the self-attention's qkv: G groups of [H/G queries, a key, a value] x D a token (this rank's)
+  const int64_t D = C / cfg_.heads, per = heads_local_ / groups_local_,
+                qkv_local = (heads_local_ + 2 * groups_local_) * D;
+  const int64_t qk_rows = n * (heads_local_ + groups_local_);  // qk_norm: every query and key
   saved_.resize(blocks_.size());
   for (auto& s : saved_) {
     for (Tensor* t : {&s.x_in, &s.ln1, &s.proj, &s.x_mid, &s.ln2, &s.fc2}) alloc(*t, {n, C}, P);
@@ -159,11 +163,11 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
     for (Tensor* t : {&s.ln1_rstd, &s.ln2_rstd}) alloc_acc(*t, {n}, P);
     if (!rms)
       for (Tensor* t : {&s.ln1_mean, &s.ln2_mean}) alloc_acc(*t, {n}, P);
-    alloc(s.qkv, {n, 3 * Cl}, P);
+    alloc(s.qkv, {n, qkv_local}, P);
     if (cfg_.qk_norm) {
-      alloc(s.qk_in, {2 * n * heads_local_, C / cfg_.heads}, P);
-      alloc_acc(s.qk_rstd, {2 * n * heads_local_}, P);
-      if (!rms) alloc_acc(s.qk_mean, {2 * n * heads_local_}, P);
+      alloc(s.qk_in, {qk_rows, D}, P);
+      alloc_acc(s.qk_rstd, {qk_rows}, P);
+      if (!rms) alloc_acc(s.qk_mean, {qk_rows}, P);
     }
     if (flash_) {
       alloc_acc(s.lse, {B, heads_local_, T}, P);
@@ -191,15 +195,17 @@ void TransformerStack::allocate(int64_t B, int64_t T, int64_t Tm, bool flash) {
     }
   }
   for (Tensor* t : {&g_a_, &g_b_, &g_c_}) alloc(*t, {n, C}, P);
-  alloc(g_qkv_, {n, 3 * Cl}, P);
-  if (grouped()) alloc(g_grouped_, {n, (heads_local_ + 2 * groups_local_) * (C / cfg_.heads)}, P);
+  alloc(g_qkv_, {n, qkv_local}, P);
   if (cfg_.qk_norm) {
-    for (Tensor* t : {&g_qk_, &g_qk_in_}) alloc(*t, {2 * n * heads_local_, C / cfg_.heads}, P);
-    std::vector<int32_t> rows(static_cast<size_t>(2 * n * heads_local_));
-    for (int64_t which = 0; which < 2; ++which)  // q rows, then k rows: row (token, head, which) of (n H 3, D)
-      for (int64_t i = 0; i < n * heads_local_; ++i)
-        rows[static_cast<size_t>(which * n * heads_local_ + i)] = static_cast<int32_t>(i * 3 + which);
-    upload(qk_rows_, rows, {2 * n * heads_local_}, P.device());
+    for (Tensor* t : {&g_qk_, &g_qk_in_}) alloc(*t, {qk_rows, D}, P);
+    // the queries in (token, head) order, then the keys in (token, group) order: rows of
+    // (n G (H/G + 2), D), a group's queries at 0..H/G - 1 and its key at H/G
+    std::vector<int32_t> rows;
+    rows.reserve(static_cast<size_t>(qk_rows));
+    for (int64_t i = 0; i < n * groups_local_; ++i)
+      for (int64_t j = 0; j < per; ++j) rows.push_back(static_cast<int32_t>(i * (per + 2) + j));
+    for (int64_t i = 0; i < n * groups_local_; ++i) rows.push_back(static_cast<int32_t>(i * (per + 2) + per));
+    upload(qk_rows_, rows, {qk_rows}, P.device());
   }
   alloc(g_attn_, {n, Cl}, P);
   alloc(g_ff_b_, {n, (cfg_.swiglu ? 2 : 1) * Fl}, P);
@@ -228,11 +234,13 @@ ops::RotaryShape TransformerStack::rotary_shape() const {
           cfg_.rotary_dim,
           cfg_.rotary_base,
           cfg_.rotary_interleaved,
-          cfg_.rotary_position_scale};
+          cfg_.rotary_position_scale,
+          groups_local_};
 }
 
 ops::AttentionShape TransformerStack::attention_shape() const {
-  return {B_, T_, heads_local_, cfg_.hidden / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(), cfg_.heads};
+  return {B_,         T_,           heads_local_, cfg_.hidden / cfg_.heads, cfg_.causal, heads_local_ * tp_->rank(),
+          cfg_.heads, groups_local_};
 }
 
 void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
@@ -277,8 +285,7 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
   const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
   // a later pre-LN block's ln1 ran with the block before's last residual add (mlp_forward)
   if (!cfg_.post_layernorm && l == 0) b.ln1.forward(s.ln1, s.ln1_mean, s.ln1_rstd, s.x_in);
-  b.qkv.forward(grouped() ? g_grouped_ : s.qkv, cfg_.post_layernorm ? s.x_in : s.ln1);
-  if (grouped()) ops::expand_query_groups(s.qkv, g_grouped_, group_shape());
+  b.qkv.forward(s.qkv, cfg_.post_layernorm ? s.x_in : s.ln1);
   if (cfg_.qk_norm) qk_norm_forward(l);
   if (cfg_.rotary_dim) ops::rope_forward(s.qkv, rotary_shape());
   if (flash_)
@@ -426,28 +433,27 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   }
   if (cfg_.rotary_dim) ops::rope_backward(g_qkv_, rotary_shape());  // d of the unturned queries and keys
   if (cfg_.qk_norm) qk_norm_backward(l);                            // d of the queries and keys before their norms
-  if (grouped()) ops::reduce_query_groups(g_grouped_, g_qkv_, group_shape());
-  const Tensor& d_qkv = grouped() ? g_grouped_ : g_qkv_;  // d of the projection's output
   if (!cfg_.post_layernorm) {
-    b.qkv.backward(g_c_, d_qkv, s.ln1, ops::Write::kSet);
+    b.qkv.backward(g_c_, g_qkv_, s.ln1, ops::Write::kSet);
     b.ln1.backward(*dres, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
   } else {
-    b.qkv.backward(*dres, d_qkv, s.x_in);
+    b.qkv.backward(*dres, g_qkv_, s.x_in);
   }
 }
 
 void TransformerStack::qk_norm_forward(size_t l) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
-  const int64_t m = s.qk_in.dim(0) / 2, D = s.qk_in.dim(1);  // m = n x local heads
-  const Tensor rows = s.qkv.view({3 * m, D});
+  const int64_t D = s.qk_in.dim(1);
+  const Tensor rows = s.qkv.view({static_cast<int64_t>(s.qkv.numel()) / D, D});
   ops::gather_rows(s.qk_in, rows, qk_rows_);
   const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
-  for (int64_t which = 0; which < 2; ++which) {
+  for (int which = 0; which < 2; ++which) {
     const nn::Norm& norm = which == 0 ? *b.q_norm : *b.k_norm;
-    const auto part = static_cast<size_t>(which * m);
-    norm.forward(g_qk_.rows(which * m, (which + 1) * m), rms ? Tensor() : s.qk_mean.flat(part, static_cast<size_t>(m)),
-                 s.qk_rstd.flat(part, static_cast<size_t>(m)), s.qk_in.rows(which * m, (which + 1) * m));
+    const auto [from, to] = qk_part(which);
+    const auto at = static_cast<size_t>(from), count = static_cast<size_t>(to - from);
+    norm.forward(g_qk_.rows(from, to), rms ? Tensor() : s.qk_mean.flat(at, count), s.qk_rstd.flat(at, count),
+                 s.qk_in.rows(from, to));
   }
   ops::scatter_rows(rows, g_qk_, qk_rows_);
 }
@@ -455,8 +461,8 @@ void TransformerStack::qk_norm_forward(size_t l) {
 void TransformerStack::qk_norm_backward(size_t l) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
-  const int64_t m = s.qk_in.dim(0) / 2, D = s.qk_in.dim(1);
-  const Tensor rows = g_qkv_.view({3 * m, D});
+  const int64_t D = s.qk_in.dim(1);
+  const Tensor rows = g_qkv_.view({static_cast<int64_t>(g_qkv_.numel()) / D, D});
   ops::gather_rows(g_qk_, rows, qk_rows_);  // d of the norms' outputs
   g_qk_in_.zero();                          // the norms' backward accumulates
   const bool rms = cfg_.norm == nn::NormKind::kRMSNorm;
@@ -476,13 +482,12 @@ void TransformerStack::qk_norm_backward(size_t l) {
       g.zero();
     }
   }
-  for (int64_t which = 0; which < 2; ++which) {
+  for (int which = 0; which < 2; ++which) {
     nn::Norm& norm = which == 0 ? *b.q_norm : *b.k_norm;
-    const auto part = static_cast<size_t>(which * m);
-    norm.backward(g_qk_in_.rows(which * m, (which + 1) * m), g_qk_.rows(which * m, (which + 1) * m),
-                  s.qk_in.rows(which * m, (which + 1) * m),
-                  rms ? Tensor() : s.qk_mean.flat(part, static_cast<size_t>(m)),
-                  s.qk_rstd.flat(part, static_cast<size_t>(m)));
+    const auto [from, to] = qk_part(which);
+    const auto at = static_cast<size_t>(from), count = static_cast<size_t>(to - from);
+    norm.backward(g_qk_in_.rows(from, to), g_qk_.rows(from, to), s.qk_in.rows(from, to),
+                  rms ? Tensor() : s.qk_mean.flat(at, count), s.qk_rstd.flat(at, count));
   }
   ops::scatter_rows(rows, g_qk_in_, qk_rows_);
   if (split)

@@ -1,7 +1,7 @@
 // The transformer layer stack shared by GPT (causal), BERT (bidirectional with padding
 // masks) and T5's encoder and decoder: self-attention with a fused per-head QKV projection
-// (per group of heads with grouped-query attention, expanded to per head: query_groups.h),
-// optionally cross-attention to a memory (T5's decoder attending to the encoder), and a
+// (per group of heads with grouped-query attention, which the attention reads in place:
+// attention.h), optionally cross-attention to a memory (T5's decoder attending to the encoder), and a
 // GELU MLP, tensor-parallel through the nn layers, with dropout keyed by
 // (seed, iteration, micro-batch, stream) so masks never depend on the thread count.
 //
@@ -14,13 +14,13 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/comm/communicator.h"
 #include "core/nn/layers.h"
 #include "core/ops/attention.h"
 #include "core/ops/dropout.h"
-#include "core/ops/query_groups.h"
 #include "core/ops/rotary.h"
 #include "core/tensor/tensor.h"
 #include "core/train/model.h"
@@ -126,7 +126,8 @@ class TransformerStack {
   struct Saved {  // activations of one block, (n, ...) with n = B * T
     Tensor x_in, ln1, ln1_mean, ln1_rstd, qkv, probs, lse, attn, proj, r1, x_mid, ln2, ln2_mean, ln2_rstd, fc1, gelu, fc2, r2;
     Tensor lnx, lnx_mean, lnx_rstd, q, kv, xprobs, xlse, xattn, xproj, x2;  // cross-attention
-    Tensor qk_in, qk_mean, qk_rstd;  // qk_norm: the q rows then the k rows (2 n local heads, D), before the norms
+    // qk_norm: the q rows then the k rows (n (local heads + local groups), D), before the norms
+    Tensor qk_in, qk_mean, qk_rstd;
   };
   enum Site { kAttn = 0, kProj = 1, kCrossAttn = 2, kCrossProj = 3 };
   void allocate(int64_t B, int64_t T, int64_t Tm, bool flash);
@@ -149,10 +150,13 @@ class TransformerStack {
   // place, the norms' weight gradients summed over the tensor-parallel ranks' heads
   void qk_norm_forward(size_t l);
   void qk_norm_backward(size_t l);
+  // the rows [from, to) of the queries (which 0) or the keys (1) in qk_rows_'s order
+  std::pair<int64_t, int64_t> qk_part(int which) const {
+    const int64_t queries = B_ * T_ * heads_local_;
+    return which == 0 ? std::pair{int64_t{0}, queries} : std::pair{queries, queries + B_ * T_ * groups_local_};
+  }
   ops::AttentionShape attention_shape() const;
   ops::RotaryShape rotary_shape() const;  // this rank's heads at the current T
-  bool grouped() const { return groups_local_ != heads_local_; }
-  ops::QueryGroupShape group_shape() const { return {heads_local_, groups_local_, cfg_.hidden / cfg_.heads}; }
   uint64_t stream(int layer, int site) const {
     return cfg_.stream_base + static_cast<uint64_t>(layer) * (cfg_.cross_attention ? 5 : 3) + static_cast<uint64_t>(site);
   }
@@ -174,11 +178,9 @@ class TransformerStack {
   std::vector<Saved> saved_;
   Tensor g_a_, g_b_, g_c_, g_qkv_, g_attn_, g_ff_b_, g_q_, g_kv_;
   Tensor g_act_;  // SwiGLU, squared ReLU: d of the activation (n, ffn / tp), before d of fc1's output in g_ff_b_
-  // grouped-query attention: the QKV projection's output (n, (heads + 2 groups) D / tp), expanded
-  // into s.qkv; then its gradient
-  Tensor g_grouped_;
-  // qk_norm: the rows of the q and k (i32, 2 n local heads) in the QKV output seen as rows of D
-  // (n local heads 3, D); scratch (2 n local heads, D): the norms' outputs, then their input's gradient
+  // qk_norm: the rows of the queries then the keys (i32, n (local heads + local groups)) in the QKV
+  // output seen as rows of D (n (local heads + 2 local groups), D); scratch of that many rows of
+  // D: the norms' outputs, then their input's gradient
   Tensor qk_rows_, g_qk_, g_qk_in_;
   std::vector<Tensor> qk_grads_before_;  // under tensor parallelism: the norms' gradients before a micro-batch
 };

@@ -19,12 +19,23 @@ void check_common(const Accepts& input, const Accepts& mask, Device d, const Ten
 }
 }  // namespace
 
+namespace detail {
+void check_groups(const char* op, const AttentionShape& s, const Tensor& bias) {
+  const int64_t G = kv_heads(s);
+  check(G >= 1 && s.H % G == 0, op, ": ", s.groups, " key/value groups do not divide ", s.H,
+        " heads (groups: 0 for one a head, or a divisor of the heads)");
+  check(G == s.H || !bias.defined(), op, ": a position bias with grouped-query attention (", G, " groups of ", s.H,
+        " heads) is not taken: T5, the one model with a bias, has no groups");
+}
+}  // namespace detail
+
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
                        const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
   const Device d = common_device("attention_forward", {&out, &probs, &qkv, &key_mask, &bias});
   check_common(accepts::attention_forward_qkv, accepts::attention_forward_key_mask, d, qkv, probs, key_mask, s.B, s.H,
                s.T, s.T, dropout);
-  expect_numel("attention_forward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  check_groups("attention_forward", s, bias);
+  expect_numel("attention_forward", "qkv", qkv, static_cast<size_t>(s.B * s.T * qkv_width(s)));
   expect_dtype("attention_forward", "out", out, qkv.dtype());
   expect_numel("attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
   expect_dtype("attention_forward", "bias", bias, qkv.dtype());
@@ -38,7 +49,8 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
   const Device d = common_device("attention_backward", {&dqkv, &dout, &qkv, &probs, &key_mask, &dbias});
   check_common(accepts::attention_backward_qkv, accepts::attention_backward_key_mask, d, qkv, probs, key_mask, s.B, s.H,
                s.T, s.T, dropout);
-  expect_numel("attention_backward", "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  check_groups("attention_backward", s, dbias);
+  expect_numel("attention_backward", "qkv", qkv, static_cast<size_t>(s.B * s.T * qkv_width(s)));
   expect_same("attention_backward", "qkv", qkv, "dqkv", dqkv);
   expect_dtype("attention_backward", "dout", dout, qkv.dtype());
   expect_numel("attention_backward", "dout", dout, static_cast<size_t>(s.B * s.T * s.H * s.D));

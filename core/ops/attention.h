@@ -2,7 +2,12 @@
 //
 // Self-attention over a fused QKV activation: qkv is (B, T, H, 3, D), for each token and
 // head q, k and v of head size D side by side (Megatron's interleaved layout, so splitting
-// the QKV projection by columns gives each tensor-parallel rank whole heads). out is
+// the QKV projection by columns gives each tensor-parallel rank whole heads). With grouped-
+// query attention (Megatron's --group-query-attention), H query heads share G key/value
+// heads: qkv is (B, T, G, H/G + 2, D), each group's H/G queries, then its key and its value
+// (Megatron's layout, read in place: no copy of a key per head), and query head h reads group
+// h / (H/G). Per-head attention is the case G = H. The key's and value's gradients are the
+// sums over their group's heads, in head order. out is
 // (B, T, H, D); probs (B, H, T, T) are the softmax probabilities saved for backward
 // (before dropout), in the activation dtype, computed in f32.
 // Masks: causal (key j > query i masked) and/or key padding (key_mask u8 (B, T), 0 = pad).
@@ -23,7 +28,17 @@ struct AttentionShape {
   bool causal = true;
   int64_t head_offset = 0;  // global index of head 0 (tensor parallelism), for dropout
   int64_t total_heads = 0;  // heads over all ranks (0 = H)
+  int64_t groups = 0;       // key/value heads (this rank's; 0 = H): divides H
 };
+
+// The key/value heads of a shape (G), and the elements of one token's qkv: (H + 2G) D.
+inline int64_t kv_heads(const AttentionShape& s) { return s.groups ? s.groups : s.H; }
+inline int64_t qkv_width(const AttentionShape& s) { return (s.H + 2 * kv_heads(s)) * s.D; }
+namespace detail {
+// Refuses groups that do not divide the heads, and groups beside a position bias (or its
+// gradient), naming the op.
+void check_groups(const char* op, const AttentionShape& s, const Tensor& bias);
+}  // namespace detail
 
 // dropout may be null (or p == 0). bias, when defined, is added to the scaled scores
 // before the softmax: (H, T, T), the same for every batch row (T5's relative position

@@ -19,7 +19,6 @@
 #include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
-#include "core/ops/query_groups.h"
 #include "core/ops/random.h"
 #include "core/ops/reduce.h"
 #include "core/ops/relative_position.h"

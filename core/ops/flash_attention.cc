@@ -97,7 +97,8 @@ void check_gpu(const char* op, const Tensor& x, int64_t head_size) {
 
 void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                   const DropoutKey* dropout) {
-  expect_numel(op, "qkv", qkv, static_cast<size_t>(s.B * s.T * s.H * 3 * s.D));
+  check_groups(op, s, {});
+  expect_numel(op, "qkv", qkv, static_cast<size_t>(s.B * s.T * qkv_width(s)));
   expect_numel(op, "lse", lse, static_cast<size_t>(s.B * s.H * s.T));
   expect_numel(op, "key_mask", key_mask, static_cast<size_t>(s.B * s.T));
   check(!dropout || (dropout->p >= 0 && dropout->p < 1), op, ": dropout probability outside [0, 1)");
@@ -122,6 +123,7 @@ void check_cross_shapes(const char* op, const Tensor& q, const Tensor& kv, const
 void check_bias(const char* op, const Tensor& qkv, const AttentionShape& s, const Tensor& bias, const Tensor& dbias) {
   expect_dtype(op, "bias", bias, qkv.dtype());
   expect_numel(op, "bias", bias, static_cast<size_t>(s.H * s.T * s.T));
+  check_groups(op, s, bias.defined() ? bias : dbias);
   check(!dbias.defined() || bias.defined(), op, ": dbias without the bias it is the gradient of");
   expect_dtype(op, "dbias", dbias, acc_type(qkv.dtype()));
   expect_numel(op, "dbias", dbias, static_cast<size_t>(s.H * s.T * s.T));

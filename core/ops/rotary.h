@@ -1,12 +1,12 @@
 // Rotary position embeddings (RoPE; Megatron's --position-embedding-type rope), applied in
-// place to the queries and keys of the QKV projection's output. qkv holds n = B T rows of H
-// heads of [q, k, v] x D (Megatron's per-head layout), row r at position r % T. In each head's
-// q and k, the first rotary_dim channels (even) are taken in pairs (x1, x2): in halves,
-// channels (i, i + d/2) (Megatron's rotate-half form), or interleaved, channels (2i, 2i + 1)
-// (--rotary-interleaved), and pair i turns by the angle pos * base^(-2i / d):
-// (x1 cos - x2 sin, x2 cos + x1 sin). pos is the position times position_scale (1 / Megatron's
-// --rotary-seq-len-interpolation-factor). The angle is computed in fp32, as Megatron computes
-// its frequencies; the other channels and v stay as they are.
+// place to the queries and keys of the QKV projection's output. qkv holds n = B T rows of G
+// groups of [H/G queries, a key, a value] x D (attention.h's layout; G = H: per-head
+// [q, k, v]), row r at position r % T. In each query and key, the first rotary_dim channels
+// (even) are taken in pairs (x1, x2): in halves, channels (i, i + d/2) (Megatron's rotate-half
+// form), or interleaved, channels (2i, 2i + 1) (--rotary-interleaved), and pair i turns by the
+// angle pos * base^(-2i / d): (x1 cos - x2 sin, x2 cos + x1 sin). pos is the position times
+// position_scale (1 / Megatron's --rotary-seq-len-interpolation-factor). The angle is computed
+// in fp32, as Megatron computes its frequencies; the other channels and v stay as they are.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +23,7 @@ struct RotaryShape {
   double base = 10000;     // Megatron's --rotary-base
   bool interleaved = false;     // pairs (2i, 2i + 1) instead of (i, i + d/2)
   double position_scale = 1.0;  // positions scaled by it (1 / the interpolation factor)
+  int64_t groups = 0;           // key/value heads in a row (0 = heads): divides heads
 };
 
 // qkv turned in place (the forward).

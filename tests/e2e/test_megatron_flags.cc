@@ -271,18 +271,25 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
 // probabilities saved: the memory line says so) and trains as the explicit attention does, with
 // dropout on: the same masks (keyed by element) on the same scores, summed in another order, so
 // the f32 losses and gradient norms agree to a few f32 roundings of a sum over the 32 or 64 keys:
-// within 64 * 2^-24 of their size. GPT is causal; T5 adds the relative position bias and
-// cross-attention. auto keeps the explicit attention on the CPU; fused is refused.
+// within 64 * 2^-24 of their size. GPT is causal; gpt-gqa reads 4 heads' keys and values from 2
+// groups (grouped-query attention, with rotary positions and q/k norms on that layout); T5 adds
+// the relative position bias and cross-attention. auto keeps the explicit attention on the CPU;
+// fused is refused.
 TEST_F(MegatronFlags, AttentionBackendFlashTrainsOnTheCpuAsTheExplicitAttentionDoes) {
   const double tolerance = 64 * std::ldexp(1.0, -24);
-  for (const std::string model : {"gpt", "t5"}) {
+  for (const std::string model : {"gpt", "gpt-gqa", "t5"}) {
     SCOPED_TRACE(model);
     const std::string args =
         model == "gpt" ? "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --data-path " +
                              data("brown_gpt2_text_document")
-                       : "--model-type t5 --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 "
-                         "--decoder-seq-length 16 --position-embedding-type relative --data-path " +
-                             data("brown_bert_text_sentence");
+        : model == "gpt-gqa"
+            ? "--num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 32 "
+              "--group-query-attention --num-query-groups 2 --position-embedding-type rope "
+              "--qk-layernorm --data-path " +
+                  data("brown_gpt2_text_document")
+            : "--model-type t5 --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 64 "
+              "--decoder-seq-length 16 --position-embedding-type relative --data-path " +
+                  data("brown_bert_text_sentence");
     auto run = [&](const std::string& backend) {
       const fs::path dir = tmp_ / (model + backend);
       const auto r = train(args + " --micro-batch-size 4 --global-batch-size 4 --train-iters 3 --lr 1e-3 "

@@ -31,14 +31,12 @@ namespace emulated_ops {
 using ops::AttentionShape;
 using ops::CrossAttentionShape;
 using ops::DropoutKey;
-using ops::flash_attention_supported;
 using ops::flash_dq;
 using ops::flash_dq_ordered_calls;
 using ops::flash_dq_ordered_supported;
 using ops::flash_forward_rows;
 using ops::FlashDq;
 using ops::FlashForwardRows;
-using ops::QueryGroupShape;
 using ops::relative_position_bucket;
 using ops::RotaryShape;
 using ops::set_flash_dq;
@@ -46,6 +44,13 @@ using ops::set_flash_forward_rows;
 using ops::ShardLayout;
 using ops::Trans;
 using ops::Write;
+
+// On the emulated GPU, what the CUDA flash kernels take there (sm_80 code): bf16 and fp16 at
+// head size 64 or 128; elsewhere the op's own answer.
+inline bool flash_attention_supported(Device d, DType t, int64_t head_size) {
+  if (d != emulated_device()) return ops::flash_attention_supported(d, t, head_size);
+  return (t == DType::kBF16 || t == DType::kF16) && (head_size == 64 || head_size == 128);
+}
 
 namespace detail {
 inline bool on_emulator(const Tensor& t) { return t.defined() && t.device() == emulated_device(); }
@@ -115,10 +120,6 @@ MB_EMULATED_OP(gelu_backward, (const Tensor& din, const Tensor& dout, const Tens
                (din, dout, in, w))
 MB_EMULATED_OP(rope_forward, (const Tensor& qkv, const RotaryShape& s), (qkv, s))
 MB_EMULATED_OP(rope_backward, (const Tensor& dqkv, const RotaryShape& s), (dqkv, s))
-MB_EMULATED_OP(expand_query_groups, (const Tensor& qkv, const Tensor& grouped, const QueryGroupShape& s),
-               (qkv, grouped, s))
-MB_EMULATED_OP(reduce_query_groups, (const Tensor& dgrouped, const Tensor& dqkv, const QueryGroupShape& s),
-               (dgrouped, dqkv, s))
 MB_EMULATED_OP(squared_relu_forward, (const Tensor& out, const Tensor& in), (out, in))
 MB_EMULATED_OP(squared_relu_backward, (const Tensor& din, const Tensor& dout, const Tensor& in), (din, dout, in))
 MB_EMULATED_OP(swiglu_forward, (const Tensor& out, const Tensor& in), (out, in))

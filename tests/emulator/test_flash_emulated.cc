@@ -199,7 +199,8 @@ class Emulated : public ::testing::TestWithParam<DType> {
 
 // Forward and backward (the separate dQ kernel; with T5's bias, the dbias kernel too) of
 // self-attention against the f64 reference: causal and not, padding, dropout, the bias,
-// lengths that are not multiples of the tiles, head sizes 64 and 128; the threads in a
+// lengths that are not multiples of the tiles, head sizes 64 and 128, grouped-query attention
+// (4 heads in 2 groups, 2 in 1: the dK/dV kernel walking a group's heads); the threads in a
 // random order with eager copies, so that a missing barrier shows. The forward with a warp
 // per 32 rows (ops::FlashForwardRows::k32) gives the same bits as with 16.
 TEST_P(Emulated, FlashAttentionForwardAndBackward) {
@@ -208,23 +209,27 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
     bool causal, mask;
     double p;
     bool bias;
+    int64_t G = 0;  // key/value groups (grouped-query attention; 0: one a head)
   };
   const WithOptions options({3, 11, emu::Copies::kEager});
   const WithFlashDq separate(ops::FlashDq::kSeparate);
-  for (const Config c : {Config{2, 37, 2, 64, true, false, 0.0, false}, Config{1, 130, 1, 64, true, true, 0.0, false},
-                         Config{1, 100, 1, 128, false, true, 0.0, false}, Config{1, 70, 2, 64, true, true, 0.2, false},
-                         Config{1, 65, 1, 128, true, false, 0.1, false}, Config{2, 70, 1, 64, false, true, 0.1, true},
-                         Config{1, 130, 1, 128, true, false, 0.0, true}}) {
+  for (const Config c :
+       {Config{2, 37, 2, 64, true, false, 0.0, false}, Config{1, 130, 1, 64, true, true, 0.0, false},
+        Config{1, 100, 1, 128, false, true, 0.0, false}, Config{1, 70, 2, 64, true, true, 0.2, false},
+        Config{1, 65, 1, 128, true, false, 0.1, false}, Config{2, 70, 1, 64, false, true, 0.1, true},
+        Config{1, 130, 1, 128, true, false, 0.0, true}, Config{1, 130, 4, 64, true, true, 0.1, false, 2},
+        Config{1, 100, 2, 128, false, false, 0.0, false, 1}}) {
     auto h = harness(13);
-    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
-                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + " p " + std::to_string(c.p) +
-                 (c.bias ? " bias" : ""));
-    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
+    const int64_t G = c.G ? c.G : c.H;
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " G " +
+                 std::to_string(G) + " D " + std::to_string(c.D) + (c.causal ? " causal" : "") +
+                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p) + (c.bias ? " bias" : ""));
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, G};
     const ops::DropoutKey dk{c.p, 57, 4};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
     for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
-    const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    const Pair qkv = h.input({c.B, c.T, G, c.H / G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
     const Pair bias = c.bias ? h.input({c.H, c.T, c.T}) : Pair{};
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
     ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
@@ -239,13 +244,13 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
       EXPECT_EQ(bits_of(out32.dev), bits_of(out.dev)) << "32 rows a warp";
       EXPECT_EQ(mb::to_host_f32(lse32.dev), mb::to_host_f32(lse.dev)) << "32 rows a warp";
     }
-    Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+    Pair dqkv = h.accumulator({c.B, c.T, G, c.H / G + 2, c.D});
     Pair dbias = c.bias ? h.accumulator({c.H, c.T, c.T}, DType::kF32) : Pair{};
     ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
                                             ops::Write::kAdd, bias.dev, dbias.dev);
     ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd,
                                   bias.ref, dbias.ref);
-    h.expect_close(dqkv, terms, "dqkv", 16.0);
+    h.expect_close(dqkv, terms * static_cast<double>(c.H / G), "dqkv", 16.0);
     if (c.bias) h.expect_close(dbias, terms + static_cast<double>(c.B), "dbias", 16.0);
   }
 }
@@ -295,7 +300,8 @@ TEST_P(Emulated, FlashCrossAttentionForwardAndBackward) {
 // The ordered dQ (ops::FlashDq::kOrdered) against the f64 reference, on emulated GPUs that
 // hold from one block to all of them at once, in round-robin and random orders, with
 // copies deferred and eager: the path ran (its counter), the result is within the
-// reference's tolerance, and every schedule gives the same bits. A non-causal shape whose
+// reference's tolerance, and every schedule gives the same bits; with grouped-query attention
+// too (each item walking its group's heads in turn). A non-causal shape whose
 // key blocks do not all fit at once takes the separate kernels, and gives what they give. In
 // bf16 (the turns do not depend on the type; the other tests run both).
 TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
@@ -303,26 +309,31 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
     int64_t B, T, H, D;
     bool causal, mask;
     double p;
+    int64_t G = 0;  // key/value groups (grouped-query attention; 0: one a head)
   };
   const WithFlashDq ordered(ops::FlashDq::kOrdered);
   for (const Config c : {Config{1, 200, 2, 64, false, true, 0.0}, Config{1, 193, 2, 64, true, false, 0.0},
                          Config{2, 150, 1, 64, true, true, 0.15}, Config{1, 260, 1, 128, false, false, 0.1},
-                         Config{1, 270, 1, 128, true, true, 0.0}, Config{1, 40, 2, 64, false, false, 0.0}}) {
+                         Config{1, 270, 1, 128, true, true, 0.0}, Config{1, 40, 2, 64, false, false, 0.0},
+                         Config{1, 200, 4, 64, false, true, 0.1, 2}, Config{1, 193, 3, 64, true, false, 0.0, 1}}) {
     OpHarness h(mb::Device::cpu(), DType::kBF16, 17);
-    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
-                 (c.causal ? " causal" : "") + (c.mask ? " masked" : "") + " p " + std::to_string(c.p));
+    const int64_t G = c.G ? c.G : c.H;
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " G " +
+                 std::to_string(G) + " D " + std::to_string(c.D) + (c.causal ? " causal" : "") +
+                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p));
     const int64_t key_blocks = (c.T + (c.D == 64 ? 63 : 127)) / (c.D == 64 ? 64 : 128);
-    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0, G};
+    const std::vector<int64_t> qkv_shape{c.B, c.T, G, c.H / G + 2, c.D};
     const ops::DropoutKey dk{c.p, 61, 3};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
     for (int64_t t = std::max<int64_t>(0, c.T - 70); t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
-    const Pair qkv = h.input({c.B, c.T, c.H, 3, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    const Pair qkv = h.input(qkv_shape), dy = h.input({c.B, c.T, c.H, c.D});
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
     ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, {});
     ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
-    const double terms = static_cast<double>(c.D + c.T);
-    Pair dqkv = h.accumulator({c.B, c.T, c.H, 3, c.D});
+    const double terms = static_cast<double>(c.D + c.T) * static_cast<double>(c.H / G);  // (dK, dV: a group's)
+    Pair dqkv = h.accumulator(qkv_shape);
     {
       const WithOptions o({static_cast<int>(key_blocks), 0, emu::Copies::kDeferred});
       const int64_t calls = ops::flash_dq_ordered_calls();
@@ -333,7 +344,7 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
     ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd);
     h.expect_close(dqkv, terms, "dqkv (add)", 16.0);
 
-    Pair first = h.output({c.B, c.T, c.H, 3, c.D});
+    Pair first = h.output(qkv_shape);
     ops::flash_attention_backward(first.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet);
     std::vector<emu::Options> schedules = {{static_cast<int>(key_blocks), 0, emu::Copies::kDeferred},
                                            {static_cast<int>(key_blocks) + 3, 7, emu::Copies::kEager},
@@ -344,7 +355,7 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
       SCOPED_TRACE(options_name(o));
       const WithOptions with(o);
       const int64_t calls = ops::flash_dq_ordered_calls();
-      Pair again = h.output({c.B, c.T, c.H, 3, c.D});
+      Pair again = h.output(qkv_shape);
       ops::emulated::flash_attention_backward(again.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
                                               ops::Write::kSet, {}, {});
       ASSERT_EQ(ops::flash_dq_ordered_calls(), calls + 1);
@@ -359,7 +370,7 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
     if (!c.causal && key_blocks > 1) {  // too few blocks at once: the separate kernels, the same result
       const WithOptions o({static_cast<int>(key_blocks) - 1, 3, emu::Copies::kDeferred});
       const int64_t calls = ops::flash_dq_ordered_calls();
-      Pair separate = h.output({c.B, c.T, c.H, 3, c.D});
+      Pair separate = h.output(qkv_shape);
       ops::emulated::flash_attention_backward(separate.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
                                               ops::Write::kSet, {}, {});
       EXPECT_EQ(ops::flash_dq_ordered_calls(), calls) << "the ordered path ran where a head's key blocks do not fit";

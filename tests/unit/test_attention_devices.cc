@@ -296,6 +296,165 @@ TEST_P(OnDevice, FlashForwardWith32RowsAWarpGivesTheSameBits) {
 }
 #endif
 
+// ---- grouped-query attention ------------------------------------------------------------
+// H query heads reading G key/value heads, in place from Megatron's grouped layout (attention.h:
+// qkv (B, T, G, H/G + 2, D)). The reference is the f64 per-head attention, itself checked above,
+// on a copy of qkv with each group's key and value repeated for its heads, which is what grouped-
+// query attention means; the gradient of the grouped qkv is that copy's gradient with each key's
+// and value's summed over its group (the queries' as they are).
+struct GroupedCase {
+  int64_t B, T, H, G, D;
+  bool causal, mask;
+  double p;
+  std::string name() const {
+    return "B " + std::to_string(B) + " T " + std::to_string(T) + " H " + std::to_string(H) + " G " +
+           std::to_string(G) + " D " + std::to_string(D) + (causal ? " causal" : "") + (mask ? " masked" : "") + " p " +
+           std::to_string(p);
+  }
+};
+
+// Element d of query head h's query (which 0), key (1) or value (2) of token i, in the grouped
+// layout and in the per-head one.
+static size_t grouped_at(const GroupedCase& c, int64_t i, int64_t h, int64_t which, int64_t d) {
+  const int64_t r = c.H / c.G, slot = which == 0 ? h % r : r + which - 1;
+  return static_cast<size_t>(((i * c.G + h / r) * (r + 2) + slot) * c.D + d);
+}
+static size_t per_head_at(const GroupedCase& c, int64_t i, int64_t h, int64_t which, int64_t d) {
+  return static_cast<size_t>(((i * c.H + h) * 3 + which) * c.D + d);
+}
+
+// qkv's per-head copy (f64), and a per-head gradient taken back to the grouped layout (f64)
+static mb::Tensor per_head_copy(const GroupedCase& c, const mb::Tensor& grouped) {
+  const std::vector<double> x = mb::to_host_f64(grouped);
+  std::vector<double> y(static_cast<size_t>(c.B * c.T * c.H * 3 * c.D));
+  for (int64_t i = 0; i < c.B * c.T; ++i)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t which = 0; which < 3; ++which)
+        for (int64_t d = 0; d < c.D; ++d) y[per_head_at(c, i, h, which, d)] = x[grouped_at(c, i, h, which, d)];
+  return mb::from_host(y, {c.B, c.T, c.H, 3, c.D});
+}
+static std::vector<double> grouped_sum(const GroupedCase& c, const mb::Tensor& per_head) {
+  const std::vector<double> g = mb::to_host_f64(per_head);
+  std::vector<double> y(static_cast<size_t>(c.B * c.T * (c.H + 2 * c.G) * c.D), 0.0);
+  for (int64_t i = 0; i < c.B * c.T; ++i)
+    for (int64_t h = 0; h < c.H; ++h)
+      for (int64_t which = 0; which < 3; ++which)
+        for (int64_t d = 0; d < c.D; ++d) y[grouped_at(c, i, h, which, d)] += g[per_head_at(c, i, h, which, d)];
+  return y;
+}
+
+// ref += the per-head reference's gradient, grouped (ref: an f64 tensor of the grouped shape)
+static void add_grouped(const GroupedCase& c, mb::Tensor& ref, const mb::Tensor& per_head_grad) {
+  std::vector<double> v = mb::to_host_f64(ref);
+  const std::vector<double> add = grouped_sum(c, per_head_grad);
+  for (size_t e = 0; e < v.size(); ++e) v[e] += add[e];
+  ref = mb::from_host(v, ref.shape());
+}
+
+static const GroupedCase kGroupedCases[] = {{2, 70, 4, 2, 64, true, true, 0.0},    // 2 groups of 2 heads
+                                            {1, 130, 3, 1, 64, false, true, 0.1},  // multi-query, dropout
+                                            {2, 37, 4, 1, 128, true, false, 0.2},
+                                            {1, 65, 6, 3, 64, false, false, 0.0}};
+
+// The explicit attention: outputs and probabilities, and the gradient (accumulated into a
+// random start) against the per-head reference; a group count that does not divide the heads
+// is refused.
+TEST_P(OnDevice, ExplicitAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
+  MB_SKIP_ON_EMULATOR("cuBLASLt");
+  for (const GroupedCase& c : kGroupedCases) {
+    auto h = harness(21);
+    SCOPED_TRACE(c.name());
+    const ops::AttentionShape grouped{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, c.G},
+        heads{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
+    const ops::DropoutKey dk{c.p, 63, 2};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const Pair qkv = h.input({c.B, c.T, c.G, c.H / c.G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    const mb::Tensor expanded = per_head_copy(c, qkv.ref);
+    Pair out = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});
+    ops::attention_forward(out.dev, probs.dev, qkv.dev, mask.dev, grouped, &dk);
+    ops::attention_forward(out.ref, probs.ref, expanded, mask.ref, heads, &dk);
+    const double terms = static_cast<double>(c.D + c.T);
+    h.expect_close(probs, static_cast<double>(c.D), "probs", 8.0);
+    h.expect_close(out, terms, "out", 8.0);
+    Pair dqkv = h.accumulator({c.B, c.T, c.G, c.H / c.G + 2, c.D});
+    ops::attention_backward(dqkv.dev, dy.dev, qkv.dev, probs.dev, mask.dev, grouped, &dk);
+    mb::Tensor per_head_grad({c.B, c.T, c.H, 3, c.D}, DType::kF64);
+    per_head_grad.zero();
+    ops::attention_backward(per_head_grad, dy.ref, expanded, probs.ref, mask.ref, heads, &dk);
+    add_grouped(c, dqkv.ref, per_head_grad);
+    h.expect_close(dqkv, terms * static_cast<double>(c.H / c.G), "dqkv", 16.0);
+  }
+  auto h = harness(22);
+  const Pair qkv = h.input({1, 5, 3 + 2 * 2, 8});
+  Pair out = h.output({1, 5, 3, 8}), probs = h.output({1, 3, 5, 5});
+  mb::testing::expect_error(
+      [&] {
+        ops::attention_forward(out.dev, probs.dev, qkv.dev, Pair{}.dev, ops::AttentionShape{1, 5, 3, 8, true, 0, 0, 2},
+                               nullptr);
+      },
+      "attention_forward: 2 key/value groups do not divide 3 heads");
+}
+
+// The flash kernels: out and lse; the gradient added (separate dQ, and on a GPU of sm_80 code
+// the ordered dQ too) and set (the device's NaN start must not show), against the per-head
+// reference.
+TEST_P(OnDevice, FlashAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
+  struct Restore {
+    ops::FlashDq was = ops::flash_dq();
+    ~Restore() { ops::set_flash_dq(was); }
+  } restore;
+  int ran = 0;
+  for (const GroupedCase& c : kGroupedCases) {
+    auto h = harness(23);
+    SCOPED_TRACE(c.name());
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) continue;  // (refusals: tested above)
+    ++ran;
+    const ops::AttentionShape grouped{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, c.G},
+        heads{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
+    const ops::DropoutKey dk{c.p, 65, 3};
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const Pair qkv = h.input({c.B, c.T, c.G, c.H / c.G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
+    const mb::Tensor expanded = per_head_copy(c, qkv.ref);
+    Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
+    ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, grouped, &dk);
+    ops::flash_attention_forward(out.ref, lse.ref, expanded, mask.ref, heads, &dk);
+    const double terms = static_cast<double>(c.D + c.T), grad_terms = terms * static_cast<double>(c.H / c.G);
+    h.expect_close(out, terms, "out", 8.0);
+    expect_lse_close(lse, terms, 0);
+    mb::Tensor per_head_grad({c.B, c.T, c.H, 3, c.D}, DType::kF64);
+    per_head_grad.zero();
+    ops::flash_attention_backward(per_head_grad, dy.ref, expanded, out.ref, lse.ref, mask.ref, heads, &dk);
+    std::vector<ops::FlashDq> ways{ops::FlashDq::kSeparate};
+    if (h.device().is_cuda() && ops::flash_dq_ordered_supported(h.device())) ways.push_back(ops::FlashDq::kOrdered);
+    for (const ops::FlashDq way : ways) {
+      SCOPED_TRACE(way == ops::FlashDq::kOrdered ? "ordered dQ" : "separate dQ");
+      ops::set_flash_dq(way);
+      const int64_t calls = ops::flash_dq_ordered_calls();
+      Pair dqkv = h.accumulator({c.B, c.T, c.G, c.H / c.G + 2, c.D});
+      ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, grouped, &dk,
+                                    ops::Write::kAdd);
+      add_grouped(c, dqkv.ref, per_head_grad);
+      h.expect_close(dqkv, grad_terms, "dqkv (add)", 16.0);
+      Pair dqkv_set = h.output({c.B, c.T, c.G, c.H / c.G + 2, c.D});
+      ops::flash_attention_backward(dqkv_set.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, grouped, &dk,
+                                    ops::Write::kSet);
+      add_grouped(c, dqkv_set.ref, per_head_grad);
+      h.expect_close(dqkv_set, grad_terms, "dqkv (set)", 16.0);
+      if (way == ops::FlashDq::kOrdered) {
+        EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + 2) << "the backward did not take the ordered path";
+      }
+    }
+  }
+  if (ran == 0) {
+    GTEST_SKIP() << mb::testing::test_device().str() << " runs no flash kernel in " << mb::dtype_name(GetParam())
+                 << " (FlashAttentionMatchesTheReference... checks the refusal)";
+  }
+}
+
 // The f64 flash backward against finite differences of its forward: L = sum(dy * out).
 TEST(FlashAttention, GradientsMatchFiniteDifferences) {
   const ops::AttentionShape s{2, 11, 2, 8, true, 0, 0};

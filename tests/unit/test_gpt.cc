@@ -342,7 +342,8 @@ TEST(GptTorch, RotaryPositionsGivePyTorchsLossAndGradients) {
 // Megatron's --group-query-attention --num-query-groups 1 and 3 over 6 heads (multi-query and
 // grouped): the QKV projection gives (6 + 2 g) x 4 outputs, Megatron's groups of [6/g queries, a
 // key, a value]; loss and every gradient are PyTorch's (which repeats each group's key and value
-// for its heads). A group count that does not divide the heads is refused by name.
+// for its heads); and at 2 groups with rotary positions and q/k norms, which read that layout in
+// place too. A group count that does not divide the heads is refused by name.
 TEST(GptTorch, GroupedQueryAttentionGivesPyTorchsLossAndGradients) {
   mb::comm::LocalCommunicator tp;
   auto c = tiny();
@@ -357,6 +358,23 @@ TEST(GptTorch, GroupedQueryAttentionGivesPyTorchsLossAndGradients) {
     EXPECT_EQ(model->parameters().info(w).full_shape, (std::vector<int64_t>{(6 + 2 * groups) * 4, 24}));
     const auto batch = random_batch(2, 11, 203, 10);
     expect_matches_torch(*model, c, batch);
+  }
+  {  // rotary positions and q/k norms on the grouped layout: 6 queries turned and normed, and 2 keys
+    SCOPED_TRACE("groups 2, rope, qk-layernorm");
+    auto g = c;
+    g.num_query_groups = 2;
+    g.rope = true;
+    g.qk_layernorm = true;
+    auto model = mb::models::make_model(g, tp, 30);
+    auto& P = model->parameters();
+    std::mt19937 rng(4);
+    for (const char* n : {"q_layernorm.weight", "q_layernorm.bias", "k_layernorm.weight", "k_layernorm.bias"})
+      for (int l = 0; l < 2; ++l) {
+        const int id = P.find("decoder.layers." + std::to_string(l) + ".self_attention." + n);
+        ASSERT_GE(id, 0) << n;
+        nudge(P, id, rng, 0.5f);
+      }
+    expect_matches_torch(*model, g, random_batch(2, 11, 204, 10));
   }
   c.num_query_groups = 4;
   mb::testing::expect_error([&] { c.validate(); }, "--num-query-groups 4 does not divide the 6 attention heads");

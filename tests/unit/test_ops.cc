@@ -24,7 +24,6 @@
 #include "core/ops/embedding.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
-#include "core/ops/query_groups.h"
 #include "core/ops/relative_position.h"
 #include "core/ops/residual.h"
 #include "core/ops/rotary.h"
@@ -284,26 +283,30 @@ TEST(Gelu, MatchesTheTanhFormulaAndFiniteDifferences) {
   expect_fp32_close(vecf(yf), vec(yd), 8, "gelu fp32");
 }
 
-// RoPE over 2 sequences of 5 positions, 2 heads of dim 8, the first 6 channels turned (Megatron's
-// --rotary-percent 0.75), base 100: each head's q and k as Megatron's rotate-half form gives them
-// (angles in f64 here, fp32 in the op: 1e-6), v and the unturned channels as they were; the
-// backward against central finite differences of r . rope(x) (f64).
+// RoPE over 2 sequences of 5 positions, heads of dim 8, the first 6 channels turned (Megatron's
+// --rotary-percent 0.75), base 100: each query and key as Megatron's rotate-half form gives them
+// (angles in f64 here, fp32 in the op: 1e-6), values and the unturned channels as they were; the
+// backward against central finite differences of r . rope(x) (f64). Per head (2 heads of
+// [q, k, v]) and grouped (4 heads in 2 groups of [2 queries, a key, a value]: the 4 queries and 2
+// keys turned). A head count the groups do not divide is refused.
 TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
-  const int rows = 10, width = 2 * 3 * 8, n = rows * width;
-  const Vec x = randn(n, 13), r = randn(n, 14);
+  const int rows = 10;
   // rope(x) against the formula for the shape's pairs and positions, and its backward as the adjoint
   auto expect_rope = [&](const ops::RotaryShape& s, const std::string& what) {
+    const int G = static_cast<int>(s.groups ? s.groups : s.heads), per = static_cast<int>(s.heads) / G;
+    const int width = G * (per + 2) * 8, n = rows * width;
+    const Vec x = randn(n, 13), r = randn(n, 14);
     mb::Tensor y = t64(x, {rows, width});
     ops::rope_forward(y, s);
     const Vec yv = vec(y);
     const int half = 3;  // of the 6 channels turned
     for (int row = 0; row < rows; ++row)
-      for (int h = 0; h < 2; ++h)
-        for (int which = 0; which < 3; ++which)
+      for (int g = 0; g < G; ++g)
+        for (int which = 0; which < per + 2; ++which)  // the group's queries, its key, its value
           for (int c = 0; c < 8; ++c) {
-            const int at = row * width + (h * 3 + which) * 8 + c;
+            const int at = row * width + (g * (per + 2) + which) * 8 + c;
             double want = x[at];
-            if (which < 2 && c < 6) {
+            if (which <= per && c < 6) {
               // pair i of (c, its partner): (i, i + 3) in halves, (2i, 2i + 1) interleaved; first = x1
               const bool first = s.interleaved ? c % 2 == 0 : c < half;
               const int i = s.interleaved ? c / 2 : c % half;
@@ -313,7 +316,7 @@ TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
                            : x[at] * std::cos(angle) + x[pair] * std::sin(angle);
             }
             EXPECT_NEAR(yv[at], want, 1e-6)
-                << what << ": row " << row << " head " << h << " part " << which << " channel " << c;
+                << what << ": row " << row << " group " << g << " part " << which << " channel " << c;
           }
     mb::Tensor dx = t64(r, {rows, width});
     ops::rope_backward(dx, s);
@@ -329,49 +332,20 @@ TEST(Rope, TurnsQueriesAndKeysAsMegatronsRotateHalfAndItsBackwardIsTheAdjoint) {
   // interleaved pairs (2i, 2i + 1) (--rotary-interleaved), positions scaled by 1/4
   // (--rotary-seq-len-interpolation-factor 4)
   expect_rope(ops::RotaryShape{5, 2, 8, 6, 100.0, true, 0.25}, "interleaved, interpolated");
-  mb::Tensor y = t64(x, {rows, width});
+  expect_rope(ops::RotaryShape{5, 4, 8, 6, 100.0, false, 1.0, 2}, "grouped");
+  mb::Tensor y = t64(randn(rows * 2 * 3 * 8, 13), {rows, 2 * 3 * 8});
   try {
     ops::rope_forward(y, ops::RotaryShape{5, 2, 8, 7, 100.0});
     ADD_FAILURE() << "an odd rotary dim taken";
   } catch (const mb::Error& e) {
     EXPECT_NE(std::string(e.what()).find("the rotary dim must be even"), std::string::npos) << e.what();
   }
-}
-
-// Grouped-query attention's layout: 3 rows of 2 groups of [3 queries, a key, a value] x 4
-// (Megatron's linear_qkv output with 6 heads in 2 groups). Each head of the expanded rows reads
-// its own query and its group's (h / 3) key and value, as the formula says, exactly; the
-// backward is the adjoint (central finite differences of r . expand(x), f64). A head count
-// the groups do not divide is refused.
-TEST(QueryGroups, EachHeadReadsItsGroupsKeyAndValueAndTheBackwardSumsOverTheGroup) {
-  const ops::QueryGroupShape s{6, 2, 4};
-  const int rows = 3, grouped_row = (6 + 2 * 2) * 4, row = 6 * 3 * 4;
-  const Vec x = randn(rows * grouped_row, 15), r = randn(rows * row, 16);
-  mb::Tensor y({rows, row}, mb::DType::kF64);
-  ops::expand_query_groups(y, t64(x, {rows, grouped_row}), s);
-  const Vec yv = vec(y);
-  for (int i = 0; i < rows; ++i)
-    for (int h = 0; h < 6; ++h)
-      for (int which = 0; which < 3; ++which)
-        for (int c = 0; c < 4; ++c) {
-          const int g = h / 3, part = which == 0 ? h % 3 : 2 + which;  // q: the head's own; k, v: the group's
-          EXPECT_EQ(yv[i * row + (h * 3 + which) * 4 + c], x[i * grouped_row + (g * 5 + part) * 4 + c])
-              << "row " << i << " head " << h << " part " << which << " channel " << c;
-        }
-  mb::Tensor dx = t64(randn(rows * grouped_row, 17), {rows, grouped_row});  // garbage: the backward sets
-  ops::reduce_query_groups(dx, t64(r, {rows, row}), s);
-  expect_fd(
-      [&](const Vec& v) {
-        mb::Tensor o({rows, row}, mb::DType::kF64);
-        ops::expand_query_groups(o, t64(v, {rows, grouped_row}), s);
-        return dot(vec(o), r);
-      },
-      x, vec(dx), "reduce_query_groups");
+  mb::Tensor z = t64(randn(rows * (3 + 2 * 2) * 8, 13), {rows, (3 + 2 * 2) * 8});
   try {
-    ops::expand_query_groups(y, t64(x, {rows, grouped_row}), ops::QueryGroupShape{6, 4, 4});
-    ADD_FAILURE() << "4 groups of 6 heads taken";
+    ops::rope_forward(z, ops::RotaryShape{5, 3, 8, 6, 100.0, false, 1.0, 2});
+    ADD_FAILURE() << "2 groups of 3 heads taken";
   } catch (const mb::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("the groups must divide the heads"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("2 key/value groups do not divide 3 heads"), std::string::npos) << e.what();
   }
 }
 

@@ -24,7 +24,6 @@
 #include "core/ops/gradients.h"
 #include "core/ops/layernorm.h"
 #include "core/ops/matmul.h"
-#include "core/ops/query_groups.h"
 #include "core/ops/random.h"
 #include "core/ops/reduce.h"
 #include "core/ops/residual.h"
@@ -256,7 +255,8 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
 
 // RoPE in place on a QKV output of 3 sequences of 37 positions, 4 heads of dim 64 (the first 48
 // channels turned) and base 10000: the turned values and, turned back, the gradient; each is a
-// few roundings of the dtype from the CPU's (cos and sin of fp32 angles on both sides).
+// few roundings of the dtype from the CPU's (cos and sin of fp32 angles on both sides). Also
+// interleaved, and on grouped-query attention's layout.
 TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
   auto h = harness(4);
   const ops::RotaryShape s{37, 4, 64, 48, 10000.0};
@@ -275,25 +275,18 @@ TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
   ops::rope_forward(y.dev, si);
   ops::rope_forward(y.ref, si);
   h.expect_close(y, 12, "interleaved rope forward");
-}
-
-// Grouped-query attention's layout on a QKV output of 2 x 37 rows, 8 heads of dim 64 in 2 groups
-// (4 heads a group): the expansion copies (exact), and its backward sums each key's and value's
-// gradient over 4 heads in f32 (a few roundings of the dtype).
-TEST_P(OnDevice, QueryGroupsExpandAndSumBackAsTheCpuDoes) {
-  auto h = harness(6);
-  const ops::QueryGroupShape s{8, 2, 64};
-  const int64_t rows = 2 * 37, row = 3 * 8 * 64, grouped_row = (8 + 2 * 2) * 64;
-  const Pair x = h.input({rows, grouped_row});
-  Pair y = h.output({rows, row});
-  ops::expand_query_groups(y.dev, x.dev, s);
-  ops::expand_query_groups(y.ref, x.ref, s);
-  h.expect_close(y, 0, "expand_query_groups", 0.0);
-  const Pair dy = h.input({rows, row});
-  Pair dx = h.output({rows, grouped_row});
-  ops::reduce_query_groups(dx.dev, dy.dev, s);
-  ops::reduce_query_groups(dx.ref, dy.ref, s);
-  h.expect_close(dx, 4, "reduce_query_groups");
+  // grouped-query attention's layout: 8 heads in 2 groups of [4 queries, a key, a value]
+  const ops::RotaryShape sg{37, 8, 64, 48, 10000.0, false, 1.0, 2};
+  const Pair xg = h.input({rows, (8 + 2 * 2) * 64}, 2.0);
+  Pair yg = h.output({rows, (8 + 2 * 2) * 64});
+  mb::copy(yg.dev, xg.dev);
+  mb::copy(yg.ref, xg.ref);
+  ops::rope_forward(yg.dev, sg);
+  ops::rope_forward(yg.ref, sg);
+  h.expect_close(yg, 4, "grouped rope forward");
+  ops::rope_backward(yg.dev, sg);
+  ops::rope_backward(yg.ref, sg);
+  h.expect_close(yg, 8, "grouped rope backward of the forward");
 }
 
 TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {

@@ -19,16 +19,17 @@ namespace {
 // gated: fc1's (gate, up) pairs split over the ranks), gpt-rope (rotary positions, each rank
 // turning its heads), t5-no-bias (a T5 whose linear layers have no biases but the QKV
 // projections'), bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
-// rank at TP 2) or gpt-qknorm (a norm over each head's query and key, its weights shared by the
-// heads of both ranks)
+// rank at TP 2), gpt-qknorm (a norm over each head's query and key, its weights shared by the
+// heads of both ranks) or gpt-gqa (grouped-query attention with rotary positions and q/k norms,
+// all three on the grouped layout)
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
   c.family = family.substr(0, family.find('-'));
-  c.group_query_attention = family == "bert-gqa";
-  c.qk_layernorm = family == "gpt-qknorm";
+  c.group_query_attention = family == "bert-gqa" || family == "gpt-gqa";
+  c.qk_layernorm = family == "gpt-qknorm" || family == "gpt-gqa";
   c.num_query_groups = 2;
   c.swiglu = family == "gpt-swiglu";
-  c.rope = family == "gpt-rope";
+  c.rope = family == "gpt-rope" || family == "gpt-gqa";
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
   c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
   c.num_layers = 2;
@@ -143,6 +144,9 @@ TEST(TensorParallelModels, GptWithAnUntiedOutputLayerSplitTwoWaysMatchesTheWhole
 TEST(TensorParallelModels, BertSplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("bert"); }
 TEST(TensorParallelModels, BertWithGroupedQueryAttentionSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("bert-gqa");
+}
+TEST(TensorParallelModels, GptWithGroupedQueryAttentionRopeAndQueryKeyNormsSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("gpt-gqa");
 }
 TEST(TensorParallelModels, T5SplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("t5"); }
 TEST(TensorParallelModels, T5WithoutLinearBiasesSplitTwoWaysMatchesTheWholeModel) {

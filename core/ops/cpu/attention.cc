@@ -28,6 +28,7 @@ struct Geometry {
   bool causal;
   int64_t head_offset, total_heads;
   const uint8_t* key_mask;  // (B, Tk)
+  int64_t per_group;        // query heads a key/value head serves (grouped-query attention; else 1)
   bool valid(int64_t b, int64_t i, int64_t j) const {
     if (causal && j > i) return false;
     return !key_mask || key_mask[b * Tk + j] != 0;
@@ -104,16 +105,18 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
   const bool drop = dropout && dropout->p > 0;
   // (masked entries have probability 0, so their gradient vanishes by itself)
   // With a bias gradient, one thread owns each head and adds the batch rows in order (the
-  // bias is shared by the batch), so dbias does not depend on the thread count.
-  const int64_t outer = dbias ? g.H : g.B * g.H;
+  // bias is shared by the batch), so dbias does not depend on the thread count. Otherwise a
+  // thread owns each (batch row, key/value head) and adds its query heads in order (grouped-
+  // query attention: they share its dK and dV).
+  const int64_t r = g.per_group, outer = dbias ? g.H : g.B * (g.H / r);
 #pragma omp parallel
   {
     std::vector<T> dP(static_cast<size_t>(Tq * Tk)), dropped(drop ? static_cast<size_t>(Tq * Tk) : 0);
     std::vector<uint8_t> keep;
 #pragma omp for schedule(static)
     for (int64_t task = 0; task < outer; ++task) {
-      for (int64_t inner = 0; inner < (dbias ? g.B : 1); ++inner) {
-        const int64_t b = dbias ? inner : task / g.H, h = dbias ? task : task % g.H;
+      for (int64_t inner = 0; inner < (dbias ? g.B : r); ++inner) {
+        const int64_t b = dbias ? inner : task / (g.H / r), h = dbias ? task : task % (g.H / r) * r + inner;
         const Block<T> blk = block_of(b, h);
         const GradBlock<T> gb = grad_of(b, h);
         const T* P = probs + (b * g.H + h) * Tq * Tk;
@@ -146,11 +149,21 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
 }
 
 Geometry self_geometry(const AttentionShape& s, const uint8_t* key_mask) {
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask};
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask, s.H / kv_heads(s)};
 }
 Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
-  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads, key_mask};
+  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads, key_mask, 1};
 }
+
+// Where head h's query, key and value start in token 0 of batch row b of a self-attention
+// qkv (attention.h: G groups of [H/G queries, a key, a value]).
+struct SelfPlaces {
+  int64_t ld, group, r, D;  // elements a token, a group; heads a group; head size
+  explicit SelfPlaces(const AttentionShape& s)
+      : ld(qkv_width(s)), group((s.H / kv_heads(s) + 2) * s.D), r(s.H / kv_heads(s)), D(s.D) {}
+  int64_t q(int64_t b, int64_t T, int64_t h) const { return b * T * ld + h / r * group + h % r * D; }
+  int64_t k(int64_t b, int64_t T, int64_t h) const { return b * T * ld + h / r * group + r * D; }
+};
 
 }  // namespace
 
@@ -161,12 +174,13 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
     using T = decltype(zero);
     In<T> in(qkv), bs(bias);
     Out<T> y(out, false), P(probs, false);
-    const int64_t ld = 3 * s.H * s.D;
+    const SelfPlaces at(s);
     forward_all<T>(
         P, self_geometry(s, mask), dropout,
         [&](int64_t b, int64_t h) {
-          const T* q = in.get() + b * s.T * ld + h * 3 * s.D;
-          return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, y.get() + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
+          const T* k = in.get() + at.k(b, s.T, h);
+          return Block<T>{
+              in.get() + at.q(b, s.T, h), k, k + s.D, at.ld, at.ld, y.get() + b * s.T * s.H * s.D + h * s.D, s.H * s.D};
         },
         bs.get());
     y.commit();
@@ -182,16 +196,16 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
     using T = decltype(zero);
     In<T> in(qkv), P(probs), dy(dout);
     Out<T> dx(dqkv, true), db(dbias, true);
-    const int64_t ld = 3 * s.H * s.D;
+    const SelfPlaces at(s);
     backward_all<T>(
         P, self_geometry(s, mask), dropout,
         [&](int64_t b, int64_t h) {
-          const T* q = in.get() + b * s.T * ld + h * 3 * s.D;
-          return Block<T>{q, q + s.D, q + 2 * s.D, ld, ld, nullptr, s.H * s.D};
+          const T* k = in.get() + at.k(b, s.T, h);
+          return Block<T>{in.get() + at.q(b, s.T, h), k, k + s.D, at.ld, at.ld, nullptr, s.H * s.D};
         },
         [&](int64_t b, int64_t h) {
-          T* dq = dx.get() + b * s.T * ld + h * 3 * s.D;
-          return GradBlock<T>{dq, dq + s.D, dq + 2 * s.D, dy.get() + b * s.T * s.H * s.D + h * s.D};
+          T* dk = dx.get() + at.k(b, s.T, h);
+          return GradBlock<T>{dx.get() + at.q(b, s.T, h), dk, dk + s.D, dy.get() + b * s.T * s.H * s.D + h * s.D};
         },
         db.get());
     dx.commit();

@@ -23,11 +23,13 @@ void store(const Tensor& t, const std::vector<double>& v) {
     copy(t, from_host(std::vector<float>(v.begin(), v.end()), t.shape(), t.dtype()));
 }
 
-// Where element d of head h of token t sits: (b * T + t) * tok + h * head + off + d.
+// Where element d of head h of token t sits: (b * T + t) * tok + (h / per) * head +
+// (h % per) * inner + off + d: heads in groups of `per` (grouped-query attention: a group's
+// queries side by side, inner = D; its one key or value, inner = 0; otherwise per = 1).
 struct Place {
-  int64_t T, tok, head, off;
+  int64_t T, tok, head, off, per = 1, inner = 0;
   size_t at(int64_t b, int64_t t, int64_t h, int64_t d) const {
-    return static_cast<size_t>((b * T + t) * tok + h * head + off + d);
+    return static_cast<size_t>((b * T + t) * tok + h / per * head + h % per * inner + off + d);
   }
 };
 
@@ -71,12 +73,15 @@ std::vector<uint8_t> mask_of(const Tensor& key_mask) {
   return std::vector<uint8_t>(key_mask.data<uint8_t>(), key_mask.data<uint8_t>() + key_mask.numel());
 }
 
-// self-attention: q, k and v side by side in qkv (B, T, H, 3, D), the bias (H, T, T) if any
+// self-attention: G groups of [H/G queries, a key, a value] in qkv (B, T, G, H/G + 2, D), the
+// bias (H, T, T) if any
 Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask, const Tensor& bias) {
-  const Place q{s.T, s.H * 3 * s.D, 3 * s.D, 0};
+  const int64_t r = s.H / kv_heads(s);
+  const Place q{s.T, qkv_width(s), (r + 2) * s.D, 0, r, s.D};
   Place k = q, v = q;
-  k.off = s.D;
-  v.off = 2 * s.D;
+  k.inner = v.inner = 0;
+  k.off = r * s.D;
+  v.off = (r + 1) * s.D;
   std::vector<double> b = bias.defined() ? cpu_values_f64(bias) : std::vector<double>{};
   return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
           &qkv, &qkv, mask_of(key_mask), std::move(b)};

@@ -13,7 +13,8 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
     using T = decltype(zero);
     Out<T> xs(qkv, true);  // read, turned, written back
     T* x = xs;
-    const int64_t D = s.head_dim, half = s.rotary_dim / 2, rows = static_cast<int64_t>(qkv.numel()) / (3 * s.heads * D);
+    const int64_t D = s.head_dim, half = s.rotary_dim / 2, G = s.groups ? s.groups : s.heads, per = s.heads / G;
+    const int64_t rows = static_cast<int64_t>(qkv.numel()) / ((s.heads + 2 * G) * D);
     // cos and sin of each (position, pair), once for the B sequences. As Megatron: inv_freq =
     // 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32
     std::vector<float> cosines(static_cast<size_t>(s.T * half)), sines(cosines.size());
@@ -32,9 +33,9 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
       for (int64_t i = 0; i < half; ++i) {
         const T c = static_cast<T>(cosines[at + static_cast<size_t>(i)]),
                 sn = static_cast<T>(sines[at + static_cast<size_t>(i)]);
-        for (int64_t h = 0; h < s.heads; ++h)
-          for (int which = 0; which < 2; ++which) {  // q, then k
-            T* v = x + (r * s.heads + h) * 3 * D + which * D;
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t which = 0; which <= per; ++which) {  // the group's queries, then its key
+            T* v = x + (r * G + g) * (per + 2) * D + which * D;
             const int64_t a = s.interleaved ? 2 * i : i, b = s.interleaved ? 2 * i + 1 : i + half;
             const T x1 = v[a], x2 = v[b];
             v[a] = x1 * c - x2 * sn;

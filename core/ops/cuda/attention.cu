@@ -60,28 +60,45 @@ __device__ __forceinline__ bool valid(const Geometry& g, const uint8_t* mask, in
   return !mask || mask[b * g.Tk + j] != 0;
 }
 
-// src (B, T, H, stride, D) slot `which` -> dst (B, H, T, D)
+// Where head h's vector sits in a token's row of the projection's output: its heads in groups
+// of `per` (grouped-query attention; else 1), each group `stride` vectors of D, the vector at
+// `which` within it (+ h % per for a group's queries). Self-attention: stride per + 2, q at 0,
+// k at per, v at per + 1; cross-attention's kv: stride 2; q and out: stride 1.
+struct Slot {
+  int64_t stride, which;
+  int64_t per = 1;
+  bool query = false;
+  __device__ __forceinline__ int64_t at(int64_t b, int64_t t, int64_t h, int64_t Tn, int64_t H, int64_t D) const {
+    return ((b * Tn + t) * (H / per) + h / per) * stride * D + (which + (query ? h % per : 0)) * D;
+  }
+  // query heads that share one destination vector (a group's key or value)
+  int64_t sharing() const { return query ? 1 : per; }
+};
+
+// src (B, T, ...) at `slot` -> dst (B, H, T, D)
 template <typename T>
-__global__ void to_heads_kernel(T* dst, const T* src, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t stride,
-                                int64_t which) {
+__global__ void to_heads_kernel(T* dst, const T* src, int64_t B, int64_t Tn, int64_t H, int64_t D, Slot slot) {
   const int64_t n = B * H * Tn * D;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t d = e % D, t = (e / D) % Tn, h = (e / (D * Tn)) % H, b = e / (D * Tn * H);
-    dst[e] = src[((b * Tn + t) * H + h) * stride * D + which * D + d];
+    dst[e] = src[slot.at(b, t, h, Tn, H, D) + d];
   }
 }
 
-// dst (B, T, H, stride, D) slot `which` (= or +=) src (B, H, T, D)
+// dst (B, T, ...) at `slot` (= or +=) src (B, H, T, D); where heads share a vector (a group's
+// key or value), the sum of theirs in head order
 template <typename T>
-__global__ void from_heads_kernel(T* dst, const T* src, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t stride,
-                                  int64_t which, bool accumulate) {
-  const int64_t n = B * H * Tn * D;
+__global__ void from_heads_kernel(T* dst, const T* src, int64_t B, int64_t Tn, int64_t H, int64_t D, Slot slot,
+                                  int64_t share, bool accumulate) {
+  const int64_t U = H / share, n = B * U * Tn * D;
   for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < n;
        e += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t d = e % D, t = (e / D) % Tn, h = (e / (D * Tn)) % H, b = e / (D * Tn * H);
-    T& out = dst[((b * Tn + t) * H + h) * stride * D + which * D + d];
-    out = accumulate ? from_f32<T>(to_f32(out) + to_f32(src[e])) : src[e];
+    const int64_t d = e % D, t = (e / D) % Tn, u = (e / (D * Tn)) % U, b = e / (D * Tn * U);
+    float sum = 0;
+    for (int64_t i = 0; i < share; ++i) sum += to_f32(src[((b * H + u * share + i) * Tn + t) * D + d]);
+    T& out = dst[slot.at(b, t, u * share, Tn, H, D) + d];
+    out = from_f32<T>(accumulate ? to_f32(out) + sum : sum);
   }
 }
 
@@ -162,19 +179,32 @@ __global__ void bias_grad_kernel(float* dbias, const float* ds, int64_t B, int64
 }
 
 template <typename T>
-void to_heads(const Tensor& dst, const Tensor& src, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t stride,
-              int64_t which, cudaStream_t s) {
-  to_heads_kernel<T><<<blocks_for(B * H * Tn * D, 256), 256, 0, s>>>(ptr<T>(dst), ptr<T>(src), B, Tn, H, D, stride, which);
+void to_heads(const Tensor& dst, const Tensor& src, int64_t B, int64_t Tn, int64_t H, int64_t D, Slot slot,
+              cudaStream_t s) {
+  to_heads_kernel<T><<<blocks_for(B * H * Tn * D, 256), 256, 0, s>>>(ptr<T>(dst), ptr<T>(src), B, Tn, H, D, slot);
   MB_CUDA_LAUNCHED("to_heads_kernel");
 }
 
 template <typename T>
-void from_heads(const Tensor& dst, const Tensor& src, int64_t B, int64_t Tn, int64_t H, int64_t D, int64_t stride,
-                int64_t which, bool accumulate, cudaStream_t s) {
-  from_heads_kernel<T><<<blocks_for(B * H * Tn * D, 256), 256, 0, s>>>(ptr<T>(dst), ptr<T>(src), B, Tn, H, D, stride,
-                                                                       which, accumulate);
+void from_heads(const Tensor& dst, const Tensor& src, int64_t B, int64_t Tn, int64_t H, int64_t D, Slot slot,
+                bool accumulate, cudaStream_t s) {
+  const int64_t share = slot.sharing();
+  from_heads_kernel<T><<<blocks_for(B * (H / share) * Tn * D, 256), 256, 0, s>>>(ptr<T>(dst), ptr<T>(src), B, Tn, H, D,
+                                                                                 slot, share, accumulate);
   MB_CUDA_LAUNCHED("from_heads_kernel");
 }
+
+// The query, key and value slots of a self-attention qkv (attention.h's layout).
+struct SelfSlots {
+  Slot q, k, v;
+  explicit SelfSlots(const AttentionShape& s) {
+    const int64_t per = s.H / kv_heads(s);
+    q = Slot{per + 2, 0, per, true};
+    k = Slot{per + 2, per, per};
+    v = Slot{per + 2, per + 1, per};
+  }
+};
+constexpr Slot kHeads{1, 0};  // q, out, dout: (B, T, H, D)
 
 // One strided-batched product over the B * H heads.
 void batched(const Tensor& C, const Tensor& A, Trans ta, const Tensor& Bm, Trans tb, int64_t M, int64_t N, int64_t K,
@@ -267,11 +297,12 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
     const Device dev = qkv.device();
     Tensor q({g.B, g.H, g.Tq, g.D}, qkv.dtype(), dev), k(q.shape(), qkv.dtype(), dev), v(q.shape(), qkv.dtype(), dev),
         oh(q.shape(), qkv.dtype(), dev);
-    to_heads<T>(q, qkv, g.B, g.Tq, g.H, g.D, 3, 0, s);
-    to_heads<T>(k, qkv, g.B, g.Tq, g.H, g.D, 3, 1, s);
-    to_heads<T>(v, qkv, g.B, g.Tq, g.H, g.D, 3, 2, s);
+    const SelfSlots at(sh);
+    to_heads<T>(q, qkv, g.B, g.Tq, g.H, g.D, at.q, s);
+    to_heads<T>(k, qkv, g.B, g.Tq, g.H, g.D, at.k, s);
+    to_heads<T>(v, qkv, g.B, g.Tq, g.H, g.D, at.v, s);
     core_forward<T>(g, q, k, v, oh, probs, key_mask, bias, dropout);
-    from_heads<T>(out, oh, g.B, g.Tq, g.H, g.D, 1, 0, false, s);
+    from_heads<T>(out, oh, g.B, g.Tq, g.H, g.D, kHeads, false, s);
   });
 }
 
@@ -288,14 +319,15 @@ void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qk
     const std::vector<int64_t> shape{g.B, g.H, g.Tq, g.D};
     Tensor q(shape, qkv.dtype(), dev), k(shape, qkv.dtype(), dev), v(shape, qkv.dtype(), dev), doh(shape, qkv.dtype(), dev);
     Tensor dq(shape, qkv.dtype(), dev), dk(shape, qkv.dtype(), dev), dv(shape, qkv.dtype(), dev);
-    to_heads<T>(q, qkv, g.B, g.Tq, g.H, g.D, 3, 0, s);
-    to_heads<T>(k, qkv, g.B, g.Tq, g.H, g.D, 3, 1, s);
-    to_heads<T>(v, qkv, g.B, g.Tq, g.H, g.D, 3, 2, s);
-    to_heads<T>(doh, dout, g.B, g.Tq, g.H, g.D, 1, 0, s);
+    const SelfSlots at(sh);
+    to_heads<T>(q, qkv, g.B, g.Tq, g.H, g.D, at.q, s);
+    to_heads<T>(k, qkv, g.B, g.Tq, g.H, g.D, at.k, s);
+    to_heads<T>(v, qkv, g.B, g.Tq, g.H, g.D, at.v, s);
+    to_heads<T>(doh, dout, g.B, g.Tq, g.H, g.D, kHeads, s);
     core_backward<T>(g, dq, dk, dv, doh, q, k, v, probs, dbias, dropout);
-    from_heads<T>(dqkv, dq, g.B, g.Tq, g.H, g.D, 3, 0, true, s);
-    from_heads<T>(dqkv, dk, g.B, g.Tq, g.H, g.D, 3, 1, true, s);
-    from_heads<T>(dqkv, dv, g.B, g.Tq, g.H, g.D, 3, 2, true, s);
+    from_heads<T>(dqkv, dq, g.B, g.Tq, g.H, g.D, at.q, true, s);
+    from_heads<T>(dqkv, dk, g.B, g.Tq, g.H, g.D, at.k, true, s);
+    from_heads<T>(dqkv, dv, g.B, g.Tq, g.H, g.D, at.v, true, s);
   });
 }
 
@@ -309,11 +341,11 @@ void cross_attention_forward(const Tensor& out, const Tensor& probs, const Tenso
     const Device dev = q_in.device();
     Tensor q({g.B, g.H, g.Tq, g.D}, q_in.dtype(), dev), oh(q.shape(), q_in.dtype(), dev);
     Tensor k({g.B, g.H, g.Tk, g.D}, q_in.dtype(), dev), v(k.shape(), q_in.dtype(), dev);
-    to_heads<T>(q, q_in, g.B, g.Tq, g.H, g.D, 1, 0, s);
-    to_heads<T>(k, kv, g.B, g.Tk, g.H, g.D, 2, 0, s);
-    to_heads<T>(v, kv, g.B, g.Tk, g.H, g.D, 2, 1, s);
+    to_heads<T>(q, q_in, g.B, g.Tq, g.H, g.D, kHeads, s);
+    to_heads<T>(k, kv, g.B, g.Tk, g.H, g.D, Slot{2, 0}, s);
+    to_heads<T>(v, kv, g.B, g.Tk, g.H, g.D, Slot{2, 1}, s);
     core_forward<T>(g, q, k, v, oh, probs, key_mask, Tensor(), dropout);
-    from_heads<T>(out, oh, g.B, g.Tq, g.H, g.D, 1, 0, false, s);
+    from_heads<T>(out, oh, g.B, g.Tq, g.H, g.D, kHeads, false, s);
   });
 }
 
@@ -330,14 +362,14 @@ void cross_attention_backward(const Tensor& dq_out, const Tensor& dkv, const Ten
     const DType t = q_in.dtype();
     Tensor q({g.B, g.H, g.Tq, g.D}, t, dev), doh(q.shape(), t, dev), dq(q.shape(), t, dev);
     Tensor k({g.B, g.H, g.Tk, g.D}, t, dev), v(k.shape(), t, dev), dk(k.shape(), t, dev), dv(k.shape(), t, dev);
-    to_heads<T>(q, q_in, g.B, g.Tq, g.H, g.D, 1, 0, s);
-    to_heads<T>(k, kv, g.B, g.Tk, g.H, g.D, 2, 0, s);
-    to_heads<T>(v, kv, g.B, g.Tk, g.H, g.D, 2, 1, s);
-    to_heads<T>(doh, dout, g.B, g.Tq, g.H, g.D, 1, 0, s);
+    to_heads<T>(q, q_in, g.B, g.Tq, g.H, g.D, kHeads, s);
+    to_heads<T>(k, kv, g.B, g.Tk, g.H, g.D, Slot{2, 0}, s);
+    to_heads<T>(v, kv, g.B, g.Tk, g.H, g.D, Slot{2, 1}, s);
+    to_heads<T>(doh, dout, g.B, g.Tq, g.H, g.D, kHeads, s);
     core_backward<T>(g, dq, dk, dv, doh, q, k, v, probs, Tensor(), dropout);
-    from_heads<T>(dq_out, dq, g.B, g.Tq, g.H, g.D, 1, 0, true, s);
-    from_heads<T>(dkv, dk, g.B, g.Tk, g.H, g.D, 2, 0, true, s);
-    from_heads<T>(dkv, dv, g.B, g.Tk, g.H, g.D, 2, 1, true, s);
+    from_heads<T>(dq_out, dq, g.B, g.Tq, g.H, g.D, kHeads, true, s);
+    from_heads<T>(dkv, dk, g.B, g.Tk, g.H, g.D, Slot{2, 0}, true, s);
+    from_heads<T>(dkv, dv, g.B, g.Tk, g.H, g.D, Slot{2, 1}, true, s);
   });
 }
 

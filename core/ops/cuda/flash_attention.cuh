@@ -24,8 +24,9 @@ constexpr int kTile = 64;   // keys (forward, dQ) or queries (dK dV) of a tile
 constexpr float kLog2e = 1.4426950408889634f;
 
 // One attention problem: queries (B, Tq) and keys/values (B, Tk), each read in place where
-// the projection wrote it. Self-attention: q, k and v side by side in qkv (B, T, H, 3, D);
-// cross-attention: q (B, Tq, H, D) and k, v side by side in kv (B, Tk, H, 2, D).
+// the projection wrote it. Self-attention: G groups of [H/G queries, a key, a value] in qkv
+// (B, T, G, H/G + 2, D) (G = H: per-head attention); cross-attention: q (B, Tq, H, D) and k,
+// v side by side in kv (B, Tk, H, 2, D).
 struct Args {
   const void* q;        // element d of query (b, t, h): q + q_at(b, t, h) + d
   const void* k;        // of key (b, t, h): k + kv_at(b, t, h) + d; v likewise
@@ -42,7 +43,10 @@ struct Args {
   const uint8_t* mask;  // (B, Tk)
   const void* bias;     // self-attention: (H, Tq, Tk) added to the scaled scores (T5), or null
   float* dbias;         // backward: (H, Tq, Tk) f32 += the bias's gradient, or null
-  int64_t q_tok, q_head, kv_tok, kv_head;  // element strides between tokens and between heads
+  // element strides between tokens, between groups of `per` heads (grouped-query attention:
+  // the query heads a key/value head serves; else 1) and between the queries of a group
+  int64_t q_tok, q_head, kv_tok, kv_head, q_in;
+  int per;
   int B, H, Tq, Tk, D;
   bool causal;
   float scale_log2;  // softmax scale x log2(e)
@@ -57,10 +61,11 @@ struct Args {
 };
 
 __device__ __forceinline__ int64_t q_at(const Args& a, int b, int t, int h) {
-  return (static_cast<int64_t>(b) * a.Tq + t) * a.q_tok + static_cast<int64_t>(h) * a.q_head;
+  return (static_cast<int64_t>(b) * a.Tq + t) * a.q_tok + static_cast<int64_t>(h / a.per) * a.q_head +
+         static_cast<int64_t>(h % a.per) * a.q_in;
 }
 __device__ __forceinline__ int64_t kv_at(const Args& a, int b, int t, int h) {
-  return (static_cast<int64_t>(b) * a.Tk + t) * a.kv_tok + static_cast<int64_t>(h) * a.kv_head;
+  return (static_cast<int64_t>(b) * a.Tk + t) * a.kv_tok + static_cast<int64_t>(h / a.per) * a.kv_head;
 }
 __device__ __forceinline__ int64_t out_at(const Args& a, int b, int t, int h) {
   return ((static_cast<int64_t>(b) * a.Tq + t) * a.H + h) * a.D;
@@ -320,6 +325,7 @@ inline Args common_args(int64_t B, int64_t Tq, int64_t Tk, int64_t H, int64_t D,
   }
   a.head_offset = head_offset;
   a.total_heads = total_heads ? total_heads : H;
+  a.per = 1;
   return a;
 }
 
@@ -331,22 +337,25 @@ inline void* element(void* base, DType t, int64_t e) {
   return static_cast<char*>(base) + e * static_cast<int64_t>(dtype_size(t));
 }
 
-// Self-attention: q, k, v (and their gradients in dqkv, when given) side by side in qkv;
-// the position bias and its gradient when given.
+// Self-attention: q, k, v (and their gradients in dqkv, when given) in qkv's groups; the
+// position bias and its gradient when given.
 inline Args self_args(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
                       const Tensor& lse, const Tensor& bias, const Tensor& dqkv = {}, const Tensor& dbias = {}) {
   Args a = common_args(s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, dropout, key_mask, lse);
   a.bias = bias.defined() ? bias.raw() : nullptr;
   a.dbias = ptr<float>(dbias);
+  const int64_t per = s.H / kv_heads(s);
+  a.per = static_cast<int>(per);
   a.q = qkv.raw();
-  a.k = element(qkv, s.D);
-  a.v = element(qkv, 2 * s.D);
-  a.q_tok = a.kv_tok = s.H * 3 * s.D;
-  a.q_head = a.kv_head = 3 * s.D;
+  a.k = element(qkv, per * s.D);
+  a.v = element(qkv, (per + 1) * s.D);
+  a.q_tok = a.kv_tok = qkv_width(s);
+  a.q_head = a.kv_head = (per + 2) * s.D;
+  a.q_in = s.D;
   if (dqkv.defined()) {
     a.dq = dqkv.raw();
-    a.dk = element(dqkv.raw(), dqkv.dtype(), s.D);
-    a.dv = element(dqkv.raw(), dqkv.dtype(), 2 * s.D);
+    a.dk = element(dqkv.raw(), dqkv.dtype(), per * s.D);
+    a.dv = element(dqkv.raw(), dqkv.dtype(), (per + 1) * s.D);
   }
   return a;
 }

@@ -30,27 +30,31 @@ __global__ void rowdot_kernel(float* rowdot, Args a) {
   if (lane == 0) rowdot[row] = acc;
 }
 
-// dK and dV of kRows keys: each warp 16 keys, over the query tiles (double-buffered). kDrop:
-// attention dropout, as in the forward.
+// dK and dV of kRows keys: each warp 16 keys, over the query tiles (double-buffered), of
+// each query head that reads them in turn (grouped-query attention: the group's, in head
+// order, summed in registers; else the one head). kDrop: attention dropout, as in the forward.
 template <typename T, int D, bool kDrop>
 __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a) {
   constexpr int kRows = kBackwardRows<D>, kThreads = 2 * kRows;  // a warp per 16 rows
   MB_DYNAMIC_SMEM(smem);
   const KeyBlockSmem<T, D> sm(smem);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-  const int b = blockIdx.y / a.H, h = blockIdx.y % a.H;
+  const int groups = a.H / a.per, b = blockIdx.y / groups, h0 = blockIdx.y % groups * a.per;
   const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
-  auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
+  auto kv_of = [&](int tok) { return kv_at(a, b, tok, h0); };
   const int first = a.causal ? k_block / kTile : 0, tiles = (a.Tq + kTile - 1) / kTile;  // causal: Tq = Tk
-  sm.template start<kThreads>(a, b, h, k_block, first);
+  const int walk = tiles - first, steps = walk * a.per;  // step s: head h0 + s / walk, tile first + s % walk
+  sm.template start<kThreads>(a, b, h0, k_block, first);
   float dk[D / 8][4], dv[D / 8][4];
   zero_rows<D>(dk, dv);
   uint32_t kf[kKeepKV<D, kDrop> ? D / 16 : 1][4], vf[kKeepKV<D, kDrop> ? D / 16 : 1][4];
-  for (int qt = first; qt < tiles; ++qt) {
-    const int i0 = qt * kTile, buf = (qt - first) & 1;
-    sm.template advance<kThreads>(a, b, h, qt + 1 < tiles ? qt + 1 : -1, buf);
+  for (int step = 0; step < steps; ++step) {
+    const int h = h0 + step / walk, qt = first + step % walk, i0 = qt * kTile, buf = step & 1;
+    const int next = step + 1;
+    sm.template advance<kThreads>(a, b, next < steps ? h0 + next / walk : h, next < steps ? first + next % walk : -1,
+                                  buf);
     if constexpr (kKeepKV<D, kDrop>) {
-      if (qt == first) keep_kv(sm, kw, lane, kf, vf);  // Kown and Vown arrived with the first tile
+      if (step == 0) keep_kv(sm, kw, lane, kf, vf);  // Kown and Vown arrived with the first tile
     }
     if (!(a.causal && i0 + kTile - 1 < j0)) {  // else every query of the tile is before this warp's keys
       float dpt[8][4];
@@ -248,7 +252,7 @@ void backward(const Args& a, cudaStream_t st, Device dev) {
   constexpr size_t RS = D + 8;
   if (!backward_ordered<T, D, kDrop>(a, st, dev)) {
     if (a.Tk > 0)  // (no keys: no dK, dV)
-      launch(flash_dkdv_kernel<T, D, kDrop>, dim3((a.Tk + kRows - 1) / kRows, a.B * a.H), kThreads,
+      launch(flash_dkdv_kernel<T, D, kDrop>, dim3((a.Tk + kRows - 1) / kRows, a.B * (a.H / a.per)), kThreads,
              KeyBlockSmem<T, D>::bytes, st, "flash_dkdv_kernel", a);
     launch(flash_dq_kernel<T, D, kDrop>, dim3((a.Tq + kRows - 1) / kRows, a.B * a.H), kThreads,
            4 * kTile * RS * sizeof(T), st, "flash_dq_kernel", a);

@@ -12,21 +12,24 @@
 namespace megabatch::ops::MB_CUDA_BACKEND::flash {
 
 namespace {
-// Each (batch row, head, key block) is an item; blocks of a persistent grid take items in
-// order from a counter. An item walks the query tiles as flash_dkdv_kernel does, but a
-// non-causal one starts at its own tile (key block j at tile j kR, kR = key block / tile)
-// and wraps around, so that at any moment the items of one (b, h) are at different tiles.
-// At each tile it also forms its share of dQ, dS K over its keys, and adds it into acc, an
-// f32 sum per query tile: the items that reach a tile take turns in the order of their step
-// count there (the fewest steps first), each waiting until turn[tile] says the ones before
-// it are done. The last one writes dq. Causal: a tile's turns go from the last key block
-// that reaches it down to the first, and a (b, h)'s items are taken in that order too, so an
-// item waits only on items already running: free of deadlock on any number of blocks (and a
-// simulation of the walk found it waits less than taking the longest first). Otherwise an
-// item also waits on items taken after it; taking items in order keeps that free of deadlock
-// where the key blocks of one (b, h) fit on the GPU at once (the launch checks): an item waits
-// only for items of its own (b, h), which have all been taken, or will be once the earlier
-// (b, h)'s, which wait on nothing later, finish.
+// Each (batch row, key/value head, key block) is an item; blocks of a persistent grid take
+// items in order from a counter. An item walks the query tiles as flash_dkdv_kernel does, for
+// each query head that reads its keys in turn (one, or a group's with grouped-query
+// attention), but a non-causal one starts at its own tile (key block j at tile j kR, kR = key
+// block / tile) and wraps around, so that at any moment the items of one (b, group) are at
+// different tiles. At each tile it also forms its share of dQ, dS K over its keys, and adds
+// it into acc, an f32 sum per (head, query tile): the items that reach a tile take turns in
+// the order of their step count there within the head's walk (the fewest steps first), each
+// waiting until turn[head, tile] says the ones before it are done. The last one writes dq.
+// Causal: a tile's turns go from the last key block that reaches it down to the first, and a
+// (b, group)'s items are taken in that order too, so an item waits only on items already
+// running: free of deadlock on any number of blocks (and a simulation of the walk found it
+// waits less than taking the longest first). Otherwise an item also waits on items taken after
+// it; taking items in order keeps that free of deadlock where the key blocks of one (b, group)
+// fit on the GPU at once (the launch checks): an item waits only for items of its own
+// (b, group), which have all been taken, or will be once the earlier (b, group)'s, which wait
+// on nothing later, finish; and every item walks the group's heads in the same order, each
+// wait being on a point of the same head's walk that the waited-on item reaches first.
 // The kernel's dynamic shared memory: a key block's walk, this tile's dS, the item taken.
 template <typename T, int D>
 constexpr size_t ordered_smem() {
@@ -80,25 +83,30 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
   int& taken = *reinterpret_cast<int*>(smem + ordered_smem<T, D>() - sizeof(int));  // the item the block took
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int kw = warp * 16, qg = warp % 4, part = warp / 4;
-  const int items = a.B * a.H * o.blocks;
+  const int groups = a.H / a.per, items = a.B * groups * o.blocks;
   for (;;) {
     __syncthreads();  // the item before is done with shared memory
     if (threadIdx.x == 0) taken = atomicAdd(o.next, 1);
     __syncthreads();
     const int item = taken;
     if (item >= items) return;
-    const int bh = item / o.blocks, b = bh / a.H, h = bh % a.H;
+    const int bg = item / o.blocks, b = bg / groups, h0 = bg % groups * a.per;
     const int j = a.causal ? o.blocks - 1 - item % o.blocks : item % o.blocks;  // (causal: the last first)
     const int k_block = j * kRows, j0 = k_block + kw;
-    const int steps = a.causal ? o.tiles - j * kR : o.tiles;
-    auto tile = [&](int step) { return a.causal ? j * kR + step : (j * kR + step) % o.tiles; };
-    sm.template start<kThreads>(a, b, h, k_block, tile(0));
+    const int walk = a.causal ? o.tiles - j * kR : o.tiles, steps = walk * a.per;  // each head of the group walks
+    auto tile = [&](int step) {
+      const int s = step % walk;
+      return a.causal ? j * kR + s : (j * kR + s) % o.tiles;
+    };
+    auto head = [&](int step) { return h0 + step / walk; };
+    sm.template start<kThreads>(a, b, h0, k_block, tile(0));
     float dk[D / 8][4], dv[D / 8][4];
     zero_rows<D>(dk, dv);
     uint32_t kf[kKeepKV<D, kDrop> ? D / 16 : 1][4], vf[kKeepKV<D, kDrop> ? D / 16 : 1][4];
     for (int step = 0; step < steps; ++step) {
-      const int qt = tile(step), i0 = qt * kTile, buf = step & 1;
-      sm.template advance<kThreads>(a, b, h, step + 1 < steps ? tile(step + 1) : -1, buf);
+      const int qt = tile(step), h = head(step), bh = b * a.H + h, i0 = qt * kTile, buf = step & 1;
+      sm.template advance<kThreads>(a, b, step + 1 < steps ? head(step + 1) : h, step + 1 < steps ? tile(step + 1) : -1,
+                                    buf);
       if constexpr (kKeepKV<D, kDrop>) {
         if (step == 0) keep_kv(sm, kw, lane, kf, vf);
       }
@@ -168,7 +176,7 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
       if (threadIdx.x == 0) give_turn(turn, before + 1);
       __syncthreads();  // the next iteration's copy overwrites this buffer
     }
-    auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
+    auto kv_of = [&](int tok) { return kv_at(a, b, tok, h0); };
     add_rows<T, D>(a, a.dk, a.Tk, kv_of, j0, dk, a.scale, g, t);
     add_rows<T, D>(a, a.dv, a.Tk, kv_of, j0, dv, 1.0f, g, t);
   }
@@ -218,7 +226,7 @@ bool backward_ordered(const Args& a, cudaStream_t st, Device dev) {
   const int64_t resident = resident_blocks<T, D, kDrop>(dev);
   if (resident == 0) return false;
   const int blocks = (a.Tk + kRows - 1) / kRows, tiles = (a.Tq + kTile - 1) / kTile;
-  const int64_t items = static_cast<int64_t>(a.B) * a.H * blocks;
+  const int64_t items = static_cast<int64_t>(a.B) * (a.H / a.per) * blocks;
   if ((!a.causal && blocks > resident) || items > INT32_MAX) return false;  // (causal: see the kernel)
   Tensor acc({static_cast<int64_t>(a.B) * a.H * tiles * kTile * D}, DType::kF32, dev);
   Tensor turns({static_cast<int64_t>(a.B) * a.H * tiles + 1}, DType::kF32, dev);  // ints, zeroed
