@@ -9,10 +9,12 @@
 // kSeparate) and from the dK/dV kernel in order (kOrdered; "-" where it does not apply). The
 // forward is also timed with a warp per 32 query rows (ops::FlashForwardRows::k32, "fwd32";
 // the default is 16; at head size 128 it needs 102 KiB of shared memory a block, and a GPU
-// with less, such as a T4, runs the 16-row kernel in its place).
+// with less, such as a T4, runs the 16-row kernel in its place). --groups G: grouped-query
+// attention, the heads sharing G key/value heads, which the kernels read in place (PyTorch:
+// SDPA with enable_gqa on k and v of G heads).
 //
 //   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
-//                             [--tokens 16384] [--hidden 2048] [--reps 20] [--torch true]
+//                             [--tokens 16384] [--hidden 2048] [--groups 0] [--reps 20] [--torch true]
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   a.option("dtype", "T", "bf16 or fp16", "bf16");
   a.option("tokens", "N", "batch x sequence length of every configuration", "16384");
   a.option("hidden", "C", "heads x head size of every configuration", "2048");
+  a.option("groups", "G", "key/value heads (grouped-query attention; 0: one a head)", "0");
   a.option("reps", "N", "timed calls per configuration", "20");
   a.option("torch", "BOOL", "also time PyTorch's scaled_dot_product_attention", "true");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -80,12 +83,15 @@ int main(int argc, char** argv) {
     const std::string dname = a.get("dtype");
     mb::check(dname == "bf16" || dname == "fp16", "--dtype: bf16 or fp16, not '", dname, "'");
     const mb::DType dtype = dname == "bf16" ? mb::DType::kBF16 : mb::DType::kF16;
-    const int64_t tokens = a.get_int("tokens"), hidden = a.get_int("hidden");
+    const int64_t tokens = a.get_int("tokens"), hidden = a.get_int("hidden"), groups = a.get_int("groups");
     const int reps = static_cast<int>(a.get_int("reps"));
     std::vector<std::tuple<int64_t, int64_t, bool>> configs;
     for (const auto& d : a.get_list("head-sizes"))
       for (const auto& t : a.get_list("seqs"))
         for (bool causal : {true, false}) configs.emplace_back(mb::parse_int(t).value(), mb::parse_int(d).value(), causal);
+    for (const auto& [T, D, causal] : configs)
+      mb::check(groups == 0 || (groups > 0 && (hidden / D) % groups == 0), "--groups ", groups, " does not divide the ",
+                hidden / D, " heads of head size ", D, " in hidden ", hidden);
     // PyTorch first (its own process), then ours
     std::map<std::tuple<int64_t, int64_t, bool>, std::pair<double, double>> torch_ms;
     if (a.get("torch") == "true") {
@@ -93,7 +99,8 @@ int main(int argc, char** argv) {
       std::vector<std::string> cmd = {py ? py : "/usr/bin/python3", std::string(MEGABATCH_SOURCE_DIR) + "/tests/reference/sdpa_bench.py",
                                       std::to_string(tokens), std::to_string(hidden), dname, std::to_string(reps)};
       for (const auto& [T, D, causal] : configs)
-        cmd.push_back(std::to_string(T) + ":" + std::to_string(D) + ":" + (causal ? "1" : "0"));
+        cmd.push_back(std::to_string(T) + ":" + std::to_string(D) + ":" + (causal ? "1" : "0") + ":" +
+                      std::to_string(groups));
       std::istringstream out(mb::bench::run_child(cmd).output);
       std::string tag;
       for (int64_t T, D, c; out >> tag >> T >> D >> c;) {
@@ -102,17 +109,20 @@ int main(int argc, char** argv) {
         torch_ms[{T, D, c != 0}] = {f, fb};
       }
     }
-    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld; median of %d calls\n", gpu.name.c_str(),
-                gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens), static_cast<long long>(hidden), reps);
+    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld%s; median of %d calls\n",
+                gpu.name.c_str(), gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens),
+                static_cast<long long>(hidden),
+                groups ? (", " + std::to_string(groups) + " key/value heads").c_str() : "", reps);
     std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s | %9s %8s %7s\n", "seq", "D", "causal",
                 "fwd ms", "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s",
                 "ratio", "fwd32 ms", "TFLOP/s", "ratio");
     std::mt19937 g(1);
     for (const auto& [T, D, causal] : configs) {
-      const int64_t B = std::max<int64_t>(tokens / T, 1), H = hidden / D;
-      const ops::AttentionShape s{B, T, H, D, causal, 0, 0};
-      const mb::Tensor qkv = random_tensor({B, T, H, 3, D}, dtype, dev, g), dy = random_tensor({B, T, H, D}, dtype, dev, g);
-      mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv({B, T, H, 3, D}, dtype, dev);
+      const int64_t B = std::max<int64_t>(tokens / T, 1), H = hidden / D, G = groups ? groups : H;
+      const ops::AttentionShape s{B, T, H, D, causal, 0, 0, G};
+      const std::vector<int64_t> qkv_shape{B, T, G, H / G + 2, D};  // G = H: (B, T, H, 3, D)
+      const mb::Tensor qkv = random_tensor(qkv_shape, dtype, dev, g), dy = random_tensor({B, T, H, D}, dtype, dev, g);
+      mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv(qkv_shape, dtype, dev);
       dqkv.zero();
       auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); };
       const double fwd = median_ms(forward, dev, reps);

@@ -1,9 +1,10 @@
 """PyTorch's scaled_dot_product_attention timed as attention_bench times megabatch's flash
-kernels: q, k, v (B, H, T, D) in bf16/fp16 on the GPU, forward and forward + backward, the
-median of `reps` calls timed with CUDA events after warm-up. One line per configuration:
+kernels: q (B, H, T, D), k and v (B, G, T, D) (G = H unless GROUPS says: grouped-query
+attention, enable_gqa) in bf16/fp16 on the GPU, forward and forward + backward, the median of
+`reps` calls timed with CUDA events after warm-up. One line per configuration:
 "sdpa T D causal fwd_ms fwdbwd_ms".
 
-    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL [T:D:CAUSAL ...]
+    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL[:GROUPS] [...]
 """
 import sys
 
@@ -31,13 +32,16 @@ def main():
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     g = torch.Generator(device="cuda").manual_seed(0)
     for spec in sys.argv[5:]:
-        T, D, causal = (int(x) for x in spec.split(":"))
+        T, D, causal, *rest = (int(x) for x in spec.split(":"))
         B, H = max(tokens // T, 1), hidden // D
-        q, k, v = (torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True) for _ in range(3))
+        G = rest[0] if rest and rest[0] else H
+        q = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True)
+        k, v = (torch.randn(B, G, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True) for _ in range(2))
         dy = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g)
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal))
+        gqa = {"enable_gqa": True} if G != H else {}
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa)
         def both():
-            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal)).backward(dy)
+            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa).backward(dy)
         print(f"sdpa {T} {D} {causal} {median_ms(fwd, reps):.4f} {median_ms(both, reps):.4f}", flush=True)
 
 
