@@ -15,6 +15,7 @@
 
 #include "apps/train_data.h"
 #include "core/comm/mpi_communicator.h"
+#include "core/comm/watchdog.h"
 #include "core/config/config.h"
 #include "core/data/tokenizer.h"
 #include "core/optim/optimizer.h"
@@ -31,6 +32,7 @@
 #include "core/train/trainer.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/numbers.h"
 #include "core/util/threads.h"
 #include "models/model_flags.h"
 #include "models/presets.h"
@@ -180,6 +182,11 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   const json& v = r.values;
   auto& mc = run.mc;
   run.parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
+  if (v.contains("distributed_timeout_minutes")) {
+    const double minutes = v["distributed_timeout_minutes"].get<double>();
+    mb::comm::set_collective_timeout(minutes * 60, "--distributed-timeout-minutes " + mb::shortest(minutes),
+                                     run.parallel.world_rank);
+  }
   const int64_t dp_size = run.parallel.dp->size();
   if (v.contains("data_parallel_size")) {  // what the job was meant to be, against what was launched
     const int64_t want = v["data_parallel_size"].get<int64_t>();

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "core/device/dtype.h"
 
@@ -46,6 +47,9 @@ class Communicator {
   virtual void broadcast_device(void* data, size_t n, DType t, int root);
   // What carries the collectives, for the start-up line ("MPI", "NCCL 2.28.3").
   virtual std::string backend() const { return "local"; }
+  // The group, as messages name it ("tensor-parallel", "data-parallel", "world").
+  const std::string& name() const { return name_; }
+  void set_name(std::string name) { name_ = std::move(name); }
 
   // ---- non-blocking sums (gradient buckets that overlap the backward pass) ----
   // start_all_reduce (host f32) and start_all_reduce_device begin a sum over every rank,
@@ -62,6 +66,9 @@ class Communicator {
   }
   virtual void progress() {}
   virtual void wait_all() {}
+
+ private:
+  std::string name_ = "world";
 };
 
 class LocalCommunicator final : public Communicator {

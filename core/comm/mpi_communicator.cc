@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/comm/nccl_communicator.h"
+#include "core/comm/watchdog.h"
 #include "core/device/runtime.h"
 #include "core/util/error.h"
 
@@ -88,14 +89,17 @@ MpiCommunicator::~MpiCommunicator() {
 }
 
 void MpiCommunicator::all_reduce(float* data, size_t n, ReduceOp op) {
+  const CollectiveWait wait("all-reduce", name());
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(n, "all-reduce"), MPI_FLOAT, mpi_op(op), handle(comm_)), "all-reduce");
 }
 
 void MpiCommunicator::all_reduce(double* data, size_t n, ReduceOp op) {
+  const CollectiveWait wait("all-reduce", name());
   check_mpi(MPI_Allreduce(MPI_IN_PLACE, data, mpi_count(n, "all-reduce"), MPI_DOUBLE, mpi_op(op), handle(comm_)), "all-reduce");
 }
 
 void MpiCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) {
+  const CollectiveWait wait("all-gather", name());
   // in the widest unit that divides the bytes, so that large buffers keep within an MPI count
   const size_t unit = bytes % 8 == 0 ? 8 : bytes % 4 == 0 ? 4 : bytes % 2 == 0 ? 2 : 1;
   const MPI_Datatype type = unit == 8 ? MPI_UINT64_T : unit == 4 ? MPI_UINT32_T : unit == 2 ? MPI_UINT16_T : MPI_BYTE;
@@ -105,11 +109,13 @@ void MpiCommunicator::all_gather_bytes(const void* in, void* out, size_t bytes) 
 }
 
 void MpiCommunicator::reduce_scatter(const float* in, float* out, size_t n) {
+  const CollectiveWait wait("reduce-scatter", name());
   mpi_count(n * static_cast<size_t>(size_), "reduce-scatter (whole input)");
   check_mpi(MPI_Reduce_scatter_block(in, out, static_cast<int>(n), MPI_FLOAT, MPI_SUM, handle(comm_)), "reduce-scatter");
 }
 
 void MpiCommunicator::broadcast(float* data, size_t n, int root) {
+  const CollectiveWait wait("broadcast", name());
   check_mpi(MPI_Bcast(data, mpi_count(n, "broadcast"), MPI_FLOAT, root, handle(comm_)), "broadcast");
 }
 
@@ -136,14 +142,19 @@ void MpiCommunicator::progress() {
 
 void MpiCommunicator::wait_all() {
   if (pending_->requests.empty()) return;
+  const CollectiveWait wait("gradient-bucket reduction", name());
   check_mpi(MPI_Waitall(static_cast<int>(pending_->requests.size()), pending_->requests.data(), MPI_STATUSES_IGNORE),
             "non-blocking collectives (wait)");
   pending_->requests.clear();
 }
 
-void MpiCommunicator::barrier() { check_mpi(MPI_Barrier(handle(comm_)), "barrier"); }
+void MpiCommunicator::barrier() {
+  const CollectiveWait wait("barrier", name());
+  check_mpi(MPI_Barrier(handle(comm_)), "barrier");
+}
 
 std::string MpiCommunicator::broadcast_string(const std::string& s, int root) {
+  const CollectiveWait wait("broadcast", name());
   int n = mpi_count(s.size(), "broadcast (string)");
   check_mpi(MPI_Bcast(&n, 1, MPI_INT, root, handle(comm_)), "broadcast");
   std::string out = rank_ == root ? s : std::string(static_cast<size_t>(n), '\0');
@@ -178,6 +189,8 @@ ParallelState ParallelState::create(int tp_size) {
   ps.world = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(MPI_COMM_WORLD), false);
   ps.tp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(tp), true);
   ps.dp = std::make_unique<MpiCommunicator>(reinterpret_cast<void*>(dp), true);
+  ps.tp->set_name("tensor-parallel");
+  ps.dp->set_name("data-parallel");
   return ps;
 }
 
@@ -211,6 +224,8 @@ void ParallelState::connect(Device device, const std::string& backend) {
   auto* dp_group = dynamic_cast<MpiCommunicator*>(dp.get());
   auto tp_nccl = make_nccl_communicator(tp_group, device);
   auto dp_nccl = make_nccl_communicator(dp_group, device);
+  tp_nccl->set_name(tp->name());
+  dp_nccl->set_name(dp->name());
   tp_bootstrap = std::move(tp);
   dp_bootstrap = std::move(dp);
   tp = std::move(tp_nccl);

@@ -1,6 +1,7 @@
 #include "core/comm/nccl_communicator.h"
 
 #include "core/comm/mpi_communicator.h"
+#include "core/comm/watchdog.h"
 #include "core/util/error.h"
 
 #if MEGABATCH_WITH_CUDA
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "core/device/cuda/check.h"
 #include "core/device/runtime.h"
@@ -56,8 +58,14 @@ class NcclCommunicator final : public Communicator {
     MB_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     MB_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     MB_CUDA_CHECK(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
+    const int index = device_.index;
+    watch_.emplace([this, index] {  // asked by the watchdog's thread: its own current device
+      cudaSetDevice(index);
+      return cudaEventQuery(done_) != cudaErrorNotReady;
+    });
   }
   ~NcclCommunicator() override {
+    watch_.reset();  // (before the event it queries)
     if (scratch_) runtime::raw_free(device_, scratch_, scratch_bytes_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(done_);
@@ -76,22 +84,22 @@ class NcclCommunicator final : public Communicator {
   void all_reduce_device(void* data, size_t n, DType t, ReduceOp op) override {
     begin();
     MB_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), nccl_op(op), comm_, stream_));
-    end();
+    end("all-reduce");
   }
   void all_gather_device(const void* in, void* out, size_t n, DType t) override {
     begin();
     MB_NCCL_CHECK(ncclAllGather(in, out, n, nccl_type(t), comm_, stream_));
-    end();
+    end("all-gather");
   }
   void reduce_scatter_device(const void* in, void* out, size_t n, DType t) override {
     begin();
     MB_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, comm_, stream_));
-    end();
+    end("reduce-scatter");
   }
   void broadcast_device(void* data, size_t n, DType t, int root) override {
     begin();
     MB_NCCL_CHECK(ncclBroadcast(data, data, n, nccl_type(t), root, comm_, stream_));
-    end();
+    end("broadcast");
   }
 
   // ---- non-blocking: the run's stream goes on; wait_all() makes it wait for them all ----
@@ -99,12 +107,14 @@ class NcclCommunicator final : public Communicator {
     begin();
     MB_NCCL_CHECK(ncclAllReduce(data, data, n, nccl_type(t), ncclSum, comm_, stream_));
     MB_CUDA_CHECK(cudaEventRecord(done_, stream_));  // the last one started: stream_ runs them in order
+    watch_->queued("gradient-bucket all-reduce", name());
     started_ = true;
   }
   void start_reduce_scatter_device(const void* in, void* out, size_t n, DType t) override {
     begin();
     MB_NCCL_CHECK(ncclReduceScatter(in, out, n, nccl_type(t), ncclSum, comm_, stream_));
     MB_CUDA_CHECK(cudaEventRecord(done_, stream_));
+    watch_->queued("gradient-bucket reduce-scatter", name());
     started_ = true;
   }
   void wait_all() override {
@@ -117,14 +127,16 @@ class NcclCommunicator final : public Communicator {
   void all_reduce(float* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF32, op); }
   void all_reduce(double* data, size_t n, ReduceOp op) override { host_all_reduce(data, n, DType::kF64, op); }
   void all_gather_bytes(const void* in, void* out, size_t bytes) override {
+    const CollectiveWait wait("all-gather", name());
     char* d = static_cast<char*>(scratch(bytes * (static_cast<size_t>(size_) + 1)));
     up(d, in, bytes);
     begin();
     MB_NCCL_CHECK(ncclAllGather(d, d + bytes, bytes, ncclUint8, comm_, stream_));
-    end();
+    end("all-gather");
     down(out, d + bytes, bytes * static_cast<size_t>(size_));
   }
   void reduce_scatter(const float* in, float* out, size_t n) override {
+    const CollectiveWait wait("reduce-scatter", name());
     const size_t bytes = n * sizeof(float);
     char* d = static_cast<char*>(scratch(bytes * (static_cast<size_t>(size_) + 1)));
     up(d, in, bytes * static_cast<size_t>(size_));
@@ -132,6 +144,7 @@ class NcclCommunicator final : public Communicator {
     down(out, d + bytes * static_cast<size_t>(size_), bytes);
   }
   void broadcast(float* data, size_t n, int root) override {
+    const CollectiveWait wait("broadcast", name());
     void* d = scratch(n * sizeof(float));
     up(d, data, n * sizeof(float));
     broadcast_device(d, n, DType::kF32, root);
@@ -148,9 +161,10 @@ class NcclCommunicator final : public Communicator {
     MB_CUDA_CHECK(cudaEventRecord(ready_, compute_));
     MB_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_, 0));
   }
-  void end() {
+  void end(const char* what) {
     MB_CUDA_CHECK(cudaEventRecord(done_, stream_));
     MB_CUDA_CHECK(cudaStreamWaitEvent(compute_, done_, 0));
+    watch_->queued(what, name());
   }
   void* scratch(size_t bytes) {
     if (bytes > scratch_bytes_) {  // grows to the largest host collective once; none in the steady state
@@ -163,6 +177,7 @@ class NcclCommunicator final : public Communicator {
   void up(void* d, const void* h, size_t bytes) { runtime::copy_bytes(d, device_, h, Device::cpu(), bytes); }
   void down(void* h, const void* d, size_t bytes) { runtime::copy_bytes(h, Device::cpu(), d, device_, bytes); }
   void host_all_reduce(void* data, size_t n, DType t, ReduceOp op) {
+    const CollectiveWait wait("all-reduce", name());
     const size_t bytes = n * dtype_size(t);
     void* d = scratch(bytes);
     up(d, data, bytes);
@@ -178,6 +193,8 @@ class NcclCommunicator final : public Communicator {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   bool started_ = false;  // non-blocking ones not yet waited for
+  // the deadline on the collectives queued on stream_ (comm/watchdog.h): done_ follows the newest
+  std::optional<QueuedCollectives> watch_;
 };
 
 }  // namespace

@@ -168,7 +168,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("async_save", 0, kHdf5Checkpoints),
       refused("ckpt_fully_parallel_save", 0, kHdf5Checkpoints),
       refused("ckpt_fully_parallel_load", 0, kHdf5Checkpoints),
-      refused("distributed_timeout_minutes", 1, "megabatch sets no timeout on its collectives; drop it"),
       refused("profile", 0, "megabatch's profile is --profile-steps N (a step's time by op family)"),
       refused("use_pytorch_profiler", 0, "megabatch's profile is --profile-steps N (a step's time by op family)"),
       refused("profile_step_start", 1, "megabatch's profile is --profile-steps N, after 2 warm-up iterations"),

@@ -2,7 +2,8 @@
 // parallel, data parallel (with and without the distributed optimizer) and both together
 // reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a
 // checkpoint written at TP 2 loads at TP 1 and TP 4, a job whose ranks disagree or die ends with a non-zero status that
-// names the rank, and a signal to one rank (or --exit-duration-in-mins) stops every rank after the same iteration.
+// names the rank, a rank that stops past --distributed-timeout-minutes ends the job, and a signal to one rank (or
+// --exit-duration-in-mins) stops every rank after the same iteration.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -350,6 +351,30 @@ TEST_F(Mpi, ARankThatDiesEndsTheJob) {
   EXPECT_EQ(r.output.find("exit=124"), std::string::npos) << "the job hung:\n" << r.output;
   EXPECT_NE(r.output.find("exit="), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("signal 9"), std::string::npos) << "mpirun names the rank that died:\n" << r.output;
+}
+
+// --distributed-timeout-minutes: a rank that stops (SIGSTOP: a hung or frozen process) leaves
+// the other waiting in its next collective; at the deadline (0.25 min) that rank says which
+// group's collective waited how long and ends with status 5, and the job ends instead of
+// hanging (a hang is timeout's status 124), with its metrics intact. The run is made long by
+// its configuration; the test waits for its third iteration line, not for a time.
+TEST_F(Mpi, ACollectiveWaitingPastTheDistributedTimeoutEndsTheJob) {
+  mb::testing::TempDir tmp;
+  const std::string log = (tmp / "log").string();
+  const auto r = mb::testing::run_command(
+      "(" + mb::testing::mpi_env() + "timeout 300 mpirun -np 2 " +
+      train(tmp / "run", "--train-iters 100000 --distributed-timeout-minutes 0.25") + " > " + log +
+      " 2>&1; echo exit=$? >> " + log + ") & " + mb::testing::wait_for_line(log, "iteration  *3/") +
+      "pkill -STOP -f -n 'train.*" + (tmp / "run").string() + "'; wait; cat " + log);
+  EXPECT_EQ(r.output.find("exit=124"), std::string::npos) << "the job hung:\n" << r.output;
+  EXPECT_NE(r.output.find("exit=5"), std::string::npos) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("train \\(rank [01]\\): error: the (world|data-parallel) group's "
+                                                     "[a-z -]+ has waited [0-9.]+ s for its other ranks "
+                                                     "\\(--distributed-timeout-minutes 0.25\\): one of them died")))
+      << r.output;
+  const auto it = series(tmp / "run", "train/iteration");
+  ASSERT_GE(it.size(), 3u) << "the metrics written before the stop are readable";
+  EXPECT_EQ(it[2], 3.0);
 }
 
 // A scheduler's signal reaches the ranks of a job at different moments; here it reaches one
