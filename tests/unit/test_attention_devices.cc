@@ -351,6 +351,26 @@ static void add_grouped(const GroupedCase& c, mb::Tensor& ref, const mb::Tensor&
   ref = mb::from_host(v, ref.shape());
 }
 
+// A case's shapes (grouped, and per head for the reference), dropout, mask (batch row 0's
+// last 9 keys padded), inputs, and the reference's per-head copy of qkv.
+struct GroupedInputs {
+  ops::AttentionShape grouped, heads;
+  ops::DropoutKey dk;
+  Pair mask, qkv, dy;
+  mb::Tensor expanded;
+  GroupedInputs(mb::testing::OpHarness& h, const GroupedCase& c)
+      : grouped{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, c.G},
+        heads{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1},
+        dk{c.p, 63, 2},
+        qkv(h.input({c.B, c.T, c.G, c.H / c.G + 2, c.D})),
+        dy(h.input({c.B, c.T, c.H, c.D})),
+        expanded(per_head_copy(c, qkv.ref)) {
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
+    if (c.mask) mask = h.bytes(mv, {c.B, c.T});
+  }
+};
+
 static const GroupedCase kGroupedCases[] = {{2, 70, 4, 2, 64, true, true, 0.0},    // 2 groups of 2 heads
                                             {1, 130, 3, 1, 64, false, true, 0.1},  // multi-query, dropout
                                             {2, 37, 4, 1, 128, true, false, 0.2},
@@ -364,14 +384,8 @@ TEST_P(OnDevice, ExplicitAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
   for (const GroupedCase& c : kGroupedCases) {
     auto h = harness(21);
     SCOPED_TRACE(c.name());
-    const ops::AttentionShape grouped{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, c.G},
-        heads{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
-    const ops::DropoutKey dk{c.p, 63, 2};
-    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
-    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
-    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
-    const Pair qkv = h.input({c.B, c.T, c.G, c.H / c.G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
-    const mb::Tensor expanded = per_head_copy(c, qkv.ref);
+    const GroupedInputs in(h, c);
+    const auto& [grouped, heads, dk, mask, qkv, dy, expanded] = in;
     Pair out = h.output({c.B, c.T, c.H, c.D}), probs = h.output({c.B, c.H, c.T, c.T});
     ops::attention_forward(out.dev, probs.dev, qkv.dev, mask.dev, grouped, &dk);
     ops::attention_forward(out.ref, probs.ref, expanded, mask.ref, heads, &dk);
@@ -411,14 +425,8 @@ TEST_P(OnDevice, FlashAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
     SCOPED_TRACE(c.name());
     if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) continue;  // (refusals: tested above)
     ++ran;
-    const ops::AttentionShape grouped{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, c.G},
-        heads{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1};
-    const ops::DropoutKey dk{c.p, 65, 3};
-    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
-    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
-    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
-    const Pair qkv = h.input({c.B, c.T, c.G, c.H / c.G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
-    const mb::Tensor expanded = per_head_copy(c, qkv.ref);
+    const GroupedInputs in(h, c);
+    const auto& [grouped, heads, dk, mask, qkv, dy, expanded] = in;
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
     ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, grouped, &dk);
     ops::flash_attention_forward(out.ref, lse.ref, expanded, mask.ref, heads, &dk);

@@ -259,34 +259,24 @@ TEST_P(OnDevice, ElementwiseActivationsResidualsAndCasts) {
 // interleaved, and on grouped-query attention's layout.
 TEST_P(OnDevice, RotaryPositionsTurnQueriesAndKeysAsTheCpuDoes) {
   auto h = harness(4);
-  const ops::RotaryShape s{37, 4, 64, 48, 10000.0};
-  const int64_t rows = 3 * 37, width = 3 * 4 * 64;
-  const Pair x = h.input({rows, width}, 2.0);
-  Pair y = h.output({rows, width});
-  mb::copy(y.dev, x.dev);
-  mb::copy(y.ref, x.ref);
-  ops::rope_forward(y.dev, s);
-  ops::rope_forward(y.ref, s);
-  h.expect_close(y, 4, "rope forward");
-  ops::rope_backward(y.dev, s);
-  ops::rope_backward(y.ref, s);
-  h.expect_close(y, 8, "rope backward of the forward (the input again)");
-  const ops::RotaryShape si{37, 4, 64, 48, 10000.0, true, 0.5};  // interleaved, positions halved
-  ops::rope_forward(y.dev, si);
-  ops::rope_forward(y.ref, si);
-  h.expect_close(y, 12, "interleaved rope forward");
+  // rope on the device and the CPU from the same input: forward, and backward of the forward
+  auto expect_turn = [&](const ops::RotaryShape& s, int64_t width, const std::string& what) {
+    const int64_t rows = 3 * 37;
+    const Pair x = h.input({rows, width}, 2.0);
+    Pair y = h.output({rows, width});
+    mb::copy(y.dev, x.dev);
+    mb::copy(y.ref, x.ref);
+    ops::rope_forward(y.dev, s);
+    ops::rope_forward(y.ref, s);
+    h.expect_close(y, 4, what + " forward");
+    ops::rope_backward(y.dev, s);
+    ops::rope_backward(y.ref, s);
+    h.expect_close(y, 8, what + " backward of the forward (the input again)");
+  };
+  expect_turn(ops::RotaryShape{37, 4, 64, 48, 10000.0}, 3 * 4 * 64, "rope");
+  expect_turn(ops::RotaryShape{37, 4, 64, 48, 10000.0, true, 0.5}, 3 * 4 * 64, "interleaved rope, positions halved");
   // grouped-query attention's layout: 8 heads in 2 groups of [4 queries, a key, a value]
-  const ops::RotaryShape sg{37, 8, 64, 48, 10000.0, false, 1.0, 2};
-  const Pair xg = h.input({rows, (8 + 2 * 2) * 64}, 2.0);
-  Pair yg = h.output({rows, (8 + 2 * 2) * 64});
-  mb::copy(yg.dev, xg.dev);
-  mb::copy(yg.ref, xg.ref);
-  ops::rope_forward(yg.dev, sg);
-  ops::rope_forward(yg.ref, sg);
-  h.expect_close(yg, 4, "grouped rope forward");
-  ops::rope_backward(yg.dev, sg);
-  ops::rope_backward(yg.ref, sg);
-  h.expect_close(yg, 8, "grouped rope backward of the forward");
+  expect_turn(ops::RotaryShape{37, 8, 64, 48, 10000.0, false, 1.0, 2}, (8 + 2 * 2) * 64, "grouped rope");
 }
 
 TEST_P(OnDevice, DropoutKeepsExactlyTheElementsOfTheCpuMask) {
