@@ -22,7 +22,6 @@ inline constexpr int kExitCollectiveTimeout = 5;
 // (e.g. "--distributed-timeout-minutes 10"); `rank` is the world rank the message names.
 // Starts the checking thread the first time a deadline is set.
 void set_collective_timeout(double seconds, const std::string& flag, int rank);
-double collective_timeout();
 
 // While alive: this thread waits in collective `what` of group `group` (a blocking MPI call, a
 // host collective over NCCL). Free when no deadline is set.

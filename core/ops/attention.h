@@ -31,9 +31,11 @@ struct AttentionShape {
   int64_t groups = 0;       // key/value heads (this rank's; 0 = H): divides H
 };
 
-// The key/value heads of a shape (G), and the elements of one token's qkv: (H + 2G) D.
+// The key/value heads of a shape (G), the elements of one token's qkv ((H + 2G) D), and the
+// query heads a key/value head serves (H / G).
 inline int64_t kv_heads(const AttentionShape& s) { return s.groups ? s.groups : s.H; }
 inline int64_t qkv_width(const AttentionShape& s) { return (s.H + 2 * kv_heads(s)) * s.D; }
+inline int64_t heads_per_group(const AttentionShape& s) { return s.H / kv_heads(s); }
 namespace detail {
 // Refuses groups that do not divide the heads, and groups beside a position bias (or its
 // gradient), naming the op.

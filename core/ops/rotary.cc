@@ -13,7 +13,7 @@ void check_rotary(const char* op, const Tensor& qkv, const RotaryShape& s) {
         op, ": T ", s.T, ", heads ", s.heads, ", head dim ", s.head_dim, ", rotary dim ", s.rotary_dim, ", base ",
         s.base, ", position scale ", s.position_scale,
         ": the rotary dim must be even, 2 or more and at most the head dim, the base and the position scale above 0");
-  const int64_t G = s.groups ? s.groups : s.heads;
+  const int64_t G = kv_heads(s);
   check(G >= 1 && s.heads % G == 0, op, ": ", s.groups, " key/value groups do not divide ", s.heads, " heads");
   const size_t row = static_cast<size_t>((s.heads + 2 * G) * s.head_dim);
   check(qkv.numel() % row == 0 && (qkv.numel() / row) % static_cast<size_t>(s.T) == 0, op, ": qkv ", qkv.describe(),

@@ -25,6 +25,7 @@ struct RotaryShape {
   double position_scale = 1.0;  // positions scaled by it (1 / the interpolation factor)
   int64_t groups = 0;           // key/value heads in a row (0 = heads): divides heads
 };
+inline int64_t kv_heads(const RotaryShape& s) { return s.groups ? s.groups : s.heads; }
 
 // qkv turned in place (the forward).
 void rope_forward(const Tensor& qkv, const RotaryShape& s);

@@ -149,7 +149,7 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
 }
 
 Geometry self_geometry(const AttentionShape& s, const uint8_t* key_mask) {
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask, s.H / kv_heads(s)};
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask, heads_per_group(s)};
 }
 Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
   return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads, key_mask, 1};
@@ -160,7 +160,7 @@ Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
 struct SelfPlaces {
   int64_t ld, group, r, D;  // elements a token, a group; heads a group; head size
   explicit SelfPlaces(const AttentionShape& s)
-      : ld(qkv_width(s)), group((s.H / kv_heads(s) + 2) * s.D), r(s.H / kv_heads(s)), D(s.D) {}
+      : ld(qkv_width(s)), group((heads_per_group(s) + 2) * s.D), r(heads_per_group(s)), D(s.D) {}
   int64_t q(int64_t b, int64_t T, int64_t h) const { return b * T * ld + h / r * group + h % r * D; }
   int64_t k(int64_t b, int64_t T, int64_t h) const { return b * T * ld + h / r * group + r * D; }
 };

@@ -76,7 +76,7 @@ std::vector<uint8_t> mask_of(const Tensor& key_mask) {
 // self-attention: G groups of [H/G queries, a key, a value] in qkv (B, T, G, H/G + 2, D), the
 // bias (H, T, T) if any
 Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask, const Tensor& bias) {
-  const int64_t r = s.H / kv_heads(s);
+  const int64_t r = heads_per_group(s);
   const Place q{s.T, qkv_width(s), (r + 2) * s.D, 0, r, s.D};
   Place k = q, v = q;
   k.inner = v.inner = 0;

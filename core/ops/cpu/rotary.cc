@@ -13,7 +13,7 @@ void turn(const Tensor& qkv, const RotaryShape& s, float sign) {
     using T = decltype(zero);
     Out<T> xs(qkv, true);  // read, turned, written back
     T* x = xs;
-    const int64_t D = s.head_dim, half = s.rotary_dim / 2, G = s.groups ? s.groups : s.heads, per = s.heads / G;
+    const int64_t D = s.head_dim, half = s.rotary_dim / 2, G = kv_heads(s), per = s.heads / G;
     const int64_t rows = static_cast<int64_t>(qkv.numel()) / ((s.heads + 2 * G) * D);
     // cos and sin of each (position, pair), once for the B sequences. As Megatron: inv_freq =
     // 1 / base^(2i / d) in fp32, angle = pos * inv_freq in fp32

@@ -198,7 +198,7 @@ void from_heads(const Tensor& dst, const Tensor& src, int64_t B, int64_t Tn, int
 struct SelfSlots {
   Slot q, k, v;
   explicit SelfSlots(const AttentionShape& s) {
-    const int64_t per = s.H / kv_heads(s);
+    const int64_t per = heads_per_group(s);
     q = Slot{per + 2, 0, per, true};
     k = Slot{per + 2, per, per};
     v = Slot{per + 2, per + 1, per};

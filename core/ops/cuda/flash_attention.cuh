@@ -344,7 +344,7 @@ inline Args self_args(const AttentionShape& s, const DropoutKey* dropout, const 
   Args a = common_args(s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, dropout, key_mask, lse);
   a.bias = bias.defined() ? bias.raw() : nullptr;
   a.dbias = ptr<float>(dbias);
-  const int64_t per = s.H / kv_heads(s);
+  const int64_t per = heads_per_group(s);
   a.per = static_cast<int>(per);
   a.q = qkv.raw();
   a.k = element(qkv, per * s.D);

@@ -29,7 +29,7 @@ __global__ void rope_kernel(T* x, int64_t pairs, RotaryShape s, int64_t G, float
 void turn(const char* name, const Tensor& qkv, const RotaryShape& s, float sign) {
   with_type<accepts::rope_forward_qkv.cuda.bits>(qkv.dtype(), name, [&](auto zero) {
     using T = decltype(zero);
-    const int64_t G = s.groups ? s.groups : s.heads;
+    const int64_t G = kv_heads(s);
     const int64_t rows = static_cast<int64_t>(qkv.numel()) / ((s.heads + 2 * G) * s.head_dim);
     const int64_t pairs = rows * (s.heads + G) * (s.rotary_dim / 2);
     if (pairs > 0)
