@@ -64,7 +64,7 @@ using mb::apps::RunData;
 using mb::apps::Sources;
 
 // What "validation loss" and "test loss" will be means over.
-void say_evaluation_samples(const mb::train::Trainer& trainer, const Sources& s) {
+void say_evaluation_samples(const mb::train::Trainer& trainer, const Sources& s, bool training) {
   if (!s.valid && !s.test) return;
   auto describe = [&](const char* name, const mb::train::BatchSource& src) {
     const int64_t n = trainer.eval_sample_count(src);
@@ -76,7 +76,7 @@ void say_evaluation_samples(const mb::train::Trainer& trainer, const Sources& s)
   };
   std::cout << "> evaluation samples: "
             << (s.valid ? describe("validation", *s.valid) + (s.test ? ", " : "") : std::string())
-            << (s.test ? describe("test", *s.test) + " after training" : std::string()) << std::endl;
+            << (s.test ? describe("test", *s.test) + (training ? " after training" : "") : std::string()) << std::endl;
 }
 
 // The exit status of a run that stopped for `reason`, and its last words.
@@ -242,6 +242,16 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& opt = run.opt;
   auto& parallel = run.parallel;
   auto& params = run.model->parameters();
+  // Megatron's --skip-train: the run's end-of-training evaluation at its start point, nothing saved
+  const bool skip_train = v["skip_train"].get<bool>();
+  if (skip_train && !opt.save_dir.empty()) {
+    std::cout << "> note: --skip-train saves no checkpoint; --save " << opt.save_dir << " is left as it is"
+              << std::endl;
+    opt.save_dir.clear();
+  }
+  if (skip_train && v.contains("tensorboard_dir"))
+    std::cout << "> note: --skip-train writes no TensorBoard events, as Megatron's; the evaluation is in "
+              << (std::filesystem::path(v["run_dir"].get<std::string>()) / "metrics.h5").string() << std::endl;
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
   const auto resume = start_point(v, run, true);
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
@@ -252,15 +262,17 @@ int train(const mb::config::Resolved& r, Run& run) {
   if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved);
   mb::train::RunMetrics metrics;
   if (run.logger)
-    metrics = mb::train::open_metrics(dir->metrics_path(), resolved,
-                                      resume.resuming() ? std::optional(resume.state.iteration) : std::nullopt,
-                                      v.contains("tensorboard_dir") ? v["tensorboard_dir"].get<std::string>() : "",
-                                      v["tensorboard_log_interval"].get<int64_t>());
-  mb::train::print_plan({run.model->summary(),
-                         run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " + hparams.dump(),
-                         mb::apps::describe_data(run.data, run.sources), run.mc.tensor_model_parallel_size,
-                         parallel.dp->size(), parallel.world_size, omp_get_max_threads(), run_dir / "metrics.h5"},
-                        opt, std::cout);
+    metrics = mb::train::open_metrics(
+        dir->metrics_path(), resolved,
+        resume.resuming() && !skip_train ? std::optional(resume.state.iteration) : std::nullopt,
+        v.contains("tensorboard_dir") && !skip_train ? v["tensorboard_dir"].get<std::string>() : "",
+        v["tensorboard_log_interval"].get<int64_t>());
+  mb::train::print_plan(
+      {run.model->summary(),
+       run.plugin.name() + " " + version + " (" + run.plugin.path.string() + ") " + hparams.dump(),
+       mb::apps::describe_data(run.data, run.sources), run.mc.tensor_model_parallel_size, parallel.dp->size(),
+       parallel.world_size, omp_get_max_threads(), run_dir / "metrics.h5", skip_train},
+      opt, std::cout);
   opt.overlap_grad_reduce = v["overlap_grad_reduce"].get<bool>();
   opt.ddp_bucket_size = v.contains("ddp_bucket_size") ? v["ddp_bucket_size"].get<int64_t>() : 0;
   std::unique_ptr<mb::optim::DpShards> shards;
@@ -281,10 +293,18 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::train::Trainer trainer(opt, *run.model, optimizer, *parallel.tp, *run.sources.train, run.sources.valid.get(),
                              metrics.metrics.get(), std::cout);
   trainer.set_test_data(run.sources.test.get());
-  say_evaluation_samples(trainer, run.sources);
+  say_evaluation_samples(trainer, run.sources, !skip_train);
   trainer.set_data_parallel(*parallel.dp);
   trainer.set_world(*parallel.world);
   if (resume.resuming()) trainer.restore(resume.state);
+  if (skip_train) {
+    std::cout << "skipping training (--skip-train is on) ..." << std::endl;
+    trainer.final_evaluation();
+    std::cout << "> done: evaluated at iteration " << trainer.iteration() << " (--skip-train), "
+              << (resume.from ? "the weights of " + resume.from->string() : std::string("the weights as initialized"))
+              << std::endl;
+    return 0;
+  }
   return outcome(trainer.run(), trainer, dir ? &*dir : nullptr, opt, run_dir);
 }
 

@@ -315,7 +315,10 @@ Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, c
       : docs_said.empty() ? std::string("no --valid-data-path was given")
                           : "the validation data of --valid-data-path holds " + docs_said;
   // asked for by name: an error; the default --eval-iters: training goes on, with a warning
-  const char* asked = r.given("eval_samples") ? "eval_samples" : r.given("eval_iters") ? "eval_iters" : nullptr;
+  const char* asked = r.values["skip_train"].get<bool>() ? "skip_train"
+                      : r.given("eval_samples")          ? "eval_samples"
+                      : r.given("eval_iters")            ? "eval_iters"
+                                                         : nullptr;
   if (asked)
     fail("--", config::flag_name(asked), " asks for validation, but ", why, "; ",
          !d.per_split        ? "give the validation split a share (e.g. --split 969,30,1)"

@@ -183,7 +183,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("wandb_project", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),
       refused("wandb_exp_name", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),
       refused("wandb_save_dir", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),
-      refused("skip_train", 0, "megabatch has no evaluation-only run; drop it"),
   };
   return flags;
 }

@@ -141,6 +141,11 @@ const config::Schema& train_schema() {
            "validate the configuration, the optimizer plugin and its hyperparameters, the data files and the memory "
            "estimate, then exit (sweep run --dry-run checks every point this way)",
            "run"},
+          {"skip_train", Type::kBool, false,
+           "evaluate without training (Megatron's --skip-train): the validation and test splits, as at the end of "
+           "training, at the iteration of the checkpoint --load gives (or the weights of --pretrained-checkpoint); "
+           "the results go to the console and to run_dir's metrics.h5 (validation/, test/); nothing is saved",
+           "run"},
           {"run_dir", Type::kString, "runs/train", "where config.json and metrics.h5 are written", "run"},
           {"threads", Type::kInt, 0, "CPU threads (0: all cores, shared out among the ranks on a node)", "run"},
           {"device", Type::kString, nullptr,
@@ -687,6 +692,9 @@ void logging_options(const config::Resolved& r, TrainOptions& opt) {
           " both size a validation run, and --eval-samples takes its samples instead of --eval-iters' global batches, "
           "so --eval-iters would be ignored; give one of them");
   }
+  check(!v["skip_train"].get<bool>() || opt.eval_iters > 0 || opt.eval_samples > 0,
+        "--skip-train evaluates the validation and test splits, but --eval-iters is 0, so it would evaluate nothing; "
+        "give --eval-iters N (global batches) or --eval-samples N, or drop --skip-train");
   opt.diagnostics_interval =
       v.contains("diagnostics_interval") ? v["diagnostics_interval"].get<int64_t>() : opt.log_interval;
   check(opt.diagnostics_interval >= 0, "--diagnostics-interval must be >= 0 (0: off), got ",

@@ -18,7 +18,8 @@ class RunDirectory {
  public:
   // Takes the locks (an error naming the running holder), forgets an earlier attempt's
   // DIVERGED, writes config.json and removes unfinished checkpoints from `save_dir` (empty:
-  // none).
+  // none). An evaluation (`resolved` says skip_train) is refused the directory of a run that
+  // trained, whose config.json and metrics.h5 it would replace.
   RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir, const nlohmann::json& resolved);
   const std::filesystem::path& path() const { return dir_; }
   std::filesystem::path metrics_path() const { return dir_ / "metrics.h5"; }

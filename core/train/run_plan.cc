@@ -23,8 +23,14 @@ void print_plan(const RunPlan& plan, const TrainOptions& opt, std::ostream& cons
                                                  : std::string();
   console << "> " << plan.model << "\n"
           << "> optimizer: " << plan.optimizer << "\n"
-          << "> data: " << plan.data << "\n"
-          << "> " << opt.train_iters << " iterations x global batch "
+          << "> data: " << plan.data << "\n";
+  if (plan.evaluation_only) {
+    console << "> evaluation only (--skip-train): micro batch " << opt.micro_batch_size << layout << "; "
+            << plan.threads << " threads\n"
+            << "> writing " << plan.metrics.string() << " (validation/, test/)" << std::endl;
+    return;
+  }
+  console << "> " << opt.train_iters << " iterations x global batch "
           << (opt.rampup.on() ? rampup_text(opt.rampup, gbs) + " (--rampup-batch-size), then " : "") << gbs
           << " (micro batch " << opt.micro_batch_size << ", " << gbs / (opt.micro_batch_size * plan.dp_size)
           << " accumulation steps" << layout << "), lr " << s.max_lr << " " << optim::decay_style_name(s.style)

@@ -279,6 +279,12 @@ void Trainer::validate(BatchSource& data, const std::string& set) {
   if (metrics_) metrics_->flush();
 }
 
+void Trainer::final_evaluation() {
+  if (!evaluating()) return;
+  if (valid_) validate(*valid_, "validation");
+  if (test_) validate(*test_, "test");
+}
+
 void Trainer::restore(const io::CheckpointState& state) {
   iteration_ = state.iteration;
   consumed_ = state.consumed_samples;
@@ -356,8 +362,7 @@ StopReason Trainer::loop() {
 
 void Trainer::finish(StopReason reason) {
   const bool saving = !opt_.save_dir.empty();
-  if (reason == StopReason::kFinished && valid_ && evaluating()) validate(*valid_, "validation");
-  if (reason == StopReason::kFinished && test_ && evaluating()) validate(*test_, "test");
+  if (reason == StopReason::kFinished) final_evaluation();
   if (saving && last_saved_ != iteration_) save_checkpoint();
   // a resumable stop's last words
   const std::string resume = saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved";

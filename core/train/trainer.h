@@ -71,6 +71,10 @@ class Trainer {
   // samples evaluates each of them once (the last micro-batch smaller), not the split repeated.
   std::vector<std::pair<std::string, double>> evaluate(BatchSource& data);
   int64_t eval_sample_count(const BatchSource& data) const;  // samples one evaluation of `data` covers
+  // Megatron's evaluation after training, where evaluation is on: "validation loss at iteration N
+  // on validation set |", then "... on test set |", each into metrics (validation/, test/). run()
+  // calls it when the run finishes; --skip-train calls it alone, after restore().
+  void final_evaluation();
   // One iteration (run() calls it; tests may too). The host learns its values at drain().
   void train_step();
   // Reads the device rows of the iterations since the last drain: metrics rows, losses(),

@@ -518,6 +518,82 @@ TEST_F(Train, LogLinesAsMegatronPrintsThem) {
   EXPECT_EQ(t.output, "[4.0] 2\n") << t.output;
 }
 
+// Megatron's --skip-train: the training run's own command with --skip-train and --load prints
+// the evaluation the run printed at that checkpoint's iteration, to the last digit, and writes
+// it to its own run directory's metrics.h5; it trains nothing, saves nothing, and refuses the
+// training run's directory (whose config.json and metrics.h5 it would replace).
+TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
+  const fs::path run = tmp_ / "run", ckpt = tmp_ / "ckpt";
+  const std::string base = kSmall +
+                           "--micro-batch-size 4 --global-batch-size 8 --train-iters 4 --lr 1e-3 "
+                           "--hidden-dropout 0.1 --eval-interval 2 --eval-iters 2 --save-interval 2 --save " +
+                           ckpt.string();
+  const auto trained = mb::testing::run_command(train(base + " --run-dir " + run.string()));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  // the evaluation line after `prefix` (the losses and perplexities), or "none"
+  auto after = [](const std::string& output, const std::string& prefix) {
+    const auto at = output.find(prefix);
+    return at == std::string::npos ? std::string("none")
+                                   : output.substr(at + prefix.size(), output.find('\n', at) - at - prefix.size());
+  };
+  const std::string at2 = after(trained.output, " validation loss at iteration 2 |");
+  const std::string valid4 = after(trained.output, " validation loss at iteration 4 on validation set |");
+  const std::string test4 = after(trained.output, " validation loss at iteration 4 on test set |");
+  ASSERT_NE(valid4, "none") << trained.output;
+  ASSERT_NE(test4, "none") << trained.output;
+  const auto saved = mb::testing::run_command("ls -l --time-style=full-iso " + ckpt.string());
+
+  const fs::path eval = tmp_ / "eval";
+  auto r = mb::testing::run_command(train(base + " --skip-train --load " + ckpt.string() + " --run-dir " +
+                                          eval.string() + " --tensorboard-dir " + (tmp_ / "tb").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\nskipping training (--skip-train is on) ...\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> note: --skip-train saves no checkpoint; --save " + ckpt.string() + " is left as it is"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(after(r.output, " validation loss at iteration 4 on validation set |"), valid4) << r.output;
+  EXPECT_EQ(after(r.output, " validation loss at iteration 4 on test set |"), test4) << r.output;
+  EXPECT_EQ(r.output.find("elapsed time per iteration"), std::string::npos) << "nothing trained:\n" << r.output;
+  EXPECT_EQ(mb::testing::run_command("ls -l --time-style=full-iso " + ckpt.string()).output, saved.output)
+      << "nothing saved";
+  EXPECT_FALSE(fs::exists(tmp_ / "tb")) << "no TensorBoard events, as Megatron's --skip-train";
+  const auto h5 =
+      mb::testing::run_command("/usr/bin/python3 -c \"import h5py; f = h5py.File('" + (eval / "metrics.h5").string() +
+                               "', 'r')\n"
+                               "print(sorted(f.keys()), list(f['validation/iteration']), list(f['test/iteration']), "
+                               "'%.6E' % f['validation/lm_loss'][0])\"");
+  EXPECT_EQ(h5.output, "['test', 'validation'] [4.0] [4.0] " + valid4.substr(16, 12) + "\n") << h5.output << valid4;
+  EXPECT_TRUE(nlohmann::json::parse(mb::read_file(eval / "config.json"))["skip_train"].get<bool>());
+
+  // an earlier checkpoint: the evaluation the run made at its iteration, during training
+  r = mb::testing::run_command(
+      train(base + " --skip-train --load " + (ckpt / "iter_0000002.h5").string() + " --run-dir " + eval.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(after(r.output, " validation loss at iteration 2 on validation set |"), at2) << r.output;
+
+  // the training run's directory: refused, its metrics intact
+  r = mb::testing::run_command(train(base + " --skip-train --load " + ckpt.string() + " --run-dir " + run.string()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(run.string() +
+                          " holds the metrics.h5 and config.json of a run that trained, which this "
+                          "evaluation (--skip-train) would replace; give the evaluation a --run-dir of its own"),
+            std::string::npos)
+      << r.output;
+  mb::testing::H5File f((run / "metrics.h5").string(), mb::testing::H5File::kRead);
+  EXPECT_EQ(f.read<double>("train/lm_loss").size(), 4u);
+  EXPECT_FALSE(nlohmann::json::parse(mb::read_file(run / "config.json"))["skip_train"].get<bool>());
+
+  // nothing to evaluate: said before anything runs
+  r = mb::testing::run_command(train(base + " --skip-train --eval-iters 0 --run-dir " + eval.string()));
+  EXPECT_NE(r.output.find("--skip-train evaluates the validation and test splits, but --eval-iters is 0"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(base + " --skip-train --split 100,0,0 --check"));
+  EXPECT_NE(r.output.find("--skip-train asks for validation, but the validation split of --split '100,0,0' holds"),
+            std::string::npos)
+      << r.output;
+}
+
 // The sgemm kernel sets a CPU run's speed and the last bits of its results, so the device
 // line names the one this run got: the one OpenBLAS reports to this test process, loaded
 // with the same environment, and where OPENBLAS_CORETYPE is set, the kernel it names. The
