@@ -259,7 +259,8 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::train::check_ranks_agree(parallel, resolved);
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   std::optional<mb::train::RunDirectory> dir;  // one run per directory, held until the end
-  if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved);
+  if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved, skip_train || !resume.resuming());
+  if (dir && !dir->earlier().empty()) std::cout << "> note: " << dir->earlier() << std::endl;
   mb::train::RunMetrics metrics;
   if (run.logger)
     metrics = mb::train::open_metrics(

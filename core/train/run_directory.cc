@@ -1,8 +1,13 @@
 #include "core/train/run_directory.h"
 
+#include <map>
+#include <vector>
+
 #include "core/io/checkpoint.h"
+#include "core/io/metrics.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
+#include "core/util/numbers.h"
 
 namespace megabatch::train {
 
@@ -21,10 +26,45 @@ void refuse_a_training_runs(const std::filesystem::path& dir) {
         "(--skip-train) would replace; give the evaluation a --run-dir of its own (e.g. ",
         dir.string(), "-eval)");
 }
+
+// What `dir`'s metrics.h5 holds rows of ("iterations 1 to 40", "an evaluation at iteration 4"),
+// "" when it holds none (a run that ended before its first row) or is missing.
+std::string rows_held(const std::filesystem::path& dir) {
+  const std::filesystem::path file = dir / "metrics.h5";
+  if (!std::filesystem::exists(file)) return "";
+  std::map<std::string, std::vector<double>> series;
+  try {
+    series = io::read_metric_series(file);
+  } catch (const std::exception&) {
+    return "a metrics.h5 this build cannot read";
+  }
+  auto span = [](const std::vector<double>& its) {
+    return its.size() == 1 ? "iteration " + shortest(its.front())
+                           : "iterations " + shortest(its.front()) + " to " + shortest(its.back());
+  };
+  if (auto t = series.find("train/iteration"); t != series.end() && !t->second.empty()) return span(t->second);
+  for (const char* group : {"validation/iteration", "test/iteration"})
+    if (auto e = series.find(group); e != series.end() && !e->second.empty())
+      return "an evaluation at " + span(e->second);
+  return "";
+}
+
+// Moves `dir`'s config.json, metrics.h5 and DIVERGED into dir/earlier/N (the first N free);
+// returns that directory. config.json goes first: interrupted, the next start moves the rest.
+std::filesystem::path keep_earlier_run(const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  fs::path kept;
+  for (int n = 1; fs::exists(kept = dir / "earlier" / std::to_string(n)); ++n) {
+  }
+  fs::create_directories(kept);
+  for (const char* name : {"config.json", "metrics.h5", "DIVERGED"})
+    if (fs::exists(dir / name)) fs::rename(dir / name, kept / name);
+  return kept;
+}
 }  // namespace
 
 RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir,
-                           const nlohmann::json& resolved)
+                           const nlohmann::json& resolved, bool fresh)
     : dir_(std::move(run_dir)) {
   run_lock_.emplace(dir_, "train",
                     "two runs writing one directory would mix their logs and metrics; wait for it to end, or give "
@@ -35,6 +75,11 @@ RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem:
                        "two runs saving into one directory would overwrite each other's checkpoints and resume "
                        "from the other's; wait for it to end, or give this run another --save");
   if (resolved.value("skip_train", false)) refuse_a_training_runs(dir_);
+  if (const std::string rows = fresh ? rows_held(dir_) : ""; !rows.empty()) {
+    const std::filesystem::path kept = keep_earlier_run(dir_);
+    earlier_ = dir_.string() + " held the metrics of an earlier run (" + rows + "), which this run, starting afresh, " +
+               "would replace; they are kept in " + kept.string();
+  }
   std::filesystem::remove(dir_ / "DIVERGED");  // this attempt decides afresh
   write_file_atomic(dir_ / "config.json", resolved.dump(2) + "\n");
   if (!save_dir.empty()) io::remove_unfinished_checkpoints(save_dir);

@@ -19,9 +19,13 @@ class RunDirectory {
   // Takes the locks (an error naming the running holder), forgets an earlier attempt's
   // DIVERGED, writes config.json and removes unfinished checkpoints from `save_dir` (empty:
   // none). An evaluation (`resolved` says skip_train) is refused the directory of a run that
-  // trained, whose config.json and metrics.h5 it would replace.
-  RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir, const nlohmann::json& resolved);
+  // trained, whose config.json and metrics.h5 it would replace. `fresh`: this run writes a new
+  // metrics.h5 (it does not resume); an earlier run's rows there are not lost: its config.json,
+  // metrics.h5 and DIVERGED move to run_dir/earlier/N first, and earlier() says so.
+  RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir, const nlohmann::json& resolved,
+               bool fresh);
   const std::filesystem::path& path() const { return dir_; }
+  const std::string& earlier() const { return earlier_; }  // where an earlier run's metrics went, or ""
   std::filesystem::path metrics_path() const { return dir_ / "metrics.h5"; }
   // RUN_DIR/DIVERGED: when, why, and the thresholds that decided it (read by `sweep`).
   void write_diverged(int64_t iteration, const std::string& reason, double divergence_loss,
@@ -29,6 +33,7 @@ class RunDirectory {
 
  private:
   std::filesystem::path dir_;
+  std::string earlier_;
   std::optional<DirLock> run_lock_, save_lock_;
 };
 

@@ -570,6 +570,13 @@ TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
       train(base + " --skip-train --load " + (ckpt / "iter_0000002.h5").string() + " --run-dir " + eval.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(after(r.output, " validation loss at iteration 2 on validation set |"), at2) << r.output;
+  EXPECT_NE(r.output.find("> note: " + eval.string() +
+                          " held the metrics of an earlier run (an evaluation at "
+                          "iteration 4), which this run, starting afresh, would replace; they are kept in " +
+                          (eval / "earlier" / "1").string()),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(eval / "earlier" / "1" / "metrics.h5"));
 
   // the training run's directory: refused, its metrics intact
   r = mb::testing::run_command(train(base + " --skip-train --load " + ckpt.string() + " --run-dir " + run.string()));
@@ -592,6 +599,55 @@ TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
   EXPECT_NE(r.output.find("--skip-train asks for validation, but the validation split of --split '100,0,0' holds"),
             std::string::npos)
       << r.output;
+}
+
+// A run that starts afresh in a --run-dir that holds an earlier run's metrics (train's default
+// runs/train, a command run again with another flag) keeps that run's config.json and metrics.h5
+// in RUN_DIR/earlier/N, and says so; a resumed run continues its own metrics.h5 in place.
+TEST_F(Train, AFreshStartKeepsTheEarlierRunsMetricsInItsDirectory) {
+  const fs::path run = tmp_ / "run", ckpt = tmp_ / "ckpt";
+  const std::string base =
+      kSmall + "--micro-batch-size 4 --global-batch-size 4 --lr-decay-style constant --eval-iters 0 --run-dir " +
+      run.string();
+  auto losses = [](const fs::path& metrics) {
+    mb::testing::H5File f(metrics.string(), mb::testing::H5File::kRead);
+    return f.read<double>("train/lm_loss");
+  };
+  auto r = mb::testing::run_command(train(base + " --train-iters 3 --lr 1e-3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("earlier run"), std::string::npos) << r.output;
+  const std::vector<double> first = losses(run / "metrics.h5");
+  ASSERT_EQ(first.size(), 3u);
+
+  r = mb::testing::run_command(train(base + " --train-iters 2 --lr 2e-3 --save " + ckpt.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> note: " + run.string() + " held the metrics of an earlier run (iterations 1 to 3), " +
+                          "which this run, starting afresh, would replace; they are kept in " +
+                          (run / "earlier" / "1").string() + "\n"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(losses(run / "earlier" / "1" / "metrics.h5"), first);
+  EXPECT_EQ(nlohmann::json::parse(mb::read_file(run / "earlier" / "1" / "config.json"))["lr"].get<double>(), 1e-3);
+  EXPECT_EQ(nlohmann::json::parse(mb::read_file(run / "config.json"))["lr"].get<double>(), 2e-3);
+  const std::vector<double> second = losses(run / "metrics.h5");
+  ASSERT_EQ(second.size(), 2u);
+
+  // resumed from its checkpoint: the same metrics.h5 continued, nothing moved
+  r = mb::testing::run_command(
+      train(base + " --train-iters 4 --lr 2e-3 --save " + ckpt.string() + " --load " + ckpt.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("earlier run"), std::string::npos) << r.output;
+  const std::vector<double> resumed = losses(run / "metrics.h5");
+  ASSERT_EQ(resumed.size(), 4u);
+  EXPECT_EQ(std::vector<double>(resumed.begin(), resumed.begin() + 2), second);
+  EXPECT_FALSE(fs::exists(run / "earlier" / "2"));
+
+  // the next fresh start: the next free number
+  r = mb::testing::run_command(train(base + " --train-iters 1 --lr 1e-3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("held the metrics of an earlier run (iterations 1 to 4)"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(run / "earlier" / "2" / "metrics.h5"), resumed);
+  EXPECT_EQ(losses(run / "earlier" / "1" / "metrics.h5"), first);
 }
 
 // The sgemm kernel sets a CPU run's speed and the last bits of its results, so the device
