@@ -98,8 +98,34 @@ void check_pretrained_plugin(const std::filesystem::path& file, const std::strin
         ", or drop --pretrained-optimizer-state to take the weights only");
 }
 
+// A model setting that changes what the weights compute while their names and shapes stay the
+// same, so io::check_checkpoint_matches cannot tell a checkpoint of the other setting.
+struct WeightMeaning {
+  const char* key;        // in the checkpoint's recorded model (models::model_json)
+  nlohmann::json absent;  // its value in a checkpoint from before the setting
+  bool rotary;            // compared only when both models turn their queries and keys
+  const char* what;       // what the weights would be read as
+};
+const WeightMeaning kWeightMeanings[] = {
+    {"squared_relu", false, false, "the MLP's activation: squared ReLU, else GELU"},
+    {"post_layernorm", false, false, "the blocks' order: BERT's post-LN, else pre-LN"},
+    {"rotary_interleaved", false, true, "which channels of a head turn together: pairs, else halves"},
+    {"rotary_percent", 1.0, true, "how many of each head's channels turn"},
+};
+
+// A recorded setting as its flag: (true) "--squared-relu", (false) "no --squared-relu" (the
+// words before a bool's flag: `yes`, `no`), (0.5) "--rotary-percent 0.5".
+std::string as_flag(const char* key, const nlohmann::json& value, const char* yes, const char* no) {
+  std::string flag = "--" + std::string(key);
+  for (char& c : flag)
+    if (c == '_') c = '-';
+  if (value.is_boolean()) return (value.get<bool>() ? yes : no) + flag;
+  return yes + flag + " " + (value.is_number() ? shortest(value.get<double>()) : value.dump());
+}
+
 // What the checkpoint's header (its state and recorded model) says against the run: the
-// vocabulary, the norms' weight form and, for --pretrained-optimizer-state, the plugin.
+// vocabulary, the settings that change what its weights mean and, for
+// --pretrained-optimizer-state, the plugin.
 void check_checkpoint_header(const ResumePoint& point, int64_t vocab_size, const nlohmann::json& tokenizer,
                              const std::string& plugin, const nlohmann::json& model) {
   check_checkpoint_vocabulary(*point.from, point.state.model, vocab_size, tokenizer);
@@ -111,6 +137,15 @@ void check_checkpoint_header(const ResumePoint& point, int64_t vocab_size, const
         ours ? "as w, applied as 1 + w (--apply-layernorm-1p)" : "as the scale itself",
         ", so every norm would scale by 1 more or less; load it ", theirs ? "with" : "without",
         " --apply-layernorm-1p");
+  const bool both_rotary = point.state.model.value("rope", false) && model.value("rope", false);
+  for (const WeightMeaning& m : kWeightMeanings) {
+    if (m.rotary && !both_rotary) continue;
+    const nlohmann::json theirs_m = point.state.model.value(m.key, m.absent), ours_m = model.value(m.key, m.absent);
+    check(theirs_m == ours_m, point.from->string(), ": it was trained ", as_flag(m.key, theirs_m, "with ", "without "),
+          " and this run has ", as_flag(m.key, ours_m, "", "no "), " (", m.what,
+          "), which the weights' names and shapes do not tell, so they would load into another model; load it ",
+          as_flag(m.key, theirs_m, "with ", "without "));
+  }
   if (point.pretrained_optimizer) check_pretrained_plugin(*point.from, point.state.optimizer, plugin);
 }
 }  // namespace

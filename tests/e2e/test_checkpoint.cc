@@ -164,7 +164,30 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
                                 "or less; load it without --apply-layernorm-1p"),
               std::string::npos)
         << r.output;
+    // and another activation: GELU's weights read through a squared ReLU
+    r = mb::testing::run_command(train(tmp / "r7", "--optimizer lamb --squared-relu --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: it was trained without --squared-relu and this run has "
+                                "--squared-relu (the MLP's activation: squared ReLU, else GELU), which the weights' "
+                                "names and shapes do not tell, so they would load into another model; load it "
+                                "without --squared-relu"),
+              std::string::npos)
+        << r.output;
   }
+  // rotary settings: which channels turn is the weights' meaning; the base may change (a longer
+  // context's fine-tuning)
+  const std::string rope = "--optimizer lamb --position-embedding-type rope --rotary-percent 0.5 ";
+  r = mb::testing::run_command(train(tmp / "rope", rope + "--save " + c + "-rope --train-iters 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "r8", rope + "--rotary-base 500000 --load " + c + "-rope --check"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(
+      train(tmp / "r8", "--optimizer lamb --position-embedding-type rope --load " + c + "-rope --check"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("it was trained with --rotary-percent 0.5 and this run has --rotary-percent 1 (how many of "
+                          "each head's channels turn)"),
+            std::string::npos)
+      << r.output;
 
   r = mb::testing::run_command(train(tmp / "r4", "--optimizer adamw --no-load-optim --load " + c));
   EXPECT_EQ(r.exit_code, 0) << r.output;
