@@ -53,8 +53,8 @@ Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
 std::string Bert::summary() const {
   std::ostringstream os;
   os << "BERT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers"
-     << (cfg_.post_layernorm ? " (post-LN)" : "") << ", hidden " << cfg_.hidden_size << ", " << cfg_.heads_text()
-     << ", ffn " << cfg_.ffn()
+     << (cfg_.post_layernorm ? " (post-LN)" : "") << cfg_.residual_text() << ", hidden " << cfg_.hidden_size << ", "
+     << cfg_.heads_text() << ", ffn " << cfg_.ffn()
      << (cfg_.swiglu         ? " (SwiGLU)"
          : cfg_.squared_relu ? " (squared ReLU)"
                              : "")

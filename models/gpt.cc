@@ -38,8 +38,8 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
 
 std::string Gpt::summary() const {
   std::ostringstream os;
-  os << "GPT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers, hidden "
-     << cfg_.hidden_size << ", " << cfg_.heads_text() << ", ffn " << cfg_.ffn()
+  os << "GPT " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " layers"
+     << cfg_.residual_text() << ", hidden " << cfg_.hidden_size << ", " << cfg_.heads_text() << ", ffn " << cfg_.ffn()
      << (cfg_.swiglu         ? " (SwiGLU)"
          : cfg_.squared_relu ? " (squared ReLU)"
                              : "")

@@ -178,6 +178,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.squared_relu = v["squared_relu"].get<bool>();
   c.qk_layernorm = v["qk_layernorm"].get<bool>();
   c.apply_layernorm_1p = v["apply_layernorm_1p"].get<bool>();
+  c.residual_post_norm = v["apply_residual_connection_post_layernorm"].get<bool>();
   c.group_query_attention = v["group_query_attention"].get<bool>();
   c.num_query_groups = v["num_query_groups"].get<int64_t>();
   if (v.contains("kv_channels"))
@@ -238,7 +239,8 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"squared_relu", c.squared_relu},
           {"num_query_groups", c.query_groups()},
           {"qk_layernorm", c.qk_layernorm},
-          {"apply_layernorm_1p", c.apply_layernorm_1p}};
+          {"apply_layernorm_1p", c.apply_layernorm_1p},
+          {"apply_residual_connection_post_layernorm", c.residual_post_norm}};
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

@@ -50,6 +50,9 @@ void ModelConfig::validate() const {
   check(normalization == "LayerNorm" || normalization == "RMSNorm", "normalization: '", normalization,
         "' is not LayerNorm or RMSNorm");
   check(normalization == "LayerNorm" || !post_layernorm, "normalization RMSNorm is for pre-LN models (drop --post-layernorm)");
+  check(!residual_post_norm || !post_layernorm,
+        "--apply-residual-connection-post-layernorm takes a pre-LN block's residual after its norm, and "
+        "--post-layernorm's blocks norm after the residual add; give one of them");
   check(!add_qkv_bias || disable_bias_linear,
         "--add-qkv-bias keeps the QKV biases of --disable-bias-linear, which "
         "is not given (the linear layers have biases); add --disable-bias-linear, or drop --add-qkv-bias");

@@ -24,6 +24,10 @@ struct ModelConfig {
   bool swiglu = false;               // Megatron's --swiglu: the MLP's fc1 gives (gate, up) pairs, silu(gate) up
   bool squared_relu = false;         // Megatron's --squared-relu: the MLP's activation is max(x, 0)^2
   bool apply_layernorm_1p = false;   // every norm's weight stored as w and applied as 1 + w (Megatron's)
+  // Megatron's --apply-residual-connection-post-layernorm: each pre-LN sub-layer adds its output to
+  // its norm's output, not to its input
+  bool residual_post_norm = false;
+  const char* residual_text() const { return residual_post_norm ? " (residual after the norm)" : ""; }
   bool qk_layernorm = false;         // GPT and BERT: a norm over each head's query and key (Megatron's --qk-layernorm)
   // GPT and BERT: grouped-query attention (Megatron's --group-query-attention): the heads share
   // num_query_groups key/value heads

@@ -52,8 +52,9 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
 std::string T5::summary() const {
   std::ostringstream os;
   os << "T5 " << (cfg_.preset.empty() ? "custom" : cfg_.preset) << ": " << cfg_.num_layers << " + "
-     << cfg_.decoder_layers() << " layers" << (cfg_.relative_attention ? " (relative positions)" : "") << ", hidden "
-     << cfg_.hidden_size << ", " << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn()
+     << cfg_.decoder_layers() << " layers" << cfg_.residual_text()
+     << (cfg_.relative_attention ? " (relative positions)" : "") << ", hidden " << cfg_.hidden_size << ", "
+     << cfg_.num_attention_heads << " heads, ffn " << cfg_.ffn()
      << (cfg_.swiglu         ? " (SwiGLU)"
          : cfg_.squared_relu ? " (squared ReLU)"
                              : "")

@@ -28,6 +28,7 @@ StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_
   sc.eps = c.layernorm_epsilon;
   sc.norm = nn::parse_norm_kind(c.normalization, "normalization");
   sc.norm_1p = c.apply_layernorm_1p;
+  sc.residual_post_norm = c.residual_post_norm;
   sc.causal = causal;
   sc.attention_backend = c.attention_backend;
   sc.bias_linear = !c.disable_bias_linear;
@@ -261,14 +262,17 @@ void TransformerStack::block_forward(size_t l, const Tensor& next) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const Tensor& attn_branch = self_attention_forward(l);
-  // each residual add runs fused with the norm that reads its sum
+  // each residual add runs fused with the norm that reads its sum; a sub-layer adds its
+  // output to its input, or (residual_post_norm) to its norm's output
   if (!cfg_.post_layernorm) {
+    const Tensor& residual = cfg_.residual_post_norm ? s.ln1 : s.x_in;
     if (cfg_.cross_attention) {
-      b.lnx->forward_residual(s.x_mid, s.lnx, s.lnx_mean, s.lnx_rstd, s.x_in, attn_branch);
+      b.lnx->forward_residual(s.x_mid, s.lnx, s.lnx_mean, s.lnx_rstd, residual, attn_branch);
       const Tensor& cross_branch = cross_attention_forward(l);
-      b.ln2.forward_residual(s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, s.x_mid, cross_branch);
+      b.ln2.forward_residual(s.x2, s.ln2, s.ln2_mean, s.ln2_rstd, cfg_.residual_post_norm ? s.lnx : s.x_mid,
+                             cross_branch);
     } else {
-      b.ln2.forward_residual(s.x_mid, s.ln2, s.ln2_mean, s.ln2_rstd, s.x_in, attn_branch);
+      b.ln2.forward_residual(s.x_mid, s.ln2, s.ln2_mean, s.ln2_rstd, residual, attn_branch);
     }
     mlp_forward(l, s.ln2, next);
   } else {
@@ -333,13 +337,22 @@ void TransformerStack::mlp_forward(size_t l, const Tensor& h, const Tensor& next
     b.ln2.forward_residual(s.r2, next, s.ln2_mean, s.ln2_rstd, s.x_mid, branch);
     return;
   }
-  const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
+  const Tensor& residual = cfg_.residual_post_norm ? s.ln2 : cfg_.cross_attention ? s.x2 : s.x_mid;
   if (l + 1 < blocks_.size()) {  // next is block l + 1's input: its ln1 with the add
     Saved& after = saved_[l + 1];
-    blocks_[l + 1].ln1.forward_residual(next, after.ln1, after.ln1_mean, after.ln1_rstd, mlp_in, branch);
+    blocks_[l + 1].ln1.forward_residual(next, after.ln1, after.ln1_mean, after.ln1_rstd, residual, branch);
   } else {
-    ops::residual_forward(next, mlp_in, branch);
+    ops::residual_forward(next, residual, branch);
   }
+}
+
+// A norm's backward from *dres (d of its output) into *dnext (d of its input `in`), which then
+// become *dres: the residual reaches the input through the norm alone.
+void TransformerStack::norm_backward_swap(nn::Norm& norm, Tensor*& dres, Tensor*& dnext, const Tensor& in,
+                                          const Tensor& mean, const Tensor& rstd) {
+  dnext->zero();
+  norm.backward(*dnext, *dres, in, mean, rstd);
+  std::swap(dres, dnext);
 }
 
 void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tensor& dattn_bias, const Tensor& dmemory) {
@@ -349,23 +362,21 @@ void TransformerStack::backward(const Tensor& dx, const Tensor& dout, const Tens
   copy(*dres, dout);
   for (size_t l = blocks_.size(); l-- > 0;) {
     mlp_backward(l, dres, dnext);
-    if (cfg_.cross_attention) cross_attention_backward(l, dmemory, *dres);
+    if (cfg_.cross_attention) cross_attention_backward(l, dmemory, dres, dnext);
     self_attention_backward(l, dattn_bias, dres, dnext);
     store_->grads_final(first_param_[l], first_param_[l + 1]);  // this block is done: its buckets may go
   }
   copy(dx, *dres);
 }
 
-// out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid]
+// out = x_mid + drop(fc2(gelu(fc1(h)))) [pre-LN: h = ln2(x_mid); post-LN: out = ln2(r2), h = x_mid;
+// residual_post_norm: out = h + drop(...), h = ln2(x_mid)]
 void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const Tensor& mlp_in = cfg_.cross_attention ? s.x2 : s.x_mid;
-  if (cfg_.post_layernorm) {  // d of the residual sum r2, into the other buffer
-    dnext->zero();
-    b.ln2.backward(*dnext, *dres, s.r2, s.ln2_mean, s.ln2_rstd);
-    std::swap(dres, dnext);
-  }
+  if (cfg_.post_layernorm)  // d of the residual sum r2, into the other buffer
+    norm_backward_swap(b.ln2, dres, dnext, s.r2, s.ln2_mean, s.ln2_rstd);
   // *dres: d of the residual sum, which is d of the MLP's input through the residual path;
   // the branch's gradient is added to it once fc2's backward has read it
   const Tensor& d_fc2 =
@@ -379,7 +390,10 @@ void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   } else {
     b.fc2.backward_gelu(g_ff_b_, d_fc2, s.gelu, s.fc1);
   }
-  if (!cfg_.post_layernorm) {
+  if (cfg_.residual_post_norm) {  // d h: the residual's and fc1's; then d x_mid through ln2 alone
+    b.fc1.backward(*dres, g_ff_b_, s.ln2);
+    norm_backward_swap(b.ln2, dres, dnext, mlp_in, s.ln2_mean, s.ln2_rstd);
+  } else if (!cfg_.post_layernorm) {
     b.fc1.backward(g_c_, g_ff_b_, s.ln2, ops::Write::kSet);
     b.ln2.backward(*dres, g_c_, mlp_in, s.ln2_mean, s.ln2_rstd);
   } else {
@@ -387,14 +401,15 @@ void TransformerStack::mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext) {
   }
 }
 
-// x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory)))); dres: d x2 in, d x_mid out
-void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres) {
+// x2 = x_mid + drop(xproj(cross(q(lnx(x_mid)), kv(memory)))) [residual_post_norm: x2 = lnx(x_mid) + ...];
+// dres: d x2 in, d x_mid out
+void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const int li = static_cast<int>(l);
   const int64_t C = cfg_.hidden;
   const ops::CrossAttentionShape cs{B_, T_, Tm_, heads_local_, C / cfg_.heads, heads_local_ * tp_->rank(), cfg_.heads};
-  const Tensor& d_xproj = dropout_or_same(g_c_, dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
+  const Tensor& d_xproj = dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kCrossProj)));
   b.xproj->backward(g_attn_, d_xproj, s.xattn, ops::Write::kSet);
   const ops::DropoutKey xdrop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kCrossAttn));
   if (flash_) {
@@ -406,22 +421,25 @@ void TransformerStack::cross_attention_backward(size_t l, const Tensor& dmemory,
     ops::cross_attention_backward(g_q_, g_kv_, g_attn_, s.q, s.kv, s.xprobs, memory_.mask, cs, &xdrop);
   }
   b.kv->backward(dmemory, g_kv_, memory_.values);
-  b.q->backward(g_c_, g_q_, s.lnx, ops::Write::kSet);
-  b.lnx->backward(dres, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
+  if (cfg_.residual_post_norm) {
+    b.q->backward(*dres, g_q_, s.lnx);
+    norm_backward_swap(*b.lnx, dres, dnext, s.x_mid, s.lnx_mean, s.lnx_rstd);
+  } else {
+    b.q->backward(g_c_, g_q_, s.lnx, ops::Write::kSet);
+    b.lnx->backward(*dres, g_c_, s.x_mid, s.lnx_mean, s.lnx_rstd);
+  }
 }
 
-// x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in]
+// x_mid = x_in + drop(proj(attn(qkv(h)))) [pre-LN: h = ln1(x_in); post-LN: x_mid = ln1(r1), h = x_in;
+// residual_post_norm: x_mid = h + drop(...), h = ln1(x_in)]
 void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext) {
   Block& b = blocks_[l];
   Saved& s = saved_[l];
   const int li = static_cast<int>(l);
   const ops::AttentionShape as = attention_shape();
   const ops::DropoutKey attn_drop = dropout_key(ctx_, cfg_.attention_dropout, stream(li, kAttn));
-  if (cfg_.post_layernorm) {  // d of the residual sum r1, into the other buffer
-    dnext->zero();
-    b.ln1.backward(*dnext, *dres, s.r1, s.ln1_mean, s.ln1_rstd);
-    std::swap(dres, dnext);
-  }
+  if (cfg_.post_layernorm)  // d of the residual sum r1, into the other buffer
+    norm_backward_swap(b.ln1, dres, dnext, s.r1, s.ln1_mean, s.ln1_rstd);
   const Tensor& d_proj = dropout_or_same(g_c_, *dres, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
   b.proj.backward(g_attn_, d_proj, s.attn, ops::Write::kSet);
   if (flash_) {
@@ -433,7 +451,10 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   }
   if (cfg_.rotary_dim) ops::rope_backward(g_qkv_, rotary_shape());  // d of the unturned queries and keys
   if (cfg_.qk_norm) qk_norm_backward(l);                            // d of the queries and keys before their norms
-  if (!cfg_.post_layernorm) {
+  if (cfg_.residual_post_norm) {
+    b.qkv.backward(*dres, g_qkv_, s.ln1);
+    norm_backward_swap(b.ln1, dres, dnext, s.x_in, s.ln1_mean, s.ln1_rstd);
+  } else if (!cfg_.post_layernorm) {
     b.qkv.backward(g_c_, g_qkv_, s.ln1, ops::Write::kSet);
     b.ln1.backward(*dres, g_c_, s.x_in, s.ln1_mean, s.ln1_rstd);
   } else {

@@ -8,6 +8,8 @@
 //   pre-LN  (Megatron):      x = x + drop(proj(attn(qkv(ln1(x)))))
 //                            x = x + drop(xproj(cross(q(lnx(x)), kv(memory))))    (cross_attention only)
 //                            x = x + drop(fc2(gelu(fc1(ln2(x)))))
+//   residual_post_norm:      h = ln1(x); x = h + drop(proj(attn(qkv(h))))            (each sub-layer so: the
+//                            residual is its norm's output, Megatron's --apply-residual-connection-post-layernorm)
 //   post-LN (original BERT): x = ln1(x + drop(proj(attn(qkv(x)))));  x = ln2(x + drop(fc2(gelu(fc1(x)))))
 // The final LayerNorm of a pre-LN model belongs to the model, not the stack.
 #pragma once
@@ -38,6 +40,8 @@ struct StackConfig {
   bool norm_1p = false;  // every norm's weight applied as 1 + w (--apply-layernorm-1p)
   bool causal = true;
   bool post_layernorm = false;
+  bool residual_post_norm = false;  // pre-LN, the residual taken after the norm (Megatron's
+                                    // --apply-residual-connection-post-layernorm)
   bool cross_attention = false;  // a cross-attention sub-layer per block (pre-LN only)
   std::string attention_backend = "auto";  // --attention-backend (flash_attention_chosen)
   bool bias_linear = true;  // biases on the linear layers (Megatron's add_bias_linear; --disable-bias-linear)
@@ -141,11 +145,14 @@ class TransformerStack {
   void mlp_forward(size_t l, const Tensor& h, const Tensor& next);
   // One block's backward, from *dres (d of its output) to *dres (d of its input). Pre-LN, each
   // part adds its branch's gradient into *dres in place (the residual path's gradient is *dres
-  // itself); post-LN, the LayerNorm's input gradient goes into *dnext and the two swap.
+  // itself); post-LN, and where the residual is the norm's output (residual_post_norm), the
+  // norm's input gradient goes into *dnext and the two swap (norm_backward_swap).
   // Temporaries the next op writes whole are set (ops::Write::kSet), never zero-filled.
   void mlp_backward(size_t l, Tensor*& dres, Tensor*& dnext);
-  void cross_attention_backward(size_t l, const Tensor& dmemory, const Tensor& dres);
+  void cross_attention_backward(size_t l, const Tensor& dmemory, Tensor*& dres, Tensor*& dnext);
   void self_attention_backward(size_t l, const Tensor& dattn_bias, Tensor*& dres, Tensor*& dnext);
+  static void norm_backward_swap(nn::Norm& norm, Tensor*& dres, Tensor*& dnext, const Tensor& in, const Tensor& mean,
+                                 const Tensor& rstd);
   // qk_norm: the norms of the q and k rows of s.qkv in place; and their backward on g_qkv_ in
   // place, the norms' weight gradients summed over the tensor-parallel ranks' heads
   void qk_norm_forward(size_t l);

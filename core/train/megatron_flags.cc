@@ -17,17 +17,10 @@ const char* kTensorBoardHasIt =
     "megabatch writes every series of metrics.h5 to TensorBoard (--tensorboard-dir), this one among them";
 const char* kHdf5Checkpoints =
     "megabatch writes and reads checkpoints of its own (HDF5, with checksums), not Megatron's formats; drop it";
-const char* kOneModel =
-    "they are Megatron's default GPT, BERT and T5 (GELU MLPs with biases, learned positions or "
-    "T5's relative buckets, tied output layer); drop it";
-
 ForeignFlag taken(const char* name, int arity, const char* done) { return {name, arity, done, {}, ""}; }
 ForeignFlag refused(const char* name, int arity, std::string why) { return {name, arity, "", {}, std::move(why)}; }
 ForeignFlag taken_at(const char* name, const char* value, const char* done, std::string why_not) {
   return {name, 1, done, {value}, std::move(why_not)};
-}
-ForeignFlag not_here(const char* name, int arity, const char* what) {
-  return refused(name, arity, "megabatch's models have no " + std::string(what) + "; " + kOneModel);
 }
 }  // namespace
 
@@ -131,8 +124,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("yaml_cfg", 1, "megabatch's configuration file is JSON with snake_case keys: --config FILE"),
       refused("use_rotary_position_embeddings", 0,
               "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"),
-      not_here("apply_residual_connection_post_layernorm", 0,
-               "residual taken after the LayerNorm (--post-layernorm gives BERT's original post-LN blocks)"),
       refused("fp8_format", 1, "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8"),
       refused("fp8_recipe", 1, "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8"),
       refused("first_last_layers_bf16", 0, "megabatch has no fp8, so all layers are in the run's dtype"),

@@ -230,6 +230,10 @@ const config::Schema& train_schema() {
           {"apply_layernorm_1p", Type::kBool, false,
            "every LayerNorm's (or RMSNorm's) weight stored as w and applied as 1 + w, initialized 0 (Megatron's)",
            "model"},
+          {"apply_residual_connection_post_layernorm", Type::kBool, false,
+           "pre-LN blocks whose residual is taken after the norm: x = ln(x) + drop(f(ln(x))) for the attention and "
+           "the MLP (Megatron's; GLM's and BLOOM's option)",
+           "model"},
           {"qk_layernorm", Type::kBool, false,
            "GPT and BERT: a LayerNorm (RMSNorm with --normalization RMSNorm) over each head's query and key, before "
            "the rotary embeddings (Megatron's; it keeps attention logits from growing at large learning rates)",

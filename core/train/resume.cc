@@ -109,6 +109,8 @@ struct WeightMeaning {
 const WeightMeaning kWeightMeanings[] = {
     {"squared_relu", false, false, "the MLP's activation: squared ReLU, else GELU"},
     {"post_layernorm", false, false, "the blocks' order: BERT's post-LN, else pre-LN"},
+    {"apply_residual_connection_post_layernorm", false, false,
+     "the residual each block adds to: its norm's output, else its input"},
     {"rotary_interleaved", false, true, "which channels of a head turn together: pairs, else halves"},
     {"rotary_percent", 1.0, true, "how many of each head's channels turn"},
 };

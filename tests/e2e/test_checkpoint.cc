@@ -173,6 +173,14 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
                                 "without --squared-relu"),
               std::string::npos)
         << r.output;
+    r = mb::testing::run_command(
+        train(tmp / "r7", "--optimizer lamb --apply-residual-connection-post-layernorm --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find("it was trained without --apply-residual-connection-post-layernorm and this run has "
+                            "--apply-residual-connection-post-layernorm (the residual each block adds to: its norm's "
+                            "output, else its input)"),
+              std::string::npos)
+        << r.output;
   }
   // rotary settings: which channels turn is the weights' meaning; the base may change (a longer
   // context's fine-tuning)

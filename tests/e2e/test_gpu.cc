@@ -84,18 +84,19 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
     // gated MLP (the SwiGLU kernels); gpt-rope: rotary positions (the rotary kernels); gpt-gqa:
     // grouped-query attention (the query-group kernels); gpt-qknorm: normed queries and keys (the
     // row scatter and the norms on a QKV output's rows), with interleaved, interpolated rotary
-    // positions; gpt-relu2: the squared-ReLU MLP with norm weights applied as 1 + w
+    // positions; gpt-relu2: the squared-ReLU MLP with norm weights applied as 1 + w and the
+    // residuals taken after the norms
     const std::string type = family.rfind("gpt", 0) == 0 ? "gpt" : family;
-    const std::string variant = family == "gpt-untied"    ? " --untie-embeddings-and-output-weights"
-                                : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
-                                : family == "gpt-swiglu"  ? " --swiglu --ffn-hidden-size 96"
-                                : family == "gpt-rope"    ? " --position-embedding-type rope --rotary-percent 0.5"
-                                : family == "gpt-gqa"     ? " --group-query-attention --num-query-groups 2"
-                                : family == "gpt-qknorm"
-                                    ? " --qk-layernorm --position-embedding-type rope "
-                                      "--rotary-interleaved --rotary-seq-len-interpolation-factor 2"
-                                : family == "gpt-relu2" ? " --squared-relu --apply-layernorm-1p"
-                                                        : "";
+    const std::string variant =
+        family == "gpt-untied"    ? " --untie-embeddings-and-output-weights"
+        : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
+        : family == "gpt-swiglu"  ? " --swiglu --ffn-hidden-size 96"
+        : family == "gpt-rope"    ? " --position-embedding-type rope --rotary-percent 0.5"
+        : family == "gpt-gqa"     ? " --group-query-attention --num-query-groups 2"
+        : family == "gpt-qknorm"  ? " --qk-layernorm --position-embedding-type rope "
+                                    "--rotary-interleaved --rotary-seq-len-interpolation-factor 2"
+        : family == "gpt-relu2"   ? " --squared-relu --apply-layernorm-1p --apply-residual-connection-post-layernorm"
+                                  : "";
     ok(train(type, tmp / (family + "_cpu"), "--device cpu --eval-samples 4000" + variant));
     ok(train(type, tmp / (family + "_gpu"), "--device cuda --eval-samples 4000" + variant));
     const auto cpu = series(tmp / (family + "_cpu") / "metrics.h5", "train/lm_loss");

@@ -26,7 +26,8 @@ of [H/G queries, a key, a value], each key and value repeated for its group's qu
 params/<layer>.self_attention.q_layernorm.weight and k_layernorm's, where given, are LayerNorms
 over each head's query and key before the rotary turn (--qk-layernorm); attribute layernorm_1p 1
 applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p); attribute squared_relu 1 makes
-the MLP's activation max(x, 0)^2 (--squared-relu).
+the MLP's activation max(x, 0)^2 (--squared-relu); attribute residual_post_norm 1 adds each
+sub-layer's output to its norm's output, not its input (--apply-residual-connection-post-layernorm).
 """
 import math
 import sys
@@ -75,7 +76,8 @@ def rotate(t, rotary_dim, base, interleaved=False, factor=1):
 
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
-            query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1):
+            query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1,
+            residual_post_norm=False):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -108,15 +110,17 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             s = s.masked_fill(~causal, float("-inf"))
             a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P.get(p + "self_attention.linear_proj.bias"))
+        x = (h if residual_post_norm else x) + F.linear(a, P[p + "self_attention.linear_proj.weight"],
+                                                        P.get(p + "self_attention.linear_proj.bias"))
         h = norm(x, p + "pre_mlp_layernorm")
+        residual = h if residual_post_norm else x
         h = F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias"))
         # SwiGLU: fc1's outputs are (gate, up) pairs, interleaved
         if swiglu:
             h = F.silu(h[..., 0::2]) * h[..., 1::2]
         else:
             h = F.relu(h) ** 2 if squared_relu else F.gelu(h, approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
+        x = residual + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
     x = norm(x, "decoder.final_layernorm")
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
     return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
@@ -138,7 +142,8 @@ def variant(a):
     return dict(swiglu=bool(a.get("swiglu", 0)), rotary_dim=int(a.get("rotary_dim", 0)),
                 rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)),
                 layernorm_1p=bool(a.get("layernorm_1p", 0)), squared_relu=bool(a.get("squared_relu", 0)),
-                rotary_interleaved=bool(a.get("rotary_interleaved", 0)), rotary_factor=int(a.get("rotary_factor", 1)))
+                rotary_interleaved=bool(a.get("rotary_interleaved", 0)), rotary_factor=int(a.get("rotary_factor", 1)),
+                residual_post_norm=bool(a.get("residual_post_norm", 0)))
 
 
 def bench_params(layers, hidden, seq, vocab, device):

@@ -7,7 +7,9 @@ Megatron.
   t5_torch.py grads IN.h5 OUT.h5     lm loss and every gradient
 
 IN.h5: attributes enc_layers, dec_layers, heads, eps, relative (0/1: T5's relative position
-buckets, 32 buckets up to distance 128, instead of absolute positions); datasets params/<name>,
+buckets, 32 buckets up to distance 128, instead of absolute positions), residual_post_norm (0/1:
+each sub-layer adds its output to its norm's output, not its input:
+--apply-residual-connection-post-layernorm); datasets params/<name>,
 enc_tokens (B, Te), enc_mask (B, Te), dec_tokens (B, Td), dec_mask (B, Td), labels (B, Td;
 -1 = no loss). GELU is the tanh form; dropout is off.
 """
@@ -58,6 +60,11 @@ def attend(q, k, v, mask, bias=None):  # q (B, H, Tq, D), k/v (B, H, Tk, D), mas
 def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
     heads, eps = int(a["heads"]), float(a["eps"])
     rel = bool(a.get("relative", 0))
+    after_norm = bool(a.get("residual_post_norm", 0))
+
+    def sub(x, name, f):  # x + f(ln(x)), or ln(x) + f(ln(x)) with the residual after the norm
+        h = ln(x, P, name, eps)
+        return (h if after_norm else x) + f(h)
     wte = P["embedding.word_embeddings.weight"]
     B, Te = enc_tokens.shape
     Td = dec_tokens.shape[1]
@@ -65,17 +72,21 @@ def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
     D = C // heads
     split = lambda t, T: t.view(B, T, heads, D).transpose(1, 2)
     merge = lambda t, T: t.transpose(1, 2).reshape(B, T, C)
+    mlp = lambda h, p: lin(F.gelu(lin(h, P, p + "mlp.linear_fc1"), approximate="tanh"), P, p + "mlp.linear_fc2")
     # encoder
     x = wte[enc_tokens] + (0 if rel else P["embedding.position_embeddings.weight"][:Te])
     ebias = rel_bias(P["encoder.relative_attention_bias.weight"], Te, True) if rel else None
     emask = enc_mask.bool()[:, None, None, :]
     for l in range(int(a["enc_layers"])):
         p = f"encoder.layers.{l}."
-        qkv = lin(ln(x, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Te, heads, 3, D)
-        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
-        x = x + lin(merge(attend(q, k, v, emask, ebias), Te), P, p + "self_attention.linear_proj")
-        h = F.gelu(lin(ln(x, P, p + "pre_mlp_layernorm", eps), P, p + "mlp.linear_fc1"), approximate="tanh")
-        x = x + lin(h, P, p + "mlp.linear_fc2")
+
+        def self_attn(h):
+            qkv = lin(h, P, p + "self_attention.linear_qkv").view(B, Te, heads, 3, D)
+            q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
+            return lin(merge(attend(q, k, v, emask, ebias), Te), P, p + "self_attention.linear_proj")
+
+        x = sub(x, p + "input_layernorm", self_attn)
+        x = sub(x, p + "pre_mlp_layernorm", lambda h: mlp(h, p))
     e = ln(x, P, "encoder.final_layernorm", eps)
     # decoder
     y = wte[dec_tokens] + (0 if rel else P["embedding.position_embeddings.weight"][:Td])
@@ -84,15 +95,21 @@ def forward(P, a, enc_tokens, enc_mask, dec_tokens, dec_mask, labels):
     dmask = causal & dec_mask.bool()[:, None, None, :]
     for l in range(int(a["dec_layers"])):
         p = f"decoder.layers.{l}."
-        qkv = lin(ln(y, P, p + "input_layernorm", eps), P, p + "self_attention.linear_qkv").view(B, Td, heads, 3, D)
-        q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
-        y = y + lin(merge(attend(q, k, v, dmask, dbias), Td), P, p + "self_attention.linear_proj")
-        q = split(lin(ln(y, P, p + "pre_cross_attn_layernorm", eps), P, p + "cross_attention.linear_q"), Td)
-        kv = lin(e, P, p + "cross_attention.linear_kv").view(B, Te, heads, 2, D)
-        k, v = (kv[:, :, :, i, :].transpose(1, 2) for i in range(2))
-        y = y + lin(merge(attend(q, k, v, emask), Td), P, p + "cross_attention.linear_proj")
-        h = F.gelu(lin(ln(y, P, p + "pre_mlp_layernorm", eps), P, p + "mlp.linear_fc1"), approximate="tanh")
-        y = y + lin(h, P, p + "mlp.linear_fc2")
+
+        def self_attn(h):
+            qkv = lin(h, P, p + "self_attention.linear_qkv").view(B, Td, heads, 3, D)
+            q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
+            return lin(merge(attend(q, k, v, dmask, dbias), Td), P, p + "self_attention.linear_proj")
+
+        def cross_attn(h):
+            q = split(lin(h, P, p + "cross_attention.linear_q"), Td)
+            kv = lin(e, P, p + "cross_attention.linear_kv").view(B, Te, heads, 2, D)
+            k, v = (kv[:, :, :, i, :].transpose(1, 2) for i in range(2))
+            return lin(merge(attend(q, k, v, emask), Td), P, p + "cross_attention.linear_proj")
+
+        y = sub(y, p + "input_layernorm", self_attn)
+        y = sub(y, p + "pre_cross_attn_layernorm", cross_attn)
+        y = sub(y, p + "pre_mlp_layernorm", lambda h: mlp(h, p))
     y = ln(y, P, "decoder.final_layernorm", eps)
     logits = y @ wte.t() + P["lm_head.output_layer.bias"]
     return F.cross_entropy(logits.view(B * Td, -1), labels.reshape(-1), ignore_index=-1)

@@ -212,6 +212,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("squared_relu", c.squared_relu ? 1.0 : 0.0);
   f.attr("rotary_interleaved", c.rotary_interleaved ? 1.0 : 0.0);
   f.attr("rotary_factor", static_cast<double>(c.rotary_interpolation));
+  f.attr("residual_post_norm", c.residual_post_norm ? 1.0 : 0.0);
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -416,6 +417,27 @@ TEST(GptTorch, NoPositionEmbeddingsGivePyTorchsLossAndGradients) {
   EXPECT_LT(model->parameters().find("embedding.position_embeddings.weight"), 0) << "no learned positions";
   const auto batch = random_batch(2, 11, 203, 12);
   expect_matches_torch(*model, c, batch);
+}
+
+// Megatron's --apply-residual-connection-post-layernorm: each sub-layer adds its output to its
+// norm's output. Loss and every gradient are PyTorch's; and they are not the default blocks'
+// (the flag reaches the stack).
+TEST(GptTorch, ResidualsTakenAfterTheNormsGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny();
+  c.residual_post_norm = true;
+  auto model = mb::models::make_model(c, tp, 32);
+  auto plain = mb::models::make_model(tiny(), tp, 32);
+  const auto batch = random_batch(2, 11, 203, 14);
+  EXPECT_NE(mb::testing::loss_and_gradients(*model, batch).mean(),
+            mb::testing::loss_and_gradients(*plain, batch).mean());
+  expect_matches_torch(*model, c, batch);
+  c.family = "bert";
+  c.post_layernorm = true;  // BERT's original blocks: the other arrangement
+  mb::testing::expect_error(
+      [&] { c.validate(); },
+      "--apply-residual-connection-post-layernorm takes a pre-LN block's residual after its norm, "
+      "and --post-layernorm's blocks norm after the residual add; give one of them");
 }
 
 // Megatron's --apply-layernorm-1p, with the query-key norms: every norm's weight starts at 0 and

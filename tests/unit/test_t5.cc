@@ -72,11 +72,12 @@ void expect_gradient_matches_finite_differences(bool relative) {
                                               relative ? " (relative positions)" : "");
 }
 
-void expect_matches_torch(bool relative) {
+void expect_matches_torch(bool relative, bool residual_post_norm = false) {
   SCOPED_TRACE(relative ? "relative positions" : "absolute positions");
   mb::testing::TempDir tmp;
   mb::comm::LocalCommunicator tp;
-  const auto c = tiny_t5(0.0, relative);
+  auto c = tiny_t5(0.0, relative);
+  c.residual_post_norm = residual_post_norm;
   auto model = mb::models::make_model(c, tp, 21);
   auto& P = model->parameters();
   mb::testing::perturb_parameters(P, 200, 0.1f);  // non-trivial biases and norms too
@@ -94,6 +95,7 @@ void expect_matches_torch(bool relative) {
     f.attr("heads", static_cast<double>(c.num_attention_heads));
     f.attr("eps", c.layernorm_epsilon);
     f.attr("relative", relative ? 1.0 : 0.0);
+    f.attr("residual_post_norm", residual_post_norm ? 1.0 : 0.0);
   }
   const auto r = mb::testing::run_command(mb::testing::reference("t5_torch.py") + " grads " + (tmp / "in.h5").string() + " " +
                                           (tmp / "out.h5").string());
@@ -110,6 +112,9 @@ TEST(T5, GradientMatchesFiniteDifferences) { expect_gradient_matches_finite_diff
 TEST(T5, RelativePositionGradientMatchesFiniteDifferences) { expect_gradient_matches_finite_differences(true); }
 TEST(T5Torch, LossAndEveryGradientMatchPyTorch) { expect_matches_torch(false); }
 TEST(T5Torch, RelativePositionLossAndEveryGradientMatchPyTorch) { expect_matches_torch(true); }
+// --apply-residual-connection-post-layernorm: the self-attention's, the cross-attention's and the
+// MLP's residual their norm's output, in both stacks
+TEST(T5Torch, ResidualsTakenAfterTheNormsGivePyTorchsLossAndGradients) { expect_matches_torch(true, true); }
 
 TEST(T5, PresetsFollowTheT5Sizes) {
   const auto small = mb::models::preset("t5-small");

@@ -20,8 +20,9 @@ namespace {
 // turning its heads), t5-no-bias (a T5 whose linear layers have no biases but the QKV
 // projections'), bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
 // rank at TP 2), gpt-qknorm (a norm over each head's query and key, its weights shared by the
-// heads of both ranks) or gpt-gqa (grouped-query attention with rotary positions and q/k norms,
-// all three on the grouped layout)
+// heads of both ranks), gpt-gqa (grouped-query attention with rotary positions and q/k norms,
+// all three on the grouped layout) or t5-resnorm (each sub-layer's residual its norm's output:
+// --apply-residual-connection-post-layernorm)
 mb::models::ModelConfig config(const std::string& family, int tp) {
   mb::models::ModelConfig c;
   c.family = family.substr(0, family.find('-'));
@@ -32,6 +33,7 @@ mb::models::ModelConfig config(const std::string& family, int tp) {
   c.rope = family == "gpt-rope" || family == "gpt-gqa";
   c.untie_embeddings_and_output_weights = family == "gpt-untied";
   c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
+  c.residual_post_norm = family == "t5-resnorm";
   c.num_layers = 2;
   c.hidden_size = 32;
   c.num_attention_heads = 4;
@@ -151,4 +153,7 @@ TEST(TensorParallelModels, GptWithGroupedQueryAttentionRopeAndQueryKeyNormsSplit
 TEST(TensorParallelModels, T5SplitTwoWaysMatchesTheWholeModel) { expect_split_equals_whole("t5"); }
 TEST(TensorParallelModels, T5WithoutLinearBiasesSplitTwoWaysMatchesTheWholeModel) {
   expect_split_equals_whole("t5-no-bias");
+}
+TEST(TensorParallelModels, T5WithResidualsAfterTheNormsSplitTwoWaysMatchesTheWholeModel) {
+  expect_split_equals_whole("t5-resnorm");
 }
