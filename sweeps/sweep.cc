@@ -439,6 +439,10 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
       p.config["seed"] = seed;
       derive_values(p.config, derive, where, name);
       p.id = name(p.config);  // with the derived lr
+      // each point a TensorBoard run of its own, DIR/<id>: points writing DIR itself would show
+      // as one run, their curves interleaved
+      if (p.config.contains("tensorboard_dir") && p.config["tensorboard_dir"].is_string())
+        p.config["tensorboard_dir"] = (fs::path(p.config["tensorboard_dir"].get<std::string>()) / p.id).string();
       p.swept = keys.swept;
       try {  // validated against train's options (keys and types)
         (void)config::resolve_json(schema, p.config, where + ": point " + p.id);
@@ -456,6 +460,12 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
         check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
               " is the sweep's to set (each point runs in runs/NAME/ID/ and saves to and resumes from its "
               "checkpoints/ there), so this value would be ignored; drop it");
+      // switches that make train exit 0 having trained nothing: the point would be marked done
+      for (const char* key : {"check", "skip_train", "print_params", "print_config", "list_models", "list_optimizers"})
+        check(!p.config.contains(key) || p.config[key] == false, where, ": point ", p.id, ": ", key,
+              " makes train end without training, and the sweep would take the point for finished; drop it (sweep "
+              "run --dry-run checks every point; train --skip-train --load runs/NAME/ID/checkpoints --run-dir DIR "
+              "evaluates one)");
       // exit_interval stops a run before its end with the status of a finished one
       check(!p.config.contains("exit_interval") || p.config["exit_interval"] == 0, where, ": point ", p.id,
             ": exit_interval ", p.config.value("exit_interval", json()).dump(),

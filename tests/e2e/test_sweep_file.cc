@@ -43,7 +43,8 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   // - a train_iters the sample budget replaced;
   // - keys the sweep sets for each point, and loading options that would act on the point's
   //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
-  // - an exit_interval: each point stopped early and was marked done;
+  // - an exit_interval, and the switches that end train without training (check, skip_train, the
+  //   print_ and list_ ones): each point stopped early and was marked done;
   // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
   for (const auto& [name, extra, message] :
        {std::tuple{"mixed", R"(, "lr_warmup_samples": 16, "lr_decay_iters": 6)",
@@ -59,6 +60,10 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
         std::tuple{"owned", R"(, "run_dir": "elsewhere")", "run_dir is the sweep's to set"},
         std::tuple{"early", R"(, "exit_interval": 2)",
                    "exit_interval 2 would stop the point before its end, and the sweep would take it for finished"},
+        std::tuple{"early", R"(, "check": true)",
+                   "check makes train end without training, and the sweep would take the point for finished"},
+        std::tuple{"early", R"(, "skip_train": true)",
+                   "skip_train makes train end without training, and the sweep would take the point for finished"},
         std::tuple{"twice", R"(, "lr_scaling": "sqrt", "lr_scaling_ref_batch": 4)",
                    "lr_scaling \"sqrt\" and derive.lr_scaling both scale lr with the batch, so it would be scaled "
                    "twice"}}) {
@@ -93,6 +98,34 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
     EXPECT_NE(r.output.find(message), std::string::npos) << message << "\n" << r.output;
   }
   EXPECT_FALSE(fs::exists(tmp / "runs"));
+}
+
+// A sweep file's tensorboard_dir gives each point a directory of its own under it, which
+// TensorBoard shows as a run of its own (points writing one directory would be one run, their
+// curves interleaved).
+TEST_F(Sweep, EachPointWritesTensorBoardIntoADirectoryOfItsOwn) {
+  mb::testing::TempDir tmp;
+  const fs::path tb = tmp / "tb";
+  const auto file =
+      write_tiny_sweep(tmp.path(), "boards", R"("train_iters": 2, "tensorboard_dir": ")" + tb.string() + "\"",
+                       R"("grid": {"optimizer": ["adamw", "sgd"]}, "seeds": [1], "threads": 1)");
+  const auto r = run_sweep(file, tmp / "runs");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::vector<std::string> points, boards;
+  for (const auto& e : fs::directory_iterator(tmp / "runs" / "boards"))
+    if (e.is_directory()) points.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(tb)) {
+    ASSERT_TRUE(e.is_directory()) << e.path() << ": an event file beside the points' directories";
+    boards.push_back(e.path().filename().string());
+    int files = 0;
+    for (const auto& f : fs::directory_iterator(e.path()))
+      files += f.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+    EXPECT_EQ(files, 1) << e.path();
+  }
+  std::sort(points.begin(), points.end());
+  std::sort(boards.begin(), boards.end());
+  EXPECT_EQ(points, (std::vector<std::string>{"adamw-s1", "sgd-s1"}));
+  EXPECT_EQ(boards, points);
 }
 
 // Swept strings never steer where points go: a path contributes its last component, other
