@@ -46,6 +46,7 @@ std::string Gpt::summary() const {
      << ", seq " << cfg_.seq_length << ", vocab " << cfg_.vocab_size << " (padded " << cfg_.padded_vocab_size() << "), "
      << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
+     << (cfg_.reset_position_ids ? "; each document's positions from 0 (--reset-position-ids)" : "")
      << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "")
      << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "")
      << (!cfg_.rope && cfg_.no_position_embedding ? "; no position embeddings (--no-position-embedding)" : "");
@@ -61,7 +62,6 @@ void Gpt::allocate(int64_t B, int64_t T) {
   alloc_acc(lnf_rstd_, {n}, store_);
   if (lnf_->kind() == nn::NormKind::kLayerNorm) alloc_acc(lnf_mean_, {n}, store_);
   alloc_acc(sums_, {1}, store_);
-  if (wpe_ >= 0) position_ids(positions_, B, T, store_.device());
 }
 
 train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepContext& ctx, float grad_scale) {
@@ -86,6 +86,16 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
     upload(mask_, batch.padding_mask, {B_, T_}, dev);
   else
     mask_ = Tensor();
+  if (wpe_ >= 0 && !batch.position_ids.empty()) {  // --reset-position-ids: each document's own
+    check(batch.position_ids.size() == static_cast<size_t>(n), "GPT: ", batch.position_ids.size(), " position ids for ",
+          n, " tokens");
+    upload(positions_, batch.position_ids, {B_, T_}, dev);
+    batch_positions_ = true;
+  } else if (wpe_ >= 0) {
+    if (batch_positions_) positions_ = Tensor();  // (position_ids keeps ids of the same shape)
+    batch_positions_ = false;
+    position_ids(positions_, B_, T_, dev);
+  }
 
   // embeddings: word + position, then dropout
   wte_->forward(emb_, tokens_);

@@ -84,7 +84,8 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
   };
   for (const Switch& sw :
        {Switch{"gpt", "GPT", "eod_mask_loss"}, Switch{"gpt", "GPT", "untie_embeddings_and_output_weights"},
-        Switch{"bert", "BERT", "bert_no_binary_head"}, Switch{"bert", "BERT", "post_layernorm"}})
+        Switch{"gpt", "GPT", "reset_position_ids"}, Switch{"bert", "BERT", "bert_no_binary_head"},
+        Switch{"bert", "BERT", "post_layernorm"}})
     check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
           "'s, and this model is ", c.family, ", which would ignore it; drop it");
   if (!c.rope)
@@ -144,6 +145,7 @@ ModelConfig model_config(const config::Resolved& r) {
   set_positions(v, c);
   c.binary_head = !v["bert_no_binary_head"].get<bool>();
   c.eod_mask_loss = v["eod_mask_loss"].get<bool>();
+  c.reset_position_ids = v["reset_position_ids"].get<bool>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

@@ -60,6 +60,10 @@ void ModelConfig::validate() const {
         rotary_dim(), " of the head's ", hidden_size / num_attention_heads,
         " channels; rotary embeddings turn channel pairs: make it an even number, 2 or more");
   check(!swiglu || !squared_relu, "--swiglu and --squared-relu each choose the MLP's activation; give one");
+  check(!reset_position_ids || learned_positions(),
+        "--reset-position-ids restarts the learned position embeddings at each document, and this GPT has ",
+        rope ? "rotary positions, which it would leave as they are (as Megatron's)" : "none (--no-position-embedding)",
+        "; drop it");
   check(!no_position_embedding || family != "t5",
         "--no-position-embedding: megabatch's T5 has learned or relative positions (--position-embedding-type); drop "
         "it");

@@ -49,6 +49,8 @@ struct ModelConfig {
     return static_cast<int64_t>(static_cast<double>(hidden_size / num_attention_heads) * rotary_percent);
   }
   // GPT
+  // GPT: each document of a sample takes learned positions from 0 (Megatron's --reset-position-ids)
+  bool reset_position_ids = false;
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)
   // BERT

@@ -25,6 +25,7 @@ struct Batch {
   std::vector<uint8_t> padding_mask;  // 1 = real token; empty = no padding
   std::vector<int32_t> token_types;   // (B, T) BERT segment ids; empty for other models
   std::vector<int32_t> sample_labels; // (B) BERT sentence-order labels; empty for other models
+  std::vector<int32_t> position_ids;  // (B, T) GPT's with --reset-position-ids; empty: 0 .. T-1 in each row
   // T5: tokens / padding_mask above are the encoder's (B, seq); the decoder's are (B, decoder_seq)
   // and labels are then (B, decoder_seq).
   int64_t decoder_seq = 0;

@@ -255,6 +255,10 @@ const config::Schema& train_schema() {
            "GPT: no loss at positions whose input is the end-of-document token (the next document's first token, which "
            "nothing before it predicts)",
            "model"},
+          {"reset_position_ids", Type::kBool, false,
+           "GPT with learned positions: each document of a sample takes positions from 0 (after each "
+           "end-of-document token), instead of the sample's (Megatron's)",
+           "model"},
           {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
           {"swiglu", Type::kBool, false,
            "the MLP gated as LLaMA's: fc1 gives ffn (gate, up) pairs, fc2 takes silu(gate) x up (Megatron's --swiglu; "

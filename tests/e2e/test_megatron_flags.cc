@@ -107,8 +107,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
-       {std::string("train: error: 9 of the options cannot be taken; drop or change each:\n"),
-        "\n  --reset-position-ids " + megatrons + "megabatch's GPT positions run over the whole sample",
+       {std::string("train: error: 8 of the options cannot be taken; drop or change each:\n"),
         "\n  --fp8-format hybrid " + megatrons +
             "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8",
         "\n  --fp8-recipe delayed " + megatrons +
@@ -121,9 +120,9 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
         "\n  --use-rotary-position-embeddings " + megatrons +
             "Megatron's older switch for rotary embeddings; say --position-embedding-type rope"})
     EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
-  for (const char* taken :
-       {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7", "--group-query-attention",
-        "--num-query-groups", "--qk-layernorm", "--squared-relu", "--apply-residual-connection-post-layernorm"})
+  for (const char* taken : {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7",
+                            "--group-query-attention", "--num-query-groups", "--qk-layernorm", "--squared-relu",
+                            "--apply-residual-connection-post-layernorm", "--reset-position-ids"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
 }
 
@@ -240,15 +239,15 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "reset_position_ids": true,
+                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "reset_attention_mask": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const std::string& line :
        {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
-        "\n  --reset-position-ids (" + bad.string() +
-            ".reset_position_ids) (Megatron-LM's) is not taken here: megabatch's GPT positions run over the whole "
-            "sample",
+        "\n  --reset-attention-mask (" + bad.string() +
+            ".reset_attention_mask) (Megatron-LM's) is not taken here: megabatch's GPT attends across document "
+            "ends",
         "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})

@@ -650,6 +650,36 @@ TEST_F(Train, AFreshStartKeepsTheEarlierRunsMetricsInItsDirectory) {
   EXPECT_EQ(losses(run / "earlier" / "1" / "metrics.h5"), first);
 }
 
+// --reset-position-ids reaches a GPT run's batches (the model's part is test_gpt.cc's
+// ABatchsOwnPositionIdsGivePyTorchsLossAndGradients): on a corpus of short documents, several to
+// a sample, the first iteration's loss at the same weights and tokens is another; with rotary
+// positions the flag would do nothing and is refused.
+TEST_F(Train, ResetPositionIdsRestartsTheLearnedPositionsOfEachDocument) {
+  const std::string data = ferry_corpus();
+  ASSERT_FALSE(HasFailure());
+  const std::string gpt = mb::testing::bin_dir() + "/train " + kSmall +
+                          "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 "
+                          "--hidden-dropout 0 --attention-dropout 0 --data-path " +
+                          data + " ";
+  auto first_loss = [](const std::string& output) {
+    const size_t at = output.find(" lm loss: ");
+    return at == std::string::npos ? std::string("none") : output.substr(at + 10, 12);
+  };
+  const auto plain = mb::testing::run_command(gpt + "--run-dir " + (tmp_ / "plain").string());
+  ASSERT_EQ(plain.exit_code, 0) << plain.output;
+  const auto reset = mb::testing::run_command(gpt + "--reset-position-ids --run-dir " + (tmp_ / "reset").string());
+  ASSERT_EQ(reset.exit_code, 0) << reset.output;
+  EXPECT_NE(reset.output.find("; each document's positions from 0 (--reset-position-ids)"), std::string::npos)
+      << reset.output;
+  ASSERT_NE(first_loss(plain.output), "none") << plain.output;
+  EXPECT_NE(first_loss(reset.output), first_loss(plain.output)) << reset.output;
+  const auto rope = mb::testing::run_command(gpt + "--check --reset-position-ids --position-embedding-type rope");
+  EXPECT_EQ(rope.exit_code, 1) << rope.output;
+  EXPECT_NE(rope.output.find("--reset-position-ids restarts the learned position embeddings at each document"),
+            std::string::npos)
+      << rope.output;
+}
+
 // The sgemm kernel sets a CPU run's speed and the last bits of its results, so the device
 // line names the one this run got: the one OpenBLAS reports to this test process, loaded
 // with the same environment, and where OPENBLAS_CORETYPE is set, the kernel it names. The

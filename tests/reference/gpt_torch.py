@@ -27,7 +27,8 @@ params/<layer>.self_attention.q_layernorm.weight and k_layernorm's, where given,
 over each head's query and key before the rotary turn (--qk-layernorm); attribute layernorm_1p 1
 applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p); attribute squared_relu 1 makes
 the MLP's activation max(x, 0)^2 (--squared-relu); attribute residual_post_norm 1 adds each
-sub-layer's output to its norm's output, not its input (--apply-residual-connection-post-layernorm).
+sub-layer's output to its norm's output, not its input (--apply-residual-connection-post-layernorm);
+a dataset positions (B, T), where given, holds each token's learned position (--reset-position-ids).
 """
 import math
 import sys
@@ -77,7 +78,7 @@ def rotate(t, rotary_dim, base, interleaved=False, factor=1):
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
             query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1,
-            residual_post_norm=False):
+            residual_post_norm=False, positions=None):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -91,7 +92,8 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         return F.layer_norm(t, (w.shape[0],), w + 1 if layernorm_1p else w, P[name + ".bias"], eps)
 
     if "embedding.position_embeddings.weight" in P:  # learned positions (not with rope or NoPE)
-        x = x + P["embedding.position_embeddings.weight"][:T]
+        wpe = P["embedding.position_embeddings.weight"]
+        x = x + (wpe[:T] if positions is None else wpe[positions])  # positions (B, T): --reset-position-ids
     causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
     for l in range(layers):
         p = f"decoder.layers.{l}."
@@ -204,7 +206,9 @@ def main():
         f, a, P = load(sys.argv[2])
         tokens = torch.tensor(f["tokens"][()], dtype=torch.long)
         labels = torch.tensor(f["labels"][()], dtype=torch.long)
-        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), **variant(a))
+        positions = torch.tensor(f["positions"][()], dtype=torch.long) if "positions" in f else None
+        loss = forward(P, tokens, labels, int(a["layers"]), int(a["heads"]), float(a["eps"]), positions=positions,
+                       **variant(a))
         loss.backward()
         with h5py.File(sys.argv[3], "w") as o:
             o.attrs["loss"] = loss.item()

@@ -7,6 +7,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <numeric>
 #include <random>
 #include <sstream>
 
@@ -138,6 +139,51 @@ TEST(GptBatchSource, EodMaskLossDropsTheLabelsWhoseInputIsTheEndOfADocument) {
   EXPECT_EQ(loss.count, static_cast<int64_t>(b.labels.size()) - dropped);
 }
 
+// --reset-position-ids: each document of a sample takes positions from 0, the end-of-document
+// token keeping its own document's (Megatron's get_ltor_masks_and_position_ids, as written
+// there: subtract at each end of document); tokens and labels as without it.
+TEST(GptBatchSource, ResetPositionIdsStartEachDocumentOfASampleAtZero) {
+  mb::testing::TempDir dir;
+  constexpr int32_t kEod = 7;
+  constexpr int T = 11;
+  {
+    mb::data::IndexedDatasetBuilder b(dir / "d", mb::data::DType::kI32);
+    std::mt19937 g(6);
+    for (int d = 0; d < 60; ++d) {
+      std::vector<int32_t> doc(2 + g() % 7);
+      for (auto& t : doc) t = 10 + static_cast<int32_t>(g() % 190);
+      doc.push_back(kEod);
+      b.add_sequence(doc);
+      b.end_document();
+    }
+    b.finalize();
+  }
+  const auto ds = std::make_shared<const mb::data::IndexedDataset>(dir / "d");
+  const auto docs = mb::data::DocumentRange::all(*ds);
+  mb::models::GptBatchSource plain(ds, docs, T, 3, 256), reset(ds, docs, T, 3, 256, -1, kEod);
+  mb::train::Batch a, b;
+  plain.fill(0, 8, a);
+  reset.fill(0, 8, b);
+  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.labels, b.labels);
+  EXPECT_TRUE(a.position_ids.empty());
+  ASSERT_EQ(b.position_ids.size(), a.tokens.size());
+  int restarts = 0;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<int32_t> want(T);
+    std::iota(want.begin(), want.end(), 0);
+    for (int i = 0, prev = 0; i < T; ++i)
+      if (a.tokens[static_cast<size_t>(r * T + i)] == kEod) {
+        for (int j = i + 1; j < T; ++j) want[static_cast<size_t>(j)] -= i + 1 - prev;
+        prev = i + 1;
+        restarts += i + 1 < T;
+      }
+    EXPECT_EQ(std::vector<int32_t>(b.position_ids.begin() + r * T, b.position_ids.begin() + (r + 1) * T), want)
+        << "row " << r;
+  }
+  EXPECT_GT(restarts, 8) << "documents of at most 10 tokens: a restart in most rows";
+}
+
 TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
   // Hugging Face's GPT-2 checkpoints (vocabulary 50257, not padded): 124,439,808 and 354,823,168.
   for (auto [name, published] : {std::pair{"gpt2-124m", 124439808LL}, std::pair{"gpt2-350m", 354823168LL}}) {
@@ -201,6 +247,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   if (batches.size() > 1) dims.insert(dims.begin(), batches.size());
   f.write("tokens", tokens, dims);
   f.write("labels", labels, dims);
+  if (batches.size() == 1 && !batches[0].position_ids.empty()) f.write("positions", batches[0].position_ids, dims);
   f.attr("layers", static_cast<double>(c.num_layers));
   f.attr("heads", static_cast<double>(c.num_attention_heads));
   f.attr("eps", c.layernorm_epsilon);
@@ -438,6 +485,25 @@ TEST(GptTorch, ResidualsTakenAfterTheNormsGivePyTorchsLossAndGradients) {
       [&] { c.validate(); },
       "--apply-residual-connection-post-layernorm takes a pre-LN block's residual after its norm, "
       "and --post-layernorm's blocks norm after the residual add; give one of them");
+}
+
+// A batch's own position ids (--reset-position-ids: documents packed in a row, each from 0) reach
+// the learned position table: loss and every gradient are PyTorch's with those positions (and
+// not the row's 0 .. T-1).
+TEST(GptTorch, ABatchsOwnPositionIdsGivePyTorchsLossAndGradients) {
+  mb::comm::LocalCommunicator tp;
+  const auto c = tiny();
+  auto model = mb::models::make_model(c, tp, 33);
+  auto batch = random_batch(2, 11, 203, 15);
+  const double rows = mb::testing::loss_and_gradients(*model, batch).mean();
+  batch.position_ids = {0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 5, 0, 1, 2, 0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_NE(mb::testing::loss_and_gradients(*model, batch).mean(), rows);
+  expect_matches_torch(*model, c, batch);
+  mb::models::ModelConfig rotary = c;
+  rotary.rope = rotary.reset_position_ids = true;
+  mb::testing::expect_error([&] { rotary.validate(); },
+                            "--reset-position-ids restarts the learned position embeddings at each document, and this "
+                            "GPT has rotary positions, which it would leave as they are (as Megatron's); drop it");
 }
 
 // Megatron's --apply-layernorm-1p, with the query-key norms: every norm's weight starts at 0 and
