@@ -103,6 +103,30 @@ int outcome(mb::train::StopReason reason, const mb::train::Trainer& trainer, con
   return 0;
 }
 
+// Megatron's --skip-train: the run's end-of-training evaluation at its start point (true); it
+// saves nothing and writes no TensorBoard events, each said.
+bool skipping_training(const json& v, mb::train::TrainOptions& opt) {
+  if (!v["skip_train"].get<bool>()) return false;
+  if (!opt.save_dir.empty()) {
+    std::cout << "> note: --skip-train saves no checkpoint; --save " << opt.save_dir << " is left as it is"
+              << std::endl;
+    opt.save_dir.clear();
+  }
+  if (v.contains("tensorboard_dir"))
+    std::cout << "> note: --skip-train writes no TensorBoard events, as Megatron's; the evaluation is in "
+              << (std::filesystem::path(v["run_dir"].get<std::string>()) / "metrics.h5").string() << std::endl;
+  return true;
+}
+
+int evaluate_only(mb::train::Trainer& trainer, const mb::train::ResumePoint& resume) {
+  std::cout << "skipping training (--skip-train is on) ..." << std::endl;
+  trainer.final_evaluation();
+  std::cout << "> done: evaluated at iteration " << trainer.iteration() << " (--skip-train), "
+            << (resume.from ? "the weights of " + resume.from->string() : std::string("the weights as initialized"))
+            << std::endl;
+  return 0;
+}
+
 // What a run decided before it trains, written to RUN_DIR/config.json and metrics.h5.
 json resolved_config(const json& v, const mb::models::ModelConfig& mc, const mb::optim::Plugin& plugin,
                      const json& hparams, mb::train::Model& model, const mb::train::TrainOptions& opt,
@@ -242,16 +266,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   auto& opt = run.opt;
   auto& parallel = run.parallel;
   auto& params = run.model->parameters();
-  // Megatron's --skip-train: the run's end-of-training evaluation at its start point, nothing saved
-  const bool skip_train = v["skip_train"].get<bool>();
-  if (skip_train && !opt.save_dir.empty()) {
-    std::cout << "> note: --skip-train saves no checkpoint; --save " << opt.save_dir << " is left as it is"
-              << std::endl;
-    opt.save_dir.clear();
-  }
-  if (skip_train && v.contains("tensorboard_dir"))
-    std::cout << "> note: --skip-train writes no TensorBoard events, as Megatron's; the evaluation is in "
-              << (std::filesystem::path(v["run_dir"].get<std::string>()) / "metrics.h5").string() << std::endl;
+  const bool skip_train = skipping_training(v, opt);
   const std::string version = run.plugin.entry->version ? run.plugin.entry->version : "";
   const auto resume = start_point(v, run, true);
   const json hparams = mb::optim::hparams_json(run.plugin, run.hparams);
@@ -259,13 +274,13 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::train::check_ranks_agree(parallel, resolved);
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   std::optional<mb::train::RunDirectory> dir;  // one run per directory, held until the end
-  if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved, skip_train || !resume.resuming());
+  const bool continues = resume.resuming() && !skip_train;  // the metrics.h5 there, continued
+  if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved, !continues);
   if (dir && !dir->earlier().empty()) std::cout << "> note: " << dir->earlier() << std::endl;
   mb::train::RunMetrics metrics;
   if (run.logger)
     metrics = mb::train::open_metrics(
-        dir->metrics_path(), resolved,
-        resume.resuming() && !skip_train ? std::optional(resume.state.iteration) : std::nullopt,
+        dir->metrics_path(), resolved, continues ? std::optional(resume.state.iteration) : std::nullopt,
         v.contains("tensorboard_dir") && !skip_train ? v["tensorboard_dir"].get<std::string>() : "",
         v["tensorboard_log_interval"].get<int64_t>());
   mb::train::print_plan(
@@ -298,14 +313,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   trainer.set_data_parallel(*parallel.dp);
   trainer.set_world(*parallel.world);
   if (resume.resuming()) trainer.restore(resume.state);
-  if (skip_train) {
-    std::cout << "skipping training (--skip-train is on) ..." << std::endl;
-    trainer.final_evaluation();
-    std::cout << "> done: evaluated at iteration " << trainer.iteration() << " (--skip-train), "
-              << (resume.from ? "the weights of " + resume.from->string() : std::string("the weights as initialized"))
-              << std::endl;
-    return 0;
-  }
+  if (skip_train) return evaluate_only(trainer, resume);
   return outcome(trainer.run(), trainer, dir ? &*dir : nullptr, opt, run_dir);
 }
 
