@@ -186,6 +186,7 @@ mb::train::LoadOptions load_options(const json& v) {
 mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
   auto& opt = run.opt;
   const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout, verify);
+  mb::train::check_checkpoint_data(resume, mb::apps::training_data_record(run.data, run.mc));
   // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
   // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
   // sets it back, and a kept schedule needs a plugin that takes one.
@@ -301,6 +302,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, tokenizer,
                                run.mc.padded_vocab_size(), mb::models::model_json(run.mc), std::cout);
   opt.checkpoint.model = mb::models::model_json(run.mc);
+  opt.checkpoint.data = mb::apps::training_data_record(run.data, run.mc);
   opt.checkpoint.model["tokenizer"] = tokenizer;
   opt.checkpoint.optimizer = run.plugin.name();
   opt.checkpoint.optimizer_version = version;

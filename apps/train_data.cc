@@ -329,6 +329,20 @@ Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, c
   return s;
 }
 
+nlohmann::json training_data_record(const RunData& d, const models::ModelConfig& mc) {
+  nlohmann::json sets = nlohmann::json::array();
+  for (const RunDataset& set : d.sets)
+    if (serves(set, 0))
+      sets.push_back({{"prefix", set.prefix},
+                      {"documents", set.ds->num_documents()},
+                      {"tokens", set.ds->num_tokens()},
+                      {"training_documents", {set.train.begin, set.train.end}},
+                      {"weight", set.weight}});
+  nlohmann::json record = {{"datasets", sets}, {"seq_length", mc.seq_length}};
+  if (mc.family == "t5") record["decoder_seq_length"] = mc.decoder_seq();
+  return record;
+}
+
 std::string describe_data(const RunData& d, const Sources& s) {
   double sum = 0;
   for (double w : s.train_weights) sum += w;

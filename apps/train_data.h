@@ -68,6 +68,12 @@ struct Sources {
 Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, const RunData& d,
                      const train::TrainOptions& opt);
 
+// What a run's training samples are drawn from, for its checkpoints: per dataset of the training
+// split its prefix, documents, tokens, the documents of the split and its weight as given; and
+// the sample length (T5: and the decoder's). A resumed run is checked against its checkpoint's
+// (train::check_checkpoint_data), the prefixes aside: a dataset moved elsewhere is the same.
+nlohmann::json training_data_record(const RunData& d, const models::ModelConfig& mc);
+
 // The plan's data line: each dataset's documents, tokens, split and training samples (under
 // --train-data-path and the like, each split's datasets).
 std::string describe_data(const RunData& d, const Sources& s);

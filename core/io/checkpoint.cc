@@ -289,6 +289,7 @@ void write_header(hid_t f, const CheckpointState& state, const std::string& p) {
   write_attr(f, "optimizer_version", state.optimizer_version, p);
   write_attr(f, "optimizer_params", state.optimizer_params.dump(), p);
   write_attr(f, "trainer", state.trainer.dump(), p);
+  if (!state.data.is_null()) write_attr(f, "data", state.data.dump(), p);
 }
 
 // Writes `tmp` (on the writer, rank 0 of the tensor-parallel group; every rank of the group
@@ -434,6 +435,7 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   s.optimizer_version = text("optimizer_version");
   s.optimizer_params = object("optimizer_params");
   s.trainer = object("trainer");
+  if (H5Aexists(f.id, "data") > 0) s.data = object("data");
   return s;
 }
 

@@ -160,6 +160,44 @@ void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& p
   io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab);
 }
 
+namespace {
+nlohmann::json without_prefixes(nlohmann::json record) {
+  if (record.contains("datasets") && record["datasets"].is_array())
+    for (auto& d : record["datasets"])
+      if (d.is_object()) d.erase("prefix");
+  return record;
+}
+
+// "a (500 documents, 1268237 tokens; training documents 0 to 484), ...; samples of 64 tokens"
+std::string data_text(const nlohmann::json& r) {
+  auto field = [](const nlohmann::json& o, const char* key) {
+    return o.is_object() && o.contains(key) ? (o[key].is_string() ? o[key].get<std::string>() : o[key].dump()) : "?";
+  };
+  std::string out;
+  if (r.contains("datasets") && r["datasets"].is_array())
+    for (const auto& d : r["datasets"]) {
+      const nlohmann::json span = d.is_object() ? d.value("training_documents", nlohmann::json()) : nlohmann::json();
+      const bool weighed = d.is_object() && d.value("weight", nlohmann::json(0)).is_number() && d["weight"] > 0;
+      out += (out.empty() ? "" : ", ") + field(d, "prefix") + " (" + field(d, "documents") + " documents, " +
+             field(d, "tokens") + " tokens; training documents " +
+             (span.is_array() && span.size() == 2 ? span[0].dump() + " to " + span[1].dump() : "?") +
+             (weighed ? ", weight " + shortest(d["weight"].get<double>()) : "") + ")";
+    }
+  return out + "; samples of " + field(r, "seq_length") + " tokens" +
+         (r.contains("decoder_seq_length") ? " (decoder " + field(r, "decoder_seq_length") + ")" : "");
+}
+}  // namespace
+
+void check_checkpoint_data(const ResumePoint& point, const nlohmann::json& data) {
+  if (!point.resuming() || point.state.data.is_null()) return;
+  check(without_prefixes(point.state.data) == without_prefixes(data), point.from->string(), ": its run trained on ",
+        data_text(point.state.data), ", and this run's training data is ", data_text(data),
+        "; the data position it resumes at (", point.state.consumed_samples,
+        " samples) would count other samples than the run's own. Resume with the checkpoint's data (the same "
+        "datasets, --split, blend weights and --seq-length), or start a new run from its weights (--finetune "
+        "--load, or --pretrained-checkpoint)");
+}
+
 nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
   const data::TokenizerRecord r = data::describe_tokenizer(tokenizer);
   return {{"tokenizer_type", r.tokenizer_type}, {"vocab_fingerprint", r.fingerprint}};

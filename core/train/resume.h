@@ -86,6 +86,14 @@ void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& p
                            const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
                            const nlohmann::json& model);
 
+// A resumed run's training data (apps' training_data_record) against its checkpoint's: the data
+// position it resumes at counts samples of that data, so other datasets, another split of them,
+// other weights or another sample length would go on with other samples than the uninterrupted
+// run's. An Error naming both, the datasets' prefixes aside (a dataset moved is the same);
+// nothing where the run does not resume (--finetune, --pretrained-checkpoint: a data position of
+// its own) or the checkpoint has no record (written before it).
+void check_checkpoint_data(const ResumePoint& point, const nlohmann::json& data);
+
 // A checkpoint's model (its header's "model") against this run's vocabulary: `vocab_size` tokens
 // and, where the checkpoint names its tokenizer, the same tokens (`tokenizer`: the run's, as
 // checkpoint_tokenizer gives it). An Error naming `file` otherwise.

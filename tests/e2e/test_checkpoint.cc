@@ -182,6 +182,21 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
               std::string::npos)
         << r.output;
   }
+  // other training data: the data position would count other samples; the weights alone may
+  // start a run on any data
+  r = mb::testing::run_command(train(tmp / "r9", "--optimizer lamb --split 80,10,10 --load " + c + " --check"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(c + "/iter_0000002.h5: its run trained on " + mb::testing::brown_data().string() +
+                          "/brown_gpt2_text_document (500 documents, "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("training documents 0 to 400); samples of 16 tokens; the data position it resumes at (8 "
+                          "samples) would count other samples than the run's own. Resume with the checkpoint's data"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(
+      train(tmp / "r9", "--optimizer lamb --split 80,10,10 --finetune --load " + c + " --check"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
   // rotary settings: which channels turn is the weights' meaning; the base may change (a longer
   // context's fine-tuning)
   const std::string rope = "--optimizer lamb --position-embedding-type rope --rotary-percent 0.5 ";
