@@ -170,6 +170,10 @@ ModelConfig model_config(const config::Resolved& r) {
   c.hidden_dropout = v["hidden_dropout"].get<double>();
   c.attention_dropout = v["attention_dropout"].get<double>();
   c.init_method_std = v["init_method_std"].get<double>();
+  c.init_method_xavier_uniform = v["init_method_xavier_uniform"].get<bool>();
+  check(!c.init_method_xavier_uniform || !r.given("init_method_std"), "--init-method-std ", v["init_method_std"].dump(),
+        " is the normal initialization's, which --init-method-xavier-uniform replaces, so "
+        "it would be ignored; give one of them");
   c.normalization = v["normalization"].get<std::string>();
   c.layernorm_epsilon = v["norm_epsilon"].get<double>();
   c.attention_backend = v["attention_backend"].get<std::string>();

@@ -17,6 +17,7 @@ struct ModelConfig {
   int64_t tensor_model_parallel_size = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
+  bool init_method_xavier_uniform = false;  // weights from U(-a, a), a = sqrt(6 / (fan in + fan out)) (Megatron's)
   std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
   std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local
   bool disable_bias_linear = false;  // Megatron's --disable-bias-linear: the transformer's linear layers without biases

@@ -21,7 +21,7 @@ std::unique_ptr<train::Model> make_model(const ModelConfig& config, comm::Commun
                                          Device device) {
   std::unique_ptr<train::Model> m = declare_model(config, tp);
   m->parameters().finalize(dtype, device);
-  m->parameters().initialize(seed);
+  m->parameters().initialize(seed, config.init_method_xavier_uniform);
   return m;
 }
 

@@ -50,8 +50,8 @@ struct CheckpointState {
   std::string optimizer_version;
   nlohmann::json optimizer_params;   // resolved hyperparameters
   nlohmann::json trainer;            // the trainer's own state (noise-scale averages, ...)
-  nlohmann::json data;               // what the training samples are drawn from (train::training_data_record);
-                                     // null in a checkpoint from before the record
+  nlohmann::json data;               // what the training samples are drawn from (datasets, split,
+                                     // weights, sample length); null in a checkpoint from before it
   bool checksummed = true;           // written with checksums (format 2); format 1 had none
 };
 

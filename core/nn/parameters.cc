@@ -110,7 +110,16 @@ void ParameterStore::release_masters() {
   masters_released_ = true;
 }
 
-void ParameterStore::initialize(uint64_t seed) {
+namespace {
+// A uniform draw in [0, 1) that is a pure function of (key, index): 53 bits of the Philox block
+// of counter index (as philox_normal's, for the Xavier initialization).
+double philox_uniform(uint64_t key, uint64_t index) {
+  const Philox4x32::Block r = Philox4x32::generate(key, 0, index);
+  return static_cast<double>(((uint64_t{r[0]} << 32) | r[1]) >> 11) * 0x1.0p-53;
+}
+}  // namespace
+
+void ParameterStore::initialize(uint64_t seed, bool xavier_uniform) {
   check(finalized_, "initialize() before finalize()");
   check(!masters_released_, kReleased);
   Tensor host({static_cast<int64_t>(next_offset_)});  // fp32 values on the host, then to the device
@@ -119,6 +128,12 @@ void ParameterStore::initialize(uint64_t seed) {
     float* w = host.data() + p.offset;
     if (p.init.kind == Init::kOnes) {
       for (size_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
+    } else if (p.init.kind == Init::kNormal && xavier_uniform && p.full_shape.size() == 2) {
+      const uint64_t key = mix_key(seed, name_key(p.name.data(), p.name.size()));
+      const double a = std::sqrt(6.0 / static_cast<double>(p.full_shape[0] + p.full_shape[1]));
+#pragma omp parallel for schedule(static) if (p.numel > 65536)
+      for (int64_t i = 0; i < static_cast<int64_t>(p.numel); ++i)
+        w[i] = static_cast<float>(a * (2.0 * philox_uniform(key, static_cast<uint64_t>(p.full_index(i))) - 1.0));
     } else if (p.init.kind == Init::kNormal) {
       const uint64_t key = mix_key(seed, name_key(p.name.data(), p.name.size()));
 #pragma omp parallel for schedule(static) if (p.numel > 65536)

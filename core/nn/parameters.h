@@ -75,7 +75,11 @@ class ParameterStore {
   // (seed, name) and counted by the element's index in the full tensor, so a shard holds
   // exactly the matching slice of the unsharded initialization. In a mixed-precision run
   // the masters start as the rounded parameters (as Megatron's fp32 copies of bf16 weights).
-  void initialize(uint64_t seed);
+  // xavier_uniform (Megatron's --init-method-xavier-uniform): every normal-initialized 2-D
+  // parameter (the weights and embeddings) instead draws from U(-a, a), a = sqrt(6 / (rows +
+  // columns)) of its full shape, so that it too is the same under any tensor parallelism (as
+  // Megatron's --use-cpu-initialization; its GPU initialization takes each shard's shape).
+  void initialize(uint64_t seed, bool xavier_uniform = false);
 
   size_t count() const { return infos_.size(); }
   const ParamInfo& info(int id) const { return infos_.at(id); }

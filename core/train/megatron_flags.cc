@@ -129,8 +129,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("first_last_layers_bf16", 0, "megabatch has no fp8, so all layers are in the run's dtype"),
       refused("fp32_residual_connection", 0,
               "megabatch keeps the residual stream in the run's dtype (Megatron's default); drop it"),
-      refused("init_method_xavier_uniform", 0,
-              "megabatch initializes from a normal distribution of --init-method-std (Megatron's default); drop it"),
       refused("mock_data", 0,
               "megabatch trains on indexed datasets; `preprocess brown` makes the default one, `preprocess --input` "
               "one from any text"),

@@ -189,6 +189,10 @@ const config::Schema& train_schema() {
           {"hidden_dropout", Type::kFloat, 0.1, "dropout after attention and MLP outputs and embeddings", "model"},
           {"attention_dropout", Type::kFloat, 0.1, "dropout of attention probabilities", "model"},
           {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
+          {"init_method_xavier_uniform", Type::kBool, false,
+           "initialize the weights and embeddings from U(-a, a), a = sqrt(6 / (fan in + fan out)) of each full "
+           "tensor, instead of the normal of --init-method-std (Megatron's)",
+           "model"},
           {"make_vocab_size_divisible_by", Type::kInt, 128, "pad the vocabulary to a multiple of this x TP", "model"},
           {"tensor_model_parallel_size", Type::kInt, 1, "tensor-parallel ranks", "model"},
           {"data_parallel_size", Type::kInt, nullptr,

@@ -61,6 +61,12 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
   // a model without a preset and a size: the missing one named as its flag
   r = mb::testing::run_command(train("--train-iters 2 --lr 1e-3 --num-layers 2 --num-attention-heads 2"));
   EXPECT_NE(r.output.find("(missing --hidden-size)"), std::string::npos) << r.output;
+  r = mb::testing::run_command(
+      train(kSmall + "--train-iters 2 --lr 1e-3 --init-method-xavier-uniform --init-method-std 0.01"));
+  EXPECT_NE(r.output.find("--init-method-std 0.01 is the normal initialization's, which --init-method-xavier-uniform "
+                          "replaces, so it would be ignored; give one of them"),
+            std::string::npos)
+      << r.output;
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-window 512"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--noise-scale-window averages the gradient noise scale, which only --log-noise-scale estimates"),
