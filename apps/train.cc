@@ -186,6 +186,12 @@ mb::train::LoadOptions load_options(const json& v) {
 mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
   auto& opt = run.opt;
   const auto resume = mb::train::find_resume_point(load_options(v), opt.seed, opt.train_iters, std::cout, verify);
+  // an evaluation asked of a checkpoint that is not there would evaluate the model as initialized
+  mb::check(!v["skip_train"].get<bool>() || !v.contains("load") || resume.from,
+            "--skip-train: ", v.contains("load") ? v["load"].get<std::string>() : "",
+            " (--load) holds no checkpoint to evaluate; give "
+            "--load the run's --save directory or one of its iter_NNNNNNN.h5 files, or drop --load to evaluate the "
+            "model as initialized");
   mb::train::check_checkpoint_data(resume, mb::apps::training_data_record(run.data, run.mc));
   // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
   // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)

@@ -596,7 +596,15 @@ TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
   EXPECT_EQ(f.read<double>("train/lm_loss").size(), 4u);
   EXPECT_FALSE(nlohmann::json::parse(mb::read_file(run / "config.json"))["skip_train"].get<bool>());
 
-  // nothing to evaluate: said before anything runs
+  // nothing to evaluate: said before anything runs (a --load without a checkpoint would have
+  // evaluated the model as initialized)
+  r = mb::testing::run_command(
+      train(base + " --skip-train --load " + (tmp_ / "empty").string() + " --run-dir " + eval.string()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--skip-train: " + (tmp_ / "empty").string() +
+                          " (--load) holds no checkpoint to evaluate; give --load the run's --save directory"),
+            std::string::npos)
+      << r.output;
   r = mb::testing::run_command(train(base + " --skip-train --eval-iters 0 --run-dir " + eval.string()));
   EXPECT_NE(r.output.find("--skip-train evaluates the validation and test splits, but --eval-iters is 0"),
             std::string::npos)
