@@ -42,8 +42,10 @@ nlohmann::json optimizer_params(const config::Resolved& r, const optim::Plugin& 
     optim::check_takes_wd_schedule(plugin);
     check(!v["optimizer_params"].contains("weight_decay"), "--weight-decay-incr-style ",
           v["weight_decay_incr_style"].get<std::string>(), " sets the weight decay from --start-weight-decay to ",
-          "--end-weight-decay, so optimizer_params.weight_decay ", v["optimizer_params"]["weight_decay"].dump(),
-          " would be ignored; drop it");
+          "--end-weight-decay, so optimizer_params.weight_decay ",
+          // (the message's arguments are evaluated whether or not it is said: a key read
+          // from a const object must be there)
+          v["optimizer_params"].value("weight_decay", nlohmann::json()).dump(), " would be ignored; drop it");
   }
   if (v.contains("decoupled_lr")) optim::check_takes_decoupled_lr(plugin);
   for (const auto& [k, x] : v["optimizer_params"].items()) hp[k] = x;
