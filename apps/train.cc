@@ -161,6 +161,7 @@ struct Run {
   mb::Device device;
   std::unique_ptr<mb::train::Model> model;
   Sources sources;
+  json data_record;  // what the training samples are drawn from (training_data_record), for checkpoints
 };
 
 // --override-opt-param-scheduler, --use-checkpoint-opt-param-scheduler (train_options refuses both)
@@ -192,7 +193,7 @@ mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
             " (--load) holds no checkpoint to evaluate; give "
             "--load the run's --save directory or one of its iter_NNNNNNN.h5 files, or drop --load to evaluate the "
             "model as initialized");
-  mb::train::check_checkpoint_data(resume, mb::apps::training_data_record(run.data, run.mc));
+  mb::train::check_checkpoint_data(resume, run.data_record);
   // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
   // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
   // sets it back, and a kept schedule needs a plugin that takes one.
@@ -249,6 +250,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);
   // before --check returns: its refusals (a validation split asked for and empty) are the run's
   run.sources = mb::apps::make_sources(r, mc, run.data, run.opt);
+  run.data_record = mb::apps::training_data_record(run.data, mc);
   for (const std::string& w : run.data.warnings) std::cout << "> warning: " << w << std::endl;
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
@@ -308,7 +310,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   mb::train::load_resume_point(resume, params, optimizer, shards.get(), run.mc.vocab_size, tokenizer,
                                run.mc.padded_vocab_size(), mb::models::model_json(run.mc), std::cout);
   opt.checkpoint.model = mb::models::model_json(run.mc);
-  opt.checkpoint.data = mb::apps::training_data_record(run.data, run.mc);
+  opt.checkpoint.data = run.data_record;
   opt.checkpoint.model["tokenizer"] = tokenizer;
   opt.checkpoint.optimizer = run.plugin.name();
   opt.checkpoint.optimizer_version = version;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "core/config/config.h"
 #include "core/data/tokenizer_record.h"
 #include "core/train/trainer_state.h"
 #include "core/util/error.h"
@@ -118,9 +119,7 @@ const WeightMeaning kWeightMeanings[] = {
 // A recorded setting as its flag: (true) "--squared-relu", (false) "no --squared-relu" (the
 // words before a bool's flag: `yes`, `no`), (0.5) "--rotary-percent 0.5".
 std::string as_flag(const char* key, const nlohmann::json& value, const char* yes, const char* no) {
-  std::string flag = "--" + std::string(key);
-  for (char& c : flag)
-    if (c == '_') c = '-';
+  const std::string flag = "--" + config::flag_name(key);
   if (value.is_boolean()) return (value.get<bool>() ? yes : no) + flag;
   return yes + flag + " " + (value.is_number() ? shortest(value.get<double>()) : value.dump());
 }
