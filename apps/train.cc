@@ -214,11 +214,13 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   const json& v = r.values;
   auto& mc = run.mc;
   run.parallel = mb::comm::ParallelState::create(static_cast<int>(mc.tensor_model_parallel_size));
-  if (v.contains("distributed_timeout_minutes")) {
-    const double minutes = v["distributed_timeout_minutes"].get<double>();
-    mb::comm::set_collective_timeout(minutes * 60, "--distributed-timeout-minutes " + mb::shortest(minutes),
+  // Megatron's deadline (10 minutes unless given; 0: none), on jobs of several ranks only
+  const double timeout_minutes = v["distributed_timeout_minutes"].get<double>();
+  const bool deadline = run.parallel.world_size > 1 && timeout_minutes > 0;
+  if (deadline)
+    mb::comm::set_collective_timeout(timeout_minutes * 60,
+                                     "--distributed-timeout-minutes " + mb::shortest(timeout_minutes),
                                      run.parallel.world_rank);
-  }
   const int64_t dp_size = run.parallel.dp->size();
   if (v.contains("data_parallel_size")) {  // what the job was meant to be, against what was launched
     const int64_t want = v["data_parallel_size"].get<int64_t>();
@@ -245,6 +247,12 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   run.device = mb::train::run_device(v, run.dtype, run.parallel.local_rank);
   run.parallel.connect(run.device, v["distributed_backend"].get<std::string>());
   if (run.parallel.collectives != "local") std::cout << "> collectives: " << run.parallel.collectives << std::endl;
+  if (run.parallel.world_size > 1)
+    std::cout << "> deadline: "
+              << (deadline ? "a collective that waits " + mb::shortest(timeout_minutes) +
+                                 " min for the other ranks ends the job (--distributed-timeout-minutes)"
+                           : std::string("none on waiting for the other ranks (--distributed-timeout-minutes 0)"))
+              << std::endl;
   mb::train::check_memory(mb::models::model_memory(mc, run.dtype, run.device), run.dtype, run.device,
                           run.opt.micro_batch_size, v["use_distributed_optimizer"].get<bool>() ? dp_size : 1,
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);

@@ -88,7 +88,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"save_interval", at_least(0)},
       {"exit_interval", at_least(0)},
       {"exit_duration_in_mins", above(0)},
-      {"distributed_timeout_minutes", above(0)},
+      {"distributed_timeout_minutes", at_least(0)},
       {"keep_checkpoints", at_least(0)},
       {"log_interval", at_least(1)},
       {"eval_interval", at_least(0)},
@@ -155,10 +155,10 @@ const config::Schema& train_schema() {
            "nccl, "
            "or mpi (on GPUs: staged through host memory, so several ranks can share one GPU)",
            "run"},
-          {"distributed_timeout_minutes", Type::kFloat, nullptr,
+          {"distributed_timeout_minutes", Type::kFloat, 10.0,
            "end the job when a collective of the TP or DP group has waited this many minutes for the other ranks "
-           "(fractions allowed): one died, hung or was stopped; the rank says which group and exits 5, and a rerun "
-           "resumes from the last checkpoint (default: no deadline)",
+           "(fractions allowed; 0: no deadline): one died, hung or was stopped; the rank says which group and exits "
+           "5, and a rerun resumes from the last checkpoint",
            "run"},
           {"overlap_grad_reduce", Type::kBool, false,
            "data parallelism: sum each gradient bucket over the DP group as soon as the last micro-batch's backward "

@@ -88,6 +88,10 @@ class Mpi : public ::testing::Test {
     const auto r = mb::testing::run_command(mpirun(np, leak_checked) +
                                             train(tmp / "run", "--optimizer lamb --diagnostics-interval 1 " + extra));
     ASSERT_EQ(r.exit_code, 0) << r.output;
+    // Megatron's default deadline on collectives (10 minutes), on whenever there are ranks to wait for
+    EXPECT_NE(r.output.find("> deadline: a collective that waits 10 min for the other ranks ends the job"),
+              std::string::npos)
+        << r.output;
     if (flags.find("--use-distributed-optimizer") != std::string::npos && np / tp > 1) {  // it was on
       EXPECT_NE(r.output.find("> distributed optimizer: this rank steps and keeps optimizer state for "), std::string::npos)
           << r.output;
