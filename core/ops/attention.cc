@@ -30,8 +30,9 @@ void check_groups(const char* op, const AttentionShape& s, const Tensor& bias) {
 }  // namespace detail
 
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
-                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
-  const Device d = common_device("attention_forward", {&out, &probs, &qkv, &key_mask, &bias});
+                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
+                       const Tensor& documents) {
+  const Device d = common_device("attention_forward", {&out, &probs, &qkv, &key_mask, &bias, &documents});
   check_common(accepts::attention_forward_qkv, accepts::attention_forward_key_mask, d, qkv, probs, key_mask, s.B, s.H,
                s.T, s.T, dropout);
   check_groups("attention_forward", s, bias);
@@ -40,7 +41,9 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
   expect_numel("attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
   expect_dtype("attention_forward", "bias", bias, qkv.dtype());
   expect_numel("attention_forward", "bias", bias, static_cast<size_t>(s.H * s.T * s.T));
-  MB_OP_DISPATCH(d, attention_forward, out, probs, qkv, key_mask, s, dropout, bias);
+  expect_accepted(accepts::attention_forward_documents, documents, d);
+  expect_numel("attention_forward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  MB_OP_DISPATCH(d, attention_forward, out, probs, qkv, key_mask, s, dropout, bias, documents);
 }
 
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,

@@ -10,7 +10,10 @@
 // sums over their group's heads, in head order. out is
 // (B, T, H, D); probs (B, H, T, T) are the softmax probabilities saved for backward
 // (before dropout), in the activation dtype, computed in f32.
-// Masks: causal (key j > query i masked) and/or key padding (key_mask u8 (B, T), 0 = pad).
+// Masks: causal (key j > query i masked) and/or key padding (key_mask u8 (B, T), 0 = pad)
+// and/or documents (i32 (B, T), the document of each token: key j is masked for query i when
+// their documents differ; Megatron's --reset-attention-mask, with which a row of documents
+// packed together attends within each document only).
 // A query row whose keys are all masked gets probabilities 0, so its output is 0 and its
 // gradient is 0. Dropout of the probabilities draws element (b, global head, i, j) of the
 // full (B, total heads, T, T) tensor, so masks are the same under any tensor-parallel split.
@@ -44,12 +47,14 @@ void check_groups(const char* op, const AttentionShape& s, const Tensor& bias);
 
 // dropout may be null (or p == 0). bias, when defined, is added to the scaled scores
 // before the softmax: (H, T, T), the same for every batch row (T5's relative position
-// bias). key_mask may be undefined.
+// bias). key_mask and documents may be undefined.
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
-                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {});
+                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {},
+                       const Tensor& documents = {});
 
 // dqkv += the gradient with respect to qkv; dbias (H, T, T), when defined, += the gradient
-// with respect to the bias (summed over the batch in batch order).
+// with respect to the bias (summed over the batch in batch order). The masks are in probs
+// (a masked entry's probability is 0, so is its gradient): no key mask or documents needed.
 void attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs,
                         const Tensor& key_mask, const AttentionShape& s, const DropoutKey* dropout,
                         const Tensor& dbias = {});

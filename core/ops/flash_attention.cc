@@ -131,8 +131,9 @@ void check_bias(const char* op, const Tensor& qkv, const AttentionShape& s, cons
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
-  const Device d = common_device("flash_attention_forward", {&out, &lse, &qkv, &key_mask, &bias});
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
+                             const Tensor& documents) {
+  const Device d = common_device("flash_attention_forward", {&out, &lse, &qkv, &key_mask, &bias, &documents});
   expect_accepted(accepts::flash_attention_forward_qkv, qkv, d);
   expect_accepted(accepts::flash_attention_forward_lse, lse, d);
   expect_accepted(accepts::flash_attention_forward_key_mask, key_mask, d);
@@ -140,14 +141,17 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   expect_dtype("flash_attention_forward", "out", out, qkv.dtype());
   expect_numel("flash_attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
   check_bias("flash_attention_forward", qkv, s, bias, {});
-  MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout, bias);
+  expect_accepted(accepts::flash_attention_forward_documents, documents, d);
+  expect_numel("flash_attention_forward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout, bias, documents);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias,
+                              const Tensor& documents) {
   const Device d =
-      common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask, &bias, &dbias});
+      common_device("flash_attention_backward", {&dqkv, &dout, &qkv, &out, &lse, &key_mask, &bias, &dbias, &documents});
   expect_accepted(accepts::flash_attention_backward_qkv, qkv, d);
   expect_accepted(accepts::flash_attention_backward_lse, lse, d);
   expect_accepted(accepts::flash_attention_backward_key_mask, key_mask, d);
@@ -158,7 +162,10 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
     expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
   }
   check_bias("flash_attention_backward", qkv, s, bias, dbias);
-  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias);
+  expect_accepted(accepts::flash_attention_backward_documents, documents, d);
+  expect_numel("flash_attention_backward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias,
+                 documents);
 }
 
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,

@@ -5,7 +5,8 @@
 // backward recomputes the probabilities from q, k and lse, and reads `out` for the row sums
 // of the softmax gradient (dout . out). Layouts, masks, dropout (the same Philox element
 // of the full (B, total heads, T, T) tensor, so the same masks) and tensor-parallel head
-// offsets are attention_forward's, and so is the bias: (H, T, T) in qkv's dtype, added to the
+// offsets are attention_forward's (the backward takes the forward's masks, documents
+// included, as it recomputes the probabilities), and so is the bias: (H, T, T) in qkv's dtype, added to the
 // scaled scores (T5's relative position bias), its gradient dbias (H, T, T) in f32 (f64 for
 // f64) summed over the batch in batch order. The cross-attention pair is
 // cross_attention_forward's (q, kv, a key mask over the encoder positions, no causal mask,
@@ -61,15 +62,16 @@ enum class FlashForwardRows { k16, k32 };
 void set_flash_forward_rows(FlashForwardRows rows);
 FlashForwardRows flash_forward_rows();
 
-// out (B, T, H, D) and lse (B, H, T) f32 written. bias may be undefined.
+// out (B, T, H, D) and lse (B, H, T) f32 written. bias and documents may be undefined.
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {});
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {},
+                             const Tensor& documents = {});
 // dqkv += the gradient with respect to qkv (= with kSet); with the forward's bias, dbias
 // (when defined) += the gradient with respect to it, whatever w says.
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
                               const DropoutKey* dropout, Write w = Write::kAdd, const Tensor& bias = {},
-                              const Tensor& dbias = {});
+                              const Tensor& dbias = {}, const Tensor& documents = {});
 
 // Cross-attention: out (B, Tq, H, D) and lse (B, H, Tq) f32 written.
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,

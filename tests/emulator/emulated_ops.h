@@ -201,13 +201,14 @@ MB_EMULATED_OP(scale_by, (const Tensor& x, const Tensor& factor, size_t index), 
 // flash_attention.h
 MB_EMULATED_OP(flash_attention_forward,
                (const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {}),
-               (out, lse, qkv, key_mask, s, dropout, bias))
+                const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {},
+                const Tensor& documents = {}),
+               (out, lse, qkv, key_mask, s, dropout, bias, documents))
 MB_EMULATED_OP(flash_attention_backward,
                (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out, const Tensor& lse,
                 const Tensor& key_mask, const AttentionShape& s, const DropoutKey* dropout, Write w = Write::kAdd,
-                const Tensor& bias = {}, const Tensor& dbias = {}),
-               (dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias))
+                const Tensor& bias = {}, const Tensor& dbias = {}, const Tensor& documents = {}),
+               (dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias, documents))
 MB_EMULATED_OP(flash_cross_attention_forward,
                (const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv, const Tensor& key_mask,
                 const CrossAttentionShape& s, const DropoutKey* dropout),
@@ -241,8 +242,9 @@ MB_NOT_EMULATED(bias_add, "cuBLASLt", (const Tensor& x, const Tensor& bias), (x,
 MB_NOT_EMULATED(bias_backward, "cuBLASLt", (const Tensor& dbias, const Tensor& dx), (dbias, dx))
 MB_NOT_EMULATED(attention_forward, "cuBLASLt",
                 (const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
-                 const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {}),
-                (out, probs, qkv, key_mask, s, dropout, bias))
+                 const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias = {},
+                 const Tensor& documents = {}),
+                (out, probs, qkv, key_mask, s, dropout, bias, documents))
 MB_NOT_EMULATED(attention_backward, "cuBLASLt",
                 (const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& probs, const Tensor& key_mask,
                  const AttentionShape& s, const DropoutKey* dropout, const Tensor& dbias = {}),

@@ -201,8 +201,9 @@ class Emulated : public ::testing::TestWithParam<DType> {
 // self-attention against the f64 reference: causal and not, padding, dropout, the bias,
 // lengths that are not multiples of the tiles, head sizes 64 and 128, grouped-query attention
 // (4 heads in 2 groups, 2 in 1: the dK/dV kernel walking a group's heads); the threads in a
-// random order with eager copies, so that a missing barrier shows. The forward with a warp
-// per 32 rows (ops::FlashForwardRows::k32) gives the same bits as with 16.
+// random order with eager copies, so that a missing barrier shows; documents packed in a row
+// (--reset-attention-mask), causal and not, with padding, dropout and groups. The forward with a
+// warp per 32 rows (ops::FlashForwardRows::k32) gives the same bits as with 16.
 TEST_P(Emulated, FlashAttentionForwardAndBackward) {
   struct Config {
     int64_t B, T, H, D;
@@ -210,21 +211,27 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
     double p;
     bool bias;
     int64_t G = 0;  // key/value groups (grouped-query attention; 0: one a head)
+    bool docs = false;
   };
   const WithOptions options({3, 11, emu::Copies::kEager});
   const WithFlashDq separate(ops::FlashDq::kSeparate);
-  for (const Config c :
+  for (const Config& c :
        {Config{2, 37, 2, 64, true, false, 0.0, false}, Config{1, 130, 1, 64, true, true, 0.0, false},
         Config{1, 100, 1, 128, false, true, 0.0, false}, Config{1, 70, 2, 64, true, true, 0.2, false},
         Config{1, 65, 1, 128, true, false, 0.1, false}, Config{2, 70, 1, 64, false, true, 0.1, true},
         Config{1, 130, 1, 128, true, false, 0.0, true}, Config{1, 130, 4, 64, true, true, 0.1, false, 2},
-        Config{1, 100, 2, 128, false, false, 0.0, false, 1}}) {
+        Config{1, 100, 2, 128, false, false, 0.0, false, 1}, Config{2, 150, 2, 64, true, false, 0.1, false, 0, true},
+        Config{1, 130, 1, 128, true, true, 0.0, false, 0, true},
+        Config{2, 100, 2, 64, false, true, 0.0, false, 0, true},
+        Config{1, 140, 4, 64, true, false, 0.0, false, 2, true}}) {
     auto h = harness(13);
     const int64_t G = c.G ? c.G : c.H;
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " G " +
                  std::to_string(G) + " D " + std::to_string(c.D) + (c.causal ? " causal" : "") +
-                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p) + (c.bias ? " bias" : ""));
+                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p) + (c.bias ? " bias" : "") +
+                 (c.docs ? " documents" : ""));
     const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 1, c.H + 1, G};
+    const Pair docs = c.docs ? h.ids(mb::testing::packed_documents(c.B, c.T), {c.B, c.T}) : Pair{};
     const ops::DropoutKey dk{c.p, 57, 4};
     std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
     for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;
@@ -232,24 +239,24 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
     const Pair qkv = h.input({c.B, c.T, G, c.H / G + 2, c.D}), dy = h.input({c.B, c.T, c.H, c.D});
     const Pair bias = c.bias ? h.input({c.H, c.T, c.T}) : Pair{};
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
-    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
-    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk, bias.ref);
+    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, bias.dev, docs.dev);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk, bias.ref, docs.ref);
     const double terms = static_cast<double>(c.D + c.T);
     h.expect_close(out, terms, "out", 8.0);
     h.expect_close(lse, terms, "lse", 8.0);
     {  // a warp per 32 rows (at head size 128, the queries from shared memory): the same bits
       const WithForwardRows rows(ops::FlashForwardRows::k32);
       Pair out32 = h.output({c.B, c.T, c.H, c.D}), lse32 = h.output({c.B, c.H, c.T}, DType::kF32);
-      ops::emulated::flash_attention_forward(out32.dev, lse32.dev, qkv.dev, mask.dev, s, &dk, bias.dev);
+      ops::emulated::flash_attention_forward(out32.dev, lse32.dev, qkv.dev, mask.dev, s, &dk, bias.dev, docs.dev);
       EXPECT_EQ(bits_of(out32.dev), bits_of(out.dev)) << "32 rows a warp";
       EXPECT_EQ(mb::to_host_f32(lse32.dev), mb::to_host_f32(lse.dev)) << "32 rows a warp";
     }
     Pair dqkv = h.accumulator({c.B, c.T, G, c.H / G + 2, c.D});
     Pair dbias = c.bias ? h.accumulator({c.H, c.T, c.T}, DType::kF32) : Pair{};
     ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
-                                            ops::Write::kAdd, bias.dev, dbias.dev);
+                                            ops::Write::kAdd, bias.dev, dbias.dev, docs.dev);
     ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd,
-                                  bias.ref, dbias.ref);
+                                  bias.ref, dbias.ref, docs.ref);
     h.expect_close(dqkv, terms * static_cast<double>(c.H / G), "dqkv", 16.0);
     if (c.bias) h.expect_close(dbias, terms + static_cast<double>(c.B), "dbias", 16.0);
   }
@@ -301,7 +308,7 @@ TEST_P(Emulated, FlashCrossAttentionForwardAndBackward) {
 // hold from one block to all of them at once, in round-robin and random orders, with
 // copies deferred and eager: the path ran (its counter), the result is within the
 // reference's tolerance, and every schedule gives the same bits; with grouped-query attention
-// too (each item walking its group's heads in turn). A non-causal shape whose
+// too (each item walking its group's heads in turn), and with documents packed in a row. A non-causal shape whose
 // key blocks do not all fit at once takes the separate kernels, and gives what they give. In
 // bf16 (the turns do not depend on the type; the other tests run both).
 TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
@@ -310,17 +317,21 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
     bool causal, mask;
     double p;
     int64_t G = 0;  // key/value groups (grouped-query attention; 0: one a head)
+    bool docs = false;
   };
   const WithFlashDq ordered(ops::FlashDq::kOrdered);
-  for (const Config c : {Config{1, 200, 2, 64, false, true, 0.0}, Config{1, 193, 2, 64, true, false, 0.0},
-                         Config{2, 150, 1, 64, true, true, 0.15}, Config{1, 260, 1, 128, false, false, 0.1},
-                         Config{1, 270, 1, 128, true, true, 0.0}, Config{1, 40, 2, 64, false, false, 0.0},
-                         Config{1, 200, 4, 64, false, true, 0.1, 2}, Config{1, 193, 3, 64, true, false, 0.0, 1}}) {
+  for (const Config c :
+       {Config{1, 200, 2, 64, false, true, 0.0}, Config{1, 193, 2, 64, true, false, 0.0},
+        Config{2, 150, 1, 64, true, true, 0.15}, Config{1, 260, 1, 128, false, false, 0.1},
+        Config{1, 270, 1, 128, true, true, 0.0}, Config{1, 40, 2, 64, false, false, 0.0},
+        Config{1, 200, 4, 64, false, true, 0.1, 2}, Config{1, 193, 3, 64, true, false, 0.0, 1},
+        Config{2, 200, 2, 64, true, false, 0.1, 0, true}, Config{1, 270, 1, 128, false, true, 0.0, 0, true}}) {
     OpHarness h(mb::Device::cpu(), DType::kBF16, 17);
     const int64_t G = c.G ? c.G : c.H;
     SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " H " + std::to_string(c.H) + " G " +
                  std::to_string(G) + " D " + std::to_string(c.D) + (c.causal ? " causal" : "") +
-                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p));
+                 (c.mask ? " masked" : "") + " p " + std::to_string(c.p) + (c.docs ? " documents" : ""));
+    const Pair docs = c.docs ? h.ids(mb::testing::packed_documents(c.B, c.T), {c.B, c.T}) : Pair{};
     const int64_t key_blocks = (c.T + (c.D == 64 ? 63 : 127)) / (c.D == 64 ? 64 : 128);
     const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0, G};
     const std::vector<int64_t> qkv_shape{c.B, c.T, G, c.H / G + 2, c.D};
@@ -330,22 +341,24 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
     const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
     const Pair qkv = h.input(qkv_shape), dy = h.input({c.B, c.T, c.H, c.D});
     Pair out = h.output({c.B, c.T, c.H, c.D}), lse = h.output({c.B, c.H, c.T}, DType::kF32);
-    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, {});
-    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk);
+    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, &dk, {}, docs.dev);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, mask.ref, s, &dk, {}, docs.ref);
     const double terms = static_cast<double>(c.D + c.T) * static_cast<double>(c.H / G);  // (dK, dV: a group's)
     Pair dqkv = h.accumulator(qkv_shape);
     {
       const WithOptions o({static_cast<int>(key_blocks), 0, emu::Copies::kDeferred});
       const int64_t calls = ops::flash_dq_ordered_calls();
       ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
-                                              ops::Write::kAdd, {}, {});
+                                              ops::Write::kAdd, {}, {}, docs.dev);
       ASSERT_EQ(ops::flash_dq_ordered_calls(), calls + 1) << "the backward did not take the ordered path";
     }
-    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd);
+    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kAdd, {},
+                                  {}, docs.ref);
     h.expect_close(dqkv, terms, "dqkv (add)", 16.0);
 
     Pair first = h.output(qkv_shape);
-    ops::flash_attention_backward(first.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet);
+    ops::flash_attention_backward(first.ref, dy.ref, qkv.ref, out.ref, lse.ref, mask.ref, s, &dk, ops::Write::kSet, {},
+                                  {}, docs.ref);
     std::vector<emu::Options> schedules = {{static_cast<int>(key_blocks), 0, emu::Copies::kDeferred},
                                            {static_cast<int>(key_blocks) + 3, 7, emu::Copies::kEager},
                                            {static_cast<int>(2 * key_blocks), 23, emu::Copies::kDeferred}};
@@ -357,7 +370,7 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
       const int64_t calls = ops::flash_dq_ordered_calls();
       Pair again = h.output(qkv_shape);
       ops::emulated::flash_attention_backward(again.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
-                                              ops::Write::kSet, {}, {});
+                                              ops::Write::kSet, {}, {}, docs.dev);
       ASSERT_EQ(ops::flash_dq_ordered_calls(), calls + 1);
       if (bits.empty()) {
         again.ref = first.ref;
@@ -372,7 +385,7 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
       const int64_t calls = ops::flash_dq_ordered_calls();
       Pair separate = h.output(qkv_shape);
       ops::emulated::flash_attention_backward(separate.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, &dk,
-                                              ops::Write::kSet, {}, {});
+                                              ops::Write::kSet, {}, {}, docs.dev);
       EXPECT_EQ(ops::flash_dq_ordered_calls(), calls) << "the ordered path ran where a head's key blocks do not fit";
       separate.ref = first.ref;
       h.expect_close(separate, terms, "dqkv (separate)", 16.0);

@@ -157,6 +157,21 @@ class OpHarness {
   uint32_t seed_;
 };
 
+// The documents (attention.h: i32 (B, T), Megatron's --reset-attention-mask) of rows packed
+// from several: row b's end after positions b + 6, 62 and 63 (a document of one token) and
+// 2T/3, those that fall inside the row; a row of T < 8 - b is one document.
+inline std::vector<int32_t> packed_documents(int64_t B, int64_t T) {
+  std::vector<int32_t> docs(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    int32_t doc = 0;
+    for (int64_t t = 0; t < T; ++t) {
+      docs[static_cast<size_t>(b * T + t)] = doc;
+      if (t == b + 6 || t == 62 || t == 63 || t == 2 * T / 3) ++doc;
+    }
+  }
+  return docs;
+}
+
 // The fixture of the op tests (test_ops_devices.cc, test_attention_devices.cc): each
 // TEST_P(OnDevice, ...) runs once per dtype on test_device(), and skips where that device is
 // absent. test_ops_devices.cc instantiates it, for the tests of both files. In the emulated

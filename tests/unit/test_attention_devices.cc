@@ -173,6 +173,122 @@ TEST_P(OnDevice, FlashAttentionMatchesTheReferenceAndTheExplicitAttention) {
   }
 }
 
+// Documents packed in a row (attention.h's documents; Megatron's --reset-attention-mask) each
+// attend as if they were alone. The reference runs every document of every row on its own (a
+// batch of one row of its length) through the f64 explicit attention, which is given no
+// documents. Against it: the f64 explicit and flash attention given the row's documents, to
+// f64 precision; the device's explicit attention (not on the warp emulator: cuBLASLt) and its
+// flash kernels (where they take the dtype; with the ordered dQ too on a GPU that has it), to
+// the dtype's tolerance. Causal and not, head sizes 64 and 128, documents that end inside a
+// tile and across tiles, one of a single token, a padded tail; no dropout (its draws are keyed
+// by the place in the whole row).
+TEST_P(OnDevice, PackedDocumentsAttendAsIfEachWereAlone) {
+#ifdef MB_TEST_DEVICE_EMULATED
+  if (!ops::flash_attention_supported(mb::testing::test_device(), GetParam(), 64))
+    GTEST_SKIP() << "the warp emulator runs only the flash kernels here, which take no " << mb::dtype_name(GetParam());
+#endif
+  struct Restore {
+    ops::FlashDq was = ops::flash_dq();
+    ~Restore() { ops::set_flash_dq(was); }
+  } restore;
+  struct Config {
+    int64_t B, T, H, D;
+    bool causal, mask;
+  };
+  for (const Config& c :
+       {Config{2, 150, 2, 64, true, false}, Config{1, 130, 1, 128, true, true}, Config{2, 100, 2, 64, false, false}}) {
+    auto h = harness(19);
+    SCOPED_TRACE("B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " D " + std::to_string(c.D) +
+                 (c.causal ? " causal" : "") + (c.mask ? " masked" : ""));
+    const ops::AttentionShape s{c.B, c.T, c.H, c.D, c.causal, 0, 0};
+    const std::vector<int32_t> dv = mb::testing::packed_documents(c.B, c.T);
+    const Pair docs = h.ids(dv, {c.B, c.T});
+    std::vector<uint8_t> mv(static_cast<size_t>(c.B * c.T), 1);
+    for (int64_t t = c.T - 9; t < c.T; ++t) mv[static_cast<size_t>(t)] = 0;  // batch row 0's tail padded
+    const Pair mask = c.mask ? h.bytes(mv, {c.B, c.T}) : Pair{};
+    const std::vector<int64_t> qkv_shape{c.B, c.T, c.H, 3, c.D}, out_shape{c.B, c.T, c.H, c.D};
+    const Pair qkv = h.input(qkv_shape), dy = h.input(out_shape);
+
+    // the reference: each document alone
+    const std::vector<double> x = mb::to_host_f64(qkv.ref), g = mb::to_host_f64(dy.ref);
+    const int64_t w = c.H * 3 * c.D, o = c.H * c.D;  // elements a token of qkv, of out
+    std::vector<double> want_out(static_cast<size_t>(c.B * c.T * o)), want_grad(x.size(), 0.0);
+    int64_t documents = 0;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t t0 = 0, t1 = 1; t0 < c.T; t0 = t1++) {
+        while (t1 < c.T && dv[static_cast<size_t>(b * c.T + t1)] == dv[static_cast<size_t>(b * c.T + t0)]) ++t1;
+        const int64_t n = t1 - t0, at = b * c.T + t0;
+        ++documents;
+        auto slice = [](const std::vector<double>& v, int64_t from, int64_t count) {
+          return std::vector<double>(v.begin() + from, v.begin() + from + count);
+        };
+        const mb::Tensor q = mb::from_host(slice(x, at * w, n * w), {1, n, c.H, 3, c.D}),
+                         d = mb::from_host(slice(g, at * o, n * o), {1, n, c.H, c.D});
+        const mb::Tensor m =
+            c.mask ? mb::from_host(std::vector<uint8_t>(mv.begin() + at, mv.begin() + at + n), {1, n}) : mb::Tensor();
+        const ops::AttentionShape one{1, n, c.H, c.D, c.causal, 0, 0};
+        mb::Tensor out({1, n, c.H, c.D}, DType::kF64), probs({1, c.H, n, n}, DType::kF64), grad(q.shape(), DType::kF64);
+        grad.zero();
+        ops::attention_forward(out, probs, q, m, one, nullptr);
+        ops::attention_backward(grad, d, q, probs, m, one, nullptr);
+        const std::vector<double> ov = mb::to_host_f64(out), gv = mb::to_host_f64(grad);
+        std::copy(ov.begin(), ov.end(), want_out.begin() + at * o);
+        std::copy(gv.begin(), gv.end(), want_grad.begin() + at * w);
+      }
+    ASSERT_EQ(documents, 5 * c.B) << "each row holds the five documents packed_documents makes";
+    auto expect_equal_f64 = [](const mb::Tensor& got, const std::vector<double>& want, const std::string& what) {
+      const std::vector<double> v = mb::to_host_f64(got);
+      ASSERT_EQ(v.size(), want.size());
+      for (size_t i = 0; i < v.size(); ++i)
+        ASSERT_NEAR(v[i], want[i], 1e-10 * (std::abs(want[i]) + 1)) << what << " " << i;
+    };
+    const double terms = static_cast<double>(c.D + c.T);
+
+    {  // the f64 explicit and flash attention, given the documents
+      mb::Tensor out(out_shape, DType::kF64), probs({c.B, c.H, c.T, c.T}, DType::kF64), grad(qkv_shape, DType::kF64);
+      grad.zero();
+      ops::attention_forward(out, probs, qkv.ref, mask.ref, s, nullptr, {}, docs.ref);
+      ops::attention_backward(grad, dy.ref, qkv.ref, probs, mask.ref, s, nullptr);
+      expect_equal_f64(out, want_out, "explicit out (f64)");
+      expect_equal_f64(grad, want_grad, "explicit dqkv (f64)");
+      mb::Tensor fout(out_shape, DType::kF64), lse({c.B, c.H, c.T}, DType::kF64), fgrad(qkv_shape, DType::kF64);
+      ops::flash_attention_forward(fout, lse, qkv.ref, mask.ref, s, nullptr, {}, docs.ref);
+      ops::flash_attention_backward(fgrad, dy.ref, qkv.ref, fout, lse, mask.ref, s, nullptr, ops::Write::kSet, {}, {},
+                                    docs.ref);
+      expect_equal_f64(fout, want_out, "flash out (f64)");
+      expect_equal_f64(fgrad, want_grad, "flash dqkv (f64)");
+    }
+#ifndef MB_TEST_DEVICE_EMULATED
+    {  // the device's explicit attention
+      Pair out = h.output(out_shape), probs = h.output({c.B, c.H, c.T, c.T}), dqkv = h.accumulator(qkv_shape);
+      ops::attention_forward(out.dev, probs.dev, qkv.dev, mask.dev, s, nullptr, {}, docs.dev);
+      out.ref = mb::from_host(want_out, out_shape);
+      h.expect_close(out, terms, "explicit out", 8.0);
+      ops::attention_backward(dqkv.dev, dy.dev, qkv.dev, probs.dev, mask.dev, s, nullptr);
+      std::vector<double> start = mb::to_host_f64(dqkv.ref);
+      for (size_t i = 0; i < start.size(); ++i) start[i] += want_grad[i];
+      dqkv.ref = mb::from_host(start, qkv_shape);
+      h.expect_close(dqkv, terms, "explicit dqkv", 16.0);
+    }
+#endif
+    if (!ops::flash_attention_supported(h.device(), h.dtype(), c.D)) continue;  // (its refusal: tested above)
+    std::vector<ops::FlashDq> dq_ways{ops::FlashDq::kSeparate};
+    if (ops::flash_dq_ordered_supported(h.device())) dq_ways.push_back(ops::FlashDq::kOrdered);
+    for (const ops::FlashDq way : dq_ways) {  // the device's flash kernels
+      SCOPED_TRACE(way == ops::FlashDq::kOrdered ? "ordered dQ" : "separate dQ");
+      ops::set_flash_dq(way);
+      Pair out = h.output(out_shape), lse = h.output({c.B, c.H, c.T}, DType::kF32), dqkv = h.output(qkv_shape);
+      ops::flash_attention_forward(out.dev, lse.dev, qkv.dev, mask.dev, s, nullptr, {}, docs.dev);
+      out.ref = mb::from_host(want_out, out_shape);
+      h.expect_close(out, terms, "flash out", 8.0);
+      ops::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, mask.dev, s, nullptr, ops::Write::kSet,
+                                    {}, {}, docs.dev);
+      dqkv.ref = mb::from_host(want_grad, qkv_shape);
+      h.expect_close(dqkv, terms, "flash dqkv", 16.0);
+    }
+  }
+}
+
 // The ordered dQ (ops::FlashDq::kOrdered: the dK/dV kernel adds each key block's share into
 // an f32 sum per query tile, the blocks taking turns) against the f64 reference, and the
 // same bits when run again. Shapes of several key blocks and query tiles (up to 5 x 5),

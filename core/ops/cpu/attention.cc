@@ -29,8 +29,10 @@ struct Geometry {
   int64_t head_offset, total_heads;
   const uint8_t* key_mask;  // (B, Tk)
   int64_t per_group;        // query heads a key/value head serves (grouped-query attention; else 1)
+  const int32_t* documents = nullptr;  // self-attention: (B, T), or null
   bool valid(int64_t b, int64_t i, int64_t j) const {
     if (causal && j > i) return false;
+    if (documents && documents[b * Tq + i] != documents[b * Tk + j]) return false;
     return !key_mask || key_mask[b * Tk + j] != 0;
   }
 };
@@ -148,8 +150,10 @@ void backward_all(const T* probs, const Geometry& g, const DropoutKey* dropout, 
   }
 }
 
-Geometry self_geometry(const AttentionShape& s, const uint8_t* key_mask) {
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask, heads_per_group(s)};
+Geometry self_geometry(const AttentionShape& s, const uint8_t* key_mask, const Tensor& documents = {}) {
+  Geometry g{s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, key_mask, heads_per_group(s)};
+  if (documents.defined()) g.documents = documents.data<int32_t>();
+  return g;
 }
 Geometry cross_geometry(const CrossAttentionShape& s, const uint8_t* key_mask) {
   return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads, key_mask, 1};
@@ -168,7 +172,8 @@ struct SelfPlaces {
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
-                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+                       const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
+                       const Tensor& documents) {
   const uint8_t* mask = key_mask.defined() ? key_mask.data<uint8_t>() : nullptr;
   with_compute_type(qkv.dtype(), [&](auto zero) {
     using T = decltype(zero);
@@ -176,7 +181,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
     Out<T> y(out, false), P(probs, false);
     const SelfPlaces at(s);
     forward_all<T>(
-        P, self_geometry(s, mask), dropout,
+        P, self_geometry(s, mask, documents), dropout,
         [&](int64_t b, int64_t h) {
           const T* k = in.get() + at.k(b, s.T, h);
           return Block<T>{

@@ -42,12 +42,15 @@ struct Problem {
   const std::vector<double>* kvs;      // the same vector as qs for self-attention
   std::vector<uint8_t> mask;           // (B, Tk) or empty
   std::vector<double> bias;            // (H, Tq, Tk) or empty: added to the scaled scores
+  std::vector<int32_t> documents = {};  // self-attention: (B, T) or empty
   size_t out_at(int64_t b, int64_t i, int64_t h, int64_t d) const {
     return static_cast<size_t>(((b * Tq + i) * H + h) * D + d);
   }
   size_t lse_at(int64_t b, int64_t h, int64_t i) const { return static_cast<size_t>((b * H + h) * Tq + i); }
   bool valid(int64_t b, int64_t i, int64_t j) const {
     if (causal && j > i) return false;
+    if (!documents.empty() && documents[static_cast<size_t>(b * Tq + i)] != documents[static_cast<size_t>(b * Tk + j)])
+      return false;
     return mask.empty() || mask[static_cast<size_t>(b * Tk + j)] != 0;
   }
   // the scaled score of query i and key j in (b, h)
@@ -74,8 +77,9 @@ std::vector<uint8_t> mask_of(const Tensor& key_mask) {
 }
 
 // self-attention: G groups of [H/G queries, a key, a value] in qkv (B, T, G, H/G + 2, D), the
-// bias (H, T, T) if any
-Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask, const Tensor& bias) {
+// bias (H, T, T) and the documents (B, T) if any
+Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask,
+                     const Tensor& bias, const Tensor& documents) {
   const int64_t r = heads_per_group(s);
   const Place q{s.T, qkv_width(s), (r + 2) * s.D, 0, r, s.D};
   Place k = q, v = q;
@@ -83,16 +87,31 @@ Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, co
   k.off = r * s.D;
   v.off = (r + 1) * s.D;
   std::vector<double> b = bias.defined() ? cpu_values_f64(bias) : std::vector<double>{};
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
-          &qkv, &qkv, mask_of(key_mask), std::move(b)};
+  Problem p{s.B, s.T, s.T, s.H,  s.D,  s.causal,          s.head_offset, s.total_heads ? s.total_heads : s.H,
+            q,   k,   v,   &qkv, &qkv, mask_of(key_mask), std::move(b)};
+  if (documents.defined()) p.documents.assign(documents.data<int32_t>(), documents.data<int32_t>() + documents.numel());
+  return p;
 }
 
 // cross-attention: q (B, Tq, H, D), k and v side by side in kv (B, Tk, H, 2, D)
 Problem cross_problem(const CrossAttentionShape& s, const std::vector<double>& q, const std::vector<double>& kv,
                       const Tensor& key_mask) {
   const Place qp{s.Tq, s.H * s.D, s.D, 0}, k{s.Tk, s.H * 2 * s.D, 2 * s.D, 0}, v{s.Tk, s.H * 2 * s.D, 2 * s.D, s.D};
-  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, qp, k, v,
-          &q, &kv, mask_of(key_mask), {}};
+  return {s.B,
+          s.Tq,
+          s.Tk,
+          s.H,
+          s.D,
+          false,
+          s.head_offset,
+          s.total_heads ? s.total_heads : s.H,
+          qp,
+          k,
+          v,
+          &q,
+          &kv,
+          mask_of(key_mask),
+          {}};  // (no documents)
 }
 
 void forward(const Problem& p, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
@@ -166,18 +185,21 @@ std::vector<double> start(const Tensor& grad, Write w) {
 }  // namespace
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
+                             const Tensor& documents) {
   const std::vector<double> x = cpu_values_f64(qkv);
-  forward(self_problem(s, x, key_mask, bias), out, lse, dropout);
+  forward(self_problem(s, x, key_mask, bias, documents), out, lse, dropout);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias,
+                              const Tensor& documents) {
   const std::vector<double> x = cpu_values_f64(qkv);
   std::vector<double> g = start(dqkv, w);
   std::vector<double> gb = dbias.defined() ? cpu_values_f64(dbias) : std::vector<double>{};
-  backward(self_problem(s, x, key_mask, bias), g, g, dbias.defined() ? &gb : nullptr, dout, out, lse, dropout);
+  backward(self_problem(s, x, key_mask, bias, documents), g, g, dbias.defined() ? &gb : nullptr, dout, out, lse,
+           dropout);
   store(dqkv, g);
   if (dbias.defined()) store(dbias, gb);
 }

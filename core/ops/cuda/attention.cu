@@ -17,7 +17,8 @@ namespace megabatch::ops::cuda {
 static_assert(takes_only<accepts::attention_forward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::attention_backward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::cross_attention_forward_key_mask.cuda.bits, uint8_t>() &&
-              takes_only<accepts::cross_attention_backward_key_mask.cuda.bits, uint8_t>());
+              takes_only<accepts::cross_attention_backward_key_mask.cuda.bits, uint8_t>() &&
+              takes_only<accepts::attention_forward_documents.cuda.bits, int32_t>());
 
 namespace {
 
@@ -27,6 +28,7 @@ struct Geometry {
   int64_t B, Tq, Tk, H, D;
   bool causal;
   int64_t head_offset, total_heads;
+  const int32_t* documents;  // self-attention's forward: (B, T), or null
 };
 
 struct DropoutArgs {
@@ -57,6 +59,7 @@ __device__ __forceinline__ bool kept(const DropoutArgs& d, const Geometry& g, in
 
 __device__ __forceinline__ bool valid(const Geometry& g, const uint8_t* mask, int64_t b, int64_t i, int64_t j) {
   if (g.causal && j > i) return false;
+  if (g.documents && g.documents[b * g.Tq + i] != g.documents[b * g.Tk + j]) return false;
   return !mask || mask[b * g.Tk + j] != 0;
 }
 
@@ -278,18 +281,20 @@ void core_backward(const Geometry& g, const Tensor& dq, const Tensor& dk, const 
   batched(dk, ds, Trans::T, q, Trans::N, g.Tk, g.D, g.Tq, g.Tk, g.D, g.D, BH, 1.0f, 0.0f, s);
 }
 
-Geometry self_geometry(const AttentionShape& s) {
-  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H};
+Geometry self_geometry(const AttentionShape& s, const Tensor& documents = {}) {
+  return {
+      s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, ptr<int32_t>(documents)};
 }
 Geometry cross_geometry(const CrossAttentionShape& s) {
-  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H};
+  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, nullptr};
 }
 
 }  // namespace
 
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
-                       const AttentionShape& sh, const DropoutKey* dropout, const Tensor& bias) {
-  const Geometry g = self_geometry(sh);
+                       const AttentionShape& sh, const DropoutKey* dropout, const Tensor& bias,
+                       const Tensor& documents) {
+  const Geometry g = self_geometry(sh, documents);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(qkv);
   with_type<accepts::attention_forward_qkv.cuda.bits>(qkv.dtype(), "attention_forward", [&](auto zero) {

@@ -9,7 +9,8 @@
 // - backward, deterministic (no atomics): one kernel per block of keys walks the query tiles for
 //   dK and dV, another per block of queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
-// Only the tiles that cross the diagonal, reach past T or have a key mask test each element.
+// Only the tiles that cross the diagonal, reach past T or have a key mask or documents
+// (--reset-attention-mask) test each element.
 // T5's position bias (H, T, T), when given, is added to each tile's scores before the mask.
 // q, k and v are read in place from qkv (B, T, H, 3, D), or q (B, Tq, H, D) and kv (B, Tk, H,
 // 2, D) for cross-attention; out written as (B, Tq, H, D) and the gradients added into dqkv
@@ -27,7 +28,9 @@ static_assert(takes_only<accepts::flash_attention_forward_key_mask.cuda.bits, ui
               takes_only<accepts::flash_cross_attention_forward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::flash_cross_attention_backward_key_mask.cuda.bits, uint8_t>() &&
               takes_only<accepts::flash_cross_attention_forward_lse.cuda.bits, float>() &&
-              takes_only<accepts::flash_cross_attention_backward_lse.cuda.bits, float>());
+              takes_only<accepts::flash_cross_attention_backward_lse.cuda.bits, float>() &&
+              takes_only<accepts::flash_attention_forward_documents.cuda.bits, int32_t>() &&
+              takes_only<accepts::flash_attention_backward_documents.cuda.bits, int32_t>());
 
 namespace {
 using namespace flash;
@@ -165,7 +168,8 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
         if (a.bias) add_bias<T, false>(a, h, s[mi], r0, k0, g, t);
         // Only a tile that reaches past Tk, crosses the diagonal or has a key mask is masked:
         // the others (most of them) skip the per-element test.
-        if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > r0)) mask_tile<false>(a, b, s[mi], r0, k0, g, t);
+        if (masks_every_tile(a) || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > r0))
+          mask_tile<false>(a, b, s[mi], r0, k0, g, t);
         // row maxima (scores unscaled: the scale is positive), then the running max in log2 units
         float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -287,10 +291,11 @@ int flash_code_arch(int device) {
 #endif
 
 void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& qkv, const Tensor& key_mask,
-                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias) {
+                             const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
+                             const Tensor& documents) {
   if (s.B * s.H * s.T == 0) return;
-  run_forward<accepts::flash_attention_forward_qkv.cuda.bits>(self_args(s, dropout, qkv, key_mask, lse, bias), out,
-                                                              qkv.dtype(), "flash_attention_forward");
+  run_forward<accepts::flash_attention_forward_qkv.cuda.bits>(
+      self_args(s, dropout, qkv, key_mask, lse, bias, documents), out, qkv.dtype(), "flash_attention_forward");
 }
 
 void flash_cross_attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& kv,

@@ -41,6 +41,7 @@ struct Args {
   float* lse;           // (B, H, Tq), natural log
   const float* rowdot;  // backward: dout . out per row (B, H, Tq)
   const uint8_t* mask;  // (B, Tk)
+  const int32_t* doc;   // self-attention: (B, T) the document of each token, or null
   const void* bias;     // self-attention: (H, Tq, Tk) added to the scaled scores (T5), or null
   float* dbias;         // backward: (H, Tq, Tk) f32 += the bias's gradient, or null
   // element strides between tokens, between groups of `per` heads (grouped-query attention:
@@ -77,8 +78,13 @@ __device__ __forceinline__ int64_t lse_at(const Args& a, int b, int h, int i) {
 __device__ __forceinline__ bool valid(const Args& a, int b, int i, int j) {
   if (j >= a.Tk || i >= a.Tq) return false;
   if (a.causal && j > i) return false;
+  if (a.doc && a.doc[static_cast<int64_t>(b) * a.Tq + i] != a.doc[static_cast<int64_t>(b) * a.Tk + j]) return false;
   return !a.mask || a.mask[static_cast<int64_t>(b) * a.Tk + j] != 0;
 }
+
+// Whether every tile tests each element (a key mask or documents), not only those on the
+// diagonal or past the end.
+__device__ __forceinline__ bool masks_every_tile(const Args& a) { return a.mask || a.doc; }
 
 // the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p) (called by the kernels'
 // dropout instances only)
@@ -340,8 +346,10 @@ inline void* element(void* base, DType t, int64_t e) {
 // Self-attention: q, k, v (and their gradients in dqkv, when given) in qkv's groups; the
 // position bias and its gradient when given.
 inline Args self_args(const AttentionShape& s, const DropoutKey* dropout, const Tensor& qkv, const Tensor& key_mask,
-                      const Tensor& lse, const Tensor& bias, const Tensor& dqkv = {}, const Tensor& dbias = {}) {
+                      const Tensor& lse, const Tensor& bias, const Tensor& documents, const Tensor& dqkv = {},
+                      const Tensor& dbias = {}) {
   Args a = common_args(s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads, dropout, key_mask, lse);
+  a.doc = ptr<int32_t>(documents);
   a.bias = bias.defined() ? bias.raw() : nullptr;
   a.dbias = ptr<float>(dbias);
   const int64_t per = heads_per_group(s);

@@ -117,7 +117,8 @@ __device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int
   if (a.bias) add_bias<T, false>(a, h, s, q0, k0, g, t);
   // keys past Tk (zero rows, not -inf scores) are masked like the diagonal and a key mask;
   // rows past Tq have lse = inf (p = 0)
-  if (a.mask || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0)) mask_tile<false>(a, b, s, q0, k0, g, t);
+  if (masks_every_tile(a) || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0))
+    mask_tile<false>(a, b, s, q0, k0, g, t);
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
@@ -293,10 +294,12 @@ void run_backward(Args a, const Tensor& dout, const Tensor& out, Write w, DType 
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
                               const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,
-                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias) {
+                              const DropoutKey* dropout, Write w, const Tensor& bias, const Tensor& dbias,
+                              const Tensor& documents) {
   if (s.B * s.H * s.T == 0) return;
   run_backward<accepts::flash_attention_backward_qkv.cuda.bits>(
-      self_args(s, dropout, qkv, key_mask, lse, bias, dqkv, dbias), dout, out, w, qkv.dtype(), "flash_attention_backward");
+      self_args(s, dropout, qkv, key_mask, lse, bias, documents, dqkv, dbias), dout, out, w, qkv.dtype(),
+      "flash_attention_backward");
 }
 
 void flash_cross_attention_backward(const Tensor& dq, const Tensor& dkv, const Tensor& dout, const Tensor& q,

@@ -136,8 +136,8 @@ __device__ __forceinline__ void dkdv_tile(const Args& a, int b, int h, int i0, i
   if (a.bias) add_bias<T, true>(a, h, st, j0, i0, g, t);
   // Queries past Tq have lse = inf (p = 0) and keys past Tk are not written: only a key
   // mask or the diagonal needs the per-element test.
-  if (a.mask || (a.causal && i0 < j0 + 15)) mask_tile<true>(a, b, st, j0, i0, g, t);
-  // P^T, then st <- (P Z)^T for dV and dpt <- dS^T for dK
+  if (masks_every_tile(a) || (a.causal && i0 < j0 + 15)) mask_tile<true>(a, b, st, j0, i0, g, t);
+    // P^T, then st <- (P Z)^T for dV and dpt <- dS^T for dK
 #pragma unroll
   for (int n = 0; n < 8; ++n)
 #pragma unroll
