@@ -47,6 +47,7 @@ std::string Gpt::summary() const {
      << store_.num_full_parameters() << " parameters"
      << (cfg_.eod_mask_loss ? "; no loss where the input is the end-of-document token (--eod-mask-loss)" : "")
      << (cfg_.reset_position_ids ? "; each document's positions from 0 (--reset-position-ids)" : "")
+     << (cfg_.reset_attention_mask ? "; each document attends within itself (--reset-attention-mask)" : "")
      << (output_ ? "; an output layer of its own (--untie-embeddings-and-output-weights)" : "")
      << (cfg_.rope ? "; rotary positions turning " + std::to_string(cfg_.rotary_dim()) + " channels of each head" : "")
      << (!cfg_.rope && cfg_.no_position_embedding ? "; no position embeddings (--no-position-embedding)" : "");
@@ -86,6 +87,13 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
     upload(mask_, batch.padding_mask, {B_, T_}, dev);
   else
     mask_ = Tensor();
+  if (!batch.documents.empty()) {  // --reset-attention-mask
+    check(batch.documents.size() == static_cast<size_t>(n), "GPT: ", batch.documents.size(), " document ids for ", n,
+          " tokens");
+    upload(documents_, batch.documents, {B_, T_}, dev);
+  } else {
+    documents_ = Tensor();
+  }
   if (wpe_ >= 0 && !batch.position_ids.empty()) {  // --reset-position-ids: each document's own
     check(batch.position_ids.size() == static_cast<size_t>(n), "GPT: ", batch.position_ids.size(), " position ids for ",
           n, " tokens");
@@ -101,7 +109,7 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   wte_->forward(emb_, tokens_);
   if (wpe_ >= 0) ops::embedding_forward(emb_, positions_, store_.param(wpe_), 0, true);
   dropout_or_copy(x_in_, emb_, dropout_key(ctx_, cfg_.hidden_dropout, 0));
-  stack_->forward(x_final_, x_in_, B_, T_, mask_, ctx_);
+  stack_->forward(x_final_, x_in_, B_, T_, mask_, ctx_, {}, {}, documents_);
   lnf_->forward(lnf_out_, lnf_mean_, lnf_rstd_, x_final_);
 
   // LM head tied to the word embedding (or the output layer's own), fused with the loss and its gradients

@@ -47,6 +47,7 @@ class Gpt final : public train::Model {
   bool have_grad_ = false;
   train::StepContext ctx_;
   Tensor tokens_, labels_, mask_, positions_, sums_;  // the batch on the device, the loss sum
+  Tensor documents_;                                  // (B, T) with --reset-attention-mask, else undefined
   bool batch_positions_ = false;                      // positions_ holds a batch's own (--reset-position-ids)
   Tensor emb_, x_in_, x_final_, lnf_out_, lnf_mean_, lnf_rstd_, dlnf_, dx_final_, dx_;
 };

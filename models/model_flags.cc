@@ -84,8 +84,8 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
   };
   for (const Switch& sw :
        {Switch{"gpt", "GPT", "eod_mask_loss"}, Switch{"gpt", "GPT", "untie_embeddings_and_output_weights"},
-        Switch{"gpt", "GPT", "reset_position_ids"}, Switch{"bert", "BERT", "bert_no_binary_head"},
-        Switch{"bert", "BERT", "post_layernorm"}})
+        Switch{"gpt", "GPT", "reset_position_ids"}, Switch{"gpt", "GPT", "reset_attention_mask"},
+        Switch{"bert", "BERT", "bert_no_binary_head"}, Switch{"bert", "BERT", "post_layernorm"}})
     check(c.family == sw.family || !r.given(sw.key) || !r.values[sw.key].get<bool>(), flag(sw.key), " is ", sw.owner,
           "'s, and this model is ", c.family, ", which would ignore it; drop it");
   if (!c.rope)
@@ -146,6 +146,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.binary_head = !v["bert_no_binary_head"].get<bool>();
   c.eod_mask_loss = v["eod_mask_loss"].get<bool>();
   c.reset_position_ids = v["reset_position_ids"].get<bool>();
+  c.reset_attention_mask = v["reset_attention_mask"].get<bool>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

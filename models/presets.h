@@ -52,6 +52,8 @@ struct ModelConfig {
   // GPT
   // GPT: each document of a sample takes learned positions from 0 (Megatron's --reset-position-ids)
   bool reset_position_ids = false;
+  // GPT: each document of a sample attends within itself only (Megatron's --reset-attention-mask)
+  bool reset_attention_mask = false;
   bool eod_mask_loss = false;  // no loss where the input token is the end of a document (Megatron's --eod-mask-loss)
   bool untie_embeddings_and_output_weights = false;  // an output layer of its own (Megatron's output_layer.weight)
   // BERT

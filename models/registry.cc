@@ -32,6 +32,7 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   out.labels.resize(count * seq_);
   out.padding_mask.clear();
   out.position_ids.resize(reset_eod_ >= 0 ? static_cast<size_t>(count * seq_) : 0);
+  out.documents.resize(documents_eod_ >= 0 ? static_cast<size_t>(count * seq_) : 0);
   window_.resize(seq_ + 1);
   for (int64_t b = 0; b < count; ++b) {
     samples_.get(first + static_cast<uint64_t>(b), window_.data());
@@ -45,6 +46,11 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
       for (int t = 0, start = 0; t < seq_; ++t) {
         out.position_ids[static_cast<size_t>(b * seq_ + t)] = t - start;
         if (window_[static_cast<size_t>(t)] == reset_eod_) start = t + 1;
+      }
+    if (documents_eod_ >= 0)
+      for (int t = 0, doc = 0; t < seq_; ++t) {
+        out.documents[static_cast<size_t>(b * seq_ + t)] = doc;
+        if (window_[static_cast<size_t>(t)] == documents_eod_) ++doc;
       }
   }
 }
@@ -122,12 +128,13 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
   if (c.family == "bert")
     return std::make_unique<BertBatchSource>(std::move(ds), docs, seq, tokenizer.special(), tokenizer.vocab_size(), seed,
                                              c.binary_head);
-  for (const auto& [on, flag] :
-       {std::pair{c.eod_mask_loss, "--eod-mask-loss"}, {c.reset_position_ids, "--reset-position-ids"}})
+  for (const auto& [on, flag] : {std::pair{c.eod_mask_loss, "--eod-mask-loss"},
+                                 {c.reset_position_ids, "--reset-position-ids"},
+                                 {c.reset_attention_mask, "--reset-attention-mask"}})
     check(!on || tokenizer.special().eod >= 0, flag, ": tokenizer ", tokenizer.type(), " has no end-of-document token");
-  return std::make_unique<GptBatchSource>(std::move(ds), docs, seq, seed, c.padded_vocab_size(),
-                                          c.eod_mask_loss ? tokenizer.special().eod : -1,
-                                          c.reset_position_ids ? tokenizer.special().eod : -1);
+  return std::make_unique<GptBatchSource>(
+      std::move(ds), docs, seq, seed, c.padded_vocab_size(), c.eod_mask_loss ? tokenizer.special().eod : -1,
+      c.reset_position_ids ? tokenizer.special().eod : -1, c.reset_attention_mask ? tokenizer.special().eod : -1);
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {

@@ -40,21 +40,25 @@ int64_t tokens_per_sample(const ModelConfig& config);
 class GptBatchSource final : public train::BatchSource {
  public:
   // eod >= 0 (--eod-mask-loss): positions whose input token is eod get no label. reset_eod >= 0
-  // (--reset-position-ids): position ids that start again from 0 after each input token reset_eod
-  // (Megatron's get_ltor_masks_and_position_ids: the end-of-document token keeps its document's).
+  // (--reset-position-ids): position ids that start again from 0 after each input token reset_eod.
+  // documents_eod >= 0 (--reset-attention-mask): Batch::documents, a new document after each
+  // input token documents_eod. As Megatron's get_ltor_masks_and_position_ids: the end-of-document
+  // token keeps its document's position and its document.
   GptBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
-                 uint64_t seed, int64_t vocab_size, int32_t eod = -1, int32_t reset_eod = -1)
+                 uint64_t seed, int64_t vocab_size, int32_t eod = -1, int32_t reset_eod = -1,
+                 int32_t documents_eod = -1)
       : samples_(std::move(ds), docs, seq_length, seed, vocab_size),
         seq_(seq_length),
         eod_(eod),
-        reset_eod_(reset_eod) {}
+        reset_eod_(reset_eod),
+        documents_eod_(documents_eod) {}
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::GptSamples samples_;
   int seq_;
-  int32_t eod_, reset_eod_;
+  int32_t eod_, reset_eod_, documents_eod_;
   std::vector<int32_t> window_;
 };
 

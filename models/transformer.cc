@@ -245,7 +245,8 @@ ops::AttentionShape TransformerStack::attention_shape() const {
 }
 
 void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
-                               const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory) {
+                               const train::StepContext& ctx, const Tensor& attn_bias, const StackMemory& memory,
+                               const Tensor& documents) {
   check(cfg_.cross_attention == memory.values.defined(), "transformer stack: a cross-attention stack needs a memory ",
         "and only it takes one");
   allocate(B, T, memory.T,
@@ -253,6 +254,7 @@ void TransformerStack::forward(const Tensor& out, const Tensor& x, int64_t B, in
   ctx_ = ctx;
   mask_ = key_mask;
   bias_ = attn_bias;
+  documents_ = documents;
   memory_ = memory;
   copy(saved_[0].x_in, x);
   for (size_t l = 0; l < blocks_.size(); ++l) block_forward(l, l + 1 < blocks_.size() ? saved_[l + 1].x_in : out);
@@ -293,9 +295,9 @@ const Tensor& TransformerStack::self_attention_forward(size_t l) {
   if (cfg_.qk_norm) qk_norm_forward(l);
   if (cfg_.rotary_dim) ops::rope_forward(s.qkv, rotary_shape());
   if (flash_)
-    ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_);
+    ops::flash_attention_forward(s.attn, s.lse, s.qkv, mask_, as, &attn_drop, bias_, documents_);
   else
-    ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_);
+    ops::attention_forward(s.attn, s.probs, s.qkv, mask_, as, &attn_drop, bias_, documents_);
   b.proj.forward(s.proj, s.attn);
   return dropout_or_same(g_c_, s.proj, dropout_key(ctx_, cfg_.hidden_dropout, stream(li, kProj)));
 }
@@ -444,7 +446,7 @@ void TransformerStack::self_attention_backward(size_t l, const Tensor& dattn_bia
   b.proj.backward(g_attn_, d_proj, s.attn, ops::Write::kSet);
   if (flash_) {
     ops::flash_attention_backward(g_qkv_, g_attn_, s.qkv, s.attn, s.lse, mask_, as, &attn_drop, ops::Write::kSet, bias_,
-                                  bias_.defined() ? dattn_bias : Tensor());
+                                  bias_.defined() ? dattn_bias : Tensor(), documents_);
   } else {
     g_qkv_.zero();  // the explicit attention accumulates
     ops::attention_backward(g_qkv_, g_attn_, s.qkv, s.probs, mask_, as, &attn_drop, bias_.defined() ? dattn_bias : Tensor());

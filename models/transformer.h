@@ -103,9 +103,11 @@ class TransformerStack {
   TransformerStack(nn::ParameterStore& store, comm::Communicator& tp, const StackConfig& config);
   // out (B*T, C) from x (B*T, C); key_mask (B, T) u8, 1 = attend, may be undefined.
   // attn_bias (local heads, T, T), when defined, is added to every layer's self-attention
-  // scores (T5's relative position bias); it must stay valid until backward.
+  // scores (T5's relative position bias); documents (B, T) i32, when defined, keep the
+  // self-attention within each document (ops/attention.h). Both must stay valid until backward.
   void forward(const Tensor& out, const Tensor& x, int64_t B, int64_t T, const Tensor& key_mask,
-               const train::StepContext& ctx, const Tensor& attn_bias = {}, const StackMemory& memory = {});
+               const train::StepContext& ctx, const Tensor& attn_bias = {}, const StackMemory& memory = {},
+               const Tensor& documents = {});
   // dx (B*T, C) is overwritten with the gradient of the input; dout is the gradient of out.
   // dattn_bias (local heads, T, T, fp32), when defined, accumulates the bias gradient of all
   // layers; dmemory (B*Tm, C), for a cross-attention stack, accumulates the memory's gradient.
@@ -179,7 +181,7 @@ class TransformerStack {
   // not probabilities
   bool flash_ = false;
   int64_t B_ = 0, T_ = 0, Tm_ = 0;
-  Tensor mask_, bias_;
+  Tensor mask_, bias_, documents_;
   StackMemory memory_;
   train::StepContext ctx_;
   std::vector<Saved> saved_;

@@ -136,8 +136,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
               "megabatch's tokenizers are GPT-2's BPE and BERT's WordPiece (--tokenizer-type, --vocab-file, "
               "--merge-file); it reads no SentencePiece or Hugging Face tokenizer model"),
       refused("fp16_lm_cross_entropy", 0, "megabatch's cross entropy is in fp32 always; drop it"),
-      refused("reset_attention_mask", 0,
-              "megabatch's GPT attends across document ends within a sample (Megatron's default); drop it"),
       refused("num_layers_per_virtual_pipeline_stage", 1, "megabatch has no pipeline parallelism; drop it"),
       refused("use_checkpoint_args", 0,
               "megabatch takes the model from the flags, and a resume checks the checkpoint against them; drop it "

@@ -26,6 +26,8 @@ struct Batch {
   std::vector<int32_t> token_types;   // (B, T) BERT segment ids; empty for other models
   std::vector<int32_t> sample_labels; // (B) BERT sentence-order labels; empty for other models
   std::vector<int32_t> position_ids;  // (B, T) GPT's with --reset-position-ids; empty: 0 .. T-1 in each row
+  std::vector<int32_t> documents;     // (B, T) GPT's with --reset-attention-mask: the document of each position in
+                                      // its row (attention within a document only); empty: one a row
   // T5: tokens / padding_mask above are the encoder's (B, seq); the decoder's are (B, decoder_seq)
   // and labels are then (B, decoder_seq).
   int64_t decoder_seq = 0;

@@ -263,6 +263,10 @@ const config::Schema& train_schema() {
            "GPT with learned positions: each document of a sample takes positions from 0 (after each "
            "end-of-document token), instead of the sample's (Megatron's)",
            "model"},
+          {"reset_attention_mask", Type::kBool, false,
+           "GPT: each document of a sample attends to its own tokens only (the attention starts again after each "
+           "end-of-document token), instead of across the sample's documents (Megatron's)",
+           "model"},
           {"bert_no_binary_head", Type::kBool, false, "BERT without the sentence-order head and its loss", "model"},
           {"swiglu", Type::kBool, false,
            "the MLP gated as LLaMA's: fc1 gives ffn (gate, up) pairs, fc2 takes silu(gate) x up (Megatron's --swiglu; "

@@ -79,8 +79,9 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
   for (const std::string family : {"gpt", "gpt-untied", "gpt-no-bias", "gpt-swiglu", "gpt-rope", "gpt-gqa",
                                    "gpt-qknorm", "gpt-relu2", "bert", "t5"}) {
     SCOPED_TRACE(family);
-    // gpt-untied: a GPT with an output layer of its own and each document's positions from 0 (a
-    // batch's own position ids uploaded each micro-batch); gpt-no-bias: without the linear
+    // gpt-untied: a GPT with an output layer of its own, each document's positions from 0 (a
+    // batch's own position ids uploaded each micro-batch) and its attention within itself (the
+    // batch's documents uploaded, the attention kernels' document masks); gpt-no-bias: without the linear
     // layers' biases but the QKV's (cuBLASLt's GELU epilogue without a bias); gpt-swiglu: the
     // gated MLP (the SwiGLU kernels); gpt-rope: rotary positions (the rotary kernels); gpt-gqa:
     // grouped-query attention (the query-group kernels); gpt-qknorm: normed queries and keys (the
@@ -89,7 +90,7 @@ TEST_F(Gpu, GptBertAndT5InFp32FollowTheCpuLossCurve) {
     // residuals taken after the norms
     const std::string type = family.rfind("gpt", 0) == 0 ? "gpt" : family;
     const std::string variant =
-        family == "gpt-untied"    ? " --untie-embeddings-and-output-weights --reset-position-ids"
+        family == "gpt-untied"    ? " --untie-embeddings-and-output-weights --reset-position-ids --reset-attention-mask"
         : family == "gpt-no-bias" ? " --disable-bias-linear --add-qkv-bias"
         : family == "gpt-swiglu"  ? " --swiglu --ffn-hidden-size 96"
         : family == "gpt-rope"    ? " --position-embedding-type rope --rotary-percent 0.5"

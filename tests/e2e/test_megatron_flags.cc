@@ -97,7 +97,8 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--check --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --lr 1e-4 "
       "--train-iters 2 --data-path " +
       data("brown_gpt2_text_document") +
-      " --use-mcore-models --reset-position-ids --apply-residual-connection-post-layernorm --qk-layernorm "
+      " --use-mcore-models --reset-position-ids --reset-attention-mask --apply-residual-connection-post-layernorm "
+      "--qk-layernorm "
       "--position-embedding-type "
       "learned_absolute --group-query-attention --num-query-groups 2 --squared-relu --fp8-format hybrid "
       "--init-method-xavier-uniform "
@@ -122,7 +123,7 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
   for (const char* taken :
        {"--use-mcore-models", "--sequence-parallel", "--recompute-activations", "7", "--group-query-attention",
         "--num-query-groups", "--qk-layernorm", "--squared-relu", "--apply-residual-connection-post-layernorm",
-        "--reset-position-ids", "--init-method-xavier-uniform"})
+        "--reset-position-ids", "--reset-attention-mask", "--init-method-xavier-uniform"})
     EXPECT_EQ(r.output.find(std::string("  ") + taken + " "), std::string::npos) << taken << "\n" << r.output;
 }
 
@@ -239,15 +240,15 @@ TEST_F(MegatronFlags, AConfigFileTakesAndRefusesThemAsTheFlagsAre) {
       data("brown_gpt2_text_document") + " --config ";
   const fs::path bad = tmp_ / "bad.json", good = tmp_ / "good.json";
   mb::testing::write_text(bad,
-                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "reset_attention_mask": true,
+                          R"({"use_mcore_models": true, "fp32_residual_connection": false, "no_save_optim": true,
                                    "pipeline_model_parallel_size": 2, "hiden_size": 64})");
   auto r = train(common + bad.string());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   for (const std::string& line :
        {std::string("train: error: 3 of the options cannot be taken; drop or change each:\n"),
-        "\n  --reset-attention-mask (" + bad.string() +
-            ".reset_attention_mask) (Megatron-LM's) is not taken here: megabatch's GPT attends across document "
-            "ends",
+        "\n  --no-save-optim (" + bad.string() +
+            ".no_save_optim) (Megatron-LM's) is not taken here: megabatch's checkpoints always hold the optimizer "
+            "state",
         "\n  --pipeline-model-parallel-size 2 (" + bad.string() +
             ".pipeline_model_parallel_size) (Megatron-LM's) is not taken here: megabatch has no pipeline parallelism",
         "\n  " + bad.string() + ": unknown option 'hiden_size'; did you mean 'hidden_size'?"})

@@ -28,7 +28,9 @@ over each head's query and key before the rotary turn (--qk-layernorm); attribut
 applies every LayerNorm's weight as 1 + w (--apply-layernorm-1p); attribute squared_relu 1 makes
 the MLP's activation max(x, 0)^2 (--squared-relu); attribute residual_post_norm 1 adds each
 sub-layer's output to its norm's output, not its input (--apply-residual-connection-post-layernorm);
-a dataset positions (B, T), where given, holds each token's learned position (--reset-position-ids).
+a dataset positions (B, T), where given, holds each token's learned position (--reset-position-ids);
+attribute reset_attention_eod E >= 0 masks, after each input token E, the attention to every key up
+to it, as Megatron's get_ltor_masks_and_position_ids does for --reset-attention-mask.
 """
 import math
 import sys
@@ -78,7 +80,7 @@ def rotate(t, rotary_dim, base, interleaved=False, factor=1):
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
             query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1,
-            residual_post_norm=False, positions=None):
+            residual_post_norm=False, positions=None, reset_attention_eod=-1):
     B, T = tokens.shape
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
@@ -94,7 +96,11 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
     if "embedding.position_embeddings.weight" in P:  # learned positions (not with rope or NoPE)
         wpe = P["embedding.position_embeddings.weight"]
         x = x + (wpe[:T] if positions is None else wpe[positions])  # positions (B, T): --reset-position-ids
-    causal = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril()
+    attend = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril().expand(B, T, T).clone()
+    if reset_attention_eod >= 0:  # Megatron's loop: the rows after an end of document see nothing up to it
+        for b in range(B):
+            for i in (tokens[b] == reset_attention_eod).nonzero().flatten().tolist():
+                attend[b, i + 1:, : i + 1] = False
     for l in range(layers):
         p = f"decoder.layers.{l}."
         h = norm(x, p + "input_layernorm")
@@ -110,7 +116,7 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
         else:
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
-            s = s.masked_fill(~causal, float("-inf"))
+            s = s.masked_fill(~attend[:, None], float("-inf"))
             a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
         x = (h if residual_post_norm else x) + F.linear(a, P[p + "self_attention.linear_proj.weight"],
                                                         P.get(p + "self_attention.linear_proj.bias"))
@@ -145,7 +151,8 @@ def variant(a):
                 rotary_base=float(a.get("rotary_base", 10000)), query_groups=int(a.get("query_groups", 0)),
                 layernorm_1p=bool(a.get("layernorm_1p", 0)), squared_relu=bool(a.get("squared_relu", 0)),
                 rotary_interleaved=bool(a.get("rotary_interleaved", 0)), rotary_factor=int(a.get("rotary_factor", 1)),
-                residual_post_norm=bool(a.get("residual_post_norm", 0)))
+                residual_post_norm=bool(a.get("residual_post_norm", 0)),
+                reset_attention_eod=int(a.get("reset_attention_eod", -1)))
 
 
 def bench_params(layers, hidden, seq, vocab, device):

@@ -5,6 +5,7 @@
 // loss trajectory.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <filesystem>
@@ -181,6 +182,36 @@ TEST(GptBatchSource, ResetPositionIdsStartEachDocumentOfASampleAtZero) {
   EXPECT_GT(restarts, 8) << "documents of at most 10 tokens: a restart in most rows";
 }
 
+// --reset-attention-mask: each position's document in its sample is the count of end-of-document
+// input tokens before it (the token itself keeps its own document's, as Megatron's mask lets it
+// see its document); tokens, labels and positions as without it.
+TEST(GptBatchSource, ResetAttentionMaskNumbersTheDocumentsOfEachSample) {
+  mb::testing::TempDir dir;
+  constexpr int T = 11;
+  const auto ds = short_documents(dir / "d", 8);
+  const auto docs = mb::data::DocumentRange::all(*ds);
+  mb::models::GptBatchSource plain(ds, docs, T, 3, 256), reset(ds, docs, T, 3, 256, -1, -1, kEod);
+  mb::train::Batch a, b;
+  plain.fill(0, 8, a);
+  reset.fill(0, 8, b);
+  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.labels, b.labels);
+  EXPECT_TRUE(b.position_ids.empty());
+  EXPECT_TRUE(a.documents.empty());
+  ASSERT_EQ(b.documents.size(), a.tokens.size());
+  int several = 0;
+  for (int r = 0; r < 8; ++r) {
+    std::vector<int32_t> want(T);
+    for (int i = 0; i < T; ++i)
+      want[static_cast<size_t>(i)] = static_cast<int32_t>(
+          std::count(a.tokens.begin() + r * T, a.tokens.begin() + r * T + i, kEod));  // ends before position i
+    EXPECT_EQ(std::vector<int32_t>(b.documents.begin() + r * T, b.documents.begin() + (r + 1) * T), want)
+        << "row " << r;
+    several += want.back() > 0;
+  }
+  EXPECT_GT(several, 4) << "documents of at most 10 tokens: several in most rows";
+}
+
 TEST(Gpt, ParameterCountsMatchPublishedGpt2Sizes) {
   // Hugging Face's GPT-2 checkpoints (vocabulary 50257, not padded): 124,439,808 and 354,823,168.
   for (auto [name, published] : {std::pair{"gpt2-124m", 124439808LL}, std::pair{"gpt2-350m", 354823168LL}}) {
@@ -231,8 +262,10 @@ TEST(Gpt, FlopsFollowMegatronsFormula) {
 namespace {
 
 // Writes the model's weights and the batch(es) for gpt_torch.py.
+// attention_eod >= 0: the end-of-document token after which the reference masks the attention
+// (--reset-attention-mask).
 void write_reference_input(const std::string& path, mb::train::Model& model, const mb::models::ModelConfig& c,
-                           const std::vector<mb::train::Batch>& batches) {
+                           const std::vector<mb::train::Batch>& batches, int32_t attention_eod = -1) {
   H5File f(path, H5File::kCreate);
   mb::testing::write_parameters(f, model.parameters());
   std::vector<int32_t> tokens, labels;
@@ -257,6 +290,7 @@ void write_reference_input(const std::string& path, mb::train::Model& model, con
   f.attr("rotary_interleaved", c.rotary_interleaved ? 1.0 : 0.0);
   f.attr("rotary_factor", static_cast<double>(c.rotary_interpolation));
   f.attr("residual_post_norm", c.residual_post_norm ? 1.0 : 0.0);
+  if (attention_eod >= 0) f.attr("reset_attention_eod", static_cast<double>(attention_eod));
 }
 
 std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
@@ -264,9 +298,10 @@ std::string torch_ref() { return mb::testing::reference("gpt_torch.py"); }
 // The model's loss and every gradient on `batch` against gpt_torch.py's (the same weights, the
 // config's variant); the fp32 loss within 1e-5 of the reference's, each gradient as
 // expect_gradients_match bounds it.
-void expect_matches_torch(mb::train::Model& model, const mb::models::ModelConfig& c, const mb::train::Batch& batch) {
+void expect_matches_torch(mb::train::Model& model, const mb::models::ModelConfig& c, const mb::train::Batch& batch,
+                          int32_t attention_eod = -1) {
   mb::testing::TempDir tmp;
-  write_reference_input((tmp / "in.h5").string(), model, c, {batch});
+  write_reference_input((tmp / "in.h5").string(), model, c, {batch}, attention_eod);
   const auto r =
       mb::testing::run_command(torch_ref() + " grads " + (tmp / "in.h5").string() + " " + (tmp / "out.h5").string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -501,6 +536,33 @@ TEST(GptTorch, ABatchsOwnPositionIdsGivePyTorchsLossAndGradients) {
   mb::testing::expect_error([&] { rotary.validate(); },
                             "--reset-position-ids restarts the learned position embeddings at each document, and this "
                             "GPT has rotary positions, which it would leave as they are (as Megatron's); drop it");
+}
+
+// --reset-attention-mask: a batch from the batch source, whose rows hold several short documents,
+// keeps each document's attention within it; loss and every gradient are PyTorch's with
+// Megatron's mask (built there from the tokens' ends of documents, as Megatron builds it), through
+// the explicit attention and through the flash algorithm (the CPU's reference of it), and differ
+// from attending across the documents.
+TEST(GptTorch, DocumentsAttendingWithinThemselvesGivePyTorchsLossAndGradients) {
+  mb::testing::TempDir dir;
+  const auto ds = short_documents(dir / "d", 9);
+  mb::models::GptBatchSource source(ds, mb::data::DocumentRange::all(*ds), 11, 4, 256, -1, -1, kEod);
+  mb::train::Batch batch;
+  source.fill(0, 3, batch);
+  ASSERT_GT(*std::max_element(batch.documents.begin(), batch.documents.end()), 0);
+  mb::comm::LocalCommunicator tp;
+  for (const char* backend : {"local", "flash"}) {
+    SCOPED_TRACE(backend);
+    auto c = tiny();
+    c.reset_attention_mask = true;
+    c.attention_backend = backend;
+    auto model = mb::models::make_model(c, tp, 35);
+    mb::train::Batch across = batch;
+    across.documents.clear();
+    EXPECT_NE(mb::testing::loss_and_gradients(*model, across).mean(),
+              mb::testing::loss_and_gradients(*model, batch).mean());
+    expect_matches_torch(*model, c, batch, kEod);
+  }
 }
 
 // Megatron's --apply-layernorm-1p, with the query-key norms: every norm's weight starts at 0 and
