@@ -28,14 +28,29 @@ bool has_mark(const fs::path& dir) { return fs::symlink_status(dir / kPointMark)
 
 // Keys that cannot change a point's results: where plugins are searched, threads, where
 // and how often checkpoints are written, extra outputs.
-const std::set<std::string> kResultNeutral = {"plugin_path", "threads", "tensorboard_dir", "skip_memory_check",
-                                              "save_interval", "keep_checkpoints", "overlap_grad_reduce"};
+const std::set<std::string> kResultNeutral = {
+    "plugin_path",   "threads",          "tensorboard_dir",      "skip_memory_check",
+    "save_interval", "keep_checkpoints", "save_retain_interval", "overlap_grad_reduce"};
 
-// How many of dir's newest checkpoints policy `keep` leaves; -1 when it touches none ("all",
-// or dir is not a directory the run made: a symlink, or missing).
-int checkpoints_kept(const fs::path& dir, const std::string& keep) {
-  if (keep == "all" || !is_real_dir(dir)) return -1;
-  return keep == "final" ? 1 : 0;
+// The --save-retain-interval of the run whose config.json this is (0: none, or no readable file).
+int64_t retain_interval(const fs::path& config) {
+  try {
+    if (!fs::exists(config)) return 0;
+    const auto c = parse_json(read_file(config, "run's configuration"));
+    if (c && c->is_object() && c->contains("save_retain_interval") && (*c)["save_retain_interval"].is_number_integer())
+      return (*c)["save_retain_interval"].get<int64_t>();
+  } catch (const std::exception&) {
+  }
+  return 0;
+}
+
+// What policy `keep` leaves of dir's checkpoints; nullopt when it touches none ("all", or dir
+// is not a directory the run made: a symlink, or missing). "final" keeps the newest and those
+// the point's run retains for good (--save-retain-interval, in its config.json beside dir).
+std::optional<io::Kept> checkpoints_kept(const fs::path& dir, const std::string& keep) {
+  if (keep == "all" || !is_real_dir(dir)) return std::nullopt;
+  if (keep != "final") return io::Kept{0, 0};
+  return io::Kept{1, retain_interval(dir.parent_path() / "config.json")};
 }
 
 // A point's record file (DONE, DIVERGED, FAILED) as a JSON object; none where it is missing,
@@ -248,8 +263,8 @@ std::vector<std::string> last_log_lines(const fs::path& log, size_t n, const std
 // ---- checkpoints --------------------------------------------------------------------------
 
 int64_t prune_checkpoints(const fs::path& dir, const std::string& keep) {
-  const int k = checkpoints_kept(dir, keep);
-  return k < 0 ? 0 : io::remove_old_checkpoints(dir, k);
+  const auto kept = checkpoints_kept(dir, keep);
+  return kept ? io::remove_old_checkpoints(dir, *kept) : 0;
 }
 
 int64_t mark_done(const fs::path& point_dir, const std::string& keep, const json& record) {
@@ -259,8 +274,8 @@ int64_t mark_done(const fs::path& point_dir, const std::string& keep, const json
 }
 
 int64_t prunable_checkpoint_bytes(const fs::path& dir, const std::string& keep) {
-  const int k = checkpoints_kept(dir, keep);
-  return k < 0 ? 0 : io::old_checkpoint_bytes(dir, k);
+  const auto kept = checkpoints_kept(dir, keep);
+  return kept ? io::old_checkpoint_bytes(dir, *kept) : 0;
 }
 
 }  // namespace megabatch::sweeps

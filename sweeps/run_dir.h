@@ -93,9 +93,9 @@ std::vector<std::string> last_log_lines(const std::filesystem::path& log, size_t
 
 // ---- checkpoints --------------------------------------------------------------------------
 
-// What a finished point keeps of its checkpoints directory: "final" (the newest
-// iter_*.h5), "all" or "none"; returns the bytes freed. Only regular iter_*.h5 files in
-// that directory are removed.
+// What a finished point keeps of its checkpoints directory: "final" (the newest iter_*.h5, and
+// those its run keeps for good: --save-retain-interval), "all" or "none"; returns the bytes freed. Only regular
+// iter_*.h5 files in that directory are removed.
 int64_t prune_checkpoints(const std::filesystem::path& dir, const std::string& keep);
 
 // A point whose train ended with status 0 (point_dir): its checkpoints/ pruned as `keep`

@@ -211,12 +211,13 @@ std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) 
   return out;
 }
 
-// The checkpoint files remove_old_checkpoints(dir, keep) removes, with their sizes.
-std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, int keep) {
+// The checkpoint files remove_old_checkpoints(dir, kept) removes, with their sizes.
+std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, Kept kept) {
   std::vector<std::pair<fs::path, int64_t>> out;
   std::error_code ec;
   const auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(std::max(keep, 0)) < all.size(); ++i) {
+  for (size_t i = 0; i + static_cast<size_t>(std::max(kept.newest, 0)) < all.size(); ++i) {
+    if (kept.every > 0 && all[i].first % kept.every == 0) continue;  // retained
     if (fs::symlink_status(all[i].second, ec).type() != fs::file_type::regular) continue;
     const auto size = fs::file_size(all[i].second, ec);
     if (!ec) out.emplace_back(all[i].second, static_cast<int64_t>(size));
@@ -236,18 +237,18 @@ void remove_unfinished_checkpoints(const fs::path& dir) {
   }
 }
 
-int64_t remove_old_checkpoints(const fs::path& dir, int keep) {
+int64_t remove_old_checkpoints(const fs::path& dir, Kept kept) {
   int64_t freed = 0;
   std::error_code ec;
-  for (const auto& [path, size] : old_checkpoints(dir, keep))
+  for (const auto& [path, size] : old_checkpoints(dir, kept))
     if (fs::remove(path, ec) && !ec) freed += size;
-  if (keep <= 0) fs::remove(dir / kLatest, ec);
+  if (kept.newest <= 0) fs::remove(dir / kLatest, ec);
   return freed;
 }
 
-int64_t old_checkpoint_bytes(const fs::path& dir, int keep) {
+int64_t old_checkpoint_bytes(const fs::path& dir, Kept kept) {
   int64_t bytes = 0;
-  for (const auto& [path, size] : old_checkpoints(dir, keep)) bytes += size;
+  for (const auto& [path, size] : old_checkpoints(dir, kept)) bytes += size;
   return bytes;
 }
 
@@ -330,9 +331,9 @@ void write_unfinished(const fs::path& tmp, bool writer, const CheckpointState& s
   if (closed < 0) fail(tmp.string(), ": cannot close", h5_os_reason());
 }
 
-// The finished file into place, durably, then latest_checkpointed_iteration.txt; the newest
-// `keep` kept (0: all).
-void publish(const fs::path& tmp, const fs::path& final_path, const fs::path& dir, int64_t iteration, int keep) {
+// The finished file into place, durably, then latest_checkpointed_iteration.txt; what `kept`
+// says kept (kept.newest 0: all).
+void publish(const fs::path& tmp, const fs::path& final_path, const fs::path& dir, int64_t iteration, Kept kept) {
   fsync_path(tmp, O_RDONLY);
   std::error_code ec;
   fs::rename(tmp, final_path, ec);
@@ -342,12 +343,12 @@ void publish(const fs::path& tmp, const fs::path& final_path, const fs::path& di
   const std::string text = std::to_string(iteration) + "\n";
   latest.write(text.data(), text.size());
   latest.commit();
-  if (keep > 0) remove_old_checkpoints(dir, keep);
+  if (kept.newest > 0) remove_old_checkpoints(dir, kept);
 }
 }  // namespace
 
 fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::ParameterStore& store,
-                         comm::Communicator& tp, const OptimizerState* optimizer, int keep,
+                         comm::Communicator& tp, const OptimizerState* optimizer, Kept kept,
                          const std::vector<Tensor>* masters) {
   silence_hdf5();
   const fs::path final_path = checkpoint_path(dir, state.iteration);
@@ -376,7 +377,7 @@ fs::path save_checkpoint(const fs::path& dir, const CheckpointState& state, nn::
     if (writer) fs::remove(tmp, ec);
     throw;
   }
-  if (writer) publish(tmp, final_path, dir, state.iteration, keep);
+  if (writer) publish(tmp, final_path, dir, state.iteration, kept);
   tp.barrier();
   return final_path;
 }

@@ -69,25 +69,32 @@ std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t 
 // latest_checkpointed_iteration.txt.tmp, nothing else (no other file, no symlink).
 void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 
-// Keeps the newest `keep` iter_NNNNNNN.h5 in dir and removes the older ones (regular files
-// only, never through a symlink); keep <= 0 removes every one and
-// latest_checkpointed_iteration.txt. Returns the bytes freed.
-int64_t remove_old_checkpoints(const std::filesystem::path& dir, int keep);
-// The bytes remove_old_checkpoints(dir, keep) would free; removes nothing.
-int64_t old_checkpoint_bytes(const std::filesystem::path& dir, int keep);
+// Which checkpoints of a directory stay: the newest `newest`, and those of iterations that are
+// multiples of `every` (Megatron's --save-retain-interval; 0: none besides the newest).
+struct Kept {
+  int newest = 0;
+  int64_t every = 0;
+};
+
+// Removes the iter_NNNNNNN.h5 in dir that `kept` does not keep (regular files only, never
+// through a symlink); kept.newest <= 0 removes latest_checkpointed_iteration.txt too. Returns
+// the bytes freed.
+int64_t remove_old_checkpoints(const std::filesystem::path& dir, Kept kept);
+// The bytes remove_old_checkpoints(dir, kept) would free; removes nothing.
+int64_t old_checkpoint_bytes(const std::filesystem::path& dir, Kept kept);
 
 // The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.
 std::optional<std::filesystem::path> latest_checkpoint(const std::filesystem::path& dir);
 
 // Writes a checkpoint of the parameters' fp32 masters (gathered over the tensor-parallel
-// group; rank 0 writes) and, when given, the optimizer state, then keeps the newest `keep`
-// checkpoints (0: all). Returns the checkpoint's path. Errors name the file (disk full,
+// group; rank 0 writes) and, when given, the optimizer state, then keeps what `kept` says
+// (kept.newest 0: all). Returns the checkpoint's path. Errors name the file (disk full,
 // ...). `masters`, when given, are the whole (TP-local) masters by parameter id where the
 // store does not hold them (the distributed optimizer's: optim::DpShards::whole_masters()).
 std::filesystem::path save_checkpoint(const std::filesystem::path& dir, const CheckpointState& state,
                                       nn::ParameterStore& store, comm::Communicator& tp,
-                                      const OptimizerState* optimizer, int keep,
+                                      const OptimizerState* optimizer, Kept kept,
                                       const std::vector<Tensor>* masters = nullptr);
 
 // The root attributes of a checkpoint.

@@ -145,7 +145,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
               "--finetune takes the weights alone"),
       refused("no_save_optim", 0, "megabatch's checkpoints always hold the optimizer state, so a run resumes exactly"),
       refused("no_save_rng", 0, "megabatch's checkpoints always hold the random state, so a run resumes exactly"),
-      refused("save_retain_interval", 1, "megabatch keeps the newest checkpoints: --keep-checkpoints N"),
       refused("non_persistent_save_interval", 1, "megabatch keeps the newest checkpoints: --keep-checkpoints N"),
       refused("ckpt_format", 1, kHdf5Checkpoints),
       refused("dist_ckpt_strictness", 1, kHdf5Checkpoints),

@@ -90,6 +90,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"exit_duration_in_mins", above(0)},
       {"distributed_timeout_minutes", at_least(0)},
       {"keep_checkpoints", at_least(0)},
+      {"save_retain_interval", at_least(1)},
       {"log_interval", at_least(1)},
       {"eval_interval", at_least(0)},
       {"eval_iters", at_least(0)},
@@ -412,6 +413,11 @@ const config::Schema& train_schema() {
            "checkpoint first when --save is set; exit status 3, resumable, as a stop by signal",
            "checkpointing"},
           {"keep_checkpoints", Type::kInt, 0, "keep only the newest K checkpoints (0: all)", "checkpointing"},
+          {"save_retain_interval", Type::kInt, nullptr,
+           "keep the checkpoints of iterations that are multiples of this for good, whatever --keep-checkpoints "
+           "removes; the others as --keep-checkpoints says, or only the newest without it (Megatron's); a multiple "
+           "of --save-interval",
+           "checkpointing"},
           {"finetune", Type::kBool, false, "load only the model from --load and start at iteration 0", "checkpointing"},
           {"pretrained_checkpoint", Type::kString, nullptr,
            "when --load holds no checkpoint of this run (a first start), take the model from this checkpoint (the "
@@ -777,6 +783,17 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
         "DIR to resume from them), or drop --save-interval");
   check(!opt.save_dir.empty() || opt.keep_checkpoints == 0, "--keep-checkpoints ", opt.keep_checkpoints,
         " keeps the newest checkpoints in --save, which is not given; add --save DIR, or drop --keep-checkpoints");
+  if (v.contains(
+          "save_retain_interval")) {  // Megatron's: the newest and every R-th; with --keep-checkpoints K, K newest
+    opt.save_retain_interval = v["save_retain_interval"].get<int64_t>();
+    const std::string flag = "--save-retain-interval " + std::to_string(opt.save_retain_interval);
+    check(!opt.save_dir.empty(), flag, " keeps checkpoints in --save, which is not given; add --save DIR, or drop it");
+    check(opt.save_interval > 0 && opt.save_retain_interval % opt.save_interval == 0, flag,
+          " keeps the checkpoints of its multiples, which --save-interval ", opt.save_interval,
+          opt.save_interval > 0 ? " does not write" : " (only at the end) does not write",
+          " (Megatron asserts the same); make it a multiple of --save-interval");
+    if (opt.keep_checkpoints == 0) opt.keep_checkpoints = 1;
+  }
   check(!v["override_opt_param_scheduler"].get<bool>() || !v["use_checkpoint_opt_param_scheduler"].get<bool>(),
         "--override-opt-param-scheduler takes this run's learning-rate schedule and "
         "--use-checkpoint-opt-param-scheduler the checkpoint's; give one of them");

@@ -36,6 +36,7 @@ struct TrainOptions {
   std::string save_dir;              // empty: no checkpoints
   int64_t save_interval = 0;
   int keep_checkpoints = 0;          // newest K kept (0: all)
+  int64_t save_retain_interval = 0;  // ... and those of its multiples (0: none besides)
   int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
   double exit_duration_minutes = 0;  // > 0: stop (resumable) after the iteration that ends this long into run()
   int64_t profile_steps = 0;         // print where N iterations' time went, after kProfileWarmup (0: off)

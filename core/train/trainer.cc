@@ -314,8 +314,8 @@ std::filesystem::path Trainer::save_checkpoint() {
   const optim::DpShards* shards = plugin_.shards();
   const std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
   if (dp_->rank() == 0)
-    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &state, opt_.keep_checkpoints,
-                               shards ? &masters : nullptr);
+    path = io::save_checkpoint(opt_.save_dir, s, model_.parameters(), tp_, &state,
+                               io::Kept{opt_.keep_checkpoints, opt_.save_retain_interval}, shards ? &masters : nullptr);
   dp_->barrier();
   last_saved_ = iteration_;
   const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

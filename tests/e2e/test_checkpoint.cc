@@ -120,6 +120,42 @@ TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {
                                             "latest_checkpointed_iteration.txt"}));  // the lock: one run at a time
 }
 
+// --save-retain-interval R (Megatron's): the checkpoints of R's multiples stay for good; of the
+// others, the newest (Megatron's) or, with --keep-checkpoints K, the newest K. R must be a
+// multiple of --save-interval, which Megatron asserts, and needs --save.
+TEST_F(Checkpoint, SaveRetainIntervalKeepsItsMultiplesForGood) {
+  mb::testing::TempDir tmp;
+  auto files = [](const fs::path& dir) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".h5") out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto r = mb::testing::run_command(
+      train(tmp / "r1", "--save " + (tmp / "c1").string() + " --save-interval 1 --save-retain-interval 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files(tmp / "c1"), (std::vector<std::string>{"iter_0000004.h5", "iter_0000006.h5"}));
+  r = mb::testing::run_command(
+      train(tmp / "r2",
+            "--save " + (tmp / "c2").string() + " --save-interval 1 --save-retain-interval 2 --keep-checkpoints 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(files(tmp / "c2"),
+            (std::vector<std::string>{"iter_0000002.h5", "iter_0000004.h5", "iter_0000005.h5", "iter_0000006.h5"}));
+  r = mb::testing::run_command(
+      train(tmp / "r3", "--save " + (tmp / "c3").string() + " --save-interval 2 --save-retain-interval 3 --check"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save-retain-interval 3 keeps the checkpoints of its multiples, which --save-interval 2 "
+                          "does not write (Megatron asserts the same); make it a multiple of --save-interval"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(tmp / "r4", "--save-retain-interval 2 --check"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("--save-retain-interval 2 keeps checkpoints in --save, which is not given"),
+            std::string::npos)
+      << r.output;
+}
+
 // Each refusal is said by train --check too (and so by sweep run --dry-run), from the
 // checkpoint's header and its datasets' shapes, before anything is loaded or trained.
 TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {

@@ -263,6 +263,33 @@ TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
   EXPECT_NE(r.output.find("none that sweep prune would free"), std::string::npos) << r.output;
 }
 
+// A point whose run keeps every fourth iteration's checkpoint for good (--save-retain-interval 4,
+// a checkpoint every 2): finished, it keeps those and its newest, as "checkpoints": "final" says
+// (the default), and sweep prune leaves them too. The point of 8 iterations keeps 4 and 8 (of 2,
+// 4, 6, 8), that of 4 iterations keeps 4.
+TEST_F(Sweep, FinishedPointsKeepTheCheckpointsTheirRunRetainsForGood) {
+  mb::testing::TempDir tmp;
+  const auto file =
+      write_sweep(tmp.path(), "retain", 32, R"("adamw")", R"(, "save_interval": 2, "save_retain_interval": 4)");
+  const fs::path runs = tmp / "runs", dir = runs / "retain";
+  auto r = run_sweep(file, runs);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto checkpoints = [](const fs::path& d) {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(d / "checkpoints"))
+      if (e.path().extension() == ".h5") out.push_back(e.path().filename().string());
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  const std::vector<std::string> eight = {"iter_0000004.h5", "iter_0000008.h5"}, four = {"iter_0000004.h5"};
+  EXPECT_EQ(checkpoints(dir / "adamw-bs4-lr0.002-s3"), eight);
+  EXPECT_EQ(checkpoints(dir / "adamw-bs8-lr0.00283-s3"), four);
+  r = mb::testing::run_command(sweep("prune " + dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(checkpoints(dir / "adamw-bs4-lr0.002-s3"), eight) << r.output;
+  EXPECT_EQ(checkpoints(dir / "adamw-bs8-lr0.00283-s3"), four) << r.output;
+}
+
 // sweep export-points (for launchers/slurm and eks) leaves what sweep run would: each
 // point.json with the checkpoint schedule sweep run gives it (a checkpoint every tenth of its
 // iterations: a lost node costs no more), and the sweep's state, which status reads (before,
