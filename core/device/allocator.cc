@@ -1,5 +1,9 @@
 #include "core/device/allocator.h"
 
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cstdlib>
 #include <cstring>
@@ -36,6 +40,7 @@ void* CachingAllocator::allocate(size_t bytes) {
     cached_.erase(it);
     in_use_.emplace(p, size);
     in_use_bytes_ += size;
+    max_in_use_bytes_ = std::max(max_in_use_bytes_, in_use_bytes_);
     return p;
   }
   void* p = nullptr;
@@ -49,6 +54,7 @@ void* CachingAllocator::allocate(size_t bytes) {
   }
   in_use_.emplace(p, size);
   in_use_bytes_ += size;
+  max_in_use_bytes_ = std::max(max_in_use_bytes_, in_use_bytes_);
   return p;
 }
 
@@ -73,6 +79,23 @@ size_t CachingAllocator::bytes_in_use() const {
   return in_use_bytes_;
 }
 
+size_t CachingAllocator::max_bytes_in_use() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return max_in_use_bytes_;
+}
+
+namespace {
+// The CPU's tensor memory (device_alloc_zeroed's blocks): now, and the most at once.
+std::atomic<size_t> g_cpu_in_use{0}, g_cpu_peak{0};
+
+void count_cpu_alloc(void* p) {
+  const size_t now = g_cpu_in_use += malloc_usable_size(p);
+  size_t peak = g_cpu_peak.load();
+  while (now > peak && !g_cpu_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+}  // namespace
+
 CachingAllocator& allocator(Device d) {
   static std::mutex mu;
   // Deliberately never destroyed: tensors with static lifetime free into it at exit.
@@ -91,6 +114,7 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
     void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
     if (!p) throw std::bad_alloc();
     std::memset(p, 0, rounded == 0 ? 64 : rounded);
+    count_cpu_alloc(p);
     return p;
   }
   void* p = allocator(d).allocate(bytes);
@@ -99,10 +123,18 @@ void* device_alloc_zeroed(Device d, size_t bytes) {
 }
 
 void device_free(Device d, void* p) {
-  if (d.is_cpu())
+  if (d.is_cpu()) {
+    if (p) g_cpu_in_use -= malloc_usable_size(p);
     std::free(p);
-  else
+  } else {
     allocator(d).free(p);
+  }
+}
+
+TensorMemory tensor_memory(Device d) {
+  if (d.is_cpu()) return {g_cpu_in_use.load(), g_cpu_peak.load()};
+  const CachingAllocator& a = allocator(d);
+  return {a.bytes_in_use(), a.max_bytes_in_use()};
 }
 
 }  // namespace megabatch

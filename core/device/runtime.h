@@ -120,6 +120,7 @@ void* cuda_stream(Device d);
 struct AllocStats {
   int64_t raw_allocs = 0, raw_frees = 0;
   size_t bytes_reserved = 0;  // held from the device, cached or in use
+  size_t max_bytes_reserved = 0;  // the most held at once since start
   size_t bytes_in_use = 0;
 };
 AllocStats alloc_stats(Device d);

@@ -86,6 +86,9 @@ const std::vector<ForeignFlag>& megatron_flags() {
       taken("log_timers_to_tensorboard", 0,
             "the time per iteration is in TensorBoard (train/iteration_time_ms) with --tensorboard-dir"),
       taken("log_loss_scale_to_tensorboard", 0, kTensorBoardHasIt),
+      taken("log_memory_to_tensorboard", 0,
+            "megabatch writes the device's memory at every iteration line (memory/allocated_bytes, "
+            "max_allocated_bytes, reserved_bytes) to metrics.h5 and, with --tensorboard-dir, TensorBoard always"),
       taken("log_batch_size_to_tensorboard", 0, kTensorBoardHasIt),
       taken("log_learning_rate_to_tensorboard", 0, kTensorBoardHasIt),
       taken("log_validation_ppl_to_tensorboard", 0,
@@ -157,8 +160,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
       refused("profile_step_end", 1, "megabatch's profile is --profile-steps N, after 2 warm-up iterations"),
       refused("record_memory_history", 0, "it records PyTorch's allocator; megabatch has no such record; drop it"),
       refused("memory_snapshot_path", 1, "it records PyTorch's allocator; megabatch has no such record; drop it"),
-      refused("log_memory_to_tensorboard", 0,
-              "megabatch does not write memory to TensorBoard; the plan line gives the memory estimate; drop it"),
       refused("log_world_size_to_tensorboard", 0,
               "megabatch does not write the world size to TensorBoard (config.json has the layout); drop it"),
       refused("log_progress", 0, "megabatch writes no progress.txt; metrics.h5 has every iteration; drop it"),

@@ -176,6 +176,13 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
     divergence_reason_ = printf_string("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
                                 static_cast<long long>(intervals_above_), mean_loss);
   }
+  if (metrics_ && extras.memory) {
+    metrics_->append("memory/iteration", static_cast<double>(iteration));
+    metrics_->append("memory/allocated_bytes", extras.memory->allocated);
+    metrics_->append("memory/max_allocated_bytes", extras.memory->max_allocated);
+    metrics_->append("memory/reserved_bytes", extras.memory->reserved);
+    metrics_->append("memory/max_reserved_bytes", extras.memory->max_reserved);
+  }
   if (metrics_ && opt_.noise_scale) {
     metrics_->append("noise_scale/iteration", static_cast<double>(iteration));
     metrics_->append("noise_scale/b_simple", noise_scale_.b_simple());
@@ -190,6 +197,16 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   // line appears loses nothing of it)
   if (metrics_) metrics_->flush();
   console_ << line << std::endl;
+  if (extras.memory && !memory_said_) {  // Megatron's report_memory, after the first line (MB: MiB)
+    memory_said_ = true;
+    const double mb = 1024.0 * 1024.0;
+    console_ << printf_string(
+                    "[Rank 0] (after %lld iterations) memory (MB) | allocated: %.1f | max allocated: %.1f | reserved: "
+                    "%.1f | max reserved: %.1f",
+                    static_cast<long long>(iteration), extras.memory->allocated / mb, extras.memory->max_allocated / mb,
+                    extras.memory->reserved / mb, extras.memory->max_reserved / mb)
+             << std::endl;
+  }
 }
 
 }  // namespace megabatch::train

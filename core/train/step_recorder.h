@@ -54,11 +54,18 @@ class StepRecorder {
               double decoupled_lr = 0);
   // Reads the rows since the last drain: metrics rows, losses(), the noise scale, divergence.
   void drain();
-  // Optional fields of the iteration line (--decoupled-lr, --log-num-zeros-in-grad, --log-params-norm).
+  // The device's memory at a log line, in bytes: its tensors' now and at most since start, and
+  // what the run holds from the device (a GPU's caching allocator; the CPU's: the tensors').
+  struct Memory {
+    double allocated = 0, max_allocated = 0, reserved = 0, max_reserved = 0;
+  };
+  // Optional fields of the iteration line (--decoupled-lr, --log-num-zeros-in-grad, --log-params-norm),
+  // and the memory (metrics memory/..., and Megatron's memory line after the first iteration line).
   struct LineExtras {
     std::optional<double> decoupled_lr;  // --decoupled-lr: the embedding's, after the learning rate
     std::optional<int64_t> num_zeros;
     std::optional<double> params_norm;
+    std::optional<Memory> memory;
   };
   // Megatron's iteration line over the interval since the last one (after a drain); the
   // interval's metrics are flushed first, so a logged line means they are on disk.
@@ -99,6 +106,7 @@ class StepRecorder {
   int64_t diverged_at_ = 0;
   std::string divergence_reason_;
   std::chrono::steady_clock::time_point interval_start_;
+  bool memory_said_ = false;  // Megatron's memory line, once
 };
 
 }  // namespace megabatch::train

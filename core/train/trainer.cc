@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "core/comm/collectives.h"
+#include "core/device/allocator.h"
+#include "core/device/runtime.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
 #include "core/train/step_profile.h"
@@ -217,11 +219,29 @@ void Trainer::record_step(double seconds) {
     if (opt_.schedule.decoupled) extras.decoupled_lr = optimizer_.decoupled_lr();
     if (opt_.log_num_zeros_in_grad) extras.num_zeros = optimizer_.num_zeros_in_grad();
     if (opt_.log_params_norm) extras.params_norm = optimizer_.params_norm();
+    extras.memory = memory_use();
     recorder_.write_log_line(iteration_, consumed_, optimizer_.lr(), extras);
   }
 }
 
 void Trainer::drain() { recorder_.drain(); }
+
+StepRecorder::Memory Trainer::memory_use() const {
+  const Device d = model_.parameters().device();
+  const TensorMemory t = tensor_memory(d);
+  StepRecorder::Memory m;
+  m.allocated = static_cast<double>(t.in_use);
+  m.max_allocated = static_cast<double>(t.peak);
+  if (d.is_cpu()) {  // no cache: what the tensors hold is what the run holds
+    m.reserved = m.allocated;
+    m.max_reserved = m.max_allocated;
+  } else {
+    const runtime::AllocStats a = runtime::alloc_stats(d);
+    m.reserved = static_cast<double>(a.bytes_reserved);
+    m.max_reserved = static_cast<double>(a.max_bytes_reserved);
+  }
+  return m;
+}
 
 // ---- evaluation, checkpoints, the loop ---------------------------------------------------
 

@@ -98,6 +98,7 @@ class Trainer {
   void reduce_gradients();    // data parallel: sum of the ranks' gradients (and losses)
   void optimizer_step();      // the chores and the plugin's step, diagnostics into metrics
   void record_step(double seconds);  // the step row into the ring the host drains
+  StepRecorder::Memory memory_use() const;  // the model's device's, now
 
   void first_forward(const LossOutput& out);  // the step row's layout, from the model's loss terms
   void measure_micro_batch(int64_t k, int64_t local, int64_t n_measured);  // noise scale's small-batch term

@@ -379,6 +379,69 @@ TEST_F(MegatronFlags, TensorBoardTakesTheTrainingSeriesAtTheIterationsItsInterva
   EXPECT_EQ(r.output, "ok\n") << r.output;
 }
 
+// The device's memory at every iteration line: Megatron's memory line once, after the first
+// iteration line (report_memory: MB are MiB), and memory/allocated_bytes, max_allocated_bytes and
+// reserved_bytes in metrics.h5 and TensorBoard (--log-memory-to-tensorboard is taken). On the CPU
+// the tensors' bytes: at least the parameters, gradients and AdamW's two moments (16 bytes a
+// parameter, from the model line's count) and at most the process's peak resident set (the
+// kernel's ru_maxrss of the train process); reserved equals allocated (no cache).
+TEST_F(MegatronFlags, MemoryIsReportedAsMegatronDoesAndWrittenAtEveryIterationLine) {
+  const fs::path run = tmp_ / "run", tb = tmp_ / "tb";
+  const auto r = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+      "print('maxrss_kib', resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(p.returncode)\" " +
+      mb::testing::bin_dir() +
+      "/train --num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 --micro-batch-size 4 "
+      "--global-batch-size 8 --train-iters 3 --lr 1e-3 --log-interval 1 --eval-iters 0 --data-path " +
+      data("brown_gpt2_text_document") + " --run-dir " + run.string() + " --tensorboard-dir " + tb.string() +
+      " --log-memory-to-tensorboard " + mb::testing::threads_flag());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  expect_noted(r.output, {"--log-memory-to-tensorboard"});
+  const std::regex line(
+      R"(\n\[Rank 0\] \(after 1 iterations\) memory \(MB\) \| allocated: ([0-9.]+) \| max allocated: ([0-9.]+) \| )"
+      R"(reserved: ([0-9.]+) \| max reserved: ([0-9.]+)\n)");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, line)) << r.output;
+  EXPECT_EQ(r.output.find("memory (MB)", static_cast<size_t>(m.position(0) + m.length(0))), std::string::npos)
+      << "said once\n"
+      << r.output;
+  std::smatch params, rss;
+  ASSERT_TRUE(std::regex_search(r.output, params, std::regex(R"(, ([0-9]+) parameters)"))) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, rss, std::regex(R"(maxrss_kib ([0-9]+))"))) << r.output;
+  std::string event;
+  for (const auto& e : fs::directory_iterator(tb)) event = e.path().string();
+  const auto check = mb::testing::run_command(
+      "/usr/bin/python3 -c \"import sys, h5py; sys.path.insert(0, '" + mb::testing::source_dir() +
+      "/tests/tools'); import read_tfevents as r\n"
+      "f = h5py.File('" +
+      (run / "metrics.h5").string() +
+      "', 'r')\n"
+      "it = [int(i) for i in f['memory/iteration']]\n"
+      "assert it == [1, 2, 3], it\n"
+      "a, mx, res, mres = (list(f['memory/' + n + '_bytes']) for n in ('allocated', 'max_allocated', 'reserved', "
+      "'max_reserved'))\n"
+      "assert all(x <= y for x, y in zip(a, mx)) and mx == sorted(mx), (a, mx)\n"
+      "assert res == a and mres == mx, (res, a, mres, mx)\n"
+      "line = [" +
+      m[1].str() + ", " + m[2].str() + ", " + m[3].str() + ", " + m[4].str() +
+      "]\n"
+      "first = [a[0], mx[0], res[0], mres[0]]\n"
+      "assert all(abs(x - y / 2**20) <= 0.051 for x, y in zip(line, first)), (line, first)\n"
+      "assert mx[-1] >= 16 * " +
+      params[1].str() + ", (mx, " + params[1].str() +
+      ")\n"
+      "assert mx[-1] <= " +
+      rss[1].str() + " * 1024, (mx, " + rss[1].str() +
+      ")\n"
+      "s = r.read('" +
+      event +
+      "')['scalars']\n"
+      "tb = [(x[1], x[2]) for x in s if x[0] == 'memory/max_allocated_bytes']\n"
+      "assert tb == list(zip(it, mx)), (tb, mx)\n"
+      "print('ok')\"");
+  EXPECT_EQ(check.output, "ok\n") << check.output << r.output;
+}
+
 // Megatron's untied output layer: checkpointed as output_layer.weight beside the word
 // embeddings, and, as Megatron's embedding-or-output tensor, stepped at --decoupled-lr. At
 // --decoupled-lr 0 both tables stay at their initialization, bit for bit those of a run at

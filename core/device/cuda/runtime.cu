@@ -1,5 +1,6 @@
 // CUDA side of the device runtime: one stream per GPU, raw memory with counts, copies
 // (host->device through pinned staging), and the stream hold that tests use.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -118,6 +119,7 @@ void* raw_alloc(int device, size_t bytes) {
   std::lock_guard<std::mutex> lock(g_mu);
   ++d.stats.raw_allocs;
   d.stats.bytes_reserved += bytes;
+  d.stats.max_bytes_reserved = std::max(d.stats.max_bytes_reserved, d.stats.bytes_reserved);
   return p;
 }
 
