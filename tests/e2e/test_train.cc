@@ -16,6 +16,9 @@ namespace mb = megabatch;
 namespace fs = std::filesystem;
 
 namespace {
+const std::string kSmall =
+    "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 " + mb::testing::threads_flag();
+
 class Train : public ::testing::Test {
  protected:
   // the default datasets (read only: a test writes what it makes under tmp_)
@@ -37,9 +40,21 @@ class Train : public ::testing::Test {
     EXPECT_EQ(r.exit_code, 0) << r.output;
     return (tmp_ / "b").string() + "_text_document";
   }
+  // One iteration of a small GPT on the ferry corpus (its documents several to a sample), no
+  // dropout: a command to add flags and --run-dir to.
+  std::string short_documents_gpt() {
+    return mb::testing::bin_dir() + "/train " + kSmall +
+           "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 "
+           "--hidden-dropout 0 --attention-dropout 0 --data-path " +
+           ferry_corpus() + " ";
+  }
+  // The first iteration line's lm loss as printed ("none" where there is none).
+  static std::string first_loss(const std::string& output) {
+    const size_t at = output.find(" lm loss: ");
+    return at == std::string::npos ? std::string("none") : output.substr(at + 10, 12);
+  }
   mb::testing::TempDir tmp_;
 };
-const std::string kSmall = "--num-layers 2 --hidden-size 64 --num-attention-heads 2 --seq-length 32 " + mb::testing::threads_flag();
 }  // namespace
 
 TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
@@ -669,16 +684,8 @@ TEST_F(Train, AFreshStartKeepsTheEarlierRunsMetricsInItsDirectory) {
 // a sample, the first iteration's loss at the same weights and tokens is another; with rotary
 // positions the flag would do nothing and is refused.
 TEST_F(Train, ResetPositionIdsRestartsTheLearnedPositionsOfEachDocument) {
-  const std::string data = ferry_corpus();
+  const std::string gpt = short_documents_gpt();
   ASSERT_FALSE(HasFailure());
-  const std::string gpt = mb::testing::bin_dir() + "/train " + kSmall +
-                          "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 "
-                          "--hidden-dropout 0 --attention-dropout 0 --data-path " +
-                          data + " ";
-  auto first_loss = [](const std::string& output) {
-    const size_t at = output.find(" lm loss: ");
-    return at == std::string::npos ? std::string("none") : output.substr(at + 10, 12);
-  };
   const auto plain = mb::testing::run_command(gpt + "--run-dir " + (tmp_ / "plain").string());
   ASSERT_EQ(plain.exit_code, 0) << plain.output;
   const auto reset = mb::testing::run_command(gpt + "--reset-position-ids --run-dir " + (tmp_ / "reset").string());
@@ -698,16 +705,8 @@ TEST_F(Train, ResetPositionIdsRestartsTheLearnedPositionsOfEachDocument) {
 // says it, the first iteration's loss differs from attending across the documents, with rotary
 // positions too (which the mask does not touch, as Megatron's); BERT refuses it by name.
 TEST_F(Train, ResetAttentionMaskKeepsEachDocumentsAttentionWithinIt) {
-  const std::string data = ferry_corpus();
+  const std::string gpt = short_documents_gpt();
   ASSERT_FALSE(HasFailure());
-  const std::string gpt = mb::testing::bin_dir() + "/train " + kSmall +
-                          "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 "
-                          "--hidden-dropout 0 --attention-dropout 0 --data-path " +
-                          data + " ";
-  auto first_loss = [](const std::string& output) {
-    const size_t at = output.find(" lm loss: ");
-    return at == std::string::npos ? std::string("none") : output.substr(at + 10, 12);
-  };
   for (const std::string positions : {"", "--position-embedding-type rope "}) {
     SCOPED_TRACE(positions);
     const auto plain = mb::testing::run_command(gpt + positions + "--run-dir " + (tmp_ / "plain").string());

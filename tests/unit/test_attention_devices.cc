@@ -26,6 +26,12 @@ using mb::DType;
 using mb::testing::OnDevice;
 using mb::testing::Pair;
 
+// Sets the process's dQ path back to what it was at its creation, at its end.
+struct RestoreFlashDq {
+  ops::FlashDq was = ops::flash_dq();
+  ~RestoreFlashDq() { ops::set_flash_dq(was); }
+};
+
 struct AttnConfig {
   int64_t B, T, H, D;
   bool causal, mask, bias;
@@ -187,10 +193,7 @@ TEST_P(OnDevice, PackedDocumentsAttendAsIfEachWereAlone) {
   if (!ops::flash_attention_supported(mb::testing::test_device(), GetParam(), 64))
     GTEST_SKIP() << "the warp emulator runs only the flash kernels here, which take no " << mb::dtype_name(GetParam());
 #endif
-  struct Restore {
-    ops::FlashDq was = ops::flash_dq();
-    ~Restore() { ops::set_flash_dq(was); }
-  } restore;
+  const RestoreFlashDq restore;
   struct Config {
     int64_t B, T, H, D;
     bool causal, mask;
@@ -299,10 +302,7 @@ TEST_P(OnDevice, PackedDocumentsAttendAsIfEachWereAlone) {
 // by name with the ordered dQ chosen. (The GPU program's only: the CPU computes each row whole.)
 #ifdef MB_TEST_DEVICE_CUDA
 TEST_P(OnDevice, FlashAttentionOrderedDqMatchesTheReferenceAndRepeatsBitwise) {
-  struct Restore {
-    ops::FlashDq was = ops::flash_dq();
-    ~Restore() { ops::set_flash_dq(was); }
-  } restore;
+  const RestoreFlashDq restore;
   struct Config {
     int64_t B, T, H, D;
     bool causal, mask;
@@ -531,10 +531,7 @@ TEST_P(OnDevice, ExplicitAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
 // the ordered dQ too) and set (the device's NaN start must not show), against the per-head
 // reference.
 TEST_P(OnDevice, FlashAttentionReadsGroupedQueryAttentionsLayoutInPlace) {
-  struct Restore {
-    ops::FlashDq was = ops::flash_dq();
-    ~Restore() { ops::set_flash_dq(was); }
-  } restore;
+  const RestoreFlashDq restore;
   int ran = 0;
   for (const GroupedCase& c : kGroupedCases) {
     auto h = harness(23);

@@ -123,6 +123,16 @@ std::shared_ptr<const mb::data::IndexedDataset> short_documents(const std::files
   }
   return std::make_shared<const mb::data::IndexedDataset>(prefix);
 }
+// Batches of 8 rows of T = 11 tokens from short documents (seed `seed`): `a` as the batch source
+// gives them plain, `b` from one with the EOD options (eod, reset_eod, documents_eod) given.
+void plain_and_with(const std::filesystem::path& dir, uint32_t seed, int32_t eod, int32_t reset_eod,
+                    int32_t documents_eod, mb::train::Batch& a, mb::train::Batch& b) {
+  const auto ds = short_documents(dir / "d", seed);
+  const auto docs = mb::data::DocumentRange::all(*ds);
+  mb::models::GptBatchSource plain(ds, docs, 11, 3, 256), with(ds, docs, 11, 3, 256, eod, reset_eod, documents_eod);
+  plain.fill(0, 8, a);
+  with.fill(0, 8, b);
+}
 }  // namespace
 
 // --eod-mask-loss (Megatron's loss mask): a position whose input token is the end of a document
@@ -130,12 +140,8 @@ std::shared_ptr<const mb::data::IndexedDataset> short_documents(const std::files
 // counts the labelled positions only. Documents of 3 to 9 tokens, each ending in EOD (7).
 TEST(GptBatchSource, EodMaskLossDropsTheLabelsWhoseInputIsTheEndOfADocument) {
   mb::testing::TempDir dir;
-  const auto ds = short_documents(dir / "d", 5);
-  const auto docs = mb::data::DocumentRange::all(*ds);
-  mb::models::GptBatchSource plain(ds, docs, 11, 3, 256), masked(ds, docs, 11, 3, 256, kEod);
   mb::train::Batch a, b;
-  plain.fill(0, 8, a);
-  masked.fill(0, 8, b);
+  plain_and_with(dir.path(), 5, kEod, -1, -1, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   int dropped = 0;
   for (size_t i = 0; i < a.labels.size(); ++i) {
@@ -156,12 +162,8 @@ TEST(GptBatchSource, EodMaskLossDropsTheLabelsWhoseInputIsTheEndOfADocument) {
 TEST(GptBatchSource, ResetPositionIdsStartEachDocumentOfASampleAtZero) {
   mb::testing::TempDir dir;
   constexpr int T = 11;
-  const auto ds = short_documents(dir / "d", 6);
-  const auto docs = mb::data::DocumentRange::all(*ds);
-  mb::models::GptBatchSource plain(ds, docs, T, 3, 256), reset(ds, docs, T, 3, 256, -1, kEod);
   mb::train::Batch a, b;
-  plain.fill(0, 8, a);
-  reset.fill(0, 8, b);
+  plain_and_with(dir.path(), 6, -1, kEod, -1, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   ASSERT_EQ(a.labels, b.labels);
   EXPECT_TRUE(a.position_ids.empty());
@@ -188,12 +190,8 @@ TEST(GptBatchSource, ResetPositionIdsStartEachDocumentOfASampleAtZero) {
 TEST(GptBatchSource, ResetAttentionMaskNumbersTheDocumentsOfEachSample) {
   mb::testing::TempDir dir;
   constexpr int T = 11;
-  const auto ds = short_documents(dir / "d", 8);
-  const auto docs = mb::data::DocumentRange::all(*ds);
-  mb::models::GptBatchSource plain(ds, docs, T, 3, 256), reset(ds, docs, T, 3, 256, -1, -1, kEod);
   mb::train::Batch a, b;
-  plain.fill(0, 8, a);
-  reset.fill(0, 8, b);
+  plain_and_with(dir.path(), 8, -1, -1, kEod, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   ASSERT_EQ(a.labels, b.labels);
   EXPECT_TRUE(b.position_ids.empty());
