@@ -15,7 +15,8 @@ namespace mb = megabatch;
 
 namespace {
 
-// family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own), gpt-swiglu (its MLP
+// family: gpt, bert, t5, gpt-untied (a GPT with an output layer of its own, and documents packed in
+// its rows attending within themselves: --reset-attention-mask), gpt-swiglu (its MLP
 // gated: fc1's (gate, up) pairs split over the ranks), gpt-rope (rotary positions, each rank
 // turning its heads), t5-no-bias (a T5 whose linear layers have no biases but the QKV
 // projections'), bert-gqa (grouped-query attention, 4 heads in 2 key/value groups: a group a
@@ -31,7 +32,7 @@ mb::models::ModelConfig config(const std::string& family, int tp) {
   c.num_query_groups = 2;
   c.swiglu = family == "gpt-swiglu";
   c.rope = family == "gpt-rope" || family == "gpt-gqa";
-  c.untie_embeddings_and_output_weights = family == "gpt-untied";
+  c.untie_embeddings_and_output_weights = c.reset_attention_mask = family == "gpt-untied";
   c.disable_bias_linear = c.add_qkv_bias = family == "t5-no-bias";
   c.residual_post_norm = family == "t5-resnorm";
   c.num_layers = 2;
@@ -60,6 +61,7 @@ mb::train::Batch batch_for(const std::string& family) {
   if (family.rfind("gpt", 0) == 0) {
     for (int i = 0; i < 18; ++i) b.labels.push_back(tok(g));
     b.padding_mask.clear();
+    if (family == "gpt-untied") b.documents = {0, 0, 0, 1, 1, 1, 1, 2, 2, 0, 0, 0, 0, 0, 1, 1, 1, 1};
   } else if (family.rfind("bert", 0) == 0) {
     for (int i = 0; i < 18; ++i) {
       b.labels.push_back(i % 3 == 1 ? tok(g) : mb::train::kIgnoreLabel);
