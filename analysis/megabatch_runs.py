@@ -178,6 +178,12 @@ class Point:
         t = self.series("train/tokens_per_second")
         return float(np.median(t)) if len(t) else float("nan")
 
+    def peak_memory_bytes(self):
+        """The most memory the point's tensors held on its device (memory/max_allocated_bytes);
+        NaN for a run from before train wrote it."""
+        m = self.series("memory/max_allocated_bytes")
+        return float(np.max(m)) if len(m) else float("nan")
+
 
 def load_points(sweep_dir):
     sweep = read_sweep(sweep_dir)

@@ -178,10 +178,11 @@ def report(sweep_dir):
         state = p.state + (f": {html.escape(p.reason)}" if p.reason and p.state in ("failed", "diverged") else "")
         cells += [f"<td class='{p.state}'>{state}</td>", f"<td>{fmt_loss(p.result())}</td>",
                   f"<td>{fmt_loss(p.final_train_loss())}</td>", f"<td>{p.wall_s / 60:.1f}</td>",
-                  f"<td>{fmt_rate(p.tokens_per_second())}</td>"]
+                  f"<td>{fmt_rate(p.tokens_per_second())}</td>",
+                  f"<td>{fmt_rate(p.peak_memory_bytes() / 2**20)}</td>"]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["point"] + keys + [
-        "state", RESULT_LABEL, "final train loss", "wall (min)", "tokens/s"])
+        "state", RESULT_LABEL, "final train loss", "wall (min)", "tokens/s", "peak memory (MiB)"])
     figs = []
     for name, caption in FIGURES:
         path = os.path.join(sweep_dir, "figures", f"{name}.png")

@@ -31,6 +31,9 @@ def write_point(root, pid, config, loss, valid=None, diverged_at=None):
         f["train/consumed_samples"] = it * config["global_batch_size"]
         f["train/learning_rate"] = np.full(n, config["lr"])
         f["train/tokens_per_second"] = np.full(n, 152340.0)  # a GPU's rate, in the points table
+        if config["global_batch_size"] == 16:  # its tensors' memory, growing to 3.5 GiB: the peak in the points table
+            f["memory/iteration"] = it
+            f["memory/max_allocated_bytes"] = np.linspace(1, 3.5, n) * 2**30
         f["noise_scale/iteration"] = it
         f["noise_scale/b_simple"] = np.full(n, 4.0)
         if valid is not None:
@@ -415,6 +418,10 @@ class Aggregation(unittest.TestCase):
         self.assertIn("7.260 <small>(7.160-7.360, 2 seeds)</small>", page)
         self.assertIn("<td>152,340</td>", page)
         self.assertNotIn("e+05", page)
+        # the peak memory column: in MiB where a point wrote it, "-" for a run from before
+        self.assertIn("<th>peak memory (MiB)</th>", page)
+        self.assertIn("<td>152,340</td><td>3,584</td></tr>", page)
+        self.assertIn("<td>152,340</td><td>-</td></tr>", page)
         self.assertIn("<td>1e+08</td>", page)  # the diverged point's final train loss, not 100000000.000
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
