@@ -90,6 +90,9 @@ train::LossOutput Gpt::forward(const train::Batch& batch, const train::StepConte
   if (!batch.documents.empty()) {  // --reset-attention-mask
     check(batch.documents.size() == static_cast<size_t>(n), "GPT: ", batch.documents.size(), " document ids for ", n,
           " tokens");
+    for (int64_t i = 1; i < n; ++i)  // (the GPU's attention takes them as runs, unchecked)
+      check(i % T_ == 0 || batch.documents[i] >= batch.documents[i - 1], "GPT: the documents of row ", i / T_,
+            " go down at position ", i % T_, "; a document is a run of positions, its ids nondecreasing along a row");
     upload(documents_, batch.documents, {B_, T_}, dev);
   } else {
     documents_ = Tensor();

@@ -27,6 +27,19 @@ void check_groups(const char* op, const AttentionShape& s, const Tensor& bias) {
   check(G == s.H || !bias.defined(), op, ": a position bias with grouped-query attention (", G, " groups of ", s.H,
         " heads) is not taken: T5, the one model with a bias, has no groups");
 }
+
+void check_documents(const char* op, const Accepts& row, const Tensor& documents, const AttentionShape& s, Device d) {
+  if (!documents.defined()) return;
+  expect_accepted(row, documents, d);
+  expect_numel(op, "documents", documents, static_cast<size_t>(s.B * s.T));
+  if (!documents.device().is_cpu()) return;
+  const int32_t* ids = documents.data<int32_t>();
+  for (int64_t b = 0; b < s.B; ++b)
+    for (int64_t t = 1; t < s.T; ++t)
+      check(ids[b * s.T + t] >= ids[b * s.T + t - 1], op, ": documents of row ", b, " go from ", ids[b * s.T + t - 1],
+            " to ", ids[b * s.T + t], " at position ", t,
+            "; a document is a run of positions, its ids nondecreasing along a row");
+}
 }  // namespace detail
 
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
@@ -41,8 +54,7 @@ void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv
   expect_numel("attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
   expect_dtype("attention_forward", "bias", bias, qkv.dtype());
   expect_numel("attention_forward", "bias", bias, static_cast<size_t>(s.H * s.T * s.T));
-  expect_accepted(accepts::attention_forward_documents, documents, d);
-  expect_numel("attention_forward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  check_documents("attention_forward", accepts::attention_forward_documents, documents, s, d);
   MB_OP_DISPATCH(d, attention_forward, out, probs, qkv, key_mask, s, dropout, bias, documents);
 }
 

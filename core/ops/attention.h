@@ -13,7 +13,9 @@
 // Masks: causal (key j > query i masked) and/or key padding (key_mask u8 (B, T), 0 = pad)
 // and/or documents (i32 (B, T), the document of each token: key j is masked for query i when
 // their documents differ; Megatron's --reset-attention-mask, with which a row of documents
-// packed together attends within each document only).
+// packed together attends within each document only). A document is a run of positions: the
+// ids are nondecreasing along each row (refused otherwise where the host can read them; the
+// flash kernels find a document's tiles by binary search).
 // A query row whose keys are all masked gets probabilities 0, so its output is 0 and its
 // gradient is 0. Dropout of the probabilities draws element (b, global head, i, j) of the
 // full (B, total heads, T, T) tensor, so masks are the same under any tensor-parallel split.
@@ -39,10 +41,15 @@ struct AttentionShape {
 inline int64_t kv_heads(const AttentionShape& s) { return s.groups ? s.groups : s.H; }
 inline int64_t qkv_width(const AttentionShape& s) { return (s.H + 2 * kv_heads(s)) * s.D; }
 inline int64_t heads_per_group(const AttentionShape& s) { return s.H / kv_heads(s); }
+struct Accepts;  // (accepts.h)
+
 namespace detail {
 // Refuses groups that do not divide the heads, and groups beside a position bias (or its
 // gradient), naming the op.
 void check_groups(const char* op, const AttentionShape& s, const Tensor& bias);
+// Refuses documents (when defined) of another dtype or size than i32 (B, T) and, where the host
+// reads them, ids that decrease along a row, naming the op.
+void check_documents(const char* op, const Accepts& row, const Tensor& documents, const AttentionShape& s, Device d);
 }  // namespace detail
 
 // dropout may be null (or p == 0). bias, when defined, is added to the scaled scores

@@ -141,8 +141,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
   expect_dtype("flash_attention_forward", "out", out, qkv.dtype());
   expect_numel("flash_attention_forward", "out", out, static_cast<size_t>(s.B * s.T * s.H * s.D));
   check_bias("flash_attention_forward", qkv, s, bias, {});
-  expect_accepted(accepts::flash_attention_forward_documents, documents, d);
-  expect_numel("flash_attention_forward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  check_documents("flash_attention_forward", accepts::flash_attention_forward_documents, documents, s, d);
   MB_OP_DISPATCH(d, flash_attention_forward, out, lse, qkv, key_mask, s, dropout, bias, documents);
 }
 
@@ -162,8 +161,7 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
     expect_numel("flash_attention_backward", name, *t, static_cast<size_t>(s.B * s.T * s.H * s.D));
   }
   check_bias("flash_attention_backward", qkv, s, bias, dbias);
-  expect_accepted(accepts::flash_attention_backward_documents, documents, d);
-  expect_numel("flash_attention_backward", "documents", documents, static_cast<size_t>(s.B * s.T));
+  check_documents("flash_attention_backward", accepts::flash_attention_backward_documents, documents, s, d);
   MB_OP_DISPATCH(d, flash_attention_backward, dqkv, dout, qkv, out, lse, key_mask, s, dropout, w, bias, dbias,
                  documents);
 }

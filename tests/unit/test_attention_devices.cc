@@ -239,6 +239,16 @@ TEST_P(OnDevice, PackedDocumentsAttendAsIfEachWereAlone) {
         std::copy(gv.begin(), gv.end(), want_grad.begin() + at * w);
       }
     ASSERT_EQ(documents, 5 * c.B) << "each row holds the five documents packed_documents makes";
+    if (c.B == 2 && h.device().is_cpu()) {  // ids that go down along a row: refused where the host reads them
+      std::vector<int32_t> down = dv;
+      down[static_cast<size_t>(c.T + 40)] = 0;  // row 1, position 40: back to its first document
+      const Pair bad = h.ids(down, {c.B, c.T});
+      mb::Tensor out(out_shape, DType::kF64), lse({c.B, c.H, c.T}, DType::kF64);
+      mb::testing::expect_error(
+          [&] { ops::flash_attention_forward(out, lse, qkv.ref, mask.ref, s, nullptr, {}, bad.ref); },
+          "flash_attention_forward: documents of row 1 go from 1 to 0 at position 40; a document is a run of "
+          "positions, its ids nondecreasing along a row");
+    }
     auto expect_equal_f64 = [](const mb::Tensor& got, const std::vector<double>& want, const std::string& what) {
       const std::vector<double> v = mb::to_host_f64(got);
       ASSERT_EQ(v.size(), want.size());

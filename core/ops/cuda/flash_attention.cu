@@ -10,7 +10,7 @@
 //   dK and dV, another per block of queries walks the key tiles for dQ; both recompute the
 //   probabilities from lse, and read D = rowsum(dout * out) from a small kernel before them.
 // Only the tiles that cross the diagonal, reach past T or have a key mask or documents
-// (--reset-attention-mask) test each element.
+// (--reset-attention-mask) test each element; tiles wholly in other documents are skipped.
 // T5's position bias (H, T, T), when given, is added to each tile's scores before the mask.
 // q, k and v are read in place from qkv (B, T, H, 3, D), or q (B, Tq, H, D) and kv (B, Tk, H,
 // 2, D) for cross-attention; out written as (B, Tq, H, D) and the gradients added into dqkv
@@ -76,11 +76,11 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
   const T* V = static_cast<const T*>(a.v);
   auto k_at = [&](int tok) { return kv_at(a, b, tok, h); };
   const int q_last = min(q_block + kBlockRows, a.Tq) - 1;  // causal: Tq = Tk
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
+  const TileRange tiles = key_tiles(a, b, q_block, q_last);
   if constexpr (kQShared)  // (rows past Tq as zeros; landed with the first tiles)
     load_tile_async<T, D, kBlockThreads, kBlockRows>(Qs, Q, q_block, a.Tq, [&](int tok) { return q_at(a, b, tok, h); });
-  load_tile_async<T, D, kBlockThreads>(Kb, K, 0, a.Tk, k_at);
-  load_tile_async<T, D, kBlockThreads>(Vb, V, 0, a.Tk, k_at);
+  load_tile_async<T, D, kBlockThreads>(Kb, K, tiles.first * kTile, a.Tk, k_at);
+  load_tile_async<T, D, kBlockThreads>(Vb, V, tiles.first * kTile, a.Tk, k_at);
   cp_commit();
   // this warp's query rows as A fragments (rows past Tq read as zeros)
   uint32_t qf[kM][D / 16][4];
@@ -106,9 +106,9 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
     m[mi][0] = m[mi][1] = -INFINITY;
     l[mi][0] = l[mi][1] = 0.0f;
   }
-  for (int kt = 0; kt < tiles; ++kt) {
-    const int k0 = kt * kTile, buf = kt & 1;
-    if (kt + 1 < tiles) {
+  for (int kt = tiles.first; kt < tiles.end; ++kt) {
+    const int k0 = kt * kTile, buf = (kt - tiles.first) & 1;
+    if (kt + 1 < tiles.end) {
       load_tile_async<T, D, kBlockThreads>(Kb + (buf ^ 1) * kTile * RS, K, k0 + kTile, a.Tk, k_at);
       load_tile_async<T, D, kBlockThreads>(Vb + (buf ^ 1) * kTile * RS, V, k0 + kTile, a.Tk, k_at);
       cp_commit();

@@ -86,6 +86,61 @@ __device__ __forceinline__ bool valid(const Args& a, int b, int i, int j) {
 // diagonal or past the end.
 __device__ __forceinline__ bool masks_every_tile(const Args& a) { return a.mask || a.doc; }
 
+// Documents (a.doc) are runs of positions, their ids nondecreasing along a row (attention.h).
+// The first position of the document that holds position i of row b, and one past its last:
+// binary searches over the row (self-attention: Tq = Tk).
+__device__ __forceinline__ int document_start(const Args& a, int b, int i) {
+  const int32_t* d = a.doc + static_cast<int64_t>(b) * a.Tk;
+  const int32_t id = d[i];
+  int lo = 0, hi = i;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (d[mid] < id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+__device__ __forceinline__ int document_end(const Args& a, int b, int i) {
+  const int32_t* d = a.doc + static_cast<int64_t>(b) * a.Tk;
+  const int32_t id = d[i];
+  int lo = i + 1, hi = a.Tk;
+  while (lo < hi) {
+    const int mid = (lo + hi) / 2;
+    if (d[mid] <= id)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Tiles [first, end) of one side that the positions lo..hi of the other side of row b reach at
+// all: the key tiles of queries lo..hi (causal: up to hi's), or the query tiles of keys lo..hi
+// (causal: from lo's). With documents, only those of lo's document to hi's: tiles wholly in
+// other documents are skipped, as the causal mask's are.
+struct TileRange {
+  int first, end;
+};
+__device__ __forceinline__ TileRange key_tiles(const Args& a, int b, int lo, int hi) {
+  TileRange r{0, a.causal ? hi / kTile + 1 : (a.Tk + kTile - 1) / kTile};
+  if (a.doc) {
+    r.first = document_start(a, b, lo) / kTile;
+    r.end = min(r.end, (document_end(a, b, hi) + kTile - 1) / kTile);
+  }
+  return r;
+}
+__device__ __forceinline__ TileRange query_tiles(const Args& a, int b, int lo, int hi) {
+  TileRange r{a.causal ? lo / kTile : 0, (a.Tq + kTile - 1) / kTile};
+  if (a.doc) {
+    const int start = document_start(a, b, lo) / kTile;
+    if (start > r.first) r.first = start;
+    r.end = min(r.end, (document_end(a, b, hi) + kTile - 1) / kTile);
+  }
+  return r;
+}
+
 // the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p) (called by the kernels'
 // dropout instances only)
 __device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {

@@ -42,8 +42,9 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dkdv_kernel(Args a
   const int groups = a.H / a.per, b = blockIdx.y / groups, h0 = blockIdx.y % groups * a.per;
   const int k_block = blockIdx.x * kRows, kw = warp * 16, j0 = k_block + kw;
   auto kv_of = [&](int tok) { return kv_at(a, b, tok, h0); };
-  const int first = a.causal ? k_block / kTile : 0, tiles = (a.Tq + kTile - 1) / kTile;  // causal: Tq = Tk
-  const int walk = tiles - first, steps = walk * a.per;  // step s: head h0 + s / walk, tile first + s % walk
+  const TileRange tiles = query_tiles(a, b, k_block, min(k_block + kRows, a.Tk) - 1);  // causal: Tq = Tk
+  const int first = tiles.first, walk = tiles.end - first;
+  const int steps = walk * a.per;  // step s: head h0 + s / walk, tile first + s % walk
   sm.template start<kThreads>(a, b, h0, k_block, first);
   float dk[D / 8][4], dv[D / 8][4];
   zero_rows<D>(dk, dv);
@@ -147,9 +148,9 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   const T* V = static_cast<const T*>(a.v);
   auto kv_of = [&](int tok) { return kv_at(a, b, tok, h); };
   const int q_last = min(q_block + kRows, a.Tq) - 1;  // causal: Tq = Tk
-  const int tiles = a.causal ? q_last / kTile + 1 : (a.Tk + kTile - 1) / kTile;
-  load_tile_async<T, D, kThreads>(Kb, K, 0, a.Tk, kv_of);
-  load_tile_async<T, D, kThreads>(Vb, V, 0, a.Tk, kv_of);
+  const TileRange tiles = key_tiles(a, b, q_block, q_last);
+  load_tile_async<T, D, kThreads>(Kb, K, tiles.first * kTile, a.Tk, kv_of);
+  load_tile_async<T, D, kThreads>(Vb, V, tiles.first * kTile, a.Tk, kv_of);
   cp_commit();
   uint32_t qf[D / 16][4], df[D / 16][4];
   float lse2[2], rd[2];
@@ -157,9 +158,9 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_dq_kernel(Args a) 
   float dq[D / 8][4];
 #pragma unroll
   for (int n = 0; n < D / 8; ++n) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
-  for (int kt = 0; kt < tiles; ++kt) {
-    const int k0 = kt * kTile, buf = kt & 1;
-    if (kt + 1 < tiles) {
+  for (int kt = tiles.first; kt < tiles.end; ++kt) {
+    const int k0 = kt * kTile, buf = (kt - tiles.first) & 1;
+    if (kt + 1 < tiles.end) {
       load_tile_async<T, D, kThreads>(Kb + (buf ^ 1) * kTile * RS, K, k0 + kTile, a.Tk, kv_of);
       load_tile_async<T, D, kThreads>(Vb + (buf ^ 1) * kTile * RS, V, k0 + kTile, a.Tk, kv_of);
       cp_commit();
