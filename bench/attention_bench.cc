@@ -11,10 +11,14 @@
 // the default is 16; at head size 128 it needs 102 KiB of shared memory a block, and a GPU
 // with less, such as a T4, runs the 16-row kernel in its place). --groups G: grouped-query
 // attention, the heads sharing G key/value heads, which the kernels read in place (PyTorch:
-// SDPA with enable_gqa on k and v of G heads).
+// SDPA with enable_gqa on k and v of G heads). --documents L: each row packed with documents of
+// L tokens attending within themselves (--reset-attention-mask; the kernels skip the tiles of
+// other documents; PyTorch: SDPA with the boolean mask), TFLOP/s counting the documents' own
+// products.
 //
 //   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
-//                             [--tokens 16384] [--hidden 2048] [--groups 0] [--reps 20] [--torch true]
+//                             [--tokens 16384] [--hidden 2048] [--groups 0] [--documents 0] [--reps 20]
+//                             [--torch true]
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
   a.option("tokens", "N", "batch x sequence length of every configuration", "16384");
   a.option("hidden", "C", "heads x head size of every configuration", "2048");
   a.option("groups", "G", "key/value heads (grouped-query attention; 0: one a head)", "0");
+  a.option("documents", "L", "documents of L tokens packed in each row, attending within themselves (0: none)", "0");
   a.option("reps", "N", "timed calls per configuration", "20");
   a.option("torch", "BOOL", "also time PyTorch's scaled_dot_product_attention", "true");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -84,6 +89,8 @@ int main(int argc, char** argv) {
     mb::check(dname == "bf16" || dname == "fp16", "--dtype: bf16 or fp16, not '", dname, "'");
     const mb::DType dtype = dname == "bf16" ? mb::DType::kBF16 : mb::DType::kF16;
     const int64_t tokens = a.get_int("tokens"), hidden = a.get_int("hidden"), groups = a.get_int("groups");
+    const int64_t doc_len = a.get_int("documents");
+    mb::check(doc_len >= 0, "--documents ", doc_len, ": a length of documents, or 0 for none");
     const int reps = static_cast<int>(a.get_int("reps"));
     std::vector<std::tuple<int64_t, int64_t, bool>> configs;
     for (const auto& d : a.get_list("head-sizes"))
@@ -100,7 +107,7 @@ int main(int argc, char** argv) {
                                       std::to_string(tokens), std::to_string(hidden), dname, std::to_string(reps)};
       for (const auto& [T, D, causal] : configs)
         cmd.push_back(std::to_string(T) + ":" + std::to_string(D) + ":" + (causal ? "1" : "0") + ":" +
-                      std::to_string(groups));
+                      std::to_string(groups) + ":" + std::to_string(doc_len));
       std::istringstream out(mb::bench::run_child(cmd).output);
       std::string tag;
       for (int64_t T, D, c; out >> tag >> T >> D >> c;) {
@@ -109,10 +116,11 @@ int main(int argc, char** argv) {
         torch_ms[{T, D, c != 0}] = {f, fb};
       }
     }
-    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld%s; median of %d calls\n",
+    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld%s%s; median of %d calls\n",
                 gpu.name.c_str(), gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens),
                 static_cast<long long>(hidden),
-                groups ? (", " + std::to_string(groups) + " key/value heads").c_str() : "", reps);
+                groups ? (", " + std::to_string(groups) + " key/value heads").c_str() : "",
+                doc_len ? (", documents of " + std::to_string(doc_len) + " tokens").c_str() : "", reps);
     std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s | %9s %8s %7s\n", "seq", "D", "causal",
                 "fwd ms", "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s",
                 "ratio", "fwd32 ms", "TFLOP/s", "ratio");
@@ -124,14 +132,29 @@ int main(int argc, char** argv) {
       const mb::Tensor qkv = random_tensor(qkv_shape, dtype, dev, g), dy = random_tensor({B, T, H, D}, dtype, dev, g);
       mb::Tensor out({B, T, H, D}, dtype, dev), lse({B, H, T}, mb::DType::kF32, dev), dqkv(qkv_shape, dtype, dev);
       dqkv.zero();
-      auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr); };
+      // documents of doc_len tokens (the last of a row shorter), and the share of the T x T
+      // products they keep: the sum of their squared lengths over T^2
+      mb::Tensor docs;
+      double kept = 1.0;
+      if (doc_len) {
+        std::vector<int32_t> ids(static_cast<size_t>(B * T));
+        for (int64_t e = 0; e < B * T; ++e) ids[static_cast<size_t>(e)] = static_cast<int32_t>(e % T / doc_len);
+        docs = mb::from_host(ids, {B, T}, dev);
+        kept = 0;
+        for (int64_t start = 0; start < T; start += doc_len) {
+          const double len = static_cast<double>(std::min(doc_len, T - start));
+          kept += len * len;
+        }
+        kept /= static_cast<double>(T) * static_cast<double>(T);
+      }
+      auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr, {}, docs); };
       const double fwd = median_ms(forward, dev, reps);
       ops::set_flash_forward_rows(ops::FlashForwardRows::k32);
       const double fwd32 = median_ms(forward, dev, reps);
       ops::set_flash_forward_rows(ops::FlashForwardRows::k16);
       auto fwd_bwd = [&] {
-        ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr);
-        ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr);
+        ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr, {}, docs);
+        ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr, ops::Write::kAdd, {}, {}, docs);
       };
       ops::set_flash_dq(ops::FlashDq::kSeparate);
       const double both = median_ms(fwd_bwd, dev, reps);
@@ -141,7 +164,7 @@ int main(int argc, char** argv) {
       if (ops::flash_dq_ordered_calls() == calls) ordered = 0;  // the shape took the separate kernels
       ops::set_flash_dq(ops::FlashDq::kSeparate);
       const double flops = 4.0 * static_cast<double>(B * H) * static_cast<double>(T) * static_cast<double>(T) *
-                           static_cast<double>(D) * (causal ? 0.5 : 1.0);
+                           static_cast<double>(D) * (causal ? 0.5 : 1.0) * kept;
       const auto it = torch_ms.find({T, D, causal});
       const double tf = it == torch_ms.end() ? 0 : it->second.first, tb = it == torch_ms.end() ? 0 : it->second.second;
       std::printf("%6lld %4lld %6s | %9.3f %8.1f %9.3f %6.2fx | %10.3f %8.1f %10.3f %6.2fx | ", static_cast<long long>(T),

@@ -1,10 +1,12 @@
 """PyTorch's scaled_dot_product_attention timed as attention_bench times megabatch's flash
 kernels: q (B, H, T, D), k and v (B, G, T, D) (G = H unless GROUPS says: grouped-query
 attention, enable_gqa) in bf16/fp16 on the GPU, forward and forward + backward, the median of
-`reps` calls timed with CUDA events after warm-up. One line per configuration:
-"sdpa T D causal fwd_ms fwdbwd_ms".
+`reps` calls timed with CUDA events after warm-up. DOCLEN L > 0 packs each row with documents of
+L tokens that attend within themselves (--reset-attention-mask), given to SDPA as a boolean mask
+(T, T), with the causal one folded in (SDPA then runs a kernel that takes masks). One line per
+configuration: "sdpa T D causal fwd_ms fwdbwd_ms".
 
-    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL[:GROUPS] [...]
+    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL[:GROUPS[:DOCLEN]] [...]
 """
 import sys
 
@@ -35,13 +37,20 @@ def main():
         T, D, causal, *rest = (int(x) for x in spec.split(":"))
         B, H = max(tokens // T, 1), hidden // D
         G = rest[0] if rest and rest[0] else H
+        L = rest[1] if len(rest) > 1 else 0
         q = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True)
         k, v = (torch.randn(B, G, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True) for _ in range(2))
         dy = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g)
-        gqa = {"enable_gqa": True} if G != H else {}
-        fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa)
+        kw = {"enable_gqa": True} if G != H else {}
+        if L:
+            doc = torch.arange(T, device="cuda") // L
+            mask = doc[:, None] == doc[None, :]
+            kw["attn_mask"] = mask.tril() if causal else mask
+        else:
+            kw["is_causal"] = bool(causal)
+        fwd = lambda: F.scaled_dot_product_attention(q, k, v, **kw)
         def both():
-            F.scaled_dot_product_attention(q, k, v, is_causal=bool(causal), **gqa).backward(dy)
+            F.scaled_dot_product_attention(q, k, v, **kw).backward(dy)
         print(f"sdpa {T} {D} {causal} {median_ms(fwd, reps):.4f} {median_ms(both, reps):.4f}", flush=True)
 
 
