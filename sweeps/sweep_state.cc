@@ -51,7 +51,15 @@ int64_t samples_of(const json& c) {
 
 json launch_config(const Point& point) {
   json c = point.config;
-  if (!c.contains("save_interval")) c["save_interval"] = std::max<int64_t>(1, iters_of(c) / 10);
+  if (!c.contains("save_interval")) {
+    int64_t every = std::max<int64_t>(1, iters_of(c) / 10);
+    // with --save-retain-interval R, a divisor of R (train refuses others): the largest up to a tenth
+    if (c.contains("save_retain_interval") && c["save_retain_interval"].is_number_integer()) {
+      const int64_t r = c["save_retain_interval"].get<int64_t>();
+      while (r > 0 && r % every != 0) --every;
+    }
+    c["save_interval"] = every;
+  }
   if (!c.contains("keep_checkpoints")) c["keep_checkpoints"] = 2;
   return c;
 }

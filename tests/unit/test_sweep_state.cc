@@ -35,6 +35,20 @@ TEST(SweepState, APointsIterationsAndSamplesAreThoseTrainRuns) {
   EXPECT_EQ(sw::samples_of(ramp), 60);
 }
 
+// A point without save_interval checkpoints every tenth of its iterations; with
+// save_retain_interval R, at the largest divisor of R up to that (train refuses an interval
+// that does not divide R); a point's own save_interval and keep_checkpoints stay.
+TEST(SweepState, APointsCheckpointScheduleIsATenthOfItsIterationsDividingItsRetainInterval) {
+  auto launched = [](const json& config) { return sw::launch_config(sw::Point{"p", config, {}}); };
+  EXPECT_EQ(launched({{"train_iters", 100}})["save_interval"], 10);
+  EXPECT_EQ(launched({{"train_iters", 100}})["keep_checkpoints"], 2);
+  EXPECT_EQ(launched({{"train_iters", 100}, {"save_retain_interval", 25}})["save_interval"], 5);
+  EXPECT_EQ(launched({{"train_iters", 100}, {"save_retain_interval", 40}})["save_interval"], 10);
+  EXPECT_EQ(launched({{"train_iters", 100}, {"save_retain_interval", 7}})["save_interval"], 7);
+  EXPECT_EQ(launched({{"train_iters", 100}, {"save_retain_interval", 13}})["save_interval"], 1);
+  EXPECT_EQ(launched({{"train_iters", 100}, {"save_retain_interval", 25}, {"save_interval", 25}})["save_interval"], 25);
+}
+
 TEST(SweepState, ARunningPointsWorkIsTheSamplesItsLogSaysItConsumed) {
   megabatch::testing::TempDir tmp;
   megabatch::testing::write_text(
