@@ -783,8 +783,8 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
         "DIR to resume from them), or drop --save-interval");
   check(!opt.save_dir.empty() || opt.keep_checkpoints == 0, "--keep-checkpoints ", opt.keep_checkpoints,
         " keeps the newest checkpoints in --save, which is not given; add --save DIR, or drop --keep-checkpoints");
-  if (v.contains(
-          "save_retain_interval")) {  // Megatron's: the newest and every R-th; with --keep-checkpoints K, K newest
+  // Megatron's --save-retain-interval: the newest and every R-th (with --keep-checkpoints K, the K newest)
+  if (v.contains("save_retain_interval")) {
     opt.save_retain_interval = v["save_retain_interval"].get<int64_t>();
     const std::string flag = "--save-retain-interval " + std::to_string(opt.save_retain_interval);
     check(!opt.save_dir.empty(), flag, " keeps checkpoints in --save, which is not given; add --save DIR, or drop it");

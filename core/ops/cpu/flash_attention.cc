@@ -77,9 +77,8 @@ std::vector<uint8_t> mask_of(const Tensor& key_mask) {
 }
 
 // self-attention: G groups of [H/G queries, a key, a value] in qkv (B, T, G, H/G + 2, D), the
-// bias (H, T, T) and the documents (B, T) if any
-Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask,
-                     const Tensor& bias, const Tensor& documents) {
+// bias (H, T, T) if any
+Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, const Tensor& key_mask, const Tensor& bias) {
   const int64_t r = heads_per_group(s);
   const Place q{s.T, qkv_width(s), (r + 2) * s.D, 0, r, s.D};
   Place k = q, v = q;
@@ -87,8 +86,12 @@ Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, co
   k.off = r * s.D;
   v.off = (r + 1) * s.D;
   std::vector<double> b = bias.defined() ? cpu_values_f64(bias) : std::vector<double>{};
-  Problem p{s.B, s.T, s.T, s.H,  s.D,  s.causal,          s.head_offset, s.total_heads ? s.total_heads : s.H,
-            q,   k,   v,   &qkv, &qkv, mask_of(key_mask), std::move(b)};
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, q, k, v,
+          &qkv, &qkv, mask_of(key_mask), std::move(b)};
+}
+
+// ... and its documents (B, T), when defined
+Problem with_documents(Problem p, const Tensor& documents) {
   if (documents.defined()) p.documents.assign(documents.data<int32_t>(), documents.data<int32_t>() + documents.numel());
   return p;
 }
@@ -97,21 +100,8 @@ Problem self_problem(const AttentionShape& s, const std::vector<double>& qkv, co
 Problem cross_problem(const CrossAttentionShape& s, const std::vector<double>& q, const std::vector<double>& kv,
                       const Tensor& key_mask) {
   const Place qp{s.Tq, s.H * s.D, s.D, 0}, k{s.Tk, s.H * 2 * s.D, 2 * s.D, 0}, v{s.Tk, s.H * 2 * s.D, 2 * s.D, s.D};
-  return {s.B,
-          s.Tq,
-          s.Tk,
-          s.H,
-          s.D,
-          false,
-          s.head_offset,
-          s.total_heads ? s.total_heads : s.H,
-          qp,
-          k,
-          v,
-          &q,
-          &kv,
-          mask_of(key_mask),
-          {}};  // (no documents)
+  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, qp, k, v,
+          &q, &kv, mask_of(key_mask), {}};
 }
 
 void forward(const Problem& p, const Tensor& out, const Tensor& lse, const DropoutKey* dropout) {
@@ -188,7 +178,7 @@ void flash_attention_forward(const Tensor& out, const Tensor& lse, const Tensor&
                              const AttentionShape& s, const DropoutKey* dropout, const Tensor& bias,
                              const Tensor& documents) {
   const std::vector<double> x = cpu_values_f64(qkv);
-  forward(self_problem(s, x, key_mask, bias, documents), out, lse, dropout);
+  forward(with_documents(self_problem(s, x, key_mask, bias), documents), out, lse, dropout);
 }
 
 void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tensor& qkv, const Tensor& out,
@@ -198,8 +188,8 @@ void flash_attention_backward(const Tensor& dqkv, const Tensor& dout, const Tens
   const std::vector<double> x = cpu_values_f64(qkv);
   std::vector<double> g = start(dqkv, w);
   std::vector<double> gb = dbias.defined() ? cpu_values_f64(dbias) : std::vector<double>{};
-  backward(self_problem(s, x, key_mask, bias, documents), g, g, dbias.defined() ? &gb : nullptr, dout, out, lse,
-           dropout);
+  backward(with_documents(self_problem(s, x, key_mask, bias), documents), g, g, dbias.defined() ? &gb : nullptr, dout,
+           out, lse, dropout);
   store(dqkv, g);
   if (dbias.defined()) store(dbias, gb);
 }

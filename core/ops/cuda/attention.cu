@@ -28,7 +28,7 @@ struct Geometry {
   int64_t B, Tq, Tk, H, D;
   bool causal;
   int64_t head_offset, total_heads;
-  const int32_t* documents;  // self-attention's forward: (B, T), or null
+  const int32_t* documents = nullptr;  // self-attention's forward: (B, T), or null
 };
 
 struct DropoutArgs {
@@ -281,12 +281,11 @@ void core_backward(const Geometry& g, const Tensor& dq, const Tensor& dk, const 
   batched(dk, ds, Trans::T, q, Trans::N, g.Tk, g.D, g.Tq, g.Tk, g.D, g.D, BH, 1.0f, 0.0f, s);
 }
 
-Geometry self_geometry(const AttentionShape& s, const Tensor& documents = {}) {
-  return {
-      s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H, ptr<int32_t>(documents)};
+Geometry self_geometry(const AttentionShape& s) {
+  return {s.B, s.T, s.T, s.H, s.D, s.causal, s.head_offset, s.total_heads ? s.total_heads : s.H};
 }
 Geometry cross_geometry(const CrossAttentionShape& s) {
-  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H, nullptr};
+  return {s.B, s.Tq, s.Tk, s.H, s.D, false, s.head_offset, s.total_heads ? s.total_heads : s.H};
 }
 
 }  // namespace
@@ -294,7 +293,8 @@ Geometry cross_geometry(const CrossAttentionShape& s) {
 void attention_forward(const Tensor& out, const Tensor& probs, const Tensor& qkv, const Tensor& key_mask,
                        const AttentionShape& sh, const DropoutKey* dropout, const Tensor& bias,
                        const Tensor& documents) {
-  const Geometry g = self_geometry(sh, documents);
+  Geometry g = self_geometry(sh);
+  g.documents = ptr<int32_t>(documents);
   if (g.B * g.H * g.Tq == 0) return;
   const cudaStream_t s = stream_of(qkv);
   with_type<accepts::attention_forward_qkv.cuda.bits>(qkv.dtype(), "attention_forward", [&](auto zero) {
