@@ -31,27 +31,23 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   out.tokens.resize(count * seq_);
   out.labels.resize(count * seq_);
   out.padding_mask.clear();
-  out.position_ids.resize(reset_eod_ >= 0 ? static_cast<size_t>(count * seq_) : 0);
-  out.documents.resize(documents_eod_ >= 0 ? static_cast<size_t>(count * seq_) : 0);
+  out.position_ids.resize(ends_.reset_positions ? static_cast<size_t>(count * seq_) : 0);
+  out.documents.resize(ends_.reset_attention ? static_cast<size_t>(count * seq_) : 0);
+  const bool any = ends_.mask_loss || ends_.reset_positions || ends_.reset_attention;
   window_.resize(seq_ + 1);
   for (int64_t b = 0; b < count; ++b) {
     samples_.get(first + static_cast<uint64_t>(b), window_.data());
     std::copy(window_.begin(), window_.end() - 1, out.tokens.begin() + b * seq_);
     std::copy(window_.begin() + 1, window_.end(), out.labels.begin() + b * seq_);
-    if (eod_ >= 0)  // Megatron's loss mask: 0 where the input is the end of a document
-      for (int t = 0; t < seq_; ++t)
-        if (window_[static_cast<size_t>(t)] == eod_)
-          out.labels[static_cast<size_t>(b * seq_ + t)] = train::kIgnoreLabel;
-    if (reset_eod_ >= 0)
-      for (int t = 0, start = 0; t < seq_; ++t) {
-        out.position_ids[static_cast<size_t>(b * seq_ + t)] = t - start;
-        if (window_[static_cast<size_t>(t)] == reset_eod_) start = t + 1;
-      }
-    if (documents_eod_ >= 0)
-      for (int t = 0, doc = 0; t < seq_; ++t) {
-        out.documents[static_cast<size_t>(b * seq_ + t)] = doc;
-        if (window_[static_cast<size_t>(t)] == documents_eod_) ++doc;
-      }
+    if (!any) continue;
+    for (int t = 0, start = 0, doc = 0; t < seq_; ++t) {
+      const size_t at = static_cast<size_t>(b * seq_ + t);
+      const bool end = window_[static_cast<size_t>(t)] == ends_.eod;
+      if (ends_.mask_loss && end) out.labels[at] = train::kIgnoreLabel;  // Megatron's loss mask
+      if (ends_.reset_positions) out.position_ids[at] = t - start;
+      if (ends_.reset_attention) out.documents[at] = doc;
+      if (end) start = t + 1, ++doc;
+    }
   }
 }
 
@@ -133,8 +129,8 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
                                  {c.reset_attention_mask, "--reset-attention-mask"}})
     check(!on || tokenizer.special().eod >= 0, flag, ": tokenizer ", tokenizer.type(), " has no end-of-document token");
   return std::make_unique<GptBatchSource>(
-      std::move(ds), docs, seq, seed, c.padded_vocab_size(), c.eod_mask_loss ? tokenizer.special().eod : -1,
-      c.reset_position_ids ? tokenizer.special().eod : -1, c.reset_attention_mask ? tokenizer.special().eod : -1);
+      std::move(ds), docs, seq, seed, c.padded_vocab_size(),
+      GptDocumentEnds{tokenizer.special().eod, c.eod_mask_loss, c.reset_position_ids, c.reset_attention_mask});
 }
 
 bool uses_flash_attention(const ModelConfig& c, DType dtype, Device device) {

@@ -36,29 +36,29 @@ train::ModelMemory model_memory(const ModelConfig& config, DType dtype, Device d
 // Tokens a sample feeds the model (T5: encoder and decoder), for tokens/s.
 int64_t tokens_per_sample(const ModelConfig& config);
 
+// What GPT samples make of their input tokens `eod` (the tokenizer's end of document), by
+// Megatron's flags. As Megatron's get_ltor_masks_and_position_ids, the end-of-document token
+// keeps its document's position and its document.
+struct GptDocumentEnds {
+  int32_t eod = -1;
+  bool mask_loss = false;        // --eod-mask-loss: no label where the input is eod
+  bool reset_positions = false;  // --reset-position-ids: Batch::position_ids, from 0 again after each
+  bool reset_attention = false;  // --reset-attention-mask: Batch::documents, a new one after each
+};
+
 // GPT samples: tokens [0, T) and labels [1, T].
 class GptBatchSource final : public train::BatchSource {
  public:
-  // eod >= 0 (--eod-mask-loss): positions whose input token is eod get no label. reset_eod >= 0
-  // (--reset-position-ids): position ids that start again from 0 after each input token reset_eod.
-  // documents_eod >= 0 (--reset-attention-mask): Batch::documents, a new document after each
-  // input token documents_eod. As Megatron's get_ltor_masks_and_position_ids: the end-of-document
-  // token keeps its document's position and its document.
   GptBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
-                 uint64_t seed, int64_t vocab_size, int32_t eod = -1, int32_t reset_eod = -1,
-                 int32_t documents_eod = -1)
-      : samples_(std::move(ds), docs, seq_length, seed, vocab_size),
-        seq_(seq_length),
-        eod_(eod),
-        reset_eod_(reset_eod),
-        documents_eod_(documents_eod) {}
+                 uint64_t seed, int64_t vocab_size, GptDocumentEnds ends = {})
+      : samples_(std::move(ds), docs, seq_length, seed, vocab_size), seq_(seq_length), ends_(ends) {}
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
  private:
   data::GptSamples samples_;
   int seq_;
-  int32_t eod_, reset_eod_, documents_eod_;
+  GptDocumentEnds ends_;
   std::vector<int32_t> window_;
 };
 

@@ -124,12 +124,12 @@ std::shared_ptr<const mb::data::IndexedDataset> short_documents(const std::files
   return std::make_shared<const mb::data::IndexedDataset>(prefix);
 }
 // Batches of 8 rows of T = 11 tokens from short documents (seed `seed`): `a` as the batch source
-// gives them plain, `b` from one with the EOD options (eod, reset_eod, documents_eod) given.
-void plain_and_with(const std::filesystem::path& dir, uint32_t seed, int32_t eod, int32_t reset_eod,
-                    int32_t documents_eod, mb::train::Batch& a, mb::train::Batch& b) {
+// gives them plain, `b` from one given `ends` (kEod's uses).
+void plain_and_with(const std::filesystem::path& dir, uint32_t seed, mb::models::GptDocumentEnds ends,
+                    mb::train::Batch& a, mb::train::Batch& b) {
   const auto ds = short_documents(dir / "d", seed);
   const auto docs = mb::data::DocumentRange::all(*ds);
-  mb::models::GptBatchSource plain(ds, docs, 11, 3, 256), with(ds, docs, 11, 3, 256, eod, reset_eod, documents_eod);
+  mb::models::GptBatchSource plain(ds, docs, 11, 3, 256), with(ds, docs, 11, 3, 256, ends);
   plain.fill(0, 8, a);
   with.fill(0, 8, b);
 }
@@ -141,7 +141,7 @@ void plain_and_with(const std::filesystem::path& dir, uint32_t seed, int32_t eod
 TEST(GptBatchSource, EodMaskLossDropsTheLabelsWhoseInputIsTheEndOfADocument) {
   mb::testing::TempDir dir;
   mb::train::Batch a, b;
-  plain_and_with(dir.path(), 5, kEod, -1, -1, a, b);
+  plain_and_with(dir.path(), 5, {kEod, true, false, false}, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   int dropped = 0;
   for (size_t i = 0; i < a.labels.size(); ++i) {
@@ -163,7 +163,7 @@ TEST(GptBatchSource, ResetPositionIdsStartEachDocumentOfASampleAtZero) {
   mb::testing::TempDir dir;
   constexpr int T = 11;
   mb::train::Batch a, b;
-  plain_and_with(dir.path(), 6, -1, kEod, -1, a, b);
+  plain_and_with(dir.path(), 6, {kEod, false, true, false}, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   ASSERT_EQ(a.labels, b.labels);
   EXPECT_TRUE(a.position_ids.empty());
@@ -191,7 +191,7 @@ TEST(GptBatchSource, ResetAttentionMaskNumbersTheDocumentsOfEachSample) {
   mb::testing::TempDir dir;
   constexpr int T = 11;
   mb::train::Batch a, b;
-  plain_and_with(dir.path(), 8, -1, -1, kEod, a, b);
+  plain_and_with(dir.path(), 8, {kEod, false, false, true}, a, b);
   ASSERT_EQ(a.tokens, b.tokens);
   ASSERT_EQ(a.labels, b.labels);
   EXPECT_TRUE(b.position_ids.empty());
@@ -544,7 +544,7 @@ TEST(GptTorch, ABatchsOwnPositionIdsGivePyTorchsLossAndGradients) {
 TEST(GptTorch, DocumentsAttendingWithinThemselvesGivePyTorchsLossAndGradients) {
   mb::testing::TempDir dir;
   const auto ds = short_documents(dir / "d", 9);
-  mb::models::GptBatchSource source(ds, mb::data::DocumentRange::all(*ds), 11, 4, 256, -1, -1, kEod);
+  mb::models::GptBatchSource source(ds, mb::data::DocumentRange::all(*ds), 11, 4, 256, {kEod, false, false, true});
   mb::train::Batch batch;
   source.fill(0, 3, batch);
   ASSERT_GT(*std::max_element(batch.documents.begin(), batch.documents.end()), 0);
