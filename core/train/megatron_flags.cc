@@ -17,6 +17,9 @@ const char* kTensorBoardHasIt =
     "megabatch writes every series of metrics.h5 to TensorBoard (--tensorboard-dir), this one among them";
 const char* kHdf5Checkpoints =
     "megabatch writes and reads checkpoints of its own (HDF5, with checksums), not Megatron's formats; drop it";
+const char* kStopsAtNan =
+    "megabatch stops a run as diverged (exit status 4, run_dir/DIVERGED) at the first NaN or inf lm loss or gradient "
+    "norm, always (an fp16 step its loss scaler skips is no such step): training on from NaN weights learns nothing";
 ForeignFlag taken(const char* name, int arity, const char* done) { return {name, arity, done, {}, ""}; }
 ForeignFlag refused(const char* name, int arity, std::string why) { return {name, arity, "", {}, std::move(why)}; }
 ForeignFlag taken_at(const char* name, const char* value, const char* done, std::string why_not) {
@@ -94,6 +97,8 @@ const std::vector<ForeignFlag>& megatron_flags() {
       taken("log_validation_ppl_to_tensorboard", 0,
             "megabatch writes the validation and test perplexities (validation/lm_loss_ppl) to TensorBoard always"),
       taken("tensorboard_queue_size", 1, "megabatch writes TensorBoard's events at each flush of metrics.h5"),
+      taken("check_for_nan_in_loss_and_grad", 0, kStopsAtNan),
+      taken("no_check_for_nan_in_loss_and_grad", 0, kStopsAtNan),
       taken("no_query_key_layer_scaling", 0, "megabatch does not scale attention scores by the layer number"),
       {"data_impl",
        1,

@@ -82,6 +82,17 @@ TEST_F(MegatronFlags, TheExampleScriptsOfMegatronsGptBertAndT5PassTrainCheck) {
     EXPECT_NE(r.output.find("> check: configuration, optimizer adamw, data "), std::string::npos) << r.output;
     expect_noted(r.output, taken);
   }
+  // Megatron Core's check for NaN (its --no- form is in many scripts): megabatch stops at the
+  // first NaN whichever is given
+  for (const std::string nan : {"--check-for-nan-in-loss-and-grad", "--no-check-for-nan-in-loss-and-grad"}) {
+    const auto r = train("--check " + gpt + dirs + " " + nan);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    expect_noted(r.output, {nan});
+    EXPECT_NE(r.output.find(nan + " needs nothing here: megabatch stops a run as diverged (exit status 4, "
+                                  "run_dir/DIVERGED) at the first NaN or inf lm loss or gradient norm, always"),
+              std::string::npos)
+        << r.output;
+  }
   // --kv-channels is taken at the one value megabatch's attention has: hidden / heads
   const auto r = train("--check " + gpt + "--kv-channels 16");
   EXPECT_EQ(r.exit_code, 1) << r.output;
