@@ -19,7 +19,8 @@ const char* kHdf5Checkpoints =
     "megabatch writes and reads checkpoints of its own (HDF5, with checksums), not Megatron's formats; drop it";
 const char* kStopsAtNan =
     "megabatch stops a run as diverged (exit status 4, run_dir/DIVERGED) at the first NaN or inf lm loss or gradient "
-    "norm, always (an fp16 step its loss scaler skips is no such step): training on from NaN weights learns nothing";
+    "norm, always, naming that iteration (an fp16 step its loss scaler skips is no such step; a GPU run learns of it "
+    "at the next log line, and never checkpoints after it): training on from NaN weights learns nothing";
 ForeignFlag taken(const char* name, int arity, const char* done) { return {name, arity, done, {}, ""}; }
 ForeignFlag refused(const char* name, int arity, std::string why) { return {name, arity, "", {}, std::move(why)}; }
 ForeignFlag taken_at(const char* name, const char* value, const char* done, std::string why_not) {
