@@ -340,6 +340,10 @@ nlohmann::json training_data_record(const RunData& d, const models::ModelConfig&
                       {"weight", set.weight}});
   nlohmann::json record = {{"datasets", sets}, {"seq_length", mc.seq_length}};
   if (mc.family == "t5") record["decoder_seq_length"] = mc.decoder_seq();
+  // it chooses which sentences make each sample (the masking does not: it may change on a
+  // resume); recorded where it is not the default, so that checkpoints from before it compare
+  if (mc.family != "gpt" && mc.short_seq_prob != models::ModelConfig().short_seq_prob)
+    record["short_seq_prob"] = mc.short_seq_prob;
   return record;
 }
 

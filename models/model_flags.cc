@@ -76,6 +76,11 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
       check(!r.given(k), flag(k), " is T5's, and this model is ", c.family, ", which would ignore it; drop it",
             k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
                                         : std::string());
+  if (c.family == "gpt")
+    for (const std::string k : {"mask_prob", "short_seq_prob"})
+      check(!r.given(k), flag(k),
+            " sets how BERT's and T5's samples are made, and a GPT's are windows of the "
+            "documents with nothing masked, so it would be ignored; drop it");
   // switches of one family, set on another (false is the default, and allowed)
   struct Switch {
     const char* family;  // whose it is
@@ -147,6 +152,8 @@ ModelConfig model_config(const config::Resolved& r) {
   c.eod_mask_loss = v["eod_mask_loss"].get<bool>();
   c.reset_position_ids = v["reset_position_ids"].get<bool>();
   c.reset_attention_mask = v["reset_attention_mask"].get<bool>();
+  c.mask_prob = v["mask_prob"].get<double>();
+  c.short_seq_prob = v["short_seq_prob"].get<double>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

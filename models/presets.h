@@ -60,6 +60,9 @@ struct ModelConfig {
   int64_t num_tokentypes = 2;
   bool post_layernorm = false;  // the original BERT's post-LN blocks (Megatron: pre-LN)
   bool binary_head = true;      // sentence-order prediction on the [CLS] pooler
+  // BERT and T5: the samples (Megatron's --mask-prob, --short-seq-prob)
+  double mask_prob = 0.15;      // BERT: the share of tokens masked and predicted; T5: corrupted into spans
+  double short_seq_prob = 0.1;  // the probability of a sample filled to a shorter length
   // T5: num_layers and seq_length are the encoder's
   int64_t decoder_num_layers = 0;   // 0 = num_layers
   int64_t decoder_seq_length = 0;   // 0 = seq_length

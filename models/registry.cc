@@ -52,15 +52,9 @@ void GptBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
 }
 
 BertBatchSource::BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
-                                 int seq_length, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed,
-                                 bool binary_head)
-    : samples_(std::move(ds), docs, [&] {
-        data::BertOptions o;
-        o.seq_length = seq_length;
-        o.binary_head = binary_head;
-        return o;
-      }(), special, vocab_size, seed),
-      seq_(seq_length) {}
+                                 const data::BertOptions& options, const data::SpecialTokens& special,
+                                 int64_t vocab_size, uint64_t seed)
+    : samples_(std::move(ds), docs, options, special, vocab_size, seed), seq_(options.seq_length) {}
 
 void BertBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   const size_t T = static_cast<size_t>(seq_);
@@ -81,15 +75,11 @@ void BertBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
 }
 
 T5BatchSource::T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
-                             int encoder_seq, int decoder_seq, const data::SpecialTokens& special, int64_t vocab_size,
+                             const data::T5Options& options, const data::SpecialTokens& special, int64_t vocab_size,
                              uint64_t seed)
-    : samples_(std::move(ds), docs, [&] {
-        data::T5Options o;
-        o.encoder_seq_length = encoder_seq;
-        o.decoder_seq_length = decoder_seq;
-        return o;
-      }(), special, vocab_size, seed),
-      enc_(encoder_seq), dec_(decoder_seq) {}
+    : samples_(std::move(ds), docs, options, special, vocab_size, seed),
+      enc_(options.encoder_seq_length),
+      dec_(options.decoder_seq_length) {}
 
 void T5BatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   const size_t Te = static_cast<size_t>(enc_), Td = static_cast<size_t>(dec_), n = static_cast<size_t>(count);
@@ -118,12 +108,22 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
                                                       data::DocumentRange docs, const data::Tokenizer& tokenizer,
                                                       uint64_t seed) {
   const int seq = static_cast<int>(c.seq_length);
-  if (c.family == "t5")
-    return std::make_unique<T5BatchSource>(std::move(ds), docs, seq, static_cast<int>(c.decoder_seq()), tokenizer.special(),
-                                           tokenizer.vocab_size(), seed);
-  if (c.family == "bert")
-    return std::make_unique<BertBatchSource>(std::move(ds), docs, seq, tokenizer.special(), tokenizer.vocab_size(), seed,
-                                             c.binary_head);
+  if (c.family == "t5") {
+    data::T5Options o;
+    o.encoder_seq_length = seq;
+    o.decoder_seq_length = static_cast<int>(c.decoder_seq());
+    o.noise_density = c.mask_prob;
+    o.short_seq_prob = c.short_seq_prob;
+    return std::make_unique<T5BatchSource>(std::move(ds), docs, o, tokenizer.special(), tokenizer.vocab_size(), seed);
+  }
+  if (c.family == "bert") {
+    data::BertOptions o;
+    o.seq_length = seq;
+    o.binary_head = c.binary_head;
+    o.masked_lm_prob = c.mask_prob;
+    o.short_seq_prob = c.short_seq_prob;
+    return std::make_unique<BertBatchSource>(std::move(ds), docs, o, tokenizer.special(), tokenizer.vocab_size(), seed);
+  }
   for (const auto& [on, flag] : {std::pair{c.eod_mask_loss, "--eod-mask-loss"},
                                  {c.reset_position_ids, "--reset-position-ids"},
                                  {c.reset_attention_mask, "--reset-attention-mask"}})

@@ -65,8 +65,9 @@ class GptBatchSource final : public train::BatchSource {
 // BERT samples: sentence pairs with masked tokens, token types and sentence-order labels.
 class BertBatchSource final : public train::BatchSource {
  public:
-  BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int seq_length,
-                  const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed, bool binary_head = true);
+  BertBatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
+                  const data::BertOptions& options, const data::SpecialTokens& special, int64_t vocab_size,
+                  uint64_t seed);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 
@@ -79,8 +80,8 @@ class BertBatchSource final : public train::BatchSource {
 // T5 samples: span corruption with sentinels (encoder input, decoder input and target).
 class T5BatchSource final : public train::BatchSource {
  public:
-  T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs, int encoder_seq,
-                int decoder_seq, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed);
+  T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
+                const data::T5Options& options, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
 

@@ -233,7 +233,8 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
     for (size_t i = b_start; i < p; ++i) out.token_types[i] = 1;
   }
   for (size_t i = 0; i < p; ++i) out.padding_mask[i] = 1;
-  // Mask round(15%) of the real tokens: 80% [MASK], 10% random token, 10% unchanged.
+  // Mask round(masked_lm_prob) of the real tokens (at least one): 80% [MASK], 10% random token,
+  // 10% unchanged.
   const auto k = std::min<size_t>(candidates.size(), std::max<size_t>(1, static_cast<size_t>(std::lround(
                                                                             static_cast<double>(candidates.size()) * opt_.masked_lm_prob))));
   for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the first k are the chosen
@@ -292,7 +293,8 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
   }
   if (max_raw_ < 2)
     fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
-         " leave no room for a corrupted span; increase --decoder-seq-length");
+         " leave no room for a corrupted span at --mask-prob ", o.noise_density,
+         "; increase --decoder-seq-length (or lower --mask-prob)");
   chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,

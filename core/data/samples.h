@@ -106,7 +106,8 @@ struct BertSample {
 // chunks up to a target length (seq_length - 3, shorter with probability short_seq_prob);
 // a chunk is split at a random sentence into A and B, swapped with probability 0.5, and
 // truncated (randomly from the front or back of the longer part) to the target length;
-// 15% of the tokens are masked: 80% [MASK], 10% a random token, 10% unchanged.
+// masked_lm_prob of the tokens (15%; at least one) are masked: 80% [MASK], 10% a random token,
+// 10% unchanged.
 class BertSamples : public ChunkedSamples {
  public:
   BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& options,
@@ -139,7 +140,7 @@ struct T5Sample {
   int32_t raw_length = 0;               // tokens taken from the document
 };
 
-// Span corruption as in T5 (Raffel et al. 2020): of a chunk of n tokens, round(0.15 n)
+// Span corruption as in T5 (Raffel et al. 2020): of a chunk of n tokens, round(noise_density n)
 // are corrupted in round(noise / 3) spans whose lengths (and the gaps between them) are
 // a uniformly random composition; the longest n whose corrupted forms fit the encoder
 // and decoder lengths is used.

@@ -41,6 +41,8 @@ const std::map<std::string, config::Range>& ranges() {
       {"kv_channels", at_least(1)},
       {"num_query_groups", at_least(1)},
       {"attention_dropout", within(0, 1, true)},
+      {"mask_prob", config::Range{0, 1, true, false}},
+      {"short_seq_prob", within(0, 1)},
       {"init_method_std", above(0)},
       {"make_vocab_size_divisible_by", at_least(1)},
       {"tensor_model_parallel_size", at_least(1)},
@@ -377,6 +379,14 @@ const config::Schema& train_schema() {
            "their samples); default data/brown_gpt2_text_document (GPT), data/brown_bert_text_sentence (BERT)",
            "data"},
           {"split", Type::kString, "969, 30, 1", "train, validation, test proportions by document", "data"},
+          {"mask_prob", Type::kFloat, 0.15,
+           "BERT: the share of each sample's tokens masked and predicted (of them 80% [MASK], 10% a random token, 10% "
+           "unchanged); T5: the share of tokens corrupted into spans (Megatron's)",
+           "data"},
+          {"short_seq_prob", Type::kFloat, 0.1,
+           "BERT and T5: the probability that a sample is filled to a shorter length, drawn uniformly from 2 up "
+           "(Megatron's)",
+           "data"},
           {"train_data_path", Type::kStringList, nullptr,
            "the training data, whole (a prefix or a blend, as --data-path): with --valid-data-path and "
            "--test-data-path "

@@ -108,6 +108,25 @@ TEST_F(Checkpoint, ResumeIsBitwiseWithLars) { resume_is_bitwise("lars", "--optim
 TEST_F(Checkpoint, ResumeIsBitwiseWithLambNoise) { resume_is_bitwise("lamb_noise", "--optimizer-params ref_batch=2"); }
 TEST_F(Checkpoint, ResumeIsBitwiseWithLambEmbscale) { resume_is_bitwise("lamb_embscale", "--optimizer-params ref_batch=2"); }
 
+// --short-seq-prob chooses which sentences make each BERT and T5 sample, so a resume at the
+// checkpoint's data position under another one would count other samples: refused, naming it.
+// --mask-prob masks the same samples otherwise, and may change on a resume.
+TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbAndTakesAnotherMaskProb) {
+  mb::testing::TempDir tmp;
+  const std::string c = (tmp / "c").string();
+  auto r = mb::testing::run_command(train(tmp / "a", "--short-seq-prob 0.3 --train-iters 2 --save " + c, "bert"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "b", "--load " + c + " --check", "bert"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("samples of 48 tokens, short ones at --short-seq-prob 0.3, and this run's training data is "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("--seq-length and --short-seq-prob), or start a new run"), std::string::npos) << r.output;
+  r = mb::testing::run_command(
+      train(tmp / "b", "--short-seq-prob 0.3 --mask-prob 0.3 --load " + c + " --check", "bert"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {
   mb::testing::TempDir tmp;
   const auto r = mb::testing::run_command(

@@ -11,6 +11,7 @@
 #include "core/data/samples.h"
 #include "core/data/tokenizer.h"
 #include "core/util/error.h"
+#include "models/registry.h"
 #include "tests/unit/test_util.h"
 
 namespace megabatch::data {
@@ -383,6 +384,74 @@ TEST_F(BrownSamples, T5SpanCorruptionStatisticsAndReconstruction) {
   EXPECT_NEAR(static_cast<double>(noise) / static_cast<double>(spans), 3.0, 0.15) << "mean span length";
   EXPECT_GT(span_hist[1], 0u);
   EXPECT_GT(span_hist[5], 0u) << "span lengths vary";
+}
+
+// Megatron's --mask-prob and --short-seq-prob reach the samples a run trains on (the batches of
+// models::make_batch_source): each BERT sample masks max(1, round(p x its candidates)) tokens
+// (the real ones but [CLS] and the two [SEP]s, Megatron's count); each T5 sample corrupts
+// round(p x its raw tokens), counted back from the batch (targets = noise + spans + [EOS]); a
+// short-sequence probability of 1 fills every sample to a shorter length than 0 does.
+TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesOfEachModel) {
+  const int64_t n = 400;
+  auto batch_of = [&](models::ModelConfig mc) {
+    train::Batch b;
+    models::make_batch_source(mc, ds_, DocumentRange::all(*ds_), *tok_, 5)->fill(0, n, b);
+    return b;
+  };
+  auto real = [](const std::vector<uint8_t>& mask, size_t at, size_t len) {
+    return std::count(mask.begin() + static_cast<std::ptrdiff_t>(at),
+                      mask.begin() + static_cast<std::ptrdiff_t>(at + len), 1);
+  };
+  models::ModelConfig bert = models::preset("bert-mini");
+  bert.seq_length = 128;
+  for (const double p : {0.15, 0.4, 1.0}) {
+    bert.mask_prob = p;
+    const train::Batch b = batch_of(bert);
+    for (int64_t i = 0; i < n; ++i) {
+      const auto at = static_cast<size_t>(i * 128), candidates = static_cast<size_t>(real(b.padding_mask, at, 128) - 3);
+      const auto masked = std::count_if(b.labels.begin() + static_cast<std::ptrdiff_t>(at),
+                                        b.labels.begin() + static_cast<std::ptrdiff_t>(at + 128),
+                                        [](int32_t l) { return l != train::kIgnoreLabel; });
+      ASSERT_EQ(static_cast<size_t>(masked),
+                std::min(candidates,
+                         std::max<size_t>(1, static_cast<size_t>(std::lround(p * static_cast<double>(candidates))))))
+          << "--mask-prob " << p << ", sample " << i << " of " << candidates << " candidates";
+    }
+  }
+  double mean_length[2] = {0, 0};
+  bert.mask_prob = 0.15;
+  for (const int always : {0, 1}) {
+    bert.short_seq_prob = always;
+    const train::Batch b = batch_of(bert);
+    mean_length[always] = static_cast<double>(real(b.padding_mask, 0, b.padding_mask.size())) / n;
+  }
+  EXPECT_GT(mean_length[0], 110) << "samples of 128 tokens, filled";
+  EXPECT_LT(mean_length[1], 0.75 * mean_length[0]) << "every sample shorter, its length drawn from 2 up";
+
+  models::ModelConfig t5 = models::preset("t5-mini");
+  t5.seq_length = 256;
+  t5.decoder_seq_length = 128;
+  const SpecialTokens& sp = tok_->special();
+  for (const double p : {0.15, 0.3}) {
+    t5.mask_prob = p;
+    const train::Batch b = batch_of(t5);
+    int checked = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto enc = static_cast<size_t>(i * 256), dec = static_cast<size_t>(i * 128);
+      const auto spans = std::count_if(b.tokens.begin() + static_cast<std::ptrdiff_t>(enc),
+                                       b.tokens.begin() + static_cast<std::ptrdiff_t>(enc + 256), [&](int32_t t) {
+                                         return t >= sp.first_sentinel && t < sp.first_sentinel + sp.num_sentinels;
+                                       });
+      const auto targets = std::count_if(b.labels.begin() + static_cast<std::ptrdiff_t>(dec),
+                                         b.labels.begin() + static_cast<std::ptrdiff_t>(dec + 128),
+                                         [](int32_t l) { return l != train::kIgnoreLabel; });
+      const auto noise = targets - spans - 1, raw = real(b.padding_mask, enc, 256) - spans + noise;
+      if (raw < 10) continue;  // (a chunk this short keeps a token uncorrupted, whatever p is)
+      ASSERT_EQ(noise, std::lround(p * static_cast<double>(raw))) << "--mask-prob " << p << ", sample " << i;
+      ++checked;
+    }
+    EXPECT_GT(checked, n / 2);
+  }
 }
 
 TEST(T5Segmentation, UniformCompositionsAreNonEmptyAndSumUp) {
