@@ -388,7 +388,7 @@ TEST_F(BrownSamples, T5SpanCorruptionStatisticsAndReconstruction) {
 
 // Megatron's --mask-prob and --short-seq-prob reach the samples a run trains on (the batches of
 // models::make_batch_source): each BERT sample masks max(1, round(p x its candidates)) tokens
-// (the real ones but [CLS] and the two [SEP]s, Megatron's count); each T5 sample corrupts
+// (its real tokens but [CLS] and the two [SEP]s); each T5 sample corrupts
 // round(p x its raw tokens), counted back from the batch (targets = noise + spans + [EOS]); a
 // short-sequence probability of 1 fills every sample to a shorter length than 0 does.
 TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesOfEachModel) {
