@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/util/error.h"
+#include "core/util/numbers.h"
 #include "models/bert.h"
 #include "models/gpt.h"
 #include "models/t5.h"
@@ -104,18 +105,43 @@ void T5BatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   }
 }
 
+namespace {
+data::T5Options t5_options(const ModelConfig& c) {
+  data::T5Options o;
+  o.encoder_seq_length = static_cast<int>(c.seq_length);
+  o.decoder_seq_length = static_cast<int>(c.decoder_seq());
+  o.noise_density = c.mask_prob;
+  o.short_seq_prob = c.short_seq_prob;
+  return o;
+}
+}  // namespace
+
+std::string sample_fill_warning(const ModelConfig& c, const data::Tokenizer& tokenizer) {
+  if (c.family != "t5") return "";
+  data::T5Options o = t5_options(c);
+  const int32_t sentinels = tokenizer.special().num_sentinels;
+  const data::T5Fit fit = data::t5_fit(o, sentinels);
+  o.decoder_seq_length = 8 * o.encoder_seq_length;  // the decoder unbounded: what fills the encoder
+  const data::T5Fit full = data::t5_fit(o, sentinels);
+  if (fit.raw < 2 || 4 * fit.encoder() >= 3 * o.encoder_seq_length) return "";
+  const auto n = [](int64_t x) { return std::to_string(x); };
+  return "T5 samples at --mask-prob " + shortest(c.mask_prob) + " take at most " + n(fit.raw) + " tokens of text (" +
+         n(fit.noise) + " corrupted, in " + n(fit.spans) + " spans), whose targets fill the decoder's " +
+         n(c.decoder_seq()) + " positions but only " + n(fit.encoder()) + " of the encoder's " +
+         n(o.encoder_seq_length) + ": the rest is padding. " +
+         (4 * full.encoder() >= 3 * o.encoder_seq_length
+              ? "--decoder-seq-length " + n(full.decoder()) + " fills " + n(full.encoder()) + " (with " + n(full.raw) +
+                    " tokens of text), or lower --mask-prob"
+              : std::string("Lower --mask-prob"));
+}
+
 std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std::shared_ptr<const data::IndexedDataset> ds,
                                                       data::DocumentRange docs, const data::Tokenizer& tokenizer,
                                                       uint64_t seed) {
   const int seq = static_cast<int>(c.seq_length);
-  if (c.family == "t5") {
-    data::T5Options o;
-    o.encoder_seq_length = seq;
-    o.decoder_seq_length = static_cast<int>(c.decoder_seq());
-    o.noise_density = c.mask_prob;
-    o.short_seq_prob = c.short_seq_prob;
-    return std::make_unique<T5BatchSource>(std::move(ds), docs, o, tokenizer.special(), tokenizer.vocab_size(), seed);
-  }
+  if (c.family == "t5")
+    return std::make_unique<T5BatchSource>(std::move(ds), docs, t5_options(c), tokenizer.special(),
+                                           tokenizer.vocab_size(), seed);
   if (c.family == "bert") {
     data::BertOptions o;
     o.seq_length = seq;

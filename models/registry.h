@@ -27,6 +27,10 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& config,
                                                       std::shared_ptr<const data::IndexedDataset> ds,
                                                       data::DocumentRange docs, const data::Tokenizer& tokenizer,
                                                       uint64_t seed);
+// Where a T5 run's samples leave a quarter or more of the encoder as padding because their
+// corrupted spans fill the decoder first (a large --mask-prob), a warning that says so and what
+// --decoder-seq-length fills the encoder; "" otherwise, and for GPT and BERT.
+std::string sample_fill_warning(const ModelConfig& config, const data::Tokenizer& tokenizer);
 
 // Whether the model's attention runs the flash kernels, which keep no (T, T) probabilities:
 // flash_attention_chosen (models/transformer.h) by the config's --attention-backend.

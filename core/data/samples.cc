@@ -277,20 +277,23 @@ void t5_counts(int32_t n, const T5Options& o, int32_t& noise, int32_t& spans) {
 }
 }  // namespace
 
+T5Fit t5_fit(const T5Options& o, int32_t sentinels) {
+  T5Fit fit;
+  for (int32_t n = 2; n <= 4 * o.encoder_seq_length; ++n) {
+    T5Fit f{n, 0, 0};
+    t5_counts(n, o, f.noise, f.spans);
+    if (f.encoder() <= o.encoder_seq_length && f.decoder() <= o.decoder_seq_length && f.spans <= sentinels) fit = f;
+  }
+  return fit;
+}
+
 T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const T5Options& o,
                      const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
     : ChunkedSamples(std::move(ds), docs, special, vocab_size, seed), opt_(o) {
   if (special.bos < 0 || special.eos < 0 || special.pad < 0 || special.num_sentinels < 1)
     fail("T5 samples need [BOS], [EOS], [PAD] and sentinel tokens; use a WordPiece tokenizer with "
          "--vocab-extra-ids 100");
-  // Longest raw length whose corrupted encoder input and decoder sequences fit.
-  for (int32_t n = 2; n <= 4 * o.encoder_seq_length; ++n) {
-    int32_t noise, spans;
-    t5_counts(n, o, noise, spans);
-    if (n - noise + spans <= o.encoder_seq_length && noise + spans + 1 <= o.decoder_seq_length &&
-        spans <= special.num_sentinels)
-      max_raw_ = n;
-  }
+  max_raw_ = t5_fit(o, special.num_sentinels).raw;
   if (max_raw_ < 2)
     fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
          " leave no room for a corrupted span at --mask-prob ", o.noise_density,

@@ -156,6 +156,16 @@ class T5Samples : public ChunkedSamples {
   int max_raw_ = 0;
 };
 
+// The longest chunk of text a T5 sample takes (raw tokens; 0 where none fits): its corrupted
+// form, the kept tokens and a sentinel per span, fits the encoder, and its spans with their
+// sentinels and [EOS] fit the decoder, in no more spans than there are sentinels.
+struct T5Fit {
+  int32_t raw = 0, noise = 0, spans = 0;  // tokens of text; of them corrupted; in spans
+  int32_t encoder() const { return raw - noise + spans; }
+  int32_t decoder() const { return noise + spans + 1; }
+};
+T5Fit t5_fit(const T5Options& options, int32_t sentinels);
+
 // Splits n items into k non-empty segments uniformly at random (T5's random
 // segmentation); returns the k lengths. Exposed for tests.
 std::vector<int32_t> random_segmentation(int32_t n, int32_t k, PhiloxStream& rng);

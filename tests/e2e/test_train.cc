@@ -174,7 +174,12 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
                                  "--post-layernorm=false", "--eod-mask-loss"}) {
     const auto r = check(args);
     EXPECT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_EQ(r.output.find("> warning: T5 samples"), std::string::npos) << args << "\n" << r.output;
   }
+  // T5's spans at --mask-prob 0.5 fill a decoder of 16 long before the encoder's 48: said
+  const auto r = check("--model-type t5 --decoder-seq-length 16 --mask-prob 0.5");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: T5 samples at --mask-prob 0.5 take at most "), std::string::npos) << r.output;
 }
 
 // A plugin hyperparameter given both by Megatron's flag (--weight-decay, --adam-beta1, ...) and

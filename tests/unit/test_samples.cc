@@ -389,9 +389,11 @@ TEST_F(BrownSamples, T5SpanCorruptionStatisticsAndReconstruction) {
 // Megatron's --mask-prob and --short-seq-prob reach the samples a run trains on (the batches of
 // models::make_batch_source): each BERT sample masks max(1, round(p x its candidates)) tokens
 // (its real tokens but [CLS] and the two [SEP]s); each T5 sample corrupts
-// round(p x its raw tokens), counted back from the batch (targets = noise + spans + [EOS]); a
-// short-sequence probability of 1 fills every sample to a shorter length than 0 does.
-TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesOfEachModel) {
+// round(p x its raw tokens), counted back from the batch (targets = noise + spans + [EOS]), its
+// longest sample the one data::t5_fit tells; a short-sequence probability of 1 fills every
+// sample to a shorter length than 0 does. Where T5's spans fill the decoder and leave a quarter
+// of the encoder or more as padding, train warns, naming the decoder length that fills it.
+TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesAndT5WarnsWhereItsEncoderIsLeftPadded) {
   const int64_t n = 400;
   auto batch_of = [&](models::ModelConfig mc) {
     train::Batch b;
@@ -432,10 +434,11 @@ TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesOfEachModel) {
   t5.seq_length = 256;
   t5.decoder_seq_length = 128;
   const SpecialTokens& sp = tok_->special();
-  for (const double p : {0.15, 0.3}) {
+  for (const double p : {0.15, 0.3, 0.5}) {
     t5.mask_prob = p;
     const train::Batch b = batch_of(t5);
     int checked = 0;
+    int64_t longest_encoder = 0, longest_decoder = 0;
     for (int64_t i = 0; i < n; ++i) {
       const auto enc = static_cast<size_t>(i * 256), dec = static_cast<size_t>(i * 128);
       const auto spans = std::count_if(b.tokens.begin() + static_cast<std::ptrdiff_t>(enc),
@@ -446,12 +449,32 @@ TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesOfEachModel) {
                                          b.labels.begin() + static_cast<std::ptrdiff_t>(dec + 128),
                                          [](int32_t l) { return l != train::kIgnoreLabel; });
       const auto noise = targets - spans - 1, raw = real(b.padding_mask, enc, 256) - spans + noise;
+      longest_encoder = std::max<int64_t>(longest_encoder, real(b.padding_mask, enc, 256));
+      longest_decoder = std::max<int64_t>(longest_decoder, targets);
       if (raw < 10) continue;  // (a chunk this short keeps a token uncorrupted, whatever p is)
       ASSERT_EQ(noise, std::lround(p * static_cast<double>(raw))) << "--mask-prob " << p << ", sample " << i;
       ++checked;
     }
     EXPECT_GT(checked, n / 2);
+    // the longest sample is the one t5_fit tells (and the warning below counts with)
+    const T5Fit fit = t5_fit({256, 128, p, 3.0, 0.1}, sp.num_sentinels);
+    EXPECT_EQ(longest_encoder, fit.encoder()) << "--mask-prob " << p;
+    EXPECT_EQ(longest_decoder, fit.decoder()) << "--mask-prob " << p;
   }
+  // At 0.5 the spans fill the decoder's 128 positions first and leave half the encoder as
+  // padding: a warning, with the decoder length that fills it (the figures worked out apart,
+  // halves rounded away from zero, as std::lround does: 190 tokens, 95 in 32 spans take 127 + 128; 385,
+  // 193 in 64 take 256 + 258); none at 0.15, which fills the encoder (285 tokens: 256 + 58).
+  t5.mask_prob = 0.15;
+  EXPECT_EQ(models::sample_fill_warning(t5, *tok_), "");
+  t5.mask_prob = 0.5;
+  EXPECT_EQ(models::sample_fill_warning(t5, *tok_),
+            "T5 samples at --mask-prob 0.5 take at most 190 tokens of text (95 corrupted, in 32 spans), whose targets "
+            "fill the decoder's 128 positions but only 127 of the encoder's 256: the rest is padding. "
+            "--decoder-seq-length 258 fills 256 (with 385 tokens of text), or lower --mask-prob");
+  t5.decoder_seq_length = 258;
+  EXPECT_EQ(models::sample_fill_warning(t5, *tok_), "");
+  EXPECT_EQ(models::sample_fill_warning(bert, *tok_), "");
 }
 
 TEST(T5Segmentation, UniformCompositionsAreNonEmptyAndSumUp) {
