@@ -76,6 +76,8 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
       check(!r.given(k), flag(k), " is T5's, and this model is ", c.family, ", which would ignore it; drop it",
             k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
                                         : std::string());
+  check(c.family == "bert" || !r.given("bert_masking"), "--bert-masking is BERT's, and this model is ", c.family,
+        ", which would ignore it; drop it");
   if (c.family == "gpt")
     for (const std::string k : {"mask_prob", "short_seq_prob"})
       check(!r.given(k), flag(k),
@@ -154,6 +156,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.reset_attention_mask = v["reset_attention_mask"].get<bool>();
   c.mask_prob = v["mask_prob"].get<double>();
   c.short_seq_prob = v["short_seq_prob"].get<double>();
+  c.bert_masking = v["bert_masking"].get<std::string>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

@@ -83,6 +83,8 @@ void ModelConfig::validate() const {
   check(attention_backend != "fused",
         "attention_backend: 'fused' is Transformer Engine's cuDNN attention, which "
         "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");
+  check(bert_masking == "token" || bert_masking == "whole-word", "bert_masking: '", bert_masking,
+        "' is not token or whole-word");
   check(attention_backend == "auto" || attention_backend == "flash" || attention_backend == "unfused" ||
             attention_backend == "local",
         "attention_backend: '", attention_backend, "' is not auto, flash, unfused or local");

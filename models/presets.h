@@ -63,6 +63,9 @@ struct ModelConfig {
   // BERT and T5: the samples (Megatron's --mask-prob, --short-seq-prob)
   double mask_prob = 0.15;      // BERT: the share of tokens masked and predicted; T5: corrupted into spans
   double short_seq_prob = 0.1;  // the probability of a sample filled to a shorter length
+  // BERT: "token" (each token alone, BERT's original) or "whole-word" (Megatron's: whole words in
+  // n-grams of 1 to 3 words)
+  std::string bert_masking = "token";
   // T5: num_layers and seq_length are the encoder's
   int64_t decoder_num_layers = 0;   // 0 = num_layers
   int64_t decoder_seq_length = 0;   // 0 = seq_length

@@ -148,6 +148,12 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
     o.binary_head = c.binary_head;
     o.masked_lm_prob = c.mask_prob;
     o.short_seq_prob = c.short_seq_prob;
+    o.whole_word_ngrams = c.bert_masking == "whole-word";
+    if (o.whole_word_ngrams) {
+      o.word_continues.resize(static_cast<size_t>(tokenizer.vocab_size()));
+      for (int32_t id = 0; id < static_cast<int32_t>(tokenizer.vocab_size()); ++id)
+        o.word_continues[static_cast<size_t>(id)] = tokenizer.token_text(id).rfind("##", 0) == 0;
+    }
     return std::make_unique<BertBatchSource>(std::move(ds), docs, o, tokenizer.special(), tokenizer.vocab_size(), seed);
   }
   for (const auto& [on, flag] : {std::pair{c.eod_mask_loss, "--eod-mask-loss"},

@@ -233,19 +233,72 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
     for (size_t i = b_start; i < p; ++i) out.token_types[i] = 1;
   }
   for (size_t i = 0; i < p; ++i) out.padding_mask[i] = 1;
-  // Mask round(masked_lm_prob) of the real tokens (at least one): 80% [MASK], 10% random token,
-  // 10% unchanged.
-  const auto k = std::min<size_t>(candidates.size(), std::max<size_t>(1, static_cast<size_t>(std::lround(
-                                                                            static_cast<double>(candidates.size()) * opt_.masked_lm_prob))));
-  for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the first k are the chosen
-    const size_t j = i + static_cast<size_t>(rng.below(candidates.size() - i));
-    std::swap(candidates[i], candidates[j]);
-    const uint32_t pos = candidates[i];
+  // 80% [MASK], 10% a random token, 10% unchanged
+  auto mask = [&](uint32_t pos) {
     out.labels[pos] = out.tokens[pos];
     out.loss_mask[pos] = 1;
     const double r = rng.uniform();
-    if (r < 0.8) out.tokens[pos] = special_.mask;
-    else if (r >= 0.9) out.tokens[pos] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
+    if (r < 0.8)
+      out.tokens[pos] = special_.mask;
+    else if (r >= 0.9)
+      out.tokens[pos] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
+  };
+  if (opt_.whole_word_ngrams) {
+    mask_whole_word_ngrams(candidates, p, target, rng, out, mask);
+    return;
+  }
+  // Mask round(masked_lm_prob) of the real tokens (at least one).
+  const auto k = std::min<size_t>(
+      candidates.size(), std::max<size_t>(1, static_cast<size_t>(std::lround(static_cast<double>(candidates.size()) *
+                                                                             opt_.masked_lm_prob))));
+  for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates: the first k are the chosen
+    const size_t j = i + static_cast<size_t>(rng.below(candidates.size() - i));
+    std::swap(candidates[i], candidates[j]);
+    mask(candidates[i]);
+  }
+}
+
+template <typename Mask>
+void BertSamples::mask_whole_word_ngrams(const std::vector<uint32_t>& candidates, size_t tokens, size_t target,
+                                         PhiloxStream& rng, BertSample& out, const Mask& mask) const {
+  // the words: runs of candidate positions, each "##" piece joining the word just before it
+  std::vector<std::pair<uint32_t, uint32_t>> words;  // [first, end) positions
+  for (const uint32_t pos : candidates) {
+    const auto id = static_cast<size_t>(out.tokens[pos]);
+    if (id < opt_.word_continues.size() && opt_.word_continues[id] && !words.empty() && words.back().second == pos)
+      words.back().second = pos + 1;
+    else
+      words.push_back({pos, pos + 1});
+  }
+  const double p = opt_.masked_lm_prob;
+  const double limit = std::min(p * static_cast<double>(target),
+                                std::max(1.0, static_cast<double>(std::lround(p * static_cast<double>(tokens)))));
+  std::vector<uint32_t> order(words.size());
+  std::iota(order.begin(), order.end(), 0u);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.below(i))]);
+  size_t masked = 0;
+  for (const uint32_t w : order) {
+    if (static_cast<double>(masked) >= limit) break;
+    const double u = rng.uniform() * 11;  // n of 1 to 3 with probability 1/n over the sum: 6/11, 3/11, 2/11
+    int n = u < 6 ? 1 : u < 9 ? 2 : 3;
+    // the n-gram from word w (fewer words at the sample's end), shortened until it fits
+    size_t first = 0, end = 0;
+    for (; n > 0; --n) {
+      const size_t last = std::min(words.size(), static_cast<size_t>(w) + static_cast<size_t>(n)) - 1;
+      first = words[w].first, end = words[last].second;
+      size_t count = 0;
+      for (size_t k = w; k <= last; ++k) count += words[k].second - words[k].first;
+      if (static_cast<double>(masked + count) <= limit) break;
+    }
+    if (n == 0) continue;
+    bool overlaps = false;
+    for (size_t pos = first; pos < end; ++pos) overlaps = overlaps || out.loss_mask[pos];
+    if (overlaps) continue;
+    for (size_t pos = first; pos < end; ++pos)
+      if (std::binary_search(candidates.begin(), candidates.end(), static_cast<uint32_t>(pos))) {
+        mask(static_cast<uint32_t>(pos));
+        ++masked;
+      }
   }
 }
 

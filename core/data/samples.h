@@ -91,6 +91,11 @@ struct BertOptions {
   double short_seq_prob = 0.1;   // probability of a shorter target length
   double masked_lm_prob = 0.15;  // fraction of tokens predicted
   bool binary_head = true;       // sentence-order prediction (needs 2+ sentences)
+  // Megatron's masking instead of per token: whole words (a word's "##" pieces with it) in
+  // n-grams of 1 to 3 words, n drawn with probability proportional to 1/n; it needs
+  // word_continues, 1 for each id whose piece continues the word before it ("##...").
+  bool whole_word_ngrams = false;
+  std::vector<uint8_t> word_continues;
 };
 
 struct BertSample {
@@ -107,7 +112,10 @@ struct BertSample {
 // a chunk is split at a random sentence into A and B, swapped with probability 0.5, and
 // truncated (randomly from the front or back of the longer part) to the target length;
 // masked_lm_prob of the tokens (15%; at least one) are masked: 80% [MASK], 10% a random token,
-// 10% unchanged.
+// 10% unchanged. With whole_word_ngrams, Megatron's rule instead: whole words in n-grams, taken
+// in a random order of the words until the count min(p x target, max(1, round(p x tokens)))
+// (tokens with [CLS] and the [SEP]s) is reached, an n-gram that would pass it shortened to
+// fewer words, or left out (as one overlapping a masked one).
 class BertSamples : public ChunkedSamples {
  public:
   BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& options,
@@ -115,6 +123,11 @@ class BertSamples : public ChunkedSamples {
   void get(uint64_t index, BertSample& out) const;
 
  private:
+  // Megatron's whole-word n-gram masking of `out` (its candidates in position order, its
+  // `tokens` real tokens, the chunk's target length), each chosen position through `mask`.
+  template <typename Mask>
+  void mask_whole_word_ngrams(const std::vector<uint32_t>& candidates, size_t tokens, size_t target, PhiloxStream& rng,
+                              BertSample& out, const Mask& mask) const;
   BertOptions opt_;
 };
 

@@ -383,6 +383,11 @@ const config::Schema& train_schema() {
            "BERT: the share of each sample's tokens masked and predicted (of them 80% [MASK], 10% a random token, 10% "
            "unchanged); T5: the share of tokens corrupted into spans (Megatron's)",
            "data"},
+          {"bert_masking", Type::kString, "token",
+           "BERT: token (each masked token chosen alone, as the original BERT) or whole-word (Megatron's: whole words "
+           "with their ## pieces, in n-grams of 1 to 3 words drawn with probability proportional to 1/n, to "
+           "min(p x the sample's target length, round(p x its tokens)))",
+           "data"},
           {"short_seq_prob", Type::kFloat, 0.1,
            "BERT and T5: the probability that a sample is filled to a shorter length, drawn uniformly from 2 up "
            "(Megatron's)",

@@ -152,6 +152,8 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
             "--mask-prob sets how BERT's and T5's samples are made, and a GPT's are windows of the documents with "
             "nothing masked, so it would be ignored; drop it"},
            {"--short-seq-prob 0", "--short-seq-prob sets how BERT's and T5's samples are made"},
+           {"--model-type t5 --bert-masking whole-word",
+            "--bert-masking is BERT's, and this model is t5, which would ignore it; drop it"},
            {"--model-type bert --vocab-extra-ids 5", "--vocab-extra-ids is T5's, and this model is bert"},
            {"--model-type t5 --bert-no-binary-head", "--bert-no-binary-head is BERT's, and this model is t5"},
            {"--model-type bert --eod-mask-loss",
@@ -167,7 +169,8 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
     EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << args << "\n" << r.output;
   }
   // each where it belongs; a false flag of another family is the default, and allowed
-  for (const std::string args : {"--model-type bert --post-layernorm --bert-no-binary-head --mask-prob 0.3",
+  for (const std::string args : {"--model-type bert --post-layernorm --bert-no-binary-head --mask-prob 0.3 "
+                                 "--bert-masking whole-word",
                                  "--model-type t5 --decoder-seq-length 16 --short-seq-prob 0.5",
                                  "--model-type t5 --decoder-seq-length 16 --position-embedding-type relative "
                                  "--relative-attention-num-buckets 8",

@@ -124,7 +124,7 @@ TEST(GptSamples, TokenOutsideVocabularyIsAClearError) {
 
 TEST(Loader, ResumedCursorYieldsTheSameBatches) {
   Synthetic syn(30, 4, 12, 4);
-  const BertOptions bo{24, 0.1, 0.15, true};
+  const BertOptions bo{24, 0.1, 0.15, true, false, {}};
   BertSamples bert(syn.ds, DocumentRange::all(*syn.ds), bo, bert_specials(), 1 << 30, 99);
   GptSamples gpt(syn.ds, DocumentRange::all(*syn.ds), 8, 99, 1 << 30);
   auto batch = [&](SampleCursor& c, uint64_t n) {
@@ -155,7 +155,7 @@ TEST(Loader, ResumedCursorYieldsTheSameBatches) {
 // The order of samples is shuffled per epoch and by seed, and reproducible.
 TEST(SampleOrder, ShuffledPerEpochAndSeedAndReproducible) {
   Synthetic syn(60, 5, 8, 6);
-  const BertOptions bo{32, 0.0, 0.15, true};
+  const BertOptions bo{32, 0.0, 0.15, true, false, {}};
   auto bert_order = [&](uint64_t seed, uint64_t epoch) {
     BertSamples b(syn.ds, DocumentRange::all(*syn.ds), bo, bert_specials(), 1 << 30, seed);
     std::vector<int> docs;  // the document of each sample's first A token
@@ -203,7 +203,7 @@ TEST(SampleOrder, ShuffledPerEpochAndSeedAndReproducible) {
 // about half the time.
 TEST(BertSamples, TruncationCutsFrontAndBackAlike) {
   Synthetic syn(80, 6, 30, 7);
-  const BertOptions bo{24, 0.0, 0.15, true};
+  const BertOptions bo{24, 0.0, 0.15, true, false, {}};
   BertSamples b(syn.ds, DocumentRange::all(*syn.ds), bo, bert_specials(), 1 << 30, 5);
   int front = 0, back = 0;
   BertSample s;
@@ -252,7 +252,7 @@ class BrownSamples : public ::testing::Test {
 };
 
 TEST_F(BrownSamples, BertMaskingSentenceOrderAndLayoutStatistics) {
-  const BertOptions bo{128, 0.1, 0.15, true};
+  const BertOptions bo{128, 0.1, 0.15, true, false, {}};
   const auto& sp = tok_->special();
   BertSamples bert(ds_, DocumentRange::all(*ds_), bo, sp, 30522, 7);
   ASSERT_GT(bert.samples_per_epoch(), 5000u);
@@ -300,7 +300,7 @@ TEST_F(BrownSamples, BertMaskingSentenceOrderAndLayoutStatistics) {
 }
 
 TEST_F(BrownSamples, BertSamplesStayInsideOneDocument) {
-  const BertOptions bo{64, 0.1, 0.15, true};
+  const BertOptions bo{64, 0.1, 0.15, true, false, {}};
   BertSamples bert(ds_, DocumentRange::all(*ds_), bo, tok_->special(), 30522, 3);
   // Map each sentence's token sequence back to its document via a token -> documents index
   // is ambiguous for real text; instead check that every sample's A+B tokens occur in
@@ -475,6 +475,91 @@ TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesAndT5WarnsWhereItsEnc
   t5.decoder_seq_length = 258;
   EXPECT_EQ(models::sample_fill_warning(t5, *tok_), "");
   EXPECT_EQ(models::sample_fill_warning(bert, *tok_), "");
+}
+
+// --bert-masking whole-word, Megatron's masking: each sample's words (a piece and the "##"
+// pieces after it, found here from the vocabulary's text) are masked whole or not at all, in
+// runs of neighbouring words (n-grams of up to 3), never more tokens than Megatron's count
+// min(p x target, max(1, round(p x tokens))) and, over the samples, close to it; the tokens
+// chosen still go 80% [MASK], 10% random, 10% unchanged. Per-token masking (the default) splits
+// words and masks a word's neighbour about as often as any word.
+TEST_F(BrownSamples, WholeWordMaskingMasksWordsWholeInNgramsToMegatronsCount) {
+  const int64_t n = 1000, T = 128;
+  models::ModelConfig mc = models::preset("bert-mini");
+  mc.seq_length = T;
+  mc.mask_prob = 0.15;
+  const SpecialTokens& sp = tok_->special();
+  struct Counts {
+    int64_t masked = 0, bound = 0, split_words = 0, whole_long_words = 0, masked_words = 0, neighbours = 0;
+    int64_t as_mask = 0, unchanged = 0, mask_labels = 0;
+  };
+  auto count = [&](const std::string& masking) {
+    mc.bert_masking = masking;
+    train::Batch b;
+    models::make_batch_source(mc, ds_, DocumentRange::all(*ds_), *tok_, 9)->fill(0, n, b);
+    Counts c;
+    for (int64_t i = 0; i < n; ++i) {
+      const auto at = static_cast<size_t>(i * T);
+      std::vector<int32_t> text;  // the sample before masking
+      std::vector<bool> masked;
+      for (size_t t = at; t < at + static_cast<size_t>(T) && b.padding_mask[t]; ++t) {
+        masked.push_back(b.labels[t] != train::kIgnoreLabel);
+        text.push_back(masked.back() ? b.labels[t] : b.tokens[t]);
+        if (masked.back()) {
+          c.mask_labels += b.labels[t] == sp.mask;  // (a position masked twice: its label lost)
+          c.as_mask += b.tokens[t] == sp.mask;
+          c.unchanged += b.tokens[t] == b.labels[t];
+        }
+      }
+      // words: [first, end) runs of positions, a "##" piece joining the word just before it
+      std::vector<std::pair<size_t, size_t>> words;
+      for (size_t t = 0; t < text.size(); ++t) {
+        if (text[t] == sp.cls || text[t] == sp.sep) continue;
+        if (tok_->token_text(text[t]).rfind("##", 0) == 0 && !words.empty() && words.back().second == t)
+          words.back().second = t + 1;
+        else
+          words.push_back({t, t + 1});
+      }
+      int64_t in_sample = 0;
+      for (size_t w = 0; w < words.size(); ++w) {
+        const auto [first, end] = words[w];
+        const auto k = std::count(masked.begin() + static_cast<std::ptrdiff_t>(first),
+                                  masked.begin() + static_cast<std::ptrdiff_t>(end), true);
+        in_sample += k;
+        c.split_words += k > 0 && k < static_cast<std::ptrdiff_t>(end - first);
+        if (k == 0) continue;
+        ++c.masked_words;
+        c.whole_long_words += end - first > 1 && k == static_cast<std::ptrdiff_t>(end - first);
+        c.neighbours += w + 1 < words.size() && words[w + 1].first == end && masked[words[w + 1].first];
+      }
+      const double p = mc.mask_prob, tokens = static_cast<double>(text.size());
+      // the target lies between the text's length and seq_length - 3
+      const auto most = static_cast<int64_t>(
+          std::min(p * static_cast<double>(T - 3), std::max(1.0, static_cast<double>(std::lround(p * tokens)))));
+      if (masking == "whole-word") {
+        EXPECT_LE(in_sample, most) << "sample " << i;
+      }
+      c.bound += most;
+      c.masked += in_sample;
+    }
+    return c;
+  };
+  const Counts w = count("whole-word"), t = count("token");
+  EXPECT_EQ(w.split_words, 0) << "a word masked in part";
+  EXPECT_EQ(w.mask_labels + t.mask_labels, 0) << "a label is the original token, never [MASK]";
+  EXPECT_GT(w.whole_long_words, 100) << "words of several pieces, masked whole";
+  EXPECT_GT(static_cast<double>(w.masked), 0.95 * static_cast<double>(w.bound)) << "Megatron's count, nearly";
+  // n = 2 or 3 with probability 5/11: a masked word's next word is masked far more often than
+  // per-token masking's, which draws every token alike
+  const double w_next = static_cast<double>(w.neighbours) / static_cast<double>(w.masked_words),
+               t_next = static_cast<double>(t.neighbours) / static_cast<double>(t.masked_words);
+  EXPECT_GT(w_next, 0.3);
+  EXPECT_LT(t_next, 0.25);
+  EXPECT_GT(t.split_words, 0) << "per token, a word's pieces are drawn apart";
+  EXPECT_NEAR(static_cast<double>(w.as_mask) / static_cast<double>(w.masked), 0.8, 0.02);
+  EXPECT_NEAR(static_cast<double>(w.unchanged) / static_cast<double>(w.masked), 0.1, 0.02);
+  std::cout << "whole-word: " << w.masked << " masked of at most " << w.bound << ", next word masked " << w_next
+            << "; per token: " << t_next << "\n";
 }
 
 TEST(T5Segmentation, UniformCompositionsAreNonEmptyAndSumUp) {
