@@ -253,6 +253,10 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
                                  " min for the other ranks ends the job (--distributed-timeout-minutes)"
                            : std::string("none on waiting for the other ranks (--distributed-timeout-minutes 0)"))
               << std::endl;
+  if (run.opt.replica_check_interval > 0 && dp_size == 1)
+    std::cout << "> note: --check-weight-hash-across-dp-replicas-interval compares the data-parallel replicas' "
+                 "weights, and this run has one: nothing to compare"
+              << std::endl;
   mb::train::check_memory(mb::models::model_memory(mc, run.dtype, run.device), run.dtype, run.device,
                           run.opt.micro_batch_size, v["use_distributed_optimizer"].get<bool>() ? dp_size : 1,
                           run.opt.noise_scale, v["skip_memory_check"].get<bool>(), run.logger);

@@ -104,6 +104,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"noise_scale_ema", within(0, 1, true)},
       {"noise_scale_window", at_least(1)},
       {"profile_steps", at_least(0)},
+      {"check_weight_hash_across_dp_replicas_interval", at_least(1)},
   };
   return r;
 }
@@ -168,6 +169,10 @@ const config::Schema& train_schema() {
            "pass "
            "has finished it, overlapping the rest of the backward pass",
            "run"},
+          {"check_weight_hash_across_dp_replicas_interval", Type::kInt, nullptr,
+           "data parallelism: every N iterations (and at the start) each replica hashes its weights and the group "
+           "compares them; replicas that differ stop the job naming the first parameter (Megatron's)",
+           "distributed"},
           {"use_distributed_optimizer", Type::kBool, false,
            "Megatron's distributed optimizer: gradients reduce-scattered over the DP group, each rank keeps and steps "
            "only its shard of the optimizer state and (bf16, fp16) of the fp32 master weights, parameters all-gathered "
@@ -783,6 +788,8 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   opt.exit_interval = v["exit_interval"].get<int64_t>();
   if (v.contains("exit_duration_in_mins")) opt.exit_duration_minutes = v["exit_duration_in_mins"].get<double>();
   opt.profile_steps = v["profile_steps"].get<int64_t>();
+  if (v.contains("check_weight_hash_across_dp_replicas_interval"))
+    opt.replica_check_interval = v["check_weight_hash_across_dp_replicas_interval"].get<int64_t>();
   // (a resumed run that has 2 or fewer iterations left says so at its end: StepProfile)
   check(opt.profile_steps == 0 || opt.train_iters > kProfileWarmup, "--profile-steps ", opt.profile_steps,
         " times the iterations after the first ", kProfileWarmup, " (warm-up), but the run has ", opt.train_iters,

@@ -40,6 +40,8 @@ struct TrainOptions {
   int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
   double exit_duration_minutes = 0;  // > 0: stop (resumable) after the iteration that ends this long into run()
   int64_t profile_steps = 0;         // print where N iterations' time went, after kProfileWarmup (0: off)
+  // compare the data-parallel replicas' weights at the start and every N iterations (0: never)
+  int64_t replica_check_interval = 0;
   io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params
   uint64_t seed = 1234;
   int64_t tokens_per_sample = 0;  // for tokens/s

@@ -13,6 +13,7 @@
 #include "core/device/runtime.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
+#include "core/train/replica_check.h"
 #include "core/train/step_profile.h"
 #include "core/train/stop_signals.h"
 #include "core/train/trainer_state.h"
@@ -350,6 +351,8 @@ StopReason Trainer::loop() {
   StepProfile profile(opt_.profile_steps, iteration_, device_, console_);
   const auto drained = [this] { drain(); };
   StopReason reason = StopReason::kFinished;
+  const int64_t check_every = opt_.replica_check_interval;
+  if (check_every > 0) check_replicas_agree(model_.parameters(), *dp_, iteration_, console_);
   while (iteration_ < opt_.train_iters) {
     profile.before_step(iteration_);
     train_step();
@@ -360,6 +363,8 @@ StopReason Trainer::loop() {
       reason = StopReason::kDiverged;
       break;
     }
+    if (check_every > 0 && iteration_ % check_every == 0)  // before its checkpoint: none of replicas that differ
+      check_replicas_agree(model_.parameters(), *dp_, iteration_, console_);
     if (save_now) {
       if (metrics_) metrics_->flush();  // the metrics of every checkpointed iteration are on disk
       save_checkpoint();

@@ -3,7 +3,8 @@
 // reproduce the single-process run to fp32 tolerance, LAMB's per-tensor trust ratios are the same at TP 2 as at TP 1, a
 // checkpoint written at TP 2 loads at TP 1 and TP 4, a job whose ranks disagree or die ends with a non-zero status that
 // names the rank, a rank that stops past --distributed-timeout-minutes ends the job, and a signal to one rank (or
-// --exit-duration-in-mins) stops every rank after the same iteration.
+// --exit-duration-in-mins) stops every rank after the same iteration, and replicas whose weights differ stop the job
+// at --check-weight-hash-across-dp-replicas-interval.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -339,6 +340,51 @@ TEST_F(Mpi, RanksStartedWithDifferentConfigurationsAreRefused) {
       << r.output;
   EXPECT_NE(r.output.find("0.002 here, 0.001 on rank 0"), std::string::npos)
       << r.output;
+}
+
+// --check-weight-hash-across-dp-replicas-interval (Megatron's): data-parallel replicas hold the
+// same weights, said at the start and every N iterations, with the distributed optimizer too; a
+// plugin drawing noise from a generator of its own (tests/plugins/own_noise.cc) moves them apart
+// in its first step, and the job stops at the first check after it, naming the first parameter,
+// before any checkpoint of it is written. One replica compares nothing, and says so.
+TEST_F(Mpi, ReplicasWhoseWeightsDifferStopTheJobAtTheWeightCheck) {
+  mb::testing::TempDir tmp;
+  const std::string check = " --check-weight-hash-across-dp-replicas-interval 2";
+  for (const std::string extra : {"", " --use-distributed-optimizer"}) {
+    const auto r = mb::testing::run_command(mpirun(2) + train(tmp / "same", "--optimizer adamw" + check + extra));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    for (const char* at : {"0", "2", "4"})
+      EXPECT_NE(
+          r.output.find(std::string("> weights: the 2 data-parallel replicas hold the same weights at iteration ") +
+                        at + "\n"),
+          std::string::npos)
+          << extra << " at " << at << "\n"
+          << r.output;
+  }
+  const fs::path ckpt = tmp / "ckpt";
+  const auto r = mb::testing::run_command(
+      mpirun(2) + train(tmp / "noisy", "--optimizer own_noise --plugin-path " MEGABATCH_TEST_PLUGIN_DIR + check +
+                                           " --save " + ckpt.string() + " --save-interval 2"));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> weights: the 2 data-parallel replicas hold the same weights at iteration 0"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("error: the 2 data-parallel replicas hold different weights at iteration 2 "
+                          "(--check-weight-hash-across-dp-replicas-interval): embedding.word_embeddings.weight differs "
+                          "between data-parallel ranks 0 and 1 (and "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("an optimizer plugin that draws noise from a generator of its own"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(ckpt / "iter_0000002.h5")) << "no checkpoint of replicas that differ";
+  const auto one = mb::testing::run_command(
+      train(tmp / "one", "--optimizer own_noise --plugin-path " MEGABATCH_TEST_PLUGIN_DIR + check));
+  EXPECT_EQ(one.exit_code, 0) << one.output;
+  EXPECT_NE(one.output.find("> note: --check-weight-hash-across-dp-replicas-interval compares the data-parallel "
+                            "replicas' weights, and this run has one: nothing to compare"),
+            std::string::npos)
+      << one.output;
+  EXPECT_EQ(one.output.find("> weights:"), std::string::npos) << one.output;
 }
 
 TEST_F(Mpi, ARankThatDiesEndsTheJob) {
