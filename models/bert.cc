@@ -20,17 +20,18 @@ Bert::Bert(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   const int64_t C = cfg_.hidden_size;
   const double std = cfg_.init_method_std;
   const Sharding replicated = Sharding::replicated(tp.rank(), tp.size());
+  const nn::Init embedding = embedding_init(cfg_);
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
-                                                      cfg_.padded_vocab_size(), C, std);
+                                                      cfg_.padded_vocab_size(), C, embedding);
   if (cfg_.learned_positions())  // (none with --no-position-embedding)
     wpe_ = store_.add({"embedding.position_embeddings.weight",
                        Role::kEmbedding,
                        -1,
                        {cfg_.max_positions(), C},
                        replicated,
-                       nn::Init::normal(std)});
-  wtt_ = store_.add({"embedding.tokentype_embeddings.weight", Role::kEmbedding, -1, {cfg_.num_tokentypes, C},
-                     replicated, nn::Init::normal(std)});
+                       embedding});
+  wtt_ = store_.add(
+      {"embedding.tokentype_embeddings.weight", Role::kEmbedding, -1, {cfg_.num_tokentypes, C}, replicated, embedding});
   StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.post_layernorm = cfg_.post_layernorm;
   if (cfg_.post_layernorm)

@@ -16,15 +16,16 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   check_model_group(cfg_, tp);
   const int64_t C = cfg_.hidden_size, L = cfg_.num_layers;
   const double std = cfg_.init_method_std;
+  const nn::Init embedding = embedding_init(cfg_);
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
-                                                      cfg_.padded_vocab_size(), C, std);
+                                                      cfg_.padded_vocab_size(), C, embedding);
   if (cfg_.learned_positions())  // (rotary ones turn the queries and keys instead; NoPE has none)
     wpe_ = store_.add({"embedding.position_embeddings.weight",
                        Role::kEmbedding,
                        -1,
                        {cfg_.max_positions(), C},
                        Sharding::replicated(tp.rank(), tp.size()),
-                       nn::Init::normal(std)});
+                       embedding});
   StackConfig sc = stack_config(cfg_, "decoder.layers.", L, true);
   stack_ = std::make_unique<TransformerStack>(store_, tp, sc);
   lnf_ =
@@ -33,7 +34,7 @@ Gpt::Gpt(const ModelConfig& c, comm::Communicator& tp) : cfg_(c), head_(tp) {
   // initialized as it is, a weight (not an embedding) to the optimizer
   if (cfg_.untie_embeddings_and_output_weights)
     output_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "output_layer.weight", cfg_.padded_vocab_size(),
-                                                           C, std, Role::kWeight);
+                                                           C, nn::Init::normal(std), Role::kWeight);
 }
 
 std::string Gpt::summary() const {

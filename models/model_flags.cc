@@ -182,6 +182,8 @@ ModelConfig model_config(const config::Resolved& r) {
   c.attention_dropout = v["attention_dropout"].get<double>();
   c.init_method_std = v["init_method_std"].get<double>();
   c.init_method_xavier_uniform = v["init_method_xavier_uniform"].get<bool>();
+  if (v.contains("embedding_init_method_std"))
+    c.embedding_init_method_std = v["embedding_init_method_std"].get<double>();
   check(!c.init_method_xavier_uniform || !r.given("init_method_std"), "--init-method-std ", v["init_method_std"].dump(),
         " is the normal initialization's, which --init-method-xavier-uniform replaces, so "
         "it would be ignored; give one of them");

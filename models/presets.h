@@ -17,6 +17,9 @@ struct ModelConfig {
   int64_t tensor_model_parallel_size = 1;
   double hidden_dropout = 0.1, attention_dropout = 0.1;
   double init_method_std = 0.02, layernorm_epsilon = 1e-5;
+  // the word, position and token-type embeddings' (Megatron's --embedding-init-method-std; 0:
+  // init_method_std's, and its method)
+  double embedding_init_method_std = 0;
   bool init_method_xavier_uniform = false;  // weights from U(-a, a), a = sqrt(6 / (fan in + fan out)) (Megatron's)
   std::string normalization = "LayerNorm";  // Megatron's --normalization: LayerNorm or RMSNorm
   std::string attention_backend = "auto";   // Megatron's --attention-backend: auto, flash, unfused or local

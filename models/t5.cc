@@ -20,7 +20,7 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
   const int64_t C = cfg_.hidden_size;
   const double std = cfg_.init_method_std;
   wte_ = std::make_unique<nn::VocabParallelEmbedding>(store_, tp, "embedding.word_embeddings.weight",
-                                                      cfg_.padded_vocab_size(), C, std);
+                                                      cfg_.padded_vocab_size(), C, embedding_init(cfg_));
   if (cfg_.relative_attention) {
     const std::vector<int64_t> shape = {cfg_.relative_attention_num_buckets, cfg_.num_attention_heads};
     const Sharding by_head = Sharding::split(1, tp.rank(), tp.size());
@@ -29,8 +29,12 @@ T5::T5(const ModelConfig& c, comm::Communicator& tp)
     dec_rel_ = store_.add({"decoder.relative_attention_bias.weight", Role::kEmbedding, -1, shape, by_head,
                            nn::Init::normal(std)});
   } else {
-    wpe_ = store_.add({"embedding.position_embeddings.weight", Role::kEmbedding, -1, {cfg_.max_positions(), C},
-                       Sharding::replicated(tp.rank(), tp.size()), nn::Init::normal(std)});
+    wpe_ = store_.add({"embedding.position_embeddings.weight",
+                       Role::kEmbedding,
+                       -1,
+                       {cfg_.max_positions(), C},
+                       Sharding::replicated(tp.rank(), tp.size()),
+                       embedding_init(cfg_)});
   }
   StackConfig sc = stack_config(cfg_, "encoder.layers.", cfg_.num_layers, false);
   sc.stream_base = 1;

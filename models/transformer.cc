@@ -14,6 +14,11 @@
 
 namespace megabatch::models {
 
+nn::Init embedding_init(const ModelConfig& c) {
+  const double own = c.embedding_init_method_std;
+  return own > 0 && own != c.init_method_std ? nn::Init::normal_own(own) : nn::Init::normal(c.init_method_std);
+}
+
 StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_t layers, bool causal) {
   StackConfig sc;
   sc.prefix = prefix;

@@ -60,6 +60,11 @@ struct StackConfig {
 };
 
 // The stack of a model: its layers, sizes, dropout, init and eps from the model config.
+// How the word, position and token-type embeddings are drawn: normal at
+// embedding_init_method_std where it is given and differs from init_method_std (then even under
+// --init-method-xavier-uniform, as Megatron), else as the other weights.
+nn::Init embedding_init(const ModelConfig& c);
+
 StackConfig stack_config(const ModelConfig& c, const std::string& prefix, int64_t layers, bool causal);
 // Validates the config and checks that it was declared for this tensor-parallel group.
 void check_model_group(const ModelConfig& c, const comm::Communicator& tp);

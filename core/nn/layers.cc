@@ -137,9 +137,9 @@ void RowParallelLinear::backward_gelu(const Tensor& dpre_local, const Tensor& do
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(ParameterStore& store, comm::Communicator& tp, const std::string& name,
-                                               int64_t vocab, int64_t C, double init_std, Role role)
+                                               int64_t vocab, int64_t C, Init init, Role role)
     : store_(&store), tp_(&tp), rows_(vocab / tp.size()), C_(C) {
-  w_ = store.add({name, role, -1, {vocab, C}, Sharding::split(0, tp.rank(), tp.size()), Init::normal(init_std)});
+  w_ = store.add({name, role, -1, {vocab, C}, Sharding::split(0, tp.rank(), tp.size()), init});
 }
 
 int64_t VocabParallelEmbedding::vocab_begin() const { return rows_ * tp_->rank(); }

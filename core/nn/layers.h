@@ -126,7 +126,7 @@ class VocabParallelEmbedding {
  public:
   // table (vocab, C) split along the vocabulary (dim 0).
   VocabParallelEmbedding(ParameterStore& store, comm::Communicator& tp, const std::string& name, int64_t vocab,
-                         int64_t C, double init_std, Role role = Role::kEmbedding);
+                         int64_t C, Init init, Role role = Role::kEmbedding);
   void forward(const Tensor& out, const Tensor& ids) const;  // out (n, C) full rows; ids i32 (n)
   void backward(const Tensor& dout, const Tensor& ids);
   int64_t vocab_begin() const;

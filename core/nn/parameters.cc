@@ -128,7 +128,7 @@ void ParameterStore::initialize(uint64_t seed, bool xavier_uniform) {
     float* w = host.data() + p.offset;
     if (p.init.kind == Init::kOnes) {
       for (size_t i = 0; i < p.numel; ++i) w[i] = 1.0f;
-    } else if (p.init.kind == Init::kNormal && xavier_uniform && p.full_shape.size() == 2) {
+    } else if (p.init.kind == Init::kNormal && xavier_uniform && !p.init.own_std && p.full_shape.size() == 2) {
       const uint64_t key = mix_key(seed, name_key(p.name.data(), p.name.size()));
       const double a = std::sqrt(6.0 / static_cast<double>(p.full_shape[0] + p.full_shape[1]));
 #pragma omp parallel for schedule(static) if (p.numel > 65536)

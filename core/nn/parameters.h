@@ -39,9 +39,13 @@ struct Sharding {
 struct Init {
   enum Kind { kZeros, kOnes, kNormal } kind = kZeros;
   double std = 0.0;
+  // normal at std even where --init-method-xavier-uniform draws the other weights uniformly
+  // (Megatron's embeddings at an --embedding-init-method-std of their own)
+  bool own_std = false;
   static Init zeros() { return {kZeros, 0.0}; }
   static Init ones() { return {kOnes, 0.0}; }
   static Init normal(double s) { return {kNormal, s}; }
+  static Init normal_own(double s) { return {kNormal, s, true}; }
 };
 
 struct ParamSpec {

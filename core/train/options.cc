@@ -41,6 +41,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"kv_channels", at_least(1)},
       {"num_query_groups", at_least(1)},
       {"attention_dropout", within(0, 1, true)},
+      {"embedding_init_method_std", above(0)},
       {"mask_prob", config::Range{0, 1, true, false}},
       {"short_seq_prob", within(0, 1)},
       {"init_method_std", above(0)},
@@ -197,6 +198,10 @@ const config::Schema& train_schema() {
           {"hidden_dropout", Type::kFloat, 0.1, "dropout after attention and MLP outputs and embeddings", "model"},
           {"attention_dropout", Type::kFloat, 0.1, "dropout of attention probabilities", "model"},
           {"init_method_std", Type::kFloat, 0.02, "std of the normal initialization", "model"},
+          {"embedding_init_method_std", Type::kFloat, nullptr,
+           "std of the word, position and token-type embeddings' normal initialization, where it differs from "
+           "--init-method-std (then normal even with --init-method-xavier-uniform, as Megatron's)",
+           "model"},
           {"init_method_xavier_uniform", Type::kBool, false,
            "initialize the weights and embeddings from U(-a, a), a = sqrt(6 / (fan in + fan out)) of each full "
            "tensor, instead of the normal of --init-method-std (Megatron's)",

@@ -874,6 +874,59 @@ TEST(ParameterStore, XavierUniformDrawsEachWeightWithinItsFanBoundAndShardsAreSl
   EXPECT_GT(top, 0.9 * bound);
 }
 
+// Megatron's --embedding-init-method-std: the word, position (and BERT's token-type) embeddings
+// are drawn at their own std, the other weights (an untied output layer among them) at
+// --init-method-std; under --init-method-xavier-uniform such embeddings stay normal (values past
+// their xavier bound) while the weights are uniform; and given equal to --init-method-std it
+// changes nothing, the embeddings following the weights' method, xavier included.
+TEST(Gpt, EmbeddingInitMethodStdDrawsTheEmbeddingsAtTheirOwnStd) {
+  mb::comm::LocalCommunicator tp;
+  auto stats = [](const mb::nn::ParameterStore& p, const char* name) {  // {sample std, largest |x|}
+    const std::vector<float> v = mb::to_host_f32(p.param(p.find(name)));
+    double squares = 0, top = 0;
+    for (float x : v) squares += static_cast<double>(x) * x, top = std::max(top, static_cast<double>(std::abs(x)));
+    return std::pair{std::sqrt(squares / static_cast<double>(v.size())), top};
+  };
+  const char* kWords = "embedding.word_embeddings.weight";
+  const char* kPositions = "embedding.position_embeddings.weight";
+  const char* kQkv = "decoder.layers.0.self_attention.linear_qkv.weight";
+  auto c = tiny();
+  c.hidden_size = 64;
+  c.num_attention_heads = 4;
+  c.seq_length = 64;
+  c.vocab_size = 1000;  // padded to 1024
+  c.untie_embeddings_and_output_weights = true;
+  c.init_method_std = 0.02;
+  c.embedding_init_method_std = 0.1;
+  auto model = mb::models::make_model(c, tp, 3);
+  const auto& p = model->parameters();
+  // sample stds to some 3 standard errors: words and the output layer 65,536 draws, the
+  // positions 4,096, the QKV 12,288
+  EXPECT_NEAR(stats(p, kWords).first, 0.1, 0.001);
+  EXPECT_NEAR(stats(p, kPositions).first, 0.1, 0.004);
+  EXPECT_NEAR(stats(p, kQkv).first, 0.02, 0.0004);
+  EXPECT_NEAR(stats(p, "output_layer.weight").first, 0.02, 0.0002);
+
+  c.init_method_xavier_uniform = true;
+  auto xavier = mb::models::make_model(c, tp, 3);
+  const auto& x = xavier->parameters();
+  const double word_bound = std::sqrt(6.0 / static_cast<double>(c.padded_vocab_size() + c.hidden_size));
+  EXPECT_NEAR(stats(x, kWords).first, 0.1, 0.001) << "normal at its own std";
+  EXPECT_GT(stats(x, kWords).second, 2 * word_bound);
+  const double qkv_bound = std::sqrt(6.0 / static_cast<double>(3 * c.hidden_size + c.hidden_size));
+  EXPECT_LT(stats(x, kQkv).second, qkv_bound) << "the weights uniform";
+  c.embedding_init_method_std = c.init_method_std;
+  auto same = mb::models::make_model(c, tp, 3);
+  EXPECT_LT(stats(same->parameters(), kWords).second, word_bound) << "equal to --init-method-std: xavier's";
+
+  mb::models::ModelConfig b = mb::models::preset("bert-mini");
+  b.embedding_init_method_std = 0.1;
+  auto bert = mb::models::make_model(b, tp, 3);
+  EXPECT_NEAR(stats(bert->parameters(), "embedding.tokentype_embeddings.weight").first, 0.1, 0.01);  // 512 draws
+  EXPECT_NEAR(stats(bert->parameters(), kWords).first, 0.1, 0.001);
+  EXPECT_NEAR(stats(bert->parameters(), "lm_head.dense.weight").first, 0.02, 0.0003);
+}
+
 TEST(Trainer, ClipsTheGlobalGradientNormBeforeTheOptimizerStep) {
   // Plain SGD moves the parameters by lr * g: after clipping to norm c the step has norm lr * c.
   mb::comm::LocalCommunicator tp;
