@@ -179,7 +179,8 @@ mb::train::LoadOptions load_options(const json& v) {
           v["finetune"].get<bool>(),
           v["no_load_optim"].get<bool>(),
           v["pretrained_optimizer_state"].get<bool>(),
-          v["exit_on_missing_checkpoint"].get<bool>()};
+          v["exit_on_missing_checkpoint"].get<bool>(),
+          v.contains("ckpt_step") ? std::optional(v["ckpt_step"].get<int64_t>()) : std::nullopt};
 }
 
 // Where the run starts (its checkpoint, if any) and the schedule it steps with, which the
@@ -298,7 +299,9 @@ int train(const mb::config::Resolved& r, Run& run) {
   const std::filesystem::path run_dir = v["run_dir"].get<std::string>();
   std::optional<mb::train::RunDirectory> dir;  // one run per directory, held until the end
   const bool continues = resume.resuming() && !skip_train;  // the metrics.h5 there, continued
-  if (run.logger) dir.emplace(run_dir, opt.save_dir, resolved, !continues);
+  if (run.logger)
+    dir.emplace(run_dir, opt.save_dir, resolved, !continues,
+                skip_train ? std::nullopt : std::optional<int64_t>(continues ? resume.state.iteration : 0));
   if (dir && !dir->earlier().empty()) std::cout << "> note: " << dir->earlier() << std::endl;
   mb::train::RunMetrics metrics;
   if (run.logger)

@@ -456,6 +456,11 @@ Sweep load_sweep(const fs::path& file, size_t max_points, const std::string& run
             "optimizer state), not to another run's; to start each point from another run's weights, give "
             "pretrained_checkpoint (a checkpoint directory, such as runs/NAME/ID/checkpoints of an earlier sweep) "
             "instead");
+      check(!p.config.contains("ckpt_step"), where, ": point ", p.id, ": ckpt_step ",
+            p.config.value("ckpt_step", json()).dump(),
+            " would rewind the point to that iteration each time it resumes (setting its later checkpoints aside), "
+            "so it would never finish; drop it (train --load runs/NAME/ID/checkpoints --ckpt-step N --save DIR "
+            "branches one point's run)");
       for (const char* key : {"run_dir", "save", "load"})
         check(!p.config.contains(key), where, ": point ", p.id, ": ", key,
               " is the sweep's to set (each point runs in runs/NAME/ID/ and saves to and resumes from its "

@@ -202,15 +202,6 @@ std::optional<int64_t> iteration_of(const fs::path& file) {
   return it;
 }
 
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec))
-    if (auto it = iteration_of(e.path())) out.emplace_back(*it, e.path());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 // The checkpoint files remove_old_checkpoints(dir, kept) removes, with their sizes.
 std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, Kept kept) {
   std::vector<std::pair<fs::path, int64_t>> out;
@@ -226,6 +217,15 @@ std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, K
 }
 
 }  // namespace
+
+std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
+  std::vector<std::pair<int64_t, fs::path>> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    if (auto it = iteration_of(e.path())) out.emplace_back(*it, e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
 
 void remove_unfinished_checkpoints(const fs::path& dir) {
   std::error_code ec;
@@ -256,6 +256,41 @@ fs::path checkpoint_path(const fs::path& dir, int64_t iteration) {
   char name[32];
   std::snprintf(name, sizeof name, "iter_%07lld.h5", static_cast<long long>(iteration));
   return dir / name;
+}
+
+SetAside set_aside_later_checkpoints(const fs::path& dir, int64_t iteration) {
+  SetAside out;
+  const auto all = list_checkpoints(dir);
+  std::error_code ec;
+  for (const auto& [it, path] : all) {
+    if (it <= iteration || fs::symlink_status(path, ec).type() != fs::file_type::regular) continue;
+    if (out.to.empty()) {
+      for (int n = 1; fs::exists(out.to = dir / "earlier" / std::to_string(n)); ++n) {
+      }
+      fs::create_directories(out.to, ec);
+      check(!ec, out.to.string(), ": cannot create it to set aside the checkpoints past iteration ", iteration, " (",
+            ec.message(), ")");
+    }
+    fs::rename(path, out.to / path.filename(), ec);
+    check(!ec, path.string(), ": cannot move it to ", out.to.string(), " (", ec.message(), ")");
+    out.iterations.push_back(it);
+  }
+  if (out.iterations.empty()) return out;
+  fsync_path(out.to, O_RDONLY | O_DIRECTORY);
+  fsync_path(dir, O_RDONLY | O_DIRECTORY);
+  // the latest file: the newest left up to `iteration` (it may name a moved one), or none
+  std::optional<int64_t> newest;
+  for (const auto& [it, path] : list_checkpoints(dir))
+    if (it <= iteration) newest = it;
+  if (!newest) {
+    fs::remove(dir / kLatest, ec);
+  } else {
+    AtomicFile latest(dir / kLatest);
+    const std::string text = std::to_string(*newest) + "\n";
+    latest.write(text.data(), text.size());
+    latest.commit();
+  }
+  return out;
 }
 
 std::optional<fs::path> latest_checkpoint(const fs::path& dir) {

@@ -65,6 +65,8 @@ inline constexpr const char* kDamagedCheckpoint =
 using OptimizerState = optim::OptimizerState;
 
 std::filesystem::path checkpoint_path(const std::filesystem::path& dir, int64_t iteration);
+// The iter_NNNNNNN.h5 files of dir by iteration, oldest first (none where dir is missing).
+std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& dir);
 // Removes what killed or failed writes left in dir: iter_NNNNNNN.h5.tmp and
 // latest_checkpointed_iteration.txt.tmp, nothing else (no other file, no symlink).
 void remove_unfinished_checkpoints(const std::filesystem::path& dir);
@@ -82,6 +84,18 @@ struct Kept {
 int64_t remove_old_checkpoints(const std::filesystem::path& dir, Kept kept);
 // The bytes remove_old_checkpoints(dir, kept) would free; removes nothing.
 int64_t old_checkpoint_bytes(const std::filesystem::path& dir, Kept kept);
+
+// Moves the checkpoints of `dir` past `iteration` into dir/earlier/N (the first N free), for a
+// run that starts at `iteration` and saves there: they are another trajectory's (a rewind to
+// an earlier checkpoint, or a run started afresh), which its --keep-checkpoints would keep
+// over its own, and a resume after a lost latest file would take for its own. The latest file
+// then names the newest left, or is removed. Returns the iterations moved (none: nothing done)
+// and where to.
+struct SetAside {
+  std::vector<int64_t> iterations;
+  std::filesystem::path to;
+};
+SetAside set_aside_later_checkpoints(const std::filesystem::path& dir, int64_t iteration);
 
 // The newest complete checkpoint in dir: the one latest_checkpointed_iteration.txt names,
 // or (when that file is missing) the highest iter_*.h5. nullopt when there is none.

@@ -66,6 +66,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"train_iters", at_least(1)},
       {"train_samples", at_least(1)},
       {"rampup_batch_size", at_least(1)},
+      {"iterations_to_skip", at_least(1)},
       {"lr", at_least(0)},
       {"min_lr", at_least(0)},
       {"lr_decay_power", above(0)},
@@ -94,6 +95,7 @@ const std::map<std::string, config::Range>& ranges() {
       {"distributed_timeout_minutes", at_least(0)},
       {"keep_checkpoints", at_least(0)},
       {"save_retain_interval", at_least(1)},
+      {"ckpt_step", at_least(0)},
       {"log_interval", at_least(1)},
       {"eval_interval", at_least(0)},
       {"eval_iters", at_least(0)},
@@ -316,6 +318,11 @@ const config::Schema& train_schema() {
            "samples per optimizer step (default micro_batch_size x data-parallel size)", "batch"},
           {"train_iters", Type::kInt, nullptr, "optimizer steps (or --train-samples)", "batch"},
           {"train_samples", Type::kInt, nullptr, "samples to train on (or --train-iters)", "batch"},
+          {"iterations_to_skip", Type::kIntList, nullptr,
+           "N [N ...]: these iterations (numbered as the log's lines) train on nothing: their global batch of samples "
+           "is passed over, the learning rate does not advance (Megatron's; with --ckpt-step, PaLM's way past a loss "
+           "spike: rewind before it, skip the batches around it)",
+           "batch"},
           {"rampup_batch_size", Type::kIntList, nullptr,
            "START INCREMENT SAMPLES: the global batch starts at START and grows by INCREMENT to --global-batch-size "
            "over the first SAMPLES samples, in equal shares (with --train-samples; the learning rate counts samples, "
@@ -425,6 +432,10 @@ const config::Schema& train_schema() {
           {"load", Type::kString, nullptr,
            "resume from the newest checkpoint in this directory (none there: start fresh), or from this checkpoint "
            "file",
+           "checkpointing"},
+          {"ckpt_step", Type::kInt, nullptr,
+           "resume from the checkpoint of this iteration in --load's directory, not the newest (Megatron's); the "
+           "later ones there are set aside in DIR/earlier/N, and the run's metrics.h5 as it was kept beside it",
            "checkpointing"},
           {"load_fallback", Type::kBool, false,
            "when the newest checkpoint in --load is damaged (a tensor fails its checksum), resume from the newest "
@@ -783,6 +794,13 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   opt.train_iters = by_iters ? v["train_iters"].get<int64_t>()
                              : ramp_iterations(opt.rampup, opt.global_batch_size, v["train_samples"].get<int64_t>());
   check(opt.train_iters >= 1, "the run has no iterations (train_iters ", opt.train_iters, ")");
+  if (v.contains("iterations_to_skip")) {
+    for (const int64_t it : v["iterations_to_skip"].get<std::vector<int64_t>>()) {
+      check(it <= opt.train_iters, "--iterations-to-skip ", it, " is past the run's last iteration (", opt.train_iters,
+            "), so it would skip nothing; drop it");
+      opt.iterations_to_skip.insert(it);
+    }
+  }
   opt.schedule = lr_schedule(v, opt.global_batch_size, opt.train_iters);
   opt.schedule.wd = wd_schedule(r, by_iters ? opt.train_iters * opt.global_batch_size : v["train_samples"].get<int64_t>());
   logging_options(r, opt);
@@ -835,6 +853,10 @@ TrainOptions train_options(const config::Resolved& r, DType dtype, int64_t dp_si
   check(!v.contains("pretrained_checkpoint") || !v["finetune"].get<bool>(),
         "--finetune takes the model from --load, but with --pretrained-checkpoint the model comes from there and "
         "--load is this run's own checkpoints to resume from; drop --finetune");
+  check(
+      v.contains("load") || !v.contains("ckpt_step"), "--ckpt-step ", v.value("ckpt_step", int64_t{0}),
+      " picks a checkpoint of --load's directory, which is not given; add --load DIR",
+      v.contains("pretrained_checkpoint") ? " (for --pretrained-checkpoint, name its file: DIR/iter_NNNNNNN.h5)" : "");
   check(!v.contains("pretrained_checkpoint") || !v["exit_on_missing_checkpoint"].get<bool>(),
         "--exit-on-missing-checkpoint refuses a first start, which is when --pretrained-checkpoint is read; give one "
         "of them");

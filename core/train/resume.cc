@@ -58,7 +58,21 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
   ResumePoint p;
   p.finetune = how.finetune;
   p.no_load_optim = how.no_load_optim;
-  if (!how.load.empty()) {
+  if (how.ckpt_step) {
+    check(!std::filesystem::is_regular_file(how.load), "--ckpt-step ", *how.ckpt_step,
+          " picks a checkpoint of --load's directory, and --load names the file ", how.load,
+          "; give --load its directory, or drop --ckpt-step");
+    const std::filesystem::path file = io::checkpoint_path(how.load, *how.ckpt_step);
+    if (!std::filesystem::exists(file)) {
+      std::string held;
+      for (const auto& [it, path] : io::list_checkpoints(how.load))
+        held += (held.empty() ? "" : ", ") + std::to_string(it);
+      fail("--ckpt-step ", *how.ckpt_step, ": ", how.load, " holds no checkpoint of iteration ", *how.ckpt_step,
+           held.empty() ? std::string(" (it holds none)") : " (it holds iterations " + held + ")",
+           "; give one of them, or drop --ckpt-step to resume from the newest");
+    }
+    p.from = checkpoint_of(file.string(), false, "--load");
+  } else if (!how.load.empty()) {
     p.from = checkpoint_of(how.load, how.fallback, "--load");
     if (!p.from) {
       // resuming, an empty directory is the first start; fine-tuning, it is a wrong path

@@ -36,6 +36,7 @@ struct LoadOptions {
   bool no_load_optim = false;
   bool pretrained_optimizer = false;  // --pretrained-optimizer-state: the first start takes its optimizer state too
   bool exit_on_missing = false;       // --exit-on-missing-checkpoint: --load without a checkpoint is an error
+  std::optional<int64_t> ckpt_step;   // --ckpt-step: this iteration's checkpoint of the --load directory
 };
 
 struct ResumePoint {

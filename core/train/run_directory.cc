@@ -49,22 +49,30 @@ std::string rows_held(const std::filesystem::path& dir) {
   return "";
 }
 
-// Moves `dir`'s config.json, metrics.h5 and DIVERGED into dir/earlier/N (the first N free);
-// returns that directory. config.json goes first: interrupted, the next start moves the rest.
-std::filesystem::path keep_earlier_run(const std::filesystem::path& dir) {
+// Moves (or, `copy`, copies) `dir`'s config.json, metrics.h5 and DIVERGED into dir/earlier/N
+// (the first N free); returns that directory. config.json goes first: interrupted, the next
+// start moves the rest.
+std::filesystem::path keep_earlier_run(const std::filesystem::path& dir, bool copy = false) {
   namespace fs = std::filesystem;
   fs::path kept;
   for (int n = 1; fs::exists(kept = dir / "earlier" / std::to_string(n)); ++n) {
   }
   fs::create_directories(kept);
   for (const char* name : {"config.json", "metrics.h5", "DIVERGED"})
-    if (fs::exists(dir / name)) fs::rename(dir / name, kept / name);
+    if (fs::exists(dir / name))
+      copy ? (void)fs::copy_file(dir / name, kept / name) : fs::rename(dir / name, kept / name);
   return kept;
+}
+
+std::string iteration_list(const std::vector<int64_t>& its) {
+  std::string out;
+  for (size_t i = 0; i < its.size(); ++i) out += (i ? ", " : "") + std::to_string(its[i]);
+  return out;
 }
 }  // namespace
 
 RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir,
-                           const nlohmann::json& resolved, bool fresh)
+                           const nlohmann::json& resolved, bool fresh, std::optional<int64_t> start)
     : dir_(std::move(run_dir)) {
   run_lock_.emplace(dir_, "train",
                     "two runs writing one directory would mix their logs and metrics; wait for it to end, or give "
@@ -75,10 +83,22 @@ RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem:
                        "two runs saving into one directory would overwrite each other's checkpoints and resume "
                        "from the other's; wait for it to end, or give this run another --save");
   if (resolved.value("skip_train", false)) refuse_a_training_runs(dir_);
+  if (!save_dir.empty() && start && std::filesystem::is_directory(save_dir)) {
+    const io::SetAside aside = io::set_aside_later_checkpoints(save_dir, *start);
+    if (!aside.iterations.empty()) {
+      earlier_ = save_dir.string() + " held checkpoints past iteration " + std::to_string(*start) +
+                 ", where this run starts (" + (aside.iterations.size() > 1 ? "iterations " : "iteration ") +
+                 iteration_list(aside.iterations) +
+                 "): another trajectory's, which this run's would mix with; they are kept in " + aside.to.string();
+      if (const std::string rows = fresh ? "" : rows_held(dir_); !rows.empty())
+        earlier_ += "; " + (dir_ / "metrics.h5").string() + " as it was (" + rows + "), whose rows past iteration " +
+                    std::to_string(*start) + " this run drops, is kept in " + keep_earlier_run(dir_, true).string();
+    }
+  }
   if (const std::string rows = fresh ? rows_held(dir_) : ""; !rows.empty()) {
     const std::filesystem::path kept = keep_earlier_run(dir_);
-    earlier_ = dir_.string() + " held the metrics of an earlier run (" + rows + "), which this run, starting afresh, " +
-               "would replace; they are kept in " + kept.string();
+    earlier_ += std::string(earlier_.empty() ? "" : "; ") + dir_.string() + " held the metrics of an earlier run (" +
+                rows + "), which this run, starting afresh, would replace; they are kept in " + kept.string();
   }
   std::filesystem::remove(dir_ / "DIVERGED");  // this attempt decides afresh
   write_file_atomic(dir_ / "config.json", resolved.dump(2) + "\n");

@@ -21,11 +21,16 @@ class RunDirectory {
   // none). An evaluation (`resolved` says skip_train) is refused the directory of a run that
   // trained, whose config.json and metrics.h5 it would replace. `fresh`: this run writes a new
   // metrics.h5 (it does not resume); an earlier run's rows there are not lost: its config.json,
-  // metrics.h5 and DIVERGED move to run_dir/earlier/N first, and earlier() says so.
+  // metrics.h5 and DIVERGED move to run_dir/earlier/N first, and earlier() says so. `start`: the
+  // iteration this run starts at (nullopt: it saves nothing, an evaluation). The checkpoints of
+  // `save_dir` past it are another trajectory's: they move to save_dir/earlier/N
+  // (io::set_aside_later_checkpoints), and a resumed run's metrics.h5, whose rows past `start`
+  // it drops, is copied to run_dir/earlier/N first; earlier() says so.
   RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir, const nlohmann::json& resolved,
-               bool fresh);
+               bool fresh, std::optional<int64_t> start);
   const std::filesystem::path& path() const { return dir_; }
-  const std::string& earlier() const { return earlier_; }  // where an earlier run's metrics went, or ""
+  // where an earlier run's metrics and checkpoints went, or ""
+  const std::string& earlier() const { return earlier_; }
   std::filesystem::path metrics_path() const { return dir_ / "metrics.h5"; }
   // RUN_DIR/DIVERGED: when, why, and the thresholds that decided it (read by `sweep`).
   void write_diverged(int64_t iteration, const std::string& reason, double divergence_loss,

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "core/io/checkpoint.h"
@@ -40,6 +41,9 @@ struct TrainOptions {
   int64_t exit_interval = 0;         // stop after this iteration (0: run to train_iters)
   double exit_duration_minutes = 0;  // > 0: stop (resumable) after the iteration that ends this long into run()
   int64_t profile_steps = 0;         // print where N iterations' time went, after kProfileWarmup (0: off)
+  // iterations (numbered from 1) that pass over their global batch untrained (Megatron's
+  // --iterations-to-skip): consumed, no step, the schedule not advanced
+  std::set<int64_t> iterations_to_skip;
   // compare the data-parallel replicas' weights at the start and every N iterations (0: never)
   int64_t replica_check_interval = 0;
   io::CheckpointState checkpoint;    // what the caller knows: model config, optimizer name, params

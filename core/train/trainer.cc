@@ -87,6 +87,14 @@ void Trainer::train_step() {
   record_step(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
+void Trainer::skip_step() {
+  ++iteration_;
+  step_batch_ = opt_.global_batch(consumed_);
+  console_ << "> iteration " << iteration_ << " skipped (--iterations-to-skip): samples " << consumed_ << " to "
+           << consumed_ + step_batch_ - 1 << " passed over untrained" << std::endl;
+  consumed_ += step_batch_;
+}
+
 void Trainer::first_forward(const LossOutput& out) {
   std::vector<std::string> extra;
   for (const auto& [name, count] : out.extra) extra.push_back(name);
@@ -354,9 +362,13 @@ StopReason Trainer::loop() {
   const int64_t check_every = opt_.replica_check_interval;
   if (check_every > 0) check_replicas_agree(model_.parameters(), *dp_, iteration_, console_);
   while (iteration_ < opt_.train_iters) {
-    profile.before_step(iteration_);
-    train_step();
-    profile.after_step(iteration_, drained);
+    if (opt_.iterations_to_skip.count(iteration_ + 1)) {
+      skip_step();
+    } else {
+      profile.before_step(iteration_);
+      train_step();
+      profile.after_step(iteration_, drained);
+    }
     const bool save_now = saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0;
     if (save_now) drain();  // a GPU run learns of a NaN here at the latest: never checkpoint one
     if (recorder_.diverged_at() != 0) {

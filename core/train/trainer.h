@@ -77,6 +77,9 @@ class Trainer {
   void final_evaluation();
   // One iteration (run() calls it; tests may too). The host learns its values at drain().
   void train_step();
+  // An iteration of --iterations-to-skip: its global batch consumed, nothing trained, the
+  // schedule where it was; no row of metrics.
+  void skip_step();
   // Reads the device rows of the iterations since the last drain: metrics rows, losses(),
   // noise-scale averages, divergence check. (run() drains at every log interval.)
   void drain();

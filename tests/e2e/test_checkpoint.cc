@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/io/checkpoint.h"
 #include "core/util/files.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
@@ -125,6 +126,147 @@ TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbAndTakesAnotherMaskProb) {
   r = mb::testing::run_command(
       train(tmp / "b", "--short-seq-prob 0.3 --mask-prob 0.3 --load " + c + " --check", "bert"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
+// Rewinding a run (Megatron's --ckpt-step N: iteration N of --load's directory, not the newest;
+// or --load naming an older file): the later checkpoints there are another trajectory's, set
+// aside in DIR/earlier/1, so that --keep-checkpoints keeps this run's own (before, it kept the
+// stale iteration 6 and removed the 3 just written, and the resume after failed) and the latest
+// file names this run's; the metrics.h5 as it was (rows 1 to 6) is kept in RUN/earlier/1 before
+// the rewound run drops its rows past 2. The rewound run resumed again finishes as the first
+// did, bit for bit (a run is deterministic). A run started afresh into a --save directory sets
+// aside what it holds; --ckpt-step's mistakes are named.
+TEST_F(Checkpoint, RewindingToAnEarlierCheckpointSetsTheLaterCheckpointsAndMetricsAside) {
+  mb::testing::TempDir tmp;
+  const fs::path c = tmp / "c", run = tmp / "run";
+  auto r = mb::testing::run_command(train(run, "--save " + c.string() + " --save-interval 2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::vector<double> first = series(run / "metrics.h5", "train/lm_loss");
+  r = mb::testing::run_command(train(run, "--save " + c.string() + " --save-interval 2 --load " + c.string() +
+                                              " --ckpt-step 2 --exit-interval 3 "
+                                              "--keep-checkpoints 1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(
+      r.output.find("> note: " + c.string() +
+                    " held checkpoints past iteration 2, where this run starts "
+                    "(iterations 4, 6): another trajectory's, which this run's would mix with; they are kept in " +
+                    (c / "earlier" / "1").string() + "; " + (run / "metrics.h5").string() +
+                    " as it was (iterations 1 to 6), whose rows past iteration 2 this run drops, is kept in " +
+                    (run / "earlier" / "1").string()),
+      std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("loaded " + (c / "iter_0000002.h5").string()), std::string::npos) << r.output;
+  std::vector<std::string> files;
+  for (const auto& e : fs::directory_iterator(c)) files.push_back(e.path().filename().string());
+  std::sort(files.begin(), files.end());
+  EXPECT_EQ(files, (std::vector<std::string>{".megabatch.lock", "earlier", "iter_0000003.h5",
+                                             "latest_checkpointed_iteration.txt"}));
+  EXPECT_TRUE(fs::exists(c / "earlier" / "1" / "iter_0000004.h5"));
+  EXPECT_TRUE(fs::exists(c / "earlier" / "1" / "iter_0000006.h5"));
+  EXPECT_EQ(series(run / "earlier" / "1" / "metrics.h5", "train/lm_loss"), first) << "the metrics as they were";
+  EXPECT_EQ(series(run / "metrics.h5", "train/iteration"), (std::vector<double>{1, 2, 3}));
+  // resumed: from this run's iteration 3, to the end the first run reached, bit for bit
+  r = mb::testing::run_command(train(run, "--save " + c.string() + " --save-interval 2 --load " + c.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("loaded " + (c / "iter_0000003.h5").string()), std::string::npos) << r.output;
+  EXPECT_EQ(series(run / "metrics.h5", "train/lm_loss"), first);
+  expect_same_tensors(c / "earlier" / "1" / "iter_0000006.h5", c / "iter_0000006.h5");
+
+  // afresh into a --save directory that holds checkpoints: all of them set aside
+  r = mb::testing::run_command(train(tmp / "fresh", "--save " + c.string() + " --train-iters 1"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(c.string() + " held checkpoints past iteration 0, where this run starts (iterations 3, 4, "
+                                       "6): another trajectory's"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(c / "earlier" / "2" / "iter_0000006.h5"));
+
+  for (const auto& [args, message] : std::vector<std::pair<std::string, std::string>>{
+           {"--load " + c.string() + " --ckpt-step 5",
+            "--ckpt-step 5: " + c.string() +
+                " holds no checkpoint of iteration 5 (it holds iterations 1); give one "
+                "of them, or drop --ckpt-step to resume from the newest"},
+           {"--load " + (c / "iter_0000001.h5").string() + " --ckpt-step 1",
+            "--ckpt-step 1 picks a checkpoint of --load's directory, and --load names the file"},
+           {"--ckpt-step 1",
+            "--ckpt-step 1 picks a checkpoint of --load's directory, which is not given; add --load DIR"},
+       }) {
+    r = mb::testing::run_command(train(tmp / "mistake", args + " --check"));
+    EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
+    EXPECT_NE(r.output.find("train: error: " + message), std::string::npos) << args << "\n" << r.output;
+  }
+}
+
+// Megatron's --iterations-to-skip: iterations 3 and 4 pass over their batches (samples 8 to 15)
+// untrained: before them the run is the plain run bit for bit; after them its data position is
+// the plain run's (consumed samples) while its learning rate is two steps behind (the schedule
+// counts the steps taken, as Megatron's); no metrics row for them. Stopped at iteration 4 (a
+// skipped one, checkpointed) and resumed, it gives the same bits; an iteration past the run's
+// last is refused.
+TEST_F(Checkpoint, IterationsToSkipPassOverTheirBatchesAndResumeBitwise) {
+  mb::testing::TempDir tmp;
+  auto r = mb::testing::run_command(train(tmp / "plain", ""));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "skip", "--iterations-to-skip 3 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> iteration 3 skipped (--iterations-to-skip): samples 8 to 11 passed over untrained\n"
+                          "> iteration 4 skipped (--iterations-to-skip): samples 12 to 15 passed over untrained\n"),
+            std::string::npos)
+      << r.output;
+  const fs::path plain = tmp / "plain" / "metrics.h5", skip = tmp / "skip" / "metrics.h5";
+  EXPECT_EQ(series(skip, "train/iteration"), (std::vector<double>{1, 2, 5, 6}));
+  EXPECT_EQ(series(skip, "train/consumed_samples"), (std::vector<double>{4, 8, 20, 24}));
+  const auto lr = series(plain, "train/learning_rate"), loss = series(plain, "train/lm_loss");
+  EXPECT_EQ(series(skip, "train/learning_rate"), (std::vector<double>{lr[0], lr[1], lr[2], lr[3]}));
+  const auto skip_loss = series(skip, "train/lm_loss");
+  ASSERT_EQ(skip_loss.size(), 4u);
+  EXPECT_EQ(skip_loss[0], loss[0]);
+  EXPECT_EQ(skip_loss[1], loss[1]);
+
+  const fs::path c = tmp / "c";
+  r = mb::testing::run_command(
+      train(tmp / "split", "--iterations-to-skip 3 4 --save " + c.string() + " --save-interval 2 --exit-interval 4"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(c / "iter_0000004.h5"));
+  r = mb::testing::run_command(train(
+      tmp / "split", "--iterations-to-skip 3 4 --save " + c.string() + " --save-interval 2 --load " + c.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const std::string s : {"train/iteration", "train/lm_loss", "train/learning_rate", "train/consumed_samples"})
+    EXPECT_EQ(series(tmp / "split" / "metrics.h5", s), series(skip, s)) << s;
+
+  r = mb::testing::run_command(train(tmp / "past", "--iterations-to-skip 2 7 --check"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --iterations-to-skip 7 is past the run's last iteration (6), so it would "
+                          "skip nothing; drop it"),
+            std::string::npos)
+      << r.output;
+}
+
+// io::set_aside_later_checkpoints alone: the files past the iteration move (a symlink stays,
+// never followed), the latest file then names the newest left, or is gone where none is left;
+// a second call takes the next earlier/N.
+TEST(CheckpointFiles, SetAsideMovesTheLaterOnesAndTheLatestFileNamesTheNewestLeft) {
+  mb::testing::TempDir tmp;
+  const fs::path d = tmp / "c";
+  fs::create_directories(d);
+  for (const char* name : {"iter_0000002.h5", "iter_0000004.h5", "iter_0000006.h5", "notes.txt"})
+    mb::write_file_atomic(d / name, name);
+  fs::create_symlink(d / "iter_0000006.h5", d / "iter_0000008.h5");
+  mb::write_file_atomic(d / "latest_checkpointed_iteration.txt", "6\n");
+  auto aside = mb::io::set_aside_later_checkpoints(d, 3);
+  EXPECT_EQ(aside.iterations, (std::vector<int64_t>{4, 6}));
+  EXPECT_EQ(aside.to, d / "earlier" / "1");
+  EXPECT_EQ(mb::read_file(d / "earlier" / "1" / "iter_0000006.h5"), "iter_0000006.h5");
+  EXPECT_FALSE(fs::exists(d / "iter_0000004.h5"));
+  EXPECT_TRUE(fs::exists(d / "notes.txt"));
+  EXPECT_TRUE(fs::is_symlink(d / "iter_0000008.h5"));
+  EXPECT_EQ(mb::read_file(d / "latest_checkpointed_iteration.txt"), "2\n");
+  aside = mb::io::set_aside_later_checkpoints(d, 3);
+  EXPECT_TRUE(aside.iterations.empty()) << "nothing past 3 is left (the symlink is not moved)";
+  aside = mb::io::set_aside_later_checkpoints(d, 0);
+  EXPECT_EQ(aside.iterations, (std::vector<int64_t>{2}));
+  EXPECT_EQ(aside.to, d / "earlier" / "2");
+  EXPECT_FALSE(fs::exists(d / "latest_checkpointed_iteration.txt"));
 }
 
 TEST_F(Checkpoint, KeepsTheNewestKCheckpoints) {

@@ -42,7 +42,8 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
   //   count samples (its train_samples): the run would ignore the decay's count;
   // - a train_iters the sample budget replaced;
   // - keys the sweep sets for each point, and loading options that would act on the point's
-  //   own checkpoints: a point meant to fine-tune from another run's trained from scratch;
+  //   own checkpoints: a point meant to fine-tune from another run's trained from scratch, one
+  //   with a ckpt_step rewound at every resume;
   // - an exit_interval, and the switches that end train without training (check, skip_train, the
   //   print_ and list_ ones): each point stopped early and was marked done;
   // - train's lr_scaling in a point as well as derive.lr_scaling: lr scaled twice
@@ -58,6 +59,9 @@ TEST_F(Sweep, InvalidPointsAreRefusedBeforeAnythingRuns) {
                    "finetune would apply to the point's own checkpoints when it resumes"},
         std::tuple{"owned", R"(, "load": "/pretrained/ckpt")", "load is the sweep's to set"},
         std::tuple{"owned", R"(, "run_dir": "elsewhere")", "run_dir is the sweep's to set"},
+        std::tuple{"owned", R"(, "ckpt_step": 2)",
+                   "ckpt_step 2 would rewind the point to that iteration each time it resumes (setting its later "
+                   "checkpoints aside), so it would never finish; drop it"},
         std::tuple{"early", R"(, "exit_interval": 2)",
                    "exit_interval 2 would stop the point before its end, and the sweep would take it for finished"},
         std::tuple{"early", R"(, "check": true)",
