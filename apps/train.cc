@@ -195,6 +195,15 @@ mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
             "--load the run's --save directory or one of its iter_NNNNNNN.h5 files, or drop --load to evaluate the "
             "model as initialized");
   mb::train::check_checkpoint_data(resume, run.data_record);
+  // a run that starts at iteration 0 from one of --save's own checkpoints would set it aside
+  // with the others past its start (train::RunDirectory) before reading it
+  std::error_code ec;
+  mb::check(!resume.from || resume.resuming() || v["skip_train"].get<bool>() || !v.contains("save") ||
+                !std::filesystem::equivalent(resume.from->parent_path(), v["save"].get<std::string>(), ec),
+            resume.from ? resume.from->string() : "", ": this run starts at iteration 0 from its weights (",
+            v["finetune"].get<bool>() ? "--finetune" : "--pretrained-checkpoint",
+            "), and they lie in its own --save directory, where its checkpoints would mix with the ones before it; "
+            "give --save another directory");
   // A constant weight decay is the plugin's hyperparameter, recorded for a resumed run's check;
   // the schedule the resume keeps (the checkpoint's, with --use-checkpoint-opt-param-scheduler)
   // sets it back, and a kept schedule needs a plugin that takes one.

@@ -135,7 +135,8 @@ TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbAndTakesAnotherMaskProb) {
 // file names this run's; the metrics.h5 as it was (rows 1 to 6) is kept in RUN/earlier/1 before
 // the rewound run drops its rows past 2. The rewound run resumed again finishes as the first
 // did, bit for bit (a run is deterministic). A run started afresh into a --save directory sets
-// aside what it holds; --ckpt-step's mistakes are named.
+// aside what it holds; --ckpt-step's mistakes are named, and a run that would set aside the
+// checkpoint it starts from (--finetune from its own --save) is refused.
 TEST_F(Checkpoint, RewindingToAnEarlierCheckpointSetsTheLaterCheckpointsAndMetricsAside) {
   mb::testing::TempDir tmp;
   const fs::path c = tmp / "c", run = tmp / "run";
@@ -190,6 +191,12 @@ TEST_F(Checkpoint, RewindingToAnEarlierCheckpointSetsTheLaterCheckpointsAndMetri
             "--ckpt-step 1 picks a checkpoint of --load's directory, and --load names the file"},
            {"--ckpt-step 1",
             "--ckpt-step 1 picks a checkpoint of --load's directory, which is not given; add --load DIR"},
+           // its starting weights would be set aside with the rest of --save's checkpoints
+           {"--finetune --load " + c.string() + " --save " + c.string(),
+            (c / "iter_0000001.h5").string() +
+                ": this run starts at iteration 0 from its weights (--finetune), and "
+                "they lie in its own --save directory, where its checkpoints would mix with the ones before it; give "
+                "--save another directory"},
        }) {
     r = mb::testing::run_command(train(tmp / "mistake", args + " --check"));
     EXPECT_EQ(r.exit_code, 1) << args << "\n" << r.output;
