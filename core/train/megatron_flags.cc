@@ -75,6 +75,14 @@ const std::vector<ForeignFlag>& megatron_flags() {
       taken("exit_signal_handler", 0, "megabatch always stops at a checkpoint on SIGTERM, SIGUSR1 and Ctrl-C"),
       taken("no_create_attention_mask_in_dataloader", 0,
             "megabatch's kernels make the attention masks from indices, never the data loader"),
+      taken("no_align_grad_reduce", 0, kHowItRuns),
+      taken("ddp_average_in_collective", 0,
+            "megabatch averages the data-parallel gradients its own way, the same on every rank; the mean is the "
+            "same"),
+      taken("train_sync_interval", 1,
+            "megabatch's host reads the device's step rows at each log line (--log-interval), which keeps it from "
+            "running further ahead of the GPU"),
+      taken("logging_level", 1, "it sets Python's logging level; megabatch's console lines are its own"),
       taken("num_workers", 1, "megabatch builds the samples in the training process"),
       taken("num_dataset_builder_threads", 1, "megabatch builds the sample index in the training process"),
       taken("data_cache_path", 1, "megabatch builds the sample index in memory when the run starts; no cache file"),
@@ -170,6 +178,12 @@ const std::vector<ForeignFlag>& megatron_flags() {
               "megabatch does not write the world size to TensorBoard (config.json has the layout); drop it"),
       refused("log_progress", 0, "megabatch writes no progress.txt; metrics.h5 has every iteration; drop it"),
       refused("log_straggler", 0, "megabatch has no straggler detector; drop it"),
+      refused("log_energy", 0, "megabatch does not read the GPUs' energy counters; drop it"),
+      refused("use_torch_fsdp2", 0,
+              "megabatch shards the optimizer state and master weights over the data-parallel ranks with "
+              "--use-distributed-optimizer, not FSDP; use that"),
+      refused("grad_reduce_in_bf16", 0,
+              "megabatch sums the data-parallel gradients in fp32 always (its main gradients); drop it"),
       refused("wandb_project", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),
       refused("wandb_exp_name", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),
       refused("wandb_save_dir", 1, "megabatch logs to metrics.h5 and TensorBoard (--tensorboard-dir), not W&B"),

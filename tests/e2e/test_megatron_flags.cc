@@ -93,6 +93,14 @@ TEST_F(MegatronFlags, TheExampleScriptsOfMegatronsGptBertAndT5PassTrainCheck) {
               std::string::npos)
         << r.output;
   }
+  // how Megatron's step runs or logs (in its newer scripts): taken, each said
+  const std::vector<std::string> how = {"--ddp-average-in-collective", "--no-align-grad-reduce",
+                                        "--train-sync-interval 10", "--logging-level 20"};
+  std::string all;
+  for (const std::string& flag : how) all += " " + flag;
+  const auto noted = train("--check " + gpt + dirs + all);
+  EXPECT_EQ(noted.exit_code, 0) << noted.output;
+  expect_noted(noted.output, how);
   // --kv-channels is taken at the one value megabatch's attention has: hidden / heads
   const auto r = train("--check " + gpt + "--kv-channels 16");
   EXPECT_EQ(r.exit_code, 1) << r.output;
@@ -115,11 +123,15 @@ TEST_F(MegatronFlags, WhatMegabatchDoesNotHaveIsRefusedInOneMessageNamingEveryFl
       "--init-method-xavier-uniform "
       "--fp8-recipe delayed "
       "--sequence-parallel --pipeline-model-parallel-size 4 --transformer-impl=te --ckpt-format "
-      "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings");
+      "torch_dist --no-such-flag 7 --recompute-activations --use-rotary-position-embeddings --log-energy "
+      "--grad-reduce-in-bf16");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::string megatrons = "(Megatron-LM's) is not taken here: ";
   for (const std::string& line :
-       {std::string("train: error: 7 of the options cannot be taken; drop or change each:\n"),
+       {std::string("train: error: 9 of the options cannot be taken; drop or change each:\n"),
+        "\n  --log-energy " + megatrons + "megabatch does not read the GPUs' energy counters; drop it",
+        "\n  --grad-reduce-in-bf16 " + megatrons +
+            "megabatch sums the data-parallel gradients in fp32 always (its main gradients); drop it",
         "\n  --fp8-format hybrid " + megatrons +
             "megabatch trains in fp32, bf16 (--bf16) or fp16 (--fp16); it has no fp8",
         "\n  --fp8-recipe delayed " + megatrons +
