@@ -271,6 +271,8 @@ SetAside set_aside_later_checkpoints(const fs::path& dir, int64_t iteration) {
       check(!ec, out.to.string(), ": cannot create it to set aside the checkpoints past iteration ", iteration, " (",
             ec.message(), ")");
     }
+    const auto size = fs::file_size(path, ec);
+    out.bytes += ec ? 0 : static_cast<int64_t>(size);
     fs::rename(path, out.to / path.filename(), ec);
     check(!ec, path.string(), ": cannot move it to ", out.to.string(), " (", ec.message(), ")");
     out.iterations.push_back(it);

@@ -94,6 +94,7 @@ int64_t old_checkpoint_bytes(const std::filesystem::path& dir, Kept kept);
 struct SetAside {
   std::vector<int64_t> iterations;
   std::filesystem::path to;
+  int64_t bytes = 0;  // of the files moved
 };
 SetAside set_aside_later_checkpoints(const std::filesystem::path& dir, int64_t iteration);
 

@@ -8,6 +8,7 @@
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/numbers.h"
+#include "core/util/strings.h"
 
 namespace megabatch::train {
 
@@ -89,7 +90,8 @@ RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem:
       earlier_ = save_dir.string() + " held checkpoints past iteration " + std::to_string(*start) +
                  ", where this run starts (" + (aside.iterations.size() > 1 ? "iterations " : "iteration ") +
                  iteration_list(aside.iterations) +
-                 "): another trajectory's, which this run's would mix with; they are kept in " + aside.to.string();
+                 "): another trajectory's, which this run's would mix with; they are kept in " + aside.to.string() +
+                 " (" + human_bytes(static_cast<double>(aside.bytes)) + "; remove it when you no longer need them)";
       if (const std::string rows = fresh ? "" : rows_held(dir_); !rows.empty())
         earlier_ += "; " + (dir_ / "metrics.h5").string() + " as it was (" + rows + "), whose rows past iteration " +
                     std::to_string(*start) + " this run drops, is kept in " + keep_earlier_run(dir_, true).string();

@@ -151,10 +151,13 @@ TEST_F(Checkpoint, RewindingToAnEarlierCheckpointSetsTheLaterCheckpointsAndMetri
       r.output.find("> note: " + c.string() +
                     " held checkpoints past iteration 2, where this run starts "
                     "(iterations 4, 6): another trajectory's, which this run's would mix with; they are kept in " +
-                    (c / "earlier" / "1").string() + "; " + (run / "metrics.h5").string() +
-                    " as it was (iterations 1 to 6), whose rows past iteration 2 this run drops, is kept in " +
-                    (run / "earlier" / "1").string()),
+                    (c / "earlier" / "1").string() + " ("),
       std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" MiB; remove it when you no longer need them); " + (run / "metrics.h5").string() +
+                          " as it was (iterations 1 to 6), whose rows past iteration 2 this run drops, is kept in " +
+                          (run / "earlier" / "1").string()),
+            std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("loaded " + (c / "iter_0000002.h5").string()), std::string::npos) << r.output;
   std::vector<std::string> files;
@@ -263,6 +266,7 @@ TEST(CheckpointFiles, SetAsideMovesTheLaterOnesAndTheLatestFileNamesTheNewestLef
   auto aside = mb::io::set_aside_later_checkpoints(d, 3);
   EXPECT_EQ(aside.iterations, (std::vector<int64_t>{4, 6}));
   EXPECT_EQ(aside.to, d / "earlier" / "1");
+  EXPECT_EQ(aside.bytes, 30) << "two files of 15 bytes";
   EXPECT_EQ(mb::read_file(d / "earlier" / "1" / "iter_0000006.h5"), "iter_0000006.h5");
   EXPECT_FALSE(fs::exists(d / "iter_0000004.h5"));
   EXPECT_TRUE(fs::exists(d / "notes.txt"));
