@@ -209,8 +209,7 @@ void check_checkpoint_data(const ResumePoint& point, const nlohmann::json& data)
         "; the data position it resumes at (", point.state.consumed_samples,
         " samples) would count other samples than the run's own. Resume with the checkpoint's data (the same "
         "datasets, --split, blend weights, --seq-length and --short-seq-prob), or start a new run from its weights "
-        "(--finetune "
-        "--load, or --pretrained-checkpoint)");
+        "(--finetune --load, or --pretrained-checkpoint)");
 }
 
 nlohmann::json checkpoint_tokenizer(const data::Tokenizer& tokenizer) {
