@@ -74,7 +74,7 @@ void Bert::allocate(int64_t B, int64_t T) {
   for (Tensor* t : {&cls_, &pooled_, &pooled_act_, &dpooled_, &dpooled_act_, &dcls_}) alloc(*t, {B, C}, store_);
   for (Tensor* t : {&sop_logits_, &dsop_logits_}) alloc(*t, {B, 2}, store_);
   for (Tensor* t : {&sop_max_, &sop_sumexp_, &sop_target_, &sop_losses_}) alloc_acc(*t, {B}, store_);
-  alloc_acc(sums_, {2}, store_);
+  alloc_acc(sums_, {binary_head_ ? 2 : 1}, store_);  // the lm loss, and the sentence-order loss
   if (wpe_ >= 0) position_ids(positions_, B, T, store_.device());
   std::vector<int32_t> cls(static_cast<size_t>(B));
   for (int64_t b = 0; b < B; ++b) cls[static_cast<size_t>(b)] = static_cast<int32_t>(b * T);

@@ -114,6 +114,29 @@ TEST(Bert, PostLayerNormGradientMatchesFiniteDifferences) { expect_gradient_matc
 TEST(BertTorch, LossesAndEveryGradientMatchPyTorch) { expect_matches_torch(false); }
 TEST(BertTorch, PostLayerNormLossesAndEveryGradientMatchPyTorch) { expect_matches_torch(true); }
 
+// --bert-no-binary-head: the objective is the lm loss alone (no sentence-order term: one loss
+// slot, which the trainer weighs; it had two, and every step failed), the same lm loss as the
+// model with the head (the shared weights are drawn alike, by name), and its gradient matches
+// finite differences.
+TEST(Bert, WithoutTheSentenceOrderHeadTheObjectiveIsTheLmLossAlone) {
+  mb::comm::LocalCommunicator tp;
+  auto c = tiny_bert(false);
+  auto with_head = mb::models::make_model(c, tp, 7);
+  c.binary_head = false;
+  auto model = mb::models::make_model(c, tp, 7);
+  EXPECT_EQ(model->parameters().find("binary_head.weight"), -1);
+  EXPECT_EQ(model->parameters().find("pooler.dense.weight"), -1);
+  auto batch = bert_batch(2);
+  const auto both = with_head->forward(batch, {5, 3, 0, false}, 0.0f);
+  const std::vector<double> lm_with_head = mb::to_host_f64(both.sums);
+  batch.sample_labels.clear();  // (a batch source without the head makes none)
+  const auto out = model->forward(batch, {5, 3, 0, false}, 0.0f);
+  EXPECT_TRUE(out.extra.empty());
+  ASSERT_EQ(out.sums.numel(), 1u) << "one loss slot: the lm loss";
+  EXPECT_EQ(mb::to_host_f64(out.sums)[0], lm_with_head[0]);
+  mb::testing::expect_directional_derivatives(*model, batch, {5, 3, 0, true}, 1e-3f, 3e-3, 5e-4, " (no binary head)");
+}
+
 TEST(Bert, PresetsDeclareTheStudiedSizes) {
   // BERT-large: 24 layers, hidden 1024, WordPiece 30522 (padded 30592): about 336 M
   // parameters with Megatron's heads (the original's 335 M plus the padded rows).
