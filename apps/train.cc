@@ -162,6 +162,7 @@ struct Run {
   std::unique_ptr<mb::train::Model> model;
   Sources sources;
   json data_record;  // what the training samples are drawn from (training_data_record), for checkpoints
+  std::string checkpoint_args, checkpoint_args_from;  // --use-checkpoint-args: the options taken, and the file
 };
 
 // --override-opt-param-scheduler, --use-checkpoint-opt-param-scheduler (train_options refuses both)
@@ -241,6 +242,10 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   run.logger = run.parallel.world_rank == 0;
   if (!run.logger) std::cout.rdbuf(nullptr);
   for (const std::string& taken : r.foreign_taken) std::cout << "> note: Megatron-LM's " << taken << std::endl;
+  if (!run.checkpoint_args_from.empty())
+    std::cout << "> model from " << run.checkpoint_args_from
+              << " (--use-checkpoint-args): " << (run.checkpoint_args.empty() ? "the defaults" : run.checkpoint_args)
+              << std::endl;
   // --threads 0 (all CPUs) with several ranks on this node: each rank takes its share of the
   // node's CPUs (as torchrun sets OMP_NUM_THREADS=1), since ranks whose OpenMP threads each
   // want every CPU wait on each other's (4 ranks on 2 cores: 3x the time). The ops' results do
@@ -380,6 +385,17 @@ int run(int argc, char** argv) {
     return 0;
   }
   Run run;
+  if (v["use_checkpoint_args"].get<bool>()) {
+    const auto file = mb::train::checkpoint_to_load(load_options(v));
+    mb::check(file && std::filesystem::exists(*file),
+              "--use-checkpoint-args takes the model's options from the checkpoint the run loads, and ",
+              file ? file->string() + " is not there" : std::string("--load and --pretrained-checkpoint hold none"),
+              "; give --load (or --pretrained-checkpoint) a checkpoint directory or file, or drop "
+              "--use-checkpoint-args and give the model's flags");
+    run.checkpoint_args =
+        mb::models::take_checkpoint_model(r, mb::io::read_checkpoint_state(*file).model, file->string());
+    run.checkpoint_args_from = file->string();
+  }
   run.mc = mb::models::model_config(r);
   run.dtype = mb::train::run_dtype(v);
   mb::apps::read_data_args(r);  // (before the default data: none where a file gives it)

@@ -209,6 +209,62 @@ ModelConfig model_config(const config::Resolved& r) {
   return c;
 }
 
+std::string take_checkpoint_model(config::Resolved& r, const nlohmann::json& model, const std::string& file) {
+  check(model.is_object() && model.contains("family") && model.contains("num_layers"), file,
+        ": it records no model (a checkpoint from before megabatch recorded one), so --use-checkpoint-args has "
+        "nothing to take; give the model's flags instead");
+  const std::string family = model["family"].get<std::string>();
+  std::vector<std::pair<std::string, nlohmann::json>> take = {{"model_type", family}};
+  auto same = [&](const char* key) {
+    if (model.contains(key)) take.emplace_back(key, model[key]);
+  };
+  for (const char* key :
+       {"num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "max_position_embeddings",
+        "normalization", "disable_bias_linear", "add_qkv_bias", "swiglu", "squared_relu", "qk_layernorm",
+        "apply_layernorm_1p", "apply_residual_connection_post_layernorm"})
+    same(key);
+  const bool rope = model.value("rope", false);
+  take.emplace_back("position_embedding_type", rope                                       ? "rope"
+                                               : model.value("relative_attention", false) ? "relative"
+                                                                                          : "learned_absolute");
+  if (model.value("no_position_embedding", false)) take.emplace_back("no_position_embedding", true);
+  if (rope)
+    for (const char* key :
+         {"rotary_percent", "rotary_base", "rotary_interleaved", "rotary_seq_len_interpolation_factor"})
+      same(key);
+  if (model.contains("num_query_groups") && model["num_query_groups"] != model["num_attention_heads"]) {
+    take.emplace_back("group_query_attention", true);
+    same("num_query_groups");
+  }
+  if (family == "gpt") same("untie_embeddings_and_output_weights");
+  if (family == "bert") {
+    same("post_layernorm");
+    if (model.contains("binary_head")) take.emplace_back("bert_no_binary_head", !model["binary_head"].get<bool>());
+  }
+  if (family == "t5")
+    for (const char* key : {"decoder_num_layers", "decoder_seq_length", "vocab_extra_ids"}) same(key);
+  if (model.contains("tokenizer") && model["tokenizer"].is_object() && model["tokenizer"].contains("type"))
+    take.emplace_back("tokenizer_type", model["tokenizer"]["type"]);
+  std::string said;
+  for (const auto& [key, value] : take) {
+    const std::string flag = "--" + config::flag_name(key);
+    check(!r.given(key) || r.values[key] == value, flag, " ", r.values.value(key, nlohmann::json()).dump(),
+          " contradicts the model of ", file, ", whose ", key, " is ", value.dump(),
+          " (--use-checkpoint-args takes the model from it); drop ", flag, ", or --use-checkpoint-args");
+    if (r.values.value(key, nlohmann::json()) != value) {  // (what differs from the defaults is said)
+      std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+      if (!said.empty()) said += ' ';
+      said += flag;
+      if (!value.is_boolean())
+        said += ' ' + text;
+      else if (!value.get<bool>())
+        said += "=false";
+    }
+    r.values[key] = value;
+    r.explicit_.insert(key);
+  }
+  return said;
+}
 
 void set_family_defaults(nlohmann::json& v, const ModelConfig& c) {
   const bool wordpiece = c.family == "bert" || c.family == "t5";

@@ -17,6 +17,12 @@ namespace megabatch::models {
 // size flag over it; errors name the flag.
 ModelConfig model_config(const config::Resolved& r);
 
+// Megatron's --use-checkpoint-args: the model's options from a checkpoint's recorded model
+// (model_json, as `file` holds it): each option not given takes the checkpoint's value (and
+// counts as given), one given with another value is an Error naming the flag, both values and
+// the file. Returns the options taken, as flags ("--num-layers 2 --hidden-size 32 ...").
+std::string take_checkpoint_model(config::Resolved& r, const nlohmann::json& model, const std::string& file);
+
 // Megatron's defaults of the family (pretrain_gpt.py / pretrain_bert.py / pretrain_t5.py)
 // where the flags give none: --tokenizer-type and --data-path (the Brown corpus made by
 // `preprocess brown`; none where --train-data-path and the like give the data).

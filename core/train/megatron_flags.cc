@@ -154,9 +154,6 @@ const std::vector<ForeignFlag>& megatron_flags() {
               "--merge-file); it reads no SentencePiece or Hugging Face tokenizer model"),
       refused("fp16_lm_cross_entropy", 0, "megabatch's cross entropy is in fp32 always; drop it"),
       refused("num_layers_per_virtual_pipeline_stage", 1, "megabatch has no pipeline parallelism; drop it"),
-      refused("use_checkpoint_args", 0,
-              "megabatch takes the model from the flags, and a resume checks the checkpoint against them; drop it "
-              "and give the model's flags (or --model)"),
       refused("no_load_rng", 0,
               "a resume restores the random state and data position with the weights, which is what makes it exact; "
               "--finetune takes the weights alone"),

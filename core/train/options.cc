@@ -468,6 +468,10 @@ const config::Schema& train_schema() {
            "schedule, loss scale and data start afresh",
            "checkpointing"},
           {"no_load_optim", Type::kBool, false, "resume from --load without the optimizer state", "checkpointing"},
+          {"use_checkpoint_args", Type::kBool, false,
+           "take the model's options (family, sizes, positions, norms, tokenizer) from the checkpoint the run loads "
+           "(--load's, else --pretrained-checkpoint's); one given otherwise is refused (Megatron's)",
+           "checkpointing"},
           {"exit_on_missing_checkpoint", Type::kBool, false,
            "stop with an error where --load holds no checkpoint, instead of starting from scratch (a mistyped path) "
            "(Megatron's)",

@@ -47,6 +47,17 @@ namespace {
 }
 }  // namespace
 
+std::optional<std::filesystem::path> checkpoint_to_load(const LoadOptions& how) {
+  auto named = [](const std::string& path) -> std::optional<std::filesystem::path> {
+    if (path.empty()) return std::nullopt;
+    return std::filesystem::is_regular_file(path) ? std::optional<std::filesystem::path>(path)
+                                                  : io::latest_checkpoint(path);
+  };
+  if (how.ckpt_step && !how.load.empty()) return io::checkpoint_path(how.load, *how.ckpt_step);
+  if (auto own = named(how.load)) return own;
+  return named(how.pretrained);
+}
+
 ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t train_iters, std::ostream& console,
                               bool verify) {
   // the checkpoint a path names: read whole (verify), else the file or the newest by its name

@@ -51,6 +51,11 @@ struct ResumePoint {
   bool loads_optimizer() const { return (!finetune && !no_load_optim) || pretrained_optimizer; }
 };
 
+// The checkpoint a run with these options takes its weights from, by name alone (nothing is
+// read, none is checked): --load's (--ckpt-step's, the file it names, or its newest), else
+// --pretrained-checkpoint's; nullopt where there is none.
+std::optional<std::filesystem::path> checkpoint_to_load(const LoadOptions& how);
+
 // Where this run starts, checked against its seed and --train-iters: a resumed run keeps its
 // seed and does not start past its end; a --pretrained-checkpoint (or --finetune) directory
 // that holds no checkpoint is refused, as a wrong path. With verify (the run), the checkpoint

@@ -252,6 +252,68 @@ TEST_F(Checkpoint, IterationsToSkipPassOverTheirBatchesAndResumeBitwise) {
       << r.output;
 }
 
+// Megatron's --use-checkpoint-args: an evaluation of a checkpoint given no model flag takes the
+// model from it (family, sizes, positions, norms, MLP, heads' groups, biases, BERT's post-LN
+// and heads, T5's relative buckets and decoder, the tokenizer) and gives the validation loss the
+// same evaluation gets with every flag given; a flag that contradicts the checkpoint is
+// refused, naming both, as is a run with no checkpoint to take from.
+TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
+  mb::testing::TempDir tmp;
+  const std::string gpt_arch =
+      " --position-embedding-type rope --rotary-percent 0.5 --swiglu --group-query-attention --num-query-groups 1 "
+      "--normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights";
+  for (const auto& [type, arch] : {std::pair<std::string, std::string>{"gpt", gpt_arch},
+                                   {"bert", " --post-layernorm --bert-no-binary-head"},
+                                   {"t5", " --position-embedding-type relative"}}) {
+    SCOPED_TRACE(type);
+    const fs::path c = tmp / (type + "-ckpt");
+    auto r =
+        mb::testing::run_command(train(tmp / (type + "-run"), arch + " --train-iters 2 --save " + c.string(), type));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::string data =
+        (mb::testing::brown_data() / (type == "gpt" ? "brown_gpt2_text_document" : "brown_bert_text_sentence"))
+            .string();
+    // (the schedule is the training run's, which a load checks)
+    const std::string eval = " --skip-train --load " + c.string() +
+                             " --micro-batch-size 2 --global-batch-size 4 "
+                             "--train-iters 6 --lr 3e-3 --lr-warmup-iters 2 --lr-decay-iters 6 --lr-decay-style cosine "
+                             "--eval-iters 2 --threads 1 --data-path " +
+                             data;
+    // the reference: the training command's own flags
+    r = mb::testing::run_command(train(tmp / (type + "-flags"), arch + eval, type));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = mb::testing::run_command(mb::testing::bin_dir() + "/train --use-checkpoint-args" + eval + " --run-dir " +
+                                 (tmp / (type + "-taken")).string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("> model from " + (c / "iter_0000002.h5").string() +
+                            " (--use-checkpoint-args): "
+                            "--model-type " +
+                            type + " --num-layers 2 --hidden-size 32 --num-attention-heads 2"),
+              std::string::npos)
+        << r.output;
+    const auto taken = series(tmp / (type + "-taken") / "metrics.h5", "validation/lm_loss");
+    ASSERT_EQ(taken.size(), 1u);
+    EXPECT_EQ(taken, series(tmp / (type + "-flags") / "metrics.h5", "validation/lm_loss"));
+  }
+  const fs::path c = tmp / "gpt-ckpt";
+  auto r = mb::testing::run_command(
+      train(tmp / "mistake", "--use-checkpoint-args --load " + c.string() + " --check --hidden-size 48"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(
+      r.output.find("train: error: --hidden-size 48 contradicts the model of " + (c / "iter_0000002.h5").string() +
+                    ", whose hidden_size is 32 (--use-checkpoint-args takes the model from it); drop "
+                    "--hidden-size, or --use-checkpoint-args"),
+      std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(
+      train(tmp / "mistake", "--use-checkpoint-args --load " + (tmp / "none").string() + " --check"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("train: error: --use-checkpoint-args takes the model's options from the checkpoint the run "
+                          "loads, and --load and --pretrained-checkpoint hold none"),
+            std::string::npos)
+      << r.output;
+}
+
 // io::set_aside_later_checkpoints alone: the files past the iteration move (a symlink stays,
 // never followed), the latest file then names the newest left, or is gone where none is left;
 // a second call takes the next earlier/N.
