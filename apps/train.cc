@@ -211,7 +211,10 @@ mb::train::ResumePoint start_point(const json& v, Run& run, bool verify) {
   const int wd_index = mb::optim::hparam_index(run.plugin, "weight_decay");
   if (!opt.schedule.wd.scheduled())
     opt.schedule.wd.start = opt.schedule.wd.end = wd_index >= 0 ? run.hparams[static_cast<size_t>(wd_index)] : 0.0;
-  opt.schedule = mb::train::schedule_on_resume(resume, opt.schedule, schedule_choice(v), std::cout);
+  // (an evaluation takes no step: whatever schedule its flags give, the checkpoint's is kept)
+  opt.schedule = mb::train::schedule_on_resume(
+      resume, opt.schedule,
+      v["skip_train"].get<bool>() ? mb::train::ScheduleOnResume::kFromCheckpoint : schedule_choice(v), std::cout);
   if (wd_index >= 0 && !opt.schedule.wd.scheduled()) run.hparams[static_cast<size_t>(wd_index)] = opt.schedule.wd.end;
   if (opt.schedule.wd.scheduled()) mb::optim::check_takes_wd_schedule(run.plugin);
   if (opt.schedule.decoupled) mb::optim::check_takes_decoupled_lr(run.plugin);

@@ -554,8 +554,9 @@ TEST_F(Train, LogLinesAsMegatronPrintsThem) {
 
 // Megatron's --skip-train: the training run's own command with --skip-train and --load prints
 // the evaluation the run printed at that checkpoint's iteration, to the last digit, and writes
-// it to its own run directory's metrics.h5; it trains nothing, saves nothing, and refuses the
-// training run's directory (whose config.json and metrics.h5 it would replace).
+// it to its own run directory's metrics.h5 (whatever schedule flags it is given: it takes no
+// step); it trains nothing, saves nothing, and refuses the training run's directory (whose
+// config.json and metrics.h5 it would replace).
 TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
   const fs::path run = tmp_ / "run", ckpt = tmp_ / "ckpt";
   const std::string base = kSmall +
@@ -598,6 +599,12 @@ TEST_F(Train, SkipTrainEvaluatesACheckpointAsTheRunDidAtItsIteration) {
                                "'%.6E' % f['validation/lm_loss'][0])\"");
   EXPECT_EQ(h5.output, "['test', 'validation'] [4.0] [4.0] " + valid4.substr(16, 12) + "\n") << h5.output << valid4;
   EXPECT_TRUE(nlohmann::json::parse(mb::read_file(eval / "config.json"))["skip_train"].get<bool>());
+
+  // another schedule's flags: an evaluation takes no step, so the checkpoint's is kept, unrefused
+  r = mb::testing::run_command(train(base + " --lr 5e-4 --lr-decay-style cosine --skip-train --load " + ckpt.string() +
+                                     " --run-dir " + (tmp_ / "eval-lr").string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(after(r.output, " validation loss at iteration 4 on validation set |"), valid4) << r.output;
 
   // an earlier checkpoint: the evaluation the run made at its iteration, during training
   r = mb::testing::run_command(
