@@ -243,6 +243,15 @@ std::string take_checkpoint_model(config::Resolved& r, const nlohmann::json& mod
   }
   if (family == "t5")
     for (const char* key : {"decoder_num_layers", "decoder_seq_length", "vocab_extra_ids"}) same(key);
+  // the vocabulary's padding, whose rows take part in the softmax: the recorded multiple, or (a
+  // checkpoint from before it was recorded) one that pads to the same size at its TP size
+  if (model.contains("make_vocab_size_divisible_by")) {
+    same("make_vocab_size_divisible_by");
+  } else if (model.contains("padded_vocab_size") && model.contains("tensor_model_parallel_size")) {
+    const int64_t padded = model["padded_vocab_size"].get<int64_t>(),
+                  tp = model["tensor_model_parallel_size"].get<int64_t>();
+    if (tp > 0 && padded % tp == 0) take.emplace_back("make_vocab_size_divisible_by", padded / tp);
+  }
   if (model.contains("tokenizer") && model["tokenizer"].is_object() && model["tokenizer"].contains("type"))
     take.emplace_back("tokenizer_type", model["tokenizer"]["type"]);
   std::string said;
@@ -305,6 +314,7 @@ nlohmann::json model_json(const ModelConfig& c) {
           {"max_position_embeddings", c.max_positions()},
           {"vocab_size", c.vocab_size},
           {"padded_vocab_size", c.padded_vocab_size()},
+          {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by},
           {"tensor_model_parallel_size", c.tensor_model_parallel_size},
           {"normalization", c.normalization},
           {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},

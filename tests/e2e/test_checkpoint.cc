@@ -261,7 +261,8 @@ TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   mb::testing::TempDir tmp;
   const std::string gpt_arch =
       " --position-embedding-type rope --rotary-percent 0.5 --swiglu --group-query-attention --num-query-groups 1 "
-      "--normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights";
+      "--normalization RMSNorm --disable-bias-linear --untie-embeddings-and-output-weights "
+      "--make-vocab-size-divisible-by 256";
   for (const auto& [type, arch] : {std::pair<std::string, std::string>{"gpt", gpt_arch},
                                    {"bert", " --post-layernorm --bert-no-binary-head"},
                                    {"t5", " --position-embedding-type relative"}}) {
@@ -290,6 +291,21 @@ TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
     const auto taken = series(tmp / (type + "-taken") / "metrics.h5", "validation/lm_loss");
     ASSERT_EQ(taken.size(), 1u);
     EXPECT_EQ(taken, series(tmp / (type + "-flags") / "metrics.h5", "validation/lm_loss"));
+    if (type != "gpt") continue;
+    // a checkpoint from before the padding's multiple was recorded: one that pads to the same
+    // size (the padding rows take part in the softmax)
+    const auto edited = mb::testing::run_command(
+        "/usr/bin/python3 -c \"import h5py, json\n"
+        "f = h5py.File('" +
+        (c / "iter_0000002.h5").string() +
+        "', 'r+')\n"
+        "m = json.loads(f.attrs['model']); del m['make_vocab_size_divisible_by']; f.attrs['model'] = json.dumps(m)\"");
+    ASSERT_EQ(edited.exit_code, 0) << edited.output;
+    r = mb::testing::run_command(mb::testing::bin_dir() + "/train --use-checkpoint-args" + eval + " --run-dir " +
+                                 (tmp / "gpt-older").string());
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    EXPECT_NE(r.output.find("--make-vocab-size-divisible-by 50432"), std::string::npos) << r.output;
+    EXPECT_EQ(series(tmp / "gpt-older" / "metrics.h5", "validation/lm_loss"), taken);
   }
   const fs::path c = tmp / "gpt-ckpt";
   auto r = mb::testing::run_command(
