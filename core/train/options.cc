@@ -435,7 +435,8 @@ const config::Schema& train_schema() {
            "checkpointing"},
           {"ckpt_step", Type::kInt, nullptr,
            "resume from the checkpoint of this iteration in --load's directory, not the newest (Megatron's); the "
-           "later ones there are set aside in DIR/earlier/N, and the run's metrics.h5 as it was kept beside it",
+           "later ones there are set aside in DIR/earlier/N, and the run directory's metrics.h5 as it was is "
+           "copied to RUN_DIR/earlier/N",
            "checkpointing"},
           {"load_fallback", Type::kBool, false,
            "when the newest checkpoint in --load is damaged (a tensor fails its checksum), resume from the newest "
