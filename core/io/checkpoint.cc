@@ -265,8 +265,7 @@ SetAside set_aside_later_checkpoints(const fs::path& dir, int64_t iteration) {
   for (const auto& [it, path] : all) {
     if (it <= iteration || fs::symlink_status(path, ec).type() != fs::file_type::regular) continue;
     if (out.to.empty()) {
-      for (int n = 1; fs::exists(out.to = dir / "earlier" / std::to_string(n)); ++n) {
-      }
+      out.to = first_free_numbered(dir / "earlier");
       fs::create_directories(out.to, ec);
       check(!ec, out.to.string(), ": cannot create it to set aside the checkpoints past iteration ", iteration, " (",
             ec.message(), ")");

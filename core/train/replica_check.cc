@@ -9,16 +9,13 @@
 namespace megabatch::train {
 
 std::vector<uint64_t> parameter_hashes(const nn::ParameterStore& params) {
+  const std::vector<float> values = to_host_f32(params.params());  // one read of the flat buffer
   std::vector<uint64_t> hashes;
   hashes.reserve(params.count());
-  std::vector<float> values;
-  for (int id = 0; id < static_cast<int>(params.count()); ++id) {
-    const Tensor p = params.param(id);
-    values.resize(p.numel());
-    to_host_f32(p, values.data());
+  for (const nn::ParamInfo& info : params.infos()) {
     uint64_t h = 14695981039346656037ull;  // FNV-1a over the values' bytes
-    const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-    for (size_t i = 0; i < values.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(values.data() + info.offset);
+    for (size_t i = 0; i < info.numel * sizeof(float); ++i) h = (h ^ bytes[i]) * 1099511628211ull;
     hashes.push_back(h);
   }
   return hashes;

@@ -55,9 +55,7 @@ std::string rows_held(const std::filesystem::path& dir) {
 // start moves the rest.
 std::filesystem::path keep_earlier_run(const std::filesystem::path& dir, bool copy = false) {
   namespace fs = std::filesystem;
-  fs::path kept;
-  for (int n = 1; fs::exists(kept = dir / "earlier" / std::to_string(n)); ++n) {
-  }
+  const fs::path kept = first_free_numbered(dir / "earlier");
   fs::create_directories(kept);
   for (const char* name : {"config.json", "metrics.h5", "DIVERGED"})
     if (fs::exists(dir / name))
@@ -65,11 +63,6 @@ std::filesystem::path keep_earlier_run(const std::filesystem::path& dir, bool co
   return kept;
 }
 
-std::string iteration_list(const std::vector<int64_t>& its) {
-  std::string out;
-  for (size_t i = 0; i < its.size(); ++i) out += (i ? ", " : "") + std::to_string(its[i]);
-  return out;
-}
 }  // namespace
 
 RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem::path& save_dir,
@@ -87,11 +80,13 @@ RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem:
   if (!save_dir.empty() && start && std::filesystem::is_directory(save_dir)) {
     const io::SetAside aside = io::set_aside_later_checkpoints(save_dir, *start);
     if (!aside.iterations.empty()) {
+      std::vector<std::string> its;
+      for (const int64_t it : aside.iterations) its.push_back(std::to_string(it));
       earlier_ = save_dir.string() + " held checkpoints past iteration " + std::to_string(*start) +
                  ", where this run starts (" + (aside.iterations.size() > 1 ? "iterations " : "iteration ") +
-                 iteration_list(aside.iterations) +
-                 "): another trajectory's, which this run's would mix with; they are kept in " + aside.to.string() +
-                 " (" + human_bytes(static_cast<double>(aside.bytes)) + "; remove it when you no longer need them)";
+                 join(its, ", ") + "): another trajectory's, which this run's would mix with; they are kept in " +
+                 aside.to.string() + " (" + human_bytes(static_cast<double>(aside.bytes)) +
+                 "; remove it when you no longer need them)";
       if (const std::string rows = fresh ? "" : rows_held(dir_); !rows.empty())
         earlier_ += "; " + (dir_ / "metrics.h5").string() + " as it was (" + rows + "), whose rows past iteration " +
                     std::to_string(*start) + " this run drops, is kept in " + keep_earlier_run(dir_, true).string();

@@ -281,4 +281,11 @@ fs::path asset_path(std::string_view relative) {
   return p;
 }
 
+std::filesystem::path first_free_numbered(const std::filesystem::path& parent) {
+  std::filesystem::path p;
+  for (int n = 1; std::filesystem::exists(p = parent / std::to_string(n)); ++n) {
+  }
+  return p;
+}
+
 }  // namespace megabatch

@@ -84,6 +84,9 @@ class AtomicFile {
   bool committed_ = false;
 };
 
+// parent/1, parent/2, ...: the first that does not exist (where earlier runs' files are kept).
+std::filesystem::path first_free_numbered(const std::filesystem::path& parent);
+
 // `text` as the whole of PATH, through an AtomicFile.
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 
