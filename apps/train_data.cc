@@ -344,6 +344,9 @@ nlohmann::json training_data_record(const RunData& d, const models::ModelConfig&
   // resume); recorded where it is not the default, so that checkpoints from before it compare
   if (mc.family != "gpt" && mc.short_seq_prob != models::ModelConfig().short_seq_prob)
     record["short_seq_prob"] = mc.short_seq_prob;
+  // T5's whole-word masking fills its samples to the encoder's length (span corruption to what
+  // the decoder holds), so it chooses the sentences too
+  if (mc.family == "t5" && mc.t5_masking != models::ModelConfig().t5_masking) record["t5_masking"] = mc.t5_masking;
   return record;
 }
 

@@ -77,7 +77,9 @@ void check_family_options(const config::Resolved& r, const ModelConfig& c) {
             k.rfind("encoder_", 0) == 0 ? " (a " + c.family + "'s layers and length are --num-layers and --seq-length)"
                                         : std::string());
   check(c.family == "bert" || !r.given("bert_masking"), "--bert-masking is BERT's, and this model is ", c.family,
-        ", which would ignore it; drop it");
+        ", which would ignore it; drop it", c.family == "t5" ? " (T5's is --t5-masking)" : "");
+  check(c.family == "t5" || !r.given("t5_masking"), "--t5-masking is T5's, and this model is ", c.family,
+        ", which would ignore it; drop it", c.family == "bert" ? " (BERT's is --bert-masking)" : "");
   if (c.family == "gpt")
     for (const std::string k : {"mask_prob", "short_seq_prob"})
       check(!r.given(k), flag(k),
@@ -157,6 +159,7 @@ ModelConfig model_config(const config::Resolved& r) {
   c.mask_prob = v["mask_prob"].get<double>();
   c.short_seq_prob = v["short_seq_prob"].get<double>();
   c.bert_masking = v["bert_masking"].get<std::string>();
+  c.t5_masking = v["t5_masking"].get<std::string>();
   auto set = [&](const char* key, int64_t& field) {
     if (v.contains(key)) field = v[key].get<int64_t>();
   };

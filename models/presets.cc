@@ -85,6 +85,7 @@ void ModelConfig::validate() const {
         "megabatch does not have; use auto (flash attention where it runs), flash, or unfused");
   check(bert_masking == "token" || bert_masking == "whole-word", "bert_masking: '", bert_masking,
         "' is not token or whole-word");
+  check(t5_masking == "span" || t5_masking == "whole-word", "t5_masking: '", t5_masking, "' is not span or whole-word");
   check(attention_backend == "auto" || attention_backend == "flash" || attention_backend == "unfused" ||
             attention_backend == "local",
         "attention_backend: '", attention_backend, "' is not auto, flash, unfused or local");

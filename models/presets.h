@@ -69,6 +69,9 @@ struct ModelConfig {
   // BERT: "token" (each token alone, BERT's original) or "whole-word" (Megatron's: whole words in
   // n-grams of 1 to 3 words)
   std::string bert_masking = "token";
+  // T5: "span" (T5's span corruption, Raffel et al.) or "whole-word" (Megatron's: each span an
+  // n-gram of whole words, of a geometric number of words up to 10)
+  std::string t5_masking = "span";
   // T5: num_layers and seq_length are the encoder's
   int64_t decoder_num_layers = 0;   // 0 = num_layers
   int64_t decoder_seq_length = 0;   // 0 = seq_length

@@ -106,25 +106,54 @@ void T5BatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
 }
 
 namespace {
-data::T5Options t5_options(const ModelConfig& c) {
+// Megatron's whole-word masking where `on`: a word's pieces are those after it that start with "##"
+data::WholeWordMasking whole_words(bool on, const data::Tokenizer& tokenizer) {
+  data::WholeWordMasking w;
+  w.on = on;
+  if (on) {
+    w.word_continues.resize(static_cast<size_t>(tokenizer.vocab_size()));
+    for (int32_t id = 0; id < static_cast<int32_t>(tokenizer.vocab_size()); ++id)
+      w.word_continues[static_cast<size_t>(id)] = tokenizer.token_text(id).rfind("##", 0) == 0;
+  }
+  return w;
+}
+
+// (the words of whole-word masking are only found where `tokenizer` is given)
+data::T5Options t5_options(const ModelConfig& c, const data::Tokenizer* tokenizer = nullptr) {
   data::T5Options o;
   o.encoder_seq_length = static_cast<int>(c.seq_length);
   o.decoder_seq_length = static_cast<int>(c.decoder_seq());
   o.noise_density = c.mask_prob;
   o.short_seq_prob = c.short_seq_prob;
+  if (tokenizer) o.whole_words = whole_words(c.t5_masking == "whole-word", *tokenizer);
   return o;
 }
 }  // namespace
 
 std::string sample_fill_warning(const ModelConfig& c, const data::Tokenizer& tokenizer) {
   if (c.family != "t5") return "";
+  const auto n = [](int64_t x) { return std::to_string(x); };
   data::T5Options o = t5_options(c);
+  if (c.t5_masking == "whole-word") {
+    // a full sample: encoder length - 2 tokens, of them at most floor(min(p x that, round(p x that)))
+    // masked; each span takes a sentinel more in the decoder, and [EOS] one
+    const int64_t text = c.seq_length - 2;
+    const auto most = static_cast<int64_t>(
+        std::min(c.mask_prob * static_cast<double>(text),
+                 std::max(1.0, static_cast<double>(std::lround(c.mask_prob * static_cast<double>(text))))));
+    if (most + 2 <= c.decoder_seq()) return "";
+    return "T5 whole-word masking at --mask-prob " + shortest(c.mask_prob) + " masks up to " + n(most) +
+           " of a sample's " + n(text) + " tokens, but the decoder's " + n(c.decoder_seq()) +
+           " positions hold at most " + n(c.decoder_seq() - 2) +
+           " of them (with a sentinel per span and [EOS]), so fewer are masked. Raise "
+           "--decoder-seq-length past " +
+           n(most + 1) + " (a position more per span), or lower --mask-prob";
+  }
   const int32_t sentinels = tokenizer.special().num_sentinels;
   const data::T5Fit fit = data::t5_fit(o, sentinels);
   o.decoder_seq_length = 8 * o.encoder_seq_length;  // the decoder unbounded: what fills the encoder
   const data::T5Fit full = data::t5_fit(o, sentinels);
   if (fit.raw < 2 || 4 * fit.encoder() >= 3 * o.encoder_seq_length) return "";
-  const auto n = [](int64_t x) { return std::to_string(x); };
   return "T5 samples at --mask-prob " + shortest(c.mask_prob) + " take at most " + n(fit.raw) + " tokens of text (" +
          n(fit.noise) + " corrupted, in " + n(fit.spans) + " spans), whose targets fill the decoder's " +
          n(c.decoder_seq()) + " positions but only " + n(fit.encoder()) + " of the encoder's " +
@@ -140,7 +169,7 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
                                                       uint64_t seed) {
   const int seq = static_cast<int>(c.seq_length);
   if (c.family == "t5")
-    return std::make_unique<T5BatchSource>(std::move(ds), docs, t5_options(c), tokenizer.special(),
+    return std::make_unique<T5BatchSource>(std::move(ds), docs, t5_options(c, &tokenizer), tokenizer.special(),
                                            tokenizer.vocab_size(), seed);
   if (c.family == "bert") {
     data::BertOptions o;
@@ -148,12 +177,7 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& c, std:
     o.binary_head = c.binary_head;
     o.masked_lm_prob = c.mask_prob;
     o.short_seq_prob = c.short_seq_prob;
-    o.whole_word_ngrams = c.bert_masking == "whole-word";
-    if (o.whole_word_ngrams) {
-      o.word_continues.resize(static_cast<size_t>(tokenizer.vocab_size()));
-      for (int32_t id = 0; id < static_cast<int32_t>(tokenizer.vocab_size()); ++id)
-        o.word_continues[static_cast<size_t>(id)] = tokenizer.token_text(id).rfind("##", 0) == 0;
-    }
+    o.whole_words = whole_words(c.bert_masking == "whole-word", tokenizer);
     return std::make_unique<BertBatchSource>(std::move(ds), docs, o, tokenizer.special(), tokenizer.vocab_size(), seed);
   }
   for (const auto& [on, flag] : {std::pair{c.eod_mask_loss, "--eod-mask-loss"},

@@ -29,7 +29,9 @@ std::unique_ptr<train::BatchSource> make_batch_source(const ModelConfig& config,
                                                       uint64_t seed);
 // Where a T5 run's samples leave a quarter or more of the encoder as padding because their
 // corrupted spans fill the decoder first (a large --mask-prob), a warning that says so and what
-// --decoder-seq-length fills the encoder; "" otherwise, and for GPT and BERT.
+// --decoder-seq-length fills the encoder; with --t5-masking whole-word (whose samples fill the
+// encoder), where the decoder cannot hold the share --mask-prob asks of a full sample; "" otherwise,
+// and for GPT and BERT.
 std::string sample_fill_warning(const ModelConfig& config, const data::Tokenizer& tokenizer);
 
 // Whether the model's attention runs the flash kernels, which keep no (T, T) probabilities:

@@ -176,6 +176,74 @@ const SentenceChunk& ChunkedSamples::chunk(uint64_t index, std::vector<std::vect
   return c;
 }
 
+namespace {
+
+// A word: the positions [first, end) of a piece and the "##" pieces after it.
+struct Word {
+  uint32_t first, end;
+};
+
+// The words of `positions` (ascending) of `tokens`: runs of positions, each continuing piece
+// joining the word just before it.
+std::vector<Word> words_of(const std::vector<uint32_t>& positions, const int32_t* tokens,
+                           const std::vector<uint8_t>& continues) {
+  std::vector<Word> words;
+  for (const uint32_t pos : positions) {
+    const auto id = static_cast<size_t>(tokens[pos]);
+    if (id < continues.size() && continues[id] && !words.empty() && words.back().end == pos)
+      words.back().end = pos + 1;
+    else
+      words.push_back({pos, pos + 1});
+  }
+  return words;
+}
+
+// How an n-gram's n is drawn: BERT's, 1 to 3 with probability proportional to 1/n; T5's, a
+// geometric distribution (p = 0.2) cut to 10 (SpanBERT's).
+enum class NgramLengths { kBert, kT5 };
+
+int draw_ngram_words(NgramLengths lengths, PhiloxStream& rng) {
+  const double u = rng.uniform();
+  if (lengths == NgramLengths::kBert) return u * 11 < 6 ? 1 : u * 11 < 9 ? 2 : 3;  // 6/11, 3/11, 2/11
+  // P(n) = 0.8^(n-1) 0.2: the smallest n with 1 - 0.8^n > u
+  const double n = std::floor(std::log1p(-u) / std::log(0.8)) + 1;
+  return static_cast<int>(std::min(n, 10.0));
+}
+
+// Megatron's choice of masked n-grams: the words in a random order, each the first of an
+// n-gram of n words (fewer at the end), shortened word by word until `fits(tokens, spans)` (the
+// tokens and the n-grams masked with it), or left out when no length fits or a word of it is
+// masked already; until `limit` tokens are masked. Each chosen n-gram [w, w_end) of words goes
+// to `take` as it is chosen.
+template <typename Fits, typename Take>
+void choose_ngrams(const std::vector<Word>& words, NgramLengths lengths, double limit, PhiloxStream& rng,
+                   const Fits& fits, const Take& take) {
+  std::vector<uint32_t> order(words.size());
+  std::iota(order.begin(), order.end(), 0u);
+  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.below(i))]);
+  std::vector<uint8_t> taken(words.size(), 0);
+  size_t masked = 0, spans = 0;
+  for (const uint32_t w : order) {
+    if (static_cast<double>(masked) >= limit) break;
+    size_t w_end = std::min(words.size(), static_cast<size_t>(w) + static_cast<size_t>(draw_ngram_words(lengths, rng)));
+    size_t count = 0;
+    for (; w_end > w; --w_end) {
+      count = 0;
+      for (size_t k = w; k < w_end; ++k) count += words[k].end - words[k].first;
+      if (static_cast<double>(masked + count) <= limit && fits(masked + count, spans + 1)) break;
+    }
+    if (w_end == w || std::any_of(taken.begin() + w, taken.begin() + static_cast<std::ptrdiff_t>(w_end),
+                                  [](uint8_t t) { return t != 0; }))
+      continue;
+    std::fill(taken.begin() + w, taken.begin() + static_cast<std::ptrdiff_t>(w_end), 1);
+    masked += count;
+    ++spans;
+    take(static_cast<size_t>(w), w_end);
+  }
+}
+
+}  // namespace
+
 // ---------------------------------------------------------------- BERT
 
 BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& o,
@@ -243,8 +311,17 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
     else if (r >= 0.9)
       out.tokens[pos] = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab_size_)));
   };
-  if (opt_.whole_word_ngrams) {
-    mask_whole_word_ngrams(candidates, p, target, rng, out, mask);
+  if (opt_.whole_words.on) {
+    const std::vector<Word> words = words_of(candidates, out.tokens.data(), opt_.whole_words.word_continues);
+    const double q = opt_.masked_lm_prob;
+    const double limit = std::min(q * static_cast<double>(target),
+                                  std::max(1.0, static_cast<double>(std::lround(q * static_cast<double>(p)))));
+    choose_ngrams(
+        words, NgramLengths::kBert, limit, rng, [](size_t, size_t) { return true; },
+        [&](size_t w, size_t w_end) {
+          for (size_t k = w; k < w_end; ++k)
+            for (uint32_t pos = words[k].first; pos < words[k].end; ++pos) mask(pos);
+        });
     return;
   }
   // Mask round(masked_lm_prob) of the real tokens (at least one).
@@ -255,50 +332,6 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
     const size_t j = i + static_cast<size_t>(rng.below(candidates.size() - i));
     std::swap(candidates[i], candidates[j]);
     mask(candidates[i]);
-  }
-}
-
-template <typename Mask>
-void BertSamples::mask_whole_word_ngrams(const std::vector<uint32_t>& candidates, size_t tokens, size_t target,
-                                         PhiloxStream& rng, BertSample& out, const Mask& mask) const {
-  // the words: runs of candidate positions, each "##" piece joining the word just before it
-  std::vector<std::pair<uint32_t, uint32_t>> words;  // [first, end) positions
-  for (const uint32_t pos : candidates) {
-    const auto id = static_cast<size_t>(out.tokens[pos]);
-    if (id < opt_.word_continues.size() && opt_.word_continues[id] && !words.empty() && words.back().second == pos)
-      words.back().second = pos + 1;
-    else
-      words.push_back({pos, pos + 1});
-  }
-  const double p = opt_.masked_lm_prob;
-  const double limit = std::min(p * static_cast<double>(target),
-                                std::max(1.0, static_cast<double>(std::lround(p * static_cast<double>(tokens)))));
-  std::vector<uint32_t> order(words.size());
-  std::iota(order.begin(), order.end(), 0u);
-  for (size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[static_cast<size_t>(rng.below(i))]);
-  size_t masked = 0;
-  for (const uint32_t w : order) {
-    if (static_cast<double>(masked) >= limit) break;
-    const double u = rng.uniform() * 11;  // n of 1 to 3 with probability 1/n over the sum: 6/11, 3/11, 2/11
-    int n = u < 6 ? 1 : u < 9 ? 2 : 3;
-    // the n-gram from word w (fewer words at the sample's end), shortened until it fits
-    size_t first = 0, end = 0;
-    for (; n > 0; --n) {
-      const size_t last = std::min(words.size(), static_cast<size_t>(w) + static_cast<size_t>(n)) - 1;
-      first = words[w].first, end = words[last].second;
-      size_t count = 0;
-      for (size_t k = w; k <= last; ++k) count += words[k].second - words[k].first;
-      if (static_cast<double>(masked + count) <= limit) break;
-    }
-    if (n == 0) continue;
-    bool overlaps = false;
-    for (size_t pos = first; pos < end; ++pos) overlaps = overlaps || out.loss_mask[pos];
-    if (overlaps) continue;
-    for (size_t pos = first; pos < end; ++pos)
-      if (std::binary_search(candidates.begin(), candidates.end(), static_cast<uint32_t>(pos))) {
-        mask(static_cast<uint32_t>(pos));
-        ++masked;
-      }
   }
 }
 
@@ -346,15 +379,80 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
   if (special.bos < 0 || special.eos < 0 || special.pad < 0 || special.num_sentinels < 1)
     fail("T5 samples need [BOS], [EOS], [PAD] and sentinel tokens; use a WordPiece tokenizer with "
          "--vocab-extra-ids 100");
-  max_raw_ = t5_fit(o, special.num_sentinels).raw;
-  if (max_raw_ < 2)
-    fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
-         " leave no room for a corrupted span at --mask-prob ", o.noise_density,
-         "; increase --decoder-seq-length (or lower --mask-prob)");
+  if (o.whole_words.on) {
+    // Megatron's: the encoder's length less 2 (its room for a [BOS] and an [EOS]); a span needs
+    // 3 decoder positions (its sentinel, a token, [EOS])
+    if (o.encoder_seq_length < 3 || o.decoder_seq_length < 3)
+      fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
+           " leave no room for a corrupted span (each needs 3 or more)");
+    max_raw_ = o.encoder_seq_length - 2;
+  } else {
+    max_raw_ = t5_fit(o, special.num_sentinels).raw;
+    if (max_raw_ < 2)
+      fail("T5 samples: encoder length ", o.encoder_seq_length, " and decoder length ", o.decoder_seq_length,
+           " leave no room for a corrupted span at --mask-prob ", o.noise_density,
+           "; increase --decoder-seq-length (or lower --mask-prob)");
+  }
   chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,
          " documents (all empty); use more data");
+}
+
+void T5Samples::corrupt_spans(const std::vector<int32_t>& tokens, PhiloxStream& rng, std::vector<int32_t>& e,
+                              std::vector<int32_t>& t, T5Sample& out) const {
+  const auto len = static_cast<int32_t>(tokens.size());
+  if (len < 2) {  // a one-token chunk: nothing to corrupt
+    e = tokens;
+    return;
+  }
+  int32_t noise, spans;
+  t5_counts(len, opt_, noise, spans);
+  const auto noise_len = random_segmentation(noise, spans, rng);
+  const auto keep_len = random_segmentation(len - noise, spans, rng);
+  auto pos = tokens.begin();
+  for (int32_t k = 0; k < spans; ++k) {
+    e.insert(e.end(), pos, pos + keep_len[static_cast<size_t>(k)]);
+    pos += keep_len[static_cast<size_t>(k)];
+    e.push_back(special_.sentinel(k));
+    t.push_back(special_.sentinel(k));
+    t.insert(t.end(), pos, pos + noise_len[static_cast<size_t>(k)]);
+    pos += noise_len[static_cast<size_t>(k)];
+  }
+  out.num_spans = spans;
+  out.num_noise_tokens = noise;
+}
+
+void T5Samples::corrupt_whole_words(const std::vector<int32_t>& tokens, size_t chunk_target, PhiloxStream& rng,
+                                    std::vector<int32_t>& e, std::vector<int32_t>& t, T5Sample& out) const {
+  std::vector<uint32_t> positions(tokens.size());
+  std::iota(positions.begin(), positions.end(), 0u);
+  const std::vector<Word> words = words_of(positions, tokens.data(), opt_.whole_words.word_continues);
+  const double p = opt_.noise_density;
+  const double limit =
+      std::min(p * static_cast<double>(chunk_target),
+               std::max(1.0, static_cast<double>(std::lround(p * static_cast<double>(tokens.size())))));
+  // the decoder's target holds each span's sentinel and tokens, then [EOS]
+  const auto sentinels = static_cast<size_t>(special_.num_sentinels);
+  const auto decoder = static_cast<size_t>(opt_.decoder_seq_length);
+  const auto fits = [&](size_t masked, size_t spans) { return spans <= sentinels && masked + spans + 1 <= decoder; };
+  std::vector<Word> spans;  // [first, end) positions
+  choose_ngrams(words, NgramLengths::kT5, limit, rng, fits, [&](size_t w, size_t w_end) {
+    spans.push_back({words[w].first, words[w_end - 1].end});
+  });
+  std::sort(spans.begin(), spans.end(), [](const Word& a, const Word& b) { return a.first < b.first; });
+  uint32_t at = 0;
+  for (size_t k = 0; k < spans.size(); ++k) {
+    const auto sentinel = special_.sentinel(static_cast<int32_t>(k));
+    e.insert(e.end(), tokens.begin() + at, tokens.begin() + spans[k].first);
+    e.push_back(sentinel);
+    t.push_back(sentinel);
+    t.insert(t.end(), tokens.begin() + spans[k].first, tokens.begin() + spans[k].end);
+    out.num_noise_tokens += static_cast<int32_t>(spans[k].end - spans[k].first);
+    at = spans[k].end;
+  }
+  e.insert(e.end(), tokens.begin() + at, tokens.end());
+  out.num_spans = static_cast<int32_t>(spans.size());
 }
 
 void T5Samples::get(uint64_t index, T5Sample& out) const {
@@ -364,7 +462,6 @@ void T5Samples::get(uint64_t index, T5Sample& out) const {
   std::vector<int32_t> tokens;
   for (const auto& s : sent) tokens.insert(tokens.end(), s.begin(), s.end());
   tokens.resize(std::min<size_t>(tokens.size(), std::min<size_t>(c.target, static_cast<size_t>(max_raw_))));
-  const auto len = static_cast<int32_t>(tokens.size());
 
   const auto enc = static_cast<size_t>(opt_.encoder_seq_length), dec = static_cast<size_t>(opt_.decoder_seq_length);
   out.encoder_tokens.assign(enc, special_.pad);
@@ -373,29 +470,14 @@ void T5Samples::get(uint64_t index, T5Sample& out) const {
   out.encoder_mask.assign(enc, 0);
   out.decoder_mask.assign(dec, 0);
   out.loss_mask.assign(dec, 0);
-  out.raw_length = len;
+  out.raw_length = static_cast<int32_t>(tokens.size());
+  out.num_spans = 0;
+  out.num_noise_tokens = 0;
   std::vector<int32_t> e, t;
-  if (len >= 2) {
-    int32_t noise, spans;
-    t5_counts(len, opt_, noise, spans);
-    const auto noise_len = random_segmentation(noise, spans, rng);
-    const auto keep_len = random_segmentation(len - noise, spans, rng);
-    size_t pos = 0;
-    for (int32_t k = 0; k < spans; ++k) {
-      e.insert(e.end(), tokens.begin() + static_cast<ptrdiff_t>(pos), tokens.begin() + static_cast<ptrdiff_t>(pos) + keep_len[static_cast<size_t>(k)]);
-      pos += static_cast<size_t>(keep_len[static_cast<size_t>(k)]);
-      e.push_back(special_.sentinel(k));
-      t.push_back(special_.sentinel(k));
-      t.insert(t.end(), tokens.begin() + static_cast<ptrdiff_t>(pos), tokens.begin() + static_cast<ptrdiff_t>(pos) + noise_len[static_cast<size_t>(k)]);
-      pos += static_cast<size_t>(noise_len[static_cast<size_t>(k)]);
-    }
-    out.num_spans = spans;
-    out.num_noise_tokens = noise;
-  } else {  // a one-token chunk: nothing to corrupt
-    e = tokens;
-    out.num_spans = 0;
-    out.num_noise_tokens = 0;
-  }
+  if (opt_.whole_words.on)
+    corrupt_whole_words(tokens, c.target, rng, e, t, out);
+  else
+    corrupt_spans(tokens, rng, e, t, out);
   t.push_back(special_.eos);
   if (e.size() > enc || t.size() > dec) fail("internal: T5 sample ", index, " exceeds the sequence lengths");
   std::copy(e.begin(), e.end(), out.encoder_tokens.begin());

@@ -84,6 +84,14 @@ class ChunkedSamples {
   std::vector<SentenceChunk> chunks_;
 };
 
+// Megatron's masking of BERT and T5 samples: whole words (a word's "##" pieces with it) in
+// n-grams of words. It needs word_continues: 1 for each id whose piece continues the word
+// before it ("##...").
+struct WholeWordMasking {
+  bool on = false;
+  std::vector<uint8_t> word_continues;
+};
+
 // ---------------------------------------------------------------- BERT
 
 struct BertOptions {
@@ -91,11 +99,9 @@ struct BertOptions {
   double short_seq_prob = 0.1;   // probability of a shorter target length
   double masked_lm_prob = 0.15;  // fraction of tokens predicted
   bool binary_head = true;       // sentence-order prediction (needs 2+ sentences)
-  // Megatron's masking instead of per token: whole words (a word's "##" pieces with it) in
-  // n-grams of 1 to 3 words, n drawn with probability proportional to 1/n; it needs
-  // word_continues, 1 for each id whose piece continues the word before it ("##...").
-  bool whole_word_ngrams = false;
-  std::vector<uint8_t> word_continues;
+  // Megatron's masking instead of per token: n-grams of 1 to 3 words, n drawn with
+  // probability proportional to 1/n
+  WholeWordMasking whole_words;
 };
 
 struct BertSample {
@@ -112,7 +118,7 @@ struct BertSample {
 // a chunk is split at a random sentence into A and B, swapped with probability 0.5, and
 // truncated (randomly from the front or back of the longer part) to the target length;
 // masked_lm_prob of the tokens (15%; at least one) are masked: 80% [MASK], 10% a random token,
-// 10% unchanged. With whole_word_ngrams, Megatron's rule instead: whole words in n-grams, taken
+// 10% unchanged. With whole_words, Megatron's rule instead: whole words in n-grams, taken
 // in a random order of the words until the count min(p x target, max(1, round(p x tokens)))
 // (tokens with [CLS] and the [SEP]s) is reached, an n-gram that would pass it shortened to
 // fewer words, or left out (as one overlapping a masked one).
@@ -123,11 +129,6 @@ class BertSamples : public ChunkedSamples {
   void get(uint64_t index, BertSample& out) const;
 
  private:
-  // Megatron's whole-word n-gram masking of `out` (its candidates in position order, its
-  // `tokens` real tokens, the chunk's target length), each chosen position through `mask`.
-  template <typename Mask>
-  void mask_whole_word_ngrams(const std::vector<uint32_t>& candidates, size_t tokens, size_t target, PhiloxStream& rng,
-                              BertSample& out, const Mask& mask) const;
   BertOptions opt_;
 };
 
@@ -139,6 +140,9 @@ struct T5Options {
   double noise_density = 0.15;      // fraction of tokens corrupted
   double mean_span_length = 3.0;    // mean length of a corrupted span
   double short_seq_prob = 0.1;
+  // Megatron's corruption instead of T5's: each span an n-gram of whole words, n drawn from a
+  // geometric distribution (p = 0.2, SpanBERT's) and cut to at most 10 words
+  WholeWordMasking whole_words;
 };
 
 struct T5Sample {
@@ -156,7 +160,11 @@ struct T5Sample {
 // Span corruption as in T5 (Raffel et al. 2020): of a chunk of n tokens, round(noise_density n)
 // are corrupted in round(noise / 3) spans whose lengths (and the gaps between them) are
 // a uniformly random composition; the longest n whose corrupted forms fit the encoder
-// and decoder lengths is used.
+// and decoder lengths is used. With whole_words, Megatron's instead: a chunk of up to
+// encoder_seq_length - 2 tokens, corrupted by BertSamples' whole-word rule (words in a random
+// order, each the start of an n-gram, to min(p x target, max(1, round(p x tokens))) tokens),
+// each n-gram a span of its own; an n-gram whose span would overflow the decoder (with its
+// sentinel and [EOS]) or need a sentinel more than there are is shortened or left out.
 class T5Samples : public ChunkedSamples {
  public:
   T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const T5Options& options,
@@ -165,6 +173,10 @@ class T5Samples : public ChunkedSamples {
   void get(uint64_t index, T5Sample& out) const;
 
  private:
+  void corrupt_spans(const std::vector<int32_t>& tokens, PhiloxStream& rng, std::vector<int32_t>& encoder,
+                     std::vector<int32_t>& target, T5Sample& out) const;
+  void corrupt_whole_words(const std::vector<int32_t>& tokens, size_t chunk_target, PhiloxStream& rng,
+                           std::vector<int32_t>& encoder, std::vector<int32_t>& target, T5Sample& out) const;
   T5Options opt_;
   int max_raw_ = 0;
 };

@@ -405,6 +405,11 @@ const config::Schema& train_schema() {
            "with their ## pieces, in n-grams of 1 to 3 words drawn with probability proportional to 1/n, to "
            "min(p x the sample's target length, round(p x its tokens)))",
            "data"},
+          {"t5_masking", Type::kString, "span",
+           "T5: span (T5's span corruption: spans of mean length 3 in a uniformly random composition) or whole-word "
+           "(Megatron's: each span an n-gram of whole words, of a geometric number of words (p = 0.2) up to 10, to "
+           "min(p x the sample's target length, round(p x its tokens)) tokens)",
+           "data"},
           {"short_seq_prob", Type::kFloat, 0.1,
            "BERT and T5: the probability that a sample is filled to a shorter length, drawn uniformly from 2 up "
            "(Megatron's)",

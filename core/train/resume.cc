@@ -210,7 +210,8 @@ std::string data_text(const nlohmann::json& r) {
     }
   return out + "; samples of " + field(r, "seq_length") + " tokens" +
          (r.contains("decoder_seq_length") ? " (decoder " + field(r, "decoder_seq_length") + ")" : "") +
-         (r.contains("short_seq_prob") ? ", short ones at --short-seq-prob " + field(r, "short_seq_prob") : "");
+         (r.contains("short_seq_prob") ? ", short ones at --short-seq-prob " + field(r, "short_seq_prob") : "") +
+         (r.contains("t5_masking") ? ", --t5-masking " + field(r, "t5_masking") : "");
 }
 }  // namespace
 
@@ -220,7 +221,8 @@ void check_checkpoint_data(const ResumePoint& point, const nlohmann::json& data)
         data_text(point.state.data), ", and this run's training data is ", data_text(data),
         "; the data position it resumes at (", point.state.consumed_samples,
         " samples) would count other samples than the run's own. Resume with the checkpoint's data (the same "
-        "datasets, --split, blend weights, --seq-length and --short-seq-prob), or start a new run from its weights "
+        "datasets, --split, blend weights, --seq-length, --short-seq-prob and --t5-masking), or start a new run from "
+        "its weights "
         "(--finetune --load, or --pretrained-checkpoint)");
 }
 

@@ -109,10 +109,11 @@ TEST_F(Checkpoint, ResumeIsBitwiseWithLars) { resume_is_bitwise("lars", "--optim
 TEST_F(Checkpoint, ResumeIsBitwiseWithLambNoise) { resume_is_bitwise("lamb_noise", "--optimizer-params ref_batch=2"); }
 TEST_F(Checkpoint, ResumeIsBitwiseWithLambEmbscale) { resume_is_bitwise("lamb_embscale", "--optimizer-params ref_batch=2"); }
 
-// --short-seq-prob chooses which sentences make each BERT and T5 sample, so a resume at the
-// checkpoint's data position under another one would count other samples: refused, naming it.
-// --mask-prob masks the same samples otherwise, and may change on a resume.
-TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbAndTakesAnotherMaskProb) {
+// --short-seq-prob chooses which sentences make each BERT and T5 sample, and so does T5's
+// --t5-masking (whole-word fills the encoder, span corruption what the decoder holds), so a
+// resume at the checkpoint's data position under another one would count other samples:
+// refused, naming it. --mask-prob masks the same samples otherwise, and may change on a resume.
+TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbOrT5MaskingAndTakesAnotherMaskProb) {
   mb::testing::TempDir tmp;
   const std::string c = (tmp / "c").string();
   auto r = mb::testing::run_command(train(tmp / "a", "--short-seq-prob 0.3 --train-iters 2 --save " + c, "bert"));
@@ -122,9 +123,21 @@ TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbAndTakesAnotherMaskProb) {
   EXPECT_NE(r.output.find("samples of 48 tokens, short ones at --short-seq-prob 0.3, and this run's training data is "),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("--seq-length and --short-seq-prob), or start a new run"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("--seq-length, --short-seq-prob and --t5-masking), or start a new run"), std::string::npos)
+      << r.output;
   r = mb::testing::run_command(
       train(tmp / "b", "--short-seq-prob 0.3 --mask-prob 0.3 --load " + c + " --check", "bert"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  const std::string t5 = (tmp / "t5").string();
+  r = mb::testing::run_command(train(tmp / "c", "--t5-masking whole-word --train-iters 2 --save " + t5, "t5"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = mb::testing::run_command(train(tmp / "d", "--load " + t5 + " --check", "t5"));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find(" (decoder 16), --t5-masking whole-word, and this run's training data is "),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(train(tmp / "d", "--t5-masking whole-word --load " + t5 + " --check", "t5"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 

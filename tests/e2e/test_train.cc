@@ -153,7 +153,11 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
             "nothing masked, so it would be ignored; drop it"},
            {"--short-seq-prob 0", "--short-seq-prob sets how BERT's and T5's samples are made"},
            {"--model-type t5 --bert-masking whole-word",
-            "--bert-masking is BERT's, and this model is t5, which would ignore it; drop it"},
+            "--bert-masking is BERT's, and this model is t5, which would ignore it; drop it (T5's is --t5-masking)"},
+           {"--t5-masking whole-word", "--t5-masking is T5's, and this model is gpt, which would ignore it; drop it"},
+           {"--model-type bert --t5-masking span",
+            "--t5-masking is T5's, and this model is bert, which would ignore it; drop it (BERT's is --bert-masking)"},
+           {"--model-type t5 --t5-masking whole", "t5_masking: 'whole' is not span or whole-word"},
            {"--model-type bert --vocab-extra-ids 5", "--vocab-extra-ids is T5's, and this model is bert"},
            {"--model-type t5 --bert-no-binary-head", "--bert-no-binary-head is BERT's, and this model is t5"},
            {"--model-type bert --eod-mask-loss",
@@ -171,7 +175,7 @@ TEST_F(Train, OptionsOfAnotherModelFamilyAreRefusedNamingTheFamily) {
   // each where it belongs; a false flag of another family is the default, and allowed
   for (const std::string args : {"--model-type bert --post-layernorm --bert-no-binary-head --mask-prob 0.3 "
                                  "--bert-masking whole-word",
-                                 "--model-type t5 --decoder-seq-length 16 --short-seq-prob 0.5",
+                                 "--model-type t5 --decoder-seq-length 16 --short-seq-prob 0.5 --t5-masking whole-word",
                                  "--model-type t5 --decoder-seq-length 16 --position-embedding-type relative "
                                  "--relative-attention-num-buckets 8",
                                  "--post-layernorm=false", "--eod-mask-loss"}) {

@@ -336,7 +336,7 @@ TEST_F(BrownSamples, BertSamplesStayInsideOneDocument) {
 }
 
 TEST_F(BrownSamples, T5SpanCorruptionStatisticsAndReconstruction) {
-  const T5Options to{512, 128, 0.15, 3.0, 0.1};
+  const T5Options to{512, 128, 0.15, 3.0, 0.1, {}};
   const auto& sp = tok_->special();
   T5Samples t5(ds_, DocumentRange::all(*ds_), to, sp, tok_->vocab_size(), 11);
   // 569 raw tokens: 85 corrupted in 28 spans leave 569 - 85 + 28 = 512 encoder tokens (no
@@ -457,7 +457,7 @@ TEST_F(BrownSamples, MaskProbAndShortSeqProbReachTheBatchesAndT5WarnsWhereItsEnc
     }
     EXPECT_GT(checked, n / 2);
     // the longest sample is the one t5_fit tells (and the warning below counts with)
-    const T5Fit fit = t5_fit({256, 128, p, 3.0, 0.1}, sp.num_sentinels);
+    const T5Fit fit = t5_fit({256, 128, p, 3.0, 0.1, {}}, sp.num_sentinels);
     EXPECT_EQ(longest_encoder, fit.encoder()) << "--mask-prob " << p;
     EXPECT_EQ(longest_decoder, fit.decoder()) << "--mask-prob " << p;
   }
@@ -560,6 +560,134 @@ TEST_F(BrownSamples, WholeWordMaskingMasksWordsWholeInNgramsToMegatronsCount) {
   EXPECT_NEAR(static_cast<double>(w.unchanged) / static_cast<double>(w.masked), 0.1, 0.02);
   std::cout << "whole-word: " << w.masked << " masked of at most " << w.bound << ", next word masked " << w_next
             << "; per token: " << t_next << "\n";
+}
+
+// --t5-masking whole-word, Megatron's T5 corruption: each sample fills the encoder's length less
+// 2 with text (rebuilt here from the encoder's input and the decoder's targets, sentinel by
+// sentinel), and each span is an n-gram of whole words (a word: a piece and the "##" pieces
+// after it, found from the vocabulary's text), of n words drawn from a geometric distribution
+// (p = 0.2: each length 0.8 times as frequent as the one before) and at most 10, to no more
+// tokens than Megatron's count min(p x target, max(1, round(p x tokens))) and, over the samples,
+// close to it. Where the decoder is too short for that count, the spans stop where it is full,
+// and train warns; T5's span corruption (the default) cuts words.
+TEST_F(BrownSamples, T5WholeWordMaskingCorruptsWholeWordNgramsOfGeometricLength) {
+  const int64_t n = 400;
+  const SpecialTokens& sp = tok_->special();
+  const auto is_sentinel = [&](int32_t t) {
+    return t >= sp.first_sentinel && t < sp.first_sentinel + sp.num_sentinels;
+  };
+  const auto continues = [&](int32_t t) { return tok_->token_text(t).rfind("##", 0) == 0; };
+  struct Counts {
+    int64_t noise = 0, bound = 0, split_words = 0, full_encoders = 0, longest_raw = 0, longest_decoder = 0;
+    std::map<int64_t, int64_t> span_words;  // words in a span: spans
+  };
+  auto count_into = [&](const models::ModelConfig& mc, Counts& c) {  // (void: for ASSERT)
+    train::Batch b;
+    models::make_batch_source(mc, ds_, DocumentRange::all(*ds_), *tok_, 3)->fill(0, n, b);
+    const auto Te = static_cast<size_t>(mc.seq_length), Td = static_cast<size_t>(mc.decoder_seq());
+    for (int64_t i = 0; i < n; ++i) {
+      // the spans from the targets: <extra_id_k> then span k's tokens, ..., [EOS]
+      std::vector<std::vector<int32_t>> spans;
+      size_t dl = 0;
+      for (size_t t = static_cast<size_t>(i) * Td; t < static_cast<size_t>(i + 1) * Td; ++t) {
+        const int32_t l = b.labels[t];
+        if (l == train::kIgnoreLabel) break;
+        ++dl;
+        if (l == sp.eos) break;
+        if (is_sentinel(l)) {
+          ASSERT_EQ(l - sp.first_sentinel, static_cast<int32_t>(spans.size())) << "sentinels in order, sample " << i;
+          spans.emplace_back();
+        } else {
+          ASSERT_FALSE(spans.empty());
+          spans.back().push_back(l);
+        }
+      }
+      ASSERT_EQ(b.labels[static_cast<size_t>(i) * Td + dl - 1], sp.eos) << "sample " << i;
+      // the text: the encoder's input with each sentinel replaced by its span; the spans' places
+      std::vector<int32_t> text;
+      std::vector<std::pair<size_t, size_t>> where;
+      size_t next = 0, enc_len = 0;
+      for (size_t t = static_cast<size_t>(i) * Te; t < static_cast<size_t>(i + 1) * Te && b.padding_mask[t]; ++t) {
+        ++enc_len;
+        if (!is_sentinel(b.tokens[t])) {
+          text.push_back(b.tokens[t]);
+          continue;
+        }
+        ASSERT_EQ(b.tokens[t] - sp.first_sentinel, static_cast<int32_t>(next)) << "sample " << i;
+        ASSERT_FALSE(spans[next].empty()) << "spans are non-empty, sample " << i;
+        where.push_back({text.size(), text.size() + spans[next].size()});
+        text.insert(text.end(), spans[next].begin(), spans[next].end());
+        ++next;
+      }
+      ASSERT_EQ(next, spans.size()) << "every span has its place in the encoder, sample " << i;
+      int64_t noise = 0;
+      for (const auto& [first, end] : where) {
+        noise += static_cast<int64_t>(end - first);
+        // whole words: no span starts inside a word or stops before a word's end
+        c.split_words += continues(text[first]) || (end < text.size() && continues(text[end]));
+        ++c.span_words[std::count_if(text.begin() + static_cast<std::ptrdiff_t>(first),
+                                     text.begin() + static_cast<std::ptrdiff_t>(end),
+                                     [&](int32_t t) { return !continues(t); })];
+      }
+      const double p = mc.mask_prob;
+      const auto most = static_cast<int64_t>(std::min(p * static_cast<double>(mc.seq_length - 2),
+                                                      std::max(1.0, std::round(p * static_cast<double>(text.size())))));
+      if (mc.t5_masking == "whole-word") {
+        EXPECT_LE(noise, most) << "sample " << i;
+      }
+      c.noise += noise;
+      c.bound += most;
+      c.full_encoders += text.size() == Te - 2;
+      c.longest_raw = std::max<int64_t>(c.longest_raw, static_cast<int64_t>(text.size()));
+      c.longest_decoder = std::max<int64_t>(c.longest_decoder, static_cast<int64_t>(dl));
+      if (mc.t5_masking == "whole-word") {
+        EXPECT_LE(enc_len, Te - 2) << "sample " << i;
+      }
+    }
+  };
+  auto count = [&](const models::ModelConfig& mc) {
+    Counts c;
+    count_into(mc, c);
+    return c;
+  };
+  models::ModelConfig mc = models::preset("t5-mini");
+  mc.seq_length = 512;
+  mc.decoder_seq_length = 128;
+  mc.mask_prob = 0.15;
+  mc.t5_masking = "whole-word";
+  Counts w = count(mc);
+  EXPECT_EQ(w.split_words, 0) << "a word corrupted in part";
+  EXPECT_EQ(w.longest_raw, 510) << "the encoder's length less 2, as Megatron's";
+  EXPECT_GT(w.full_encoders, n / 2) << "most samples fill it (a tenth are shorter: --short-seq-prob)";
+  EXPECT_GT(static_cast<double>(w.noise), 0.95 * static_cast<double>(w.bound)) << "Megatron's count, nearly";
+  EXPECT_EQ(w.span_words.rbegin()->first, 10) << "spans of up to 10 words, and no more";
+  // geometric: n + 1 words are 0.8 times as frequent as n (n = 2 to 8), a little less: a long
+  // n-gram overlaps a masked word more often, and is left out, and a sample's last n-gram is
+  // shortened to the count; the draws of 10 or more are cut to 10
+  int64_t from2 = 0, from3 = 0;
+  for (int64_t k = 2; k <= 8; ++k) from2 += w.span_words[k], from3 += w.span_words[k + 1];
+  const double ratio = static_cast<double>(from3) / static_cast<double>(from2);
+  EXPECT_GT(ratio, 0.7);
+  EXPECT_LT(ratio, 0.85);
+  EXPECT_GT(w.span_words[10], 2 * w.span_words[9]) << "0.8^9 of the draws are cut to 10 words";
+  EXPECT_EQ(models::sample_fill_warning(mc, *tok_), "");
+
+  // a decoder of 32 positions holds 30 targets of the 76 that 0.15 of 510 tokens asks: full
+  mc.decoder_seq_length = 32;
+  const Counts d = count(mc);
+  EXPECT_EQ(d.longest_decoder, 32);
+  EXPECT_LT(static_cast<double>(d.noise), 0.5 * static_cast<double>(d.bound));
+  EXPECT_EQ(models::sample_fill_warning(mc, *tok_),
+            "T5 whole-word masking at --mask-prob 0.15 masks up to 76 of a sample's 510 tokens, but the decoder's 32 "
+            "positions hold at most 30 of them (with a sentinel per span and [EOS]), so fewer are masked. Raise "
+            "--decoder-seq-length past 77 (a position more per span), or lower --mask-prob");
+
+  mc.decoder_seq_length = 128;
+  mc.t5_masking = "span";
+  EXPECT_GT(count(mc).split_words, 50) << "T5's spans cut words";
+  std::cout << "whole-word: " << w.noise << " corrupted of at most " << w.bound << " in spans of";
+  for (const auto& [words, spans] : w.span_words) std::cout << " " << words << ":" << spans;
+  std::cout << "\n";
 }
 
 TEST(T5Segmentation, UniformCompositionsAreNonEmptyAndSumUp) {
