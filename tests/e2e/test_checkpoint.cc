@@ -114,31 +114,28 @@ TEST_F(Checkpoint, ResumeIsBitwiseWithLambEmbscale) { resume_is_bitwise("lamb_em
 // resume at the checkpoint's data position under another one would count other samples:
 // refused, naming it. --mask-prob masks the same samples otherwise, and may change on a resume.
 TEST_F(Checkpoint, AResumeRefusesAnotherShortSeqProbOrT5MaskingAndTakesAnotherMaskProb) {
-  mb::testing::TempDir tmp;
-  const std::string c = (tmp / "c").string();
-  auto r = mb::testing::run_command(train(tmp / "a", "--short-seq-prob 0.3 --train-iters 2 --save " + c, "bert"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = mb::testing::run_command(train(tmp / "b", "--load " + c + " --check", "bert"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("samples of 48 tokens, short ones at --short-seq-prob 0.3, and this run's training data is "),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("--seq-length, --short-seq-prob and --t5-masking), or start a new run"), std::string::npos)
-      << r.output;
-  r = mb::testing::run_command(
-      train(tmp / "b", "--short-seq-prob 0.3 --mask-prob 0.3 --load " + c + " --check", "bert"));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-
-  const std::string t5 = (tmp / "t5").string();
-  r = mb::testing::run_command(train(tmp / "c", "--t5-masking whole-word --train-iters 2 --save " + t5, "t5"));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  r = mb::testing::run_command(train(tmp / "d", "--load " + t5 + " --check", "t5"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find(" (decoder 16), --t5-masking whole-word, and this run's training data is "),
-            std::string::npos)
-      << r.output;
-  r = mb::testing::run_command(train(tmp / "d", "--t5-masking whole-word --load " + t5 + " --check", "t5"));
-  EXPECT_EQ(r.exit_code, 0) << r.output;
+  struct Case {
+    std::string type, saved_with, said, resumes_with;
+  };
+  for (const Case& k :
+       {Case{"bert", "--short-seq-prob 0.3",
+             "samples of 48 tokens, short ones at --short-seq-prob 0.3, and this run's training data is ",
+             "--short-seq-prob 0.3 --mask-prob 0.3"},
+        Case{"t5", "--t5-masking whole-word",
+             " (decoder 16), --t5-masking whole-word, and this run's training data is ", "--t5-masking whole-word"}}) {
+    SCOPED_TRACE(k.type);
+    mb::testing::TempDir tmp;
+    const std::string c = (tmp / "c").string();
+    auto r = mb::testing::run_command(train(tmp / "a", k.saved_with + " --train-iters 2 --save " + c, k.type));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    r = mb::testing::run_command(train(tmp / "b", "--load " + c + " --check", k.type));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(k.said), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("--seq-length, --short-seq-prob and --t5-masking), or start a new run"), std::string::npos)
+        << r.output;
+    r = mb::testing::run_command(train(tmp / "b", k.resumes_with + " --load " + c + " --check", k.type));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
 }
 
 // Rewinding a run (Megatron's --ckpt-step N: iteration N of --load's directory, not the newest;
