@@ -284,6 +284,7 @@ bool prepare(const mb::config::Resolved& r, const std::vector<std::filesystem::p
   for (const std::string& w : run.data.warnings) std::cout << "> warning: " << w << std::endl;
   if (const std::string w = mb::models::sample_fill_warning(mc, *run.data.tokenizer); !w.empty())
     std::cout << "> warning: " << w << std::endl;
+  for (const std::string& w : run.sources.warnings) std::cout << "> warning: " << w << std::endl;
   if (!run.sources.no_validation.empty()) std::cout << "> warning: " << run.sources.no_validation << std::endl;
   if (v["check"].get<bool>()) {
     // what its checkpoint would refuse when it loads: said against the model's declared parameters

@@ -283,6 +283,8 @@ Sources make_sources(const config::Resolved& r, const models::ModelConfig& mc, c
               " tokens (its documents are too short); leave it out of the blend");
         if (!training) continue;
       }
+      if (const std::string w = src->unused_text_warning(); training && !w.empty())
+        s.warnings.push_back(set.prefix + ": " + w);
       weights.push_back(set.weight > 0 ? set.weight : static_cast<double>(src->samples_per_epoch()));
       if (training) s.train_samples.push_back(src->samples_per_epoch());
       parts.push_back(std::move(src));

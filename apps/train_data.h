@@ -62,6 +62,7 @@ RunData open_data(const config::Resolved& r, models::ModelConfig& mc);
 struct Sources {
   std::unique_ptr<train::BatchSource> train, valid, test;
   std::string no_validation;            // evaluation asked for, nothing to evaluate on (a warning)
+  std::vector<std::string> warnings;    // per training dataset whose samples leave most of its text unused
   std::vector<uint64_t> train_samples;  // per dataset: its training split's samples per epoch
   std::vector<double> train_weights;    // per dataset: its weight in the training blend (any scale)
 };

@@ -75,6 +75,35 @@ void BertBatchSource::fill(uint64_t first, int64_t count, train::Batch& out) {
   }
 }
 
+namespace {
+// BertBatchSource's and T5BatchSource's unused_text_warning: `longest` is the most text a sample takes.
+std::string unused_text(const char* family, const data::ChunkedSamples::TextUse& u, int64_t longest,
+                        const char* too_short) {
+  if (u.tokens == 0 || 2 * u.taken >= u.tokens) return "";
+  const auto n = [](uint64_t x) { return std::to_string(x); };
+  const uint64_t mean = u.tokens / std::max<uint64_t>(u.sequences, 1);
+  std::string out = std::string(family) + " samples take " + n(100 * u.taken / u.tokens) + "% of the " + n(u.tokens) +
+                    " tokens of their documents: a sample takes a document's sequences up to " + n(longest) +
+                    " tokens and cuts off the rest of its last one, and these sequences average " + n(mean) + " tokens";
+  if (mean > static_cast<uint64_t>(longest))
+    return out +
+           ": whole documents, not sentences. Make the dataset with preprocess --split-sentences, as Megatron's BERT "
+           "and T5 expect";
+  return out + "; " + too_short;
+}
+}  // namespace
+
+std::string BertBatchSource::unused_text_warning() const {
+  return unused_text("BERT", samples_.text_use(), seq_ - 3,
+                     "most documents hold too few sentences for a sample (a sentence pair needs 2; "
+                     "--bert-no-binary-head takes 1)");
+}
+
+std::string T5BatchSource::unused_text_warning() const {
+  return unused_text("T5", samples_.text_use(), samples_.max_raw_length(),
+                     "they are long beside a sample: a longer --seq-length (or --decoder-seq-length) takes more");
+}
+
 T5BatchSource::T5BatchSource(std::shared_ptr<const data::IndexedDataset> ds, data::DocumentRange docs,
                              const data::T5Options& options, const data::SpecialTokens& special, int64_t vocab_size,
                              uint64_t seed)

@@ -76,6 +76,7 @@ class BertBatchSource final : public train::BatchSource {
                   uint64_t seed);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
+  std::string unused_text_warning() const override;
 
  private:
   data::BertSamples samples_;
@@ -90,6 +91,7 @@ class T5BatchSource final : public train::BatchSource {
                 const data::T5Options& options, const data::SpecialTokens& special, int64_t vocab_size, uint64_t seed);
   void fill(uint64_t first, int64_t count, train::Batch& out) override;
   uint64_t samples_per_epoch() const override { return samples_.samples_per_epoch(); }
+  std::string unused_text_warning() const override;
 
  private:
   data::T5Samples samples_;

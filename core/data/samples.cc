@@ -169,6 +169,19 @@ ChunkedSamples::ChunkedSamples(std::shared_ptr<const IndexedDataset> ds, Documen
   check_range(*ds_, docs);
 }
 
+void ChunkedSamples::count_text_use(DocumentRange docs) {
+  use_ = {};
+  const auto first = static_cast<size_t>(ds_->document_index(docs.begin));
+  const auto end = static_cast<size_t>(ds_->document_index(docs.end));
+  use_.sequences = end - first;
+  for (size_t s = first; s < end; ++s) use_.tokens += static_cast<uint64_t>(ds_->sequence_length(s));
+  for (const SentenceChunk& c : chunks_) {
+    uint64_t len = 0;
+    for (uint32_t s = c.first; s < c.end; ++s) len += static_cast<uint64_t>(ds_->sequence_length(s));
+    use_.taken += std::min<uint64_t>(len, c.target);
+  }
+}
+
 const SentenceChunk& ChunkedSamples::chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const {
   const SentenceChunk& c = chunks_[chunk_order(seed_, chunks_.size(), index)];
   out.resize(c.end - c.first);
@@ -254,6 +267,7 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange
     fail("BERT samples need [CLS], [SEP], [MASK] and [PAD]; use a WordPiece tokenizer (BertWordPieceLowerCase)");
   chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob,
                          o.binary_head ? 2 : 1, seed);
+  count_text_use(docs);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no BERT sample can be built from the selected ", docs.end - docs.begin,
          " documents (each needs ", o.binary_head ? "at least 2 sentences" : "a sentence",
@@ -394,6 +408,7 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
            "; increase --decoder-seq-length (or lower --mask-prob)");
   }
   chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed);
+  count_text_use(docs);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,
          " documents (all empty); use more data");

@@ -70,18 +70,29 @@ struct SentenceChunk {
 class ChunkedSamples {
  public:
   uint64_t samples_per_epoch() const { return chunks_.size(); }
+  // The documents' tokens and sequences, and the tokens one epoch of samples takes: a chunk's
+  // sentences up to its target length, what is past it cut off. Most of the text where the
+  // sequences are sentences; little where each is a whole document (a dataset made without
+  // --split-sentences), or where documents are too short for a sample.
+  struct TextUse {
+    uint64_t tokens = 0, sequences = 0, taken = 0;
+  };
+  TextUse text_use() const { return use_; }
 
  protected:
   ChunkedSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const SpecialTokens& special,
                  int64_t vocab_size, uint64_t seed);
   // The chunk of sample `index`, its sentences read into `out` (ids checked against the vocabulary).
   const SentenceChunk& chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const;
+  // Counts text_use() of `docs` from chunks_ (once they are built).
+  void count_text_use(DocumentRange docs);
 
   std::shared_ptr<const IndexedDataset> ds_;
   SpecialTokens special_;
   int64_t vocab_size_;
   uint64_t seed_;
   std::vector<SentenceChunk> chunks_;
+  TextUse use_;
 };
 
 // Megatron's masking of BERT and T5 samples: whole words (a word's "##" pieces with it) in

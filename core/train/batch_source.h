@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "core/train/model.h"
 
@@ -15,6 +16,9 @@ class BatchSource {
   // Distinct samples before the order repeats (0: unknown). An evaluation by eval_samples
   // covers at most this many, each once.
   virtual uint64_t samples_per_epoch() const { return 0; }
+  // Where one epoch of samples takes under half of the documents' text, a warning that says how
+  // much, and why; "" otherwise.
+  virtual std::string unused_text_warning() const { return ""; }
 };
 
 }  // namespace megabatch::train

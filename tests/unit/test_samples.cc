@@ -201,6 +201,52 @@ TEST(SampleOrder, ShuffledPerEpochAndSeedAndReproducible) {
 
 // Over-long pairs lose tokens from the front or the back of the longer segment, each
 // about half the time.
+// BERT and T5 samples group a document's sequences, as sentences, up to a target length and cut
+// off the rest of the last one. Where the sequences are whole documents (a dataset made without
+// --split-sentences), that drops most of the text: the share one epoch takes is counted (here
+// against the sum worked out from the documents alone), and under half of it is a warning that
+// names the cause and the fix. Sentences leave little unused, and no warning.
+TEST(BertAndT5Samples, WholeDocumentsAsSequencesLeaveMostTextUnusedAndSaySo) {
+  Synthetic documents(30, 1, 600, 3), sentences(30, 20, 12, 4);
+  BertOptions bo;
+  bo.seq_length = 64;
+  bo.short_seq_prob = 0;
+  bo.binary_head = false;
+  T5Options to;
+  to.encoder_seq_length = 64;
+  to.decoder_seq_length = 32;
+  to.short_seq_prob = 0;
+  const auto all = [](const Synthetic& syn) { return DocumentRange::all(*syn.ds); };
+  const BertSamples bert(documents.ds, all(documents), bo, bert_specials(), 1 << 30, 1);
+  const T5Samples t5(documents.ds, all(documents), to, bert_specials(), 1 << 30, 1);
+  uint64_t tokens = 0, bert_taken = 0, t5_taken = 0;
+  for (const auto& doc : documents.doc_tokens) {  // one sequence each: a sample of its first tokens
+    tokens += doc.size();
+    bert_taken += std::min<uint64_t>(doc.size(), 64 - 3);
+    t5_taken += std::min<uint64_t>(doc.size(), static_cast<uint64_t>(t5.max_raw_length()));
+  }
+  EXPECT_EQ(bert.text_use().tokens, tokens);
+  EXPECT_EQ(bert.text_use().sequences, 30u);
+  EXPECT_EQ(bert.text_use().taken, bert_taken);
+  EXPECT_EQ(t5.text_use().taken, t5_taken);
+  ASSERT_LT(2 * bert_taken, tokens);
+  for (const std::string& w :
+       {models::BertBatchSource(documents.ds, all(documents), bo, bert_specials(), 1 << 30, 1).unused_text_warning(),
+        models::T5BatchSource(documents.ds, all(documents), to, bert_specials(), 1 << 30, 1).unused_text_warning()}) {
+    EXPECT_NE(w.find("% of the " + std::to_string(tokens) + " tokens of their documents"), std::string::npos) << w;
+    EXPECT_NE(w.find("these sequences average " + std::to_string(tokens / 30) +
+                     " tokens: whole documents, not sentences. Make the dataset with preprocess --split-sentences"),
+              std::string::npos)
+        << w;
+  }
+  const BertSamples split(sentences.ds, all(sentences), bo, bert_specials(), 1 << 30, 1);
+  EXPECT_GT(static_cast<double>(split.text_use().taken), 0.8 * static_cast<double>(split.text_use().tokens));
+  EXPECT_EQ(
+      models::BertBatchSource(sentences.ds, all(sentences), bo, bert_specials(), 1 << 30, 1).unused_text_warning(), "");
+  EXPECT_EQ(models::T5BatchSource(sentences.ds, all(sentences), to, bert_specials(), 1 << 30, 1).unused_text_warning(),
+            "");
+}
+
 TEST(BertSamples, TruncationCutsFrontAndBackAlike) {
   Synthetic syn(80, 6, 30, 7);
   const BertOptions bo{24, 0.0, 0.15, true, false, {}};
