@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The README's promise for the first command, measured on this machine in one run: the
 # machine (lscpu: model, cores, threads per core), OpenBLAS's sgemm kernel and rate with 1
-# and 2 threads (what the README's table lists per machine), then the default sweep and its
-# plots timed from scratch in a new runs directory, each point's result beside the
-# README's, and the row this machine would add to the README's table.
+# and 2 threads (what experiments/RESULTS.md's timing table lists per machine), then the
+# default sweep and its plots timed from scratch in a new runs directory, each point's result
+# beside RESULTS.md's, and the row this machine would add to its timing table.
 #
 #   bench/default_sweep_bench.sh [RUNS_DIR]     # from the repository root, after the build
 #                                               # and `build/bin/preprocess brown`
@@ -53,9 +53,11 @@ mmss() { awk -v s="$1" 'BEGIN { s = int(s + 0.5); printf "%d min %d s", s / 60, 
 sweep_s=$(awk -v a="$start" -v b="$ran" 'BEGIN { print b - a }')
 total_s=$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')
 "$bin/sweep" status "$runs/$name" | sed -n '1,12p'
-echo "the README's table at the same points (final validation loss):"
-sed -n '/^| global batch | 8 | 16/,/^| adamw/p' README.md
+echo "experiments/RESULTS.md's table at the same points (final validation loss):"
+table=$(sed -n '/^| global batch | 8 | 16/,/^| adamw/p' experiments/RESULTS.md)
+[[ -n $table ]] || { echo "default_sweep_bench.sh: experiments/RESULTS.md has no '| global batch | 8 | 16 ...' table" >&2; exit 1; }
+echo "$table"
 echo
-echo "default sweep: $(mmss "$sweep_s") (sweep run), $(mmss "$total_s") with sweep plot; the target is 15 minutes on 2 cores at about 62 GFLOP/s (README, Speed)"
-echo "README row: | $model, OpenBLAS's $kernel kernel | $rate2 GFLOP/s | $(mmss "$total_s") with \`sweep plot\` (commit $(git rev-parse --short HEAD 2>/dev/null), $(date +%F)) |"
+echo "default sweep: $(mmss "$sweep_s") (sweep run), $(mmss "$total_s") with sweep plot; the README says about six minutes on two cores of a current Xeon or EPYC"
+echo "RESULTS.md row: | $model, OpenBLAS's $kernel kernel | $rate2 GFLOP/s | $(mmss "$total_s") with \`sweep plot\` | $(git rev-parse --short HEAD 2>/dev/null) |"
 echo "runs and logs: $runs"
