@@ -29,7 +29,7 @@ mkdir -p "$runs" || exit 2
 
 lscpu_field() { lscpu | sed -n "s/^$1:[[:space:]]*//p" | head -1; }
 model=$(lscpu_field "Model name") cpus=$(lscpu_field "CPU(s)") per_core=$(lscpu_field "Thread(s) per core")
-echo "machine: $model; $cpus CPUs, $per_core thread(s) per core$( ((per_core > 1)) && echo " (two vCPUs may be one core's hyperthreads; see the README)")"
+echo "machine: $model; $cpus CPUs, $per_core thread(s) per core$( ((per_core > 1)) && echo " (two vCPUs may be one core's hyperthreads; see experiments/RESULTS.md)")"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo ' (plus uncommitted changes)')"
 "$bin/train_bench" --sgemm --threads 1 | tail -1
 two=$("$bin/train_bench" --sgemm --threads 2) || exit 2
