@@ -54,7 +54,7 @@ sweep_s=$(awk -v a="$start" -v b="$ran" 'BEGIN { print b - a }')
 total_s=$(awk -v a="$start" -v b="$end" 'BEGIN { print b - a }')
 "$bin/sweep" status "$runs/$name" | sed -n '1,12p'
 echo "experiments/RESULTS.md's table at the same points (final validation loss):"
-table=$(sed -n '/^| global batch | 8 | 16/,/^| adamw/p' experiments/RESULTS.md)
+table=$(sed -n '/^| global batch | 8 | 16/,/^| adamw/{p;/^| adamw/q}' experiments/RESULTS.md)  # (the first table)
 [[ -n $table ]] || { echo "default_sweep_bench.sh: experiments/RESULTS.md has no '| global batch | 8 | 16 ...' table" >&2; exit 1; }
 echo "$table"
 echo
