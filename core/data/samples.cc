@@ -67,14 +67,20 @@ uint32_t chunk_order(uint64_t seed, uint64_t n, uint64_t index) {
 
 // Megatron's grouping of a document's sentences into chunks of about `max_target`
 // tokens (shorter with probability short_prob); documents with fewer than min_sentences
-// sentences are skipped.
+// sentences are skipped. Counts in `use` the documents' text and what the chunks take of it.
 std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange docs, uint32_t max_target,
-                                        double short_prob, uint32_t min_sentences, uint64_t seed) {
+                                        double short_prob, uint32_t min_sentences, uint64_t seed,
+                                        ChunkedSamples::TextUse& use) {
   std::vector<SentenceChunk> out;
+  use = {};
   for (size_t d = docs.begin; d < docs.end; ++d) {
     const auto first = static_cast<uint32_t>(ds.document_index(d));
     const auto end = static_cast<uint32_t>(ds.document_index(d + 1));
-    if (end - first < min_sentences) continue;
+    use.sequences += end - first;
+    if (end - first < min_sentences) {
+      for (uint32_t s = first; s < end; ++s) use.tokens += static_cast<uint64_t>(ds.sequence_length(s));
+      continue;
+    }
     PhiloxStream rng(mix_key(seed, kChunkTargets), d);
     auto target = [&] {
       return (short_prob > 0 && rng.uniform() < short_prob && max_target > 2)
@@ -88,7 +94,11 @@ std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange 
       ++nsent;
       const uint32_t remaining = end - s - 1;
       if ((len >= t && remaining > 1 && nsent >= min_sentences) || remaining == 0) {
-        if (nsent >= min_sentences && len > 0) out.push_back({start, s + 1, t});
+        if (nsent >= min_sentences && len > 0) {
+          out.push_back({start, s + 1, t});
+          use.taken += std::min<uint64_t>(len, t);  // a sample cuts off what is past its target
+        }
+        use.tokens += len;
         start = s + 1;
         len = 0;
         nsent = 0;
@@ -98,7 +108,6 @@ std::vector<SentenceChunk> build_chunks(const IndexedDataset& ds, DocumentRange 
   }
   return out;
 }
-
 
 }  // namespace
 
@@ -167,19 +176,6 @@ ChunkedSamples::ChunkedSamples(std::shared_ptr<const IndexedDataset> ds, Documen
                                const SpecialTokens& special, int64_t vocab_size, uint64_t seed)
     : ds_(std::move(ds)), special_(special), vocab_size_(vocab_size), seed_(seed) {
   check_range(*ds_, docs);
-}
-
-void ChunkedSamples::count_text_use(DocumentRange docs) {
-  use_ = {};
-  const auto first = static_cast<size_t>(ds_->document_index(docs.begin));
-  const auto end = static_cast<size_t>(ds_->document_index(docs.end));
-  use_.sequences = end - first;
-  for (size_t s = first; s < end; ++s) use_.tokens += static_cast<uint64_t>(ds_->sequence_length(s));
-  for (const SentenceChunk& c : chunks_) {
-    uint64_t len = 0;
-    for (uint32_t s = c.first; s < c.end; ++s) len += static_cast<uint64_t>(ds_->sequence_length(s));
-    use_.taken += std::min<uint64_t>(len, c.target);
-  }
 }
 
 const SentenceChunk& ChunkedSamples::chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const {
@@ -265,9 +261,8 @@ BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange
   if (o.seq_length < 5) fail("BERT samples: seq_length must be at least 5, got ", o.seq_length);
   if (special.cls < 0 || special.sep < 0 || special.mask < 0 || special.pad < 0)
     fail("BERT samples need [CLS], [SEP], [MASK] and [PAD]; use a WordPiece tokenizer (BertWordPieceLowerCase)");
-  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob,
-                         o.binary_head ? 2 : 1, seed);
-  count_text_use(docs);
+  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(o.seq_length - 3), o.short_seq_prob, o.binary_head ? 2 : 1,
+                         seed, use_);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no BERT sample can be built from the selected ", docs.end - docs.begin,
          " documents (each needs ", o.binary_head ? "at least 2 sentences" : "a sentence",
@@ -407,8 +402,7 @@ T5Samples::T5Samples(std::shared_ptr<const IndexedDataset> ds, DocumentRange doc
            " leave no room for a corrupted span at --mask-prob ", o.noise_density,
            "; increase --decoder-seq-length (or lower --mask-prob)");
   }
-  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed);
-  count_text_use(docs);
+  chunks_ = build_chunks(*ds_, docs, static_cast<uint32_t>(max_raw_), o.short_seq_prob, 1, seed, use_);
   if (chunks_.empty())
     fail(ds_->prefix().string(), ": no T5 sample can be built from the selected ", docs.end - docs.begin,
          " documents (all empty); use more data");

@@ -84,8 +84,6 @@ class ChunkedSamples {
                  int64_t vocab_size, uint64_t seed);
   // The chunk of sample `index`, its sentences read into `out` (ids checked against the vocabulary).
   const SentenceChunk& chunk(uint64_t index, std::vector<std::vector<int32_t>>& out) const;
-  // Counts text_use() of `docs` from chunks_ (once they are built).
-  void count_text_use(DocumentRange docs);
 
   std::shared_ptr<const IndexedDataset> ds_;
   SpecialTokens special_;

@@ -728,6 +728,23 @@ TEST_F(BrownSamples, T5WholeWordMaskingCorruptsWholeWordNgramsOfGeometricLength)
             "positions hold at most 30 of them (with a sentinel per span and [EOS]), so fewer are masked. Raise "
             "--decoder-seq-length past 77 (a position more per span), or lower --mask-prob");
 
+  // no more spans than sentinels: with 3, the samples stop at their third span
+  T5Options few;
+  few.whole_words.on = true;
+  for (int32_t id = 0; id < static_cast<int32_t>(tok_->vocab_size()); ++id)
+    few.whole_words.word_continues.push_back(continues(id));
+  SpecialTokens three = sp;
+  three.num_sentinels = 3;
+  const T5Samples samples(ds_, DocumentRange::all(*ds_), few, three, tok_->vocab_size(), 3);
+  T5Sample s;
+  int64_t at_most = 0;
+  for (uint64_t i = 0; i < 200; ++i) {
+    samples.get(i, s);
+    EXPECT_LE(s.num_spans, 3) << "sample " << i;
+    at_most += s.num_spans == 3;
+  }
+  EXPECT_GT(at_most, 150);
+
   mc.decoder_seq_length = 128;
   mc.t5_masking = "span";
   EXPECT_GT(count(mc).split_words, 50) << "T5's spans cut words";
