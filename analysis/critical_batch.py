@@ -18,8 +18,9 @@ metrics.h5), smoothed by a centred moving average over as many samples as the la
 sweep (the same for every batch size, so each curve is about as noisy as the largest
 batch's; centred, so a smooth curve is not delayed), and interpolated
 linearly between the two iterations around the first crossing. S counts the updates made
-before that point: the loss logged at iteration k was measured on the weights of k - 1
-updates. A run that starts at or below a target has no measured S for it and is left
+before that point: the loss logged at iteration k was measured on the weights of the updates
+of the iterations before it, k - 1 where none was skipped (an fp16 overflow, train/skipped 1,
+or an iteration of --iterations-to-skip, which logs no row, updates nothing). A run that starts at or below a target has no measured S for it and is left
 out, and said. Targets default to three losses every non-diverged point reaches from
 above; `--targets` sets them.
 
@@ -87,26 +88,32 @@ def iteration_reaching(iterations, values, target):
     return float(x0 + (x1 - x0) * (y0 - target) / (y0 - y1)) if y0 != y1 else float(x1)
 
 
-def updates_before(iteration):
-    """Optimizer updates made before the train loss logged at `iteration` was measured. The
-    trainer, as Megatron's, logs iteration k's loss from its forward pass, on the weights
-    that k - 1 updates made (iteration 1's is the initial model's); the update follows. So a
-    run whose loss reaches the target at iteration k took k - 1 steps to get there."""
-    return iteration - 1.0
+def updates_before(p, iteration):
+    """Optimizer updates point `p` made before the train loss logged at `iteration` (fractional
+    between two logged ones) was measured. The trainer, as Megatron's, logs iteration k's loss
+    from its forward pass, on the weights the iterations before it updated (iteration 1's is the
+    initial model's); its own update follows, unless it is skipped: an fp16 overflow (a row
+    with train/skipped 1) or one of --iterations-to-skip (no row) updates nothing. So a run
+    whose loss reaches the target at iteration k took k - 1 steps, less those skipped."""
+    it = p.series("train/iteration")
+    skipped = p.series("train/skipped")
+    made = 1.0 - (skipped != 0) if len(skipped) == len(it) else np.ones(len(it))
+    before = (it[0] - 1.0) + np.concatenate([[0.0], np.cumsum(made)[:-1]])  # at each logged iteration
+    return float(np.interp(iteration, it, before))
 
 
 def seconds_before(p, iteration):
-    """Training time in seconds of the updates made before the loss logged at `iteration`:
-    the run's own step times (train/iteration_time_ms: the steps only, no evaluation or
-    checkpoint) of iterations 1 .. iteration - 1, a fraction of the next in proportion. None
-    where the run logged no step times."""
+    """Training time in seconds before the loss logged at `iteration` was measured: the run's
+    own step times (train/iteration_time_ms: the steps only, no evaluation or checkpoint) of
+    iterations 1 .. iteration - 1 (a skipped one's too: it took its time), a fraction of the
+    next in proportion. None where the run logged no step times."""
     it, ms = p.series("train/iteration"), p.series("train/iteration_time_ms")
     n = min(len(it), len(ms))
     if n == 0 or not np.all(np.isfinite(ms[:n])):
         return None
     after = np.concatenate([[it[0] - 1.0], it[:n]])  # iterations done, and the time they took
     took = np.concatenate([[0.0], np.cumsum(ms[:n])]) / 1000.0
-    return float(np.interp(updates_before(iteration), after, took))
+    return float(np.interp(iteration - 1.0, after, took))
 
 
 def fit_hyperbola(batches, steps):
@@ -303,7 +310,7 @@ def analyze(points, targets=None, seed=0, keys=None):
                     starts_below += 1
                     continue
                 key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
-                per_setting.setdefault(key, []).append(updates_before(at))
+                per_setting.setdefault(key, []).append(updates_before(c["point"], at))
                 seconds.setdefault(key, []).append(seconds_before(c["point"], at))
                 pt = c["point"]  # B_simple where the run is as it reaches the target: at the same iteration
                 ns = noise_scale_centred(pt, at, window) if has_step_estimates(pt) else noise_scale_at(pt, at)

@@ -21,17 +21,23 @@ class FakePoint:
     """A run as the trainer logs it: at iteration k the loss of its forward pass, on the
     weights of k - 1 updates, each update worth 1 / (1 + B_crit / B) ideal steps."""
 
-    def __init__(self, optimizer, batch, b_crit, seed, noise, budget, tau=TAU):
+    def __init__(self, optimizer, batch, b_crit, seed, noise, budget, tau=TAU, overflows=0, left_out=()):
+        """overflows: its first iterations skipped as fp16 overflows (train/skipped 1);
+        left_out: iterations of --iterations-to-skip (no row). Neither updates the weights."""
         self.optimizer, self.batch, self.state = optimizer, batch, "done"
         self.config = {"optimizer": optimizer, "global_batch_size": batch, "seed": seed}  # as a Point's
         steps = int(budget / batch)
-        it = np.arange(1, steps + 1, dtype=float)
-        u = (it - 1.0) / (1.0 + b_crit / batch)
+        it = np.array([k for k in range(1, steps + 1) if k not in left_out], dtype=float)
+        skipped = (it <= overflows).astype(float)
+        updates = np.concatenate([[0.0], np.cumsum(1.0 - skipped)[:-1]])  # before each logged loss
+        u = updates / (1.0 + b_crit / batch)
         loss = 3.0 + 7.0 * np.exp(-u / tau)
         rng = np.random.default_rng(seed * 1000 + batch)
         loss = loss * (1.0 + noise * math.sqrt(8.0 / batch) * rng.standard_normal(len(it)))
         self._s = {"train/iteration": it, "train/lm_loss": loss, "train/consumed_samples": it * batch,
                    "noise_scale/iteration": it, "noise_scale/b_simple": np.full(len(it), b_crit * 1.5)}
+        if overflows:
+            self._s["train/skipped"] = skipped
 
     def series(self, name):
         return np.asarray(self._s.get(name, []), dtype=float)
@@ -204,7 +210,7 @@ class CriticalBatch(unittest.TestCase):
         it = np.array([1.0, 2.0, 3.0, 4.0])
         self.assertAlmostEqual(cb.iteration_reaching(it, np.array([10.0, 8.0, 6.0, 7.0]), 7.0), 2.5)
         self.assertIsNone(cb.iteration_reaching(it, np.array([10.0, 9.0, 8.0, 7.5]), 7.0))
-        self.assertEqual(cb.updates_before(2.5), 1.5, "iteration 2.5's loss: after 1.5 updates")
+        self.assertEqual(cb.updates_before(sweep(48.0, [8])[0], 2.5), 1.5, "iteration 2.5's loss: after 1.5 updates")
 
     def test_the_smoothing_is_centred_on_each_step(self):
         # a straight line comes back unchanged away from the ends, whether the window is an
@@ -231,6 +237,26 @@ class CriticalBatch(unittest.TestCase):
         # batch 128 reaches it after s_min (1 + 48 / 128) updates, at iteration one more
         self.assertAlmostEqual(row["points"][-1]["steps"], s_min * (1 + b_crit / 128), delta=0.05)
         self.assertAlmostEqual(row["points"][-1]["samples"], 128 * row["points"][-1]["steps"])
+
+    def test_skipped_iterations_update_nothing_and_count_no_step(self):
+        # an fp16 run's first iterations overflow and are skipped (train/skipped 1), and
+        # --iterations-to-skip leaves iterations out of the log: neither updates the weights
+        p = FakePoint("lamb", 16, 48.0, 1, 0.0, 16 * 40, overflows=3, left_out=(10, 11))
+        self.assertEqual(cb.updates_before(p, 4.0), 0.0, "iterations 1-3 overflowed")
+        self.assertEqual(cb.updates_before(p, 6.5), 2.5)
+        self.assertEqual(cb.updates_before(p, 12.0), 6.0, "iterations 4-9 updated; 10 and 11 were left out")
+        # a sweep whose runs all overflow at first, or skip iterations on the way, takes as many
+        # steps to a target as one that does neither (counting iterations took 12 more at every
+        # batch size: S_min 51 for 39, and B_crit 37 for 48)
+        tau, b_crit, target, batches = 20.0, 48.0, 4.0, [8, 16, 32, 64, 128]
+        clean = cb.analyze(sweep(b_crit, batches, budget=20000, tau=tau), [target])["optimizers"]["lamb"][0]
+        rough = [FakePoint("lamb", B, b_crit, 1, 0.0, 20000, tau, overflows=10, left_out=(20, 21))
+                 for B in batches]
+        row = cb.analyze(rough, [target])["optimizers"]["lamb"][0]
+        for a, b in zip(clean["points"], row["points"]):
+            self.assertAlmostEqual(a["steps"], b["steps"], places=9, msg=(a, b))
+        self.assertAlmostEqual(row["b_crit"], clean["b_crit"], places=6)
+        self.assertAlmostEqual(clean["b_crit"] / b_crit, 1.0, delta=0.05, msg=clean)
 
     def test_the_training_time_to_a_target_sums_the_runs_step_times_before_it(self):
         # each step at batch B takes 2 B ms, the first 100 ms more (warm-up): after S updates
