@@ -168,8 +168,7 @@ std::string sample_fill_warning(const ModelConfig& c, const data::Tokenizer& tok
     // masked; each span takes a sentinel more in the decoder, and [EOS] one
     const int64_t text = c.seq_length - 2;
     const auto most = static_cast<int64_t>(
-        std::min(c.mask_prob * static_cast<double>(text),
-                 std::max(1.0, static_cast<double>(std::lround(c.mask_prob * static_cast<double>(text))))));
+        data::megatron_mask_count(c.mask_prob, static_cast<size_t>(text), static_cast<size_t>(text)));
     if (most + 2 <= c.decoder_seq()) return "";
     return "T5 whole-word masking at --mask-prob " + shortest(c.mask_prob) + " masks up to " + n(most) +
            " of a sample's " + n(text) + " tokens, but the decoder's " + n(c.decoder_seq()) +

@@ -253,6 +253,11 @@ void choose_ngrams(const std::vector<Word>& words, NgramLengths lengths, double 
 
 }  // namespace
 
+double megatron_mask_count(double p, size_t tokens, size_t target) {
+  return std::min(p * static_cast<double>(target),
+                  std::max(1.0, static_cast<double>(std::lround(p * static_cast<double>(tokens)))));
+}
+
 // ---------------------------------------------------------------- BERT
 
 BertSamples::BertSamples(std::shared_ptr<const IndexedDataset> ds, DocumentRange docs, const BertOptions& o,
@@ -322,11 +327,9 @@ void BertSamples::get(uint64_t index, BertSample& out) const {
   };
   if (opt_.whole_words.on) {
     const std::vector<Word> words = words_of(candidates, out.tokens.data(), opt_.whole_words.word_continues);
-    const double q = opt_.masked_lm_prob;
-    const double limit = std::min(q * static_cast<double>(target),
-                                  std::max(1.0, static_cast<double>(std::lround(q * static_cast<double>(p)))));
     choose_ngrams(
-        words, NgramLengths::kBert, limit, rng, [](size_t, size_t) { return true; },
+        words, NgramLengths::kBert, megatron_mask_count(opt_.masked_lm_prob, p, target), rng,
+        [](size_t, size_t) { return true; },
         [&](size_t w, size_t w_end) {
           for (size_t k = w; k < w_end; ++k)
             for (uint32_t pos = words[k].first; pos < words[k].end; ++pos) mask(pos);
@@ -437,10 +440,7 @@ void T5Samples::corrupt_whole_words(const std::vector<int32_t>& tokens, size_t c
   std::vector<uint32_t> positions(tokens.size());
   std::iota(positions.begin(), positions.end(), 0u);
   const std::vector<Word> words = words_of(positions, tokens.data(), opt_.whole_words.word_continues);
-  const double p = opt_.noise_density;
-  const double limit =
-      std::min(p * static_cast<double>(chunk_target),
-               std::max(1.0, static_cast<double>(std::lround(p * static_cast<double>(tokens.size())))));
+  const double limit = megatron_mask_count(opt_.noise_density, tokens.size(), chunk_target);
   // the decoder's target holds each span's sentinel and tokens, then [EOS]
   const auto sentinels = static_cast<size_t>(special_.num_sentinels);
   const auto decoder = static_cast<size_t>(opt_.decoder_seq_length);

@@ -100,6 +100,9 @@ struct WholeWordMasking {
   bool on = false;
   std::vector<uint8_t> word_continues;
 };
+// Megatron's count of the tokens its masking takes from a sample: p of its tokens (at least
+// one), at most p of its target length.
+double megatron_mask_count(double p, size_t tokens, size_t target);
 
 // ---------------------------------------------------------------- BERT
 
