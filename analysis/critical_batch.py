@@ -282,8 +282,8 @@ def analyze(points, targets=None, seed=0, keys=None):
               "bootstrap over batch sizes and seeds (16th-84th percentiles); where a batch size has "
               "several settings (a learning-rate grid), the one reaching the target in the fewest steps",
               "time": "t: the training time to the target, the runs' own step times (train/iteration_time_ms; "
-              "no evaluation or checkpoints) summed over the updates before it, as measured: points that ran "
-              "side by side shared the machine",
+              "no evaluation or checkpoints) summed over the iterations before it (skipped ones too), as "
+              "measured: points that ran side by side shared the machine",
               "b_simple_smoothing": noise_smoothing(points, window), "optimizers": {}}
     if ramped:
         result["ramped_left_out"] = sorted(p.id for p in ramped)
