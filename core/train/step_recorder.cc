@@ -64,7 +64,7 @@ void StepRecorder::record(int64_t iteration, int64_t consumed, int64_t batch, do
   double objective = 0;
   for (size_t k = 0; k < L; ++k) objective += row[k];
   const bool skipped = fp16_ && row[L + kFoundInf] != 0.0;
-  if (!skipped && (!std::isfinite(objective) || !std::isfinite(row[L + kNorm]))) drain();
+  if (!std::isfinite(objective) || (!skipped && !std::isfinite(row[L + kNorm]))) drain();
 }
 
 // ---- what the host learns at a drain ------------------------------------------------------
@@ -96,8 +96,11 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   double objective = 0;
   for (size_t k = 0; k < L; ++k) objective += v[k];
   const double scale = fp16_ ? v[L + kLossScale] : 1.0;
-  if (skipped && !std::isfinite(objective)) ++interval_nan_;  // fp16: counted and skipped, as Megatron
-  if (!skipped && (!std::isfinite(objective) || !std::isfinite(norm)) && diverged_at_ == 0) {
+  if (skipped && !std::isfinite(objective)) ++interval_nan_;  // fp16: counted, as Megatron's line does
+  // A NaN or infinite loss stops the run, an fp16 one too: the forward pass overflowed, which no
+  // loss scale mends (Megatron's --check-for-nan-in-loss-and-grad, its default, stops there too).
+  // An fp16 step whose gradients alone overflowed is the loss scaler's to skip.
+  if ((!std::isfinite(objective) || (!skipped && !std::isfinite(norm))) && diverged_at_ == 0) {
     diverged_at_ = it;  // recorded in the metrics below; the loop stops after this step
     divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
                          printf_string("%g", !std::isfinite(objective) ? objective : norm);

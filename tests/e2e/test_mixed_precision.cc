@@ -94,6 +94,26 @@ TEST(MixedPrecision, Fp16OverflowSkipsTheStepAndBacksTheScaleOff) {
   EXPECT_NE(c.attr_string("trainer").find("\"optimizer_steps\":0"), std::string::npos) << c.attr_string("trainer");
 }
 
+// An fp16 forward pass that overflows (weights drawn 30x too wide: logits past fp16's 65504)
+// gives a NaN loss, which no loss scale mends: the run stops as diverged at that iteration, as
+// Megatron's default --check-for-nan-in-loss-and-grad stops it. Before, the loss scaler skipped
+// the step, and every later one, and the run ended "done" with a NaN loss; a sweep counted it
+// as a result. bf16, whose range holds those logits, trains on until its loss passes the
+// divergence threshold.
+TEST(MixedPrecision, AnFp16LossThatOverflowsStopsTheRunAsDiverged) {
+  mb::testing::TempDir tmp;
+  auto r = mb::testing::run_command(train(tmp / "fp16", "--fp16 --init-method-std 30", 6));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("diverged at iteration 1: lm loss is "), std::string::npos) << r.output;
+  ASSERT_TRUE(fs::exists(tmp / "fp16" / "DIVERGED")) << r.output;
+  EXPECT_EQ(series(tmp / "fp16" / "metrics.h5", "train/lm_loss").size(), 1u);
+  r = mb::testing::run_command(train(tmp / "bf16", "--bf16 --init-method-std 30", 6));
+  EXPECT_EQ(r.exit_code, 4) << r.output;
+  EXPECT_NE(r.output.find("lm loss above"), std::string::npos) << r.output;
+  const auto bf16 = series(tmp / "bf16" / "metrics.h5", "train/lm_loss");
+  EXPECT_TRUE(std::all_of(bf16.begin(), bf16.end(), [](double x) { return std::isfinite(x); }));
+}
+
 TEST(MixedPrecision, ACleanWindowGrowsTheScale) {
   mb::testing::TempDir tmp;
   const auto r = mb::testing::run_command(train(tmp / "run", "--fp16 --initial-loss-scale 256 --loss-scale-window 2", 7));
