@@ -537,7 +537,9 @@ const config::Schema& train_schema() {
            "guess); a NaN or infinite loss or gradient norm stops the run at once",
            "logging"},
           {"divergence_intervals", Type::kInt, 3,
-           "log intervals in a row above divergence_loss that make a run diverged", "logging"},
+           "log intervals in a row above divergence_loss that make a run diverged (and, fp16, of nothing but "
+           "overflowing steps at the lowest loss scale)",
+           "logging"},
       });
   return schema;
 }

@@ -179,6 +179,17 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
     divergence_reason_ = printf_string("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
                                 static_cast<long long>(intervals_above_), mean_loss);
   }
+  // fp16: every step overflowing at a loss scale that cannot go lower (a static --loss-scale,
+  // or --min-loss-scale) takes no step any more, however long the run goes on
+  const bool lowest = fp16_ && (!opt_.loss_scaler.dynamic || interval_loss_scale_ <= opt_.loss_scaler.min_scale);
+  intervals_stuck_ = lowest && interval_skipped_ == interval_iters_ ? intervals_stuck_ + 1 : 0;
+  if (diverged_at_ == 0 && opt_.divergence_intervals > 0 && intervals_stuck_ >= opt_.divergence_intervals) {
+    diverged_at_ = iteration;
+    divergence_reason_ =
+        printf_string("every step of %lld log intervals overflowed fp16 at the loss scale %g, %s, so no step was taken",
+                      static_cast<long long>(intervals_stuck_), interval_loss_scale_,
+                      opt_.loss_scaler.dynamic ? "the lowest (--min-loss-scale)" : "a static one (--loss-scale)");
+  }
   if (metrics_ && extras.memory) {
     metrics_->append("memory/iteration", static_cast<double>(iteration));
     metrics_->append("memory/allocated_bytes", extras.memory->allocated);

@@ -103,6 +103,7 @@ class StepRecorder {
   int64_t interval_iters_ = 0, interval_skipped_ = 0, interval_nan_ = 0;
   int64_t interval_samples_ = 0, last_batch_ = 0;  // samples of the interval; the global batch of its last step
   int64_t intervals_above_ = 0;            // log intervals in a row above divergence_loss
+  int64_t intervals_stuck_ = 0;            // fp16: log intervals in a row of nothing but overflows at the lowest scale
   int64_t diverged_at_ = 0;
   std::string divergence_reason_;
   std::chrono::steady_clock::time_point interval_start_;

@@ -59,7 +59,8 @@ struct TrainOptions {
   bool log_num_zeros_in_grad = false;
   // Divergence: a NaN or infinite loss or gradient norm stops the run at once; an lm loss
   // whose log-interval mean stays above divergence_loss for divergence_intervals intervals
-  // in a row stops it too (0: only NaN/inf). A diverged run saves no checkpoint.
+  // in a row stops it too (0: only NaN/inf), as do (fp16) that many intervals whose every step
+  // overflowed at the lowest loss scale. A diverged run saves no checkpoint.
   double divergence_loss = 0;
   int64_t divergence_intervals = 3;
   // Data parallelism (Megatron's DDP flags): gradients are summed over the DP group in

@@ -114,6 +114,32 @@ TEST(MixedPrecision, AnFp16LossThatOverflowsStopsTheRunAsDiverged) {
   EXPECT_TRUE(std::all_of(bf16.begin(), bf16.end(), [](double x) { return std::isfinite(x); }));
 }
 
+// fp16 steps that all overflow at a loss scale that cannot go lower (a static --loss-scale, or
+// a dynamic one at --min-loss-scale) take no step however long the run goes on: after
+// --divergence-intervals log intervals of nothing else (3, here 3 iterations) the run stops
+// as diverged, naming the scale. Before, it ran to its end untrained and ended "done". A
+// dynamic scale on its way down from 1e30 is no such run: it goes on.
+TEST(MixedPrecision, Fp16StepsThatAllOverflowAtTheLowestScaleStopTheRun) {
+  mb::testing::TempDir tmp;
+  for (const auto& [flags, which] : std::vector<std::pair<std::string, std::string>>{
+           {"--loss-scale 1e30", "a static one (--loss-scale)"},
+           {"--initial-loss-scale 1e30 --min-loss-scale 1e30", "the lowest (--min-loss-scale)"}}) {
+    SCOPED_TRACE(flags);
+    const fs::path run = tmp / std::to_string(which.size());
+    const auto r = mb::testing::run_command(train(run, "--fp16 " + flags, 12));
+    EXPECT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_NE(r.output.find("diverged at iteration 3: every step of 3 log intervals overflowed fp16 at the loss scale "
+                            "1e+30, " +
+                            which + ", so no step was taken"),
+              std::string::npos)
+        << r.output;
+    EXPECT_TRUE(fs::exists(run / "DIVERGED"));
+    EXPECT_EQ(series(run / "metrics.h5", "train/skipped"), (std::vector<double>{1, 1, 1}));
+  }
+  const auto r = mb::testing::run_command(train(tmp / "down", "--fp16 --initial-loss-scale 1e30", 6));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 TEST(MixedPrecision, ACleanWindowGrowsTheScale) {
   mb::testing::TempDir tmp;
   const auto r = mb::testing::run_command(train(tmp / "run", "--fp16 --initial-loss-scale 256 --loss-scale-window 2", 7));
