@@ -162,7 +162,6 @@ data::T5Options t5_options(const ModelConfig& c, const data::Tokenizer* tokenize
 std::string sample_fill_warning(const ModelConfig& c, const data::Tokenizer& tokenizer) {
   if (c.family != "t5") return "";
   const auto n = [](int64_t x) { return std::to_string(x); };
-  data::T5Options o = t5_options(c);
   if (c.t5_masking == "whole-word") {
     // a full sample: encoder length - 2 tokens, of them at most floor(min(p x that, round(p x that)))
     // masked; each span takes a sentinel more in the decoder, and [EOS] one
@@ -177,6 +176,7 @@ std::string sample_fill_warning(const ModelConfig& c, const data::Tokenizer& tok
            "--decoder-seq-length past " +
            n(most + 1) + " (a position more per span), or lower --mask-prob";
   }
+  data::T5Options o = t5_options(c);
   const int32_t sentinels = tokenizer.special().num_sentinels;
   const data::T5Fit fit = data::t5_fit(o, sentinels);
   o.decoder_seq_length = 8 * o.encoder_seq_length;  // the decoder unbounded: what fills the encoder

@@ -76,8 +76,8 @@ ResumePoint find_resume_point(const LoadOptions& how, uint64_t seed, int64_t tra
           "; give --load its directory, or drop --ckpt-step");
     const std::filesystem::path file = io::checkpoint_path(how.load, *how.ckpt_step);
     if (!std::filesystem::exists(file)) {
-      std::vector<std::string> its;
-      for (const auto& [it, path] : io::list_checkpoints(how.load)) its.push_back(std::to_string(it));
+      std::vector<int64_t> its;
+      for (const auto& [it, path] : io::list_checkpoints(how.load)) its.push_back(it);
       const std::string held = join(its, ", ");
       fail("--ckpt-step ", *how.ckpt_step, ": ", how.load, " holds no checkpoint of iteration ", *how.ckpt_step,
            held.empty() ? std::string(" (it holds none)") : " (it holds iterations " + held + ")",

@@ -80,13 +80,11 @@ RunDirectory::RunDirectory(std::filesystem::path run_dir, const std::filesystem:
   if (!save_dir.empty() && start && std::filesystem::is_directory(save_dir)) {
     const io::SetAside aside = io::set_aside_later_checkpoints(save_dir, *start);
     if (!aside.iterations.empty()) {
-      std::vector<std::string> its;
-      for (const int64_t it : aside.iterations) its.push_back(std::to_string(it));
       earlier_ = save_dir.string() + " held checkpoints past iteration " + std::to_string(*start) +
                  ", where this run starts (" + (aside.iterations.size() > 1 ? "iterations " : "iteration ") +
-                 join(its, ", ") + "): another trajectory's, which this run's would mix with; they are kept in " +
-                 aside.to.string() + " (" + human_bytes(static_cast<double>(aside.bytes)) +
-                 "; remove it when you no longer need them)";
+                 join(aside.iterations, ", ") +
+                 "): another trajectory's, which this run's would mix with; they are kept in " + aside.to.string() +
+                 " (" + human_bytes(static_cast<double>(aside.bytes)) + "; remove it when you no longer need them)";
       if (const std::string rows = fresh ? "" : rows_held(dir_); !rows.empty())
         earlier_ += "; " + (dir_ / "metrics.h5").string() + " as it was (" + rows + "), whose rows past iteration " +
                     std::to_string(*start) + " this run drops, is kept in " + keep_earlier_run(dir_, true).string();

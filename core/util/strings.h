@@ -38,6 +38,13 @@ inline std::string join(const std::vector<std::string>& items, std::string_view 
   return out;
 }
 
+// Numbers (iterations, say) as "1, 2, 3".
+inline std::string join(const std::vector<int64_t>& items, std::string_view sep) {
+  std::vector<std::string> text;
+  for (const int64_t x : items) text.push_back(std::to_string(x));
+  return join(text, sep);
+}
+
 // `s` as one word for /bin/sh: in single quotes, a ' inside written as '\''.
 inline std::string shell_quote(std::string_view s) {
   std::string q(1, '\'');
