@@ -118,9 +118,11 @@ bool skipping_training(const json& v, mb::train::TrainOptions& opt) {
   return true;
 }
 
-int evaluate_only(mb::train::Trainer& trainer, const mb::train::ResumePoint& resume) {
+int evaluate_only(mb::train::Trainer& trainer, const mb::train::ResumePoint& resume, const mb::train::RunDirectory* dir,
+                  const mb::train::TrainOptions& opt, const std::filesystem::path& run_dir) {
   std::cout << "skipping training (--skip-train is on) ..." << std::endl;
   trainer.final_evaluation();
+  if (trainer.diverged()) return outcome(mb::train::StopReason::kDiverged, trainer, dir, opt, run_dir);
   std::cout << "> done: evaluated at iteration " << trainer.iteration() << " (--skip-train), "
             << (resume.from ? "the weights of " + resume.from->string() : std::string("the weights as initialized"))
             << std::endl;
@@ -358,7 +360,7 @@ int train(const mb::config::Resolved& r, Run& run) {
   trainer.set_data_parallel(*parallel.dp);
   trainer.set_world(*parallel.world);
   if (resume.resuming()) trainer.restore(resume.state);
-  if (skip_train) return evaluate_only(trainer, resume);
+  if (skip_train) return evaluate_only(trainer, resume, dir ? &*dir : nullptr, opt, run_dir);
   return outcome(trainer.run(), trainer, dir ? &*dir : nullptr, opt, run_dir);
 }
 

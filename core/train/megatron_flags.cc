@@ -21,7 +21,8 @@ const char* kStopsAtNan =
     "megabatch stops a run as diverged (exit status 4, run_dir/DIVERGED) at the first NaN or inf lm loss or gradient "
     "norm, always, naming that iteration (an fp16 loss too: the forward pass overflowed, which no loss scale mends; an "
     "fp16 step whose gradients alone overflow is the loss scaler's to skip; a GPU run learns of it at the next log "
-    "line, and never checkpoints after it): training on from NaN weights learns nothing";
+    "line, and never checkpoints after it; an evaluation's NaN loss, and weights a step overflowed, stop it too): "
+    "training on from NaN weights learns nothing";
 ForeignFlag taken(const char* name, int arity, const char* done) { return {name, arity, done, {}, ""}; }
 ForeignFlag refused(const char* name, int arity, std::string why) { return {name, arity, "", {}, std::move(why)}; }
 ForeignFlag taken_at(const char* name, const char* value, const char* done, std::string why_not) {

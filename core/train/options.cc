@@ -534,7 +534,8 @@ const config::Schema& train_schema() {
            "stop as diverged (exit status 4, run_dir/DIVERGED) when the lm loss averaged over a log interval stays "
            "above "
            "this for divergence_intervals intervals in a row (default: 2 ln(padded vocab), twice the loss of a uniform "
-           "guess); a NaN or infinite loss or gradient norm stops the run at once",
+           "guess); a NaN or infinite loss or gradient norm stops the run at once, as do a NaN or infinite evaluation "
+           "loss and weights that are not finite when a checkpoint is due",
            "logging"},
           {"divergence_intervals", Type::kInt, 3,
            "log intervals in a row above divergence_loss that make a run diverged (and, fp16, of nothing but "

@@ -77,7 +77,15 @@ class StepRecorder {
   const NoiseScaleEstimator& noise_scale() const { return noise_scale_; }
   int64_t skipped_total() const { return skipped_total_; }
   void set_skipped_total(int64_t n) { skipped_total_ = n; }
-  int64_t diverged_at() const { return diverged_at_; }  // 0: not diverged
+  bool diverged() const { return !divergence_reason_.empty(); }
+  int64_t diverged_at() const { return diverged_at_; }  // where diverged(): the iteration
+  // A divergence the trainer finds outside the step rows (an evaluation, the weights before a
+  // checkpoint); the first one found stands.
+  void diverge(int64_t iteration, const std::string& reason) {
+    if (diverged()) return;
+    diverged_at_ = iteration;
+    divergence_reason_ = reason;
+  }
   const std::string& divergence_reason() const { return divergence_reason_; }
 
  private:

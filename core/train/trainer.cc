@@ -13,6 +13,7 @@
 #include "core/device/runtime.h"
 #include "core/ops/gradients.h"
 #include "core/ops/reduce.h"
+#include "core/train/finite_weights.h"
 #include "core/train/replica_check.h"
 #include "core/train/step_profile.h"
 #include "core/train/stop_signals.h"
@@ -295,7 +296,7 @@ void Trainer::validate(BatchSource& data, const std::string& set) {
   const std::string group = set == "test" ? "test/" : "validation/";
   if (metrics_) metrics_->append(group + "iteration", static_cast<double>(iteration_));
   for (const auto& [name, loss] : losses) {
-    const double ppl = std::exp(std::min(20.0, loss));
+    const double ppl = std::isnan(loss) ? loss : std::exp(std::min(20.0, loss));  // Megatron's cap; NaN stays NaN
     line += printf_string(" %s value: %.6E | %s PPL: %.6E |", name.c_str(), loss, name.c_str(), ppl);
     if (metrics_) {
       metrics_->append(group + io::series_name(name), loss);
@@ -306,6 +307,22 @@ void Trainer::validate(BatchSource& data, const std::string& set) {
   const std::string rule(line.size() + 1, '-');
   console_ << rule << "\n" << line << "\n" << rule << std::endl;
   if (metrics_) metrics_->flush();
+  // The forward pass overflowed on held-out data (or the weights did): the result a sweep reads
+  // is gone, and the weights are no point to go on from (every rank computed the same losses).
+  for (const auto& [name, loss] : losses)
+    if (!std::isfinite(loss)) {
+      recorder_.diverge(iteration_, (set.empty() ? std::string("validation") : set) + " " + name + " is " +
+                                        printf_string("%g", loss));
+      break;
+    }
+}
+
+bool Trainer::weights_finite() {
+  const std::string bad = nonfinite_weights(model_.parameters(), *world_);
+  if (bad.empty()) return true;
+  recorder_.diverge(iteration_, "the weights after iteration " + std::to_string(iteration_) + " are not finite (" +
+                                    bad + "): its step overflowed them, so they are not checkpointed");
+  return false;
 }
 
 void Trainer::final_evaluation() {
@@ -371,7 +388,7 @@ StopReason Trainer::loop() {
     }
     const bool save_now = saving && opt_.save_interval > 0 && iteration_ % opt_.save_interval == 0;
     if (save_now) drain();  // a GPU run learns of a NaN here at the latest: never checkpoint one
-    if (recorder_.diverged_at() != 0) {
+    if (recorder_.diverged() || (save_now && !weights_finite())) {
       reason = StopReason::kDiverged;
       break;
     }
@@ -390,8 +407,13 @@ StopReason Trainer::loop() {
       break;
     }
     if (valid_ && opt_.eval_interval > 0 && evaluating() && iteration_ % opt_.eval_interval == 0 &&
-        iteration_ < opt_.train_iters)
+        iteration_ < opt_.train_iters) {
       validate(*valid_, "");
+      if (recorder_.diverged()) {
+        reason = StopReason::kDiverged;
+        break;
+      }
+    }
   }
   profile.finish(iteration_, drained);
   return reason;
@@ -399,8 +421,6 @@ StopReason Trainer::loop() {
 
 void Trainer::finish(StopReason reason) {
   const bool saving = !opt_.save_dir.empty();
-  if (reason == StopReason::kFinished) final_evaluation();
-  if (saving && last_saved_ != iteration_) save_checkpoint();
   // a resumable stop's last words
   const std::string resume = saving ? "; resume with --load " + opt_.save_dir : "; no --save directory, nothing was saved";
   if (reason == StopReason::kSignal)
@@ -422,7 +442,10 @@ StopReason Trainer::run() {
     StopReason reason = loop();
     drain();
     optimizer_.settle();
-    if (recorder_.diverged_at() != 0) reason = StopReason::kDiverged;
+    if (!recorder_.diverged() && reason == StopReason::kFinished) final_evaluation();
+    if (!recorder_.diverged() && !opt_.save_dir.empty() && last_saved_ != iteration_ && weights_finite())
+      save_checkpoint();
+    if (recorder_.diverged()) reason = StopReason::kDiverged;
     if (metrics_) metrics_->flush();
     if (reason == StopReason::kDiverged) {
       console_ << " diverged at iteration " << recorder_.diverged_at() << ": " << recorder_.divergence_reason()

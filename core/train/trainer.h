@@ -45,8 +45,9 @@ class Trainer {
   // at any rank (then every rank finishes the current iteration, a checkpoint is written
   // when save_dir is set, and it returns kSignal), or until an iteration ends
   // exit_duration_minutes after run() began on any rank (the same, and kExitDuration). A
-  // diverged run (see TrainOptions) stops with kDiverged, its metrics flushed and no
-  // checkpoint written. On an error (a plugin failure) the metrics are flushed first, then
+  // diverged run (see TrainOptions; also an evaluation's NaN or infinite loss, and weights
+  // that are not finite where a checkpoint is due) stops with kDiverged, its metrics flushed
+  // and no checkpoint written. On an error (a plugin failure) the metrics are flushed first, then
   // the Error propagates.
   StopReason run();
   // Continues from a checkpoint: iteration, consumed samples (the data position) and the
@@ -91,6 +92,7 @@ class Trainer {
   int64_t skipped_iterations() const { return recorder_.skipped_total(); }  // fp16 overflows
   int64_t optimizer_steps() const { return optimizer_.counts().optimizer_steps; }  // steps applied (not skipped)
   // After run() returned kDiverged: the iteration it was detected at and why.
+  bool diverged() const { return recorder_.diverged(); }
   int64_t diverged_at() const { return recorder_.diverged_at(); }
   const std::string& divergence_reason() const { return recorder_.divergence_reason(); }
   ops::LossScalerState loss_scaler_state() const { return optimizer_.loss_scaler_state(); }
@@ -107,7 +109,9 @@ class Trainer {
   void measure_micro_batch(int64_t k, int64_t local, int64_t n_measured);  // noise scale's small-batch term
   void validate(BatchSource& data, const std::string& set);  // Megatron's evaluation block
   StopReason loop();          // run()'s iterations, until a reason to stop
-  void finish(StopReason reason);  // after the loop: evaluations, checkpoint, what stopped it
+  void finish(StopReason reason);  // after the last checkpoint: what stopped the run
+  // Before a checkpoint: the weights are finite on every rank; else the run has diverged (false).
+  bool weights_finite();
   // After an iteration: did any rank of the job receive a stop signal (then stop_signal_ says
   // which) or spend --exit-duration-in-mins? One all-reduce over the job.
   bool stop_agreed();

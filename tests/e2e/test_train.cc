@@ -816,6 +816,87 @@ TEST_F(Train, ADivergedRunStopsEarlyAndSaysWhereAndWhy) {
   }
 }
 
+// A step can overflow the weights while its own loss and gradient norm stay finite (they were
+// computed before the update), and an evaluation can overflow where training did not. Before,
+// the first was checkpointed and the run went on to a NaN loss a step later, "the last
+// checkpoint before it" full of inf; and a NaN validation loss after the last iteration (the
+// sweep's result) ended the run "done" with its checkpoint and a PPL of e^20. Now the weights
+// are checked before every checkpoint and each evaluation's losses after it: either ends the
+// run as diverged, with no checkpoint of those weights.
+TEST_F(Train, WeightsOrAnEvaluationThatOverflowEndTheRunAsDivergedWithNoCheckpointOfThem) {
+  const std::string base = kSmall + "--micro-batch-size 4 --global-batch-size 4 --optimizer sgd --log-interval 1 ";
+  auto metrics = [](const fs::path& run, const std::string& name) {
+    mb::testing::H5File f((run / "metrics.h5").string(), mb::testing::H5File::kRead);
+    return f.read<double>(name);
+  };
+  auto reason = [](const fs::path& run) {
+    return nlohmann::json::parse(mb::read_file(run / "DIVERGED"))["reason"].get<std::string>();
+  };
+  {  // lr 1e40 x gradients of norm ~1.5: past f32's 3.4e38, while iteration 1's loss and norm are finite
+    const fs::path run = tmp_ / "inf", ckpt = tmp_ / "inf_ckpt";
+    const auto r = mb::testing::run_command(train(base +
+                                                  "--lr 1e40 --train-iters 3 --eval-iters 0 --save-interval 1 "
+                                                  "--save " +
+                                                  ckpt.string() + " --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_NE(reason(run).find("the weights after iteration 1 are not finite (embedding.word_embeddings.weight and "),
+              std::string::npos)
+        << reason(run);
+    EXPECT_FALSE(fs::exists(ckpt / "iter_0000001.h5")) << r.output;
+    const auto loss = metrics(run, "train/lm_loss");
+    ASSERT_EQ(loss.size(), 1u);
+    EXPECT_TRUE(std::isfinite(loss[0]));
+  }
+  // lr 1e37: every weight stays below 1e38 (finite) but the forward pass overflows. The
+  // checkpoint after iteration 1 is written and holds only finite values (read back by h5py);
+  // iteration 2's loss is NaN.
+  const fs::path ckpt = tmp_ / "big_ckpt";
+  {
+    const fs::path run = tmp_ / "big";
+    const auto r = mb::testing::run_command(train(base +
+                                                  "--lr 1e37 --train-iters 3 --eval-iters 0 --save-interval 1 "
+                                                  "--save " +
+                                                  ckpt.string() + " --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_EQ(reason(run).rfind("lm loss is ", 0), 0u) << reason(run);
+    const auto py = mb::testing::run_command("/usr/bin/python3 -c \"import h5py, numpy as np; f = h5py.File('" +
+                                             (ckpt / "iter_0000001.h5").string() +
+                                             "', 'r'); p = [f['params'][k][()] for k in f['params']]; print(len(p), "
+                                             "all(np.isfinite(x).all() for x in p))\"");
+    EXPECT_EQ(py.output, "28 True\n") << py.output;
+  }
+  {  // the same weights evaluated after the last iteration: diverged, and no final checkpoint
+    const fs::path run = tmp_ / "valid", ckpt2 = tmp_ / "valid_ckpt";
+    const auto r = mb::testing::run_command(train(base + "--lr 1e37 --train-iters 1 --eval-iters 1 --save " +
+                                                  ckpt2.string() + " --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_EQ(reason(run).rfind("validation lm loss is ", 0), 0u) << reason(run);
+    EXPECT_FALSE(fs::exists(ckpt2 / "iter_0000001.h5"));
+    EXPECT_EQ(r.output.find("> done"), std::string::npos) << r.output;
+    const auto v = metrics(run, "validation/lm_loss"), ppl = metrics(run, "validation/lm_loss_ppl");
+    ASSERT_EQ(v.size(), 1u);
+    ASSERT_EQ(ppl.size(), 1u);
+    EXPECT_TRUE(std::isnan(v[0]));
+    EXPECT_TRUE(std::isnan(ppl[0])) << "not Megatron's cap e^20 = " << std::exp(20.0) << ": " << ppl[0];
+  }
+  {  // and during training (--eval-interval): the run stops there, iteration 2 never runs
+    const fs::path run = tmp_ / "interval";
+    const auto r = mb::testing::run_command(
+        train(base + "--lr 1e37 --train-iters 3 --eval-iters 1 --eval-interval 1 --run-dir " + run.string()));
+    ASSERT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_EQ(nlohmann::json::parse(mb::read_file(run / "DIVERGED"))["iteration"], 1);
+    EXPECT_EQ(metrics(run, "train/lm_loss").size(), 1u);
+  }
+  {  // --skip-train evaluates the checkpoint of huge weights: the same verdict
+    const fs::path run = tmp_ / "skip";
+    const auto r =
+        mb::testing::run_command(train(base + "--lr 1e37 --train-iters 3 --eval-iters 1 --skip-train --load " +
+                                       ckpt.string() + " --run-dir " + run.string()));
+    EXPECT_EQ(r.exit_code, 4) << r.output;
+    EXPECT_EQ(reason(run).rfind("validation lm loss is ", 0), 0u) << reason(run);
+  }
+}
+
 // --eval-samples: the same held-out samples whatever the batch size and seed. With lr 0 the
 // model stays at its initialization (or at the checkpoint it was fine-tuned from), so equal
 // validation losses mean equal samples.
