@@ -31,7 +31,11 @@ A series is an optimizer with the values of the sweep's other axes (model width,
 parallelism, ...: megabatch_runs.series_keys), each fitted on its own. Where a batch size has
 several settings within a series (a learning-rate grid at each batch size), S(B) is that of
 the setting reaching the target in the fewest steps, as the paper tunes hyperparameters per
-batch size; the table records which one ("chosen"). Only seeds are averaged.
+batch size; the table records which one ("chosen"). Only seeds are averaged, and a setting
+counts at a target only where every one of its finished seeds reaches it: a seed that
+diverged, or finished above the target, takes its setting out there ("short": which, and how
+many of its seeds reach it), where the mean over the seeds that got there would make a setting
+that fails for some seeds look as good as one that never does.
 
 Several sweeps (sweep analyze DIR DIR ...) are analyzed side by side: the sweep is a series
 axis, as in overlaid plots (lamb in lamb_bsz and lamb in lamb_wsd are two series, each fitted
@@ -289,6 +293,13 @@ def analyze(points, targets=None, seed=0, keys=None):
         result["ramped_left_out"] = sorted(p.id for p in ramped)
     keys = [k for k in (swept_keys(points) if keys is None else keys) if k != "seed"]
     axes = series_keys(points, keys)  # other swept axes: a series of their own
+
+    def setting(p):  # a batch size and the other values of a point's setting (all but its seed)
+        return (p.batch, json.dumps([p.config.get(k) for k in keys]))
+    finished = {}  # (series, setting) -> its seeds that finished: done or diverged (not failed, not running)
+    for p in points:
+        if p.state in ("done", "diverged"):
+            finished[(series_label(p, axes), setting(p))] = finished.get((series_label(p, axes), setting(p)), 0) + 1
     by_series = {}
     for c in curves:
         by_series.setdefault(series_label(c["point"], axes), []).append(c)
@@ -302,24 +313,28 @@ def analyze(points, targets=None, seed=0, keys=None):
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
             seconds = {}  # (B, setting) -> training time to the target of its seeds (None: not logged)
             starts_below = 0  # runs at or below the target from their first logged loss on
+            reached = {}  # (B, setting) -> its seeds that reach the target (measured or from the start)
             for c in cs:
                 at = iteration_reaching(c["iteration"], c["smooth"], target)
                 if at is None:
                     continue
+                key = setting(c["point"])
+                reached[key] = reached.get(key, 0) + 1
                 if at <= c["iteration"][0]:  # how few steps it took is not measured
                     starts_below += 1
                     continue
-                key = (c["point"].batch, json.dumps([c["point"].config.get(k) for k in keys]))
                 per_setting.setdefault(key, []).append(updates_before(c["point"], at))
                 seconds.setdefault(key, []).append(seconds_before(c["point"], at))
                 pt = c["point"]  # B_simple where the run is as it reaches the target: at the same iteration
                 ns = noise_scale_centred(pt, at, window) if has_step_estimates(pt) else noise_scale_at(pt, at)
                 if ns is not None:
                     b_simple.setdefault(key, []).append(ns)
+            # a setting some of whose finished seeds do not reach the target is out at it
+            short = sorted(k for k in per_setting if reached[k] < finished.get((opt, k), 0))
             per_batch, chosen = {}, {}  # each batch size's fastest setting (tuned hyperparameters)
-            for (B, setting), steps in sorted(per_setting.items(), key=lambda kv: np.mean(kv[1])):
-                if B not in per_batch:
-                    per_batch[B], chosen[B] = steps, setting
+            for (B, setting_at_b), steps in sorted(per_setting.items(), key=lambda kv: np.mean(kv[1])):
+                if B not in per_batch and (B, setting_at_b) not in short:
+                    per_batch[B], chosen[B] = steps, setting_at_b
             b_simple = [v for B, setting in chosen.items() for v in b_simple.get((B, setting), [])]
             for B in sorted(per_batch):
                 S = float(np.mean(per_batch[B]))
@@ -330,6 +345,10 @@ def analyze(points, targets=None, seed=0, keys=None):
                 if sum(b == B for b, _ in per_setting) > 1:  # which of the settings at B it is
                     row["chosen"] = {k: v for k, v in zip(keys, json.loads(chosen[B])) if k in tuned_keys(cs, keys, B)}
                 table.append(row)
+            out = [{"batch": B, "reached": reached[(B, st)], "of": finished[(opt, (B, st))]} for B, st in short]
+            for o, (B, st) in zip(out, short):
+                if sum(b == B for b, _ in per_setting) > 1:
+                    o["setting"] = {k: v for k, v in zip(keys, json.loads(st)) if k in tuned_keys(cs, keys, B)}
             timed = [t for t in table if "seconds" in t]
             fastest = min(timed, key=lambda t: t["seconds"]) if len(timed) == len(table) and timed else None
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,
@@ -338,6 +357,8 @@ def analyze(points, targets=None, seed=0, keys=None):
                    "b_simple_range": [float(min(b_simple)), float(max(b_simple))] if b_simple else None,
                    # the runs whose B_simple is defined where they reach the target, of all taken
                    "b_simple_runs": [len(b_simple), sum(len(v) for v in per_batch.values())]}
+            if out:
+                row["short"] = out
             fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None
             if fit is None:
                 row["fit"] = None
@@ -362,6 +383,18 @@ def analyze(points, targets=None, seed=0, keys=None):
             rows.append(row)
         result["optimizers"][opt] = rows
     return result
+
+
+def short_settings(row):
+    """The settings a target's row leaves out because some of their seeds do not reach it:
+    "B=64 lr=0.08 (2 of 3 seeds reach it: a seed that diverged or finished above it takes the
+    setting out)"."""
+    said = []
+    for o in row.get("short", []):
+        values = " ".join(f"{k}={v}" for k, v in o.get("setting", {}).items())
+        said.append(f"B={o['batch']}{' ' + values if values else ''} ({o['reached']} of {o['of']} seeds reach it)")
+    return "; ".join(said) + (": a seed that diverged, or finished above the target, takes its setting out"
+                              if said else "")
 
 
 def b_simple_runs(row):
@@ -405,6 +438,8 @@ def text_table(res):
                 lines.append(head + f"S_min {fmt(f['s_min'])}, E_min {fmt(f['e_min'])}, B_crit {crit}{ci_s}, "
                                     f"B_simple {fmt(r['b_simple'])}{b_simple_runs(r)}" +
                                     (f" ({r['note']})" if r.get("note") else ""))
+            if r.get("short"):
+                lines.append(f"    not counted: {short_settings(r)}")
             if not r["points"]:
                 continue
             lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}" +

@@ -138,6 +138,11 @@ def critical_section(analysis):
                         f"<td>{fmt(ns, 3)}{' (%s - %s)' % (fmt(nr[0], 3), fmt(nr[1], 3)) if nr else ''}"
                         f"{html.escape(critical_batch.b_simple_runs(r))}</td><td>{fastest}</td></tr>")
     parts.append("<table>" + "\n".join(rows) + "</table>")
+    short = [f"{html.escape(opt)} at loss {r['target']:.3f}: {html.escape(critical_batch.short_settings(r))}"
+             for opt, rs in analysis["optimizers"].items() for r in rs if r.get("short")]
+    if short:
+        parts.append("<p>Not counted (a setting counts at a target only where every one of its finished seeds "
+                     "reaches it): " + "; ".join(short) + ".</p>")
     return "\n".join(parts)
 
 

@@ -192,6 +192,45 @@ class CriticalBatch(unittest.TestCase):
         self.assertAlmostEqual(res["lamb, hidden_size=64"][0]["b_crit"] / 16.0, 1.0, delta=0.1)
         self.assertAlmostEqual(res["lamb, hidden_size=128"][0]["b_crit"] / 256.0, 1.0, delta=0.1)
 
+    def test_a_setting_some_of_whose_seeds_diverge_or_fall_short_is_not_counted(self):
+        # two learning rates at every batch size, three seeds each: lr 0.1 is the faster (as if
+        # B_crit were 16), lr 0.01 follows B_crit 64. At B=64 one seed of lr 0.1 diverged and at
+        # B=256 one finished above the target: the mean of the seeds that got there made lr 0.1
+        # the choice at both, as if it never failed. Now it is out there, and said.
+        batches, target = [8, 16, 32, 64, 128, 256], 4.0
+        points = []
+        for lr, b_crit in ((0.01, 64.0), (0.1, 16.0)):
+            for p in sweep(b_crit, batches, seeds=(1, 2, 3)):
+                p.config["lr"] = lr
+                points.append(p)
+        fast = {(p.batch, p.config["seed"]): p for p in points if p.config["lr"] == 0.1}
+        fast[(64, 2)].state = "diverged"
+        short = FakePoint("lamb", 256, 16.0, 3, 0.0, 256 * 30)  # 30 iterations: ends above 4.0
+        short.config["lr"] = 0.1
+        points[points.index(fast[(256, 3)])] = short
+        row = cb.analyze(points, [target])["optimizers"]["lamb"][0]
+        chosen = {t["batch"]: t["chosen"]["lr"] for t in row["points"]}
+        self.assertEqual(chosen, {8: 0.1, 16: 0.1, 32: 0.1, 64: 0.01, 128: 0.1, 256: 0.01})
+        for t in row["points"]:  # each the steps of its setting's curve, B_crit 16 or 64
+            b_crit = 16.0 if chosen[t["batch"]] == 0.1 else 64.0
+            self.assertAlmostEqual(t["steps"], ideal_steps(target) * (1 + b_crit / t["batch"]), delta=1.0, msg=t)
+            self.assertEqual(t["seeds"], 3)
+        self.assertEqual(row["short"], [{"batch": 64, "reached": 2, "of": 3, "setting": {"lr": 0.1}},
+                                        {"batch": 256, "reached": 2, "of": 3, "setting": {"lr": 0.1}}])
+        self.assertIn("not counted: B=64 lr=0.1 (2 of 3 seeds reach it); B=256 lr=0.1 (2 of 3 seeds reach it): a "
+                      "seed that diverged, or finished above the target, takes its setting out", cb.text_table(
+                          {"method": "m", "optimizers": {"lamb": [row]}}))
+        # a batch size whose one setting has a diverged seed has no S at the target
+        points = sweep(64.0, batches, seeds=(1, 2))
+        points[5].state = "diverged"  # B=32, seed 2
+        row = cb.analyze(points, [target])["optimizers"]["lamb"][0]
+        self.assertEqual([t["batch"] for t in row["points"]], [8, 16, 64, 128, 256])
+        self.assertEqual(row["short"], [{"batch": 32, "reached": 1, "of": 2}])
+        self.assertAlmostEqual(row["b_crit"] / 64.0, 1.0, delta=0.1, msg=row)
+        # a seed that failed or is still running is not a finished one: its setting counts
+        points[5].state = "failed"
+        self.assertNotIn("short", cb.analyze(points, [target])["optimizers"]["lamb"][0])
+
     def test_too_few_points_are_said_plainly(self):
         res = cb.analyze(sweep(64.0, [8, 16]), [4.0])
         row = res["optimizers"]["lamb"][0]
