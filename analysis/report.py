@@ -52,7 +52,8 @@ def fmt_rate(v):
 
 
 def result_table(groups, analysis, other_keys, axes):
-    """Optimizer (and other swept values) x batch size: result mean (min-max), best per batch in bold,
+    """Optimizer (and other swept values) x batch size: result mean (min-max) over the seeds that have
+    one, best per batch in bold (of the settings none of whose seeds diverged),
     steps / samples to the first target from the analysis: in the cell of the analysis series
     (critical_batch.series_label over `axes`) and, where a batch size had several settings, of the
     one the analysis took."""
@@ -61,9 +62,9 @@ def result_table(groups, analysis, other_keys, axes):
     for g in groups:
         other = ", ".join(axis_values(g.config, other_keys))
         rows.setdefault((g.optimizer, other), {})[g.batch] = g
-    best = {}
+    best = {}  # among the settings none of whose seeds diverged (as the analysis counts them)
     for B in batches:
-        vals = [(cells[B].result()[0], key) for key, cells in rows.items() if B in cells]
+        vals = [(cells[B].result()[0], key) for key, cells in rows.items() if B in cells and not cells[B].diverged]
         vals = [v for v in vals if math.isfinite(v[0])]
         if vals:
             best[B] = min(vals)[1]
@@ -86,7 +87,9 @@ def result_table(groups, analysis, other_keys, axes):
             m, lo, hi = g.result()
             text = fmt_loss(m)
             if len(g.points) > 1 and math.isfinite(m):
-                text += f" <small>({fmt_loss(lo)}-{fmt_loss(hi)}, {len(g.points)} seeds)</small>"
+                have = sum(math.isfinite(p.result()) for p in g.points)  # the seeds the mean is over
+                of = f"{have} of {len(g.points)}" if have < len(g.points) else f"{have}"
+                text += f" <small>({fmt_loss(lo)}-{fmt_loss(hi)}, {of} seeds)</small>"
             if g.diverged:
                 text += f" <span class='diverged'>{len(g.diverged)}/{len(g.points)} diverged</span>"
             if best.get(B) == key:
@@ -225,7 +228,8 @@ img {{ max-width: 100%; }} figure {{ margin: 2em 0; }} figcaption {{ font-style:
 <h2>Result: {RESULT_LABEL}</h2>
 <p>The result of a point is its {RESULT_LABEL}: the evaluation after its last iteration on the validation
 split (the same held-out samples for every point when the sweep sets eval_samples). Cells give the mean over
-seeds with the {SPREAD_LABEL}; the best optimizer per batch size is in bold. Below each: optimizer steps and
+the seeds that have one with the {SPREAD_LABEL}; the best optimizer per batch size is in bold, of those none of
+whose seeds diverged. Below each: optimizer steps and
 samples to the first target train loss of the analysis.</p>
 {result_table(groups, analysis, other_keys, series_keys(groups, keys))}
 <h2>Critical batch size</h2>

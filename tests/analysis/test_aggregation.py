@@ -426,6 +426,25 @@ class Aggregation(unittest.TestCase):
         # bold marks the best per batch size: one optimizer here, so every cell with a result
         self.assertEqual(page.count("<b>"), 3)
 
+    def test_a_setting_with_a_diverged_seed_says_its_mean_is_of_fewer_seeds_and_is_not_the_best(self):
+        # adamw at batch 8, two seeds, one diverged: its one result (6.5) beats lamb's mean (7.18),
+        # and the cell said "(6.500-6.500, 2 seeds)" in bold, the best at batch 8
+        root = os.path.join(self.tmp.name, "two")
+        os.makedirs(root)
+        pts = []
+        for opt, seed, valid in (("lamb", 1, 7.08), ("lamb", 2, 7.28), ("adamw", 1, 6.5), ("adamw", 2, None)):
+            cfg = {"optimizer": opt, "global_batch_size": 8, "lr": 0.01, "seed": seed, "train_iters": 4}
+            pts.append(write_point(root, f"{opt}-bs8-s{seed}", cfg, [10.0, 9.0, 8.0, 7.5], valid=valid,
+                                   diverged_at=None if valid else 3))
+        with open(os.path.join(root, "sweep.json"), "w") as f:
+            json.dump({"name": "two", "file": "/nonexistent.json", "points": pts}, f)
+        with open(report.report(root)) as f:
+            page = f.read()
+        self.assertIn("6.500 <small>(6.500-6.500, 1 of 2 seeds)</small> <span class='diverged'>1/2 diverged</span>",
+                      page)
+        self.assertIn("<b>7.180 <small>(7.080-7.280, 2 seeds)</small></b>", page)
+        self.assertEqual(page.count("<b>"), 1)
+
     def test_one_budget_counted_in_iterations_and_in_samples_is_not_an_axis(self):
         def point(config):
             return runs.Point(self.tmp.name, {"id": "p", "config": config})
