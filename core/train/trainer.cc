@@ -321,7 +321,7 @@ bool Trainer::weights_finite() {
   const std::string bad = nonfinite_weights(model_.parameters(), *world_);
   if (bad.empty()) return true;
   recorder_.diverge(iteration_, "the weights after iteration " + std::to_string(iteration_) + " are not finite (" +
-                                    bad + "): its step overflowed them, so they are not checkpointed");
+                                    bad + "): its update made them so, and they are not checkpointed");
   return false;
 }
 
