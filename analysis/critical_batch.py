@@ -359,6 +359,10 @@ def analyze(points, targets=None, seed=0, keys=None):
                    "b_simple_runs": [len(b_simple), sum(len(v) for v in per_batch.values())]}
             if out:
                 row["short"] = out
+            # batch sizes of this series none of whose finished seeds gets to the target at all
+            unreached = sorted({B for (o, (B, _)) in finished if o == opt} - {B for B, _ in reached})
+            if unreached:
+                row["unreached"] = unreached
             fit = fit_hyperbola([t["batch"] for t in table], [t["steps"] for t in table]) if table else None
             if fit is None:
                 row["fit"] = None
@@ -440,6 +444,9 @@ def text_table(res):
                                     (f" ({r['note']})" if r.get("note") else ""))
             if r.get("short"):
                 lines.append(f"    not counted: {short_settings(r)}")
+            if r.get("unreached"):
+                lines.append("    not reached: " + ", ".join(f"B={B}" for B in r["unreached"]) +
+                             f" (no finished seed gets to loss {r['target']:.3f})")
             if not r["points"]:
                 continue
             lines.append("    " + "  ".join(f"B={t['batch']}: S={t['steps']:.1f} E={t['samples']:.0f}" +

@@ -231,6 +231,16 @@ class CriticalBatch(unittest.TestCase):
         points[5].state = "failed"
         self.assertNotIn("short", cb.analyze(points, [target])["optimizers"]["lamb"][0])
 
+    def test_a_batch_size_no_seed_brings_to_the_target_is_named(self):
+        # B=512 stops after 20 iterations, far above loss 4.0: it was only absent from the table
+        points = sweep(64.0, [8, 16, 32, 64, 128, 256]) + [FakePoint("lamb", 512, 64.0, 1, 0.0, 512 * 20)]
+        res = cb.analyze(points, [4.0])
+        row = res["optimizers"]["lamb"][0]
+        self.assertEqual([t["batch"] for t in row["points"]], [8, 16, 32, 64, 128, 256])
+        self.assertEqual(row["unreached"], [512])
+        self.assertIn("    not reached: B=512 (no finished seed gets to loss 4.000)", cb.text_table(res))
+        self.assertNotIn("unreached", cb.analyze(points[:-1], [4.0])["optimizers"]["lamb"][0])
+
     def test_too_few_points_are_said_plainly(self):
         res = cb.analyze(sweep(64.0, [8, 16]), [4.0])
         row = res["optimizers"]["lamb"][0]
