@@ -46,6 +46,7 @@ import math
 import os
 import sys
 import zlib
+from collections import Counter
 
 import numpy as np
 
@@ -296,10 +297,8 @@ def analyze(points, targets=None, seed=0, keys=None):
 
     def setting(p):  # a batch size and the other values of a point's setting (all but its seed)
         return (p.batch, json.dumps([p.config.get(k) for k in keys]))
-    finished = {}  # (series, setting) -> its seeds that finished: done or diverged (not failed, not running)
-    for p in points:
-        if p.state in ("done", "diverged"):
-            finished[(series_label(p, axes), setting(p))] = finished.get((series_label(p, axes), setting(p)), 0) + 1
+    # (series, setting) -> its seeds that finished: done or diverged (not failed, not running)
+    finished = Counter((series_label(p, axes), setting(p)) for p in points if p.state in ("done", "diverged"))
     by_series = {}
     for c in curves:
         by_series.setdefault(series_label(c["point"], axes), []).append(c)
@@ -313,13 +312,13 @@ def analyze(points, targets=None, seed=0, keys=None):
             per_setting, table, b_simple = {}, [], {}  # (B, setting) -> steps of its seeds
             seconds = {}  # (B, setting) -> training time to the target of its seeds (None: not logged)
             starts_below = 0  # runs at or below the target from their first logged loss on
-            reached = {}  # (B, setting) -> its seeds that reach the target (measured or from the start)
+            reached = Counter()  # (B, setting) -> its seeds that reach the target (measured or from the start)
             for c in cs:
                 at = iteration_reaching(c["iteration"], c["smooth"], target)
                 if at is None:
                     continue
                 key = setting(c["point"])
-                reached[key] = reached.get(key, 0) + 1
+                reached[key] += 1
                 if at <= c["iteration"][0]:  # how few steps it took is not measured
                     starts_below += 1
                     continue
@@ -330,25 +329,31 @@ def analyze(points, targets=None, seed=0, keys=None):
                 if ns is not None:
                     b_simple.setdefault(key, []).append(ns)
             # a setting some of whose finished seeds do not reach the target is out at it
-            short = sorted(k for k in per_setting if reached[k] < finished.get((opt, k), 0))
+            short = sorted(k for k in per_setting if reached[k] < finished[(opt, k)])
             per_batch, chosen = {}, {}  # each batch size's fastest setting (tuned hyperparameters)
-            for (B, setting_at_b), steps in sorted(per_setting.items(), key=lambda kv: np.mean(kv[1])):
-                if B not in per_batch and (B, setting_at_b) not in short:
-                    per_batch[B], chosen[B] = steps, setting_at_b
-            b_simple = [v for B, setting in chosen.items() for v in b_simple.get((B, setting), [])]
+            for (B, st), steps in sorted(per_setting.items(), key=lambda kv: np.mean(kv[1])):
+                if B not in per_batch and (B, st) not in short:
+                    per_batch[B], chosen[B] = steps, st
+            b_simple = [v for B, st in chosen.items() for v in b_simple.get((B, st), [])]
+
+            def tuned(B, st):  # where B has several settings: the values that tell st from the others
+                if sum(b == B for b, _ in per_setting) < 2:
+                    return None
+                return {k: v for k, v in zip(keys, json.loads(st)) if k in tuned_keys(cs, keys, B)}
             for B in sorted(per_batch):
                 S = float(np.mean(per_batch[B]))
                 row = {"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])}
                 took = seconds[(B, chosen[B])]
                 if all(t is not None for t in took):
                     row["seconds"] = float(np.mean(took))
-                if sum(b == B for b, _ in per_setting) > 1:  # which of the settings at B it is
-                    row["chosen"] = {k: v for k, v in zip(keys, json.loads(chosen[B])) if k in tuned_keys(cs, keys, B)}
+                if tuned(B, chosen[B]) is not None:  # which of the settings at B it is
+                    row["chosen"] = tuned(B, chosen[B])
                 table.append(row)
-            out = [{"batch": B, "reached": reached[(B, st)], "of": finished[(opt, (B, st))]} for B, st in short]
-            for o, (B, st) in zip(out, short):
-                if sum(b == B for b, _ in per_setting) > 1:
-                    o["setting"] = {k: v for k, v in zip(keys, json.loads(st)) if k in tuned_keys(cs, keys, B)}
+            out = []
+            for B, st in short:
+                out.append({"batch": B, "reached": reached[(B, st)], "of": finished[(opt, (B, st))]})
+                if tuned(B, st) is not None:
+                    out[-1]["setting"] = tuned(B, st)
             timed = [t for t in table if "seconds" in t]
             fastest = min(timed, key=lambda t: t["seconds"]) if len(timed) == len(table) and timed else None
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,

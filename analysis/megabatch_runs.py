@@ -207,10 +207,13 @@ class Setting:
     def diverged(self):
         return [p for p in self.points if p.state == "diverged"]
 
+    def results(self):
+        """The seeds' results that exist (a diverged or unfinished seed has none)."""
+        return [x for x in (p.result() for p in self.points) if math.isfinite(x)]
+
     def result(self):
         """(mean, min, max) of the seeds' results that exist; NaNs when none."""
-        r = [p.result() for p in self.points]
-        r = [x for x in r if math.isfinite(x)]
+        r = self.results()
         if not r:
             return float("nan"), float("nan"), float("nan")
         return float(np.mean(r)), float(min(r)), float(max(r))

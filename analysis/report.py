@@ -87,7 +87,7 @@ def result_table(groups, analysis, other_keys, axes):
             m, lo, hi = g.result()
             text = fmt_loss(m)
             if len(g.points) > 1 and math.isfinite(m):
-                have = sum(math.isfinite(p.result()) for p in g.points)  # the seeds the mean is over
+                have = len(g.results())  # the seeds the mean is over
                 of = f"{have} of {len(g.points)}" if have < len(g.points) else f"{have}"
                 text += f" <small>({fmt_loss(lo)}-{fmt_loss(hi)}, {of} seeds)</small>"
             if g.diverged:
