@@ -2,6 +2,7 @@
 """Sizing jobs for AWS instance types (launchers/instances.json).
 
   plan.py check   --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 [--global-batch 4096]
+                  [--use-distributed-optimizer]
   plan.py scaling --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 --global-batch 4096
                   [--efficiency 0.4] [--overlap-grad-reduce] [--use-distributed-optimizer]
   plan.py validate   (the model against published Megatron-LM figures)
@@ -10,7 +11,8 @@
 nodes, a global batch that micro batch x data parallelism does not divide, or a per-GPU
 memory estimate (bf16 weights, fp32 gradients, master weights and Adam moments: 18 bytes
 per parameter of the rank's shard, plus activations per sample times the micro batch, plus
-10% for workspace) above the GPU's memory. The model's sizes come from
+10% for workspace; with --use-distributed-optimizer 6 + 12/DP bytes) above the GPU's memory,
+saying what alone would make it fit. The model's sizes come from
 `train --model M --tensor-model-parallel-size T --print-params`; --params/--layers/--hidden/
 --seq/--state-bytes/--act-bytes give them directly.
 
@@ -82,8 +84,38 @@ def model_sizes(model, tp, train=None):
     }
 
 
-def check(inst, nodes, tp, micro, global_batch, sizes):
-    """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes."""
+def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
+    """What would bring a layout that does not fit under its GPU's memory, of what it has left to
+    change: each remedy alone, by the same estimate as check()'s (TP only by name: its sizes come
+    from train at that TP)."""
+    room = inst["gpu_memory_GiB"] * 2**30 / 1.1  # for weights, optimizer state and activations
+    state, act = sizes["state_bytes"], sizes["act_bytes"]
+    remedies = []
+    if tp < inst["gpus"]:
+        remedies.append(f"raise TP (up to {inst['gpus']}, the GPUs of a node)")
+    if micro > 1 and state + act <= room:
+        remedies.append(f"lower the micro batch to {min(micro - 1, int((room - state) // act))} or less")
+    if not distributed:
+        dp = inst["gpus"] * nodes // tp
+        if dp > 1 and distributed_state_bytes(state, dp) + act * micro <= room:
+            remedies.append(f"shard the fp32 masters and Adam moments over the {dp} data-parallel ranks "
+                            "(--use-distributed-optimizer)")
+        elif distributed_state_bytes(state, 2**20) + act * micro <= room:
+            remedies.append("add nodes and shard the fp32 masters and Adam moments over their data-parallel ranks "
+                            "(--use-distributed-optimizer)")
+    roomier = sorted({(t["gpu_memory_GiB"], t["gpu"]) for t in instances().values()
+                      if t["gpu_memory_GiB"] * 2**30 / 1.1 >= state + act * micro})
+    if roomier:
+        remedies.append("GPUs with more memory (" + ", ".join(f"{gpu}, {gib} GiB" for gib, gpu in roomier) + ")")
+    if not remedies:
+        return "no micro batch, optimizer sharding or instance type makes it fit at TP " + str(tp) + \
+            " (megabatch has no pipeline parallelism): a smaller model"
+    return " or ".join(remedies)
+
+
+def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
+    """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes;
+    `distributed`: sizes["state_bytes"] is already the distributed optimizer's."""
     problems = []
     gpus = inst["gpus"] * nodes
     if gpus % tp:
@@ -100,8 +132,8 @@ def check(inst, nodes, tp, micro, global_batch, sizes):
     if memory > limit:
         problems.append(f"estimated {memory / 2**30:.1f} GiB per GPU (weights + optimizer state "
                         f"{sizes['state_bytes'] / 2**30:.1f} GiB, activations {sizes['act_bytes'] * micro / 2**30:.1f} GiB "
-                        f"for micro batch {micro}, +10%) exceeds the {inst['gpu']}'s {inst['gpu_memory_GiB']} GiB; "
-                        f"raise TP or lower the micro batch")
+                        f"for micro batch {micro}, +10%) exceeds the {inst['gpu']}'s {inst['gpu_memory_GiB']} GiB"
+                        + "; " + memory_remedies(inst, nodes, tp, micro, sizes, distributed))
     return problems, memory
 
 
@@ -261,7 +293,7 @@ def main(argv=None):
             sys.exit(f"plan.py: give --model, or --{' --'.join(m.replace('_', '-') for m in missing)}")
         sizes = {"params": a.params, "layers": a.layers, "hidden": a.hidden, "seq": a.seq,
                  "state_bytes": a.state_bytes, "act_bytes": a.act_bytes}
-    problems, memory = check(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes)
+    problems, memory = check(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.use_distributed_optimizer)
     gpus = inst["gpus"] * a.nodes
     print(f"{a.nodes} x {a.instance} = {gpus} {inst['gpu']}; TP {a.tp} x DP {max(1, gpus // a.tp)}; "
           f"memory estimate {memory / 2**30:.1f} of {inst['gpu_memory_GiB']} GiB per GPU")

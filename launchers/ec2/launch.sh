@@ -52,13 +52,14 @@ gpus=${per_node:-$gpus}
 np=$((nodes * gpus))
 # The layout flags as train reads them (--flag value or --flag=value, a --config file): train
 # itself resolves the options, so this check cannot read them otherwise than the run will.
-tp=1 model="" micro=8 global=""
+tp=1 model="" micro=8 global="" distributed=0
 if [[ -z $sweep_file ]] && ((!selftest)); then
   config=$("$bin/train" --print-config "$@") || { echo "launch.sh: train refuses these options (above)" >&2; exit 2; }
-  read -r tp model micro global < <(/usr/bin/python3 -c '
+  read -r tp model micro global distributed < <(/usr/bin/python3 -c '
 import json, sys
 c = json.load(sys.stdin)
-print(c.get("tensor_model_parallel_size", 1), c.get("model") or "-", c.get("micro_batch_size", 8), c.get("global_batch_size") or "-")' <<< "$config")
+print(c.get("tensor_model_parallel_size", 1), c.get("model") or "-", c.get("micro_batch_size", 8), c.get("global_batch_size") or "-",
+      int(bool(c.get("use_distributed_optimizer"))))' <<< "$config")
   [[ $model == - ]] && model=""
   [[ $global == - ]] && global=""
 fi
@@ -67,8 +68,11 @@ count --tensor-model-parallel-size "$tp"
 (( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
 # With a model preset, the memory estimate too (launchers/plan.py check).
 if [[ -n $model && -z $per_node ]]; then
+  sharded=()
+  ((distributed)) && sharded=(--use-distributed-optimizer)
   /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
-    --micro-batch "$micro" ${global:+--global-batch "$global"} --train "$bin/train" >&2 || {
+    --micro-batch "$micro" ${global:+--global-batch "$global"} --train "$bin/train" \
+    "${sharded[@]}" >&2 || {
     echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
 fi
 

@@ -273,6 +273,24 @@ class CommandLines(Launching, unittest.TestCase):
         self.assertIn("exceeds the T4's 16 GiB", r.stderr)
         self.assertNotIn("mpirun", r.stdout)
 
+    def test_the_memory_check_counts_the_distributed_optimizers_shards(self):
+        # before: launch.sh checked memory as if every rank held all the fp32 masters and Adam
+        # moments, and refused a layout that fits with --use-distributed-optimizer
+        with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
+            f.write("".join(f"10.0.0.{i}\n" for i in range(1, 5)))
+        layout = ["--dry-run", "--", "--model", "gpt-18.4b", "--tensor-model-parallel-size", "8",
+                  "--micro-batch-size", "1", "--global-batch-size", "8"]
+        r = self.launch("p4d.24xlarge", f.name, *layout)
+        self.assertEqual(r.returncode, 2, r.stdout)
+        self.assertIn("exceeds the A100-40GB's 40 GiB; shard the fp32 masters and Adam moments over the 4 "
+                      "data-parallel ranks (--use-distributed-optimizer)", r.stderr)
+        self.assertNotIn("mpirun", r.stdout)
+        for spelling in (["--use-distributed-optimizer"], ["--use_distributed_optimizer"]):
+            r = self.launch("p4d.24xlarge", f.name, *layout, *spelling)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("fits", r.stderr)
+            self.assertIn("-np 32", r.stdout)
+
     def test_counts_are_whole_numbers_and_an_empty_hostfile_is_named(self):
         # before: an empty hostfile ended launch.sh silently (grep -c's status under set -e),
         # TP 0 or abc in a bash "division by 0", --ranks-per-node 0 in "mpirun -np 0"; submit.sh

@@ -139,6 +139,35 @@ class Check(unittest.TestCase):
         self.assertTrue(any("1000 is not a multiple of micro batch x data parallelism = 16 x 4" in p for p in problems),
                         problems)
 
+    def test_a_layout_that_does_not_fit_is_told_what_alone_would_make_it_fit(self):
+        # before: "raise TP or lower the micro batch" whatever the layout, also where TP was a
+        # node's GPUs already and the micro batch 1
+        g4, p4d = plan.instances()["g4dn.12xlarge"], plan.instances()["p4d.24xlarge"]
+        room = 16 * GiB / 1.1  # a T4's memory less check()'s 10% for workspace: 14.55 GiB
+        # state 6 GiB, activations 0.25 GiB a sample: micro 64 needs 22 GiB; (14.55 - 6) / 0.25 = 34.2
+        problems, _ = plan.check(g4, 1, 2, 64, 0, self.sizes)
+        self.assertTrue(any(p.endswith("; raise TP (up to 4, the GPUs of a node) or lower the micro batch to 34 or less "
+                                       "or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, H100-80GB, "
+                                       "80 GiB, H200-141GB, 141 GiB)") for p in problems), problems)
+        # TP at a node's GPUs, micro batch 1: state 30 GiB at DP 2, 12 of its 18 bytes a parameter
+        # sharded -> 30 x (6 + 6) / 18 = 20 GiB > room; at any DP 30 x 6 / 18 = 10 GiB fits
+        big = dict(self.sizes, state_bytes=30 * GiB, act_bytes=0.5 * GiB)
+        self.assertGreater(30 * 12 / 18 + 0.5, room / GiB)
+        remedy = plan.memory_remedies(g4, 2, 4, 1, big, distributed=False)
+        self.assertEqual(remedy, "add nodes and shard the fp32 masters and Adam moments over their data-parallel ranks "
+                         "(--use-distributed-optimizer) or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, "
+                         "H100-80GB, 80 GiB, H200-141GB, 141 GiB)")
+        # at DP 4 (4 nodes) sharding alone is enough for state 60 GiB: 60 x (6 + 3) / 18 = 30 GiB; 40 GiB GPUs:
+        # 36.4 GiB of room
+        remedy = plan.memory_remedies(p4d, 4, 8, 1, dict(big, state_bytes=60 * GiB), distributed=False)
+        self.assertTrue(remedy.startswith("shard the fp32 masters and Adam moments over the 4 data-parallel ranks"),
+                        remedy)
+        self.assertIn("GPUs with more memory (A100-80GB, 80 GiB, H100-80GB, 80 GiB, H200-141GB, 141 GiB)", remedy)
+        # nothing left: TP at 8, micro batch 1, sharded already, more than the largest GPU holds
+        self.assertEqual(plan.memory_remedies(p4d, 1, 8, 1, dict(big, state_bytes=200 * GiB), distributed=True),
+                         "no micro batch, optimizer sharding or instance type makes it fit at TP 8 (megabatch has no "
+                         "pipeline parallelism): a smaller model")
+
     def test_every_instance_type_is_described(self):
         table = plan.instances()
         for name in ["g4dn.12xlarge", "g4dn.metal", "p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5en.48xlarge"]:
