@@ -113,9 +113,8 @@ def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
     return " or ".join(remedies)
 
 
-def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
-    """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes;
-    `distributed`: sizes["state_bytes"] is already the distributed optimizer's."""
+def layout_problems(inst, nodes, tp, micro, global_batch):
+    """Why TP x DP over nodes of this instance type cannot run the batch (empty: it can)."""
     problems = []
     gpus = inst["gpus"] * nodes
     if gpus % tp:
@@ -127,6 +126,13 @@ def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
     if global_batch and global_batch % (micro * dp):
         problems.append(f"global batch {global_batch} is not a multiple of micro batch x data parallelism = "
                         f"{micro} x {dp}")
+    return problems
+
+
+def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
+    """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes;
+    `distributed`: sizes["state_bytes"] is already the distributed optimizer's."""
+    problems = layout_problems(inst, nodes, tp, micro, global_batch)
     memory = 1.1 * (sizes["state_bytes"] + sizes["act_bytes"] * micro)
     limit = inst["gpu_memory_GiB"] * 2**30
     if memory > limit:

@@ -10,7 +10,9 @@
 --sweep DIR renders the job of every point of a sweep that `sweep export-points FILE --runs-dir
 /fsx/runs` wrote (each of its points not yet done or diverged), one YAML document each; the
 instance type and nodes default to the sweep file's "cluster" (`sweep export-points --ranks N`
-checks that every point runs as a job of N = nodes x GPUs ranks).
+checks that every point runs as a job of N = nodes x GPUs ranks). A point whose layout the job
+cannot run (its TP, micro and global batch against nodes x GPUs ranks, as train checks them) is
+refused before anything is rendered, with every such point named.
 
 --selftest DIR (run it first on a new cluster) renders a job that runs launchers/selftest.sh
 through the same mpirun instead of a point: a short TP x DP run checked against one GPU, in
@@ -39,7 +41,40 @@ import sys
 import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+import plan  # noqa: E402  (launchers/plan.py: the layout checks of plan.py check and ec2/launch.sh)
 
+TRAIN_MICRO_BATCH = 8  # train's --micro-batch-size default, for a point that does not set it
+
+
+def point_problems(inst, nodes, config):
+    """Why a point's train (its configuration, as sweep export-points wrote it) cannot run as a
+    job of nodes x GPUs ranks of this instance type, as train itself would refuse it (empty: it
+    can)."""
+    tp = config.get("tensor_model_parallel_size", 1)
+    micro = config.get("micro_batch_size", TRAIN_MICRO_BATCH)
+    problems = plan.layout_problems(inst, nodes, tp, micro, config.get("global_batch_size"))
+    ranks = inst["gpus"] * nodes
+    dp = max(1, ranks // tp)
+    if config.get("data_parallel_size", dp) != dp:
+        problems.append(f"data_parallel_size {config['data_parallel_size']}, but {ranks} ranks at TP {tp} are DP {dp}")
+    ramp = config.get("rampup_batch_size")
+    if isinstance(ramp, list) and len(ramp) == 3 and any(isinstance(b, int) and b % (micro * dp) for b in ramp[:2]):
+        problems.append(f"rampup_batch_size {ramp}: its start and increment are not multiples of micro batch x data "
+                        f"parallelism = {micro} x {dp}")
+    return problems
+
+
+def refuse_misfits(misfits, instance_type, nodes, inst):
+    """Stops with every point that cannot run as the job (id, problems), and what to do."""
+    if not misfits:
+        return
+    ranks = nodes * inst["gpus"]
+    lines = "\n".join(f"  {point}: {'; '.join(problems)}" for point, problems in misfits)
+    raise SystemExit(f"render.py: {len(misfits)} point(s) cannot run as a job of {nodes} x {instance_type} = {ranks} "
+                     f"ranks:\n{lines}\nrender them for a size they fit (--instance-type, --nodes; with --sweep, the "
+                     f"sweep's cluster by default), or change the sweep's layout and export it for this size (sweep "
+                     f"export-points FILE --ranks {ranks})")
 
 def job_name(dir_name):
     """A Kubernetes name for a point's job (DNS-1123: lowercase letters, digits and '-', at most
@@ -53,15 +88,18 @@ def job_name(dir_name):
     return name
 
 
+def instance(instance_type):
+    """instances.json's entry of an instance type."""
+    table = plan.instances()
+    if instance_type not in table:
+        raise SystemExit(f"render.py: unknown instance type '{instance_type}'; known: {', '.join(table)}")
+    return table[instance_type]
+
+
 def render(instance_type, nodes, image, point, fsx_claim="fsx-claim", train="/opt/megabatch/build/bin/train",
            selftest=None):
     """The MPIJob of one point, or with selftest=DIR the cluster self-test in DIR."""
-    with open(os.path.join(HERE, "..", "instances.json")) as f:
-        table = json.load(f)
-    if instance_type not in table or instance_type.startswith("_"):
-        raise SystemExit(f"render.py: unknown instance type '{instance_type}'; known: "
-                         f"{', '.join(k for k in table if not k.startswith('_'))}")
-    inst = table[instance_type]
+    inst = instance(instance_type)
     gpus, efa = inst["gpus"], inst["efa_interfaces"]
     name = job_name(os.path.basename((selftest or point).rstrip("/")))
     rdma = "1" if instance_type.split(".")[0] in ("p4d", "p4de", "p5", "p5en") else "0"
@@ -138,13 +176,18 @@ def render_sweep(sweep_dir, image, instance_type=None, nodes=None, fsx_claim="fs
     nodes = nodes or cluster.get("nodes")
     if not instance_type or not nodes:
         raise SystemExit(f"render.py: {path} names no cluster; give --instance-type and --nodes")
-    jobs, skipped = [], []
+    inst = instance(instance_type)
+    jobs, skipped, misfits = [], [], []
     for p in sweep.get("points", []):
         point = os.path.join(os.path.abspath(sweep_dir), p["id"])
         if os.path.exists(os.path.join(point, "DONE")) or os.path.exists(os.path.join(point, "DIVERGED")):
             skipped.append(p["id"])
-        else:
-            jobs.append(render(instance_type, nodes, image, point, fsx_claim, train))
+            continue
+        problems = point_problems(inst, nodes, p.get("config", {}))
+        if problems:
+            misfits.append((p["id"], problems))
+        jobs.append(render(instance_type, nodes, image, point, fsx_claim, train))
+    refuse_misfits(misfits, instance_type, nodes, inst)
     return jobs, skipped
 
 
@@ -170,6 +213,20 @@ def main(argv=None):
         return
     if not a.instance_type:
         p.error("--instance-type is required (but with --sweep of a sweep that names its cluster)")
+    if a.point:  # its layout, where the point's directory is readable here
+        path = os.path.join(a.point, "point.json")
+        try:
+            with open(path) as f:
+                config = json.load(f)
+        except OSError as e:
+            print(f"render.py: {path} is not readable here ({e.strerror}): the point's layout is not checked against "
+                  "the job", file=sys.stderr)
+        except ValueError as e:
+            raise SystemExit(f"render.py: {path}: {e}; export the sweep again (sweep export-points FILE --runs-dir ...)")
+        else:
+            inst = instance(a.instance_type)
+            problems = point_problems(inst, a.nodes or 1, config)
+            refuse_misfits([(a.point, problems)] if problems else [], a.instance_type, a.nodes or 1, inst)
     yaml.safe_dump(render(a.instance_type, a.nodes or 1, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
                    sort_keys=False)
 

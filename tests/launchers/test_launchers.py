@@ -185,8 +185,33 @@ class EksManifest(unittest.TestCase):
                 self.assertEqual(pod["nodeSelector"]["node.kubernetes.io/instance-type"], "p4d.24xlarge")
             self.assertIn(os.path.join(sweep_dir, "lamb_embscale-bs16384-lr0.02-s1", "point.json"), mpirun_argv(jobs[-1]))
             # the flags win over the cluster; a long id is cut to a name that stays distinct
-            jobs, _ = render.render_sweep(sweep_dir, "img", "p5.48xlarge", 4)
-            self.assertEqual(mpirun_argv(jobs[0])[mpirun_argv(jobs[0]).index("-np") + 1], "32")
+            jobs, _ = render.render_sweep(sweep_dir, "img", "p5.48xlarge", 2)
+            self.assertEqual(mpirun_argv(jobs[0])[mpirun_argv(jobs[0]).index("-np") + 1], "16")
+            pod = jobs[0]["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+            self.assertEqual(pod["nodeSelector"]["node.kubernetes.io/instance-type"], "p5.48xlarge")
+            # a size some points cannot run is refused with each of them named (before: 32 ranks
+            # rendered jobs whose train refuses a global batch of 512 at micro batch 32 x DP 32)
+            with self.assertRaises(SystemExit) as e:
+                render.render_sweep(sweep_dir, "img", "p5.48xlarge", 4)
+            self.assertIn("render.py: 5 point(s) cannot run as a job of 4 x p5.48xlarge = 32 ranks:\n"
+                          "  lamb-bs1024-lr0.01-s1: global batch 1024 is not a multiple of micro batch x data "
+                          "parallelism = 64 x 32\n  lamb_noise-bs512-lr0.01-s1: global batch 512 is not a multiple of "
+                          "micro batch x data parallelism = 32 x 32\n", str(e.exception))
+            self.assertIn("sweep export-points FILE --ranks 32", str(e.exception))
+            # one point: its TP against the job's GPUs, where its directory is readable here
+            point = os.path.join(sweep_dir, "lamb-bs4096-lr0.0141-s1")
+            with open(os.path.join(point, "point.json")) as f:
+                config = json.load(f)
+            with open(os.path.join(point, "point.json"), "w") as f:
+                json.dump(dict(config, tensor_model_parallel_size=8), f)
+            r = subprocess.run(["/usr/bin/python3", os.path.join(ROOT, "launchers", "eks", "render.py"), "--image", "img",
+                                "--instance-type", "g4dn.12xlarge", "--point", point], capture_output=True, text=True)
+            self.assertNotEqual(r.returncode, 0, r.stdout)
+            self.assertIn(f"  {point}: nodes x GPUs = 1 x 4 = 4 is not a multiple of TP 8; TP 8 would span nodes",
+                          r.stderr)
+            self.assertEqual(r.stdout, "")
+            with open(os.path.join(point, "point.json"), "w") as f:
+                json.dump(config, f)
             long_a, long_b = render.job_name("x" * 60 + "-a"), render.job_name("x" * 60 + "-b")
             self.assertNotEqual(long_a, long_b)
             self.assertLessEqual(max(len(long_a), len(long_b)), 50)
