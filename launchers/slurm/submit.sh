@@ -71,8 +71,12 @@ if [[ -n $sweep_file && ( -z $nodes || -z $ntasks || -z $gpus ) ]]; then  # the 
   cluster=$("$bin/sweep" export-points "$sweep_file" --cluster) || exit 2
   if [[ -n $cluster ]]; then
     read -r c_nodes c_gpus c_type <<< "$cluster"
+    given=""  # the sizes the flags gave, which win over the cluster's
+    [[ -n $nodes ]] && given+=" --nodes"
+    [[ -n $ntasks ]] && given+=" --ntasks-per-node"
+    [[ -n $gpus ]] && given+=" --gpus-per-node"
     nodes=${nodes:-$c_nodes} ntasks=${ntasks:-$c_gpus} gpus=${gpus:-$c_gpus}
-    echo "submit.sh: sized as the sweep's cluster says ($c_type): --nodes $nodes --ntasks-per-node $ntasks --gpus-per-node $gpus"
+    echo "submit.sh: sized as the sweep's cluster says ($c_type)${given:+, but${given} as given}: --nodes $nodes --ntasks-per-node $ntasks --gpus-per-node $gpus"
   fi
 fi
 nodes=${nodes:-1} ntasks=${ntasks:-1}

@@ -393,7 +393,14 @@ class CommandLines(Launching, unittest.TestCase):
             self.assertEqual(len(sbatch), 1, r.stdout)
             for arg in ("--nodes=2", "--ntasks-per-node=8", "--gpus-per-node=8", "--partition=p4d", "--array=0-17%4"):
                 self.assertIn(arg, sbatch[0].split())
-            # flags win over the file; --gpus-per-node 0 asks for none
+            # flags win over the file, and the line says which (before: "sized as the sweep's
+            # cluster says" also of the sizes the flags gave)
+            r = self.run_([submit, os.path.join(paper, "bert4_lamb_bsz.json"), "--nodes", "1", "--runs-dir", d,
+                           "--dry-run"])
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("sized as the sweep's cluster says (p4d.24xlarge), but --nodes as given: --nodes 1 "
+                          "--ntasks-per-node 8 --gpus-per-node 8", r.stdout)
+            # --gpus-per-node 0 asks for none
             r = self.run_([submit, os.path.join(paper, "bert4_lamb_bsz.json"), "--nodes", "1", "--ntasks-per-node", "4",
                            "--gpus-per-node", "0", "--runs-dir", d, "--dry-run"])
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
