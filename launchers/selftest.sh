@@ -15,6 +15,7 @@ root=$(cd "$here/.." && pwd)
 tp=1 device=cuda iters=10 dir=""
 while [[ $# -gt 0 ]]; do
   case $1 in
+    --tp|--device|--iters|--dir) [[ $# -ge 2 && $2 != -- ]] || { echo "selftest: $1 needs a value" >&2; exit 2; } ;;&
     --tp) tp=$2; shift 2 ;;
     --device) device=$2; shift 2 ;;
     --iters) iters=$2; shift 2 ;;
@@ -25,6 +26,17 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ $# -gt 0 ]] || { echo "selftest: give the launch command after -- (e.g. -- mpirun -np 4)" >&2; exit 2; }
+# the run's 8 heads split over TP
+[[ $tp =~ ^[1248]$ ]] || { echo "selftest: --tp must be 1, 2, 4 or 8 (it splits 8 attention heads), got '$tp'" >&2; exit 2; }
+[[ $iters =~ ^[1-9][0-9]{0,5}$ ]] || { echo "selftest: --iters must be a whole number >= 1, got '$iters'" >&2; exit 2; }
+[[ $device =~ ^(cuda|cpu)$ ]] || { echo "selftest: --device must be cuda or cpu, got '$device'" >&2; exit 2; }
+# why a run failed: train's own errors (each once: every rank may say it), else the log's end
+failed() {
+  echo "selftest: $1 failed: $2" >&2
+  grep -E '^train( \(rank [0-9]+\))?: error: ' "$2" | sed -E 's/^train \(rank [0-9]+\)/train/' | sort -u | grep . >&2 ||
+    tail -5 "$2" >&2
+  exit 2
+}
 bin=${MEGABATCH_BIN:-$root/build/bin}
 [[ -x $bin/train && -x $bin/preprocess ]] || { echo "selftest: $bin/train and $bin/preprocess are needed (build, or set MEGABATCH_BIN)" >&2; exit 2; }
 [[ -n $dir ]] || dir=$(mktemp -d "${TMPDIR:-/tmp}/megabatch-selftest.XXXXXX")
@@ -36,10 +48,9 @@ args=(--num-layers 2 --hidden-size 128 --num-attention-heads 8 --seq-length 64 -
       --global-batch-size 16 --train-iters "$iters" --lr 1e-3 --log-interval 1 --eval-iters 0 --device "$device"
       --hidden-dropout 0.1 --attention-dropout 0.1 --data-path "$dir/data/brown_gpt2_text_document")
 "$bin/train" "${args[@]}" --make-vocab-size-divisible-by 1024 --run-dir "$dir/one" > "$dir/one.log" 2>&1 ||
-  { echo "selftest: the one-process run failed: $dir/one.log" >&2; tail -3 "$dir/one.log" >&2; exit 2; }
+  failed "the one-process run" "$dir/one.log"
 "$@" "$bin/train" "${args[@]}" --tensor-model-parallel-size "$tp" --make-vocab-size-divisible-by $((1024 / tp)) \
-  --run-dir "$dir/layout" > "$dir/layout.log" 2>&1 ||
-  { echo "selftest: the layout run failed: $dir/layout.log" >&2; tail -5 "$dir/layout.log" >&2; exit 2; }
+  --run-dir "$dir/layout" > "$dir/layout.log" 2>&1 || failed "the layout run" "$dir/layout.log"
 layout=$(grep -o '[0-9]* ranks: TP [0-9]* x DP [0-9]*' "$dir/layout.log" | head -1 || true)
 collectives=$(grep -o '> collectives: .*' "$dir/layout.log" | head -1 | cut -c16- || true)
 py=${MEGABATCH_PYTHON:-/usr/bin/python3}

@@ -528,6 +528,23 @@ class Selftest(Launching, unittest.TestCase):
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
             self.assertIn("FAILED: the layout does not reproduce one process", r.stdout)
             self.assertIn("<-", r.stdout)
+            # a layout run that fails says train's error once, not mpirun's last lines (before:
+            # "MPI_ABORT ... with errorcode 1" and its advice, the reason left in the log)
+            r = subprocess.run([selftest, "--tp", "2", "--device", "cpu", "--iters", "1", "--dir", d, "--",
+                                "mpirun", "-np", "3"], capture_output=True, text=True, env=env)
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertEqual(r.stderr, f"selftest: the layout run failed: {d}/layout.log\ntrain: error: "
+                             "tensor_model_parallel_size 2 does not divide the 3 ranks of this job; launch a multiple "
+                             "of it\n")
+        # bad arguments are refused before anything runs (before: --tp 0 was a bash "division by
+        # 0", then a Python traceback over a missing metrics.h5, and exit status 1: "does not match")
+        for args, message in [(["--tp", "0"], "--tp must be 1, 2, 4 or 8 (it splits 8 attention heads), got '0'"),
+                              (["--tp", "3"], "--tp must be 1, 2, 4 or 8 (it splits 8 attention heads), got '3'"),
+                              (["--iters", "0"], "--iters must be a whole number >= 1, got '0'"),
+                              (["--device", "gpu"], "--device must be cuda or cpu, got 'gpu'"),
+                              (["--tp"], "--tp needs a value")]:
+            r = subprocess.run([selftest, *args, "--", "mpirun", "-np", "2"], capture_output=True, text=True, env=env)
+            self.assertEqual((r.returncode, r.stderr), (2, f"selftest: {message}\n"), args)
         with tempfile.NamedTemporaryFile("w", suffix=".hosts", delete=False) as f:
             f.write("10.0.0.1\n10.0.0.2\n")
         r = self.launch("p4d.24xlarge", f.name, "--selftest", "--dry-run")
