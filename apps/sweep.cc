@@ -148,14 +148,28 @@ int finish(int argc, char** argv) {
   return mb::sweeps::finish_point(f.positional()[0], static_cast<int>(f.get_int("exit-status")), f.get_double("wall-s"));
 }
 
+// The one positional argument of `cmd` ("sweep run"), `what` it is ("sweep file"), or an error
+// that names what was given instead. `argv` for the hint on --rerun, which takes a word only
+// when it is one of its choices (so `--rerun foo` leaves foo a second file).
+std::string one_positional(const mb::ArgParser& a, const std::string& cmd, const std::string& what, int argc,
+                           char** argv) {
+  const auto& given = a.positional();
+  if (given.size() == 1) return given[0];
+  std::string why = cmd + ": give one " + what;
+  if (!given.empty()) why += ", got " + std::to_string(given.size()) + ": " + mb::join(given, " ");
+  for (int i = 2; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--rerun" && std::find(given.begin(), given.end(), argv[i + 1]) != given.end())
+      why += std::string(" (--rerun takes changed, diverged or nothing; '") + argv[i + 1] + "' is neither)";
+  mb::fail(why, "\n", kUsage);
+}
+
 // sweep export DIR: a sweep's metrics as one long CSV table and TensorBoard event files.
 int export_metrics(int argc, char** argv) {
   mb::ArgParser e("sweep export", kUsage);
   e.option("csv", "FILE", "one long table: point, axes, step, samples, metric, value", "");
   e.option("tensorboard", "DIR", "TensorBoard event files, one run per point", "");
   if (!e.parse(argc, argv, 2)) return 0;
-  mb::check(e.positional().size() == 1, "sweep export: give one sweep directory (runs/<name>)\n", kUsage);
-  const std::string dir = e.positional()[0];
+  const std::string dir = one_positional(e, "sweep export", "sweep directory (runs/<name>)", argc, argv);
   mb::check(fs::is_directory(dir), "sweep export: ", dir, ": no such sweep directory (runs/<name>)",
             fs::is_regular_file(dir) ? "; to write a sweep file's points for launchers, use sweep export-points " + dir
                                      : std::string());
@@ -176,12 +190,11 @@ int export_points(int argc, char** argv, const std::string& name) {
   e.flag("cluster", "print the nodes, GPUs per node and instance type the file's \"cluster\" names; write nothing");
   e.flag("dry-run", "check the points and say what would be written; write nothing");
   if (!e.parse(argc, argv, 2)) return 0;
-  mb::check(e.positional().size() == 1, "sweep ", name, ": give one sweep file\n", kUsage);
+  const std::string file = one_positional(e, "sweep " + name, "sweep file", argc, argv);
   mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
   mb::check(e.get_int("ranks") >= 0 && e.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
             e.get("ranks"));
-  const auto sweep =
-      mb::sweeps::load_sweep(e.positional()[0], static_cast<size_t>(e.get_int("max-points")), e.get("runs-dir"));
+  const auto sweep = mb::sweeps::load_sweep(file, static_cast<size_t>(e.get_int("max-points")), e.get("runs-dir"));
   if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
   return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
 }
@@ -209,7 +222,7 @@ int run_sweep(int argc, char** argv) {
   mb::ArgParser a("sweep run", kUsage);
   run_options(a);
   if (!a.parse(argc, argv, 2)) return 0;
-  mb::check(a.positional().size() == 1, "sweep run: give one sweep file\n", kUsage);
+  const std::string file = one_positional(a, "sweep run", "sweep file", argc, argv);
   mb::check(a.get_int("ranks") >= 0 && a.get_int("ranks") <= 1000000, "--ranks: expected a whole number >= 1, got ",
             a.get("ranks"));
   mb::check(a.get_int("ranks") == 0 || a.get("gpus").empty(),
@@ -219,8 +232,7 @@ int run_sweep(int argc, char** argv) {
   mb::check(a.get_int("threads") >= 0, "--threads: must be >= 1 (or 0: the file's), got ", a.get_int("threads"));
   mb::check(a.get_int("retries") >= 0 && a.get_int("retries") <= 100, "--retries: must be in [0, 100], got ", a.get_int("retries"));
   mb::check(a.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", a.get_int("max-points"));
-  const auto sweep =
-      mb::sweeps::load_sweep(a.positional()[0], static_cast<size_t>(a.get_int("max-points")), a.get("runs-dir"));
+  const auto sweep = mb::sweeps::load_sweep(file, static_cast<size_t>(a.get_int("max-points")), a.get("runs-dir"));
   mb::sweeps::RunOptions o;
   o.runs_dir = a.get("runs-dir");
   o.train_binary = self_dir() / "train";

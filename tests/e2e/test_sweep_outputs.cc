@@ -344,6 +344,20 @@ TEST_F(Sweep, HelpListsEachCommandUnderTheNameTheToolTakes) {
     EXPECT_NE(r.output.find("sweep: error: sweep " + command + ": give "), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("note:"), std::string::npos) << r.output;
   }
+  // two where one is taken: both named, and a word after --rerun that is not one of its choices
+  // (so taken as a second file) said to be so (before: "give one sweep file", the reason unsaid)
+  for (const auto& [args, said] : std::vector<std::pair<std::string, std::string>>{
+           {"run a.json --rerun faild",
+            "sweep run: give one sweep file, got 2: a.json faild (--rerun takes changed, "
+            "diverged or nothing; 'faild' is neither)"},
+           {"export-points a.json b.json", "sweep export-points: give one sweep file, got 2: a.json b.json\n"},
+           {"export runs/a runs/b --csv x.csv",
+            "sweep export: give one sweep directory (runs/<name>), got 2: runs/a "
+            "runs/b\n"}}) {
+    const auto r = mb::testing::run_command(sweep(args));
+    EXPECT_EQ(r.exit_code, 2) << args << ": " << r.output;
+    EXPECT_NE(r.output.find("sweep: error: " + said), std::string::npos) << r.output;
+  }
   // the commands that take sweep directories: --help is the usage; a mistyped option is named as
   // one (before: "--target-loss/sweep.json: no sweep here")
   for (const std::string command : {"status", "report", "prune", "plot", "analyze"}) {
