@@ -76,6 +76,7 @@ def refuse_misfits(misfits, instance_type, nodes, inst):
                      f"sweep's cluster by default), or change the sweep's layout and export it for this size (sweep "
                      f"export-points FILE --ranks {ranks})")
 
+
 def job_name(dir_name):
     """A Kubernetes name for a point's job (DNS-1123: lowercase letters, digits and '-', at most
     50 characters so that its pods' names fit 63), distinct for distinct points: a name that had
