@@ -339,21 +339,24 @@ def analyze(points, targets=None, seed=0, keys=None):
             def tuned(B, st):  # where B has several settings: the values that tell st from the others
                 if sum(b == B for b, _ in per_setting) < 2:
                     return None
-                return {k: v for k, v in zip(keys, json.loads(st)) if k in tuned_keys(cs, keys, B)}
+                told = tuned_keys(cs, keys, B)
+                return {k: v for k, v in zip(keys, json.loads(st)) if k in told}
             for B in sorted(per_batch):
                 S = float(np.mean(per_batch[B]))
                 row = {"batch": B, "steps": S, "samples": S * B, "seeds": len(per_batch[B])}
                 took = seconds[(B, chosen[B])]
                 if all(t is not None for t in took):
                     row["seconds"] = float(np.mean(took))
-                if tuned(B, chosen[B]) is not None:  # which of the settings at B it is
-                    row["chosen"] = tuned(B, chosen[B])
+                which = tuned(B, chosen[B])  # which of the settings at B it is
+                if which is not None:
+                    row["chosen"] = which
                 table.append(row)
             out = []
             for B, st in short:
                 out.append({"batch": B, "reached": reached[(B, st)], "of": finished[(opt, (B, st))]})
-                if tuned(B, st) is not None:
-                    out[-1]["setting"] = tuned(B, st)
+                which = tuned(B, st)
+                if which is not None:
+                    out[-1]["setting"] = which
             timed = [t for t in table if "seconds" in t]
             fastest = min(timed, key=lambda t: t["seconds"]) if len(timed) == len(table) and timed else None
             row = {"target": target, "points": table, "b_simple": float(np.median(b_simple)) if b_simple else None,

@@ -100,11 +100,10 @@ void StepRecorder::drain_row(const double* v, int64_t it, size_t r) {
   // A NaN or infinite loss stops the run, an fp16 one too: the forward pass overflowed, which no
   // loss scale mends (Megatron's --check-for-nan-in-loss-and-grad, its default, stops there too).
   // An fp16 step whose gradients alone overflowed is the loss scaler's to skip.
-  if ((!std::isfinite(objective) || (!skipped && !std::isfinite(norm))) && !diverged()) {
-    diverged_at_ = it;  // recorded in the metrics below; the loop stops after this step
-    divergence_reason_ = std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
-                         printf_string("%g", !std::isfinite(objective) ? objective : norm);
-  }
+  // (recorded in the metrics below; the loop stops after this step)
+  if (!std::isfinite(objective) || (!skipped && !std::isfinite(norm)))
+    diverge(it, std::string(!std::isfinite(objective) ? "lm loss" : "gradient norm") + " is " +
+                    printf_string("%g", !std::isfinite(objective) ? objective : norm));
   const int64_t batch = ring_batch_[r];
   NoiseScaleEstimator::Step noise{std::nan(""), std::nan("")};  // NaN: not estimated at this step
   if (opt_.noise_scale && !skipped) {
@@ -174,22 +173,19 @@ void StepRecorder::write_log_line(int64_t iteration, int64_t consumed, double lr
   line += printf_string(" number of nan iterations: %3lld |", static_cast<long long>(interval_nan_));
   const double mean_loss = interval_loss_ / k;
   intervals_above_ = opt_.divergence_loss > 0 && mean_loss > opt_.divergence_loss ? intervals_above_ + 1 : 0;
-  if (!diverged() && opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals) {
-    diverged_at_ = iteration;
-    divergence_reason_ = printf_string("lm loss above %g (divergence_loss) for %lld log intervals, last %g", opt_.divergence_loss,
-                                static_cast<long long>(intervals_above_), mean_loss);
-  }
+  if (opt_.divergence_intervals > 0 && intervals_above_ >= opt_.divergence_intervals)
+    diverge(iteration, printf_string("lm loss above %g (divergence_loss) for %lld log intervals, last %g",
+                                     opt_.divergence_loss, static_cast<long long>(intervals_above_), mean_loss));
   // fp16: every step overflowing at a loss scale that cannot go lower (a static --loss-scale,
   // or --min-loss-scale) takes no step any more, however long the run goes on
   const bool lowest = fp16_ && (!opt_.loss_scaler.dynamic || interval_loss_scale_ <= opt_.loss_scaler.min_scale);
   intervals_stuck_ = lowest && interval_skipped_ == interval_iters_ ? intervals_stuck_ + 1 : 0;
-  if (!diverged() && opt_.divergence_intervals > 0 && intervals_stuck_ >= opt_.divergence_intervals) {
-    diverged_at_ = iteration;
-    divergence_reason_ =
+  if (opt_.divergence_intervals > 0 && intervals_stuck_ >= opt_.divergence_intervals)
+    diverge(
+        iteration,
         printf_string("every step of %lld log intervals overflowed fp16 at the loss scale %g, %s, so no step was taken",
                       static_cast<long long>(intervals_stuck_), interval_loss_scale_,
-                      opt_.loss_scaler.dynamic ? "the lowest (--min-loss-scale)" : "a static one (--loss-scale)");
-  }
+                      opt_.loss_scaler.dynamic ? "the lowest (--min-loss-scale)" : "a static one (--loss-scale)"));
   if (metrics_ && extras.memory) {
     metrics_->append("memory/iteration", static_cast<double>(iteration));
     metrics_->append("memory/allocated_bytes", extras.memory->allocated);

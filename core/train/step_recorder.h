@@ -79,8 +79,8 @@ class StepRecorder {
   void set_skipped_total(int64_t n) { skipped_total_ = n; }
   bool diverged() const { return !divergence_reason_.empty(); }
   int64_t diverged_at() const { return diverged_at_; }  // where diverged(): the iteration
-  // A divergence the trainer finds outside the step rows (an evaluation, the weights before a
-  // checkpoint); the first one found stands.
+  // A divergence: found in the step rows, or by the trainer outside them (an evaluation, the
+  // weights before a checkpoint); the first one found stands.
   void diverge(int64_t iteration, const std::string& reason) {
     if (diverged()) return;
     diverged_at_ = iteration;

@@ -368,11 +368,7 @@ TEST_F(Train, EachSplitTakesItsOwnDataWholeByMegatronsPerSplitFlags) {
                              "--hidden-dropout 0 --attention-dropout 0 --micro-batch-size 8 "
                              "--global-batch-size 8 --log-interval 1 ";
   auto run = [&](const std::string& dir, const std::string& args, std::string* out = nullptr) {
-    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --run-dir " +
-                                            (tmp_ / dir).string());
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    if (out) *out = r.output;
-    return mb::testing::H5File((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    return trained(dir, common + args, out);
   };
   // training: the blend of both, whole
   const std::string blend = "1 " + a + " 2 " + b;
@@ -452,11 +448,7 @@ TEST_F(Train, DataArgsFilesGiveTheDataAsTheirFlagsWould) {
                              "--hidden-dropout 0 --attention-dropout 0 --micro-batch-size 4 "
                              "--global-batch-size 4 --train-iters 3 --lr 1e-3 --log-interval 1 ";
   auto losses = [&](const std::string& dir, const std::string& args, std::string* output = nullptr) {
-    const auto r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + common + args + " --run-dir " +
-                                            (tmp_ / dir).string());
-    EXPECT_EQ(r.exit_code, 0) << r.output;
-    if (output) *output = r.output;
-    mb::testing::H5File f((tmp_ / dir / "metrics.h5").string(), mb::testing::H5File::kRead);
+    mb::testing::H5File f = trained(dir, common + args, output);
     std::vector<double> out = f.read<double>("train/lm_loss");
     if (f.has("validation/lm_loss"))
       for (double x : f.read<double>("validation/lm_loss")) out.push_back(x);

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 
+#include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
 
 namespace megabatch::testing {
@@ -40,6 +41,14 @@ class Train : public ::testing::Test {
            "--micro-batch-size 2 --global-batch-size 2 --train-iters 1 --lr 1e-3 --eval-iters 0 "
            "--hidden-dropout 0 --attention-dropout 0 --data-path " +
            ferry_corpus() + " ";
+  }
+  // `train ARGS --run-dir tmp_/DIR`, which must succeed: its metrics.h5, to read (and its
+  // output into `output`, where given).
+  H5File trained(const std::string& dir, const std::string& args, std::string* output = nullptr) {
+    const auto r = run_command(bin_dir() + "/train " + args + " --run-dir " + (tmp_ / dir).string());
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    if (output) *output = r.output;
+    return H5File((tmp_ / dir / "metrics.h5").string(), H5File::kRead);
   }
   // The first iteration line's lm loss as printed ("none" where there is none).
   static std::string first_loss(const std::string& output) {
