@@ -393,6 +393,61 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
   }
 }
 
+// With documents (--reset-attention-mask) each key block of the ordered dQ walks only the query
+// tiles that share a document with it, as the separate kernels do: the tensor-core work (the
+// emulator's mma count) is the full walk's per tile pair times the pairs that share a document,
+// counted here from the document ids; and the result is the reference's. Head size 64: a key
+// block is one tile, and every step of a walk does the same mma (no warp's keys lie wholly
+// past a causal tile's queries).
+TEST(EmulatedBf16, FlashOrderedDqWalksOnlyTheTilesOfEachBlocksDocuments) {
+  const WithFlashDq ordered(ops::FlashDq::kOrdered);
+  constexpr int64_t B = 2, T = 400, H = 2, D = 64, kTile = 64, tiles = (T + kTile - 1) / kTile;
+  std::vector<int32_t> ids(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b)  // row 0: four documents; row 1: one at every 90 positions
+    for (int64_t t = 0; t < T; ++t)
+      ids[static_cast<size_t>(b * T + t)] =
+          static_cast<int32_t>(b == 0 ? (t >= 100) + (t >= 200) + (t >= 330) : t / 90);
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "not causal");
+    int64_t pairs = 0, shared = 0;  // (key tile, query tile) pairs a walk has; those sharing a document
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t k = 0; k < tiles; ++k)
+        for (int64_t q = causal ? k : 0; q < tiles; ++q) {
+          ++pairs;
+          bool share = false;
+          for (int64_t x = k * kTile; x < std::min(T, (k + 1) * kTile) && !share; ++x)
+            for (int64_t y = q * kTile; y < std::min(T, (q + 1) * kTile) && !share; ++y)
+              share = ids[static_cast<size_t>(b * T + x)] == ids[static_cast<size_t>(b * T + y)];
+          shared += share;
+        }
+    ASSERT_LT(shared, pairs) << "the documents leave no tile out";
+    OpHarness h(mb::Device::cpu(), DType::kBF16, 29);
+    const ops::AttentionShape s{B, T, H, D, causal, 0, 0, H};
+    const std::vector<int64_t> qkv_shape{B, T, H, 3, D};
+    const ops::DropoutKey dk{0.1, 7, 2};
+    const Pair docs = h.ids(ids, {B, T}), qkv = h.input(qkv_shape), dy = h.input({B, T, H, D});
+    Pair out = h.output({B, T, H, D}), lse = h.output({B, H, T}, DType::kF32);
+    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, {}, s, &dk, {}, docs.dev);
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, {}, s, &dk, {}, docs.ref);
+    const WithOptions o({static_cast<int>(tiles), 11, emu::Copies::kDeferred});
+    auto mmas_of_backward = [&](const mb::Tensor& documents, Pair& dqkv) {
+      const int64_t mmas = emu::mmas(), calls = ops::flash_dq_ordered_calls();
+      ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, {}, s, &dk, ops::Write::kSet,
+                                              {}, {}, documents);
+      EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + 1) << "the backward did not take the ordered path";
+      return emu::mmas() - mmas;
+    };
+    Pair whole = h.output(qkv_shape), dqkv = h.output(qkv_shape);
+    const int64_t full = mmas_of_backward({}, whole), with_documents = mmas_of_backward(docs.dev, dqkv);
+    ASSERT_EQ(full % (pairs * H), 0) << full << " mma for " << pairs * H << " tile pairs";
+    EXPECT_EQ(with_documents, full / (pairs * H) * shared * H)
+        << "of " << pairs << " tile pairs " << shared << " share a document";
+    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, {}, s, &dk, ops::Write::kSet, {}, {},
+                                  docs.ref);
+    h.expect_close(dqkv, static_cast<double>(D + T), "dqkv", 16.0);
+  }
+}
+
 std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) { return mb::dtype_name(p.param); }
 INSTANTIATE_TEST_SUITE_P(Flash, Emulated, ::testing::Values(DType::kBF16, DType::kF16), dtype_param_name);
 

@@ -160,6 +160,7 @@ struct Launch {
 
 thread_local Options g_options;
 thread_local int64_t g_launches = 0;
+thread_local int64_t g_mmas = 0;
 thread_local Launch* g_launch = nullptr;
 thread_local Fiber* g_fiber = nullptr;
 
@@ -236,6 +237,7 @@ void compute(Warp& w) {
       break;
     case Kind::kMma:
     case Kind::kMmaBf16: {
+      ++g_mmas;
       // a lane deposits a[4] and b0, b1 in `in` (bytes 0..15, 16..23) and c[4] in `out`
       const bool bf16 = w.kind == Kind::kMmaBf16;
       float A[16][16], B[16][8];
@@ -444,6 +446,7 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
 }
 
 int64_t launches() { return g_launches; }
+int64_t mmas() { return g_mmas; }
 
 const uint3& thread_index() { return me().idx; }
 const uint3& block_index() { return me().block->idx; }

@@ -49,6 +49,9 @@ const Options& options();
 void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<void()> kernel);
 // How many launches this thread has run to their end.
 int64_t launches();
+// How many warp-wide mma instructions (m16n8k16) the launches of this thread have run: the
+// tensor-core work a kernel did, so that a test can see which tiles it skipped.
+int64_t mmas();
 
 // ---- what a kernel calls (through the macros below) -----------------------------------
 const uint3& thread_index();

@@ -30,6 +30,9 @@ namespace {
 // (b, group), which have all been taken, or will be once the earlier (b, group)'s, which wait
 // on nothing later, finish; and every item walks the group's heads in the same order, each
 // wait being on a point of the same head's walk that the waited-on item reaches first.
+// With documents (--reset-attention-mask) an item walks only the tiles of its keys'
+// documents, and a tile's turns are those of the key blocks that reach it, in the same order:
+// each walk is the one above with tiles left out, so the argument holds as it stands.
 // The kernel's dynamic shared memory: a key block's walk, this tile's dS, the item taken.
 template <typename T, int D>
 constexpr size_t ordered_smem() {
@@ -93,11 +96,11 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
     const int bg = item / o.blocks, b = bg / groups, h0 = bg % groups * a.per;
     const int j = a.causal ? o.blocks - 1 - item % o.blocks : item % o.blocks;  // (causal: the last first)
     const int k_block = j * kRows, j0 = k_block + kw;
-    const int walk = a.causal ? o.tiles - j * kR : o.tiles, steps = walk * a.per;  // each head of the group walks
-    auto tile = [&](int step) {
-      const int s = step % walk;
-      return a.causal ? j * kR + s : (j * kR + s) % o.tiles;
-    };
+    // the query tiles the block's keys reach (causal: from its own; with documents, those of
+    // its documents), from its own tile on, wrapping around (each head of the group walks them)
+    const TileRange reach = query_tiles(a, b, k_block, min(k_block + kRows, a.Tk) - 1);
+    const int walk = reach.end - reach.first, steps = walk * a.per, own = j * kR - reach.first;
+    auto tile = [&](int step) { return reach.first + (own + step % walk) % walk; };
     auto head = [&](int step) { return h0 + step / walk; };
     sm.template start<kThreads>(a, b, h0, k_block, tile(0));
     float dk[D / 8][4], dv[D / 8][4];
@@ -140,12 +143,17 @@ __global__ void __launch_bounds__(2 * kBackwardRows<D>) flash_ordered_kernel(Arg
           mma<T>(dq[n + 1], sa, hi[0], hi[1]);
         }
       }
-      // this item's turn at the tile: the items that reach it in fewer steps come first
-      // (causal: those of later key blocks, p = qt / kR down to j; otherwise p down to 0,
-      // then the last key block down to p + 1)
+      // this item's turn at the tile, among the key blocks lo..hi that reach it: the items
+      // that reach it in fewer steps come first (causal: those of later key blocks, p = qt / kR
+      // down to lo; otherwise p down to lo, then hi down to p + 1)
       const int p = qt / kR;
-      const int before = j <= p ? p - j : p + 1 + (o.blocks - 1 - j);
-      const int count = a.causal ? p + 1 : o.blocks;
+      int lo = 0, hi = a.causal ? p : o.blocks - 1;
+      if (a.doc) {  // (block p always reaches it: its queries see their own keys)
+        lo = document_start(a, b, i0) / kRows;
+        if (!a.causal) hi = (document_end(a, b, min(i0 + kTile, a.Tq) - 1) - 1) / kRows;
+      }
+      const int before = j <= p ? p - j : p - lo + 1 + (hi - j);
+      const int count = hi - lo + 1;
       int* turn = o.turn + static_cast<int64_t>(bh) * o.tiles + qt;
       if (threadIdx.x == 0) wait_turn(turn, before);
       __syncthreads();
