@@ -393,15 +393,17 @@ TEST(EmulatedBf16, FlashOrderedDqIsTheSameWhateverTheSchedule) {
   }
 }
 
-// With documents (--reset-attention-mask) each key block of the ordered dQ walks only the query
-// tiles that share a document with it, as the separate kernels do: the tensor-core work (the
-// emulator's mma count) is the full walk's per tile pair times the pairs that share a document,
-// counted here from the document ids; and the result is the reference's. Head size 64: a key
-// block is one tile, and every step of a walk does the same mma (no warp's keys lie wholly
-// past a causal tile's queries).
-TEST(EmulatedBf16, FlashOrderedDqWalksOnlyTheTilesOfEachBlocksDocuments) {
-  const WithFlashDq ordered(ops::FlashDq::kOrdered);
-  constexpr int64_t B = 2, T = 400, H = 2, D = 64, kTile = 64, tiles = (T + kTile - 1) / kTile;
+// With documents (--reset-attention-mask) the flash kernels read only the tiles that share a
+// document with their block: the forward, the backward's separate dK/dV and dQ kernels, and
+// the ordered dQ, whose key blocks take turns only at the tiles they reach. Each one's
+// tensor-core work with documents (the emulator's mma count) is its work without them per
+// (query tile, key tile) pair, times the pairs that share a document, counted here from the
+// document ids; and what it computes is the reference's. Head size 64: every block is one
+// tile, and every tile a kernel walks costs it the same mma (no warp's rows lie wholly past a
+// causal tile).
+TEST(EmulatedBf16, FlashKernelsReadOnlyTheTilesThatShareADocument) {
+  const WithForwardRows rows(ops::FlashForwardRows::k16);
+  constexpr int64_t B = 2, T = 400, H = 1, D = 64, kTile = 64, tiles = (T + kTile - 1) / kTile;
   std::vector<int32_t> ids(static_cast<size_t>(B * T));
   for (int64_t b = 0; b < B; ++b)  // row 0: four documents; row 1: one at every 90 positions
     for (int64_t t = 0; t < T; ++t)
@@ -409,7 +411,7 @@ TEST(EmulatedBf16, FlashOrderedDqWalksOnlyTheTilesOfEachBlocksDocuments) {
           static_cast<int32_t>(b == 0 ? (t >= 100) + (t >= 200) + (t >= 330) : t / 90);
   for (const bool causal : {false, true}) {
     SCOPED_TRACE(causal ? "causal" : "not causal");
-    int64_t pairs = 0, shared = 0;  // (key tile, query tile) pairs a walk has; those sharing a document
+    int64_t pairs = 0, shared = 0;  // (key tile, query tile) pairs without documents; those sharing one
     for (int64_t b = 0; b < B; ++b)
       for (int64_t k = 0; k < tiles; ++k)
         for (int64_t q = causal ? k : 0; q < tiles; ++q) {
@@ -426,25 +428,42 @@ TEST(EmulatedBf16, FlashOrderedDqWalksOnlyTheTilesOfEachBlocksDocuments) {
     const std::vector<int64_t> qkv_shape{B, T, H, 3, D};
     const ops::DropoutKey dk{0.1, 7, 2};
     const Pair docs = h.ids(ids, {B, T}), qkv = h.input(qkv_shape), dy = h.input({B, T, H, D});
-    Pair out = h.output({B, T, H, D}), lse = h.output({B, H, T}, DType::kF32);
-    ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, {}, s, &dk, {}, docs.dev);
-    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, {}, s, &dk, {}, docs.ref);
     const WithOptions o({static_cast<int>(tiles), 11, emu::Copies::kDeferred});
-    auto mmas_of_backward = [&](const mb::Tensor& documents, Pair& dqkv) {
-      const int64_t mmas = emu::mmas(), calls = ops::flash_dq_ordered_calls();
-      ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, {}, s, &dk, ops::Write::kSet,
-                                              {}, {}, documents);
-      EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + 1) << "the backward did not take the ordered path";
-      return emu::mmas() - mmas;
+    // the mma of f(documents) without documents and with them: the second, the first's per pair
+    // times the pairs that share a document
+    auto expect_skips = [&](const std::string& what, const std::function<void(const mb::Tensor&)>& f) {
+      int64_t mmas[2];
+      for (const int with : {0, 1}) {
+        const int64_t before = emu::mmas();
+        f(with ? docs.dev : mb::Tensor{});
+        mmas[with] = emu::mmas() - before;
+      }
+      ASSERT_EQ(mmas[0] % (pairs * H), 0) << what << ": " << mmas[0] << " mma for " << pairs * H << " tile pairs";
+      EXPECT_EQ(mmas[1], mmas[0] / (pairs * H) * shared * H)
+          << what << ": of " << pairs << " tile pairs " << shared << " share a document";
     };
-    Pair whole = h.output(qkv_shape), dqkv = h.output(qkv_shape);
-    const int64_t full = mmas_of_backward({}, whole), with_documents = mmas_of_backward(docs.dev, dqkv);
-    ASSERT_EQ(full % (pairs * H), 0) << full << " mma for " << pairs * H << " tile pairs";
-    EXPECT_EQ(with_documents, full / (pairs * H) * shared * H)
-        << "of " << pairs << " tile pairs " << shared << " share a document";
-    ops::flash_attention_backward(dqkv.ref, dy.ref, qkv.ref, out.ref, lse.ref, {}, s, &dk, ops::Write::kSet, {}, {},
+    Pair out = h.output({B, T, H, D}), lse = h.output({B, H, T}, DType::kF32);
+    expect_skips("forward", [&](const mb::Tensor& documents) {
+      ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, {}, s, &dk, {}, documents);
+    });
+    ops::flash_attention_forward(out.ref, lse.ref, qkv.ref, {}, s, &dk, {}, docs.ref);
+    h.expect_close(out, static_cast<double>(T), "out", 16.0);
+    Pair first = h.output(qkv_shape);
+    ops::flash_attention_backward(first.ref, dy.ref, qkv.ref, out.ref, lse.ref, {}, s, &dk, ops::Write::kSet, {}, {},
                                   docs.ref);
-    h.expect_close(dqkv, static_cast<double>(D + T), "dqkv", 16.0);
+    for (const ops::FlashDq how : {ops::FlashDq::kSeparate, ops::FlashDq::kOrdered}) {
+      const std::string what = how == ops::FlashDq::kOrdered ? "ordered dQ" : "separate dQ";
+      const WithFlashDq dq(how);
+      Pair dqkv = h.output(qkv_shape);
+      const int64_t calls = ops::flash_dq_ordered_calls();
+      expect_skips(what, [&](const mb::Tensor& documents) {
+        ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, {}, s, &dk,
+                                                ops::Write::kSet, {}, {}, documents);
+      });
+      EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + (how == ops::FlashDq::kOrdered ? 2 : 0)) << what;
+      dqkv.ref = first.ref;
+      h.expect_close(dqkv, static_cast<double>(D + T), what + ": dqkv", 16.0);
+    }
   }
 }
 
