@@ -5,6 +5,7 @@
                   [--use-distributed-optimizer]
   plan.py scaling --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 --global-batch 4096
                   [--efficiency 0.4] [--overlap-grad-reduce] [--use-distributed-optimizer]
+  plan.py check-sweep --instance p4d.24xlarge --nodes 2 --sweep RUNS/<sweep>
   plan.py validate   (the model against published Megatron-LM figures)
 
 `check` refuses layouts that do not fit: nodes x GPUs not a multiple of TP, TP spanning
@@ -15,6 +16,10 @@ per parameter of the rank's shard, plus activations per sample times the micro b
 saying what alone would make it fit. The model's sizes come from
 `train --model M --tensor-model-parallel-size T --print-params`; --params/--layers/--hidden/
 --seq/--state-bytes/--act-bytes give them directly.
+
+`check-sweep` makes these checks for every point of a sweep that `sweep export-points FILE
+--runs-dir RUNS` wrote, each point's sizes from `train --config` of its configuration, and
+names each point that does not fit.
 
 `scaling` estimates one optimizer step:
   compute = (6 N + 12 L S H) FLOPs per token x tokens per step / (GPUs x peak x efficiency)
@@ -44,8 +49,10 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "..", "build", "bin", "train")  # the train program, unless --train names another
 
 
 def instances():
@@ -53,15 +60,14 @@ def instances():
         return {k: v for k, v in json.load(f).items() if not k.startswith("_")}
 
 
-def model_sizes(model, tp, train=None):
-    """Sizes of a preset from train --print-params: parameters, per-rank parameters,
-    per-rank bytes of weights + optimizer state (bf16 mixed precision), activation bytes per
-    sample per rank, layers, hidden, seq."""
-    train = train or os.path.join(HERE, "..", "build", "bin", "train")
-    out = subprocess.run([train, "--model", model, "--tensor-model-parallel-size", str(tp), "--print-params"],
-                         capture_output=True, text=True)
+def train_sizes(args, train=None, what=None):
+    """Sizes from `train ARGS --print-params`: parameters, per-rank parameters, per-rank bytes of
+    weights + optimizer state (bf16 mixed precision), activation bytes per sample per rank,
+    layers, hidden, seq. `what` names the model in an error (default: the arguments)."""
+    train = train or TRAIN
+    out = subprocess.run([train, *args, "--print-params"], capture_output=True, text=True)
     if out.returncode != 0:
-        sys.exit(f"plan.py: {train} --model {model} failed: {out.stderr.strip()}")
+        sys.exit(f"plan.py: {train} {what or ' '.join(args)} failed: {out.stderr.strip()}")
     text = out.stdout
 
     def grab(pattern):
@@ -82,6 +88,11 @@ def model_sizes(model, tp, train=None):
         "hidden": int(head.group(3)),
         "seq": int(head.group(4)),
     }
+
+
+def model_sizes(model, tp, train=None):
+    """The sizes (train_sizes) of a preset at TP `tp`."""
+    return train_sizes(["--model", model, "--tensor-model-parallel-size", str(tp)], train)
 
 
 def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
@@ -129,18 +140,55 @@ def layout_problems(inst, nodes, tp, micro, global_batch):
     return problems
 
 
+def memory_problems(inst, nodes, tp, micro, sizes, distributed=False):
+    """Whether the memory estimate fits the GPU: ([the problem, with its remedies] or [], the
+    per-GPU estimate in bytes); `distributed`: sizes["state_bytes"] is already the distributed
+    optimizer's."""
+    memory = 1.1 * (sizes["state_bytes"] + sizes["act_bytes"] * micro)
+    if memory <= inst["gpu_memory_GiB"] * 2**30:
+        return [], memory
+    return [f"estimated {memory / 2**30:.1f} GiB per GPU (weights + optimizer state "
+            f"{sizes['state_bytes'] / 2**30:.1f} GiB, activations {sizes['act_bytes'] * micro / 2**30:.1f} GiB "
+            f"for micro batch {micro}, +10%) exceeds the {inst['gpu']}'s {inst['gpu_memory_GiB']} GiB"
+            + "; " + memory_remedies(inst, nodes, tp, micro, sizes, distributed)], memory
+
+
 def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
     """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes;
     `distributed`: sizes["state_bytes"] is already the distributed optimizer's."""
-    problems = layout_problems(inst, nodes, tp, micro, global_batch)
-    memory = 1.1 * (sizes["state_bytes"] + sizes["act_bytes"] * micro)
-    limit = inst["gpu_memory_GiB"] * 2**30
-    if memory > limit:
-        problems.append(f"estimated {memory / 2**30:.1f} GiB per GPU (weights + optimizer state "
-                        f"{sizes['state_bytes'] / 2**30:.1f} GiB, activations {sizes['act_bytes'] * micro / 2**30:.1f} GiB "
-                        f"for micro batch {micro}, +10%) exceeds the {inst['gpu']}'s {inst['gpu_memory_GiB']} GiB"
-                        + "; " + memory_remedies(inst, nodes, tp, micro, sizes, distributed))
-    return problems, memory
+    memory, estimate = memory_problems(inst, nodes, tp, micro, sizes, distributed)
+    return layout_problems(inst, nodes, tp, micro, global_batch) + memory, estimate
+
+
+TRAIN_MICRO_BATCH = 8  # train's --micro-batch-size default, for a point that does not set it
+
+
+def point_problems(inst, nodes, config, train=None, name="the point"):
+    """Why a sweep point's train (its configuration, as sweep export-points wrote it) cannot run
+    as a job of nodes x GPUs ranks of this instance type, as train itself would refuse it
+    (empty: it can). With `train` (this machine's program, for the model's sizes), its memory
+    estimate too, as check() makes it."""
+    tp = config.get("tensor_model_parallel_size", 1)
+    micro = config.get("micro_batch_size", TRAIN_MICRO_BATCH)
+    problems = layout_problems(inst, nodes, tp, micro, config.get("global_batch_size"))
+    ranks = inst["gpus"] * nodes
+    dp = max(1, ranks // tp)
+    if config.get("data_parallel_size", dp) != dp:
+        problems.append(f"data_parallel_size {config['data_parallel_size']}, but {ranks} ranks at TP {tp} are DP {dp}")
+    ramp = config.get("rampup_batch_size")
+    if isinstance(ramp, list) and len(ramp) == 3 and any(isinstance(b, int) and b % (micro * dp) for b in ramp[:2]):
+        problems.append(f"rampup_batch_size {ramp}: its start and increment are not multiples of micro batch x data "
+                        f"parallelism = {micro} x {dp}")
+    if train and not problems:
+        with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+            json.dump(config, f)
+            f.flush()
+            sizes = train_sizes(["--config", f.name], train, f"--config ({name}'s configuration)")
+        distributed = bool(config.get("use_distributed_optimizer"))
+        if distributed:
+            sizes["state_bytes"] = distributed_state_bytes(sizes["state_bytes"], dp)
+        problems += memory_problems(inst, nodes, tp, micro, sizes, distributed)[0]
+    return problems
 
 
 def default_bucket_elems(dp):
@@ -253,9 +301,34 @@ def positive(kind, at_most=math.inf):
     return parse
 
 
+def check_sweep(inst, instance_type, nodes, sweep_dir, train=None):
+    """plan.py check-sweep: every point of an exported sweep (DIR/sweep.json) checked as a job of
+    nodes x GPUs ranks, layout and memory (point_problems); 1 where one does not fit."""
+    if not sweep_dir:
+        sys.exit("plan.py check-sweep: give --sweep DIR (a sweep that sweep export-points wrote)")
+    path = os.path.join(sweep_dir, "sweep.json")
+    try:
+        with open(path) as f:
+            points = json.load(f)["points"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"plan.py: {path}: {e!r}; export the sweep first (sweep export-points FILE --runs-dir DIR)")
+    misfits = [(p["id"], problems) for p in points
+               if (problems := point_problems(inst, nodes, p.get("config", {}), train or TRAIN, p["id"]))]
+    ranks = inst["gpus"] * nodes
+    if misfits:
+        print(f"{len(misfits)} of {len(points)} point(s) do not fit {nodes} x {instance_type} = {ranks} "
+              f"{inst['gpu']}:")
+        for point, problems in misfits:
+            print(f"  {point}: {'; '.join(problems)}")
+        return 1
+    print(f"all {len(points)} point(s) fit {nodes} x {instance_type} = {ranks} {inst['gpu']}")
+    return 0
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", choices=["check", "scaling", "validate"])
+    p.add_argument("command", choices=["check", "check-sweep", "scaling", "validate"])
+    p.add_argument("--sweep", help="check-sweep: the runs directory of a sweep that sweep export-points wrote")
     p.add_argument("--instance")
     p.add_argument("--nodes", type=positive(int), default=1)
     p.add_argument("--model")
@@ -289,6 +362,8 @@ def main(argv=None):
     if a.instance not in table:
         sys.exit(f"plan.py: unknown instance type '{a.instance}'; known: {', '.join(sorted(table))}")
     inst = table[a.instance]
+    if a.command == "check-sweep":
+        return check_sweep(inst, a.instance, a.nodes, a.sweep, a.train)
     if a.model:
         sizes = model_sizes(a.model, a.tp, a.train)
         if a.use_distributed_optimizer:

@@ -16,7 +16,8 @@
 #   launchers/ec2/launch.sh --instance-type p4d.24xlarge --hostfile hosts --sweep FILE.json [-- SWEEP_RUN_OPTIONS]
 # --sweep runs a sweep's points one after another, each over every GPU of the hostfile's
 # nodes: `sweep run FILE --ranks NODESxGPUS --jobs 1` with this mpirun (a script in $TMPDIR,
-# as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks (checked first); the
+# as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks, and fit the GPUs by
+# plan.py's memory estimate (checked first; the estimate not with --ranks-per-node); the
 # runs directory (--runs-dir, after --) must be shared by the nodes. Run it again to resume;
 # Ctrl-C stops the running point at a checkpoint; `sweep status` and `plot` read it.
 set -euo pipefail
@@ -95,6 +96,14 @@ if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN
     printf 'exec mpirun --hostfile %q' "$hostfile"; printf ' %q' "${placing[@]}"; echo ' "$@"'; } > "$wrapper"
   chmod +x "$wrapper"
   cmd=(env "MEGABATCH_MPIRUN=$wrapper" "$bin/sweep" run "$sweep_file" --ranks "$np" --jobs 1 "$@")
+  if [[ -z $per_node ]]; then  # each point's layout and memory estimate on these GPUs (plan.py check-sweep)
+    points=$(mktemp -d "${TMPDIR:-/tmp}/megabatch-points.XXXXXX")
+    refuse() { rm -rf "$points" "$wrapper"; echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
+    exported=$("$bin/sweep" export-points "$sweep_file" --runs-dir "$points" --ranks "$np") || refuse
+    /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
+      --sweep "${exported%%/points.txt: *}" >&2 || refuse
+    rm -rf "$points"
+  fi
   if ((dry)); then  # the mpirun and the command, then the sweep's own dry run: its points, each checked to fit
     cat "$wrapper"; rm -f "$wrapper"; printf '%q ' "${cmd[@]}"; echo
     exec "$bin/sweep" run "$sweep_file" --ranks "$np" --dry-run "$@"

@@ -11,8 +11,10 @@
 /fsx/runs` wrote (each of its points not yet done or diverged), one YAML document each; the
 instance type and nodes default to the sweep file's "cluster" (`sweep export-points --ranks N`
 checks that every point runs as a job of N = nodes x GPUs ranks). A point whose layout the job
-cannot run (its TP, micro and global batch against nodes x GPUs ranks, as train checks them) is
-refused before anything is rendered, with every such point named.
+cannot run (its TP, micro and global batch against nodes x GPUs ranks, as train checks them),
+or whose memory estimate exceeds the GPUs' (launchers/plan.py, the model's sizes from this
+machine's train: $MEGABATCH_BIN, else this checkout's build), is refused before anything is
+rendered, with every such point named.
 
 --selftest DIR (run it first on a new cluster) renders a job that runs launchers/selftest.sh
 through the same mpirun instead of a point: a short TP x DP run checked against one GPU, in
@@ -42,27 +44,17 @@ import yaml
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-import plan  # noqa: E402  (launchers/plan.py: the layout checks of plan.py check and ec2/launch.sh)
+import plan  # noqa: E402  (launchers/plan.py: the layout and memory checks of plan.py check and ec2/launch.sh)
 
-TRAIN_MICRO_BATCH = 8  # train's --micro-batch-size default, for a point that does not set it
-
-
-def point_problems(inst, nodes, config):
-    """Why a point's train (its configuration, as sweep export-points wrote it) cannot run as a
-    job of nodes x GPUs ranks of this instance type, as train itself would refuse it (empty: it
-    can)."""
-    tp = config.get("tensor_model_parallel_size", 1)
-    micro = config.get("micro_batch_size", TRAIN_MICRO_BATCH)
-    problems = plan.layout_problems(inst, nodes, tp, micro, config.get("global_batch_size"))
-    ranks = inst["gpus"] * nodes
-    dp = max(1, ranks // tp)
-    if config.get("data_parallel_size", dp) != dp:
-        problems.append(f"data_parallel_size {config['data_parallel_size']}, but {ranks} ranks at TP {tp} are DP {dp}")
-    ramp = config.get("rampup_batch_size")
-    if isinstance(ramp, list) and len(ramp) == 3 and any(isinstance(b, int) and b % (micro * dp) for b in ramp[:2]):
-        problems.append(f"rampup_batch_size {ramp}: its start and increment are not multiples of micro batch x data "
-                        f"parallelism = {micro} x {dp}")
-    return problems
+def local_train():
+    """This machine's train program, for the memory estimate of the points' models ($MEGABATCH_BIN,
+    else this checkout's build), or None where there is none (said on stderr once)."""
+    train = os.path.join(os.environ.get("MEGABATCH_BIN") or os.path.join(HERE, "..", "..", "build", "bin"), "train")
+    if os.access(train, os.X_OK):
+        return train
+    print(f"render.py: no {train} here, so the points' memory is not estimated (build megabatch, or set "
+          "MEGABATCH_BIN to its bin directory)", file=sys.stderr)
+    return None
 
 
 def refuse_misfits(misfits, instance_type, nodes, inst):
@@ -178,13 +170,14 @@ def render_sweep(sweep_dir, image, instance_type=None, nodes=None, fsx_claim="fs
     if not instance_type or not nodes:
         raise SystemExit(f"render.py: {path} names no cluster; give --instance-type and --nodes")
     inst = instance(instance_type)
+    train = local_train()
     jobs, skipped, misfits = [], [], []
     for p in sweep.get("points", []):
         point = os.path.join(os.path.abspath(sweep_dir), p["id"])
         if os.path.exists(os.path.join(point, "DONE")) or os.path.exists(os.path.join(point, "DIVERGED")):
             skipped.append(p["id"])
             continue
-        problems = point_problems(inst, nodes, p.get("config", {}))
+        problems = plan.point_problems(inst, nodes, p.get("config", {}), train, p["id"])
         if problems:
             misfits.append((p["id"], problems))
         jobs.append(render(instance_type, nodes, image, point, fsx_claim, train))
@@ -226,7 +219,7 @@ def main(argv=None):
             raise SystemExit(f"render.py: {path}: {e}; export the sweep again (sweep export-points FILE --runs-dir ...)")
         else:
             inst = instance(a.instance_type)
-            problems = point_problems(inst, a.nodes or 1, config)
+            problems = plan.point_problems(inst, a.nodes or 1, config, local_train(), a.point)
             refuse_misfits([(a.point, problems)] if problems else [], a.instance_type, a.nodes or 1, inst)
     yaml.safe_dump(render(a.instance_type, a.nodes or 1, a.image, a.point, a.fsx_claim, selftest=a.selftest), sys.stdout,
                    sort_keys=False)

@@ -91,8 +91,8 @@ class EksManifest(unittest.TestCase):
         retry, no DONE), and neither runs again when the job does; one fails (FAILED, shown by
         sweep status)."""
         bin_dir = os.environ["MEGABATCH_BIN"]
-        env = dict(os.environ, **MPI_AS_ROOT)
         with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, **MPI_AS_ROOT, TMPDIR=d)  # (launch.sh's mpirun script goes with d)
             data = preprocess_brown(self, d)
             sweep_file = os.path.join(d, "eks.json")
             with open(sweep_file, "w") as f:
@@ -316,6 +316,62 @@ class CommandLines(Launching, unittest.TestCase):
             self.assertIn("fits", r.stderr)
             self.assertIn("-np 32", r.stdout)
 
+    def test_each_point_of_a_sweep_is_checked_for_memory_with_its_own_configuration(self):
+        """plan.py check-sweep, render.py --sweep and launch.sh --sweep estimate each point's
+        memory from its own configuration (its layers, its optimizer sharding), as plan.py check
+        does for one run. Before, only launch.sh's single runs were estimated: a sweep point too
+        big for the GPUs became a job whose train refused it at start (on EKS, three times)."""
+        with tempfile.TemporaryDirectory() as d:
+            sweep = os.path.join(d, "big.json")
+            with open(sweep, "w") as f:
+                json.dump({"name": "big", "base": {
+                    "model": "gpt-18.4b", "tensor_model_parallel_size": 8, "micro_batch_size": 1,
+                    "global_batch_size": 32, "train_iters": 10, "lr": 1e-4, "data_path": [os.path.join(d, "none")]},
+                    "grid": {"num_layers": [40, 8], "use_distributed_optimizer": [False, True]}}, f)
+            r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "sweep"), "export-points", sweep,
+                                "--runs-dir", os.path.join(d, "runs")], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            sweep_dir = os.path.join(d, "runs", "big")
+            plan = os.path.join(ROOT, "launchers", "plan.py")
+            train = os.path.join(os.environ["MEGABATCH_BIN"], "train")
+            # the preset's 40 layers without the distributed optimizer, as plan.py check sees them
+            r = subprocess.run(["/usr/bin/python3", plan, "check", "--instance", "p4d.24xlarge", "--nodes", "4",
+                                "--model", "gpt-18.4b", "--tp", "8", "--micro-batch", "1", "--global-batch", "32",
+                                "--train", train], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, r.stdout)
+            too_big = r.stdout.split("does not fit: ")[1].strip()
+            self.assertIn("exceeds the A100-40GB's 40 GiB", too_big)
+            r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p4d.24xlarge", "--nodes", "4",
+                                "--sweep", sweep_dir, "--train", train], capture_output=True, text=True)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertEqual(r.stdout, f"1 of 4 point(s) do not fit 4 x p4d.24xlarge = 32 A100-40GB:\n"
+                                       f"  nl40-udooff: {too_big}\n")
+            r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p5.48xlarge", "--nodes", "4",
+                                "--sweep", sweep_dir, "--train", train], capture_output=True, text=True)
+            self.assertEqual((r.returncode, r.stdout), (0, "all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB\n"),
+                             r.stderr)
+            # EKS: the same refusal before anything is rendered, with this build's train
+            with self.assertRaises(SystemExit) as e:
+                render.render_sweep(sweep_dir, "img", "p4d.24xlarge", 4)
+            self.assertIn(f"render.py: 1 point(s) cannot run as a job of 4 x p4d.24xlarge = 32 ranks:\n"
+                          f"  nl40-udooff: {too_big}\n", str(e.exception))
+            self.assertEqual(len(render.render_sweep(sweep_dir, "img", "p5.48xlarge", 4)[0]), 4)
+            # EC2: launch.sh --sweep refuses before its dry run lists the points
+            with open(os.path.join(d, "hosts"), "w") as f:
+                f.write("".join(f"10.0.0.{i}\n" for i in range(1, 5)))
+            r = self.launch("p4d.24xlarge", os.path.join(d, "hosts"), "--sweep", sweep, "--dry-run", "--",
+                            "--runs-dir", os.path.join(d, "ec2"))
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn(f"  nl40-udooff: {too_big}\n", r.stderr)
+            self.assertIn("launch.sh: the sweep's points do not all fit (above)", r.stderr)
+            self.assertEqual(r.stdout, "")
+            self.assertFalse(os.path.exists(os.path.join(d, "ec2")))
+            r = self.launch("p5.48xlarge", os.path.join(d, "hosts"), "--sweep", sweep, "--dry-run", "--",
+                            "--runs-dir", os.path.join(d, "ec2"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB", r.stderr)
+            self.assertIn("--ranks 32 --jobs 1", r.stdout)
+
     def test_counts_are_whole_numbers_and_an_empty_hostfile_is_named(self):
         # before: an empty hostfile ended launch.sh silently (grep -c's status under set -e),
         # TP 0 or abc in a bash "division by 0", --ranks-per-node 0 in "mpirun -np 0"; submit.sh
@@ -424,8 +480,8 @@ class CommandLines(Launching, unittest.TestCase):
         is refused before anything runs. Before, plain EC2 had no way to run a sweep: launch.sh
         starts one train, and sweep run starts TP x DP ranks (1 here) on its own machine."""
         bin_dir = os.environ["MEGABATCH_BIN"]
-        env = dict(os.environ, **MPI_AS_ROOT)
         with tempfile.TemporaryDirectory() as d:
+            env = dict(os.environ, **MPI_AS_ROOT, TMPDIR=d)  # (launch.sh's mpirun script goes with d)
             data = preprocess_brown(self, d)
             hosts = os.path.join(d, "hosts")
             with open(hosts, "w") as f:
