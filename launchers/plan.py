@@ -5,7 +5,7 @@
                   [--use-distributed-optimizer]
   plan.py scaling --instance p4d.24xlarge --nodes 2 --model bert4 --tp 2 --micro-batch 64 --global-batch 4096
                   [--efficiency 0.4] [--overlap-grad-reduce] [--use-distributed-optimizer]
-  plan.py check-sweep --instance p4d.24xlarge --nodes 2 --sweep RUNS/<sweep>
+  plan.py check-sweep --instance p4d.24xlarge --nodes 2 --sweep FILE.json|RUNS/<sweep>
   plan.py validate   (the model against published Megatron-LM figures)
 
 `check` refuses layouts that do not fit: nodes x GPUs not a multiple of TP, TP spanning
@@ -17,9 +17,9 @@ saying what alone would make it fit. The model's sizes come from
 `train --model M --tensor-model-parallel-size T --print-params`; --params/--layers/--hidden/
 --seq/--state-bytes/--act-bytes give them directly.
 
-`check-sweep` makes these checks for every point of a sweep that `sweep export-points FILE
---runs-dir RUNS` wrote, each point's sizes from `train --config` of its configuration, and
-names each point that does not fit.
+`check-sweep` makes these checks for every point of a sweep file (or of a sweep that `sweep
+export-points FILE --runs-dir RUNS` wrote), each point's sizes from `train --config` of its
+configuration, and names each point that does not fit.
 
 `scaling` estimates one optimizer step:
   compute = (6 N + 12 L S H) FLOPs per token x tokens per step / (GPUs x peak x efficiency)
@@ -301,20 +301,31 @@ def positive(kind, at_most=math.inf):
     return parse
 
 
-def check_sweep(inst, instance_type, nodes, sweep_dir, train=None):
-    """plan.py check-sweep: every point of an exported sweep (DIR/sweep.json) checked as a job of
-    nodes x GPUs ranks, layout and memory (point_problems); 1 where one does not fit."""
-    if not sweep_dir:
-        sys.exit("plan.py check-sweep: give --sweep DIR (a sweep that sweep export-points wrote)")
-    path = os.path.join(sweep_dir, "sweep.json")
+def check_sweep(inst, instance_type, nodes, sweep, train=None):
+    """plan.py check-sweep: every point of a sweep checked as a job of nodes x GPUs ranks, layout
+    and memory (point_problems); 1 where one does not fit. `sweep`: the runs directory of a sweep
+    that sweep export-points wrote (its sweep.json), or a sweep file, exported here first into a
+    directory of its own (by the sweep program beside `train`, with --ranks: its refusals too)."""
+    train = train or TRAIN
+    ranks = inst["gpus"] * nodes
+    if not sweep:
+        sys.exit("plan.py check-sweep: give --sweep (a sweep file, or the directory sweep export-points wrote)")
+    if os.path.isfile(sweep):
+        with tempfile.TemporaryDirectory() as runs:
+            out = subprocess.run([os.path.join(os.path.dirname(train), "sweep"), "export-points", sweep, "--runs-dir",
+                                  runs, "--ranks", str(ranks)], capture_output=True, text=True)
+            if out.returncode != 0:
+                print(out.stderr.strip() or out.stdout.strip())
+                return 1
+            return check_sweep(inst, instance_type, nodes, out.stdout.strip().split("/points.txt: ")[0], train)
+    path = os.path.join(sweep, "sweep.json")
     try:
         with open(path) as f:
             points = json.load(f)["points"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"plan.py: {path}: {e!r}; export the sweep first (sweep export-points FILE --runs-dir DIR)")
     misfits = [(p["id"], problems) for p in points
-               if (problems := point_problems(inst, nodes, p.get("config", {}), train or TRAIN, p["id"]))]
-    ranks = inst["gpus"] * nodes
+               if (problems := point_problems(inst, nodes, p.get("config", {}), train, p["id"]))]
     if misfits:
         print(f"{len(misfits)} of {len(points)} point(s) do not fit {nodes} x {instance_type} = {ranks} "
               f"{inst['gpu']}:")
@@ -328,7 +339,7 @@ def check_sweep(inst, instance_type, nodes, sweep_dir, train=None):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("command", choices=["check", "check-sweep", "scaling", "validate"])
-    p.add_argument("--sweep", help="check-sweep: the runs directory of a sweep that sweep export-points wrote")
+    p.add_argument("--sweep", help="check-sweep: a sweep file, or the runs directory sweep export-points wrote")
     p.add_argument("--instance")
     p.add_argument("--nodes", type=positive(int), default=1)
     p.add_argument("--model")

@@ -91,19 +91,15 @@ launch=(mpirun --hostfile "$hostfile" -np "$np" "${placing[@]}")
 if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN -np N train ...
   ((!selftest)) || { echo "launch.sh: --selftest or --sweep, not both" >&2; exit 2; }
   [[ -x $bin/sweep ]] || { echo "launch.sh: $bin/sweep is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
+  if [[ -z $per_node ]]; then  # each point's layout and memory estimate on these GPUs
+    /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
+      --sweep "$sweep_file" >&2 || { echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
+  fi
   wrapper=$(mktemp "${TMPDIR:-/tmp}/megabatch-mpirun.XXXXXX")
   { echo '#!/bin/bash'; echo "# mpirun over $hostfile for sweep run --ranks $np (launchers/ec2/launch.sh --sweep)"
     printf 'exec mpirun --hostfile %q' "$hostfile"; printf ' %q' "${placing[@]}"; echo ' "$@"'; } > "$wrapper"
   chmod +x "$wrapper"
   cmd=(env "MEGABATCH_MPIRUN=$wrapper" "$bin/sweep" run "$sweep_file" --ranks "$np" --jobs 1 "$@")
-  if [[ -z $per_node ]]; then  # each point's layout and memory estimate on these GPUs (plan.py check-sweep)
-    points=$(mktemp -d "${TMPDIR:-/tmp}/megabatch-points.XXXXXX")
-    refuse() { rm -rf "$points" "$wrapper"; echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
-    exported=$("$bin/sweep" export-points "$sweep_file" --runs-dir "$points" --ranks "$np") || refuse
-    /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
-      --sweep "${exported%%/points.txt: *}" >&2 || refuse
-    rm -rf "$points"
-  fi
   if ((dry)); then  # the mpirun and the command, then the sweep's own dry run: its points, each checked to fit
     cat "$wrapper"; rm -f "$wrapper"; printf '%q ' "${cmd[@]}"; echo
     exec "$bin/sweep" run "$sweep_file" --ranks "$np" --dry-run "$@"

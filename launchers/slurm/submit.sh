@@ -8,7 +8,8 @@
 #
 # Sizes the sweep file's "cluster" names (nodes, gpus_per_node) are the defaults of --nodes,
 # --ntasks-per-node and --gpus-per-node (0: ask for no GPUs); else 1 node, 1 task, no GPUs.
-# Every point must fit a job of nodes x tasks ranks (refused before anything is submitted).
+# Every point must fit a job of nodes x tasks ranks, and on the cluster's instance type its
+# GPUs' memory by launchers/plan.py's estimate (refused before anything is submitted).
 # Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
 # `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
 #   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] [--device cpu] ...
@@ -94,6 +95,15 @@ if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tas
   mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
 fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
+# On the GPUs of the sweep's cluster (its instance type, not sized otherwise per node): each
+# point's layout and memory estimate too (launchers/plan.py check-sweep).
+if [[ -n ${c_type:-} && ${given:-} != *--ntasks-per-node* && ${given:-} != *--gpus-per-node* ]]; then
+  if ! fit=$(/usr/bin/python3 "$here/../plan.py" check-sweep --instance "$c_type" --nodes "$nodes" \
+               --train "$bin/train" --sweep "$sweep_file"); then
+    echo "$fit" >&2; echo "submit.sh: the sweep's points do not all fit (above); nothing submitted" >&2; exit 2
+  fi
+  echo "$fit"
+fi
 export_args=("$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))
 ((dry)) && export_args+=(--dry-run)
 out=$("$bin/sweep" export-points "${export_args[@]}")  # ".../<name>/points.txt: N points"

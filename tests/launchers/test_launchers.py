@@ -317,17 +317,19 @@ class CommandLines(Launching, unittest.TestCase):
             self.assertIn("-np 32", r.stdout)
 
     def test_each_point_of_a_sweep_is_checked_for_memory_with_its_own_configuration(self):
-        """plan.py check-sweep, render.py --sweep and launch.sh --sweep estimate each point's
-        memory from its own configuration (its layers, its optimizer sharding), as plan.py check
-        does for one run. Before, only launch.sh's single runs were estimated: a sweep point too
-        big for the GPUs became a job whose train refused it at start (on EKS, three times)."""
+        """plan.py check-sweep, render.py --sweep, launch.sh --sweep and submit.sh (on the
+        sweep's cluster) estimate each point's memory from its own configuration (its layers,
+        its optimizer sharding), as plan.py check does for one run. Before, only launch.sh's
+        single runs were estimated: a sweep point too big for the GPUs became a job whose train
+        refused it at start (on EKS, three times; on Slurm, after its wait in the queue)."""
         with tempfile.TemporaryDirectory() as d:
             sweep = os.path.join(d, "big.json")
+            big = {"name": "big", "base": {
+                "model": "gpt-18.4b", "tensor_model_parallel_size": 8, "micro_batch_size": 1,
+                "global_batch_size": 32, "train_iters": 10, "lr": 1e-4, "data_path": [os.path.join(d, "none")]},
+                "grid": {"num_layers": [40, 8], "use_distributed_optimizer": [False, True]}}
             with open(sweep, "w") as f:
-                json.dump({"name": "big", "base": {
-                    "model": "gpt-18.4b", "tensor_model_parallel_size": 8, "micro_batch_size": 1,
-                    "global_batch_size": 32, "train_iters": 10, "lr": 1e-4, "data_path": [os.path.join(d, "none")]},
-                    "grid": {"num_layers": [40, 8], "use_distributed_optimizer": [False, True]}}, f)
+                json.dump(big, f)
             r = subprocess.run([os.path.join(os.environ["MEGABATCH_BIN"], "sweep"), "export-points", sweep,
                                 "--runs-dir", os.path.join(d, "runs")], capture_output=True, text=True)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
@@ -344,12 +346,16 @@ class CommandLines(Launching, unittest.TestCase):
             r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p4d.24xlarge", "--nodes", "4",
                                 "--sweep", sweep_dir, "--train", train], capture_output=True, text=True)
             self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
-            self.assertEqual(r.stdout, f"1 of 4 point(s) do not fit 4 x p4d.24xlarge = 32 A100-40GB:\n"
-                                       f"  nl40-udooff: {too_big}\n")
-            r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p5.48xlarge", "--nodes", "4",
-                                "--sweep", sweep_dir, "--train", train], capture_output=True, text=True)
-            self.assertEqual((r.returncode, r.stdout), (0, "all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB\n"),
-                             r.stderr)
+            misfit = f"1 of 4 point(s) do not fit 4 x p4d.24xlarge = 32 A100-40GB:\n  nl40-udooff: {too_big}\n"
+            self.assertEqual(r.stdout, misfit)
+            for where in (sweep_dir, sweep):  # the exported sweep, or its file (exported on the way)
+                r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p5.48xlarge", "--nodes", "4",
+                                    "--sweep", where, "--train", train], capture_output=True, text=True)
+                self.assertEqual((r.returncode, r.stdout), (0, "all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB\n"),
+                                 r.stderr)
+            r = subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p4d.24xlarge", "--nodes", "4",
+                                "--sweep", sweep, "--train", train], capture_output=True, text=True)
+            self.assertEqual((r.returncode, r.stdout), (1, misfit), r.stderr)
             # EKS: the same refusal before anything is rendered, with this build's train
             with self.assertRaises(SystemExit) as e:
                 render.render_sweep(sweep_dir, "img", "p4d.24xlarge", 4)
@@ -371,6 +377,23 @@ class CommandLines(Launching, unittest.TestCase):
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB", r.stderr)
             self.assertIn("--ranks 32 --jobs 1", r.stdout)
+            # Slurm: a sweep that names its cluster, sized by it, is refused before anything is
+            # written; on p5 nodes it fits
+            submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
+            for instance_type, fits in (("p4d.24xlarge", False), ("p5.48xlarge", True)):
+                with open(sweep, "w") as f:
+                    json.dump(dict(big, cluster={"instance_type": instance_type, "nodes": 4, "gpus_per_node": 8}), f)
+                r = self.run_([submit, sweep, "--runs-dir", os.path.join(d, "slurm"), "--dry-run"])
+                if fits:
+                    self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+                    self.assertIn("all 4 point(s) fit 4 x p5.48xlarge = 32 H100-80GB\n", r.stdout)
+                    self.assertIn("--array=0-3%4", r.stdout)
+                else:
+                    self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+                    self.assertIn(misfit + "submit.sh: the sweep's points do not all fit (above); nothing submitted",
+                                  r.stderr)
+                    self.assertNotIn("sbatch", r.stdout)
+            self.assertFalse(os.path.exists(os.path.join(d, "slurm")))
 
     def test_counts_are_whole_numbers_and_an_empty_hostfile_is_named(self):
         # before: an empty hostfile ended launch.sh silently (grep -c's status under set -e),
