@@ -156,8 +156,8 @@ def memory_problems(inst, nodes, tp, micro, sizes, distributed=False):
 def check(inst, nodes, tp, micro, global_batch, sizes, distributed=False):
     """Problems of a layout (empty: it fits) and the per-GPU memory estimate in bytes;
     `distributed`: sizes["state_bytes"] is already the distributed optimizer's."""
-    memory, estimate = memory_problems(inst, nodes, tp, micro, sizes, distributed)
-    return layout_problems(inst, nodes, tp, micro, global_batch) + memory, estimate
+    too_big, memory = memory_problems(inst, nodes, tp, micro, sizes, distributed)
+    return layout_problems(inst, nodes, tp, micro, global_batch) + too_big, memory
 
 
 TRAIN_MICRO_BATCH = 8  # train's --micro-batch-size default, for a point that does not set it
