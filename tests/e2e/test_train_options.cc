@@ -15,10 +15,14 @@ using mb::testing::kSmall;
 using mb::testing::Train;
 
 TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
-  auto r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --hiden-size 64"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("unknown option --hiden-size; did you mean '--hidden-size'?"), std::string::npos) << r.output;
-  r = mb::testing::run_command(train(kSmall + "--train-iters two --lr 1e-3"));
+  // train given kSmall, 2 iterations at lr 1e-3 and `args`: exit 1, its output saying `message`
+  auto refused = [&](const std::string& args, const std::string& message) {
+    const auto run = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 " + args));
+    EXPECT_EQ(run.exit_code, 1) << args;
+    EXPECT_NE(run.output.find(message), std::string::npos) << run.output;
+  };
+  refused("--hiden-size 64", "unknown option --hiden-size; did you mean '--hidden-size'?");
+  auto r = mb::testing::run_command(train(kSmall + "--train-iters two --lr 1e-3"));
   EXPECT_NE(r.output.find("--train-iters: expected an integer, got 'two'"), std::string::npos) << r.output;
   mb::testing::write_text(tmp_ / "c.json", R"({"num_layers": 2, "lr": "fast", "train_iters": 3})");
   r = mb::testing::run_command(train("--config " + (tmp_ / "c.json").string()));
@@ -39,28 +43,15 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
                           "replaces, so it would be ignored; give one of them"),
             std::string::npos)
       << r.output;
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --noise-scale-window 512"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("--noise-scale-window averages the gradient noise scale, which only --log-noise-scale estimates"),
-            std::string::npos) << r.output;
-  r = mb::testing::run_command(
-      train(kSmall + "--train-iters 2 --lr 1e-3 --log-noise-scale --noise-scale-ema 0.9 --noise-scale-window 512"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set"),
-            std::string::npos) << r.output;
+  refused("--noise-scale-window 512",
+          "--noise-scale-window averages the gradient noise scale, which only --log-noise-scale estimates");
+  refused("--log-noise-scale --noise-scale-ema 0.9 --noise-scale-window 512",
+          "--noise-scale-ema (a decay a step) and --noise-scale-window (a window in samples) are both set");
   // checkpoint options without the directory they act on: refused, where a run that meant to
   // checkpoint wrote nothing; --finetune from a directory with no checkpoint: refused, where
   // it trained from scratch
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --save-interval 1"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("train: error: --save-interval 1 writes checkpoints into --save, which is not given"),
-            std::string::npos)
-      << r.output;
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --no-load-optim"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("train: error: --no-load-optim says how to load from --load, which is not given"),
-            std::string::npos)
-      << r.output;
+  refused("--save-interval 1", "train: error: --save-interval 1 writes checkpoints into --save, which is not given");
+  refused("--no-load-optim", "train: error: --no-load-optim says how to load from --load, which is not given");
   fs::create_directories(tmp_ / "empty");
   r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --finetune --run-dir " +
                                      (tmp_ / "ft").string() + " --load " + (tmp_ / "empty").string()));
@@ -70,19 +61,13 @@ TEST_F(Train, BadOptionsNameTheFlagOrJsonPathAndTheNearestValidName) {
             std::string::npos)
       << r.output;
   // a warmup of the other count: refused, where it was dropped (no warmup at all)
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --lr-warmup-samples 64"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("train: error: --lr-warmup-samples counts samples, but this run counts iterations "
-                          "(--train-iters), which would ignore it; give --lr-warmup-fraction"),
-            std::string::npos)
-      << r.output;
+  refused("--lr-warmup-samples 64",
+          "train: error: --lr-warmup-samples counts samples, but this run counts iterations "
+          "(--train-iters), which would ignore it; give --lr-warmup-fraction");
   // two sizes of a validation run: refused, where --eval-samples won unseen (0 batches stays
   // allowed: it says nothing)
-  r = mb::testing::run_command(train(kSmall + "--train-iters 2 --lr 1e-3 --eval-iters 10 --eval-samples 16"));
-  EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.output.find("train: error: --eval-iters 10 and --eval-samples 16 both size a validation run"),
-            std::string::npos)
-      << r.output;
+  refused("--eval-iters 10 --eval-samples 16",
+          "train: error: --eval-iters 10 and --eval-samples 16 both size a validation run");
   r = mb::testing::run_command(mb::testing::bin_dir() + "/train " + kSmall + "--train-iters 2 --lr 1e-3 --data-path " + (tmp_ / "nope").string());
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find((tmp_ / "nope").string()), std::string::npos) << r.output;
