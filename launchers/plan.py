@@ -8,6 +8,11 @@
   plan.py check-sweep --instance p4d.24xlarge --nodes 2 --sweep FILE.json|RUNS/<sweep>
   plan.py validate   (the model against published Megatron-LM figures)
 
+check, check-sweep and scaling take --ranks-per-node K and --gpus-per-node G for a job that
+runs K ranks on G of a node's GPUs (default: all its GPUs, one rank each). More ranks than GPUs
+share them: check and check-sweep then check the layout only (the memory estimate is for one
+rank per GPU).
+
 `check` refuses layouts that do not fit: nodes x GPUs not a multiple of TP, TP spanning
 nodes, a global batch that micro batch x data parallelism does not divide, or a per-GPU
 memory estimate (bf16 weights, fp32 gradients, master weights and Adam moments: 18 bytes
@@ -103,7 +108,7 @@ def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
     state, act = sizes["state_bytes"], sizes["act_bytes"]
     remedies = []
     if tp < inst["gpus"]:
-        remedies.append(f"raise TP (up to {inst['gpus']}, the GPUs of a node)")
+        remedies.append(f"raise TP (up to {inst['gpus']}, the {inst.get('unit', 'GPUs')} of a node)")
     if micro > 1 and state + act <= room:
         remedies.append(f"lower the micro batch to {min(micro - 1, int((room - state) // act))} or less")
     if not distributed:
@@ -129,10 +134,11 @@ def layout_problems(inst, nodes, tp, micro, global_batch):
     problems = []
     gpus = inst["gpus"] * nodes
     if gpus % tp:
-        problems.append(f"nodes x GPUs = {nodes} x {inst['gpus']} = {gpus} is not a multiple of TP {tp}")
+        problems.append(f"nodes x {inst.get('unit', 'GPUs')} = {nodes} x {inst['gpus']} = {gpus} is not a multiple of "
+                        f"TP {tp}")
     if tp > inst["gpus"]:
-        problems.append(f"TP {tp} would span nodes ({inst['gpus']} GPUs per node); keep tensor parallelism "
-                        f"inside a node (NVLink/PCIe), use data parallelism across nodes")
+        problems.append(f"TP {tp} would span nodes ({inst['gpus']} {inst.get('unit', 'GPUs')} per node); keep tensor "
+                        "parallelism inside a node (NVLink/PCIe), use data parallelism across nodes")
     dp = max(1, gpus // tp)
     if global_batch and global_batch % (micro * dp):
         problems.append(f"global batch {global_batch} is not a multiple of micro batch x data parallelism = "
@@ -301,13 +307,34 @@ def positive(kind, at_most=math.inf):
     return parse
 
 
-def check_sweep(inst, instance_type, nodes, sweep, train=None):
-    """plan.py check-sweep: every point of a sweep checked as a job of nodes x GPUs ranks, layout
-    and memory (point_problems); 1 where one does not fit. `sweep`: the runs directory of a sweep
-    that sweep export-points wrote (its sweep.json), or a sweep file, exported here first into a
-    directory of its own (by the sweep program beside `train`, with --ranks: its refusals too)."""
+def on_ranks(inst, instance_type, nodes, ranks_per_node=None, gpus_per_node=None):
+    """The instance as a job of `ranks_per_node` ranks on `gpus_per_node` of a node's GPUs sees it
+    (default: all its GPUs, one rank each): the copy whose "gpus" are the ranks a node runs, what
+    the checks read, or None where the ranks share GPUs (more ranks than GPUs: the per-GPU memory
+    estimate, made for one rank per GPU, does not apply); and the job in words."""
+    gpus = gpus_per_node or inst["gpus"]
+    if gpus > inst["gpus"]:
+        sys.exit(f"plan.py: --gpus-per-node {gpus}, but a {instance_type} has {inst['gpus']}")
+    per_node = ranks_per_node or gpus
+    ranks = per_node * nodes
+    where = f"{nodes} x {instance_type} at {per_node} ranks per node = {ranks} ranks"
+    if per_node > gpus:
+        return None, where + f" sharing {gpus} {inst['gpu']} per node (the layout only: the memory estimate is " \
+            "for one rank per GPU)"
+    if per_node == inst["gpus"]:
+        return dict(inst), f"{nodes} x {instance_type} = {ranks} {inst['gpu']}"
+    return dict(inst, gpus=per_node, unit="ranks"), where + f" on {ranks} {inst['gpu']}"
+
+
+def check_sweep(inst, instance_type, nodes, sweep, train=None, ranks_per_node=None, gpus_per_node=None):
+    """plan.py check-sweep: every point of a sweep checked as a job of nodes x ranks_per_node
+    ranks on gpus_per_node GPUs a node (on_ranks), layout and memory (point_problems; the layout alone where ranks
+    share GPUs); 1 where one does not fit. `sweep`: the runs directory of a sweep that sweep
+    export-points wrote (its sweep.json), or a sweep file, exported here first into a directory of
+    its own (by the sweep program beside `train`, with --ranks: its refusals too)."""
     train = train or TRAIN
-    ranks = inst["gpus"] * nodes
+    per_node, where = on_ranks(inst, instance_type, nodes, ranks_per_node, gpus_per_node)
+    ranks = (ranks_per_node or gpus_per_node or inst["gpus"]) * nodes
     if not sweep:
         sys.exit("plan.py check-sweep: give --sweep (a sweep file, or the directory sweep export-points wrote)")
     if os.path.isfile(sweep):
@@ -317,22 +344,23 @@ def check_sweep(inst, instance_type, nodes, sweep, train=None):
             if out.returncode != 0:
                 print(out.stderr.strip() or out.stdout.strip())
                 return 1
-            return check_sweep(inst, instance_type, nodes, out.stdout.strip().split("/points.txt: ")[0], train)
+            return check_sweep(inst, instance_type, nodes, out.stdout.strip().split("/points.txt: ")[0], train,
+                               ranks_per_node, gpus_per_node)
     path = os.path.join(sweep, "sweep.json")
     try:
         with open(path) as f:
             points = json.load(f)["points"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"plan.py: {path}: {e!r}; export the sweep first (sweep export-points FILE --runs-dir DIR)")
+    layout = per_node or dict(inst, gpus=ranks // nodes, unit="ranks")
     misfits = [(p["id"], problems) for p in points
-               if (problems := point_problems(inst, nodes, p.get("config", {}), train, p["id"]))]
+               if (problems := point_problems(layout, nodes, p.get("config", {}), per_node and train, p["id"]))]
     if misfits:
-        print(f"{len(misfits)} of {len(points)} point(s) do not fit {nodes} x {instance_type} = {ranks} "
-              f"{inst['gpu']}:")
+        print(f"{len(misfits)} of {len(points)} point(s) do not fit {where}:")
         for point, problems in misfits:
             print(f"  {point}: {'; '.join(problems)}")
         return 1
-    print(f"all {len(points)} point(s) fit {nodes} x {instance_type} = {ranks} {inst['gpu']}")
+    print(f"all {len(points)} point(s) fit {where}")
     return 0
 
 
@@ -342,6 +370,10 @@ def main(argv=None):
     p.add_argument("--sweep", help="check-sweep: a sweep file, or the runs directory sweep export-points wrote")
     p.add_argument("--instance")
     p.add_argument("--nodes", type=positive(int), default=1)
+    p.add_argument("--ranks-per-node", type=positive(int), help="check, check-sweep: the ranks a node runs "
+                   "(default: one per GPU; more than its GPUs share them, and only the layout is checked)")
+    p.add_argument("--gpus-per-node", type=positive(int), help="check, check-sweep, scaling: the GPUs of a node the "
+                   "job uses (default: all of the instance type's)")
     p.add_argument("--model")
     p.add_argument("--tp", type=positive(int), default=1)
     p.add_argument("--micro-batch", type=positive(int), default=8)
@@ -372,9 +404,20 @@ def main(argv=None):
     table = instances()
     if a.instance not in table:
         sys.exit(f"plan.py: unknown instance type '{a.instance}'; known: {', '.join(sorted(table))}")
-    inst = table[a.instance]
     if a.command == "check-sweep":
-        return check_sweep(inst, a.instance, a.nodes, a.sweep, a.train)
+        return check_sweep(table[a.instance], a.instance, a.nodes, a.sweep, a.train, a.ranks_per_node,
+                           a.gpus_per_node)
+    inst, where = on_ranks(table[a.instance], a.instance, a.nodes, a.ranks_per_node, a.gpus_per_node)
+    if not inst:
+        if a.command == "scaling":
+            sys.exit(f"plan.py scaling: more ranks per node ({a.ranks_per_node}) than GPUs; the "
+                     "model is for one rank per GPU")
+        problems = layout_problems(dict(table[a.instance], gpus=a.ranks_per_node, unit="ranks"), a.nodes, a.tp, a.micro_batch,
+                                   a.global_batch)
+        print(where)
+        for pr in problems:
+            print("does not fit: " + pr)
+        return 1 if problems else 0
     if a.model:
         sizes = model_sizes(a.model, a.tp, a.train)
         if a.use_distributed_optimizer:
@@ -387,7 +430,7 @@ def main(argv=None):
                  "state_bytes": a.state_bytes, "act_bytes": a.act_bytes}
     problems, memory = check(inst, a.nodes, a.tp, a.micro_batch, a.global_batch, sizes, a.use_distributed_optimizer)
     gpus = inst["gpus"] * a.nodes
-    print(f"{a.nodes} x {a.instance} = {gpus} {inst['gpu']}; TP {a.tp} x DP {max(1, gpus // a.tp)}; "
+    print(f"{where}; TP {a.tp} x DP {max(1, gpus // a.tp)}; "
           f"memory estimate {memory / 2**30:.1f} of {inst['gpu_memory_GiB']} GiB per GPU")
     if problems:
         for pr in problems:

@@ -20,7 +20,7 @@ int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks, bool 
   if (ranks > 0) {
     std::vector<const Point*> points;
     for (const auto& p : sweep.points) points.push_back(&p);
-    check_layouts(sweep, points, ranks, "--ranks; launchers/slurm/submit.sh: --nodes x --ntasks-per-node");
+    check_layouts(sweep, points, ranks, "--ranks: nodes x ranks per node");
   }
   // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
   std::optional<DirLock> lock;

@@ -17,9 +17,9 @@
 # --sweep runs a sweep's points one after another, each over every GPU of the hostfile's
 # nodes: `sweep run FILE --ranks NODESxGPUS --jobs 1` with this mpirun (a script in $TMPDIR,
 # as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks, and fit the GPUs by
-# plan.py's memory estimate (checked first; the estimate not with --ranks-per-node); the
-# runs directory (--runs-dir, after --) must be shared by the nodes. Run it again to resume;
-# Ctrl-C stops the running point at a checkpoint; `sweep status` and `plot` read it.
+# plan.py's memory estimate (checked first; with more --ranks-per-node than GPUs, the layout
+# only); the runs directory (--runs-dir, after --) must be shared by the nodes. Run it again to
+# resume; Ctrl-C stops the running point at a checkpoint; `sweep status` and `plot` read it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -68,12 +68,12 @@ count --tensor-model-parallel-size "$tp"
 (( np % tp == 0 )) || { echo "launch.sh: $nodes nodes x $gpus GPUs = $np ranks is not a multiple of TP $tp" >&2; exit 2; }
 (( tp <= gpus )) || { echo "launch.sh: TP $tp would span nodes ($gpus GPUs per node)" >&2; exit 2; }
 # With a model preset, the memory estimate too (launchers/plan.py check).
-if [[ -n $model && -z $per_node ]]; then
+if [[ -n $model ]]; then
   sharded=()
   ((distributed)) && sharded=(--use-distributed-optimizer)
   /usr/bin/python3 "$here/../plan.py" check --instance "$itype" --nodes "$nodes" --model "$model" --tp "$tp" \
     --micro-batch "$micro" ${global:+--global-batch "$global"} --train "$bin/train" \
-    "${sharded[@]}" >&2 || {
+    ${per_node:+--ranks-per-node "$per_node"} "${sharded[@]}" >&2 || {
     echo "launch.sh: the layout does not fit (above)" >&2; exit 2; }
 fi
 
@@ -91,10 +91,10 @@ launch=(mpirun --hostfile "$hostfile" -np "$np" "${placing[@]}")
 if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN -np N train ...
   ((!selftest)) || { echo "launch.sh: --selftest or --sweep, not both" >&2; exit 2; }
   [[ -x $bin/sweep ]] || { echo "launch.sh: $bin/sweep is needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
-  if [[ -z $per_node ]]; then  # each point's layout and memory estimate on these GPUs
-    /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
-      --sweep "$sweep_file" >&2 || { echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
-  fi
+  # each point's layout and memory estimate on these GPUs
+  /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
+    ${per_node:+--ranks-per-node "$per_node"} --sweep "$sweep_file" >&2 ||
+    { echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
   wrapper=$(mktemp "${TMPDIR:-/tmp}/megabatch-mpirun.XXXXXX")
   { echo '#!/bin/bash'; echo "# mpirun over $hostfile for sweep run --ranks $np (launchers/ec2/launch.sh --sweep)"
     printf 'exec mpirun --hostfile %q' "$hostfile"; printf ' %q' "${placing[@]}"; echo ' "$@"'; } > "$wrapper"

@@ -95,11 +95,13 @@ if [[ -z $sweep_file ]]; then  # --selftest: one job over the same nodes and tas
   mkdir -p "$runs_dir" && exec sbatch "${args[@]}"
 fi
 [[ -x $bin/sweep && -x $bin/train ]] || { echo "submit.sh: $bin/sweep and $bin/train are needed (build first, or set MEGABATCH_BIN)" >&2; exit 2; }
-# On the GPUs of the sweep's cluster (its instance type, not sized otherwise per node): each
-# point's layout and memory estimate too (launchers/plan.py check-sweep).
-if [[ -n ${c_type:-} && ${given:-} != *--ntasks-per-node* && ${given:-} != *--gpus-per-node* ]]; then
+# On the GPUs of the sweep's cluster (its instance type): each point's layout and memory estimate
+# too (launchers/plan.py check-sweep), for the ranks and GPUs a node is given.
+if [[ -n ${c_type:-} && -z $gpus ]]; then
+  echo "submit.sh: no GPUs asked (--gpus-per-node 0): the points are not checked against the $c_type's GPU memory"
+elif [[ -n ${c_type:-} ]]; then
   if ! fit=$(/usr/bin/python3 "$here/../plan.py" check-sweep --instance "$c_type" --nodes "$nodes" \
-               --train "$bin/train" --sweep "$sweep_file"); then
+               --ranks-per-node "$ntasks" --gpus-per-node "$gpus" --train "$bin/train" --sweep "$sweep_file"); then
     echo "$fit" >&2; echo "submit.sh: the sweep's points do not all fit (above); nothing submitted" >&2; exit 2
   fi
   echo "$fit"

@@ -395,6 +395,83 @@ class CommandLines(Launching, unittest.TestCase):
                     self.assertNotIn("sbatch", r.stdout)
             self.assertFalse(os.path.exists(os.path.join(d, "slurm")))
 
+    def test_a_job_with_its_own_ranks_per_node_is_checked_for_memory_at_those_ranks(self):
+        """launch.sh --ranks-per-node and submit.sh --ntasks-per-node/--gpus-per-node size a job
+        otherwise than one rank per GPU of each node. Before, both then skipped the memory
+        estimate silently: a point that fits with its optimizer state sharded over 8 ranks a node
+        (DP 2 at TP 4) but not over 4 (DP 1) was started, and refused by train on the cluster."""
+        with tempfile.TemporaryDirectory() as d:
+            sweep = os.path.join(d, "sharded.json")
+            with open(sweep, "w") as f:
+                json.dump({"name": "sharded", "cluster": {"instance_type": "p4d.24xlarge", "nodes": 1, "gpus_per_node": 8},
+                           "base": {"model": "gpt-7.5b", "tensor_model_parallel_size": 4, "micro_batch_size": 1,
+                                    "global_batch_size": 8, "train_iters": 10, "lr": 1e-4,
+                                    "use_distributed_optimizer": True, "data_path": [os.path.join(d, "none")]},
+                           "seeds": [1]}, f)
+            plan = os.path.join(ROOT, "launchers", "plan.py")
+            train = os.path.join(os.environ["MEGABATCH_BIN"], "train")
+
+            def check_sweep(*args):
+                return subprocess.run(["/usr/bin/python3", plan, "check-sweep", "--instance", "p4d.24xlarge",
+                                       "--nodes", "1", "--sweep", sweep, "--train", train, *args],
+                                      capture_output=True, text=True)
+            r = check_sweep()
+            self.assertEqual((r.returncode, r.stdout), (0, "all 1 point(s) fit 1 x p4d.24xlarge = 8 A100-40GB\n"),
+                             r.stderr)
+            r = check_sweep("--ranks-per-node", "4", "--gpus-per-node", "4")
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertRegex(r.stdout, r"^1 of 1 point\(s\) do not fit 1 x p4d.24xlarge at 4 ranks per node = 4 ranks "
+                             r"on 4 A100-40GB:\n  s1: estimated [\d.]+ GiB per GPU .* exceeds the A100-40GB's 40 GiB")
+            # more ranks than GPUs share them: the layout is checked (TP 4 x DP 2 runs the batch),
+            # the per-GPU estimate is not made
+            r = check_sweep("--ranks-per-node", "8", "--gpus-per-node", "4")
+            self.assertEqual((r.returncode, r.stdout), (0, "all 1 point(s) fit 1 x p4d.24xlarge at 8 ranks per node = "
+                             "8 ranks sharing 4 A100-40GB per node (the layout only: the memory estimate is for one "
+                             "rank per GPU)\n"), r.stderr)
+            r = check_sweep("--gpus-per-node", "9")
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("plan.py: --gpus-per-node 9, but a p4d.24xlarge has 8", r.stderr)
+
+            with open(os.path.join(d, "hosts"), "w") as f:
+                f.write("10.0.0.1\n")
+            r = self.launch("p4d.24xlarge", os.path.join(d, "hosts"), "--ranks-per-node", "4", "--sweep", sweep,
+                            "--dry-run", "--", "--runs-dir", os.path.join(d, "ec2"))
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn("1 of 1 point(s) do not fit 1 x p4d.24xlarge at 4 ranks per node", r.stderr)
+            self.assertIn("launch.sh: the sweep's points do not all fit (above)", r.stderr)
+            r = self.launch("p4d.24xlarge", os.path.join(d, "hosts"), "--sweep", sweep, "--dry-run", "--",
+                            "--runs-dir", os.path.join(d, "ec2"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("--ranks 8 --jobs 1", r.stdout)
+            # the same for a single run: launch.sh's plan.py check at its ranks per node
+            single = ["--", "--model", "gpt-7.5b", "--tensor-model-parallel-size", "4", "--micro-batch-size", "1",
+                      "--use-distributed-optimizer"]
+            r = self.launch("p4d.24xlarge", os.path.join(d, "hosts"), "--ranks-per-node", "4", "--dry-run", *single)
+            self.assertEqual(r.returncode, 2, r.stdout)
+            self.assertIn("does not fit: estimated", r.stderr)
+            r = self.launch("p4d.24xlarge", os.path.join(d, "hosts"), "--dry-run", *single)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn("mpirun --hostfile", r.stdout)
+
+            submit = os.path.join(ROOT, "launchers", "slurm", "submit.sh")
+
+            def submit_(*args):
+                return self.run_([submit, sweep, "--runs-dir", os.path.join(d, "slurm"), "--dry-run", *args])
+            r = submit_("--ntasks-per-node", "4", "--gpus-per-node", "4")
+            self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+            self.assertIn("do not fit 1 x p4d.24xlarge at 4 ranks per node = 4 ranks on 4 A100-40GB", r.stderr)
+            self.assertIn("submit.sh: the sweep's points do not all fit (above); nothing submitted", r.stderr)
+            self.assertNotIn("sbatch", r.stdout)
+            r = submit_()
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("all 1 point(s) fit 1 x p4d.24xlarge = 8 A100-40GB\n", r.stdout)
+            self.assertIn("--ntasks-per-node=8", r.stdout)
+            r = submit_("--gpus-per-node", "0")  # no GPUs asked: nothing to estimate against, and it says so
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertIn("submit.sh: no GPUs asked (--gpus-per-node 0): the points are not checked against the "
+                          "p4d.24xlarge's GPU memory", r.stdout)
+            self.assertFalse(os.path.exists(os.path.join(d, "slurm")))
+
     def test_counts_are_whole_numbers_and_an_empty_hostfile_is_named(self):
         # before: an empty hostfile ended launch.sh silently (grep -c's status under set -e),
         # TP 0 or abc in a bash "division by 0", --ranks-per-node 0 in "mpirun -np 0"; submit.sh
@@ -529,6 +606,9 @@ class CommandLines(Launching, unittest.TestCase):
 
             r = launch(sweep_file("ec2", [4, 8]))
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            # two ranks on g4dn.2xlarge's one GPU: the points' layouts checked, no per-GPU estimate
+            self.assertIn("all 2 point(s) fit 1 x g4dn.2xlarge at 2 ranks per node = 2 ranks sharing 1 T4 per node "
+                          "(the layout only", r.stderr)
             for point in ("bs4", "bs8"):
                 pd = os.path.join(d, "runs", "ec2", point)
                 self.assertTrue(os.path.exists(os.path.join(pd, "DONE")), r.stdout)
@@ -539,8 +619,8 @@ class CommandLines(Launching, unittest.TestCase):
                     self.assertRegex(f.read(), r"> sweep: 2 ranks: \S*megabatch-mpirun\.\w+ -np 2")
             r = launch(sweep_file("ec2bad", [2, 4]))
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
-            self.assertIn("1 point(s) cannot run as a job of 2 ranks (--ranks): bs2: global_batch_size 2 is not a "
-                          "multiple of micro_batch_size x DP (2 x 2)", r.stderr)
+            self.assertIn("1 point(s) cannot run as a job of 2 ranks (--ranks: nodes x ranks per node): bs2: "
+                          "global_batch_size 2 is not a multiple of micro_batch_size x DP (2 x 2)", r.stderr)
             self.assertFalse(os.path.exists(os.path.join(d, "runs", "ec2bad")))
 
     def test_ec2_launch_takes_the_programs_from_megabatch_bin(self):
