@@ -15,11 +15,12 @@
 #
 #   launchers/ec2/launch.sh --instance-type p4d.24xlarge --hostfile hosts --sweep FILE.json [-- SWEEP_RUN_OPTIONS]
 # --sweep runs a sweep's points one after another, each over every GPU of the hostfile's
-# nodes: `sweep run FILE --ranks NODESxGPUS --jobs 1` with this mpirun (a script in $TMPDIR,
-# as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks, and fit the GPUs by
-# plan.py's memory estimate (checked first; with more --ranks-per-node than GPUs, the layout
-# only); the runs directory (--runs-dir, after --) must be shared by the nodes. Run it again to
-# resume; Ctrl-C stops the running point at a checkpoint; `sweep status` and `plot` read it.
+# nodes: `sweep run FILE --ranks NODESxGPUS --jobs 1` with this mpirun (a script in
+# ~/.cache/megabatch/mpirun, as MEGABATCH_MPIRUN). Each point must run as a job of that many ranks,
+# and fit the GPUs by plan.py's memory estimate (checked first; with more --ranks-per-node
+# than GPUs, the layout only); the runs directory (--runs-dir, after --) must be shared by the
+# nodes. Run it again to resume; Ctrl-C stops the running point at a checkpoint; `sweep
+# status` and `plot` read it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -95,14 +96,22 @@ if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN
   /usr/bin/python3 "$here/../plan.py" check-sweep --instance "$itype" --nodes "$nodes" --train "$bin/train" \
     ${per_node:+--ranks-per-node "$per_node"} --sweep "$sweep_file" >&2 ||
     { echo "launch.sh: the sweep's points do not all fit (above)" >&2; exit 2; }
-  wrapper=$(mktemp "${TMPDIR:-/tmp}/megabatch-mpirun.XXXXXX")
-  { echo '#!/bin/bash'; echo "# mpirun over $hostfile for sweep run --ranks $np (launchers/ec2/launch.sh --sweep)"
-    printf 'exec mpirun --hostfile %q' "$hostfile"; printf ' %q' "${placing[@]}"; echo ' "$@"'; } > "$wrapper"
-  chmod +x "$wrapper"
+  # The script is named by its text, in the user's cache: the same launch reuses it, and it
+  # outlives this script, which execs the sweep (so that signals reach it).
+  hosts=$(realpath -- "$hostfile")
+  text=$(echo '#!/bin/bash'; echo "# mpirun over $hosts for sweep run --ranks $np (launchers/ec2/launch.sh --sweep)"
+         printf 'exec mpirun --hostfile %q' "$hosts"; printf ' %q' "${placing[@]}"; echo ' "$@"')
+  cache=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/megabatch/mpirun
+  wrapper=$cache/$(sha256sum <<< "$text" | cut -c1-16)
   cmd=(env "MEGABATCH_MPIRUN=$wrapper" "$bin/sweep" run "$sweep_file" --ranks "$np" --jobs 1 "$@")
   if ((dry)); then  # the mpirun and the command, then the sweep's own dry run: its points, each checked to fit
-    cat "$wrapper"; rm -f "$wrapper"; printf '%q ' "${cmd[@]}"; echo
+    echo "$text"; printf '%q ' "${cmd[@]}"; echo
     exec "$bin/sweep" run "$sweep_file" --ranks "$np" --dry-run "$@"
+  fi
+  if [[ ! -x $wrapper || $(<"$wrapper") != "$text" ]]; then  # written whole, then renamed into place
+    mkdir -p "$cache" || { echo "launch.sh: cannot create $cache for the sweep's mpirun script" >&2; exit 2; }
+    if ! { part=$(mktemp "$wrapper.XXXXXX") && echo "$text" > "$part" && chmod +x "$part" && mv -f "$part" "$wrapper"; }
+    then rm -f "${part:-}"; echo "launch.sh: cannot write $wrapper (the sweep's mpirun script)" >&2; exit 2; fi
   fi
   exec "${cmd[@]}"
 fi

@@ -581,7 +581,11 @@ class CommandLines(Launching, unittest.TestCase):
         starts one train, and sweep run starts TP x DP ranks (1 here) on its own machine."""
         bin_dir = os.environ["MEGABATCH_BIN"]
         with tempfile.TemporaryDirectory() as d:
-            env = dict(os.environ, **MPI_AS_ROOT, TMPDIR=d)  # (launch.sh's mpirun script goes with d)
+            # launch.sh's mpirun script goes in $XDG_CACHE_HOME/megabatch/mpirun; the assets stay
+            assets = os.environ.get("MEGABATCH_ASSETS") or os.path.join(
+                os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "megabatch")
+            cache = os.path.join(d, "cache")
+            env = dict(os.environ, **MPI_AS_ROOT, TMPDIR=d, XDG_CACHE_HOME=cache, MEGABATCH_ASSETS=assets)
             data = preprocess_brown(self, d)
             hosts = os.path.join(d, "hosts")
             with open(hosts, "w") as f:
@@ -615,8 +619,20 @@ class CommandLines(Launching, unittest.TestCase):
                 with open(os.path.join(pd, "config.json")) as f:
                     config = json.load(f)
                 self.assertEqual((config["world_size"], config["data_parallel_size"]), (2, 2), point)
-                with open(os.path.join(pd, "stdout.log")) as f:
-                    self.assertRegex(f.read(), r"> sweep: 2 ranks: \S*megabatch-mpirun\.\w+ -np 2")
+            scripts = os.listdir(os.path.join(cache, "megabatch", "mpirun"))
+            self.assertEqual(len(scripts), 1, scripts)
+            self.assertRegex(scripts[0], r"^[0-9a-f]{16}$")
+            script = os.path.join(cache, "megabatch", "mpirun", scripts[0])
+            for point in ("bs4", "bs8"):
+                with open(os.path.join(d, "runs", "ec2", point, "stdout.log")) as f:
+                    self.assertIn(f"> sweep: 2 ranks: {script} -np 2", f.read())
+            # the same launch again (its points done, skipped) reuses the script: one a launch
+            # (before, each launch left a new one in $TMPDIR)
+            before = os.stat(script).st_mtime_ns
+            r = launch(os.path.join(d, "ec2.json"))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual((os.listdir(os.path.join(cache, "megabatch", "mpirun")), os.stat(script).st_mtime_ns),
+                             (scripts, before))
             r = launch(sweep_file("ec2bad", [2, 4]))
             self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
             self.assertIn("1 point(s) cannot run as a job of 2 ranks (--ranks: nodes x ranks per node): bs2: "
