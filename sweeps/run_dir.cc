@@ -22,8 +22,6 @@ namespace {
 // The mark of a point directory made by the sweep tool: nothing without it is deleted.
 constexpr const char* kPointMark = ".megabatch-point";
 
-bool is_real_dir(const fs::path& p) { return fs::symlink_status(p).type() == fs::file_type::directory; }
-
 bool has_mark(const fs::path& dir) { return fs::symlink_status(dir / kPointMark).type() == fs::file_type::regular; }
 
 // Keys that cannot change a point's results: where plugins are searched, threads, where
@@ -47,10 +45,12 @@ int64_t retain_interval(const fs::path& config) {
 // What policy `keep` leaves of dir's checkpoints; nullopt when it touches none ("all", or dir
 // is not a directory the run made: a symlink, or missing). "final" keeps the newest and those
 // the point's run retains for good (--save-retain-interval, in its config.json beside dir).
+// Neither keeps the checkpoints a rewind or a fresh start set aside in dir/earlier/N: another
+// trajectory's, past the iteration the point's finished run went on from.
 std::optional<io::Kept> checkpoints_kept(const fs::path& dir, const std::string& keep) {
   if (keep == "all" || !is_real_dir(dir)) return std::nullopt;
-  if (keep != "final") return io::Kept{0, 0};
-  return io::Kept{1, retain_interval(dir.parent_path() / "config.json")};
+  if (keep != "final") return io::Kept{0, 0, true};
+  return io::Kept{1, retain_interval(dir.parent_path() / "config.json"), true};
 }
 
 // A point's record file (DONE, DIVERGED, FAILED) as a JSON object; none where it is missing,

@@ -202,17 +202,31 @@ std::optional<int64_t> iteration_of(const fs::path& file) {
   return it;
 }
 
+// The directories dir/earlier/N that set_aside_later_checkpoints made (real ones, no symlink).
+std::vector<fs::path> set_aside_dirs(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!is_real_dir(dir / "earlier")) return out;
+  for (const auto& e : fs::directory_iterator(dir / "earlier", ec))
+    if (is_real_dir(e.path())) out.push_back(e.path());
+  return out;
+}
+
 // The checkpoint files remove_old_checkpoints(dir, kept) removes, with their sizes.
 std::vector<std::pair<fs::path, int64_t>> old_checkpoints(const fs::path& dir, Kept kept) {
   std::vector<std::pair<fs::path, int64_t>> out;
   std::error_code ec;
+  auto add = [&](const fs::path& file) {
+    if (fs::symlink_status(file, ec).type() != fs::file_type::regular) return;
+    const auto size = fs::file_size(file, ec);
+    if (!ec) out.emplace_back(file, static_cast<int64_t>(size));
+  };
   const auto all = list_checkpoints(dir);
-  for (size_t i = 0; i + static_cast<size_t>(std::max(kept.newest, 0)) < all.size(); ++i) {
-    if (kept.every > 0 && all[i].first % kept.every == 0) continue;  // retained
-    if (fs::symlink_status(all[i].second, ec).type() != fs::file_type::regular) continue;
-    const auto size = fs::file_size(all[i].second, ec);
-    if (!ec) out.emplace_back(all[i].second, static_cast<int64_t>(size));
-  }
+  for (size_t i = 0; i + static_cast<size_t>(std::max(kept.newest, 0)) < all.size(); ++i)
+    if (kept.every <= 0 || all[i].first % kept.every != 0) add(all[i].second);  // else retained
+  if (kept.set_aside)
+    for (const auto& earlier : set_aside_dirs(dir))
+      for (const auto& [it, file] : list_checkpoints(earlier)) add(file);
   return out;
 }
 
@@ -243,6 +257,10 @@ int64_t remove_old_checkpoints(const fs::path& dir, Kept kept) {
   for (const auto& [path, size] : old_checkpoints(dir, kept))
     if (fs::remove(path, ec) && !ec) freed += size;
   if (kept.newest <= 0) fs::remove(dir / kLatest, ec);
+  if (kept.set_aside) {  // each directory left empty (fs::remove leaves one that is not)
+    for (const auto& earlier : set_aside_dirs(dir)) fs::remove(earlier, ec);
+    if (is_real_dir(dir / "earlier")) fs::remove(dir / "earlier", ec);
+  }
   return freed;
 }
 

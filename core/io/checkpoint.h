@@ -72,15 +72,18 @@ std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const st
 void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 
 // Which checkpoints of a directory stay: the newest `newest`, and those of iterations that are
-// multiples of `every` (Megatron's --save-retain-interval; 0: none besides the newest).
+// multiples of `every` (Megatron's --save-retain-interval; 0: none besides the newest); with
+// `set_aside`, none of those set aside in dir/earlier/N (set_aside_later_checkpoints) stays.
 struct Kept {
   int newest = 0;
   int64_t every = 0;
+  bool set_aside = false;
 };
 
 // Removes the iter_NNNNNNN.h5 in dir that `kept` does not keep (regular files only, never
-// through a symlink); kept.newest <= 0 removes latest_checkpointed_iteration.txt too. Returns
-// the bytes freed.
+// through a symlink; with kept.set_aside, those in dir/earlier/N too, and each directory that
+// leaves empty); kept.newest <= 0 removes latest_checkpointed_iteration.txt too. Returns the
+// bytes freed.
 int64_t remove_old_checkpoints(const std::filesystem::path& dir, Kept kept);
 // The bytes remove_old_checkpoints(dir, kept) would free; removes nothing.
 int64_t old_checkpoint_bytes(const std::filesystem::path& dir, Kept kept);

@@ -288,4 +288,9 @@ std::filesystem::path first_free_numbered(const std::filesystem::path& parent) {
   return p;
 }
 
+bool is_real_dir(const std::filesystem::path& p) {
+  std::error_code ec;
+  return std::filesystem::symlink_status(p, ec).type() == std::filesystem::file_type::directory;
+}
+
 }  // namespace megabatch

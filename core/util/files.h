@@ -87,6 +87,9 @@ class AtomicFile {
 // parent/1, parent/2, ...: the first that does not exist (where earlier runs' files are kept).
 std::filesystem::path first_free_numbered(const std::filesystem::path& parent);
 
+// Whether p is a directory itself, not a symlink to one (what a tool that deletes may enter).
+bool is_real_dir(const std::filesystem::path& p);
+
 // `text` as the whole of PATH, through an AtomicFile.
 void write_file_atomic(const std::filesystem::path& path, std::string_view text);
 

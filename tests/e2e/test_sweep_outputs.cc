@@ -213,8 +213,10 @@ TEST_F(Sweep, ExportsCsvAndTensorBoardThatIndependentReadersRead) {
 
 // A sweep that keeps its checkpoints ("checkpoints": "all"): status says how much sweep prune
 // would free, the sum of every finished point's checkpoints but its newest (counted here from
-// the files); prune frees exactly that, each point keeps its newest checkpoint, and status
-// then has nothing left to free.
+// the files), and of those a rewind set aside in checkpoints/earlier/N (before, left out of
+// both: another trajectory's checkpoints stayed for good); prune frees exactly that, each point
+// keeps its newest checkpoint, never reaching through a symlink, and status then has nothing
+// left to free.
 TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
   mb::testing::TempDir tmp;
   const auto file = write_sweep(tmp.path(), "keep", 32, R"("adamw")", R"(, "save_interval": 2)");
@@ -240,6 +242,16 @@ TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
     for (size_t i = 0; i + 1 < c.size(); ++i) old_bytes += static_cast<double>(fs::file_size(c[i]));
     newest.push_back(c.back());
   }
+  // the first point's run rewound once: its old first checkpoint set aside, as train does it
+  // (core/io/checkpoint.h); the second's checkpoints/earlier a symlink to files of elsewhere
+  const fs::path aside = dir / ids[0] / "checkpoints" / "earlier" / "1";
+  fs::create_directories(aside);
+  fs::copy_file(checkpoints(dir / ids[0]).front(), aside / "iter_0000099.h5");
+  old_bytes += static_cast<double>(fs::file_size(aside / "iter_0000099.h5"));
+  const fs::path elsewhere = tmp / "elsewhere" / "1";
+  fs::create_directories(elsewhere);
+  fs::copy_file(checkpoints(dir / ids[1]).front(), elsewhere / "iter_0000099.h5");
+  fs::create_directory_symlink(tmp / "elsewhere", dir / ids[1] / "checkpoints" / "earlier");
   // "12.3 MB" / "456 kB" after `prefix` in the output, in bytes (printed to 0.1 MB / 1 kB)
   auto bytes_after = [](const std::string& out, const std::string& prefix) {
     const size_t at = out.find(prefix);
@@ -259,6 +271,9 @@ TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
   EXPECT_NE(r.output.find("in 2 point(s)"), std::string::npos) << r.output;
   for (size_t i = 0; i < ids.size(); ++i)
     EXPECT_EQ(checkpoints(dir / ids[i]), std::vector<fs::path>{newest[i]}) << ids[i];
+  EXPECT_FALSE(fs::exists(dir / ids[0] / "checkpoints" / "earlier")) << "emptied, so removed";
+  EXPECT_TRUE(fs::exists(elsewhere / "iter_0000099.h5")) << "not through a symlink";
+  EXPECT_TRUE(fs::is_symlink(dir / ids[1] / "checkpoints" / "earlier"));
   r = mb::testing::run_command(sweep("status " + dir.string()));
   EXPECT_NE(r.output.find("none that sweep prune would free"), std::string::npos) << r.output;
 }
