@@ -4,7 +4,7 @@
 #include <set>
 #include <sstream>
 
-#include "core/train/options.h"
+#include "core/train/train_schema.h"
 #include "core/util/error.h"
 #include "sweeps/sweep_state.h"
 

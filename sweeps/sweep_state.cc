@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "core/config/config.h"
-#include "core/train/options.h"
+#include "core/train/train_schema.h"
 
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;

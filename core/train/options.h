@@ -1,5 +1,5 @@
-// The options `train` accepts: Megatron-LM's names and meanings, plus megabatch's own;
-// and what they mean for the training loop.
+// What train's options (train_schema.h) mean for a run: its dtype, loss scaler, schedules and
+// the training loop's options, with Megatron's refusals of contradictory ones.
 #pragma once
 
 #include <cstdint>
@@ -10,10 +10,9 @@
 #include "core/device/dtype.h"
 #include "core/ops/loss_scaler.h"
 #include "core/train/train_options.h"
+#include "core/train/train_schema.h"
 
 namespace megabatch::train {
-const config::Schema& train_schema();
-
 // The dtype of --bf16 / --fp16 (f32 otherwise); both is an error.
 DType run_dtype(const nlohmann::json& values);
 // The fp16 loss scaler of Megatron's flags (refused on a run that is not --fp16).

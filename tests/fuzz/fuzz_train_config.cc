@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/config/config.h"
-#include "core/train/options.h"
+#include "core/train/train_schema.h"
 #include "core/util/error.h"
 #include "core/util/json.h"
 

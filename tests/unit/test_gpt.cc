@@ -18,7 +18,7 @@
 #include "core/data/indexed_dataset.h"
 #include "core/device/runtime.h"
 #include "core/optim/optimizer.h"
-#include "core/train/options.h"
+#include "core/train/train_schema.h"
 #include "core/train/trainer.h"
 #include "models/gpt.h"
 #include "models/model_flags.h"
