@@ -129,7 +129,10 @@ DiskUsage disk_usage(const fs::path& dir) {
     const auto size = static_cast<int64_t>(it->file_size(ec));
     if (ec) continue;
     u.total += size;
-    if (it->path().parent_path().filename() == "checkpoints") u.checkpoints += size;
+    const fs::path in = it->path().parent_path();  // checkpoints/, or checkpoints/earlier/N/
+    if (in.filename() == "checkpoints" ||
+        (in.parent_path().filename() == "earlier" && in.parent_path().parent_path().filename() == "checkpoints"))
+      u.checkpoints += size;
   }
   return u;
 }

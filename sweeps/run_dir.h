@@ -34,7 +34,7 @@ std::vector<std::filesystem::path> finished_point_dirs(const std::filesystem::pa
                                                        const nlohmann::json& state);
 
 // Bytes of the regular files under `dir`, not following symlinks, and of those in a
-// checkpoints/ directory.
+// checkpoints/ directory (or set aside in its earlier/N).
 struct DiskUsage {
   int64_t total = 0, checkpoints = 0;
 };

@@ -265,6 +265,9 @@ TEST_F(Sweep, StatusSaysWhatPruneFreesAndPruneKeepsTheNewestCheckpoint) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const double said = bytes_after(r.output, "sweep prune " + dir.string() + " frees ");
   EXPECT_NEAR(said, old_bytes, 0.051e6) << r.output;
+  double all_bytes = old_bytes;  // every checkpoint, those set aside too
+  for (const auto& n : newest) all_bytes += static_cast<double>(fs::file_size(n));
+  EXPECT_NEAR(bytes_after(r.output, "(checkpoints "), all_bytes, 0.051e6) << r.output;
   r = mb::testing::run_command(sweep("prune " + dir.string()));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NEAR(bytes_after(r.output, "freed "), old_bytes, 0.051e6) << r.output;
