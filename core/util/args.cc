@@ -48,7 +48,10 @@ std::string ArgParser::help_text() const {
     if (left.size() < 30) os << std::string(30 - left.size(), ' ');
     else os << "\n" << std::string(30, ' ');
     os << s.help;
-    if (s.has_default && s.kind != Spec::kFlag) {
+    // the default, unless the help says it already, or it is empty (nothing given)
+    const bool said = s.help.find("default") != std::string::npos;
+    const bool empty = std::all_of(s.defaults.begin(), s.defaults.end(), [](const auto& d) { return d.empty(); });
+    if (s.has_default && s.kind != Spec::kFlag && !said && !empty) {
       os << " (default:";
       for (const auto& d : s.defaults) os << ' ' << d;
       os << ')';
