@@ -310,31 +310,32 @@ def positive(kind, at_most=math.inf):
 def on_ranks(inst, instance_type, nodes, ranks_per_node=None, gpus_per_node=None):
     """The instance as a job of `ranks_per_node` ranks on `gpus_per_node` of a node's GPUs sees it
     (default: all its GPUs, one rank each): the copy whose "gpus" are the ranks a node runs, what
-    the checks read, or None where the ranks share GPUs (more ranks than GPUs: the per-GPU memory
+    the checks read; whether those ranks share GPUs (more ranks than GPUs: the per-GPU memory
     estimate, made for one rank per GPU, does not apply); and the job in words."""
     gpus = gpus_per_node or inst["gpus"]
     if gpus > inst["gpus"]:
         sys.exit(f"plan.py: --gpus-per-node {gpus}, but a {instance_type} has {inst['gpus']}")
     per_node = ranks_per_node or gpus
     ranks = per_node * nodes
+    if per_node == inst["gpus"] == gpus:
+        return dict(inst), False, f"{nodes} x {instance_type} = {ranks} {inst['gpu']}"
+    layout = dict(inst, gpus=per_node, unit="ranks")
     where = f"{nodes} x {instance_type} at {per_node} ranks per node = {ranks} ranks"
     if per_node > gpus:
-        return None, where + f" sharing {gpus} {inst['gpu']} per node (the layout only: the memory estimate is " \
-            "for one rank per GPU)"
-    if per_node == inst["gpus"]:
-        return dict(inst), f"{nodes} x {instance_type} = {ranks} {inst['gpu']}"
-    return dict(inst, gpus=per_node, unit="ranks"), where + f" on {ranks} {inst['gpu']}"
+        return layout, True, where + f" sharing {gpus} {inst['gpu']} per node (the layout only: the memory " \
+            "estimate is for one rank per GPU)"
+    return layout, False, where + f" on {ranks} {inst['gpu']}"
 
 
 def check_sweep(inst, instance_type, nodes, sweep, train=None, ranks_per_node=None, gpus_per_node=None):
     """plan.py check-sweep: every point of a sweep checked as a job of nodes x ranks_per_node
-    ranks on gpus_per_node GPUs a node (on_ranks), layout and memory (point_problems; the layout alone where ranks
-    share GPUs); 1 where one does not fit. `sweep`: the runs directory of a sweep that sweep
+    ranks on gpus_per_node GPUs a node (on_ranks), layout and memory (point_problems; the layout
+    alone where ranks share GPUs); 1 where one does not fit. `sweep`: the runs directory of a sweep that sweep
     export-points wrote (its sweep.json), or a sweep file, exported here first into a directory of
     its own (by the sweep program beside `train`, with --ranks: its refusals too)."""
     train = train or TRAIN
-    per_node, where = on_ranks(inst, instance_type, nodes, ranks_per_node, gpus_per_node)
-    ranks = (ranks_per_node or gpus_per_node or inst["gpus"]) * nodes
+    layout, shared, where = on_ranks(inst, instance_type, nodes, ranks_per_node, gpus_per_node)
+    ranks = layout["gpus"] * nodes
     if not sweep:
         sys.exit("plan.py check-sweep: give --sweep (a sweep file, or the directory sweep export-points wrote)")
     if os.path.isfile(sweep):
@@ -352,9 +353,8 @@ def check_sweep(inst, instance_type, nodes, sweep, train=None, ranks_per_node=No
             points = json.load(f)["points"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         sys.exit(f"plan.py: {path}: {e!r}; export the sweep first (sweep export-points FILE --runs-dir DIR)")
-    layout = per_node or dict(inst, gpus=ranks // nodes, unit="ranks")
     misfits = [(p["id"], problems) for p in points
-               if (problems := point_problems(layout, nodes, p.get("config", {}), per_node and train, p["id"]))]
+               if (problems := point_problems(layout, nodes, p.get("config", {}), None if shared else train, p["id"]))]
     if misfits:
         print(f"{len(misfits)} of {len(points)} point(s) do not fit {where}:")
         for point, problems in misfits:
@@ -370,7 +370,7 @@ def main(argv=None):
     p.add_argument("--sweep", help="check-sweep: a sweep file, or the runs directory sweep export-points wrote")
     p.add_argument("--instance")
     p.add_argument("--nodes", type=positive(int), default=1)
-    p.add_argument("--ranks-per-node", type=positive(int), help="check, check-sweep: the ranks a node runs "
+    p.add_argument("--ranks-per-node", type=positive(int), help="check, check-sweep, scaling: the ranks a node runs "
                    "(default: one per GPU; more than its GPUs share them, and only the layout is checked)")
     p.add_argument("--gpus-per-node", type=positive(int), help="check, check-sweep, scaling: the GPUs of a node the "
                    "job uses (default: all of the instance type's)")
@@ -407,13 +407,12 @@ def main(argv=None):
     if a.command == "check-sweep":
         return check_sweep(table[a.instance], a.instance, a.nodes, a.sweep, a.train, a.ranks_per_node,
                            a.gpus_per_node)
-    inst, where = on_ranks(table[a.instance], a.instance, a.nodes, a.ranks_per_node, a.gpus_per_node)
-    if not inst:
+    inst, shared, where = on_ranks(table[a.instance], a.instance, a.nodes, a.ranks_per_node, a.gpus_per_node)
+    if shared:
         if a.command == "scaling":
             sys.exit(f"plan.py scaling: more ranks per node ({a.ranks_per_node}) than GPUs; the "
                      "model is for one rank per GPU")
-        problems = layout_problems(dict(table[a.instance], gpus=a.ranks_per_node, unit="ranks"), a.nodes, a.tp, a.micro_batch,
-                                   a.global_batch)
+        problems = layout_problems(inst, a.nodes, a.tp, a.micro_batch, a.global_batch)
         print(where)
         for pr in problems:
             print("does not fit: " + pr)
