@@ -537,9 +537,13 @@ def run(sweep_dirs, targets=None):
 
 def parse_targets(text):
     """--targets L1,L2,...: one or more finite losses > 0 (Python's float() also takes nan,
-    inf and 1e999, which no run reaches)."""
+    inf and 1e999, which no run reaches). A trailing comma is allowed; an empty entry inside
+    the list is not (7,,5 is a typo of 7.5, not the targets 7 and 5)."""
+    entries = text.split(",")
+    if len(entries) > 1 and not entries[-1].strip():
+        entries.pop()
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        values = [float(x) for x in entries]
     except ValueError:
         values = []
     if not values or not all(math.isfinite(v) and v > 0 for v in values):

@@ -50,7 +50,7 @@ def sweep(b_crit, batches, seeds=(1,), noise=0.0, budget=200000, optimizer="lamb
 class CriticalBatch(unittest.TestCase):
     def test_targets_are_finite_positive_losses(self):
         self.assertEqual(cb.parse_targets("7.5, 8,"), [7.5, 8.0])
-        for bad in ("abc", "", ",", "nan", "inf", "1e999", "-1", "0", "7,nan"):
+        for bad in ("abc", "", ",", "nan", "inf", "1e999", "-1", "0", "7,nan", "7,,5", ",7"):
             with self.assertRaises(SystemExit, msg=bad) as caught:
                 cb.parse_targets(bad)
             self.assertIn("expected comma-separated losses > 0", str(caught.exception))
