@@ -103,22 +103,35 @@ def model_sizes(model, tp, train=None):
 def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
     """What would bring a layout that does not fit under its GPU's memory, of what it has left to
     change: each remedy alone, by the same estimate as check()'s (TP only by name: its sizes come
-    from train at that TP)."""
+    from train at that TP). A job of fewer ranks than a node's GPUs (on_ranks: "node_gpus") is
+    also told what a rank on every GPU would give."""
     room = inst["gpu_memory_GiB"] * 2**30 / 1.1  # for weights, optimizer state and activations
     state, act = sizes["state_bytes"], sizes["act_bytes"]
+    node = inst.get("node_gpus", inst["gpus"])
+    every_gpu = f"{node} ranks per node (one on each GPU)"
+    dp, dp_all = inst["gpus"] * nodes // tp, node * nodes // tp
+    whole = state * 18 / (6 + 12 / max(1, dp)) if distributed else state  # the state unsharded
+
+    def sharded_fits(ranks):
+        return distributed_state_bytes(whole, ranks) + act * micro <= room
     remedies = []
     if tp < inst["gpus"]:
         remedies.append(f"raise TP (up to {inst['gpus']}, the {inst.get('unit', 'GPUs')} of a node)")
+    elif tp < node:
+        remedies.append(f"{every_gpu} with TP up to {node}")
     if micro > 1 and state + act <= room:
         remedies.append(f"lower the micro batch to {min(micro - 1, int((room - state) // act))} or less")
-    if not distributed:
-        dp = inst["gpus"] * nodes // tp
-        if dp > 1 and distributed_state_bytes(state, dp) + act * micro <= room:
-            remedies.append(f"shard the fp32 masters and Adam moments over the {dp} data-parallel ranks "
-                            "(--use-distributed-optimizer)")
-        elif distributed_state_bytes(state, 2**20) + act * micro <= room:
-            remedies.append("add nodes and shard the fp32 masters and Adam moments over their data-parallel ranks "
-                            "(--use-distributed-optimizer)")
+    shard = "the fp32 masters and Adam moments sharded over"
+    if not distributed and dp > 1 and sharded_fits(dp):
+        remedies.append(f"shard the fp32 masters and Adam moments over the {dp} data-parallel ranks "
+                        "(--use-distributed-optimizer)")
+    elif dp_all > dp and sharded_fits(dp_all):
+        remedies.append(f"{every_gpu} with {shard} their {dp_all} data-parallel ranks"
+                        + ("" if distributed else " (--use-distributed-optimizer)"))
+    elif sharded_fits(2**20):
+        remedies.append(f"add nodes ({shard} more data-parallel ranks)" if distributed else
+                        "add nodes and shard the fp32 masters and Adam moments over their data-parallel ranks "
+                        "(--use-distributed-optimizer)")
     roomier = sorted({(t["gpu_memory_GiB"], t["gpu"]) for t in instances().values()
                       if t["gpu_memory_GiB"] * 2**30 / 1.1 >= state + act * micro})
     if roomier:
@@ -126,7 +139,7 @@ def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
     if not remedies:
         return "no micro batch, optimizer sharding or instance type makes it fit at TP " + str(tp) + \
             " (megabatch has no pipeline parallelism): a smaller model"
-    return " or ".join(remedies)
+    return "; or ".join(remedies)
 
 
 def layout_problems(inst, nodes, tp, micro, global_batch):
@@ -319,7 +332,7 @@ def on_ranks(inst, instance_type, nodes, ranks_per_node=None, gpus_per_node=None
     ranks = per_node * nodes
     if per_node == inst["gpus"] == gpus:
         return dict(inst), False, f"{nodes} x {instance_type} = {ranks} {inst['gpu']}"
-    layout = dict(inst, gpus=per_node, unit="ranks")
+    layout = dict(inst, gpus=per_node, unit="ranks", node_gpus=inst["gpus"])
     where = f"{nodes} x {instance_type} at {per_node} ranks per node = {ranks} ranks"
     if per_node > gpus:
         return layout, True, where + f" sharing {gpus} {inst['gpu']} per node (the layout only: the memory " \

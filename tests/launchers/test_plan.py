@@ -146,8 +146,8 @@ class Check(unittest.TestCase):
         room = 16 * GiB / 1.1  # a T4's memory less check()'s 10% for workspace: 14.55 GiB
         # state 6 GiB, activations 0.25 GiB a sample: micro 64 needs 22 GiB; (14.55 - 6) / 0.25 = 34.2
         problems, _ = plan.check(g4, 1, 2, 64, 0, self.sizes)
-        self.assertTrue(any(p.endswith("; raise TP (up to 4, the GPUs of a node) or lower the micro batch to 34 or less "
-                                       "or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, H100-80GB, "
+        self.assertTrue(any(p.endswith("; raise TP (up to 4, the GPUs of a node); or lower the micro batch to 34 or less"
+                                       "; or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, H100-80GB, "
                                        "80 GiB, H200-141GB, 141 GiB)") for p in problems), problems)
         # TP at a node's GPUs, micro batch 1: state 30 GiB at DP 2, 12 of its 18 bytes a parameter
         # sharded -> 30 x (6 + 6) / 18 = 20 GiB > room; at any DP 30 x 6 / 18 = 10 GiB fits
@@ -155,7 +155,7 @@ class Check(unittest.TestCase):
         self.assertGreater(30 * 12 / 18 + 0.5, room / GiB)
         remedy = plan.memory_remedies(g4, 2, 4, 1, big, distributed=False)
         self.assertEqual(remedy, "add nodes and shard the fp32 masters and Adam moments over their data-parallel ranks "
-                         "(--use-distributed-optimizer) or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, "
+                         "(--use-distributed-optimizer); or GPUs with more memory (A100-40GB, 40 GiB, A100-80GB, 80 GiB, "
                          "H100-80GB, 80 GiB, H200-141GB, 141 GiB)")
         # at DP 4 (4 nodes) sharding alone is enough for state 60 GiB: 60 x (6 + 3) / 18 = 30 GiB; 40 GiB GPUs:
         # 36.4 GiB of room
@@ -163,6 +163,18 @@ class Check(unittest.TestCase):
         self.assertTrue(remedy.startswith("shard the fp32 masters and Adam moments over the 4 data-parallel ranks"),
                         remedy)
         self.assertIn("GPUs with more memory (A100-80GB, 80 GiB, H100-80GB, 80 GiB, H200-141GB, 141 GiB)", remedy)
+        # sharded already over the one DP rank of a node at TP 8: 60 x 6 / 18 = 20 GiB at many ranks
+        self.assertTrue(plan.memory_remedies(p4d, 1, 8, 1, dict(big, state_bytes=60 * GiB), distributed=True)
+                        .startswith("add nodes (the fp32 masters and Adam moments sharded over more data-parallel "
+                                    "ranks); or GPUs with more memory"))
+        # a job of 4 ranks on a node's 8 GPUs (TP 4, DP 1), its state sharded over its one DP rank:
+        # 36 + 1 > 36.4 GiB; a rank on each GPU makes TP 8 possible, or DP 2: 36 x (6 + 6) / 18 + 1 = 25
+        half, _, _ = plan.on_ranks(p4d, "p4d.24xlarge", 1, 4, 4)
+        self.assertEqual(plan.memory_remedies(half, 1, 4, 1, dict(big, state_bytes=36 * GiB, act_bytes=GiB),
+                                              distributed=True),
+                         "8 ranks per node (one on each GPU) with TP up to 8; or 8 ranks per node (one on each GPU) "
+                         "with the fp32 masters and Adam moments sharded over their 2 data-parallel ranks; or GPUs "
+                         "with more memory (A100-80GB, 80 GiB, H100-80GB, 80 GiB, H200-141GB, 141 GiB)")
         # nothing left: TP at 8, micro batch 1, sharded already, more than the largest GPU holds
         self.assertEqual(plan.memory_remedies(p4d, 1, 8, 1, dict(big, state_bytes=200 * GiB), distributed=True),
                          "no micro batch, optimizer sharding or instance type makes it fit at TP 8 (megabatch has no "
