@@ -110,10 +110,9 @@ def memory_remedies(inst, nodes, tp, micro, sizes, distributed):
     node = inst.get("node_gpus", inst["gpus"])
     every_gpu = f"{node} ranks per node (one on each GPU)"
     dp, dp_all = inst["gpus"] * nodes // tp, node * nodes // tp
-    whole = state * 18 / (6 + 12 / max(1, dp)) if distributed else state  # the state unsharded
 
     def sharded_fits(ranks):
-        return distributed_state_bytes(whole, ranks) + act * micro <= room
+        return distributed_state_bytes(state, ranks, dp if distributed else 1) + act * micro <= room
     remedies = []
     if tp < inst["gpus"]:
         remedies.append(f"raise TP (up to {inst['gpus']}, the {inst.get('unit', 'GPUs')} of a node)")
@@ -215,11 +214,12 @@ def default_bucket_elems(dp):
     return max(40_000_000, 1_000_000 * dp)
 
 
-def distributed_state_bytes(state_bytes, dp):
+def distributed_state_bytes(state_bytes, dp, from_dp=1):
     """Weights and optimizer state per GPU with the distributed optimizer: of the 18 bytes per
     parameter (bf16 weight, fp32 gradient, fp32 master, two fp32 moments) the master and the
-    moments (12) are split over the DP ranks."""
-    return state_bytes * (6 + 12 / max(1, dp)) / 18
+    moments (12) are split over the DP ranks. `state_bytes`: the state as split over `from_dp`
+    ranks (1: unsplit)."""
+    return state_bytes * (6 + 12 / max(1, dp)) / (6 + 12 / max(1, from_dp))
 
 
 def scaling(inst, nodes, tp, micro, global_batch, sizes, efficiency, overlap=False, flops_per_token=None,
