@@ -198,7 +198,8 @@ class Emulated : public ::testing::TestWithParam<DType> {
 };
 
 // Forward and backward (the separate dQ kernel; with T5's bias, the dbias kernel too) of
-// self-attention against the f64 reference: causal and not, padding, dropout, the bias,
+// self-attention against the f64 reference: causal and not, padding, dropout (its Philox
+// blocks shared by lanes where the keys are a multiple of 4, drawn per element where not), the bias,
 // lengths that are not multiples of the tiles, head sizes 64 and 128, grouped-query attention
 // (4 heads in 2 groups, 2 in 1: the dK/dV kernel walking a group's heads); the threads in a
 // random order with eager copies, so that a missing barrier shows; documents packed in a row
@@ -217,9 +218,9 @@ TEST_P(Emulated, FlashAttentionForwardAndBackward) {
   const WithFlashDq separate(ops::FlashDq::kSeparate);
   for (const Config& c :
        {Config{2, 37, 2, 64, true, false, 0.0, false}, Config{1, 130, 1, 64, true, true, 0.0, false},
-        Config{1, 100, 1, 128, false, true, 0.0, false}, Config{1, 70, 2, 64, true, true, 0.2, false},
-        Config{1, 65, 1, 128, true, false, 0.1, false}, Config{2, 70, 1, 64, false, true, 0.1, true},
-        Config{1, 130, 1, 128, true, false, 0.0, true}, Config{1, 130, 4, 64, true, true, 0.1, false, 2},
+        Config{1, 100, 1, 128, false, true, 0.1, false}, Config{1, 70, 2, 64, true, true, 0.2, false},
+        Config{1, 65, 1, 128, true, false, 0.1, false}, Config{2, 72, 1, 64, false, true, 0.1, true},
+        Config{1, 130, 1, 128, true, false, 0.0, true}, Config{1, 132, 4, 64, true, true, 0.1, false, 2},
         Config{1, 100, 2, 128, false, false, 0.0, false, 1}, Config{2, 150, 2, 64, true, false, 0.1, false, 0, true},
         Config{1, 130, 1, 128, true, true, 0.0, false, 0, true},
         Config{2, 100, 2, 64, false, true, 0.0, false, 0, true},
@@ -463,6 +464,46 @@ TEST(EmulatedBf16, FlashKernelsReadOnlyTheTilesThatShareADocument) {
       EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + (how == ops::FlashDq::kOrdered ? 2 : 0)) << what;
       dqkv.ref = first.ref;
       h.expect_close(dqkv, static_cast<double>(D + T), what + ": dqkv", 16.0);
+    }
+  }
+}
+
+// Attention dropout draws each Philox block of the scores (four keys' bits) once in each kernel
+// that needs the mask, not once per score: where the keys are a multiple of 4 the lanes that
+// hold a block's keys share it. Counted on the emulator, not causal (every tile whole): the
+// forward with 16 and 32 rows a warp, the backward's separate dK/dV and dQ kernels (once each),
+// and the ordered dQ's single walk; head sizes 64 and 128.
+TEST(EmulatedBf16, FlashDropoutDrawsEachPhiloxBlockOncePerKernel) {
+  constexpr int64_t B = 1, T = 128, H = 2, blocks = B * H * T * T / 4;
+  const WithOptions o({4, 0, emu::Copies::kDeferred});
+  for (const int64_t D : {64, 128}) {
+    SCOPED_TRACE("D " + std::to_string(D));
+    OpHarness h(mb::Device::cpu(), DType::kBF16, 31);
+    const ops::AttentionShape s{B, T, H, D, false, 0, 0, H};
+    const ops::DropoutKey dk{0.1, 5, 1};
+    const Pair qkv = h.input({B, T, H, 3, D}), dy = h.input({B, T, H, D});
+    Pair out = h.output({B, T, H, D}), lse = h.output({B, H, T}, DType::kF32), dqkv = h.output({B, T, H, 3, D});
+    auto drawn = [](const std::function<void()>& f) {
+      const int64_t before = emu::philox_blocks();
+      f();
+      return emu::philox_blocks() - before;
+    };
+    for (const ops::FlashForwardRows r : {ops::FlashForwardRows::k32, ops::FlashForwardRows::k16}) {
+      const WithForwardRows rows(r);
+      EXPECT_EQ(drawn([&] { ops::emulated::flash_attention_forward(out.dev, lse.dev, qkv.dev, {}, s, &dk, {}, {}); }),
+                blocks)
+          << "forward, " << (r == ops::FlashForwardRows::k32 ? 32 : 16) << " rows a warp";
+    }
+    for (const ops::FlashDq how : {ops::FlashDq::kSeparate, ops::FlashDq::kOrdered}) {
+      const WithFlashDq dq(how);
+      const int64_t calls = ops::flash_dq_ordered_calls();
+      EXPECT_EQ(drawn([&] {
+                  ops::emulated::flash_attention_backward(dqkv.dev, dy.dev, qkv.dev, out.dev, lse.dev, {}, s, &dk,
+                                                          ops::Write::kSet, {}, {}, {});
+                }),
+                how == ops::FlashDq::kOrdered ? blocks : 2 * blocks)
+          << (how == ops::FlashDq::kOrdered ? "ordered dQ" : "separate dQ");
+      EXPECT_EQ(ops::flash_dq_ordered_calls(), calls + (how == ops::FlashDq::kOrdered ? 1 : 0));
     }
   }
 }

@@ -161,6 +161,7 @@ struct Launch {
 thread_local Options g_options;
 thread_local int64_t g_launches = 0;
 thread_local int64_t g_mmas = 0;
+thread_local int64_t g_philox_blocks = 0;
 thread_local Launch* g_launch = nullptr;
 thread_local Fiber* g_fiber = nullptr;
 
@@ -447,6 +448,8 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
 
 int64_t launches() { return g_launches; }
 int64_t mmas() { return g_mmas; }
+int64_t philox_blocks() { return g_philox_blocks; }
+void count_philox_block() { ++g_philox_blocks; }
 
 const uint3& thread_index() { return me().idx; }
 const uint3& block_index() { return me().block->idx; }

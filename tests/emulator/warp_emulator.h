@@ -52,6 +52,10 @@ int64_t launches();
 // How many warp-wide mma instructions (m16n8k16) the launches of this thread have run: the
 // tensor-core work a kernel did, so that a test can see which tiles it skipped.
 int64_t mmas();
+// How many Philox blocks the flash kernels' dropout has drawn on this thread (each draw is
+// ten rounds of integer products a thread; a test counts them per score).
+int64_t philox_blocks();
+void count_philox_block();
 
 // ---- what a kernel calls (through the macros below) -----------------------------------
 const uint3& thread_index();

@@ -204,11 +204,12 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
           }
         if constexpr (kDrop) {  // the dropped ones for the product
 #pragma unroll
-          for (int n = 0; n < 8; ++n)
+          for (int n = 0; n < 8; ++n) {
+            float z[4];
+            keep_factors_rows(a, b, h, r0, k0 + n * 8, g, t, z);
 #pragma unroll
-            for (int e = 0; e < 4; ++e)
-              if (s[mi][n][e] != 0.0f)
-                s[mi][n][e] *= keep_factor(a, b, h, r0 + g + 8 * (e >> 1), k0 + n * 8 + 2 * t + (e & 1));
+            for (int e = 0; e < 4; ++e) s[mi][n][e] *= z[e];
+          }
         }
       }
 #pragma unroll

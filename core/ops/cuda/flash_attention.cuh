@@ -141,13 +141,77 @@ __device__ __forceinline__ TileRange query_tiles(const Args& a, int b, int lo, i
   return r;
 }
 
-// the dropout factor of element (b, h, i, j): 0 or 1 / (1 - p) (called by the kernels'
-// dropout instances only)
-__device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
-  const uint64_t e = static_cast<uint64_t>(((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.Tq + i) *
-                                               static_cast<int64_t>(a.Tk) + j);
-  const auto r = Philox4x32::generate(a.key, a.stream, e / 4);
-  return r[e % 4] >= a.threshold ? a.keep_scale : 0.0f;
+// Attention dropout draws element (b, h, i, j)'s 32 bits as the explicit attention does: word
+// e % 4 of the Philox block e / 4, e its index in the (B, total heads, Tq, Tk) scores. Kept
+// where the bits reach the threshold, then scaled by 1 / (1 - p). (The kernels' dropout
+// instances only.)
+__device__ __forceinline__ uint64_t drop_element(const Args& a, int b, int h, int i, int j) {
+  return static_cast<uint64_t>(
+      ((static_cast<int64_t>(b) * a.total_heads + a.head_offset + h) * a.Tq + i) * static_cast<int64_t>(a.Tk) + j);
+}
+__device__ __forceinline__ Philox4x32::Block drop_block(const Args& a, uint64_t e) {
+#ifdef MB_WARP_EMULATOR
+  emu::count_philox_block();
+#endif
+  return Philox4x32::generate(a.key, a.stream, e / 4);
+}
+__device__ __forceinline__ float keep_of(const Args& a, uint32_t bits) {
+  return bits >= a.threshold ? a.keep_scale : 0.0f;
+}
+// word k of w, k a value the compiler does not know (selects, not an indexed local array)
+__device__ __forceinline__ uint32_t word_at(const Philox4x32::Block& w, int k) {
+  return k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
+}
+
+// The dropout factors (0 or 1 / (1 - p)) of a thread's four scores in an 8-key column group
+// of a warp's 16 x 64 tile, queries in rows (forward, dQ): f[e] of row i0 + g + 8 (e >> 1),
+// key j0 + 2t + (e & 1), j0 a multiple of 8. Where Tk is a multiple of 4 the four keys
+// j0 + 4 (t >> 1) .. + 3 of a row are one Philox block, held by lanes t and t ^ 1: each draws
+// one of their two rows' blocks (t even: row g's) and gives the other the two words it needs,
+// a block a row instead of one per element. Every lane of the warp calls it.
+__device__ __forceinline__ void keep_factors_rows(const Args& a, int b, int h, int i0, int j0, int g, int t, float* f) {
+  if (a.Tk % 4 == 0) {
+    const int odd = t & 1;  // draws row g + 8's block, and holds words 2 and 3 of each row
+    const Philox4x32::Block w = drop_block(a, drop_element(a, b, h, i0 + g + 8 * odd, j0 + 4 * (t >> 1)));
+    const uint32_t mine0 = odd ? w[2] : w[0], mine1 = odd ? w[3] : w[1];
+    const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[2], 1);
+    const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? w[1] : w[3], 1);
+    f[0] = keep_of(a, odd ? got0 : mine0);
+    f[1] = keep_of(a, odd ? got1 : mine1);
+    f[2] = keep_of(a, odd ? mine0 : got0);
+    f[3] = keep_of(a, odd ? mine1 : got1);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint64_t x = drop_element(a, b, h, i0 + g + 8 * (e >> 1), j0 + 2 * t + (e & 1));
+      f[e] = keep_of(a, drop_block(a, x)[x % 4]);
+    }
+  }
+}
+
+// The same with keys in rows (dK dV): f[e] of key j0 + g + 8 (e >> 1) and query i0 + 2t +
+// (e & 1), j0 a multiple of 16. Where Tk is a multiple of 4 the keys of lanes with the same t
+// and g >> 2 (lane bits 2 and 3 apart) make up Philox blocks: the four lanes hold words k =
+// g & 3 of the blocks of two queries x two groups of four keys, each draws one of the four
+// (the one of its e = k) and three shuffles give every lane its word of the other three.
+__device__ __forceinline__ void keep_factors_keys(const Args& a, int b, int h, int i0, int j0, int g, int t, float* f) {
+  if (a.Tk % 4 == 0) {
+    const int k = g & 3;
+    const Philox4x32::Block w =
+        drop_block(a, drop_element(a, b, h, i0 + 2 * t + (k & 1), j0 + 8 * (k >> 1) + (g & ~3)));
+    Philox4x32::Block got;  // got[r]: word k of the block of e = k ^ r
+    got[0] = word_at(w, k);
+#pragma unroll
+    for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, word_at(w, k ^ r), 4 * r);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) f[e] = keep_of(a, word_at(got, e ^ k));
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const uint64_t x = drop_element(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1));
+      f[e] = keep_of(a, drop_block(a, x)[x % 4]);
+    }
+  }
 }
 
 // 2^x by the special-function unit (ex2.approx.ftz: 2 ulp, -inf gives 0); what exp2f

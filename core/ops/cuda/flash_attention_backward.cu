@@ -121,14 +121,16 @@ __device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int
   if (masks_every_tile(a) || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0))
     mask_tile<false>(a, b, s, q0, k0, g, t);
 #pragma unroll
-  for (int n = 0; n < 8; ++n)
+  for (int n = 0; n < 8; ++n) {
+    float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+    if constexpr (kDrop) keep_factors_rows(a, b, h, q0, k0 + n * 8, g, t, z);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1;
       const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[r]));
-      const float z = kDrop && p != 0.0f ? keep_factor(a, b, h, q0 + g + 8 * r, k0 + n * 8 + 2 * t + (e & 1)) : 1.0f;
-      s[n][e] = p * (z * dp[n][e] - rd[r]);
+      s[n][e] = p * (z[e] * dp[n][e] - rd[r]);
     }
+  }
 }
 
 // dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).

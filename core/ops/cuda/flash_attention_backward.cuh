@@ -144,14 +144,16 @@ __device__ __forceinline__ void dkdv_tile(const Args& a, int b, int h, int i0, i
     for (int e = 0; e < 4; ++e) st[n][e] = fast_exp2(fmaf(st[n][e], a.scale_log2, -L[n * 8 + 2 * t + (e & 1)]));
   if constexpr (kDrop) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n)
+    for (int n = 0; n < 8; ++n) {
+      float z[4];
+      keep_factors_keys(a, b, h, i0 + n * 8, j0, g, t, z);
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int il = n * 8 + 2 * t + (e & 1);
-        const float p = st[n][e], z = p != 0.0f ? keep_factor(a, b, h, i0 + il, j0 + g + (e >= 2 ? 8 : 0)) : 0.0f;
-        st[n][e] = p * z;
-        dpt[n][e] = p * (z * dpt[n][e] - R[il]);
+        const float p = st[n][e];
+        st[n][e] = p * z[e];
+        dpt[n][e] = p * (z[e] * dpt[n][e] - R[n * 8 + 2 * t + (e & 1)]);
       }
+    }
   } else {
 #pragma unroll
     for (int n = 0; n < 8; ++n)
