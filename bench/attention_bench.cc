@@ -14,15 +14,16 @@
 // SDPA with enable_gqa on k and v of G heads). --documents L: each row packed with documents of
 // L tokens attending within themselves (--reset-attention-mask; the kernels skip the tiles of
 // other documents; PyTorch: SDPA with the boolean mask), TFLOP/s counting the documents' own
-// products.
+// products. --dropout P: attention dropout at P, drawn in the kernels (PyTorch: SDPA's
+// dropout_p, its own random numbers).
 //
 //   build/bin/attention_bench [--seqs 512 1024 2048 4096] [--head-sizes 64 128] [--dtype bf16]
-//                             [--tokens 16384] [--hidden 2048] [--groups 0] [--documents 0] [--reps 20]
-//                             [--torch true]
+//                             [--tokens 16384] [--hidden 2048] [--groups 0] [--documents 0] [--dropout 0]
+//                             [--reps 20] [--torch true]
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <sstream>
@@ -32,6 +33,7 @@
 
 #include "bench/bench_util.h"
 #include "core/device/runtime.h"
+#include "core/ops/dropout.h"
 #include "core/ops/flash_attention.h"
 #include "core/tensor/tensor.h"
 #include "core/util/args.h"
@@ -78,6 +80,7 @@ int main(int argc, char** argv) {
   a.option("hidden", "C", "heads x head size of every configuration", "2048");
   a.option("groups", "G", "key/value heads (grouped-query attention; 0: one a head)", "0");
   a.option("documents", "L", "documents of L tokens packed in each row, attending within themselves (0: none)", "0");
+  a.option("dropout", "P", "attention dropout probability (0: none)", "0");
   a.option("reps", "N", "timed calls per configuration", "20");
   a.option("torch", "BOOL", "also time PyTorch's scaled_dot_product_attention", "true");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -91,6 +94,10 @@ int main(int argc, char** argv) {
     const int64_t tokens = a.get_int("tokens"), hidden = a.get_int("hidden"), groups = a.get_int("groups");
     const int64_t doc_len = a.get_int("documents");
     mb::check(doc_len >= 0, "--documents ", doc_len, ": a length of documents, or 0 for none");
+    const double dropout = a.get_double("dropout");
+    mb::check(dropout >= 0 && dropout < 1, "--dropout ", dropout, ": a probability in [0, 1)");
+    const ops::DropoutKey dk{dropout, 1234, 5};
+    const ops::DropoutKey* drop = dropout > 0 ? &dk : nullptr;
     const int reps = static_cast<int>(a.get_int("reps"));
     std::vector<std::tuple<int64_t, int64_t, bool>> configs;
     for (const auto& d : a.get_list("head-sizes"))
@@ -107,7 +114,7 @@ int main(int argc, char** argv) {
                                       std::to_string(tokens), std::to_string(hidden), dname, std::to_string(reps)};
       for (const auto& [T, D, causal] : configs)
         cmd.push_back(std::to_string(T) + ":" + std::to_string(D) + ":" + (causal ? "1" : "0") + ":" +
-                      std::to_string(groups) + ":" + std::to_string(doc_len));
+                      std::to_string(groups) + ":" + std::to_string(doc_len) + ":" + a.get("dropout"));
       std::istringstream out(mb::bench::run_child(cmd).output);
       std::string tag;
       for (int64_t T, D, c; out >> tag >> T >> D >> c;) {
@@ -116,11 +123,12 @@ int main(int argc, char** argv) {
         torch_ms[{T, D, c != 0}] = {f, fb};
       }
     }
-    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld%s%s; median of %d calls\n",
+    std::printf("flash attention on %s (sm_%d%d), %s, %lld tokens x hidden %lld%s%s%s; median of %d calls\n",
                 gpu.name.c_str(), gpu.major, gpu.minor, dname.c_str(), static_cast<long long>(tokens),
                 static_cast<long long>(hidden),
                 groups ? (", " + std::to_string(groups) + " key/value heads").c_str() : "",
-                doc_len ? (", documents of " + std::to_string(doc_len) + " tokens").c_str() : "", reps);
+                doc_len ? (", documents of " + std::to_string(doc_len) + " tokens").c_str() : "",
+                drop ? (", attention dropout " + a.get("dropout")).c_str() : "", reps);
     std::printf("%6s %4s %6s | %9s %8s %9s %7s | %10s %8s %10s %7s | %10s %8s %7s | %9s %8s %7s\n", "seq", "D", "causal",
                 "fwd ms", "TFLOP/s", "SDPA ms", "ratio", "f+b ms", "TFLOP/s", "SDPA ms", "ratio", "ordered ms", "TFLOP/s",
                 "ratio", "fwd32 ms", "TFLOP/s", "ratio");
@@ -147,14 +155,14 @@ int main(int argc, char** argv) {
         }
         kept /= static_cast<double>(T) * static_cast<double>(T);
       }
-      auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr, {}, docs); };
+      auto forward = [&] { ops::flash_attention_forward(out, lse, qkv, {}, s, drop, {}, docs); };
       const double fwd = median_ms(forward, dev, reps);
       ops::set_flash_forward_rows(ops::FlashForwardRows::k32);
       const double fwd32 = median_ms(forward, dev, reps);
       ops::set_flash_forward_rows(ops::FlashForwardRows::k16);
       auto fwd_bwd = [&] {
-        ops::flash_attention_forward(out, lse, qkv, {}, s, nullptr, {}, docs);
-        ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, nullptr, ops::Write::kAdd, {}, {}, docs);
+        ops::flash_attention_forward(out, lse, qkv, {}, s, drop, {}, docs);
+        ops::flash_attention_backward(dqkv, dy, qkv, out, lse, {}, s, drop, ops::Write::kAdd, {}, {}, docs);
       };
       ops::set_flash_dq(ops::FlashDq::kSeparate);
       const double both = median_ms(fwd_bwd, dev, reps);

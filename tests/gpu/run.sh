@@ -9,7 +9,8 @@
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
 # attention_bench (the flash kernels against PyTorch's SDPA; with grouped-query attention,
 # 4 key/value heads, against SDPA's enable_gqa; with documents of 512 tokens packed in rows of
-# 4096 and 8192, against SDPA with the documents' mask), optim_bench --device cuda (the
+# 4096 and 8192, against SDPA with the documents' mask; with attention dropout 0.1, against SDPA's
+# dropout_p), optim_bench --device cuda (the
 # LAMB and AdamW steps against the GPU's copy bandwidth and PyTorch) and GPT-2 124M at sequence
 # lengths 4096 and 8192, each
 # with its log and a JUnit XML in LOG_DIR; then a summary. Exit status: 0 when every test
@@ -84,6 +85,9 @@ if [[ $filter == "*" && $parts != tests ]]; then
   timed attention_bench_documents "$b/run.sh" bin/attention_bench --documents 512 --seqs 4096 8192 --head-sizes 64 \
     --reps 10 || echo "attention_bench --documents 512 failed (exit $?)"
   cat "$logs/attention_bench_documents.log"
+  timed attention_bench_dropout "$b/run.sh" bin/attention_bench --dropout 0.1 --seqs 1024 4096 --reps 10 ||
+    echo "attention_bench --dropout 0.1 failed (exit $?)"
+  cat "$logs/attention_bench_dropout.log"
   timed optim_bench "$b/run.sh" bin/optim_bench --device cuda --models gpt2-124m || echo "optim_bench failed (exit $?)"
   cat "$logs/optim_bench.log"
   # long sequences: GPT-2 124M at 4096 and 8192 tokens a sample, with the memory they take

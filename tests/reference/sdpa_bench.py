@@ -3,10 +3,11 @@ kernels: q (B, H, T, D), k and v (B, G, T, D) (G = H unless GROUPS says: grouped
 attention, enable_gqa) in bf16/fp16 on the GPU, forward and forward + backward, the median of
 `reps` calls timed with CUDA events after warm-up. DOCLEN L > 0 packs each row with documents of
 L tokens that attend within themselves (--reset-attention-mask), given to SDPA as a boolean mask
-(T, T), with the causal one folded in (SDPA then runs a kernel that takes masks). One line per
-configuration: "sdpa T D causal fwd_ms fwdbwd_ms".
+(T, T), with the causal one folded in (SDPA then runs a kernel that takes masks). DROPOUT P > 0:
+SDPA's attention dropout (dropout_p). One line per configuration: "sdpa T D causal fwd_ms
+fwdbwd_ms".
 
-    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL[:GROUPS[:DOCLEN]] [...]
+    python3 sdpa_bench.py TOKENS HIDDEN DTYPE REPS T:D:CAUSAL[:GROUPS[:DOCLEN[:DROPOUT]]] [...]
 """
 import sys
 
@@ -34,14 +35,18 @@ def main():
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     g = torch.Generator(device="cuda").manual_seed(0)
     for spec in sys.argv[5:]:
-        T, D, causal, *rest = (int(x) for x in spec.split(":"))
+        fields = spec.split(":")
+        T, D, causal, *rest = (int(x) for x in fields[:5])
         B, H = max(tokens // T, 1), hidden // D
         G = rest[0] if rest and rest[0] else H
         L = rest[1] if len(rest) > 1 else 0
+        p = float(fields[5]) if len(fields) > 5 else 0.0
         q = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True)
         k, v = (torch.randn(B, G, T, D, device="cuda", dtype=dt, generator=g, requires_grad=True) for _ in range(2))
         dy = torch.randn(B, H, T, D, device="cuda", dtype=dt, generator=g)
         kw = {"enable_gqa": True} if G != H else {}
+        if p:
+            kw["dropout_p"] = p
         if L:
             doc = torch.arange(T, device="cuda") // L
             mask = doc[:, None] == doc[None, :]
