@@ -131,7 +131,7 @@ DiskUsage disk_usage(const fs::path& dir) {
     u.total += size;
     const fs::path in = it->path().parent_path();  // checkpoints/, or checkpoints/earlier/N/
     if (in.filename() == "checkpoints" ||
-        (in.parent_path().filename() == "earlier" && in.parent_path().parent_path().filename() == "checkpoints"))
+        (in.parent_path().filename() == io::kSetAsideDir && in.parent_path().parent_path().filename() == "checkpoints"))
       u.checkpoints += size;
   }
   return u;

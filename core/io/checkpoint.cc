@@ -206,8 +206,8 @@ std::optional<int64_t> iteration_of(const fs::path& file) {
 std::vector<fs::path> set_aside_dirs(const fs::path& dir) {
   std::vector<fs::path> out;
   std::error_code ec;
-  if (!is_real_dir(dir / "earlier")) return out;
-  for (const auto& e : fs::directory_iterator(dir / "earlier", ec))
+  if (!is_real_dir(dir / kSetAsideDir)) return out;
+  for (const auto& e : fs::directory_iterator(dir / kSetAsideDir, ec))
     if (is_real_dir(e.path())) out.push_back(e.path());
   return out;
 }
@@ -259,7 +259,7 @@ int64_t remove_old_checkpoints(const fs::path& dir, Kept kept) {
   if (kept.newest <= 0) fs::remove(dir / kLatest, ec);
   if (kept.set_aside) {  // each directory left empty (fs::remove leaves one that is not)
     for (const auto& earlier : set_aside_dirs(dir)) fs::remove(earlier, ec);
-    if (is_real_dir(dir / "earlier")) fs::remove(dir / "earlier", ec);
+    if (is_real_dir(dir / kSetAsideDir)) fs::remove(dir / kSetAsideDir, ec);
   }
   return freed;
 }
@@ -283,7 +283,7 @@ SetAside set_aside_later_checkpoints(const fs::path& dir, int64_t iteration) {
   for (const auto& [it, path] : all) {
     if (it <= iteration || fs::symlink_status(path, ec).type() != fs::file_type::regular) continue;
     if (out.to.empty()) {
-      out.to = first_free_numbered(dir / "earlier");
+      out.to = first_free_numbered(dir / kSetAsideDir);
       fs::create_directories(out.to, ec);
       check(!ec, out.to.string(), ": cannot create it to set aside the checkpoints past iteration ", iteration, " (",
             ec.message(), ")");

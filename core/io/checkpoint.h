@@ -71,6 +71,10 @@ std::vector<std::pair<int64_t, std::filesystem::path>> list_checkpoints(const st
 // latest_checkpointed_iteration.txt.tmp, nothing else (no other file, no symlink).
 void remove_unfinished_checkpoints(const std::filesystem::path& dir);
 
+// The directory of a checkpoint directory into which set_aside_later_checkpoints moves the
+// checkpoints past a rewind or a fresh start, as dir/earlier/N.
+inline constexpr const char* kSetAsideDir = "earlier";
+
 // Which checkpoints of a directory stay: the newest `newest`, and those of iterations that are
 // multiples of `every` (Megatron's --save-retain-interval; 0: none besides the newest); with
 // `set_aside`, none of those set aside in dir/earlier/N (set_aside_later_checkpoints) stays.

@@ -464,8 +464,7 @@ const config::Schema& train_schema() {
            "when --load holds no checkpoint of this run (a first start), take the model from this checkpoint (the "
            "newest "
            "in a directory, or a file) and start at iteration 0 with a fresh optimizer; a run that resumes from --load "
-           "does "
-           "not read it",
+           "does not read it",
            "checkpointing"},
           {"pretrained_optimizer_state", Type::kBool, false,
            "with --pretrained-checkpoint, a first start also takes the optimizer plugin's state (LAMB's and AdamW's "

@@ -158,6 +158,11 @@ __device__ __forceinline__ Philox4x32::Block drop_block(const Args& a, uint64_t 
 __device__ __forceinline__ float keep_of(const Args& a, uint32_t bits) {
   return bits >= a.threshold ? a.keep_scale : 0.0f;
 }
+// element (b, h, i, j)'s factor from a block of its own (where its block's keys are not shared)
+__device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
+  const uint64_t e = drop_element(a, b, h, i, j);
+  return keep_of(a, drop_block(a, e)[e % 4]);
+}
 // word k of w, k a value the compiler does not know (selects, not an indexed local array)
 __device__ __forceinline__ uint32_t word_at(const Philox4x32::Block& w, int k) {
   return k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
@@ -182,10 +187,7 @@ __device__ __forceinline__ void keep_factors_rows(const Args& a, int b, int h, i
     f[3] = keep_of(a, odd ? mine1 : got1);
   } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint64_t x = drop_element(a, b, h, i0 + g + 8 * (e >> 1), j0 + 2 * t + (e & 1));
-      f[e] = keep_of(a, drop_block(a, x)[x % 4]);
-    }
+    for (int e = 0; e < 4; ++e) f[e] = keep_factor(a, b, h, i0 + g + 8 * (e >> 1), j0 + 2 * t + (e & 1));
   }
 }
 
@@ -207,10 +209,7 @@ __device__ __forceinline__ void keep_factors_keys(const Args& a, int b, int h, i
     for (int e = 0; e < 4; ++e) f[e] = keep_of(a, word_at(got, e ^ k));
   } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const uint64_t x = drop_element(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1));
-      f[e] = keep_of(a, drop_block(a, x)[x % 4]);
-    }
+    for (int e = 0; e < 4; ++e) f[e] = keep_factor(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1));
   }
 }
 
