@@ -205,10 +205,9 @@ __global__ void __launch_bounds__(kForwardThreads<D, kM>) flash_forward_kernel(A
         if constexpr (kDrop) {  // the dropped ones for the product
 #pragma unroll
           for (int n = 0; n < 8; ++n) {
-            float z[4];
-            keep_factors_rows(a, b, h, r0, k0 + n * 8, g, t, z);
+            const uint32_t keep = keep_nibble_rows(a, b, h, r0, k0 + n * 8, g, t);
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[mi][n][e] *= z[e];
+            for (int e = 0; e < 4; ++e) s[mi][n][e] *= keep_factor(a, keep, 0, e);
           }
         }
       }

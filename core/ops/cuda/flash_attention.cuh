@@ -155,48 +155,46 @@ __device__ __forceinline__ Philox4x32::Block drop_block(const Args& a, uint64_t 
 #endif
   return Philox4x32::generate(a.key, a.stream, e / 4);
 }
-__device__ __forceinline__ float keep_of(const Args& a, uint32_t bits) {
-  return bits >= a.threshold ? a.keep_scale : 0.0f;
-}
-// element (b, h, i, j)'s factor from a block of its own (where its block's keys are not shared)
-__device__ __forceinline__ float keep_factor(const Args& a, int b, int h, int i, int j) {
+__device__ __forceinline__ uint32_t kept(const Args& a, uint32_t bits) { return bits >= a.threshold ? 1u : 0u; }
+// element (b, h, i, j)'s keep bit from a block of its own (where its block's keys are not shared)
+__device__ __forceinline__ uint32_t keep_bit(const Args& a, int b, int h, int i, int j) {
   const uint64_t e = drop_element(a, b, h, i, j);
-  return keep_of(a, drop_block(a, e)[e % 4]);
+  return kept(a, drop_block(a, e)[e % 4]);
 }
 // word k of w, k a value the compiler does not know (selects, not an indexed local array)
 __device__ __forceinline__ uint32_t word_at(const Philox4x32::Block& w, int k) {
   return k == 0 ? w[0] : k == 1 ? w[1] : k == 2 ? w[2] : w[3];
 }
 
-// The dropout factors (0 or 1 / (1 - p)) of a thread's four scores in an 8-key column group
-// of a warp's 16 x 64 tile, queries in rows (forward, dQ): f[e] of row i0 + g + 8 (e >> 1),
-// key j0 + 2t + (e & 1), j0 a multiple of 8. Where Tk is a multiple of 4 the four keys
-// j0 + 4 (t >> 1) .. + 3 of a row are one Philox block, held by lanes t and t ^ 1: each draws
-// one of their two rows' blocks (t even: row g's) and gives the other the two words it needs,
-// a block a row instead of one per element. Every lane of the warp calls it.
-__device__ __forceinline__ void keep_factors_rows(const Args& a, int b, int h, int i0, int j0, int g, int t, float* f) {
+// The keep bits of a thread's four scores in an 8-key column group of a warp's 16 x 64 tile,
+// queries in rows (forward, dQ): bit e of row i0 + g + 8 (e >> 1), key j0 + 2t + (e & 1), j0 a
+// multiple of 8. Where Tk is a multiple of 4 the four keys j0 + 4 (t >> 1) .. + 3 of a row are
+// one Philox block, held by lanes t and t ^ 1: each draws one of their two rows' blocks (t
+// even: row g's) and gives the other the two words it needs, a block a row instead of one per
+// element. Every lane of the warp calls it.
+__device__ __forceinline__ uint32_t keep_nibble_rows(const Args& a, int b, int h, int i0, int j0, int g, int t) {
   if (a.Tk % 4 == 0) {
     const int odd = t & 1;  // draws row g + 8's block, and holds words 2 and 3 of each row
     const Philox4x32::Block w = drop_block(a, drop_element(a, b, h, i0 + g + 8 * odd, j0 + 4 * (t >> 1)));
     const uint32_t mine0 = odd ? w[2] : w[0], mine1 = odd ? w[3] : w[1];
     const uint32_t got0 = __shfl_xor_sync(0xffffffffu, odd ? w[0] : w[2], 1);
     const uint32_t got1 = __shfl_xor_sync(0xffffffffu, odd ? w[1] : w[3], 1);
-    f[0] = keep_of(a, odd ? got0 : mine0);
-    f[1] = keep_of(a, odd ? got1 : mine1);
-    f[2] = keep_of(a, odd ? mine0 : got0);
-    f[3] = keep_of(a, odd ? mine1 : got1);
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f[e] = keep_factor(a, b, h, i0 + g + 8 * (e >> 1), j0 + 2 * t + (e & 1));
+    return kept(a, odd ? got0 : mine0) | kept(a, odd ? got1 : mine1) << 1 | kept(a, odd ? mine0 : got0) << 2 |
+           kept(a, odd ? mine1 : got1) << 3;
   }
+  uint32_t m = 0;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m |= keep_bit(a, b, h, i0 + g + 8 * (e >> 1), j0 + 2 * t + (e & 1)) << e;
+  return m;
 }
 
-// The same with keys in rows (dK dV): f[e] of key j0 + g + 8 (e >> 1) and query i0 + 2t +
+// The same with keys in rows (dK dV): bit e of key j0 + g + 8 (e >> 1) and query i0 + 2t +
 // (e & 1), j0 a multiple of 16. Where Tk is a multiple of 4 the keys of lanes with the same t
 // and g >> 2 (lane bits 2 and 3 apart) make up Philox blocks: the four lanes hold words k =
 // g & 3 of the blocks of two queries x two groups of four keys, each draws one of the four
 // (the one of its e = k) and three shuffles give every lane its word of the other three.
-__device__ __forceinline__ void keep_factors_keys(const Args& a, int b, int h, int i0, int j0, int g, int t, float* f) {
+__device__ __forceinline__ uint32_t keep_nibble_keys(const Args& a, int b, int h, int i0, int j0, int g, int t) {
+  uint32_t m = 0;
   if (a.Tk % 4 == 0) {
     const int k = g & 3;
     const Philox4x32::Block w =
@@ -206,11 +204,36 @@ __device__ __forceinline__ void keep_factors_keys(const Args& a, int b, int h, i
 #pragma unroll
     for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, word_at(w, k ^ r), 4 * r);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f[e] = keep_of(a, word_at(got, e ^ k));
+    for (int e = 0; e < 4; ++e) m |= kept(a, word_at(got, e ^ k)) << e;
   } else {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) f[e] = keep_factor(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1));
+    for (int e = 0; e < 4; ++e) m |= keep_bit(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1)) << e;
   }
+  return m;
+}
+
+// A thread's 32 keep bits of a warp's 16 x 64 tile, bit 4 n + e for its score s[n][e]:
+// queries in rows (row i0 + g + 8 (e >> 1), key k0 + 8 n + 2t + (e & 1)) or keys in rows (key
+// j0 + g + 8 (e >> 1), query i0 + 8 n + 2t + (e & 1)). The backward kernels draw them before
+// the tile's products: then one register waits through the products, where the Philox rounds
+// ran beside the scores', dP's and the gradients' accumulators (at head size 128, sm_90: 72 bytes
+// of spill stores in dK/dV instead of 24). The forward draws each nibble where it applies it
+// (drawn early, its 32-row kernel spilled more).
+__device__ __forceinline__ uint32_t keep_bits_rows(const Args& a, int b, int h, int i0, int k0, int g, int t) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) m |= keep_nibble_rows(a, b, h, i0, k0 + 8 * n, g, t) << (4 * n);
+  return m;
+}
+__device__ __forceinline__ uint32_t keep_bits_keys(const Args& a, int b, int h, int i0, int j0, int g, int t) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int n = 0; n < 8; ++n) m |= keep_nibble_keys(a, b, h, i0 + 8 * n, j0, g, t) << (4 * n);
+  return m;
+}
+// the dropout factor of score s[n][e] (0 or 1 / (1 - p)) from keep_bits_*'s bits
+__device__ __forceinline__ float keep_factor(const Args& a, uint32_t bits, int n, int e) {
+  return bits >> (4 * n + e) & 1u ? a.keep_scale : 0.0f;
 }
 
 // 2^x by the special-function unit (ex2.approx.ftz: 2 ulp, -inf gives 0); what exp2f

@@ -99,6 +99,7 @@ __device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int
                                                 const uint32_t (*qf)[4], const uint32_t (*df)[4], const float* lse2,
                                                 const float* rd, const T* Ks, const T* Vs, float (*s)[4]) {
   constexpr int RS = D + 8;
+  const uint32_t keep = kDrop ? keep_bits_rows(a, b, h, q0, k0, g, t) : 0u;
   float dp[8][4];
 #pragma unroll
   for (int n = 0; n < 8; n += 2) {
@@ -121,16 +122,13 @@ __device__ __forceinline__ void score_gradients(const Args& a, int b, int h, int
   if (masks_every_tile(a) || k0 + kTile > a.Tk || (a.causal && k0 + kTile - 1 > q0))
     mask_tile<false>(a, b, s, q0, k0, g, t);
 #pragma unroll
-  for (int n = 0; n < 8; ++n) {
-    float z[4] = {1.0f, 1.0f, 1.0f, 1.0f};
-    if constexpr (kDrop) keep_factors_rows(a, b, h, q0, k0 + n * 8, g, t, z);
+  for (int n = 0; n < 8; ++n)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >> 1;
       const float p = fast_exp2(fmaf(s[n][e], a.scale_log2, -lse2[r]));
-      s[n][e] = p * (z[e] * dp[n][e] - rd[r]);
+      s[n][e] = p * ((kDrop ? keep_factor(a, keep, n, e) : 1.0f) * dp[n][e] - rd[r]);
     }
-  }
 }
 
 // dQ of kRows queries: each warp 16 queries, over the key tiles (double-buffered).

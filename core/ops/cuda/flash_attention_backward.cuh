@@ -107,6 +107,7 @@ __device__ __forceinline__ void dkdv_tile(const Args& a, int b, int h, int i0, i
                                           const uint32_t (*vf)[4], const T* Qs, const T* dOs, const float* L,
                                           const float* R, float (*dk)[4], float (*dv)[4], float (*dpt)[4]) {
   constexpr int RS = D + 8;
+  const uint32_t keep = kDrop ? keep_bits_keys(a, b, h, i0, j0, g, t) : 0u;
   float st[8][4];
 #pragma unroll
   for (int n = 0; n < 8; ++n)
@@ -144,16 +145,13 @@ __device__ __forceinline__ void dkdv_tile(const Args& a, int b, int h, int i0, i
     for (int e = 0; e < 4; ++e) st[n][e] = fast_exp2(fmaf(st[n][e], a.scale_log2, -L[n * 8 + 2 * t + (e & 1)]));
   if constexpr (kDrop) {
 #pragma unroll
-    for (int n = 0; n < 8; ++n) {
-      float z[4];
-      keep_factors_keys(a, b, h, i0 + n * 8, j0, g, t, z);
+    for (int n = 0; n < 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const float p = st[n][e];
-        st[n][e] = p * z[e];
-        dpt[n][e] = p * (z[e] * dpt[n][e] - R[n * 8 + 2 * t + (e & 1)]);
+        const float p = st[n][e], z = keep_factor(a, keep, n, e);
+        st[n][e] = p * z;
+        dpt[n][e] = p * (z * dpt[n][e] - R[n * 8 + 2 * t + (e & 1)]);
       }
-    }
   } else {
 #pragma unroll
     for (int n = 0; n < 8; ++n)
