@@ -8,6 +8,9 @@
 //   against tests/reference/bert_torch.py bench_cuda (autocast bf16, SDPA) with fused AdamW
 //   and with a LAMB of torch._foreach ops; no padding, the same 1 in 7 positions masked on
 //   both sides, the masked-LM head on those rows only.
+// Both sides run without dropout, or with Megatron's hidden and attention dropout at --dropout
+// P (PyTorch: F.dropout after the embeddings, the attention projection and fc2, SDPA's
+// dropout_p), as a run that keeps Megatron's defaults (0.1) trains.
 // Each row: sequences/s, tokens/s, MFU (6 N + 6 L C T FLOPs per token against the GPU's
 // dense peak, --peak-tflops), step time and the memory reserved. It checks the steady state:
 // raw device allocations (cudaMalloc) during the timed steps. --profile then runs
@@ -23,7 +26,7 @@
 //   build/bin/gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]
 //                             [--steps 20] [--peak-tflops 989] [--torch true] [--profile]
 //                             [--optimizers adamw lamb] [--flash-dq separate ordered]
-//                             [--flash-forward-rows 16 32]
+//                             [--flash-forward-rows 16 32] [--dropout 0.1]
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -148,6 +151,7 @@ int main(int argc, char** argv) {
          {"separate", "ordered"});
   a.list("flash-forward-rows", "N", "the flash forward's rows a warp, one megabatch row each (ops::FlashForwardRows)",
          {"16", "32"});
+  a.option("dropout", "P", "hidden and attention dropout on both sides (Megatron's default: 0.1)", "0");
   a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
   a.option("profile-steps", "N", "steps under the profiler", "5");
   if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
@@ -159,6 +163,8 @@ int main(int argc, char** argv) {
       mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
     for (const std::string& r : rows)
       mb::check(r == "16" || r == "32", "--flash-forward-rows: 16 or 32, not '", r, "'");
+    const double dropout = a.get_double("dropout");
+    mb::check(dropout >= 0 && dropout < 1, "--dropout ", dropout, ": a probability in [0, 1)");
     const mb::Device dev = mb::select_device("cuda");
     mb::runtime::use_device(dev);
     const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
@@ -166,7 +172,7 @@ int main(int argc, char** argv) {
     mb::models::ModelConfig c = mb::models::preset(a.get("model"));
     const bool bert = c.family == "bert";
     mb::check(c.family == "gpt" || bert, "--model: a GPT or BERT preset, not ", c.preset, " (", c.family, ")");
-    c.hidden_dropout = c.attention_dropout = 0.0;  // as the PyTorch side
+    c.hidden_dropout = c.attention_dropout = dropout;  // as the PyTorch side
     if (const int64_t t = a.get_int("seq-length"); t > 0) c.seq_length = c.max_position_embeddings = t;
     const int64_t B = a.get_int("micro-batch-size"), T = c.seq_length, steps = a.get_int("steps");
     const int64_t profile_steps = a.has("profile") ? a.get_int("profile-steps") : 0;
@@ -196,10 +202,11 @@ int main(int argc, char** argv) {
     const double peak = std::stod(a.get("peak-tflops")) * 1e12;
     std::string names;
     for (const auto& n : optimizers) names += (names.empty() ? "" : ", ") + n;
-    std::printf("%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, %s, %lld timed steps; MFU against %.0f TFLOP/s\n",
-                c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype),
-                static_cast<long long>(B), static_cast<long long>(T), names.c_str(), static_cast<long long>(steps),
-                peak / 1e12);
+    std::printf(
+        "%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, %s, dropout %g, %lld timed steps; MFU against %.0f "
+        "TFLOP/s\n",
+        c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype), static_cast<long long>(B),
+        static_cast<long long>(T), names.c_str(), dropout, static_cast<long long>(steps), peak / 1e12);
     std::printf("%-40s %12s %12s %8s %10s %13s\n", "", "sequences/s", "tokens/s", "MFU", "step ms", "GiB reserved");
     auto row = [&](const std::string& name, double tps, double reserved) {
       std::printf("%-40s %12.1f %12.0f %7.1f%% %10.1f %13.2f\n", name.c_str(), tps / static_cast<double>(T), tps,
@@ -223,6 +230,7 @@ int main(int argc, char** argv) {
         std::vector<std::string> v = {py ? py : "/usr/bin/python3", src_dir + "/tests/reference/" + script, "bench_cuda"};
         v.insert(v.end(), shape.begin(), shape.end());
         v.insert(v.end(), extra.begin(), extra.end());
+        v.push_back(a.get("dropout"));  // the scripts' last argument
         return v;
       };
       if (bert) {

@@ -5,7 +5,8 @@
 # compiles for this GPU: the T4 path; and test_gpu's flash training test again with the opt-in
 # flash variants), gpu_train_bench (GPT-2 124M bf16 at micro-batch 8 and 16 against PyTorch on the
 # same GPU, each with its --profile table), BERT-large (seq 128, micro-batch 64) with LAMB and
-# AdamW against PyTorch's fused AdamW and a torch._foreach LAMB, and
+# AdamW against PyTorch's fused AdamW and a torch._foreach LAMB (again, and GPT-2 at micro-batch 8,
+# with Megatron's default dropout 0.1 on both sides), and
 # cross_entropy_bench (the LM head's fused cross entropy against its five pieces),
 # attention_bench (the flash kernels against PyTorch's SDPA; with grouped-query attention,
 # 4 key/value heads, against SDPA's enable_gqa; with documents of 512 tokens packed in rows of
@@ -75,6 +76,14 @@ if [[ $filter == "*" && $parts != tests ]]; then
   timed gpu_train_bench_bert "$b/run.sh" bin/gpu_train_bench --model bert-large --seq-length 128 --micro-batch-size 64 \
     --optimizers lamb adamw || echo "gpu_train_bench --model bert-large failed (exit $?)"
   cat "$logs/gpu_train_bench_bert.log"
+  # with Megatron's default dropout (0.1, hidden and attention) on both sides, the default flash kernels only
+  timed gpu_train_bench_bert_dropout "$b/run.sh" bin/gpu_train_bench --model bert-large --seq-length 128 \
+    --micro-batch-size 64 --optimizers lamb adamw --flash-dq separate --flash-forward-rows 16 --dropout 0.1 ||
+    echo "gpu_train_bench --model bert-large --dropout 0.1 failed (exit $?)"
+  cat "$logs/gpu_train_bench_bert_dropout.log"
+  timed gpu_train_bench_dropout "$b/run.sh" bin/gpu_train_bench --torch-modes sdpa --flash-dq separate \
+    --flash-forward-rows 16 --dropout 0.1 || echo "gpu_train_bench --dropout 0.1 failed (exit $?)"
+  cat "$logs/gpu_train_bench_dropout.log"
   timed cross_entropy_bench "$b/run.sh" bin/cross_entropy_bench --device cuda || echo "cross_entropy_bench failed (exit $?)"
   cat "$logs/cross_entropy_bench.log"
   timed attention_bench "$b/run.sh" bin/attention_bench || echo "attention_bench failed (exit $?)"

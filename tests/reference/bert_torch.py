@@ -29,16 +29,20 @@ def layer_norm(x, P, name, eps):
     return F.layer_norm(x, (x.shape[-1],), P[name + ".weight"], P[name + ".bias"], eps)
 
 
-def forward(P, tokens, types, pad, labels, sop_labels, layers, heads, eps, post_ln, sdpa=False, rows=None):
+def forward(P, tokens, types, pad, labels, sop_labels, layers, heads, eps, post_ln, sdpa=False, rows=None,
+            dropout=0.0):
     """pad None: no padding. sdpa: F.scaled_dot_product_attention. rows: the flat positions of
-    the LM head (the masked ones; default all, labels -1 ignored)."""
+    the LM head (the masked ones; default all, labels -1 ignored). dropout: Megatron's hidden and
+    attention dropout, both p (the benchmark's; PyTorch's masks are not megabatch's)."""
     B, T = tokens.shape
+    drop = (lambda t: F.dropout(t, dropout)) if dropout else (lambda t: t)
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
     D = C // heads
     x = wte[tokens] + P["embedding.position_embeddings.weight"][:T] + P["embedding.tokentype_embeddings.weight"][types]
     if post_ln:
         x = layer_norm(x, P, "embedding.layernorm", eps)
+    x = drop(x)
     keymask = None if pad is None else pad.bool()[:, None, None, :]  # (B, 1, 1, T): attend to real tokens only
     for l in range(layers):
         p = f"encoder.layers.{l}."
@@ -47,18 +51,19 @@ def forward(P, tokens, types, pad, labels, sop_labels, layers, heads, eps, post_
         qkv = qkv.view(B, T, heads, 3, D)
         q, k, v = (qkv[:, :, :, i, :].transpose(1, 2) for i in range(3))
         if sdpa:
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keymask).transpose(1, 2).reshape(B, T, C)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=keymask, dropout_p=dropout)
+            a = a.transpose(1, 2).reshape(B, T, C)
         else:
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             if keymask is not None:
                 s = s.masked_fill(~keymask, float("-inf"))
-            a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = x + F.linear(a, P[p + "self_attention.linear_proj.weight"], P[p + "self_attention.linear_proj.bias"])
+            a = (drop(torch.softmax(s, dim=-1)) @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + drop(F.linear(a, P[p + "self_attention.linear_proj.weight"], P[p + "self_attention.linear_proj.bias"]))
         if post_ln:
             x = layer_norm(x, P, p + "input_layernorm", eps)
         h = x if post_ln else layer_norm(x, P, p + "pre_mlp_layernorm", eps)
         h = F.gelu(F.linear(h, P[p + "mlp.linear_fc1.weight"], P[p + "mlp.linear_fc1.bias"]), approximate="tanh")
-        x = x + F.linear(h, P[p + "mlp.linear_fc2.weight"], P[p + "mlp.linear_fc2.bias"])
+        x = x + drop(F.linear(h, P[p + "mlp.linear_fc2.weight"], P[p + "mlp.linear_fc2.bias"]))
         if post_ln:
             x = layer_norm(x, P, p + "pre_mlp_layernorm", eps)
     if not post_ln:
@@ -102,7 +107,7 @@ def bench_params(layers, hidden, seq, vocab, post_ln, device):
     return P, g
 
 
-def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, optimizer, post_ln, mask_every):
+def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, optimizer, post_ln, mask_every, dropout):
     dev = torch.device("cuda")
     P, g = bench_params(layers, hidden, seq, vocab, post_ln, dev)
     if optimizer == "adamw":
@@ -120,7 +125,8 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, optimizer
     def step():
         opt.zero_grad(set_to_none=True)
         with ctx:
-            lm, so = forward(P, tokens, types, None, labels, sop, layers, heads, 1e-5, post_ln, sdpa=True, rows=rows)
+            lm, so = forward(P, tokens, types, None, labels, sop, layers, heads, 1e-5, post_ln, sdpa=True, rows=rows,
+                             dropout=dropout)
         (lm + so).backward()
         torch.nn.utils.clip_grad_norm_(P.values(), 1.0)
         opt.step()
@@ -132,7 +138,8 @@ def main():
     if sys.argv[1] == "bench_cuda":
         a = sys.argv[2:]
         layers, hidden, heads, seq, vocab, batch, steps = (int(x) for x in a[:7])
-        return bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, a[7], a[8], a[9] == "1", int(a[10]))
+        dropout = float(a[11]) if len(a) > 11 else 0.0
+        return bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, a[7], a[8], a[9] == "1", int(a[10]), dropout)
     torch.set_num_threads(1)
     f = h5py.File(sys.argv[2], "r")
     a = dict(f.attrs)

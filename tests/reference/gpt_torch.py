@@ -80,8 +80,11 @@ def rotate(t, rotary_dim, base, interleaved=False, factor=1):
 
 def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rotary_dim=0, rotary_base=10000.0,
             query_groups=0, layernorm_1p=False, squared_relu=False, rotary_interleaved=False, rotary_factor=1,
-            residual_post_norm=False, positions=None, reset_attention_eod=-1):
+            residual_post_norm=False, positions=None, reset_attention_eod=-1, dropout=0.0):
+    """dropout: Megatron's hidden and attention dropout, both p (the benchmark's; the gradient
+    checks run without, since PyTorch's masks are not megabatch's)."""
     B, T = tokens.shape
+    drop = (lambda t: F.dropout(t, dropout)) if dropout else (lambda t: t)
     wte = P["embedding.word_embeddings.weight"]
     C = wte.shape[1]
     D = C // heads
@@ -96,6 +99,7 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
     if "embedding.position_embeddings.weight" in P:  # learned positions (not with rope or NoPE)
         wpe = P["embedding.position_embeddings.weight"]
         x = x + (wpe[:T] if positions is None else wpe[positions])  # positions (B, T): --reset-position-ids
+    x = drop(x)
     attend = torch.ones(T, T, dtype=torch.bool, device=tokens.device).tril().expand(B, T, T).clone()
     if reset_attention_eod >= 0:  # Megatron's loop: the rows after an end of document see nothing up to it
         for b in range(B):
@@ -113,13 +117,14 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
         if rotary_dim:
             q, k = (rotate(t, rotary_dim, rotary_base, rotary_interleaved, rotary_factor) for t in (q, k))
         if sdpa:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
+            a = a.transpose(1, 2).reshape(B, T, C)
         else:
             s = (q @ k.transpose(-1, -2)) / math.sqrt(D)
             s = s.masked_fill(~attend[:, None], float("-inf"))
-            a = (torch.softmax(s, dim=-1) @ v).transpose(1, 2).reshape(B, T, C)
-        x = (h if residual_post_norm else x) + F.linear(a, P[p + "self_attention.linear_proj.weight"],
-                                                        P.get(p + "self_attention.linear_proj.bias"))
+            a = (drop(torch.softmax(s, dim=-1)) @ v).transpose(1, 2).reshape(B, T, C)
+        x = (h if residual_post_norm else x) + drop(F.linear(a, P[p + "self_attention.linear_proj.weight"],
+                                                             P.get(p + "self_attention.linear_proj.bias")))
         h = norm(x, p + "pre_mlp_layernorm")
         residual = h if residual_post_norm else x
         h = F.linear(h, P[p + "mlp.linear_fc1.weight"], P.get(p + "mlp.linear_fc1.bias"))
@@ -128,7 +133,7 @@ def forward(P, tokens, labels, layers, heads, eps, sdpa=False, swiglu=False, rot
             h = F.silu(h[..., 0::2]) * h[..., 1::2]
         else:
             h = F.relu(h) ** 2 if squared_relu else F.gelu(h, approximate="tanh")
-        x = residual + F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias"))
+        x = residual + drop(F.linear(h, P[p + "mlp.linear_fc2.weight"], P.get(p + "mlp.linear_fc2.bias")))
     x = norm(x, "decoder.final_layernorm")
     logits = x @ P.get("output_layer.weight", wte).t()  # untied: the output layer's own (Megatron's name)
     return F.cross_entropy(logits.view(B * T, -1), labels.reshape(-1), ignore_index=-1)
@@ -181,7 +186,7 @@ def bench_params(layers, hidden, seq, vocab, device):
     return P, g
 
 
-def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention):
+def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention, dropout):
     dev = torch.device("cuda")
     P, g = bench_params(layers, hidden, seq, vocab, dev)
     opt = torch.optim.AdamW(P.values(), lr=1e-4, fused=True)
@@ -190,7 +195,7 @@ def bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, dtype, attention
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if dtype == "bf16" else torch.autocast("cuda", enabled=False)
     # attention: "explicit" (megabatch's form), "sdpa" (scaled_dot_product_attention) or
     # "compile" (sdpa, the forward and loss through torch.compile; compiled in the warm-up)
-    fwd = lambda: forward(P, tokens, labels, layers, heads, 1e-5, sdpa=attention != "explicit")
+    fwd = lambda: forward(P, tokens, labels, layers, heads, 1e-5, sdpa=attention != "explicit", dropout=dropout)
     if attention == "compile":
         fwd = torch.compile(fwd)
     def step():
@@ -207,7 +212,8 @@ def main():
     mode = sys.argv[1]
     if mode == "bench_cuda":
         layers, hidden, heads, seq, vocab, batch, steps = (int(x) for x in sys.argv[2:9])
-        return bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, sys.argv[9], sys.argv[10])
+        dropout = float(sys.argv[11]) if len(sys.argv) > 11 else 0.0
+        return bench_cuda(layers, hidden, heads, seq, vocab, batch, steps, sys.argv[9], sys.argv[10], dropout)
     torch.set_num_threads(int(sys.argv[9]) if mode == "bench" else 1)
     if mode == "grads":
         f, a, P = load(sys.argv[2])
