@@ -205,10 +205,10 @@ __device__ __forceinline__ uint32_t keep_nibble_keys(const Args& a, int b, int h
     for (int r = 1; r < 4; ++r) got[r] = __shfl_xor_sync(0xffffffffu, word_at(w, k ^ r), 4 * r);
 #pragma unroll
     for (int e = 0; e < 4; ++e) m |= kept(a, word_at(got, e ^ k)) << e;
-  } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) m |= keep_bit(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1)) << e;
+    return m;
   }
+#pragma unroll
+  for (int e = 0; e < 4; ++e) m |= keep_bit(a, b, h, i0 + 2 * t + (e & 1), j0 + g + 8 * (e >> 1)) << e;
   return m;
 }
 
@@ -231,7 +231,8 @@ __device__ __forceinline__ uint32_t keep_bits_keys(const Args& a, int b, int h, 
   for (int n = 0; n < 8; ++n) m |= keep_nibble_keys(a, b, h, i0 + 8 * n, j0, g, t) << (4 * n);
   return m;
 }
-// the dropout factor of score s[n][e] (0 or 1 / (1 - p)) from keep_bits_*'s bits
+// the dropout factor of score s[n][e] (0 or 1 / (1 - p)) from keep_bits_*'s bits (n = 0: from
+// one keep_nibble_*)
 __device__ __forceinline__ float keep_factor(const Args& a, uint32_t bits, int n, int e) {
   return bits >> (4 * n + e) & 1u ? a.keep_scale : 0.0f;
 }
