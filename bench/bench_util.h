@@ -8,10 +8,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iostream>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "core/util/args.h"
 
 namespace megabatch::bench {
 
@@ -63,17 +64,21 @@ inline ChildResult run_child(std::vector<std::string> args, std::vector<std::str
   return r;
 }
 
-// Parses a benchmark's flags. Returns the exit
-// code when the program should stop (after --help: 0; on a bad flag: 2, message printed).
-template <typename Parser>
-std::optional<int> parse_flags(Parser& a, int argc, char** argv) {
+// A benchmark's main: runs body(), which parses and reads every flag before it touches a
+// device (a typo is reported as such, not as a missing GPU, and before the minutes a run takes).
+// A bad flag (FlagError: its message names the program already) exits 2, any other error 1,
+// each message printed once.
+template <typename Body>
+int guarded_main(const std::string& program, Body body) {
   try {
-    if (!a.parse(argc, argv)) return 0;
-  } catch (const std::exception& e) {
+    return body();
+  } catch (const FlagError& e) {
     std::cerr << e.what() << "\n";
     return 2;
+  } catch (const std::exception& e) {
+    std::cerr << program << ": " << e.what() << "\n";
+    return 1;
   }
-  return std::nullopt;
 }
 
 // The number after "key " in a child's output.

@@ -64,9 +64,8 @@ double largest_difference(const std::vector<float>& a, const std::vector<float>&
   return m > 0 ? d / m : d;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The benchmark, its flags read and checked first (guarded_main prints what it throws).
+int run(int argc, char** argv) {
   mb::ArgParser a("cross_entropy_bench",
                   "usage: cross_entropy_bench [--device cpu|cuda] [--rows N] [--vocab V] [--dtype f32|bf16|f16] [--reps N]");
   a.option("device", "D", "cpu or cuda (cuda:N)", "cpu");
@@ -74,63 +73,66 @@ int main(int argc, char** argv) {
   a.option("vocab", "V", "row width (the vocabulary); default 32735 on a CPU, 50304 on a GPU", "0");
   a.option("dtype", "T", "the logits' type: f32 on a CPU (half types are emulated there), bf16 default on a GPU", "");
   a.option("reps", "N", "timed calls (median reported)", "20");
-  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
-  try {
-    const mb::Device dev = mb::select_device(a.get("device"));
-    mb::runtime::use_device(dev);
-    const bool gpu = dev.is_cuda();
-    const int64_t n = a.get_int("rows") > 0 ? a.get_int("rows") : (gpu ? 8192 : 256);
-    const int64_t V = a.get_int("vocab") > 0 ? a.get_int("vocab") : (gpu ? 50304 : 32735);
-    const std::string dtype_name = a.get("dtype").empty() ? (gpu ? "bf16" : "f32") : a.get("dtype");
-    const mb::DType dtype = dtype_name == "f32"    ? mb::DType::kF32
-                            : dtype_name == "bf16" ? mb::DType::kBF16
-                            : dtype_name == "f16"  ? mb::DType::kF16
-                                                   : (mb::fail("--dtype: f32, bf16 or f16, not '", dtype_name, "'"),
-                                                      mb::DType::kF32);
-    const int reps = static_cast<int>(a.get_int("reps"));
-    mb::check(reps >= 1, "--reps: at least 1");
+  if (!a.parse(argc, argv)) return 0;
+  const int64_t rows = a.get_int("rows"), vocab = a.get_int("vocab");
+  mb::check(rows >= 0, "--rows ", rows, ": a number of rows, or 0 for the device's default");
+  mb::check(vocab >= 0, "--vocab ", vocab, ": a row width, or 0 for the device's default");
+  const std::string given_dtype = a.get("dtype");
+  if (!given_dtype.empty()) a.get_choice("dtype", {"f32", "bf16", "f16"});
+  const int reps = static_cast<int>(a.get_int("reps"));
+  mb::check(reps >= 1, "--reps ", reps, ": at least 1");
+  const mb::Device dev = mb::select_device(a.get("device"));
+  mb::runtime::use_device(dev);
+  const bool gpu = dev.is_cuda();
+  const int64_t n = rows > 0 ? rows : (gpu ? 8192 : 256);
+  const int64_t V = vocab > 0 ? vocab : (gpu ? 50304 : 32735);
+  const std::string dtype_name = given_dtype.empty() ? (gpu ? "bf16" : "f32") : given_dtype;
+  const mb::DType dtype = dtype_name == "f32"    ? mb::DType::kF32
+                          : dtype_name == "bf16" ? mb::DType::kBF16
+                                                 : mb::DType::kF16;
 
-    std::mt19937 g(1);
-    std::normal_distribution<float> nd(0.0f, 2.0f);
-    std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
-    std::vector<float> pool(1 << 20), values(static_cast<size_t>(n * V));  // GPT-2's 412M logits: drawn from a pool
-    for (auto& x : pool) x = nd(g);
-    for (size_t k = 0; k < values.size(); ++k) values[k] = pool[(k * 2654435761u) & (pool.size() - 1)];
-    std::vector<int32_t> targets(static_cast<size_t>(n));
-    for (auto& t : targets) t = pick(g);
-    targets[0] = -1;  // one ignored row, as padding gives them
-    const mb::Tensor pristine = mb::from_host(values, {n, V}, dtype, dev);
-    const mb::Tensor tg = mb::from_host(targets, {n}, dev);
-    const mb::Tensor loss_scale = mb::from_host(std::vector<float>{1.0f}, {1}, mb::DType::kF32, dev);
-    const float scale = 1.0f / static_cast<float>(n);
+  std::mt19937 g(1);
+  std::normal_distribution<float> nd(0.0f, 2.0f);
+  std::uniform_int_distribution<int32_t> pick(0, static_cast<int32_t>(V - 1));
+  std::vector<float> pool(1 << 20), values(static_cast<size_t>(n * V));  // GPT-2's 412M logits: drawn from a pool
+  for (auto& x : pool) x = nd(g);
+  for (size_t k = 0; k < values.size(); ++k) values[k] = pool[(k * 2654435761u) & (pool.size() - 1)];
+  std::vector<int32_t> targets(static_cast<size_t>(n));
+  for (auto& t : targets) t = pick(g);
+  targets[0] = -1;  // one ignored row, as padding gives them
+  const mb::Tensor pristine = mb::from_host(values, {n, V}, dtype, dev);
+  const mb::Tensor tg = mb::from_host(targets, {n}, dev);
+  const mb::Tensor loss_scale = mb::from_host(std::vector<float>{1.0f}, {1}, mb::DType::kF32, dev);
+  const float scale = 1.0f / static_cast<float>(n);
 
-    mb::Tensor rowmax({n}, mb::DType::kF32, dev), sumexp({n}, mb::DType::kF32, dev), target({n}, mb::DType::kF32, dev);
-    const Result pieces = time_it(pristine, reps, [&](const mb::Tensor& l, const mb::Tensor& losses) {
-      ops::ce_row_max(rowmax, l);
-      ops::ce_target_logit(target, l, tg, 0);
-      ops::ce_exps(sumexp, l, rowmax);
-      ops::ce_loss(losses, rowmax, sumexp, target, tg, -1);
-      ops::ce_backward_exps(l, l, sumexp, tg, 0, -1, scale, loss_scale);
-    });
-    const Result whole = time_it(pristine, reps, [&](const mb::Tensor& l, const mb::Tensor& losses) {
-      ops::ce_whole_rows(losses, l, tg, -1, true, scale, loss_scale);
-    });
+  mb::Tensor rowmax({n}, mb::DType::kF32, dev), sumexp({n}, mb::DType::kF32, dev), target({n}, mb::DType::kF32, dev);
+  const Result pieces = time_it(pristine, reps, [&](const mb::Tensor& l, const mb::Tensor& losses) {
+    ops::ce_row_max(rowmax, l);
+    ops::ce_target_logit(target, l, tg, 0);
+    ops::ce_exps(sumexp, l, rowmax);
+    ops::ce_loss(losses, rowmax, sumexp, target, tg, -1);
+    ops::ce_backward_exps(l, l, sumexp, tg, 0, -1, scale, loss_scale);
+  });
+  const Result whole = time_it(pristine, reps, [&](const mb::Tensor& l, const mb::Tensor& losses) {
+    ops::ce_whole_rows(losses, l, tg, -1, true, scale, loss_scale);
+  });
 
-    const double bytes = 2.0 * static_cast<double>(n * V) * static_cast<double>(mb::dtype_size(dtype));
-    const std::string where = gpu ? mb::runtime::gpu_info(dev.index).name : mb::ops::cpu::cpu_and_blas();
-    std::printf("cross entropy and gradient on %s (%s), %lld rows x %lld, %s; median of %d calls\n", dev.str().c_str(),
-                where.c_str(), static_cast<long long>(n), static_cast<long long>(V),
-                dtype_name.c_str(), reps);
-    std::printf("%-34s %10s %12s %10s\n", "", "ms", "GB/s (r+w)", "speedup");
-    std::printf("%-34s %10.3f %12.1f %10s\n", "pieces (reference, 5 calls)", pieces.seconds * 1e3,
-                bytes / pieces.seconds / 1e9, "1.00x");
-    std::printf("%-34s %10.3f %12.1f %9.2fx\n", "ce_whole_rows", whole.seconds * 1e3, bytes / whole.seconds / 1e9,
-                pieces.seconds / whole.seconds);
-    std::printf("largest difference, relative to the largest value: losses %.2e, gradient %.2e\n",
-                largest_difference(whole.losses, pieces.losses), largest_difference(whole.grad, pieces.grad));
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "cross_entropy_bench: error: %s\n", e.what());
-    return 1;
-  }
+  const double bytes = 2.0 * static_cast<double>(n * V) * static_cast<double>(mb::dtype_size(dtype));
+  const std::string where = gpu ? mb::runtime::gpu_info(dev.index).name : mb::ops::cpu::cpu_and_blas();
+  std::printf("cross entropy and gradient on %s (%s), %lld rows x %lld, %s; median of %d calls\n", dev.str().c_str(),
+              where.c_str(), static_cast<long long>(n), static_cast<long long>(V), dtype_name.c_str(), reps);
+  std::printf("%-34s %10s %12s %10s\n", "", "ms", "GB/s (r+w)", "speedup");
+  std::printf("%-34s %10.3f %12.1f %10s\n", "pieces (reference, 5 calls)", pieces.seconds * 1e3,
+              bytes / pieces.seconds / 1e9, "1.00x");
+  std::printf("%-34s %10.3f %12.1f %9.2fx\n", "ce_whole_rows", whole.seconds * 1e3, bytes / whole.seconds / 1e9,
+              pieces.seconds / whole.seconds);
+  std::printf("largest difference, relative to the largest value: losses %.2e, gradient %.2e\n",
+              largest_difference(whole.losses, pieces.losses), largest_difference(whole.grad, pieces.grad));
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mb::bench::guarded_main("cross_entropy_bench", [&] { return run(argc, argv); });
 }

@@ -79,13 +79,6 @@ class FixedSource final : public mb::train::BatchSource {
   mb::train::Batch b_;
 };
 
-mb::DType parse_dtype(const std::string& s) {
-  if (s == "f32") return mb::DType::kF32;
-  if (s == "bf16") return mb::DType::kBF16;
-  if (s == "fp16") return mb::DType::kF16;
-  mb::fail("--dtype: f32, bf16 or fp16, not '", s, "'");
-}
-
 struct Measured {
   double tokens_per_second = 0;
   mb::runtime::AllocStats before, after;
@@ -133,9 +126,9 @@ Measured measure(const mb::models::ModelConfig& c, mb::DType dtype, mb::Device d
   return m;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The benchmark, its flags read and checked first (guarded_main prints what it throws): a
+// typo fails at once, not after the rows before it have run.
+int run(int argc, char** argv) {
   mb::ArgParser a("gpu_train_bench", "usage: gpu_train_bench [--model gpt2-124m] [--micro-batch-size 8] [--dtype bf16]");
   a.option("model", "PRESET", "GPT or BERT preset", "gpt2-124m");
   a.option("micro-batch-size", "N", "samples per step", "8");
@@ -154,119 +147,130 @@ int main(int argc, char** argv) {
   a.option("dropout", "P", "hidden and attention dropout on both sides (Megatron's default: 0.1)", "0");
   a.flag("profile", "after the timed steps, print GPU time per op family over --profile-steps more steps");
   a.option("profile-steps", "N", "steps under the profiler", "5");
-  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
-  try {
-    const std::vector<std::string> dq = a.get_list("flash-dq"), rows = a.get_list("flash-forward-rows");
-    mb::check(!dq.empty(), "--flash-dq: separate, ordered or both");
-    mb::check(!rows.empty(), "--flash-forward-rows: 16, 32 or both");
-    for (const std::string& how : dq)
-      mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
-    for (const std::string& r : rows)
-      mb::check(r == "16" || r == "32", "--flash-forward-rows: 16 or 32, not '", r, "'");
-    const double dropout = a.get_double("dropout");
-    mb::check(dropout >= 0 && dropout < 1, "--dropout ", dropout, ": a probability in [0, 1)");
-    const mb::Device dev = mb::select_device("cuda");
-    mb::runtime::use_device(dev);
-    const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
-    const mb::DType dtype = parse_dtype(a.get("dtype"));
-    mb::models::ModelConfig c = mb::models::preset(a.get("model"));
-    const bool bert = c.family == "bert";
-    mb::check(c.family == "gpt" || bert, "--model: a GPT or BERT preset, not ", c.preset, " (", c.family, ")");
-    c.hidden_dropout = c.attention_dropout = dropout;  // as the PyTorch side
-    if (const int64_t t = a.get_int("seq-length"); t > 0) c.seq_length = c.max_position_embeddings = t;
-    const int64_t B = a.get_int("micro-batch-size"), T = c.seq_length, steps = a.get_int("steps");
-    const int64_t profile_steps = a.has("profile") ? a.get_int("profile-steps") : 0;
-    mb::check(!a.has("profile") || profile_steps >= 1, "--profile-steps must be at least 1, got ", profile_steps);
-    const std::vector<std::string> optimizers = a.get_list("optimizers");
-    mb::check(!optimizers.empty(), "--optimizers: name at least one optimizer plugin");
-    std::vector<std::pair<std::string, Measured>> ours;  // (row name, what it measured)
-    for (const std::string& r : rows) {
-      mb::ops::set_flash_forward_rows(r == "32" ? mb::ops::FlashForwardRows::k32 : mb::ops::FlashForwardRows::k16);
-      for (const std::string& how : dq) {
-        mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
-        for (const std::string& name : optimizers) {
-          std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
-          if (how == "ordered") row += ", ordered dQ";
-          if (r == "32") row += ", 32 fwd rows";
-          ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
-        }
+  if (!a.parse(argc, argv)) return 0;
+  const std::vector<std::string> dq = a.get_list("flash-dq"), rows = a.get_list("flash-forward-rows");
+  for (const std::string& how : dq)
+    mb::check(how == "separate" || how == "ordered", "--flash-dq: separate or ordered, not '", how, "'");
+  for (const std::string& r : rows) mb::check(r == "16" || r == "32", "--flash-forward-rows: 16 or 32, not '", r, "'");
+  const double dropout = a.get_double("dropout");
+  mb::check(dropout >= 0 && dropout < 1, "--dropout ", dropout, ": a probability in [0, 1)");
+  const std::string dname = a.get_choice("dtype", {"f32", "bf16", "fp16"});
+  const mb::DType dtype = dname == "f32" ? mb::DType::kF32 : dname == "bf16" ? mb::DType::kBF16 : mb::DType::kF16;
+  mb::models::ModelConfig c = mb::models::preset(a.get("model"));
+  const bool bert = c.family == "bert";
+  mb::check(c.family == "gpt" || bert, "--model: a GPT or BERT preset, not ", c.preset, " (", c.family, ")");
+  c.hidden_dropout = c.attention_dropout = dropout;  // as the PyTorch side
+  if (const int64_t t = a.get_int("seq-length"); t > 0) c.seq_length = c.max_position_embeddings = t;
+  const int64_t B = a.get_int("micro-batch-size"), T = c.seq_length, steps = a.get_int("steps");
+  mb::check(B >= 1, "--micro-batch-size ", B, ": at least 1");
+  mb::check(steps >= 1, "--steps ", steps, ": at least 1");
+  const int64_t profile_steps = a.has("profile") ? a.get_int("profile-steps") : 0;
+  mb::check(!a.has("profile") || profile_steps >= 1, "--profile-steps must be at least 1, got ", profile_steps);
+  const double peak = a.get_double("peak-tflops") * 1e12;
+  mb::check(peak > 0, "--peak-tflops: the GPU's dense peak in TFLOP/s, above 0");
+  const bool with_torch = a.get_choice("torch", {"true", "false"}) == "true";
+  const std::vector<std::string> torch_modes = a.get_list("torch-modes");
+  for (const std::string& mode : torch_modes)
+    mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
+              "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
+  const std::vector<std::string> optimizers = a.get_list("optimizers");
+  for (const std::string& name : optimizers)  // each found and loadable (its error names what to do)
+    mb::optim::load_plugin(name, mb::optim::plugin_search_path());
+  const mb::Device dev = mb::select_device("cuda");
+  mb::runtime::use_device(dev);
+  const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
+  std::vector<std::pair<std::string, Measured>> ours;  // (row name, what it measured)
+  for (const std::string& r : rows) {
+    mb::ops::set_flash_forward_rows(r == "32" ? mb::ops::FlashForwardRows::k32 : mb::ops::FlashForwardRows::k16);
+    for (const std::string& how : dq) {
+      mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
+      for (const std::string& name : optimizers) {
+        std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
+        if (how == "ordered") row += ", ordered dQ";
+        if (r == "32") row += ", 32 fwd rows";
+        ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
       }
     }
-    mb::ops::set_flash_dq(mb::ops::FlashDq::kSeparate);
-    mb::ops::set_flash_forward_rows(mb::ops::FlashForwardRows::k16);
-
-    mb::comm::LocalCommunicator tp;
-    const double N = static_cast<double>(mb::models::declare_model(c, tp)->parameters().num_full_parameters());
-    const double flops_per_token =
-        6.0 * N + 6.0 * static_cast<double>(c.num_layers * c.hidden_size * T);
-    const double peak = std::stod(a.get("peak-tflops")) * 1e12;
-    std::string names;
-    for (const auto& n : optimizers) names += (names.empty() ? "" : ", ") + n;
-    std::printf(
-        "%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, %s, dropout %g, %lld timed steps; MFU against %.0f "
-        "TFLOP/s\n",
-        c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype), static_cast<long long>(B),
-        static_cast<long long>(T), names.c_str(), dropout, static_cast<long long>(steps), peak / 1e12);
-    std::printf("%-40s %12s %12s %8s %10s %13s\n", "", "sequences/s", "tokens/s", "MFU", "step ms", "GiB reserved");
-    auto row = [&](const std::string& name, double tps, double reserved) {
-      std::printf("%-40s %12.1f %12.0f %7.1f%% %10.1f %13.2f\n", name.c_str(), tps / static_cast<double>(T), tps,
-                  100.0 * tps * flops_per_token / peak, 1e3 * static_cast<double>(B * T) / tps, reserved / (1 << 30));
-    };
-    int status = 0;
-    for (const auto& [name, m] : ours) {
-      row(name, m.tokens_per_second, static_cast<double>(m.after.bytes_reserved));
-      if (m.after.raw_allocs != m.before.raw_allocs) status = 1;
-    }
-    if (a.get("torch") == "true") {
-      const std::string src_dir = MEGABATCH_SOURCE_DIR;
-      const char* py = std::getenv("MEGABATCH_PYTHON");
-      // GPT: one run per attention mode, with fused AdamW; BERT: SDPA, one run per optimizer
-      std::vector<std::pair<std::string, std::vector<std::string>>> runs;
-      const std::vector<std::string> shape = {std::to_string(c.num_layers), std::to_string(c.hidden_size),
-                                              std::to_string(c.num_attention_heads), std::to_string(T),
-                                              std::to_string(c.padded_vocab_size()), std::to_string(B),
-                                              std::to_string(steps), a.get("dtype")};
-      auto args = [&](const std::string& script, std::vector<std::string> extra) {
-        std::vector<std::string> v = {py ? py : "/usr/bin/python3", src_dir + "/tests/reference/" + script, "bench_cuda"};
-        v.insert(v.end(), shape.begin(), shape.end());
-        v.insert(v.end(), extra.begin(), extra.end());
-        v.push_back(a.get("dropout"));  // the scripts' last argument
-        return v;
-      };
-      if (bert) {
-        const std::string every = std::to_string(kMaskEvery), post = c.post_layernorm ? "1" : "0";
-        runs.push_back({"PyTorch AdamW (fused), SDPA", args("bert_torch.py", {"adamw", post, every})});
-        runs.push_back({"PyTorch LAMB (torch._foreach), SDPA", args("bert_torch.py", {"lamb", post, every})});
-      } else {
-        for (const std::string& mode : a.get_list("torch-modes")) {
-          mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
-                    "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
-          runs.push_back({mode == "explicit" ? "PyTorch (explicit attention)"
-                          : mode == "sdpa"   ? "PyTorch (SDPA attention)"
-                                             : "PyTorch (SDPA, torch.compile)",
-                          args("gpt_torch.py", {mode})});
-        }
-      }
-      for (const auto& [name, cmd] : runs) {
-        try {
-          const auto r = mb::bench::run_child(cmd);
-          row(name, mb::bench::value_of(r.output, "tokens_per_second"), mb::bench::value_of(r.output, "peak_reserved_bytes"));
-        } catch (const std::exception& e) {  // the other rows still count; the run fails (its stderr is above)
-          const std::string what = e.what();
-          std::printf("%-40s failed: %s\n", name.c_str(), what.substr(0, 300).c_str());
-          status = 1;
-        }
-      }
-    }
-    const Measured& first = ours.front().second;
-    std::printf("raw device allocations during the timed steps (%s): %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
-                ours.front().first.c_str(), static_cast<long long>(first.after.raw_allocs - first.before.raw_allocs),
-                static_cast<long long>(first.after.raw_frees - first.before.raw_frees),
-                static_cast<double>(first.after.bytes_reserved) / (1 << 30));
-    if (!first.profile.empty()) std::printf("\n%s", first.profile.c_str());
-    return status;
-  } catch (const std::exception& e) {
-    std::cerr << "gpu_train_bench: " << e.what() << std::endl;
-    return 1;
   }
+  mb::ops::set_flash_dq(mb::ops::FlashDq::kSeparate);
+  mb::ops::set_flash_forward_rows(mb::ops::FlashForwardRows::k16);
+
+  mb::comm::LocalCommunicator tp;
+  const double N = static_cast<double>(mb::models::declare_model(c, tp)->parameters().num_full_parameters());
+  const double flops_per_token = 6.0 * N + 6.0 * static_cast<double>(c.num_layers * c.hidden_size * T);
+  std::string names;
+  for (const auto& n : optimizers) names += (names.empty() ? "" : ", ") + n;
+  std::printf(
+      "%s on %s (sm_%d%d), %s, micro batch %lld x seq %lld, %s, dropout %g, %lld timed steps; MFU against %.0f "
+      "TFLOP/s\n",
+      c.preset.c_str(), gpu.name.c_str(), gpu.major, gpu.minor, mb::dtype_name(dtype), static_cast<long long>(B),
+      static_cast<long long>(T), names.c_str(), dropout, static_cast<long long>(steps), peak / 1e12);
+  std::printf("%-40s %12s %12s %8s %10s %13s\n", "", "sequences/s", "tokens/s", "MFU", "step ms", "GiB reserved");
+  auto row = [&](const std::string& name, double tps, double reserved) {
+    std::printf("%-40s %12.1f %12.0f %7.1f%% %10.1f %13.2f\n", name.c_str(), tps / static_cast<double>(T), tps,
+                100.0 * tps * flops_per_token / peak, 1e3 * static_cast<double>(B * T) / tps, reserved / (1 << 30));
+  };
+  int status = 0;
+  for (const auto& [name, m] : ours) {
+    row(name, m.tokens_per_second, static_cast<double>(m.after.bytes_reserved));
+    if (m.after.raw_allocs != m.before.raw_allocs) status = 1;
+  }
+  if (with_torch) {
+    const std::string src_dir = MEGABATCH_SOURCE_DIR;
+    const char* py = std::getenv("MEGABATCH_PYTHON");
+    // GPT: one run per attention mode, with fused AdamW; BERT: SDPA, one run per optimizer
+    std::vector<std::pair<std::string, std::vector<std::string>>> runs;
+    const std::vector<std::string> shape = {std::to_string(c.num_layers),
+                                            std::to_string(c.hidden_size),
+                                            std::to_string(c.num_attention_heads),
+                                            std::to_string(T),
+                                            std::to_string(c.padded_vocab_size()),
+                                            std::to_string(B),
+                                            std::to_string(steps),
+                                            a.get("dtype")};
+    auto args = [&](const std::string& script, std::vector<std::string> extra) {
+      std::vector<std::string> v = {py ? py : "/usr/bin/python3", src_dir + "/tests/reference/" + script, "bench_cuda"};
+      v.insert(v.end(), shape.begin(), shape.end());
+      v.insert(v.end(), extra.begin(), extra.end());
+      v.push_back(a.get("dropout"));  // the scripts' last argument
+      return v;
+    };
+    if (bert) {
+      const std::string every = std::to_string(kMaskEvery), post = c.post_layernorm ? "1" : "0";
+      runs.push_back({"PyTorch AdamW (fused), SDPA", args("bert_torch.py", {"adamw", post, every})});
+      runs.push_back({"PyTorch LAMB (torch._foreach), SDPA", args("bert_torch.py", {"lamb", post, every})});
+    } else {
+      for (const std::string& mode : torch_modes) {
+        runs.push_back({mode == "explicit" ? "PyTorch (explicit attention)"
+                        : mode == "sdpa"   ? "PyTorch (SDPA attention)"
+                                           : "PyTorch (SDPA, torch.compile)",
+                        args("gpt_torch.py", {mode})});
+      }
+    }
+    for (const auto& [name, cmd] : runs) {
+      try {
+        const auto r = mb::bench::run_child(cmd);
+        row(name, mb::bench::value_of(r.output, "tokens_per_second"),
+            mb::bench::value_of(r.output, "peak_reserved_bytes"));
+      } catch (const std::exception& e) {  // the other rows still count; the run fails (its stderr is above)
+        const std::string what = e.what();
+        std::printf("%-40s failed: %s\n", name.c_str(), what.substr(0, 300).c_str());
+        status = 1;
+      }
+    }
+  }
+  const Measured& first = ours.front().second;
+  std::printf(
+      "raw device allocations during the timed steps (%s): %lld (cudaMalloc), %lld (cudaFree); %.1f GiB reserved\n",
+      ours.front().first.c_str(), static_cast<long long>(first.after.raw_allocs - first.before.raw_allocs),
+      static_cast<long long>(first.after.raw_frees - first.before.raw_frees),
+      static_cast<double>(first.after.bytes_reserved) / (1 << 30));
+  if (!first.profile.empty()) std::printf("\n%s", first.profile.c_str());
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mb::bench::guarded_main("gpu_train_bench", [&] { return run(argc, argv); });
 }

@@ -140,40 +140,43 @@ Measured measure(const std::string& preset, int steps, int threads, const std::s
   return m;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The benchmark, its flags read and checked first (guarded_main prints what it throws).
+int run(int argc, char** argv) {
   mb::ArgParser a("optim_bench", "usage: optim_bench [--threads N] [--steps N] [--models gpt-mini,gpt2-124m]");
   a.option("threads", "N", "threads for every side", "2");
   a.option("steps", "N", "timed steps (median reported)", "10");
   a.option("models", "LIST", "model presets whose parameters are stepped", "gpt-mini,gpt2-124m");
   a.option("device", "D", "cpu, or cuda: the step on a GPU beside its device-to-device copy", "cpu");
-  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
+  if (!a.parse(argc, argv)) return 0;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
-  omp_set_num_threads(threads);
-  const std::string shapes = "/tmp/optim_bench_shapes." + std::to_string(getpid());
-  mb::Device dev = mb::Device::cpu();
-  std::string where = std::to_string(threads) + " threads";
-  try {
-    dev = mb::select_device(a.get("device"));
-    if (dev.is_cuda()) {
-      mb::runtime::use_device(dev);
-      where = mb::runtime::gpu_info(dev.index).name;
-    }
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "optim_bench: %s\n", e.what());
-    return 1;
-  }
-  std::printf("optimizer step, fp32, %s, median of %d steps; bandwidth = bytes a step must move / time\n", where.c_str(),
-              steps);
-  std::printf("%-10s %-30s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
-  std::string models = a.get("models");
+  mb::check(threads >= 1, "--threads ", threads, ": at least 1");
+  mb::check(steps >= 1, "--steps ", steps, ": at least 1");
+  std::vector<std::string> presets;
+  const std::string models = a.get("models");
   for (size_t pos = 0; pos <= models.size();) {
     size_t comma = models.find(',', pos);
     if (comma == std::string::npos) comma = models.size();
-    const std::string preset = models.substr(pos, comma - pos);
+    presets.push_back(models.substr(pos, comma - pos));
+    mb::models::preset(presets.back());  // known (its error lists the presets)
     pos = comma + 1;
-    const Measured m = measure(preset, steps, threads, shapes, dev);
+  }
+  omp_set_num_threads(threads);
+  const mb::Device dev = mb::select_device(a.get("device"));
+  std::string where = std::to_string(threads) + " threads";
+  if (dev.is_cuda()) {
+    mb::runtime::use_device(dev);
+    where = mb::runtime::gpu_info(dev.index).name;
+  }
+  // the parameters' shapes for PyTorch's side, removed however the run ends
+  struct RemovedAtExit {
+    std::string path;
+    ~RemovedAtExit() { std::remove(path.c_str()); }
+  } const shapes{"/tmp/optim_bench_shapes." + std::to_string(getpid())};
+  std::printf("optimizer step, fp32, %s, median of %d steps; bandwidth = bytes a step must move / time\n", where.c_str(),
+              steps);
+  std::printf("%-10s %-30s %12s %10s %10s %12s\n", "params", "", "step ms", "B/param", "GB/s", "of copy");
+  for (const std::string& preset : presets) {
+    const Measured m = measure(preset, steps, threads, shapes.path, dev);
     const double P = static_cast<double>(m.params);
     char size[32];
     std::snprintf(size, sizeof size, "%.1fM", P / 1e6);
@@ -195,8 +198,15 @@ int main(int argc, char** argv) {
     }
   }
   if (dev.is_cpu())
-    std::printf("(PyTorch AdamW foreach: glibc malloc keeping what it frees, GLIBC_TUNABLES=%s; default malloc: glibc's defaults)\n",
-                mb::bench::kMallocKeepsFreed);
-  std::remove(shapes.c_str());
+    std::printf(
+        "(PyTorch AdamW foreach: glibc malloc keeping what it frees, GLIBC_TUNABLES=%s; default malloc: glibc's "
+        "defaults)\n",
+        mb::bench::kMallocKeepsFreed);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mb::bench::guarded_main("optim_bench", [&] { return run(argc, argv); });
 }

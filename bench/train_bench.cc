@@ -85,9 +85,8 @@ Child in_child(std::vector<std::string> args, std::vector<std::string> env = {})
   return {mb::bench::value_of(r.output, "tokens_per_second"), r.max_rss_kib};
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+// The benchmark, its flags read and checked first (guarded_main prints what it throws).
+int run(int argc, char** argv) {
   mb::ArgParser a("train_bench", "usage: train_bench [--threads N] [--steps N]");
   a.option("threads", "N", "threads for both sides", "2");
   a.option("steps", "N", "timed training steps (median reported)", "8");
@@ -95,8 +94,16 @@ int main(int argc, char** argv) {
   a.option("baseline", "PATH", "another build's train_bench, measured in the same run", "");
   a.option("rounds", "N", "alternating rounds of this build and the baseline (best of each)", "3");
   a.flag("sgemm", "print only the machine, OpenBLAS's kernel and its sgemm rate with --threads threads");
-  if (const auto rc = mb::bench::parse_flags(a, argc, argv)) return *rc;
+  if (!a.parse(argc, argv)) return 0;
   const int threads = static_cast<int>(a.get_int("threads")), steps = static_cast<int>(a.get_int("steps"));
+  mb::check(threads >= 1, "--threads ", threads, ": at least 1");
+  mb::check(steps >= 1, "--steps ", steps, ": at least 1");
+  const std::string child = a.get("child"), baseline = a.get("baseline");
+  mb::check(child.empty() || child == "megabatch", "--child: 'megabatch' (internal), not '", child, "'");
+  const int rounds = baseline.empty() ? 1 : static_cast<int>(a.get_int("rounds"));
+  mb::check(rounds >= 1, "--rounds ", rounds, ": at least 1");
+  mb::check(baseline.empty() || access(baseline.c_str(), X_OK) == 0, "--baseline ", baseline,
+            ": not an executable file (another build's bin/train_bench)");
   omp_set_num_threads(threads);
   if (a.has("sgemm")) {  // bench/default_sweep_bench.sh's machine facts (no PyTorch needed)
     const double first = sgemm_gflops(), second = sgemm_gflops();
@@ -105,13 +112,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   const std::string src = MEGABATCH_SOURCE_DIR;
-  if (a.get("child") == "megabatch") {
+  if (child == "megabatch") {
     std::printf("tokens_per_second %.3f\n", megabatch_tokens_per_second(steps));
     return 0;
   }
   const std::string t = std::to_string(threads), s = std::to_string(steps);
-  const std::string baseline = a.get("baseline");
-  const int rounds = baseline.empty() ? 1 : static_cast<int>(a.get_int("rounds"));
   Child ours, base;
   for (int r = 0; r < rounds; ++r) {  // alternate, keep the best of each (the least disturbed run)
     const Child o = in_child({"/proc/self/exe", "--child", "megabatch", "--threads", t, "--steps", s});
@@ -152,4 +157,10 @@ int main(int argc, char** argv) {
               static_cast<double>(ours.max_rss_kib) / static_cast<double>(torch.max_rss_kib),
               ours.tokens_per_second / torch_default.tokens_per_second);
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return mb::bench::guarded_main("train_bench", [&] { return run(argc, argv); });
 }

@@ -9,6 +9,13 @@
 
 namespace megabatch {
 
+namespace {
+template <typename... Args>
+[[noreturn]] void flag_error(Args&&... args) {
+  throw FlagError(detail::concat(std::forward<Args>(args)...));
+}
+}  // namespace
+
 void ArgParser::flag(const std::string& name, const std::string& help) {
   order_.push_back(name);
   specs_[name] = Spec{"", help, Spec::kFlag, {}, false};
@@ -83,27 +90,27 @@ bool ArgParser::parse(int argc, char** argv, int first) {
     // Megatron spells flags with dashes; accept underscores too.
     for (auto& ch : name) ch = ch == '_' ? '-' : ch;
     auto it = specs_.find(name);
-    if (it == specs_.end()) fail(program_, ": unknown option --", name, "\n", usage_, "\n(see ", program_, " --help)");
+    if (it == specs_.end()) flag_error(program_, ": unknown option --", name, "\n", usage_, "\n(see ", program_, " --help)");
     const Spec& s = it->second;
     auto& vals = values_[name];
     vals.clear();
     if (s.kind == Spec::kFlag) {
-      if (has_inline) fail(program_, ": --", name, " takes no value");
+      if (has_inline) flag_error(program_, ": --", name, " takes no value");
       vals.push_back("1");
     } else if (s.kind == Spec::kOptionalChoice) {
       auto is_choice = [&](const std::string& v) { return std::find(s.choices.begin(), s.choices.end(), v) != s.choices.end(); };
-      if (has_inline && !is_choice(inline_value)) fail(program_, ": --", name, ": expected one of ", s.metavar, ", got '", inline_value, "'");
+      if (has_inline && !is_choice(inline_value)) flag_error(program_, ": --", name, ": expected one of ", s.metavar, ", got '", inline_value, "'");
       if (has_inline) vals.push_back(inline_value);
       else if (i + 1 < argc && is_choice(argv[i + 1])) vals.push_back(argv[++i]);
       else vals.push_back(s.defaults.front());
     } else if (has_inline) {
       vals.push_back(inline_value);
     } else if (s.kind == Spec::kValue) {
-      if (i + 1 >= argc) fail(program_, ": --", name, " needs a value (", s.metavar, ")");
+      if (i + 1 >= argc) flag_error(program_, ": --", name, " needs a value (", s.metavar, ")");
       vals.push_back(argv[++i]);
     } else {
       while (i + 1 < argc && std::string(argv[i + 1]).rfind("--", 0) != 0) vals.push_back(argv[++i]);
-      if (vals.empty()) fail(program_, ": --", name, " needs at least one value (", s.metavar, ")");
+      if (vals.empty()) flag_error(program_, ": --", name, " needs at least one value (", s.metavar, ")");
     }
   }
   return true;
@@ -115,14 +122,47 @@ std::vector<std::string> ArgParser::get_list(const std::string& name) const {
   auto it = values_.find(name);
   if (it != values_.end()) return it->second;
   const Spec& s = specs_.at(name);
-  if (!s.has_default) fail(program_, ": --", name, " is required (", s.help, ")");
+  if (!s.has_default) flag_error(program_, ": --", name, " is required (", s.help, ")");
   return s.defaults;
 }
 
 std::string ArgParser::get(const std::string& name) const { return get_list(name).front(); }
 
-int64_t ArgParser::get_int(const std::string& name) const { return to_int(get(name), program_ + ": --" + name); }
+// to_int and to_finite say what is wrong with a number; their message, as a FlagError
+int64_t ArgParser::get_int(const std::string& name) const {
+  try {
+    return to_int(get(name), program_ + ": --" + name);
+  } catch (const Error& e) {
+    throw FlagError(e.what());
+  }
+}
 
-double ArgParser::get_double(const std::string& name) const { return to_finite(get(name), program_ + ": --" + name); }
+std::vector<int64_t> ArgParser::get_int_list(const std::string& name) const {
+  std::vector<int64_t> out;
+  try {
+    for (const std::string& value : get_list(name)) out.push_back(to_int(value, program_ + ": --" + name));
+  } catch (const Error& e) {
+    throw FlagError(e.what());
+  }
+  return out;
+}
+
+double ArgParser::get_double(const std::string& name) const {
+  try {
+    return to_finite(get(name), program_ + ": --" + name);
+  } catch (const Error& e) {
+    throw FlagError(e.what());
+  }
+}
+
+std::string ArgParser::get_choice(const std::string& name, const std::vector<std::string>& choices) const {
+  std::string value = get(name), listed;
+  for (const std::string& c : choices) {
+    if (c == value) return value;
+    listed += listed.empty() ? "" : ", ";
+    listed += c;
+  }
+  flag_error(program_, ": --", name, ": expected one of ", listed, ", got '", value, "'");
+}
 
 }  // namespace megabatch

@@ -1,6 +1,6 @@
 // A small command-line parser for Megatron-style flags: "--name value", "--name=value",
 // boolean "--flag", and lists ("--json-keys text title"). Unknown flags, missing values
-// and malformed numbers are Errors that name the flag and show the usage line.
+// and malformed numbers are FlagErrors that name the program and the flag.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,18 @@
 #include <string>
 #include <vector>
 
+#include "core/util/error.h"
+
 namespace megabatch {
+
+// What ArgParser throws for a bad command line: an unknown flag, a flag without its value, a
+// value that is not a number or not one of the choices. The message begins with the program's
+// name ("attention_bench: --seqs: expected an integer, got 'abc' (not an integer)"), so a main
+// prints it as it is; exit status 2 by convention.
+class FlagError : public Error {
+ public:
+  using Error::Error;
+};
 
 class ArgParser {
  public:
@@ -33,8 +44,11 @@ class ArgParser {
   bool has(const std::string& name) const;  // given on the command line (or a flag set)
   std::string get(const std::string& name) const;  // value or default; Error if neither
   std::vector<std::string> get_list(const std::string& name) const;
-  int64_t get_int(const std::string& name) const;  // Error naming the flag if not an integer
+  int64_t get_int(const std::string& name) const;  // FlagError naming the flag if not an integer
+  std::vector<int64_t> get_int_list(const std::string& name) const;
   double get_double(const std::string& name) const;
+  // The value, which must be one of `choices` (FlagError listing them if not).
+  std::string get_choice(const std::string& name, const std::vector<std::string>& choices) const;
   const std::vector<std::string>& positional() const { return positional_; }
   std::string help_text() const;
 
