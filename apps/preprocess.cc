@@ -117,8 +117,8 @@ int run_preprocess(int argc, char** argv) {
   a.option("log-interval", "N", "documents between progress lines", "1000");
   a.flag("skip-bad-lines", "skip malformed jsonl lines (counted and reported) instead of stopping");
   if (!a.parse(argc, argv)) return 0;
-  if (!a.positional().empty()) fail("preprocess: unexpected argument '", a.positional()[0], "'\n", kUsage);
-  if (a.get_int("partitions") != 1) fail("preprocess: --partitions ", a.get("partitions"), " is not supported; use --workers");
+  if (!a.positional().empty()) fail("unexpected argument '", a.positional()[0], "'\n", kUsage);
+  if (a.get_int("partitions") != 1) fail("--partitions ", a.get("partitions"), " is not supported; use --workers");
   PreprocessOptions o;
   o.input = a.get("input");
   o.input_format = a.get("input-format");
@@ -149,7 +149,9 @@ int main(int argc, char** argv) {
     }
     return run_preprocess(argc, argv);
   } catch (const Error& e) {
-    std::cerr << "preprocess: error: " << e.what() << std::endl;
+    std::string what = e.what();  // (the flag parser's begin with the command's name: said once)
+    if (what.rfind("preprocess: ", 0) == 0) what.erase(0, std::string("preprocess: ").size());
+    std::cerr << "preprocess: error: " << what << std::endl;
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "preprocess: error: internal: " << e.what() << std::endl;

@@ -199,7 +199,7 @@ TEST(Preprocess, MoreWorkersThanTheSystemGivesIsAnError) {
   };
   const auto s = run_command("ulimit -s 1073741824 && " + run);
   EXPECT_EQ(s.exit_code, 2) << "an error, not an internal one (3) or a crash:\n" << s.output;
-  EXPECT_TRUE(s.output.find("preprocess: --workers 1000: the system refused to start thread ") != std::string::npos ||
+  EXPECT_TRUE(s.output.find("preprocess: error: --workers 1000: the system refused to start thread ") != std::string::npos ||
               s.output.find("in.jsonl: cannot start the thread that reads it (") != std::string::npos)
       << s.output;
   left_nothing();
@@ -208,7 +208,7 @@ TEST(Preprocess, MoreWorkersThanTheSystemGivesIsAnError) {
 #endif
   const auto r = run_command("ulimit -v 2000000 && " + run);
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("preprocess: --workers 1000: the system refused to start thread "), std::string::npos)
+  EXPECT_NE(r.output.find("preprocess: error: --workers 1000: the system refused to start thread "), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("ask for fewer"), std::string::npos) << r.output;
   left_nothing();
@@ -226,6 +226,12 @@ TEST(Preprocess, PlainTextAndFlagErrors) {
   EXPECT_EQ(ds.num_sequences(), 3u);
   const auto u = run_command(preprocess() + " --input x --output-prefix y --tokenizer-type GPT2BPETokenizer --bogus");
   EXPECT_NE(u.output.find("unknown option --bogus"), std::string::npos) << u.output;
+  // a flag's bad value: the program named once (before: "preprocess: error: preprocess: --workers")
+  const auto w =
+      run_command(preprocess() + " --input x --output-prefix y --tokenizer-type GPT2BPETokenizer --workers 2x");
+  EXPECT_EQ(w.exit_code, 2) << w.output;
+  EXPECT_EQ(w.output.rfind("preprocess: error: --workers: expected an integer, got '2x'", 0), 0u) << w.output;
+  EXPECT_EQ(w.output.find("preprocess:", 1), std::string::npos) << w.output;
   const auto m = run_command(preprocess() + " --input " + (dir / "in.txt").string() + " --output-prefix " +
                              (dir / "t").string() + " --tokenizer-type GPT2BPETokenizer --vocab-file " +
                              (dir / "none.json").string());
