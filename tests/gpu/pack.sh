@@ -15,6 +15,10 @@ bundler=${BUNDLER:-../shared/gpu-bundle.sh}
 assets=${MEGABATCH_ASSETS:-${XDG_CACHE_HOME:-$HOME/.cache}/megabatch}
 [[ -d $assets/brown && -d $assets/gpt2 ]] || { echo "pack.sh: assets missing in $assets: run ./setup.sh" >&2; exit 1; }
 
+# The sources as the build reads them (a file changed during the build makes the bundle stale):
+# what the GPU machine's tree must match (unpack.sh checks it)
+sources=$(mktemp -d); trap 'rm -rf "$sources"' EXIT
+tests/gpu/sources.sh record "$sources"
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGABATCH_CUDA=ON -DMEGABATCH_NATIVE=OFF \
   -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90}" -DMEGABATCH_WERROR=ON >/dev/null
 cmake --build build-gpu --target train sweep preprocess megabatch_plugins test_ops_gpu test_gpu gpu_train_bench train_bench \
@@ -26,7 +30,7 @@ cmake -S . -B build-gpu-sm75 -G Ninja -DCMAKE_BUILD_TYPE=Release -DMEGABATCH_CUD
 cmake --build build-gpu-sm75 --target test_ops_gpu
 # Only what the GPU run uses travels.
 keep='^(train|sweep|preprocess|test_ops_gpu|test_gpu|gpu_train_bench|train_bench|cross_entropy_bench|attention_bench|optim_bench)$'
-stage=$(mktemp -d); trap 'rm -rf "$stage"' EXIT
+stage=$(mktemp -d); trap 'rm -rf "$stage" "$sources"' EXIT
 mkdir -p "$stage/bin" "$stage/assets"
 for f in build-gpu/bin/*; do [[ $(basename "$f") =~ $keep ]] && cp -a "$f" "$stage/bin/"; done
 cp -a build-gpu-sm75/bin/test_ops_gpu "$stage/bin/test_ops_gpu_sm75"
@@ -36,4 +40,5 @@ rm -rf gpu-bundle && mkdir -p gpu-bundle
 "$bundler" "$stage" gpu-bundle "$stage/assets" build-gpu/tests/plugins
 tests/gpu/pack-openmpi.sh gpu-bundle   # mpirun for the multi-rank gpu tests, where the GPU machine has none
 git rev-parse HEAD > gpu-bundle/commit
+mv "$sources/sources.sha256" gpu-bundle/
 echo "pack.sh: gpu-bundle/ holds commit $(cut -c1-12 gpu-bundle/commit)$(git diff --quiet HEAD || echo ' (plus uncommitted changes)')"
