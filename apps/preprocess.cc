@@ -1,5 +1,7 @@
 // preprocess: Megatron-compatible dataset preparation. See --help.
 #include <iostream>
+#include <string>
+#include <string_view>
 
 #include "core/data/compact_vocab.h"
 #include "core/data/indexed_dataset.h"
@@ -149,9 +151,11 @@ int main(int argc, char** argv) {
     }
     return run_preprocess(argc, argv);
   } catch (const Error& e) {
-    std::string what = e.what();  // (the flag parser's begin with the command's name: said once)
-    if (what.rfind("preprocess: ", 0) == 0) what.erase(0, std::string("preprocess: ").size());
-    std::cerr << "preprocess: error: " << what << std::endl;
+    // the flag parser's messages and the library's begin with the command's name: said once
+    constexpr std::string_view kName = "preprocess: ";
+    std::string_view what = e.what();
+    if (what.substr(0, kName.size()) == kName) what.remove_prefix(kName.size());
+    std::cerr << kName << "error: " << what << std::endl;
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "preprocess: error: internal: " << e.what() << std::endl;

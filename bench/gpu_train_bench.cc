@@ -85,13 +85,12 @@ struct Measured {
   std::string profile;  // empty without --profile
 };
 
-// Times `steps` trainer steps (after 3 warm-up steps) of a fresh model with `optimizer`.
+// Times `steps` trainer steps (after 3 warm-up steps) of a fresh model with the plugin.
 Measured measure(const mb::models::ModelConfig& c, mb::DType dtype, mb::Device dev, int64_t B, int64_t steps,
-                 const std::string& optimizer, int64_t profile_steps) {
+                 const mb::optim::Plugin& plugin, int64_t profile_steps) {
   const int64_t T = c.seq_length;
   mb::comm::LocalCommunicator tp;
   auto model = mb::models::make_model(c, tp, 1, dtype, dev);
-  const auto plugin = mb::optim::load_plugin(optimizer, mb::optim::plugin_search_path());
   mb::optim::PluginOptimizer opt(plugin, model->parameters(), tp, mb::optim::resolve_hparams(plugin, {}, "bench"), 1);
   FixedSource src(B, T, c.family == "bert" ? c.vocab_size : 50257, c.family == "bert");
   mb::train::TrainOptions o;
@@ -174,8 +173,9 @@ int run(int argc, char** argv) {
     mb::check(mode == "explicit" || mode == "sdpa" || mode == "compile",
               "--torch-modes: explicit, sdpa or compile, not '", mode, "'");
   const std::vector<std::string> optimizers = a.get_list("optimizers");
-  for (const std::string& name : optimizers)  // each found and loadable (its error names what to do)
-    mb::optim::load_plugin(name, mb::optim::plugin_search_path());
+  std::vector<mb::optim::Plugin> plugins;  // each found and loadable (its error names what to do)
+  for (const std::string& name : optimizers)
+    plugins.push_back(mb::optim::load_plugin(name, mb::optim::plugin_search_path()));
   const mb::Device dev = mb::select_device("cuda");
   mb::runtime::use_device(dev);
   const mb::runtime::GpuInfo gpu = mb::runtime::gpu_info(dev.index);
@@ -184,11 +184,11 @@ int run(int argc, char** argv) {
     mb::ops::set_flash_forward_rows(r == "32" ? mb::ops::FlashForwardRows::k32 : mb::ops::FlashForwardRows::k16);
     for (const std::string& how : dq) {
       mb::ops::set_flash_dq(how == "ordered" ? mb::ops::FlashDq::kOrdered : mb::ops::FlashDq::kSeparate);
-      for (const std::string& name : optimizers) {
-        std::string row = optimizers.size() == 1 ? std::string("megabatch") : "megabatch " + name;
+      for (const mb::optim::Plugin& plugin : plugins) {
+        std::string row = plugins.size() == 1 ? std::string("megabatch") : "megabatch " + plugin.name();
         if (how == "ordered") row += ", ordered dQ";
         if (r == "32") row += ", 32 fwd rows";
-        ours.emplace_back(row, measure(c, dtype, dev, B, steps, name, ours.empty() ? profile_steps : 0));
+        ours.emplace_back(row, measure(c, dtype, dev, B, steps, plugin, ours.empty() ? profile_steps : 0));
       }
     }
   }

@@ -14,6 +14,17 @@ template <typename... Args>
 [[noreturn]] void flag_error(Args&&... args) {
   throw FlagError(detail::concat(std::forward<Args>(args)...));
 }
+
+// read()'s value; to_int's or to_finite's refusal (it names the flag and what is wrong with the
+// number) as a FlagError
+template <typename Read>
+auto as_flag_error(Read read) {
+  try {
+    return read();
+  } catch (const Error& e) {
+    throw FlagError(e.what());
+  }
+}
 }  // namespace
 
 void ArgParser::flag(const std::string& name, const std::string& help) {
@@ -128,31 +139,20 @@ std::vector<std::string> ArgParser::get_list(const std::string& name) const {
 
 std::string ArgParser::get(const std::string& name) const { return get_list(name).front(); }
 
-// to_int and to_finite say what is wrong with a number; their message, as a FlagError
 int64_t ArgParser::get_int(const std::string& name) const {
-  try {
-    return to_int(get(name), program_ + ": --" + name);
-  } catch (const Error& e) {
-    throw FlagError(e.what());
-  }
+  return as_flag_error([&] { return to_int(get(name), program_ + ": --" + name); });
 }
 
 std::vector<int64_t> ArgParser::get_int_list(const std::string& name) const {
-  std::vector<int64_t> out;
-  try {
+  return as_flag_error([&] {
+    std::vector<int64_t> out;
     for (const std::string& value : get_list(name)) out.push_back(to_int(value, program_ + ": --" + name));
-  } catch (const Error& e) {
-    throw FlagError(e.what());
-  }
-  return out;
+    return out;
+  });
 }
 
 double ArgParser::get_double(const std::string& name) const {
-  try {
-    return to_finite(get(name), program_ + ": --" + name);
-  } catch (const Error& e) {
-    throw FlagError(e.what());
-  }
+  return as_flag_error([&] { return to_finite(get(name), program_ + ": --" + name); });
 }
 
 std::string ArgParser::get_choice(const std::string& name, const std::vector<std::string>& choices) const {
