@@ -27,10 +27,12 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged]]\n"
+    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus "
+    "all|0,1,...] [--rerun [changed|diverged|damaged]]\n"
     "                           [--ranks N] [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
-    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and point.json\n"
+    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and "
+    "point.json\n"
     "                             files for other launchers (--ranks: each point checked to fit a job of N ranks)\n"
     "       sweep export DIR [--csv FILE] [--tensorboard OUT]  a sweep's metrics as one long CSV table\n"
     "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"
@@ -159,7 +161,8 @@ std::string one_positional(const mb::ArgParser& a, const std::string& cmd, const
   if (!given.empty()) why += ", got " + std::to_string(given.size()) + ": " + mb::join(given, " ");
   for (int i = 2; i + 1 < argc; ++i)
     if (std::string(argv[i]) == "--rerun" && std::find(given.begin(), given.end(), argv[i + 1]) != given.end())
-      why += std::string(" (--rerun takes changed, diverged or nothing; '") + argv[i + 1] + "' is neither)";
+      why +=
+          std::string(" (--rerun takes changed, diverged, damaged or nothing; '") + argv[i + 1] + "' is none of them)";
   mb::fail(why, "\n", kUsage);
 }
 
@@ -208,9 +211,10 @@ void run_options(mb::ArgParser& a) {
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
   a.option("gpus", "all|0,1,...", "run points concurrently on these GPUs, each on TP x DP of its own "
            "(CUDA_VISIBLE_DEVICES; default jobs: one per GPU)", "");
-  a.optional_choice("rerun", {"changed", "diverged"}, "changed",
+  a.optional_choice("rerun", {"changed", "diverged", "damaged"}, "changed",
                     "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
-                    "diverged: discard and rerun the points that diverged");
+                    "diverged: discard and rerun the points that diverged; damaged: discard and rerun finished "
+                    "points whose metrics.h5 does not read");
   a.option("ranks", "N", "run every point as a job of N ranks under $MEGABATCH_MPIRUN (DP = N / TP; "
            "launchers/ec2/launch.sh --sweep: the hostfile's nodes x GPUs)", "0");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
@@ -246,6 +250,7 @@ int run_sweep(int argc, char** argv) {
   const std::string rerun = a.has("rerun") ? a.get("rerun") : "";
   o.rerun_changed = rerun == "changed";
   o.rerun_diverged = rerun == "diverged";
+  o.rerun_damaged = rerun == "damaged";
   o.tty = isatty(STDOUT_FILENO) != 0;
   if (!a.get("gpus").empty()) o.gpus = mb::sweeps::parse_gpus(a.get("gpus"), mb::runtime::cuda_device_count());
   if (const char* m = std::getenv("MEGABATCH_MPIRUN"); m && *m) o.mpirun = m;

@@ -132,6 +132,8 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
     }
     read_finished_state(p);
     if (p.state == PointStatus::kDiverged && o.rerun_diverged) p.discard = p.reason;
+    p.damaged = unreadable_result(p);
+    if (!p.damaged.empty() && o.rerun_damaged) p.discard = "result lost: " + p.damaged;
     p.progress = parse_progress(p.dir / "stdout.log");
   }
   if (!o.only.empty() && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return p.state != PointStatus::kSkipped; })) {
@@ -173,6 +175,7 @@ void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, boo
     remove_point_dir(root, p.dir);
     p.state = PointStatus::kPending;
     p.reason.clear();
+    p.damaged.clear();
     p.wall_s = 0;
     p.progress = {};
   }

@@ -30,6 +30,7 @@ struct RunOptions {
   bool dry_run = false;
   bool rerun_changed = false;          // discard and rerun points whose configuration changed
   bool rerun_diverged = false;         // discard and rerun points that diverged (else they are results)
+  bool rerun_damaged = false;          // discard and rerun finished points whose metrics.h5 does not read
   bool tty = false;                    // redraw a live table instead of printing lines
   std::vector<int> gpus;               // --gpus: the GPUs points are placed on (sweeps/placement.h); empty: none
   std::string mpirun = "mpirun";       // starts a point of more than one rank (TP x DP > 1)
@@ -39,7 +40,8 @@ struct RunOptions {
 
 // Runs the sweep; returns the process exit status (0: every selected point done or
 // diverged — a diverged point, train's exit status 4, is a result and is not retried unless
-// rerun_diverged; 1: some failed; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
+// rerun_diverged; 1: some failed, or a finished point's metrics.h5 does not read and
+// rerun_damaged is not set; 130: interrupted by SIGINT or SIGTERM, every point left resumable).
 int run_sweep(const Sweep& sweep, const RunOptions& options);
 
 }  // namespace megabatch::sweeps

@@ -111,8 +111,12 @@ int Scheduler::run() {
     display(false);
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  int failed = 0, diverged = 0;
-  for (const auto& p : ps_) failed += p.state == PointStatus::kFailed, diverged += p.state == PointStatus::kDiverged;
+  int failed = 0, diverged = 0, damaged = 0;
+  for (const auto& p : ps_) {
+    failed += p.state == PointStatus::kFailed;
+    diverged += p.state == PointStatus::kDiverged;
+    damaged += !p.damaged.empty();
+  }
   save_state();
   display(true);
   std::signal(SIGINT, old_int);
@@ -127,6 +131,11 @@ int Scheduler::run() {
   if (failed) {
     std::cout << "> " << failed << " point(s) failed; their logs are in " << root_.string()
               << "/<id>/stdout.log (rerun to retry them, or --retries N)" << std::endl;
+    return 1;
+  }
+  if (damaged) {
+    std::cout << "> " << damaged << " finished point(s) have no readable metrics.h5 (named above): their results are "
+              << "lost; --rerun damaged runs them again" << std::endl;
     return 1;
   }
   std::cout << "> all points done; plot with: sweep plot " << root_.string() << std::endl;

@@ -85,6 +85,7 @@ int print_status(const fs::path& dir) {
     // a point of an exported sweep that its launcher has started: running there, or stopped
     // until it is submitted again (below, where Slurm's queue tells which)
     if (ps[i].state == PointStatus::kPending && ps[i].progress.iteration > 0) ps[i].state = PointStatus::kStarted;
+    ps[i].damaged = unreadable_result(ps[i]);
   }
   if (fs::exists(dir / "points.txt")) apply_slurm_queue(dir, ps);
   double wall = 0;  // sweep run's record, else (an exported sweep) what its launcher put in DONE

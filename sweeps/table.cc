@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "core/io/metrics.h"
 #include "sweeps/placement.h"
 
 namespace megabatch::sweeps {
@@ -21,6 +22,11 @@ void read_finished_state(PointState& p) {
     p.state = PointStatus::kFailed;  // under the launcher of an exported sweep
     p.reason = why;
   }
+}
+
+std::string unreadable_result(const PointState& p) {
+  if (p.state != PointStatus::kDone && p.state != PointStatus::kDiverged) return "";
+  return io::metrics_unreadable(p.dir / "metrics.h5");
 }
 
 int64_t work_of(const PointState& p) {
@@ -40,8 +46,9 @@ std::string fmt_duration(double s) {
 }
 
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta) {
-  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0, stopped = 0;
+  int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0, stopped = 0, damaged = 0;
   for (const auto& p : ps) {
+    damaged += !p.damaged.empty();
     started += p.state == PointStatus::kStarted;
     stopped += p.state == PointStatus::kStopped;
     done += p.state == PointStatus::kDone;
@@ -58,6 +65,8 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   // sweep status of an exported sweep (launchers/slurm): its launcher's points in progress
   if (started) head += ", " + std::to_string(started) + " started under their launcher";
   if (stopped) head += ", " + std::to_string(stopped) + " stopped (submit the sweep again to resume)";
+  if (damaged)
+    head += ", " + std::to_string(damaged) + " result(s) lost (metrics.h5 unreadable; sweep run --rerun damaged)";
   if (elapsed >= 0) head += " | elapsed " + fmt_duration(elapsed) + " | ETA " + fmt_duration(eta);
   else head += " | point time " + fmt_duration(eta);
   out.push_back(head);
@@ -76,6 +85,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       detail += buf;
     }
     if (p.state == PointStatus::kFailed || p.state == PointStatus::kDiverged) detail = p.reason;
+    if (!p.damaged.empty()) detail = "result lost: " + p.damaged;
     if (!p.slurm_job.empty()) detail = "slurm job " + p.slurm_job + (detail.empty() ? "" : "  " + detail);
     if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;
     std::snprintf(buf, sizeof buf, "  %-*s  %-11s %s", static_cast<int>(w), p.point->id.c_str(), status_name(p.state),

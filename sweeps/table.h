@@ -22,6 +22,7 @@ struct PointState {
   PointStatus state = PointStatus::kPending;
   std::string reason;
   std::string discard;  // why --rerun discards the point's directory ("": kept)
+  std::string damaged;  // a finished point whose metrics.h5 does not read: why (unreadable_result)
   int attempts = 0;
   double wall_s = 0;  // over every attempt and invocation
   int64_t train_iters = 0, global_batch = 0;
@@ -39,6 +40,11 @@ struct PointState {
 // reason) or FAILED (failed under an exported sweep's launcher, with the reason); otherwise
 // the state is left as it is.
 void read_finished_state(PointState& p);
+
+// Why a finished (done or diverged) point's result is lost: its metrics.h5 is missing or does
+// not read (damaged or cut short after the point finished); "" where it reads, and for a
+// point that has not finished.
+std::string unreadable_result(const PointState& p);
 
 // Samples of a point's work that are behind it: all of them once it is done or diverged
 // (a diverged point stops early: nothing of it is left to do).

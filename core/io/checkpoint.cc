@@ -440,7 +440,14 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   silence_hdf5();
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, p, fs::exists(file) ? ": not a readable HDF5 file (cut short?)" : ": missing", kDamagedCheckpoint);
+  if (f.id < 0) {
+    const std::string cut = fs::exists(file) ? h5_truncation() : "";
+    fail(p,
+         !fs::exists(file) ? ": missing"
+         : cut.empty()     ? ": not a readable HDF5 file"
+                           : ": " + cut,
+         kDamagedCheckpoint);
+  }
   check(H5Aexists(f.id, "format") > 0 && read_attr(f.id, "format", p) == kFormat, p, ": not a megabatch checkpoint",
         kDamagedCheckpoint);
   // Each attribute with the type save_checkpoint gave it: a hand-edited or damaged one is

@@ -4,9 +4,9 @@
 
 #include <hdf5.h>
 
-#include <string>
-
+#include <cstdio>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/util/error.h"
 
@@ -56,6 +56,27 @@ inline std::string h5_os_reason() {
       },
       &found);
   return found.empty() ? " (disk full?)" : " (" + found + ")";
+}
+
+// Right after an H5Fopen that failed: "cut short: N of its M bytes are there" where HDF5
+// found the file shorter than its superblock says it is (a copy that stopped, a disk that
+// filled), else "".
+inline std::string h5_truncation() {
+  std::string found;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_DOWNWARD,
+      [](unsigned, const H5E_error2_t* e, void* out) -> herr_t {
+        // HDF5's words: "truncated file: eof = 3000, sblock->base_addr = 0, stored_eof = 208208"
+        unsigned long long eof = 0, base = 0, stored = 0;
+        if (e->desc != nullptr &&
+            std::sscanf(e->desc, "truncated file: eof = %llu, sblock->base_addr = %llu, stored_eof = %llu", &eof, &base,
+                        &stored) == 3)
+          *static_cast<std::string*>(out) =
+              "cut short: " + std::to_string(eof) + " of its " + std::to_string(stored) + " bytes are there";
+        return 0;
+      },
+      &found);
+  return found;
 }
 
 inline void write_attr(hid_t loc, const std::string& name, const nlohmann::json& v, const std::string& file) {

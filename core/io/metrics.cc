@@ -325,16 +325,30 @@ namespace megabatch::io {
 std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path) {
   silence_hdf5();
   Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  check(f.id >= 0, path.string(), ": cannot open as HDF5 (not a metrics.h5 written by train?)");
+  if (f.id < 0) {
+    const std::string cut = h5_truncation();
+    fail(path.string(), ": ", cut.empty() ? "cannot open as HDF5 (not a metrics.h5 written by train?)" : cut);
+  }
   struct Found {
     std::map<std::string, std::vector<double>> series;
     std::map<std::string, std::pair<size_t, std::vector<double>>> tables;  // 2-D: width, row-major values
+    std::string unread;                                                    // the series whose values do not read
   } found;
-  H5Lvisit(
+  const herr_t visited = H5Lvisit(
       f.id, H5_INDEX_NAME, H5_ITER_INC,
       [](hid_t root, const char* name, const H5L_info_t*, void* data) -> herr_t {
-        Handle d(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);  // groups fail to open (errors are silenced)
-        if (d.id < 0) return 0;
+        Found& out = *static_cast<Found*>(data);
+        H5O_info_t info;
+        if (H5Oget_info_by_name2(root, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
+          out.unread = name;
+          return -1;
+        }
+        if (info.type != H5O_TYPE_DATASET) return 0;
+        Handle d(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
+        if (d.id < 0) {
+          out.unread = name;
+          return -1;
+        }
         Handle type(H5Dget_type(d.id), H5Tclose);
         const H5T_class_t c = H5Tget_class(type.id);
         if (c != H5T_FLOAT && c != H5T_INTEGER) return 0;
@@ -345,15 +359,32 @@ std::map<std::string, std::vector<double>> read_metric_series(const std::filesys
         H5Sget_simple_extent_dims(space.id, dims, nullptr);
         if (dims[1] == 0) return 0;
         std::vector<double> v(dims[0] * dims[1]);
-        if (!v.empty() && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) return -1;
-        Found& out = *static_cast<Found*>(data);
-        if (rank == 1) out.series[name] = std::move(v);
-        else out.tables[name] = {static_cast<size_t>(dims[1]), std::move(v)};
+        if (!v.empty() && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
+          out.unread = name;
+          return -1;
+        }
+        if (rank == 1)
+          out.series[name] = std::move(v);
+        else
+          out.tables[name] = {static_cast<size_t>(dims[1]), std::move(v)};
         return 0;
       },
       &found);
+  check(visited >= 0, path.string(), ": ", found.unread.empty() ? "its groups" : "series " + found.unread,
+        " cannot be read (a damaged or cut-short copy?)");
   for (const auto& [name, table] : found.tables) add_columns(f.id, name, table.first, table.second, found.series);
   return std::move(found.series);
+}
+
+std::string metrics_unreadable(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return path.string() + ": missing";
+  try {
+    read_metric_series(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 }  // namespace megabatch::io

@@ -85,4 +85,9 @@ class MetricsFile {
 // first component).
 std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path);
 
+// Why the metrics.h5 at `path` cannot be read back, as a message that starts with the path
+// ("" where every series reads): missing, not HDF5, cut short (a copy that stopped), a series
+// whose values do not read.
+std::string metrics_unreadable(const std::filesystem::path& path);
+
 }  // namespace megabatch::io

@@ -980,11 +980,19 @@ TEST_F(Checkpoint, ADamagedAttributeIsNamedWithTheFileAndTheField) {
     EXPECT_NE(r.output.find(file + ": " + expected), std::string::npos) << r.output;
     EXPECT_NE(r.output.find("edited or damaged: move it away"), std::string::npos) << r.output;
   }
-  // cut short (a disk that failed, a copy that stopped): no longer HDF5
+  // cut short (a disk that failed, a copy that stopped), said with the sizes; not HDF5 at all
+  const auto size = fs::file_size(file);
   fs::resize_file(file, 3000);
   r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --train-iters 3"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find(file + ": not a readable HDF5 file (cut short?); the file was edited or damaged: move it away"),
+  EXPECT_NE(r.output.find(file + ": cut short: 3000 of its " + std::to_string(size) +
+                          " bytes are there; the file was edited or damaged: move it away"),
+            std::string::npos)
+      << r.output;
+  mb::testing::write_text(file, "not a checkpoint\n");
+  r = mb::testing::run_command(train(tmp / "resumed", "--load " + c + " --train-iters 3"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find(file + ": not a readable HDF5 file; the file was edited or damaged: move it away"),
             std::string::npos)
       << r.output;
   fs::copy_file(tmp / "original.h5", file, fs::copy_options::overwrite_existing);

@@ -335,6 +335,79 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
   EXPECT_EQ(r.output.find("> start dl100"), std::string::npos) << r.output;
 }
 
+// A finished point whose metrics.h5 was lost or damaged afterwards (a cut-short copy, a
+// deleted file) has lost its result: sweep status and sweep run name it and why (before:
+// both called it done, and sweep run exited 0 with "all points done"), sweep run exits 1
+// without running it, and --rerun damaged runs it again — the diverged one too — to the same
+// losses as before.
+TEST_F(Sweep, AFinishedPointWhoseMetricsAreLostIsSaidAndRerunOnRequest) {
+  mb::testing::TempDir tmp;
+  const fs::path file = tmp / "lost.json", runs = tmp / "runs", dir = runs / "lost";
+  mb::testing::write_text(file, R"({"name": "lost",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 4,
+           "global_batch_size": 4, "train_iters": 8, "lr": 0.001, "log_interval": 1, "eval_interval": 1000,
+           "eval_iters": 1, "divergence_intervals": 2,
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
+                                    R"("]},
+  "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
+  auto r = run_sweep(file, runs, " --rerun damaged");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: --rerun damaged: the metrics.h5 of every finished point reads, so none is run "
+                          "again"),
+            std::string::npos)
+      << r.output;
+  const fs::path done = dir / "dl100" / "metrics.h5", diverged = dir / "dl5" / "metrics.h5";
+  const auto done_losses = losses(done), diverged_losses = losses(diverged);
+  ASSERT_EQ(done_losses.size(), 8u);
+  ASSERT_FALSE(diverged_losses.empty());
+  // dl100's file cut short, dl5's gone
+  const std::string bytes = mb::testing::read_text(done);
+  mb::testing::write_text(done, bytes.substr(0, bytes.size() / 2));
+  fs::remove(diverged);
+  const std::string done_why = done.string() + ": cut short: " + std::to_string(bytes.size() / 2) + " of its " +
+                               std::to_string(bytes.size()) + " bytes are there",
+                    diverged_why = diverged.string() + ": missing";
+
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("1 done, 1 diverged, 0 running, 0 failed, 0 waiting, 2 result(s) lost (metrics.h5 "
+                          "unreadable; sweep run --rerun damaged)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("result lost: " + done_why), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("result lost: " + diverged_why), std::string::npos) << r.output;
+
+  r = run_sweep(file, runs);
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_EQ(r.output.find("> start"), std::string::npos) << "run again only on request: " << r.output;
+  for (const auto& [id, why] : {std::pair{"dl100", done_why}, std::pair{"dl5", diverged_why}})
+    EXPECT_NE(r.output.find(std::string("> warning: ") + id + " finished, but its result is lost: " + why +
+                            "; --rerun damaged discards the point and runs it again"),
+              std::string::npos)
+        << r.output;
+  EXPECT_NE(r.output.find("> 2 finished point(s) have no readable metrics.h5 (named above): their results are lost; "
+                          "--rerun damaged runs them again"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("all points done"), std::string::npos) << r.output;
+
+  r = run_sweep(file, runs, " --rerun damaged --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--rerun discards " + (dir / "dl100").string() + " (result lost: " + done_why + ")"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir / "dl100" / "DONE")) << "--dry-run discards nothing";
+
+  r = run_sweep(file, runs, " --rerun damaged");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> start dl100 (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("> start dl5 (attempt 1)"), std::string::npos) << r.output;
+  EXPECT_EQ(losses(done), done_losses);
+  EXPECT_EQ(losses(diverged), diverged_losses);
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("1 done, 1 diverged, 0 running, 0 failed, 0 waiting | "), std::string::npos) << r.output;
+}
+
 // On a terminal the live table is redrawn in place, so none of its lines may wrap: each fits
 // the terminal's width (a pseudo-terminal of 60 columns made by script(1)). Lines printed
 // once (the start and end messages) may wrap.

@@ -367,7 +367,7 @@ TEST_F(Sweep, HelpListsEachCommandUnderTheNameTheToolTakes) {
   for (const auto& [args, said] : std::vector<std::pair<std::string, std::string>>{
            {"run a.json --rerun faild",
             "sweep run: give one sweep file, got 2: a.json faild (--rerun takes changed, "
-            "diverged or nothing; 'faild' is neither)"},
+            "diverged, damaged or nothing; 'faild' is none of them)"},
            {"export-points a.json b.json", "sweep export-points: give one sweep file, got 2: a.json b.json\n"},
            {"export runs/a runs/b --csv x.csv",
             "sweep export: give one sweep directory (runs/<name>), got 2: runs/a "

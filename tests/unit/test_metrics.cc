@@ -108,3 +108,52 @@ TEST(MetricsSeries, ColumnsAreNamedByFixedLengthNamesOrTheirIndex) {
   EXPECT_EQ(s.at("optimizer/trust_ratio/1"), (std::vector<double>{0.75}));
   EXPECT_EQ(s.count("optimizer/trust_ratio/x"), 0u);
 }
+
+// A metrics.h5 damaged after it was written says so, naming the file and, where it opens, the
+// series that does not read (before: a series whose chunk index was damaged vanished from
+// what the reader returned, as if it had never been logged; plots and exports went on without
+// it). metrics_unreadable, which sweep run and sweep status ask of each finished point, gives
+// the same reason, and "" for an intact file.
+TEST(MetricsSeries, ADamagedFileIsAnErrorNamingTheFileAndTheSeries) {
+  mb::testing::TempDir tmp;
+  const auto path = tmp / "metrics.h5";
+  {
+    mb::io::MetricsFile m(path, nlohmann::json{{"model", "gpt-mini"}});
+    for (int i = 1; i <= 3; ++i) {
+      m.append("train/iteration", i);
+      m.append("train/lm_loss", 10.0 - i);
+    }
+    m.flush();
+  }
+  EXPECT_EQ(mb::io::metrics_unreadable(path), "");
+  EXPECT_EQ(mb::io::read_metric_series(path).at("train/lm_loss"), (std::vector<double>{9, 8, 7}));
+  const std::string intact = mb::testing::read_text(path);
+
+  // the chunk index of each extendible series overwritten: a version-1 B-tree node ("TREE")
+  // of type 1 (chunks; type 0 indexes a group's links)
+  std::string damaged = intact;
+  size_t nodes = 0;
+  for (size_t at = damaged.find("TREE\1"); at != std::string::npos; at = damaged.find("TREE\1", at + 5), ++nodes)
+    damaged.replace(at, 4, "XXXX");
+  ASSERT_GE(nodes, 2u) << "no chunk index found to damage";
+  mb::testing::write_text(path, damaged);
+  const std::string series_said = path.string() + ": series train/";
+  EXPECT_EQ(mb::io::metrics_unreadable(path).rfind(series_said, 0), 0u) << mb::io::metrics_unreadable(path);
+  EXPECT_NE(mb::io::metrics_unreadable(path).find(" cannot be read (a damaged or cut-short copy?)"), std::string::npos);
+  try {
+    mb::io::read_metric_series(path);
+    ADD_FAILURE() << "a damaged series read";
+  } catch (const mb::Error& e) {
+    EXPECT_EQ(std::string(e.what()), mb::io::metrics_unreadable(path));
+  }
+
+  // cut short, as by a copy that ran out of disk; not HDF5 at all
+  mb::testing::write_text(path, intact.substr(0, intact.size() / 2));
+  EXPECT_EQ(mb::io::metrics_unreadable(path), path.string() + ": cut short: " + std::to_string(intact.size() / 2) +
+                                                  " of its " + std::to_string(intact.size()) + " bytes are there");
+  mb::testing::write_text(path, "{\"lm_loss\": 7}\n");
+  EXPECT_EQ(mb::io::metrics_unreadable(path),
+            path.string() + ": cannot open as HDF5 (not a metrics.h5 written by train?)");
+  std::filesystem::remove(path);
+  EXPECT_EQ(mb::io::metrics_unreadable(path), path.string() + ": missing");
+}
