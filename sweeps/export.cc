@@ -76,6 +76,17 @@ std::string number(double x) {
   return buf;
 }
 
+// A point's series; a metrics.h5 that does not read is an error that says what to do.
+std::map<std::string, std::vector<double>> point_series(const fs::path& metrics) {
+  try {
+    return io::read_metric_series(metrics);
+  } catch (const Error& e) {
+    fail(e.what(),
+         "; this point's result is lost. `sweep run` of the sweep's file with --rerun damaged runs it again; "
+         "or move the file away, and the export leaves the point out");
+  }
+}
+
 }  // namespace
 
 int export_csv(const fs::path& dir, const fs::path& file) {
@@ -91,7 +102,7 @@ int export_csv(const fs::path& dir, const fs::path& file) {
       ++skipped;
       continue;
     }
-    const auto series = io::read_metric_series(m);
+    const auto series = point_series(m);
     std::string prefix = csv_field(id);
     for (const auto& a : sp.axes) prefix += "," + (config.contains(a) ? value_cell(config[a]) : std::string());
     const double batch = config.value("global_batch_size", 0.0);
@@ -125,11 +136,13 @@ int export_tensorboard(const fs::path& dir, const fs::path& out_dir) {
   check(std::any_of(sp.points.begin(), sp.points.end(), [&](const auto& p) { return fs::exists(dir / p.first / "metrics.h5"); }),
         dir.string(), ": none of its ", sp.points.size(), " point(s) has metrics yet (no metrics.h5): nothing to export; ",
         "run the sweep first");
-  for (const auto& [id, config] : sp.points) {
-    const fs::path m = dir / id / "metrics.h5";
-    if (!fs::exists(m)) continue;
+  // every point's series read before the first event file is written: a lost result leaves none
+  std::vector<std::pair<std::string, std::map<std::string, std::vector<double>>>> series;
+  for (const auto& [id, config] : sp.points)
+    if (const fs::path m = dir / id / "metrics.h5"; fs::exists(m)) series.emplace_back(id, point_series(m));
+  for (const auto& [id, s] : series) {
     io::TensorBoardWriter tb(out_dir / id);
-    tb.series(io::read_metric_series(m));
+    tb.series(s);
     tb.flush();
     ++written;
   }
