@@ -163,7 +163,11 @@ MetricsFile::MetricsFile(std::filesystem::path path, const nlohmann::json& confi
   Handle fapl(in_memory_access(), H5Pclose);
   if (!bytes.empty()) H5Pset_file_image(fapl.id, bytes.data(), bytes.size());
   file_ = H5Fopen(memory_name(path_).c_str(), H5F_ACC_RDWR, fapl.id);
-  check(file_ >= 0, path_.string(), ": cannot open the metrics file to continue it (not an HDF5 file? move it away to start a new one)");
+  if (file_ < 0) {
+    const std::string cut = h5_truncation();
+    fail(path_.string(), ": cannot open the metrics file to continue it (", cut.empty() ? "not an HDF5 file?" : cut,
+         "); move it away to start a new one");
+  }
   const hid_t f = file_;
   for (const auto& [k, v] : config.items())
     if (H5Aexists(f, k.c_str()) > 0) H5Adelete(f, k.c_str());

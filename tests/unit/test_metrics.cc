@@ -154,6 +154,21 @@ TEST(MetricsSeries, ADamagedFileIsAnErrorNamingTheFileAndTheSeries) {
   mb::testing::write_text(path, "{\"lm_loss\": 7}\n");
   EXPECT_EQ(mb::io::metrics_unreadable(path),
             path.string() + ": cannot open as HDF5 (not a metrics.h5 written by train?)");
+  // a resumed run does not continue such a file: it says what it found
+  for (const auto& [bytes, found] :
+       {std::pair{intact.substr(0, intact.size() / 2), "cut short: " + std::to_string(intact.size() / 2) + " of its " +
+                                                           std::to_string(intact.size()) + " bytes are there"},
+        std::pair{std::string("{}\n"), std::string("not an HDF5 file?")}}) {
+    mb::testing::write_text(path, bytes);
+    try {
+      mb::io::MetricsFile continued(path, nlohmann::json{{"model", "gpt-mini"}}, 2);
+      ADD_FAILURE() << "continued a damaged file";
+    } catch (const mb::Error& e) {
+      EXPECT_EQ(std::string(e.what()), path.string() + ": cannot open the metrics file to continue it (" + found +
+                                           "); move it away to start a new one");
+    }
+    EXPECT_EQ(mb::testing::read_text(path), bytes) << "the damaged file is left as it was";
+  }
   std::filesystem::remove(path);
   EXPECT_EQ(mb::io::metrics_unreadable(path), path.string() + ": missing");
 }
