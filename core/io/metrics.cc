@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <type_traits>
 
@@ -326,33 +327,38 @@ void MetricsFile::flush() {
 
 namespace megabatch::io {
 
-std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path) {
+namespace {
+
+// A metrics.h5 opened for reading; an error naming it where it does not open.
+hid_t open_metrics(const std::filesystem::path& path) {
   silence_hdf5();
-  Handle f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
-  if (f.id < 0) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) {
     const std::string cut = h5_truncation();
     fail(path.string(), ": ", cut.empty() ? "cannot open as HDF5 (not a metrics.h5 written by train?)" : cut);
   }
-  struct Found {
-    std::map<std::string, std::vector<double>> series;
-    std::map<std::string, std::pair<size_t, std::vector<double>>> tables;  // 2-D: width, row-major values
-    std::string unread;                                                    // the series whose values do not read
-  } found;
+  return f;
+}
+
+// Calls read(name, dataset, rank, dims) for each numeric series of `f` (a 1-D or 2-D dataset
+// of numbers; dims[1] is 1 for a 1-D one); an error naming the file and the series where an object does not
+// open, or read returns false (its values do not read).
+using SeriesReader = std::function<bool(const char* name, hid_t dataset, int rank, const hsize_t* dims)>;
+void for_each_series(hid_t f, const std::filesystem::path& path, const SeriesReader& read) {
+  struct Visit {
+    const SeriesReader& read;
+    std::string unread;  // the object that does not read
+  } visit{read, {}};
   const herr_t visited = H5Lvisit(
-      f.id, H5_INDEX_NAME, H5_ITER_INC,
+      f, H5_INDEX_NAME, H5_ITER_INC,
       [](hid_t root, const char* name, const H5L_info_t*, void* data) -> herr_t {
-        Found& out = *static_cast<Found*>(data);
+        Visit& v = *static_cast<Visit*>(data);
+        v.unread = name;
         H5O_info_t info;
-        if (H5Oget_info_by_name2(root, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) {
-          out.unread = name;
-          return -1;
-        }
+        if (H5Oget_info_by_name2(root, name, &info, H5O_INFO_BASIC, H5P_DEFAULT) < 0) return -1;
         if (info.type != H5O_TYPE_DATASET) return 0;
         Handle d(H5Dopen2(root, name, H5P_DEFAULT), H5Dclose);
-        if (d.id < 0) {
-          out.unread = name;
-          return -1;
-        }
+        if (d.id < 0) return -1;
         Handle type(H5Dget_type(d.id), H5Tclose);
         const H5T_class_t c = H5Tget_class(type.id);
         if (c != H5T_FLOAT && c != H5T_INTEGER) return 0;
@@ -362,29 +368,48 @@ std::map<std::string, std::vector<double>> read_metric_series(const std::filesys
         hsize_t dims[2] = {0, 1};
         H5Sget_simple_extent_dims(space.id, dims, nullptr);
         if (dims[1] == 0) return 0;
-        std::vector<double> v(dims[0] * dims[1]);
-        if (!v.empty() && H5Dread(d.id, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) {
-          out.unread = name;
-          return -1;
-        }
-        if (rank == 1)
-          out.series[name] = std::move(v);
-        else
-          out.tables[name] = {static_cast<size_t>(dims[1]), std::move(v)};
-        return 0;
+        return v.read(name, d.id, rank, dims) ? 0 : -1;
       },
-      &found);
-  check(visited >= 0, path.string(), ": ", found.unread.empty() ? "its groups" : "series " + found.unread,
+      &visit);
+  check(visited >= 0, path.string(), ": ", visit.unread.empty() ? "its groups" : "series " + visit.unread,
         " cannot be read (a damaged or cut-short copy?)");
-  for (const auto& [name, table] : found.tables) add_columns(f.id, name, table.first, table.second, found.series);
-  return std::move(found.series);
+}
+
+}  // namespace
+
+std::map<std::string, std::vector<double>> read_metric_series(const std::filesystem::path& path) {
+  Handle f(open_metrics(path), H5Fclose);
+  std::map<std::string, std::vector<double>> series;
+  std::map<std::string, std::pair<size_t, std::vector<double>>> tables;  // 2-D: width, row-major values
+  for_each_series(f.id, path, [&](const char* name, hid_t d, int rank, const hsize_t* dims) {
+    std::vector<double> v(dims[0] * dims[1]);
+    if (!v.empty() && H5Dread(d, H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, v.data()) < 0) return false;
+    if (rank == 1)
+      series[name] = std::move(v);
+    else
+      tables[name] = {static_cast<size_t>(dims[1]), std::move(v)};
+    return true;
+  });
+  for (const auto& [name, table] : tables) add_columns(f.id, name, table.first, table.second, series);
+  return series;
 }
 
 std::string metrics_unreadable(const std::filesystem::path& path) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) return path.string() + ": missing";
   try {
-    read_metric_series(path);
+    // each series' last value read: its chunk index walked from the root to the last chunk,
+    // without reading the whole file (a long run's diagnostics are megabytes)
+    Handle f(open_metrics(path), H5Fclose);
+    for_each_series(f.id, path, [](const char*, hid_t d, int, const hsize_t* dims) {
+      if (dims[0] == 0) return true;
+      Handle space(H5Dget_space(d), H5Sclose);
+      const hsize_t at[2] = {dims[0] - 1, dims[1] - 1}, one[2] = {1, 1};
+      Handle mem(H5Screate_simple(1, one, nullptr), H5Sclose);
+      double last = 0;
+      return H5Sselect_hyperslab(space.id, H5S_SELECT_SET, at, nullptr, one, nullptr) >= 0 &&
+             H5Dread(d, H5T_NATIVE_DOUBLE, mem.id, space.id, H5P_DEFAULT, &last) >= 0;
+    });
   } catch (const Error& e) {
     return e.what();
   }
