@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
@@ -76,15 +76,26 @@ std::string number(double x) {
   return buf;
 }
 
-// A point's series; a metrics.h5 that does not read is an error that says what to do.
-std::map<std::string, std::vector<double>> point_series(const fs::path& metrics) {
-  try {
-    return io::read_metric_series(metrics);
-  } catch (const Error& e) {
-    fail(e.what(),
-         "; this point's result is lost. `sweep run` of the sweep's file with --rerun damaged runs it again; "
-         "or move the file away, and the export leaves the point out");
+using Series = std::map<std::string, std::vector<double>>;
+
+// A point's series (the point in `point_dir`), none where it has written no metrics.h5 yet. A
+// finished point's metrics.h5 that is missing or does not read is an error that says what to do.
+std::optional<Series> point_series(const fs::path& point_dir) {
+  const fs::path m = point_dir / "metrics.h5";
+  std::string lost;
+  if (fs::exists(m)) {
+    try {
+      return io::read_metric_series(m);
+    } catch (const Error& e) {
+      lost = e.what();
+    }
+  } else if (fs::exists(point_dir / "DONE") || fs::exists(point_dir / "DIVERGED")) {
+    lost = m.string() + ": missing";
+  } else {
+    return std::nullopt;
   }
+  fail(lost, "; this point's result is lost. `sweep run` of the sweep's file with --rerun damaged runs it again; ",
+       "or move the file away, and the export leaves the point out");
 }
 
 }  // namespace
@@ -97,12 +108,12 @@ int export_csv(const fs::path& dir, const fs::path& file) {
   out += ",step,samples,metric,value\n";
   size_t rows = 0, skipped = 0;
   for (const auto& [id, config] : sp.points) {
-    const fs::path m = dir / id / "metrics.h5";
-    if (!fs::exists(m)) {
+    const auto read = point_series(dir / id);
+    if (!read) {
       ++skipped;
       continue;
     }
-    const auto series = point_series(m);
+    const Series& series = *read;
     std::string prefix = csv_field(id);
     for (const auto& a : sp.axes) prefix += "," + (config.contains(a) ? value_cell(config[a]) : std::string());
     const double batch = config.value("global_batch_size", 0.0);
@@ -133,13 +144,12 @@ int export_csv(const fs::path& dir, const fs::path& file) {
 int export_tensorboard(const fs::path& dir, const fs::path& out_dir) {
   const SweepPoints sp = read_points(dir);
   size_t written = 0;
-  check(std::any_of(sp.points.begin(), sp.points.end(), [&](const auto& p) { return fs::exists(dir / p.first / "metrics.h5"); }),
-        dir.string(), ": none of its ", sp.points.size(), " point(s) has metrics yet (no metrics.h5): nothing to export; ",
-        "run the sweep first");
   // every point's series read before the first event file is written: a lost result leaves none
-  std::vector<std::pair<std::string, std::map<std::string, std::vector<double>>>> series;
+  std::vector<std::pair<std::string, Series>> series;
   for (const auto& [id, config] : sp.points)
-    if (const fs::path m = dir / id / "metrics.h5"; fs::exists(m)) series.emplace_back(id, point_series(m));
+    if (auto read = point_series(dir / id)) series.emplace_back(id, std::move(*read));
+  check(!series.empty(), dir.string(), ": none of its ", sp.points.size(),
+        " point(s) has metrics yet (no metrics.h5): nothing to export; run the sweep first");
   for (const auto& [id, s] : series) {
     io::TensorBoardWriter tb(out_dir / id);
     tb.series(s);
