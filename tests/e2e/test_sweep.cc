@@ -305,17 +305,27 @@ TEST_F(Sweep, AReadOnlyPointDirectoryFailsThatPointNotTheSweep) {
   EXPECT_TRUE(fs::exists(runs / "ro" / "adamw-bs8-lr0.00283-s3" / "DONE")) << r.output;
 }
 
+namespace {
+// A sweep file of two points of a tiny GPT, `name`: dl100 finishes, dl5 diverges at iteration 2
+// (its loss stays above 5 for two log intervals).
+void write_diverging_sweep(const fs::path& file, const std::string& name, int train_iters) {
+  mb::testing::write_text(file, R"({"name": ")" + name + R"(",
+  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 4,
+           "global_batch_size": 4, "train_iters": )" +
+                                    std::to_string(train_iters) + R"(, "lr": 0.001,
+           "log_interval": 1, "eval_interval": 1000, "eval_iters": 1, "divergence_intervals": 2,
+           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
+                                    R"("]},
+  "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
+}
+}  // namespace
+
 // A diverged point is a result: marked DIVERGED with its iteration and reason, counted by
 // status, not retried by a plain re-run (the sweep exits 0), rerun by --rerun diverged.
 TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
   mb::testing::TempDir tmp;
   const fs::path file = tmp / "div.json", runs = tmp / "runs", dir = runs / "div";
-  mb::testing::write_text(file, R"({"name": "div",
-  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 4,
-           "global_batch_size": 4, "train_iters": 12, "lr": 0.001, "log_interval": 1, "eval_interval": 1000,
-           "eval_iters": 1, "divergence_intervals": 2,
-           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() + R"("]},
-  "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
+  write_diverging_sweep(file, "div", 12);
   auto r = run_sweep(file, runs);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("diverged dl5: iteration 2: lm loss above 5"), std::string::npos) << r.output;
@@ -343,13 +353,7 @@ TEST_F(Sweep, ADivergedPointIsAStateNotAFailure) {
 TEST_F(Sweep, AFinishedPointWhoseMetricsAreLostIsSaidAndRerunOnRequest) {
   mb::testing::TempDir tmp;
   const fs::path file = tmp / "lost.json", runs = tmp / "runs", dir = runs / "lost";
-  mb::testing::write_text(file, R"({"name": "lost",
-  "base": {"num_layers": 1, "hidden_size": 32, "num_attention_heads": 2, "seq_length": 16, "micro_batch_size": 4,
-           "global_batch_size": 4, "train_iters": 8, "lr": 0.001, "log_interval": 1, "eval_interval": 1000,
-           "eval_iters": 1, "divergence_intervals": 2,
-           "data_path": [")" + (mb::testing::brown_data() / "brown_gpt2_text_document").string() +
-                                    R"("]},
-  "grid": {"divergence_loss": [100, 5]}, "threads": 1, "jobs": 2})");
+  write_diverging_sweep(file, "lost", 8);
   auto r = run_sweep(file, runs, " --rerun damaged");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("> warning: --rerun damaged: the metrics.h5 of every finished point reads, so none is run "
