@@ -27,12 +27,10 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kUsage =
-    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus "
-    "all|0,1,...] [--rerun [changed|diverged|damaged]]\n"
+    "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged|damaged]]\n"
     "                           [--ranks N] [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
-    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and "
-    "point.json\n"
+    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and point.json\n"
     "                             files for other launchers (--ranks: each point checked to fit a job of N ranks)\n"
     "       sweep export DIR [--csv FILE] [--tensorboard OUT]  a sweep's metrics as one long CSV table\n"
     "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"

@@ -5,11 +5,12 @@
 #include <cstdio>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "core/io/metrics.h"
 #include "core/io/tensorboard.h"
@@ -89,7 +90,7 @@ std::optional<Series> point_series(const fs::path& point_dir) {
     } catch (const Error& e) {
       lost = e.what();
     }
-  } else if (fs::exists(point_dir / "DONE") || fs::exists(point_dir / "DIVERGED")) {
+  } else if (finished(point_dir)) {
     lost = m.string() + ": missing";
   } else {
     return std::nullopt;

@@ -115,7 +115,7 @@ std::vector<fs::path> finished_point_dirs(const fs::path& sweep_dir, const json&
   for (const auto& p : state.at("points")) {
     const fs::path pd = sweep_dir / p.at("id").get<std::string>();
     if (!is_real_dir(pd) || !has_mark(pd)) continue;
-    if (fs::exists(pd / "DONE") || fs::exists(pd / "DIVERGED")) out.push_back(pd);
+    if (finished(pd)) out.push_back(pd);
   }
   return out;
 }
@@ -177,6 +177,8 @@ std::vector<std::string> config_changes(const fs::path& dir, const json& config)
   }
   return out;
 }
+
+bool finished(const fs::path& dir) { return fs::exists(dir / "DONE") || fs::exists(dir / "DIVERGED"); }
 
 double done_wall_s(const fs::path& dir) {
   const auto done = read_record(dir / "DONE");

@@ -42,6 +42,9 @@ DiskUsage disk_usage(const std::filesystem::path& dir);
 
 // ---- a point's directory ------------------------------------------------------------------
 
+// Whether the point in `dir` has finished: done or diverged (its DONE or DIVERGED is there).
+bool finished(const std::filesystem::path& dir);
+
 // Makes the directory (and its parents) and marks it as the sweep tool's.
 void make_point_dir(const std::filesystem::path& dir);
 

@@ -441,11 +441,8 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   if (f.id < 0) {
-    const std::string cut = fs::exists(file) ? h5_truncation() : "";
-    fail(p,
-         !fs::exists(file) ? ": missing"
-         : cut.empty()     ? ": not a readable HDF5 file"
-                           : ": " + cut,
+    const std::string cut = h5_truncation();  // "" for a missing file
+    fail(p, !fs::exists(file) ? ": missing" : cut.empty() ? ": not a readable HDF5 file" : ": " + cut,
          kDamagedCheckpoint);
   }
   check(H5Aexists(f.id, "format") > 0 && read_attr(f.id, "format", p) == kFormat, p, ": not a megabatch checkpoint",

@@ -5,8 +5,9 @@
 #include <hdf5.h>
 
 #include <cstdio>
-#include <nlohmann/json.hpp>
 #include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "core/util/error.h"
 
