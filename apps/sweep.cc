@@ -30,8 +30,9 @@ const char* kUsage =
     "usage: sweep run FILE.json [--dry-run] [--only PATTERN] [--retries N] [--jobs N] [--threads N] [--gpus all|0,1,...] [--rerun [changed|diverged|damaged]]\n"
     "                           [--ranks N] [--runs-dir DIR]\n"
     "       sweep status DIR      the table of a sweep's points (DIR = runs/<name>)\n"
-    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run]  points.txt and point.json\n"
-    "                             files for other launchers (--ranks: each point checked to fit a job of N ranks)\n"
+    "       sweep export-points FILE.json [--runs-dir DIR] [--ranks N] [--cluster] [--dry-run] [--rerun [changed|diverged|damaged]]\n"
+    "                             points.txt and point.json files for other launchers (--ranks: each point checked to\n"
+    "                             fit a job of N ranks; --rerun: as sweep run's, the points' directories discarded)\n"
     "       sweep export DIR [--csv FILE] [--tensorboard OUT]  a sweep's metrics as one long CSV table\n"
     "                             (point, axes, step, samples, metric, value) and TensorBoard event files\n"
     "       sweep plot DIR [DIR...]   figures (PNG and SVG) in DIR/figures (several sweeps: overlaid, in\n"
@@ -182,6 +183,23 @@ int export_metrics(int argc, char** argv) {
   return 0;
 }
 
+// --rerun [changed|diverged|damaged], of sweep run and export-points: the points whose
+// directories go before they run (or are exported) again.
+void rerun_option(mb::ArgParser& a) {
+  a.optional_choice("rerun", {"changed", "diverged", "damaged"}, "changed",
+                    "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
+                    "diverged: discard and rerun the points that diverged; damaged: discard and rerun finished "
+                    "points whose metrics.h5 does not read");
+}
+
+// What --rerun asks for, in `o`.
+void read_rerun(const mb::ArgParser& a, mb::sweeps::RunOptions& o) {
+  const std::string rerun = a.has("rerun") ? a.get("rerun") : "";
+  o.rerun_changed = rerun == "changed";
+  o.rerun_diverged = rerun == "diverged";
+  o.rerun_damaged = rerun == "damaged";
+}
+
 // sweep export-points FILE.json: points.txt and point.json files for other launchers.
 int export_points(int argc, char** argv, const std::string& name) {
   mb::ArgParser e("sweep " + name, kUsage);
@@ -190,6 +208,7 @@ int export_points(int argc, char** argv, const std::string& name) {
   e.option("ranks", "N", "refuse points that cannot run as a job of N ranks (TP x DP, DP = N / TP)", "0");
   e.flag("cluster", "print the nodes, GPUs per node and instance type the file's \"cluster\" names; write nothing");
   e.flag("dry-run", "check the points and say what would be written; write nothing");
+  rerun_option(e);
   if (!e.parse(argc, argv, 2)) return 0;
   const std::string file = one_positional(e, "sweep " + name, "sweep file", argc, argv);
   mb::check(e.get_int("max-points") >= 1, "--max-points: must be >= 1, got ", e.get_int("max-points"));
@@ -197,7 +216,12 @@ int export_points(int argc, char** argv, const std::string& name) {
             e.get("ranks"));
   const auto sweep = mb::sweeps::load_sweep(file, static_cast<size_t>(e.get_int("max-points")), e.get("runs-dir"));
   if (e.has("cluster")) return mb::sweeps::print_cluster(sweep);
-  return mb::sweeps::export_points(sweep, e.get("runs-dir"), static_cast<int>(e.get_int("ranks")), e.has("dry-run"));
+  mb::sweeps::RunOptions o;
+  o.runs_dir = e.get("runs-dir");
+  o.ranks = static_cast<int>(e.get_int("ranks"));
+  o.dry_run = e.has("dry-run");
+  read_rerun(e, o);
+  return mb::sweeps::export_points(sweep, o);
 }
 
 // sweep run's options, declared.
@@ -209,10 +233,7 @@ void run_options(mb::ArgParser& a) {
   a.option("threads", "N", "threads per point (default: the file's, else 1)", "0");
   a.option("gpus", "all|0,1,...", "run points concurrently on these GPUs, each on TP x DP of its own "
            "(CUDA_VISIBLE_DEVICES; default jobs: one per GPU)", "");
-  a.optional_choice("rerun", {"changed", "diverged", "damaged"}, "changed",
-                    "changed (also a bare --rerun): discard and rerun points whose configuration changed; "
-                    "diverged: discard and rerun the points that diverged; damaged: discard and rerun finished "
-                    "points whose metrics.h5 does not read");
+  rerun_option(a);
   a.option("ranks", "N", "run every point as a job of N ranks under $MEGABATCH_MPIRUN (DP = N / TP; "
            "launchers/ec2/launch.sh --sweep: the hostfile's nodes x GPUs)", "0");
   a.option("runs-dir", "DIR", "where runs/<name>/ goes", "runs");
@@ -245,10 +266,7 @@ int run_sweep(int argc, char** argv) {
   o.ranks = static_cast<int>(a.get_int("ranks"));
   o.only = a.get("only");
   o.dry_run = a.has("dry-run");
-  const std::string rerun = a.has("rerun") ? a.get("rerun") : "";
-  o.rerun_changed = rerun == "changed";
-  o.rerun_diverged = rerun == "diverged";
-  o.rerun_damaged = rerun == "damaged";
+  read_rerun(a, o);
   o.tty = isatty(STDOUT_FILENO) != 0;
   if (!a.get("gpus").empty()) o.gpus = mb::sweeps::parse_gpus(a.get("gpus"), mb::runtime::cuda_device_count());
   if (const char* m = std::getenv("MEGABATCH_MPIRUN"); m && *m) o.mpirun = m;

@@ -95,7 +95,11 @@ std::optional<Series> point_series(const fs::path& point_dir) {
   } else {
     return std::nullopt;
   }
-  fail(lost, "; this point's result is lost. `sweep run` of the sweep's file with --rerun damaged runs it again; ",
+  // the command that runs the sweep's points runs it again: a launcher's, for an exported sweep
+  const bool exported = fs::exists(point_dir.parent_path() / "points.txt");
+  fail(lost, "; this point's result is lost. ",
+       exported ? "Exporting (or submitting) the sweep's file again with --rerun damaged runs it again; "
+                : "`sweep run` of the sweep's file with --rerun damaged runs it again; ",
        "or move the file away, and the export leaves the point out");
 }
 

@@ -15,22 +15,27 @@ namespace megabatch::sweeps {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-int export_points(const Sweep& sweep, const fs::path& runs_dir, int ranks, bool dry_run) {
-  const fs::path root = runs_dir / sweep.name;
-  if (ranks > 0) {
+int export_points(const Sweep& sweep, const RunOptions& o) {
+  const fs::path root = o.runs_dir / sweep.name;
+  if (o.ranks > 0) {
     std::vector<const Point*> points;
     for (const auto& p : sweep.points) points.push_back(&p);
-    check_layouts(sweep, points, ranks, "--ranks: nodes x ranks per node");
+    check_layouts(sweep, points, o.ranks, "--ranks: nodes x ranks per node");
   }
   // not while a sweep run runs these points; a Slurm array's tasks hold only their points' locks
   std::optional<DirLock> lock;
-  if (!dry_run)
+  if (!o.dry_run)
     lock.emplace(root, "sweep export",
                  "it is running these points here; export once it has ended (Ctrl-C stops its points at a checkpoint)");
-  // refused, naming the keys, where a point ran (or was exported) with another configuration
+  // refused, naming the keys, where a point ran (or was exported) with another configuration,
+  // unless --rerun; the layouts are checked above, for every point
+  RunOptions states = o;
+  states.ranks = 0;
   std::vector<PointState> ps =
-      point_states(sweep, RunOptions{}, root, "Remove those points' directories to run them again, or give the sweep a new name");
-  if (dry_run) {  // checked as above; nothing written, not even the directory
+      point_states(sweep, states, root,
+                   "Export with --rerun to discard those points and run them again, or give the sweep a new name");
+  discard_rerun_points(ps, root, o);
+  if (o.dry_run) {  // checked as above; nothing written, not even the directory
     std::cout << root.string() << "/points.txt: " << sweep.points.size() << " points (--dry-run: nothing written)"
               << std::endl;
     return 0;

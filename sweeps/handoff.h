@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "sweeps/runner.h"
 #include "sweeps/sweep.h"
 
 namespace megabatch::sweeps {
@@ -12,12 +13,14 @@ namespace megabatch::sweeps {
 // Writes runs/<name>/points.txt (one id per line, in order), each point's point.json (as
 // sweep run would start it: its checkpoint schedule included) and the sweep's state,
 // sweep.json, for launchers that run points elsewhere (a Slurm job array task runs line
-// i+1); status, plot and report then read the sweep as one sweep run ran. Points that
-// already ran with another configuration are refused as in run_sweep, naming the keys.
-// `ranks` > 0: the processes of the job each point will run as (a Slurm array task's nodes x
-// tasks per node); points whose layout does not fit it (layout_problem) are refused, named,
-// before anything is written.
-int export_points(const Sweep& sweep, const std::filesystem::path& runs_dir, int ranks, bool dry_run = false);
+// i+1); status, plot and report then read the sweep as one sweep run ran. As in run_sweep,
+// points that already ran with another configuration are refused, naming the keys, and the
+// points --rerun marks (changed, diverged, damaged) are discarded, so that their tasks run
+// them afresh; a finished point whose result is lost is named. Of `o`: runs_dir, dry_run
+// (check and say, write nothing), the rerun flags, and ranks: > 0, the processes of the job
+// each point will run as (a Slurm array task's nodes x tasks per node), where points whose
+// layout does not fit (layout_problem) are refused, named, before anything is written.
+int export_points(const Sweep& sweep, const RunOptions& o);
 
 // What the sweep file's "cluster" names, for launchers/slurm/submit.sh to size its jobs by:
 // "NODES GPUS_PER_NODE INSTANCE_TYPE" on one line; nothing when it names no cluster. An

@@ -8,8 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <list>
 #include <map>
 
+#include "core/util/dir_lock.h"
 #include "core/util/error.h"
 #include "core/util/files.h"
 #include "core/util/strings.h"
@@ -165,20 +167,42 @@ std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, co
   return ps;
 }
 
-void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, bool dry_run) {
+void discard_rerun_points(std::vector<PointState>& ps, const fs::path& root, const RunOptions& o) {
+  auto none = [&](auto marked) { return std::none_of(ps.begin(), ps.end(), marked); };
+  const std::string selected_ones = o.only.empty() ? "" : "selected by --only ";
+  if (o.rerun_diverged && none([](const PointState& p) { return !p.discard.empty(); }))
+    std::cout << "> warning: --rerun diverged: no point " << selected_ones << "has diverged, so none is run again"
+              << std::endl;
+  if (o.rerun_damaged && none([](const PointState& p) { return !p.damaged.empty(); }))
+    std::cout << "> warning: --rerun damaged: the metrics.h5 of every finished point " << selected_ones
+              << "reads, so none is run again" << std::endl;
+  // Every marked point's lock first: one that a train still runs (a launcher's, Slurm or EKS,
+  // holds its lock) refuses the discard at once, naming it, before any point has gone.
+  std::list<DirLock> locks;
+  for (const auto& p : ps)
+    if (!o.dry_run && !p.discard.empty() && fs::symlink_status(p.dir).type() == fs::file_type::directory)
+      locks.emplace_back(p.dir, "sweep (discarding the point)",
+                         "not removing it while it runs; stop it first (scancel its job, or delete its MPIJob), or "
+                         "wait for it to end",
+                         0);
   for (auto& p : ps) {
     if (p.discard.empty()) continue;
-    if (dry_run) {
+    if (o.dry_run) {
       std::cout << "  --rerun discards " << p.dir.string() << " (" << p.discard << ")\n";
       continue;
     }
     remove_point_dir(root, p.dir);
+    std::cout << "> --rerun: discarded " << p.dir.string() << " (" << p.discard << ")" << std::endl;
     p.state = PointStatus::kPending;
     p.reason.clear();
     p.damaged.clear();
     p.wall_s = 0;
     p.progress = {};
   }
+  for (const auto& p : ps)  // left as they are: skipped as finished, their results lost
+    if (!p.damaged.empty() && p.discard.empty())
+      std::cout << "> warning: " << p.point->id << " finished, but its result is lost: " << p.damaged
+                << "; --rerun damaged discards the point and runs it again" << std::endl;
 }
 
 int dry_run(const Sweep& sweep, const RunOptions& o, const fs::path& root, const std::vector<PointState>& ps) {

@@ -37,9 +37,10 @@ void check_layouts(const Sweep& sweep, const std::vector<const Point*>& points, 
 std::vector<PointState> point_states(const Sweep& sweep, const RunOptions& o, const std::filesystem::path& root,
                                      const std::string& remedy);
 
-// --rerun (changed) and --rerun diverged: the marked points' directories go, and they run
-// afresh; under --dry-run only says so.
-void discard_rerun_points(std::vector<PointState>& ps, const std::filesystem::path& root, bool dry_run);
+// --rerun changed, diverged or damaged: the marked points' directories go, each said, and
+// they run afresh; under --dry-run only says so. Warns where --rerun found nothing to
+// discard, and names each finished point whose result is lost and is kept as it is.
+void discard_rerun_points(std::vector<PointState>& ps, const std::filesystem::path& root, const RunOptions& o);
 
 // --dry-run: lists the points with their swept values and checks each that has still to
 // run with train --check; 2 when one cannot run.

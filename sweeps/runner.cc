@@ -1,6 +1,5 @@
 #include "sweeps/runner.h"
 
-#include <algorithm>
 #include <iostream>
 #include <optional>
 
@@ -30,17 +29,7 @@ int run_sweep(const Sweep& sweep, const RunOptions& o) {
   std::vector<PointState> ps =
       point_states(sweep, o, root, "Run with --rerun to discard those points and run them again, or give the sweep a new name");
   take_lock();  // a new sweep's directory is made once its points are valid
-  if (o.rerun_diverged && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return !p.discard.empty(); }))
-    std::cout << "> warning: --rerun diverged: no point " << (o.only.empty() ? "" : "selected by --only ")
-              << "has diverged, so none is run again" << std::endl;
-  if (o.rerun_damaged && std::none_of(ps.begin(), ps.end(), [](const PointState& p) { return !p.damaged.empty(); }))
-    std::cout << "> warning: --rerun damaged: the metrics.h5 of every finished point "
-              << (o.only.empty() ? "" : "selected by --only ") << "reads, so none is run again" << std::endl;
-  discard_rerun_points(ps, root, o.dry_run);
-  for (const auto& p : ps)  // left as they are: skipped as finished, their results lost
-    if (!p.damaged.empty() && p.discard.empty())
-      std::cout << "> warning: " << p.point->id << " finished, but its result is lost: " << p.damaged
-                << "; --rerun damaged discards the point and runs it again" << std::endl;
+  discard_rerun_points(ps, root, o);
   if (const std::string note = noise_scale_note(sweep); !note.empty()) std::cout << "> " << note << std::endl;
   if (o.dry_run) return dry_run(sweep, o, root, ps);
   return run_points(sweep, o, root, ps);

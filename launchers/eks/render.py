@@ -8,7 +8,9 @@
   render.py --image <registry>/megabatch:latest --sweep /fsx/runs/bert4_lamb_bsz > jobs.yaml
 
 --sweep DIR renders the job of every point of a sweep that `sweep export-points FILE --runs-dir
-/fsx/runs` wrote (each of its points not yet done or diverged), one YAML document each; the
+/fsx/runs` wrote (each of its points not yet done or diverged: export with --rerun damaged first
+to run again the points whose result is lost, as `sweep status` names them; --rerun diverged,
+those that diverged), one YAML document each; the
 instance type and nodes default to the sweep file's "cluster" (`sweep export-points --ranks N`
 checks that every point runs as a job of N = nodes x GPUs ranks). A point whose layout the job
 cannot run (its TP, micro and global batch against nodes x GPUs ranks, as train checks them),

@@ -5,6 +5,7 @@
 #
 #   launchers/slurm/submit.sh experiments/paper/bert4_lamb_bsz.json --partition p4d --time 24:00:00 \
 #       [--nodes 2 --ntasks-per-node 8 --gpus-per-node 8] [--max-running 4] [--container IMAGE] [--runs-dir runs] [--dry-run]
+#       [--rerun [changed|diverged|damaged]]
 #
 # Sizes the sweep file's "cluster" names (nodes, gpus_per_node) are the defaults of --nodes,
 # --ntasks-per-node and --gpus-per-node (0: ask for no GPUs); else 1 node, 1 task, no GPUs.
@@ -12,6 +13,9 @@
 # GPUs' memory by launchers/plan.py's estimate (refused before anything is submitted).
 # Points write to RUNS_DIR/<sweep>/<id>/ as with `sweep run`, so `sweep status` and
 # `sweep plot` work on a Slurm sweep too (RUNS_DIR must be on a shared file system: FSx).
+# --rerun, as sweep run's: discards the points whose configuration changed (changed, also a
+# bare --rerun), that diverged, or whose result is lost (damaged: a finished point whose
+# metrics.h5 no longer reads, as sweep status says), so that their tasks run them afresh.
 #   launchers/slurm/submit.sh --selftest --nodes 2 --ntasks-per-node 8 [--gpus-per-node 8] [--device cpu] ...
 # (run it first on a new cluster) submits launchers/selftest.sh instead: a short TP x DP run
 # under the same srun, checked against one GPU (--device cpu: one CPU process, on a cluster
@@ -30,7 +34,7 @@ case $1 in
   *) sweep_file=$1 ;;
 esac
 shift
-nodes="" ntasks="" partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus="" device=""
+nodes="" ntasks="" partition="" time_limit="" max_running=4 container="" runs_dir="runs" dry=0 gpus="" device="" rerun=()
 while [[ $# -gt 0 ]]; do
   case $1 in
     --nodes) nodes=$2; shift 2 ;;
@@ -43,6 +47,8 @@ while [[ $# -gt 0 ]]; do
     --device) device=$2; shift 2 ;;
     --runs-dir) runs_dir=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
+    --rerun)  # an optional word, as sweep's own --rerun takes it
+      if [[ ${2:-} =~ ^(changed|diverged|damaged)$ ]]; then rerun=(--rerun "$2"); shift 2; else rerun=(--rerun); shift; fi ;;
     -h|--help) usage 0 ;;
     *) echo "submit.sh: unknown option $1" >&2; usage ;;
   esac
@@ -60,11 +66,15 @@ sweep_points() {
   if [[ -f $1/points.txt ]] && ! ((dry)); then wc -l < "$1/points.txt"; return; fi
   local n=${2##*/points.txt: }; echo "${n%% points*}"
 }
+# last_line TEXT: sweep export-points ends with its "DIR/points.txt: N points" line (its
+# warnings and --rerun's discards come before it)
+last_line() { printf '%s\n' "${1##*$'\n'}"; }
 [[ -z $nodes ]] || count --nodes "$nodes"
 [[ -z $ntasks ]] || count --ntasks-per-node "$ntasks"
 count --max-running "$max_running"
 [[ -z $device || ( -z $sweep_file && $device =~ ^(cuda|cpu)$ ) ]] || {
   echo "submit.sh: --device is the self-test's (--selftest --device cuda|cpu), got '$device'; a sweep's points name their device in the sweep file" >&2; exit 2; }
+[[ -n $sweep_file || ${#rerun[@]} == 0 ]] || { echo "submit.sh: --rerun is a sweep's (submit.sh FILE.json --rerun ...), not the self-test's" >&2; exit 2; }
 [[ -z $gpus || $gpus =~ ^(0|[1-9][0-9]{0,5})$ ]] || { echo "submit.sh: --gpus-per-node must be a whole number (0: no GPUs), got '$gpus'" >&2; exit 2; }
 bin=${MEGABATCH_BIN:-$root/build/bin}
 if [[ -n $sweep_file && ( -z $nodes || -z $ntasks || -z $gpus ) ]]; then  # the sizes the sweep was made for
@@ -106,11 +116,11 @@ elif [[ -n ${c_type:-} ]]; then
   fi
   echo "$fit"
 fi
-export_args=("$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)))
-((dry)) && export_args+=(--dry-run)
-out=$("$bin/sweep" export-points "${export_args[@]}")  # ".../<name>/points.txt: N points"
-echo "$out"
-sweep_dir=$(realpath -m -- "${out%%/points.txt:*}")  # absolute: the tasks' working directory
+export_args=("$sweep_file" --runs-dir "$runs_dir" --ranks $((nodes * ntasks)) "${rerun[@]}")
+# the points checked and where they go, with nothing written yet: ".../<name>/points.txt: N points ..."
+planned=$("$bin/sweep" export-points "${export_args[@]}" --dry-run) || exit 2
+planned_line=$(last_line "$planned")
+sweep_dir=$(realpath -m -- "${planned_line%%/points.txt:*}")  # absolute: the tasks' working directory
 # pyxis takes --container-mounts=SRC:DST[,SRC:DST...]: a comma or colon in the path would split it
 if [[ -n $container && $sweep_dir == *[,:]* ]]; then
   echo "submit.sh: --container mounts the sweep's directory into the container, and pyxis cannot mount $sweep_dir (a comma or colon in its path); give --runs-dir a path without them" >&2; exit 2
@@ -124,23 +134,32 @@ env_text=$(
   printf 'CONTAINER_ARGS=('
   [[ -n $container ]] && printf '%q ' "--container-image=$container" "--container-mounts=$sweep_dir:$sweep_dir"
   printf ')\n')
-args=(--array="0-$(( $(sweep_points "$sweep_dir" "$out") - 1 ))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks")
+if ((dry)); then  # what would be discarded, written and submitted; nothing is
+  echo "$planned"
+  exported=$planned_line
+else
+  # Not while an array of this sweep is queued or running (its tasks run in the sweep's
+  # directory): a second would run its points again beside the first, and fail on their
+  # locks. Checked before anything is written, or discarded by --rerun.
+  # %F: the array's job id, which each of its running tasks (a job id of its own, %A) shares.
+  # "ID|DIR" lines: the directory is the rest of the line after the first '|' (spaces and all).
+  if queued=$(squeue -h --me -o "%F|%Z" 2>/dev/null); then
+    held=$(while IFS= read -r line; do if [[ ${line#*|} == "$sweep_dir" ]]; then echo "${line%%|*}"; fi; done <<< "$queued" |
+           sort -u | tr '\n' ' ')
+    [[ -z $held ]] || { echo "submit.sh: $sweep_dir is already queued or running as job ${held% }; it goes on by itself (a point near its time limit requeues itself). To submit it again, scancel ${held% } first: each running point stops at a checkpoint and resumes from there" >&2; exit 2; }
+  fi
+  out=$("$bin/sweep" export-points "${export_args[@]}") || { echo "$out"; exit 2; }
+  echo "$out"
+  exported=$(last_line "$out")
+fi
+args=(--array="0-$(( $(sweep_points "$sweep_dir" "$exported") - 1 ))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks")
 [[ -n $partition ]] && args+=(--partition="$partition")
 [[ -n $time_limit ]] && args+=(--time="$time_limit")
 [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
 args+=(--chdir="$sweep_dir" "$here/point.sbatch")
-if ((dry)); then  # what would be written and submitted; nothing is
+if ((dry)); then
   echo "$sweep_dir/slurm.env would hold:"; echo "$env_text"
   shown sbatch "${args[@]}"; exit 0
-fi
-# Not while an array of this sweep is queued or running (its tasks run in the sweep's
-# directory): a second would run its points again beside the first, and fail on their locks.
-# %F: the array's job id, which each of its running tasks (a job id of its own, %A) shares.
-# "ID|DIR" lines: the directory is the rest of the line after the first '|' (spaces and all).
-if queued=$(squeue -h --me -o "%F|%Z" 2>/dev/null); then
-  held=$(while IFS= read -r line; do if [[ ${line#*|} == "$sweep_dir" ]]; then echo "${line%%|*}"; fi; done <<< "$queued" |
-         sort -u | tr '\n' ' ')
-  [[ -z $held ]] || { echo "submit.sh: $sweep_dir is already queued or running as job ${held% }; it goes on by itself (a point near its time limit requeues itself). To submit it again, scancel ${held% } first: each running point stops at a checkpoint and resumes from there" >&2; exit 2; }
 fi
 printf '%s\n' "$env_text" > "$sweep_dir/slurm.env.tmp" && mv "$sweep_dir/slurm.env.tmp" "$sweep_dir/slurm.env"
 sbatch "${args[@]}"

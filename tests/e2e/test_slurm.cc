@@ -44,11 +44,11 @@ class Slurm : public ::testing::Test {
  "zip": {"global_batch_size": [4, 8]}, "derive": {"sample_budget": )" + budget + "}}");
     return file;
   }
-  // submit.sh's job id ("Submitted batch job N")
-  static std::string submit(const fs::path& file, const fs::path& runs) {
-    const auto r = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh " +
-                                            mb::shell_quote(file.string()) + " --nodes 1 --ntasks-per-node 2 --runs-dir " +
-                                            mb::shell_quote(runs.string()));
+  // submit.sh's job id ("Submitted batch job N"); `extra`: more of its options
+  static std::string submit(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
+    const auto r = mb::testing::run_command(
+        mb::testing::source_dir() + "/launchers/slurm/submit.sh " + mb::shell_quote(file.string()) +
+        " --nodes 1 --ntasks-per-node 2 --runs-dir " + mb::shell_quote(runs.string()) + extra);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const size_t at = r.output.rfind("Submitted batch job ");
     EXPECT_NE(at, std::string::npos) << r.output;
@@ -113,6 +113,8 @@ TEST_F(Slurm, ARunsDirectoryWithACommaAQuoteASpaceAndADollarWorks) {
   EXPECT_NE(status.output.find("2 done"), std::string::npos) << status.output;
 }
 
+// An exported sweep as a job array: each point runs as 2 MPI ranks, checkpointed and marked
+// done as sweep run does it; a result lost afterwards runs again on request, alone.
 TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
   mb::testing::TempDir tmp;
   const auto job = submit(write_sweep(tmp.path(), "tiny", "32"), tmp / "runs");
@@ -136,10 +138,32 @@ TEST_F(Slurm, JobArrayRunsEveryPointWithTwoMpiRanks) {
     EXPECT_NE(read(dir / "DONE").find("\"iteration\":" + std::to_string(iters)), std::string::npos) << read(dir / "DONE");
   }
   // sweep status reads the exported sweep as one that sweep run ran
-  const auto status = mb::testing::run_command(mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "tiny").string());
-  EXPECT_EQ(status.exit_code, 0) << status.output;
-  EXPECT_NE(status.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos)
-      << status.output;
+  const std::string status = mb::testing::bin_dir() + "/sweep status " + (tmp / "runs" / "tiny").string();
+  auto r = mb::testing::run_command(status);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos) << r.output;
+
+  // bs8's result lost afterwards (its metrics.h5 cut short): status says so and how to run it
+  // again; submitted with --rerun damaged, only bs8 runs again, afresh, to a readable result
+  // (before: its task said "done already" and left it lost)
+  const fs::path bs4 = tmp / "runs" / "tiny" / "bs4", bs8 = tmp / "runs" / "tiny" / "bs8";
+  const std::string bytes = read(bs8 / "metrics.h5"), bs4_log = read(bs4 / "stdout.log");
+  mb::testing::write_text(bs8 / "metrics.h5", bytes.substr(0, bytes.size() / 2));
+  r = mb::testing::run_command(status);
+  EXPECT_NE(r.output.find("1 result(s) lost (metrics.h5 unreadable; export or submit the sweep again with --rerun "
+                          "damaged)"),
+            std::string::npos)
+      << r.output;
+  const auto again = submit(write_sweep(tmp.path(), "tiny", "32"), tmp / "runs", " --rerun damaged");
+  ASSERT_TRUE(wait_until_gone(again, 600)) << "the array did not finish in 10 minutes";
+  ASSERT_TRUE(fs::exists(bs8 / "DONE")) << read(bs8 / "stdout.log");
+  EXPECT_EQ(read(bs8 / "stdout.log").find("> loaded"), std::string::npos) << "afresh: " << read(bs8 / "stdout.log");
+  mb::testing::H5File f((bs8 / "metrics.h5").string(), mb::testing::H5File::kRead);
+  EXPECT_EQ(f.read<double>("train/lm_loss").size(), 4u);
+  EXPECT_EQ(read(bs4 / "stdout.log"), bs4_log) << "bs4's result stood: not run again";
+  r = mb::testing::run_command(status);
+  EXPECT_NE(r.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting | "), std::string::npos)
+      << r.output;
 }
 
 // A point killed outright (SIGKILL to its ranks, as when its node is lost: no signal to

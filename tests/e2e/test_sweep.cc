@@ -13,6 +13,7 @@
 #include <regex>
 #include <string>
 
+#include "core/util/dir_lock.h"
 #include "tests/e2e/sweep_fixture.h"
 #include "tests/unit/h5_util.h"
 #include "tests/unit/test_util.h"
@@ -432,6 +433,71 @@ TEST_F(Sweep, AFinishedPointWhoseMetricsAreLostIsSaidAndRerunOnRequest) {
     EXPECT_FALSE(fs::exists(tmp / "x.csv"));
     EXPECT_FALSE(fs::exists(tmp / "tb"));
   }
+}
+
+// A sweep whose points a launcher runs (sweep export-points: Slurm, EKS) has the same remedy:
+// export-points names each lost result, sweep status points at exporting again, and
+// export-points --rerun damaged discards those points (the diverged one too), so that their
+// tasks run them afresh (before: the launchers skipped them as done, with no way but removing
+// directories by hand). A point whose train still holds its lock (running under its launcher)
+// is never discarded: refused at once, naming the holder, with nothing discarded.
+TEST_F(Sweep, AnExportedSweepsLostResultsAreNamedAndDiscardedOnRequest) {
+  mb::testing::TempDir tmp;
+  const fs::path file = tmp / "lostx.json", runs = tmp / "runs", dir = runs / "lostx";
+  write_diverging_sweep(file, "lostx", 8);
+  ASSERT_EQ(run_sweep(file, runs).exit_code, 0);
+  const std::string export_points = sweep("export-points " + file.string() + " --runs-dir " + runs.string());
+  auto r = mb::testing::run_command(export_points);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const fs::path done = dir / "dl100" / "metrics.h5", diverged = dir / "dl5" / "metrics.h5";
+  const std::string bytes = mb::testing::read_text(done);
+  mb::testing::write_text(done, bytes.substr(0, bytes.size() / 2));
+  fs::remove(diverged);
+
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("1 done, 1 diverged, 0 running, 0 failed, 0 waiting, 2 result(s) lost (metrics.h5 "
+                          "unreadable; export or submit the sweep again with --rerun damaged)"),
+            std::string::npos)
+      << r.output;
+  r = mb::testing::run_command(export_points);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("> warning: dl5 finished, but its result is lost: " + diverged.string() +
+                          ": missing; --rerun damaged discards the point and runs it again"),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir / "dl5" / "DIVERGED")) << "discarded only on request";
+
+  {  // dl100 running under its launcher: its train's lock refuses the discard of every point
+    const mb::DirLock running(dir / "dl100", "train", "");
+    r = mb::testing::run_command(export_points + " --rerun damaged");
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find((dir / "dl100").string() + " is in use by train (pid " + std::to_string(getpid())),
+              std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("not removing it while it runs"), std::string::npos) << r.output;
+    EXPECT_TRUE(fs::exists(dir / "dl100" / "DONE")) << r.output;
+  }
+  r = mb::testing::run_command(export_points + " --rerun damaged --dry-run");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("  --rerun discards " + (dir / "dl100").string() + " (result lost: " + done.string() +
+                          ": cut short: "),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir / "dl100" / "DONE")) << "--dry-run discards nothing";
+
+  r = mb::testing::run_command(export_points + " --rerun damaged");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* id : {"dl100", "dl5"}) {
+    EXPECT_NE(r.output.find("> --rerun: discarded " + (dir / id).string() + " (result lost: "), std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(dir / id / "DONE") || fs::exists(dir / id / "DIVERGED")) << id;
+    EXPECT_FALSE(fs::exists(dir / id / "stdout.log")) << id << ": its task starts it afresh";
+    const auto point = nlohmann::json::parse(mb::testing::read_text(dir / id / "point.json"));
+    EXPECT_EQ(point.value("train_iters", 0), 8) << id << ": exported again, for its task";
+  }
+  r = mb::testing::run_command(sweep("status " + dir.string()));
+  EXPECT_NE(r.output.find("sweep: 0 done, 0 diverged, 0 running, 0 failed, 2 waiting | "), std::string::npos)
+      << r.output;
 }
 
 // On a terminal the live table is redrawn in place, so none of its lines may wrap: each fits

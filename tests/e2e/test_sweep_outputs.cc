@@ -311,8 +311,9 @@ TEST_F(Sweep, FinishedPointsKeepTheCheckpointsTheirRunRetainsForGood) {
 // sweep export-points (for launchers/slurm and eks) leaves what sweep run would: each
 // point.json with the checkpoint schedule sweep run gives it (a checkpoint every tenth of its
 // iterations: a lost node costs no more), and the sweep's state, which status reads (before,
-// "no sweep here"); exported again with a changed value, the refusal names the key. The old
-// name of the command (sweep export FILE.json) still works, and says its new name.
+// "no sweep here"); exported again with a changed value, the refusal names the key, and with
+// --rerun the changed points are discarded and exported afresh. The old name of the command
+// (sweep export FILE.json) still works, and says its new name.
 TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
   mb::testing::TempDir tmp;
   const fs::path runs = tmp / "runs";
@@ -332,7 +333,23 @@ TEST_F(Sweep, ExportWritesWhatSweepRunWouldAndNamesAChangedKey) {
   EXPECT_NE(r.output.find("`sweep export FILE.json` is `sweep export-points FILE.json` now"), std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("bs2 (train_iters: 40 -> 50)"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("Remove those points' directories"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Export with --rerun to discard those points and run them again"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(nlohmann::json::parse(mb::testing::read_text(runs / "ex" / "bs2" / "point.json")).value("train_iters", 0),
+            40)
+      << "refused: untouched";
+  // --rerun, as sweep run's: the changed points discarded and exported afresh
+  r = mb::testing::run_command(
+      sweep("export-points " + changed.string() + " --runs-dir " + runs.string() + " --rerun"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* id : {"bs2", "bs4"}) {
+    EXPECT_NE(r.output.find("> --rerun: discarded " + (runs / "ex" / id).string() + " (its configuration changed)"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(nlohmann::json::parse(mb::testing::read_text(runs / "ex" / id / "point.json")).value("train_iters", 0),
+              50)
+        << id;
+  }
 }
 
 // sweep --help lists each command under the name the tool takes it by, and all of them: the
