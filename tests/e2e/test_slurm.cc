@@ -4,7 +4,8 @@
 // marked done as sweep run does it; a task sent USR1 (as Slurm does before a time limit,
 // --signal=B:USR1@120) checkpoints, requeues itself and resumes from its checkpoint to a
 // complete, gap-free metrics file; and a point killed outright, as when its node is lost,
-// resumes from its last periodic checkpoint when submitted again.
+// resumes from its last periodic checkpoint when submitted again; a point that srun cannot
+// start is failed with srun's error; a result lost afterwards runs again on request.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -232,6 +233,33 @@ TEST_F(Slurm, ADivergedPointEndsItsTaskWithDivergedNotDone) {
   ASSERT_TRUE(wait_until_gone(again, 600));
   EXPECT_EQ(read(tmp / "runs" / "div" / "bs4" / "stdout.log"), log_before);
   EXPECT_TRUE(fs::exists(tmp / "runs" / "div" / "bs4" / "DIVERGED"));
+}
+
+// A task whose srun cannot start the point at all (here --container on a cluster without
+// pyxis, as with an image that does not start): srun's error is the point's failure, in
+// FAILED and sweep status, quotes and backslashes intact. Before, sweep finish could not run
+// either, nothing was recorded, and sweep status said "waiting" while nothing ran the point.
+// Submitted again without the container, it runs to done.
+TEST_F(Slurm, AnSrunThatCannotStartThePointFailsItWithSrunsError) {
+  mb::testing::TempDir tmp;
+  const fs::path file = write_sweep(tmp.path(), "nostart", "16"), dir = tmp / "runs" / "nostart";
+  const auto job = submit(file, tmp / "runs", " --container " + mb::shell_quote(R"(img"\1)"));
+  ASSERT_FALSE(job.empty());
+  ASSERT_TRUE(wait_until_gone(job, 600)) << "the array did not finish in 10 minutes";
+  const std::string error = R"(srun: unrecognized option '--container-image=img"\1')";
+  for (const char* id : {"bs4", "bs8"}) {
+    ASSERT_TRUE(fs::exists(dir / id / "FAILED")) << id << ":\n" << read(dir / id / "stdout.log");
+    const auto failed = nlohmann::json::parse(read(dir / id / "FAILED"));
+    EXPECT_EQ(failed.value("reason", "").rfind(error + " (train's srun: exit ", 0), 0u) << failed;
+  }
+  const std::string status = mb::testing::bin_dir() + "/sweep status " + dir.string();
+  auto r = mb::testing::run_command(status);
+  EXPECT_NE(r.output.find("sweep: 0 done, 0 diverged, 0 running, 2 failed, 0 waiting"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bs4    failed      " + error), std::string::npos) << r.output;
+
+  ASSERT_TRUE(wait_until_gone(submit(file, tmp / "runs"), 600));
+  r = mb::testing::run_command(status);
+  EXPECT_NE(r.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos) << r.output;
 }
 
 TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
