@@ -96,10 +96,10 @@ std::optional<Series> point_series(const fs::path& point_dir) {
     return std::nullopt;
   }
   // the command that runs the sweep's points runs it again: a launcher's, for an exported sweep
-  const bool exported = fs::exists(point_dir.parent_path() / "points.txt");
   fail(lost, "; this point's result is lost. ",
-       exported ? "Exporting (or submitting) the sweep's file again with --rerun damaged runs it again; "
-                : "`sweep run` of the sweep's file with --rerun damaged runs it again; ",
+       exported(point_dir.parent_path())
+           ? "Exporting (or submitting) the sweep's file again with --rerun damaged runs it again; "
+           : "`sweep run` of the sweep's file with --rerun damaged runs it again; ",
        "or move the file away, and the export leaves the point out");
 }
 

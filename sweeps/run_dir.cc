@@ -120,6 +120,8 @@ std::vector<fs::path> finished_point_dirs(const fs::path& sweep_dir, const json&
   return out;
 }
 
+bool exported(const fs::path& dir) { return fs::exists(dir / "points.txt"); }
+
 DiskUsage disk_usage(const fs::path& dir) {
   DiskUsage u;
   std::error_code ec;

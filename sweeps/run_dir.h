@@ -40,6 +40,10 @@ struct DiskUsage {
 };
 DiskUsage disk_usage(const std::filesystem::path& dir);
 
+// Whether the sweep in `dir` is run by a launcher (sweep export-points wrote its points.txt
+// for Slurm or EKS), whose commands, not sweep run, run its points again.
+bool exported(const std::filesystem::path& dir);
+
 // ---- a point's directory ------------------------------------------------------------------
 
 // Whether the point in `dir` has finished: done or diverged (its DONE or DIVERGED is there).

@@ -87,15 +87,15 @@ int print_status(const fs::path& dir) {
     if (ps[i].state == PointStatus::kPending && ps[i].progress.iteration > 0) ps[i].state = PointStatus::kStarted;
     ps[i].damaged = unreadable_result(ps[i]);
   }
-  const bool exported = fs::exists(dir / "points.txt");  // its points run by a launcher
-  if (exported) apply_slurm_queue(dir, ps);
+  const bool launched = exported(dir);  // its points run by a launcher
+  if (launched) apply_slurm_queue(dir, ps);
   double wall = 0;  // sweep run's record, else (an exported sweep) what its launcher put in DONE
   for (size_t i = 0; i < ps.size(); ++i) {
     const double w = s["points"][i].value("wall_s", 0.0);
     wall += w > 0 ? w : done_wall_s(ps[i].dir);
   }
   // "-" where no time was recorded (an exported sweep's points: their launcher keeps it)
-  for (const auto& l : table_lines(ps, -1, wall > 0 ? wall : -1, exported)) std::cout << l << "\n";
+  for (const auto& l : table_lines(ps, -1, wall > 0 ? wall : -1, launched)) std::cout << l << "\n";
   const DiskUsage used = disk_usage(dir);
   int64_t prunable = 0;  // what prune_sweep frees
   for (const auto& pd : finished_point_dirs(dir, s)) prunable += prunable_checkpoint_bytes(pd / "checkpoints", "final");

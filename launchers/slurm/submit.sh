@@ -60,15 +60,11 @@ shown() {
   for w; do if [[ $w =~ ^[A-Za-z0-9_./:=%,+@-]+$ ]]; then words+=("$w"); else words+=("${w@Q}"); fi; done
   echo "${words[*]}"
 }
-# sweep_points DIR EXPORT_LINE: the number of points, from points.txt (or, for a dry run that
-# wrote none, from sweep export-points' line "DIR/points.txt: N points ...")
-sweep_points() {
-  if [[ -f $1/points.txt ]] && ! ((dry)); then wc -l < "$1/points.txt"; return; fi
-  local n=${2##*/points.txt: }; echo "${n%% points*}"
-}
-# last_line TEXT: sweep export-points ends with its "DIR/points.txt: N points" line (its
+# last_line TEXT: sweep export-points ends with its "DIR/points.txt: N points ..." line (its
 # warnings and --rerun's discards come before it)
 last_line() { printf '%s\n' "${1##*$'\n'}"; }
+# sweep_points LINE: the N of that line
+sweep_points() { local n=${1##*/points.txt: }; echo "${n%% points*}"; }
 [[ -z $nodes ]] || count --nodes "$nodes"
 [[ -z $ntasks ]] || count --ntasks-per-node "$ntasks"
 count --max-running "$max_running"
@@ -152,7 +148,7 @@ else
   echo "$out"
   exported=$(last_line "$out")
 fi
-args=(--array="0-$(( $(sweep_points "$sweep_dir" "$exported") - 1 ))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks")
+args=(--array="0-$(( $(sweep_points "$exported") - 1 ))%$max_running" --nodes="$nodes" --ntasks-per-node="$ntasks")
 [[ -n $partition ]] && args+=(--partition="$partition")
 [[ -n $time_limit ]] && args+=(--time="$time_limit")
 [[ -n $gpus ]] && args+=(--gpus-per-node="$gpus")
