@@ -45,11 +45,16 @@ class Slurm : public ::testing::Test {
  "zip": {"global_batch_size": [4, 8]}, "derive": {"sample_budget": )" + budget + "}}");
     return file;
   }
+  // Shell: submit.sh with this build's programs (its default is the checkout's build/bin,
+  // another build than this test's where the tests run from another build directory)
+  static std::string submit_sh() {
+    return "MEGABATCH_BIN=" + mb::testing::bin_dir() + " " + mb::testing::source_dir() + "/launchers/slurm/submit.sh ";
+  }
   // submit.sh's job id ("Submitted batch job N"); `extra`: more of its options
   static std::string submit(const fs::path& file, const fs::path& runs, const std::string& extra = "") {
-    const auto r = mb::testing::run_command(
-        mb::testing::source_dir() + "/launchers/slurm/submit.sh " + mb::shell_quote(file.string()) +
-        " --nodes 1 --ntasks-per-node 2 --runs-dir " + mb::shell_quote(runs.string()) + extra);
+    const auto r =
+        mb::testing::run_command(submit_sh() + mb::shell_quote(file.string()) +
+                                 " --nodes 1 --ntasks-per-node 2 --runs-dir " + mb::shell_quote(runs.string()) + extra);
     EXPECT_EQ(r.exit_code, 0) << r.output;
     const size_t at = r.output.rfind("Submitted batch job ");
     EXPECT_NE(at, std::string::npos) << r.output;
@@ -301,7 +306,7 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
   ASSERT_FALSE(job.empty());
   const fs::path root = tmp / "runs" / "cancel";
   // submitted again while it runs: refused, naming the job (it would run the points twice)
-  const auto twice = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh " + file.string() +
+  const auto twice = mb::testing::run_command(submit_sh() + file.string() +
                                               " --nodes 1 --ntasks-per-node 2 --runs-dir " + (tmp / "runs").string());
   EXPECT_EQ(twice.exit_code, 2) << twice.output;
   EXPECT_NE(twice.output.find("is already queued or running as job " + job + "; "), std::string::npos) << twice.output;
@@ -345,8 +350,10 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
 // (--device cpu: this cluster has no GPU), and its output file holds the table and the verdict.
 TEST_F(Slurm, SelftestRunsTheLayoutUnderSrunAndPasses) {
   mb::testing::TempDir tmp;
-  const auto r = mb::testing::run_command(mb::testing::source_dir() + "/launchers/slurm/submit.sh --selftest --nodes 1 "
-                                          "--ntasks-per-node 4 --device cpu --runs-dir " + tmp.path().string());
+  const auto r = mb::testing::run_command(submit_sh() +
+                                          "--selftest --nodes 1 "
+                                          "--ntasks-per-node 4 --device cpu --runs-dir " +
+                                          tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t at = r.output.rfind("Submitted batch job ");
   ASSERT_NE(at, std::string::npos) << r.output;
