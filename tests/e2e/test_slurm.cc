@@ -350,10 +350,8 @@ TEST_F(Slurm, ScancelStopsEveryPointAtACheckpointAndNoneComesBack) {
 // (--device cpu: this cluster has no GPU), and its output file holds the table and the verdict.
 TEST_F(Slurm, SelftestRunsTheLayoutUnderSrunAndPasses) {
   mb::testing::TempDir tmp;
-  const auto r = mb::testing::run_command(submit_sh() +
-                                          "--selftest --nodes 1 "
-                                          "--ntasks-per-node 4 --device cpu --runs-dir " +
-                                          tmp.path().string());
+  const auto r = mb::testing::run_command(
+      submit_sh() + "--selftest --nodes 1 --ntasks-per-node 4 --device cpu --runs-dir " + tmp.path().string());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const size_t at = r.output.rfind("Submitted batch job ");
   ASSERT_NE(at, std::string::npos) << r.output;
