@@ -7,7 +7,6 @@
 #include <map>
 #include <optional>
 #include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -32,20 +31,34 @@ std::string fmt_bytes(int64_t b) {
   return buf;
 }
 
+// Whether the task that wrote `out` ran the point as it is now: after its point.json was
+// written (a point exported again since, as --rerun does, waits for its next task), or
+// without one.
+bool ran_since_export(const fs::path& out, const fs::path& point_dir) {
+  std::error_code ec, ec2;
+  const auto exported_at = fs::last_write_time(point_dir / "point.json", ec);
+  const auto ran_at = fs::last_write_time(out, ec2);
+  return ec || (!ec2 && ran_at >= exported_at);
+}
+
 // An exported sweep submitted to Slurm (launchers/slurm/submit.sh): what its queue says of
 // each point (task i runs line i+1 of points.txt). A queued or running task's point is so
-// named, with its job; a started point that ran as a task (point.sbatch's output,
-// megabatch-<job>_<i>.out, is in the sweep's directory) but is in none now has stopped
-// (scancel, a lost node). A point another launcher started (EKS) stays "started".
+// named, with its job; a point whose task ran (point.sbatch's output, megabatch-<job>_<i>.out,
+// is in the sweep's directory) but is in none now has stopped (scancel, a lost node). One that
+// its task left before train logged an iteration (point.sbatch's own refusals: no slurm.env,
+// no point.json) is stopped too, with the task's last line, not waiting with nothing to run
+// it. A point another launcher started (EKS) stays "started".
 void apply_slurm_queue(const fs::path& dir, std::vector<PointState>& ps) {
   const auto queue = slurm_queue(dir);
   if (!queue) return;  // no Slurm here: "started" stays as it is
-  std::set<int> ran;  // indices of tasks that have run
-  static const std::regex task_output(R"(megabatch-\d+_(\d{1,9})\.out)");
+  std::map<int, std::pair<int64_t, std::string>> ran;  // by task index: the latest job's output file
+  static const std::regex task_output(R"(megabatch-(\d{1,18})_(\d{1,9})\.out)");
   std::smatch m;
   for (const auto& e : fs::directory_iterator(dir)) {
     const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, task_output)) ran.insert(std::stoi(m[1]));
+    if (!std::regex_match(name, m, task_output)) continue;
+    auto& latest = ran[std::stoi(m[2])];
+    if (const int64_t job = std::stoll(m[1]); job >= latest.first) latest = {job, name};
   }
   std::map<std::string, int> index_of;
   int index = 0;
@@ -54,11 +67,18 @@ void apply_slurm_queue(const fs::path& dir, std::vector<PointState>& ps) {
   for (auto& p : ps) {
     const auto at = index_of.find(p.point->id);
     if (p.state == PointStatus::kDone || p.state == PointStatus::kDiverged || at == index_of.end()) continue;
+    const auto out = ran.find(at->second);
     if (const auto it = queue->find(at->second); it != queue->end()) {
       p.state = it->second.state;
       p.slurm_job = it->second.job;
-    } else if (p.state == PointStatus::kStarted && ran.count(at->second)) {
+    } else if (p.state == PointStatus::kStarted && out != ran.end()) {
       p.state = PointStatus::kStopped;  // resumes from its checkpoint when the sweep is submitted again
+    } else if (p.state == PointStatus::kPending && out != ran.end() &&
+               ran_since_export(dir / out->second.second, p.dir)) {
+      p.state = PointStatus::kStopped;
+      const auto said = last_log_lines(dir / out->second.second, 1, "");
+      p.reason = "its task ended before training (" + out->second.second +
+                 "): " + (said.empty() ? std::string("it printed nothing") : said[0]);
     }
   }
 }

@@ -86,6 +86,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
       detail += buf;
     }
     if (p.state == PointStatus::kFailed || p.state == PointStatus::kDiverged) detail = p.reason;
+    if (p.state == PointStatus::kStopped && !p.reason.empty()) detail = p.reason;  // before training
     if (!p.damaged.empty()) detail = "result lost: " + p.damaged;
     if (!p.slurm_job.empty()) detail = "slurm job " + p.slurm_job + (detail.empty() ? "" : "  " + detail);
     if (!p.gpus.empty()) detail = "gpu " + gpu_list(p.gpus) + "  " + detail;

@@ -267,6 +267,49 @@ TEST_F(Slurm, AnSrunThatCannotStartThePointFailsItWithSrunsError) {
   EXPECT_NE(r.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting"), std::string::npos) << r.output;
 }
 
+// A task that point.sbatch leaves before train starts (here bs8's directory removed while
+// its task waits behind bs4, --max-running 1: "no point 1 in ..."): sweep status calls the
+// point stopped, with the task's own line and output file. Before, it said "waiting" while no
+// task was left to run it. Exported again, the point waits for its next task (the old
+// task's line no longer applies); submitted again, it runs.
+TEST_F(Slurm, APointItsTaskCouldNotStartIsStoppedWithTheTasksLine) {
+  mb::testing::TempDir tmp;
+  const fs::path file = write_sweep(tmp.path(), "gone", "800"), root = tmp / "runs" / "gone";  // bs4: 200 iterations
+  const auto job = submit(file, tmp / "runs", " --max-running 1");
+  ASSERT_FALSE(job.empty());
+  // bs8's task cannot start while bs4's runs, and bs4 cannot end while its ranks are paused
+  const auto r = mb::testing::run_command(
+      mb::testing::wait_for_line((root / "bs4" / "stdout.log").string(), "iteration  *[1-9][0-9]*/") +
+      pause_ranks(root / "bs4") + "rm -r " + (root / "bs8").string() + " && echo removed; pkill -CONT -f " +
+      ranks_pattern(root / "bs4"));
+  ASSERT_NE(r.output.find("paused bs4"), std::string::npos) << r.output;
+  ASSERT_NE(r.output.find("removed"), std::string::npos) << r.output;
+  ASSERT_TRUE(wait_until_gone(job, 600)) << "the array did not finish in 10 minutes";
+  ASSERT_TRUE(fs::exists(root / "bs4" / "DONE")) << read(root / "bs4" / "stdout.log");
+  const std::string status = mb::testing::bin_dir() + "/sweep status " + root.string();
+  auto s = mb::testing::run_command(status);
+  EXPECT_NE(s.output.find("sweep: 1 done, 0 diverged, 0 running, 0 failed, 0 waiting, 1 stopped (submit the sweep "
+                          "again to resume)"),
+            std::string::npos)
+      << s.output;
+  EXPECT_NE(s.output.find("  bs8    stopped     its task ended before training (megabatch-" + job +
+                          "_1.out): no point 1 in " + root.string() + "\n"),
+            std::string::npos)
+      << s.output;
+
+  const auto exported = mb::testing::run_command(mb::testing::bin_dir() + "/sweep export-points " + file.string() +
+                                                 " --runs-dir " + (tmp / "runs").string() + " --ranks 2");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  s = mb::testing::run_command(status);
+  EXPECT_NE(s.output.find("sweep: 1 done, 0 diverged, 0 running, 0 failed, 1 waiting |"), std::string::npos)
+      << s.output;
+  ASSERT_TRUE(wait_until_gone(submit(file, tmp / "runs"), 600));
+  ASSERT_TRUE(fs::exists(root / "bs8" / "DONE")) << read(root / "bs8" / "stdout.log");
+  s = mb::testing::run_command(status);
+  EXPECT_NE(s.output.find("sweep: 2 done, 0 diverged, 0 running, 0 failed, 0 waiting |"), std::string::npos)
+      << s.output;
+}
+
 TEST_F(Slurm, Usr1RequeuesThePointWhichResumesFromItsCheckpoint) {
   mb::testing::TempDir tmp;
   const auto job = submit(write_sweep(tmp.path(), "requeue", "800"), tmp / "runs");  // bs4: 200 iterations
