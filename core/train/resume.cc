@@ -129,7 +129,7 @@ void check_pretrained_plugin(const std::filesystem::path& file, const std::strin
 // same, so io::check_checkpoint_matches cannot tell a checkpoint of the other setting.
 struct WeightMeaning {
   const char* key;        // in the checkpoint's recorded model (models::model_json)
-  nlohmann::json absent;  // its value in a checkpoint from before the setting
+  nlohmann::json absent;  // its value in a checkpoint from before the setting (null: not compared)
   bool rotary;            // compared only when both models turn their queries and keys
   const char* what;       // what the weights would be read as
 };
@@ -140,6 +140,9 @@ const WeightMeaning kWeightMeanings[] = {
      "the residual each block adds to: its norm's output, else its input"},
     {"rotary_interleaved", false, true, "which channels of a head turn together: pairs, else halves"},
     {"rotary_percent", 1.0, true, "how many of each head's channels turn"},
+    // (the fused QKV weight's rows: per group of heads, its queries, key and value, each a
+    // head dim wide; as many rows for another count of heads that divides the hidden size)
+    {"num_attention_heads", nullptr, false, "which rows of the attention's projections make each head"},
 };
 
 // A recorded setting as its flag: (true) "--squared-relu", (false) "no --squared-relu" (the
@@ -168,6 +171,7 @@ void check_checkpoint_header(const ResumePoint& point, int64_t vocab_size, const
   for (const WeightMeaning& m : kWeightMeanings) {
     if (m.rotary && !both_rotary) continue;
     const nlohmann::json theirs_m = point.state.model.value(m.key, m.absent), ours_m = model.value(m.key, m.absent);
+    if (theirs_m.is_null() || ours_m.is_null()) continue;
     check(theirs_m == ours_m, point.from->string(), ": it was trained ", as_flag(m.key, theirs_m, "with ", "without "),
           " and this run has ", as_flag(m.key, ours_m, "", "no "), " (", m.what,
           "), which the weights' names and shapes do not tell, so they would load into another model; load it ",

@@ -86,8 +86,9 @@ optim::LrSchedule schedule_on_resume(const ResumePoint& point, const optim::LrSc
 // --no-load-optim, or --pretrained-optimizer-state), and its parameters' names and shapes
 // against `params` (io::check_checkpoint_matches; a declared model's will do), and what its
 // model's settings say the stored weights mean against `model`, the run's (as the checkpoint's
-// "model" records it): norm weights stored as 1 + w or as w (--apply-layernorm-1p), which names
-// and shapes cannot tell. The tensors' checksums are checked when it loads.
+// "model" records it): norm weights stored as 1 + w or as w (--apply-layernorm-1p), the
+// activation, the blocks' order, the rotary channels and the count of attention heads, which
+// names and shapes cannot tell. The tensors' checksums are checked when it loads.
 void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& params, int64_t vocab_size,
                            const nlohmann::json& tokenizer, const std::string& plugin, int64_t padded_vocab,
                            const nlohmann::json& model);

@@ -465,6 +465,15 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
                                 "without --squared-relu"),
               std::string::npos)
         << r.output;
+    // and other heads: the same projections' rows, split into twice as many (before, it loaded)
+    r = mb::testing::run_command(train(tmp / "r7", "--optimizer lamb --num-attention-heads 4 --load " + c + check));
+    EXPECT_EQ(r.exit_code, 1);
+    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: it was trained with --num-attention-heads 2 and this run has "
+                                "--num-attention-heads 4 (which rows of the attention's projections make each head), "
+                                "which the weights' names and shapes do not tell, so they would load into another "
+                                "model; load it with --num-attention-heads 2"),
+              std::string::npos)
+        << r.output;
     r = mb::testing::run_command(
         train(tmp / "r7", "--optimizer lamb --apply-residual-connection-post-layernorm --load " + c + check));
     EXPECT_EQ(r.exit_code, 1);
