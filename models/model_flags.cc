@@ -245,7 +245,9 @@ std::string take_checkpoint_model(config::Resolved& r, const nlohmann::json& mod
     if (model.contains("binary_head")) take.emplace_back("bert_no_binary_head", !model["binary_head"].get<bool>());
   }
   if (family == "t5")
-    for (const char* key : {"decoder_num_layers", "decoder_seq_length", "vocab_extra_ids"}) same(key);
+    for (const char* key : {"decoder_num_layers", "decoder_seq_length", "vocab_extra_ids",
+                            "relative_attention_num_buckets", "relative_attention_max_distance"})
+      same(key);
   // the vocabulary's padding, whose rows take part in the softmax: the recorded multiple, or (a
   // checkpoint from before it was recorded) one that pads to the same size at its TP size
   if (model.contains("make_vocab_size_divisible_by")) {
@@ -296,39 +298,44 @@ data::TokenizerOptions tokenizer_options(const nlohmann::json& v, const ModelCon
 }
 
 nlohmann::json model_json(const ModelConfig& c) {
-  return {{"family", c.family},
-          {"post_layernorm", c.post_layernorm},
-          {"binary_head", c.binary_head},
-          {"relative_attention", c.relative_attention},
-          {"rope", c.rope},
-          {"no_position_embedding", c.no_position_embedding},
-          {"rotary_percent", c.rotary_percent},
-          {"rotary_base", c.rotary_base},
-          {"rotary_interleaved", c.rotary_interleaved},
-          {"rotary_seq_len_interpolation_factor", c.rotary_interpolation},
-          {"decoder_num_layers", c.decoder_layers()},
-          {"decoder_seq_length", c.decoder_seq()},
-          {"vocab_extra_ids", c.vocab_extra_ids},
-          {"num_layers", c.num_layers},
-          {"hidden_size", c.hidden_size},
-          {"num_attention_heads", c.num_attention_heads},
-          {"ffn_hidden_size", c.ffn()},
-          {"seq_length", c.seq_length},
-          {"max_position_embeddings", c.max_positions()},
-          {"vocab_size", c.vocab_size},
-          {"padded_vocab_size", c.padded_vocab_size()},
-          {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by},
-          {"tensor_model_parallel_size", c.tensor_model_parallel_size},
-          {"normalization", c.normalization},
-          {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
-          {"disable_bias_linear", c.disable_bias_linear},
-          {"add_qkv_bias", c.add_qkv_bias},
-          {"swiglu", c.swiglu},
-          {"squared_relu", c.squared_relu},
-          {"num_query_groups", c.query_groups()},
-          {"qk_layernorm", c.qk_layernorm},
-          {"apply_layernorm_1p", c.apply_layernorm_1p},
-          {"apply_residual_connection_post_layernorm", c.residual_post_norm}};
+  nlohmann::json m = {{"family", c.family},
+                      {"post_layernorm", c.post_layernorm},
+                      {"binary_head", c.binary_head},
+                      {"relative_attention", c.relative_attention},
+                      {"rope", c.rope},
+                      {"no_position_embedding", c.no_position_embedding},
+                      {"rotary_percent", c.rotary_percent},
+                      {"rotary_base", c.rotary_base},
+                      {"rotary_interleaved", c.rotary_interleaved},
+                      {"rotary_seq_len_interpolation_factor", c.rotary_interpolation},
+                      {"decoder_num_layers", c.decoder_layers()},
+                      {"decoder_seq_length", c.decoder_seq()},
+                      {"vocab_extra_ids", c.vocab_extra_ids},
+                      {"num_layers", c.num_layers},
+                      {"hidden_size", c.hidden_size},
+                      {"num_attention_heads", c.num_attention_heads},
+                      {"ffn_hidden_size", c.ffn()},
+                      {"seq_length", c.seq_length},
+                      {"max_position_embeddings", c.max_positions()},
+                      {"vocab_size", c.vocab_size},
+                      {"padded_vocab_size", c.padded_vocab_size()},
+                      {"make_vocab_size_divisible_by", c.make_vocab_size_divisible_by},
+                      {"tensor_model_parallel_size", c.tensor_model_parallel_size},
+                      {"normalization", c.normalization},
+                      {"untie_embeddings_and_output_weights", c.untie_embeddings_and_output_weights},
+                      {"disable_bias_linear", c.disable_bias_linear},
+                      {"add_qkv_bias", c.add_qkv_bias},
+                      {"swiglu", c.swiglu},
+                      {"squared_relu", c.squared_relu},
+                      {"num_query_groups", c.query_groups()},
+                      {"qk_layernorm", c.qk_layernorm},
+                      {"apply_layernorm_1p", c.apply_layernorm_1p},
+                      {"apply_residual_connection_post_layernorm", c.residual_post_norm}};
+  if (c.relative_attention) {  // T5's position bias: its table's rows, and which distances share one
+    m["relative_attention_num_buckets"] = c.relative_attention_num_buckets;
+    m["relative_attention_max_distance"] = c.relative_attention_max_distance;
+  }
+  return m;
 }
 
 void print_params(const nlohmann::json& v, ModelConfig c, std::ostream& out) {

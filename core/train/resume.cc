@@ -143,6 +143,8 @@ const WeightMeaning kWeightMeanings[] = {
     // (the fused QKV weight's rows: per group of heads, its queries, key and value, each a
     // head dim wide; as many rows for another count of heads that divides the hidden size)
     {"num_attention_heads", nullptr, false, "which rows of the attention's projections make each head"},
+    {"relative_attention_max_distance", nullptr, false,
+     "which distances between tokens share a row of T5's position bias"},
 };
 
 // A recorded setting as its flag: (true) "--squared-relu", (false) "no --squared-relu" (the

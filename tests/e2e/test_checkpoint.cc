@@ -264,9 +264,10 @@ TEST_F(Checkpoint, IterationsToSkipPassOverTheirBatchesAndResumeBitwise) {
 
 // Megatron's --use-checkpoint-args: an evaluation of a checkpoint given no model flag takes the
 // model from it (family, sizes, positions, norms, MLP, heads' groups, biases, BERT's post-LN
-// and heads, T5's relative buckets and decoder, the tokenizer) and gives the validation loss the
-// same evaluation gets with every flag given; a flag that contradicts the checkpoint is
-// refused, naming both, as is a run with no checkpoint to take from.
+// and heads, T5's relative buckets, their distances and its decoder, the tokenizer) and gives
+// the validation loss the same evaluation gets with every flag given; a flag that contradicts
+// the checkpoint is refused, naming both, as is a run with no checkpoint to take from. (Before,
+// T5's buckets were not recorded: taken as the defaults, or loaded with other distances.)
 TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
   mb::testing::TempDir tmp;
   const std::string gpt_arch =
@@ -275,7 +276,9 @@ TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
       "--make-vocab-size-divisible-by 256";
   for (const auto& [type, arch] : {std::pair<std::string, std::string>{"gpt", gpt_arch},
                                    {"bert", " --post-layernorm --bert-no-binary-head"},
-                                   {"t5", " --position-embedding-type relative"}}) {
+                                   {"t5",
+                                    " --position-embedding-type relative --relative-attention-num-buckets 16 "
+                                    "--relative-attention-max-distance 64"}}) {
     SCOPED_TRACE(type);
     const fs::path c = tmp / (type + "-ckpt");
     auto r =
@@ -301,6 +304,18 @@ TEST_F(Checkpoint, UseCheckpointArgsTakesTheModelFromTheCheckpoint) {
     const auto taken = series(tmp / (type + "-taken") / "metrics.h5", "validation/lm_loss");
     ASSERT_EQ(taken.size(), 1u);
     EXPECT_EQ(taken, series(tmp / (type + "-flags") / "metrics.h5", "validation/lm_loss"));
+    if (type == "t5") {  // other distances in the same buckets: the same names and shapes (before, it loaded)
+      r = mb::testing::run_command(
+          train(tmp / "t5-other",
+                " --position-embedding-type relative --relative-attention-num-buckets 16" + eval + " --check", type));
+      EXPECT_EQ(r.exit_code, 1) << r.output;
+      EXPECT_NE(r.output.find((c / "iter_0000002.h5").string() +
+                              ": it was trained with --relative-attention-max-distance 64 and this run has "
+                              "--relative-attention-max-distance 128 (which distances between tokens share a row of "
+                              "T5's position bias)"),
+                std::string::npos)
+          << r.output;
+    }
     if (type != "gpt") continue;
     // a checkpoint from before the padding's multiple was recorded: one that pads to the same
     // size (the padding rows take part in the softmax)
