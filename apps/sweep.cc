@@ -270,6 +270,7 @@ int run_sweep(int argc, char** argv) {
   o.tty = isatty(STDOUT_FILENO) != 0;
   if (!a.get("gpus").empty()) o.gpus = mb::sweeps::parse_gpus(a.get("gpus"), mb::runtime::cuda_device_count());
   if (const char* m = std::getenv("MEGABATCH_MPIRUN"); m && *m) o.mpirun = m;
+  if (const char* l = std::getenv("MEGABATCH_SWEEP_COMMAND"); l && *l) o.launcher = l;
   return mb::sweeps::run_sweep(sweep, o);
 }
 

@@ -36,6 +36,8 @@ struct RunOptions {
   std::string mpirun = "mpirun";       // starts a point of more than one rank (TP x DP > 1)
   int ranks = 0;                       // > 0: every point under `mpirun -np ranks` (DP = ranks / TP), whatever
                                        // its TP x DP says (launchers/ec2/launch.sh --sweep: the whole cluster)
+  std::string launcher;  // the command that ran this sweep run, where a launcher did ($MEGABATCH_SWEEP_COMMAND, set
+                         // by launch.sh --sweep), ending in sweep run's options: what runs the sweep again
 };
 
 // Runs the sweep; returns the process exit status (0: every selected point done or

@@ -55,7 +55,7 @@ class Scheduler {
   int run();
 
  private:
-  void save_state() { write_file_atomic(root_ / "sweep.json", state_json(ps_, sweep_).dump(2) + "\n"); }
+  void save_state() { write_file_atomic(root_ / "sweep.json", state_json(ps_, sweep_, o_.launcher).dump(2) + "\n"); }
   // A point of more than one rank runs under mpirun, and with --ranks every point (mpirun may
   // place even one rank on another host).
   bool under_mpirun(const PointState& p) const { return p.ranks > 1 || o_.ranks > 0; }
@@ -135,7 +135,7 @@ int Scheduler::run() {
   }
   if (damaged) {
     std::cout << "> " << damaged << " finished point(s) have no readable metrics.h5 (named above): their results are "
-              << "lost; --rerun damaged runs them again" << std::endl;
+              << "lost; " << run_again(o_.launcher, "", "--rerun damaged") << " runs them again" << std::endl;
     return 1;
   }
   std::cout << "> all points done; plot with: sweep plot " << root_.string() << std::endl;
@@ -294,7 +294,7 @@ void Scheduler::display(bool force) {
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
   const double gained = work_now - static_cast<double>(work_done_at_start_);
   const double eta = !open ? 0.0 : gained > 0 ? elapsed * (static_cast<double>(work_total_) - work_now) / gained : -1;
-  const auto lines = table_lines(ps_, elapsed, eta);
+  const auto lines = table_lines(ps_, elapsed, eta, run_again(o_.launcher, "", "--rerun damaged"));
   if (o_.tty) {
     if (printed_) std::cout << "\033[" << printed_ << "A";
     const size_t width = terminal_width();

@@ -14,6 +14,7 @@
 #include "core/util/files.h"
 #include "sweeps/run_dir.h"
 #include "sweeps/slurm_queue.h"
+#include "sweeps/sweep_state.h"
 #include "sweeps/table.h"
 
 namespace megabatch::sweeps {
@@ -115,7 +116,14 @@ int print_status(const fs::path& dir) {
     wall += w > 0 ? w : done_wall_s(ps[i].dir);
   }
   // "-" where no time was recorded (an exported sweep's points: their launcher keeps it)
-  for (const auto& l : table_lines(ps, -1, wall > 0 ? wall : -1, launched)) std::cout << l << "\n";
+  // launch.sh --sweep's command, where it ran the sweep (a field of another type: none)
+  auto launcher = [&](const char* key) {
+    const json l = s.value("launcher", json::object());
+    return l.is_object() && l.contains(key) && l[key].is_string() ? l[key].get<std::string>() : std::string();
+  };
+  const std::string rerun_damaged = launched ? "export or submit the sweep again with --rerun damaged"
+                                             : run_again(launcher("command"), launcher("cwd"), "--rerun damaged");
+  for (const auto& l : table_lines(ps, -1, wall > 0 ? wall : -1, rerun_damaged)) std::cout << l << "\n";
   const DiskUsage used = disk_usage(dir);
   int64_t prunable = 0;  // what prune_sweep frees
   for (const auto& pd : finished_point_dirs(dir, s)) prunable += prunable_checkpoint_bytes(pd / "checkpoints", "final");

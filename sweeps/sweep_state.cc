@@ -6,6 +6,7 @@
 
 #include "core/config/config.h"
 #include "core/train/train_schema.h"
+#include "core/util/strings.h"
 
 namespace megabatch::sweeps {
 namespace fs = std::filesystem;
@@ -64,8 +65,7 @@ json launch_config(const Point& point) {
   return c;
 }
 
-
-json state_json(const std::vector<PointState>& ps, const Sweep& s) {
+json state_json(const std::vector<PointState>& ps, const Sweep& s, const std::string& launcher) {
   json points = json::array();
   for (const auto& p : ps)
     points.push_back({{"id", p.point->id}, {"state", status_name(p.state)}, {"reason", p.reason}, {"attempts", p.attempts},
@@ -75,7 +75,17 @@ json state_json(const std::vector<PointState>& ps, const Sweep& s) {
   json state = {{"name", s.name}, {"file", fs::absolute(s.file).string()}, {"sweep_pid", static_cast<int64_t>(getpid())},
                 {"checkpoints", s.checkpoints}, {"points", points}};
   if (s.spec.contains("cluster")) state["cluster"] = s.spec["cluster"];  // for the launchers (eks/render.py --sweep)
+  if (!launcher.empty()) state["launcher"] = {{"command", launcher}, {"cwd", fs::current_path().string()}};
   return state;
+}
+
+std::string run_again(const std::string& launcher, const std::string& cwd, const std::string& options) {
+  std::string command = launcher;
+  while (!command.empty() && command.back() == ' ') command.pop_back();  // (printf '%q ' words)
+  if (command.empty()) return "sweep run " + options;
+  std::error_code ec;
+  const bool here = cwd.empty() || fs::equivalent(cwd, fs::current_path(), ec);
+  return (here ? "" : "cd " + shell_quote(cwd) + " && ") + command + " " + options;
 }
 
 }  // namespace megabatch::sweeps

@@ -36,7 +36,13 @@ int64_t samples_of(const nlohmann::json& config);
 // while it runs. A point killed outright (a node lost) then loses at most a tenth of its work.
 nlohmann::json launch_config(const Point& point);
 
-// runs/<name>/sweep.json's content: the sweep and each point's state.
-nlohmann::json state_json(const std::vector<PointState>& points, const Sweep& sweep);
+// runs/<name>/sweep.json's content: the sweep and each point's state; where a launcher ran it
+// (RunOptions::launcher), that command and the directory it ran in.
+nlohmann::json state_json(const std::vector<PointState>& points, const Sweep& sweep, const std::string& launcher = "");
+
+// The command that runs a sweep again with `options` ("--rerun damaged"): the `launcher`'s that
+// ran it (RunOptions::launcher, as state_json records it), with "cd CWD && " before it where it
+// ran in another directory than the current one; sweep run where none did.
+std::string run_again(const std::string& launcher, const std::string& cwd, const std::string& options);
 
 }  // namespace megabatch::sweeps

@@ -45,7 +45,8 @@ std::string fmt_duration(double s) {
   return buf;
 }
 
-std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta, bool exported) {
+std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta,
+                                     const std::string& rerun_damaged) {
   int done = 0, running = 0, failed = 0, pending = 0, diverged = 0, started = 0, stopped = 0, damaged = 0;
   for (const auto& p : ps) {
     damaged += !p.damaged.empty();
@@ -66,8 +67,7 @@ std::vector<std::string> table_lines(const std::vector<PointState>& ps, double e
   if (started) head += ", " + std::to_string(started) + " started under their launcher";
   if (stopped) head += ", " + std::to_string(stopped) + " stopped (submit the sweep again to resume)";
   if (damaged)  // discarded and run again on request, by the command that runs the sweep's points
-    head += ", " + std::to_string(damaged) + " result(s) lost (metrics.h5 unreadable; " +
-            (exported ? "export or submit the sweep again with --rerun damaged)" : "sweep run --rerun damaged)");
+    head += ", " + std::to_string(damaged) + " result(s) lost (metrics.h5 unreadable; " + rerun_damaged + ")";
   if (elapsed >= 0) head += " | elapsed " + fmt_duration(elapsed) + " | ETA " + fmt_duration(eta);
   else head += " | point time " + fmt_duration(eta);
   out.push_back(head);

@@ -55,10 +55,10 @@ std::string fmt_duration(double seconds);
 
 // The table: a summary line, then a line per point that is not skipped. elapsed >= 0: the
 // live table, with `eta` (< 0: unknown); elapsed < 0: a status report, where `eta` holds the
-// points' total wall time instead. `exported`: a sweep whose points a launcher runs (sweep
-// export-points), whose remedies are that launcher's.
+// points' total wall time instead. `rerun_damaged`: what runs the points whose result is lost
+// again, as the summary names it (an exported sweep's launcher, the command that ran the sweep).
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta,
-                                     bool exported = false);
+                                     const std::string& rerun_damaged = "sweep run --rerun damaged");
 
 // Columns of the terminal on stdout (80 when unknown).
 size_t terminal_width();

@@ -20,13 +20,14 @@
 # and fit the GPUs by plan.py's memory estimate (checked first; with more --ranks-per-node
 # than GPUs, the layout only); the runs directory (--runs-dir, after --) must be shared by the
 # nodes. Run it again to resume; Ctrl-C stops the running point at a checkpoint; `sweep
-# status` and `plot` read it.
+# status` and `plot` read it (status names this command, with --rerun damaged, for a lost result).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 # usage [STATUS]: the header; on stdout for --help (status 0), else on stderr (status 2)
 usage() { sed -n '2,/^[^#]/{/^#/p}' "$0" | sed 's/^# \{0,1\}//' >&"$(( ${1:-2} == 0 ? 1 : 2 ))"; exit "${1:-2}"; }
 itype="" hostfile="" dry=0 selftest=0 per_node="" extra=() sweep_file=""
+given=("$@")  # as typed: the command that runs a sweep again (below)
 while [[ $# -gt 0 ]]; do
   case $1 in
     --instance-type) itype=$2; shift 2 ;;
@@ -103,7 +104,18 @@ if [[ -n $sweep_file ]]; then  # sweep run starts each point as MEGABATCH_MPIRUN
          printf 'exec mpirun --hostfile %q' "$hosts"; printf ' %q' "${placing[@]}"; echo ' "$@"')
   cache=${XDG_CACHE_HOME:-${HOME:-/tmp}/.cache}/megabatch/mpirun
   wrapper=$cache/$(sha256sum <<< "$text" | cut -c1-16)
-  cmd=(env "MEGABATCH_MPIRUN=$wrapper" "$bin/sweep" run "$sweep_file" --ranks "$np" --jobs 1 "$@")
+  # This command as typed, its sweep options without --rerun [WORD], ending in them: sweep run
+  # records it, and sweep status names it (with --rerun damaged) for a point whose result is lost.
+  again=("$root/launchers/ec2/launch.sh") sweep_opts=0 skip=0
+  for w in "${given[@]}"; do
+    if ((skip)); then skip=0; [[ $w =~ ^(changed|diverged|damaged)$ ]] && continue; fi
+    if ((sweep_opts)) && [[ $w == --rerun ]]; then skip=1; continue; fi
+    [[ $w == -- ]] && sweep_opts=1
+    again+=("$w")
+  done
+  ((sweep_opts)) || again+=(--)
+  cmd=(env "MEGABATCH_MPIRUN=$wrapper" "MEGABATCH_SWEEP_COMMAND=$(printf '%q ' "${again[@]}")" "$bin/sweep" run
+       "$sweep_file" --ranks "$np" --jobs 1 "$@")
   if ((dry)); then  # the mpirun and the command, then the sweep's own dry run: its points, each checked to fit
     echo "$text"; printf '%q ' "${cmd[@]}"; echo
     exec "$bin/sweep" run "$sweep_file" --ranks "$np" --dry-run "$@"

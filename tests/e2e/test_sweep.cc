@@ -391,7 +391,7 @@ TEST_F(Sweep, AFinishedPointWhoseMetricsAreLostIsSaidAndRerunOnRequest) {
               std::string::npos)
         << r.output;
   EXPECT_NE(r.output.find("> 2 finished point(s) have no readable metrics.h5 (named above): their results are lost; "
-                          "--rerun damaged runs them again"),
+                          "sweep run --rerun damaged runs them again"),
             std::string::npos)
       << r.output;
   EXPECT_EQ(r.output.find("all points done"), std::string::npos) << r.output;
