@@ -440,63 +440,44 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
 
   for (const std::string check : {"", " --check"}) {
     SCOPED_TRACE("refused" + check);
-    r = mb::testing::run_command(train(tmp / "r2", "--optimizer lamb --load " + c + " --ffn-hidden-size 64" + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find("parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint "
-                            "but [64, 32] in this run"),
-              std::string::npos)
-        << r.output;
-    r = mb::testing::run_command(
-        train(tmp / "r2", "--optimizer lamb --load " + c + " --untie-embeddings-and-output-weights" + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: this model has parameter 'output_layer.weight' that the checkpoint "
-                                "lacks; its model was {"),
-              std::string::npos)
-        << r.output;
-
-    r = mb::testing::run_command(train(tmp / "r3", "--optimizer adamw --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find("optimizer state is from plugin 'lamb' but this run uses 'adamw'"), std::string::npos)
-        << r.output;
-    EXPECT_NE(r.output.find("--no-load-optim"), std::string::npos) << r.output;
-
-    r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --seed 7 --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find("written with --seed 1234 but this run has --seed 7"), std::string::npos) << r.output;
+    // a run of `flags` that loads the checkpoint fails, saying `said`
+    auto refused = [&](const std::string& flags, const std::string& said) {
+      const auto f = mb::testing::run_command(train(tmp / "refused", flags + " --load " + c + check));
+      EXPECT_EQ(f.exit_code, 1) << flags << ":\n" << f.output;
+      EXPECT_NE(f.output.find(said), std::string::npos) << flags << ":\n" << f.output;
+    };
+    const std::string file = c + "/iter_0000002.h5: ";
+    refused("--optimizer lamb --ffn-hidden-size 64",
+            "parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint but [64, 32] in "
+            "this run");
+    refused("--optimizer lamb --untie-embeddings-and-output-weights",
+            file + "this model has parameter 'output_layer.weight' that the checkpoint lacks; its model was {");
+    refused("--optimizer adamw",
+            "optimizer state is from plugin 'lamb' but this run uses 'adamw'; resume with --optimizer lamb, or load "
+            "only the model with --no-load-optim");
+    refused("--optimizer lamb --seed 7", "written with --seed 1234 but this run has --seed 7");
     // the same names and shapes, another meaning: norm weights stored as the scale, read as 1 + w
-    r = mb::testing::run_command(train(tmp / "r6", "--optimizer lamb --apply-layernorm-1p --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: its norms' weights are stored as the scale itself and this run's "
-                                "as w, applied as 1 + w (--apply-layernorm-1p), so every norm would scale by 1 more "
-                                "or less; load it without --apply-layernorm-1p"),
-              std::string::npos)
-        << r.output;
+    refused("--optimizer lamb --apply-layernorm-1p",
+            file +
+                "its norms' weights are stored as the scale itself and this run's as w, applied as 1 + w "
+                "(--apply-layernorm-1p), so every norm would scale by 1 more or less; load it without "
+                "--apply-layernorm-1p");
     // and another activation: GELU's weights read through a squared ReLU
-    r = mb::testing::run_command(train(tmp / "r7", "--optimizer lamb --squared-relu --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: it was trained without --squared-relu and this run has "
-                                "--squared-relu (the MLP's activation: squared ReLU, else GELU), which the weights' "
-                                "names and shapes do not tell, so they would load into another model; load it "
-                                "without --squared-relu"),
-              std::string::npos)
-        << r.output;
+    refused("--optimizer lamb --squared-relu",
+            file +
+                "it was trained without --squared-relu and this run has --squared-relu (the MLP's activation: "
+                "squared ReLU, else GELU), which the weights' names and shapes do not tell, so they would load "
+                "into another model; load it without --squared-relu");
     // and other heads: the same projections' rows, split into twice as many (before, it loaded)
-    r = mb::testing::run_command(train(tmp / "r7", "--optimizer lamb --num-attention-heads 4 --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find(c + "/iter_0000002.h5: it was trained with --num-attention-heads 2 and this run has "
-                                "--num-attention-heads 4 (which rows of the attention's projections make each head), "
-                                "which the weights' names and shapes do not tell, so they would load into another "
-                                "model; load it with --num-attention-heads 2"),
-              std::string::npos)
-        << r.output;
-    r = mb::testing::run_command(
-        train(tmp / "r7", "--optimizer lamb --apply-residual-connection-post-layernorm --load " + c + check));
-    EXPECT_EQ(r.exit_code, 1);
-    EXPECT_NE(r.output.find("it was trained without --apply-residual-connection-post-layernorm and this run has "
-                            "--apply-residual-connection-post-layernorm (the residual each block adds to: its norm's "
-                            "output, else its input)"),
-              std::string::npos)
-        << r.output;
+    refused("--optimizer lamb --num-attention-heads 4",
+            file +
+                "it was trained with --num-attention-heads 2 and this run has --num-attention-heads 4 (which rows "
+                "of the attention's projections make each head), which the weights' names and shapes do not "
+                "tell, so they would load into another model; load it with --num-attention-heads 2");
+    refused("--optimizer lamb --apply-residual-connection-post-layernorm",
+            "it was trained without --apply-residual-connection-post-layernorm and this run has "
+            "--apply-residual-connection-post-layernorm (the residual each block adds to: its norm's output, else its "
+            "input)");
   }
   // other training data: the data position would count other samples; the weights alone may
   // start a run on any data
