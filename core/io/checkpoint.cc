@@ -131,7 +131,10 @@ struct VocabRows {
 // equal, or a padded vocabulary's rows on both sides (then the stored shape differs); errors
 // name the mismatch.
 std::vector<int64_t> checked_shape(hid_t d, const std::vector<int64_t>& shape, const std::string& path,
-                                   const std::string& what, const VocabRows& vocab) {
+                                   const std::string& what, const VocabRows& vocab,
+                                   const std::string& remedy =
+                                       "load it into the same model configuration (or start "
+                                       "without --load)") {
   Handle space(H5Dget_space(d), H5Sclose);
   const int rank = H5Sget_simple_extent_ndims(space.id);
   std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
@@ -141,7 +144,7 @@ std::vector<int64_t> checked_shape(hid_t d, const std::vector<int64_t>& shape, c
                         stored[0] == vocab.stored && shape[0] == vocab.model &&
                         std::equal(stored.begin() + 1, stored.end(), shape.begin() + 1);
   check(stored == shape || repadded, path, ": ", what, " has shape ", shape_text(stored), " in the checkpoint but ",
-        shape_text(shape), " in this run; load it into the same model configuration (or start without --load)");
+        shape_text(shape), " in this run; ", remedy);
   return stored;
 }
 
@@ -166,6 +169,28 @@ std::vector<float> read_tensor(hid_t file, const std::string& name, const std::v
   std::copy(in.begin(), in.begin() + rows * row, out.begin());
   if (valid_rows) *valid_rows = rows;
   return out;
+}
+
+// What to do about a checkpoint whose parameters are not this model's (by name or shape): the
+// settings its recorded model has otherwise than the run's (`ours`, where given), else its
+// whole recorded model. (Their tensor-parallel size and vocabulary padding may differ: the
+// stored tensors are whole, and padding rows adapt. A GPT's or BERT's decoder sizes are its
+// layers' and sequence's.)
+std::string model_remedy(const nlohmann::json& theirs, const nlohmann::json& ours) {
+  std::string differ;
+  if (theirs.is_object() && ours.is_object())
+    for (const auto& [key, value] : ours.items()) {
+      const bool decoder_of_gpt_or_bert = key.rfind("decoder_", 0) == 0 && ours.value("family", "") != "t5";
+      if (key == "tensor_model_parallel_size" || key == "padded_vocab_size" || key == "make_vocab_size_divisible_by" ||
+          decoder_of_gpt_or_bert || !theirs.contains(key) || theirs[key] == value)
+        continue;
+      differ += differ.empty() ? "" : ", ";
+      differ += key + " " + theirs[key].dump() + " (this run: " + value.dump() + ")";
+    }
+  if (differ.empty()) return "its model was " + theirs.dump() + "; load it into the same model configuration";
+  return "its model has " + differ +
+         "; give the model flags it was trained with (or --use-checkpoint-args in their place, which takes them from "
+         "the checkpoint)";
 }
 
 // Names of the members of group `name` (empty when it does not exist).
@@ -499,27 +524,29 @@ CheckpointState read_checkpoint_state(const fs::path& file) {
 }
 
 void check_checkpoint_matches(const fs::path& file, const nn::ParameterStore& store,
-                              const std::string& expected_optimizer, int64_t expected_padded_vocab) {
+                              const std::string& expected_optimizer, int64_t expected_padded_vocab,
+                              const nlohmann::json& run_model) {
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);
   check(f.id >= 0, p, ": cannot open the checkpoint");
   std::vector<std::string> stored = members(f.id, "params");
   const VocabRows vocab{state.model.value("padded_vocab_size", int64_t{-1}), expected_padded_vocab};
+  const std::string remedy = model_remedy(state.model, run_model);
   for (size_t i = 0; i < store.count(); ++i) {
     const nn::ParamInfo& info = store.info(static_cast<int>(i));
     const std::string name = "params/" + info.name;
     check(H5Lexists(f.id, name.c_str(), H5P_DEFAULT) > 0, p, ": this model has parameter '", info.name,
-          "' that the checkpoint lacks; its model was ", state.model.dump(),
-          "; load it into the same model configuration");
+          "' that the checkpoint lacks; ", remedy);
     Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
     check(d.id >= 0, p, ": cannot open parameter '", info.name, "' (the file is damaged)");
-    checked_shape(d.id, info.full_shape, p, "parameter '" + info.name + "'", vocab);
+    checked_shape(
+        d.id, info.full_shape, p, "parameter '" + info.name + "'", vocab,
+        run_model.is_object() ? remedy : "load it into the same model configuration (or start without --load)");
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
   check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
-        "' that this model lacks (", stored.size(), " in all); its model was ", state.model.dump(),
-        "; load it into the same model configuration");
+        "' that this model lacks (", stored.size(), " in all); ", remedy);
   check(expected_optimizer.empty() || state.optimizer == expected_optimizer, p,
         ": the checkpoint's optimizer state is from plugin '", state.optimizer, "' but this run uses '",
         expected_optimizer, "'; resume with --optimizer ", state.optimizer,
@@ -527,9 +554,10 @@ void check_checkpoint_matches(const fs::path& file, const nn::ParameterStore& st
 }
 
 void load_checkpoint(const fs::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
-                     const std::string& expected_optimizer, int64_t expected_padded_vocab,
-                     std::vector<Tensor>* masters) {
-  check_checkpoint_matches(file, store, optimizer ? expected_optimizer : std::string(), expected_padded_vocab);
+                     const std::string& expected_optimizer, int64_t expected_padded_vocab, std::vector<Tensor>* masters,
+                     const nlohmann::json& run_model) {
+  check_checkpoint_matches(file, store, optimizer ? expected_optimizer : std::string(), expected_padded_vocab,
+                           run_model);
   const CheckpointState state = read_checkpoint_state(file);
   const std::string p = file.string();
   Handle f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), H5Fclose);

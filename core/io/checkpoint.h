@@ -138,9 +138,11 @@ std::optional<int64_t> checkpoint_iteration(const std::filesystem::path& file);
 // its names, no other, each of its full shape (a padded vocabulary's rows may differ as there),
 // and, where `expected_optimizer` is not empty, optimizer state of that plugin; an Error as
 // load_checkpoint's otherwise. Attributes and the datasets' headers only (nothing is read or
-// allocated): `store` may be a declared model's, not finalized (train --check).
+// allocated): `store` may be a declared model's, not finalized (train --check). `run_model`,
+// where given (models::model_json of the run's), names the settings that differ in a refusal.
 void check_checkpoint_matches(const std::filesystem::path& file, const nn::ParameterStore& store,
-                              const std::string& expected_optimizer, int64_t expected_padded_vocab = -1);
+                              const std::string& expected_optimizer, int64_t expected_padded_vocab = -1,
+                              const nlohmann::json& run_model = nlohmann::json());
 
 // Loads every parameter (each shard its slice of the stored full tensor) and, when
 // `optimizer` is given, its state, refusing with a message that names the mismatch: a
@@ -154,6 +156,6 @@ void check_checkpoint_matches(const std::filesystem::path& file, const nn::Param
 // (optim::DpShards::restore_masters), and the store is left as it was.
 void load_checkpoint(const std::filesystem::path& file, nn::ParameterStore& store, OptimizerState* optimizer,
                      const std::string& expected_optimizer, int64_t expected_padded_vocab = -1,
-                     std::vector<Tensor>* masters = nullptr);
+                     std::vector<Tensor>* masters = nullptr, const nlohmann::json& run_model = nlohmann::json());
 
 }  // namespace megabatch::io

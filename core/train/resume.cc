@@ -188,7 +188,8 @@ void check_checkpoint_fits(const ResumePoint& point, const nn::ParameterStore& p
                            const nlohmann::json& model) {
   if (!point.from) return;
   check_checkpoint_header(point, vocab_size, tokenizer, plugin, model);
-  io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab);
+  io::check_checkpoint_matches(*point.from, params, point.loads_optimizer() ? plugin : std::string(), padded_vocab,
+                               model);
 }
 
 namespace {
@@ -269,7 +270,7 @@ void load_resume_point(const ResumePoint& point, nn::ParameterStore& params, opt
   optim::OptimizerState whole = load_optim ? optimizer.whole_state() : optim::OptimizerState{};
   std::vector<Tensor> masters = shards ? shards->whole_masters() : std::vector<Tensor>{};
   io::load_checkpoint(*point.from, params, load_optim ? &whole : nullptr, optimizer.plugin().name(), padded_vocab,
-                      shards ? &masters : nullptr);
+                      shards ? &masters : nullptr, model);
   if (load_optim) optimizer.restore_pieces(whole);
   if (shards) shards->restore_masters(masters);
   const auto& s = point.state;

@@ -447,11 +447,25 @@ TEST_F(Checkpoint, MismatchedModelOrOptimizerIsRefusedWithTheMismatchNamed) {
       EXPECT_NE(f.output.find(said), std::string::npos) << flags << ":\n" << f.output;
     };
     const std::string file = c + "/iter_0000002.h5: ";
+    // another shape, or other names: the settings that differ named, and how to load it
+    const std::string remedy =
+        "; give the model flags it was trained with (or --use-checkpoint-args in their place, which takes them from "
+        "the checkpoint)";
     refused("--optimizer lamb --ffn-hidden-size 64",
-            "parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint but [64, 32] in "
-            "this run");
+            file +
+                "parameter 'decoder.layers.0.mlp.linear_fc1.weight' has shape [128, 32] in the checkpoint but "
+                "[64, 32] in this run; its model has ffn_hidden_size 128 (this run: 64)" +
+                remedy);
     refused("--optimizer lamb --untie-embeddings-and-output-weights",
-            file + "this model has parameter 'output_layer.weight' that the checkpoint lacks; its model was {");
+            file +
+                "this model has parameter 'output_layer.weight' that the checkpoint lacks; its model has "
+                "untie_embeddings_and_output_weights false (this run: true)" +
+                remedy);
+    refused("--optimizer lamb --num-layers 1",
+            file +
+                "the checkpoint has parameter 'decoder.layers.1.input_layernorm.bias' that this model lacks (12 "
+                "in all); its model has num_layers 2 (this run: 1)" +
+                remedy);
     refused("--optimizer adamw",
             "optimizer state is from plugin 'lamb' but this run uses 'adamw'; resume with --optimizer lamb, or load "
             "only the model with --no-load-optim");
