@@ -45,7 +45,12 @@ bool to_start(const PointState& p, int retries) {
 class Scheduler {
  public:
   Scheduler(const Sweep& sweep, const RunOptions& o, fs::path root, std::vector<PointState>& ps)
-      : sweep_(sweep), o_(o), root_(std::move(root)), ps_(ps), placer_(o.gpus) {
+      : sweep_(sweep),
+        o_(o),
+        root_(std::move(root)),
+        ps_(ps),
+        placer_(o.gpus),
+        rerun_damaged_(run_again(o.launcher, "", "--rerun damaged")) {
     threads_ = o.threads ? o.threads : sweep.threads;
     if (!threads_) threads_ = 1;
     jobs_ = o.jobs ? o.jobs : sweep.jobs;
@@ -76,6 +81,7 @@ class Scheduler {
   const fs::path root_;
   std::vector<PointState>& ps_;
   GpuPlacer placer_;
+  const std::string rerun_damaged_;  // what runs the points whose result is lost again, as the table names it
   int threads_ = 1, jobs_ = 1;
   Clock::time_point t0_ = Clock::now(), last_plain_ = Clock::now();
   int64_t work_done_at_start_ = 0, work_total_ = 0;  // samples
@@ -135,7 +141,7 @@ int Scheduler::run() {
   }
   if (damaged) {
     std::cout << "> " << damaged << " finished point(s) have no readable metrics.h5 (named above): their results are "
-              << "lost; " << run_again(o_.launcher, "", "--rerun damaged") << " runs them again" << std::endl;
+              << "lost; " << rerun_damaged_ << " runs them again" << std::endl;
     return 1;
   }
   std::cout << "> all points done; plot with: sweep plot " << root_.string() << std::endl;
@@ -294,7 +300,7 @@ void Scheduler::display(bool force) {
   const double elapsed = std::chrono::duration<double>(Clock::now() - t0_).count();
   const double gained = work_now - static_cast<double>(work_done_at_start_);
   const double eta = !open ? 0.0 : gained > 0 ? elapsed * (static_cast<double>(work_total_) - work_now) / gained : -1;
-  const auto lines = table_lines(ps_, elapsed, eta, run_again(o_.launcher, "", "--rerun damaged"));
+  const auto lines = table_lines(ps_, elapsed, eta, rerun_damaged_);
   if (o_.tty) {
     if (printed_) std::cout << "\033[" << printed_ << "A";
     const size_t width = terminal_width();

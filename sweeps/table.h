@@ -58,7 +58,7 @@ std::string fmt_duration(double seconds);
 // points' total wall time instead. `rerun_damaged`: what runs the points whose result is lost
 // again, as the summary names it (an exported sweep's launcher, the command that ran the sweep).
 std::vector<std::string> table_lines(const std::vector<PointState>& ps, double elapsed, double eta,
-                                     const std::string& rerun_damaged = "sweep run --rerun damaged");
+                                     const std::string& rerun_damaged);
 
 // Columns of the terminal on stdout (80 when unknown).
 size_t terminal_width();

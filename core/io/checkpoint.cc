@@ -540,9 +540,7 @@ void check_checkpoint_matches(const fs::path& file, const nn::ParameterStore& st
           "' that the checkpoint lacks; ", remedy);
     Handle d(H5Dopen2(f.id, name.c_str(), H5P_DEFAULT), H5Dclose);
     check(d.id >= 0, p, ": cannot open parameter '", info.name, "' (the file is damaged)");
-    checked_shape(
-        d.id, info.full_shape, p, "parameter '" + info.name + "'", vocab,
-        run_model.is_object() ? remedy : "load it into the same model configuration (or start without --load)");
+    checked_shape(d.id, info.full_shape, p, "parameter '" + info.name + "'", vocab, remedy);
     stored.erase(std::remove(stored.begin(), stored.end(), info.name), stored.end());
   }
   check(stored.empty(), p, ": the checkpoint has parameter '", stored.empty() ? "" : stored.front(),
