@@ -31,7 +31,11 @@ class TwoHosts : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << "cannot create network namespaces (needs root and iproute2):\n" << r.output;
   }
   void TearDown() override { teardown(); }
-  static void teardown() { mb::testing::run_command("ip netns del mbhost1 2>/dev/null; ip netns del mbhost2 2>/dev/null; true"); }
+  // (a veth pair that a failed setup left outside the namespaces too)
+  static void teardown() {
+    mb::testing::run_command(
+        "ip netns del mbhost1 2>/dev/null; ip netns del mbhost2 2>/dev/null; ip link del mbveth1 2>/dev/null; true");
+  }
 };
 
 std::string train_args(const fs::path& run) {
