@@ -294,6 +294,7 @@ data::TokenizerOptions tokenizer_options(const nlohmann::json& v, const ModelCon
   if (v.contains("vocab_file")) to.vocab_file = v["vocab_file"].get<std::string>();
   if (v.contains("merge_file")) to.merge_file = v["merge_file"].get<std::string>();
   to.extra_ids = static_cast<int>(mc.vocab_extra_ids);
+  to.vocabulary_only = true;
   return to;
 }
 

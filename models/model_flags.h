@@ -29,7 +29,7 @@ std::string take_checkpoint_model(config::Resolved& r, const nlohmann::json& mod
 void set_family_defaults(nlohmann::json& values, const ModelConfig& c);
 
 // The tokenizer the flags name (--tokenizer-type, --vocab-file, --merge-file), with T5's
-// sentinel tokens.
+// sentinel tokens: its vocabulary alone, as train never encodes text.
 data::TokenizerOptions tokenizer_options(const nlohmann::json& values, const ModelConfig& c);
 
 // The model's configuration as stored in checkpoints.

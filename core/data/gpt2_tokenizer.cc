@@ -1,11 +1,18 @@
 #include "core/data/gpt2_tokenizer.h"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <climits>
+#include <functional>
+#include <iterator>
 #include <limits>
-#include <queue>
 #include <nlohmann/json.hpp>
+#include <queue>
+#include <stdexcept>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
 
 #include "core/data/unicode.h"
 #include "core/util/error.h"
@@ -66,29 +73,96 @@ std::array<char32_t, 256> bytes_to_unicode() {
 namespace {
 // A token's text in GPT-2's printable alphabet -> its raw bytes; false if it is not one.
 bool to_bytes(std::string_view tok, std::string& raw) {
-  static const std::unordered_map<char32_t, uint8_t> u2b = [] {
+  static const std::array<int16_t, 256 + 68> u2b = [] {  // code point -> byte (-1: none)
+    std::array<int16_t, 256 + 68> m;
+    m.fill(-1);
     const auto b2u = bytes_to_unicode();
-    std::unordered_map<char32_t, uint8_t> m;
-    for (int b = 0; b < 256; ++b) m[b2u[b]] = static_cast<uint8_t>(b);
+    for (int b = 0; b < 256; ++b) m[b2u[b]] = static_cast<int16_t>(b);
     return m;
   }();
   raw.clear();
   for (size_t i = 0, len = 0; i < tok.size(); i += len) {
-    auto it = u2b.find(unicode::decode_utf8(tok, i, len));
-    if (it == u2b.end()) return false;
-    raw.push_back(static_cast<char>(it->second));
+    const char32_t c = unicode::decode_utf8(tok, i, len);
+    if (c >= u2b.size() || u2b[c] < 0) return false;
+    raw.push_back(static_cast<char>(u2b[c]));
   }
   return true;
 }
+
+// encoder.json as nlohmann's parser reports it, event by event (its SAX interface): each
+// entry of the top-level object in file order, no document built. The document (a node, a key
+// and a value for each of the 50,257 entries, and parse_json's set of the keys seen) took
+// most of the time every `train` spent starting (2026-12-01, a sanitized build: 0.3 s of a
+// 2-iteration run's 1.8 s).
+class VocabularyEvents final : public nlohmann::json_sax<nlohmann::json> {
+ public:
+  struct Entry {
+    std::string token;
+    int64_t id = -1;
+    std::string not_an_id;  // the value, where it is not an integer id
+  };
+  std::vector<Entry> entries;
+  bool object = false;  // the top-level value is an object
+  std::string error;    // a parse error, as parse_json words it
+
+  bool null() override { return scalar("null"); }
+  bool boolean(bool v) override { return scalar(v ? "true" : "false"); }
+  bool number_integer(number_integer_t v) override {
+    if (depth_ == 1 && !entries.empty()) entries.back().id = v;
+    return true;
+  }
+  bool number_unsigned(number_unsigned_t v) override {
+    if (v > static_cast<number_unsigned_t>(std::numeric_limits<int32_t>::max())) return scalar(std::to_string(v));
+    return number_integer(static_cast<number_integer_t>(v));
+  }
+  bool number_float(number_float_t, const string_t& text) override { return scalar(text); }
+  bool string(string_t& v) override {
+    return scalar(nlohmann::json(v).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  }
+  bool binary(binary_t&) override { return scalar("binary"); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_object() override { return close(); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    if (depth_ == 1) entries.push_back({std::move(k), -1, {}});
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) override {
+    error = json_error_text(e);
+    return false;
+  }
+
+ private:
+  int depth_ = 0;  // open objects and arrays
+  bool scalar(std::string text) {
+    if (depth_ == 1 && !entries.empty()) entries.back().not_an_id = std::move(text);
+    return true;
+  }
+  bool open(bool is_object) {
+    if (depth_ == 0) object = is_object;
+    if (depth_ == 1 && !entries.empty()) entries.back().not_an_id = is_object ? "{...}" : "[...]";
+    ++depth_;
+    return true;
+  }
+  bool close() {
+    --depth_;
+    return true;
+  }
+};
 }  // namespace
 
-Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
-                             const std::filesystem::path& merges_path, int extra_ids) {
+Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json, const std::filesystem::path& merges_path,
+                             int extra_ids, bool vocabulary_only) {
   static std::atomic<uint64_t> instances{0};
   instance_ = ++instances;
-  const TokenIds token_id = read_vocabulary(encoder_json);
-  read_merges(merges_path, encoder_json, token_id);
-  build_merge_table();
+  read_vocabulary(encoder_json);
+  if (vocabulary_only) {
+    (void)read_file(merges_path, "GPT-2 merges (vocab.bpe)");  // a file that does not open is an error still
+  } else {
+    read_merges(merges_path, encoder_json);
+    build_merge_table();
+  }
   if (extra_ids < 0) fail("extra_ids must be >= 0, got ", extra_ids);
   if (extra_ids > 0) {
     special_.first_sentinel = static_cast<int32_t>(id_bytes_.size());
@@ -98,45 +172,55 @@ Gpt2Tokenizer::Gpt2Tokenizer(const std::filesystem::path& encoder_json,
 }
 
 // encoder.json: {"token": id, ...}, ids dense from 0
-Gpt2Tokenizer::TokenIds Gpt2Tokenizer::read_vocabulary(const std::filesystem::path& encoder_json) {
+void Gpt2Tokenizer::read_vocabulary(const std::filesystem::path& encoder_json) {
   const std::string text = read_file(encoder_json, "GPT-2 vocabulary (encoder.json)");
-  const nlohmann::json j = parse_json_or_fail(
-      text, encoder_json.string(), "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh");
-  if (!j.is_object() || j.empty())
+  const std::string_view advice = "; expected GPT-2's encoder.json (an object of token -> id); re-run ./setup.sh";
+  VocabularyEvents events;
+  if (!nlohmann::json::sax_parse(text, &events))
+    fail(encoder_json.string(), ": not valid JSON (", events.error, ")", advice);
+  if (!events.object || events.entries.empty())
     fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
-  id_bytes_.assign(j.size(), std::string());
-  std::vector<bool> seen(j.size(), false);
-  TokenIds token_id;
-  token_id.reserve(j.size());
-  for (const auto& [tok, val] : j.items()) {
-    if (!val.is_number_integer() || val.get<int64_t>() < 0 ||
-        val.get<int64_t>() >= static_cast<int64_t>(j.size()) || seen[val.get<size_t>()])
-      fail(encoder_json.string(), ": token \"", tok, "\" has id ", val.dump(),
-           "; ids must be distinct integers in [0, ", j.size(), ")");
-    const auto id = val.get<int32_t>();
+  // A key twice (parse_json's rule: nlohmann's document would keep the last value silently),
+  // found among the keys of equal hashes: sorting the hashes is several times faster than
+  // sorting the keys.
+  std::vector<std::pair<size_t, size_t>> hashes;  // (hash of the key, entry)
+  hashes.reserve(events.entries.size());
+  for (size_t i = 0; i < events.entries.size(); ++i)
+    hashes.emplace_back(std::hash<std::string_view>{}(events.entries[i].token), i);
+  std::sort(hashes.begin(), hashes.end());
+  for (size_t i = 0; i < hashes.size(); ++i)
+    for (size_t j = i + 1; j < hashes.size() && hashes[j].first == hashes[i].first; ++j)
+      if (const std::string& key = events.entries[hashes[i].second].token;
+          key == events.entries[hashes[j].second].token)
+        fail(encoder_json.string(), ": not valid JSON (the key ",
+             nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+             " appears twice in one object; give each key once)", advice);
+  const size_t n = events.entries.size();
+  id_bytes_.assign(n, std::string());
+  std::vector<bool> seen(n, false);
+  std::fill(std::begin(byte_id_), std::end(byte_id_), -1);
+  for (auto& [tok, id, not_an_id] : events.entries) {
+    if (!not_an_id.empty() || id < 0 || id >= static_cast<int64_t>(n) || seen[static_cast<size_t>(id)])
+      fail(encoder_json.string(), ": token \"", tok, "\" has id ", not_an_id.empty() ? std::to_string(id) : not_an_id,
+           "; ids must be distinct integers in [0, ", n, ")");
     seen[static_cast<size_t>(id)] = true;
-    std::string raw;
+    std::string& raw = id_bytes_[static_cast<size_t>(id)];
     if (!to_bytes(tok, raw))
       fail(encoder_json.string(), ": token \"", tok, "\" (id ", id, ") holds a character outside GPT-2's byte alphabet");
-    if (tok == "<|endoftext|>") special_.eod = id;
-    token_id.emplace(raw, id);
-    id_bytes_[static_cast<size_t>(id)] = std::move(raw);
+    if (tok == "<|endoftext|>") special_.eod = static_cast<int32_t>(id);
+    if (raw.size() == 1) byte_id_[static_cast<uint8_t>(raw[0])] = static_cast<int32_t>(id);
   }
-  for (int b = 0; b < 256; ++b) {
-    auto it = token_id.find(std::string(1, static_cast<char>(b)));
-    if (it == token_id.end())
-      fail(encoder_json.string(), ": no token for byte ", b, "; not a byte-level BPE vocabulary");
-    byte_id_[b] = it->second;
-  }
-  if (special_.eod < 0)
-    fail(encoder_json.string(), ": no <|endoftext|> token; GPT-2's vocabulary has it as id 50256");
-  return token_id;
+  for (int b = 0; b < 256; ++b)
+    if (byte_id_[b] < 0) fail(encoder_json.string(), ": no token for byte ", b, "; not a byte-level BPE vocabulary");
+  if (special_.eod < 0) fail(encoder_json.string(), ": no <|endoftext|> token; GPT-2's vocabulary has it as id 50256");
 }
 
 // vocab.bpe: "#version: 0.2" then one merge "a b" per line, by priority
-void Gpt2Tokenizer::read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json,
-                                const TokenIds& token_id) {
+void Gpt2Tokenizer::read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json) {
   const std::string merges_text = read_file(merges_path, "GPT-2 merges (vocab.bpe)");
+  std::unordered_map<std::string_view, int32_t> token_id;  // raw bytes -> id
+  token_id.reserve(id_bytes_.size());
+  for (size_t id = 0; id < id_bytes_.size(); ++id) token_id.emplace(id_bytes_[id], static_cast<int32_t>(id));
   uint32_t rank = 0;
   merges_.reserve(60000);
   auto to_raw = [&](std::string_view tok, size_t line) {
@@ -184,6 +268,13 @@ void Gpt2Tokenizer::build_merge_table() {
   }
 }
 
+void Gpt2Tokenizer::require_merges() const {
+  if (table_keys_.empty())
+    throw std::logic_error(
+        "this GPT-2 tokenizer was made for its vocabulary alone (vocabulary_only), without the "
+        "merges that encoding needs");
+}
+
 uint64_t Gpt2Tokenizer::merge_rank(int32_t a, int32_t b) const {
   const uint64_t key = (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   for (uint64_t s = slot_of(key, table_mask_);; s = (s + 1) & table_mask_) {
@@ -202,6 +293,7 @@ uint64_t Gpt2Tokenizer::merge_rank(int32_t a, int32_t b) const {
 // the round's rank (the merged token is neither a nor b): they are bucketed after the
 // round. O(n log n), with far fewer cache misses than a heap over every position.
 void Gpt2Tokenizer::bpe_long(std::vector<int32_t>& w, std::vector<int32_t>& out) const {
+  require_merges();
   // Per position i (the left token of a pair; merges keep the left index): the next and
   // previous live positions, and the rank and merged id of the pair (i, next[i]).
   const auto n = static_cast<uint32_t>(w.size());
@@ -257,6 +349,7 @@ void Gpt2Tokenizer::bpe_long(std::vector<int32_t>& w, std::vector<int32_t>& out)
 }
 
 void Gpt2Tokenizer::bpe(std::string_view piece, std::vector<int32_t>& out) const {
+  require_merges();
   if (piece.size() > 256) {  // each round below scans the whole piece: quadratic for long ones
     std::vector<int32_t> w(piece.size());
     for (size_t i = 0; i < piece.size(); ++i) w[i] = byte_id_[static_cast<uint8_t>(piece[i])];
@@ -309,6 +402,7 @@ struct PieceCache {
 }  // namespace
 
 void Gpt2Tokenizer::encode(std::string_view text, std::vector<int32_t>& out) const {
+  require_merges();
   // Per-thread cache of pre-token -> ids: words repeat, so most pieces are a lookup.
   thread_local PieceCache cache;
   if (cache.owner != instance_ || cache.map.size() > (1u << 20)) {

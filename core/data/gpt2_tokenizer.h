@@ -15,9 +15,11 @@ namespace megabatch::data {
 class Gpt2Tokenizer final : public Tokenizer {
  public:
   // encoder.json (token -> id) and vocab.bpe (merges, one "a b" pair per line after a
-  // "#version" header), as shipped with GPT-2.
-  Gpt2Tokenizer(const std::filesystem::path& encoder_json, const std::filesystem::path& merges,
-                int extra_ids = 0);
+  // "#version" header), as shipped with GPT-2. vocabulary_only: the merges are not read (the
+  // file must still open), for a program that never encodes (train); encode() and bpe()
+  // then throw std::logic_error.
+  Gpt2Tokenizer(const std::filesystem::path& encoder_json, const std::filesystem::path& merges, int extra_ids = 0,
+                bool vocabulary_only = false);
 
   std::string_view type() const override { return "GPT2BPETokenizer"; }
   void encode(std::string_view text, std::vector<int32_t>& out) const override;
@@ -39,13 +41,12 @@ class Gpt2Tokenizer final : public Tokenizer {
   uint64_t merge_rank(int32_t a, int32_t b) const;  // (rank << 32 | merged id), or max
 
  private:
-  using TokenIds = std::unordered_map<std::string, int32_t>;  // raw bytes -> id
   // The constructor's parts: encoder.json into id_bytes_, byte_id_ and the eod token;
   // vocab.bpe into merges_; merges_ as the lookup table.
-  TokenIds read_vocabulary(const std::filesystem::path& encoder_json);
-  void read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json,
-                   const TokenIds& token_id);
+  void read_vocabulary(const std::filesystem::path& encoder_json);
+  void read_merges(const std::filesystem::path& merges_path, const std::filesystem::path& encoder_json);
   void build_merge_table();
+  void require_merges() const;  // throws where the merges were not read
   struct PairHash {
     size_t operator()(uint64_t k) const { return k * 0x9E3779B97F4A7C15ull >> 20; }
   };

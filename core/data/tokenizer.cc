@@ -11,7 +11,7 @@ std::unique_ptr<Tokenizer> make_tokenizer(const TokenizerOptions& o) {
   if (o.type == "GPT2BPETokenizer") {
     const auto vocab = o.vocab_file.empty() ? asset_path("gpt2/encoder.json") : o.vocab_file;
     const auto merges = o.merge_file.empty() ? asset_path("gpt2/vocab.bpe") : o.merge_file;
-    return std::make_unique<Gpt2Tokenizer>(vocab, merges, o.extra_ids);
+    return std::make_unique<Gpt2Tokenizer>(vocab, merges, o.extra_ids, o.vocabulary_only);
   }
   if (o.type == "BertWordPieceLowerCase" || o.type == "BertWordPieceCase") {
     // Cased WordPiece over an uncased vocabulary: every word with a capital letter is [UNK].

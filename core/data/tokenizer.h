@@ -57,6 +57,9 @@ struct TokenizerOptions {
   std::filesystem::path vocab_file;        // empty: the asset cache's file for `type`
   std::filesystem::path merge_file;        // GPT-2 only; empty: the asset cache's
   int extra_ids = 0;                       // T5 sentinels appended to the vocabulary
+  // The vocabulary alone (ids, special tokens, texts) for a program that never encodes
+  // (train): GPT-2's merges are not read, and encode() throws std::logic_error.
+  bool vocabulary_only = false;
 };
 
 // Builds a tokenizer; throws Error naming the file and line for a bad vocabulary.

@@ -6,6 +6,7 @@
 // named no file). Found by the coverage-guided fuzzers (cmake --workflow --preset fuzz).
 #pragma once
 
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -30,6 +31,13 @@ struct JsonRules {
   bool unique_keys = true;
   int max_depth = 64;
 };
+
+// nlohmann's message of a parse error without its "[json.exception.parse_error.101] " tag.
+inline std::string json_error_text(const std::exception& e) {
+  const std::string w = e.what();
+  const size_t tag = w.find("] ");  // the first "] " closes the tag
+  return w.rfind("[json.exception.", 0) == 0 && tag != std::string::npos ? w.substr(tag + 2) : w;
+}
 
 // The value, or nullopt with *why (when given) set to what is wrong and where, without
 // nlohmann's "[json.exception...]" tag: "parse error at line 3, column 1: syntax error while
@@ -72,11 +80,7 @@ std::optional<Json> parse_json(std::string_view text, std::string* why = nullptr
     if (why) *why = r.what;
     return std::nullopt;
   } catch (const typename Json::exception& e) {
-    if (why) {
-      const std::string w = e.what();
-      const size_t tag = w.find("] ");  // the first "] " closes the tag
-      *why = w.rfind("[json.exception.", 0) == 0 && tag != std::string::npos ? w.substr(tag + 2) : w;
-    }
+    if (why) *why = json_error_text(e);
     return std::nullopt;
   }
 }

@@ -4,9 +4,12 @@
 
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
+#include <utility>
 
 #include "core/data/brown.h"
 #include "core/data/gpt2_tokenizer.h"
+#include "core/data/tokenizer_record.h"
 #include "core/data/unicode.h"
 #include "core/util/error.h"
 #include "tests/unit/test_util.h"
@@ -197,6 +200,62 @@ TEST(Gpt2Tokenizer, BadVocabularyFilesNameTheFileAndLine) {
   write_text(dir / "merges2.bpe", "#version: 0.2\nĠ t\nqqqqq zzzzzz\n");
   expect_error([&] { Gpt2Tokenizer(good_vocab, dir / "merges2.bpe"); }, "merges2.bpe:3: \"qqqqq\" is not in");
   expect_error([&] { (void)tokenizer().decode(std::vector<int32_t>{50257}); }, "outside the vocabulary");
+  // each entry's id, said with the token it belongs to
+  const std::vector<std::pair<std::string, std::string>> bad_ids = {
+      {R"({"a": 0, "a": 1})", "not valid JSON (the key \"a\" appears twice in one object; give each key once)"},
+      {R"({"a": 0, "b": 1.5})", "token \"b\" has id 1.5; ids must be distinct integers in [0, 2)"},
+      {R"({"a": "0", "b": 1})", "token \"a\" has id \"0\"; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": [1]})", "token \"b\" has id [...]; ids must be distinct integers in [0, 2)"},
+      {R"({"a": {"b": 1}, "b": 1})", "token \"a\" has id {...}; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": -1})", "token \"b\" has id -1; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": 2})", "token \"b\" has id 2; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": 0})", "token \"b\" has id 0; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": 99999999999})", "token \"b\" has id 99999999999; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b": null})", "token \"b\" has id null; ids must be distinct integers in [0, 2)"},
+      {R"({"a": 0, "b c": 1})", "token \"b c\" (id 1) holds a character outside GPT-2's byte alphabet"},
+      {R"({"a": 0, "b": 1})", "no token for byte 0; not a byte-level BPE vocabulary"},
+      {R"({"a": 0} [])", "not valid JSON (parse error at line 1, column "},
+      {R"({"a": 1e999})", "not valid JSON (number overflow parsing '1e999')"},
+  };
+  for (const auto& [text, said] : bad_ids) {
+    write_text(dir / "ids.json", text);
+    expect_error([&] { Gpt2Tokenizer(dir / "ids.json", good_merges); }, (dir / "ids.json").string() + ": " + said);
+  }
+}
+
+// train reads the vocabulary alone (it never encodes): the same ids, texts and record as the
+// whole tokenizer's, no merges read, and encoding refused rather than done without merges.
+TEST(Gpt2Tokenizer, TheVocabularyAloneHasTheWholeTokenizersIdsAndTextsAndDoesNotEncode) {
+  MB_REQUIRE_ASSET("gpt2/encoder.json");
+  TempDir dir;
+  const Gpt2Tokenizer alone(asset_dir() / "gpt2/encoder.json", asset_dir() / "gpt2/vocab.bpe", 3, true);
+  const Gpt2Tokenizer whole(asset_dir() / "gpt2/encoder.json", asset_dir() / "gpt2/vocab.bpe", 3);
+  ASSERT_EQ(alone.vocab_size(), 50260);
+  ASSERT_EQ(alone.vocab_size(), whole.vocab_size());
+  EXPECT_EQ(alone.special().eod, 50256);
+  EXPECT_EQ(alone.special().first_sentinel, whole.special().first_sentinel);
+  for (int32_t id = 0; id < alone.vocab_size(); ++id) ASSERT_EQ(alone.token_text(id), whole.token_text(id)) << id;
+  const std::vector<int32_t> ids = whole.encode("Hello world, a vocabulary alone");
+  EXPECT_EQ(alone.decode(ids), "Hello world, a vocabulary alone");
+  EXPECT_EQ(describe_tokenizer(alone).fingerprint, describe_tokenizer(whole).fingerprint);
+  try {
+    (void)alone.encode("Hello");
+    ADD_FAILURE() << "a tokenizer without merges encoded";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("without the merges that encoding needs"), std::string::npos) << e.what();
+  }
+  std::vector<int32_t> out;
+  EXPECT_THROW(alone.bpe("Hello", out), std::logic_error);
+  // the merges file is not read, but one that does not open is an error as before
+  write_text(dir / "not-merges.bpe", "not a merges file\n");
+  EXPECT_EQ(Gpt2Tokenizer(asset_dir() / "gpt2/encoder.json", dir / "not-merges.bpe", 0, true).vocab_size(), 50257);
+  megabatch::testing::expect_error(
+      [&] { Gpt2Tokenizer(asset_dir() / "gpt2/encoder.json", dir / "missing.bpe", 0, true); },
+      "missing.bpe: cannot open");
+  // and a run's tokenizer is this one
+  TokenizerOptions o;
+  o.vocabulary_only = true;
+  EXPECT_THROW((void)make_tokenizer(o)->encode("Hello"), std::logic_error);
 }
 
 }  // namespace
