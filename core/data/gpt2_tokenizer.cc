@@ -180,21 +180,15 @@ void Gpt2Tokenizer::read_vocabulary(const std::filesystem::path& encoder_json) {
     fail(encoder_json.string(), ": not valid JSON (", events.error, ")", advice);
   if (!events.object || events.entries.empty())
     fail(encoder_json.string(), ": expected a JSON object of token -> id (GPT-2's encoder.json)");
-  // A key twice (parse_json's rule: nlohmann's document would keep the last value silently),
-  // found among the keys of equal hashes: sorting the hashes is several times faster than
-  // sorting the keys.
-  std::vector<std::pair<size_t, size_t>> hashes;  // (hash of the key, entry)
-  hashes.reserve(events.entries.size());
-  for (size_t i = 0; i < events.entries.size(); ++i)
-    hashes.emplace_back(std::hash<std::string_view>{}(events.entries[i].token), i);
-  std::sort(hashes.begin(), hashes.end());
-  for (size_t i = 0; i < hashes.size(); ++i)
-    for (size_t j = i + 1; j < hashes.size() && hashes[j].first == hashes[i].first; ++j)
-      if (const std::string& key = events.entries[hashes[i].second].token;
-          key == events.entries[hashes[j].second].token)
-        fail(encoder_json.string(), ": not valid JSON (the key ",
-             nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-             " appears twice in one object; give each key once)", advice);
+  // A key twice (parse_json's rule: nlohmann's document would keep the last value silently).
+  // Sorted by hash first, the keys are compared only where hashes tie: several times faster
+  // than sorting the keys.
+  std::vector<std::pair<size_t, std::string_view>> keys;  // (hash, key)
+  keys.reserve(events.entries.size());
+  for (const auto& e : events.entries) keys.emplace_back(std::hash<std::string_view>{}(e.token), e.token);
+  std::sort(keys.begin(), keys.end());
+  if (const auto twice = std::adjacent_find(keys.begin(), keys.end()); twice != keys.end())
+    fail(encoder_json.string(), ": not valid JSON (", key_given_twice(std::string(twice->second)), ")", advice);
   const size_t n = events.entries.size();
   id_bytes_.assign(n, std::string());
   std::vector<bool> seen(n, false);

@@ -39,6 +39,12 @@ inline std::string json_error_text(const std::exception& e) {
   return w.rfind("[json.exception.", 0) == 0 && tag != std::string::npos ? w.substr(tag + 2) : w;
 }
 
+// What a key given twice in one object is told (JSON text from outside, and GPT-2's encoder.json).
+inline std::string key_given_twice(const std::string& key) {
+  return "the key " + nlohmann::json(key).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) +
+         " appears twice in one object; give each key once";
+}
+
 // The value, or nullopt with *why (when given) set to what is wrong and where, without
 // nlohmann's "[json.exception...]" tag: "parse error at line 3, column 1: syntax error while
 // parsing object - unexpected end of input; expected '}'", "number overflow parsing '1e999'",
@@ -66,8 +72,7 @@ std::optional<Json> parse_json(std::string_view text, std::string* why = nullptr
         break;
       case Event::key:
         if (rules.unique_keys && !keys.back().insert(parsed.template get<std::string>()).second)
-          throw Refused{"the key " + parsed.dump(-1, ' ', false, Json::error_handler_t::replace) +
-                        " appears twice in one object; give each key once"};
+          throw Refused{key_given_twice(parsed.template get<std::string>())};
         break;
       case Event::value:
         break;
