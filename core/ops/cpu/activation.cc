@@ -3,6 +3,7 @@
 
 #include "core/ops/backends.h"
 #include "core/ops/cpu/f32.h"
+#include "core/ops/cpu/map.h"
 #include "core/ops/cpu/vecmath.h"
 
 namespace megabatch::ops::cpu {
@@ -14,64 +15,29 @@ constexpr T kGeluA = static_cast<T>(0.044715);
 }  // namespace
 
 void gelu_forward(const Tensor& out, const Tensor& in) {
-  with_compute_type(in.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> xs(in);
-    Out<T> ys(out, false);
-    const T* x = xs;
-    T* y = ys;
-    const int64_t n = static_cast<int64_t>(in.numel());
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) y[i] = T(0.5) * x[i] * (T(1) + vtanh(kGeluS<T> * (x[i] + kGeluA<T> * x[i] * x[i] * x[i])));
-    ys.commit();
+  map_elements(out, Write::kSet, in, [](auto x) {
+    using T = decltype(x);
+    return T(0.5) * x * (T(1) + vtanh(kGeluS<T> * (x + kGeluA<T> * x * x * x)));
   });
 }
 
 void gelu_backward(const Tensor& din, const Tensor& dout, const Tensor& in, Write w) {
-  with_compute_type(in.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> xs(in), gs(dout);
-    const bool add = w == Write::kAdd;
-    Out<T> ds(din, add);
-    const T *x = xs, *g = gs;
-    T* d = ds;
-    const int64_t n = static_cast<int64_t>(in.numel());
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      const T t = vtanh(kGeluS<T> * (x[i] + kGeluA<T> * x[i] * x[i] * x[i]));
-      const T dt = kGeluS<T> * (T(1) + T(3) * kGeluA<T> * x[i] * x[i]);
-      const T v = g[i] * (T(0.5) * (T(1) + t) + T(0.5) * x[i] * (T(1) - t * t) * dt);
-      d[i] = add ? d[i] + v : v;
-    }
-    ds.commit();
+  map_elements(din, w, dout, in, [](auto g, auto x) {
+    using T = decltype(x);
+    const T t = vtanh(kGeluS<T> * (x + kGeluA<T> * x * x * x));
+    const T dt = kGeluS<T> * (T(1) + T(3) * kGeluA<T> * x * x);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * dt);
   });
 }
 
 void squared_relu_forward(const Tensor& out, const Tensor& in) {
-  with_compute_type(in.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> xs(in);
-    Out<T> ys(out, false);
-    const T* x = xs;
-    T* y = ys;
-    const int64_t n = static_cast<int64_t>(in.numel());
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] > T(0) ? x[i] * x[i] : T(0);
-    ys.commit();
-  });
+  map_elements(out, Write::kSet, in, [](auto x) { return x > decltype(x)(0) ? x * x : decltype(x)(0); });
 }
 
 void squared_relu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
-  with_compute_type(in.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> xs(in), gs(dout);
-    Out<T> ds(din, false);
-    const T *x = xs, *g = gs;
-    T* d = ds;
-    const int64_t n = static_cast<int64_t>(in.numel());
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) d[i] = x[i] > T(0) ? T(2) * x[i] * g[i] : T(0);
-    ds.commit();
+  map_elements(din, Write::kSet, dout, in, [](auto g, auto x) {
+    using T = decltype(x);
+    return x > T(0) ? T(2) * x * g : T(0);
   });
 }
 
@@ -111,27 +77,11 @@ void swiglu_backward(const Tensor& din, const Tensor& dout, const Tensor& in) {
 }
 
 void tanh_forward(const Tensor& out, const Tensor& in) {
-  with_compute_type(in.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> xs(in);
-    Out<T> ys(out, false);
-    const T* x = xs;
-    T* y = ys;
-    for (size_t i = 0; i < in.numel(); ++i) y[i] = std::tanh(x[i]);
-    ys.commit();
-  });
+  map_elements(out, Write::kSet, in, [](auto x) { return std::tanh(x); });
 }
 
 void tanh_backward(const Tensor& din, const Tensor& dout, const Tensor& out) {
-  with_compute_type(out.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    In<T> ys(out), gs(dout);
-    Out<T> ds(din, true);
-    const T *y = ys, *g = gs;
-    T* d = ds;
-    for (size_t i = 0; i < out.numel(); ++i) d[i] += g[i] * (T(1) - y[i] * y[i]);
-    ds.commit();
-  });
+  map_elements(din, Write::kAdd, dout, out, [](auto g, auto y) { return g * (decltype(y)(1) - y * y); });
 }
 
 }  // namespace megabatch::ops::cpu

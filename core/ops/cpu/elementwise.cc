@@ -1,6 +1,7 @@
 // Dtype conversion and scaling on the CPU.
 #include "core/ops/backends.h"
 #include "core/ops/cpu/f32.h"
+#include "core/ops/cpu/map.h"
 
 namespace megabatch::ops::cpu {
 
@@ -30,15 +31,7 @@ void cast(const Tensor& dst, const Tensor& src) {
 }
 
 void scale(const Tensor& x, float s) {
-  with_compute_type(x.dtype(), [&](auto zero) {
-    using T = decltype(zero);
-    Out<T> d(x, true);
-    const int64_t n = static_cast<int64_t>(x.numel());
-    T* p = d;
-#pragma omp parallel for simd schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) p[i] *= static_cast<T>(s);
-    d.commit();
-  });
+  map_elements(x, Write::kSet, x, [s](auto v) { return v * static_cast<decltype(v)>(s); });
 }
 
 }  // namespace megabatch::ops::cpu
