@@ -15,6 +15,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -424,10 +425,17 @@ void launch(const char* name, dim3 grid, dim3 block, size_t smem, std::function<
       l.error = "deadlock: every thread waits at a barrier or a warp-wide instruction that no thread can reach";
       break;
     }
-    size_t pick = 0;
-    if (g_options.seed != 0) pick = static_cast<size_t>(l.rng() % l.runnable.size());
-    Fiber* f = l.runnable[pick];
-    l.runnable.erase(l.runnable.begin() + static_cast<std::ptrdiff_t>(pick));
+    // round robin: the oldest; random: any one, the last taking its place (the set's order
+    // does not matter to a uniform pick, and an erase from the middle cost a move of the rest)
+    Fiber* f;
+    if (g_options.seed == 0) {
+      f = l.runnable.front();
+      l.runnable.pop_front();
+    } else {
+      std::swap(l.runnable[static_cast<size_t>(l.rng() % l.runnable.size())], l.runnable.back());
+      f = l.runnable.back();
+      l.runnable.pop_back();
+    }
     g_fiber = f;
 #ifdef MB_EMU_ASAN
     __sanitizer_start_switch_fiber(&l.main_fake_stack, f->stack.get(), kStack);
