@@ -26,7 +26,7 @@ namespace {
 bool native(const Communicator& c, const Tensor& t) { return t.device().is_cuda() && c.device_buffers(); }
 
 void check_float(const Tensor& t, const char* what) {
-  check(is_floating(t.dtype()), what, " of a ", t.describe(), " tensor");
+  if (!is_floating(t.dtype())) fail(what, " of a ", t.describe(), " tensor");
 }
 
 // f32 host copies of t and the way back (f64 stays f64 through all_reduce only)
@@ -55,8 +55,8 @@ void all_reduce(Communicator& c, const Tensor& t, ReduceOp op) {
 
 void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
   const profile::Region mark(profile::Family::kCommunication);
-  check(out.numel() == in.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "all_gather of ",
-        in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
+  if (!(out.numel() == in.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype()))
+    fail("all_gather of ", in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
   check_float(in, "all_gather");
   if (native(c, in)) return c.all_gather_device(in.raw(), out.raw(), in.numel(), in.dtype());
   // the bits, whatever the dtype: no conversion, no rounding
@@ -69,8 +69,8 @@ void all_gather(Communicator& c, const Tensor& in, const Tensor& out) {
 
 void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
   const profile::Region mark(profile::Family::kCommunication);
-  check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype(), "reduce_scatter of ",
-        in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
+  if (!(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == out.dtype()))
+    fail("reduce_scatter of ", in.describe(), " into ", out.describe(), " over ", c.size(), " ranks");
   check_float(in, "reduce_scatter");
   if (native(c, in)) return c.reduce_scatter_device(in.raw(), out.raw(), out.numel(), in.dtype());
   if (in.device().is_cpu() && in.dtype() == DType::kF32)
@@ -83,7 +83,7 @@ void reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
 void start_all_reduce(Communicator& c, const Tensor& t) {
   if (c.size() == 1 || t.numel() == 0) return;
   const profile::Region mark(profile::Family::kCommunication);
-  check(t.dtype() == DType::kF32, "start_all_reduce of a ", t.describe(), " tensor (f32 gradients only)");
+  if (t.dtype() != DType::kF32) fail("start_all_reduce of a ", t.describe(), " tensor (f32 gradients only)");
   if (native(c, t)) return c.start_all_reduce_device(t.raw(), t.numel(), t.dtype());
   if (t.device().is_cpu()) return c.start_all_reduce(t.data<float>(), t.numel());
   all_reduce(c, t, ReduceOp::kSum);
@@ -91,9 +91,9 @@ void start_all_reduce(Communicator& c, const Tensor& t) {
 
 void start_reduce_scatter(Communicator& c, const Tensor& in, const Tensor& out) {
   const profile::Region mark(profile::Family::kCommunication);
-  check(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == DType::kF32 &&
-            out.dtype() == DType::kF32,
-        "start_reduce_scatter of ", in.describe(), " into ", out.describe(), " (f32, size() times the output)");
+  if (!(in.numel() == out.numel() * static_cast<size_t>(c.size()) && in.dtype() == DType::kF32 &&
+        out.dtype() == DType::kF32))
+    fail("start_reduce_scatter of ", in.describe(), " into ", out.describe(), " (f32, size() times the output)");
   if (c.size() == 1) return copy(out, in);
   if (out.numel() == 0) return;
   if (native(c, in)) return c.start_reduce_scatter_device(in.raw(), out.raw(), out.numel(), in.dtype());

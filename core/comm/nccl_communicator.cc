@@ -209,7 +209,7 @@ std::string nccl_version() {
 }
 
 std::unique_ptr<Communicator> make_nccl_communicator(MpiCommunicator* group, Device device) {
-  check(device.is_cuda(), "the NCCL communicator needs a GPU device, not ", device.str());
+  if (!device.is_cuda()) fail("the NCCL communicator needs a GPU device, not ", device.str());
   return std::make_unique<NcclCommunicator>(group, device);
 }
 

@@ -30,8 +30,9 @@ Device select_device(const std::string& requested, int local_rank) {
   const int n = runtime::cuda_device_count();
   check(n > 0, "--device ", requested, ": no GPU is visible to this process (no NVIDIA driver, no GPU, or ",
         "CUDA_VISIBLE_DEVICES hides them); use --device cpu");
-  check(d.index < n, "--device ", requested, ": only ", n, " GPU", n == 1 ? " is" : "s are", " visible (cuda:0",
-        n > 1 ? " to cuda:" + std::to_string(n - 1) : std::string(), ")");
+  if (d.index >= n)
+    fail("--device ", requested, ": only ", n, " GPU", n == 1 ? " is" : "s are", " visible (cuda:0",
+         n > 1 ? " to cuda:" + std::to_string(n - 1) : std::string(), ")");
   if (requested == "cuda") d.index = local_rank % n;
   return d;
 }

@@ -97,8 +97,8 @@ void copy_bytes(void* dst, Device to, const void* src, Device from, size_t bytes
     return;
   }
   if (to.is_cpu()) ++g_host_reads;
-  check(!(to.is_cuda() && from.is_cuda()) || to.index == from.index, "copy between GPUs ", from.str(), " and ",
-        to.str(), " is not supported");
+  if (to.is_cuda() && from.is_cuda() && to.index != from.index)
+    fail("copy between GPUs ", from.str(), " and ", to.str(), " is not supported");
   MB_CUDA(cuda_rt::copy_bytes(dst, src, bytes, to.is_cuda() ? to.index : from.index,
                               from.is_cpu() ? 0 : to.is_cpu() ? 1 : 2));
 }
@@ -170,7 +170,7 @@ const void* Readback::get() {
 }
 
 StreamHold::StreamHold(Device d, [[maybe_unused]] double seconds) : device_(d) {
-  check(d.is_cuda(), "internal error: StreamHold on ", d.str());
+  if (!d.is_cuda()) fail("internal error: StreamHold on ", d.str());
   MB_CUDA(hold_ = cuda_rt::hold_stream(d.index, seconds));
 }
 

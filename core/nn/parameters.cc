@@ -54,10 +54,11 @@ int ParameterStore::add(ParamSpec spec) {
   int64_t numel = 1, full = 1;
   for (size_t k = 0; k < p.shape.size(); ++k) {
     check(p.full_shape[k] >= 0, "parameter '", p.name, "': dimension ", k, " is ", p.full_shape[k], ", not >= 0");
-    check(!__builtin_mul_overflow(numel, p.shape[k], &numel) && !__builtin_mul_overflow(full, p.full_shape[k], &full) &&
-              full < kMaxElements,
-          "parameter '", p.name, "': ", p.full_shape[0], p.full_shape.size() > 1 ? " x " + std::to_string(p.full_shape[1]) : "",
-          " elements is more than any machine holds; check the model's sizes");
+    if (__builtin_mul_overflow(numel, p.shape[k], &numel) || __builtin_mul_overflow(full, p.full_shape[k], &full) ||
+        full >= kMaxElements)
+      fail("parameter '", p.name, "': ", p.full_shape[0],
+           p.full_shape.size() > 1 ? " x " + std::to_string(p.full_shape[1]) : "",
+           " elements is more than any machine holds; check the model's sizes");
   }
   p.numel = static_cast<size_t>(numel);
   p.offset = next_offset_;
@@ -74,7 +75,7 @@ int ParameterStore::add(ParamSpec spec) {
 
 void ParameterStore::finalize(DType dtype, Device device) {
   check(!finalized_, "parameter store finalized twice");
-  check(dtype == DType::kF32 || is_half(dtype), "parameters are f32, bf16 or f16, not ", dtype_name(dtype));
+  if (dtype != DType::kF32 && !is_half(dtype)) fail("parameters are f32, bf16 or f16, not ", dtype_name(dtype));
   dtype_ = dtype;
   device_ = device;
   const int64_t n = static_cast<int64_t>(next_offset_);

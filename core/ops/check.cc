@@ -10,8 +10,8 @@ Device common_device(const char* op, std::initializer_list<const Tensor*> tensor
       first = t;
       continue;
     }
-    check(t->device() == first->device(), op, ": tensors on different devices (", first->describe(), " and ",
-          t->describe(), ")");
+    if (t->device() != first->device())
+      fail(op, ": tensors on different devices (", first->describe(), " and ", t->describe(), ")");
   }
   return first ? first->device() : Device::cpu();
 }
@@ -27,7 +27,7 @@ void expect_accepted(const Accepts& row, const Tensor& t, Device d) {
 }
 
 void expect_dtype(const char* op, const char* name, const Tensor& t, DType d) {
-  check(!t.defined() || t.dtype() == d, op, ": ", name, " must be ", dtype_name(d), ", got ", t.describe());
+  if (t.defined() && t.dtype() != d) fail(op, ": ", name, " must be ", dtype_name(d), ", got ", t.describe());
 }
 
 void expect_dtype(const char* op, const char* name, const Tensor& t, std::initializer_list<DType> allowed) {
@@ -41,12 +41,12 @@ void expect_dtype(const char* op, const char* name, const Tensor& t, std::initia
 }
 
 void expect_numel(const char* op, const char* name, const Tensor& t, size_t n) {
-  check(!t.defined() || t.numel() == n, op, ": ", name, " must have ", n, " elements, got ", t.describe());
+  if (t.defined() && t.numel() != n) fail(op, ": ", name, " must have ", n, " elements, got ", t.describe());
 }
 
 void expect_segments(const char* op, const Tensor& x, const std::vector<std::pair<size_t, size_t>>& segments) {
   for (const auto& [b, e] : segments)
-    check(b <= e && e <= x.numel(), op, ": segment [", b, ", ", e, ") outside ", x.describe());
+    if (b > e || e > x.numel()) fail(op, ": segment [", b, ", ", e, ") outside ", x.describe());
 }
 
 void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev) {
@@ -57,8 +57,9 @@ void expect_growth_base(const char* op, const Tensor& x, const Tensor& prev) {
 
 void expect_same(const char* op, const char* a_name, const Tensor& a, const char* b_name, const Tensor& b) {
   if (!a.defined() || !b.defined()) return;
-  check(a.dtype() == b.dtype() && a.numel() == b.numel(), op, ": ", a_name, " (", a.describe(), ") and ", b_name, " (",
-        b.describe(), ") must have the same dtype and size");
+  if (!(a.dtype() == b.dtype() && a.numel() == b.numel()))
+    fail(op, ": ", a_name, " (", a.describe(), ") and ", b_name, " (", b.describe(),
+         ") must have the same dtype and size");
 }
 
 int64_t rows(const Tensor& t) {

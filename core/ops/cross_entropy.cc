@@ -11,7 +11,7 @@ namespace {
 void check_rows(const Accepts& logits_row, Device d, const Tensor& logits, std::initializer_list<const Tensor*> per_row) {
   const char* op = logits_row.op;
   expect_accepted(logits_row, logits, d);
-  check(logits.ndim() == 2, op, ": logits must be 2-D, got ", logits.describe());
+  if (logits.ndim() != 2) fail(op, ": logits must be 2-D, got ", logits.describe());
   for (const Tensor* t : per_row) {
     expect_dtype(op, "per-row values", *t, acc_type(logits.dtype()));
     expect_numel(op, "per-row values", *t, static_cast<size_t>(logits.dim(0)));

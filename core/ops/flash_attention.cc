@@ -90,9 +90,10 @@ void count_flash_dq_ordered_call() { ++g_ordered_calls; }
 namespace {
 // A GPU before sm_80 (T4) runs the kernels in fp16 at head size 64 only.
 void check_gpu(const char* op, const Tensor& x, int64_t head_size) {
-  check(x.device().is_cpu() || flash_attention_supported(x.device(), x.dtype(), head_size), op, ": ", x.device().str(),
-        " runs the flash kernels in fp16 at head size 64 only (sm_75), not ", dtype_name(x.dtype()), " at head size ",
-        head_size, " (flash_attention_supported says which; the explicit attention takes any)");
+  if (!(x.device().is_cpu() || flash_attention_supported(x.device(), x.dtype(), head_size)))
+    fail(op, ": ", x.device().str(), " runs the flash kernels in fp16 at head size 64 only (sm_75), not ",
+         dtype_name(x.dtype()), " at head size ", head_size,
+         " (flash_attention_supported says which; the explicit attention takes any)");
 }
 
 void check_shapes(const char* op, const Tensor& qkv, const Tensor& lse, const Tensor& key_mask, const AttentionShape& s,

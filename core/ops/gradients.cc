@@ -70,7 +70,7 @@ void scale_by(const Tensor& x, const Tensor& factor, size_t index) {
   const Device d = common_device("scale_by", {&x, &factor});
   expect_accepted(accepts::scale_by_x, x, d);
   expect_accepted(accepts::scale_by_factor, factor, d);
-  check(index < factor.numel(), "scale_by: index ", index, " outside ", factor.describe());
+  if (index >= factor.numel()) fail("scale_by: index ", index, " outside ", factor.describe());
   MB_OP_DISPATCH(d, scale_by, x, factor, index);
 }
 

@@ -8,15 +8,15 @@ using namespace detail;
 
 void gemm(const Tensor& C, const Tensor& A, Trans ta, const Tensor& B, Trans tb, float alpha, float beta) {
   const Device d = common_device("gemm", {&C, &A, &B});
-  check(A.ndim() == 2 && B.ndim() == 2 && C.ndim() == 2, "gemm: 2-D tensors expected, got ", A.describe(), ", ",
-        B.describe(), ", ", C.describe());
+  if (!(A.ndim() == 2 && B.ndim() == 2 && C.ndim() == 2))
+    fail("gemm: 2-D tensors expected, got ", A.describe(), ", ", B.describe(), ", ", C.describe());
   expect_accepted(accepts::gemm_A, A, d);
   expect_dtype("gemm", "B", B, A.dtype());
   expect_dtype("gemm", "C", C, {A.dtype(), acc_type(A.dtype())});
   const int64_t M = ta == Trans::N ? A.dim(0) : A.dim(1), K = ta == Trans::N ? A.dim(1) : A.dim(0);
   const int64_t Kb = tb == Trans::N ? B.dim(0) : B.dim(1), N = tb == Trans::N ? B.dim(1) : B.dim(0);
-  check(K == Kb && C.dim(0) == M && C.dim(1) == N, "gemm: shapes do not agree: op(A) ", M, "x", K, ", op(B) ", Kb, "x",
-        N, ", C ", shape_text(C.shape()));
+  if (!(K == Kb && C.dim(0) == M && C.dim(1) == N))
+    fail("gemm: shapes do not agree: op(A) ", M, "x", K, ", op(B) ", Kb, "x", N, ", C ", shape_text(C.shape()));
   MB_OP_DISPATCH(d, gemm, C, A, ta, B, tb, alpha, beta);
 }
 
@@ -26,8 +26,9 @@ void linear_forward(const Tensor& out, const Tensor& in, const Tensor& weight, c
   expect_dtype("linear_forward", "weight", weight, in.dtype());
   expect_dtype("linear_forward", "out", out, in.dtype());
   expect_dtype("linear_forward", "bias", bias, in.dtype());
-  check(weight.ndim() == 2 && cols(in) == weight.dim(1) && cols(out) == weight.dim(0) && rows(out) == rows(in),
-        "linear_forward: in ", in.describe(), ", weight ", weight.describe(), ", out ", out.describe(), " do not agree");
+  if (!(weight.ndim() == 2 && cols(in) == weight.dim(1) && cols(out) == weight.dim(0) && rows(out) == rows(in)))
+    fail("linear_forward: in ", in.describe(), ", weight ", weight.describe(), ", out ", out.describe(),
+         " do not agree");
   expect_numel("linear_forward", "bias", bias, static_cast<size_t>(weight.dim(0)));
   MB_OP_DISPATCH(d, linear_forward, out, in, weight, bias);
 }
@@ -41,9 +42,9 @@ void linear_backward(const Tensor& din, const Tensor& dweight, const Tensor& dbi
   expect_dtype("linear_backward", "din", din, dout.dtype());
   expect_dtype("linear_backward", "dweight", dweight, acc_type(dout.dtype()));
   expect_dtype("linear_backward", "dbias", dbias, acc_type(dout.dtype()));
-  check(weight.ndim() == 2 && cols(dout) == weight.dim(0) && rows(dout) == rows(in) && cols(in) == weight.dim(1),
-        "linear_backward: dout ", dout.describe(), ", in ", in.describe(), ", weight ", weight.describe(),
-        " do not agree");
+  if (!(weight.ndim() == 2 && cols(dout) == weight.dim(0) && rows(dout) == rows(in) && cols(in) == weight.dim(1)))
+    fail("linear_backward: dout ", dout.describe(), ", in ", in.describe(), ", weight ", weight.describe(),
+         " do not agree");
   expect_numel("linear_backward", "din", din, in.numel());
   expect_numel("linear_backward", "dweight", dweight, weight.numel());
   expect_numel("linear_backward", "dbias", dbias, static_cast<size_t>(weight.dim(0)));
@@ -58,9 +59,9 @@ void linear_gelu_forward(const Tensor& out, const Tensor& pre, const Tensor& in,
   expect_dtype("linear_gelu_forward", "bias", bias, in.dtype());
   expect_same("linear_gelu_forward", "out", out, "pre", pre);
   expect_dtype("linear_gelu_forward", "out", out, in.dtype());
-  check(weight.ndim() == 2 && cols(in) == weight.dim(1) && cols(out) == weight.dim(0) && rows(out) == rows(in),
-        "linear_gelu_forward: in ", in.describe(), ", weight ", weight.describe(), ", out ", out.describe(),
-        " do not agree");
+  if (!(weight.ndim() == 2 && cols(in) == weight.dim(1) && cols(out) == weight.dim(0) && rows(out) == rows(in)))
+    fail("linear_gelu_forward: in ", in.describe(), ", weight ", weight.describe(), ", out ", out.describe(),
+         " do not agree");
   expect_numel("linear_gelu_forward", "bias", bias, static_cast<size_t>(weight.dim(0)));
   MB_OP_DISPATCH(d, linear_gelu_forward, out, pre, in, weight, bias);
 }
@@ -75,9 +76,9 @@ void linear_backward_gelu(const Tensor& dpre, const Tensor& dweight, const Tenso
   expect_same("linear_backward_gelu", "in", in, "pre", pre);
   expect_same("linear_backward_gelu", "in", in, "dpre", dpre);
   expect_dtype("linear_backward_gelu", "in", in, dout.dtype());
-  check(weight.ndim() == 2 && cols(dout) == weight.dim(0) && rows(dout) == rows(in) && cols(in) == weight.dim(1),
-        "linear_backward_gelu: dout ", dout.describe(), ", in ", in.describe(), ", weight ", weight.describe(),
-        " do not agree");
+  if (!(weight.ndim() == 2 && cols(dout) == weight.dim(0) && rows(dout) == rows(in) && cols(in) == weight.dim(1)))
+    fail("linear_backward_gelu: dout ", dout.describe(), ", in ", in.describe(), ", weight ", weight.describe(),
+         " do not agree");
   expect_numel("linear_backward_gelu", "dweight", dweight, weight.numel());
   expect_numel("linear_backward_gelu", "dbias", dbias, static_cast<size_t>(weight.dim(0)));
   MB_OP_DISPATCH(d, linear_backward_gelu, dpre, dweight, dbias, dout, in, weight, pre);

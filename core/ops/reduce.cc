@@ -18,8 +18,9 @@ void weighted_accumulate(const Tensor& out, const Tensor& x, const std::vector<d
   const Device d = common_device("weighted_accumulate", {&out, &x});
   expect_accepted(accepts::weighted_accumulate_x, x, d);
   expect_accepted(accepts::weighted_accumulate_out, out, d);
-  check(weights.size() == x.numel() && out.numel() >= x.numel() && weights.size() <= 8, "weighted_accumulate: ",
-        weights.size(), " weights for x ", x.describe(), " into ", out.describe(), " (at most 8 terms)");
+  if (!(weights.size() == x.numel() && out.numel() >= x.numel() && weights.size() <= 8))
+    fail("weighted_accumulate: ", weights.size(), " weights for x ", x.describe(), " into ", out.describe(),
+         " (at most 8 terms)");
   MB_OP_DISPATCH(d, weighted_accumulate, out, x, weights);
 }
 

@@ -32,9 +32,9 @@ void relative_bias_forward(const Tensor& out, const Tensor& table, const Tensor&
   expect_accepted(accepts::relative_bias_forward_table, table, d);
   expect_dtype("relative_bias_forward", "out", out, table.dtype());
   expect_accepted(accepts::relative_bias_forward_buckets, buckets, d);
-  check(table.ndim() == 2 && out.numel() == static_cast<size_t>(table.dim(1)) * buckets.numel(),
-        "relative_bias_forward: out ", out.describe(), ", table ", table.describe(), ", buckets ", buckets.describe(),
-        " do not agree");
+  if (!(table.ndim() == 2 && out.numel() == static_cast<size_t>(table.dim(1)) * buckets.numel()))
+    fail("relative_bias_forward: out ", out.describe(), ", table ", table.describe(), ", buckets ", buckets.describe(),
+         " do not agree");
   MB_OP_DISPATCH(d, relative_bias_forward, out, table, buckets);
 }
 
@@ -43,9 +43,9 @@ void relative_bias_backward(const Tensor& dtable, const Tensor& dout, const Tens
   expect_accepted(accepts::relative_bias_backward_dout, dout, d);
   expect_dtype("relative_bias_backward", "dtable", dtable, acc_type(dout.dtype()));
   expect_accepted(accepts::relative_bias_backward_buckets, buckets, d);
-  check(dtable.ndim() == 2 && dout.numel() == static_cast<size_t>(dtable.dim(1)) * buckets.numel(),
-        "relative_bias_backward: dtable ", dtable.describe(), ", dout ", dout.describe(), ", buckets ",
-        buckets.describe(), " do not agree");
+  if (!(dtable.ndim() == 2 && dout.numel() == static_cast<size_t>(dtable.dim(1)) * buckets.numel()))
+    fail("relative_bias_backward: dtable ", dtable.describe(), ", dout ", dout.describe(), ", buckets ",
+         buckets.describe(), " do not agree");
   MB_OP_DISPATCH(d, relative_bias_backward, dtable, dout, buckets);
 }
 

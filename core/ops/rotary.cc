@@ -16,8 +16,9 @@ void check_rotary(const char* op, const Tensor& qkv, const RotaryShape& s) {
   const int64_t G = kv_heads(s);
   check(G >= 1 && s.heads % G == 0, op, ": ", s.groups, " key/value groups do not divide ", s.heads, " heads");
   const size_t row = static_cast<size_t>((s.heads + 2 * G) * s.head_dim);
-  check(qkv.numel() % row == 0 && (qkv.numel() / row) % static_cast<size_t>(s.T) == 0, op, ": qkv ", qkv.describe(),
-        " is not rows of ", G, " groups of [", s.heads / G, " q, k, v] x ", s.head_dim, " in sequences of ", s.T);
+  if (!(qkv.numel() % row == 0 && (qkv.numel() / row) % static_cast<size_t>(s.T) == 0))
+    fail(op, ": qkv ", qkv.describe(), " is not rows of ", G, " groups of [", s.heads / G, " q, k, v] x ", s.head_dim,
+         " in sequences of ", s.T);
 }
 }  // namespace
 

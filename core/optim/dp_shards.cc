@@ -152,8 +152,8 @@ void DpShards::restore_masters(const std::vector<Tensor>& whole) {
   for (size_t i = 0; i < store_.count(); ++i) {
     const auto id = static_cast<int>(i);
     const Tensor param = store_.param(id);
-    check(whole[i].numel() == param.numel() && whole[i].dtype() == DType::kF32, "internal error: whole master ",
-          whole[i].describe(), " for ", store_.info(id).name);
+    if (!(whole[i].numel() == param.numel() && whole[i].dtype() == DType::kF32))
+      fail("internal error: whole master ", whole[i].describe(), " for ", store_.info(id).name);
     if (masters_.defined()) {
       const Piece& p = piece(id);
       copy(master_piece(id), whole[i].flat(static_cast<size_t>(p.begin), static_cast<size_t>(p.numel())));

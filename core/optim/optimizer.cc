@@ -192,17 +192,20 @@ std::vector<double> resolve_hparams(const Plugin& plugin, const nlohmann::json& 
 }
 
 void check_takes_wd_schedule(const Plugin& plugin) {
-  check(plugin.entry->flags & MB_PLUGIN_WD_SCHEDULE, "optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
+  if (!(plugin.entry->flags & MB_PLUGIN_WD_SCHEDULE))
+    fail(
+        "optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
         ") cannot take a weight-decay schedule (--weight-decay-incr-style): it does not declare MB_PLUGIN_WD_SCHEDULE, "
         "so it may decay by its weight_decay hyperparameter whatever the step's weight decay is; run it with a "
         "constant weight decay, or make it decay by info.weight_decay and declare the flag (core/optim/plugin.h)");
 }
 
 void check_takes_decoupled_lr(const Plugin& plugin) {
-  check(plugin.entry->flags & MB_PLUGIN_DECOUPLED_LR, "optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
-        ") cannot take --decoupled-lr: it does not declare MB_PLUGIN_DECOUPLED_LR, so it may step the embedding at "
-        "info.lr like every other parameter; run it without --decoupled-lr, or make it step the parameters with "
-        "embedding_or_output at info.decoupled_lr and declare the flag (core/optim/plugin.h)");
+  if (!(plugin.entry->flags & MB_PLUGIN_DECOUPLED_LR))
+    fail("optimizer plugin '", plugin.name(), "' (", plugin.path.string(),
+         ") cannot take --decoupled-lr: it does not declare MB_PLUGIN_DECOUPLED_LR, so it may step the embedding at "
+         "info.lr like every other parameter; run it without --decoupled-lr, or make it step the parameters with "
+         "embedding_or_output at info.decoupled_lr and declare the flag (core/optim/plugin.h)");
 }
 
 bool embedding_or_output(const std::string& name) {
@@ -216,8 +219,9 @@ int hparam_index(const Plugin& plugin, const std::string& name) {
 }
 
 nlohmann::json hparams_json(const Plugin& plugin, const std::vector<double>& values) {
-  check(values.size() == plugin.entry->num_hparams, "plugin '", plugin.name(), "': ", values.size(),
-        " hyperparameter values for a schema of ", plugin.entry->num_hparams);
+  if (values.size() != plugin.entry->num_hparams)
+    fail("plugin '", plugin.name(), "': ", values.size(), " hyperparameter values for a schema of ",
+         plugin.entry->num_hparams);
   nlohmann::json out = nlohmann::json::object();
   for (size_t i = 0; i < values.size(); ++i) out[plugin.entry->hparams[i].name] = values[i];
   return out;
@@ -248,16 +252,20 @@ PluginOptimizer::PluginOptimizer(Plugin plugin, nn::ParameterStore& store, comm:
       log_(std::move(log)),
       shards_(shards), values_(bytes_on(sizeof(mb_step_values), device_)), norm_({1}, DType::kF64, device_),
       skip_({1}, DType::kF32, device_) {
-  check(hparams.size() == plugin_.entry->num_hparams, "plugin '", plugin_.name(), "': ", hparams.size(),
-        " hyperparameters given, ", plugin_.entry->num_hparams, " expected");
-  check(!device_.is_cuda() || (plugin_.entry->devices & MB_DEVICES_CUDA), "optimizer plugin '", plugin_.name(), "' (",
-        plugin_.path.string(), ") has no GPU code: it was compiled without nvcc. Rebuild it with CUDA (in the tree: ",
+  if (hparams.size() != plugin_.entry->num_hparams)
+    fail("plugin '", plugin_.name(), "': ", hparams.size(), " hyperparameters given, ", plugin_.entry->num_hparams,
+         " expected");
+  if (device_.is_cuda() && !(plugin_.entry->devices & MB_DEVICES_CUDA))
+    fail(
+        "optimizer plugin '", plugin_.name(), "' (", plugin_.path.string(),
+        ") has no GPU code: it was compiled without nvcc. Rebuild it with CUDA (in the tree: ",
         "configure megabatch where nvcc is found; out of the tree: find_package(megabatch) from a CUDA build compiles ",
         "megabatch_add_plugin sources with nvcc), or run with --device cpu");
-  check(!shards_ || (plugin_.entry->flags & MB_PLUGIN_DP_SHARDS), "optimizer plugin '", plugin_.name(), "' (",
-        plugin_.path.string(), ") cannot run with --use-distributed-optimizer: it does not declare ",
-        "MB_PLUGIN_DP_SHARDS (its math may need whole tensors, e.g. factored state); run without the flag, or make ",
-        "the plugin elementwise with per-tensor sums through sum_shards and declare it (core/optim/plugin.h)");
+  if (shards_ && !(plugin_.entry->flags & MB_PLUGIN_DP_SHARDS))
+    fail("optimizer plugin '", plugin_.name(), "' (", plugin_.path.string(),
+         ") cannot run with --use-distributed-optimizer: it does not declare ",
+         "MB_PLUGIN_DP_SHARDS (its math may need whole tensors, e.g. factored state); run without the flag, or make ",
+         "the plugin elementwise with per-tensor sums through sum_shards and declare it (core/optim/plugin.h)");
   if (const int k = hparam_index(plugin_, "weight_decay"); k >= 0) hparam_weight_decay_ = hparams[k];
   weight_decay_ = hparam_weight_decay_;
   for (size_t i = 0; i < store.count(); ++i) {
@@ -332,11 +340,11 @@ void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, 
 
 void PluginOptimizer::step(int64_t step_count, double lr, int64_t global_batch, const Tensor& grad_norm_t,
                            bool diagnostics, const Tensor& skip) {
-  check(grad_norm_t.dtype() == DType::kF64 && grad_norm_t.numel() == 1, "internal error: grad norm tensor ",
-        grad_norm_t.describe());
+  if (!(grad_norm_t.dtype() == DType::kF64 && grad_norm_t.numel() == 1))
+    fail("internal error: grad norm tensor ", grad_norm_t.describe());
   check(!skip.defined() || device_.is_cuda(), "internal error: a device skip flag on a CPU run");
-  check(!skip.defined() || (skip.dtype() == DType::kF32 && skip.numel() == 1), "internal error: skip flag ",
-        skip.describe());
+  if (skip.defined() && (skip.dtype() != DType::kF32 || skip.numel() != 1))
+    fail("internal error: skip flag ", skip.describe());
   // the step's numbers at their fixed addresses, in stream order
   const double decoupled_lr = decoupled_lr_.value_or(lr);
   const mb_step_values values{step_count, lr, global_batch, weight_decay_, decoupled_lr};

@@ -31,7 +31,7 @@ Tensor Tensor::borrow(void* data, std::vector<int64_t> shape, DType dtype, Devic
 size_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) {
-    check(d >= 0, "tensor shape ", shape_text(shape), " has a negative dimension");
+    if (d < 0) fail("tensor shape ", shape_text(shape), " has a negative dimension");
     n *= d;
   }
   return static_cast<size_t>(n);
@@ -52,7 +52,7 @@ void Tensor::resize(std::vector<int64_t> shape, DType dtype, Device device) {
   const size_t bytes = n * dtype_size(dtype);
   const bool fits = storage_ && device == device_ && storage_->bytes() - offset_ >= bytes;
   if (!fits) {
-    check(owner_, "cannot grow a view (", describe(), ") to ", shape_text(shape));
+    if (!owner_) fail("cannot grow a view (", describe(), ") to ", shape_text(shape));
     storage_ = std::make_shared<Storage>(bytes == 0 ? 64 : bytes, device);
     offset_ = 0;
   }
@@ -75,7 +75,7 @@ void Tensor::bad_element(size_t size) const {
 }
 
 Tensor Tensor::view(std::vector<int64_t> shape) const {
-  check(numel_of(shape) == numel_, "cannot view ", describe(), " as ", shape_text(shape));
+  if (numel_of(shape) != numel_) fail("cannot view ", describe(), " as ", shape_text(shape));
   Tensor v = *this;
   v.owner_ = false;
   v.shape_ = std::move(shape);
@@ -83,8 +83,8 @@ Tensor Tensor::view(std::vector<int64_t> shape) const {
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  check(!shape_.empty() && begin >= 0 && begin <= end && end <= shape_[0], "rows [", begin, ", ", end, ") of ",
-        describe());
+  if (!(!shape_.empty() && begin >= 0 && begin <= end && end <= shape_[0]))
+    fail("rows [", begin, ", ", end, ") of ", describe());
   const size_t row = shape_[0] ? numel_ / static_cast<size_t>(shape_[0]) : 0;
   std::vector<int64_t> s = shape_;
   s[0] = end - begin;
@@ -92,9 +92,9 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 Tensor Tensor::flat(size_t offset, size_t n, std::vector<int64_t> shape) const {
-  check(offset + n <= numel_, "elements [", offset, ", ", offset + n, ") of ", describe());
+  if (offset + n > numel_) fail("elements [", offset, ", ", offset + n, ") of ", describe());
   if (shape.empty()) shape = {static_cast<int64_t>(n)};
-  check(numel_of(shape) == n, "view of ", n, " elements as ", shape_text(shape));
+  if (numel_of(shape) != n) fail("view of ", n, " elements as ", shape_text(shape));
   Tensor v = *this;
   v.owner_ = false;
   v.offset_ = offset_ + offset * dtype_size(dtype_);
@@ -104,7 +104,8 @@ Tensor Tensor::flat(size_t offset, size_t n, std::vector<int64_t> shape) const {
 }
 
 void copy(const Tensor& dst, const Tensor& src) {
-  check(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy: ", src.describe(), " into ", dst.describe());
+  if (!(dst.dtype() == src.dtype() && dst.numel() == src.numel()))
+    fail("copy: ", src.describe(), " into ", dst.describe());
   if (dst.numel() == 0 || dst.raw() == src.raw()) return;
   runtime::copy_bytes(dst.raw(), dst.device(), src.raw(), src.device(), src.nbytes());
 }
@@ -138,7 +139,7 @@ void widen(const void* src, DType t, size_t n, float* out) {
 }  // namespace
 
 void to_host_f32(const Tensor& t, float* out) {
-  check(is_floating(t.dtype()), "to_host_f32 of ", t.describe());
+  if (!is_floating(t.dtype())) fail("to_host_f32 of ", t.describe());
   if (t.numel() == 0) return;  // out may be null (an empty vector's data())
   if (t.dtype() == DType::kF32) {
     runtime::read_back(out, t.raw(), t.device(), t.nbytes());
@@ -156,12 +157,12 @@ void to_host_f32(const Tensor& t, float* out) {
 }
 
 void cpu_values_f32(const Tensor& t, float* out) {
-  check(is_floating(t.dtype()) && t.device().is_cpu(), "cpu_values_f32 of ", t.describe());
+  if (!(is_floating(t.dtype()) && t.device().is_cpu())) fail("cpu_values_f32 of ", t.describe());
   if (t.numel() > 0) widen(t.raw(), t.dtype(), t.numel(), out);
 }
 
 std::vector<double> cpu_values_f64(const Tensor& t) {
-  check(is_floating(t.dtype()) && t.device().is_cpu(), "cpu_values_f64 of ", t.describe());
+  if (!(is_floating(t.dtype()) && t.device().is_cpu())) fail("cpu_values_f64 of ", t.describe());
   if (t.dtype() == DType::kF64) return std::vector<double>(t.data<double>(), t.data<double>() + t.numel());
   std::vector<float> f(t.numel());
   cpu_values_f32(t, f.data());
@@ -185,7 +186,7 @@ std::vector<double> to_host_f64(const Tensor& t) {
 }
 
 Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, DType dtype, Device device) {
-  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  if (numel_of(shape) != values.size()) fail("from_host: ", values.size(), " values for shape ", shape_text(shape));
   Tensor h(std::move(shape), dtype, Device::cpu());
   switch (dtype) {
     case DType::kF32: std::memcpy(h.raw(), values.data(), h.nbytes()); break;
@@ -204,7 +205,7 @@ Tensor from_host(const std::vector<float>& values, std::vector<int64_t> shape, D
 }
 
 Tensor from_host(const std::vector<double>& values, std::vector<int64_t> shape) {
-  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  if (numel_of(shape) != values.size()) fail("from_host: ", values.size(), " values for shape ", shape_text(shape));
   Tensor h(std::move(shape), DType::kF64);
   std::memcpy(h.raw(), values.data(), h.nbytes());
   return h;
@@ -213,7 +214,7 @@ Tensor from_host(const std::vector<double>& values, std::vector<int64_t> shape) 
 namespace {
 template <typename T>
 Tensor from_host_raw(const std::vector<T>& values, std::vector<int64_t> shape, Device device) {
-  check(numel_of(shape) == values.size(), "from_host: ", values.size(), " values for shape ", shape_text(shape));
+  if (numel_of(shape) != values.size()) fail("from_host: ", values.size(), " values for shape ", shape_text(shape));
   Tensor t(std::move(shape), dtype_of<T>(), device);
   if (!values.empty()) runtime::copy_bytes(t.raw(), device, values.data(), Device::cpu(), t.nbytes());
   return t;
@@ -230,7 +231,7 @@ Tensor from_host(const std::vector<uint8_t>& values, std::vector<int64_t> shape,
 namespace {
 template <typename T>
 void upload_raw(Tensor& dst, const std::vector<T>& values, std::vector<int64_t> shape, Device device) {
-  check(numel_of(shape) == values.size(), "upload: ", values.size(), " values for shape ", shape_text(shape));
+  if (numel_of(shape) != values.size()) fail("upload: ", values.size(), " values for shape ", shape_text(shape));
   dst.resize(std::move(shape), dtype_of<T>(), device);
   if (!values.empty()) runtime::copy_bytes(dst.raw(), device, values.data(), Device::cpu(), dst.nbytes());
 }

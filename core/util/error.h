@@ -32,7 +32,10 @@ template <typename... Args>
   throw Error(detail::concat(std::forward<Args>(args)...));
 }
 
-// check(cond, ...) throws Error(concat(...)) when cond is false.
+// check(cond, ...) throws Error(concat(...)) when cond is false. Its arguments are evaluated
+// whether or not cond holds: where the message calls a function (Tensor::describe, shape_text)
+// on a path that runs at every op or step, write if (!cond) fail(...) so that it is built only
+// for the error.
 template <typename... Args>
 void check(bool cond, Args&&... args) {
   if (!cond) fail(std::forward<Args>(args)...);

@@ -101,8 +101,8 @@ class Out {
       ptr_ = t.data<T>();
       return;
     }
-    check(!std::is_same_v<T, double> && is_half(t.dtype()), "internal error: ", sizeof(T) == 8 ? "f64" : "f32",
-          " kernel output into a ", t.describe(), " tensor");
+    if (std::is_same_v<T, double> || !is_half(t.dtype()))
+      fail("internal error: ", sizeof(T) == 8 ? "f64" : "f32", " kernel output into a ", t.describe(), " tensor");
     if constexpr (std::is_same_v<T, float>) {
       copy_ = detail::take_scratch(t.numel());
       if (accumulate)
